@@ -1,0 +1,87 @@
+"""Shared test helpers: a seeded random model, mixed workloads, and the cache invariants."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from tinyllm.engine import ContinuousEngine, Request
+from tinyllm.generate import generate
+from tinyllm.model import ModelConfig, Transformer
+
+
+def random_model(seed: int = 0, vocab: int = 256, d_model: int = 64, n_layers: int = 2, n_heads: int = 4,
+                 n_kv_heads: int = 2, max_seq_len: int = 128, tie: bool = True) -> Transformer:
+    """A random model with spread-out logits (std 0.3 weights), so greedy ties are vanishingly rare
+    and 'batched == solo' compares real choices, not float noise between near-equal logits."""
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                      n_kv_heads=n_kv_heads, d_ff=2 * d_model, max_seq_len=max_seq_len, tie_embeddings=tie)
+    m = Transformer(cfg)
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.3)
+    return m.eval()
+
+
+def mixed_workload(n: int = 24, seed: int = 0, vocab: int = 256, max_prompt: int = 60, max_new: int = 40,
+                   eos_ids=(None, None, 5, 17)) -> list[Request]:
+    """Prompt lengths 1..max_prompt, max_new_tokens 1..max_new, some with an EOS that may fire early."""
+    rng = random.Random(seed)
+    return [Request([rng.randrange(vocab) for _ in range(rng.randint(1, max_prompt))],
+                    rng.randint(1, max_new), eos_id=rng.choice(eos_ids)) for _ in range(n)]
+
+
+def solo_outputs(model: Transformer, reqs: list[Request]) -> list[list[int]]:
+    return [generate(model, r.prompt, r.max_new_tokens, eos_id=r.eos_id) for r in reqs]
+
+
+def check_invariants(eng: ContinuousEngine) -> None:
+    """What must hold after every step, for either cache."""
+    slots = eng.slots
+    for s in range(eng.n_slots):
+        holder = eng._slot_seq[s]
+        assert slots.active[s] == (holder is not None), f"slot {s}: active={slots.active[s]} holder={holder}"
+        if holder is not None:
+            assert holder.slot == s and holder.state == "running"
+    assert slots.allocated_tokens() >= slots.used_tokens()
+    assert slots.used_tokens() <= slots.reserved_tokens()
+    if eng.kv_kind == "paged":
+        seen: dict[int, int] = {}
+        for s, table in enumerate(slots.tables):
+            for b in table:
+                assert b not in seen, f"block {b} owned by slots {seen[b]} and {s}"
+                seen[b] = s
+                assert slots.owner[b] == s
+            if slots.active[s]:
+                assert len(table) * slots.block_size >= slots.lens[s]
+            else:
+                assert not table, f"idle slot {s} holds blocks {table}"
+        assert set(seen).isdisjoint(slots._free)
+        assert len(seen) + slots.num_free_blocks() == slots.n_blocks
+        assert [b for b in range(slots.n_blocks) if slots.owner[b] is not None] == sorted(seen)
+
+
+def run_checked(eng: ContinuousEngine, reqs: list[Request]) -> list[list[int]]:
+    """Run requests to completion, checking invariants after every step."""
+    rids = [eng.add_request(r) for r in reqs]
+    while eng.has_work():
+        eng.step()
+        check_invariants(eng)
+    assert eng.slots.allocated_tokens() == 0
+    return [eng.results.pop(r).tokens for r in rids]
+
+
+def with_early_eos(model: Transformer, reqs: list[Request], every: int = 3, seed: int = 0) -> list[Request]:
+    """Give every ``every``-th request an EOS id that its greedy output really produces part-way,
+    so early stopping is exercised (a random EOS id would almost never fire)."""
+    rng = random.Random(seed)
+    out = []
+    for i, r in enumerate(reqs):
+        if i % every == 0 and r.max_new_tokens > 2:
+            toks = generate(model, r.prompt, r.max_new_tokens)
+            r = Request(r.prompt, r.max_new_tokens, eos_id=toks[rng.randrange(1, len(toks) - 1)])
+        out.append(r)
+    return out

@@ -1,0 +1,77 @@
+"""Token choice (``sample_next``) and solo generation (``generate``), the reference output.
+
+Every batched path in the engine must reproduce ``generate()`` token for token under greedy
+decoding; that is the invariant the engine tests check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from tinyllm.kv_cache import KVCache
+from tinyllm.model import Transformer
+
+
+def sample_next(logits: Tensor, temperature: float = 0.0, top_k: int | None = None,
+                top_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
+    """Next token per row: logits (B, V) → (B, 1).
+
+    temperature 0 is greedy (argmax, no randomness used). Otherwise logits are divided by the
+    temperature, cut to the ``top_k`` most likely tokens and to the smallest set whose
+    probability reaches ``top_p`` (the most likely token always stays), then sampled."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        before = torch.cumsum(probs, dim=-1) - probs          # mass of strictly more likely tokens
+        drop_sorted = before >= top_p                          # first token: before = 0, always kept
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on CUDA; full precision elsewhere (CPU bf16 is slower, not faster)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
+def generate(model: Transformer, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, eos_id: int | None = None,
+             generator: torch.Generator | None = None) -> list[int]:
+    """One request alone: prefill, then one token at a time. Returns the generated tokens
+    (EOS included if produced)."""
+    return list(generate_stream(model, prompt, max_new_tokens, temperature, top_k, top_p, eos_id, generator))
+
+
+@torch.no_grad()
+def generate_stream(model: Transformer, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
+                    top_k: int | None = None, top_p: float | None = None, eos_id: int | None = None,
+                    generator: torch.Generator | None = None) -> Iterator[int]:
+    """Like ``generate`` but yields each token as soon as it is chosen."""
+    if not prompt:
+        raise ValueError("prompt must hold at least one token")
+    total = len(prompt) + max_new_tokens
+    if total > model.cfg.max_seq_len:
+        raise ValueError(f"prompt {len(prompt)} + max_new_tokens {max_new_tokens} = {total} tokens "
+                         f"exceeds the model's max_seq_len {model.cfg.max_seq_len}")
+    model.eval()
+    device = next(model.parameters()).device
+    cache = KVCache(model.cfg.n_layers, total)
+    idx = torch.tensor([prompt], device=device)
+    for _ in range(max_new_tokens):
+        with autocast(device):
+            logits, _ = model(idx, cache=cache)
+        idx = sample_next(logits[:, -1], temperature, top_k, top_p, generator)
+        tok = int(idx)
+        yield tok
+        if tok == eos_id:
+            return

