@@ -154,9 +154,11 @@ def load_checkpoint(path: str | Path | None = None, device: str | torch.device |
 
 
 def save_checkpoint(model: Transformer, out: str | Path, tokenizer_dir: str | Path | None = None,
-                    eos_id: int | None = None, bos_id: int | None = None) -> None:
+                    eos_id: int | None = None, bos_id: int | None = None,
+                    dtype: torch.dtype = torch.float32) -> None:
     """Write config.json (LlamaForCausalLM), model.safetensors and generation_config.json;
-    copy tokenizer files from ``tokenizer_dir`` when given."""
+    copy tokenizer files from ``tokenizer_dir`` when given. ``dtype=torch.float16`` halves the
+    file (the bundled model ships that way); loading upcasts to the requested dtype."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = model.cfg
@@ -165,11 +167,13 @@ def save_checkpoint(model: Transformer, out: str | Path, tokenizer_dir: str | Pa
         if k == "lm_head.weight":
             if cfg.tie_embeddings:
                 continue
-            state[k] = v.detach().float().contiguous().cpu()
+            state[k] = v.detach().to(dtype).contiguous().cpu()
         else:
-            state["model." + k] = v.detach().float().contiguous().cpu()
+            state["model." + k] = v.detach().to(dtype).contiguous().cpu()
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config_to_hf(cfg, eos_id, bos_id), indent=2) + "\n")
+    hf_cfg = config_to_hf(cfg, eos_id, bos_id)
+    hf_cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
+    (out / "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n")
     gen = {"bos_token_id": bos_id, "eos_token_id": eos_id, "do_sample": True, "temperature": 0.8}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     if tokenizer_dir is not None:

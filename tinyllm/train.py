@@ -101,11 +101,13 @@ def train_tokenizer(works: list[str], vocab_size: int, out: Path) -> None:
 
 
 def encode_works(tok, works: list[str]) -> torch.Tensor:
+    """Works joined by the end-of-text token (if the tokenizer has one)."""
     eot = tok.token_to_id(EOT)
     ids: list[int] = []
     for w in works:
-        ids.extend(tok.encode(w).ids)
-        ids.append(eot)
+        ids.extend(tok.encode(w, add_special_tokens=False).ids)
+        if eot is not None:
+            ids.append(eot)
     return torch.tensor(ids, dtype=torch.long)
 
 
@@ -127,6 +129,15 @@ def nats_per_char(model: Transformer, ids: torch.Tensor, n_chars: int, window: i
     # characters per token over the whole split converts tokens covered to characters covered
     chars_covered = n_chars * n_tok / max(1, len(ids) - 1)
     return total / chars_covered
+
+
+def eval_text(model: Transformer, tok, texts: list[str], max_windows: int | None = None) -> float:
+    """Held-out nats per character of raw texts (cleaned as in training), with any tokenizer."""
+    hf = tok.hf if hasattr(tok, "hf") else tok
+    works = [clean(t) for t in texts]
+    ids = encode_works(hf, works)
+    chars = sum(len(w) + len(EOT) for w in works)
+    return nats_per_char(model, ids, chars, model.cfg.max_seq_len, max_windows=max_windows)
 
 
 def lr_at(step: int, tc: TrainConfig) -> float:

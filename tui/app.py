@@ -1,0 +1,376 @@
+"""tinyllm-tui: watch continuous batching happen, and debug a scheduler by eye.
+
+The App never touches the engine: it sends commands to ``EngineRunner`` (a thread worker that
+owns the engine) and redraws from the runner's newest ``Frame`` at a fixed ~20 Hz.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import DataTable, Footer, Input, RichLog, Sparkline, Static
+from textual.worker import get_current_worker
+
+from tinyllm.engine import ContinuousEngine, Sampling
+from tinyllm.tokenizer import Tokenizer
+from tui.runner import (MAX_DELAY_MS, Abort, AbortAll, EngineRunner, Frame, LoadWorkload, SetDelay, SetPaused,
+                        StepOnce, Submit)
+from tui.screens import HelpScreen, LoadedWorkload, NextSettings, PromptPicker, SettingsScreen, read_workload
+from tui.widgets.block_map import BlockMap
+from tui.widgets.kv_panel import KVPanel
+from tui.widgets.request_pane import RequestPane
+from tui.widgets.request_table import RequestTable
+from tui.widgets.slot_grid import SlotGrid
+from tui.widgets.style import EVENT_STYLES
+
+PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
+REFRESH_HZ = 20
+DELAY_STEPS = (0, 5, 10, 20, 50, 100, 200, 300, 500, 750, 1000)
+
+
+class StatusBar(Static):
+    DEFAULT_CSS = "StatusBar { height: 1; }"
+
+
+class TinyLLMApp(App):
+    CSS_PATH = "app.tcss"
+    TITLE = "tinyllm-tui"
+    # One source of truth for keys: the footer and the help screen both read this list.
+    BINDINGS = [
+        Binding("f1", "help", "Help", priority=True),
+        Binding("question_mark", "help", "Help", show=False),
+        Binding("f2", "settings", "Settings", priority=True),
+        Binding("s", "settings", "Settings", show=False),
+        Binding("f3", "load_prompts", "Load prompts", priority=True),
+        Binding("o", "load_prompts", "Load prompts", show=False),
+        Binding("f5", "toggle_pause", "Pause/resume", priority=True),
+        Binding("space", "toggle_pause", "Pause/resume", show=False),
+        Binding("f6", "step_once", "Step", priority=True),
+        Binding("n,full_stop", "step_once", "Step once (paused)", show=False),
+        Binding("f7", "slower", "Slower", priority=True),
+        Binding("plus,equals_sign", "slower", "Slower: +step delay", show=False),
+        Binding("f8", "faster", "Faster", priority=True),
+        Binding("minus", "faster", "Faster: -step delay", show=False),
+        Binding("f9,ctrl+x", "abort_selected", "Abort", priority=True),
+        Binding("x,delete", "abort_selected", "Abort selected request", show=False),
+        Binding("ctrl+k", "abort_all", "Abort all", priority=True),
+        Binding("X", "abort_all", "Abort all requests", show=False),
+        Binding("i,slash", "focus_input", "Type a prompt", show=False),
+        Binding("escape", "leave_input", "Leave the input", show=False),
+        Binding("q", "quit", "Quit", show=False),
+        Binding("ctrl+c,ctrl+q", "quit", "Quit", priority=True),
+    ]
+
+    def __init__(self, engine: ContinuousEngine, tokenizer: Tokenizer, *, model_name: str = "model",
+                 settings: NextSettings | None = None, paused: bool = False, step_delay_ms: int = 0,
+                 prompts_file: Path | None = None, prompts_dir: Path = PROMPTS_DIR):
+        super().__init__()
+        self.engine = engine                      # owned by the runner thread from now on
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.settings = settings or NextSettings(Sampling(), min(100, engine.max_len - 1))
+        self.runner = EngineRunner(engine, tokenizer, paused=paused, step_delay_ms=step_delay_ms)
+        self.prompts_file = prompts_file
+        self.prompts_dir = prompts_dir
+        self.selected: int | None = None
+        self._shown_seq = 0
+        self._seen_log = 0
+        self._flags: dict[int, tuple[str, int]] = {}
+
+    # -- layout ----------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield StatusBar(id="status", markup=False)
+        with Horizontal(id="main"):
+            with Vertical(id="left"):
+                yield SlotGrid(id="slots")
+                yield BlockMap(id="blocks")
+                yield KVPanel(id="kv")
+                yield Sparkline([], id="tps")
+                yield RequestTable(id="requests")
+            with Vertical(id="right"):
+                yield RequestPane(id="pane")
+                yield RichLog(id="log", markup=False, wrap=False, max_lines=500, min_width=20)
+        with Horizontal(id="entry"):
+            yield Input(placeholder="Type a prompt and press Enter (F2: its settings)", id="prompt")
+            yield Static(id="next-settings", markup=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#slots").border_title = f"Slots ({self.engine.n_slots} × {self.engine.max_len} tokens)"
+        blocks = self.query_one("#blocks", BlockMap)
+        if self.engine.kv_kind == "paged":
+            blocks.border_title = (f"KV blocks ({self.engine.slots.n_blocks} × {self.engine.slots.block_size} tokens)")
+        else:
+            blocks.display = False
+        self.query_one("#kv").border_title = "KV cache & counters"
+        self.query_one("#tps").border_title = "tokens/s"
+        self.query_one("#requests").border_title = "Requests"
+        self.query_one("#pane").border_title = "Request"
+        self.query_one("#log").border_title = "Events"
+        self._show_settings()
+        self.query_one("#prompt", Input).focus()
+        self.run_worker(self._engine_loop, thread=True, name="engine", exit_on_error=False)
+        self.set_interval(1 / REFRESH_HZ, self.refresh_from_runner)
+        if self.prompts_file is not None:
+            self.call_after_refresh(self._load_path, self.prompts_file)
+        self.refresh_from_runner()
+
+    def on_resize(self, event) -> None:
+        """Small terminals (80x24) drop the sparkline and the event log and thin the borders."""
+        self.set_class(event.size.height < 34 or event.size.width < 100, "-short")
+
+    def _engine_loop(self) -> None:
+        worker = get_current_worker()
+        self.runner.run(cancelled=lambda: worker.is_cancelled)
+
+    # -- the fixed-rate refresh ---------------------------------------------------------------
+    def refresh_from_runner(self) -> None:
+        frame = self.runner.frame
+        if frame.seq == self._shown_seq:
+            return
+        self._shown_seq = frame.seq
+        self._update_flags(frame)
+        self.query_one("#status", StatusBar).update(self._status_text(frame))
+        self.query_one("#slots", SlotGrid).show(frame.snapshot, self._flags)
+        if frame.snapshot.kv.kind == "paged":
+            kv = frame.snapshot.kv
+            blocks = self.query_one("#blocks", BlockMap)
+            blocks.border_title = f"KV blocks: {kv.n_blocks - kv.free_blocks}/{kv.n_blocks} owned × {kv.block_size} tok"
+            blocks.show(frame.snapshot)
+        self.query_one("#kv", KVPanel).show(frame)
+        hist = list(frame.tps_history)
+        self.query_one("#tps", Sparkline).data = hist if any(hist) else []
+        self.query_one("#tps").border_title = f"tokens/s {frame.tokens_per_s:.0f}"
+        table = self.query_one("#requests", RequestTable)
+        table.show(frame)
+        if self.selected is None and frame.snapshot.requests:
+            self.selected = table.selected_rid()
+        if self.selected is not None:
+            self.query_one("#pane", RequestPane).show(frame, self.selected)
+        self._append_log(frame)
+
+    def _update_flags(self, frame: Frame) -> None:
+        """Slots that changed in the latest step, from the event log (admit / finish / preempt / abort)."""
+        snap = frame.snapshot
+        self._flags = {}
+        for e in frame.log[-4 * snap.n_slots:]:
+            recent = e.step == self.runner.steps_done or e.time_s >= snap.time_s - 0.4
+            if recent and e.slot is not None and e.kind in ("admit", "finish", "preempt", "abort"):
+                self._flags[e.slot] = (e.kind, e.rid)
+
+    def _append_log(self, frame: Frame) -> None:
+        log = self.query_one("#log", RichLog)
+        for e in frame.log:
+            if e.seq <= self._seen_log:
+                continue
+            line = Text(f"{e.step:>6} ", style="dim")
+            line.append(e.text, style=EVENT_STYLES.get(e.kind))
+            log.write(line)
+            if e.kind == "error":
+                self.notify(e.text, title="engine", severity="error", timeout=8)
+            self._seen_log = e.seq
+
+    def _status_text(self, f: Frame) -> Text:
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append(" ⏸ PAUSED " if f.paused else " ▶ RUNNING ", style="bold reverse yellow" if f.paused else "bold reverse green")
+        t.append(f" {self.model_name} · {self.engine.device.type} · {self.engine.kv_kind} KV", style="bold")
+        t.append(f" · delay {f.step_delay_ms} ms/step · step {f.snapshot.counters.steps}", style="dim")
+        if f.pending_arrivals:
+            t.append(f" · {f.pending_arrivals} arriving", style="yellow")
+        return t
+
+    def _show_settings(self) -> None:
+        self.query_one("#next-settings", Static).update(Text(self.settings.describe(), style="dim"))
+
+    # -- user actions ---------------------------------------------------------------------------
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id != "prompt":
+            return
+        text = event.value
+        if not text.strip():
+            self.notify("Type some text first: the model continues it.", severity="warning")
+            return
+        ids = self.tokenizer.encode(text)
+        need = len(ids) + self.settings.max_new_tokens
+        if need > self.engine.max_len:
+            self.notify(f"Prompt is {len(ids)} tokens + max_new_tokens {self.settings.max_new_tokens} = {need}, "
+                        f"more than the {self.engine.max_len}-token context. Shorten it or lower max_new_tokens (F2).",
+                        title="not sent", severity="error", timeout=8)
+            return
+        s = self.settings
+        self.runner.send(Submit(text, s.max_new_tokens, s.sampling, s.stop_at_eos, tuple(ids)))
+        event.input.value = ""
+        self._select_newest_after_submit = True
+        self.set_timer(0.1, self._select_newest)
+
+    def _select_newest(self) -> None:
+        reqs = self.runner.frame.snapshot.requests
+        if reqs:
+            self.select(reqs[-1].rid)
+
+    def select(self, rid: int) -> None:
+        self.selected = rid
+        self.query_one("#requests", RequestTable).select_rid(rid)
+        self.query_one("#pane", RequestPane).show(self.runner.frame, rid)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.row_key is not None and event.row_key.value is not None:
+            self.selected = int(event.row_key.value)
+            self.query_one("#pane", RequestPane).show(self.runner.frame, self.selected)
+
+    def action_toggle_pause(self) -> None:
+        self.runner.send(SetPaused(not self.runner.paused))
+
+    def action_step_once(self) -> None:
+        if not self.runner.paused:
+            self.notify("Step once works while paused (space / F5 to pause).", severity="warning", timeout=3)
+            return
+        self.runner.send(StepOnce())
+
+    def _set_delay(self, direction: int) -> None:
+        cur = self.runner.step_delay_ms
+        if direction > 0:
+            new = next((d for d in DELAY_STEPS if d > cur), MAX_DELAY_MS)
+        else:
+            new = next((d for d in reversed(DELAY_STEPS) if d < cur), 0)
+        self.runner.send(SetDelay(new))
+
+    def action_slower(self) -> None:
+        self._set_delay(+1)
+
+    def action_faster(self) -> None:
+        self._set_delay(-1)
+
+    def action_abort_selected(self) -> None:
+        rid = self.selected
+        if rid is None:
+            self.notify("No request selected: highlight one in the Requests table.", severity="warning")
+            return
+        self.runner.send(Abort(rid))
+
+    def action_abort_all(self) -> None:
+        self.runner.send(AbortAll())
+
+    def action_focus_input(self) -> None:
+        self.query_one("#prompt", Input).focus()
+
+    def action_leave_input(self) -> None:
+        if isinstance(self.focused, Input):
+            self.query_one("#requests").focus()
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(self.BINDINGS))
+
+    def action_settings(self) -> None:
+        def done(result: NextSettings | None) -> None:
+            if result is not None:
+                self.settings = result
+                self._show_settings()
+                self.notify(f"Next requests: {result.describe()}", timeout=3)
+        self.push_screen(SettingsScreen(self.settings, self.engine.max_len - 1), done)
+
+    def action_load_prompts(self) -> None:
+        picker = PromptPicker(self.prompts_dir, self.tokenizer.encode, self.engine.max_len,
+                              self.settings.max_new_tokens)
+        self.push_screen(picker, self._submit_workload)
+
+    def _load_path(self, path: Path) -> None:
+        from tinyllm.workload import WorkloadError
+        try:
+            loaded = read_workload(path, self.tokenizer.encode, self.engine.max_len, self.settings.max_new_tokens)
+        except WorkloadError as e:
+            self.notify(f"{e}\nnothing was loaded", title="prompt file refused", severity="error", timeout=10)
+            return
+        self._submit_workload(loaded)
+
+    def _submit_workload(self, loaded: LoadedWorkload | None) -> None:
+        if loaded is None:
+            return
+        s = self.settings
+        self.runner.send(LoadWorkload(loaded.path.name, loaded.items, loaded.tokens, s.max_new_tokens, s.sampling))
+        self.notify(f"{loaded.path.name}: {len(loaded.items)} requests", title="workload loaded", timeout=3)
+
+    async def action_quit(self) -> None:
+        self.runner.stop()
+        self.exit()
+
+    def on_unmount(self) -> None:
+        self.runner.stop()
+
+
+# -- command line ---------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    from tinyllm.cli import OneLineParser, non_negative_float, positive_int, unit_interval
+    p = OneLineParser(prog="tinyllm-tui", description="Watch tinyllm's continuous-batching scheduler live: "
+                      "type prompts or load prompt files, see slots, KV blocks and tokens as they happen.")
+    p.add_argument("--model", metavar="DIR", help="local HF Llama checkpoint directory (default: bundled Shakespeare)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available, else cpu")
+    p.add_argument("--slots", type=positive_int, default=8, metavar="N", help="KV slots = max concurrent requests (default 8)")
+    p.add_argument("--max-len", type=positive_int, default=None, metavar="N", help="tokens per slot (default: the model's context)")
+    p.add_argument("--kv", choices=["slots", "paged"], default="slots", help="KV cache layout (default slots)")
+    p.add_argument("--block-size", type=positive_int, default=16, metavar="N", help="paged: tokens per block (default 16)")
+    p.add_argument("--kv-blocks", type=positive_int, default=None, metavar="N",
+                   help="paged: blocks in the pool (default: the slot cache's memory); small values force preemption")
+    p.add_argument("--temperature", type=non_negative_float, default=0.8, metavar="T", help="default for new requests (0 = greedy; default 0.8)")
+    p.add_argument("--top-k", type=positive_int, default=None, metavar="K", help="default top_k for new requests (default off)")
+    p.add_argument("--top-p", type=unit_interval, default=None, metavar="P", help="default top_p for new requests (default off)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=120, metavar="N", help="default for new requests (default 120)")
+    p.add_argument("--prompts", type=Path, default=None, metavar="FILE", help="a JSONL workload to load at start")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
+    p.add_argument("--step-delay", type=int, default=0, metavar="MS", help=f"pause between engine steps, 0-{MAX_DELAY_MS} ms (slow motion)")
+    p.add_argument("--paused", action="store_true", help="start paused (space / F5 resumes, n / F6 steps once)")
+    return p
+
+
+def build_app(argv: list[str] | None = None) -> TinyLLMApp:
+    """Parse arguments and load everything the UI needs; SystemExit(2) with one line on bad input."""
+    import torch
+    from tinyllm.checkpoint import CheckpointError, default_model_dir, load_checkpoint
+    from tinyllm.workload import WorkloadError
+
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if not 0 <= a.step_delay <= MAX_DELAY_MS:
+        parser.error(f"--step-delay must be in [0, {MAX_DELAY_MS}] ms, got {a.step_delay}")
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is available on this machine")
+    path = Path(a.model) if a.model else default_model_dir()
+    try:
+        model, tok = load_checkpoint(path, device=device)
+    except CheckpointError as e:
+        parser.error(f"--model: {e}")
+    max_len = a.max_len or model.cfg.max_seq_len
+    if a.max_new_tokens >= max_len:
+        parser.error(f"--max-new-tokens {a.max_new_tokens} leaves no room for a prompt in --max-len {max_len}")
+    try:
+        sampling = Sampling(a.temperature, a.top_k, a.top_p)
+        engine = ContinuousEngine(model, a.slots, max_len, kv=a.kv, block_size=a.block_size, kv_blocks=a.kv_blocks,
+                                  generator=torch.Generator(device=device).manual_seed(a.seed))
+    except ValueError as e:
+        parser.error(str(e))
+    if a.prompts is not None:
+        try:
+            read_workload(a.prompts, tok.encode, max_len, a.max_new_tokens)
+        except WorkloadError as e:
+            parser.error(f"--prompts: {e}")
+    name = path.name if a.model else "bundled Shakespeare"
+    return TinyLLMApp(engine, tok, model_name=name, settings=NextSettings(sampling, a.max_new_tokens),
+                      paused=a.paused, step_delay_ms=a.step_delay, prompts_file=a.prompts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    app = build_app(argv)
+    app.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""Modal screens: help, next-request settings, and the prompt-file picker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Button, Checkbox, Input, Label, OptionList, Static
+from textual.widgets.option_list import Option
+
+from tinyllm.engine import Sampling
+from tinyllm.workload import WorkItem, WorkloadError, check_fits, load_workload
+
+
+@dataclass(frozen=True)
+class NextSettings:
+    """What the next typed prompt is sent with."""
+    sampling: Sampling
+    max_new_tokens: int
+    stop_at_eos: bool = True
+
+    def describe(self) -> str:
+        s = self.sampling
+        k = "—" if s.top_k is None else str(s.top_k)
+        p = "—" if s.top_p is None else f"{s.top_p:g}"
+        return f"T={s.temperature:g} k={k} p={p} new={self.max_new_tokens} eos={'on' if self.stop_at_eos else 'off'}"
+
+
+HOW_TO_READ = """\
+Slots: one cell per KV slot: slot number, the request holding it (#id, one colour per request),
+  a bar of how full its context is, and its context length in tokens. '+' = admitted this step;
+  '✓ done', '⇣ preempted', '✗ aborted' = freed this step. 'free' = nobody holds it.
+Blocks (paged KV only): one square per KV block, coloured like the request that owns it; '·' = free.
+KV: used/reserved = real tokens vs memory held; alloc/reserved (paged) = blocks claimed;
+  used/alloc = how much of what requests claimed they really use.
+Requests: every request, finished and aborted ones too. Highlight one to show it on the right.
+States: queued (waiting for a slot), running (in a slot), preempted (evicted for lack of blocks,
+  will be recomputed), finished, aborted.
+Log: admissions, preemptions, finishes and aborts as they happen, with the engine step number."""
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,question_mark,f1", "dismiss", "Close")]
+
+    def __init__(self, bindings: list[Binding]):
+        super().__init__()
+        self.app_bindings = bindings
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(keys, what they do), straight from the app's bindings: the one source of truth."""
+        out = [(b.key_display or _pretty_keys(b.key), b.description) for b in self.app_bindings if b.description]
+        return out + [("enter", "submit the prompt in the input")]
+
+    def compose(self) -> ComposeResult:
+        keys = Table(show_header=True, header_style="bold", box=None, padding=(0, 2))
+        keys.add_column("keys")
+        keys.add_column("what")
+        for k, what in self.rows():
+            keys.add_row(Text(k), Text(what))
+        with VerticalScroll(id="help-box"):
+            yield Static(Text("tinyllm-tui — keys", style="bold"))
+            yield Static(keys)
+            yield Static(Text("\nHow to read the screen", style="bold"))
+            yield Static(Text(HOW_TO_READ))
+            yield Static(Text("\nesc to close", style="dim"))
+
+
+def _pretty_keys(keys: str) -> str:
+    names = {"question_mark": "?", "space": "space", "plus": "+", "minus": "-", "full_stop": ".",
+             "equals_sign": "="}
+    return " / ".join(names.get(k, k) for k in keys.split(","))
+
+
+class SettingsScreen(ModalScreen["NextSettings | None"]):
+    """Validated fields; a wrong value is explained here and nothing is applied."""
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, current: NextSettings, max_new_limit: int):
+        super().__init__()
+        self.current = current
+        self.max_new_limit = max_new_limit
+
+    def compose(self) -> ComposeResult:
+        s = self.current.sampling
+        with Vertical(id="settings-box"):
+            yield Label("Settings for the next request", id="settings-title")
+            for label, ident, value, hint in (
+                    ("temperature", "temperature", f"{s.temperature:g}", "0 = greedy, any number >= 0"),
+                    ("top_k", "top_k", "" if s.top_k is None else str(s.top_k), "integer >= 1, blank = off"),
+                    ("top_p", "top_p", "" if s.top_p is None else f"{s.top_p:g}", "number in (0, 1], blank = off"),
+                    ("max_new_tokens", "max_new", str(self.current.max_new_tokens),
+                     f"integer in [1, {self.max_new_limit}]")):
+                with Horizontal(classes="field"):
+                    yield Label(label, classes="field-label")
+                    yield Input(value, id=ident, classes="field-input")
+                    yield Label(hint, classes="field-hint")
+            yield Checkbox("stop at end-of-text", self.current.stop_at_eos, id="stop_at_eos")
+            yield Static("", id="settings-error", markup=False)
+            with Horizontal(id="settings-buttons"):
+                yield Button("Apply", variant="primary", id="apply")
+                yield Button("Cancel", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#temperature", Input).focus()
+
+    def parse(self) -> NextSettings:
+        """The settings in the form, or ValueError saying which field is wrong and why."""
+        def val(ident: str) -> str:
+            return self.query_one(f"#{ident}", Input).value.strip()
+
+        def num(ident: str, kind, blank_ok: bool):
+            raw = val(ident)
+            if raw == "" and blank_ok:
+                return None
+            try:
+                return kind(raw)
+            except ValueError:
+                what = "an integer" if kind is int else "a number"
+                raise ValueError(f"{ident.replace('max_new', 'max_new_tokens')} must be {what}, got {raw!r}") from None
+
+        sampling = Sampling(num("temperature", float, False), num("top_k", int, True), num("top_p", float, True))
+        new = num("max_new", int, False)
+        if not 1 <= new <= self.max_new_limit:
+            raise ValueError(f"max_new_tokens must be an integer in [1, {self.max_new_limit}], got {new}")
+        return NextSettings(sampling, new, self.query_one("#stop_at_eos", Checkbox).value)
+
+    def _apply(self) -> None:
+        try:
+            settings = self.parse()
+        except ValueError as e:
+            self.query_one("#settings-error", Static).update(Text(f"✗ {e}", style="bold red"))
+            return
+        self.dismiss(settings)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "apply":
+            self._apply()
+        else:
+            self.dismiss(None)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self._apply()
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+@dataclass(frozen=True)
+class LoadedWorkload:
+    path: Path
+    items: tuple[WorkItem, ...]
+    tokens: tuple[tuple[int, ...], ...]
+
+
+def read_workload(path: Path, encode, max_len: int, default_new: int) -> LoadedWorkload:
+    """Parse + check a prompt file completely; WorkloadError with file:line on any problem."""
+    items = load_workload(path)
+    ids = check_fits(items, path, encode, max_len, default_new)
+    return LoadedWorkload(path, tuple(items), tuple(tuple(i) for i in ids))
+
+
+class PromptPicker(ModalScreen["LoadedWorkload | None"]):
+    """Pick a shipped workload or type any path; a bad file is refused whole, with its line."""
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, prompts_dir: Path, encode, max_len: int, default_new: int):
+        super().__init__()
+        self.prompts_dir, self.encode, self.max_len, self.default_new = prompts_dir, encode, max_len, default_new
+        self.files = sorted(prompts_dir.glob("*.jsonl")) if prompts_dir.is_dir() else []
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="picker-box"):
+            yield Label(f"Load a prompt workload (JSONL) — {self.prompts_dir}", id="picker-title")
+            yield OptionList(*[Option(Text(f"{p.name}  ({_count_lines(p)} requests)"), id=str(p))
+                               for p in self.files], id="picker-list")
+            yield Input(placeholder="…or type a path to a .jsonl file and press Enter", id="picker-path")
+            yield Static("", id="picker-error", markup=False)
+
+    def on_mount(self) -> None:
+        (self.query_one("#picker-list") if self.files else self.query_one("#picker-path")).focus()
+
+    def _try(self, path: Path) -> None:
+        try:
+            loaded = read_workload(path, self.encode, self.max_len, self.default_new)
+        except WorkloadError as e:
+            self.query_one("#picker-error", Static).update(Text(f"✗ {e}\nnothing was loaded", style="bold red"))
+            return
+        self.dismiss(loaded)
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self._try(Path(event.option.id))
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.value.strip():
+            self._try(Path(event.value.strip()).expanduser())
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+def _count_lines(p: Path) -> int:
+    try:
+        return sum(1 for line in p.read_text(encoding="utf-8").splitlines() if line.strip())
+    except (OSError, UnicodeDecodeError):
+        return 0

@@ -1,0 +1,1 @@
+"""Widgets of the tinyllm-tui main screen. Each renders from a runner ``Frame``."""

@@ -1,0 +1,36 @@
+"""The paged pool: one character per KV block, coloured by the request that owns it."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widget import Widget
+
+from tinyllm.snapshot import EngineSnapshot
+from tui.widgets.style import rid_style
+
+
+class BlockMap(Widget):
+    DEFAULT_CSS = "BlockMap { height: auto; min-height: 1; }"
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.snapshot: EngineSnapshot | None = None
+
+    def show(self, snapshot: EngineSnapshot) -> None:
+        self.snapshot = snapshot
+        self.refresh(layout=True)
+
+    def get_content_height(self, container, viewport, width: int) -> int:
+        n = len(self.snapshot.kv.block_owner) if self.snapshot else 1
+        return max(1, -(-n // max(1, width)))
+
+    def render(self) -> Text:
+        if self.snapshot is None or not self.snapshot.kv.block_owner:
+            return Text("")
+        out = Text(no_wrap=False, overflow="fold")
+        for owner in self.snapshot.kv.block_owner:
+            if owner is None:
+                out.append("·", style="dim")
+            else:
+                out.append("■", style=rid_style(owner))
+        return out

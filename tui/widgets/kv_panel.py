@@ -1,0 +1,84 @@
+"""KV memory bars (tokens and MiB) and the scheduler's counters."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.widget import Widget
+
+from tinyllm.engine import percentile
+from tui.runner import Frame
+from tui.widgets.style import STATE_STYLES, bar
+
+
+def _secs(x: float | None) -> str:
+    return "—" if x is None else (f"{x * 1000:.0f}ms" if x < 1 else f"{x:.2f}s")
+
+
+class KVPanel(Widget):
+    DEFAULT_CSS = "KVPanel { height: auto; }"
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.frame: Frame | None = None
+
+    def show(self, frame: Frame) -> None:
+        self.frame = frame
+        self.refresh(layout=True)
+
+    def render(self):
+        f = self.frame
+        if f is None:
+            return Text("")
+        kv, c = f.snapshot.kv, f.snapshot.counters
+        width = max(10, self.size.width)
+        wide = width >= 60
+        bar_w = max(3, min(40, width - (44 if wide else 28)))
+        sep = "  " if wide else " "
+        t = Table.grid(padding=(0, 1))
+        t.add_column(no_wrap=True)
+        t.add_column(no_wrap=True)
+        t.add_column(no_wrap=True, justify="right")
+        rows = [("used/reserv", kv.used_tokens, kv.reserved_tokens),
+                ("alloc/reserv", kv.allocated_tokens, kv.reserved_tokens),
+                ("used/alloc", kv.used_tokens, kv.allocated_tokens)]
+        for label, a, b in rows:
+            frac = a / b if b else 0.0
+            nums = (f"{frac:4.0%} {a:>5}/{b:<5} tok {kv.mib(a):4.1f}/{kv.mib(b):.1f} MiB" if wide
+                    else f"{frac:4.0%} {a}/{b}")
+            t.add_row(Text(label, style="dim"), Text(bar(frac, bar_w), style="bold"), Text(nums))
+        reqs = f.snapshot.requests
+        done = [r for r in reqs if r.state == "finished"]
+        ttft = sorted(r.ttft_s for r in reqs if r.ttft_s is not None)
+        lat = sorted(r.latency_s for r in done)
+        util = c.useful_rows / c.computed_rows if c.computed_rows else 0.0
+        line1 = Text()
+        for label, short, n, state in (("queued", "queue", f.snapshot.num_requests_waiting, "queued"),
+                                       ("running", "run", f.snapshot.num_requests_running, "running"),
+                                       ("finished", "done", c.finished, "finished"),
+                                       ("aborted", "abort", c.aborted, "aborted"),
+                                       ("preempted", "preempt", c.preemptions, "preempted")):
+            line1.append(f"{label if wide else short} ", style="dim")
+            line1.append(f"{n}", style=STATE_STYLES[state])
+            line1.append(sep)
+        line2 = Text()
+        for label, val in (("steps", f"{c.decode_steps:,}"), ("tok/s", f"{f.tokens_per_s:.0f}"),
+                           ("rows used", f"{util:.0%}"), ("step", f"{f.step_ms:.1f}ms")):
+            line2.append(f"{label} ", style="dim")
+            line2.append(val + sep, style="bold")
+        line3 = Text()
+        line3.append("TTFT p50/p95 ", style="dim")
+        line3.append(f"{_secs(percentile(ttft, .5) if ttft else None)}/{_secs(percentile(ttft, .95) if ttft else None)}  ",
+                     style="bold")
+        line3.append("latency p50/p95 ", style="dim")
+        line3.append(f"{_secs(percentile(lat, .5) if lat else None)}/{_secs(percentile(lat, .95) if lat else None)}",
+                     style="bold")
+        grid = Table.grid()
+        grid.add_row(t)
+        if self.app.has_class("-short"):
+            line2.append_text(line3)
+            line3 = None
+        for line in filter(None, (line1, line2, line3)):
+            line.no_wrap, line.overflow = True, "ellipsis"
+            grid.add_row(line)
+        return grid

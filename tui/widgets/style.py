@@ -1,0 +1,41 @@
+"""One fixed colour per request state, and a palette to tell requests apart in the block map.
+
+Mid-luminance colours, readable on dark and light themes alike."""
+
+from __future__ import annotations
+
+from rich.style import Style
+
+STATE_COLOURS = {
+    "queued": "#c08a00",
+    "running": "#2a9d4a",
+    "preempted": "#b23fd0",
+    "finished": "#3b78d8",
+    "aborted": "#d03a3a",
+}
+STATE_STYLES = {k: Style(color=v, bold=True) for k, v in STATE_COLOURS.items()}
+EVENT_STYLES = {
+    "submit": Style(color=STATE_COLOURS["queued"]),
+    "admit": Style(color=STATE_COLOURS["running"]),
+    "preempt": Style(color=STATE_COLOURS["preempted"], bold=True),
+    "finish": Style(color=STATE_COLOURS["finished"]),
+    "abort": Style(color=STATE_COLOURS["aborted"]),
+    "error": Style(color=STATE_COLOURS["aborted"], bold=True),
+    "info": Style(dim=True),
+}
+REQUEST_PALETTE = ("#e6194b", "#3cb44b", "#d4a600", "#4363d8", "#f58231", "#911eb4",
+                   "#1fa8b8", "#c02ab0", "#6b8e23", "#9a6324", "#008080", "#7f5fd8")
+
+
+def rid_style(rid: int) -> Style:
+    return Style(color=REQUEST_PALETTE[rid % len(REQUEST_PALETTE)], bold=True)
+
+
+def bar(frac: float, width: int, full: str = "█", empty: str = "░") -> str:
+    """A text bar with eighth-block resolution at the end."""
+    frac = min(1.0, max(0.0, frac))
+    eighths = round(frac * width * 8)
+    n_full, rem = divmod(eighths, 8)
+    partial = " ▏▎▍▌▋▊▉"[rem] if rem and n_full < width else ""
+    s = full * n_full + partial
+    return s + empty * (width - len(s))
