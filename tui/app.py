@@ -31,6 +31,7 @@ from tui.widgets.style import EVENT_STYLES
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 REFRESH_HZ = 20
+TABLE_EVERY = 4              # the request table (the costliest widget) refreshes at REFRESH_HZ / 4
 DELAY_STEPS = (0, 5, 10, 20, 50, 100, 200, 300, 500, 750, 1000)
 
 
@@ -82,6 +83,7 @@ class TinyLLMApp(App):
         self._shown_seq = 0
         self._seen_log = 0
         self._flags: dict[int, tuple[str, int]] = {}
+        self._frames_shown = 0
 
     # -- layout ----------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -148,7 +150,9 @@ class TinyLLMApp(App):
         self.query_one("#tps", Sparkline).data = hist if any(hist) else []
         self.query_one("#tps").border_title = f"tokens/s {frame.tokens_per_s:.0f}"
         table = self.query_one("#requests", RequestTable)
-        table.show(frame)
+        self._frames_shown += 1
+        if self._frames_shown % TABLE_EVERY == 0 or frame.paused or len(frame.snapshot.requests) != table.row_count:
+            table.show(frame)
         if self.selected is None and frame.snapshot.requests:
             self.selected = table.selected_rid()
         if self.selected is not None:

@@ -24,6 +24,7 @@ from tinyllm.workload import WorkItem
 
 MAX_DELAY_MS = 1000
 LOG_LINES = 500
+PUBLISH_S = 1 / 30
 
 
 # -- commands (UI → runner) -----------------------------------------------------------------
@@ -133,6 +134,7 @@ class EngineRunner:
         self._seq = 0
         self.steps_done = 0
         self.last_traceback: str | None = None
+        self._published_at = 0.0
         self._frame: Frame = self._make_frame()
 
     # -- UI side (any thread) ------------------------------------------------------------------
@@ -150,19 +152,23 @@ class EngineRunner:
 
     # -- runner thread -------------------------------------------------------------------------
     def run(self, cancelled: Callable[[], bool] = lambda: False) -> None:
-        """The loop; returns promptly after ``stop()`` or when ``cancelled()`` is true."""
+        """The loop; returns promptly after ``stop()`` or when ``cancelled()`` is true.
+
+        Frames are published at most every PUBLISH_S while running flat out (the UI reads at
+        ~20 Hz anyway), and at once when the engine is idle, paused, or slowed down."""
+        dirty = True
         while not (self._stop.is_set() or cancelled()):
-            changed = self._drain(block=not self._can_run())
-            changed |= self._release_arrivals()
+            dirty |= self._drain(block=not self._can_run())
+            dirty |= self._release_arrivals()
             if self._can_run():
                 self._step()
-                changed = True
+                dirty = True
                 if self.step_delay_ms:
                     self._publish()
-                    changed = False
-                    self._drain(block=True, timeout=self.step_delay_ms / 1000)
-            if changed:
+                    dirty = self._drain(block=True, timeout=self.step_delay_ms / 1000)
+            if dirty and (not self._can_run() or time.perf_counter() - self._published_at >= PUBLISH_S):
                 self._publish()
+                dirty = False
         self._publish()
 
     def _can_run(self) -> bool:
@@ -335,6 +341,7 @@ class EngineRunner:
                      tuple(self._tps_hist), self._step_ms)
 
     def _publish(self) -> None:
+        self._published_at = time.perf_counter()
         self._frame = self._make_frame()
         if self.on_frame is not None:
             self.on_frame()

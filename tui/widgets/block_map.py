@@ -18,7 +18,7 @@ class BlockMap(Widget):
 
     def show(self, snapshot: EngineSnapshot) -> None:
         self.snapshot = snapshot
-        self.refresh(layout=True)
+        self.refresh()
 
     def get_content_height(self, container, viewport, width: int) -> int:
         n = len(self.snapshot.kv.block_owner) if self.snapshot else 1

@@ -24,7 +24,7 @@ class KVPanel(Widget):
 
     def show(self, frame: Frame) -> None:
         self.frame = frame
-        self.refresh(layout=True)
+        self.refresh()
 
     def render(self):
         f = self.frame

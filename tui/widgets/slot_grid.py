@@ -25,7 +25,7 @@ class SlotGrid(Widget):
 
     def show(self, snapshot: EngineSnapshot, flags: dict[int, tuple[str, int]]) -> None:
         self.snapshot, self.flags = snapshot, flags
-        self.refresh(layout=True)
+        self.refresh()
 
     def _per_row(self, width: int) -> int:
         return max(1, width // CELL_W)
