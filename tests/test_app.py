@@ -322,3 +322,25 @@ def _loaded_app(size):
 def test_main_screen_snapshot(snap_compare, size):
     app, run_before = _loaded_app(size)
     assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+async def test_engine_exception_is_shown_and_the_app_stays_usable():
+    app = make_app()
+    real_step = app.engine.step
+    calls = {"n": 0}
+
+    def flaky_step():
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("simulated kernel failure")
+        return real_step()
+    app.engine.step = flaky_step
+    async with app.run_test(size=(120, 40)) as pilot:
+        rid = await submit(pilot, "ROMEO:\n")
+        await step(pilot, 1)
+        app.runner.send(StepOnce())                                   # this one raises
+        await until(pilot, lambda: any(e.kind == "error" for e in app.runner.frame.log))
+        assert any("simulated kernel failure" in n.message for n in app._notifications)
+        assert app.runner.paused
+        await step(pilot, 3)                                          # still usable
+        assert len(app.runner.frame.snapshot.request(rid).tokens) >= 3

@@ -78,9 +78,11 @@ class SlotKVCache:
         self.lens = [0] * n_slots                  # context tokens stored per slot
         self.active = [False] * n_slots
         self._rows = torch.arange(n_slots, device=self.device)
-        self._lens_t = torch.zeros(n_slots, dtype=torch.long, device=self.device)
+        self._lens_t = torch.zeros(n_slots, dtype=torch.long, device=self.device)   # updated in place
         self._mask: Tensor | None = None
         self._window = 0
+        self.window_override: int | None = None   # CUDA graphs: a fixed attention window per bucket
+        self.defer_sync = False                    # CUDA graphs: lengths are synced outside capture
 
     # -- slot interface (the engine schedules with these) ---------------------------------
     def free_slots(self) -> list[int]:
@@ -137,7 +139,7 @@ class SlotKVCache:
         longest = max((n for n, a in zip(self.lens, self.active) if a), default=0)
         if longest >= self.max_len:
             raise ValueError(f"SlotKVCache: a slot is full ({longest} of max_len {self.max_len})")
-        self._window = longest + 1
+        self._window = self.window_override or longest + 1
         k_pos = torch.arange(self._window, device=self.device)
         self._mask = (k_pos[None, :] <= self._lens_t[:, None])[:, None, None, :]   # (S, 1, 1, W)
         return self._lens_t[:, None]
@@ -156,5 +158,10 @@ class SlotKVCache:
         self._sync_lens()
         self._mask = None
 
+    def longest_active(self) -> int:
+        return max((n for n, a in zip(self.lens, self.active) if a), default=0)
+
     def _sync_lens(self) -> None:
-        self._lens_t = torch.tensor(self.lens, dtype=torch.long, device=self.device)
+        """Host lengths → the device tensor, in place (a CUDA graph keeps reading the same memory)."""
+        if not self.defer_sync:
+            self._lens_t.copy_(torch.tensor(self.lens, dtype=torch.long), non_blocking=True)

@@ -84,6 +84,7 @@ class TinyLLMApp(App):
         self._seen_log = 0
         self._flags: dict[int, tuple[str, int]] = {}
         self._frames_shown = 0
+        self._status_shown: Text | None = None
 
     # -- layout ----------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -138,7 +139,10 @@ class TinyLLMApp(App):
             return
         self._shown_seq = frame.seq
         self._update_flags(frame)
-        self.query_one("#status", StatusBar).update(self._status_text(frame))
+        status = self._status_text(frame)
+        if status != self._status_shown:
+            self._status_shown = status
+            self.query_one("#status", StatusBar).update(status)
         self.query_one("#slots", SlotGrid).show(frame.snapshot, self._flags)
         if frame.snapshot.kv.kind == "paged":
             kv = frame.snapshot.kv
@@ -146,9 +150,11 @@ class TinyLLMApp(App):
             blocks.border_title = f"KV blocks: {kv.n_blocks - kv.free_blocks}/{kv.n_blocks} owned × {kv.block_size} tok"
             blocks.show(frame.snapshot)
         self.query_one("#kv", KVPanel).show(frame)
-        hist = list(frame.tps_history)
-        self.query_one("#tps", Sparkline).data = hist if any(hist) else []
-        self.query_one("#tps").border_title = f"tokens/s {frame.tokens_per_s:.0f}"
+        spark = self.query_one("#tps", Sparkline)
+        hist = list(frame.tps_history) if any(frame.tps_history) else []
+        if hist != spark.data and spark.display:
+            spark.data = hist
+            spark.border_title = f"tokens/s {frame.tokens_per_s:.0f}"
         table = self.query_one("#requests", RequestTable)
         self._frames_shown += 1
         if self._frames_shown % TABLE_EVERY == 0 or frame.paused or len(frame.snapshot.requests) != table.row_count:

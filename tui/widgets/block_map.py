@@ -17,8 +17,10 @@ class BlockMap(Widget):
         self.snapshot: EngineSnapshot | None = None
 
     def show(self, snapshot: EngineSnapshot) -> None:
+        changed = self.snapshot is None or snapshot.kv.block_owner != self.snapshot.kv.block_owner
         self.snapshot = snapshot
-        self.refresh()
+        if changed:
+            self.refresh()
 
     def get_content_height(self, container, viewport, width: int) -> int:
         n = len(self.snapshot.kv.block_owner) if self.snapshot else 1

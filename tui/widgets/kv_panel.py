@@ -33,7 +33,7 @@ class KVPanel(Widget):
         kv, c = f.snapshot.kv, f.snapshot.counters
         width = max(10, self.size.width)
         wide = width >= 60
-        bar_w = max(3, min(40, width - (44 if wide else 28)))
+        bar_w = max(3, min(40, width - (50 if wide else 28)))
         sep = "  " if wide else " "
         t = Table.grid(padding=(0, 1))
         t.add_column(no_wrap=True)

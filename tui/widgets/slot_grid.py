@@ -24,8 +24,10 @@ class SlotGrid(Widget):
         self.flags: dict[int, tuple[str, int]] = {}          # slot → (event kind, rid)
 
     def show(self, snapshot: EngineSnapshot, flags: dict[int, tuple[str, int]]) -> None:
+        changed = self.snapshot is None or snapshot.slots != self.snapshot.slots or flags != self.flags
         self.snapshot, self.flags = snapshot, flags
-        self.refresh()
+        if changed:
+            self.refresh()
 
     def _per_row(self, width: int) -> int:
         return max(1, width // CELL_W)

@@ -1,0 +1,92 @@
+"""The `tinyllm` command: reproducible generation, the bundled model's quality, clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tinyllm.checkpoint import default_model_dir, load_checkpoint
+
+DATA = Path(__file__).parent / "data"
+
+
+def tinyllm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tinyllm.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_seeded_generate_is_reproducible_and_streams_text():
+    a = tinyllm("generate", "ROMEO:", "--max-new-tokens", "40", "--seed", "3")
+    b = tinyllm("generate", "ROMEO:", "--max-new-tokens", "40", "--seed", "3")
+    c = tinyllm("generate", "ROMEO:", "--max-new-tokens", "40", "--seed", "4")
+    assert a.returncode == 0, a.stderr
+    assert a.stdout == b.stdout and a.stdout.startswith("ROMEO:")
+    assert len(a.stdout) > len("ROMEO:") + 20
+    assert c.stdout != a.stdout
+
+
+def test_info_reports_the_bundled_model():
+    r = tinyllm("info")
+    assert r.returncode == 0, r.stderr
+    model, _ = load_checkpoint()
+    assert f"{model.num_params():,}" in r.stdout and "KV bytes per token" in r.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (("generate", "x", "--model", "/nonexistent/dir"), "not a directory"),
+    (("generate", "x", "--temperature", "-1"), "expected a finite number >= 0"),
+    (("generate", "x", "--top-p", "2"), "expected a number in (0, 1]"),
+    (("generate", "x", "--max-new-tokens", "0"), "expected an integer >= 1"),
+    (("generate", "x", "--bogus"), "unrecognized arguments: --bogus"),
+    (("generate", "ROMEO " * 600), "the model's context is 512 tokens"),
+    (("info", "--model", str(DATA)), "no config.json"),
+    (("frobnicate",), "invalid choice"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    r = tinyllm(*args)
+    assert r.returncode == 2
+    assert message in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_broken_model_dir_is_exit_2(tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    for f in default_model_dir().iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    (d / "model.safetensors").write_bytes(b"junk")
+    r = tinyllm("generate", "x", "--model", str(d))
+    assert r.returncode == 2 and "cannot read safetensors" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_tui_bad_arguments_exit_2_before_the_ui():
+    r = subprocess.run([sys.executable, "-m", "tui.app", "--slots", "0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "expected an integer >= 1" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "tui.app", "--prompts", str(DATA / "heldout_julius_caesar.txt")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "heldout_julius_caesar.txt:1: invalid JSON" in r.stderr
+
+
+def test_shipped_checkpoint_is_trained():
+    """Held-out text the model never saw (a slice of Julius Caesar) scores well below 2 nats/char."""
+    from tinyllm.train import eval_text
+    model, tok = load_checkpoint()
+    npc = eval_text(model, tok, [(DATA / "heldout_julius_caesar.txt").read_text()])
+    assert npc < 2.0
+
+
+def test_shipped_checkpoint_loads_in_transformers_with_equal_logits():
+    transformers = pytest.importorskip("transformers")
+    model, tok = load_checkpoint()
+    hf = transformers.LlamaForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32).eval()
+    ids = torch.tensor([tok.encode("ROMEO:\nBut soft, what light through yonder window breaks?")])
+    with torch.no_grad():
+        assert (hf(ids).logits - model(ids)[0]).abs().max().item() < 1e-3
+    cfg = json.loads((default_model_dir() / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"]
+    size = sum(f.stat().st_size for f in default_model_dir().iterdir())
+    assert size <= 25 * 2**20
