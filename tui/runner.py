@@ -158,17 +158,24 @@ class EngineRunner:
         ~20 Hz anyway), and at once when the engine is idle, paused, or slowed down."""
         dirty = True
         while not (self._stop.is_set() or cancelled()):
-            dirty |= self._drain(block=not self._can_run())
-            dirty |= self._release_arrivals()
-            if self._can_run():
-                self._step()
-                dirty = True
-                if self.step_delay_ms:
+            try:
+                dirty |= self._drain(block=not self._can_run())
+                dirty |= self._release_arrivals()
+                if self._can_run():
+                    self._step()
+                    dirty = True
+                    if self.step_delay_ms:
+                        self._publish()
+                        dirty = self._drain(block=True, timeout=self.step_delay_ms / 1000)
+                if dirty and (not self._can_run() or time.perf_counter() - self._published_at >= PUBLISH_S):
                     self._publish()
-                    dirty = self._drain(block=True, timeout=self.step_delay_ms / 1000)
-            if dirty and (not self._can_run() or time.perf_counter() - self._published_at >= PUBLISH_S):
-                self._publish()
-                dirty = False
+                    dirty = False
+            except Exception as e:                    # keep the loop (and the app) alive, say what broke
+                self.last_traceback = traceback.format_exc()
+                self.paused = True
+                self._error(f"runner error: {type(e).__name__}: {e}; engine paused")
+                time.sleep(0.05)
+                dirty = True
         self._publish()
 
     def _can_run(self) -> bool:
