@@ -221,7 +221,9 @@ def run_bench(args) -> dict:
 
     results: dict[str, dict] = {}
     outputs: dict[str, list[list[int]]] = {}
-    paths = ["solo", "static", "continuous-slots", "continuous-paged"] + ([] if args.no_transformers else ["transformers"])
+    kvs = ["slots", "paged"] if args.kv == "both" else [args.kv]
+    paths = (["solo", "static"] + [f"continuous-{k}" for k in kvs]
+             + ([] if args.no_transformers else ["transformers"]))
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
         task = progress.add_task("warm-up", total=len(paths) + 1)
@@ -327,6 +329,7 @@ def add_bench_parser(sub) -> None:
     wl.add_argument("--requests", type=positive_int, default=64, metavar="N", help="seeded default workload size (64)")
     b.add_argument("--slots", type=positive_int, default=16, metavar="N")
     b.add_argument("--batch", type=positive_int, default=16, metavar="N", help="static / transformers batch size")
+    b.add_argument("--kv", choices=["slots", "paged", "both"], default="both", help="continuous path(s) to run (default both)")
     b.add_argument("--device", choices=["cpu", "cuda"], default=None)
     b.add_argument("--threads", type=positive_int, default=2, metavar="N", help="torch CPU threads (default 2)")
     b.add_argument("--solo-sample", type=positive_int, default=8, metavar="N", help="requests run solo (default 8)")

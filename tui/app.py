@@ -111,7 +111,6 @@ class TinyLLMApp(App):
             blocks.border_title = (f"KV blocks ({self.engine.slots.n_blocks} × {self.engine.slots.block_size} tokens)")
         else:
             blocks.display = False
-        self.query_one("#kv").border_title = "KV cache & counters"
         self.query_one("#tps").border_title = "tokens/s"
         self.query_one("#requests").border_title = "Requests"
         self.query_one("#pane").border_title = "Request"
@@ -149,7 +148,11 @@ class TinyLLMApp(App):
             blocks = self.query_one("#blocks", BlockMap)
             blocks.border_title = f"KV blocks: {kv.n_blocks - kv.free_blocks}/{kv.n_blocks} owned × {kv.block_size} tok"
             blocks.show(frame.snapshot)
-        self.query_one("#kv", KVPanel).show(frame)
+        kv = frame.snapshot.kv
+        panel = self.query_one("#kv", KVPanel)
+        panel.border_title = (f"KV cache {kv.mib(kv.used_tokens):.1f}/{kv.mib(kv.allocated_tokens):.1f}/"
+                              f"{kv.mib(kv.reserved_tokens):.1f} MiB used/alloc/reserved")
+        panel.show(frame)
         spark = self.query_one("#tps", Sparkline)
         hist = list(frame.tps_history) if any(frame.tps_history) else []
         if hist != spark.data and spark.display:

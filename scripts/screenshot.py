@@ -1,0 +1,48 @@
+"""Regenerate docs/screenshot.svg: the app mid-run on a paged cache with preemption going on.
+
+    .venv/bin/python scripts/screenshot.py [WIDTH HEIGHT]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import torch
+
+from tinyllm.checkpoint import load_checkpoint
+from tinyllm.engine import ContinuousEngine, Sampling
+from tui.app import PROMPTS_DIR, TinyLLMApp
+from tui.runner import StepOnce
+from tui.screens import NextSettings
+
+
+async def main(width: int, height: int, out: Path) -> None:
+    model, tok = load_checkpoint()
+    eng = ContinuousEngine(model, 6, 512, kv="paged", block_size=16, kv_blocks=40,
+                           generator=torch.Generator().manual_seed(0))
+    app = TinyLLMApp(eng, tok, model_name="bundled Shakespeare", paused=True,
+                     settings=NextSettings(Sampling(0.8, top_k=50), 120),
+                     prompts_file=PROMPTS_DIR / "mixed_lengths.jsonl")
+    async with app.run_test(size=(width, height)) as pilot:
+        while len(app.runner.frame.snapshot.requests) < 16:
+            await pilot.pause(0.05)
+        for _ in range(150):
+            n = app.runner.steps_done
+            app.runner.send(StepOnce())
+            while app.runner.steps_done == n:
+                await pilot.pause(0.01)
+        running = [r for r in app.runner.frame.snapshot.requests if r.state == "running"]
+        app.select(max(running, key=lambda r: len(r.tokens)).rid if running else 0)
+        app.query_one("#requests").focus()
+        await pilot.pause(0.3)
+        app.refresh_from_runner()
+        await pilot.pause(0.3)
+        app.save_screenshot(str(out.name), str(out.parent))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    w, h = (int(sys.argv[1]), int(sys.argv[2])) if len(sys.argv) == 3 else (160, 48)
+    asyncio.run(main(w, h, Path("docs/screenshot.svg")))
