@@ -129,10 +129,13 @@ def warm_up(model, ckpt: Path | None, device: str) -> None:
 
 # -- decode step anatomy --------------------------------------------------------------------------
 def _timeit(fn, n: int) -> float:
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     fn()
+    sync()
     t = time.perf_counter()
     for _ in range(n):
         fn()
+    sync()
     return (time.perf_counter() - t) / n
 
 
@@ -163,10 +166,12 @@ def peak_gflops(device: str, size: int = 1024, n: int = 20) -> float:
 
 
 @torch.no_grad()
-def decode_anatomy(model: Transformer, slots: int = 16, ctx: int = 96, n: int = 40, kv: str = "slots") -> dict:
-    """Where one decode step with every slot active goes."""
+def decode_anatomy(model: Transformer, slots: int = 16, ctx: int = 96, n: int = 40, kv: str = "slots",
+                   cuda_graph: bool = False) -> dict:
+    """Where one decode step with every slot active goes (with cuda_graph: the graph-replayed step)."""
     vocab = model.cfg.vocab_size
-    eng = ContinuousEngine(model, slots, max_len=min(model.cfg.max_seq_len, ctx + 3 * n + 8), kv=kv)
+    eng = ContinuousEngine(model, slots, max_len=min(model.cfg.max_seq_len, ctx + 3 * n + 8), kv=kv,
+                           cuda_graph=cuda_graph)
     rng = random.Random(1)
     for _ in range(slots):
         eng.add_request(Request([rng.randrange(1, vocab) for _ in range(ctx)], 3 * n + 4))
@@ -250,6 +255,9 @@ def run_bench(args) -> dict:
             progress.advance(task)
         progress.update(task, description="decode-step anatomy")
         anatomy = decode_anatomy(model, slots=args.slots)
+        graph = None
+        if device == "cuda":                       # eager vs CUDA-graph decode step (issue 7)
+            graph = decode_anatomy(model, slots=args.slots, cuda_graph=True)
         limit_gflops = peak_gflops(device)
     if tmp is not None:
         tmp.cleanup()
@@ -272,6 +280,7 @@ def run_bench(args) -> dict:
         "workload": wl_desc, "slots": args.slots, "batch": args.batch,
         "paths": results, "greedy_agreement_vs_static": agree, "tinyllm_paths_agree": tinyllm_ok,
         "decode_step": anatomy,
+        "decode_step_cuda_graph": graph,
     }
     print_report(console, report)
     if args.json:
@@ -315,6 +324,10 @@ def print_report(console, report: dict) -> None:
         f"{a['bookkeeping_ms']:.2f} ms; the same rows' matmuls alone: {a['matmul_only_ms']:.2f} ms "
         f"({a['matmul_gflops']:.1f} GFLOP/s) → step = {a['step_over_matmul']:.2f}x the matmul-only time. "
         f"Peak 1024² matmul: {report['machine']['peak_matmul_gflops_1024']:.0f} GFLOP/s.")
+    g = report.get("decode_step_cuda_graph")
+    if g:
+        console.print(f"[bold]CUDA graph decode step[/]: {g['step_ms']:.2f} ms vs eager {a['step_ms']:.2f} ms "
+                      f"({a['step_ms'] / g['step_ms']:.2f}x)")
 
 
 def add_bench_parser(sub) -> None:

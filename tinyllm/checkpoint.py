@@ -131,8 +131,12 @@ def load_checkpoint(path: str | Path | None = None, device: str | torch.device |
     state = {k.removeprefix("model."): v for k, v in state.items()}
     if cfg.tie_embeddings:
         state.pop("lm_head.weight", None)
-    with torch.device("meta"):
-        model = Transformer(cfg)
+    # Big models are built on the meta device (no memory, no init); small ones on the CPU, where
+    # module init is cheaper than the one-time import torch makes for meta-device init (~1 s).
+    d, kv = cfg.d_model, cfg.n_kv_heads * cfg.head_dim
+    approx = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2) + cfg.n_layers * (2 * d * d + 2 * d * kv + 3 * d * cfg.d_ff)
+    with torch.device("meta" if approx > 50_000_000 else "cpu"):
+        model = Transformer(cfg, init_weights=False)
     expected = {k: v.shape for k, v in model.state_dict().items()}
     if cfg.tie_embeddings:
         expected.pop("lm_head.weight")

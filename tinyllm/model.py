@@ -167,7 +167,8 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, init_weights: bool = True):
+        """``init_weights=False`` skips the random init (a checkpoint is about to replace it)."""
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
@@ -177,7 +178,8 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.reset_rope()
-        self.apply(self._init_weights)
+        if init_weights:
+            self.apply(self._init_weights)
 
     def reset_rope(self) -> None:
         """(Re)build the rotary tables; they are derived, never loaded (and must be real after a
