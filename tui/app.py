@@ -14,7 +14,7 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import DataTable, Footer, Input, RichLog, Sparkline, Static
+from textual.widgets import DataTable, Footer, Input, Sparkline, Static
 from textual.worker import get_current_worker
 
 from tinyllm.engine import ContinuousEngine, Sampling
@@ -27,16 +27,13 @@ from tui.widgets.kv_panel import KVPanel
 from tui.widgets.request_pane import RequestPane
 from tui.widgets.request_table import RequestTable
 from tui.widgets.slot_grid import SlotGrid
-from tui.widgets.style import EVENT_STYLES
+from tui.widgets.event_log import EventLog
+from tui.widgets.text_line import TextLine
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 REFRESH_HZ = 20
-TABLE_EVERY = 4              # the request table (the costliest widget) refreshes at REFRESH_HZ / 4
+TABLE_EVERY = 4              # running flat out, the request table and the pane text refresh at 5 Hz
 DELAY_STEPS = (0, 5, 10, 20, 50, 100, 200, 300, 500, 750, 1000)
-
-
-class StatusBar(Static):
-    DEFAULT_CSS = "StatusBar { height: 1; }"
 
 
 class TinyLLMApp(App):
@@ -84,11 +81,10 @@ class TinyLLMApp(App):
         self._seen_log = 0
         self._flags: dict[int, tuple[str, int]] = {}
         self._frames_shown = 0
-        self._status_shown: Text | None = None
 
     # -- layout ----------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
-        yield StatusBar(id="status", markup=False)
+        yield TextLine(id="status")
         with Horizontal(id="main"):
             with Vertical(id="left"):
                 yield SlotGrid(id="slots")
@@ -98,7 +94,7 @@ class TinyLLMApp(App):
                 yield RequestTable(id="requests")
             with Vertical(id="right"):
                 yield RequestPane(id="pane")
-                yield RichLog(id="log", markup=False, wrap=False, max_lines=500, min_width=20)
+                yield EventLog(id="log")
         with Horizontal(id="entry"):
             yield Input(placeholder="Type a prompt and press Enter (F2: its settings)", id="prompt")
             yield Static(id="next-settings", markup=False)
@@ -111,7 +107,8 @@ class TinyLLMApp(App):
             blocks.border_title = (f"KV blocks ({self.engine.slots.n_blocks} × {self.engine.slots.block_size} tokens)")
         else:
             blocks.display = False
-        self.query_one("#tps").border_title = "tokens/s"
+        self.query_one("#tps").border_title = "tokens/s (last 30 s)"
+        self.query_one("#kv").border_title = "KV cache & counters"
         self.query_one("#requests").border_title = "Requests"
         self.query_one("#pane").border_title = "Request"
         self.query_one("#log").border_title = "Events"
@@ -138,33 +135,23 @@ class TinyLLMApp(App):
             return
         self._shown_seq = frame.seq
         self._update_flags(frame)
-        status = self._status_text(frame)
-        if status != self._status_shown:
-            self._status_shown = status
-            self.query_one("#status", StatusBar).update(status)
+        self.query_one("#status", TextLine).set(self._status_text(frame))
         self.query_one("#slots", SlotGrid).show(frame.snapshot, self._flags)
         if frame.snapshot.kv.kind == "paged":
-            kv = frame.snapshot.kv
-            blocks = self.query_one("#blocks", BlockMap)
-            blocks.border_title = f"KV blocks: {kv.n_blocks - kv.free_blocks}/{kv.n_blocks} owned × {kv.block_size} tok"
-            blocks.show(frame.snapshot)
-        kv = frame.snapshot.kv
-        panel = self.query_one("#kv", KVPanel)
-        panel.border_title = (f"KV cache {kv.mib(kv.used_tokens):.1f}/{kv.mib(kv.allocated_tokens):.1f}/"
-                              f"{kv.mib(kv.reserved_tokens):.1f} MiB used/alloc/reserved")
-        panel.show(frame)
+            self.query_one("#blocks", BlockMap).show(frame.snapshot)
+        self.query_one("#kv", KVPanel).show(frame)
         spark = self.query_one("#tps", Sparkline)
         hist = list(frame.tps_history) if any(frame.tps_history) else []
         if hist != spark.data and spark.display:
             spark.data = hist
-            spark.border_title = f"tokens/s {frame.tokens_per_s:.0f}"
         table = self.query_one("#requests", RequestTable)
         self._frames_shown += 1
         if self._frames_shown % TABLE_EVERY == 0 or frame.paused or len(frame.snapshot.requests) != table.row_count:
             table.show(frame)
         if self.selected is None and frame.snapshot.requests:
             self.selected = table.selected_rid()
-        if self.selected is not None:
+        if self.selected is not None and (self._frames_shown % TABLE_EVERY == 0 or frame.paused
+                                          or self.runner.step_delay_ms >= 50):
             self.query_one("#pane", RequestPane).show(frame, self.selected)
         self._append_log(frame)
 
@@ -178,16 +165,13 @@ class TinyLLMApp(App):
                 self._flags[e.slot] = (e.kind, e.rid)
 
     def _append_log(self, frame: Frame) -> None:
-        log = self.query_one("#log", RichLog)
-        for e in frame.log:
-            if e.seq <= self._seen_log:
-                continue
-            line = Text(f"{e.step:>6} ", style="dim")
-            line.append(e.text, style=EVENT_STYLES.get(e.kind))
-            log.write(line)
+        new = [e for e in frame.log if e.seq > self._seen_log]
+        for e in new:
             if e.kind == "error":
                 self.notify(e.text, title="engine", severity="error", timeout=8)
-            self._seen_log = e.seq
+        if new:
+            self._seen_log = new[-1].seq
+            self.query_one("#log", EventLog).add(new)
 
     def _status_text(self, f: Frame) -> Text:
         t = Text(no_wrap=True, overflow="ellipsis")

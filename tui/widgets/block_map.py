@@ -23,14 +23,16 @@ class BlockMap(Widget):
             self.refresh()
 
     def get_content_height(self, container, viewport, width: int) -> int:
-        n = len(self.snapshot.kv.block_owner) if self.snapshot else 1
+        n = len(self.snapshot.kv.block_owner) + 14 if self.snapshot else 1
         return max(1, -(-n // max(1, width)))
 
     def render(self) -> Text:
         if self.snapshot is None or not self.snapshot.kv.block_owner:
             return Text("")
+        kv = self.snapshot.kv
         out = Text(no_wrap=False, overflow="fold")
-        for owner in self.snapshot.kv.block_owner:
+        out.append(f"{kv.n_blocks - kv.free_blocks}/{kv.n_blocks} owned ", style="dim")
+        for owner in kv.block_owner:
             if owner is None:
                 out.append("·", style="dim")
             else:

@@ -26,6 +26,9 @@ class KVPanel(Widget):
         self.frame = frame
         self.refresh()
 
+    def get_content_height(self, container, viewport, width: int) -> int:
+        return 6 if self.app.has_class("-short") else 7
+
     def render(self):
         f = self.frame
         if f is None:
@@ -74,6 +77,9 @@ class KVPanel(Widget):
         line3.append(f"{_secs(percentile(lat, .5) if lat else None)}/{_secs(percentile(lat, .95) if lat else None)}",
                      style="bold")
         grid = Table.grid()
+        grid.add_row(Text(f"{kv.mib(kv.used_tokens):.1f} / {kv.mib(kv.allocated_tokens):.1f} / "
+                          f"{kv.mib(kv.reserved_tokens):.1f} MiB used / claimed / reserved", style="dim",
+                          no_wrap=True, overflow="ellipsis"))
         grid.add_row(t)
         if self.app.has_class("-short"):
             line2.append_text(line3)

@@ -12,6 +12,7 @@ from textual.widgets import Static
 from tinyllm.snapshot import RequestView
 from tui.runner import Frame
 from tui.widgets.style import STATE_STYLES, rid_style
+from tui.widgets.text_line import TextLine
 
 
 def header_text(v: RequestView, now: float) -> Text:
@@ -44,8 +45,9 @@ class RequestPane(VerticalScroll):
         self._shown: tuple | None = None
 
     def compose(self):
-        yield Static(Text("No request selected. Type a prompt below and press Enter.", style="dim"),
-                     id="pane-header", markup=False)
+        header = TextLine(id="pane-header")
+        header.text = Text("No request selected. Type a prompt below and press Enter.", style="dim")
+        yield header
         yield Static("", id="pane-body", markup=False)
 
     @property
@@ -66,7 +68,7 @@ class RequestPane(VerticalScroll):
             return
         follow = self.scroll_y >= self.max_scroll_y - 1 or rid != self.rid
         self.rid, self._shown = rid, key
-        self.query_one("#pane-header", Static).update(header_text(v, frame.snapshot.time_s))
+        self.query_one("#pane-header").set(header_text(v, frame.snapshot.time_s))
         body = Text()
         body.append(prompt, style="dim")
         body.append(text)
