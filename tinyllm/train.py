@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -27,15 +27,14 @@ EOT = "<|endoftext|>"
 HELD_OUT = ("julius_caesar_gut.txt", "twelfth_night_gut.txt", "rape_of_lucrece_gut.txt")
 
 
+# The bundled model's shape (vocab_size is the BPE size to train; the model takes the tokenizer's).
+BUNDLED_SHAPE = ModelConfig(vocab_size=4096, d_model=384, n_layers=6, n_heads=6, n_kv_heads=2, d_ff=1024,
+                            max_seq_len=512, tie_embeddings=True)
+
+
 @dataclass
 class TrainConfig:
-    vocab_size: int = 4096
-    d_model: int = 384
-    n_layers: int = 6
-    n_heads: int = 6
-    n_kv_heads: int = 2
-    d_ff: int = 1024
-    max_seq_len: int = 512
+    model: ModelConfig = BUNDLED_SHAPE
     seq_len: int = 512
     batch_size: int = 8
     steps: int = 1800
@@ -159,15 +158,13 @@ def train(corpus: Path | None, out: Path, tc: TrainConfig, work: Path, log=print
     train_works, val_works = load_works(texts)
     tok_dir = work / "tokenizer"
     if not (tok_dir / "tokenizer.json").is_file():
-        train_tokenizer(train_works, tc.vocab_size, tok_dir)
+        train_tokenizer(train_works, tc.model.vocab_size, tok_dir)
     tok = HFTok.from_file(str(tok_dir / "tokenizer.json"))
     train_ids, val_ids = encode_works(tok, train_works), encode_works(tok, val_works)
     val_chars = sum(len(w) + len(EOT) for w in val_works)
     log(f"corpus: {len(train_works)} train works, {len(train_ids):,} tokens; "
         f"{len(val_works)} held out ({', '.join(HELD_OUT)}), {len(val_ids):,} tokens, {val_chars:,} chars")
-    cfg = ModelConfig(vocab_size=tok.get_vocab_size(), d_model=tc.d_model, n_layers=tc.n_layers,
-                      n_heads=tc.n_heads, n_kv_heads=tc.n_kv_heads, d_ff=tc.d_ff,
-                      max_seq_len=tc.max_seq_len, tie_embeddings=True)
+    cfg = replace(tc.model, vocab_size=tok.get_vocab_size())
     model = Transformer(cfg)
     log(f"model: {model.num_params() / 1e6:.2f}M parameters, {asdict(cfg)}")
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -212,7 +209,7 @@ def train(corpus: Path | None, out: Path, tc: TrainConfig, work: Path, log=print
                             "step": step, "elapsed": el}, state_file)
     elapsed = time.perf_counter() - t_start
     model.half().float()                              # score exactly what ships (fp16 weights)
-    full_val = nats_per_char(model, val_ids, val_chars, tc.max_seq_len)
+    full_val = nats_per_char(model, val_ids, val_chars, cfg.max_seq_len)
     eot = tok.token_to_id(EOT)
     save_checkpoint(model, out, tokenizer_dir=tok_dir, eos_id=eot, bos_id=None, dtype=torch.float16)
     metrics = {"val_nats_per_char": full_val, "train_minutes": elapsed / 60, "params": model.num_params(),
