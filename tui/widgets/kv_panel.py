@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from rich.table import Table
 from rich.text import Text
 from textual.widget import Widget
 
@@ -16,7 +15,7 @@ def _secs(x: float | None) -> str:
 
 
 class KVPanel(Widget):
-    DEFAULT_CSS = "KVPanel { height: auto; }"
+    DEFAULT_CSS = "KVPanel { height: auto; text-wrap: nowrap; text-overflow: ellipsis; }"
 
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -38,10 +37,7 @@ class KVPanel(Widget):
         wide = width >= 60
         bar_w = max(3, min(40, width - (50 if wide else 28)))
         sep = "  " if wide else " "
-        t = Table.grid(padding=(0, 1))
-        t.add_column(no_wrap=True)
-        t.add_column(no_wrap=True)
-        t.add_column(no_wrap=True, justify="right")
+        bars: list[Text] = []
         rows = [("used/reserv", kv.used_tokens, kv.reserved_tokens),
                 ("alloc/reserv", kv.allocated_tokens, kv.reserved_tokens),
                 ("used/alloc", kv.used_tokens, kv.allocated_tokens)]
@@ -49,7 +45,10 @@ class KVPanel(Widget):
             frac = a / b if b else 0.0
             nums = (f"{frac:4.0%} {a:>5}/{b:<5} tok {kv.mib(a):4.1f}/{kv.mib(b):.1f} MiB" if wide
                     else f"{frac:4.0%} {a}/{b}")
-            t.add_row(Text(label, style="dim"), Text(bar(frac, bar_w), style="bold"), Text(nums))
+            line = Text(label.ljust(13), style="dim")
+            line.append(bar(frac, bar_w), style="bold")
+            line.append(" " + nums)
+            bars.append(line)
         reqs = f.snapshot.requests
         done = [r for r in reqs if r.state == "finished"]
         ttft = sorted(r.ttft_s for r in reqs if r.ttft_s is not None)
@@ -76,15 +75,11 @@ class KVPanel(Widget):
         line3.append("latency p50/p95 ", style="dim")
         line3.append(f"{_secs(percentile(lat, .5) if lat else None)}/{_secs(percentile(lat, .95) if lat else None)}",
                      style="bold")
-        grid = Table.grid()
-        grid.add_row(Text(f"{kv.mib(kv.used_tokens):.1f} / {kv.mib(kv.allocated_tokens):.1f} / "
-                          f"{kv.mib(kv.reserved_tokens):.1f} MiB used / claimed / reserved", style="dim",
-                          no_wrap=True, overflow="ellipsis"))
-        grid.add_row(t)
+        mib = Text(f"{kv.mib(kv.used_tokens):.1f} / {kv.mib(kv.allocated_tokens):.1f} / "
+                   f"{kv.mib(kv.reserved_tokens):.1f} MiB used / claimed / reserved", style="dim")
         if self.app.has_class("-short"):
             line2.append_text(line3)
             line3 = None
-        for line in filter(None, (line1, line2, line3)):
-            line.no_wrap, line.overflow = True, "ellipsis"
-            grid.add_row(line)
-        return grid
+        out = Text("\n", no_wrap=True, overflow="ellipsis").join(
+            [mib, *bars, *filter(None, (line1, line2, line3))])
+        return out

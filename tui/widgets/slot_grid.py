@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from rich.segment import Segment
 from rich.text import Text
+from textual.strip import Strip
 from textual.widget import Widget
 
 from tinyllm.snapshot import EngineSnapshot
@@ -36,7 +38,20 @@ class SlotGrid(Widget):
         n = self.snapshot.n_slots if self.snapshot else 1
         return -(-n // self._per_row(width))
 
-    def render(self) -> Text:
+    def render_line(self, y: int) -> Strip:
+        """Line API: one row of cells, straight to segments (no Rich layout pass: this widget
+        changes every frame while the engine runs)."""
+        snap = self.snapshot
+        width = self.size.width
+        if snap is None:
+            return Strip([Segment("starting…")]).crop_extend(0, width, self.rich_style)
+        per_row = self._per_row(width)
+        segments: list[Segment] = []
+        for sv in snap.slots[y * per_row:(y + 1) * per_row]:
+            segments.extend(self._cell(sv, snap).render(self.app.console))
+        return Strip(segments).crop_extend(0, width, self.rich_style)
+
+    def render(self) -> Text:                         # plain text of the grid (tests, copy-out)
         snap = self.snapshot
         if snap is None:
             return Text("starting…", style="dim")
