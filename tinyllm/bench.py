@@ -79,7 +79,7 @@ def random_checkpoint(spec: str, out: Path, seed: int = 0) -> Path:
 # -- the paths ------------------------------------------------------------------------------------
 def bench_solo(model, reqs: list[Request]) -> tuple[list[list[int]], dict]:
     t0 = time.perf_counter()
-    outs, lat, ttft = [], [], []
+    outs, lat = [], []
     for r in reqs:
         t = time.perf_counter()
         outs.append(generate(model, r.prompt, r.max_new_tokens))
@@ -199,7 +199,7 @@ def run_bench(args) -> dict:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from tinyllm.checkpoint import CheckpointError, default_model_dir, load_checkpoint
+    from tinyllm.checkpoint import default_model_dir, load_checkpoint
 
     console = Console()
     torch.set_num_threads(args.threads)

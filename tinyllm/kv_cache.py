@@ -89,9 +89,7 @@ class SlotKVCache:
         return [s for s in range(self.n_slots) if not self.active[s]]
 
     def check_fits(self, total_tokens: int) -> None:
-        """Refuse a request that could never fit one slot (prompt + max_new_tokens)."""
-        if total_tokens > self.max_len:
-            raise ValueError(f"{total_tokens} tokens exceed the slot size max_len {self.max_len}")
+        """A slot holds max_len tokens, which the engine already checks: nothing more to refuse."""
 
     def can_admit(self, context_lens: list[int]) -> bool:
         """Memory is reserved per slot, so any free slot can take any context up to max_len."""

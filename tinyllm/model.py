@@ -8,7 +8,6 @@ padded batch, a slot cache and a paged cache alike.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Protocol
 

@@ -203,7 +203,6 @@ class TinyLLMApp(App):
         s = self.settings
         self.runner.send(Submit(text, s.max_new_tokens, s.sampling, s.stop_at_eos, tuple(ids)))
         event.input.value = ""
-        self._select_newest_after_submit = True
         self.set_timer(0.1, self._select_newest)
 
     def _select_newest(self) -> None:

@@ -14,7 +14,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from tinyllm.engine import ContinuousEngine, Request, Sampling
@@ -135,6 +135,7 @@ class EngineRunner:
         self.steps_done = 0
         self.last_traceback: str | None = None
         self._published_at = 0.0
+        self._snap = engine.snapshot()             # refreshed by _note_states after every change
         self._frame: Frame = self._make_frame()
 
     # -- UI side (any thread) ------------------------------------------------------------------
@@ -288,6 +289,7 @@ class EngineRunner:
             self.last_traceback = traceback.format_exc()
             self.paused = True                                 # stop looping on a broken state
             self._add_log("error", "engine paused after an error; press space to retry")
+            self._note_states()                       # show whatever state the failed step left
             return
         self._step_ms = (time.perf_counter() - t) * 1000
         self.steps_done += 1
@@ -300,7 +302,7 @@ class EngineRunner:
 
     def _note_states(self) -> None:
         """Log admissions, preemptions, finishes and aborts by diffing request states."""
-        snap = self.engine.snapshot()
+        snap = self._snap = self.engine.snapshot()        # the next frame publishes this one
         for v in snap.requests:
             old = self._states.get(v.rid)
             new = (v.state, v.slot)
@@ -343,7 +345,7 @@ class EngineRunner:
 
     def _make_frame(self) -> Frame:
         self._seq += 1
-        return Frame(self._seq, self.engine.snapshot(), dict(self._prompts), dict(self._texts), tuple(self._log),
+        return Frame(self._seq, self._snap, dict(self._prompts), dict(self._texts), tuple(self._log),
                      self.paused, self.step_delay_ms, len(self._pending), self._tokens_per_s(),
                      tuple(self._tps_hist), self._step_ms)
 

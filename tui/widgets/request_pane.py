@@ -43,6 +43,7 @@ class RequestPane(VerticalScroll):
         super().__init__(**kw)
         self.rid: int | None = None
         self._shown: tuple | None = None
+        self._plain = ""
 
     def compose(self):
         header = TextLine(id="pane-header")
@@ -54,8 +55,6 @@ class RequestPane(VerticalScroll):
     def body_text(self) -> str:
         """The plain text shown (prompt + generation), for tests and copy-out."""
         return self._plain
-
-    _plain = ""
 
     def show(self, frame: Frame, rid: int | None) -> None:
         v = frame.snapshot.request(rid) if rid is not None else None
