@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from tui.app import PROMPTS_DIR, TinyLLMApp
 from tui.runner import StepOnce
 from tui.screens import NextSettings, PromptPicker, SettingsScreen
 from tui.widgets.kv_panel import KVPanel
+from tui.widgets.request_list import RequestList, tail
 from tui.widgets.request_pane import RequestPane
 from tui.widgets.slot_grid import SlotGrid
 
@@ -266,10 +266,58 @@ async def test_prompt_too_long_is_not_sent():
         assert app.query_one("#prompt").value == "word " * 40              # nothing lost
 
 
+async def test_request_list_keys_and_clicks_select_requests():
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        rids = [await submit(pilot, f"Line {i}:") for i in range(5)]
+        await step(pilot, 2)
+        lst = app.query_one(RequestList)
+        pane = app.query_one(RequestPane)
+        lst.focus()
+        await pilot.press("home")
+        await until(pilot, lambda: app.selected == rids[0])
+        await pilot.press("down", "down")
+        await until(pilot, lambda: app.selected == rids[2])
+        assert pane.body_text.startswith("Line 2:")
+        await pilot.press("up")
+        await until(pilot, lambda: app.selected == rids[1])
+        await pilot.press("end")
+        await until(pilot, lambda: app.selected == rids[4])
+        await pilot.press("down")                                   # past the end: stays
+        await until(pilot, lambda: lst.cursor == 4)
+        await pilot.click(RequestList, offset=(3, 1 + 1 + 3))       # border, header, then row 3
+        await until(pilot, lambda: app.selected == rids[3])
+        assert lst.row_text(rids[3]).split()[:2] == [str(rids[3]), "queued"]      # 3 slots: it waits
+
+
+@pytest.mark.parametrize("width", [160, 100, 60])
+async def test_request_list_fits_narrow_terminals(width):
+    """Narrow screens drop the sampling/TTFT/rate columns before squeezing the text column."""
+    app = make_app()
+    async with app.run_test(size=(width, 40)) as pilot:
+        rid = await submit(pilot, "ROMEO:\n")
+        await step(pilot, 3)
+        lst = app.query_one(RequestList)
+        lst.show(app.runner.frame)
+        row = lst.row_text(rid)
+        assert len(row) == lst.scrollable_content_region.width
+        n = len(app.runner.frame.snapshot.request(rid).tokens)
+        assert "running" in row and f"{n}/12" in row
+        assert ("greedy" in row) == (width >= 160)                  # sampling column only when wide
+
+
+def test_tail_counts_cells_not_characters():
+    assert tail("short", 10) == "short"
+    assert tail("a\nb", 10) == "a⏎ b"
+    assert tail("x" * 30, 10) == "…" + "x" * 9
+    wide = tail("漢字" * 20, 9)                                        # 2 cells each
+    assert wide.startswith("…") and sum(2 if ord(c) > 0x2e80 else 1 for c in wide) <= 9
+
+
 async def test_generated_markup_characters_show_literally():
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:
-        rid = await submit(pilot, "[bold]not bold[/bold] \\[x] [red]")
+        await submit(pilot, "[bold]not bold[/bold] \\[x] [red]")
         await step(pilot, 1)
         pane = app.query_one(RequestPane)
         rendered = pane.query_one("#pane-body").render()

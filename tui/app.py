@@ -14,7 +14,7 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import DataTable, Footer, Input, Sparkline, Static
+from textual.widgets import Footer, Input, Sparkline, Static
 from textual.worker import get_current_worker
 
 from tinyllm.engine import ContinuousEngine, Sampling
@@ -25,7 +25,7 @@ from tui.screens import HelpScreen, LoadedWorkload, NextSettings, PromptPicker, 
 from tui.widgets.block_map import BlockMap
 from tui.widgets.kv_panel import KVPanel
 from tui.widgets.request_pane import RequestPane
-from tui.widgets.request_table import RequestTable
+from tui.widgets.request_list import RequestList
 from tui.widgets.slot_grid import SlotGrid
 from tui.widgets.event_log import EventLog
 from tui.widgets.text_line import TextLine
@@ -91,7 +91,7 @@ class TinyLLMApp(App):
                 yield BlockMap(id="blocks")
                 yield KVPanel(id="kv")
                 yield Sparkline([], id="tps")
-                yield RequestTable(id="requests")
+                yield RequestList(id="requests")
             with Vertical(id="right"):
                 yield RequestPane(id="pane")
                 yield EventLog(id="log")
@@ -144,7 +144,7 @@ class TinyLLMApp(App):
         hist = list(frame.tps_history) if any(frame.tps_history) else []
         if hist != spark.data and spark.display:
             spark.data = hist
-        table = self.query_one("#requests", RequestTable)
+        table = self.query_one("#requests", RequestList)
         self._frames_shown += 1
         if self._frames_shown % TABLE_EVERY == 0 or frame.paused or len(frame.snapshot.requests) != table.row_count:
             table.show(frame)
@@ -212,13 +212,12 @@ class TinyLLMApp(App):
 
     def select(self, rid: int) -> None:
         self.selected = rid
-        self.query_one("#requests", RequestTable).select_rid(rid)
+        self.query_one("#requests", RequestList).select_rid(rid)
         self.query_one("#pane", RequestPane).show(self.runner.frame, rid)
 
-    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        if event.row_key is not None and event.row_key.value is not None:
-            self.selected = int(event.row_key.value)
-            self.query_one("#pane", RequestPane).show(self.runner.frame, self.selected)
+    def on_request_list_highlighted(self, event: RequestList.Highlighted) -> None:
+        self.selected = event.rid
+        self.query_one("#pane", RequestPane).show(self.runner.frame, self.selected)
 
     def action_toggle_pause(self) -> None:
         self.runner.send(SetPaused(not self.runner.paused))

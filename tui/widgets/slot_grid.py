@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 from textual.strip import Strip
 from textual.widget import Widget
 
 from tinyllm.snapshot import EngineSnapshot
-from tui.widgets.style import STATE_STYLES, bar, rid_style
+from tui.widgets.style import DIM, PLAIN, STATE_STYLES, bar, on, rid_style
 
 CELL_W = 18
+
+
 
 
 class SlotGrid(Widget):
@@ -43,13 +46,13 @@ class SlotGrid(Widget):
         changes every frame while the engine runs)."""
         snap = self.snapshot
         width = self.size.width
+        base = self.rich_style
         if snap is None:
-            return Strip([Segment("starting…")]).crop_extend(0, width, self.rich_style)
+            return Strip([Segment("starting…", base)]).crop_extend(0, width, base)
         per_row = self._per_row(width)
-        segments: list[Segment] = []
-        for sv in snap.slots[y * per_row:(y + 1) * per_row]:
-            segments.extend(self._cell(sv, snap).render(self.app.console))
-        return Strip(segments).crop_extend(0, width, self.rich_style)
+        segments = [Segment(text, on(base, style))
+                    for sv in snap.slots[y * per_row:(y + 1) * per_row] for text, style in self._cell(sv)]
+        return Strip(segments).crop_extend(0, width, base)
 
     def render(self) -> Text:                         # plain text of the grid (tests, copy-out)
         snap = self.snapshot
@@ -60,30 +63,23 @@ class SlotGrid(Widget):
         for i, sv in enumerate(snap.slots):
             if i and i % per_row == 0:
                 out.append("\n")
-            out.append_text(self._cell(sv, snap))
+            for text, style in self._cell(sv):
+                out.append(text, style)
         return out
 
-    def _cell(self, sv, snap: EngineSnapshot) -> Text:
-        cell = Text()
-        cell.append(f"{sv.slot:02d} ", style="dim")
+    def _cell(self, sv) -> list[tuple[str, Style]]:
+        """One slot's cell as (text, style) pieces, CELL_W cells wide."""
+        head = (f"{sv.slot:02d} ", DIM)
         flag = self.flags.get(sv.slot)
         if sv.free and flag is None:
-            cell.append("free".ljust(CELL_W - 4), style="dim")
-            return cell
+            return [head, ("free".ljust(CELL_W - 4), DIM)]
         if sv.free:                                      # freed this step: say why
             kind, rid = flag
             mark = {"finish": "✓ done", "preempt": "⇣ preempted", "abort": "✗ aborted"}.get(kind, kind)
-            cell.append(f"#{rid:<3}", style=rid_style(rid))
             state = {"finish": "finished", "preempt": "preempted", "abort": "aborted"}.get(kind, "finished")
-            cell.append(f" {mark}".ljust(CELL_W - 8), style=STATE_STYLES[state])
-            cell.append(" ")
-            return cell
-        cell.append(f"#{sv.rid:<3}", style=rid_style(sv.rid))
-        style = STATE_STYLES["running"]
-        if sv.just_admitted or (flag and flag[0] == "admit"):
-            cell.append("+", style=style)
-        else:
-            cell.append(" ")
-        cell.append(bar(sv.context_len / max(1, sv.capacity), 5), style=style)
-        cell.append(f" {sv.context_len:>3} ", style="dim")
-        return cell
+            return [head, (f"#{rid:<3}", rid_style(rid)), (f" {mark}".ljust(CELL_W - 8), STATE_STYLES[state]),
+                    (" ", PLAIN)]
+        running = STATE_STYLES["running"]
+        admitted = sv.just_admitted or (flag is not None and flag[0] == "admit")
+        return [head, (f"#{sv.rid:<3}", rid_style(sv.rid)), ("+" if admitted else " ", running),
+                (bar(sv.context_len / max(1, sv.capacity), 5), running), (f" {sv.context_len:>3} ", DIM)]

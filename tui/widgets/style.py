@@ -4,6 +4,8 @@ Mid-luminance colours, readable on dark and light themes alike."""
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from rich.style import Style
 
 STATE_COLOURS = {
@@ -27,8 +29,19 @@ REQUEST_PALETTE = ("#e6194b", "#3cb44b", "#d4a600", "#4363d8", "#f58231", "#911e
                    "#1fa8b8", "#c02ab0", "#6b8e23", "#9a6324", "#008080", "#7f5fd8")
 
 
+RID_STYLES = tuple(Style(color=c, bold=True) for c in REQUEST_PALETTE)
+DIM = Style(dim=True)
+PLAIN = Style()
+
+
 def rid_style(rid: int) -> Style:
-    return Style(color=REQUEST_PALETTE[rid % len(REQUEST_PALETTE)], bold=True)
+    return RID_STYLES[rid % len(RID_STYLES)]
+
+
+@lru_cache(maxsize=1024)
+def on(base: Style, style: Style) -> Style:
+    """``style`` over a widget's base style; cached, as line-API widgets call it per segment."""
+    return base + style
 
 
 def bar(frac: float, width: int, full: str = "█", empty: str = "░") -> str:

@@ -1,0 +1,249 @@
+"""All requests (finished and aborted ones stay), newest last; the highlighted row is 'selected'.
+
+A line-API scroll view rather than a ``DataTable``: the table changes several times a second
+while the engine runs, and a DataTable re-renders every visible cell through Rich on each
+update (it was the app's costliest widget). Here each row is a cached ``Strip`` rebuilt only
+when that request's cells, the width, or the cursor changed, straight from segments.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from rich.cells import cell_len
+from rich.segment import Segment
+from rich.style import Style
+from textual import events
+from textual.binding import Binding
+from textual.geometry import Size
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+from tinyllm.snapshot import RequestView
+from tui.runner import Frame
+from tui.widgets.style import PLAIN, STATE_STYLES, on, rid_style
+
+# (label, width); the last column takes what is left
+COLUMNS = (("#", 4), ("state", 9), ("slot", 4), ("sampling", 13), ("tokens", 7), ("TTFT", 6), ("tok/s", 5),
+           ("text", 0))
+TEXT_MIN = 16
+DROP_ORDER = (3, 5, 6)          # narrow: drop sampling, then TTFT, then tok/s (the pane shows them)
+
+Cells = tuple[tuple[str, Style], ...]
+
+
+def tail(text: str, n: int) -> str:
+    """The last ``n`` cells of ``text`` on one line (newlines shown as ⏎), '…' when cut."""
+    if n <= 1:
+        return "…"[:n]
+    flat = text[-(n + 16):].replace("\n", "⏎ ").replace("\t", " ")   # only the end can show
+    if len(text) <= n + 16 and cell_len(flat) <= n:
+        return flat
+    flat = flat[-(n - 1):]
+    while cell_len(flat) > n - 1:                                      # wide characters
+        flat = flat[1:]
+    return "…" + flat
+
+
+def fit(text: str, width: int) -> str:
+    """Pad or cut to exactly ``width`` cells."""
+    n = cell_len(text)
+    if n <= width:
+        return text + " " * (width - n)
+    while cell_len(text) > width:
+        text = text[:-1]
+    return text + " " * (width - cell_len(text))
+
+
+
+
+class RequestList(ScrollView, can_focus=True):
+    """Rows keyed by request id; up/down/page/home/end or a click move the cursor, and each move
+    posts ``RequestList.Highlighted`` with the request id."""
+
+    COMPONENT_CLASSES = {"request-list--header", "request-list--cursor", "request-list--even-row"}
+    DEFAULT_CSS = """
+    RequestList {
+        background: $surface;
+        color: $foreground;
+        & > .request-list--header { text-style: bold; background: $panel; color: $foreground; }
+        & > .request-list--even-row { background: $surface-lighten-1 50%; }
+        & > .request-list--cursor {
+            background: $block-cursor-blurred-background;
+            color: $block-cursor-blurred-foreground;
+        }
+        &:focus > .request-list--cursor {
+            background: $block-cursor-background;
+            color: $block-cursor-foreground;
+            text-style: $block-cursor-text-style;
+        }
+        &:dark > .request-list--even-row { background: $surface-darken-1 40%; }
+    }
+    """
+    BINDINGS = [
+        Binding("up", "move(-1)", "Previous request", show=False),
+        Binding("down", "move(1)", "Next request", show=False),
+        Binding("pageup", "page(-1)", "Page up", show=False),
+        Binding("pagedown", "page(1)", "Page down", show=False),
+        Binding("home", "move_to(0)", "First request", show=False),
+        Binding("end", "move_to(-1)", "Last request", show=False),
+    ]
+
+    class Highlighted(Message):
+        """The cursor moved to the row of request ``rid``."""
+
+        def __init__(self, rid: int) -> None:
+            super().__init__()
+            self.rid = rid
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.cursor = 0
+        self._rids: list[int] = []                           # newest last
+        self._row_of: dict[int, int] = {}
+        self._shown: dict[int, tuple[RequestView, str]] = {}
+        self._cells: dict[int, Cells] = {}
+        self._strips: dict[int, tuple[tuple, Strip]] = {}    # rid → (cache key, strip)
+
+    # -- data ---------------------------------------------------------------------------------
+    @property
+    def row_count(self) -> int:
+        return len(self._rids)
+
+    def selected_rid(self) -> int | None:
+        return self._rids[self.cursor] if self._rids else None
+
+    def select_rid(self, rid: int) -> None:
+        if rid in self._row_of:
+            self._move_cursor(self._row_of[rid])
+
+    def row_text(self, rid: int) -> str:
+        """The row as plain text at the current width (tests, copy-out)."""
+        return "".join(s.text for s in self._row_strip(self._row_of[rid], self._width()))
+
+    def show(self, frame: Frame) -> None:
+        """Rebuild the cells of requests that changed (running ones always: their rate moves)."""
+        now = frame.snapshot.time_s
+        changed = False
+        first = not self._rids
+        for v in frame.snapshot.requests:
+            text = frame.texts.get(v.rid, "")
+            old = self._shown.get(v.rid)
+            if old is not None and old[0] is v and old[1] == text and v.state != "running":
+                continue
+            cells = self._cells_of(v, text, now)
+            if old is None:
+                self._row_of[v.rid] = len(self._rids)
+                self._rids.append(v.rid)
+            self._shown[v.rid] = (v, text)
+            if cells != self._cells.get(v.rid):
+                self._cells[v.rid] = cells
+                changed = True
+        if self.virtual_size.height != len(self._rids) + 1:
+            self.virtual_size = Size(self.size.width, len(self._rids) + 1)
+        if first and self._rids:
+            self.post_message(self.Highlighted(self._rids[0]))
+        if changed:
+            self.refresh()
+
+    @staticmethod
+    def _cells_of(v: RequestView, text: str, now: float) -> Cells:
+        tps = v.tokens_per_s(now)
+        ttft = v.ttft_s
+        return ((str(v.rid), rid_style(v.rid)), (v.state, STATE_STYLES[v.state]),
+                ("—" if v.slot is None else str(v.slot), PLAIN), (v.sampling.describe(), PLAIN),
+                (f"{len(v.tokens)}/{v.max_new_tokens}", PLAIN), ("—" if ttft is None else f"{ttft:.2f}s", PLAIN),
+                ("—" if tps is None else f"{tps:.1f}", PLAIN), (text[-512:], PLAIN))
+
+    # -- rendering (line API) -------------------------------------------------------------------
+    def _width(self) -> int:
+        return self.scrollable_content_region.width
+
+    def render_line(self, y: int) -> Strip:
+        width = self._width()
+        if y == 0:
+            return self._header(width)
+        row = int(self.scroll_offset.y) + y - 1
+        if 0 <= row < len(self._rids):
+            return self._row_strip(row, width)
+        return Strip.blank(width, self.rich_style)
+
+    @staticmethod
+    @lru_cache(maxsize=16)
+    def _layout(width: int) -> tuple[tuple[int, int], ...]:
+        """(column index, width) of the columns that fit; the text column gets the rest."""
+        shown = list(range(len(COLUMNS) - 1))
+        for drop in DROP_ORDER:
+            if width - sum(COLUMNS[i][1] + 1 for i in shown) >= TEXT_MIN:
+                break
+            shown.remove(drop)
+        text_w = max(TEXT_MIN, width - sum(COLUMNS[i][1] + 1 for i in shown))
+        return (*((i, COLUMNS[i][1]) for i in shown), (len(COLUMNS) - 1, text_w))
+
+    def _header(self, width: int) -> Strip:
+        style = on(self.rich_style, self.get_component_rich_style("request-list--header"))
+        segs = [Segment(fit(COLUMNS[i][0], w) + " ", style) for i, w in self._layout(width)]
+        return Strip(segs).crop_extend(0, width, style)
+
+    def _row_strip(self, row: int, width: int) -> Strip:
+        rid = self._rids[row]
+        cells = self._cells[rid]
+        kind = "cursor" if row == self.cursor else ("even-row" if row % 2 == 0 else "")
+        key = (cells, width, kind, self.has_focus)
+        hit = self._strips.get(rid)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        base = self.rich_style
+        if kind:
+            base = on(base, self.get_component_rich_style(f"request-list--{kind}"))
+        segs = []
+        last = len(COLUMNS) - 1
+        for i, w in self._layout(width):
+            value, style = cells[i]
+            segs.append(Segment(fit(tail(value, w) if i == last else value, w), on(base, style)))
+            segs.append(Segment(" ", base))
+        strip = Strip(segs).crop_extend(0, width, base)
+        self._strips[rid] = (key, strip)
+        return strip
+
+    def notify_style_update(self) -> None:
+        self._strips.clear()                         # theme or focus styling changed
+        super().notify_style_update()
+
+    def on_focus(self) -> None:
+        self.refresh()
+
+    def on_blur(self) -> None:
+        self.refresh()
+
+    # -- cursor -----------------------------------------------------------------------------------
+    def _move_cursor(self, row: int) -> None:
+        if not self._rids:
+            return
+        row = max(0, min(len(self._rids) - 1, row))
+        visible = max(1, self.scrollable_content_region.height - 1)
+        top = int(self.scroll_offset.y)
+        if row < top:
+            self.scroll_to(y=row, animate=False)
+        elif row >= top + visible:
+            self.scroll_to(y=row - visible + 1, animate=False)
+        if row != self.cursor:
+            self.cursor = row
+            self.refresh()
+        self.post_message(self.Highlighted(self._rids[row]))
+
+    def action_move(self, delta: int) -> None:
+        self._move_cursor(self.cursor + delta)
+
+    def action_page(self, direction: int) -> None:
+        self._move_cursor(self.cursor + direction * max(1, self.scrollable_content_region.height - 2))
+
+    def action_move_to(self, row: int) -> None:
+        self._move_cursor(row if row >= 0 else len(self._rids) - 1)
+
+    def on_click(self, event: events.Click) -> None:
+        offset = event.get_content_offset(self)
+        if offset is None or offset.y == 0:
+            return
+        self._move_cursor(int(self.scroll_offset.y) + offset.y - 1)
