@@ -14,7 +14,7 @@ import torch
 from tinyllm.checkpoint import load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
 from tui.app import PROMPTS_DIR, TinyLLMApp
-from tui.runner import StepOnce
+from tui.runner import EngineRunner, StepOnce
 from tui.screens import NextSettings
 
 
@@ -22,7 +22,7 @@ async def main(width: int, height: int, out: Path) -> None:
     model, tok = load_checkpoint()
     eng = ContinuousEngine(model, 6, 512, kv="paged", block_size=16, kv_blocks=40,
                            generator=torch.Generator().manual_seed(0))
-    app = TinyLLMApp(eng, tok, model_name="bundled Shakespeare", paused=True,
+    app = TinyLLMApp(EngineRunner(eng, tok, paused=True), tok, model_name="bundled Shakespeare",
                      settings=NextSettings(Sampling(0.8, top_k=50), 120),
                      prompts_file=PROMPTS_DIR / "mixed_lengths.jsonl")
     async with app.run_test(size=(width, height)) as pilot:
@@ -37,7 +37,7 @@ async def main(width: int, height: int, out: Path) -> None:
         app.select(max(running, key=lambda r: len(r.tokens)).rid if running else 0)
         app.query_one("#requests").focus()
         await pilot.pause(0.3)
-        app.refresh_from_runner()
+        app.refresh_from_runner(force=True)
         await pilot.pause(0.3)
         app.save_screenshot(str(out.name), str(out.parent))
     print(f"wrote {out}")

@@ -12,7 +12,7 @@ import torch
 from tinyllm.checkpoint import load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
 from tui.app import PROMPTS_DIR, TinyLLMApp
-from tui.runner import StepOnce
+from tui.runner import EngineRunner, StepOnce
 from tui.screens import NextSettings, PromptPicker, SettingsScreen
 from tui.widgets.kv_panel import KVPanel
 from tui.widgets.request_list import RequestList, tail
@@ -34,7 +34,7 @@ def make_app(kv: str = "slots", slots: int = 3, max_len: int = 128, kv_blocks: i
     model, tok = bundled()
     eng = ContinuousEngine(model, slots, max_len, kv=kv, block_size=8, kv_blocks=kv_blocks,
                            generator=torch.Generator().manual_seed(0))
-    return TinyLLMApp(eng, tok, model_name="test", paused=True,
+    return TinyLLMApp(EngineRunner(eng, tok, paused=True), tok, model_name="test",
                       settings=NextSettings(Sampling(), new), **kw)
 
 
@@ -45,7 +45,7 @@ async def until(pilot, cond, timeout: float = 20.0) -> None:
         if loop.time() > end:
             raise AssertionError("timed out waiting for the app")
         await pilot.pause(0.02)
-    pilot.app.refresh_from_runner()
+    pilot.app.refresh_from_runner(force=True)
     await pilot.pause()
 
 
@@ -374,7 +374,7 @@ def test_main_screen_snapshot(snap_compare, size):
 
 async def test_engine_exception_is_shown_and_the_app_stays_usable():
     app = make_app()
-    real_step = app.engine.step
+    real_step = app.runner.engine.step
     calls = {"n": 0}
 
     def flaky_step():
@@ -382,7 +382,7 @@ async def test_engine_exception_is_shown_and_the_app_stays_usable():
         if calls["n"] == 2:
             raise RuntimeError("simulated kernel failure")
         return real_step()
-    app.engine.step = flaky_step
+    app.runner.engine.step = flaky_step
     async with app.run_test(size=(120, 40)) as pilot:
         rid = await submit(pilot, "ROMEO:\n")
         await step(pilot, 1)

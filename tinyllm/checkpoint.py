@@ -105,9 +105,9 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_checkpoint(path: str | Path | None = None, device: str | torch.device | None = None,
-                    dtype: torch.dtype | None = None) -> tuple[Transformer, Tokenizer]:
-    """Load a local HF Llama-family checkpoint directory (default: the bundled model)."""
+def load_config_and_tokenizer(path: str | Path | None = None) -> tuple[ModelConfig, Tokenizer]:
+    """The checkpoint's shape and tokenizer, without its weights: cheap, for callers that only
+    need to validate input (the app, whose engine loads the weights in another process)."""
     path = Path(path) if path is not None else BUNDLED_MODEL
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a directory (expected a local checkpoint with config.json, "
@@ -127,6 +127,14 @@ def load_checkpoint(path: str | Path | None = None, device: str | torch.device |
     if tok.vocab_size > cfg.vocab_size:
         raise CheckpointError(f"{path}: tokenizer has {tok.vocab_size} tokens but the model's vocab_size "
                               f"is {cfg.vocab_size}")
+    return cfg, tok
+
+
+def load_checkpoint(path: str | Path | None = None, device: str | torch.device | None = None,
+                    dtype: torch.dtype | None = None) -> tuple[Transformer, Tokenizer]:
+    """Load a local HF Llama-family checkpoint directory (default: the bundled model)."""
+    path = Path(path) if path is not None else BUNDLED_MODEL
+    cfg, tok = load_config_and_tokenizer(path)
     state = _read_weights(path)
     state = {k.removeprefix("model."): v for k, v in state.items()}
     if cfg.tie_embeddings:

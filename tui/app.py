@@ -1,13 +1,15 @@
 """tinyllm-tui: watch continuous batching happen, and debug a scheduler by eye.
 
-The App never touches the engine: it sends commands to ``EngineRunner`` (a thread worker that
-owns the engine) and redraws from the runner's newest ``Frame`` at a fixed ~20 Hz.
+The App never touches the engine: it sends commands to a runner that owns it (``ProcessRunner``,
+the engine in a child process, by default; ``EngineRunner``, a thread, in tests and with
+``--engine-thread``) and redraws from the runner's newest ``Frame`` at a fixed ~20 Hz.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from rich.text import Text
@@ -17,10 +19,12 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Input, Sparkline, Static
 from textual.worker import get_current_worker
 
-from tinyllm.engine import ContinuousEngine, Sampling
+from tinyllm.engine import Sampling
 from tinyllm.tokenizer import Tokenizer
-from tui.runner import (MAX_DELAY_MS, Abort, AbortAll, EngineRunner, Frame, LoadWorkload, SetDelay, SetPaused,
-                        StepOnce, Submit)
+from tui.pacing import FramePacer
+from tui.process_runner import EngineSpec, EngineStartError, ProcessRunner
+from tui.runner import (MAX_DELAY_MS, Abort, AbortAll, EngineRunner, Frame, LoadWorkload, SetDelay, StepOnce,
+                        Submit, TogglePaused)
 from tui.screens import HelpScreen, LoadedWorkload, NextSettings, PromptPicker, SettingsScreen, read_workload
 from tui.widgets.block_map import BlockMap
 from tui.widgets.kv_panel import KVPanel
@@ -31,8 +35,8 @@ from tui.widgets.event_log import EventLog
 from tui.widgets.text_line import TextLine
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
-REFRESH_HZ = 20
-TABLE_EVERY = 4              # running flat out, the request table and the pane text refresh at 5 Hz
+REFRESH_HZ = 20             # at most; FramePacer lowers it when drawing costs the engine too much
+TABLE_S = 0.2               # running flat out, the request list and the pane text refresh at <= 5 Hz
 DELAY_STEPS = (0, 5, 10, 20, 50, 100, 200, 300, 500, 750, 1000)
 
 
@@ -65,22 +69,25 @@ class TinyLLMApp(App):
         Binding("ctrl+c,ctrl+q", "quit", "Quit", priority=True),
     ]
 
-    def __init__(self, engine: ContinuousEngine, tokenizer: Tokenizer, *, model_name: str = "model",
-                 settings: NextSettings | None = None, paused: bool = False, step_delay_ms: int = 0,
-                 prompts_file: Path | None = None, prompts_dir: Path = PROMPTS_DIR):
+    def __init__(self, runner: EngineRunner | ProcessRunner, tokenizer: Tokenizer, *, model_name: str = "model",
+                 settings: NextSettings | None = None, prompts_file: Path | None = None,
+                 prompts_dir: Path = PROMPTS_DIR):
         super().__init__()
-        self.engine = engine                      # owned by the runner thread from now on
+        self.runner = runner                      # owns the engine; we only send commands and read frames
         self.tokenizer = tokenizer
         self.model_name = model_name
-        self.settings = settings or NextSettings(Sampling(), min(100, engine.max_len - 1))
-        self.runner = EngineRunner(engine, tokenizer, paused=paused, step_delay_ms=step_delay_ms)
+        snap = runner.frame.snapshot
+        self.max_len = snap.max_len
+        self.settings = settings or NextSettings(Sampling(), min(100, self.max_len - 1))
         self.prompts_file = prompts_file
         self.prompts_dir = prompts_dir
         self.selected: int | None = None
         self._shown_seq = 0
         self._seen_log = 0
         self._flags: dict[int, tuple[str, int]] = {}
-        self._frames_shown = 0
+        self._pacer = FramePacer(max_hz=REFRESH_HZ)
+        self.frames_drawn = 0
+        self._table_at = 0.0
 
     # -- layout ----------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -101,10 +108,11 @@ class TinyLLMApp(App):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#slots").border_title = f"Slots ({self.engine.n_slots} × {self.engine.max_len} tokens)"
+        snap = self.runner.frame.snapshot
+        self.query_one("#slots").border_title = f"Slots ({snap.n_slots} × {snap.max_len} tokens)"
         blocks = self.query_one("#blocks", BlockMap)
-        if self.engine.kv_kind == "paged":
-            blocks.border_title = (f"KV blocks ({self.engine.slots.n_blocks} × {self.engine.slots.block_size} tokens)")
+        if snap.kv.kind == "paged":
+            blocks.border_title = f"KV blocks ({snap.kv.n_blocks} × {snap.kv.block_size} tokens)"
         else:
             blocks.display = False
         self.query_one("#tps").border_title = "tokens/s (last 30 s)"
@@ -118,7 +126,7 @@ class TinyLLMApp(App):
         self.set_interval(1 / REFRESH_HZ, self.refresh_from_runner)
         if self.prompts_file is not None:
             self.call_after_refresh(self._load_path, self.prompts_file)
-        self.refresh_from_runner()
+        self.refresh_from_runner(force=True)
 
     def on_resize(self, event) -> None:
         """Small terminals (80x24) drop the sparkline and the event log and thin the borders."""
@@ -129,11 +137,12 @@ class TinyLLMApp(App):
         self.runner.run(cancelled=lambda: worker.is_cancelled)
 
     # -- the fixed-rate refresh ---------------------------------------------------------------
-    def refresh_from_runner(self) -> None:
+    def refresh_from_runner(self, force: bool = False) -> None:
         frame = self.runner.frame
-        if frame.seq == self._shown_seq:
+        if frame.seq == self._shown_seq or not (force or self._pacer.due()):
             return
         self._shown_seq = frame.seq
+        self.frames_drawn += 1
         self._update_flags(frame)
         self.query_one("#status", TextLine).set(self._status_text(frame))
         self.query_one("#slots", SlotGrid).show(frame.snapshot, self._flags)
@@ -145,13 +154,15 @@ class TinyLLMApp(App):
         if hist != spark.data and spark.display:
             spark.data = hist
         table = self.query_one("#requests", RequestList)
-        self._frames_shown += 1
-        if self._frames_shown % TABLE_EVERY == 0 or frame.paused or len(frame.snapshot.requests) != table.row_count:
+        now = time.perf_counter()
+        details = frame.paused or frame.step_delay_ms >= 50 or now >= self._table_at
+        if details:
+            self._table_at = now + TABLE_S
+        if details or len(frame.snapshot.requests) != table.row_count:
             table.show(frame)
         if self.selected is None and frame.snapshot.requests:
             self.selected = table.selected_rid()
-        if self.selected is not None and (self._frames_shown % TABLE_EVERY == 0 or frame.paused
-                                          or self.runner.step_delay_ms >= 50):
+        if self.selected is not None and details:
             self.query_one("#pane", RequestPane).show(frame, self.selected)
         self._append_log(frame)
 
@@ -160,7 +171,7 @@ class TinyLLMApp(App):
         snap = frame.snapshot
         self._flags = {}
         for e in frame.log[-4 * snap.n_slots:]:
-            recent = e.step == self.runner.steps_done or e.time_s >= snap.time_s - 0.4
+            recent = e.step == frame.steps_done or e.time_s >= snap.time_s - 0.4
             if recent and e.slot is not None and e.kind in ("admit", "finish", "preempt", "abort"):
                 self._flags[e.slot] = (e.kind, e.rid)
 
@@ -176,7 +187,7 @@ class TinyLLMApp(App):
     def _status_text(self, f: Frame) -> Text:
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(" ⏸ PAUSED " if f.paused else " ▶ RUNNING ", style="bold reverse yellow" if f.paused else "bold reverse green")
-        t.append(f" {self.model_name} · {self.engine.device.type} · {self.engine.kv_kind} KV", style="bold")
+        t.append(f" {self.model_name} · {self.runner.device} · {f.snapshot.kv.kind} KV", style="bold")
         t.append(f" · delay {f.step_delay_ms} ms/step · step {f.snapshot.counters.steps}", style="dim")
         if f.pending_arrivals:
             t.append(f" · {f.pending_arrivals} arriving", style="yellow")
@@ -195,9 +206,9 @@ class TinyLLMApp(App):
             return
         ids = self.tokenizer.encode(text)
         need = len(ids) + self.settings.max_new_tokens
-        if need > self.engine.max_len:
+        if need > self.max_len:
             self.notify(f"Prompt is {len(ids)} tokens + max_new_tokens {self.settings.max_new_tokens} = {need}, "
-                        f"more than the {self.engine.max_len}-token context. Shorten it or lower max_new_tokens (F2).",
+                        f"more than the {self.max_len}-token context. Shorten it or lower max_new_tokens (F2).",
                         title="not sent", severity="error", timeout=8)
             return
         s = self.settings
@@ -220,16 +231,16 @@ class TinyLLMApp(App):
         self.query_one("#pane", RequestPane).show(self.runner.frame, self.selected)
 
     def action_toggle_pause(self) -> None:
-        self.runner.send(SetPaused(not self.runner.paused))
+        self.runner.send(TogglePaused())
 
     def action_step_once(self) -> None:
-        if not self.runner.paused:
+        if not self.runner.frame.paused:
             self.notify("Step once works while paused (space / F5 to pause).", severity="warning", timeout=3)
             return
         self.runner.send(StepOnce())
 
     def _set_delay(self, direction: int) -> None:
-        cur = self.runner.step_delay_ms
+        cur = self.runner.frame.step_delay_ms
         if direction > 0:
             new = next((d for d in DELAY_STEPS if d > cur), MAX_DELAY_MS)
         else:
@@ -269,17 +280,17 @@ class TinyLLMApp(App):
                 self.settings = result
                 self._show_settings()
                 self.notify(f"Next requests: {result.describe()}", timeout=3)
-        self.push_screen(SettingsScreen(self.settings, self.engine.max_len - 1), done)
+        self.push_screen(SettingsScreen(self.settings, self.max_len - 1), done)
 
     def action_load_prompts(self) -> None:
-        picker = PromptPicker(self.prompts_dir, self.tokenizer.encode, self.engine.max_len,
+        picker = PromptPicker(self.prompts_dir, self.tokenizer.encode, self.max_len,
                               self.settings.max_new_tokens)
         self.push_screen(picker, self._submit_workload)
 
     def _load_path(self, path: Path) -> None:
         from tinyllm.workload import WorkloadError
         try:
-            loaded = read_workload(path, self.tokenizer.encode, self.engine.max_len, self.settings.max_new_tokens)
+            loaded = read_workload(path, self.tokenizer.encode, self.max_len, self.settings.max_new_tokens)
         except WorkloadError as e:
             self.notify(f"{e}\nnothing was loaded", title="prompt file refused", severity="error", timeout=10)
             return
@@ -321,13 +332,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
     p.add_argument("--step-delay", type=int, default=0, metavar="MS", help=f"pause between engine steps, 0-{MAX_DELAY_MS} ms (slow motion)")
     p.add_argument("--paused", action="store_true", help="start paused (space / F5 resumes, n / F6 steps once)")
+    p.add_argument("--engine-thread", action="store_true",
+                   help="run the engine in a thread of the app's process instead of its own process "
+                        "(easier to debug, about half as fast: the UI and the engine share one GIL)")
     return p
 
 
 def build_app(argv: list[str] | None = None) -> TinyLLMApp:
-    """Parse arguments and load everything the UI needs; SystemExit(2) with one line on bad input."""
+    """Parse arguments, check them, start the engine; SystemExit(2) with one line on bad input.
+
+    Everything the user can get wrong is checked here, before the screen takes over: the
+    checkpoint (config and tokenizer here, weights in the engine process), the settings, and
+    the prompt file."""
     import torch
-    from tinyllm.checkpoint import CheckpointError, default_model_dir, load_checkpoint
+
+    from tinyllm.checkpoint import CheckpointError, default_model_dir, load_config_and_tokenizer
     from tinyllm.workload import WorkloadError
 
     parser = build_parser()
@@ -339,16 +358,14 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
         parser.error("--device cuda: no CUDA device is available on this machine")
     path = Path(a.model) if a.model else default_model_dir()
     try:
-        model, tok = load_checkpoint(path, device=device)
+        cfg, tok = load_config_and_tokenizer(path)
     except CheckpointError as e:
         parser.error(f"--model: {e}")
-    max_len = a.max_len or model.cfg.max_seq_len
+    max_len = a.max_len or cfg.max_seq_len
     if a.max_new_tokens >= max_len:
         parser.error(f"--max-new-tokens {a.max_new_tokens} leaves no room for a prompt in --max-len {max_len}")
     try:
         sampling = Sampling(a.temperature, a.top_k, a.top_p)
-        engine = ContinuousEngine(model, a.slots, max_len, kv=a.kv, block_size=a.block_size, kv_blocks=a.kv_blocks,
-                                  generator=torch.Generator(device=device).manual_seed(a.seed))
     except ValueError as e:
         parser.error(str(e))
     if a.prompts is not None:
@@ -356,9 +373,20 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
             read_workload(a.prompts, tok.encode, max_len, a.max_new_tokens)
         except WorkloadError as e:
             parser.error(f"--prompts: {e}")
+    spec = EngineSpec(str(path), device, a.slots, max_len, a.kv, a.block_size, a.kv_blocks, a.seed)
+    try:
+        if a.engine_thread:
+            engine, _ = spec.build()
+            runner = EngineRunner(engine, tok, paused=a.paused, step_delay_ms=a.step_delay)
+        else:
+            runner = ProcessRunner(spec, paused=a.paused, step_delay_ms=a.step_delay).start()
+    except CheckpointError as e:
+        parser.error(f"--model: {e}")
+    except (ValueError, EngineStartError) as e:
+        parser.error(str(e))
     name = path.name if a.model else "bundled Shakespeare"
-    return TinyLLMApp(engine, tok, model_name=name, settings=NextSettings(sampling, a.max_new_tokens),
-                      paused=a.paused, step_delay_ms=a.step_delay, prompts_file=a.prompts)
+    return TinyLLMApp(runner, tok, model_name=name, settings=NextSettings(sampling, a.max_new_tokens),
+                      prompts_file=a.prompts)
 
 
 def main(argv: list[str] | None = None) -> int:

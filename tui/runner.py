@@ -62,6 +62,11 @@ class SetPaused:
 
 
 @dataclass(frozen=True)
+class TogglePaused:
+    """Pause if running, resume if paused (decided by the runner, so two quick presses cancel out)."""
+
+
+@dataclass(frozen=True)
 class StepOnce:
     pass
 
@@ -97,6 +102,7 @@ class Frame:
     tokens_per_s: float                  # recent generation rate (all requests)
     tps_history: tuple[float, ...]       # one point per ~0.25 s, newest last
     step_ms: float = 0.0                 # duration of the latest engine step
+    steps_done: int = 0                  # engine steps this runner has made
 
 
 @dataclass
@@ -139,6 +145,10 @@ class EngineRunner:
         self._frame: Frame = self._make_frame()
 
     # -- UI side (any thread) ------------------------------------------------------------------
+    @property
+    def device(self) -> str:
+        return self.engine.device.type
+
     @property
     def frame(self) -> Frame:
         """The newest published frame (an atomic reference read)."""
@@ -199,7 +209,7 @@ class EngineRunner:
             self._apply(cmd)
             changed = True
             block = False                      # after the first command, just drain the rest
-            if isinstance(cmd, (StepOnce, SetPaused)) and not self.paused:
+            if isinstance(cmd, (StepOnce, SetPaused, TogglePaused)) and not self.paused:
                 return True
 
     def _apply(self, cmd) -> None:
@@ -228,9 +238,9 @@ class EngineRunner:
                 self._note_states()
                 if n:
                     self._add_log("abort", f"dropped {n} workload requests that had not arrived")
-            elif isinstance(cmd, SetPaused):
+            elif isinstance(cmd, (SetPaused, TogglePaused)):
                 self._tick_clock()
-                self.paused = cmd.paused
+                self.paused = cmd.paused if isinstance(cmd, SetPaused) else not self.paused
                 self._clock_mark = None
                 self._add_log("info", "paused" if cmd.paused else "resumed")
             elif isinstance(cmd, StepOnce):
@@ -347,7 +357,7 @@ class EngineRunner:
         self._seq += 1
         return Frame(self._seq, self._snap, dict(self._prompts), dict(self._texts), tuple(self._log),
                      self.paused, self.step_delay_ms, len(self._pending), self._tokens_per_s(),
-                     tuple(self._tps_hist), self._step_ms)
+                     tuple(self._tps_hist), self._step_ms, self.steps_done)
 
     def _publish(self) -> None:
         self._published_at = time.perf_counter()

@@ -1,0 +1,243 @@
+"""The engine in its own process: the same ``EngineRunner`` loop, talked to over two pipes.
+
+Why a process and not the design's thread worker: in one interpreter the UI thread (Textual's
+compositor, input handling) and the engine thread share the GIL. The engine's Python between
+torch ops then waits for the UI, and measured in ``python -m tui.bench_app`` the engine kept
+only about half of its headless tokens/s, even with the UI drawing cheaply at 10 Hz. In a
+child process the engine only competes for CPU time.
+
+The child builds the engine from an ``EngineSpec`` (a checkpoint path, never a pickled model),
+applies the commands the app sends (the same dataclasses as the thread runner), and sends each
+published ``Frame`` as a delta: only the requests, texts, prompts and log entries that changed
+since the previous one. ``ProcessRunner`` merges the deltas back into whole frames, so the app
+reads ``runner.frame`` exactly as it does with the thread runner.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+from collections import deque
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+from typing import Callable
+
+from tinyllm.checkpoint import CheckpointError
+from tui.runner import LOG_LINES, EngineRunner, Frame, LogEntry
+
+NICE = 5                           # the engine's CPU priority below the app's (Unix)
+START_TIMEOUT_S = 600              # loading a big checkpoint on a slow disk can take a while
+
+
+class EngineStartError(RuntimeError):
+    """The engine process could not build the engine (bad checkpoint, bad settings, ...)."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Everything needed to build the engine, as plain picklable values."""
+    model_dir: str
+    device: str = "cpu"
+    slots: int = 8
+    max_len: int | None = None
+    kv: str = "slots"
+    block_size: int = 16
+    kv_blocks: int | None = None
+    seed: int = 0
+    threads: int | None = None         # torch CPU threads (None: torch's default)
+
+    def build(self):
+        """Load the checkpoint and build the engine: (ContinuousEngine, Tokenizer). Raises
+        CheckpointError or ValueError with a message meant for the user."""
+        import torch
+
+        from tinyllm.checkpoint import load_checkpoint
+        from tinyllm.engine import ContinuousEngine
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        model, tok = load_checkpoint(self.model_dir, device=self.device)
+        engine = ContinuousEngine(model, self.slots, self.max_len, kv=self.kv, block_size=self.block_size,
+                                  kv_blocks=self.kv_blocks,
+                                  generator=torch.Generator(device=self.device).manual_seed(self.seed))
+        return engine, tok
+
+
+# -- deltas: the child sends what changed, the parent rebuilds whole frames -------------------------
+class FrameDiffer:
+    """Child side: strip a Frame down to what changed since the last one sent."""
+
+    def __init__(self):
+        self._views: dict[int, object] = {}
+        self._texts: dict[int, str] = {}
+        self._prompts: set[int] = set()
+        self._log_seq = 0
+
+    def delta(self, f: Frame) -> Frame:
+        # The engine reuses a request's view object until the request changes: identity is enough.
+        views = tuple(v for v in f.snapshot.requests if self._views.get(v.rid) is not v)
+        self._views.update((v.rid, v) for v in views)
+        texts = {rid: t for rid, t in f.texts.items() if self._texts.get(rid) != t}
+        self._texts.update(texts)
+        prompts = {rid: p for rid, p in f.prompts.items() if rid not in self._prompts}
+        self._prompts.update(prompts)
+        log = tuple(e for e in f.log if e.seq > self._log_seq)
+        if log:
+            self._log_seq = log[-1].seq
+        return replace(f, snapshot=replace(f.snapshot, requests=views), texts=texts, prompts=prompts, log=log)
+
+
+class FrameMerger:
+    """Parent side: apply deltas, return whole immutable frames."""
+
+    def __init__(self):
+        self._views: dict[int, object] = {}           # insertion order = request id order
+        self._texts: dict[int, str] = {}
+        self._prompts: dict[int, str] = {}
+        self._log: deque[LogEntry] = deque(maxlen=LOG_LINES)
+
+    def merge(self, d: Frame) -> Frame:
+        self._views.update((v.rid, v) for v in d.snapshot.requests)
+        self._texts.update(d.texts)
+        self._prompts.update(d.prompts)
+        self._log.extend(d.log)
+        return replace(d, snapshot=replace(d.snapshot, requests=tuple(self._views.values())),
+                       texts=dict(self._texts), prompts=dict(self._prompts), log=tuple(self._log))
+
+    def note(self, f: Frame, kind: str, text: str) -> Frame:
+        """A frame like ``f`` with one more log entry (the parent's own news, e.g. a dead child)."""
+        seq = self._log[-1].seq + 1 if self._log else 1
+        self._log.append(LogEntry(seq, f.steps_done, f.snapshot.time_s, kind, text))
+        return replace(f, log=tuple(self._log), paused=True)
+
+
+# -- the child process ------------------------------------------------------------------------
+def _child_main(spec: EngineSpec, paused: bool, step_delay_ms: int, commands: Connection, frames: Connection) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)          # Ctrl+C belongs to the app, which stops us
+    if hasattr(os, "nice"):
+        os.nice(NICE)                                     # a key press wakes the UI ahead of the engine
+    devnull = os.open(os.devnull, os.O_WRONLY)            # never write over the app's screen
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    try:
+        engine, tok = spec.build()
+    except Exception as e:                                # noqa: BLE001 - reported to the app, which exits
+        kind = type(e).__name__
+        frames.send(("error", (kind, str(e) if isinstance(e, ValueError) else f"{kind}: {e}")))
+        return
+    differ = FrameDiffer()
+
+    def send_frame() -> None:                             # called by the runner loop as it publishes
+        try:
+            frames.send(("frame", differ.delta(runner.frame)))
+        except (BrokenPipeError, OSError):
+            runner.stop()                                 # the app is gone
+
+    runner = EngineRunner(engine, tok, paused=paused, step_delay_ms=step_delay_ms)
+    frames.send(("ready", engine.device.type))
+    send_frame()
+    runner.on_frame = send_frame
+
+    def read_commands() -> None:
+        while True:
+            try:
+                cmd = commands.recv()
+            except (EOFError, OSError):
+                cmd = None                                # the app died: stop
+            if cmd is None:
+                runner.stop()
+                return
+            runner.send(cmd)
+
+    threading.Thread(target=read_commands, name="commands", daemon=True).start()
+    runner.run()
+
+
+# -- the app's side ---------------------------------------------------------------------------
+class ProcessRunner:
+    """The thread runner's interface (``frame``, ``send``, ``run``, ``stop``) for an engine in a
+    child process. ``start()`` blocks until the engine is built and the first frame is in; it
+    raises CheckpointError for a bad checkpoint, EngineStartError for anything else."""
+
+    def __init__(self, spec: EngineSpec, paused: bool = False, step_delay_ms: int = 0):
+        self.spec = spec
+        self.device = spec.device
+        ctx = mp.get_context("spawn")                     # no fork: torch's threads do not survive it
+        self._cmd_recv, self._cmd_send = ctx.Pipe(duplex=False)
+        self._frame_recv, self._frame_send = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=_child_main, name="tinyllm-engine", daemon=True,
+                                 args=(spec, paused, step_delay_ms, self._cmd_recv, self._frame_send))
+        self._merger = FrameMerger()
+        self._frame: Frame | None = None
+        self._stopping = False
+        self._dead = False
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> ProcessRunner:
+        self._proc.start()
+        self._cmd_recv.close()                            # the child's ends
+        self._frame_send.close()
+        try:
+            for _ in range(2):                            # ("ready", device), then the first frame
+                if not self._frame_recv.poll(timeout):
+                    raise EngineStartError(f"the engine process did not start within {timeout:.0f} s")
+                kind, payload = self._frame_recv.recv()
+                if kind == "error":
+                    error, message = payload
+                    if error == "CheckpointError":
+                        raise CheckpointError(message)
+                    raise EngineStartError(message)
+                if kind == "ready":
+                    self.device = payload
+                else:
+                    self._frame = self._merger.merge(payload)
+        except EOFError:
+            raise EngineStartError(f"the engine process exited while starting (exit code {self._exitcode()})") from None
+        except (EngineStartError, CheckpointError):
+            self.stop()
+            raise
+        return self
+
+    @property
+    def frame(self) -> Frame:
+        return self._frame
+
+    def send(self, cmd) -> None:
+        if self._dead:
+            return
+        try:
+            self._cmd_send.send(cmd)
+        except (BrokenPipeError, OSError):
+            self._dead = True
+
+    def run(self, cancelled: Callable[[], bool] = lambda: False) -> None:
+        """Receive frames until the child stops (the app runs this in a worker thread)."""
+        while not (self._stopping or cancelled()):
+            try:
+                if not self._frame_recv.poll(0.1):
+                    continue
+                kind, payload = self._frame_recv.recv()
+            except (EOFError, OSError):
+                break
+            if kind == "frame":
+                self._frame = self._merger.merge(payload)
+        if not self._stopping:
+            self._dead = True
+            self._frame = self._merger.note(
+                self._frame, "error", f"the engine process exited unexpectedly (exit code {self._exitcode()}); "
+                                      "restart tinyllm-tui")
+
+    def _exitcode(self):
+        self._proc.join(1.0)
+        return self._proc.exitcode
+
+    def stop(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        self.send(None)
+        if self._proc.pid is not None:
+            self._proc.join(3.0)
+            if self._proc.is_alive():
+                self._proc.terminate()
+                self._proc.join(1.0)
