@@ -63,6 +63,20 @@ def test_broken_model_dir_is_exit_2(tmp_path):
     assert r.returncode == 2 and "cannot read safetensors" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_tui_broken_weights_are_reported_by_the_engine_process(tmp_path):
+    """config.json and the tokenizer are fine (checked in the app); the weights are read in the
+    engine process, whose error must come back as the same one line, exit 2, no traceback."""
+    d = tmp_path / "m"
+    d.mkdir()
+    for f in default_model_dir().iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    (d / "model.safetensors").write_bytes(b"junk")
+    r = subprocess.run([sys.executable, "-m", "tui.app", "--model", str(d)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "--model:" in r.stderr and "cannot read safetensors" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_tui_bad_arguments_exit_2_before_the_ui():
     r = subprocess.run([sys.executable, "-m", "tui.app", "--slots", "0"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "expected an integer >= 1" in r.stderr

@@ -1,0 +1,146 @@
+"""The engine in a child process: deltas rebuild the same frames, errors reach the user, the
+child never outlives the app. Uses the bundled model (spawned children load it themselves)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+from tinyllm.checkpoint import CheckpointError, default_model_dir, load_checkpoint
+from tinyllm.engine import ContinuousEngine, Sampling
+from tui.pacing import FramePacer
+from tui.process_runner import (
+    EngineSpec,
+    EngineStartError,
+    FrameDiffer,
+    FrameMerger,
+    ProcessRunner,
+)
+from tui.runner import EngineRunner, SetPaused, StepOnce, Submit
+
+
+def wait_for(cond, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
+
+
+def test_deltas_rebuild_every_frame_exactly():
+    """Run a real runner step by step; after each publish the merged delta equals the frame."""
+    model, tok = load_checkpoint()
+    eng = ContinuousEngine(model, 2, 96, generator=torch.Generator().manual_seed(0))
+    runner = EngineRunner(eng, tok, paused=True)
+    differ, merger = FrameDiffer(), FrameMerger()
+    sizes = []
+    for i in range(4):
+        runner._apply(Submit(f"Line {i}:", 6 + 3 * i, Sampling(0.8, top_k=20), True))
+    for _ in range(40):
+        runner._publish()
+        delta = differ.delta(runner.frame)
+        sizes.append(len(delta.snapshot.requests))
+        assert merger.merge(delta) == runner.frame
+        if not eng.has_work():
+            break
+        runner._apply(StepOnce())
+    assert runner.frame.snapshot.counters.finished == 4
+    assert max(sizes) <= 4 and min(sizes[1:]) < 4          # unchanged requests are not resent
+
+
+@pytest.fixture
+def proc():
+    runners = []
+
+    def start(**kw):
+        spec = EngineSpec(str(default_model_dir()), "cpu", kw.pop("slots", 2), kw.pop("max_len", 128), threads=1, **kw)
+        r = ProcessRunner(spec, paused=True).start(timeout=120)
+        runners.append(r)
+        return r
+    yield start
+    for r in runners:
+        r.stop()
+        assert not r._proc.is_alive()
+
+
+def test_process_runner_generates_what_the_thread_runner_does(proc):
+    runner = proc()
+    threading.Thread(target=runner.run, daemon=True).start()
+    model, tok = load_checkpoint()
+    local = EngineRunner(ContinuousEngine(model, 2, 128), tok, paused=True)
+    for r in (runner, local):
+        r.send(Submit("ROMEO:\n", 10, Sampling(), False))
+    local._drain(block=False)
+    wait_for(lambda: len(runner.frame.snapshot.requests) == 1)
+    for _ in range(12):
+        n = runner.frame.steps_done
+        runner.send(StepOnce())
+        wait_for(lambda: runner.frame.steps_done > n or runner.frame.snapshot.counters.finished)
+        local._apply(StepOnce())
+    local._publish()
+    assert runner.frame.snapshot.counters.finished == 1
+    assert runner.frame.texts == local.frame.texts and runner.frame.texts[0]
+    assert runner.frame.snapshot.requests[0].tokens == local.frame.snapshot.requests[0].tokens
+    assert runner.device == "cpu"
+
+
+def test_bad_checkpoint_and_bad_settings_are_reported_not_hung(tmp_path):
+    src = default_model_dir()
+    for name in ("config.json", "tokenizer.json"):
+        (tmp_path / name).write_bytes((src / name).read_bytes())
+    (tmp_path / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(CheckpointError, match="safetensors"):
+        ProcessRunner(EngineSpec(str(tmp_path))).start(timeout=120)
+    with pytest.raises(EngineStartError, match="kv"):
+        ProcessRunner(EngineSpec(str(src), kv="blocks")).start(timeout=120)
+
+
+def test_a_killed_engine_process_is_reported_and_commands_are_dropped(proc):
+    runner = proc()
+    t = threading.Thread(target=runner.run, daemon=True)
+    t.start()
+    os.kill(runner._proc.pid, signal.SIGKILL)
+    t.join(10)
+    assert not t.is_alive()
+    last = runner.frame.log[-1]
+    assert last.kind == "error" and "exited unexpectedly" in last.text
+    runner.send(SetPaused(False))                      # no exception: the app stays usable
+
+
+def test_the_child_exits_when_the_app_stops(proc):
+    runner = proc()
+    runner.stop()
+    assert not runner._proc.is_alive() and runner._proc.exitcode == 0
+
+
+# -- frame pacing ------------------------------------------------------------------------------
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+        self.cpu = 0.0
+
+
+def drawn_per_second(pacer: FramePacer, clock: FakeClock, cost_s: float, seconds: int = 10) -> float:
+    """Tick at 20 Hz for ``seconds``; each drawn frame costs ``cost_s`` of CPU. Frames/s in the last second."""
+    last = 0
+    for tick in range(seconds * 20):
+        clock.t += 0.05
+        if pacer.due():
+            clock.cpu += cost_s
+            if tick >= (seconds - 1) * 20:
+                last += 1
+    return last
+
+
+def test_pacer_keeps_full_rate_when_drawing_is_cheap_and_backs_off_when_not():
+    clock = FakeClock()
+    pacer = FramePacer(max_hz=20, min_hz=5, budget=0.10, cpu=lambda: clock.cpu, clock=lambda: clock.t)
+    assert drawn_per_second(pacer, clock, cost_s=0.001) == 20          # 2% of a core: no change
+    slow = drawn_per_second(pacer, clock, cost_s=0.012)                 # 24% at 20 Hz: must slow down
+    assert 5 <= slow <= 10 and slow * 0.012 <= 0.10 * 1.3
+    assert drawn_per_second(pacer, clock, cost_s=0.1) == 5              # never below min_hz
+    assert drawn_per_second(pacer, clock, cost_s=0.0005) == 20          # and it recovers
