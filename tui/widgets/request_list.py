@@ -65,6 +65,7 @@ class RequestList(ScrollView, can_focus=True):
     COMPONENT_CLASSES = {"request-list--header", "request-list--cursor", "request-list--even-row"}
     DEFAULT_CSS = """
     RequestList {
+        overflow-x: hidden;
         background: $surface;
         color: $foreground;
         & > .request-list--header { text-style: bold; background: $panel; color: $foreground; }
@@ -141,7 +142,7 @@ class RequestList(ScrollView, can_focus=True):
                 self._cells[v.rid] = cells
                 changed = True
         if self.virtual_size.height != len(self._rids) + 1:
-            self.virtual_size = Size(self.size.width, len(self._rids) + 1)
+            self.virtual_size = Size(0, len(self._rids) + 1)             # rows only: no sideways scroll
         if first and self._rids:
             self.post_message(self.Highlighted(self._rids[0]))
         if changed:
