@@ -36,7 +36,7 @@ from tui.widgets.text_line import TextLine
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 REFRESH_HZ = 20             # at most; FramePacer lowers it when drawing costs the engine too much
-TABLE_S = 0.2               # running flat out, the request list and the pane text refresh at <= 5 Hz
+DETAILS_S = 0.2               # running flat out, the request list and the pane text refresh at <= 5 Hz
 DELAY_STEPS = (0, 5, 10, 20, 50, 100, 200, 300, 500, 750, 1000)
 
 
@@ -87,7 +87,7 @@ class TinyLLMApp(App):
         self._flags: dict[int, tuple[str, int]] = {}
         self._pacer = FramePacer(max_hz=REFRESH_HZ)
         self.frames_drawn = 0
-        self._table_at = 0.0
+        self._details_at = 0.0
 
     # -- layout ----------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -153,15 +153,15 @@ class TinyLLMApp(App):
         hist = list(frame.tps_history) if any(frame.tps_history) else []
         if hist != spark.data and spark.display:
             spark.data = hist
-        table = self.query_one("#requests", RequestList)
+        requests = self.query_one("#requests", RequestList)
         now = time.perf_counter()
-        details = frame.paused or frame.step_delay_ms >= 50 or now >= self._table_at
+        details = frame.paused or frame.step_delay_ms >= 50 or now >= self._details_at
         if details:
-            self._table_at = now + TABLE_S
-        if details or len(frame.snapshot.requests) != table.row_count:
-            table.show(frame)
+            self._details_at = now + DETAILS_S
+        if details or len(frame.snapshot.requests) != requests.row_count:
+            requests.show(frame)
         if self.selected is None and frame.snapshot.requests:
-            self.selected = table.selected_rid()
+            self.selected = requests.selected_rid()
         if self.selected is not None and details:
             self.query_one("#pane", RequestPane).show(frame, self.selected)
         self._append_log(frame)
@@ -256,7 +256,7 @@ class TinyLLMApp(App):
     def action_abort_selected(self) -> None:
         rid = self.selected
         if rid is None:
-            self.notify("No request selected: highlight one in the Requests table.", severity="warning")
+            self.notify("No request selected: highlight one in the Requests list.", severity="warning")
             return
         self.runner.send(Abort(rid))
 
