@@ -16,6 +16,7 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.widgets import Footer, Input, Sparkline, Static
 from textual.worker import get_current_worker
 
@@ -23,8 +24,8 @@ from tinyllm.engine import Sampling
 from tinyllm.tokenizer import Tokenizer
 from tui.pacing import FramePacer
 from tui.process_runner import EngineSpec, EngineStartError, ProcessRunner
-from tui.runner import (MAX_DELAY_MS, Abort, AbortAll, EngineRunner, Frame, LoadWorkload, SetDelay, StepOnce,
-                        Submit, TogglePaused)
+from tui.runner import (MAX_DELAY_MS, Abort, AbortAll, EngineRunner, Frame, LoadWorkload, SetDelay,
+                        SetPublishInterval, StepOnce, Submit, TogglePaused)
 from tui.screens import HelpScreen, LoadedWorkload, NextSettings, PromptPicker, SettingsScreen, read_workload
 from tui.widgets.block_map import BlockMap
 from tui.widgets.kv_panel import KVPanel
@@ -86,6 +87,7 @@ class TinyLLMApp(App):
         self._seen_log = 0
         self._flags: dict[int, tuple[str, int]] = {}
         self._pacer = FramePacer(max_hz=REFRESH_HZ)
+        self._publish_s = 0.0
         self.frames_drawn = 0
         self._details_at = 0.0
 
@@ -123,7 +125,7 @@ class TinyLLMApp(App):
         self._show_settings()
         self.query_one("#prompt", Input).focus()
         self.run_worker(self._engine_loop, thread=True, name="engine", exit_on_error=False)
-        self.set_interval(1 / REFRESH_HZ, self.refresh_from_runner)
+        self._tick()
         if self.prompts_file is not None:
             self.call_after_refresh(self._load_path, self.prompts_file)
         self.refresh_from_runner(force=True)
@@ -137,9 +139,23 @@ class TinyLLMApp(App):
         self.runner.run(cancelled=lambda: worker.is_cancelled)
 
     # -- the fixed-rate refresh ---------------------------------------------------------------
+    def _tick(self) -> None:
+        """Draw if due, then sleep until the pacer's next frame (no wake-ups in between: on a
+        small machine each one takes a core from the engine). The runner publishes at that
+        rate too."""
+        try:
+            self.refresh_from_runner()
+        except NoMatches:                     # the main screen is gone: the app is shutting down
+            return
+        interval = self._pacer.interval
+        if abs(interval - self._publish_s) > 0.2 * self._publish_s:
+            self._publish_s = interval
+            self.runner.send(SetPublishInterval(interval))
+        self.set_timer(interval, self._tick)
+
     def refresh_from_runner(self, force: bool = False) -> None:
         frame = self.runner.frame
-        if frame.seq == self._shown_seq or not (force or self._pacer.due()):
+        if not (force or self._pacer.due()) or frame.seq == self._shown_seq:
             return
         self._shown_seq = frame.seq
         self.frames_drawn += 1

@@ -24,12 +24,8 @@ class FramePacer:
         self._mark_t, self._mark_cpu = clock(), cpu()
         self._next = 0.0
 
-    @property
-    def hz(self) -> float:
-        return 1 / self.interval
-
     def due(self) -> bool:
-        """Called on every refresh tick (at ``max_hz``): should this tick draw a frame?"""
+        """Called on each refresh tick (the app ticks every ``interval``): may this tick draw?"""
         now = self._clock()
         if now - self._mark_t >= self.window_s:
             cpu = self._cpu()

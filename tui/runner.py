@@ -67,6 +67,12 @@ class TogglePaused:
 
 
 @dataclass(frozen=True)
+class SetPublishInterval:
+    """The UI draws every ``seconds`` at best: publishing more often than that is wasted work."""
+    seconds: float
+
+
+@dataclass(frozen=True)
 class StepOnce:
     pass
 
@@ -141,6 +147,7 @@ class EngineRunner:
         self.steps_done = 0
         self.last_traceback: str | None = None
         self._published_at = 0.0
+        self.publish_s = PUBLISH_S
         self._snap = engine.snapshot()             # refreshed by _note_states after every change
         self._frame: Frame = self._make_frame()
 
@@ -165,7 +172,7 @@ class EngineRunner:
     def run(self, cancelled: Callable[[], bool] = lambda: False) -> None:
         """The loop; returns promptly after ``stop()`` or when ``cancelled()`` is true.
 
-        Frames are published at most every PUBLISH_S while running flat out (the UI reads at
+        Frames are published at most every ``publish_s`` while running flat out (the UI reads at
         ~20 Hz anyway), and at once when the engine is idle, paused, or slowed down."""
         dirty = True
         while not (self._stop.is_set() or cancelled()):
@@ -178,7 +185,7 @@ class EngineRunner:
                     if self.step_delay_ms:
                         self._publish()
                         dirty = self._drain(block=True, timeout=self.step_delay_ms / 1000)
-                if dirty and (not self._can_run() or time.perf_counter() - self._published_at >= PUBLISH_S):
+                if dirty and (not self._can_run() or time.perf_counter() - self._published_at >= self.publish_s):
                     self._publish()
                     dirty = False
             except Exception as e:                    # keep the loop (and the app) alive, say what broke
@@ -251,6 +258,8 @@ class EngineRunner:
                         self._step()
                     else:
                         self._add_log("info", "step: nothing to do (no queued or running requests)")
+            elif isinstance(cmd, SetPublishInterval):
+                self.publish_s = min(1.0, max(PUBLISH_S, float(cmd.seconds)))
             elif isinstance(cmd, SetDelay):
                 self.step_delay_ms = max(0, min(MAX_DELAY_MS, int(cmd.ms)))
         except Exception as e:                                 # never let the UI's request kill the loop
