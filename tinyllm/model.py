@@ -65,7 +65,8 @@ def grouped_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     g = H // Hkv
     if g > 1:
         q = q.reshape(B, Hkv, g * T, D)
-        mask = mask.repeat(1, 1, g, 1)
+        if T > 1:                                  # one query per row (decode): the mask broadcasts
+            mask = mask.repeat(1, 1, g, 1)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     return out.reshape(B, H, T, D)
 
