@@ -5,6 +5,9 @@ queue (submit, abort, pause, step once, ...); between steps the runner drains th
 engine, decodes new tokens incrementally and publishes a ``Frame``: an immutable snapshot plus
 the text of every request and the event log. The UI reads the newest frame at its own rate, so
 UI cost does not grow with the token rate. Nothing here imports textual.
+
+The app runs this loop in a child process by default (``tui.process_runner``: commands and
+frames are plain picklable dataclasses for that reason), or in a worker thread of its own.
 """
 
 from __future__ import annotations
