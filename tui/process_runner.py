@@ -27,7 +27,6 @@ from typing import Callable
 from tinyllm.checkpoint import CheckpointError
 from tui.runner import LOG_LINES, EngineRunner, Frame, LogEntry
 
-NICE = 5                           # the engine's CPU priority below the app's (Unix)
 START_TIMEOUT_S = 600              # loading a big checkpoint on a slow disk can take a while
 
 
@@ -115,8 +114,6 @@ class FrameMerger:
 # -- the child process ------------------------------------------------------------------------
 def _child_main(spec: EngineSpec, paused: bool, step_delay_ms: int, commands: Connection, frames: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)          # Ctrl+C belongs to the app, which stops us
-    if hasattr(os, "nice"):
-        os.nice(NICE)                                     # a key press wakes the UI ahead of the engine
     devnull = os.open(os.devnull, os.O_WRONLY)            # never write over the app's screen
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
