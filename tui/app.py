@@ -2,7 +2,8 @@
 
 The App never touches the engine: it sends commands to a runner that owns it (``ProcessRunner``,
 the engine in a child process, by default; ``EngineRunner``, a thread, in tests and with
-``--engine-thread``) and redraws from the runner's newest ``Frame`` at a fixed ~20 Hz.
+``--engine-thread``) and redraws from the runner's newest ``Frame`` at up to 20 Hz, paced by
+``FramePacer`` so drawing never takes much CPU from the engine.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from tui.widgets.text_line import TextLine
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 REFRESH_HZ = 20             # at most; FramePacer lowers it when drawing costs the engine too much
-DETAILS_S = 0.2               # running flat out, the request list and the pane text refresh at <= 5 Hz
+DETAILS_S = 0.2             # running flat out, the request list and the pane text refresh at <= 5 Hz
 DELAY_STEPS = (0, 5, 10, 20, 50, 100, 200, 300, 500, 750, 1000)
 
 
@@ -138,7 +139,7 @@ class TinyLLMApp(App):
         worker = get_current_worker()
         self.runner.run(cancelled=lambda: worker.is_cancelled)
 
-    # -- the fixed-rate refresh ---------------------------------------------------------------
+    # -- the paced refresh ---------------------------------------------------------------------
     def _tick(self) -> None:
         """Draw if due, then sleep until the pacer's next frame (no wake-ups in between: on a
         small machine each one takes a core from the engine). The runner publishes at that

@@ -218,6 +218,8 @@ class ProcessRunner:
                 break
             if kind == "frame":
                 self._frame = self._merger.merge(payload)
+        else:
+            return                                        # asked to stop: not news
         if not self._stopping:
             self._dead = True
             self._frame = self._merger.note(
