@@ -392,3 +392,14 @@ async def test_engine_exception_is_shown_and_the_app_stays_usable():
         assert app.runner.paused
         await step(pilot, 3)                                          # still usable
         assert len(app.runner.frame.snapshot.request(rid).tokens) >= 3
+
+
+@pytest.mark.parametrize("flag", [None, ("finish", 123), ("preempt", 123), ("abort", 7), ("admit", 5)])
+def test_every_slot_cell_is_the_same_width(flag):
+    """Cells line up in columns whatever they say (a long 'preempted' once pushed its row over)."""
+    from tinyllm.snapshot import SlotView
+    from tui.widgets.slot_grid import CELL_W
+    grid = SlotGrid()
+    grid.flags = {} if flag is None else {3: flag}
+    for sv in (SlotView(3, None, 0, 512), SlotView(3, 123, 140, 512), SlotView(3, 5, 7, 512, (), True)):
+        assert sum(len(text) for text, _ in grid._cell(sv)) == CELL_W

@@ -35,7 +35,7 @@ class NextSettings:
 HOW_TO_READ = """\
 Slots: one cell per KV slot: slot number, the request holding it (#id, one colour per request),
   a bar of how full its context is, and its context length in tokens. '+' = admitted this step;
-  '✓ done', '⇣ preempted', '✗ aborted' = freed this step. 'free' = nobody holds it.
+  '✓ done', '⇣ preempt', '✗ aborted' = freed this step. 'free' = nobody holds it.
 Blocks (paged KV only): one square per KV block, coloured like the request that owns it; '·' = free.
 KV: used/reserved = real tokens vs memory held; alloc/reserved (paged) = blocks claimed;
   used/alloc = how much of what requests claimed they really use.

@@ -19,7 +19,7 @@ CELL_W = 18
 class SlotGrid(Widget):
     """Cells like ``03 #12 ██████░░ 140`` (slot, request, context fill, context tokens). A free
     slot is dim; a slot that changed in the latest step is flagged (+ admitted, ✓ finished,
-    ⇣ preempted, ✗ aborted)."""
+    ⇣ preempt, ✗ aborted). Each cell is exactly CELL_W wide, so the grid stays aligned."""
 
     DEFAULT_CSS = "SlotGrid { height: auto; min-height: 1; }"
 
@@ -72,10 +72,10 @@ class SlotGrid(Widget):
         head = (f"{sv.slot:02d} ", DIM)
         flag = self.flags.get(sv.slot)
         if sv.free and flag is None:
-            return [head, ("free".ljust(CELL_W - 4), DIM)]
+            return [head, ("free".ljust(CELL_W - 3), DIM)]
         if sv.free:                                      # freed this step: say why
             kind, rid = flag
-            mark = {"finish": "✓ done", "preempt": "⇣ preempted", "abort": "✗ aborted"}.get(kind, kind)
+            mark = {"finish": "✓ done", "preempt": "⇣ preempt", "abort": "✗ aborted"}.get(kind, kind)
             state = {"finish": "finished", "preempt": "preempted", "abort": "aborted"}.get(kind, "finished")
             return [head, (f"#{rid:<3}", rid_style(rid)), (f" {mark}".ljust(CELL_W - 8), STATE_STYLES[state]),
                     (" ", PLAIN)]
