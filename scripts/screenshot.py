@@ -14,7 +14,8 @@ import torch
 from tinyllm.checkpoint import load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
 from tui.app import PROMPTS_DIR, TinyLLMApp
-from tui.runner import EngineRunner, StepOnce
+from tui.messages import StepOnce
+from tui.runner import EngineRunner
 from tui.screens import NextSettings
 
 

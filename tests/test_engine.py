@@ -228,7 +228,7 @@ def test_bad_request_names_field(args, field):
 
 def test_prompt_that_cannot_fit_is_refused_at_add(model):
     eng = ContinuousEngine(model, 2, max_len=64)
-    with pytest.raises(ValueError, match=r"prompt 60 \+ max_new_tokens 10 = 70 tokens exceeds slot max_len 64"):
+    with pytest.raises(ValueError, match=r"prompt is 60 tokens \+ max_new_tokens 10 = 70, more than the slot's max_len of 64 tokens"):
         eng.add_request(Request([1] * 60, 10))
     with pytest.raises(ValueError, match="outside the model's vocabulary"):
         eng.add_request(Request([1, 999], 3))
@@ -252,5 +252,5 @@ def test_static_refuses_per_request_sampling(model):
 
 
 def test_generate_refuses_overlong(model):
-    with pytest.raises(ValueError, match="exceeds the model's max_seq_len"):
+    with pytest.raises(ValueError, match="more than the model's max_seq_len of"):
         generate(model, [1] * 100, 100)

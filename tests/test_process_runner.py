@@ -21,7 +21,8 @@ from tui.process_runner import (
     FrameMerger,
     ProcessRunner,
 )
-from tui.runner import EngineRunner, SetPaused, StepOnce, Submit
+from tui.messages import SetPaused, StepOnce, Submit
+from tui.runner import EngineRunner
 
 
 def wait_for(cond, timeout: float = 60.0) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from tinyllm.checkpoint import load_checkpoint
-from tinyllm.model import ModelConfig
+from tinyllm.config import ModelConfig
 from tinyllm.train import HELD_OUT, TrainConfig, clean, train
 
 TEXT = ("ROMEO.\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"

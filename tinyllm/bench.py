@@ -13,16 +13,22 @@ import json
 import os
 import platform
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from tinyllm.config import ModelConfig
+from tinyllm.device import resolve_device
 from tinyllm.engine import ContinuousEngine, Request, percentile, run_continuous, run_static
 from tinyllm.generate import generate
-from tinyllm.model import ModelConfig, Transformer
+from tinyllm.model import Transformer
+from tinyllm.request import ContextTooLong, check_fits
+from tinyllm.workload import resolve_workload
 
+WIDE_CONSOLE = 400          # columns when stdout is not a terminal: wide enough for every figure
 RANDOM_DEFAULTS = dict(layers=4, d_model=256, heads=4, kv_heads=2, vocab=4096, d_ff=704, max_seq_len=512)
 
 
@@ -35,10 +41,13 @@ def default_workload(n: int, vocab: int, seed: int = 0, prompt_len=(8, 64), new=
             for _ in range(n)]
 
 
-def workload_from_file(path: Path, encode, default_new: int) -> list[Request]:
-    """Prompts and max_new_tokens from a JSONL workload (sampling and arrivals ignored: greedy, all at t=0)."""
-    from tinyllm.workload import load_workload
-    return [Request(encode(it.prompt), it.max_new_tokens or default_new) for it in load_workload(path)]
+def workload_from_file(path: Path, encode, default_new: int, max_len: int) -> list[Request]:
+    """Prompts and max_new_tokens from a JSONL workload (sampling and arrivals ignored: greedy, all
+    at t=0); every prompt checked to fit ``max_len`` (WorkloadError with file:line if not)."""
+    from tinyllm.workload import load_workload, tokenize_checked
+    items = load_workload(path)
+    ids = tokenize_checked(items, path, encode, max_len, default_new)
+    return [Request(p, it.max_new_tokens or default_new) for p, it in zip(ids, items)]
 
 
 def parse_spec(spec: str) -> dict:
@@ -201,9 +210,11 @@ def run_bench(args) -> dict:
 
     from tinyllm.checkpoint import default_model_dir, load_checkpoint
 
-    console = Console()
+    # Piped or redirected (CI, `| tee`), rich would squeeze the table to 80 columns and cut every
+    # figure; there, print at the width the content needs instead.
+    console = Console() if sys.stdout.isatty() else Console(width=WIDE_CONSOLE)
     torch.set_num_threads(args.threads)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(args.device)
     tmp = None
     if args.random_model is not None:
         tmp = tempfile.TemporaryDirectory()
@@ -213,16 +224,18 @@ def run_bench(args) -> dict:
         ckpt = Path(args.model) if args.model else default_model_dir()
         model_name = str(args.model) if args.model else "bundled Shakespeare"
     model, tok = load_checkpoint(ckpt, device=device)
+    max_len = min(model.cfg.max_seq_len, 512)
     if args.workload:
-        reqs = workload_from_file(Path(args.workload), tok.encode, 64)
+        reqs = workload_from_file(resolve_workload(args.workload), tok.encode, 64, max_len)
         wl_desc = f"{args.workload} ({len(reqs)} requests, greedy)"
     else:
         reqs = default_workload(args.requests, model.cfg.vocab_size, seed=args.seed)
         wl_desc = f"{args.requests} requests, prompts 8..64, new 8..128, greedy, seed {args.seed}"
-    max_len = min(model.cfg.max_seq_len, 512)
-    too_long = [i for i, r in enumerate(reqs) if len(r.prompt) + r.max_new_tokens > max_len]
-    if too_long:
-        raise ValueError(f"workload request {too_long[0]} needs more than the model's {max_len}-token context")
+        for i, r in enumerate(reqs):
+            try:
+                check_fits(len(r.prompt), r.max_new_tokens, max_len, "the bench's context")
+            except ContextTooLong as e:
+                raise ValueError(f"workload request {i}: {e}") from None
 
     results: dict[str, dict] = {}
     outputs: dict[str, list[list[int]]] = {}
@@ -355,8 +368,6 @@ def add_bench_parser(sub) -> None:
 def _cmd_bench(args) -> None:
     from tinyllm.checkpoint import CheckpointError
     from tinyllm.cli import UsageError
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: no CUDA device is available on this machine")
     try:
         run_bench(args)
     except (ValueError, CheckpointError) as e:

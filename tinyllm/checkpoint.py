@@ -14,67 +14,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from tinyllm.model import ModelConfig, Transformer
+from tinyllm.config import (BUNDLED_MODEL, CheckpointError, config_from_hf, config_to_hf,  # noqa: F401 (re-exported)
+                            default_model_dir, load_config_and_tokenizer)
+from tinyllm.model import Transformer
 from tinyllm.tokenizer import Tokenizer
-
-BUNDLED_MODEL = Path(__file__).parent / "data" / "shakespeare"
-SUPPORTED_ARCHS = ("LlamaForCausalLM",)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory that cannot be loaded, with the reason."""
-
-
-def default_model_dir() -> Path:
-    return BUNDLED_MODEL
-
-
-def config_from_hf(hf: dict, where: str = "config.json") -> ModelConfig:
-    """Map a HF LlamaConfig dict to ModelConfig, refusing options this model does not implement."""
-    archs = hf.get("architectures") or []
-    if hf.get("model_type") not in (None, "llama") or (archs and archs[0] not in SUPPORTED_ARCHS):
-        raise CheckpointError(f"{where}: unsupported architecture {archs or hf.get('model_type')!r}; "
-                              f"supported: {', '.join(SUPPORTED_ARCHS)}")
-    if hf.get("hidden_act", "silu") != "silu":
-        raise CheckpointError(f"{where}: unsupported hidden_act {hf['hidden_act']!r} (only 'silu')")
-    for flag in ("attention_bias", "mlp_bias"):
-        if hf.get(flag):
-            raise CheckpointError(f"{where}: unsupported option {flag}=true (biases are not implemented)")
-    rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise CheckpointError(f"{where}: unsupported rope scaling {rope_type!r} (only default RoPE)")
-    theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-    missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                           "intermediate_size") if k not in hf]
-    if missing:
-        raise CheckpointError(f"{where}: missing required field(s) {', '.join(missing)}")
-    n_heads = hf["num_attention_heads"]
-    head_dim = hf.get("head_dim") or hf["hidden_size"] // n_heads
-    if head_dim * n_heads != hf["hidden_size"]:
-        raise CheckpointError(f"{where}: unsupported head_dim {head_dim} != hidden_size / num_attention_heads")
-    try:
-        return ModelConfig(
-            vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
-            n_heads=n_heads, n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-            d_ff=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 2048),
-            rope_theta=float(theta), norm_eps=hf.get("rms_norm_eps", 1e-6),
-            tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
-    except ValueError as e:
-        raise CheckpointError(f"{where}: {e}") from None
-
-
-def config_to_hf(cfg: ModelConfig, eos_id: int | None = None, bos_id: int | None = None) -> dict:
-    return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
-        "intermediate_size": cfg.d_ff, "max_position_embeddings": cfg.max_seq_len,
-        "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.norm_eps,
-        "tie_word_embeddings": cfg.tie_embeddings, "hidden_act": "silu",
-        "attention_bias": False, "mlp_bias": False, "head_dim": cfg.head_dim,
-        "bos_token_id": bos_id, "eos_token_id": eos_id, "torch_dtype": "float32",
-    }
 
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -103,31 +46,6 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
         except (SafetensorError, OSError, ValueError) as e:
             raise CheckpointError(f"{f}: cannot read safetensors ({e})") from None
     return state
-
-
-def load_config_and_tokenizer(path: str | Path | None = None) -> tuple[ModelConfig, Tokenizer]:
-    """The checkpoint's shape and tokenizer, without its weights: cheap, for callers that only
-    need to validate input (the app, whose engine loads the weights in another process)."""
-    path = Path(path) if path is not None else BUNDLED_MODEL
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: not a directory (expected a local checkpoint with config.json, "
-                              "model.safetensors and tokenizer.json; nothing is downloaded)")
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise CheckpointError(f"{path}: no config.json")
-    try:
-        hf_cfg = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{cfg_file}: invalid JSON ({e})") from None
-    cfg = config_from_hf(hf_cfg, str(cfg_file))
-    try:
-        tok = Tokenizer.from_dir(path)
-    except (FileNotFoundError, ValueError) as e:
-        raise CheckpointError(str(e)) from None
-    if tok.vocab_size > cfg.vocab_size:
-        raise CheckpointError(f"{path}: tokenizer has {tok.vocab_size} tokens but the model's vocab_size "
-                              f"is {cfg.vocab_size}")
-    return cfg, tok
 
 
 def load_checkpoint(path: str | Path | None = None, device: str | torch.device | None = None,

@@ -53,13 +53,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def load_model(args):
     """(model, tokenizer) from --model/--device, or a UsageError saying what is wrong."""
-    import torch
     from tinyllm.checkpoint import CheckpointError, default_model_dir, load_checkpoint
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise UsageError(f"--device must be cpu or cuda, got {device!r}")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError("--device cuda: no CUDA device is available on this machine")
+    from tinyllm.device import resolve_device
+    try:
+        device = resolve_device(args.device)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     path = Path(args.model) if args.model else default_model_dir()
     if args.model is None and not (path / "config.json").is_file():
         raise UsageError(f"the bundled model is missing from {path}; reinstall tinyllm or pass --model DIR")

@@ -23,115 +23,9 @@ from torch import Tensor
 from tinyllm.generate import autocast, sample_next
 from tinyllm.kv_cache import KVCache, SlotKVCache
 from tinyllm.model import Transformer
-from tinyllm.snapshot import Counters, EngineSnapshot, KVView, RequestView, SlotView
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How to pick tokens (sample_next's settings). Frozen, so equal settings group together."""
-    temperature: float = 0.0             # 0 = greedy
-    top_k: int | None = None
-    top_p: float | None = None
-
-    def __post_init__(self):
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
-        if self.top_k is not None and (not _is_int(self.top_k) or self.top_k < 1):
-            raise ValueError(f"top_k must be an integer >= 1 or None (off), got {self.top_k!r}")
-        p = self.top_p
-        if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0):
-            raise ValueError(f"top_p must be a number in (0, 1] or None (off), got {p!r}")
-
-    def describe(self) -> str:
-        if self.temperature == 0:
-            return "greedy"
-        parts = [f"T={self.temperature:g}"]
-        if self.top_k is not None:
-            parts.append(f"k={self.top_k}")
-        if self.top_p is not None:
-            parts.append(f"p={self.top_p:g}")
-        return " ".join(parts)
-
-
-@dataclass
-class Request:
-    prompt: list[int]
-    max_new_tokens: int
-    eos_id: int | None = None
-    sampling: Sampling | None = None     # ContinuousEngine only; None = the engine's settings
-
-    def __post_init__(self):
-        if not isinstance(self.prompt, (list, tuple)) or not self.prompt:
-            raise ValueError("prompt must be a non-empty list of token ids")
-        if not all(_is_int(t) and t >= 0 for t in self.prompt):
-            bad = next(t for t in self.prompt if not (_is_int(t) and t >= 0))
-            raise ValueError(f"prompt token ids must be integers >= 0, got {bad!r}")
-        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        if self.eos_id is not None and (not _is_int(self.eos_id) or self.eos_id < 0):
-            raise ValueError(f"eos_id must be an integer >= 0 or None, got {self.eos_id!r}")
-        if self.sampling is not None and not isinstance(self.sampling, Sampling):
-            raise ValueError(f"sampling must be a Sampling or None, got {type(self.sampling).__name__}")
-
-
-@dataclass
-class Result:
-    tokens: list[int]          # generated tokens only (EOS included if it was produced)
-    ttft_s: float              # arrival → first generated token
-    latency_s: float           # arrival → last generated token
-
-
-@dataclass
-class Stats:
-    wall_s: float = 0.0
-    useful_tokens: int = 0     # generated tokens that belong to a finished request
-    decode_steps: int = 0
-    computed_rows: int = 0     # rows run through decode (incl. finished rows / free slots)
-    useful_rows: int = 0       # rows whose output was kept
-    kv_reserved_tokens: int = 0            # KV capacity held (max over the run)
-    kv_used_frac: list[float] = field(default_factory=list)  # per decode step: real tokens / capacity
-    kv_alloc_frac: list[float] = field(default_factory=list)  # per decode step: real tokens / claimed
-    kv_bytes_per_token: int = 0
-    preemptions: int = 0
-    peak_active: int = 0
-    kv_allocated_at_end: int = 0           # leak check: must be 0 once every request is done
-
-    def summary(self, results: list[Result]) -> dict:
-        lat = sorted(r.latency_s for r in results)
-        ttft = sorted(r.ttft_s for r in results)
-        return {
-            "requests": len(results),
-            "wall_s": self.wall_s,
-            "useful_tokens": self.useful_tokens,
-            "tok_s": self.useful_tokens / self.wall_s if self.wall_s > 0 else 0.0,
-            "decode_steps": self.decode_steps,
-            "row_util": self.useful_rows / max(1, self.computed_rows),
-            "latency_mean_s": sum(lat) / max(1, len(lat)),
-            "latency_p95_s": percentile(lat, 0.95),
-            "ttft_mean_s": sum(ttft) / max(1, len(ttft)),
-            "ttft_p50_s": percentile(ttft, 0.50),
-            "ttft_p95_s": percentile(ttft, 0.95),
-            "kv_reserved_mib": self.kv_reserved_tokens * self.kv_bytes_per_token / 2**20,
-            "kv_used_mean": sum(self.kv_used_frac) / max(1, len(self.kv_used_frac)),
-            "kv_used_peak": max(self.kv_used_frac, default=0.0),
-            "kv_alloc_used_mean": (sum(self.kv_alloc_frac) / len(self.kv_alloc_frac)
-                                   if self.kv_alloc_frac else None),
-            "preemptions": self.preemptions,
-            "peak_active": self.peak_active,
-            "kv_allocated_at_end": self.kv_allocated_at_end,
-        }
-
-
-def percentile(sorted_xs: list[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending list (0.0 when empty)."""
-    if not sorted_xs:
-        return 0.0
-    return sorted_xs[min(len(sorted_xs) - 1, max(0, math.ceil(q * len(sorted_xs)) - 1))]
+from tinyllm.request import Request, Result, Sampling, ContextTooLong, check_fits, is_int  # noqa: F401 (re-exported)
+from tinyllm.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, RequestView, SlotView
+from tinyllm.stats import Stats, percentile  # noqa: F401 (re-exported)
 
 
 def kv_bytes_per_token(model: Transformer, device: torch.device) -> int:
@@ -165,7 +59,7 @@ def run_static(model: Transformer, requests: list[Request], batch_size: int,
     """Static batching: B requests at a time, each batch decoded until its longest row is done."""
     if any(r.sampling is not None for r in requests):
         raise ValueError("run_static uses one sampling setting; per-request sampling needs ContinuousEngine")
-    if not _is_int(batch_size) or batch_size < 1:
+    if not is_int(batch_size) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     Sampling(temperature, top_k, top_p)                 # validate once, with the usual messages
     model.eval()
@@ -178,9 +72,10 @@ def run_static(model: Transformer, requests: list[Request], batch_size: int,
         batch = requests[b0:b0 + batch_size]
         L = max(len(r.prompt) for r in batch)
         new_max = max(r.max_new_tokens for r in batch)
-        if L + new_max > model.cfg.max_seq_len:
-            raise ValueError(f"batch at request {b0}: padded prompt {L} + max_new_tokens {new_max} "
-                             f"exceeds max_seq_len {model.cfg.max_seq_len}")
+        try:
+            check_fits(L, new_max, model.cfg.max_seq_len, "the model's max_seq_len")
+        except ContextTooLong as e:
+            raise ContextTooLong(f"batch at request {b0} (prompts left-padded to {L}): {e}") from None
         logits, cache, _ = prefill_padded(model, [r.prompt for r in batch], L + new_max)
         capacity = len(batch) * (L + new_max)
         stats.kv_reserved_tokens = max(stats.kv_reserved_tokens, capacity)
@@ -225,7 +120,8 @@ class Event:
 
 @dataclass(eq=False)
 class _Seq:
-    """The engine's record of one request, kept after it ends so viewers can show it."""
+    """The engine's record of one request, kept after it ends so viewers can show it.
+    ``req`` is the engine's own frozen copy (prompt as a tuple), never the caller's object."""
     rid: int
     req: Request
     sampling: Sampling
@@ -236,11 +132,12 @@ class _Seq:
     first_token: float | None = None
     finish: float | None = None
     preemptions: int = 0
+    error: str | None = None
     view: RequestView | None = None        # cached snapshot view; None when stale
 
     def context(self) -> list[int]:
         """Prompt plus tokens generated so far (longer than the prompt only after a preemption)."""
-        return self.req.prompt + self.out
+        return [*self.req.prompt, *self.out]
 
     def left(self) -> int:
         return self.req.max_new_tokens - len(self.out)
@@ -264,6 +161,12 @@ class ContinuousEngine:
     cuda_graph (CUDA, kv="slots" only): the decode step is replayed as a CUDA graph per
     attention-window bucket (cuda_graph.SlotGraphDecoder); True builds one, or pass a decoder
     to reuse its cache and captured graphs.
+
+    One bad request never stops the others: a request whose admission or sampling fails ends
+    in state "failed" (its slot freed, the reason in its view and a "failed" lifecycle event);
+    everything else keeps running. Besides token Events, the engine records what happens to
+    each request as LifecycleEvents (queued, admitted, preempted, finished, aborted, failed):
+    ``pop_lifecycle()`` hands them over.
     """
 
     def __init__(self, model: Transformer, n_slots: int, max_len: int | None = None,
@@ -272,10 +175,10 @@ class ContinuousEngine:
                  cuda_graph=False, buckets: tuple[int, ...] | None = None):
         model.eval()
         cfg = model.cfg
-        if not _is_int(n_slots) or n_slots < 1:
+        if not is_int(n_slots) or n_slots < 1:
             raise ValueError(f"n_slots must be an integer >= 1, got {n_slots!r}")
         max_len = cfg.max_seq_len if max_len is None else max_len
-        if not _is_int(max_len) or not 2 <= max_len <= cfg.max_seq_len:
+        if not is_int(max_len) or not 2 <= max_len <= cfg.max_seq_len:
             raise ValueError(f"max_len must be an integer in [2, {cfg.max_seq_len}] "
                              f"(the model's max_seq_len), got {max_len!r}")
         if kv not in ("slots", "paged"):
@@ -300,10 +203,10 @@ class ContinuousEngine:
             slots = SlotKVCache(cfg.n_layers, n_slots, cfg.n_kv_heads, cfg.head_dim, max_len, dtype, device)
         else:
             from tinyllm.paged_kv import PagedKVCache
-            if not _is_int(block_size) or block_size < 1:
+            if not is_int(block_size) or block_size < 1:
                 raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
             n_blocks = n_slots * math.ceil(max_len / block_size) if kv_blocks is None else kv_blocks
-            if not _is_int(n_blocks) or n_blocks < 1:
+            if not is_int(n_blocks) or n_blocks < 1:
                 raise ValueError(f"kv_blocks must be an integer >= 1, got {kv_blocks!r}")
             slots = PagedKVCache(cfg.n_layers, n_slots, cfg.n_kv_heads, cfg.head_dim, n_blocks,
                                  block_size, max_len, dtype, device)
@@ -319,31 +222,37 @@ class ContinuousEngine:
         self._queue: deque[_Seq] = deque()
         self._last_tok = torch.zeros(n_slots, 1, dtype=torch.long, device=device)
         self._just_admitted: set[int] = set()
+        self._lifecycle: list[LifecycleEvent] = []     # since the last pop_lifecycle()
         self._steps = self._prefills = self._prefill_tokens = self._generated = 0
-        self._finished = self._aborted = 0
+        self._finished = self._aborted = self._failed = 0
         self._t0 = time.perf_counter()
 
     # -- public API ------------------------------------------------------------
     def now(self) -> float:
         return time.perf_counter() - self._t0
 
+    @property
+    def steps(self) -> int:
+        """step() calls so far (the step number lifecycle events carry)."""
+        return self._steps
+
     def add_request(self, req: Request) -> int:
-        """Queue a request; returns its id. Raises ValueError at once if it can never run."""
+        """Queue a request; returns its id. Raises ValueError at once if it can never run.
+        The engine keeps its own immutable copy: later changes to ``req`` change nothing."""
         if not isinstance(req, Request):
             raise ValueError(f"add_request needs a Request, got {type(req).__name__}")
+        req = req.frozen()                                # re-validated, prompt as a tuple
         vocab = self.model.cfg.vocab_size
         bad = next((t for t in req.prompt if t >= vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the model's vocabulary [0, {vocab})")
-        need = len(req.prompt) + req.max_new_tokens
-        if need > self.max_len:
-            raise ValueError(f"prompt {len(req.prompt)} + max_new_tokens {req.max_new_tokens} = {need} tokens "
-                             f"exceeds slot max_len {self.max_len}")
-        self.slots.check_fits(need)                       # paged: the whole pool, alone
+        check_fits(len(req.prompt), req.max_new_tokens, self.max_len, "the slot's max_len")
+        self.slots.check_fits(len(req.prompt) + req.max_new_tokens)   # paged: the whole pool, alone
         rid = len(self._seqs)
         seq = _Seq(rid, req, req.sampling or self.sampling, self.now())
         self._seqs[rid] = seq
         self._queue.append(seq)
+        self._note("queued", seq, tokens=len(req.prompt))
         return rid
 
     def has_work(self) -> bool:
@@ -358,17 +267,24 @@ class ContinuousEngine:
 
     def abort(self, rid: int) -> bool:
         """Drop an unfinished request (e.g. its client went away), freeing its slot.
-        Returns False if it is unknown or already ended. No Result is kept."""
-        seq = self._seqs.get(rid)
-        if seq is None or seq.state in ("finished", "aborted"):
+        Returns False if it is unknown (any non-id included) or already ended. No Result is kept."""
+        seq = self._seqs.get(rid) if is_int(rid) else None
+        if seq is None or seq.state in ("finished", "aborted", "failed"):
             return False
         if seq in self._queue:
             self._queue.remove(seq)
-        if seq.slot is not None:
+        slot = seq.slot
+        if slot is not None:
             self._free_slot(seq)
         self._end(seq, "aborted", self.now())
         self._aborted += 1
+        self._note("aborted", seq, slot, len(seq.out))
         return True
+
+    def pop_lifecycle(self) -> list[LifecycleEvent]:
+        """The lifecycle events recorded since the last call, oldest first."""
+        out, self._lifecycle = self._lifecycle, []
+        return out
 
     @torch.no_grad()
     def step(self) -> list[Event]:
@@ -384,6 +300,7 @@ class ContinuousEngine:
             seq.preemptions += 1
             self._queue.appendleft(seq)                   # recomputed later from its context
             self.stats.preemptions += 1
+            self._note("preempted", seq, s, len(seq.context()), "out of KV blocks")
         live = [s for s in range(self.n_slots) if slots.active[s]]
         if not live:
             return events
@@ -401,11 +318,16 @@ class ContinuousEngine:
             with autocast(self.device):
                 logits, _ = self.model(self._last_tok, cache=slots)   # one token per slot
         rows = [q.sampling if q is not None else self.sampling for q in self._slot_seq]
-        self._last_tok = self._sample(logits[:, -1], rows)            # idle rows: engine default
-        toks = self._last_tok.squeeze(-1).tolist()
+        nxt, failed = self._sample(logits[:, -1], rows)               # idle rows: engine default
+        self._last_tok = nxt
+        toks = nxt.squeeze(-1).tolist()
         now = self.now()
         for s in live:
-            events.append(self._record(self._slot_seq[s], toks[s], now))
+            seq = self._slot_seq[s]
+            if s in failed:
+                self._fail(seq, failed[s])
+            else:
+                events.append(self._record(seq, toks[s], now))
         return events
 
     def snapshot(self) -> EngineSnapshot:
@@ -428,9 +350,11 @@ class ContinuousEngine:
             kv = KVView(kv.kind, kv.reserved_tokens, kv.allocated_tokens, kv.used_tokens, kv.bytes_per_token,
                         slots.block_size, slots.n_blocks, slots.num_free_blocks(), owners)
         st = self.stats
-        counters = Counters(self._steps, st.decode_steps, self._prefills, self._prefill_tokens, st.preemptions,
-                            st.peak_active, st.useful_tokens, self._generated, self._finished, self._aborted,
-                            st.computed_rows, st.useful_rows)
+        counters = Counters(
+            steps=self._steps, decode_steps=st.decode_steps, prefills=self._prefills,
+            prefill_tokens=self._prefill_tokens, preemptions=st.preemptions, peak_active=st.peak_active,
+            useful_tokens=st.useful_tokens, generated_tokens=self._generated, finished=self._finished,
+            aborted=self._aborted, failed=self._failed, computed_rows=st.computed_rows, useful_rows=st.useful_rows)
         return EngineSnapshot(self.now(), self.n_slots, self.max_len, slot_views, reqs,
                               tuple(q.rid for q in self._queue), kv, counters)
 
@@ -444,38 +368,72 @@ class ContinuousEngine:
             batch.append(q.popleft())
         if not batch:
             return []
+        taken = free[:len(batch)]
+        try:
+            return self._prefill_into(batch, taken)
+        except Exception as e:                            # noqa: BLE001 - isolate the culprit below
+            if len(batch) == 1:
+                self._fail(batch[0], f"admission failed: {type(e).__name__}: {e}")
+                return []
+        events = []                                       # one of them broke the batch: try each alone
+        for seq, s in zip(batch, taken):
+            try:
+                events += self._prefill_into([seq], [s])
+            except Exception as e:                        # noqa: BLE001 - this request alone fails
+                self._fail(seq, f"admission failed: {type(e).__name__}: {e}")
+        return events
+
+    def _prefill_into(self, batch: list[_Seq], taken: list[int]) -> list[Event]:
+        """One padded prefill for ``batch`` into slots ``taken``; first tokens as Events."""
         contexts = [x.context() for x in batch]
         logits, pre, pad = prefill_padded(self.model, contexts, max_len=max(len(c) for c in contexts))
+        nxt, failed = self._sample(logits, [x.sampling for x in batch])
         self._prefills += 1
         self._prefill_tokens += sum(len(c) for c in contexts)
-        nxt = self._sample(logits, [x.sampling for x in batch])
-        taken = free[:len(batch)]
-        slots.admit(taken, pre, pad)
+        self.slots.admit(taken, pre, pad)
         self._last_tok[torch.tensor(taken, device=self.device)] = nxt
         toks = nxt.squeeze(-1).tolist()
         now = self.now()
         events = []
-        for s, seq, t in zip(taken, batch, toks):
+        for i, (s, seq, t) in enumerate(zip(taken, batch, toks)):
             self._slot_seq[s] = seq
             seq.slot, seq.state, seq.view = s, "running", None
             self._just_admitted.add(s)
-            events.append(self._record(seq, t, now))
+            again = f"recompute after {seq.preemptions} preemption(s)" if seq.preemptions else ""
+            self._note("admitted", seq, s, len(contexts[i]), again)
+            if i in failed:
+                self._fail(seq, failed[i])
+            else:
+                events.append(self._record(seq, t, now))
         return events
 
-    def _sample(self, logits: Tensor, rows: list[Sampling]) -> Tensor:
-        """Next token per row (B, V) → (B, 1), each row with its own settings. One
-        sample_next call per distinct setting, in order of first appearance."""
+    def _sample(self, logits: Tensor, rows: list[Sampling]) -> tuple[Tensor, dict[int, str]]:
+        """Next token per row (B, V) → (B, 1), each row with its own settings, and the rows whose
+        sampling failed (row → why; their token is garbage). One sample_next call per distinct
+        setting, in order of first appearance, so one bad setting cannot fail the others."""
         groups: dict[Sampling, list[int]] = {}
         for i, s in enumerate(rows):
             groups.setdefault(s, []).append(i)
+        failed: dict[int, str] = {}
         if len(groups) == 1:
             (s,) = groups
-            return sample_next(logits, s.temperature, s.top_k, s.top_p, self.generator)
-        out = torch.empty(logits.size(0), 1, dtype=torch.long, device=logits.device)
+            try:
+                return sample_next(logits, s.temperature, s.top_k, s.top_p, self.generator), failed
+            except Exception as e:                        # noqa: BLE001 - every row shares the setting
+                return self._sampling_failed(logits, range(len(rows)), e)
+        out = torch.zeros(logits.size(0), 1, dtype=torch.long, device=logits.device)
         for s, idx in groups.items():
             ix = torch.tensor(idx, device=logits.device)
-            out[ix] = sample_next(logits[ix], s.temperature, s.top_k, s.top_p, self.generator)
-        return out
+            try:
+                out[ix] = sample_next(logits[ix], s.temperature, s.top_k, s.top_p, self.generator)
+            except Exception as e:                        # noqa: BLE001 - only this group's rows fail
+                failed.update(self._sampling_failed(logits, idx, e)[1])
+        return out, failed
+
+    @staticmethod
+    def _sampling_failed(logits: Tensor, rows, e: Exception) -> tuple[Tensor, dict[int, str]]:
+        why = f"sampling failed: {type(e).__name__}: {e}"
+        return torch.zeros(logits.size(0), 1, dtype=torch.long, device=logits.device), {i: why for i in rows}
 
     def _record(self, seq: _Seq, tok: int, now: float) -> Event:
         seq.out.append(tok)
@@ -488,9 +446,25 @@ class ContinuousEngine:
             self.results[seq.rid] = Result(list(seq.out), seq.first_token - seq.arrival, now - seq.arrival)
             self.stats.useful_tokens += len(seq.out)
             self._finished += 1
+            slot = seq.slot
             self._free_slot(seq)
             self._end(seq, "finished", now)
+            why = "eos" if seq.req.eos_id is not None and tok == seq.req.eos_id else "length"
+            self._note("finished", seq, slot, len(seq.out), why)
         return Event(seq.rid, tok, done)
+
+    def _fail(self, seq: _Seq, why: str) -> None:
+        """Give up on one request (its slot freed, the reason kept); the others go on."""
+        slot = seq.slot
+        if slot is not None:
+            self._free_slot(seq)
+        seq.error = why
+        self._end(seq, "failed", self.now())
+        self._failed += 1
+        self._note("failed", seq, slot, len(seq.out), why)
+
+    def _note(self, kind: str, seq: _Seq, slot: int | None = None, tokens: int = 0, reason: str = "") -> None:
+        self._lifecycle.append(LifecycleEvent(kind, seq.rid, self._steps, self.now(), slot, tokens, reason))
 
     def _free_slot(self, seq: _Seq) -> None:
         self._slot_seq[seq.slot] = None
@@ -504,9 +478,9 @@ class ContinuousEngine:
     def _view(self, seq: _Seq) -> RequestView:
         if seq.view is None:
             r = seq.req
-            seq.view = RequestView(seq.rid, seq.state, seq.slot, tuple(r.prompt), tuple(seq.out),
+            seq.view = RequestView(seq.rid, seq.state, seq.slot, r.prompt, tuple(seq.out),
                                    r.max_new_tokens, seq.sampling, r.eos_id, seq.arrival, seq.first_token,
-                                   seq.finish, seq.preemptions)
+                                   seq.finish, seq.preemptions, seq.error)
         return seq.view
 
 
@@ -527,5 +501,8 @@ def run_continuous(model: Transformer, requests: list[Request], n_slots: int,
     st = eng.stats
     st.kv_allocated_at_end = eng.slots.allocated_tokens()
     st.wall_s = time.perf_counter() - t0
+    failed = [v for v in eng.snapshot().requests if v.state == "failed"]
+    if failed:
+        raise RuntimeError(f"request {failed[0].rid} failed: {failed[0].error}")
     results = [eng.results.pop(r) for r in rids]
     return results, st.summary(results)

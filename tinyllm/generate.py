@@ -13,6 +13,7 @@ from torch import Tensor
 
 from tinyllm.kv_cache import KVCache
 from tinyllm.model import Transformer
+from tinyllm.request import check_fits
 
 
 def sample_next(logits: Tensor, temperature: float = 0.0, top_k: int | None = None,
@@ -59,10 +60,8 @@ def generate_stream(model: Transformer, prompt: list[int], max_new_tokens: int, 
     """Like ``generate`` but yields each token as soon as it is chosen."""
     if not prompt:
         raise ValueError("prompt must hold at least one token")
+    check_fits(len(prompt), max_new_tokens, model.cfg.max_seq_len, "the model's max_seq_len")
     total = len(prompt) + max_new_tokens
-    if total > model.cfg.max_seq_len:
-        raise ValueError(f"prompt {len(prompt)} + max_new_tokens {max_new_tokens} = {total} tokens "
-                         f"exceeds the model's max_seq_len {model.cfg.max_seq_len}")
     model.eval()
     device = next(model.parameters()).device
     cache = KVCache(model.cfg.n_layers, total)

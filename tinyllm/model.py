@@ -8,41 +8,13 @@ padded batch, a slot cache and a paged cache alike.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab_size: int = 4096
-    d_model: int = 256
-    n_layers: int = 4
-    n_heads: int = 4
-    n_kv_heads: int = 2
-    d_ff: int = 704
-    max_seq_len: int = 512
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"ModelConfig: d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"ModelConfig: n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
-        if self.head_dim % 2:
-            raise ValueError(f"ModelConfig: head_dim {self.head_dim} must be even for rotary embeddings")
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+from tinyllm.config import ModelConfig
 
 
 class AttentionCache(Protocol):

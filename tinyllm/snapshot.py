@@ -11,9 +11,25 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tinyllm.engine import Sampling
+    from tinyllm.request import Sampling
 
-REQUEST_STATES = ("queued", "running", "preempted", "finished", "aborted")
+REQUEST_STATES = ("queued", "running", "preempted", "finished", "aborted", "failed")
+LIFECYCLE_KINDS = ("queued", "admitted", "preempted", "finished", "aborted", "failed")
+
+
+@dataclass(frozen=True)
+class LifecycleEvent:
+    """One change in a request's life, as the engine saw it happen (not rebuilt by diffing
+    snapshots, which misses a request preempted and re-admitted within one step). Viewers
+    derive their event log and slot flags from these."""
+    kind: str                     # one of LIFECYCLE_KINDS
+    rid: int
+    step: int                     # the engine step it happened in (0: before the first step)
+    time_s: float                 # engine clock
+    slot: int | None = None       # admitted: the slot taken; preempted/finished/aborted/failed: the slot freed
+    tokens: int = 0               # queued/admitted: context tokens; preempted: tokens to recompute;
+                                  # finished/aborted: tokens generated
+    reason: str = ""              # finished: "eos" / "length"; preempted/failed: why
 
 
 @dataclass(frozen=True)
@@ -44,6 +60,7 @@ class RequestView:
     first_token_s: float | None
     finish_s: float | None        # finished or aborted
     preemptions: int
+    error: str | None = None      # failed: why the engine gave up on this request
 
     @property
     def ttft_s(self) -> float | None:
@@ -89,6 +106,7 @@ class Counters:
     generated_tokens: int = 0     # every token produced, any request
     finished: int = 0
     aborted: int = 0
+    failed: int = 0               # requests the engine could not run (see RequestView.error)
     computed_rows: int = 0
     useful_rows: int = 0
 

@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from tinyllm.checkpoint import save_checkpoint
-from tinyllm.model import ModelConfig, Transformer
+from tinyllm.config import ModelConfig
+from tinyllm.model import Transformer
 
 EOT = "<|endoftext|>"
 HELD_OUT = ("julius_caesar_gut.txt", "twelfth_night_gut.txt", "rape_of_lucrece_gut.txt")

@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
-from tinyllm.engine import Sampling
+from tinyllm.request import ContextTooLong, Sampling, check_fits
 
 FIELDS = {"prompt", "max_new_tokens", "temperature", "top_k", "top_p", "arrival_s", "stop_at_eos"}
 
@@ -31,6 +32,30 @@ class WorkItem:
     arrival_s: float = 0.0
     stop_at_eos: bool = True
     line: int = 0
+
+
+def bundled_workloads() -> dict[str, Path]:
+    """The example workloads shipped inside the package (the repo's ``prompts/``), name → file.
+    Found through importlib.resources, so they are there in an installed wheel too."""
+    root = resources.files("tinyllm") / "data" / "prompts"
+    if not root.is_dir():
+        return {}
+    files = sorted((f for f in root.iterdir() if f.name.endswith(".jsonl")), key=lambda f: f.name)
+    return {f.name.removesuffix(".jsonl"): Path(str(f)) for f in files}
+
+
+def resolve_workload(name_or_path: str | Path) -> Path:
+    """A path to an existing file, else a bundled workload's name (``burst`` or ``burst.jsonl``).
+    WorkloadError saying what exists when it is neither."""
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        return path
+    bundled = bundled_workloads()
+    name = str(name_or_path).removesuffix(".jsonl")
+    if name in bundled:
+        return bundled[name]
+    names = ", ".join(bundled) or "none found"
+    raise WorkloadError(f"{name_or_path}: no such file, and not a bundled workload (bundled: {names})")
 
 
 def _number(v) -> bool:
@@ -93,7 +118,8 @@ def load_workload(path: str | Path) -> list[WorkItem]:
     return items
 
 
-def check_fits(items: list[WorkItem], path: str | Path, encode, max_len: int, default_new: int) -> list[list[int]]:
+def tokenize_checked(items: list[WorkItem], path: str | Path, encode, max_len: int,
+                     default_new: int) -> list[list[int]]:
     """Tokenize every prompt and check it fits ``max_len`` with its max_new_tokens; returns the ids."""
     out = []
     for it in items:
@@ -101,8 +127,9 @@ def check_fits(items: list[WorkItem], path: str | Path, encode, max_len: int, de
         new = it.max_new_tokens or default_new
         if not ids:
             raise WorkloadError(f"{path}:{it.line}: the prompt encodes to no tokens")
-        if len(ids) + new > max_len:
-            raise WorkloadError(f"{path}:{it.line}: prompt is {len(ids)} tokens + max_new_tokens {new} = "
-                                f"{len(ids) + new}, more than the context of {max_len} tokens")
+        try:
+            check_fits(len(ids), new, max_len, "the context")
+        except ContextTooLong as e:
+            raise WorkloadError(f"{path}:{it.line}: {e}") from None
         out.append(ids)
     return out

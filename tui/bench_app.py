@@ -31,7 +31,8 @@ from tinyllm.checkpoint import default_model_dir, load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling, percentile, run_continuous
 from tui.app import TinyLLMApp
 from tui.process_runner import EngineSpec, ProcessRunner
-from tui.runner import EngineRunner, SetPaused, Submit
+from tui.messages import SetPaused, Submit
+from tui.runner import EngineRunner
 from tui.screens import NextSettings
 
 

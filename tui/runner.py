@@ -21,97 +21,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tinyllm.engine import ContinuousEngine, Request, Sampling
-from tinyllm.snapshot import EngineSnapshot
+from tinyllm.snapshot import LifecycleEvent
 from tinyllm.tokenizer import Tokenizer, TokenStream
 from tinyllm.workload import WorkItem
+from tui.messages import (LOG_LINES, MAX_DELAY_MS, Abort, AbortAll, Frame, LoadWorkload, LogEntry, SetDelay,
+                          SetPaused, SetPublishInterval, StepOnce, Submit, TogglePaused)
 
-MAX_DELAY_MS = 1000
-LOG_LINES = 500
 PUBLISH_S = 1 / 30
-
-
-# -- commands (UI → runner) -----------------------------------------------------------------
-@dataclass(frozen=True)
-class Submit:
-    prompt: str
-    max_new_tokens: int
-    sampling: Sampling
-    stop_at_eos: bool = True
-    tokens: tuple[int, ...] | None = None    # pre-tokenized (workloads); else encoded here
-
-
-@dataclass(frozen=True)
-class LoadWorkload:
-    name: str
-    items: tuple[WorkItem, ...]
-    tokens: tuple[tuple[int, ...], ...]
-    default_new: int
-    default_sampling: Sampling
-
-
-@dataclass(frozen=True)
-class Abort:
-    rid: int
-
-
-@dataclass(frozen=True)
-class AbortAll:
-    pass
-
-
-@dataclass(frozen=True)
-class SetPaused:
-    paused: bool
-
-
-@dataclass(frozen=True)
-class TogglePaused:
-    """Pause if running, resume if paused (decided by the runner, so two quick presses cancel out)."""
-
-
-@dataclass(frozen=True)
-class SetPublishInterval:
-    """The UI draws every ``seconds`` at best: publishing more often than that is wasted work."""
-    seconds: float
-
-
-@dataclass(frozen=True)
-class StepOnce:
-    pass
-
-
-@dataclass(frozen=True)
-class SetDelay:
-    ms: int
-
-
-# -- what the runner publishes (runner → UI) ---------------------------------------------------
-@dataclass(frozen=True)
-class LogEntry:
-    seq: int
-    step: int
-    time_s: float
-    kind: str          # submit / admit / preempt / finish / abort / error / info
-    text: str
-    rid: int | None = None
-    slot: int | None = None   # the slot the event happened in (admit: taken; others: freed)
-
-
-@dataclass(frozen=True)
-class Frame:
-    """Everything the UI shows, immutable. ``seq`` grows with each publish."""
-    seq: int
-    snapshot: EngineSnapshot
-    prompts: dict[int, str]              # rid → prompt text
-    texts: dict[int, str]                # rid → generated text so far (decoded incrementally)
-    log: tuple[LogEntry, ...]            # the newest LOG_LINES entries
-    paused: bool
-    step_delay_ms: int
-    pending_arrivals: int                # workload requests not yet arrived
-    tokens_per_s: float                  # recent generation rate (all requests)
-    tps_history: tuple[float, ...]       # one point per ~0.25 s, newest last
-    step_ms: float = 0.0                 # duration of the latest engine step
-    steps_done: int = 0                  # engine steps this runner has made
 
 
 @dataclass
@@ -124,6 +40,8 @@ class _Pending:
 
 
 class EngineRunner:
+    """The loop that owns one engine (see the module docstring); satisfies messages.Runner."""
+
     def __init__(self, engine: ContinuousEngine, tokenizer: Tokenizer, paused: bool = False,
                  step_delay_ms: int = 0, on_frame: Callable[[], None] | None = None):
         self.engine = engine
@@ -141,7 +59,6 @@ class EngineRunner:
         self._pending: list[_Pending] = []
         self._clock = 0.0                      # workload clock: runs only while not paused
         self._clock_mark: float | None = None
-        self._states: dict[int, tuple[str, int | None]] = {}
         self._rate: deque[tuple[float, int]] = deque()
         self._tps_hist: deque[float] = deque(maxlen=120)
         self._last_hist = 0.0
@@ -151,7 +68,7 @@ class EngineRunner:
         self.last_traceback: str | None = None
         self._published_at = 0.0
         self.publish_s = PUBLISH_S
-        self._snap = engine.snapshot()             # refreshed by _note_states after every change
+        self._snap = engine.snapshot()             # refreshed by _note_changes after every change
         self._frame: Frame = self._make_frame()
 
     # -- UI side (any thread) ------------------------------------------------------------------
@@ -236,7 +153,7 @@ class EngineRunner:
                 self._add_log("info", f"loaded {cmd.name}: {len(cmd.items)} requests")
             elif isinstance(cmd, Abort):
                 if eng.abort(cmd.rid):
-                    self._note_states()
+                    self._note_changes()
                 else:
                     self._add_log("info", f"#{cmd.rid} is not running or queued; nothing to abort")
             elif isinstance(cmd, AbortAll):
@@ -245,14 +162,14 @@ class EngineRunner:
                 for v in eng.snapshot().requests:
                     if v.state in ("queued", "running", "preempted"):
                         eng.abort(v.rid)
-                self._note_states()
+                self._note_changes()
                 if n:
                     self._add_log("abort", f"dropped {n} workload requests that had not arrived")
             elif isinstance(cmd, (SetPaused, TogglePaused)):
                 self._tick_clock()
                 self.paused = cmd.paused if isinstance(cmd, SetPaused) else not self.paused
                 self._clock_mark = None
-                self._add_log("info", "paused" if cmd.paused else "resumed")
+                self._add_log("info", "paused" if self.paused else "resumed")
             elif isinstance(cmd, StepOnce):
                 if self.paused:
                     self._clock += 0.05                       # the workload clock moves one tick
@@ -279,7 +196,7 @@ class EngineRunner:
         self._texts[rid] = ""
         self._streams[rid] = self.tok.stream(skip_special_tokens=True)
         self._add_log("submit", f"#{rid} queued ({len(ids)} prompt tokens, max {max_new} new, {sampling.describe()})", rid)
-        self._note_states()
+        self._note_changes()
 
     def _due_now(self) -> list[_Pending]:
         now = self._tick_clock()
@@ -311,7 +228,7 @@ class EngineRunner:
             self.last_traceback = traceback.format_exc()
             self.paused = True                                 # stop looping on a broken state
             self._add_log("error", "engine paused after an error; press space to retry")
-            self._note_states()                       # show whatever state the failed step left
+            self._note_changes()                      # show whatever state the failed step left
             return
         self._step_ms = (time.perf_counter() - t) * 1000
         self.steps_done += 1
@@ -320,33 +237,36 @@ class EngineRunner:
             if stream is not None:
                 self._texts[ev.rid] += stream.step(ev.token)
         self._rate.append((time.perf_counter(), len(events)))
-        self._note_states()
+        self._note_changes()
 
-    def _note_states(self) -> None:
-        """Log admissions, preemptions, finishes and aborts by diffing request states."""
-        snap = self._snap = self.engine.snapshot()        # the next frame publishes this one
-        for v in snap.requests:
-            old = self._states.get(v.rid)
-            new = (v.state, v.slot)
-            if old == new:
-                continue
-            self._states[v.rid] = new
-            was = old[1] if old is not None else None
-            if v.state == "running" and (old is None or old[0] != "running"):
-                again = " again (recompute)" if v.preemptions else ""
-                self._add_log("admit", f"#{v.rid} admitted to slot {v.slot}{again}", v.rid, v.slot)
-            elif v.state == "preempted":
-                self._add_log("preempt", f"#{v.rid} preempted from slot {was}: out of KV blocks, back to the "
-                                         f"queue ({len(v.prompt) + len(v.tokens)} tokens to recompute)", v.rid, was)
-            elif v.state == "finished":
-                why = "end-of-text" if v.eos_id is not None and v.tokens and v.tokens[-1] == v.eos_id else "max tokens"
-                self._add_log("finish", f"#{v.rid} finished: {len(v.tokens)} tokens ({why})", v.rid, was)
-            elif v.state == "aborted":
-                self._add_log("abort", f"#{v.rid} aborted after {len(v.tokens)} tokens", v.rid, was)
+    def _note_changes(self) -> None:
+        """Take a fresh snapshot for the next frame and log what the engine says happened."""
+        self._snap = self.engine.snapshot()
+        for ev in self.engine.pop_lifecycle():
+            self._log_lifecycle(ev)
 
-    def _add_log(self, kind: str, text: str, rid: int | None = None, slot: int | None = None) -> None:
+    def _log_lifecycle(self, ev: LifecycleEvent) -> None:
+        r = f"#{ev.rid}"
+        if ev.kind == "admitted":
+            again = f" again ({ev.reason})" if ev.reason else ""
+            self._add_log("admit", f"{r} admitted to slot {ev.slot}{again}", ev.rid, ev.slot, ev.step)
+        elif ev.kind == "preempted":
+            self._add_log("preempt", f"{r} preempted from slot {ev.slot}: {ev.reason}, back to the queue "
+                                     f"({ev.tokens} tokens to recompute)", ev.rid, ev.slot, ev.step)
+        elif ev.kind == "finished":
+            why = "end-of-text" if ev.reason == "eos" else "max tokens"
+            self._add_log("finish", f"{r} finished: {ev.tokens} tokens ({why})", ev.rid, ev.slot, ev.step)
+        elif ev.kind == "aborted":
+            self._add_log("abort", f"{r} aborted after {ev.tokens} tokens", ev.rid, ev.slot, ev.step)
+        elif ev.kind == "failed":
+            self._add_log("error", f"{r} failed, the others go on: {ev.reason}", ev.rid, ev.slot, ev.step)
+        # "queued" is already logged by _submit, with the prompt's size and settings
+
+    def _add_log(self, kind: str, text: str, rid: int | None = None, slot: int | None = None,
+                 step: int | None = None) -> None:
         self._log_seq += 1
-        self._log.append(LogEntry(self._log_seq, self.steps_done, self.engine.now(), kind, text, rid, slot))
+        step = self.engine.steps if step is None else step
+        self._log.append(LogEntry(self._log_seq, step, self.engine.now(), kind, text, rid, slot))
 
     def _error(self, msg: str) -> None:
         """Errors go to the log; the UI notifies for each new 'error' entry it sees."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widget import Widget
 
-from tinyllm.engine import percentile
-from tui.runner import Frame
+from tinyllm.stats import percentile
+from tui.messages import Frame
 from tui.widgets.style import STATE_STYLES, bar
 
 
@@ -59,7 +59,8 @@ class KVPanel(Widget):
                                        ("running", "run", f.snapshot.num_requests_running, "running"),
                                        ("finished", "done", c.finished, "finished"),
                                        ("aborted", "abort", c.aborted, "aborted"),
-                                       ("preempted", "preempt", c.preemptions, "preempted")):
+                                       ("preempted", "preempt", c.preemptions, "preempted"),
+                                       *((("failed", "fail", c.failed, "failed"),) if c.failed else ())):
             line1.append(f"{label if wide else short} ", style="dim")
             line1.append(f"{n}", style=STATE_STYLES[state])
             line1.append(sep)

@@ -21,7 +21,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from tinyllm.snapshot import RequestView
-from tui.runner import Frame
+from tui.messages import Frame
 from tui.widgets.style import PLAIN, STATE_STYLES, on, rid_style
 
 # (label, width); the last column takes what is left

@@ -10,7 +10,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from tinyllm.snapshot import RequestView
-from tui.runner import Frame
+from tui.messages import Frame
 from tui.widgets.style import STATE_STYLES, rid_style
 from tui.widgets.text_line import TextLine
 
@@ -73,6 +73,8 @@ class RequestPane(VerticalScroll):
         body.append(text)
         if v.state == "aborted":
             body.append("  [aborted]", style=STATE_STYLES["aborted"])
+        elif v.state == "failed":
+            body.append(f"  [failed: {v.error}]", style=STATE_STYLES["failed"])
         self._plain = prompt + text
         self.query_one("#pane-body", Static).update(body)
         if follow:

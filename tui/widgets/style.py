@@ -14,6 +14,7 @@ STATE_COLOURS = {
     "preempted": "#b23fd0",
     "finished": "#3b78d8",
     "aborted": "#d03a3a",
+    "failed": "#ff2d55",
 }
 STATE_STYLES = {k: Style(color=v, bold=True) for k, v in STATE_COLOURS.items()}
 EVENT_STYLES = {

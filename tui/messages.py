@@ -1,0 +1,116 @@
+"""What crosses between the app and a runner: commands in, frames out, and the runner interface.
+
+Plain picklable dataclasses (the process runner sends them over a pipe) and no torch, so the
+app and its widgets import this module, never a runner, for their types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from tinyllm.request import Sampling
+from tinyllm.snapshot import EngineSnapshot
+from tinyllm.workload import WorkItem
+
+MAX_DELAY_MS = 1000
+LOG_LINES = 500
+
+
+# -- commands (UI → runner) -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Submit:
+    prompt: str
+    max_new_tokens: int
+    sampling: Sampling
+    stop_at_eos: bool = True
+    tokens: tuple[int, ...] | None = None    # pre-tokenized (workloads); else encoded here
+
+
+@dataclass(frozen=True)
+class LoadWorkload:
+    name: str
+    items: tuple[WorkItem, ...]
+    tokens: tuple[tuple[int, ...], ...]
+    default_new: int
+    default_sampling: Sampling
+
+
+@dataclass(frozen=True)
+class Abort:
+    rid: int
+
+
+@dataclass(frozen=True)
+class AbortAll:
+    pass
+
+
+@dataclass(frozen=True)
+class SetPaused:
+    paused: bool
+
+
+@dataclass(frozen=True)
+class TogglePaused:
+    """Pause if running, resume if paused (decided by the runner, so two quick presses cancel out)."""
+
+
+@dataclass(frozen=True)
+class SetPublishInterval:
+    """The UI draws every ``seconds`` at best: publishing more often than that is wasted work."""
+    seconds: float
+
+
+@dataclass(frozen=True)
+class StepOnce:
+    pass
+
+
+@dataclass(frozen=True)
+class SetDelay:
+    ms: int
+
+
+# -- what the runner publishes (runner → UI) ---------------------------------------------------
+@dataclass(frozen=True)
+class LogEntry:
+    seq: int
+    step: int
+    time_s: float
+    kind: str          # submit / admit / preempt / finish / abort / error / info
+    text: str
+    rid: int | None = None
+    slot: int | None = None   # the slot the event happened in (admit: taken; others: freed)
+
+
+@dataclass(frozen=True)
+class Frame:
+    """Everything the UI shows, immutable. ``seq`` grows with each publish."""
+    seq: int
+    snapshot: EngineSnapshot
+    prompts: dict[int, str]              # rid → prompt text
+    texts: dict[int, str]                # rid → generated text so far (decoded incrementally)
+    log: tuple[LogEntry, ...]            # the newest LOG_LINES entries
+    paused: bool
+    step_delay_ms: int
+    pending_arrivals: int                # workload requests not yet arrived
+    tokens_per_s: float                  # recent generation rate (all requests)
+    tps_history: tuple[float, ...]       # one point per ~0.25 s, newest last
+    step_ms: float = 0.0                 # duration of the latest engine step
+    steps_done: int = 0                  # engine steps this runner has made
+    status: str = "ready"                # "loading" until the engine is built (process runner)
+
+
+class Runner(Protocol):
+    """What the app needs from whatever runs the engine (a thread, a child process, ...)."""
+    device: str                              # "cpu" / "cuda" ("?" until a process runner's engine is up)
+
+    @property
+    def frame(self) -> Frame: ...           # the newest published frame (an atomic reference read)
+
+    def send(self, cmd) -> None: ...        # queue a command; never blocks the UI for long
+
+    def run(self, cancelled: Callable[[], bool] = lambda: False) -> None: ...   # the loop (a worker thread)
+
+    def stop(self) -> None: ...
