@@ -63,6 +63,23 @@ def test_broken_model_dir_is_exit_2(tmp_path):
     assert r.returncode == 2 and "cannot read safetensors" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_bench_output_keeps_every_figure_whole_when_piped():
+    """Piped (as in CI), rich used to squeeze the table to 80 columns: `tok…`, `0.…`."""
+    r = tinyllm("bench", "--random-model", "layers=1,d_model=32,heads=2,kv_heads=1,vocab=64,d_ff=64,max_seq_len=256",
+                "--requests", "4", "--solo-sample", "1", "--no-transformers", "--slots", "2", "--batch", "2")
+    assert r.returncode == 0, r.stderr
+    assert "…" not in r.stdout
+    header = next(line for line in r.stdout.splitlines() if "path" in line and "tok/s" in line)
+    for col in ("tok/s", "x static", "TTFT p50", "TTFT p95", "latency p95", "row util", "KV reserved MiB",
+                "KV used mean", "used/alloc", "preempt", "greedy ="):
+        assert col in header
+    for path in ("solo", "static", "continuous-slots", "continuous-paged"):
+        row = next(line for line in r.stdout.splitlines() if line.startswith(f"│ {path} "))
+        cells = [c.strip() for c in row.strip("│").split("│")]
+        assert len(cells) == 12 and cells[0] == path and cells[-1] == "100%"
+        assert float(cells[1]) > 0 and cells[2].endswith("x")
+
+
 def test_tui_broken_weights_are_reported_by_the_engine_process(tmp_path):
     """config.json and the tokenizer are fine (checked in the app); the weights are read in the
     engine process, whose error must come back as the same one line, exit 2, no traceback."""

@@ -308,9 +308,10 @@ def print_report(console, report: dict) -> None:
     from rich.table import Table
     paths = report["paths"]
     static = paths["static"]["tok_s"]
-    t = Table(title=f"tinyllm bench — {report['model']['name']} ({report['model']['params'] / 1e6:.1f}M params), "
-                    f"{report['workload']}, {report['slots']} slots / batch {report['batch']}, "
-                    f"{report['machine']['device']} × {report['machine']['torch_threads']} threads")
+    console.print(f"[bold]tinyllm bench[/] — {report['model']['name']} ({report['model']['params'] / 1e6:.1f}M params), "
+                  f"{report['workload']}, {report['slots']} slots / batch {report['batch']}, "
+                  f"{report['machine']['device']} × {report['machine']['torch_threads']} threads")
+    t = Table()
     for col in ("path", "tok/s", "x static", "TTFT p50", "TTFT p95", "latency p95", "row util",
                 "KV reserved MiB", "KV used mean", "used/alloc", "preempt", "greedy =", ):
         t.add_column(col, justify="right" if col != "path" else "left")

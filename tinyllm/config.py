@@ -51,6 +51,11 @@ class CheckpointError(ValueError):
     """A checkpoint directory that cannot be loaded, with the reason."""
 
 
+def default_kv_blocks(n_slots: int, max_len: int, block_size: int) -> int:
+    """The paged pool's default size: the same memory as a slot cache of n_slots x max_len."""
+    return n_slots * -(-max_len // block_size)
+
+
 def default_model_dir() -> Path:
     return BUNDLED_MODEL
 

@@ -12,7 +12,6 @@ Correctness: under greedy decoding each request's tokens equal its solo ``genera
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from tinyllm.config import default_kv_blocks
 from tinyllm.generate import autocast, sample_next
 from tinyllm.kv_cache import KVCache, SlotKVCache
 from tinyllm.model import Transformer
@@ -205,7 +205,7 @@ class ContinuousEngine:
             from tinyllm.paged_kv import PagedKVCache
             if not is_int(block_size) or block_size < 1:
                 raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
-            n_blocks = n_slots * math.ceil(max_len / block_size) if kv_blocks is None else kv_blocks
+            n_blocks = default_kv_blocks(n_slots, max_len, block_size) if kv_blocks is None else kv_blocks
             if not is_int(n_blocks) or n_blocks < 1:
                 raise ValueError(f"kv_blocks must be an integer >= 1, got {kv_blocks!r}")
             slots = PagedKVCache(cfg.n_layers, n_slots, cfg.n_kv_heads, cfg.head_dim, n_blocks,

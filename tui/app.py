@@ -21,12 +21,12 @@ from textual.css.query import NoMatches
 from textual.widgets import Footer, Input, Sparkline, Static
 from textual.worker import get_current_worker
 
-from tinyllm.engine import Sampling
+from tinyllm.request import ContextTooLong, Sampling, check_fits
 from tinyllm.tokenizer import Tokenizer
+from tui.messages import (MAX_DELAY_MS, Abort, AbortAll, Frame, LoadWorkload, Runner, SetDelay, SetPublishInterval,
+                          StepOnce, Submit, TogglePaused)
 from tui.pacing import FramePacer
 from tui.process_runner import EngineSpec, EngineStartError, ProcessRunner
-from tui.runner import (MAX_DELAY_MS, Abort, AbortAll, EngineRunner, Frame, LoadWorkload, SetDelay,
-                        SetPublishInterval, StepOnce, Submit, TogglePaused)
 from tui.screens import HelpScreen, LoadedWorkload, NextSettings, PromptPicker, SettingsScreen, read_workload
 from tui.widgets.block_map import BlockMap
 from tui.widgets.kv_panel import KVPanel
@@ -36,7 +36,6 @@ from tui.widgets.slot_grid import SlotGrid
 from tui.widgets.event_log import EventLog
 from tui.widgets.text_line import TextLine
 
-PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 REFRESH_HZ = 20             # at most; FramePacer lowers it when drawing costs the engine too much
 DETAILS_S = 0.2             # running flat out, the request list and the pane text refresh at <= 5 Hz
 DELAY_STEPS = (0, 5, 10, 20, 50, 100, 200, 300, 500, 750, 1000)
@@ -71,9 +70,8 @@ class TinyLLMApp(App):
         Binding("ctrl+c,ctrl+q", "quit", "Quit", priority=True),
     ]
 
-    def __init__(self, runner: EngineRunner | ProcessRunner, tokenizer: Tokenizer, *, model_name: str = "model",
-                 settings: NextSettings | None = None, prompts_file: Path | None = None,
-                 prompts_dir: Path = PROMPTS_DIR):
+    def __init__(self, runner: Runner, tokenizer: Tokenizer, *, model_name: str = "model",
+                 settings: NextSettings | None = None, prompts_file: Path | None = None):
         super().__init__()
         self.runner = runner                      # owns the engine; we only send commands and read frames
         self.tokenizer = tokenizer
@@ -82,9 +80,9 @@ class TinyLLMApp(App):
         self.max_len = snap.max_len
         self.settings = settings or NextSettings(Sampling(), min(100, self.max_len - 1))
         self.prompts_file = prompts_file
-        self.prompts_dir = prompts_dir
+        self.startup_error: str | None = None     # set when the engine could not start; main() prints it
         self.selected: int | None = None
-        self._shown_seq = 0
+        self._shown_seq = -1                     # nothing shown yet (a loading frame has seq 0)
         self._seen_log = 0
         self._flags: dict[int, tuple[str, int]] = {}
         self._pacer = FramePacer(max_hz=REFRESH_HZ)
@@ -155,6 +153,9 @@ class TinyLLMApp(App):
         self.set_timer(interval, self._tick)
 
     def refresh_from_runner(self, force: bool = False) -> None:
+        if self.runner.start_error is not None and self.startup_error is None:
+            self._engine_failed(self.runner.start_error)
+            return
         frame = self.runner.frame
         if not (force or self._pacer.due()) or frame.seq == self._shown_seq:
             return
@@ -183,12 +184,20 @@ class TinyLLMApp(App):
             self.query_one("#pane", RequestPane).show(frame, self.selected)
         self._append_log(frame)
 
+    def _engine_failed(self, e: Exception) -> None:
+        """The engine process could not build the engine: leave with its one-line reason, as a
+        bad argument would have (main() prints it and exits 2)."""
+        from tinyllm.config import CheckpointError
+        self.startup_error = f"--model: {e}" if isinstance(e, CheckpointError) else str(e)
+        self.runner.stop()
+        self.exit(return_code=2)
+
     def _update_flags(self, frame: Frame) -> None:
         """Slots that changed in the latest step, from the event log (admit / finish / preempt / abort)."""
         snap = frame.snapshot
         self._flags = {}
         for e in frame.log[-4 * snap.n_slots:]:
-            recent = e.step == frame.steps_done or e.time_s >= snap.time_s - 0.4
+            recent = e.step == snap.counters.steps or e.time_s >= snap.time_s - 0.4
             if recent and e.slot is not None and e.kind in ("admit", "finish", "preempt", "abort"):
                 self._flags[e.slot] = (e.kind, e.rid)
 
@@ -203,6 +212,11 @@ class TinyLLMApp(App):
 
     def _status_text(self, f: Frame) -> Text:
         t = Text(no_wrap=True, overflow="ellipsis")
+        if f.status == "loading":
+            t.append(" ⧗ LOADING ", style="bold reverse cyan")
+            t.append(f" {self.model_name} · engine loading (importing torch, reading the weights)…", style="bold")
+            t.append(" · type a prompt now: it is sent when the engine is ready", style="dim")
+            return t
         t.append(" ⏸ PAUSED " if f.paused else " ▶ RUNNING ", style="bold reverse yellow" if f.paused else "bold reverse green")
         t.append(f" {self.model_name} · {self.runner.device} · {f.snapshot.kv.kind} KV", style="bold")
         t.append(f" · delay {f.step_delay_ms} ms/step · step {f.snapshot.counters.steps}", style="dim")
@@ -222,11 +236,10 @@ class TinyLLMApp(App):
             self.notify("Type some text first: the model continues it.", severity="warning")
             return
         ids = self.tokenizer.encode(text)
-        need = len(ids) + self.settings.max_new_tokens
-        if need > self.max_len:
-            self.notify(f"Prompt is {len(ids)} tokens + max_new_tokens {self.settings.max_new_tokens} = {need}, "
-                        f"more than the {self.max_len}-token context. Shorten it or lower max_new_tokens (F2).",
-                        title="not sent", severity="error", timeout=8)
+        try:
+            check_fits(len(ids), self.settings.max_new_tokens, self.max_len, "the context")
+        except ContextTooLong as e:
+            self.notify(f"{e} (F2: settings)", title="not sent", severity="error", timeout=8)
             return
         s = self.settings
         self.runner.send(Submit(text, s.max_new_tokens, s.sampling, s.stop_at_eos, tuple(ids)))
@@ -300,8 +313,7 @@ class TinyLLMApp(App):
         self.push_screen(SettingsScreen(self.settings, self.max_len - 1), done)
 
     def action_load_prompts(self) -> None:
-        picker = PromptPicker(self.prompts_dir, self.tokenizer.encode, self.max_len,
-                              self.settings.max_new_tokens)
+        picker = PromptPicker(self.tokenizer.encode, self.max_len, self.settings.max_new_tokens)
         self.push_screen(picker, self._submit_workload)
 
     def _load_path(self, path: Path) -> None:
@@ -334,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="tinyllm-tui", description="Watch tinyllm's continuous-batching scheduler live: "
                       "type prompts or load prompt files, see slots, KV blocks and tokens as they happen.")
     p.add_argument("--model", metavar="DIR", help="local HF Llama checkpoint directory (default: bundled Shakespeare)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available, else cpu")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available, else cpu)")
     p.add_argument("--slots", type=positive_int, default=8, metavar="N", help="KV slots = max concurrent requests (default 8)")
     p.add_argument("--max-len", type=positive_int, default=None, metavar="N", help="tokens per slot (default: the model's context)")
     p.add_argument("--kv", choices=["slots", "paged"], default="slots", help="KV cache layout (default slots)")
@@ -345,7 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=positive_int, default=None, metavar="K", help="default top_k for new requests (default off)")
     p.add_argument("--top-p", type=unit_interval, default=None, metavar="P", help="default top_p for new requests (default off)")
     p.add_argument("--max-new-tokens", type=positive_int, default=120, metavar="N", help="default for new requests (default 120)")
-    p.add_argument("--prompts", type=Path, default=None, metavar="FILE", help="a JSONL workload to load at start")
+    p.add_argument("--prompts", default=None, metavar="FILE|NAME",
+                   help="a JSONL workload to load at start: a path, or a bundled workload's name (e.g. burst)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
     p.add_argument("--step-delay", type=int, default=0, metavar="MS", help=f"pause between engine steps, 0-{MAX_DELAY_MS} ms (slow motion)")
     p.add_argument("--paused", action="store_true", help="start paused (space / F5 resumes, n / F6 steps once)")
@@ -358,58 +371,63 @@ def build_parser() -> argparse.ArgumentParser:
 def build_app(argv: list[str] | None = None) -> TinyLLMApp:
     """Parse arguments, check them, start the engine; SystemExit(2) with one line on bad input.
 
-    Everything the user can get wrong is checked here, before the screen takes over: the
-    checkpoint (config and tokenizer here, weights in the engine process), the settings, and
-    the prompt file."""
-    import torch
-
-    from tinyllm.checkpoint import CheckpointError, default_model_dir, load_config_and_tokenizer
-    from tinyllm.workload import WorkloadError
+    Everything the user can get wrong is checked here, before the screen takes over, without
+    importing torch: the checkpoint's config and tokenizer, the settings, and the prompt file.
+    The engine process then loads torch and the weights while the screen is already up (its
+    errors, e.g. unreadable weights, end the app with the same kind of one line)."""
+    from tinyllm.config import CheckpointError, default_model_dir, load_config_and_tokenizer
+    from tinyllm.workload import WorkloadError, resolve_workload
 
     parser = build_parser()
     a = parser.parse_args(argv)
     if not 0 <= a.step_delay <= MAX_DELAY_MS:
         parser.error(f"--step-delay must be in [0, {MAX_DELAY_MS}] ms, got {a.step_delay}")
-    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is available on this machine")
+    if a.device is not None and a.device not in ("cpu", "cuda") and not a.device.startswith("cuda:"):
+        parser.error(f"--device must be cpu or cuda, got {a.device!r}")
     path = Path(a.model) if a.model else default_model_dir()
     try:
         cfg, tok = load_config_and_tokenizer(path)
     except CheckpointError as e:
         parser.error(f"--model: {e}")
     max_len = a.max_len or cfg.max_seq_len
-    if a.max_new_tokens >= max_len:
+    try:
+        check_fits(1, a.max_new_tokens, max_len, "--max-len")
+    except ContextTooLong:
         parser.error(f"--max-new-tokens {a.max_new_tokens} leaves no room for a prompt in --max-len {max_len}")
     try:
         sampling = Sampling(a.temperature, a.top_k, a.top_p)
     except ValueError as e:
         parser.error(str(e))
+    prompts = None
     if a.prompts is not None:
         try:
-            read_workload(a.prompts, tok.encode, max_len, a.max_new_tokens)
+            prompts = resolve_workload(a.prompts)
+            read_workload(prompts, tok.encode, max_len, a.max_new_tokens)
         except WorkloadError as e:
             parser.error(f"--prompts: {e}")
-    spec = EngineSpec(str(path), device, a.slots, max_len, a.kv, a.block_size, a.kv_blocks, a.seed)
+    spec = EngineSpec(str(path), a.device, a.slots, max_len, a.kv, a.block_size, a.kv_blocks, a.seed)
     try:
         if a.engine_thread:
+            from tui.runner import EngineRunner
             engine, _ = spec.build()
             runner = EngineRunner(engine, tok, paused=a.paused, step_delay_ms=a.step_delay)
         else:
-            runner = ProcessRunner(spec, paused=a.paused, step_delay_ms=a.step_delay).start()
+            runner = ProcessRunner(spec, paused=a.paused, step_delay_ms=a.step_delay).start(wait=False)
     except CheckpointError as e:
         parser.error(f"--model: {e}")
     except (ValueError, EngineStartError) as e:
         parser.error(str(e))
     name = path.name if a.model else "bundled Shakespeare"
     return TinyLLMApp(runner, tok, model_name=name, settings=NextSettings(sampling, a.max_new_tokens),
-                      prompts_file=a.prompts)
+                      prompts_file=prompts)
 
 
 def main(argv: list[str] | None = None) -> int:
     app = build_app(argv)
     app.run()
-    return 0
+    if app.startup_error is not None:
+        build_parser().error(app.startup_error)          # one line on stderr, exit 2
+    return app.return_code or 0
 
 
 if __name__ == "__main__":

@@ -11,6 +11,9 @@ applies the commands the app sends (the same dataclasses as the thread runner), 
 published ``Frame`` as a delta: only the requests, texts, prompts and log entries that changed
 since the previous one. ``ProcessRunner`` merges the deltas back into whole frames, so the app
 reads ``runner.frame`` exactly as it does with the thread runner.
+
+Nothing on the app's side of this module imports torch: the app shows its screen at once with a
+"loading" frame (built from the spec alone) while the child imports torch and loads the weights.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Callable
 
-from tinyllm.checkpoint import CheckpointError
-from tui.runner import LOG_LINES, EngineRunner, Frame, LogEntry
+from tinyllm.config import CheckpointError, default_kv_blocks
+from tinyllm.snapshot import Counters, EngineSnapshot, KVView, SlotView
+from tui.messages import LOG_LINES, Frame, LogEntry
 
 START_TIMEOUT_S = 600              # loading a big checkpoint on a slow disk can take a while
 
@@ -38,7 +42,7 @@ class EngineStartError(RuntimeError):
 class EngineSpec:
     """Everything needed to build the engine, as plain picklable values."""
     model_dir: str
-    device: str = "cpu"
+    device: str | None = None          # None: cuda when available, else cpu (decided in the child)
     slots: int = 8
     max_len: int | None = None
     kv: str = "slots"
@@ -53,14 +57,29 @@ class EngineSpec:
         import torch
 
         from tinyllm.checkpoint import load_checkpoint
+        from tinyllm.device import resolve_device
         from tinyllm.engine import ContinuousEngine
         if self.threads:
             torch.set_num_threads(self.threads)
-        model, tok = load_checkpoint(self.model_dir, device=self.device)
+        device = resolve_device(self.device)
+        model, tok = load_checkpoint(self.model_dir, device=device)
         engine = ContinuousEngine(model, self.slots, self.max_len, kv=self.kv, block_size=self.block_size,
                                   kv_blocks=self.kv_blocks,
-                                  generator=torch.Generator(device=self.device).manual_seed(self.seed))
+                                  generator=torch.Generator(device=device).manual_seed(self.seed))
         return engine, tok
+
+    def loading_frame(self, max_len: int) -> Frame:
+        """What the app shows while the engine loads: the right grid of free slots (and free
+        blocks), no requests, status "loading". Needs no torch and no weights."""
+        kv = KVView(self.kv, 0, 0, 0, 0)
+        if self.kv == "paged":
+            n = self.kv_blocks or default_kv_blocks(self.slots, max_len, self.block_size)
+            kv = KVView("paged", n * self.block_size, 0, 0, 0, self.block_size, n, n, (None,) * n)
+        else:
+            kv = KVView("slots", self.slots * max_len, 0, 0, 0)
+        snap = EngineSnapshot(0.0, self.slots, max_len, tuple(SlotView(s, None, 0, max_len) for s in range(self.slots)),
+                              (), (), kv, Counters())
+        return Frame(0, snap, {}, {}, (), False, 0, 0, 0.0, (), status="loading")
 
 
 # -- deltas: the child sends what changed, the parent rebuilds whole frames -------------------------
@@ -123,6 +142,7 @@ def _child_main(spec: EngineSpec, paused: bool, step_delay_ms: int, commands: Co
         kind = type(e).__name__
         frames.send(("error", (kind, str(e) if isinstance(e, ValueError) else f"{kind}: {e}")))
         return
+    from tui.runner import EngineRunner                   # the child's side: torch is fine here
     differ = FrameDiffer()
 
     def send_frame() -> None:                             # called by the runner loop as it publishes
@@ -153,53 +173,65 @@ def _child_main(spec: EngineSpec, paused: bool, step_delay_ms: int, commands: Co
 
 # -- the app's side ---------------------------------------------------------------------------
 class ProcessRunner:
-    """The thread runner's interface (``frame``, ``send``, ``run``, ``stop``) for an engine in a
-    child process. ``start()`` blocks until the engine is built and the first frame is in; it
-    raises CheckpointError for a bad checkpoint, EngineStartError for anything else."""
+    """The thread runner's interface (messages.Runner) for an engine in a child process.
 
-    def __init__(self, spec: EngineSpec, paused: bool = False, step_delay_ms: int = 0):
+    ``start(wait=False)`` returns at once: ``frame`` is a "loading" frame until the child's first
+    frame arrives (commands sent meanwhile are kept and delivered when it is ready), and if the
+    child cannot build the engine, ``start_error`` says why (the app then exits with it).
+    ``start()`` (wait=True) blocks until the engine is built instead, raising CheckpointError for
+    a bad checkpoint and EngineStartError for anything else."""
+
+    def __init__(self, spec: EngineSpec, paused: bool = False, step_delay_ms: int = 0, max_len: int | None = None):
         self.spec = spec
-        self.device = spec.device
+        self.device = spec.device or "?"                  # known once the child has picked it
         ctx = mp.get_context("spawn")                     # no fork: torch's threads do not survive it
         self._cmd_recv, self._cmd_send = ctx.Pipe(duplex=False)
         self._frame_recv, self._frame_send = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(target=_child_main, name="tinyllm-engine", daemon=True,
                                  args=(spec, paused, step_delay_ms, self._cmd_recv, self._frame_send))
         self._merger = FrameMerger()
-        self._frame: Frame | None = None
+        self._frame: Frame = spec.loading_frame(max_len or spec.max_len or 0)
+        self._frame = replace(self._frame, paused=paused, step_delay_ms=step_delay_ms)
+        self._early: list = []                            # commands sent before the engine was ready
+        self._lock = threading.Lock()
+        self._ready = False
         self._stopping = False
         self._dead = False
+        self.start_error: Exception | None = None         # CheckpointError / EngineStartError
 
-    def start(self, timeout: float = START_TIMEOUT_S) -> ProcessRunner:
+    def start(self, wait: bool = True, timeout: float = START_TIMEOUT_S) -> ProcessRunner:
         self._proc.start()
         self._cmd_recv.close()                            # the child's ends
         self._frame_send.close()
-        try:
-            for _ in range(2):                            # ("ready", device), then the first frame
-                if not self._frame_recv.poll(timeout):
-                    raise EngineStartError(f"the engine process did not start within {timeout:.0f} s")
-                kind, payload = self._frame_recv.recv()
-                if kind == "error":
-                    error, message = payload
-                    if error == "CheckpointError":
-                        raise CheckpointError(message)
-                    raise EngineStartError(message)
-                if kind == "ready":
-                    self.device = payload
-                else:
-                    self._frame = self._merger.merge(payload)
-        except EOFError:
-            raise EngineStartError(f"the engine process exited while starting (exit code {self._exitcode()})") from None
-        except (EngineStartError, CheckpointError):
-            self.stop()
-            raise
+        if wait:
+            try:
+                while not self._ready or self._frame.status == "loading":
+                    if not self._frame_recv.poll(timeout):
+                        raise EngineStartError(f"the engine process did not start within {timeout:.0f} s")
+                    self._handle(*self._recv())
+                    if self.start_error is not None:
+                        raise self.start_error
+            except (EngineStartError, CheckpointError):
+                self.stop()
+                raise
         return self
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
 
     @property
     def frame(self) -> Frame:
         return self._frame
 
     def send(self, cmd) -> None:
+        with self._lock:
+            if not self._ready and cmd is not None:
+                self._early.append(cmd)
+                return
+        self._send_now(cmd)
+
+    def _send_now(self, cmd) -> None:
         if self._dead:
             return
         try:
@@ -207,19 +239,42 @@ class ProcessRunner:
         except (BrokenPipeError, OSError):
             self._dead = True
 
+    def _recv(self):
+        try:
+            return self._frame_recv.recv()
+        except (EOFError, OSError):
+            if self._ready:
+                raise
+            return "error", ("EngineStartError", f"the engine process exited while starting "
+                                                 f"(exit code {self._exitcode()})")
+
+    def _handle(self, kind: str, payload) -> None:
+        if kind == "frame":
+            self._frame = self._merger.merge(payload)
+        elif kind == "ready":
+            self.device = payload
+            with self._lock:
+                self._ready = True
+                early, self._early = self._early, []
+            for cmd in early:
+                self._send_now(cmd)
+        elif kind == "error":
+            error, message = payload
+            self.start_error = CheckpointError(message) if error == "CheckpointError" else EngineStartError(message)
+            self._dead = True
+            self._frame = replace(self._frame, status="failed")
+
     def run(self, cancelled: Callable[[], bool] = lambda: False) -> None:
         """Receive frames until the child stops (the app runs this in a worker thread)."""
-        while not (self._stopping or cancelled()):
+        while not (self._stopping or cancelled() or self.start_error is not None):
             try:
                 if not self._frame_recv.poll(0.1):
                     continue
-                kind, payload = self._frame_recv.recv()
+                self._handle(*self._recv())
             except (EOFError, OSError):
                 break
-            if kind == "frame":
-                self._frame = self._merger.merge(payload)
         else:
-            return                                        # asked to stop: not news
+            return                                        # asked to stop, or never started: not news
         if not self._stopping:
             self._dead = True
             self._frame = self._merger.note(
@@ -234,7 +289,7 @@ class ProcessRunner:
         if self._stopping:
             return
         self._stopping = True
-        self.send(None)
+        self._send_now(None)
         if self._proc.pid is not None:
             self._proc.join(3.0)
             if self._proc.is_alive():

@@ -66,6 +66,7 @@ class EngineRunner:
         self._seq = 0
         self.steps_done = 0
         self.last_traceback: str | None = None
+        self.start_error: Exception | None = None     # never: this runner gets a built engine
         self._published_at = 0.0
         self.publish_s = PUBLISH_S
         self._snap = engine.snapshot()             # refreshed by _note_changes after every change

@@ -14,8 +14,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from tinyllm.engine import Sampling
-from tinyllm.workload import WorkItem, WorkloadError, check_fits, load_workload
+from tinyllm.request import Sampling
+from tinyllm.workload import WorkItem, WorkloadError, bundled_workloads, load_workload, tokenize_checked
 
 
 @dataclass(frozen=True)
@@ -26,10 +26,8 @@ class NextSettings:
     stop_at_eos: bool = True
 
     def describe(self) -> str:
-        s = self.sampling
-        k = "—" if s.top_k is None else str(s.top_k)
-        p = "—" if s.top_p is None else f"{s.top_p:g}"
-        return f"T={s.temperature:g} k={k} p={p} new={self.max_new_tokens} eos={'on' if self.stop_at_eos else 'off'}"
+        eos = "on" if self.stop_at_eos else "off"
+        return f"{self.sampling.describe(full=True)} new={self.max_new_tokens} eos={eos}"
 
 
 HOW_TO_READ = """\
@@ -161,22 +159,23 @@ class LoadedWorkload:
 def read_workload(path: Path, encode, max_len: int, default_new: int) -> LoadedWorkload:
     """Parse + check a prompt file completely; WorkloadError with file:line on any problem."""
     items = load_workload(path)
-    ids = check_fits(items, path, encode, max_len, default_new)
+    ids = tokenize_checked(items, path, encode, max_len, default_new)
     return LoadedWorkload(path, tuple(items), tuple(tuple(i) for i in ids))
 
 
 class PromptPicker(ModalScreen["LoadedWorkload | None"]):
-    """Pick a shipped workload or type any path; a bad file is refused whole, with its line."""
+    """Pick a bundled workload (shipped inside the package) or type any path; a bad file is
+    refused whole, with its line."""
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, prompts_dir: Path, encode, max_len: int, default_new: int):
+    def __init__(self, encode, max_len: int, default_new: int):
         super().__init__()
-        self.prompts_dir, self.encode, self.max_len, self.default_new = prompts_dir, encode, max_len, default_new
-        self.files = sorted(prompts_dir.glob("*.jsonl")) if prompts_dir.is_dir() else []
+        self.encode, self.max_len, self.default_new = encode, max_len, default_new
+        self.files = list(bundled_workloads().values())
 
     def compose(self) -> ComposeResult:
         with Vertical(id="picker-box"):
-            yield Label(f"Load a prompt workload (JSONL) — {self.prompts_dir}", id="picker-title")
+            yield Label("Load a prompt workload (JSONL): a bundled one, or any file", id="picker-title")
             yield OptionList(*[Option(Text(f"{p.name}  ({_count_lines(p)} requests)"), id=str(p))
                                for p in self.files], id="picker-list")
             yield Input(placeholder="…or type a path to a .jsonl file and press Enter", id="picker-path")

@@ -17,10 +17,11 @@ class BlockMap(Widget):
         self.snapshot: EngineSnapshot | None = None
 
     def show(self, snapshot: EngineSnapshot) -> None:
-        changed = self.snapshot is None or snapshot.kv.block_owner != self.snapshot.kv.block_owner
+        resized = self.snapshot is None or snapshot.kv.n_blocks != self.snapshot.kv.n_blocks
+        changed = resized or snapshot.kv.block_owner != self.snapshot.kv.block_owner
         self.snapshot = snapshot
         if changed:
-            self.refresh()
+            self.refresh(layout=resized)              # a new pool size needs a new height
 
     def get_content_height(self, container, viewport, width: int) -> int:
         n = len(self.snapshot.kv.block_owner) + 14 if self.snapshot else 1

@@ -29,10 +29,11 @@ class SlotGrid(Widget):
         self.flags: dict[int, tuple[str, int]] = {}          # slot → (event kind, rid)
 
     def show(self, snapshot: EngineSnapshot, flags: dict[int, tuple[str, int]]) -> None:
-        changed = self.snapshot is None or snapshot.slots != self.snapshot.slots or flags != self.flags
+        resized = self.snapshot is None or snapshot.n_slots != self.snapshot.n_slots
+        changed = resized or snapshot.slots != self.snapshot.slots or flags != self.flags
         self.snapshot, self.flags = snapshot, flags
         if changed:
-            self.refresh()
+            self.refresh(layout=resized)              # a new row count needs a new height
 
     def _per_row(self, width: int) -> int:
         return max(1, width // CELL_W)
