@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -145,3 +147,48 @@ def test_pacer_keeps_full_rate_when_drawing_is_cheap_and_backs_off_when_not():
     assert 5 <= slow <= 10 and slow * 0.012 <= 0.10 * 1.3
     assert drawn_per_second(pacer, clock, cost_s=0.1) == 5              # never below min_hz
     assert drawn_per_second(pacer, clock, cost_s=0.0005) == 20          # and it recovers
+
+
+# -- starting without waiting (the app's way: screen first, engine second) ----------------------
+def test_the_app_side_imports_no_torch():
+    """The first frame must not wait for torch: the app, its runner and widgets import without it."""
+    code = ("import sys, tui.app, tui.process_runner, tui.screens, tinyllm.config, tinyllm.workload; "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_a_loading_runner_shows_the_layout_and_keeps_early_commands():
+    spec = EngineSpec(str(default_model_dir()), None, 3, 128, kv="paged", block_size=8, threads=1)
+    runner = ProcessRunner(spec, paused=True).start(wait=False)
+    try:
+        f = runner.frame
+        assert f.status == "loading" and f.paused and runner.device == "?"
+        assert f.snapshot.n_slots == 3 and all(s.free for s in f.snapshot.slots)
+        assert f.snapshot.kv.n_blocks == 3 * 16 and f.snapshot.kv.free_blocks == 48
+        runner.send(Submit("ROMEO:\n", 4, Sampling(), False))       # before the engine exists
+        runner.send(StepOnce())
+        threading.Thread(target=runner.run, daemon=True).start()
+        wait_for(lambda: runner.frame.snapshot.counters.steps == 1)
+        assert runner.ready and runner.device == "cpu" and runner.frame.status == "ready"
+        assert len(runner.frame.snapshot.request(0).tokens) == 2      # admitted + one decode: in order
+    finally:
+        runner.stop()
+
+
+def test_a_start_error_without_waiting_is_kept_for_the_app(tmp_path):
+    src = default_model_dir()
+    for name in ("config.json", "tokenizer.json"):
+        (tmp_path / name).write_bytes((src / name).read_bytes())
+    (tmp_path / "model.safetensors").write_bytes(b"not safetensors")
+    runner = ProcessRunner(EngineSpec(str(tmp_path)), max_len=64).start(wait=False)
+    t = threading.Thread(target=runner.run, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive()
+    assert isinstance(runner.start_error, CheckpointError) and "safetensors" in str(runner.start_error)
+    assert runner.frame.status == "failed"
+    assert not any(e.kind == "error" for e in runner.frame.log)    # the app reports it, once, as it exits
+    runner.send(StepOnce())                                         # dropped quietly
+    runner.stop()
