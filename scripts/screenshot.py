@@ -13,7 +13,8 @@ import torch
 
 from tinyllm.checkpoint import load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
-from tui.app import PROMPTS_DIR, TinyLLMApp
+from tinyllm.workload import bundled_workloads
+from tui.app import TinyLLMApp
 from tui.messages import StepOnce
 from tui.runner import EngineRunner
 from tui.screens import NextSettings
@@ -25,7 +26,7 @@ async def main(width: int, height: int, out: Path) -> None:
                            generator=torch.Generator().manual_seed(0))
     app = TinyLLMApp(EngineRunner(eng, tok, paused=True), tok, model_name="bundled Shakespeare",
                      settings=NextSettings(Sampling(0.8, top_k=50), 120),
-                     prompts_file=PROMPTS_DIR / "mixed_lengths.jsonl")
+                     prompts_file=bundled_workloads()["mixed_lengths"])
     async with app.run_test(size=(width, height)) as pilot:
         while len(app.runner.frame.snapshot.requests) < 16:
             await pilot.pause(0.05)

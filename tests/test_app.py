@@ -11,9 +11,11 @@ import torch
 
 from tinyllm.checkpoint import load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
-from tui.app import PROMPTS_DIR, TinyLLMApp
-from tui.runner import EngineRunner, StepOnce
-from tui.screens import NextSettings, PromptPicker, SettingsScreen
+from tinyllm.workload import bundled_workloads
+from tui.app import TinyLLMApp
+from tui.messages import SetDelay, SetPaused, StepOnce
+from tui.runner import EngineRunner
+from tui.screens import HelpScreen, NextSettings, PromptPicker, SettingsScreen
 from tui.widgets.kv_panel import KVPanel
 from tui.widgets.request_list import RequestList, tail
 from tui.widgets.request_pane import RequestPane
@@ -34,16 +36,72 @@ def make_app(kv: str = "slots", slots: int = 3, max_len: int = 128, kv_blocks: i
     model, tok = bundled()
     eng = ContinuousEngine(model, slots, max_len, kv=kv, block_size=8, kv_blocks=kv_blocks,
                            generator=torch.Generator().manual_seed(0))
-    return TinyLLMApp(EngineRunner(eng, tok, paused=True), tok, model_name="test",
-                      settings=NextSettings(Sampling(), new), **kw)
+    app = TinyLLMApp(EngineRunner(eng, tok, paused=True), tok, model_name="test",
+                     settings=NextSettings(Sampling(), new), **kw)
+    _watch(app)
+    return app
 
 
-async def until(pilot, cond, timeout: float = 20.0) -> None:
+# -- the no-error guard --------------------------------------------------------------------------
+# F5/space once popped "engine · TogglePaused failed" on every press while the test that pressed
+# space passed: it never looked. So every app a test makes is watched, and the test fails unless
+# it declares the errors it provokes with @pytest.mark.expect_errors("text", ...).
+_made: list[TinyLLMApp] = []
+
+
+def _watch(app: TinyLLMApp) -> None:
+    """Record every notification (Textual forgets them when they expire or the app exits) and
+    when the engine loop returns (its last frame then holds the whole log)."""
+    app.notified = []                                    # (severity, title, message)
+    notify = app.notify
+
+    def recording_notify(message, **kw):
+        app.notified.append((kw.get("severity", "information"), kw.get("title", ""), str(message)))
+        notify(message, **kw)
+    app.notify = recording_notify
+    run, app.runner.started, app.runner.returned = app.runner.run, threading.Event(), threading.Event()
+
+    def watched_run(*a, **kw):
+        app.runner.started.set()
+        try:
+            run(*a, **kw)
+        finally:
+            app.runner.returned.set()
+    app.runner.run = watched_run
+    _made.append(app)
+
+
+def errors_of(app: TinyLLMApp) -> list[str]:
+    """The runner's 'error' log entries and the app's error notifications (warnings are fine)."""
+    return ([e.text for e in app.runner.frame.log if e.kind == "error"]
+            + [f"{title}: {msg}" for sev, title, msg in app.notified if sev == "error"])
+
+
+@pytest.fixture(autouse=True)
+def no_unexpected_errors(request):
+    """After the test, once each app's engine loop has returned: every error must be declared."""
+    _made.clear()
+    yield
+    apps, expected = list(_made), request.node.get_closest_marker("expect_errors")
+    _made.clear()
+    expected = expected.args if expected else ()
+    seen = set()
+    for app in apps:
+        if app.runner.started.is_set():
+            assert app.runner.returned.wait(5), "the engine loop did not stop with the app"
+        for err in errors_of(app):
+            hits = {text for text in expected if text in err}
+            assert hits, f"the app showed an error no test expected: {err!r}"
+            seen |= hits
+    assert seen == set(expected), f"expected errors that never came: {sorted(set(expected) - seen)}"
+
+
+async def until(pilot, cond, timeout: float = 20.0, what: str = "the app") -> None:
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     while not cond():
         if loop.time() > end:
-            raise AssertionError("timed out waiting for the app")
+            raise AssertionError(f"timed out waiting for {what}")
         await pilot.pause(0.02)
     pilot.app.refresh_from_runner(force=True)
     await pilot.pause()
@@ -211,7 +269,7 @@ async def test_paged_tight_pool_shows_preemptions():
         assert any(e.kind == "preempt" for e in app.runner.frame.log)
 
 
-@pytest.mark.parametrize("path", sorted(PROMPTS_DIR.glob("*.jsonl")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", bundled_workloads().values(), ids=lambda p: p.name)
 async def test_each_shipped_prompt_file_loads(path):
     app = make_app(max_len=512, new=100)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -256,12 +314,14 @@ async def test_malformed_prompt_file_is_refused_whole(tmp_path, content, message
         assert after.counters.steps == before.counters.steps and after.request(a).state == "running"
 
 
+@pytest.mark.expect_errors("not sent")
 async def test_prompt_too_long_is_not_sent():
     app = make_app(max_len=32)
     async with app.run_test(size=(120, 40)) as pilot:
         app.query_one("#prompt").value = "word " * 40
         await pilot.press("enter")
         await pilot.pause(0.2)
+        assert [(sev, title) for sev, title, _ in app.notified] == [("error", "not sent")]
         assert app.runner.frame.snapshot.requests == ()
         assert app.query_one("#prompt").value == "word " * 40              # nothing lost
 
@@ -357,7 +417,7 @@ async def test_help_screen_lists_every_key():
 
 def _loaded_app(size):
     app = make_app(kv="paged", slots=4, max_len=256, kv_blocks=40,
-                   prompts_file=PROMPTS_DIR / "shakespeare_openings.jsonl")
+                   prompts_file=bundled_workloads()["shakespeare_openings"])
 
     async def run_before(pilot):
         await until(pilot, lambda: len(pilot.app.runner.frame.snapshot.requests) == 8)
@@ -372,6 +432,7 @@ def test_main_screen_snapshot(snap_compare, size):
     assert snap_compare(app, terminal_size=size, run_before=run_before)
 
 
+@pytest.mark.expect_errors("simulated kernel failure", "engine paused after an error")
 async def test_engine_exception_is_shown_and_the_app_stays_usable():
     app = make_app()
     real_step = app.runner.engine.step
@@ -403,3 +464,141 @@ def test_every_slot_cell_is_the_same_width(flag):
     grid.flags = {} if flag is None else {3: flag}
     for sv in (SlotView(3, None, 0, 512), SlotView(3, 123, 140, 512), SlotView(3, 5, 7, 512, (), True)):
         assert sum(len(text) for text, _ in grid._cell(sv)) == CELL_W
+
+
+# -- every key binding ---------------------------------------------------------------------------
+BOUND = [(key, b.action) for b in TinyLLMApp.BINDINGS for key in b.key.split(",")]
+ACTIVE = ("queued", "running", "preempted")
+BASE_DELAY = 200                 # ms/step between keys: a running request outlives several of them
+
+
+class Before:
+    """What a key's effect is judged against: the state just before it was pressed."""
+
+    def __init__(self, app: TinyLLMApp):
+        self.paused, self.delay, self.steps = app.runner.paused, app.runner.step_delay_ms, app.runner.steps_done
+        self.selected, self.notes = app.selected, len(app.notified)
+
+
+# action → what must hold once its key has acted. A new binding fails the test until it is added.
+EFFECTS = {
+    "help": lambda app, was: isinstance(app.screen, HelpScreen),
+    "settings": lambda app, was: isinstance(app.screen, SettingsScreen),
+    "load_prompts": lambda app, was: isinstance(app.screen, PromptPicker),
+    "toggle_pause": lambda app, was: app.runner.paused != was.paused,
+    "step_once": lambda app, was: (app.runner.steps_done == was.steps + 1 if was.paused else
+                                   any("works while paused" in m for _, _, m in app.notified[was.notes:])),
+    "slower": lambda app, was: app.runner.step_delay_ms > was.delay,
+    "faster": lambda app, was: app.runner.step_delay_ms < was.delay,
+    "abort_selected": lambda app, was: app.runner.frame.snapshot.request(was.selected).state == "aborted",
+    "abort_all": lambda app, was: not any(r.state in ACTIVE for r in app.runner.frame.snapshot.requests),
+    "focus_input": lambda app, was: app.focused is app.query_one("#prompt"),
+    "leave_input": lambda app, was: app.focused is app.query_one("#requests"),
+    "quit": None,                                                   # test_quit_keys_exit
+}
+
+
+async def ready(pilot, paused: bool) -> None:
+    """Before each key: a live selected request with tokens to spare, the phase's pause state,
+    BASE_DELAY, and the request list focused (letter keys are typed into the prompt otherwise)."""
+    app = pilot.app
+    v = app.selected is not None and app.runner.frame.snapshot.request(app.selected)
+    if not (v and v.state in ACTIVE and v.max_new_tokens - len(v.tokens) > 20):
+        app.select(await submit(pilot, "ROMEO:\n"))
+    app.runner.send(SetPaused(paused))
+    app.runner.send(SetDelay(BASE_DELAY))
+    app.query_one("#requests").focus()
+    await until(pilot, lambda: (app.runner.frame.paused, app.runner.frame.step_delay_ms) == (paused, BASE_DELAY))
+
+
+async def test_every_binding_acts_without_errors_paused_and_running():
+    """Each key of each binding, paused then running; the no-error guard checks the log after."""
+    assert not {action for _, action in BOUND} - EFFECTS.keys(), "add the new binding's effect to EFFECTS"
+    app = make_app(new=100)
+    async with app.run_test(size=(80, 24)) as pilot:
+        for paused in (True, False):
+            for key, action in BOUND:
+                if EFFECTS[action] is None:
+                    continue
+                await ready(pilot, paused)
+                if action == "leave_input":
+                    app.query_one("#prompt").focus()
+                was = Before(app)
+                await pilot.press(key)
+                await until(pilot, lambda: EFFECTS[action](app, was), timeout=5,
+                            what=f"{key!r} ({action}) to act while {'paused' if paused else 'running'}")
+                if len(app.screen_stack) > 1:
+                    await pilot.press("escape")
+                    await until(pilot, lambda: len(app.screen_stack) == 1, timeout=5, what=f"escape to close {key!r}")
+                await pilot.pause(0.1)
+
+
+@pytest.mark.parametrize("paused", [True, False], ids=["paused", "running"])
+@pytest.mark.parametrize("key", [key for key, action in BOUND if action == "quit"])
+async def test_quit_keys_exit(key, paused):
+    """Quit keys end the app, so each gets its own (the bindings test above skips them)."""
+    app = make_app(new=100)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot, paused)
+        await pilot.press(key)
+        assert app.return_code == 0, f"{key!r} did not quit"     # set by App.exit(), not by run_test
+    assert app.runner._stop.is_set()
+
+
+async def test_f1_toggles_help_and_dialogs_replace_it():
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("f1")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen))
+        await pilot.press("f1")                                      # the app's F1 has priority: it closes
+        await until(pilot, lambda: not isinstance(app.screen, HelpScreen))
+        await pilot.press("f1")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen))
+        await pilot.press("f2")                                      # settings replace the help
+        await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        assert not any(isinstance(s, HelpScreen) for s in app.screen_stack)
+        await pilot.press("escape")
+        await until(pilot, lambda: len(app.screen_stack) == 1)
+
+
+class LoadingRunner:
+    """A runner whose engine is still loading (messages.Runner without an engine): what the app
+    shows in the seconds a real engine process takes to import torch and read the weights."""
+    device = "?"
+    start_error = None
+
+    def __init__(self, spec):
+        self.frame = spec.loading_frame(128)
+        self.sent = []
+
+    def send(self, cmd):
+        self.sent.append(cmd)
+
+    def run(self, cancelled=lambda: False):
+        while not cancelled():
+            threading.Event().wait(0.02)
+
+    def stop(self):
+        pass
+
+
+async def test_the_screen_is_up_while_the_engine_loads():
+    from tinyllm.checkpoint import default_model_dir
+    from tui.messages import Submit
+    from tui.process_runner import EngineSpec
+    spec = EngineSpec(str(default_model_dir()), None, 4, 128, kv="paged", block_size=8)
+    runner = LoadingRunner(spec)
+    app = TinyLLMApp(runner, bundled()[1], model_name="test", settings=NextSettings(Sampling(), 12))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.2)
+        status = app.query_one("#status").render().plain
+        assert "LOADING" in status and "engine loading" in status
+        grid = app.query_one(SlotGrid).render().plain
+        assert grid.count("free") == 4
+        app.query_one("#prompt").value = "ROMEO:"
+        await pilot.press("enter")                                   # typed while loading: kept, not lost
+        await pilot.pause(0.1)
+        assert [type(c) for c in runner.sent if isinstance(c, Submit)] == [Submit]
+        assert not [n for n in app._notifications if n.severity == "error"]
+        worker_cancelled = [w for w in app.workers if w.name == "engine"]
+    assert all(w.is_cancelled or w.is_finished for w in worker_cancelled)

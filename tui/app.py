@@ -301,10 +301,21 @@ class TinyLLMApp(App):
             self.query_one("#requests").focus()
 
     def action_help(self) -> None:
-        if not isinstance(self.screen, HelpScreen):
+        """F1 opens the help, and closes it again (the app's F1 binding has priority over the
+        help screen's own, so the toggle lives here)."""
+        if isinstance(self.screen, HelpScreen):
+            self.pop_screen()
+        else:
+            self._close_help()
             self.push_screen(HelpScreen(self.BINDINGS))
 
+    def _close_help(self) -> None:
+        """A dialog opened from the help screen replaces it instead of stacking on it."""
+        if isinstance(self.screen, HelpScreen):
+            self.pop_screen()
+
     def action_settings(self) -> None:
+        self._close_help()
         def done(result: NextSettings | None) -> None:
             if result is not None:
                 self.settings = result
@@ -313,6 +324,7 @@ class TinyLLMApp(App):
         self.push_screen(SettingsScreen(self.settings, self.max_len - 1), done)
 
     def action_load_prompts(self) -> None:
+        self._close_help()
         picker = PromptPicker(self.tokenizer.encode, self.max_len, self.settings.max_new_tokens)
         self.push_screen(picker, self._submit_workload)
 
