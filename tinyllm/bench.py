@@ -22,7 +22,8 @@ import torch
 
 from tinyllm.config import ModelConfig
 from tinyllm.device import resolve_device
-from tinyllm.engine import ContinuousEngine, Request, percentile, run_continuous, run_static
+from tinyllm.engine import (DEFAULT_MAX_BATCHED_TOKENS, ContinuousEngine, Request, percentile, run_continuous,
+                            run_static)
 from tinyllm.generate import generate
 from tinyllm.model import Transformer
 from tinyllm.request import ContextTooLong, check_fits
@@ -134,6 +135,7 @@ def warm_up(model, ckpt: Path | None, device: str) -> None:
     run_static(model, reqs, 4)
     run_continuous(model, reqs, 4)
     run_continuous(model, reqs, 4, kv="paged")
+    run_continuous(model, reqs, 4, kv="paged", chunked_prefill=True)
 
 
 # -- decode step anatomy --------------------------------------------------------------------------
@@ -239,7 +241,7 @@ def run_bench(args) -> dict:
 
     results: dict[str, dict] = {}
     outputs: dict[str, list[list[int]]] = {}
-    kvs = ["slots", "paged"] if args.kv == "both" else [args.kv]
+    kvs = ["slots", "paged", "chunked"] if args.kv == "all" else [args.kv]
     paths = (["solo", "static"] + [f"continuous-{k}" for k in kvs]
              + ([] if args.no_transformers else ["transformers"]))
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -256,8 +258,10 @@ def run_bench(args) -> dict:
                 res, results[path] = run_static(model, reqs, args.batch)
                 outputs[path] = [r.tokens for r in res]
             elif path.startswith("continuous"):
-                kv = path.split("-")[1]
-                res, results[path] = run_continuous(model, reqs, args.slots, max_len=max_len, kv=kv)
+                kind = path.split("-")[1]
+                chunked = dict(chunked_prefill=True, max_batched_tokens=args.max_batched_tokens) if kind == "chunked" else {}
+                res, results[path] = run_continuous(model, reqs, args.slots, max_len=max_len,
+                                                    kv="paged" if chunked else kind, **chunked)
                 outputs[path] = [r.tokens for r in res]
             else:
                 got = bench_transformers(ckpt, reqs, args.batch, device)
@@ -356,7 +360,11 @@ def add_bench_parser(sub) -> None:
     wl.add_argument("--requests", type=positive_int, default=64, metavar="N", help="seeded default workload size (64)")
     b.add_argument("--slots", type=positive_int, default=16, metavar="N")
     b.add_argument("--batch", type=positive_int, default=16, metavar="N", help="static / transformers batch size")
-    b.add_argument("--kv", choices=["slots", "paged", "both"], default="both", help="continuous path(s) to run (default both)")
+    b.add_argument("--kv", choices=["slots", "paged", "chunked", "all"], default="all",
+                   help="continuous path(s) to run: slot KV, paged KV, paged KV with the token-budget "
+                        "scheduler (chunked prefill), or all three (default)")
+    b.add_argument("--max-batched-tokens", type=positive_int, default=DEFAULT_MAX_BATCHED_TOKENS, metavar="N",
+                   help=f"the chunked path's token budget per step (default {DEFAULT_MAX_BATCHED_TOKENS})")
     b.add_argument("--device", choices=["cpu", "cuda"], default=None)
     b.add_argument("--threads", type=positive_int, default=2, metavar="N", help="torch CPU threads (default 2)")
     b.add_argument("--solo-sample", type=positive_int, default=8, metavar="N", help="requests run solo (default 8)")

@@ -172,9 +172,11 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx: Tensor, cache: AttentionCache | None = None,
-                targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+                targets: Tensor | None = None, logits_at: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """idx (B, T) → (logits (B, T, V), loss or None). Without a cache: plain causal attention
-        over idx from position 0 (training, scoring)."""
+        over idx from position 0 (training, scoring). ``logits_at`` (positions along T): only
+        those positions get logits, (B, len(logits_at), V): a mixed batch samples a few tokens
+        of many, and the vocabulary projection is the largest matmul of a small model."""
         T = idx.size(1)
         if cache is None:
             if T > self.cfg.max_seq_len:
@@ -187,6 +189,8 @@ class Transformer(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin, cache)
         cache.end(T)
+        if logits_at is not None:
+            x = x[:, logits_at]
         logits = self.lm_head(self.norm(x))
         loss = None
         if targets is not None:

@@ -80,6 +80,32 @@ class PagedKVCache:
             self._order[s] = self._admissions
         self._dirty = True
 
+    # -- for the token-budget scheduler (chunked prefill): lens = tokens computed so far -------
+    def activate(self, slot: int) -> None:
+        """A free slot starts holding a sequence with nothing computed yet."""
+        self.active[slot] = True
+        self.lens[slot] = 0
+        self._admissions += 1
+        self._order[slot] = self._admissions
+        self._dirty = True
+
+    def try_grow(self, slot: int, n_tokens: int) -> bool:
+        """Blocks for the slot's first ``n_tokens`` positions; False (nothing taken) if short."""
+        need = self.blocks_for(n_tokens) - len(self.tables[slot])
+        if need > len(self._free):
+            return False
+        if need > 0:
+            self._grow(slot, len(self.tables[slot]) + need)
+        return True
+
+    def room(self, slot: int) -> int:
+        """Tokens the slot can still add: the rest of its blocks plus every free block."""
+        return len(self.tables[slot]) * self.block_size - self.lens[slot] + len(self._free) * self.block_size
+
+    def room_fresh(self) -> int:
+        """Tokens a newly admitted sequence could take: every free block."""
+        return len(self._free) * self.block_size
+
     def release(self, slot: int) -> None:
         for b in self.tables[slot]:
             self.owner[b] = None

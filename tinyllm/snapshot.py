@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from tinyllm.request import Sampling
 
 REQUEST_STATES = ("queued", "running", "preempted", "finished", "aborted", "failed")
-LIFECYCLE_KINDS = ("queued", "admitted", "preempted", "finished", "aborted", "failed")
+LIFECYCLE_KINDS = ("queued", "admitted", "prefill", "first_token", "preempted", "finished", "aborted", "failed")
 
 
 @dataclass(frozen=True)
@@ -27,9 +27,10 @@ class LifecycleEvent:
     step: int                     # the engine step it happened in (0: before the first step)
     time_s: float                 # engine clock
     slot: int | None = None       # admitted: the slot taken; preempted/finished/aborted/failed: the slot freed
-    tokens: int = 0               # queued/admitted: context tokens; preempted: tokens to recompute;
-                                  # finished/aborted: tokens generated
-    reason: str = ""              # finished: "eos" / "length"; preempted/failed: why
+    tokens: int = 0               # queued/admitted: context tokens; prefill: the chunk's length;
+                                  # preempted: tokens to recompute; finished/aborted: tokens generated
+    reason: str = ""              # finished: "eos" / "length"; preempted/failed: why;
+                                  # prefill: "start..end of context" (chunked prefill only)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ class Stats:
     preemptions: int = 0
     peak_active: int = 0
     kv_allocated_at_end: int = 0           # leak check: must be 0 once every request is done
+    prefill_tokens: int = 0                # context tokens run through the model before sampling
+                                           # (prompts, recomputes; static: padding included)
 
     def summary(self, results: list[Result]) -> dict:
         lat = sorted(r.latency_s for r in results)
@@ -46,6 +48,7 @@ class Stats:
             "preemptions": self.preemptions,
             "peak_active": self.peak_active,
             "kv_allocated_at_end": self.kv_allocated_at_end,
+            "prefill_tokens_computed": self.prefill_tokens,
         }
 
 

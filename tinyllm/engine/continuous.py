@@ -1,11 +1,14 @@
-"""Serving many requests: static batching vs continuous batching, slot or paged KV.
+"""Continuous batching: requests join and leave a running batch of S slots, step by step.
 
-- ``run_static``: take requests in order, B at a time. Left-pad the prompts, prefill once, decode
-  until the batch's *longest* request is done. Rows that finish early keep computing (wasted
-  work), and the next batch waits for the slowest row.
-- ``ContinuousEngine`` / ``run_continuous``: S slots. Every step, queued requests are admitted
-  into free slots (one batched, padded prefill for the newcomers), then every slot decodes one
-  token together. A finished request frees its slot at once.
+Two schedulers share this engine's API (add_request / step / abort / snapshot):
+
+- the seed's (``chunked_prefill=False``, either cache): every step admits queued requests into
+  free slots with one padded prefill for the newcomers, then every slot decodes one token
+  together (idle slots compute a throwaway row);
+- the token-budget scheduler (``chunked_prefill=True``, paged cache only; ``scheduler.py``):
+  every step is ONE forward pass over a flattened batch of at most ``max_batched_tokens``
+  tokens: each running request's next token, then chunks of prompts being prefilled
+  (``ragged.py``). Long prompts are spread over steps instead of stalling the decodes.
 
 Correctness: under greedy decoding each request's tokens equal its solo ``generate()`` output.
 """
@@ -14,134 +17,23 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
 
 from tinyllm.config import default_kv_blocks
-from tinyllm.generate import autocast, sample_next
-from tinyllm.kv_cache import KVCache, SlotKVCache
+from tinyllm.engine.ragged import RaggedAttention
+from tinyllm.engine.sampler import sample_rows
+from tinyllm.engine.scheduler import TokenBudgetScheduler
+from tinyllm.engine.sequence import Event, Sequence, is_done
+from tinyllm.engine.static import kv_bytes_per_token, prefill_padded
+from tinyllm.generate import autocast
+from tinyllm.kv_cache import SlotKVCache
 from tinyllm.model import Transformer
-from tinyllm.request import Request, Result, Sampling, ContextTooLong, check_fits, is_int  # noqa: F401 (re-exported)
+from tinyllm.request import Request, Result, Sampling, check_fits, is_int
 from tinyllm.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, RequestView, SlotView
-from tinyllm.stats import Stats, percentile  # noqa: F401 (re-exported)
+from tinyllm.stats import Stats
 
-
-def kv_bytes_per_token(model: Transformer, device: torch.device) -> int:
-    elem = 2 if device.type == "cuda" else 4          # bf16 under autocast, else fp32
-    return sum(layer.self_attn.cache_bytes_per_token(elem) for layer in model.layers)
-
-
-@torch.no_grad()
-def prefill_padded(model: Transformer, prompts: list[list[int]], max_len: int,
-                   pad_id: int = 0) -> tuple[Tensor, KVCache, list[int]]:
-    """Left-pad prompts to one length, run one prefill. Returns last-position logits (B, V),
-    the filled cache (pos = padded length) and each row's pad count."""
-    device = next(model.parameters()).device
-    L = max(len(p) for p in prompts)
-    pad = [L - len(p) for p in prompts]
-    idx = torch.tensor([[pad_id] * n + list(p) for n, p in zip(pad, prompts)], device=device)
-    cache = KVCache(model.cfg.n_layers, max_len, pad_lens=torch.tensor(pad, device=device))
-    with autocast(device):
-        logits, _ = model(idx, cache=cache)
-    return logits[:, -1], cache, pad
-
-
-def _done(req: Request, toks: list[int]) -> bool:
-    return len(toks) >= req.max_new_tokens or (req.eos_id is not None and toks[-1] == req.eos_id)
-
-
-@torch.no_grad()
-def run_static(model: Transformer, requests: list[Request], batch_size: int,
-               temperature: float = 0.0, top_k=None, top_p=None, generator=None,
-               ) -> tuple[list[Result], dict]:
-    """Static batching: B requests at a time, each batch decoded until its longest row is done."""
-    if any(r.sampling is not None for r in requests):
-        raise ValueError("run_static uses one sampling setting; per-request sampling needs ContinuousEngine")
-    if not is_int(batch_size) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    Sampling(temperature, top_k, top_p)                 # validate once, with the usual messages
-    model.eval()
-    device = next(model.parameters()).device
-    pick = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
-    stats = Stats(kv_bytes_per_token=kv_bytes_per_token(model, device))
-    results: list[Result | None] = [None] * len(requests)
-    t0 = time.perf_counter()
-    for b0 in range(0, len(requests), batch_size):
-        batch = requests[b0:b0 + batch_size]
-        L = max(len(r.prompt) for r in batch)
-        new_max = max(r.max_new_tokens for r in batch)
-        try:
-            check_fits(L, new_max, model.cfg.max_seq_len, "the model's max_seq_len")
-        except ContextTooLong as e:
-            raise ContextTooLong(f"batch at request {b0} (prompts left-padded to {L}): {e}") from None
-        logits, cache, _ = prefill_padded(model, [r.prompt for r in batch], L + new_max)
-        capacity = len(batch) * (L + new_max)
-        stats.kv_reserved_tokens = max(stats.kv_reserved_tokens, capacity)
-        outs: list[list[int]] = [[] for _ in batch]
-        ttft = [0.0] * len(batch)
-        done = [False] * len(batch)
-        while True:
-            nxt = sample_next(logits, **pick)
-            toks = nxt.squeeze(-1).tolist()                      # GPU sync: tokens to the host
-            now = time.perf_counter() - t0
-            for j, (r, t) in enumerate(zip(batch, toks)):
-                if done[j]:
-                    continue
-                outs[j].append(t)
-                if len(outs[j]) == 1:
-                    ttft[j] = now
-                if _done(r, outs[j]):
-                    done[j] = True
-                    results[b0 + j] = Result(outs[j], ttft[j], now)
-            if all(done):
-                break
-            live = [j for j in range(len(batch)) if not done[j]]
-            stats.decode_steps += 1
-            stats.computed_rows += len(batch)
-            stats.useful_rows += len(live)
-            stats.kv_used_frac.append(sum(len(batch[j].prompt) + len(outs[j]) for j in live) / capacity)
-            with autocast(device):
-                logits, _ = model(nxt, cache=cache)
-            logits = logits[:, -1]
-    stats.wall_s = time.perf_counter() - t0
-    stats.useful_tokens = sum(len(r.tokens) for r in results)
-    return results, stats.summary(results)
-
-
-@dataclass(frozen=True)
-class Event:
-    """One generated token, as step() reports it (a server streams these)."""
-    rid: int
-    token: int
-    done: bool                 # the request finished with this token (EOS or max_new_tokens)
-
-
-@dataclass(eq=False)
-class _Seq:
-    """The engine's record of one request, kept after it ends so viewers can show it.
-    ``req`` is the engine's own frozen copy (prompt as a tuple), never the caller's object."""
-    rid: int
-    req: Request
-    sampling: Sampling
-    arrival: float
-    out: list[int] = field(default_factory=list)
-    state: str = "queued"
-    slot: int | None = None
-    first_token: float | None = None
-    finish: float | None = None
-    preemptions: int = 0
-    error: str | None = None
-    view: RequestView | None = None        # cached snapshot view; None when stale
-
-    def context(self) -> list[int]:
-        """Prompt plus tokens generated so far (longer than the prompt only after a preemption)."""
-        return [*self.req.prompt, *self.out]
-
-    def left(self) -> int:
-        return self.req.max_new_tokens - len(self.out)
-
+DEFAULT_MAX_BATCHED_TOKENS = 256
 
 class ContinuousEngine:
     """run_continuous's loop as an object, so requests can arrive while others decode.
@@ -161,6 +53,9 @@ class ContinuousEngine:
     cuda_graph (CUDA, kv="slots" only): the decode step is replayed as a CUDA graph per
     attention-window bucket (cuda_graph.SlotGraphDecoder); True builds one, or pass a decoder
     to reuse its cache and captured graphs.
+    chunked_prefill (kv="paged" only): the token-budget scheduler (see the module docstring),
+    with at most max_batched_tokens tokens per step (default DEFAULT_MAX_BATCHED_TOKENS; at
+    least n_slots, so every running request decodes every step).
 
     One bad request never stops the others: a request whose admission or sampling fails ends
     in state "failed" (its slot freed, the reason in its view and a "failed" lifecycle event);
@@ -172,7 +67,8 @@ class ContinuousEngine:
     def __init__(self, model: Transformer, n_slots: int, max_len: int | None = None,
                  temperature: float = 0.0, top_k=None, top_p=None, generator=None,
                  kv: str = "slots", block_size: int = 16, kv_blocks: int | None = None,
-                 cuda_graph=False, buckets: tuple[int, ...] | None = None):
+                 cuda_graph=False, buckets: tuple[int, ...] | None = None,
+                 chunked_prefill: bool = False, max_batched_tokens: int | None = None):
         model.eval()
         cfg = model.cfg
         if not is_int(n_slots) or n_slots < 1:
@@ -185,6 +81,14 @@ class ContinuousEngine:
             raise ValueError(f"kv must be 'slots' or 'paged', got {kv!r}")
         if cuda_graph is not False and kv != "slots":
             raise ValueError("cuda_graph supports kv='slots' only (paged: not yet)")
+        if not isinstance(chunked_prefill, bool):
+            raise ValueError(f"chunked_prefill must be True or False, got {chunked_prefill!r}")
+        if chunked_prefill and kv != "paged":
+            raise ValueError("chunked_prefill needs kv='paged' (the token-budget scheduler allocates blocks)")
+        budget = DEFAULT_MAX_BATCHED_TOKENS if max_batched_tokens is None else max_batched_tokens
+        if not is_int(budget) or budget < n_slots:
+            raise ValueError(f"max_batched_tokens must be an integer >= n_slots ({n_slots}: every running "
+                             f"request decodes each step), got {max_batched_tokens!r}")
         self.model = model
         self.device = device = next(model.parameters()).device
         self.n_slots = n_slots
@@ -214,16 +118,19 @@ class ContinuousEngine:
             from tinyllm.cuda_graph import SlotGraphDecoder
             self.decoder = SlotGraphDecoder(model, slots, buckets=buckets)
         self.slots = slots
+        self.scheduler = TokenBudgetScheduler(slots, budget) if chunked_prefill else None
+        self.max_batched_tokens = budget if chunked_prefill else None
+        self._running: list[Sequence] = []              # chunked: admission order (newest last)
         self.stats = Stats(kv_bytes_per_token=kv_bytes_per_token(model, device),
                            kv_reserved_tokens=slots.reserved_tokens())
         self.results: dict[int, Result] = {}              # finished, until the caller pops them
-        self._seqs: dict[int, _Seq] = {}                  # every request, kept for snapshots
-        self._slot_seq: list[_Seq | None] = [None] * n_slots
-        self._queue: deque[_Seq] = deque()
+        self._seqs: dict[int, Sequence] = {}                  # every request, kept for snapshots
+        self._slot_seq: list[Sequence | None] = [None] * n_slots
+        self._queue: deque[Sequence] = deque()
         self._last_tok = torch.zeros(n_slots, 1, dtype=torch.long, device=device)
         self._just_admitted: set[int] = set()
         self._lifecycle: list[LifecycleEvent] = []     # since the last pop_lifecycle()
-        self._steps = self._prefills = self._prefill_tokens = self._generated = 0
+        self._steps = self._prefills = self._generated = 0
         self._finished = self._aborted = self._failed = 0
         self._t0 = time.perf_counter()
 
@@ -249,7 +156,7 @@ class ContinuousEngine:
         check_fits(len(req.prompt), req.max_new_tokens, self.max_len, "the slot's max_len")
         self.slots.check_fits(len(req.prompt) + req.max_new_tokens)   # paged: the whole pool, alone
         rid = len(self._seqs)
-        seq = _Seq(rid, req, req.sampling or self.sampling, self.now())
+        seq = Sequence(rid, req, req.sampling or self.sampling, self.now())
         self._seqs[rid] = seq
         self._queue.append(seq)
         self._note("queued", seq, tokens=len(req.prompt))
@@ -291,16 +198,12 @@ class ContinuousEngine:
         """Admit what fits, decode one token per active slot. Returns the new tokens."""
         self._steps += 1
         self._just_admitted = set()
+        if self.scheduler is not None:
+            return self._step_chunked()
         events = self._admit()
         slots = self.slots
         for s in slots.reserve_step():                    # paged: out of blocks → preempt newest
-            seq = self._slot_seq[s]
-            self._slot_seq[s] = None
-            seq.slot, seq.state, seq.view = None, "preempted", None
-            seq.preemptions += 1
-            self._queue.appendleft(seq)                   # recomputed later from its context
-            self.stats.preemptions += 1
-            self._note("preempted", seq, s, len(seq.context()), "out of KV blocks")
+            self._preempted(self._slot_seq[s], s)
         live = [s for s in range(self.n_slots) if slots.active[s]]
         if not live:
             return events
@@ -318,7 +221,7 @@ class ContinuousEngine:
             with autocast(self.device):
                 logits, _ = self.model(self._last_tok, cache=slots)   # one token per slot
         rows = [q.sampling if q is not None else self.sampling for q in self._slot_seq]
-        nxt, failed = self._sample(logits[:, -1], rows)               # idle rows: engine default
+        nxt, failed = sample_rows(logits[:, -1], rows, self.generator)               # idle rows: engine default
         self._last_tok = nxt
         toks = nxt.squeeze(-1).tolist()
         now = self.now()
@@ -329,6 +232,75 @@ class ContinuousEngine:
             else:
                 events.append(self._record(seq, toks[s], now))
         return events
+
+    def _step_chunked(self) -> list[Event]:
+        """One forward over this step's plan: decodes and prefill chunks in one flattened batch."""
+        plan = self.scheduler.plan(self._running, self._queue, self.slots.free_slots())
+        for seq in plan.preempted:
+            self._preempted(seq, seq.slot)
+        for seq in plan.admitted:
+            self._running.append(seq)
+            self._slot_seq[seq.slot] = seq
+            seq.state, seq.view, seq.computed, seq.prefilled = "running", None, 0, False
+            self._just_admitted.add(seq.slot)
+            again = f"recompute after {seq.preemptions} preemption(s)" if seq.preemptions else ""
+            self._note("admitted", seq, seq.slot, len(seq.req.prompt) + len(seq.out), again)
+        if not plan.items:
+            return []
+        flat, sample_at, samplers = [], [], []
+        for seq, start, n in plan.items:
+            ctx = seq.context()
+            flat += ctx[start:start + n]
+            if start + n == len(ctx):                     # context complete: its last logits sample
+                sample_at.append(len(flat) - 1)
+                samplers.append(seq)
+            if not seq.prefilled:
+                self._prefills += 1
+                self.stats.prefill_tokens += n
+                self._note("prefill", seq, seq.slot, n, f"{start}..{start + n} of {len(ctx)}")
+        st = self.stats
+        st.decode_steps += 1
+        st.computed_rows += len(plan.items)
+        st.useful_rows += len(plan.items)
+        st.peak_active = max(st.peak_active, len(self._running))
+        attn = RaggedAttention(self.slots, [(seq.slot, start, n) for seq, start, n in plan.items])
+        idx = torch.tensor([flat], dtype=torch.long, device=self.device)
+        at = torch.tensor(sample_at, dtype=torch.long, device=self.device)
+        with autocast(self.device):
+            logits, _ = self.model(idx, cache=attn, logits_at=at)
+        for seq, start, n in plan.items:
+            seq.computed = start + n
+        used = self.slots.used_tokens()
+        st.kv_used_frac.append(used / self.slots.reserved_tokens())
+        st.kv_alloc_frac.append(used / max(1, self.slots.allocated_tokens()))
+        events: list[Event] = []
+        if not samplers:
+            return events
+        nxt, failed = sample_rows(logits[0], [q.sampling for q in samplers], self.generator)
+        toks = nxt.squeeze(-1).tolist()
+        now = self.now()
+        for i, seq in enumerate(samplers):
+            if i in failed:
+                self._fail(seq, failed[i])
+                continue
+            if not seq.prefilled:
+                seq.prefilled = True
+                if not seq.out:
+                    self._note("first_token", seq, seq.slot, 1)
+            events.append(self._record(seq, toks[i], now))
+        return events
+
+    def _preempted(self, seq: Sequence, slot: int) -> None:
+        """``seq`` lost its slot and blocks (already released): back to the front of the queue,
+        to be recomputed later from its context (prompt + generated so far)."""
+        self._slot_seq[slot] = None
+        if seq in self._running:
+            self._running.remove(seq)
+        seq.slot, seq.state, seq.view, seq.computed = None, "preempted", None, 0
+        seq.preemptions += 1
+        self._queue.appendleft(seq)
+        self.stats.preemptions += 1
+        self._note("preempted", seq, slot, len(seq.context()), "out of KV blocks")
 
     def snapshot(self) -> EngineSnapshot:
         """Plain immutable state for viewers. O(slots + blocks + requests); unchanged requests
@@ -352,7 +324,7 @@ class ContinuousEngine:
         st = self.stats
         counters = Counters(
             steps=self._steps, decode_steps=st.decode_steps, prefills=self._prefills,
-            prefill_tokens=self._prefill_tokens, preemptions=st.preemptions, peak_active=st.peak_active,
+            prefill_tokens=self.stats.prefill_tokens, preemptions=st.preemptions, peak_active=st.peak_active,
             useful_tokens=st.useful_tokens, generated_tokens=self._generated, finished=self._finished,
             aborted=self._aborted, failed=self._failed, computed_rows=st.computed_rows, useful_rows=st.useful_rows)
         return EngineSnapshot(self.now(), self.n_slots, self.max_len, slot_views, reqs,
@@ -363,7 +335,7 @@ class ContinuousEngine:
         """Move queued requests into free slots with one padded prefill; sample their first token."""
         slots, q = self.slots, self._queue
         free = slots.free_slots()
-        batch: list[_Seq] = []
+        batch: list[Sequence] = []
         while q and len(batch) < len(free) and slots.can_admit([len(x.context()) for x in batch + [q[0]]]):
             batch.append(q.popleft())
         if not batch:
@@ -383,13 +355,13 @@ class ContinuousEngine:
                 self._fail(seq, f"admission failed: {type(e).__name__}: {e}")
         return events
 
-    def _prefill_into(self, batch: list[_Seq], taken: list[int]) -> list[Event]:
+    def _prefill_into(self, batch: list[Sequence], taken: list[int]) -> list[Event]:
         """One padded prefill for ``batch`` into slots ``taken``; first tokens as Events."""
         contexts = [x.context() for x in batch]
         logits, pre, pad = prefill_padded(self.model, contexts, max_len=max(len(c) for c in contexts))
-        nxt, failed = self._sample(logits, [x.sampling for x in batch])
+        nxt, failed = sample_rows(logits, [x.sampling for x in batch], self.generator)
         self._prefills += 1
-        self._prefill_tokens += sum(len(c) for c in contexts)
+        self.stats.prefill_tokens += sum(len(c) for c in contexts)
         self.slots.admit(taken, pre, pad)
         self._last_tok[torch.tensor(taken, device=self.device)] = nxt
         toks = nxt.squeeze(-1).tolist()
@@ -407,41 +379,13 @@ class ContinuousEngine:
                 events.append(self._record(seq, t, now))
         return events
 
-    def _sample(self, logits: Tensor, rows: list[Sampling]) -> tuple[Tensor, dict[int, str]]:
-        """Next token per row (B, V) → (B, 1), each row with its own settings, and the rows whose
-        sampling failed (row → why; their token is garbage). One sample_next call per distinct
-        setting, in order of first appearance, so one bad setting cannot fail the others."""
-        groups: dict[Sampling, list[int]] = {}
-        for i, s in enumerate(rows):
-            groups.setdefault(s, []).append(i)
-        failed: dict[int, str] = {}
-        if len(groups) == 1:
-            (s,) = groups
-            try:
-                return sample_next(logits, s.temperature, s.top_k, s.top_p, self.generator), failed
-            except Exception as e:                        # noqa: BLE001 - every row shares the setting
-                return self._sampling_failed(logits, range(len(rows)), e)
-        out = torch.zeros(logits.size(0), 1, dtype=torch.long, device=logits.device)
-        for s, idx in groups.items():
-            ix = torch.tensor(idx, device=logits.device)
-            try:
-                out[ix] = sample_next(logits[ix], s.temperature, s.top_k, s.top_p, self.generator)
-            except Exception as e:                        # noqa: BLE001 - only this group's rows fail
-                failed.update(self._sampling_failed(logits, idx, e)[1])
-        return out, failed
-
-    @staticmethod
-    def _sampling_failed(logits: Tensor, rows, e: Exception) -> tuple[Tensor, dict[int, str]]:
-        why = f"sampling failed: {type(e).__name__}: {e}"
-        return torch.zeros(logits.size(0), 1, dtype=torch.long, device=logits.device), {i: why for i in rows}
-
-    def _record(self, seq: _Seq, tok: int, now: float) -> Event:
+    def _record(self, seq: Sequence, tok: int, now: float) -> Event:
         seq.out.append(tok)
         seq.view = None
         self._generated += 1
         if len(seq.out) == 1:
             seq.first_token = now
-        done = _done(seq.req, seq.out)
+        done = is_done(seq.req, seq.out)
         if done:
             self.results[seq.rid] = Result(list(seq.out), seq.first_token - seq.arrival, now - seq.arrival)
             self.stats.useful_tokens += len(seq.out)
@@ -453,7 +397,7 @@ class ContinuousEngine:
             self._note("finished", seq, slot, len(seq.out), why)
         return Event(seq.rid, tok, done)
 
-    def _fail(self, seq: _Seq, why: str) -> None:
+    def _fail(self, seq: Sequence, why: str) -> None:
         """Give up on one request (its slot freed, the reason kept); the others go on."""
         slot = seq.slot
         if slot is not None:
@@ -463,19 +407,21 @@ class ContinuousEngine:
         self._failed += 1
         self._note("failed", seq, slot, len(seq.out), why)
 
-    def _note(self, kind: str, seq: _Seq, slot: int | None = None, tokens: int = 0, reason: str = "") -> None:
+    def _note(self, kind: str, seq: Sequence, slot: int | None = None, tokens: int = 0, reason: str = "") -> None:
         self._lifecycle.append(LifecycleEvent(kind, seq.rid, self._steps, self.now(), slot, tokens, reason))
 
-    def _free_slot(self, seq: _Seq) -> None:
+    def _free_slot(self, seq: Sequence) -> None:
+        if seq in self._running:
+            self._running.remove(seq)
         self._slot_seq[seq.slot] = None
         self.slots.release(seq.slot)
         seq.slot = None
 
     @staticmethod
-    def _end(seq: _Seq, state: str, now: float) -> None:
+    def _end(seq: Sequence, state: str, now: float) -> None:
         seq.state, seq.finish, seq.view = state, now, None
 
-    def _view(self, seq: _Seq) -> RequestView:
+    def _view(self, seq: Sequence) -> RequestView:
         if seq.view is None:
             r = seq.req
             seq.view = RequestView(seq.rid, seq.state, seq.slot, r.prompt, tuple(seq.out),
@@ -489,11 +435,12 @@ def run_continuous(model: Transformer, requests: list[Request], n_slots: int,
                    max_len: int | None = None, temperature: float = 0.0, top_k=None,
                    top_p=None, generator=None, kv: str = "slots", block_size: int = 16,
                    kv_blocks: int | None = None, cuda_graph=False,
-                   buckets: tuple[int, ...] | None = None) -> tuple[list[Result], dict]:
+                   buckets: tuple[int, ...] | None = None, chunked_prefill: bool = False,
+                   max_batched_tokens: int | None = None) -> tuple[list[Result], dict]:
     """Offline continuous batching: every request queued at t=0, run to completion.
     A thin wrapper over ContinuousEngine; see it for kv / cuda_graph."""
     eng = ContinuousEngine(model, n_slots, max_len, temperature, top_k, top_p, generator,
-                           kv, block_size, kv_blocks, cuda_graph, buckets)
+                           kv, block_size, kv_blocks, cuda_graph, buckets, chunked_prefill, max_batched_tokens)
     t0 = time.perf_counter()
     rids = [eng.add_request(r) for r in requests]
     while eng.has_work():

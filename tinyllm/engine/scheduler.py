@@ -1,0 +1,105 @@
+"""Who runs this step, and how many tokens each: the token-budget scheduler (chunked prefill).
+
+Each step has a budget of ``max_batched_tokens`` tokens, filled in this order:
+
+1. every running sequence whose context is computed but for its newest token: one decode token
+   each (never starved: the budget is at least one token per slot). A decode that needs a new
+   KV block when none is free preempts the newest running sequence (the one admitted last), or
+   itself if it is the newest: its blocks go back to the pool and it waits to be recomputed;
+2. running sequences still prefilling (admitted earlier, prompt not yet all computed), oldest
+   first: as many of their remaining context tokens as the budget and the free blocks allow;
+3. waiting sequences (queued, or preempted and back at the front), in order, into free slots:
+   their first chunk, as large as the budget and the free blocks allow. Not in a step that
+   preempted (the pool is short; admitting would only be undone).
+
+A sequence's ``computed`` counts the context tokens whose K/V is in the pool; it catches up
+with the context (prompt + generated) over as many steps as it takes, and a preempted one
+restarts from 0 through the same path. Like vLLM's V1 scheduler (``num_computed_tokens``
+within ``max_num_batched_tokens``), minus its priorities and spec decoding.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from tinyllm.engine.sequence import Sequence
+from tinyllm.paged_kv import PagedKVCache
+
+
+@dataclass
+class StepPlan:
+    items: list[tuple[Sequence, int, int]] = field(default_factory=list)   # (seq, start, n), batch order
+    admitted: list[Sequence] = field(default_factory=list)                 # got a slot this step
+    preempted: list[Sequence] = field(default_factory=list)                # lost theirs (newest first)
+
+    @property
+    def tokens(self) -> int:
+        return sum(n for _, _, n in self.items)
+
+
+class TokenBudgetScheduler:
+    def __init__(self, pool: PagedKVCache, max_batched_tokens: int):
+        self.pool = pool
+        self.max_batched_tokens = max_batched_tokens
+
+    def plan(self, running: list[Sequence], waiting: deque[Sequence], free_slots: list[int]) -> StepPlan:
+        """Decide this step; allocates the blocks it schedules and releases the preempted ones.
+        ``running`` is in admission order; ``waiting`` is consumed from the left."""
+        pool, plan = self.pool, StepPlan()
+        budget = self.max_batched_tokens
+        live = list(running)                               # running minus this step's victims
+        scheduled: set[int] = set()
+        for seq in [s for s in running if s.remaining() == 1]:           # 1. decodes
+            if seq not in live:
+                continue
+            while not pool.try_grow(seq.slot, seq.computed + 1):
+                victim = next((s for s in reversed(live) if s.rid not in scheduled and s is not seq), seq)
+                self._preempt(victim, live, plan, free_slots)
+                if victim is seq:
+                    break
+            else:
+                plan.items.append((seq, seq.computed, 1))
+                scheduled.add(seq.rid)
+                budget -= 1
+        while True:
+            for seq in live:                                             # 2. prefills in progress
+                if budget <= 0:
+                    break
+                if seq.rid in scheduled:
+                    continue
+                n = min(seq.remaining(), budget, pool.room(seq.slot))
+                if n > 0:
+                    pool.try_grow(seq.slot, seq.computed + n)
+                    plan.items.append((seq, seq.computed, n))
+                    scheduled.add(seq.rid)
+                    budget -= n
+            while waiting and free_slots and budget > 0 and not plan.preempted:   # 3. admissions
+                seq, slot = waiting[0], free_slots[0]
+                n = min(seq.remaining(), budget, pool.room_fresh())
+                if n <= 0:
+                    break
+                waiting.popleft()
+                free_slots.pop(0)
+                pool.activate(slot)
+                pool.try_grow(slot, n)
+                seq.slot = slot
+                live.append(seq)
+                plan.admitted.append(seq)
+                plan.items.append((seq, 0, n))
+                scheduled.add(seq.rid)
+                budget -= n
+            if plan.items or not live:
+                break
+            # Every running sequence is mid-prefill and the pool is full: nobody can move. Free the
+            # newest one's blocks so the others can (a sequence always fits the pool alone).
+            self._preempt(live[-1], live, plan, free_slots)
+        plan.items.sort(key=lambda item: item[2] != 1)                   # one-token items first
+        return plan
+
+    def _preempt(self, seq: Sequence, live: list[Sequence], plan: StepPlan, free_slots: list[int]) -> None:
+        self.pool.release(seq.slot)
+        free_slots.append(seq.slot)
+        free_slots.sort()
+        live.remove(seq)
+        plan.preempted.append(seq)

@@ -1,0 +1,49 @@
+"""The engine's record of one request (``Sequence``) and the token events ``step()`` returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tinyllm.request import Request, Sampling
+from tinyllm.snapshot import RequestView
+
+
+def is_done(req: Request, toks: list[int]) -> bool:
+    """The stop rule: max_new_tokens reached, or the request's EOS produced."""
+    return len(toks) >= req.max_new_tokens or (req.eos_id is not None and toks[-1] == req.eos_id)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One generated token, as step() reports it (a server streams these)."""
+    rid: int
+    token: int
+    done: bool                 # the request finished with this token (EOS or max_new_tokens)
+
+
+@dataclass(eq=False)
+class Sequence:
+    """The engine's record of one request, kept after it ends so viewers can show it.
+    ``req`` is the engine's own frozen copy (prompt as a tuple), never the caller's object."""
+    rid: int
+    req: Request
+    sampling: Sampling
+    arrival: float
+    out: list[int] = field(default_factory=list)
+    state: str = "queued"
+    slot: int | None = None
+    first_token: float | None = None
+    finish: float | None = None
+    preemptions: int = 0
+    error: str | None = None
+    computed: int = 0                      # chunked prefill: context tokens whose K/V is in the pool
+    prefilled: bool = False                # chunked prefill: sampled since its last (re)admission
+    view: RequestView | None = None        # cached snapshot view; None when stale
+
+    def context(self) -> list[int]:
+        """Prompt plus tokens generated so far (longer than the prompt only after a preemption)."""
+        return [*self.req.prompt, *self.out]
+
+    def remaining(self) -> int:
+        """Context tokens not yet computed (1 for a decoding sequence: its newest token)."""
+        return len(self.req.prompt) + len(self.out) - self.computed
