@@ -32,10 +32,12 @@ def bundled():
 
 
 def make_app(kv: str = "slots", slots: int = 3, max_len: int = 128, kv_blocks: int | None = None,
-             new: int = 12, **kw) -> TinyLLMApp:
+             new: int = 12, budget: int | None = None, **kw) -> TinyLLMApp:
+    """budget: run the token-budget scheduler (chunked prefill) with that many tokens per step."""
     model, tok = bundled()
     eng = ContinuousEngine(model, slots, max_len, kv=kv, block_size=8, kv_blocks=kv_blocks,
-                           generator=torch.Generator().manual_seed(0))
+                           generator=torch.Generator().manual_seed(0), chunked_prefill=budget is not None,
+                           max_batched_tokens=budget)
     app = TinyLLMApp(EngineRunner(eng, tok, paused=True), tok, model_name="test",
                      settings=NextSettings(Sampling(), new), **kw)
     _watch(app)
@@ -602,3 +604,28 @@ async def test_the_screen_is_up_while_the_engine_loads():
         assert not [n for n in app._notifications if n.severity == "error"]
         worker_cancelled = [w for w in app.workers if w.name == "engine"]
     assert all(w.is_cancelled or w.is_finished for w in worker_cancelled)
+
+
+async def test_chunked_prefill_is_visible_step_by_step():
+    """A prompt longer than the budget is prefilled over several steps: the slot shows '▸' and
+    its computed length growing, the log names each chunk, the status line the budget."""
+    app = make_app(kv="paged", slots=2, budget=4, new=6)
+    async with app.run_test(size=(120, 40)) as pilot:
+        rid = await submit(pilot, "ROMEO:\nBut soft, what light through yonder window breaks?")
+        n_prompt = len(app.runner.frame.snapshot.request(rid).prompt)
+        assert n_prompt > 8
+        assert "chunked ≤4 tok/step" in app.query_one("#status").render().plain
+        seen = []
+        for _ in range(-(-n_prompt // 4) - 1):
+            await step(pilot)
+            sv = app.runner.frame.snapshot.slots[0]
+            seen.append(sv.context_len)
+            assert sv.rid == rid and sv.prefill_left == n_prompt - sv.context_len > 0
+            assert "▹" in app.query_one(SlotGrid).render().plain             # the prefill bar
+            assert not app.runner.frame.snapshot.request(rid).tokens
+        assert seen == list(range(4, 4 * len(seen) + 1, 4))
+        await step(pilot)                                            # the last chunk samples
+        assert len(app.runner.frame.snapshot.request(rid).tokens) == 1
+        assert app.runner.frame.snapshot.slots[0].prefill_left == 0
+        chunks = [e.text for e in app.runner.frame.log if e.kind == "prefill"]
+        assert chunks[0] == f"#{rid} prefill chunk 0..4 of {n_prompt} tokens" and len(chunks) == -(-n_prompt // 4)

@@ -94,6 +94,19 @@ def test_tui_broken_weights_are_reported_by_the_engine_process(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("args, message", [
+    (("--kv", "slots", "--chunked-prefill"), "--chunked-prefill needs --kv paged"),
+    (("--no-chunked-prefill", "--max-batched-tokens", "64"), "--max-batched-tokens applies to chunked prefill only"),
+    (("--slots", "16", "--max-batched-tokens", "8"), "--max-batched-tokens 8 is less than --slots 16"),
+    (("--threads", "0"), "expected an integer >= 1"),
+    (("--prompts", "no_such_workload"), "not a bundled workload (bundled: burst,"),
+])
+def test_tui_scheduler_flags_are_checked_before_the_ui(args, message):
+    r = subprocess.run([sys.executable, "-m", "tui.app", *args], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
 def test_tui_bad_arguments_exit_2_before_the_ui():
     r = subprocess.run([sys.executable, "-m", "tui.app", "--slots", "0"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "expected an integer >= 1" in r.stderr

@@ -16,6 +16,9 @@ def is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+DEFAULT_MAX_BATCHED_TOKENS = 256      # the token-budget scheduler's default budget per step
+
+
 class ContextTooLong(ValueError):
     """A prompt plus its max_new_tokens that cannot fit the context it would run in."""
 

@@ -41,6 +41,7 @@ class SlotView:
     capacity: int                 # max tokens the slot can hold (max_len)
     blocks: tuple[int, ...] = ()  # paged: the slot's block table, in order
     just_admitted: bool = False   # admitted by the latest step
+    prefill_left: int = 0         # chunked prefill: context tokens still to compute (0 = decoding)
 
     @property
     def free(self) -> bool:
@@ -122,6 +123,7 @@ class EngineSnapshot:
     queue: tuple[int, ...]              # waiting, next first
     kv: KVView
     counters: Counters
+    max_batched_tokens: int | None = None   # the token-budget scheduler's budget; None: the seed's scheduler
 
     @property
     def num_requests_running(self) -> int:

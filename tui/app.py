@@ -21,7 +21,7 @@ from textual.css.query import NoMatches
 from textual.widgets import Footer, Input, Sparkline, Static
 from textual.worker import get_current_worker
 
-from tinyllm.request import ContextTooLong, Sampling, check_fits
+from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, Sampling, check_fits
 from tinyllm.tokenizer import Tokenizer
 from tui.messages import (MAX_DELAY_MS, Abort, AbortAll, Frame, LoadWorkload, Runner, SetDelay, SetPublishInterval,
                           StepOnce, Submit, TogglePaused)
@@ -36,6 +36,7 @@ from tui.widgets.slot_grid import SlotGrid
 from tui.widgets.event_log import EventLog
 from tui.widgets.text_line import TextLine
 
+DEFAULT_THREADS = 2         # torch threads in the engine process (measured: see the README)
 REFRESH_HZ = 20             # at most; FramePacer lowers it when drawing costs the engine too much
 DETAILS_S = 0.2             # running flat out, the request list and the pane text refresh at <= 5 Hz
 DELAY_STEPS = (0, 5, 10, 20, 50, 100, 200, 300, 500, 750, 1000)
@@ -197,7 +198,7 @@ class TinyLLMApp(App):
         snap = frame.snapshot
         self._flags = {}
         for e in frame.log[-4 * snap.n_slots:]:
-            recent = e.step == snap.counters.steps or e.time_s >= snap.time_s - 0.4
+            recent = e.step == snap.counters.steps               # what the latest step did
             if recent and e.slot is not None and e.kind in ("admit", "finish", "preempt", "abort"):
                 self._flags[e.slot] = (e.kind, e.rid)
 
@@ -218,7 +219,10 @@ class TinyLLMApp(App):
             t.append(" · type a prompt now: it is sent when the engine is ready", style="dim")
             return t
         t.append(" ⏸ PAUSED " if f.paused else " ▶ RUNNING ", style="bold reverse yellow" if f.paused else "bold reverse green")
-        t.append(f" {self.model_name} · {self.runner.device} · {f.snapshot.kv.kind} KV", style="bold")
+        budget = f.snapshot.max_batched_tokens
+        sched = f"chunked ≤{budget} tok/step" if budget else "prefill+decode"
+        t.append(f" {self.model_name} · {self.runner.device}×{self.runner.threads or '?'} threads · "
+                 f"{f.snapshot.kv.kind} KV · {sched}", style="bold")
         t.append(f" · delay {f.step_delay_ms} ms/step · step {f.snapshot.counters.steps}", style="dim")
         if f.pending_arrivals:
             t.append(f" · {f.pending_arrivals} arriving", style="yellow")
@@ -361,7 +365,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available, else cpu)")
     p.add_argument("--slots", type=positive_int, default=8, metavar="N", help="KV slots = max concurrent requests (default 8)")
     p.add_argument("--max-len", type=positive_int, default=None, metavar="N", help="tokens per slot (default: the model's context)")
-    p.add_argument("--kv", choices=["slots", "paged"], default="slots", help="KV cache layout (default slots)")
+    p.add_argument("--kv", choices=["slots", "paged"], default=None,
+                   help="KV cache layout (default paged; slots = the seed's slot cache, no chunked prefill)")
+    p.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
+                   help="the token-budget scheduler: decodes and prompt chunks in one forward per step "
+                        "(default on with --kv paged; --no-chunked-prefill = the seed's prefill-then-decode)")
+    p.add_argument("--max-batched-tokens", type=positive_int, default=None, metavar="N",
+                   help=f"chunked prefill: tokens per step, at least --slots (default {DEFAULT_MAX_BATCHED_TOKENS})")
+    p.add_argument("--threads", type=positive_int, default=DEFAULT_THREADS, metavar="N",
+                   help=f"torch CPU threads for the engine (default {DEFAULT_THREADS}: see the README on contention)")
     p.add_argument("--block-size", type=positive_int, default=16, metavar="N", help="paged: tokens per block (default 16)")
     p.add_argument("--kv-blocks", type=positive_int, default=None, metavar="N",
                    help="paged: blocks in the pool (default: the slot cache's memory); small values force preemption")
@@ -378,6 +390,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the engine in a thread of the app's process instead of its own process "
                         "(easier to debug, about half as fast: the UI and the engine share one GIL)")
     return p
+
+
+def scheduler_choice(parser, kv: str | None, chunked: bool | None, budget: int | None,
+                     slots: int) -> tuple[str, bool]:
+    """(kv, chunked_prefill) from the flags: chunked prefill on the paged cache unless told
+    otherwise; contradictions are errors that say which flags clash."""
+    if chunked and kv == "slots":
+        parser.error("--chunked-prefill needs --kv paged (the token-budget scheduler allocates KV blocks)")
+    kv = kv or "paged"
+    chunked = (kv == "paged") if chunked is None else chunked
+    if budget is not None and not chunked:
+        parser.error("--max-batched-tokens applies to chunked prefill only (drop --no-chunked-prefill / --kv slots)")
+    if chunked and (budget or DEFAULT_MAX_BATCHED_TOKENS) < slots:
+        parser.error(f"--max-batched-tokens {budget or DEFAULT_MAX_BATCHED_TOKENS} is less than --slots {slots}: "
+                     f"every running request decodes one token per step, so the budget must cover them all")
+    return kv, chunked
 
 
 def build_app(argv: list[str] | None = None) -> TinyLLMApp:
@@ -417,7 +445,9 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
             read_workload(prompts, tok.encode, max_len, a.max_new_tokens)
         except WorkloadError as e:
             parser.error(f"--prompts: {e}")
-    spec = EngineSpec(str(path), a.device, a.slots, max_len, a.kv, a.block_size, a.kv_blocks, a.seed)
+    kv, chunked = scheduler_choice(parser, a.kv, a.chunked_prefill, a.max_batched_tokens, a.slots)
+    spec = EngineSpec(str(path), a.device, a.slots, max_len, kv, a.block_size, a.kv_blocks, a.seed,
+                      threads=a.threads, chunked_prefill=chunked, max_batched_tokens=a.max_batched_tokens)
     try:
         if a.engine_thread:
             from tui.runner import EngineRunner

@@ -106,6 +106,7 @@ class Runner(Protocol):
     """What the app needs from whatever runs the engine (a thread, a child process, ...)."""
     device: str                              # "cpu" / "cuda" ("?" until a process runner's engine is up)
     start_error: Exception | None            # the engine could not be built (the app exits with it)
+    threads: int                             # torch CPU threads the engine uses (0 until known)
 
     @property
     def frame(self) -> Frame: ...           # the newest published frame (an atomic reference read)

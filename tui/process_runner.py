@@ -28,6 +28,7 @@ from multiprocessing.connection import Connection
 from typing import Callable
 
 from tinyllm.config import CheckpointError, default_kv_blocks
+from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS
 from tinyllm.snapshot import Counters, EngineSnapshot, KVView, SlotView
 from tui.messages import LOG_LINES, Frame, LogEntry
 
@@ -50,6 +51,8 @@ class EngineSpec:
     kv_blocks: int | None = None
     seed: int = 0
     threads: int | None = None         # torch CPU threads (None: torch's default)
+    chunked_prefill: bool = False      # the token-budget scheduler (kv="paged" only)
+    max_batched_tokens: int | None = None
 
     def build(self):
         """Load the checkpoint and build the engine: (ContinuousEngine, Tokenizer). Raises
@@ -64,7 +67,8 @@ class EngineSpec:
         device = resolve_device(self.device)
         model, tok = load_checkpoint(self.model_dir, device=device)
         engine = ContinuousEngine(model, self.slots, self.max_len, kv=self.kv, block_size=self.block_size,
-                                  kv_blocks=self.kv_blocks,
+                                  kv_blocks=self.kv_blocks, chunked_prefill=self.chunked_prefill,
+                                  max_batched_tokens=self.max_batched_tokens,
                                   generator=torch.Generator(device=device).manual_seed(self.seed))
         return engine, tok
 
@@ -77,8 +81,9 @@ class EngineSpec:
             kv = KVView("paged", n * self.block_size, 0, 0, 0, self.block_size, n, n, (None,) * n)
         else:
             kv = KVView("slots", self.slots * max_len, 0, 0, 0)
+        budget = (self.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS) if self.chunked_prefill else None
         snap = EngineSnapshot(0.0, self.slots, max_len, tuple(SlotView(s, None, 0, max_len) for s in range(self.slots)),
-                              (), (), kv, Counters())
+                              (), (), kv, Counters(), budget)
         return Frame(0, snap, {}, {}, (), False, 0, 0, 0.0, (), status="loading")
 
 
@@ -152,7 +157,8 @@ def _child_main(spec: EngineSpec, paused: bool, step_delay_ms: int, commands: Co
             runner.stop()                                 # the app is gone
 
     runner = EngineRunner(engine, tok, paused=paused, step_delay_ms=step_delay_ms)
-    frames.send(("ready", engine.device.type))
+    import torch
+    frames.send(("ready", (engine.device.type, torch.get_num_threads())))
     send_frame()
     runner.on_frame = send_frame
 
@@ -184,6 +190,7 @@ class ProcessRunner:
     def __init__(self, spec: EngineSpec, paused: bool = False, step_delay_ms: int = 0, max_len: int | None = None):
         self.spec = spec
         self.device = spec.device or "?"                  # known once the child has picked it
+        self.threads = spec.threads or 0                  # torch threads in the child (0: not known yet)
         ctx = mp.get_context("spawn")                     # no fork: torch's threads do not survive it
         self._cmd_recv, self._cmd_send = ctx.Pipe(duplex=False)
         self._frame_recv, self._frame_send = ctx.Pipe(duplex=False)
@@ -252,7 +259,7 @@ class ProcessRunner:
         if kind == "frame":
             self._frame = self._merger.merge(payload)
         elif kind == "ready":
-            self.device = payload
+            self.device, self.threads = payload
             with self._lock:
                 self._ready = True
                 early, self._early = self._early, []

@@ -67,6 +67,8 @@ class EngineRunner:
         self.steps_done = 0
         self.last_traceback: str | None = None
         self.start_error: Exception | None = None     # never: this runner gets a built engine
+        import torch
+        self.threads = torch.get_num_threads()
         self._published_at = 0.0
         self.publish_s = PUBLISH_S
         self._snap = engine.snapshot()             # refreshed by _note_changes after every change
@@ -251,6 +253,11 @@ class EngineRunner:
         if ev.kind == "admitted":
             again = f" again ({ev.reason})" if ev.reason else ""
             self._add_log("admit", f"{r} admitted to slot {ev.slot}{again}", ev.rid, ev.slot, ev.step)
+        elif ev.kind == "prefill":
+            span, _, total = ev.reason.partition(" of ")
+            start, _, end = span.partition("..")
+            if start != "0" or end != total:                 # a prompt spread over several steps
+                self._add_log("prefill", f"{r} prefill chunk {span} of {total} tokens", ev.rid, ev.slot, ev.step)
         elif ev.kind == "preempted":
             self._add_log("preempt", f"{r} preempted from slot {ev.slot}: {ev.reason}, back to the queue "
                                      f"({ev.tokens} tokens to recompute)", ev.rid, ev.slot, ev.step)

@@ -34,13 +34,15 @@ HOW_TO_READ = """\
 Slots: one cell per KV slot: slot number, the request holding it (#id, one colour per request),
   a bar of how full its context is, and its context length in tokens. '+' = admitted this step;
   '✓ done', '⇣ preempt', '✗ aborted' = freed this step. 'free' = nobody holds it.
+  '▸' and a cyan bar = still prefilling (chunked prefill: its prompt is computed over several steps).
 Blocks (paged KV only): one square per KV block, coloured like the request that owns it; '·' = free.
 KV: used/reserved = real tokens vs memory held; alloc/reserved (paged) = blocks claimed;
   used/alloc = how much of what requests claimed they really use.
 Requests: every request, finished and aborted ones too. Highlight one to show it on the right.
 States: queued (waiting for a slot), running (in a slot), preempted (evicted for lack of blocks,
   will be recomputed), finished, aborted.
-Log: admissions, preemptions, finishes and aborts as they happen, with the engine step number."""
+Log: admissions, prefill chunks (when a prompt takes several steps), preemptions, finishes,
+  aborts and failures as the engine reports them, with the engine step number."""
 
 
 class HelpScreen(ModalScreen[None]):

@@ -29,11 +29,9 @@ from tinyllm.engine.static import kv_bytes_per_token, prefill_padded
 from tinyllm.generate import autocast
 from tinyllm.kv_cache import SlotKVCache
 from tinyllm.model import Transformer
-from tinyllm.request import Request, Result, Sampling, check_fits, is_int
+from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, Request, Result, Sampling, check_fits, is_int
 from tinyllm.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, RequestView, SlotView
 from tinyllm.stats import Stats
-
-DEFAULT_MAX_BATCHED_TOKENS = 256
 
 class ContinuousEngine:
     """run_continuous's loop as an object, so requests can arrive while others decode.
@@ -308,9 +306,11 @@ class ContinuousEngine:
         slots = self.slots
         lens = slots.context_lens()
         tables = slots.block_tables() if hasattr(slots, "block_tables") else [()] * self.n_slots
+        chunked = self.scheduler is not None
         slot_views = tuple(
             SlotView(s, q.rid if q is not None else None, lens[s] if q is not None else 0, self.max_len,
-                     tuple(tables[s]), s in self._just_admitted)
+                     tuple(tables[s]), s in self._just_admitted,
+                     q.remaining() if chunked and q is not None and not q.prefilled else 0)
             for s, q in enumerate(self._slot_seq))
         reqs = tuple(self._view(q) for q in self._seqs.values())
         kv = KVView(self.kv_kind, slots.reserved_tokens(), slots.allocated_tokens(), slots.used_tokens(),
@@ -328,7 +328,7 @@ class ContinuousEngine:
             useful_tokens=st.useful_tokens, generated_tokens=self._generated, finished=self._finished,
             aborted=self._aborted, failed=self._failed, computed_rows=st.computed_rows, useful_rows=st.useful_rows)
         return EngineSnapshot(self.now(), self.n_slots, self.max_len, slot_views, reqs,
-                              tuple(q.rid for q in self._queue), kv, counters)
+                              tuple(q.rid for q in self._queue), kv, counters, self.max_batched_tokens)
 
     # -- internals -------------------------------------------------------------
     def _admit(self) -> list[Event]:

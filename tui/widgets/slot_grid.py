@@ -82,5 +82,7 @@ class SlotGrid(Widget):
                     (" ", PLAIN)]
         running = STATE_STYLES["running"]
         admitted = sv.just_admitted or (flag is not None and flag[0] == "admit")
-        return [head, (f"#{sv.rid:<3}", rid_style(sv.rid)), ("+" if admitted else " ", running),
-                (bar(sv.context_len / max(1, sv.capacity), 5), running), (f" {sv.context_len:>3} ", DIM)]
+        mark = "+" if admitted else "▸" if sv.prefill_left else " "
+        fill = bar(sv.context_len / max(1, sv.capacity), 5, empty="▹" if sv.prefill_left else "░")
+        return [head, (f"#{sv.rid:<3}", rid_style(sv.rid)), (mark, running),
+                (fill, STATE_STYLES["prefill"] if sv.prefill_left else running), (f" {sv.context_len:>3} ", DIM)]

@@ -15,11 +15,13 @@ STATE_COLOURS = {
     "finished": "#3b78d8",
     "aborted": "#d03a3a",
     "failed": "#ff2d55",
+    "prefill": "#1fa8b8",          # a running request whose prompt is still being computed (chunks)
 }
 STATE_STYLES = {k: Style(color=v, bold=True) for k, v in STATE_COLOURS.items()}
 EVENT_STYLES = {
     "submit": Style(color=STATE_COLOURS["queued"]),
     "admit": Style(color=STATE_COLOURS["running"]),
+    "prefill": Style(color=STATE_COLOURS["prefill"]),
     "preempt": Style(color=STATE_COLOURS["preempted"], bold=True),
     "finish": Style(color=STATE_COLOURS["finished"]),
     "abort": Style(color=STATE_COLOURS["aborted"]),
