@@ -36,7 +36,7 @@ from tui.widgets.slot_grid import SlotGrid
 from tui.widgets.event_log import EventLog
 from tui.widgets.text_line import TextLine
 
-DEFAULT_THREADS = 2         # torch threads in the engine process (measured: see the README)
+DEFAULT_THREADS = 1         # torch threads in the engine process: robust beside a busy core (README)
 REFRESH_HZ = 20             # at most; FramePacer lowers it when drawing costs the engine too much
 DETAILS_S = 0.2             # running flat out, the request list and the pane text refresh at <= 5 Hz
 DELAY_STEPS = (0, 5, 10, 20, 50, 100, 200, 300, 500, 750, 1000)

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from tinyllm.model import grouped_attention
-from tinyllm.paged_kv import PagedKVCache
+from tinyllm.paged_kv import PagedKVCache, gather_blocks
 
 
 class RaggedAttention:
@@ -44,35 +44,29 @@ class RaggedAttention:
         self._decode = self._decode_plan() if self.n_decode else None
         self._chunks = [self._chunk_plan(slot, start, n) for slot, start, n in items[self.n_decode:]]
 
-    def _rows(self, slot: int, length: int) -> Tensor:
-        """Pool rows of a slot's positions 0..length-1."""
-        bs = self.pool.block_size
-        nb = -(-length // bs)
-        table = torch.tensor(self.pool.tables[slot][:nb], dtype=torch.long)
-        return ((table[:, None] * bs + torch.arange(bs)).reshape(-1)[:length]).to(self.pool.device)
-
-    def _decode_plan(self) -> tuple[Tensor, Tensor]:
-        """Gather rows (nd, W) and mask (nd, 1, 1, W): each decode row sees positions <= its own."""
+    def _decode_plan(self) -> tuple[Tensor, int, Tensor]:
+        """Block ids (nd * nb,), window nb * block_size, and mask (nd, 1, 1, W): each decode row
+        sees its blocks up to its own position (rows with fewer blocks pad with the scratch block)."""
         dev, bs = self.pool.device, self.pool.block_size
         dec = self.items[:self.n_decode]
-        width = max(start + 1 for _, start, _ in dec)
-        nb = -(-width // bs)
+        nb = -(-max(start + 1 for _, start, _ in dec) // bs)
         scratch = self.pool.scratch
-        rows = [self.pool.tables[slot][:nb] + [scratch] * (nb - min(nb, len(self.pool.tables[slot])))
-                for slot, _, _ in dec]
-        table = torch.tensor(rows, dtype=torch.long, device=dev)
-        gather = (table[:, :, None] * bs + torch.arange(bs, device=dev)).reshape(len(dec), nb * bs)
+        table = [self.pool.tables[slot][:nb] + [scratch] * (nb - min(nb, len(self.pool.tables[slot])))
+                 for slot, _, _ in dec]
+        blocks = torch.tensor(table, dtype=torch.long, device=dev).reshape(-1)
         ends = torch.tensor([start for _, start, _ in dec], dtype=torch.long, device=dev)
         mask = (torch.arange(nb * bs, device=dev)[None, :] <= ends[:, None])[:, None, None, :]
-        return gather, mask
+        return blocks, nb * bs, mask
 
-    def _chunk_plan(self, slot: int, start: int, n: int) -> tuple[Tensor, Tensor]:
-        """Gather rows (start+n,) and a causal mask (1, 1, n, start+n) offset by ``start``."""
-        dev = self.pool.device
+    def _chunk_plan(self, slot: int, start: int, n: int) -> tuple[Tensor, int, Tensor]:
+        """Block ids of positions 0..start+n-1, their length L, and a causal mask (1, 1, n, L)
+        offset by ``start``."""
+        dev, bs = self.pool.device, self.pool.block_size
         L = start + n
+        blocks = torch.tensor(self.pool.tables[slot][:-(-L // bs)], dtype=torch.long, device=dev)
         q_pos = torch.arange(start, L, device=dev)
         mask = (torch.arange(L, device=dev)[None, :] <= q_pos[:, None])[None, None]
-        return self._rows(slot, L), mask
+        return blocks, L, mask
 
     # -- AttentionCache protocol ----------------------------------------------------------------
     def begin(self, batch: int, n_new: int) -> Tensor:
@@ -87,17 +81,18 @@ class RaggedAttention:
         vl[self._write] = v[0].transpose(0, 1).to(vl.dtype)
         outs = []
         nd = self.n_decode
+        bs = self.pool.block_size
         if nd:
-            gather, mask = self._decode
+            blocks, W, mask = self._decode
             qd = q[0, :, :nd].transpose(0, 1).unsqueeze(2)           # (nd, H, 1, D)
-            keys = kl[gather].transpose(1, 2).to(q.dtype)             # (nd, Hkv, W, D)
-            vals = vl[gather].transpose(1, 2).to(q.dtype)
+            keys = gather_blocks(kl, blocks, bs).view(nd, W, *kl.shape[1:]).transpose(1, 2).to(q.dtype)
+            vals = gather_blocks(vl, blocks, bs).view(nd, W, *vl.shape[1:]).transpose(1, 2).to(q.dtype)
             outs.append(grouped_attention(qd, keys, vals, mask).squeeze(2).transpose(0, 1)[None])
         off = nd
-        for (_, start, n), (rows, mask) in zip(self.items[nd:], self._chunks):
+        for (_, start, n), (blocks, L, mask) in zip(self.items[nd:], self._chunks):
             qc = q[:, :, off:off + n]                                 # (1, H, n, D)
-            keys = kl[rows].transpose(0, 1)[None].to(q.dtype)         # (1, Hkv, L, D)
-            vals = vl[rows].transpose(0, 1)[None].to(q.dtype)
+            keys = gather_blocks(kl, blocks, bs)[:L].transpose(0, 1)[None].to(q.dtype)   # (1, Hkv, L, D)
+            vals = gather_blocks(vl, blocks, bs)[:L].transpose(0, 1)[None].to(q.dtype)
             outs.append(grouped_attention(qc, keys, vals, mask))
             off += n
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
