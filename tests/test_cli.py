@@ -73,7 +73,7 @@ def test_bench_output_keeps_every_figure_whole_when_piped():
     for col in ("tok/s", "x static", "TTFT p50", "TTFT p95", "latency p95", "row util", "KV reserved MiB",
                 "KV used mean", "used/alloc", "preempt", "greedy ="):
         assert col in header
-    for path in ("solo", "static", "continuous-slots", "continuous-paged"):
+    for path in ("solo", "static", "continuous-slots", "continuous-paged", "continuous-chunked"):
         row = next(line for line in r.stdout.splitlines() if line.startswith(f"│ {path} "))
         cells = [c.strip() for c in row.strip("│").split("│")]
         assert len(cells) == 12 and cells[0] == path and cells[-1] == "100%"

@@ -24,6 +24,8 @@ from tinyllm.config import ModelConfig
 from tinyllm.device import resolve_device
 from tinyllm.engine import (DEFAULT_MAX_BATCHED_TOKENS, ContinuousEngine, Request, percentile, run_continuous,
                             run_static)
+from tinyllm.engine.ragged import RaggedAttention
+from tinyllm.engine.sampler import sample_rows
 from tinyllm.generate import generate
 from tinyllm.model import Transformer
 from tinyllm.request import ContextTooLong, check_fits
@@ -179,24 +181,35 @@ def peak_gflops(device: str, size: int = 1024, n: int = 20) -> float:
 @torch.no_grad()
 def decode_anatomy(model: Transformer, slots: int = 16, ctx: int = 96, n: int = 40, kv: str = "slots",
                    cuda_graph: bool = False) -> dict:
-    """Where one decode step with every slot active goes (with cuda_graph: the graph-replayed step)."""
+    """Where one decode step with every slot active goes (with cuda_graph: the graph-replayed step;
+    kv="chunked": the token-budget scheduler's step, all rows decoding, one ragged forward)."""
     vocab = model.cfg.vocab_size
-    eng = ContinuousEngine(model, slots, max_len=min(model.cfg.max_seq_len, ctx + 3 * n + 8), kv=kv,
-                           cuda_graph=cuda_graph)
+    chunked = kv == "chunked"
+    eng = ContinuousEngine(model, slots, max_len=min(model.cfg.max_seq_len, ctx + 3 * n + 8),
+                           kv="paged" if chunked else kv, cuda_graph=cuda_graph, chunked_prefill=chunked,
+                           max_batched_tokens=max(slots, ctx * slots) if chunked else None)
     rng = random.Random(1)
     for _ in range(slots):
         eng.add_request(Request([rng.randrange(1, vocab) for _ in range(ctx)], 3 * n + 4))
-    eng.step()                                                    # admit everyone
+    eng.step()                                                    # admit (and prefill) everyone
     assert sum(eng.slots.active) == slots
     step_s = _timeit(eng.step, n)
     cache = eng.slots
-    last = eng._last_tok
-    if kv == "paged":
-        cache.reserve_step()
-    fwd_s = _timeit(lambda: model(last, cache=cache), n)
+    if chunked:                                                   # the same decode batch, forward only
+        items = [(q.slot, q.computed, 1) for q in eng._running]
+        for slot, start, _ in items:
+            cache.try_grow(slot, start + 1)
+        idx = torch.tensor([[q.context()[-1] for q in eng._running]], device=eng.device)
+        at = torch.arange(slots, device=eng.device)
+        fwd_s = _timeit(lambda: model(idx, cache=RaggedAttention(cache, items), logits_at=at), n)
+    else:
+        last = eng._last_tok
+        if kv == "paged":
+            cache.reserve_step()
+        fwd_s = _timeit(lambda: model(last, cache=cache), n)
     logits = torch.randn(slots, vocab)
     rows = [eng.sampling] * slots
-    sample_s = _timeit(lambda: eng._sample(logits, rows), n)
+    sample_s = _timeit(lambda: sample_rows(logits, rows), n)
     mm_s = matmul_only_s(model, slots)
     return {"active_rows": slots, "context": ctx, "step_ms": step_s * 1e3, "forward_ms": fwd_s * 1e3,
             "sampling_ms": sample_s * 1e3, "bookkeeping_ms": max(0.0, step_s - fwd_s - sample_s) * 1e3,
@@ -272,6 +285,7 @@ def run_bench(args) -> dict:
             progress.advance(task)
         progress.update(task, description="decode-step anatomy")
         anatomy = decode_anatomy(model, slots=args.slots)
+        anatomy_chunked = decode_anatomy(model, slots=args.slots, kv="chunked") if "chunked" in kvs else None
         graph = None
         if device == "cuda":                       # eager vs CUDA-graph decode step (issue 7)
             graph = decode_anatomy(model, slots=args.slots, cuda_graph=True)
@@ -297,6 +311,7 @@ def run_bench(args) -> dict:
         "workload": wl_desc, "slots": args.slots, "batch": args.batch,
         "paths": results, "greedy_agreement_vs_static": agree, "tinyllm_paths_agree": tinyllm_ok,
         "decode_step": anatomy,
+        "decode_step_chunked": anatomy_chunked,
         "decode_step_cuda_graph": graph,
     }
     print_report(console, report)
@@ -334,14 +349,18 @@ def print_report(console, report: dict) -> None:
     console.print("[bold]tokens/s per path[/]")
     for name, s in paths.items():
         n = round(width * s["tok_s"] / top)
-        console.print(f"  {name:<17} {'█' * n}{' ' * (width - n)} {s['tok_s']:.0f}")
+        console.print(f"  {name:<19} {'█' * n}{' ' * (width - n)} {s['tok_s']:.0f}")
+    for key, what in (("decode_step", "decode step (slot KV)"), ("decode_step_chunked", "chunked step, all decoding")):
+        a = report.get(key)
+        if not a:
+            continue
+        console.print(
+            f"[bold]{what}, {a['active_rows']} active rows, context ~{a['context']}[/]: {a['step_ms']:.2f} ms = "
+            f"forward {a['forward_ms']:.2f} + sampling {a['sampling_ms']:.2f} + scheduling/bookkeeping "
+            f"{a['bookkeeping_ms']:.2f} ms; the same rows' matmuls alone: {a['matmul_only_ms']:.2f} ms "
+            f"({a['matmul_gflops']:.1f} GFLOP/s) → step = {a['step_over_matmul']:.2f}x the matmul-only time.")
+    console.print(f"Peak 1024² matmul: {report['machine']['peak_matmul_gflops_1024']:.0f} GFLOP/s.")
     a = report["decode_step"]
-    console.print(
-        f"[bold]decode step, {a['active_rows']} active rows, context ~{a['context']}[/]: {a['step_ms']:.2f} ms = "
-        f"forward {a['forward_ms']:.2f} + sampling {a['sampling_ms']:.2f} + scheduling/bookkeeping "
-        f"{a['bookkeeping_ms']:.2f} ms; the same rows' matmuls alone: {a['matmul_only_ms']:.2f} ms "
-        f"({a['matmul_gflops']:.1f} GFLOP/s) → step = {a['step_over_matmul']:.2f}x the matmul-only time. "
-        f"Peak 1024² matmul: {report['machine']['peak_matmul_gflops_1024']:.0f} GFLOP/s.")
     g = report.get("decode_step_cuda_graph")
     if g:
         console.print(f"[bold]CUDA graph decode step[/]: {g['step_ms']:.2f} ms vs eager {a['step_ms']:.2f} ms "
