@@ -629,3 +629,14 @@ async def test_chunked_prefill_is_visible_step_by_step():
         assert app.runner.frame.snapshot.slots[0].prefill_left == 0
         chunks = [e.text for e in app.runner.frame.log if e.kind == "prefill"]
         assert chunks[0] == f"#{rid} prefill chunk 0..4 of {n_prompt} tokens" and len(chunks) == -(-n_prompt // 4)
+
+
+async def test_settings_dialog_shows_the_engines_scheduler():
+    app = make_app(kv="paged", slots=2, budget=4)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("f2")
+        await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        line = str(app.screen.query_one("#settings-engine").render())
+        assert "2 slots, paged KV, chunked prefill, ≤4 tokens/step" in line
+        assert app.screen.query_one("#apply").region.bottom <= 24           # still fits 80x24
+        await pilot.press("escape")

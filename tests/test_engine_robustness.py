@@ -9,7 +9,7 @@ import torch
 from tinyllm.engine import ContinuousEngine, Request, Sampling, run_continuous
 from tests.helpers import check_invariants, mixed_workload, random_model, run_checked, solo_outputs
 
-KVS = ["slots", "paged"]
+KVS = ["slots", "paged", "chunked"]          # chunked: the token-budget scheduler on the paged cache
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +18,9 @@ def model():
 
 
 def engine(model, kv, n_slots=2, **kw):
-    return ContinuousEngine(model, n_slots, kv=kv, block_size=4, **kw)
+    if kv == "chunked":
+        kw.update(chunked_prefill=True, max_batched_tokens=max(n_slots, 6))
+    return ContinuousEngine(model, n_slots, kv="paged" if kv == "chunked" else kv, block_size=4, **kw)
 
 
 @pytest.mark.parametrize("kv", KVS)
@@ -83,10 +85,10 @@ def poisoned(poison: int):
     m = random_model(seed=3, vocab=64, d_model=32, n_layers=2, max_seq_len=64)
     forward = m.forward
 
-    def checked(idx, cache=None):
+    def checked(idx, cache=None, **kw):
         if idx.size(1) > 1 and (idx == poison).any():
             raise RuntimeError(f"simulated failure on token {poison}")
-        return forward(idx, cache=cache)
+        return forward(idx, cache=cache, **kw)
     m.forward = checked
     return m
 
@@ -108,7 +110,7 @@ def test_a_request_that_breaks_admission_fails_alone(model, kv):
     good = [0, 2, 3]
     assert [eng.results[rids[i]].tokens for i in good] == solo_outputs(model, [reqs[i] for i in good])
     kinds = [e.kind for e in eng.pop_lifecycle() if e.rid == rids[1]]
-    assert kinds == ["queued", "failed"]
+    assert kinds == (["queued", "admitted", "failed"] if kv == "chunked" else ["queued", "failed"])
     assert eng.snapshot().counters.failed == 1 and eng.slots.allocated_tokens() == 0
     assert eng.abort(rids[1]) is False                  # already ended
 
@@ -147,6 +149,8 @@ def test_lifecycle_events_tell_each_requests_story(model):
     assert eng.snapshot().counters.preemptions > 0
     for rid, req in zip(rids, reqs):
         mine = [e for e in events if e.rid == rid]
+        assert [e.kind for e in mine].count("first_token") == 1
+        mine = [e for e in mine if e.kind != "first_token"]
         kinds = [e.kind for e in mine]
         assert kinds[0] == "queued" and kinds[-1] == "finished" and kinds[1] == "admitted"
         assert kinds.count("admitted") == kinds.count("preempted") + 1

@@ -91,6 +91,7 @@ class PagedKVCache:
     # -- for the token-budget scheduler (chunked prefill): lens = tokens computed so far -------
     def activate(self, slot: int) -> None:
         """A free slot starts holding a sequence with nothing computed yet."""
+        assert not self.active[slot] and not self.tables[slot], f"slot {slot} is not free"
         self.active[slot] = True
         self.lens[slot] = 0
         self._admissions += 1

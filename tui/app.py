@@ -189,7 +189,8 @@ class TinyLLMApp(App):
         """The engine process could not build the engine: leave with its one-line reason, as a
         bad argument would have (main() prints it and exits 2)."""
         from tinyllm.config import CheckpointError
-        self.startup_error = f"--model: {e}" if isinstance(e, CheckpointError) else str(e)
+        msg = " ".join(str(e).split())                     # one line, whatever the error held
+        self.startup_error = f"--model: {msg}" if isinstance(e, CheckpointError) else msg
         self.runner.stop()
         self.exit(return_code=2)
 
@@ -325,7 +326,14 @@ class TinyLLMApp(App):
                 self.settings = result
                 self._show_settings()
                 self.notify(f"Next requests: {result.describe()}", timeout=3)
-        self.push_screen(SettingsScreen(self.settings, self.max_len - 1), done)
+        self.push_screen(SettingsScreen(self.settings, self.max_len - 1, self._engine_settings()), done)
+
+    def _engine_settings(self) -> str:
+        snap = self.runner.frame.snapshot
+        budget = snap.max_batched_tokens
+        sched = (f"chunked prefill, ≤{budget} tokens/step (--max-batched-tokens, --no-chunked-prefill)"
+                 if budget else "prefill then decode (--chunked-prefill for the token budget)")
+        return f"Engine (set at start): {snap.n_slots} slots, {snap.kv.kind} KV, {sched}"
 
     def action_load_prompts(self) -> None:
         self._close_help()
@@ -457,8 +465,9 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
             runner = ProcessRunner(spec, paused=a.paused, step_delay_ms=a.step_delay).start(wait=False)
     except CheckpointError as e:
         parser.error(f"--model: {e}")
-    except (ValueError, EngineStartError) as e:
-        parser.error(str(e))
+    except Exception as e:                                # noqa: BLE001 - e.g. CUDA errors with --engine-thread
+        parser.error(" ".join(str(e).split()) if isinstance(e, (ValueError, EngineStartError))
+                     else f"the engine could not start: {type(e).__name__}: {' '.join(str(e).split())}")
     name = path.name if a.model else "bundled Shakespeare"
     return TinyLLMApp(runner, tok, model_name=name, settings=NextSettings(sampling, a.max_new_tokens),
                       prompts_file=prompts)

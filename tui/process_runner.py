@@ -22,6 +22,7 @@ import multiprocessing as mp
 import os
 import signal
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
@@ -232,13 +233,14 @@ class ProcessRunner:
         return self._frame
 
     def send(self, cmd) -> None:
-        with self._lock:
+        with self._lock:                                  # one writer at a time, early commands first
             if not self._ready and cmd is not None:
                 self._early.append(cmd)
-                return
-        self._send_now(cmd)
+            else:
+                self._send_now(cmd)
 
     def _send_now(self, cmd) -> None:
+        """Write one command (the caller holds ``_lock``: Connection.send is not thread-safe)."""
         if self._dead:
             return
         try:
@@ -260,25 +262,34 @@ class ProcessRunner:
             self._frame = self._merger.merge(payload)
         elif kind == "ready":
             self.device, self.threads = payload
-            with self._lock:
+            with self._lock:                              # flushed before any newer command
+                for cmd in self._early:
+                    self._send_now(cmd)
+                self._early = []
                 self._ready = True
-                early, self._early = self._early, []
-            for cmd in early:
-                self._send_now(cmd)
         elif kind == "error":
             error, message = payload
+            message = " ".join(str(message).split())      # the user gets it as one line
             self.start_error = CheckpointError(message) if error == "CheckpointError" else EngineStartError(message)
             self._dead = True
             self._frame = replace(self._frame, status="failed")
 
     def run(self, cancelled: Callable[[], bool] = lambda: False) -> None:
         """Receive frames until the child stops (the app runs this in a worker thread)."""
+        began = time.monotonic()
         while not (self._stopping or cancelled() or self.start_error is not None):
             try:
                 if not self._frame_recv.poll(0.1):
+                    if self._frame.status == "loading" and time.monotonic() - began > START_TIMEOUT_S:
+                        self._handle("error", ("EngineStartError", f"the engine process did not start "
+                                                                   f"within {START_TIMEOUT_S} s"))
                     continue
                 self._handle(*self._recv())
             except (EOFError, OSError):
+                if self._frame.status == "loading":     # died between "ready" and its first frame
+                    self._handle("error", ("EngineStartError", f"the engine process exited while starting "
+                                                               f"(exit code {self._exitcode()})"))
+                    return
                 break
         else:
             return                                        # asked to stop, or never started: not news
@@ -296,7 +307,8 @@ class ProcessRunner:
         if self._stopping:
             return
         self._stopping = True
-        self._send_now(None)
+        with self._lock:
+            self._send_now(None)
         if self._proc.pid is not None:
             self._proc.join(3.0)
             if self._proc.is_alive():

@@ -81,10 +81,13 @@ class SettingsScreen(ModalScreen["NextSettings | None"]):
     """Validated fields; a wrong value is explained here and nothing is applied."""
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, current: NextSettings, max_new_limit: int):
+    def __init__(self, current: NextSettings, max_new_limit: int, engine: str = ""):
+        """``engine``: the engine's own settings (scheduler, KV), shown read-only: they are fixed
+        when the engine is built, so the line says which flags change them."""
         super().__init__()
         self.current = current
         self.max_new_limit = max_new_limit
+        self.engine = engine
 
     def compose(self) -> ComposeResult:
         s = self.current.sampling
@@ -101,6 +104,8 @@ class SettingsScreen(ModalScreen["NextSettings | None"]):
                     yield Input(value, id=ident, classes="field-input")
                     yield Label(hint, classes="field-hint")
             yield Checkbox("stop at end-of-text", self.current.stop_at_eos, id="stop_at_eos")
+            if self.engine:
+                yield Static(Text(self.engine, style="dim"), id="settings-engine")
             yield Static("", id="settings-error", markup=False)
             with Horizontal(id="settings-buttons"):
                 yield Button("Apply", variant="primary", id="apply")

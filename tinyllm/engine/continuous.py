@@ -84,7 +84,7 @@ class ContinuousEngine:
         if chunked_prefill and kv != "paged":
             raise ValueError("chunked_prefill needs kv='paged' (the token-budget scheduler allocates blocks)")
         budget = DEFAULT_MAX_BATCHED_TOKENS if max_batched_tokens is None else max_batched_tokens
-        if not is_int(budget) or budget < n_slots:
+        if chunked_prefill and (not is_int(budget) or budget < n_slots):
             raise ValueError(f"max_batched_tokens must be an integer >= n_slots ({n_slots}: every running "
                              f"request decodes each step), got {max_batched_tokens!r}")
         self.model = model
@@ -232,7 +232,9 @@ class ContinuousEngine:
         return events
 
     def _step_chunked(self) -> list[Event]:
-        """One forward over this step's plan: decodes and prefill chunks in one flattened batch."""
+        """One forward over this step's plan: decodes and prefill chunks in one flattened batch.
+        If that forward raises, each item is retried alone, so only the request that breaks it
+        fails (the others go on, as in the seed path's admissions)."""
         plan = self.scheduler.plan(self._running, self._queue, self.slots.free_slots())
         for seq in plan.preempted:
             self._preempted(seq, seq.slot)
@@ -245,46 +247,69 @@ class ContinuousEngine:
             self._note("admitted", seq, seq.slot, len(seq.req.prompt) + len(seq.out), again)
         if not plan.items:
             return []
-        flat, sample_at, samplers = [], [], []
-        for seq, start, n in plan.items:
+        st = self.stats
+        st.decode_steps += 1
+        st.peak_active = max(st.peak_active, len(self._running))
+        try:
+            groups = [(plan.items, self._forward(plan.items))]
+        except Exception as e:                            # noqa: BLE001 - isolate the culprit below
+            groups = []
+            for item in plan.items if len(plan.items) > 1 else ():
+                try:
+                    groups.append(([item], self._forward([item])))
+                except Exception as e1:                   # noqa: BLE001 - this request alone fails
+                    self._fail(item[0], f"step failed: {type(e1).__name__}: {e1}")
+            if len(plan.items) == 1:
+                self._fail(plan.items[0][0], f"step failed: {type(e).__name__}: {e}")
+        events: list[Event] = []
+        for items, logits in groups:
+            events += self._commit(items, logits)
+        used = self.slots.used_tokens()
+        st.kv_used_frac.append(used / self.slots.reserved_tokens())
+        st.kv_alloc_frac.append(used / max(1, self.slots.allocated_tokens()))
+        return events
+
+    def _forward(self, items: list[tuple[Sequence, int, int]]):
+        """The model over ``items`` as one ragged batch; logits (1, S, V) at the positions that
+        sample (each item whose context is then complete). No engine state changes here."""
+        flat, sample_at = [], []
+        for seq, start, n in items:
             ctx = seq.context()
             flat += ctx[start:start + n]
             if start + n == len(ctx):                     # context complete: its last logits sample
                 sample_at.append(len(flat) - 1)
-                samplers.append(seq)
-            if not seq.prefilled:
-                self._prefills += 1
-                self.stats.prefill_tokens += n
-                self._note("prefill", seq, seq.slot, n, f"{start}..{start + n} of {len(ctx)}")
-        st = self.stats
-        st.decode_steps += 1
-        st.computed_rows += len(plan.items)
-        st.useful_rows += len(plan.items)
-        st.peak_active = max(st.peak_active, len(self._running))
-        attn = RaggedAttention(self.slots, [(seq.slot, start, n) for seq, start, n in plan.items])
+        attn = RaggedAttention(self.slots, [(seq.slot, start, n) for seq, start, n in items])
         idx = torch.tensor([flat], dtype=torch.long, device=self.device)
         at = torch.tensor(sample_at, dtype=torch.long, device=self.device)
         with autocast(self.device):
             logits, _ = self.model(idx, cache=attn, logits_at=at)
-        for seq, start, n in plan.items:
+        return logits
+
+    def _commit(self, items: list[tuple[Sequence, int, int]], logits) -> list[Event]:
+        """After a forward over ``items``: their progress, prefill events, sampled tokens."""
+        samplers = []
+        self.stats.computed_rows += len(items)
+        self.stats.useful_rows += len(items)
+        for seq, start, n in items:
+            total = len(seq.req.prompt) + len(seq.out)
+            if not seq.prefilled:
+                self._prefills += 1
+                self.stats.prefill_tokens += n
+                self._note("prefill", seq, seq.slot, n, f"{start}..{start + n} of {total}")
             seq.computed = start + n
-        used = self.slots.used_tokens()
-        st.kv_used_frac.append(used / self.slots.reserved_tokens())
-        st.kv_alloc_frac.append(used / max(1, self.slots.allocated_tokens()))
-        events: list[Event] = []
+            if seq.computed == total:
+                samplers.append(seq)
         if not samplers:
-            return events
+            return []
         nxt, failed = sample_rows(logits[0], [q.sampling for q in samplers], self.generator)
         toks = nxt.squeeze(-1).tolist()
         now = self.now()
+        events = []
         for i, seq in enumerate(samplers):
             if i in failed:
                 self._fail(seq, failed[i])
                 continue
-            if not seq.prefilled:
-                seq.prefilled = True
-                if not seq.out:
-                    self._note("first_token", seq, seq.slot, 1)
+            seq.prefilled = True
             events.append(self._record(seq, toks[i], now))
         return events
 
@@ -332,7 +357,8 @@ class ContinuousEngine:
 
     # -- internals -------------------------------------------------------------
     def _admit(self) -> list[Event]:
-        """Move queued requests into free slots with one padded prefill; sample their first token."""
+        """Move queued requests into free slots with one padded prefill; sample their first token.
+        If that prefill raises, each request is retried alone, so only the culprit fails."""
         slots, q = self.slots, self._queue
         free = slots.free_slots()
         batch: list[Sequence] = []
@@ -342,7 +368,7 @@ class ContinuousEngine:
             return []
         taken = free[:len(batch)]
         try:
-            return self._prefill_into(batch, taken)
+            return self._admit_into(batch, taken, self._prefill(batch))
         except Exception as e:                            # noqa: BLE001 - isolate the culprit below
             if len(batch) == 1:
                 self._fail(batch[0], f"admission failed: {type(e).__name__}: {e}")
@@ -350,16 +376,24 @@ class ContinuousEngine:
         events = []                                       # one of them broke the batch: try each alone
         for seq, s in zip(batch, taken):
             try:
-                events += self._prefill_into([seq], [s])
+                done = self._prefill([seq])
             except Exception as e:                        # noqa: BLE001 - this request alone fails
                 self._fail(seq, f"admission failed: {type(e).__name__}: {e}")
+                continue
+            events += self._admit_into([seq], [s], done)
         return events
 
-    def _prefill_into(self, batch: list[Sequence], taken: list[int]) -> list[Event]:
-        """One padded prefill for ``batch`` into slots ``taken``; first tokens as Events."""
+    def _prefill(self, batch: list[Sequence]):
+        """One padded prefill and the first tokens for ``batch``; no engine state changes, so a
+        failure here leaves nothing to undo."""
         contexts = [x.context() for x in batch]
         logits, pre, pad = prefill_padded(self.model, contexts, max_len=max(len(c) for c in contexts))
         nxt, failed = sample_rows(logits, [x.sampling for x in batch], self.generator)
+        return contexts, pre, pad, nxt, failed
+
+    def _admit_into(self, batch: list[Sequence], taken: list[int], prefilled) -> list[Event]:
+        """Put a prefilled batch into slots ``taken``; first tokens as Events."""
+        contexts, pre, pad, nxt, failed = prefilled
         self._prefills += 1
         self.stats.prefill_tokens += sum(len(c) for c in contexts)
         self.slots.admit(taken, pre, pad)
@@ -385,6 +419,7 @@ class ContinuousEngine:
         self._generated += 1
         if len(seq.out) == 1:
             seq.first_token = now
+            self._note("first_token", seq, seq.slot, 1)
         done = is_done(seq.req, seq.out)
         if done:
             self.results[seq.rid] = Result(list(seq.out), seq.first_token - seq.arrival, now - seq.arrival)

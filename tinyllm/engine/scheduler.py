@@ -54,7 +54,7 @@ class TokenBudgetScheduler:
             if seq not in live:
                 continue
             while not pool.try_grow(seq.slot, seq.computed + 1):
-                victim = next((s for s in reversed(live) if s.rid not in scheduled and s is not seq), seq)
+                victim = next((s for s in reversed(live) if s.rid not in scheduled), seq)   # newest; maybe seq
                 self._preempt(victim, live, plan, free_slots)
                 if victim is seq:
                     break
