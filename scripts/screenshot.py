@@ -1,4 +1,5 @@
-"""Regenerate docs/screenshot.svg: the app mid-run on a paged cache with preemption going on.
+"""Regenerate docs/screenshot.svg: the app mid-run on a tight paged cache, the token-budget
+scheduler prefilling long prompts in chunks while others decode and get preempted.
 
     .venv/bin/python scripts/screenshot.py [WIDTH HEIGHT]
 """
@@ -23,14 +24,14 @@ from tui.screens import NextSettings
 async def main(width: int, height: int, out: Path) -> None:
     model, tok = load_checkpoint()
     eng = ContinuousEngine(model, 6, 512, kv="paged", block_size=16, kv_blocks=40,
-                           generator=torch.Generator().manual_seed(0))
+                           generator=torch.Generator().manual_seed(0), chunked_prefill=True, max_batched_tokens=24)
     app = TinyLLMApp(EngineRunner(eng, tok, paused=True), tok, model_name="bundled Shakespeare",
                      settings=NextSettings(Sampling(0.8, top_k=50), 120),
                      prompts_file=bundled_workloads()["mixed_lengths"])
     async with app.run_test(size=(width, height)) as pilot:
         while len(app.runner.frame.snapshot.requests) < 16:
             await pilot.pause(0.05)
-        for _ in range(150):
+        for _ in range(120):
             n = app.runner.steps_done
             app.runner.send(StepOnce())
             while app.runner.steps_done == n:

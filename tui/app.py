@@ -222,8 +222,10 @@ class TinyLLMApp(App):
         t.append(" ⏸ PAUSED " if f.paused else " ▶ RUNNING ", style="bold reverse yellow" if f.paused else "bold reverse green")
         budget = f.snapshot.max_batched_tokens
         sched = f"chunked ≤{budget} tok/step" if budget else "prefill+decode"
-        t.append(f" {self.model_name} · {self.runner.device}×{self.runner.threads or '?'} threads · "
-                 f"{f.snapshot.kv.kind} KV · {sched}", style="bold")
+        n = self.runner.threads
+        threads = f"{n} thread{'s' if n != 1 else ''}" if n else "? threads"
+        t.append(f" {self.model_name} · {self.runner.device} · {threads} · {f.snapshot.kv.kind} KV · {sched}",
+                 style="bold")
         t.append(f" · delay {f.step_delay_ms} ms/step · step {f.snapshot.counters.steps}", style="dim")
         if f.pending_arrivals:
             t.append(f" · {f.pending_arrivals} arriving", style="yellow")
