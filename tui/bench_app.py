@@ -29,15 +29,19 @@ from textual import events
 from tinyllm.bench import default_workload, random_checkpoint
 from tinyllm.checkpoint import default_model_dir, load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling, percentile, run_continuous
-from tui.app import TinyLLMApp
+from tui.app import DEFAULT_THREADS, TinyLLMApp
 from tui.process_runner import EngineSpec, ProcessRunner
 from tui.messages import SetPaused, Submit
 from tui.runner import EngineRunner
 from tui.screens import NextSettings
 
 
-def headless_tok_s(model, reqs, slots: int) -> float:
-    _, summary = run_continuous(model, reqs, slots)
+SCHEDULERS = {"slots": dict(kv="slots"), "paged": dict(kv="paged"),
+              "chunked": dict(kv="paged", chunked_prefill=True)}      # chunked: the app's default
+
+
+def headless_tok_s(model, reqs, slots: int, scheduler: str = "chunked") -> float:
+    _, summary = run_continuous(model, reqs, slots, **SCHEDULERS[scheduler])
     return summary["tok_s"]
 
 
@@ -99,7 +103,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--random-model", nargs="?", const="", metavar="SPEC")
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--slots", type=int, default=16)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS, help=f"default {DEFAULT_THREADS}, as the app")
+    p.add_argument("--scheduler", choices=sorted(SCHEDULERS), default="chunked",
+                   help="slot KV, paged KV, or paged KV with chunked prefill (default, as the app)")
     p.add_argument("--keys", type=int, default=40, help="key presses to time in the typing run")
     p.add_argument("--key-gap", type=float, default=0.15, metavar="S",
                    help="seconds between key presses (default 0.15: a fast typist)")
@@ -115,20 +121,22 @@ def main(argv: list[str] | None = None) -> None:
         path = Path(a.model) if a.model else default_model_dir()
     model, tok = load_checkpoint(path)
     reqs = default_workload(a.requests, model.cfg.vocab_size)
-    headless_tok_s(model, reqs[:4], a.slots)                      # warm-up
-    spec = EngineSpec(str(path), "cpu", a.slots, threads=a.threads)
+    headless_tok_s(model, reqs[:4], a.slots, a.scheduler)         # warm-up
+    sched = SCHEDULERS[a.scheduler]
+    spec = EngineSpec(str(path), "cpu", a.slots, threads=a.threads, kv=sched["kv"],
+                      chunked_prefill=sched.get("chunked_prefill", False))
     print(f"model: {path if a.model or a.random_model is None else 'random ' + (a.random_model or 'default')}; "
-          f"{a.requests} requests, {a.slots} slots, {a.threads} torch threads")
+          f"{a.requests} requests, {a.slots} slots, {a.scheduler} scheduler, {a.threads} torch threads")
     for kind in (["process", "thread"] if a.runner == "both" else [a.runner]):
         rows, lat = [], []
         for _ in range(a.repeat):
-            head = headless_tok_s(model, reqs, a.slots)
+            head = headless_tok_s(model, reqs, a.slots, a.scheduler)
             runs = []
             for keys in (0, a.keys):                      # watching, then typing
                 if kind == "process":
                     runner = ProcessRunner(spec, paused=True).start()
                 else:
-                    runner = EngineRunner(ContinuousEngine(model, a.slots), tok, paused=True)
+                    runner = EngineRunner(ContinuousEngine(model, a.slots, **sched), tok, paused=True)
                 tps, key_lat, hz, share = asyncio.run(in_app(runner, tok, reqs, keys, a.key_gap))
                 runs.append((tps, hz, share))
                 lat += key_lat
