@@ -50,19 +50,28 @@ def check_invariants(eng: ContinuousEngine) -> None:
     assert slots.allocated_tokens() >= slots.used_tokens()
     assert slots.used_tokens() <= slots.reserved_tokens()
     if eng.kv_kind == "paged":
-        seen: dict[int, int] = {}
+        held: dict[int, int] = {}                         # block → tables holding it
         for s, table in enumerate(slots.tables):
+            assert len(set(table)) == len(table), f"slot {s} holds a block twice: {table}"
             for b in table:
-                assert b not in seen, f"block {b} owned by slots {seen[b]} and {s}"
-                seen[b] = s
-                assert slots.owner[b] == s
+                held[b] = held.get(b, 0) + 1
             if slots.active[s]:
                 assert len(table) * slots.block_size >= slots.lens[s]
             else:
                 assert not table, f"idle slot {s} holds blocks {table}"
-        assert set(seen).isdisjoint(slots._free)
-        assert len(seen) + slots.num_free_blocks() == slots.n_blocks
-        assert [b for b in range(slots.n_blocks) if slots.owner[b] is not None] == sorted(seen)
+        for b in range(slots.n_blocks):
+            assert slots.ref[b] == held.get(b, 0), f"block {b}: ref {slots.ref[b]} but held by {held.get(b, 0)}"
+            if slots.ref[b] > 1:                          # only full, cached blocks are ever shared
+                assert slots.block_key[b] is not None
+        free, lru = set(slots._free), set(slots._lru)
+        assert free.isdisjoint(held) and lru.isdisjoint(held) and free.isdisjoint(lru)
+        assert len(held) + len(free) + len(lru) == slots.n_blocks == len(held) + slots.num_free_blocks()
+        for key, b in slots.cached.items():
+            assert slots.block_key[b] == key
+        assert all(slots.block_key[b] is not None for b in lru)
+        assert sum(k is not None for k in slots.block_key) == len(slots.cached)
+        if not slots.prefix_cache:
+            assert not slots.cached and not lru and max(slots.ref, default=0) <= 1
 
 
 def run_checked(eng: ContinuousEngine, reqs: list[Request]) -> list[list[int]]:

@@ -7,12 +7,21 @@ tells the engine, which requeues it for recompute. Same slot interface as ``Slot
 
 Attention gathers each slot's blocks with one indexing op per layer (no Python loop over
 tokens or blocks); an extra scratch block absorbs the writes of idle slots.
+
+Automatic prefix caching (``prefix_cache=True``, used by the token-budget scheduler): a full
+block's key is hash(parent block's key, its token ids), so a key names a whole prefix. A new
+sequence takes the longest chain of cached full blocks that matches its context (reference
+count + 1, never the whole context: its last token is always computed, so there are logits to
+sample), comparing the stored token ids as well, so a hash collision can never serve wrong K/V.
+A block is free for reuse only at zero references; a free block that holds a cached prefix
+stays cached (and can be revived) until the pool needs it, least recently freed first.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections import OrderedDict
 
 import torch
 from torch import Tensor
@@ -45,8 +54,14 @@ class PagedKVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=self.device)
         self.max_blocks = math.ceil(max_len / block_size)
         self.tables: list[list[int]] = [[] for _ in range(n_slots)]
-        self.owner: list[int | None] = [None] * n_blocks     # block → slot
+        self.ref = [0] * n_blocks                            # block → how many slots' tables hold it
         self._free: list[int] = list(range(n_blocks))        # a heap: lowest id first (easy to read)
+        self.prefix_cache = False                            # set by the engine (chunked prefill only)
+        self.block_key: list[int | None] = [None] * n_blocks   # a full block's prefix key, if cached
+        self.block_tokens: list[tuple[int, ...] | None] = [None] * n_blocks
+        self.cached: dict[int, int] = {}                     # prefix key → block
+        self._lru: OrderedDict[int, None] = OrderedDict()    # cached blocks at zero refs, oldest first
+        self.slot_keys: list[list[int]] = [[] for _ in range(n_slots)]   # keys of each slot's full blocks
         self.lens = [0] * n_slots
         self.active = [False] * n_slots
         self._order = [0] * n_slots                          # admission order, for "newest"
@@ -71,7 +86,7 @@ class PagedKVCache:
 
     def can_admit(self, context_lens: list[int]) -> bool:
         """Enough free blocks for every context plus the position its first decode writes."""
-        return sum(self.blocks_for(n + 1) for n in context_lens) <= len(self._free)
+        return sum(self.blocks_for(n + 1) for n in context_lens) <= self.num_free_blocks()
 
     def admit(self, slots: list[int], pre: KVCache, pad: list[int]) -> None:
         for row, (s, p) in enumerate(zip(slots, pad)):
@@ -101,7 +116,7 @@ class PagedKVCache:
     def try_grow(self, slot: int, n_tokens: int) -> bool:
         """Blocks for the slot's first ``n_tokens`` positions; False (nothing taken) if short."""
         need = self.blocks_for(n_tokens) - len(self.tables[slot])
-        if need > len(self._free):
+        if need > self.num_free_blocks():
             return False
         if need > 0:
             self._grow(slot, len(self.tables[slot]) + need)
@@ -109,17 +124,82 @@ class PagedKVCache:
 
     def room(self, slot: int) -> int:
         """Tokens the slot can still add: the rest of its blocks plus every free block."""
-        return len(self.tables[slot]) * self.block_size - self.lens[slot] + len(self._free) * self.block_size
+        return len(self.tables[slot]) * self.block_size - self.lens[slot] + self.num_free_blocks() * self.block_size
 
     def room_fresh(self) -> int:
         """Tokens a newly admitted sequence could take: every free block."""
-        return len(self._free) * self.block_size
+        return self.num_free_blocks() * self.block_size
+
+    # -- prefix caching ---------------------------------------------------------------------
+    def match_prefix(self, tokens: list[int]) -> list[int]:
+        """Blocks of the longest cached chain of full blocks that starts ``tokens``, never
+        covering all of it (at most (len - 1) // block_size blocks)."""
+        if not self.prefix_cache:
+            return []
+        bs, out, parent = self.block_size, [], None
+        for i in range((len(tokens) - 1) // bs):
+            toks = tuple(tokens[i * bs:(i + 1) * bs])
+            b = self.cached.get(hash((parent, toks)))
+            if b is None or self.block_tokens[b] != toks:   # a miss, or a collision: stop here
+                break
+            out.append(b)
+            parent = self.block_key[b]
+        return out
+
+    def free_blocks_taken_by(self, blocks: list[int]) -> int:
+        """How many of these cached blocks sit in the free pool (reviving them uses free room)."""
+        return sum(1 for b in blocks if self.ref[b] == 0)
+
+    def take_prefix(self, slot: int, blocks: list[int]) -> None:
+        """An activated, empty slot starts with these cached blocks as its first positions."""
+        assert not self.tables[slot] and self.lens[slot] == 0
+        for b in blocks:
+            if self.ref[b] == 0:
+                del self._lru[b]                              # revived: keeps its key
+            self.ref[b] += 1
+            self.tables[slot].append(b)
+            self.slot_keys[slot].append(self.block_key[b])
+        self.lens[slot] = len(blocks) * self.block_size
+        self._dirty = True
+
+    def register_full(self, slot: int, tokens: list[int]) -> None:
+        """Blocks of the slot that became full (lens crossed their end) get their prefix key;
+        ``tokens`` is the slot's context. A key already cached elsewhere keeps its block."""
+        if not self.prefix_cache:
+            return
+        bs, keys = self.block_size, self.slot_keys[slot]
+        for i in range(len(keys), self.lens[slot] // bs):
+            toks = tuple(tokens[i * bs:(i + 1) * bs])
+            key = hash((keys[-1] if keys else None, toks))
+            keys.append(key)
+            b = self.tables[slot][i]
+            if key not in self.cached and self.block_key[b] is None:
+                self.cached[key], self.block_key[b], self.block_tokens[b] = b, key, toks
+
+    def clear_prefix_cache(self) -> int:
+        """Forget every cached prefix; returns how many free cached blocks became plain free."""
+        n = len(self._lru)
+        for b in self._lru:
+            heapq.heappush(self._free, b)
+        self._lru.clear()
+        self.cached.clear()
+        self.block_key = [None] * self.n_blocks
+        self.block_tokens = [None] * self.n_blocks
+        return n
+
+    def cached_free_blocks(self) -> int:
+        return len(self._lru)
 
     def release(self, slot: int) -> None:
         for b in self.tables[slot]:
-            self.owner[b] = None
-            heapq.heappush(self._free, b)
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                if self.block_key[b] is not None:
+                    self._lru[b] = None                       # stays cached until the pool needs it
+                else:
+                    heapq.heappush(self._free, b)
         self.tables[slot] = []
+        self.slot_keys[slot] = []
         self.active[slot] = False
         self.lens[slot] = 0
         self._dirty = True
@@ -131,7 +211,7 @@ class PagedKVCache:
         while True:
             needy = [s for s in range(self.n_slots)
                      if self.active[s] and self.lens[s] >= len(self.tables[s]) * self.block_size]
-            if len(needy) <= len(self._free):
+            if len(needy) <= self.num_free_blocks():
                 break
             victim = max((s for s in range(self.n_slots) if self.active[s]), key=lambda s: self._order[s])
             self.release(victim)
@@ -147,10 +227,11 @@ class PagedKVCache:
         return self.n_blocks * self.block_size
 
     def allocated_tokens(self) -> int:
-        return (self.n_blocks - len(self._free)) * self.block_size
+        return (self.n_blocks - self.num_free_blocks()) * self.block_size
 
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks nobody references: plain free ones and cached ones (evictable)."""
+        return len(self._free) + len(self._lru)
 
     def context_lens(self) -> list[int]:
         return list(self.lens)
@@ -159,8 +240,13 @@ class PagedKVCache:
         return [list(t) for t in self.tables]
 
     def block_owners(self) -> list[int | None]:
-        """Per block, the slot that owns it (None = free)."""
-        return list(self.owner)
+        """Per block, a slot that holds it (the first in slot order; None = free)."""
+        out: list[int | None] = [None] * self.n_blocks
+        for s, table in enumerate(self.tables):
+            for b in table:
+                if out[b] is None:
+                    out[b] = s
+        return out
 
     # -- AttentionCache protocol (decode: one token per slot) -----------------------------
     def begin(self, batch: int, n_new: int) -> Tensor:
@@ -199,8 +285,13 @@ class PagedKVCache:
     # -- internals ------------------------------------------------------------------------
     def _grow(self, slot: int, n_blocks: int) -> None:
         while len(self.tables[slot]) < n_blocks:
-            b = heapq.heappop(self._free)
-            self.owner[b] = slot
+            if self._free:
+                b = heapq.heappop(self._free)
+            else:                                             # evict the least recently freed cached block
+                b, _ = self._lru.popitem(last=False)
+                del self.cached[self.block_key[b]]
+                self.block_key[b] = self.block_tokens[b] = None
+            self.ref[b] = 1
             self.tables[slot].append(b)
         self._dirty = True
 
