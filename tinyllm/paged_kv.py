@@ -221,7 +221,10 @@ class PagedKVCache:
         return evicted
 
     def used_tokens(self) -> int:
-        return sum(n for n, a in zip(self.lens, self.active) if a)
+        """Context tokens stored, each once: a shared (prefix-cached, always full) block held by
+        r sequences is in each one's length but in memory once."""
+        shared = sum(r - 1 for r in self.ref if r > 1) * self.block_size
+        return sum(n for n, a in zip(self.lens, self.active) if a) - shared
 
     def reserved_tokens(self) -> int:
         return self.n_blocks * self.block_size

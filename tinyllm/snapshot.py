@@ -31,6 +31,7 @@ class LifecycleEvent:
                                   # preempted: tokens to recompute; finished/aborted: tokens generated
     reason: str = ""              # finished: "eos" / "length"; preempted/failed: why;
                                   # prefill: "start..end of context" (chunked prefill only)
+    cached: int = 0               # admitted: context tokens served by the prefix cache
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class RequestView:
     finish_s: float | None        # finished or aborted
     preemptions: int
     error: str | None = None      # failed: why the engine gave up on this request
+    cached_tokens: int = 0        # prompt tokens served by the prefix cache (OpenAI usage's cached_tokens)
 
     @property
     def ttft_s(self) -> float | None:
@@ -90,7 +92,10 @@ class KVView:
     block_size: int | None = None
     n_blocks: int | None = None
     free_blocks: int | None = None
-    block_owner: tuple[int | None, ...] = ()   # paged: per block, the rid that owns it
+    block_owner: tuple[int | None, ...] = ()   # paged: per block, a rid that holds it
+    block_refs: tuple[int, ...] = ()           # paged: per block, how many requests hold it (shared > 1)
+    block_cached: tuple[bool, ...] = ()        # paged: per block, holds a cached prefix (revivable when free)
+    cached_free_blocks: int = 0                # free blocks that still hold a cached prefix
 
     def mib(self, tokens: int) -> float:
         return tokens * self.bytes_per_token / 2**20
@@ -109,6 +114,8 @@ class Counters:
     finished: int = 0
     aborted: int = 0
     failed: int = 0               # requests the engine could not run (see RequestView.error)
+    prefix_queries: int = 0       # context tokens looked up in the prefix cache (vLLM: prefix_cache_queries)
+    prefix_hits: int = 0          # of those, tokens served from cached blocks (vLLM: prefix_cache_hits)
     computed_rows: int = 0
     useful_rows: int = 0
 

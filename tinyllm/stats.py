@@ -22,6 +22,8 @@ class Stats:
     preemptions: int = 0
     peak_active: int = 0
     kv_allocated_at_end: int = 0           # leak check: must be 0 once every request is done
+    prefix_cache_queries: int = 0          # context tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0             # of those, served from cached blocks (not computed)
     prefill_tokens: int = 0                # context tokens run through the model before sampling
                                            # (prompts, recomputes; static: padding included)
 
@@ -49,6 +51,8 @@ class Stats:
             "peak_active": self.peak_active,
             "kv_allocated_at_end": self.kv_allocated_at_end,
             "prefill_tokens_computed": self.prefill_tokens,
+            "prefix_cache_queries": self.prefix_cache_queries,
+            "prefix_cache_hits": self.prefix_cache_hits,
         }
 
 

@@ -66,7 +66,8 @@ class ContinuousEngine:
                  temperature: float = 0.0, top_k=None, top_p=None, generator=None,
                  kv: str = "slots", block_size: int = 16, kv_blocks: int | None = None,
                  cuda_graph=False, buckets: tuple[int, ...] | None = None,
-                 chunked_prefill: bool = False, max_batched_tokens: int | None = None):
+                 chunked_prefill: bool = False, max_batched_tokens: int | None = None,
+                 prefix_cache: bool | None = None):
         model.eval()
         cfg = model.cfg
         if not is_int(n_slots) or n_slots < 1:
@@ -83,6 +84,11 @@ class ContinuousEngine:
             raise ValueError(f"chunked_prefill must be True or False, got {chunked_prefill!r}")
         if chunked_prefill and kv != "paged":
             raise ValueError("chunked_prefill needs kv='paged' (the token-budget scheduler allocates blocks)")
+        prefix_cache = chunked_prefill if prefix_cache is None else prefix_cache
+        if not isinstance(prefix_cache, bool):
+            raise ValueError(f"prefix_cache must be True, False or None (on with chunked prefill), got {prefix_cache!r}")
+        if prefix_cache and not chunked_prefill:
+            raise ValueError("prefix_cache needs chunked_prefill=True (the token-budget scheduler looks prefixes up)")
         budget = DEFAULT_MAX_BATCHED_TOKENS if max_batched_tokens is None else max_batched_tokens
         if chunked_prefill and (not is_int(budget) or budget < n_slots):
             raise ValueError(f"max_batched_tokens must be an integer >= n_slots ({n_slots}: every running "
@@ -117,6 +123,10 @@ class ContinuousEngine:
             self.decoder = SlotGraphDecoder(model, slots, buckets=buckets)
         self.slots = slots
         self.scheduler = TokenBudgetScheduler(slots, budget) if chunked_prefill else None
+        if chunked_prefill:
+            slots.prefix_cache = prefix_cache
+        self.prefix_cache = prefix_cache
+        self._prefix_queries = self._prefix_hits = 0
         self.max_batched_tokens = budget if chunked_prefill else None
         self._running: list[Sequence] = []              # chunked: admission order (newest last)
         self.stats = Stats(kv_bytes_per_token=kv_bytes_per_token(model, device),
@@ -186,6 +196,11 @@ class ContinuousEngine:
         self._note("aborted", seq, slot, len(seq.out))
         return True
 
+    def clear_prefix_cache(self) -> int:
+        """Forget every cached prefix (blocks in use keep their K/V, but no new request will
+        match them). Returns how many free cached blocks became plain free blocks."""
+        return self.slots.clear_prefix_cache() if self.prefix_cache else 0
+
     def pop_lifecycle(self) -> list[LifecycleEvent]:
         """The lifecycle events recorded since the last call, oldest first."""
         out, self._lifecycle = self._lifecycle, []
@@ -238,13 +253,15 @@ class ContinuousEngine:
         plan = self.scheduler.plan(self._running, self._queue, self.slots.free_slots())
         for seq in plan.preempted:
             self._preempted(seq, seq.slot)
-        for seq in plan.admitted:
+        self._prefix_queries += plan.prefix_queries
+        self._prefix_hits += plan.prefix_hits
+        for seq in plan.admitted:                         # the scheduler set slot, computed, cached_tokens
             self._running.append(seq)
             self._slot_seq[seq.slot] = seq
-            seq.state, seq.view, seq.computed, seq.prefilled = "running", None, 0, False
+            seq.state, seq.view, seq.prefilled = "running", None, False
             self._just_admitted.add(seq.slot)
             again = f"recompute after {seq.preemptions} preemption(s)" if seq.preemptions else ""
-            self._note("admitted", seq, seq.slot, len(seq.req.prompt) + len(seq.out), again)
+            self._note("admitted", seq, seq.slot, len(seq.req.prompt) + len(seq.out), again, seq.cached_tokens)
         if not plan.items:
             return []
         st = self.stats
@@ -297,6 +314,8 @@ class ContinuousEngine:
                 self.stats.prefill_tokens += n
                 self._note("prefill", seq, seq.slot, n, f"{start}..{start + n} of {total}")
             seq.computed = start + n
+            if self.prefix_cache and seq.computed // self.slots.block_size > len(self.slots.slot_keys[seq.slot]):
+                self.slots.register_full(seq.slot, seq.context())   # newly full blocks join the cache
             if seq.computed == total:
                 samplers.append(seq)
         if not samplers:
@@ -345,13 +364,15 @@ class ContinuousEngine:
             owners = tuple(self._slot_seq[o].rid if o is not None and self._slot_seq[o] is not None else None
                            for o in owner_slot)
             kv = KVView(kv.kind, kv.reserved_tokens, kv.allocated_tokens, kv.used_tokens, kv.bytes_per_token,
-                        slots.block_size, slots.n_blocks, slots.num_free_blocks(), owners)
+                        slots.block_size, slots.n_blocks, slots.num_free_blocks(), owners, tuple(slots.ref),
+                        tuple(k is not None for k in slots.block_key), slots.cached_free_blocks())
         st = self.stats
         counters = Counters(
             steps=self._steps, decode_steps=st.decode_steps, prefills=self._prefills,
             prefill_tokens=self.stats.prefill_tokens, preemptions=st.preemptions, peak_active=st.peak_active,
             useful_tokens=st.useful_tokens, generated_tokens=self._generated, finished=self._finished,
-            aborted=self._aborted, failed=self._failed, computed_rows=st.computed_rows, useful_rows=st.useful_rows)
+            aborted=self._aborted, failed=self._failed, prefix_queries=self._prefix_queries,
+            prefix_hits=self._prefix_hits, computed_rows=st.computed_rows, useful_rows=st.useful_rows)
         return EngineSnapshot(self.now(), self.n_slots, self.max_len, slot_views, reqs,
                               tuple(q.rid for q in self._queue), kv, counters, self.max_batched_tokens)
 
@@ -442,8 +463,9 @@ class ContinuousEngine:
         self._failed += 1
         self._note("failed", seq, slot, len(seq.out), why)
 
-    def _note(self, kind: str, seq: Sequence, slot: int | None = None, tokens: int = 0, reason: str = "") -> None:
-        self._lifecycle.append(LifecycleEvent(kind, seq.rid, self._steps, self.now(), slot, tokens, reason))
+    def _note(self, kind: str, seq: Sequence, slot: int | None = None, tokens: int = 0, reason: str = "",
+              cached: int = 0) -> None:
+        self._lifecycle.append(LifecycleEvent(kind, seq.rid, self._steps, self.now(), slot, tokens, reason, cached))
 
     def _free_slot(self, seq: Sequence) -> None:
         if seq in self._running:
@@ -461,7 +483,7 @@ class ContinuousEngine:
             r = seq.req
             seq.view = RequestView(seq.rid, seq.state, seq.slot, r.prompt, tuple(seq.out),
                                    r.max_new_tokens, seq.sampling, r.eos_id, seq.arrival, seq.first_token,
-                                   seq.finish, seq.preemptions, seq.error)
+                                   seq.finish, seq.preemptions, seq.error, seq.cached_tokens)
         return seq.view
 
 
@@ -471,17 +493,20 @@ def run_continuous(model: Transformer, requests: list[Request], n_slots: int,
                    top_p=None, generator=None, kv: str = "slots", block_size: int = 16,
                    kv_blocks: int | None = None, cuda_graph=False,
                    buckets: tuple[int, ...] | None = None, chunked_prefill: bool = False,
-                   max_batched_tokens: int | None = None) -> tuple[list[Result], dict]:
+                   max_batched_tokens: int | None = None, prefix_cache: bool | None = None
+                   ) -> tuple[list[Result], dict]:
     """Offline continuous batching: every request queued at t=0, run to completion.
     A thin wrapper over ContinuousEngine; see it for kv / cuda_graph."""
     eng = ContinuousEngine(model, n_slots, max_len, temperature, top_k, top_p, generator,
-                           kv, block_size, kv_blocks, cuda_graph, buckets, chunked_prefill, max_batched_tokens)
+                           kv, block_size, kv_blocks, cuda_graph, buckets, chunked_prefill, max_batched_tokens,
+                           prefix_cache)
     t0 = time.perf_counter()
     rids = [eng.add_request(r) for r in requests]
     while eng.has_work():
         eng.step()
     st = eng.stats
     st.kv_allocated_at_end = eng.slots.allocated_tokens()
+    st.prefix_cache_queries, st.prefix_cache_hits = eng._prefix_queries, eng._prefix_hits
     st.wall_s = time.perf_counter() - t0
     failed = [v for v in eng.snapshot().requests if v.state == "failed"]
     if failed:

@@ -9,8 +9,9 @@ Each step has a budget of ``max_batched_tokens`` tokens, filled in this order:
 2. running sequences still prefilling (admitted earlier, prompt not yet all computed), oldest
    first: as many of their remaining context tokens as the budget and the free blocks allow;
 3. waiting sequences (queued, or preempted and back at the front), in order, into free slots:
-   their first chunk, as large as the budget and the free blocks allow. Not in a step that
-   preempted (the pool is short; admitting would only be undone).
+   first the longest chain of cached full blocks that matches their context (prefix caching:
+   those tokens count as computed), then their first chunk, as large as the budget and the free
+   blocks allow. Not in a step that preempted (the pool is short; admitting would only be undone).
 
 A sequence's ``computed`` counts the context tokens whose K/V is in the pool; it catches up
 with the context (prompt + generated) over as many steps as it takes, and a preempted one
@@ -32,6 +33,8 @@ class StepPlan:
     items: list[tuple[Sequence, int, int]] = field(default_factory=list)   # (seq, start, n), batch order
     admitted: list[Sequence] = field(default_factory=list)                 # got a slot this step
     preempted: list[Sequence] = field(default_factory=list)                # lost theirs (newest first)
+    prefix_queries: int = 0          # context tokens looked up in the prefix cache (vLLM's meaning)
+    prefix_hits: int = 0             # of those, tokens served from cached blocks
 
     @property
     def tokens(self) -> int:
@@ -76,17 +79,24 @@ class TokenBudgetScheduler:
                     budget -= n
             while waiting and free_slots and budget > 0 and not plan.preempted:   # 3. admissions
                 seq, slot = waiting[0], free_slots[0]
-                n = min(seq.remaining(), budget, pool.room_fresh())
+                context = seq.context()
+                hit = pool.match_prefix(context)          # cached full blocks: not computed again
+                cached = len(hit) * pool.block_size
+                room = pool.room_fresh() - pool.free_blocks_taken_by(hit) * pool.block_size
+                n = min(len(context) - cached, budget, room)
                 if n <= 0:
                     break
                 waiting.popleft()
                 free_slots.pop(0)
                 pool.activate(slot)
-                pool.try_grow(slot, n)
-                seq.slot = slot
+                pool.take_prefix(slot, hit)
+                pool.try_grow(slot, cached + n)
+                seq.slot, seq.computed, seq.cached_tokens = slot, cached, cached
+                plan.prefix_queries += len(context)
+                plan.prefix_hits += cached
                 live.append(seq)
                 plan.admitted.append(seq)
-                plan.items.append((seq, 0, n))
+                plan.items.append((seq, cached, n))
                 scheduled.add(seq.rid)
                 budget -= n
             if plan.items or not live:

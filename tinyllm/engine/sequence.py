@@ -37,6 +37,7 @@ class Sequence:
     preemptions: int = 0
     error: str | None = None
     computed: int = 0                      # chunked prefill: context tokens whose K/V is in the pool
+    cached_tokens: int = 0                 # of its context at its latest admission, served by the prefix cache
     prefilled: bool = False                # chunked prefill: sampled since its last (re)admission
     view: RequestView | None = None        # cached snapshot view; None when stale
 
