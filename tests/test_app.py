@@ -16,6 +16,7 @@ from tui.app import TinyLLMApp
 from tui.messages import SetDelay, SetPaused, StepOnce
 from tui.runner import EngineRunner
 from tui.screens import HelpScreen, NextSettings, PromptPicker, SettingsScreen
+from tui.widgets.block_map import BlockMap
 from tui.widgets.kv_panel import KVPanel
 from tui.widgets.request_list import RequestList, tail
 from tui.widgets.request_pane import RequestPane
@@ -494,6 +495,7 @@ EFFECTS = {
     "faster": lambda app, was: app.runner.step_delay_ms < was.delay,
     "abort_selected": lambda app, was: app.runner.frame.snapshot.request(was.selected).state == "aborted",
     "abort_all": lambda app, was: not any(r.state in ACTIVE for r in app.runner.frame.snapshot.requests),
+    "clear_prefix_cache": lambda app, was: any("prefix cach" in e.text for e in app.runner.frame.log),
     "focus_input": lambda app, was: app.focused is app.query_one("#prompt"),
     "leave_input": lambda app, was: app.focused is app.query_one("#requests"),
     "quit": None,                                                   # test_quit_keys_exit
@@ -640,3 +642,33 @@ async def test_settings_dialog_shows_the_engines_scheduler():
         assert "2 slots, paged KV, chunked prefill, ≤4 tokens/step" in line
         assert app.screen.query_one("#apply").region.bottom <= 24           # still fits 80x24
         await pilot.press("escape")
+
+
+async def test_prefix_cache_is_visible_and_clearable():
+    """Requests sharing a long prefix: the admission event says how many tokens came from the
+    cache, the pane shows them, the block map shows shared (▣) then cached-free (○) blocks, the
+    counters the hit rate; `c` clears the cache."""
+    app = make_app(kv="paged", slots=3, max_len=256, budget=64, new=4)
+    header = "SCENE II. Verona. A public place.\nEnter SAMPSON and GREGORY, armed.\n" * 3
+    async with app.run_test(size=(160, 48)) as pilot:
+        a = await submit(pilot, header + "ROMEO:")
+        await step(pilot, 2)
+        b = await submit(pilot, header + "JULIET:")
+        await step(pilot, 1)
+        snap = app.runner.frame.snapshot
+        assert snap.request(b).cached_tokens > 0 and snap.request(b).cached_tokens % 8 == 0
+        assert any(r > 1 for r in snap.kv.block_refs)
+        assert "▣" in app.query_one(BlockMap).render().plain
+        assert f"{snap.request(b).cached_tokens} cached" in app.query_one(RequestPane).query_one("#pane-header").render().plain
+        admits = [e.text for e in app.runner.frame.log if e.kind == "admit" and e.rid == b]
+        assert admits and f"{snap.request(b).cached_tokens} of " in admits[0] and "from the prefix cache" in admits[0]
+        panel = "".join(seg.text for seg in app.console.render(app.query_one(KVPanel).render()))
+        assert "prefix hit" in panel
+        await step(pilot, 10)                                        # both finish: blocks free but cached
+        snap = app.runner.frame.snapshot
+        assert snap.kv.cached_free_blocks > 0 and "○" in app.query_one(BlockMap).render().plain
+        app.query_one("#requests").focus()
+        await pilot.press("c")
+        await until(pilot, lambda: app.runner.frame.snapshot.kv.cached_free_blocks == 0)
+        assert any(e.text.startswith("prefix cache cleared") for e in app.runner.frame.log)
+        assert a != b

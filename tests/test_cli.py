@@ -99,6 +99,7 @@ def test_tui_broken_weights_are_reported_by_the_engine_process(tmp_path):
     (("--no-chunked-prefill", "--max-batched-tokens", "64"), "--max-batched-tokens applies to chunked prefill only"),
     (("--slots", "16", "--max-batched-tokens", "8"), "--max-batched-tokens 8 is less than --slots 16"),
     (("--threads", "0"), "expected an integer >= 1"),
+    (("--no-chunked-prefill", "--prefix-cache"), "--prefix-cache needs chunked prefill"),
     (("--prompts", "no_such_workload"), "not a bundled workload (bundled: burst,"),
 ])
 def test_tui_scheduler_flags_are_checked_before_the_ui(args, message):

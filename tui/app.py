@@ -23,8 +23,8 @@ from textual.worker import get_current_worker
 
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, Sampling, check_fits
 from tinyllm.tokenizer import Tokenizer
-from tui.messages import (MAX_DELAY_MS, Abort, AbortAll, Frame, LoadWorkload, Runner, SetDelay, SetPublishInterval,
-                          StepOnce, Submit, TogglePaused)
+from tui.messages import (MAX_DELAY_MS, Abort, AbortAll, ClearPrefixCache, Frame, LoadWorkload, Runner, SetDelay,
+                          SetPublishInterval, StepOnce, Submit, TogglePaused)
 from tui.pacing import FramePacer
 from tui.process_runner import EngineSpec, EngineStartError, ProcessRunner
 from tui.screens import HelpScreen, LoadedWorkload, NextSettings, PromptPicker, SettingsScreen, read_workload
@@ -64,6 +64,8 @@ class TinyLLMApp(App):
         Binding("f9,ctrl+x", "abort_selected", "Abort", priority=True),
         Binding("x,delete", "abort_selected", "Abort selected request", show=False),
         Binding("ctrl+k", "abort_all", "Abort all", priority=True),
+        Binding("f4", "clear_prefix_cache", "Clear prefix cache", show=False, priority=True),
+        Binding("c", "clear_prefix_cache", "Clear the prefix cache", show=False),
         Binding("X", "abort_all", "Abort all requests", show=False),
         Binding("i,slash", "focus_input", "Type a prompt", show=False),
         Binding("escape", "leave_input", "Leave the input", show=False),
@@ -300,6 +302,9 @@ class TinyLLMApp(App):
     def action_abort_all(self) -> None:
         self.runner.send(AbortAll())
 
+    def action_clear_prefix_cache(self) -> None:
+        self.runner.send(ClearPrefixCache())
+
     def action_focus_input(self) -> None:
         self.query_one("#prompt", Input).focus()
 
@@ -333,7 +338,8 @@ class TinyLLMApp(App):
     def _engine_settings(self) -> str:
         snap = self.runner.frame.snapshot
         budget = snap.max_batched_tokens
-        sched = (f"chunked prefill, ≤{budget} tokens/step (--max-batched-tokens, --no-chunked-prefill)"
+        sched = (f"chunked prefill, ≤{budget} tokens/step (--max-batched-tokens, --no-chunked-prefill), "
+                 f"prefix cache {'on' if snap.kv.block_cached else 'off'} (--[no-]prefix-cache)"
                  if budget else "prefill then decode (--chunked-prefill for the token budget)")
         return f"Engine (set at start): {snap.n_slots} slots, {snap.kv.kind} KV, {sched}"
 
@@ -380,6 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
                    help="the token-budget scheduler: decodes and prompt chunks in one forward per step "
                         "(default on with --kv paged; --no-chunked-prefill = the seed's prefill-then-decode)")
+    p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=None,
+                   help="reuse the KV blocks of prompt prefixes seen before (default on with chunked prefill)")
     p.add_argument("--max-batched-tokens", type=positive_int, default=None, metavar="N",
                    help=f"chunked prefill: tokens per step, at least --slots (default {DEFAULT_MAX_BATCHED_TOKENS})")
     p.add_argument("--threads", type=positive_int, default=DEFAULT_THREADS, metavar="N",
@@ -456,8 +464,11 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
         except WorkloadError as e:
             parser.error(f"--prompts: {e}")
     kv, chunked = scheduler_choice(parser, a.kv, a.chunked_prefill, a.max_batched_tokens, a.slots)
+    if a.prefix_cache and not chunked:
+        parser.error("--prefix-cache needs chunked prefill (the token-budget scheduler on --kv paged)")
     spec = EngineSpec(str(path), a.device, a.slots, max_len, kv, a.block_size, a.kv_blocks, a.seed,
-                      threads=a.threads, chunked_prefill=chunked, max_batched_tokens=a.max_batched_tokens)
+                      threads=a.threads, chunked_prefill=chunked, max_batched_tokens=a.max_batched_tokens,
+                      prefix_cache=a.prefix_cache)
     try:
         if a.engine_thread:
             from tui.runner import EngineRunner

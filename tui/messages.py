@@ -68,6 +68,11 @@ class StepOnce:
 
 
 @dataclass(frozen=True)
+class ClearPrefixCache:
+    """Forget every cached prefix block (the engine's clear_prefix_cache)."""
+
+
+@dataclass(frozen=True)
 class SetDelay:
     ms: int
 

@@ -54,6 +54,7 @@ class EngineSpec:
     threads: int | None = None         # torch CPU threads (None: torch's default)
     chunked_prefill: bool = False      # the token-budget scheduler (kv="paged" only)
     max_batched_tokens: int | None = None
+    prefix_cache: bool | None = None   # None: on with chunked prefill
 
     def build(self):
         """Load the checkpoint and build the engine: (ContinuousEngine, Tokenizer). Raises
@@ -69,7 +70,7 @@ class EngineSpec:
         model, tok = load_checkpoint(self.model_dir, device=device)
         engine = ContinuousEngine(model, self.slots, self.max_len, kv=self.kv, block_size=self.block_size,
                                   kv_blocks=self.kv_blocks, chunked_prefill=self.chunked_prefill,
-                                  max_batched_tokens=self.max_batched_tokens,
+                                  max_batched_tokens=self.max_batched_tokens, prefix_cache=self.prefix_cache,
                                   generator=torch.Generator(device=device).manual_seed(self.seed))
         return engine, tok
 

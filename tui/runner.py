@@ -24,8 +24,8 @@ from tinyllm.engine import ContinuousEngine, Request, Sampling
 from tinyllm.snapshot import LifecycleEvent
 from tinyllm.tokenizer import Tokenizer, TokenStream
 from tinyllm.workload import WorkItem
-from tui.messages import (LOG_LINES, MAX_DELAY_MS, Abort, AbortAll, Frame, LoadWorkload, LogEntry, SetDelay,
-                          SetPaused, SetPublishInterval, StepOnce, Submit, TogglePaused)
+from tui.messages import (LOG_LINES, MAX_DELAY_MS, Abort, AbortAll, ClearPrefixCache, Frame, LoadWorkload, LogEntry,
+                          SetDelay, SetPaused, SetPublishInterval, StepOnce, Submit, TogglePaused)
 
 PUBLISH_S = 1 / 30
 
@@ -183,6 +183,14 @@ class EngineRunner:
                         self._add_log("info", "step: nothing to do (no queued or running requests)")
             elif isinstance(cmd, SetPublishInterval):
                 self.publish_s = min(1.0, max(PUBLISH_S, float(cmd.seconds)))
+            elif isinstance(cmd, ClearPrefixCache):
+                if not eng.prefix_cache:
+                    self._add_log("info", "prefix caching is off (--no-prefix-cache, or no chunked prefill): "
+                                          "nothing to clear")
+                else:
+                    n = eng.clear_prefix_cache()
+                    self._add_log("info", f"prefix cache cleared: {n} cached free blocks are plain free blocks now")
+                    self._note_changes()
             elif isinstance(cmd, SetDelay):
                 self.step_delay_ms = max(0, min(MAX_DELAY_MS, int(cmd.ms)))
         except Exception as e:                                 # never let the UI's request kill the loop
@@ -252,7 +260,8 @@ class EngineRunner:
         r = f"#{ev.rid}"
         if ev.kind == "admitted":
             again = f" again ({ev.reason})" if ev.reason else ""
-            self._add_log("admit", f"{r} admitted to slot {ev.slot}{again}", ev.rid, ev.slot, ev.step)
+            cached = f", {ev.cached} of {ev.tokens} tokens from the prefix cache" if ev.cached else ""
+            self._add_log("admit", f"{r} admitted to slot {ev.slot}{again}{cached}", ev.rid, ev.slot, ev.step)
         elif ev.kind == "prefill":
             span, _, total = ev.reason.partition(" of ")
             start, _, end = span.partition("..")

@@ -365,7 +365,8 @@ class ContinuousEngine:
                            for o in owner_slot)
             kv = KVView(kv.kind, kv.reserved_tokens, kv.allocated_tokens, kv.used_tokens, kv.bytes_per_token,
                         slots.block_size, slots.n_blocks, slots.num_free_blocks(), owners, tuple(slots.ref),
-                        tuple(k is not None for k in slots.block_key), slots.cached_free_blocks())
+                        tuple(k is not None for k in slots.block_key) if self.prefix_cache else (),
+                        slots.cached_free_blocks())
         st = self.stats
         counters = Counters(
             steps=self._steps, decode_steps=st.decode_steps, prefills=self._prefills,

@@ -65,8 +65,9 @@ class KVPanel(Widget):
             line1.append(f"{n}", style=STATE_STYLES[state])
             line1.append(sep)
         line2 = Text()
+        hits = (("prefix hit", f"{c.prefix_hits / c.prefix_queries:.0%}"),) if c.prefix_queries else ()
         for label, val in (("steps", f"{c.decode_steps:,}"), ("tok/s", f"{f.tokens_per_s:.0f}"),
-                           ("rows used", f"{util:.0%}"), ("step", f"{f.step_ms:.1f}ms")):
+                           ("rows used", f"{util:.0%}"), *hits, ("step", f"{f.step_ms:.1f}ms")):
             line2.append(f"{label} ", style="dim")
             line2.append(val + sep, style="bold")
         line3 = Text()

@@ -22,13 +22,13 @@ from textual.strip import Strip
 
 from tinyllm.snapshot import RequestView
 from tui.messages import Frame
-from tui.widgets.style import PLAIN, STATE_STYLES, on, rid_style
+from tui.widgets.style import CACHED, PLAIN, STATE_STYLES, on, rid_style
 
 # (label, width); the last column takes what is left
-COLUMNS = (("#", 4), ("state", 9), ("slot", 4), ("sampling", 13), ("tokens", 7), ("TTFT", 6), ("tok/s", 5),
-           ("text", 0))
+COLUMNS = (("#", 4), ("state", 9), ("slot", 4), ("sampling", 13), ("tokens", 7), ("cached", 6), ("TTFT", 6),
+           ("tok/s", 5), ("text", 0))
 TEXT_MIN = 16
-DROP_ORDER = (3, 5, 6)          # narrow: drop sampling, then TTFT, then tok/s (the pane shows them)
+DROP_ORDER = (3, 6, 5, 7)       # narrow: drop sampling, TTFT, cached, then tok/s (the pane shows them)
 
 Cells = tuple[tuple[str, Style], ...]
 
@@ -154,7 +154,9 @@ class RequestList(ScrollView, can_focus=True):
         ttft = v.ttft_s
         return ((str(v.rid), rid_style(v.rid)), (v.state, STATE_STYLES[v.state]),
                 ("—" if v.slot is None else str(v.slot), PLAIN), (v.sampling.describe(), PLAIN),
-                (f"{len(v.tokens)}/{v.max_new_tokens}", PLAIN), ("—" if ttft is None else f"{ttft:.2f}s", PLAIN),
+                (f"{len(v.tokens)}/{v.max_new_tokens}", PLAIN),
+                (str(v.cached_tokens) if v.cached_tokens else "—", CACHED if v.cached_tokens else PLAIN),
+                ("—" if ttft is None else f"{ttft:.2f}s", PLAIN),
                 ("—" if tps is None else f"{tps:.1f}", PLAIN), (text[-512:], PLAIN))
 
     # -- rendering (line API) -------------------------------------------------------------------

@@ -11,7 +11,7 @@ from textual.widgets import Static
 
 from tinyllm.snapshot import RequestView
 from tui.messages import Frame
-from tui.widgets.style import STATE_STYLES, rid_style
+from tui.widgets.style import CACHED, STATE_STYLES, rid_style
 from tui.widgets.text_line import TextLine
 
 
@@ -27,6 +27,8 @@ def header_text(v: RequestView, now: float) -> Text:
     tps = v.tokens_per_s(now)
     if tps is not None:
         h.append(f"  {tps:.1f} tok/s")
+    if v.cached_tokens:
+        h.append(f"  {v.cached_tokens} cached", style=CACHED)
     if v.preemptions:
         h.append(f"  preempted {v.preemptions}×", style=STATE_STYLES["preempted"])
     return h

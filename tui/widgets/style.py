@@ -34,6 +34,7 @@ REQUEST_PALETTE = ("#e6194b", "#3cb44b", "#d4a600", "#4363d8", "#f58231", "#911e
 
 RID_STYLES = tuple(Style(color=c, bold=True) for c in REQUEST_PALETTE)
 DIM = Style(dim=True)
+CACHED = Style(color="#1fa8b8", bold=True)          # tokens / blocks served by the prefix cache
 PLAIN = Style()
 
 
