@@ -55,14 +55,16 @@ def check_invariants(eng: ContinuousEngine) -> None:
             assert len(set(table)) == len(table), f"slot {s} holds a block twice: {table}"
             for b in table:
                 held[b] = held.get(b, 0) + 1
+        for s, table in enumerate(slots.tables):          # only full blocks are ever shared: nobody writes them
+            for i, b in enumerate(table):
+                if held[b] > 1:
+                    assert slots.lens[s] >= (i + 1) * slots.block_size, f"shared block {b} not full in slot {s}"
             if slots.active[s]:
                 assert len(table) * slots.block_size >= slots.lens[s]
             else:
                 assert not table, f"idle slot {s} holds blocks {table}"
         for b in range(slots.n_blocks):
             assert slots.ref[b] == held.get(b, 0), f"block {b}: ref {slots.ref[b]} but held by {held.get(b, 0)}"
-            if slots.ref[b] > 1:                          # only full, cached blocks are ever shared
-                assert slots.block_key[b] is not None
         free, lru = set(slots._free), set(slots._lru)
         assert free.isdisjoint(held) and lru.isdisjoint(held) and free.isdisjoint(lru)
         assert len(held) + len(free) + len(lru) == slots.n_blocks == len(held) + slots.num_free_blocks()

@@ -71,12 +71,13 @@ def test_bench_output_keeps_every_figure_whole_when_piped():
     assert "…" not in r.stdout
     header = next(line for line in r.stdout.splitlines() if "path" in line and "tok/s" in line)
     for col in ("tok/s", "x static", "TTFT p50", "TTFT p95", "latency p95", "row util", "KV reserved MiB",
-                "KV used mean", "used/alloc", "preempt", "greedy ="):
+                "KV used mean", "used/alloc", "preempt", "prefill tok", "greedy ="):
         assert col in header
-    for path in ("solo", "static", "continuous-slots", "continuous-paged", "continuous-chunked"):
+    for path in ("solo", "static", "continuous-slots", "continuous-paged", "continuous-chunked",
+                 "continuous-chunked-nocache"):
         row = next(line for line in r.stdout.splitlines() if line.startswith(f"│ {path} "))
         cells = [c.strip() for c in row.strip("│").split("│")]
-        assert len(cells) == 12 and cells[0] == path and cells[-1] == "100%"
+        assert len(cells) == 13 and cells[0] == path and cells[-1] == "100%"
         assert float(cells[1]) > 0 and cells[2].endswith("x")
 
 

@@ -44,6 +44,19 @@ def default_workload(n: int, vocab: int, seed: int = 0, prompt_len=(8, 64), new=
             for _ in range(n)]
 
 
+def shared_prefix_workload(n: int, vocab: int, seed: int = 0, prefix_len: int = 192, unique=(8, 64),
+                           new=(8, 128)) -> list[Request]:
+    """Chat/agent-like traffic: every request = one common ``prefix_len``-token prefix (a system
+    prompt, a document) + its own 8..64 tokens; greedy, no EOS. What prefix caching is for."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(1, vocab) for _ in range(prefix_len)]
+    return [Request(prefix + [rng.randrange(1, vocab) for _ in range(rng.randint(*unique))], rng.randint(*new))
+            for _ in range(n)]
+
+
+SHARED_PREFIX = "shared-prefix"       # `--workload shared-prefix`: the built-in generated workload
+
+
 def workload_from_file(path: Path, encode, default_new: int, max_len: int) -> list[Request]:
     """Prompts and max_new_tokens from a JSONL workload (sampling and arrivals ignored: greedy, all
     at t=0); every prompt checked to fit ``max_len`` (WorkloadError with file:line if not)."""
@@ -240,7 +253,10 @@ def run_bench(args) -> dict:
         model_name = str(args.model) if args.model else "bundled Shakespeare"
     model, tok = load_checkpoint(ckpt, device=device)
     max_len = min(model.cfg.max_seq_len, 512)
-    if args.workload:
+    if args.workload == SHARED_PREFIX:
+        reqs = shared_prefix_workload(args.requests, model.cfg.vocab_size, seed=args.seed)
+        wl_desc = f"{args.requests} requests, a shared 192-token prefix + 8..64 own tokens, new 8..128, greedy"
+    elif args.workload:
         reqs = workload_from_file(resolve_workload(args.workload), tok.encode, 64, max_len)
         wl_desc = f"{args.workload} ({len(reqs)} requests, greedy)"
     else:
@@ -254,7 +270,7 @@ def run_bench(args) -> dict:
 
     results: dict[str, dict] = {}
     outputs: dict[str, list[list[int]]] = {}
-    kvs = ["slots", "paged", "chunked"] if args.kv == "all" else [args.kv]
+    kvs = ["slots", "paged", "chunked", "chunked-nocache"] if args.kv == "all" else [args.kv]
     paths = (["solo", "static"] + [f"continuous-{k}" for k in kvs]
              + ([] if args.no_transformers else ["transformers"]))
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -271,8 +287,9 @@ def run_bench(args) -> dict:
                 res, results[path] = run_static(model, reqs, args.batch)
                 outputs[path] = [r.tokens for r in res]
             elif path.startswith("continuous"):
-                kind = path.split("-")[1]
-                chunked = dict(chunked_prefill=True, max_batched_tokens=args.max_batched_tokens) if kind == "chunked" else {}
+                kind = path.removeprefix("continuous-")
+                chunked = (dict(chunked_prefill=True, max_batched_tokens=args.max_batched_tokens,
+                                prefix_cache=kind == "chunked") if kind.startswith("chunked") else {})
                 res, results[path] = run_continuous(model, reqs, args.slots, max_len=max_len,
                                                     kv="paged" if chunked else kind, **chunked)
                 outputs[path] = [r.tokens for r in res]
@@ -332,7 +349,7 @@ def print_report(console, report: dict) -> None:
                   f"{report['machine']['device']} × {report['machine']['torch_threads']} threads")
     t = Table()
     for col in ("path", "tok/s", "x static", "TTFT p50", "TTFT p95", "latency p95", "row util",
-                "KV reserved MiB", "KV used mean", "used/alloc", "preempt", "greedy =", ):
+                "KV reserved MiB", "KV used mean", "used/alloc", "preempt", "prefill tok", "greedy =", ):
         t.add_column(col, justify="right" if col != "path" else "left")
 
     def f(x, fmt="{:.2f}"):
@@ -342,7 +359,8 @@ def print_report(console, report: dict) -> None:
                   f(s.get("ttft_p95_s"), "{:.2f}s"), f(s.get("latency_p95_s"), "{:.2f}s"),
                   f(s.get("row_util"), "{:.0%}"), f(s.get("kv_reserved_mib"), "{:.1f}"),
                   f(s.get("kv_used_mean"), "{:.0%}"), f(s.get("kv_alloc_used_mean"), "{:.0%}"),
-                  f(s.get("preemptions"), "{}"), f(report["greedy_agreement_vs_static"].get(name), "{:.0%}"))
+                  f(s.get("preemptions"), "{}"), f(s.get("prefill_tokens_computed"), "{:,}"),
+                  f(report["greedy_agreement_vs_static"].get(name), "{:.0%}"))
     console.print(t)
     width = 40
     top = max(s["tok_s"] for s in paths.values())
@@ -374,14 +392,15 @@ def add_bench_parser(sub) -> None:
     src.add_argument("--model", metavar="DIR", help="checkpoint directory (default: the bundled model)")
     src.add_argument("--random-model", nargs="?", const="", metavar="SPEC",
                      help="a seeded random Llama: e.g. layers=4,d_model=256,heads=4,kv_heads=2,vocab=4096 (the default)")
-    wl = b.add_mutually_exclusive_group()
-    wl.add_argument("--workload", metavar="FILE", help="a JSONL prompt file (greedy, all at t=0)")
-    wl.add_argument("--requests", type=positive_int, default=64, metavar="N", help="seeded default workload size (64)")
+    b.add_argument("--workload", metavar="FILE|NAME",
+                    help="a JSONL prompt file or a bundled workload's name (greedy, all at t=0), or "
+                         f"'{SHARED_PREFIX}': {{--requests}} requests sharing a 192-token prefix")
+    b.add_argument("--requests", type=positive_int, default=64, metavar="N", help="seeded default workload size (64)")
     b.add_argument("--slots", type=positive_int, default=16, metavar="N")
     b.add_argument("--batch", type=positive_int, default=16, metavar="N", help="static / transformers batch size")
-    b.add_argument("--kv", choices=["slots", "paged", "chunked", "all"], default="all",
+    b.add_argument("--kv", choices=["slots", "paged", "chunked", "chunked-nocache", "all"], default="all",
                    help="continuous path(s) to run: slot KV, paged KV, paged KV with the token-budget "
-                        "scheduler (chunked prefill), or all three (default)")
+                        "scheduler (chunked prefill) and prefix caching, the same without the cache, or all (default)")
     b.add_argument("--max-batched-tokens", type=positive_int, default=DEFAULT_MAX_BATCHED_TOKENS, metavar="N",
                    help=f"the chunked path's token budget per step (default {DEFAULT_MAX_BATCHED_TOKENS})")
     b.add_argument("--device", choices=["cpu", "cuda"], default=None)
