@@ -11,6 +11,7 @@ from hypothesis import given, strategies as st
 
 from tinyllm.engine import ContinuousEngine, Request
 from tinyllm.generate import generate
+from tinyllm.paged_kv import prefix_key
 from tests.helpers import check_invariants, random_model, solo_outputs
 from tests.test_paged import op  # noqa: F401  (loads the shared hypothesis profile)
 
@@ -160,7 +161,7 @@ def test_a_hash_collision_never_serves_wrong_kv(model):
     victim_key = next(iter(eng.slots.cached))
     block = eng.slots.cached.pop(victim_key)
     other = tuple(range(100, 104))                                   # what a different prompt's first block hashes to
-    forged = hash((None, other))
+    forged = prefix_key(None, other)
     eng.slots.cached[forged], eng.slots.block_key[block] = block, forged
     reqs = [Request(list(other) + HEADER[4:] + [1], 5)]
     out, rids = run(eng, reqs)

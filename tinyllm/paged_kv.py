@@ -12,15 +12,17 @@ Automatic prefix caching (``prefix_cache=True``, used by the token-budget schedu
 block's key is hash(parent block's key, its token ids), so a key names a whole prefix. A new
 sequence takes the longest chain of cached full blocks that matches its context (reference
 count + 1, never the whole context: its last token is always computed, so there are logits to
-sample), comparing the stored token ids as well, so a hash collision can never serve wrong K/V.
+sample), comparing the stored token ids as well; keys are SHA-256 digests (``prefix_key``).
 A block is free for reuse only at zero references; a free block that holds a cached prefix
 stays cached (and can be revived) until the pool needs it, least recently freed first.
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import math
+from array import array
 from collections import OrderedDict
 
 import torch
@@ -28,6 +30,16 @@ from torch import Tensor
 
 from tinyllm.kv_cache import KVCache
 from tinyllm.model import grouped_attention
+
+
+def prefix_key(parent: bytes | None, tokens: tuple[int, ...]) -> bytes:
+    """A full block's key: SHA-256 of its parent's key and its token ids, so a key names the
+    whole prefix up to the block's end. A cryptographic hash, as vLLM moved to after a collision
+    advisory (GHSA-rm76-4mrf-v9r8): with Python's 64-bit ``hash`` two different prefixes could
+    share a key, and comparing a block's own tokens would not catch a different parent."""
+    h = hashlib.sha256(parent or b"")
+    h.update(array("q", tokens).tobytes())
+    return h.digest()
 
 
 def gather_blocks(pool: Tensor, blocks: Tensor, block_size: int) -> Tensor:
@@ -57,11 +69,11 @@ class PagedKVCache:
         self.ref = [0] * n_blocks                            # block → how many slots' tables hold it
         self._free: list[int] = list(range(n_blocks))        # a heap: lowest id first (easy to read)
         self.prefix_cache = False                            # set by the engine (chunked prefill only)
-        self.block_key: list[int | None] = [None] * n_blocks   # a full block's prefix key, if cached
+        self.block_key: list[bytes | None] = [None] * n_blocks   # a full block's prefix key, if cached
         self.block_tokens: list[tuple[int, ...] | None] = [None] * n_blocks
-        self.cached: dict[int, int] = {}                     # prefix key → block
+        self.cached: dict[bytes, int] = {}                   # prefix key → block
         self._lru: OrderedDict[int, None] = OrderedDict()    # cached blocks at zero refs, oldest first
-        self.slot_keys: list[list[int]] = [[] for _ in range(n_slots)]   # keys of each slot's full blocks
+        self.slot_keys: list[list[bytes]] = [[] for _ in range(n_slots)]   # keys of each slot's full blocks
         self.lens = [0] * n_slots
         self.active = [False] * n_slots
         self._order = [0] * n_slots                          # admission order, for "newest"
@@ -139,7 +151,7 @@ class PagedKVCache:
         bs, out, parent = self.block_size, [], None
         for i in range((len(tokens) - 1) // bs):
             toks = tuple(tokens[i * bs:(i + 1) * bs])
-            b = self.cached.get(hash((parent, toks)))
+            b = self.cached.get(prefix_key(parent, toks))
             if b is None or self.block_tokens[b] != toks:   # a miss, or a collision: stop here
                 break
             out.append(b)
@@ -170,7 +182,7 @@ class PagedKVCache:
         bs, keys = self.block_size, self.slot_keys[slot]
         for i in range(len(keys), self.lens[slot] // bs):
             toks = tuple(tokens[i * bs:(i + 1) * bs])
-            key = hash((keys[-1] if keys else None, toks))
+            key = prefix_key(keys[-1] if keys else None, toks)
             keys.append(key)
             b = self.tables[slot][i]
             if key not in self.cached and self.block_key[b] is None:
