@@ -203,7 +203,9 @@ class PagedKVCache:
         return len(self._lru)
 
     def release(self, slot: int) -> None:
-        for b in self.tables[slot]:
+        # Last block first: the LRU then evicts a chain from its end, keeping its start (what the
+        # next prompt can still match) cached the longest, as vLLM does.
+        for b in reversed(self.tables[slot]):
             self.ref[b] -= 1
             if self.ref[b] == 0:
                 if self.block_key[b] is not None:

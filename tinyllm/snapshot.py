@@ -64,7 +64,9 @@ class RequestView:
     finish_s: float | None        # finished or aborted
     preemptions: int
     error: str | None = None      # failed: why the engine gave up on this request
-    cached_tokens: int = 0        # prompt tokens served by the prefix cache (OpenAI usage's cached_tokens)
+    cached_tokens: int = 0        # context tokens served by the prefix cache at its latest admission
+                                  # (the prompt's, like OpenAI usage's cached_tokens; after a
+                                  # preemption, generated tokens can be among them)
 
     @property
     def ttft_s(self) -> float | None:
