@@ -35,7 +35,9 @@ Slots: one cell per KV slot: slot number, the request holding it (#id, one colou
   a bar of how full its context is, and its context length in tokens. '+' = admitted this step;
   '✓ done', '⇣ preempt', '✗ aborted' = freed this step. 'free' = nobody holds it.
   '▸' and a cyan bar = still prefilling (chunked prefill: its prompt is computed over several steps).
-Blocks (paged KV only): one square per KV block, coloured like the request that owns it; '·' = free.
+Blocks (paged KV only): one square per KV block, coloured like the request that owns it; '·' = free;
+  '▣' = shared by several requests (a cached prefix in use); '○' = free but still holding a cached
+  prefix (the next prompt that starts with it revives it; evicted oldest first when room is needed).
 KV: used/reserved = real tokens vs memory held; alloc/reserved (paged) = blocks claimed;
   used/alloc = how much of what requests claimed they really use.
 Requests: every request, finished and aborted ones too. Highlight one to show it on the right.
