@@ -97,3 +97,26 @@ def with_early_eos(model: Transformer, reqs: list[Request], every: int = 3, seed
             r = Request(r.prompt, r.max_new_tokens, eos_id=toks[rng.randrange(1, len(toks) - 1)])
         out.append(r)
     return out
+
+
+def run_random_ops(eng: ContinuousEngine, ops, max_len: int, checked_step) -> tuple[dict[int, Request], set[int]]:
+    """Apply hypothesis ops (("add", prompt, new, eos) / ("abort", rid) / ("step", n)), then run
+    to completion; ``checked_step(eng)`` makes one step and checks what must hold after it.
+    Returns the requests added (by id) and the ids actually aborted."""
+    added: dict[int, Request] = {}
+    aborted: set[int] = set()
+    for o in ops:
+        if o[0] == "add":
+            _, prompt, new, eos = o
+            req = Request(prompt, min(new, max_len - len(prompt)), eos_id=eos)
+            added[eng.add_request(req)] = req
+        elif o[0] == "abort":
+            if eng.abort(o[1]):
+                aborted.add(o[1])
+        else:
+            for _ in range(o[1]):
+                checked_step(eng)
+    while eng.has_work():
+        checked_step(eng)
+    assert set(eng.results) == set(added) - aborted
+    return added, aborted

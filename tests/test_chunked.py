@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from tinyllm.engine import ContinuousEngine, Request, run_continuous, run_static
-from tests.helpers import check_invariants, mixed_workload, random_model, solo_outputs, with_early_eos
+from tests.helpers import (check_invariants, mixed_workload, random_model, run_random_ops, solo_outputs,
+                           with_early_eos)
 from tests.test_paged import op  # noqa: F401  (also loads the shared hypothesis profile)
 from tinyllm.generate import generate
 
@@ -176,28 +177,15 @@ def test_random_schedules_keep_the_schedulers_invariants(n_slots, block_size, sp
     max_len = 56
     eng = chunked(_small, n_slots, n_slots + extra_budget, block_size, -(-max_len // block_size) + spare_blocks,
                   max_len=max_len)
-    added: dict[int, Request] = {}
-    aborted: set[int] = set()
-    for o in ops:
-        if o[0] == "add":
-            _, prompt, new, eos = o
-            req = Request(prompt, min(new, max_len - len(prompt)), eos_id=eos)
-            added[eng.add_request(req)] = req
-        elif o[0] == "abort":
-            if eng.abort(o[1]):
-                aborted.add(o[1])
-        else:
-            for _ in range(o[1]):
-                tokens_before = {s.rid: s.computed for s in eng._running}
-                eng.step()
-                check_chunked(eng)
-                assert sum(max(0, s.computed - tokens_before.get(s.rid, s.cached_tokens)) for s in eng._running) \
-                    <= eng.max_batched_tokens
-    while eng.has_work():
+
+    def checked_step(eng):
+        tokens_before = {s.rid: s.computed for s in eng._running}
         eng.step()
         check_chunked(eng)
+        assert sum(max(0, s.computed - tokens_before.get(s.rid, s.cached_tokens)) for s in eng._running) \
+            <= eng.max_batched_tokens
+    added, _ = run_random_ops(eng, ops, max_len, checked_step)
     assert eng.slots.allocated_tokens() == 0 and not eng._running
-    assert set(eng.results) == set(added) - aborted
     for rid, res in eng.results.items():
         r = added[rid]
         assert res.tokens == _solo_cached(tuple(r.prompt), r.max_new_tokens, r.eos_id), f"request {rid} differs"

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tinyllm.engine import ContinuousEngine, Request, run_continuous
 from tinyllm.generate import generate
-from tests.helpers import (check_invariants, mixed_workload, random_model, run_checked, solo_outputs,
+from tests.helpers import (check_invariants, mixed_workload, random_model, run_checked, run_random_ops, solo_outputs,
                            with_early_eos)
 
 settings.register_profile("ci", max_examples=200, deadline=None, derandomize=True,
@@ -109,25 +109,12 @@ def test_random_add_abort_step_keeps_invariants(kv, n_slots, block_size, spare_b
     if kv == "paged":                                    # tight pool: one max-size request + a little
         kw = dict(block_size=block_size, kv_blocks=-(-max_len // block_size) + spare_blocks)
     eng = ContinuousEngine(_small, n_slots, max_len=max_len, kv=kv, **kw)
-    added: dict[int, Request] = {}
-    aborted: set[int] = set()
-    for o in ops:
-        if o[0] == "add":
-            _, prompt, new, eos = o
-            req = Request(prompt, min(new, max_len - len(prompt)), eos_id=eos)
-            added[eng.add_request(req)] = req
-        elif o[0] == "abort":
-            if eng.abort(o[1]):
-                aborted.add(o[1])
-        else:
-            for _ in range(o[1]):
-                eng.step()
-                check_invariants(eng)
-    while eng.has_work():
+
+    def checked_step(eng):
         eng.step()
         check_invariants(eng)
+    added, _ = run_random_ops(eng, ops, max_len, checked_step)
     assert eng.slots.allocated_tokens() == 0 and eng.slots.used_tokens() == 0
-    assert set(eng.results) == set(added) - aborted
     for rid, res in eng.results.items():
         assert res.tokens == _solo(added[rid]), f"request {rid} differs from solo"
 
