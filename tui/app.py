@@ -191,8 +191,7 @@ class TinyLLMApp(App):
         """The engine process could not build the engine: leave with its one-line reason, as a
         bad argument would have (main() prints it and exits 2)."""
         from tinyllm.config import CheckpointError
-        msg = " ".join(str(e).split())                     # one line, whatever the error held
-        self.startup_error = f"--model: {msg}" if isinstance(e, CheckpointError) else msg
+        self.startup_error = f"--model: {e}" if isinstance(e, CheckpointError) else str(e)   # one line already
         self.runner.stop()
         self.exit(return_code=2)
 
