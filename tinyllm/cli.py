@@ -1,4 +1,4 @@
-"""`tinyllm`: generate, info, eval, train, bench.
+"""`tinyllm`: generate, info, eval, train, bench, trace.
 
 Every user error (bad option, missing or broken model, a prompt that cannot fit) is one line on
 stderr and exit code 2, never a traceback.
@@ -147,6 +147,36 @@ def cmd_train(args) -> None:
         raise UsageError(str(e)) from None
 
 
+def cmd_trace(args) -> None:
+    """A recording (tinyllm-tui --record) as a summary, or as a Perfetto / Chrome trace."""
+    import json
+
+    from tinyllm.recording import RecordingError, read_recording
+    from tinyllm.trace import perfetto_trace
+    try:
+        header, records, warning = read_recording(args.recording)
+        if warning:
+            print(f"tinyllm trace: warning: {warning}", file=sys.stderr)
+        trace = perfetto_trace(header, [rec for _, rec in records])
+    except RecordingError as e:
+        raise UsageError(str(e)) from None
+    except (KeyError, TypeError, ValueError, IndexError) as e:      # a record the decoder cannot apply
+        raise UsageError(f"{args.recording}: a broken record ({type(e).__name__}: {e}); "
+                         f"tinyllm-tui --replay names its line") from None
+    evs = trace["traceEvents"]
+    steps = records[-1][1]["step"] if records else 0
+    n_req = sum(1 for e in evs if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == 1)
+    kinds = [e["name"] for e in evs if e["ph"] == "i"]
+    print(f"{args.recording}: {header.get('model')} · {steps} steps · {n_req} requests · "
+          f"{kinds.count('preempted')} preemptions · {kinds.count('aborted')} aborts")
+    if args.perfetto:
+        try:
+            Path(args.perfetto).write_text(json.dumps(trace), encoding="utf-8")
+        except OSError as e:
+            raise UsageError(f"--perfetto {args.perfetto}: cannot write it: {e.strerror or e}") from None
+        print(f"wrote {args.perfetto}: {len(evs)} trace events; open it in ui.perfetto.dev or chrome://tracing")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="tinyllm", description="A small, readable LLM inference engine.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=OneLineParser)
@@ -181,6 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=1337, help="seed for init and batches (default 1337)")
     t.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads (default 2)")
     t.set_defaults(fn=cmd_train)
+
+    tr = sub.add_parser("trace", help="summarise a tinyllm-tui --record file, or export it for Perfetto")
+    tr.add_argument("recording", metavar="RUN.jsonl", help="a file written by tinyllm-tui --record")
+    tr.add_argument("--perfetto", metavar="OUT.json", default=None,
+                    help="write Chrome trace event JSON (ui.perfetto.dev, chrome://tracing)")
+    tr.set_defaults(fn=cmd_trace)
 
     from tinyllm.bench import add_bench_parser
     add_bench_parser(sub)

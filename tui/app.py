@@ -23,11 +23,11 @@ from textual.worker import get_current_worker
 
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, Sampling, check_fits
 from tinyllm.tokenizer import Tokenizer
-from tui.messages import (MAX_DELAY_MS, Abort, AbortAll, ClearPrefixCache, Frame, LoadWorkload, Runner, SetDelay,
-                          SetPublishInterval, StepOnce, Submit, TogglePaused)
+from tui.messages import (MAX_DELAY_MS, Abort, AbortAll, ClearPrefixCache, Frame, JumpEvent, LoadWorkload, Runner,
+                          SeekStep, SetDelay, SetPublishInterval, StepBack, StepOnce, Submit, TogglePaused)
 from tui.pacing import FramePacer
 from tui.process_runner import EngineSpec, EngineStartError, ProcessRunner
-from tui.screens import HelpScreen, LoadedWorkload, NextSettings, PromptPicker, SettingsScreen, read_workload
+from tui.screens import GotoStep, HelpScreen, LoadedWorkload, NextSettings, PromptPicker, SettingsScreen, read_workload
 from tui.widgets.block_map import BlockMap
 from tui.widgets.kv_panel import KVPanel
 from tui.widgets.request_pane import RequestPane
@@ -35,6 +35,7 @@ from tui.widgets.request_list import RequestList
 from tui.widgets.slot_grid import SlotGrid
 from tui.widgets.event_log import EventLog
 from tui.widgets.text_line import TextLine
+from tui.widgets.timeline import TimelinePanel
 
 DEFAULT_THREADS = 1         # torch threads in the engine process: robust beside a busy core (README)
 REFRESH_HZ = 20             # at most; FramePacer lowers it when drawing costs the engine too much
@@ -67,16 +68,24 @@ class TinyLLMApp(App):
         Binding("X", "abort_all", "Abort all requests", show=False),
         Binding("f4", "clear_prefix_cache", "Clear prefix cache", show=False, priority=True),
         Binding("c", "clear_prefix_cache", "Clear the prefix cache", show=False),
+        Binding("t", "toggle_timeline", "Timeline / requests", show=False),
+        Binding("z", "zoom_out", "Timeline: more steps per column", show=False),
+        Binding("Z", "zoom_in", "Timeline: fewer steps per column", show=False),
+        Binding("b,comma", "step_back", "Replay: one step back", show=False),
+        Binding("g", "goto_step", "Replay: go to a step", show=False),
+        Binding("right_square_bracket", "next_event", "Replay: the selected request's next event", show=False),
+        Binding("left_square_bracket", "prev_event", "Replay: its previous event", show=False),
         Binding("i,slash", "focus_input", "Type a prompt", show=False),
         Binding("escape", "leave_input", "Leave the input", show=False),
         Binding("q", "quit", "Quit", show=False),
         Binding("ctrl+c,ctrl+q", "quit", "Quit", priority=True),
     ]
 
-    def __init__(self, runner: Runner, tokenizer: Tokenizer, *, model_name: str = "model",
+    def __init__(self, runner: Runner, tokenizer: Tokenizer | None, *, model_name: str = "model",
                  settings: NextSettings | None = None, prompts_file: Path | None = None):
         super().__init__()
         self.runner = runner                      # owns the engine; we only send commands and read frames
+        self.replay = getattr(runner, "replay", False)    # a recording played back: read-only, no tokenizer
         self.tokenizer = tokenizer
         self.model_name = model_name
         snap = runner.frame.snapshot
@@ -103,12 +112,16 @@ class TinyLLMApp(App):
                 yield KVPanel(id="kv")
                 yield Sparkline([], id="tps")
                 yield RequestList(id="requests")
+                yield TimelinePanel(id="timeline")
             with Vertical(id="right"):
                 yield RequestPane(id="pane")
                 yield EventLog(id="log")
-        with Horizontal(id="entry"):
-            yield Input(placeholder="Type a prompt and press Enter (F2: its settings)", id="prompt")
-            yield Static(id="next-settings", markup=False)
+        if self.replay:
+            yield TextLine(id="scrubber")
+        else:
+            with Horizontal(id="entry"):
+                yield Input(placeholder="Type a prompt and press Enter (F2: its settings)", id="prompt")
+                yield Static(id="next-settings", markup=False)
         yield Footer()
 
     def on_mount(self) -> None:
@@ -122,10 +135,18 @@ class TinyLLMApp(App):
         self.query_one("#tps").border_title = "tokens/s (last 30 s)"
         self.query_one("#kv").border_title = "KV cache & counters"
         self.query_one("#requests").border_title = "Requests"
+        self.query_one("#timeline").border_title = "Timeline (t: requests, z/Z: zoom)"
+        self.query_one("#timeline").display = False
         self.query_one("#pane").border_title = "Request"
         self.query_one("#log").border_title = "Events"
-        self._show_settings()
-        self.query_one("#prompt", Input).focus()
+        if self.replay:
+            self.query_one("#requests").focus()
+            warning = getattr(self.runner, "warning", None)
+            if warning:
+                self.notify(warning, title="recording", severity="warning", timeout=10)
+        else:
+            self._show_settings()
+            self.query_one("#prompt", Input).focus()
         self.run_worker(self._engine_loop, thread=True, name="engine", exit_on_error=False)
         self._tick()
         if self.prompts_file is not None:
@@ -185,6 +206,11 @@ class TinyLLMApp(App):
             self.selected = requests.selected_rid()
         if self.selected is not None and details:
             self.query_one("#pane", RequestPane).show(frame, self.selected)
+        timeline = self.query_one("#timeline", TimelinePanel)
+        if timeline.display and details:
+            timeline.show(frame.tracks, frame.snapshot.counters.steps, self.selected)
+        if self.replay:
+            self.query_one("#scrubber", TextLine).set(self._scrubber_text(frame))
         self._append_log(frame)
 
     def _engine_failed(self, e: Exception) -> None:
@@ -220,6 +246,12 @@ class TinyLLMApp(App):
             t.append(f" {self.model_name} · engine loading (importing torch, reading the weights)…", style="bold")
             t.append(" · type a prompt now: it is sent when the engine is ready", style="dim")
             return t
+        if self.replay:
+            t.append(" ⏸ REPLAY " if f.paused else " ▶ REPLAY ", style="bold reverse magenta")
+            t.append(f" {self.runner.path.name} · {self.model_name} · {f.snapshot.kv.kind} KV · "
+                     f"step {f.snapshot.counters.steps} of {self.runner.last_step}", style="bold")
+            t.append(f" · {self._speed(f)} · read-only", style="dim")
+            return t
         t.append(" ⏸ PAUSED " if f.paused else " ▶ RUNNING ", style="bold reverse yellow" if f.paused else "bold reverse green")
         budget = f.snapshot.max_batched_tokens
         sched = f"chunked ≤{budget} tok/step" if budget else "prefill+decode"
@@ -230,6 +262,34 @@ class TinyLLMApp(App):
         t.append(f" · delay {f.step_delay_ms} ms/step · step {f.snapshot.counters.steps}", style="dim")
         if f.pending_arrivals:
             t.append(f" · {f.pending_arrivals} arriving", style="yellow")
+        return t
+
+    @staticmethod
+    def _speed(f: Frame) -> str:
+        return f"{f.step_delay_ms} ms/step" if f.step_delay_ms else "recorded pace"
+
+    def _scrubber_text(self, f: Frame) -> Text:
+        """▶ step 120/734 ━━━━━━●───P──x── : where the replay is, and where things went wrong."""
+        r = self.runner
+        last, now = max(1, r.last_step), f.snapshot.counters.steps
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append(" ⏸ " if f.paused else " ▶ ", style="bold")
+        t.append(f"step {now}/{r.last_step} ", style="bold")
+        width = max(10, self.size.width - 70)
+        marks = {}
+        for kind, glyph, style in (("aborted", "x", "bold red"), ("preempted", "P", "bold magenta")):
+            for s in r.event_steps((kind,)):
+                marks[min(width - 1, s * width // (last + 1))] = (glyph, style)
+        here = min(width - 1, now * width // (last + 1))
+        for c in range(width):
+            if c == here:
+                t.append("●", style="bold reverse")
+            elif c in marks:
+                t.append(*marks[c])
+            else:
+                t.append("━" if c < here else "─", style="cyan" if c < here else "dim")
+        t.append(f" {self._speed(f)} · space play · n/b step · g go to · ]/[ events of "
+                 f"{'#' + str(self.selected) if self.selected is not None else 'the selected request'}", style="dim")
         return t
 
     def _show_settings(self) -> None:
@@ -291,6 +351,66 @@ class TinyLLMApp(App):
     def action_faster(self) -> None:
         self._set_delay(-1)
 
+    READ_ONLY = {"abort_selected", "abort_all", "clear_prefix_cache", "load_prompts", "settings", "focus_input"}
+    REPLAY_ONLY = {"step_back", "goto_step", "next_event", "prev_event"}
+
+    def check_action(self, action: str, parameters) -> bool | None:
+        """A replay changes nothing (no abort, no prompts, no settings); only a replay moves back
+        in time. Keys that do not apply are off, and hidden from the footer."""
+        if action in (self.READ_ONLY if self.replay else self.REPLAY_ONLY):
+            return False
+        return True
+
+    def action_toggle_timeline(self) -> None:
+        timeline = self.query_one("#timeline", TimelinePanel)
+        requests = self.query_one("#requests", RequestList)
+        timeline.display, requests.display = not timeline.display, timeline.display
+        self.refresh_from_runner(force=True)
+
+    def _zoom(self, out: bool) -> None:
+        timeline = self.query_one("#timeline", TimelinePanel)
+        if not timeline.display:
+            self.action_toggle_timeline()
+        if not (timeline.zoom_out() if out else timeline.zoom_in()):
+            self.notify(f"the timeline is already at {timeline.per_col} step{'s' if timeline.per_col > 1 else ''} "
+                        f"per column", timeout=2)
+
+    def action_zoom_out(self) -> None:
+        self._zoom(out=True)
+
+    def action_zoom_in(self) -> None:
+        self._zoom(out=False)
+
+    def action_step_back(self) -> None:
+        self.runner.send(StepBack())
+
+    def action_goto_step(self) -> None:
+        self._close_help()
+
+        def done(step: int | None) -> None:
+            if step is not None:
+                self.runner.send(SeekStep(step))
+        self.push_screen(GotoStep(self.runner.frame.snapshot.counters.steps, self.runner.last_step), done)
+
+    def _jump(self, direction: int) -> None:
+        rid = self.selected
+        if rid is None:
+            self.notify("No request selected: highlight one in the Requests list.", severity="warning")
+            return
+        now = self.runner.frame.snapshot.counters.steps
+        ahead = [s for s, _ in self.runner.events_of(rid) if (s > now if direction > 0 else s < now)]
+        if not ahead:
+            self.notify(f"#{rid} has no {'later' if direction > 0 else 'earlier'} admission, preemption or end",
+                        timeout=3)
+            return
+        self.runner.send(JumpEvent(rid, direction))
+
+    def action_next_event(self) -> None:
+        self._jump(+1)
+
+    def action_prev_event(self) -> None:
+        self._jump(-1)
+
     def action_abort_selected(self) -> None:
         rid = self.selected
         if rid is None:
@@ -308,7 +428,7 @@ class TinyLLMApp(App):
         self.query_one("#prompt", Input).focus()
 
     def action_leave_input(self) -> None:
-        if isinstance(self.focused, Input):
+        if isinstance(self.focused, Input) and self.focused.id == "prompt":
             self.query_one("#requests").focus()
 
     def action_help(self) -> None:
@@ -403,6 +523,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
     p.add_argument("--step-delay", type=int, default=0, metavar="MS", help=f"pause between engine steps, 0-{MAX_DELAY_MS} ms (slow motion)")
     p.add_argument("--paused", action="store_true", help="start paused (space / F5 resumes, n / F6 steps once)")
+    p.add_argument("--record", metavar="FILE", default=None,
+                   help="write the run to FILE as it happens (JSONL; FILE.gz: compressed), for --replay and tinyllm trace")
+    p.add_argument("--replay", metavar="FILE", default=None,
+                   help="play a --record file back (no model is loaded): every panel as it was, at any step")
     p.add_argument("--engine-thread", action="store_true",
                    help="run the engine in a thread of the app's process instead of its own process "
                         "(easier to debug, about half as fast: the UI and the engine share one GIL)")
@@ -439,6 +563,10 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
     a = parser.parse_args(argv)
     if not 0 <= a.step_delay <= MAX_DELAY_MS:
         parser.error(f"--step-delay must be in [0, {MAX_DELAY_MS}] ms, got {a.step_delay}")
+    if a.replay is not None:
+        return replay_app(parser, a)
+    if a.record is not None:
+        check_writable(parser, a.record)
     if a.device is not None and a.device not in ("cpu", "cuda") and not a.device.startswith("cuda:"):
         parser.error(f"--device must be cpu or cuda, got {a.device!r}")
     path = Path(a.model) if a.model else default_model_dir()
@@ -467,12 +595,13 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
         parser.error("--prefix-cache needs chunked prefill (the token-budget scheduler on --kv paged)")
     spec = EngineSpec(str(path), a.device, a.slots, max_len, kv, a.block_size, a.kv_blocks, a.seed,
                       threads=a.threads, chunked_prefill=chunked, max_batched_tokens=a.max_batched_tokens,
-                      prefix_cache=a.prefix_cache)
+                      prefix_cache=a.prefix_cache, record=a.record)
     try:
         if a.engine_thread:
             from tui.runner import EngineRunner
             engine, _ = spec.build()
-            runner = EngineRunner(engine, tok, paused=a.paused, step_delay_ms=a.step_delay)
+            runner = EngineRunner(engine, tok, paused=a.paused, step_delay_ms=a.step_delay,
+                                  recorder=spec.open_recorder(engine))
         else:
             runner = ProcessRunner(spec, paused=a.paused, step_delay_ms=a.step_delay).start(wait=False)
     except CheckpointError as e:
@@ -483,6 +612,32 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
     name = path.name if a.model else "bundled Shakespeare"
     return TinyLLMApp(runner, tok, model_name=name, settings=NextSettings(sampling, a.max_new_tokens),
                       prompts_file=prompts)
+
+
+def check_writable(parser, path: str) -> None:
+    """--record: say now, before the screen is up, if the file cannot be written."""
+    import os
+    p = Path(path)
+    if p.is_dir():
+        parser.error(f"--record {path}: is a directory; give a file name, e.g. {p / 'run.jsonl'}")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        parser.error(f"--record {path}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        parser.error(f"--record {path}: not writable")
+
+
+def replay_app(parser, a) -> TinyLLMApp:
+    """--replay: the app over a recording, no model, no torch."""
+    from tinyllm.recording import RecordingError
+    from tui.replay_runner import ReplayRunner
+    if a.record is not None:
+        parser.error("--record and --replay cannot be used together (a replay changes nothing to record)")
+    try:
+        runner = ReplayRunner(a.replay, paused=a.paused, step_delay_ms=a.step_delay)
+    except RecordingError as e:
+        parser.error(f"--replay: {e}")
+    return TinyLLMApp(runner, None, model_name=str(runner.header.get("model", "?")))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ from typing import Callable, Protocol
 
 from tinyllm.request import Sampling
 from tinyllm.snapshot import EngineSnapshot
+from tinyllm.timeline import Track
 from tinyllm.workload import WorkItem
 
 MAX_DELAY_MS = 1000
@@ -77,6 +78,24 @@ class SetDelay:
     ms: int
 
 
+# -- replay only (a recording's runner; a live runner says they do not apply) ----------------
+@dataclass(frozen=True)
+class StepBack:
+    pass
+
+
+@dataclass(frozen=True)
+class SeekStep:
+    step: int
+
+
+@dataclass(frozen=True)
+class JumpEvent:
+    """To the next (direction +1) or previous (-1) admission / preemption / abort / end of a request."""
+    rid: int
+    direction: int
+
+
 # -- what the runner publishes (runner → UI) ---------------------------------------------------
 @dataclass(frozen=True)
 class LogEntry:
@@ -105,6 +124,7 @@ class Frame:
     step_ms: float = 0.0                 # duration of the latest engine step
     steps_done: int = 0                  # engine steps this runner has made
     status: str = "ready"                # "loading" until the engine is built (process runner)
+    tracks: tuple[Track, ...] = ()       # each request's life over steps (the timeline panel)
 
 
 class Runner(Protocol):

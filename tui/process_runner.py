@@ -26,6 +26,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Callable
 
 from tinyllm.config import CheckpointError, default_kv_blocks
@@ -55,6 +56,7 @@ class EngineSpec:
     chunked_prefill: bool = False      # the token-budget scheduler (kv="paged" only)
     max_batched_tokens: int | None = None
     prefix_cache: bool | None = None   # None: on with chunked prefill
+    record: str | None = None          # --record: write the run to this JSONL file as it happens
 
     def build(self):
         """Load the checkpoint and build the engine: (ContinuousEngine, Tokenizer). Raises
@@ -73,6 +75,14 @@ class EngineSpec:
                                   max_batched_tokens=self.max_batched_tokens, prefix_cache=self.prefix_cache,
                                   generator=torch.Generator(device=device).manual_seed(self.seed))
         return engine, tok
+
+    def open_recorder(self, engine):
+        """The --record file's writer (None without --record); OSError if it cannot be written."""
+        if not self.record:
+            return None
+        from tui.frame_record import FrameRecorder, settings_of
+        return FrameRecorder(self.record, engine.snapshot(), Path(self.model_dir).name, self.model_dir,
+                             settings_of(self))
 
     def loading_frame(self, max_len: int) -> Frame:
         """What the app shows while the engine loads: the right grid of free slots (and free
@@ -95,14 +105,18 @@ class FrameDiffer:
 
     def __init__(self):
         self._views: dict[int, object] = {}
+        self._tracks: dict[int, object] = {}
         self._texts: dict[int, str] = {}
         self._prompts: set[int] = set()
         self._log_seq = 0
 
     def delta(self, f: Frame) -> Frame:
-        # The engine reuses a request's view object until the request changes: identity is enough.
+        # The engine reuses a request's view object until the request changes, and the timeline
+        # its tracks: identity is enough.
         views = tuple(v for v in f.snapshot.requests if self._views.get(v.rid) is not v)
         self._views.update((v.rid, v) for v in views)
+        tracks = tuple(t for t in f.tracks if self._tracks.get(t.rid) is not t)
+        self._tracks.update((t.rid, t) for t in tracks)
         texts = {rid: t for rid, t in f.texts.items() if self._texts.get(rid) != t}
         self._texts.update(texts)
         prompts = {rid: p for rid, p in f.prompts.items() if rid not in self._prompts}
@@ -110,7 +124,8 @@ class FrameDiffer:
         log = tuple(e for e in f.log if e.seq > self._log_seq)
         if log:
             self._log_seq = log[-1].seq
-        return replace(f, snapshot=replace(f.snapshot, requests=views), texts=texts, prompts=prompts, log=log)
+        return replace(f, snapshot=replace(f.snapshot, requests=views), texts=texts, prompts=prompts, log=log,
+                       tracks=tracks)
 
 
 class FrameMerger:
@@ -118,17 +133,20 @@ class FrameMerger:
 
     def __init__(self):
         self._views: dict[int, object] = {}           # insertion order = request id order
+        self._tracks: dict[int, object] = {}
         self._texts: dict[int, str] = {}
         self._prompts: dict[int, str] = {}
         self._log: deque[LogEntry] = deque(maxlen=LOG_LINES)
 
     def merge(self, d: Frame) -> Frame:
         self._views.update((v.rid, v) for v in d.snapshot.requests)
+        self._tracks.update((t.rid, t) for t in d.tracks)
         self._texts.update(d.texts)
         self._prompts.update(d.prompts)
         self._log.extend(d.log)
         return replace(d, snapshot=replace(d.snapshot, requests=tuple(self._views.values())),
-                       texts=dict(self._texts), prompts=dict(self._prompts), log=tuple(self._log))
+                       texts=dict(self._texts), prompts=dict(self._prompts), log=tuple(self._log),
+                       tracks=tuple(self._tracks.values()))
 
     def note(self, f: Frame, kind: str, text: str) -> Frame:
         """A frame like ``f`` with one more log entry (the parent's own news, e.g. a dead child)."""
@@ -145,6 +163,7 @@ def _child_main(spec: EngineSpec, paused: bool, step_delay_ms: int, commands: Co
     os.dup2(devnull, 2)
     try:
         engine, tok = spec.build()
+        recorder = spec.open_recorder(engine)
     except Exception as e:                                # noqa: BLE001 - reported to the app, which exits
         kind = type(e).__name__
         frames.send(("error", (kind, str(e) if isinstance(e, ValueError) else f"{kind}: {e}")))
@@ -158,7 +177,7 @@ def _child_main(spec: EngineSpec, paused: bool, step_delay_ms: int, commands: Co
         except (BrokenPipeError, OSError):
             runner.stop()                                 # the app is gone
 
-    runner = EngineRunner(engine, tok, paused=paused, step_delay_ms=step_delay_ms)
+    runner = EngineRunner(engine, tok, paused=paused, step_delay_ms=step_delay_ms, recorder=recorder)
     import torch
     frames.send(("ready", (engine.device.type, torch.get_num_threads())))
     send_frame()

@@ -22,8 +22,10 @@ from typing import Callable
 
 from tinyllm.engine import ContinuousEngine, Request, Sampling
 from tinyllm.snapshot import LifecycleEvent
+from tinyllm.timeline import Timeline
 from tinyllm.tokenizer import Tokenizer, TokenStream
 from tinyllm.workload import WorkItem
+from tui.frame_record import FrameRecorder
 from tui.messages import (LOG_LINES, MAX_DELAY_MS, Abort, AbortAll, ClearPrefixCache, Frame, LoadWorkload, LogEntry,
                           SetDelay, SetPaused, SetPublishInterval, StepOnce, Submit, TogglePaused)
 
@@ -43,13 +45,16 @@ class EngineRunner:
     """The loop that owns one engine (see the module docstring); satisfies messages.Runner."""
 
     def __init__(self, engine: ContinuousEngine, tokenizer: Tokenizer, paused: bool = False,
-                 step_delay_ms: int = 0, on_frame: Callable[[], None] | None = None):
+                 step_delay_ms: int = 0, on_frame: Callable[[], None] | None = None,
+                 recorder: FrameRecorder | None = None):
         self.engine = engine
         self.tok = tokenizer
         self.commands: queue.Queue = queue.Queue()
         self.paused = paused
         self.step_delay_ms = max(0, min(MAX_DELAY_MS, step_delay_ms))
         self.on_frame = on_frame              # optional wake-up hook (called from this thread)
+        self.recorder = recorder              # --record: every change goes to the file as it happens
+        self._timeline = Timeline()
         self._stop = threading.Event()
         self._streams: dict[int, TokenStream] = {}
         self._texts: dict[int, str] = {}
@@ -63,6 +68,7 @@ class EngineRunner:
         self._tps_hist: deque[float] = deque(maxlen=120)
         self._last_hist = 0.0
         self._step_ms = 0.0
+        self._tps_now = 0.0
         self._seq = 0
         self.steps_done = 0
         self.last_traceback: str | None = None
@@ -118,6 +124,8 @@ class EngineRunner:
                 time.sleep(0.05)
                 dirty = True
         self._publish()
+        if self.recorder is not None:
+            self.recorder.close()
 
     def _can_run(self) -> bool:
         return not self.paused and (self.engine.has_work() or bool(self._due_now()))
@@ -253,8 +261,23 @@ class EngineRunner:
     def _note_changes(self) -> None:
         """Take a fresh snapshot for the next frame and log what the engine says happened."""
         self._snap = self.engine.snapshot()
-        for ev in self.engine.pop_lifecycle():
+        events = self.engine.pop_lifecycle()
+        self._timeline.feed(events)
+        for ev in events:
             self._log_lifecycle(ev)
+        self._record(events)
+
+    def _record(self, events: list[LifecycleEvent] = ()) -> None:
+        if self.recorder is None:
+            return
+        x = {"paused": self.paused, "delay": self.step_delay_ms, "pending": len(self._pending),
+             "tps": round(self._tps_now), "step_ms": round(self._step_ms, 1),
+             "steps_behind": self.engine.steps - self.steps_done}       # steps made before this runner
+        try:
+            self.recorder.record(self.engine.steps, self._snap, events, self._prompts, self._texts, self._log, x)
+        except (OSError, ValueError) as e:                # disk full, file gone: the run goes on unrecorded
+            path, self.recorder = self.recorder.path, None
+            self._error(f"recording to {path} stopped: {e}")
 
     def _log_lifecycle(self, ev: LifecycleEvent) -> None:
         r = f"#{ev.rid}"
@@ -300,16 +323,18 @@ class EngineRunner:
         if now - self._last_hist >= 0.25:
             self._tps_hist.append(tps)
             self._last_hist = now
+        self._tps_now = tps
         return tps
 
     def _make_frame(self) -> Frame:
         self._seq += 1
         return Frame(self._seq, self._snap, dict(self._prompts), dict(self._texts), tuple(self._log),
                      self.paused, self.step_delay_ms, len(self._pending), self._tokens_per_s(),
-                     tuple(self._tps_hist), self._step_ms, self.steps_done)
+                     tuple(self._tps_hist), self._step_ms, self.steps_done, tracks=self._timeline.tracks())
 
     def _publish(self) -> None:
         self._published_at = time.perf_counter()
         self._frame = self._make_frame()
+        self._record()                                    # log lines and pause changes made since
         if self.on_frame is not None:
             self.on_frame()

@@ -44,7 +44,16 @@ Requests: every request, finished and aborted ones too. Highlight one to show it
 States: queued (waiting for a slot), running (in a slot), preempted (evicted for lack of blocks,
   will be recomputed), finished, aborted.
 Log: admissions, prefill chunks (when a prompt takes several steps), preemptions, finishes,
-  aborts and failures as the engine reports them, with the engine step number."""
+  aborts and failures as the engine reports them, with the engine step number.
+Timeline (t): one row per request, one column per engine step (z / Z: more / fewer steps per
+  column), the newest step on the right. '░' yellow = queued; '▓' cyan = a prefill chunk computed
+  in that step ('░' cyan: admitted, waiting for its next chunk); '◆' = admitted with a prefix-cache
+  hit; '━' green = decoding; 'P' = preempted, then '┄' = waiting to be recomputed; '✓' finished,
+  '✗' aborted, '!' failed. A column of several steps shows the most telling of them.
+Replay (tinyllm-tui --replay FILE): the same screen as it was at any step of a recording. space
+  plays / pauses, n / . one step on, b / , one back, g goes to a step, ] / [ to the selected
+  request's next / previous admission, preemption or end; + / - set the speed. The scrubber line
+  at the bottom shows where you are ('P' marks steps with preemptions, 'x' with aborts)."""
 
 
 class HelpScreen(ModalScreen[None]):
@@ -75,7 +84,7 @@ class HelpScreen(ModalScreen[None]):
 
 def _pretty_keys(keys: str) -> str:
     names = {"question_mark": "?", "space": "space", "plus": "+", "minus": "-", "full_stop": ".",
-             "equals_sign": "="}
+             "equals_sign": "=", "comma": ",", "left_square_bracket": "[", "right_square_bracket": "]"}
     return " / ".join(names.get(k, k) for k in keys.split(","))
 
 
@@ -153,6 +162,35 @@ class SettingsScreen(ModalScreen["NextSettings | None"]):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self._apply()
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class GotoStep(ModalScreen["int | None"]):
+    """Ask for an engine step to jump to (a replay)."""
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, current: int, last: int):
+        super().__init__()
+        self.current, self.last = current, last
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="settings-box"):
+            yield Label(f"Go to step (0–{self.last}; now {self.current})", id="settings-title")
+            yield Input(str(self.current), id="goto-step", classes="field-input", select_on_focus=True)
+            yield Static("", id="settings-error")
+
+    def on_mount(self) -> None:
+        self.query_one("#goto-step", Input).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        if not text.isdigit() or int(text) > self.last:
+            self.query_one("#settings-error", Static).update(
+                Text(f"a step is a whole number from 0 to {self.last}, got {text!r}", style="bold red"))
+            return
+        self.dismiss(int(text))
 
     def action_cancel(self) -> None:
         self.dismiss(None)

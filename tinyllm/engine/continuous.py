@@ -429,6 +429,8 @@ class ContinuousEngine:
             self._just_admitted.add(s)
             again = f"recompute after {seq.preemptions} preemption(s)" if seq.preemptions else ""
             self._note("admitted", seq, s, len(contexts[i]), again)
+            n = len(contexts[i])                      # the whole context, in this one step
+            self._note("prefill", seq, s, n, f"0..{n} of {n}")
             if i in failed:
                 self._fail(seq, failed[i])
             else:

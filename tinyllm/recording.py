@@ -1,0 +1,291 @@
+"""A run, written as it happens: JSON lines a replay (or a trace export) reads back, with no model.
+
+    line 1      header: format, version, model, tokenizer, the engine's fixed settings
+    line 2..    one record per change: {"step": N, "snap": <what changed in the snapshot>,
+                "life": [<lifecycle events>], "text": {rid: <text appended>},
+                "prompt": {rid: <prompt text>}, "x": {<the viewer's own fields>}}
+
+    "snap" keys: "t" engine clock; "s" slots {slot: {"r" rid, "n" context_len, "b" blocks,
+                 "j" just_admitted, "p" prefill_left}}; "r" requests {rid: a whole RequestView
+                 when new, else its changed fields, "+" = tokens appended}; "q" queue;
+                 "kv" {changed KVView fields, "blocks": [[block, owner, refs, cached]]};
+                 "c" counter increments in Counters' field order.
+    A file whose name ends in ".gz" is gzip-compressed (about 8x smaller).
+
+Why deltas: a full snapshot per step (every request's tokens, every block's owner) would be
+megabytes per hundred steps. A record carries only what changed: a request's new tokens, the
+slots and blocks that moved, the counters that ticked, so 10,000 steps with 500 requests stay a
+few MB. ``SnapshotEncoder`` and ``SnapshotDecoder`` start from the same blank snapshot (built
+from the header), so the decoder rebuilds every snapshot exactly (floats survive JSON as repr).
+
+No torch and no textual: the engine side writes, the app and ``tinyllm trace`` read.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from dataclasses import asdict, fields, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from tinyllm.request import Sampling
+from tinyllm.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, RequestView, SlotView
+
+FORMAT = "tinyllm-recording"
+VERSION = 1
+FLUSH_S = 0.5                       # a crash loses at most this much of the run
+
+# Per-step fields get one-letter keys (a step's record is mostly these); see the module docstring.
+_SLOT_KEYS = {"rid": "r", "context_len": "n", "blocks": "b", "just_admitted": "j", "prefill_left": "p"}
+_SLOT_FIELDS = {v: k for k, v in _SLOT_KEYS.items()}
+_REQ_FIELDS = tuple(f.name for f in fields(RequestView))
+_KV_FIELDS = ("allocated_tokens", "used_tokens", "free_blocks", "cached_free_blocks")
+_COUNTER_FIELDS = tuple(f.name for f in fields(Counters))
+
+
+class RecordingError(ValueError):
+    """A recording that cannot be read: the message starts with ``file:line:``."""
+
+
+# -- the fixed part: the header ------------------------------------------------------------------
+def make_header(snap: EngineSnapshot, model: str, tokenizer: str, settings: dict[str, Any]) -> dict:
+    """The header line. ``settings``: the engine's options as the user gave them (for people);
+    the ``engine`` part is what the decoder needs to rebuild snapshots."""
+    kv = snap.kv
+    return {"format": FORMAT, "version": VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "model": model, "tokenizer": tokenizer, "settings": settings,
+            "engine": {"n_slots": snap.n_slots, "max_len": snap.max_len,
+                       "max_batched_tokens": snap.max_batched_tokens,
+                       "kv": {"kind": kv.kind, "reserved_tokens": kv.reserved_tokens,
+                              "bytes_per_token": kv.bytes_per_token, "block_size": kv.block_size,
+                              "n_blocks": kv.n_blocks}}}
+
+
+def blank_snapshot(header: dict) -> EngineSnapshot:
+    """The engine before anything happened, from the header alone (both sides diff against it)."""
+    e = header["engine"]
+    k = e["kv"]
+    n = k["n_blocks"] or 0
+    kv = KVView(k["kind"], k["reserved_tokens"], 0, 0, k["bytes_per_token"], k["block_size"], k["n_blocks"],
+                n if k["kind"] == "paged" else None, (None,) * n, (0,) * n, (False,) * n, 0)
+    slots = tuple(SlotView(i, None, 0, e["max_len"]) for i in range(e["n_slots"]))
+    return EngineSnapshot(0.0, e["n_slots"], e["max_len"], slots, (), (), kv, Counters(), e["max_batched_tokens"])
+
+
+# -- events ---------------------------------------------------------------------------------------
+def encode_event(ev: LifecycleEvent) -> list:
+    return [ev.kind, ev.rid, ev.step, ev.time_s, ev.slot, ev.tokens, ev.reason, ev.cached]
+
+
+def decode_event(row: list) -> LifecycleEvent:
+    return LifecycleEvent(*row)
+
+
+# -- snapshots --------------------------------------------------------------------------------------
+def _request_full(v: RequestView) -> dict:
+    d = {name: getattr(v, name) for name in _REQ_FIELDS}
+    d["sampling"] = asdict(v.sampling)
+    return d
+
+
+class SnapshotEncoder:
+    """Turns each new snapshot into what changed since the previous one."""
+
+    def __init__(self, header: dict):
+        self._prev = blank_snapshot(header)
+        self._views: dict[int, RequestView] = {}
+
+    def encode(self, snap: EngineSnapshot) -> dict:
+        prev, d = self._prev, {}
+        if snap.time_s != prev.time_s:
+            d["t"] = snap.time_s
+        slots = {}
+        for old, new in zip(prev.slots, snap.slots):
+            if old != new:
+                slots[new.slot] = {k: getattr(new, f) for f, k in _SLOT_KEYS.items() if getattr(old, f) != getattr(new, f)}
+        if slots:
+            d["s"] = slots
+        reqs = {}
+        for v in snap.requests:
+            old = self._views.get(v.rid)
+            if old is v:                                  # the engine reuses a view until it changes
+                continue
+            reqs[v.rid] = _request_full(v) if old is None else self._request_delta(old, v)
+            self._views[v.rid] = v
+        if reqs:
+            d["r"] = reqs
+        if snap.queue != prev.queue:
+            d["q"] = snap.queue
+        kv = {f: getattr(snap.kv, f) for f in _KV_FIELDS if getattr(snap.kv, f) != getattr(prev.kv, f)}
+        if (snap.kv.block_owner, snap.kv.block_refs, snap.kv.block_cached) != \
+                (prev.kv.block_owner, prev.kv.block_refs, prev.kv.block_cached):
+            kv["blocks"] = [[i, o, r, c] for i, (o, r, c, po, pr, pc) in enumerate(zip(
+                snap.kv.block_owner, snap.kv.block_refs, snap.kv.block_cached,
+                prev.kv.block_owner, prev.kv.block_refs, prev.kv.block_cached)) if (o, r, c) != (po, pr, pc)]
+        if kv:
+            d["kv"] = kv
+        if snap.counters != prev.counters:                # increments, in field order: short
+            d["c"] = [getattr(snap.counters, f) - getattr(prev.counters, f) for f in _COUNTER_FIELDS]
+        self._prev = snap
+        return d
+
+    @staticmethod
+    def _request_delta(old: RequestView, v: RequestView) -> dict:
+        d = {f: getattr(v, f) for f in _REQ_FIELDS
+             if f not in ("tokens", "prompt", "sampling") and getattr(old, f) != getattr(v, f)}
+        if v.tokens != old.tokens:
+            if v.tokens[:len(old.tokens)] == old.tokens:
+                d["+"] = v.tokens[len(old.tokens):]
+            else:
+                d["tokens"] = v.tokens
+        return d
+
+
+class SnapshotDecoder:
+    """Applies the encoder's deltas, in order, to rebuild each snapshot."""
+
+    def __init__(self, header: dict, start: EngineSnapshot | None = None):
+        self.snapshot = start if start is not None else blank_snapshot(header)
+        self._views = {v.rid: v for v in self.snapshot.requests}
+
+    def apply(self, d: dict) -> EngineSnapshot:
+        s = self.snapshot
+        changes: dict[str, Any] = {}
+        if "t" in d:
+            changes["time_s"] = float(d["t"])
+        if "s" in d:
+            slots = list(s.slots)
+            for i, fs in d["s"].items():
+                fs = {_SLOT_FIELDS[k]: v for k, v in fs.items()}
+                if "blocks" in fs:
+                    fs["blocks"] = tuple(fs["blocks"])
+                slots[int(i)] = replace(slots[int(i)], **fs)
+            changes["slots"] = tuple(slots)
+        if "r" in d:
+            for rid, fs in d["r"].items():
+                rid = int(rid)
+                old = self._views.get(rid)
+                self._views[rid] = self._request(fs) if old is None else self._request_update(old, fs)
+            changes["requests"] = tuple(self._views[r] for r in sorted(self._views))
+        if "q" in d:
+            changes["queue"] = tuple(d["q"])
+        if "kv" in d:
+            kv = dict(d["kv"])
+            blocks = kv.pop("blocks", None)
+            if blocks is not None:
+                owner, refs, cached = list(s.kv.block_owner), list(s.kv.block_refs), list(s.kv.block_cached)
+                for i, o, r, c in blocks:
+                    owner[i], refs[i], cached[i] = o, r, c
+                kv.update(block_owner=tuple(owner), block_refs=tuple(refs), block_cached=tuple(cached))
+            changes["kv"] = replace(s.kv, **kv)
+        if "c" in d:
+            if len(d["c"]) != len(_COUNTER_FIELDS):
+                raise ValueError(f"counters: expected {len(_COUNTER_FIELDS)} increments, got {len(d['c'])}")
+            changes["counters"] = replace(s.counters, **{f: getattr(s.counters, f) + inc
+                                                         for f, inc in zip(_COUNTER_FIELDS, d["c"])})
+        if changes:
+            self.snapshot = replace(s, **changes)
+        return self.snapshot
+
+    @staticmethod
+    def _request(fs: dict) -> RequestView:
+        fs = dict(fs, prompt=tuple(fs["prompt"]), tokens=tuple(fs["tokens"]), sampling=Sampling(**fs["sampling"]))
+        return RequestView(**fs)
+
+    @staticmethod
+    def _request_update(old: RequestView, fs: dict) -> RequestView:
+        fs = dict(fs)
+        if "+" in fs:
+            fs["tokens"] = old.tokens + tuple(fs.pop("+"))
+        elif "tokens" in fs:
+            fs["tokens"] = tuple(fs["tokens"])
+        return replace(old, **fs)
+
+
+# -- files ------------------------------------------------------------------------------------------
+def _open(path: Path, mode: str) -> TextIO:
+    if path.suffix == ".gz":
+        return gzip.open(path, mode + "t", encoding="utf-8")
+    return open(path, mode, encoding="utf-8")
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+class RecordingWriter:
+    """Streams records to a file (bounded memory: nothing is kept), flushed every FLUSH_S."""
+
+    def __init__(self, path: str | Path, header: dict):
+        self.path = Path(path)
+        self._f: TextIO = _open(self.path, "w")
+        self._f.write(_dumps(header) + "\n")
+        self._f.flush()
+        self._flushed = time.monotonic()
+        self.records = 0
+
+    def write(self, record: dict) -> None:
+        self._f.write(_dumps(record) + "\n")
+        self.records += 1
+        if time.monotonic() - self._flushed >= FLUSH_S:
+            self._f.flush()
+            self._flushed = time.monotonic()
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+
+def read_recording(path: str | Path) -> tuple[dict, list[tuple[int, dict]], str | None]:
+    """(header, [(line number, record)], warning). Raises RecordingError ("file:line: what")
+    for a file that is not a recording, of a newer format, or broken in the middle. A last line
+    cut off mid-write (the run was killed) is dropped with a warning instead: what came before
+    it is a good recording."""
+    path = Path(path)
+    try:
+        with _open(path, "r") as f:
+            text = f.read()
+    except EOFError:                                      # a .gz cut off mid-write
+        raise RecordingError(f"{path}: the compressed file is cut off (the recording was interrupted); "
+                             f"a .gz recording is only readable once the run ended") from None
+    except gzip.BadGzipFile:
+        raise RecordingError(f"{path}: not gzip-compressed, though its name ends in .gz") from None
+    except OSError as e:
+        raise RecordingError(f"{path}: cannot read it: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise RecordingError(f"{path}: not a tinyllm recording (not UTF-8 text: {e.reason})") from None
+    lines = text.split("\n")
+    cut_off = not text.endswith("\n")                     # the last line was being written
+    if lines and lines[-1] == "":
+        lines.pop()
+    if not lines:
+        raise RecordingError(f"{path}:1: empty file, not a tinyllm recording")
+    try:
+        header = json.loads(lines[0])
+    except json.JSONDecodeError:
+        header = None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise RecordingError(f"{path}:1: not a tinyllm recording (its first line must be a header with "
+                             f'"format": "{FORMAT}"; record one with tinyllm-tui --record FILE)')
+    version = header.get("version")
+    if not isinstance(version, int) or version > VERSION:
+        raise RecordingError(f"{path}:1: this recording has format version {version}, newer than this "
+                             f"tinyllm reads (up to {VERSION}); replay it with a newer tinyllm")
+    if not isinstance(header.get("engine"), dict):
+        raise RecordingError(f'{path}:1: the header has no "engine" settings')
+    records, warning = [], None
+    for n, line in enumerate(lines[1:], start=2):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            if cut_off and n == len(lines):
+                warning = (f"{path}:{n}: the last record is cut off (the recording was interrupted); "
+                           f"replaying the {len(records)} records before it")
+                break
+            raise RecordingError(f"{path}:{n}: broken record ({e.msg} at column {e.colno})") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
+            raise RecordingError(f'{path}:{n}: a record must be a JSON object with an integer "step"')
+        records.append((n, rec))
+    return header, records, warning

@@ -1,0 +1,125 @@
+"""Each request's life over engine steps, rebuilt from the engine's lifecycle events alone.
+
+The app's timeline panel (a Gantt over steps) and the Perfetto export (spans over time) both
+read these tracks, so "when was #7 queued, prefilled, decoding, preempted" has one answer.
+No torch, no textual: a recording can be turned into tracks on any machine.
+
+A step number means "during that engine step": a request queued while the engine sat at step
+k shows as queued from step k; its first admission step is prefill (the seed's scheduler
+computes a whole context in the admission step, chunked prefill spreads it over the steps
+that carry a chunk: either way a prefill ends with the chunk that reaches the context's end,
+and both emit a "prefill" event per chunk); decode follows
+until the step it finished, was aborted, or failed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable
+
+from tinyllm.snapshot import LifecycleEvent
+
+PHASES = ("queued", "prefill", "decode", "preempted")   # what a span can be
+ENDS = ("finished", "aborted", "failed")                # how a track can end
+
+
+@dataclass(frozen=True)
+class Span:
+    phase: str                   # one of PHASES
+    start_step: int
+    start_s: float
+    end_step: int | None = None  # the last step of the span; None while it is the open one
+    end_s: float | None = None
+
+    def covers(self, step: int, now_step: int) -> bool:
+        end = now_step if self.end_step is None else self.end_step
+        return self.start_step <= step <= end
+
+
+@dataclass(frozen=True)
+class Track:
+    """One request's life so far. Immutable: a new Track replaces the old one on each event,
+    so viewers can tell what changed by identity."""
+    rid: int
+    spans: tuple[Span, ...] = ()
+    end: str | None = None                    # one of ENDS once the request is over
+    end_step: int | None = None
+    end_s: float | None = None
+    slot: int | None = None                   # the slot it holds now (None when not admitted)
+    admissions: tuple[tuple[int, int], ...] = ()   # (step, prefix-cached tokens) per admission
+    chunk_steps: tuple[int, ...] = ()         # steps that computed a prefill chunk (chunked only)
+    preempt_steps: tuple[int, ...] = ()
+
+    @property
+    def open_span(self) -> Span | None:
+        return self.spans[-1] if self.spans and self.spans[-1].end_step is None else None
+
+    def phase_at(self, step: int, now_step: int) -> str | None:
+        """The span phase covering ``step`` (None before the request existed or after it ended)."""
+        if self.end_step is not None and step > self.end_step:
+            return None
+        for sp in reversed(self.spans):
+            if sp.covers(step, now_step):
+                return sp.phase
+        return None
+
+
+def _close(spans: tuple[Span, ...], step: int, time_s: float) -> tuple[Span, ...]:
+    """End the open span at the step before ``step`` (it gives way to what starts at ``step``);
+    a span that would end before it began is dropped (it lasted no step at all)."""
+    if not spans or spans[-1].end_step is not None:
+        return spans
+    last = spans[-1]
+    if step - 1 < last.start_step:
+        return spans[:-1]
+    return spans[:-1] + (replace(last, end_step=step - 1, end_s=time_s),)
+
+
+def _start(spans: tuple[Span, ...], phase: str, step: int, time_s: float) -> tuple[Span, ...]:
+    return _close(spans, step, time_s) + (Span(phase, step, time_s),)
+
+
+class Timeline:
+    """Folds lifecycle events into one Track per request, in request id order."""
+
+    def __init__(self) -> None:
+        self._tracks: dict[int, Track] = {}
+
+    def feed(self, events: Iterable[LifecycleEvent]) -> None:
+        for ev in events:
+            t = self._tracks.get(ev.rid) or Track(ev.rid)
+            self._tracks[ev.rid] = self._apply(t, ev)
+
+    @staticmethod
+    def _apply(t: Track, ev: LifecycleEvent) -> Track:
+        k, s, ts = ev.kind, ev.step, ev.time_s
+        if k == "queued":
+            return replace(t, spans=_start(t.spans, "queued", s, ts))
+        if k == "admitted":
+            return replace(t, spans=_start(t.spans, "prefill", s, ts), slot=ev.slot,
+                           admissions=t.admissions + ((s, ev.cached),))
+        if k == "prefill":
+            chunks = t.chunk_steps if t.chunk_steps and t.chunk_steps[-1] == s else t.chunk_steps + (s,)
+            span, _, total = ev.reason.partition(" of ")
+            done = span.partition("..")[2] == total
+            spans = _start(t.spans, "decode", s + 1, ts) if done else t.spans
+            return replace(t, chunk_steps=chunks, spans=spans)
+        if k == "preempted":
+            return replace(t, spans=_start(t.spans, "preempted", s, ts), slot=None,
+                           preempt_steps=t.preempt_steps + (s,))
+        if k in ENDS:
+            spans = _close(t.spans, s + 1, ts)          # the end step still belongs to the span
+            return replace(t, spans=spans, end=k, end_step=s, end_s=ts, slot=None)
+        return t
+
+    def track(self, rid: int) -> Track | None:
+        return self._tracks.get(rid)
+
+    def tracks(self) -> tuple[Track, ...]:
+        return tuple(self._tracks.values())
+
+
+def build_tracks(events: Iterable[LifecycleEvent]) -> tuple[Track, ...]:
+    tl = Timeline()
+    tl.feed(events)
+    return tl.tracks()

@@ -1,0 +1,108 @@
+"""A recording as a Chrome trace (JSON), for Perfetto (ui.perfetto.dev) and chrome://tracing.
+
+    process "requests": a track per request (tid = request id + 1, named "#id"), with spans
+                        queued / prefill / decode / preempted and instants at preemptions and aborts
+    process "slots":    a track per KV slot, a span per request holding it
+    process "engine":   counters: KV tokens used / allocated / in free cached blocks, requests
+                        running / waiting
+
+Timestamps are the engine clock in whole microseconds, so spans on one track never overlap
+(each starts where the previous one ended). The spans come from ``tinyllm.timeline``: the same
+tracks the app's timeline panel draws.
+"""
+
+from __future__ import annotations
+
+from tinyllm.recording import SnapshotDecoder, decode_event
+from tinyllm.snapshot import LifecycleEvent
+from tinyllm.timeline import build_tracks
+
+PID_REQUESTS, PID_SLOTS, PID_ENGINE = 1, 2, 3
+
+
+def _us(t: float) -> int:
+    return round(t * 1e6)
+
+
+def _meta(pid: int, tid: int | None, name: str, value: str, sort: int | None = None) -> list[dict]:
+    ev = {"ph": "M", "pid": pid, "name": name, "args": {"name": value}}
+    if tid is not None:
+        ev["tid"] = tid
+    out = [ev]
+    if sort is not None:
+        key = "thread_sort_index" if tid is not None else "process_sort_index"
+        out.append({"ph": "M", "pid": pid, **({"tid": tid} if tid is not None else {}), "name": key,
+                    "args": {"sort_index": sort}})
+    return out
+
+
+def _span(pid: int, tid: int, name: str, start_s: float, end_s: float, args: dict | None = None) -> dict:
+    ts = _us(start_s)
+    return {"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": name, "ts": ts,
+            "dur": max(0, _us(end_s) - ts), "args": args or {}}
+
+
+def perfetto_trace(header: dict, records: list[dict]) -> dict:
+    """The Chrome trace event JSON object for a recording (header + records in order)."""
+    dec = SnapshotDecoder(header)
+    events: list[LifecycleEvent] = []
+    counters: list[dict] = []
+    last_kv = last_q = None
+    end_s = 0.0
+    for rec in records:
+        snap = dec.apply(rec["snap"]) if "snap" in rec else dec.snapshot
+        events += [decode_event(row) for row in rec.get("life", ())]
+        end_s = max(end_s, snap.time_s)
+        kv = snap.kv
+        cur_kv = (kv.used_tokens, kv.allocated_tokens, kv.cached_free_blocks * (kv.block_size or 0))
+        cur_q = (snap.num_requests_running, snap.num_requests_waiting)
+        ts = _us(snap.time_s)
+        if cur_kv != last_kv:
+            counters.append({"ph": "C", "pid": PID_ENGINE, "tid": 0, "name": "KV cache (tokens)", "ts": ts,
+                             "args": {"used": cur_kv[0], "allocated": cur_kv[1], "cached free": cur_kv[2]}})
+            last_kv = cur_kv
+        if cur_q != last_q:
+            counters.append({"ph": "C", "pid": PID_ENGINE, "tid": 0, "name": "requests", "ts": ts,
+                             "args": {"running": cur_q[0], "waiting": cur_q[1]}})
+            last_q = cur_q
+    if events:
+        end_s = max(end_s, max(e.time_s for e in events))
+
+    out = (_meta(PID_REQUESTS, None, "process_name", "requests", 1) + _meta(PID_SLOTS, None, "process_name", "slots", 2)
+           + _meta(PID_ENGINE, None, "process_name", "engine", 3))
+    for t in build_tracks(events):
+        tid = t.rid + 1
+        out += _meta(PID_REQUESTS, tid, "thread_name", f"#{t.rid}", t.rid)
+        for sp in t.spans:
+            out.append(_span(PID_REQUESTS, tid, sp.phase, sp.start_s, sp.end_s if sp.end_s is not None else end_s,
+                             {"steps": f"{sp.start_step}..{sp.end_step if sp.end_step is not None else '…'}"}))
+    for e in events:
+        if e.kind in ("preempted", "aborted", "failed"):
+            out.append({"ph": "i", "pid": PID_REQUESTS, "tid": e.rid + 1, "name": e.kind, "s": "t",
+                        "ts": _us(e.time_s), "args": {"step": e.step, "slot": e.slot, "reason": e.reason,
+                                                      "tokens": e.tokens}})
+    out += _slot_spans(header, events, end_s)
+    out += counters
+    return {"traceEvents": out, "displayTimeUnit": "ms",
+            "otherData": {"model": header.get("model"), "recorded": header.get("created"),
+                          "settings": header.get("settings")}}
+
+
+def _slot_spans(header: dict, events: list[LifecycleEvent], end_s: float) -> list[dict]:
+    """A span per request holding a slot: from its admission to the event that freed the slot."""
+    out: list[dict] = []
+    for s in range(header["engine"]["n_slots"]):
+        out += _meta(PID_SLOTS, s + 1, "thread_name", f"slot {s}", s)
+    holder: dict[int, tuple[int, float, int]] = {}            # slot → (rid, since, step)
+    for e in events:
+        if e.slot is None:
+            continue
+        if e.kind == "admitted":
+            holder[e.slot] = (e.rid, e.time_s, e.step)
+        elif e.kind in ("preempted", "finished", "aborted", "failed") and e.slot in holder:
+            rid, since, step = holder.pop(e.slot)
+            out.append(_span(PID_SLOTS, e.slot + 1, f"#{rid}", since, e.time_s,
+                             {"steps": f"{step}..{e.step}", "freed": e.kind}))
+    for slot, (rid, since, step) in holder.items():
+        out.append(_span(PID_SLOTS, slot + 1, f"#{rid}", since, end_s, {"steps": f"{step}..", "freed": "—"}))
+    return out

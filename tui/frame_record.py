@@ -1,0 +1,150 @@
+"""The app's frames, recorded and rebuilt: what ``--record`` writes and ``--replay`` reads.
+
+``tinyllm.recording`` holds the file format and the snapshot deltas; this module adds what only
+the app shows (the event log, request texts and prompts, pause and speed, tokens/s), in the
+record's ``"x"`` part, and the request tracks of the timeline (rebuilt from the lifecycle
+events, so they cost nothing in the file). ``FrameRecorder`` is the writing side (in the
+runner's thread), ``FrameBuilder`` the reading side (in the replay runner).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from dataclasses import asdict
+from pathlib import Path
+
+from tinyllm.recording import (RecordingWriter, SnapshotDecoder, SnapshotEncoder, decode_event, encode_event,
+                               make_header)
+from tinyllm.snapshot import EngineSnapshot, LifecycleEvent
+from tinyllm.timeline import Timeline
+from tui.messages import LOG_LINES, Frame, LogEntry
+
+VOLATILE = ("tps", "step_ms")   # change with every publish: written only along with a real change
+TPS_POINT_S = 0.25          # the tokens/s sparkline gets a point per this much engine time
+
+
+def tokenizer_id(model_dir: str | Path) -> str:
+    """A short fingerprint of the checkpoint's tokenizer.json: a replay's texts came from it."""
+    p = Path(model_dir) / "tokenizer.json"
+    try:
+        return "sha256:" + hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+    except OSError:
+        return "unknown"
+
+
+class FrameRecorder:
+    """Writes one record per change of what the app would show (nothing while nothing changes)."""
+
+    def __init__(self, path: str | Path, snap: EngineSnapshot, model: str, model_dir: str | Path, settings: dict):
+        header = make_header(snap, model, tokenizer_id(model_dir), settings)
+        self._writer = RecordingWriter(path, header)
+        self._enc = SnapshotEncoder(header)
+        self._snap: EngineSnapshot | None = None
+        self._text_len: dict[int, int] = {}
+        self._log_seq = 0
+        self._x: dict = {}
+
+    @property
+    def path(self) -> Path:
+        return self._writer.path
+
+    def record(self, step: int, snap: EngineSnapshot, events: list[LifecycleEvent], prompts: dict[int, str],
+               texts: dict[int, str], log: deque[LogEntry], x: dict) -> None:
+        rec: dict = {"step": step}
+        if snap is not self._snap:
+            d = self._enc.encode(snap)
+            if d:
+                rec["snap"] = d
+            self._snap = snap
+        if events:
+            rec["life"] = [encode_event(e) for e in events]
+        for rid, t in texts.items():
+            n = self._text_len.get(rid)
+            if n is None:
+                rec.setdefault("prompt", {})[rid] = prompts.get(rid, "")
+                n = 0
+            if len(t) != n:
+                rec.setdefault("text", {})[rid] = t[n:]
+                self._text_len[rid] = len(t)
+            elif rid not in self._text_len:
+                self._text_len[rid] = 0
+        new_log = [e for e in log if e.seq > self._log_seq] if log and log[-1].seq > self._log_seq else []
+        changed = {k: v for k, v in x.items() if self._x.get(k) != v and k not in VOLATILE}
+        if new_log:
+            self._log_seq = new_log[-1].seq
+            changed["log"] = [[e.seq, e.step, e.time_s, e.kind, e.text, e.rid, e.slot] for e in new_log]
+        if len(rec) == 1 and not changed:
+            return                                        # nothing a viewer would see
+        changed.update((k, x[k]) for k in VOLATILE if k in x and self._x.get(k) != x[k])
+        self._x.update((k, v) for k, v in x.items())
+        if changed:
+            rec["x"] = changed
+        self._writer.write(rec)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class FrameBuilder:
+    """Rebuilds the app's frames from records, in order. ``copy()`` makes a keyframe to seek from."""
+
+    def __init__(self, header: dict):
+        self.header = header
+        self._dec = SnapshotDecoder(header)
+        self.texts: dict[int, str] = {}
+        self.prompts: dict[int, str] = {}
+        self.log: deque[LogEntry] = deque(maxlen=LOG_LINES)
+        self.timeline = Timeline()
+        self.x: dict = {"paused": False, "delay": 0, "pending": 0, "tps": 0.0, "step_ms": 0.0, "steps_behind": 0}
+        self.tps_history: deque[float] = deque(maxlen=120)
+        self._tps_at = 0.0
+        self.step = 0
+
+    @property
+    def snapshot(self) -> EngineSnapshot:
+        return self._dec.snapshot
+
+    def apply(self, rec: dict) -> None:
+        self.step = rec["step"]
+        if "snap" in rec:
+            self._dec.apply(rec["snap"])
+        for rid, p in rec.get("prompt", {}).items():
+            self.prompts[int(rid)] = p
+            self.texts.setdefault(int(rid), "")
+        for rid, t in rec.get("text", {}).items():
+            self.texts[int(rid)] = self.texts.get(int(rid), "") + t
+        if "life" in rec:
+            self.timeline.feed(decode_event(row) for row in rec["life"])
+        x = rec.get("x")
+        if x:
+            for row in x.get("log", ()):
+                self.log.append(LogEntry(*row))
+            self.x.update((k, v) for k, v in x.items() if k != "log")
+        t = self.snapshot.time_s
+        if t - self._tps_at >= TPS_POINT_S:
+            self.tps_history.append(float(self.x.get("tps", 0.0)))
+            self._tps_at = t
+
+    def frame(self, seq: int, paused: bool, delay_ms: int) -> Frame:
+        x = self.x
+        return Frame(seq, self.snapshot, dict(self.prompts), dict(self.texts), tuple(self.log), paused, delay_ms,
+                     int(x.get("pending", 0)), float(x.get("tps", 0.0)), tuple(self.tps_history),
+                     float(x.get("step_ms", 0.0)), self.step - int(x.get("steps_behind", 0)), "ready",
+                     self.timeline.tracks())
+
+    def copy(self) -> FrameBuilder:
+        b = FrameBuilder.__new__(FrameBuilder)
+        b.__dict__.update(self.__dict__)
+        b._dec = SnapshotDecoder(self.header, self._dec.snapshot)
+        b.texts, b.prompts, b.x = dict(self.texts), dict(self.prompts), dict(self.x)
+        b.log = deque(self.log, maxlen=LOG_LINES)
+        b.tps_history = deque(self.tps_history, maxlen=120)
+        b.timeline = Timeline()
+        b.timeline._tracks = dict(self.timeline._tracks)
+        return b
+
+
+def settings_of(spec) -> dict:
+    """The engine options for a recording's header (an EngineSpec as plain values)."""
+    return {k: v for k, v in asdict(spec).items() if k != "record"}

@@ -1,0 +1,164 @@
+"""A Gantt chart over engine steps: one row per request, one column per step (or per group of
+steps when zoomed out), one glyph and colour per state.
+
+Rows: the newest requests that fit (the selected one always among them), oldest on top.
+Columns: the rightmost is the step shown now, so the chart scrolls with the run (and with a
+replay's position). Each row is painted span by span, not cell by cell, so a zoomed-out chart
+costs the same as a zoomed-in one. A column covering several steps shows the most telling
+thing that happened in them (an end beats a preemption beats a prefill chunk beats decoding).
+"""
+
+from __future__ import annotations
+
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual.strip import Strip
+from textual.widget import Widget
+
+from tinyllm.timeline import Track
+from tui.widgets.style import DIM, STATE_COLOURS, on
+
+ZOOMS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+# glyph, style, priority (a zoomed column keeps the highest)
+QUEUED = ("░", Style(color=STATE_COLOURS["queued"]), 1)
+WAIT_RECOMPUTE = ("┄", Style(color=STATE_COLOURS["preempted"]), 2)
+PREFILL_WAIT = ("░", Style(color=STATE_COLOURS["prefill"]), 3)
+DECODE = ("━", Style(color=STATE_COLOURS["running"]), 4)
+PREFILL = ("▓", Style(color=STATE_COLOURS["prefill"], bold=True), 5)
+CACHED_ADMIT = ("◆", Style(color=STATE_COLOURS["prefill"], bold=True), 6)
+PREEMPT = ("P", Style(color=STATE_COLOURS["preempted"], bold=True, reverse=True), 7)
+ENDS = {"finished": ("✓", Style(color=STATE_COLOURS["finished"], bold=True), 8),
+        "aborted": ("✗", Style(color=STATE_COLOURS["aborted"], bold=True), 8),
+        "failed": ("!", Style(color=STATE_COLOURS["failed"], bold=True, reverse=True), 8)}
+PHASE_CELLS = {"queued": QUEUED, "prefill": PREFILL_WAIT, "decode": DECODE, "preempted": WAIT_RECOMPUTE}
+LEGEND = ((QUEUED, "queued"), (PREFILL, "prefill"), (CACHED_ADMIT, "cache hit"), (DECODE, "decode"),
+          (PREEMPT, "preempted"), (WAIT_RECOMPUTE, "waiting"), (ENDS["finished"], "done"),
+          (ENDS["aborted"], "aborted"))
+
+
+def paint(track: Track, first: int, last: int, per_col: int, now_step: int) -> list[tuple | None]:
+    """The cells of one row: columns cover steps [first, last], ``per_col`` steps each."""
+    n = (last - first) // per_col + 1
+    cells: list[tuple | None] = [None] * n
+
+    def put(a: int, b: int, cell: tuple) -> None:
+        a, b = max(a, first), min(b, last)
+        if a > b:
+            return
+        for c in range((a - first) // per_col, (b - first) // per_col + 1):
+            if cells[c] is None or cells[c][2] < cell[2]:
+                cells[c] = cell
+
+    for sp in track.spans:
+        end = sp.end_step if sp.end_step is not None else (track.end_step if track.end else now_step)
+        put(sp.start_step, end, PHASE_CELLS[sp.phase])
+    for s in track.chunk_steps:
+        put(s, s, PREFILL)
+    for s, cached in track.admissions:
+        if cached:
+            put(s, s, CACHED_ADMIT)
+    for s in track.preempt_steps:
+        put(s, s, PREEMPT)
+    if track.end:
+        put(track.end_step, track.end_step, ENDS[track.end])
+    return cells
+
+
+class TimelinePanel(Widget):
+    """Shows ``Frame.tracks`` up to the step shown now. ``zoom_out`` / ``zoom_in`` change the
+    steps per column."""
+    DEFAULT_CSS = "TimelinePanel { height: 1fr; }"
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.tracks: tuple[Track, ...] = ()
+        self.now_step = 0
+        self.selected: int | None = None
+        self.zoom = 0                                 # index into ZOOMS
+
+    @property
+    def per_col(self) -> int:
+        return ZOOMS[self.zoom]
+
+    def show(self, tracks: tuple[Track, ...], now_step: int, selected: int | None) -> None:
+        if (tracks, now_step, selected) != (self.tracks, self.now_step, self.selected):
+            self.tracks, self.now_step, self.selected = tracks, now_step, selected
+            self.refresh()
+
+    def zoom_out(self) -> bool:
+        return self._set_zoom(self.zoom + 1)
+
+    def zoom_in(self) -> bool:
+        return self._set_zoom(self.zoom - 1)
+
+    def _set_zoom(self, z: int) -> bool:
+        if not 0 <= z < len(ZOOMS):
+            return False
+        self.zoom = z
+        self.refresh()
+        return True
+
+    # -- layout ---------------------------------------------------------------------------------
+    def _rows(self, height: int) -> list[Track]:
+        """The newest tracks that fit, the selected one kept; oldest on top."""
+        n = max(0, height - 1)
+        if n == 0 or not self.tracks:
+            return []
+        rows = list(self.tracks[-n:])
+        if self.selected is not None and all(t.rid != self.selected for t in rows):
+            sel = next((t for t in self.tracks if t.rid == self.selected), None)
+            if sel is not None:
+                rows = [sel] + rows[1:] if len(rows) == n else [sel] + rows
+        return rows
+
+    def _window(self, width: int) -> tuple[int, int, int]:
+        """(label width, first step, last step) for a chart this wide."""
+        label = len(str(self.tracks[-1].rid if self.tracks else 0)) + 2
+        cols = max(1, width - label)
+        last = max(self.now_step, 0)
+        first = last - cols * self.per_col + 1
+        return label, first, last
+
+    def _header(self, width: int) -> list[Segment]:
+        label, first, last = self._window(width)
+        base = self.rich_style
+        head = f"steps {max(first, 0)}–{last} · {self.per_col} step{'s' if self.per_col > 1 else ''}/col  "
+        segs = [Segment(head, on(base, DIM))]
+        for (glyph, style, _), name in LEGEND:
+            segs += [Segment(glyph, on(base, style)), Segment(f"{name} ", on(base, DIM))]
+        return segs
+
+    def render_line(self, y: int) -> Strip:
+        width, base = self.size.width, self.rich_style
+        if not self.tracks:
+            if y == 0:
+                return Strip([Segment("no requests yet: each will get a row here", on(base, DIM))]).crop_extend(
+                    0, width, base)
+            return Strip.blank(width, base)
+        if y == 0:
+            return Strip(self._header(width)).crop_extend(0, width, base)
+        rows = self._rows(self.size.height)
+        if y - 1 >= len(rows):
+            return Strip.blank(width, base)
+        t = rows[y - 1]
+        label, first, last = self._window(width)
+        sel = t.rid == self.selected
+        segs = [Segment(f"#{t.rid}".rjust(label - 1) + " ", on(base, Style(bold=True, reverse=sel)))]
+        run_style, run = None, []
+        for cell in paint(t, first, last, self.per_col, self.now_step):
+            glyph, style = (" ", DIM) if cell is None else (cell[0], cell[1])
+            if style is not run_style and run:
+                segs.append(Segment("".join(run), on(base, run_style)))
+                run = []
+            run_style = style
+            run.append(glyph)
+        if run:
+            segs.append(Segment("".join(run), on(base, run_style)))
+        return Strip(segs).crop_extend(0, width, base)
+
+    def render(self) -> Text:                         # plain text (tests, copy-out)
+        width, height = self.size.width or 80, self.size.height or 10
+        lines = ["".join(s.text for s in self.render_line(y)) for y in range(height)]
+        return Text("\n".join(line.rstrip() for line in lines))
