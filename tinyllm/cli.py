@@ -1,4 +1,4 @@
-"""`tinyllm`: generate, info, eval, train, bench, trace.
+"""`tinyllm`: generate, info, eval, train, bench, trace, serve.
 
 Every user error (bad option, missing or broken model, a prompt that cannot fit) is one line on
 stderr and exit code 2, never a traceback.
@@ -177,6 +177,39 @@ def cmd_trace(args) -> None:
         print(f"wrote {args.perfetto}: {len(evs)} trace events; open it in ui.perfetto.dev or chrome://tracing")
 
 
+def port_number(s: str) -> int:
+    return _checked(s, int, lambda v: 0 <= v <= 65535, "a port number in [0, 65535] (0: any free port)")
+
+
+def cmd_serve(args) -> None:
+    """An OpenAI-compatible HTTP server (tinyllm.serve) until Ctrl+C."""
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        raise UsageError("--served-model-name must not be empty")
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise UsageError(f"serving needs {e.name}: pip install fastapi uvicorn prometheus-client") from None
+    import torch
+    from tinyllm.serve.server import bind, build_engine, model_name_for, run_server
+    torch.set_num_threads(args.threads)
+    model, tok = load_model(args)
+    try:
+        engine = build_engine(model, args.slots, args.max_len, args.kv_blocks, args.block_size,
+                              args.max_batched_tokens, args.prefix_cache)
+    except ValueError as e:                               # the engine names its parameters; say the options
+        msg = " ".join(str(e).split())
+        for name, opt in (("n_slots", "--slots"), ("max_len", "--max-len"), ("kv_blocks", "--kv-blocks"),
+                          ("block_size", "--block-size"), ("max_batched_tokens", "--max-batched-tokens")):
+            msg = msg.replace(name, opt)
+        raise UsageError(msg) from None
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as e:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    run_server(engine, tok, args.served_model_name or model_name_for(args.model), sock)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="tinyllm", description="A small, readable LLM inference engine.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=OneLineParser)
@@ -217,6 +250,26 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--perfetto", metavar="OUT.json", default=None,
                     help="write Chrome trace event JSON (ui.perfetto.dev, chrome://tracing)")
     tr.set_defaults(fn=cmd_trace)
+
+    sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (completions, models, metrics)")
+    add_model_args(sv)
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    sv.add_argument("--port", type=port_number, default=8000, help="TCP port (default 8000; 0: any free port)")
+    sv.add_argument("--served-model-name", default=None, metavar="NAME",
+                    help="the model id clients send and /v1/models lists (default: the model directory's "
+                         "name, or tinyllm-shakespeare)")
+    sv.add_argument("--slots", type=positive_int, default=8, metavar="N", help="requests decoded together (default 8)")
+    sv.add_argument("--max-len", type=positive_int, default=None, metavar="N",
+                    help="prompt + completion tokens per request (default: the model's context)")
+    sv.add_argument("--kv-blocks", type=positive_int, default=None, metavar="N",
+                    help="KV blocks in the paged pool (default: slots x max-len tokens' worth)")
+    sv.add_argument("--block-size", type=positive_int, default=16, metavar="N", help="tokens per KV block (default 16)")
+    sv.add_argument("--max-batched-tokens", type=positive_int, default=None, metavar="N",
+                    help="tokens per engine step, decodes and prefill chunks (default 256)")
+    sv.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                    help="do not reuse the KV blocks of repeated prompt prefixes")
+    sv.add_argument("--threads", type=positive_int, default=2, metavar="N", help="torch CPU threads (default 2)")
+    sv.set_defaults(fn=cmd_serve)
 
     from tinyllm.bench import add_bench_parser
     add_bench_parser(sub)

@@ -1,0 +1,511 @@
+"""`tinyllm serve`: the OpenAI-compatible server over the engine, through real HTTP.
+
+One uvicorn server (bundled model, paged KV + chunked prefill + prefix cache) runs in a thread
+of this process for the whole module, so the tests can also reach its engine (through the
+engine loop, in the engine's own thread) and check that nothing leaks. Greedy outputs are
+compared with solo ``generate()``, the engine's reference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tinyllm.checkpoint import load_checkpoint
+from tinyllm.engine import ContinuousEngine, Request
+from tinyllm.generate import generate
+from tinyllm.serve import EngineLoop, RequestFailed, RequestRejected, ServerThread, build_engine, create_app
+from tinyllm.serve.protocol import DEFAULT_MAX_TOKENS
+from tinyllm.tokenizer import Tokenizer
+from tests.helpers import check_invariants, random_model
+
+MODEL = "tinyllm-shakespeare"
+SLOTS = 8
+PROMPTS = ["ROMEO:\n", "JULIET:\n", "HAMLET:\nTo be, or not", "KING LEAR:\nBlow, winds", "PROSPERO:\n",
+           "MACBETH:\nIs this a dagger", "First Citizen:\nBefore we proceed", "OTHELLO:\n", "PORTIA:\nThe quality",
+           "BRUTUS:\n", "Enter the Duke.", "What light through yonder", "Now is the winter", "FALSTAFF:\n",
+           "All the world's a stage", "CORDELIA:\n"]
+LONG_PROMPT = ("GLOUCESTER:\nNow is the winter of our discontent made glorious summer by this sun of York; and all "
+               "the clouds that lour'd upon our house in the deep bosom of the ocean buried.")
+TIMEOUT = httpx.Timeout(60.0)
+
+
+# -- fixtures -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model_tok():
+    return load_checkpoint(device="cpu")
+
+
+@pytest.fixture(scope="module")
+def server(model_tok):
+    model, tok = model_tok
+    app = create_app(EngineLoop(build_engine(model, slots=SLOTS)), tok, MODEL)
+    s = ServerThread(app).start()
+    yield s
+    t0 = time.monotonic()
+    s.stop()
+    assert not s.engine_loop.thread.is_alive() and time.monotonic() - t0 < 10
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def solo(model_tok):
+    """Solo greedy generate() with the tokenizer's EOS, memoized by (prompt, max_tokens)."""
+    model, tok = model_tok
+    memo: dict = {}
+
+    def run(prompt: str | list[int], n: int) -> list[int]:
+        key = (prompt if isinstance(prompt, str) else tuple(prompt), n)
+        if key not in memo:
+            ids = tok.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            memo[key] = generate(model, ids, n, eos_id=tok.eos_id)
+        return memo[key]
+    return run
+
+
+def engine_call(server, fn):
+    return server.engine_loop.call(fn, timeout=30)
+
+
+def wait_idle(server, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not engine_call(server, lambda e: e.has_work()):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the engine still has work after {timeout} s")
+
+
+def assert_nothing_held(server) -> None:
+    """No request queued or running, no KV block claimed, every paged-cache invariant holds."""
+    def check(e):
+        check_invariants(e)
+        return e.snapshot()
+    snap = engine_call(server, check)
+    assert snap.num_requests_running == 0 and snap.num_requests_waiting == 0
+    assert snap.kv.allocated_tokens == 0 and snap.kv.free_blocks == snap.kv.n_blocks
+    assert all(s.free for s in snap.slots)
+    assert all(v.state in ("finished", "aborted") for v in snap.requests)
+
+
+def sse_events(lines) -> list:
+    """The data payloads of an SSE body (``[DONE]`` kept as a string)."""
+    out = []
+    for line in lines:
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            out.append(data if data == "[DONE]" else json.loads(data))
+        else:
+            assert line == "", f"unexpected SSE line {line!r}"
+    return out
+
+
+def metrics(client) -> dict:
+    """{(sample name, frozenset(labels)): value}, parsed by prometheus_client."""
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for fam in text_string_to_metric_families(r.text) for s in fam.samples}
+
+
+def metric(m: dict, name: str, **labels) -> float:
+    return m[(name, frozenset({"model_name": MODEL, **labels}.items()))]
+
+
+def complete(client, **body) -> dict:
+    r = client.post("/v1/completions", json={"model": MODEL, "temperature": 0, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+# -- routes -------------------------------------------------------------------------------------
+def test_models_and_health(client, server):
+    assert client.get("/health").json() == {"status": "ok"}
+    data = client.get("/v1/models").json()
+    assert data["object"] == "list" and [m["id"] for m in data["data"]] == [MODEL]
+    assert data["data"][0]["max_model_len"] == engine_call(server, lambda e: e.max_len)
+
+
+def test_completion_equals_solo_generate(client, model_tok, solo):
+    _, tok = model_tok
+    for prompt in PROMPTS[:3]:
+        want = solo(prompt, 12)
+        out = complete(client, prompt=prompt, max_tokens=12, return_token_ids=True)
+        choice = out["choices"][0]
+        assert choice["token_ids"] == want and choice["prompt_token_ids"] == tok.encode(prompt)
+        assert choice["text"] == tok.decode(want, skip_special_tokens=True)
+        assert choice["finish_reason"] == ("stop" if want[-1] == tok.eos_id else "length")
+        assert out["object"] == "text_completion" and out["model"] == MODEL and out["id"].startswith("cmpl-")
+        n, u = len(tok.encode(prompt)), out["usage"]
+        assert (u["prompt_tokens"], u["completion_tokens"], u["total_tokens"]) == (n, len(want), n + len(want))
+        assert u["prompt_tokens_details"] == {"cached_tokens": 0}    # short prompts: no full block to reuse
+    plain = complete(client, prompt=PROMPTS[0])                 # defaults: 16 tokens, no token ids
+    assert "token_ids" not in plain["choices"][0] and plain["usage"]["completion_tokens"] == DEFAULT_MAX_TOKENS
+    assert plain["choices"][0]["text"] == tok.decode(solo(PROMPTS[0], DEFAULT_MAX_TOKENS), skip_special_tokens=True)
+
+
+def test_streaming_equals_solo_generate(client, model_tok, solo):
+    _, tok = model_tok
+    prompt, want = PROMPTS[3], solo(PROMPTS[3], 10)
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 10, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}, "return_token_ids": True}
+    with client.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(r.iter_lines())
+    assert events[-1] == "[DONE]"
+    *chunks, usage = events[:-1]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == len(want)
+    assert usage["usage"]["prompt_tokens"] == len(tok.encode(prompt))
+    assert all(c["usage"] is None and len(c["choices"]) == 1 and c["id"] == usage["id"] for c in chunks)
+    assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == want
+    assert "".join(c["choices"][0]["text"] for c in chunks) == tok.decode(want, skip_special_tokens=True)
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + ["length"]
+    with client.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 10,
+                                                         "temperature": 0, "stream": True}) as r:
+        plain = sse_events(r.iter_lines())                      # no usage asked: no usage key, no usage chunk
+    assert plain[-1] == "[DONE]" and all("usage" not in c and len(c["choices"]) == 1 for c in plain[:-1])
+    assert "".join(c["choices"][0]["text"] for c in plain[:-1]) == tok.decode(want, skip_special_tokens=True)
+
+
+def test_token_id_prompts(client, model_tok, solo):
+    _, tok = model_tok
+    ids = tok.encode(PROMPTS[4])
+    want = solo(PROMPTS[4], 8)
+    for prompt in (ids, [ids], [PROMPTS[4]]):                   # ids, a batch of one ids, a batch of one text
+        out = complete(client, prompt=prompt, max_tokens=8, return_token_ids=True)
+        assert out["choices"][0]["token_ids"] == want and out["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_finish_reason_stop_at_eos(model_tok, solo):
+    """A tokenizer whose EOS is a token the model really produces part-way: the engine stops
+    there and the server says "stop"; ignore_eos runs on to max_tokens ("length")."""
+    model, tok = model_tok
+    want = solo(PROMPTS[5], 10)
+    stop_at = next(i for i in range(2, 9) if want[i] not in want[:i])   # its first occurrence
+    eos = want[stop_at]
+    want = want[:stop_at + 1]
+    tok2 = Tokenizer(tok.hf, eos_id=eos)
+    app = create_app(EngineLoop(build_engine(model, slots=2)), tok2, MODEL)
+    with ServerThread(app) as s, httpx.Client(base_url=s.url, timeout=TIMEOUT) as c:
+        out = complete(c, prompt=PROMPTS[5], max_tokens=10, return_token_ids=True)
+        assert out["choices"][0]["token_ids"] == want and out["choices"][0]["finish_reason"] == "stop"
+        assert out["usage"]["completion_tokens"] == len(want) < 10
+        with c.stream("POST", "/v1/completions", json={"prompt": PROMPTS[5], "max_tokens": 10, "temperature": 0,
+                                                        "stream": True}) as r:
+            chunks = sse_events(r.iter_lines())[:-1]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+        assert "".join(ch["choices"][0]["text"] for ch in chunks) == tok.decode(want, skip_special_tokens=True)
+        out = complete(c, prompt=PROMPTS[5], max_tokens=10, ignore_eos=True, return_token_ids=True)
+        assert out["choices"][0]["token_ids"] == generate(model, tok.encode(PROMPTS[5]), 10)
+        assert out["choices"][0]["finish_reason"] == "length"
+        m = metrics(c)
+        assert metric(m, "vllm:request_success_total", finished_reason="stop") == 2
+        assert metric(m, "vllm:request_success_total", finished_reason="length") == 1
+
+
+def test_cached_tokens_for_a_repeated_prompt(client, server, model_tok, solo):
+    _, tok = model_tok
+    ids = tok.encode(LONG_PROMPT)
+    assert len(ids) >= 40
+    first = complete(client, prompt=LONG_PROMPT, max_tokens=4, return_token_ids=True)
+    second = complete(client, prompt=LONG_PROMPT, max_tokens=4, return_token_ids=True)
+    assert first["choices"][0]["token_ids"] == second["choices"][0]["token_ids"] == solo(LONG_PROMPT, 4)
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    block = engine_call(server, lambda e: e.slots.block_size)
+    assert 0 < cached < len(ids) and cached % block == 0
+    views = [v for v in engine_call(server, lambda e: e.snapshot()).requests if v.prompt == tuple(ids)]
+    assert [v.cached_tokens for v in views[-2:]] == [0, cached]     # what the engine's RequestView says
+
+
+def test_metrics(client, server, model_tok):
+    _, tok = model_tok
+    before = metrics(client)
+    outs = [complete(client, prompt=p, max_tokens=6) for p in PROMPTS[6:8]]
+    after = metrics(client)
+
+    def delta(name, **labels):
+        return metric(after, name, **labels) - metric(before, name, **labels)
+    prompt_toks = sum(o["usage"]["prompt_tokens"] for o in outs)
+    gen_toks = sum(o["usage"]["completion_tokens"] for o in outs)
+    assert delta("vllm:prompt_tokens_total") == prompt_toks
+    assert delta("vllm:generation_tokens_total") == gen_toks
+    assert delta("vllm:request_success_total", finished_reason="length") == 2
+    assert delta("vllm:request_success_total", finished_reason="abort") == 0
+    for h in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
+              "vllm:request_queue_time_seconds"):
+        assert delta(h + "_count") == 2 and delta(h + "_sum") >= 0
+        assert metric(after, h + "_bucket", le="+Inf") == metric(after, h + "_count")
+    assert delta("vllm:inter_token_latency_seconds_count") == gen_toks - 2
+    assert metric(after, "vllm:num_requests_running") == 0 and metric(after, "vllm:num_requests_waiting") == 0
+    assert metric(after, "vllm:kv_cache_usage_perc") == 0
+    assert metric(after, "vllm:num_preemptions_total") == 0
+    counters = engine_call(server, lambda e: e.snapshot().counters)
+    assert metric(after, "vllm:prefix_cache_queries_total") == counters.prefix_queries > 0
+    assert metric(after, "vllm:prefix_cache_hits_total") == counters.prefix_hits
+    n_blocks, block = engine_call(server, lambda e: (e.slots.n_blocks, e.slots.block_size))
+    info = [k for k in after if k[0] == "vllm:cache_config_info"]
+    assert len(info) == 1 and after[info[0]] == 1
+    labels = dict(info[0][1])
+    assert (labels["block_size"], labels["num_gpu_blocks"], labels["model_name"]) == (str(block), str(n_blocks), MODEL)
+
+
+# -- bad requests ---------------------------------------------------------------------------------
+BAD = [  # (body, param)
+    (b"{not json", None),
+    (b"\xff\xfe", None),
+    (b"[1, 2]", None),
+    ({"model": MODEL}, "prompt"),
+    ({"prompt": 12}, "prompt"),
+    ({"prompt": ["two", "prompts"]}, "prompt"),
+    ({"prompt": [[1, 2], [3]]}, "prompt"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": [1, -2]}, "prompt"),
+    ({"prompt": [1, True]}, "prompt"),
+    ({"prompt": [1, 4096]}, "prompt"),                       # outside the vocabulary
+    ({"prompt": [1] * 500, "max_tokens": 16}, "prompt"),     # 516 > the 512-token context
+    ({"prompt": "x", "model": "gpt-4"}, "model"),
+    ({"prompt": "x", "model": 3}, "model"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": "8"}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 2.5}, "max_tokens"),
+    ({"prompt": "x", "temperature": -0.5}, "temperature"),
+    ({"prompt": "x", "temperature": "hot"}, "temperature"),
+    ({"prompt": "x", "top_p": 0}, "top_p"),
+    ({"prompt": "x", "top_p": 1.5}, "top_p"),
+    ({"prompt": "x", "top_k": -3}, "top_k"),
+    ({"prompt": "x", "top_k": 2.5}, "top_k"),
+    ({"prompt": "x", "stream": "yes"}, "stream"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"prompt": "x", "stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+    ({"prompt": "x", "n": 2}, "n"),
+    ({"prompt": "x", "seed": 7}, "seed"),
+    ({"prompt": "x", "echo": True}, "echo"),
+    ({"prompt": "x", "logprobs": 2}, "logprobs"),
+    ({"prompt": "x", "stop": ["\n"]}, "stop"),
+]
+
+
+def test_bad_requests_get_400_and_the_server_goes_on(client, solo):
+    for body, param in BAD:
+        kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+        r = client.post("/v1/completions", headers={"content-type": "application/json"}, **kw)
+        assert r.status_code == 400, (body, r.text)
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["message"], (body, err)
+        assert err["type"] == "invalid_request_error" and err["param"] == param, (body, err)
+    for method, path, status in (("GET", "/v1/nope", 404), ("POST", "/v2/completions", 404),
+                                 ("GET", "/v1/completions", 405)):
+        r = client.request(method, path)
+        assert r.status_code == status and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    assert client.get("/health").status_code == 200
+    out = complete(client, prompt=PROMPTS[0], max_tokens=4, return_token_ids=True)
+    assert out["choices"][0]["token_ids"] == solo(PROMPTS[0], 4)
+
+
+# -- load and disconnects --------------------------------------------------------------------------
+async def _stream_tokens(ac: httpx.AsyncClient, prompt: str, n: int) -> list[int]:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True,
+            "return_token_ids": True}
+    async with ac.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        events = sse_events([line async for line in r.aiter_lines()])
+    assert events[-1] == "[DONE]"
+    return [t for e in events[:-1] for t in e["choices"][0]["token_ids"]]
+
+
+def _openai_stream(url: str, prompt: str, n: int) -> tuple[str, dict]:
+    import openai
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=60, max_retries=0)
+    text, usage = [], None
+    for chunk in client.completions.create(model=MODEL, prompt=prompt, max_tokens=n, temperature=0, stream=True,
+                                           stream_options={"include_usage": True}):
+        text += [c.text for c in chunk.choices]
+        usage = chunk.usage or usage
+    return "".join(text), usage
+
+
+async def test_64_concurrent_streaming_clients(server, model_tok, solo):
+    _, tok = model_tok
+    n = 8
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(64)]
+    want = {p: solo(p, n) for p in PROMPTS}                      # before the clients: not timed against them
+    async with httpx.AsyncClient(base_url=server.url, timeout=TIMEOUT,
+                                 limits=httpx.Limits(max_connections=100)) as ac:
+        oa = asyncio.to_thread(_openai_stream, server.url, prompts[0], n)
+        results = await asyncio.wait_for(asyncio.gather(oa, *(_stream_tokens(ac, p, n) for p in prompts[1:])), 120)
+    text, usage = results[0]
+    assert text == tok.decode(want[prompts[0]], skip_special_tokens=True)
+    assert usage.completion_tokens == len(want[prompts[0]]) and usage.prompt_tokens == len(tok.encode(prompts[0]))
+    assert all(got == want[p] for got, p in zip(results[1:], prompts[1:]))
+    wait_idle(server)
+    assert_nothing_held(server)
+
+
+async def _disconnect(ac: httpx.AsyncClient, prompt: str, after_chunks: int) -> int:
+    """Start a long stream, read ``after_chunks`` data chunks (0: only the headers), hang up."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 400, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    got = 0
+    async with ac.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        if after_chunks:
+            async for line in r.aiter_lines():
+                got += line.startswith("data: ")
+                if got >= after_chunks:
+                    break
+    return got
+
+
+async def test_clients_that_disconnect_mid_stream_free_everything(server, client):
+    aborted0 = metric(metrics(client), "vllm:request_success_total", finished_reason="abort")
+    n_before = len(engine_call(server, lambda e: e.snapshot().requests))
+    async with httpx.AsyncClient(base_url=server.url, timeout=TIMEOUT,
+                                 limits=httpx.Limits(max_connections=100)) as ac:
+        # half hang up after 2 chunks (running), half as soon as the headers came (mostly still queued)
+        got = await asyncio.wait_for(asyncio.gather(*(_disconnect(ac, f"{PROMPTS[i % 16]}{i}", 2 * (i % 2))
+                                                      for i in range(32))), 60)
+    assert got == [2 * (i % 2) for i in range(32)]
+    wait_idle(server, timeout=15)             # 32 x 400 tokens on 8 slots would take minutes: aborts freed them
+    assert_nothing_held(server)
+    views = engine_call(server, lambda e: e.snapshot().requests)[n_before:]
+    assert len(views) == 32 and all(v.state == "aborted" and len(v.tokens) < 400 for v in views)
+    m = metrics(client)
+    assert metric(m, "vllm:request_success_total", finished_reason="abort") - aborted0 == 32
+    assert metric(m, "vllm:num_requests_running") == 0 and metric(m, "vllm:kv_cache_usage_perc") == 0
+
+
+def test_nonstreaming_client_that_disconnects_is_aborted(server):
+    n_before = len(engine_call(server, lambda e: e.snapshot().requests))
+    body = {"model": MODEL, "prompt": PROMPTS[1], "max_tokens": 400, "temperature": 0, "ignore_eos": True}
+    done = threading.Event()
+
+    def post() -> None:
+        try:
+            httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(60, read=1.5))
+        except httpx.ReadTimeout:                # we hang up after 1.5 s, long before 400 tokens
+            pass
+        finally:
+            done.set()
+    t = threading.Thread(target=post)
+    t.start()
+    assert done.wait(30)
+    t.join(5)
+    wait_idle(server, timeout=15)
+    assert_nothing_held(server)
+    views = engine_call(server, lambda e: e.snapshot().requests)[n_before:]
+    assert len(views) == 1 and views[0].state == "aborted" and 0 < len(views[0].tokens) < 400
+
+
+# -- the engine loop alone ---------------------------------------------------------------------------
+async def test_engine_loop_hooks_rejects_and_stop():
+    model = random_model()
+    eng = ContinuousEngine(model, 2, 64, kv="paged", chunked_prefill=True)
+    seen: list = []
+    threads: set = set()
+
+    def hook(engine, events, lifecycle):
+        threads.add(threading.current_thread())
+        seen.append((len(events), [e.kind for e in lifecycle], engine.snapshot().num_requests_running))
+
+    def broken(engine, events, lifecycle):
+        raise RuntimeError("a broken viewer")
+    loop = EngineLoop(eng, on_step=hook)
+    loop.add_step_hook(broken)                                   # logged, never stops the loop
+    with pytest.raises(RuntimeError):                            # not started yet
+        loop.submit(Request([1, 2, 3], 4))
+    loop.start()
+    try:
+        h = loop.submit(Request([1, 2, 3], 5))
+        assert await h.accepted() == 0
+        toks = []
+        for _ in range(10):
+            out = await asyncio.wait_for(h.next_output(), 10)
+            toks += out.tokens
+            if out.finished:
+                break
+        assert toks == generate(model, [1, 2, 3], 5) and out.finish_reason == "length"
+        assert threads == {loop.thread}
+        kinds = [k for _, ks, _ in seen for k in ks]
+        assert kinds[:2] == ["queued", "admitted"] and kinds[-1] == "finished"
+        assert sum(n for n, _, _ in seen) == 5
+        for bad in (Request([999], 4), Request([1] * 60, 10)):   # out of vocab; longer than max_len
+            with pytest.raises(RequestRejected):
+                await loop.submit(bad).accepted()
+        assert loop.alive and await loop.call_async(lambda e: e.has_work()) is False
+        assert loop.call(lambda e: e.results) == {}              # finished results are popped
+        real_step = eng.step
+
+        def broken_step():
+            raise RuntimeError("a broken step")
+        loop.call(lambda e: setattr(e, "step", broken_step))    # a bug in the engine: its requests fail,
+        with pytest.raises(RequestFailed, match="a broken step"):   # the loop lives on
+            h = loop.submit(Request([1, 2, 3], 5))
+            await h.accepted()
+            await asyncio.wait_for(h.next_output(), 10)
+        loop.call(lambda e: setattr(e, "step", real_step))
+        assert loop.thread.is_alive() and loop.call(lambda e: e.has_work()) is False
+        long = loop.submit(Request([4, 5], 50))
+        await long.accepted()
+        await asyncio.wait_for(long.next_output(), 10)
+    finally:
+        await asyncio.to_thread(loop.stop)
+    assert not loop.thread.is_alive()
+    with pytest.raises(RequestFailed, match="shutting down"):   # the unfinished request is told
+        for _ in range(60):
+            await asyncio.wait_for(long.next_output(), 10)
+    assert eng.slots.allocated_tokens() == 0 and not eng.has_work()
+
+
+# -- the CLI ---------------------------------------------------------------------------------------
+def test_cli_serve_prints_url_serves_and_stops_on_ctrl_c():
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "tinyllm.cli", "serve", "--port", "0", "--slots", "2",
+                          "--served-model-name", "bard"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env)
+    try:
+        line = p.stdout.readline()                               # blocks until ready (or exit)
+        assert line.startswith("tinyllm serve: bard on http://127.0.0.1:"), (line, p.stderr.read())
+        url = line.split()[4]
+        assert httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"] == "bard"
+        r = httpx.post(url + "/v1/completions", json={"model": "bard", "prompt": "ROMEO:", "max_tokens": 3},
+                       timeout=30)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        p.send_signal(signal.SIGINT)                             # Ctrl+C: 130, as every tinyllm command
+        assert p.wait(20) == 130
+        assert "Traceback" not in p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(5)
+
+
+@pytest.mark.parametrize("args, says", [(["--port", "70000"], "--port"), (["--slots", "0"], "--slots"),
+                                        (["--max-len", "9999"], "--max-len"),
+                                        (["--served-model-name", " "], "--served-model-name"),
+                                        (["--host", "192.0.2.1"], "cannot listen")])
+def test_cli_serve_bad_options_are_one_line_exit_2(args, says, capsys):
+    from tinyllm.cli import main
+    try:
+        rc = main(["serve", "--port", "0", "--device", "cpu", *args])
+    except SystemExit as e:                                      # argparse's own errors
+        rc = e.code
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and "error" in err and says in err, err

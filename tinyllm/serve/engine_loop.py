@@ -1,0 +1,364 @@
+"""The one thread that owns the engine; the asyncio server talks to it only through a queue.
+
+Why a thread of its own: ``ContinuousEngine`` is not thread-safe, and a step is milliseconds of
+torch work that must never run inside the asyncio event loop (every connection would stall).
+So exactly one thread calls the engine. HTTP handlers put commands on a thread-safe queue
+(submit, abort, call); between steps the thread drains them, steps the engine and sends each
+request's new tokens back to that request's ``asyncio.Queue`` with ``call_soon_threadsafe``,
+one wake-up per event loop per step. With nothing to do it blocks on the queue (no polling).
+
+Per-step hooks (``on_step(engine, token_events, lifecycle_events)``) run in this thread right
+after each step, so they may read the engine (e.g. ``engine.snapshot()``) safely. The metrics
+are one such hook; a recorder for a snapshot stream can be another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, TypeVar
+
+from tinyllm.request import ContextTooLong, Request
+from tinyllm.snapshot import LifecycleEvent
+
+log = logging.getLogger("tinyllm.serve")
+T = TypeVar("T")
+
+
+class StepHook(Protocol):
+    """Called in the engine thread after every step, and after commands that changed the
+    engine without a step (an abort of the last request, with no tokens). ``token_events`` are that step's
+    ``tinyllm.engine.Event`` s; ``lifecycle_events`` what ``engine.pop_lifecycle()`` returned
+    (the loop pops them: a hook never calls pop_lifecycle itself). Must not block for long: the
+    engine waits for it. An exception is logged and the loop goes on."""
+
+    def __call__(self, engine: Any, token_events: list, lifecycle_events: list[LifecycleEvent]) -> None: ...
+
+
+class RequestRejected(Exception):
+    """The engine refused a request at submission (it can never run: too long, bad token id)."""
+
+    def __init__(self, message: str, context_too_long: bool = False):
+        super().__init__(message)
+        self.context_too_long = context_too_long
+
+
+class RequestFailed(Exception):
+    """A request ended without finishing: the engine failed it, or the server is stopping."""
+
+
+class EngineLoopStopped(RuntimeError):
+    """The engine loop is not running (not started yet, or stopped)."""
+
+
+# -- messages from the engine thread to a handle's asyncio queue ------------------------------
+@dataclass(frozen=True)
+class _Accepted:
+    rid: int
+
+
+@dataclass(frozen=True)
+class _Rejected:
+    message: str
+    context_too_long: bool
+
+
+@dataclass(frozen=True)
+class _Token:
+    token: int
+    finish_reason: str | None          # "stop" (EOS) / "length" (max_new_tokens) on the last token
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class _Failed:
+    message: str
+
+
+@dataclass(frozen=True)
+class Output:
+    """What a request produced since the handler last asked (one or more steps' tokens)."""
+    tokens: tuple[int, ...]
+    finish_reason: str | None = None   # set on the request's last output
+    cached_tokens: int = 0             # prompt tokens the prefix cache served (at its latest admission)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(eq=False)
+class RequestHandle:
+    """One submitted request, as its HTTP handler sees it. Read it from the event loop that
+    submitted it (``accepted()``, ``next_output()``); ``close()`` aborts it if unfinished."""
+    request: Request
+    owner: "EngineLoop"
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    rid: int | None = None
+    ended: bool = False                # event-loop side: finished, failed, rejected or closed
+    _cached_tokens: int = 0            # engine-thread side: the latest admission's prefix-cache hit
+
+    async def accepted(self) -> int:
+        """Wait until the engine queued the request; its id. Raises RequestRejected."""
+        msg = await self.queue.get()
+        if isinstance(msg, _Rejected):
+            self.ended = True
+            raise RequestRejected(msg.message, msg.context_too_long)
+        if isinstance(msg, _Failed):
+            self.ended = True
+            raise RequestFailed(msg.message)
+        assert isinstance(msg, _Accepted), msg
+        self.rid = msg.rid
+        return msg.rid
+
+    async def next_output(self) -> Output:
+        """Wait for new tokens, then take every token already delivered (a slow reader gets
+        several at once). Raises RequestFailed if the request ended without finishing."""
+        items = [await self.queue.get()]
+        while not self.queue.empty():
+            items.append(self.queue.get_nowait())
+        toks, reason, cached = [], None, 0
+        for m in items:
+            if isinstance(m, _Failed):
+                self.ended = True
+                raise RequestFailed(m.message)
+            toks.append(m.token)
+            reason, cached = m.finish_reason, m.cached_tokens
+        if reason is not None:
+            self.ended = True
+        return Output(tuple(toks), reason, cached)
+
+    def close(self) -> None:
+        """Abort the request unless it already ended (the client went away). Idempotent."""
+        if not self.ended:
+            self.ended = True
+            self.owner.abort(self)
+
+
+class EngineLoop:
+    """Owns a ContinuousEngine in one background thread (see the module docstring).
+
+    ``submit()`` / ``abort()`` / ``call()`` are thread-safe; ``start()`` / ``stop()`` bracket
+    the thread. ``on_step`` (and ``add_step_hook``) register StepHooks."""
+
+    def __init__(self, engine: Any, on_step: StepHook | None = None, name: str = "tinyllm-engine"):
+        self.engine = engine               # touch it only from the engine thread (or via call())
+        self._hooks: list[StepHook] = [] if on_step is None else [on_step]
+        self._hook_errors: dict[int, int] = {}
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._live: dict[int, RequestHandle] = {}          # engine thread only: rid → unfinished handle
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._stopping = False
+        self._lock = threading.Lock()                       # start/stop/submit against each other
+
+    # -- control (any thread) ----------------------------------------------------------------
+    def add_step_hook(self, hook: StepHook) -> None:
+        """Register a hook; call before start() (the list is read by the engine thread)."""
+        self._hooks.append(hook)
+
+    def start(self) -> None:
+        with self._lock:
+            if not self.thread.is_alive() and not self._stopping:
+                self.thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive() and not self._stopping
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the thread between two steps; unfinished requests end with RequestFailed."""
+        with self._lock:
+            self._stopping = True
+            self._commands.put(("stop",))
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            self.thread.join(timeout)
+
+    def submit(self, request: Request) -> RequestHandle:
+        """Queue ``request`` for the engine; call from a running event loop. Then await
+        ``handle.accepted()`` and ``handle.next_output()``. Raises EngineLoopStopped."""
+        handle = RequestHandle(request, self, asyncio.get_running_loop())
+        with self._lock:
+            if not self.alive:
+                raise EngineLoopStopped("the engine loop is not running")
+            self._commands.put(("submit", handle))
+        return handle
+
+    def abort(self, handle: RequestHandle) -> None:
+        """Abort ``handle``'s request (queued or running); its slot and blocks are freed."""
+        self._commands.put(("abort", handle))
+
+    def call(self, fn: Callable[[Any], T], timeout: float | None = 30.0) -> T:
+        """Run ``fn(engine)`` in the engine thread between two steps and return its result:
+        the safe way for another thread to read the engine (snapshots, checks)."""
+        if threading.current_thread() is self.thread:
+            return fn(self.engine)
+        return self.call_future(fn).result(timeout)
+
+    async def call_async(self, fn: Callable[[Any], T]) -> T:
+        """``call`` for coroutines: awaits without blocking the event loop."""
+        return await asyncio.wrap_future(self.call_future(fn))
+
+    def call_future(self, fn: Callable[[Any], T]) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if not self.alive:
+                fut.set_exception(EngineLoopStopped("the engine loop is not running"))
+                return fut
+            self._commands.put(("call", fn, fut))
+        return fut
+
+    # -- the engine thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            try:
+                if not self._iteration():
+                    return
+            except Exception as e:                          # noqa: BLE001 - a bug here must not end serving
+                log.exception("engine loop iteration failed")
+                try:
+                    self._fail_all(f"engine loop error: {type(e).__name__}: {e}")
+                except Exception:                           # noqa: BLE001
+                    log.exception("could not fail the running requests")
+
+    def _iteration(self) -> bool:
+        """Apply queued commands (waiting for one when idle), step, deliver, run the hooks.
+        False once told to stop."""
+        eng = self.engine
+        cmds = [self._commands.get()] if not eng.has_work() else []     # idle: sleep here
+        while True:
+            try:
+                cmds.append(self._commands.get_nowait())
+            except queue.Empty:
+                break
+        for c in cmds:
+            if c[0] == "stop":
+                self._shutdown()
+                return False
+            self._apply(c)
+        stepped = eng.has_work()
+        events = self._step() if stepped else []
+        lifecycle = eng.pop_lifecycle()
+        if stepped or lifecycle:
+            self._dispatch(events, lifecycle)
+            self._run_hooks(events, lifecycle)
+        return True
+
+    def _apply(self, cmd: tuple) -> None:
+        eng = self.engine
+        if cmd[0] == "submit":
+            h: RequestHandle = cmd[1]
+            try:
+                rid = eng.add_request(h.request)
+            except ValueError as e:                         # ContextTooLong included: a bad request
+                self._post([(h, _Rejected(str(e), isinstance(e, ContextTooLong)))])
+                return
+            except Exception as e:                          # noqa: BLE001 - never let one request kill the loop
+                log.exception("add_request failed")
+                self._post([(h, _Rejected(f"{type(e).__name__}: {e}", False))])
+                return
+            h.rid = rid                                     # the handler reads rid from _Accepted
+            self._live[rid] = h
+            self._post([(h, _Accepted(rid))])
+        elif cmd[0] == "abort":
+            h = cmd[1]
+            if h.rid is not None and self._live.pop(h.rid, None) is not None:
+                eng.abort(h.rid)
+        elif cmd[0] == "call":
+            fn, fut = cmd[1], cmd[2]
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(eng))
+                except BaseException as e:                  # noqa: BLE001 - handed to the caller
+                    fut.set_exception(e)
+
+    def _step(self) -> list:
+        try:
+            return self.engine.step()
+        except Exception as e:                              # noqa: BLE001 - the engine isolates bad requests,
+            log.exception("engine step failed")             # so this is a bug: fail what runs, keep serving
+            self._fail_all(f"engine step failed: {type(e).__name__}: {e}")
+            return []
+
+    def _dispatch(self, events: list, lifecycle: list[LifecycleEvent]) -> None:
+        posts: list[tuple[RequestHandle, object]] = []
+        for ev in lifecycle:
+            h = self._live.get(ev.rid)
+            if h is None:
+                continue
+            if ev.kind == "admitted":
+                h._cached_tokens = ev.cached
+            elif ev.kind == "failed":
+                del self._live[ev.rid]
+                posts.append((h, _Failed(ev.reason or "the engine failed this request")))
+            elif ev.kind == "aborted":
+                del self._live[ev.rid]
+        for ev in events:
+            h = self._live.get(ev.rid)
+            if h is None:
+                continue
+            reason = None
+            if ev.done:
+                eos = h.request.eos_id
+                reason = "stop" if eos is not None and ev.token == eos else "length"
+                del self._live[ev.rid]
+                self.engine.results.pop(ev.rid, None)      # the handler has every token already
+            posts.append((h, _Token(ev.token, reason, h._cached_tokens)))
+        self._post(posts)
+
+    def _post(self, posts: list[tuple[RequestHandle, object]]) -> None:
+        """Deliver messages: one call_soon_threadsafe per event loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = defaultdict(list)
+        for h, msg in posts:
+            by_loop[h.loop].append((h, msg))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:                            # that event loop is closed: nobody reads
+                for h, _ in items:
+                    if h.rid is not None and self._live.pop(h.rid, None) is not None:
+                        self.engine.abort(h.rid)
+
+    def _run_hooks(self, events: list, lifecycle: list[LifecycleEvent]) -> None:
+        for hook in self._hooks:
+            try:
+                hook(self.engine, events, lifecycle)
+            except Exception:                               # noqa: BLE001 - a viewer never stops serving
+                n = self._hook_errors[id(hook)] = self._hook_errors.get(id(hook), 0) + 1
+                if n == 1:
+                    log.exception("step hook %r failed (further failures are counted, not logged)", hook)
+
+    def _fail_all(self, why: str) -> None:
+        posts = []
+        for rid, h in list(self._live.items()):
+            try:
+                self.engine.abort(rid)
+            except Exception:                               # noqa: BLE001 - best effort while failing
+                log.exception("abort %d failed", rid)
+            posts.append((h, _Failed(why)))
+        self._live.clear()
+        self._post(posts)
+
+    def _shutdown(self) -> None:
+        self._fail_all("the server is shutting down")
+        lifecycle = self.engine.pop_lifecycle()
+        self._run_hooks([], lifecycle)
+        while True:                                         # nobody will run what is still queued
+            try:
+                c = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if c[0] == "submit":
+                self._post([(c[1], _Failed("the server is shutting down"))])
+            elif c[0] == "call" and c[2].set_running_or_notify_cancel():
+                c[2].set_exception(EngineLoopStopped("the engine loop stopped"))
+
+
+def _deliver(items: list[tuple[RequestHandle, object]]) -> None:
+    for h, msg in items:
+        h.queue.put_nowait(msg)

@@ -1,0 +1,143 @@
+"""Prometheus metrics with vLLM's names and meanings, fed by a step hook in the engine thread.
+
+vLLM's names, so dashboards and alerts written for a vLLM server read this one unchanged
+(prometheus_client appends ``_total`` to counters, which is what vLLM exposes). The registry is
+this object's own, not prometheus_client's global one: several servers (tests) can live in one
+process, and nothing else a process imports leaks into ``/metrics``.
+
+Everything is updated in the engine thread from what each step reports (token events and
+lifecycle events), so a scrape never touches the engine; prometheus_client is thread-safe.
+Times are the engine clock's (``engine.now()``), the clock the lifecycle events carry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from tinyllm.snapshot import LifecycleEvent
+
+__all__ = ["CONTENT_TYPE_LATEST", "FINISHED_REASONS", "ServeMetrics"]
+
+# vLLM's finished_reason label values: EOS, max_tokens, client gone / aborted, engine failure.
+FINISHED_REASONS = ("stop", "length", "abort", "error")
+
+# vLLM's bucket boundaries (vllm/v1/metrics/loggers.py).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)
+REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                   240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+@dataclass
+class _Times:
+    """One unfinished request's times on the engine clock."""
+    arrival: float
+    prompt_tokens: int
+    admitted: bool = False
+    tokens: int = 0
+    last_token: float = 0.0
+
+
+class ServeMetrics:
+    """The server's metrics. ``on_step`` is a StepHook (engine thread); ``render()`` is the
+    text a scrape returns (any thread)."""
+
+    def __init__(self, model_name: str):
+        self.model_name = model_name
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        m = ["model_name"]
+        self.running = Gauge("vllm:num_requests_running", "Requests in the model's running batch (holding a slot).",
+                             m, registry=r).labels(model_name)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting for a slot (preempted ones included).",
+                             m, registry=r).labels(model_name)
+        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage: allocated / reserved tokens, 0..1 "
+                              "(1 = every block claimed).", m, registry=r).labels(model_name)
+        self.preemptions = Counter("vllm:num_preemptions", "Requests preempted (out of KV blocks), cumulative.",
+                                   m, registry=r).labels(model_name)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of requests whose prefill completed.",
+                                     m, registry=r).labels(model_name)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", m,
+                                         registry=r).labels(model_name)
+        self.prefix_queries = Counter("vllm:prefix_cache_queries", "Context tokens looked up in the prefix cache.",
+                                      m, registry=r).labels(model_name)
+        self.prefix_hits = Counter("vllm:prefix_cache_hits", "Of those, tokens served from cached blocks.",
+                                   m, registry=r).labels(model_name)
+        success = Counter("vllm:request_success", "Requests ended, by finished_reason (stop: EOS, length: "
+                          "max_tokens, abort: cancelled, error: failed).", m + ["finished_reason"], registry=r)
+        self.success = {why: success.labels(model_name, why) for why in FINISHED_REASONS}
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Arrival to first generated token.", m,
+                              buckets=TTFT_BUCKETS, registry=r).labels(model_name)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between two tokens of one request.", m,
+                             buckets=ITL_BUCKETS, registry=r).labels(model_name)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Arrival to last token, finished requests.", m,
+                             buckets=REQUEST_BUCKETS, registry=r).labels(model_name)
+        self.queue_time = Histogram("vllm:request_queue_time_seconds", "Arrival to first admission into a slot.",
+                                    m, buckets=REQUEST_BUCKETS, registry=r).labels(model_name)
+        self._cache_info = Gauge("vllm:cache_config_info", "Information of the KV cache configuration (value 1).",
+                                 m + ["block_size", "num_gpu_blocks", "enable_prefix_caching"], registry=r)
+        self._reqs: dict[int, _Times] = {}
+
+    def set_cache_config(self, engine) -> None:
+        """``vllm:cache_config_info``: the pool's block size and block count (a slot cache counts
+        as one block of max_len per slot)."""
+        slots = engine.slots
+        block_size = getattr(slots, "block_size", engine.max_len)
+        n_blocks = getattr(slots, "n_blocks", engine.n_slots)
+        self._cache_info.labels(self.model_name, str(block_size), str(n_blocks),
+                                str(bool(engine.prefix_cache))).set(1)
+        self._gauges(engine)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # -- the step hook (engine thread) ----------------------------------------------------------
+    def on_step(self, engine, token_events: list, lifecycle_events: list[LifecycleEvent]) -> None:
+        now = engine.now()
+        reqs = self._reqs
+        for ev in lifecycle_events:
+            t = reqs.get(ev.rid)
+            if ev.kind == "queued":
+                reqs[ev.rid] = _Times(ev.time_s, ev.tokens)
+            elif ev.kind == "preempted":
+                self.preemptions.inc()
+            elif t is None:
+                continue
+            elif ev.kind == "admitted":
+                if not t.admitted:
+                    t.admitted = True
+                    self.queue_time.observe(max(0.0, ev.time_s - t.arrival))
+                if engine.prefix_cache:
+                    self.prefix_queries.inc(ev.tokens)
+                    self.prefix_hits.inc(ev.cached)
+            elif ev.kind == "first_token":
+                self.ttft.observe(max(0.0, ev.time_s - t.arrival))
+                self.prompt_tokens.inc(t.prompt_tokens)
+            elif ev.kind == "finished":
+                self.e2e.observe(max(0.0, ev.time_s - t.arrival))
+                self.success["stop" if ev.reason == "eos" else "length"].inc()
+            elif ev.kind in ("aborted", "failed"):
+                self.success["abort" if ev.kind == "aborted" else "error"].inc()
+                del reqs[ev.rid]
+        self.generation_tokens.inc(len(token_events))
+        for ev in token_events:
+            t = reqs.get(ev.rid)
+            if t is None:
+                continue
+            t.tokens += 1
+            if t.tokens > 1:                                     # the first token's time came above
+                self.itl.observe(max(0.0, now - t.last_token))
+            t.last_token = now
+            if ev.done:
+                del reqs[ev.rid]
+        self._gauges(engine)
+
+    def _gauges(self, engine) -> None:
+        waiting, running = engine.load()
+        self.waiting.set(waiting)
+        self.running.set(running)
+        self.kv_usage.set(engine.slots.allocated_tokens() / max(1, engine.slots.reserved_tokens()))

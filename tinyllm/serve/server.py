@@ -1,0 +1,159 @@
+"""Putting it together: the engine the server runs, and uvicorn around the app.
+
+The engine defaults to what the app (``tui``) runs: paged KV, chunked prefill (the token-budget
+scheduler) and the prefix cache, so long prompts do not stall decodes and repeated prompt
+prefixes are served from cache. ``run_server`` is the CLI's blocking server (uvicorn handles
+Ctrl+C); ``ServerThread`` runs the same server in a background thread, for tests and embedding.
+The listening socket is bound before uvicorn starts, so a busy port is a plain OSError the CLI
+turns into one line, and port 0 (any free port) reports the port really taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+import uvicorn
+
+from tinyllm.serve.app import create_app
+from tinyllm.serve.engine_loop import EngineLoop, StepHook
+
+BUNDLED_MODEL_NAME = "tinyllm-shakespeare"
+GRACEFUL_SHUTDOWN_S = 3          # at shutdown, open connections get this long to close, then are cancelled
+
+
+def model_name_for(model_dir: str | None) -> str:
+    """The id /v1/models reports: the model directory's name, or the bundled model's name."""
+    return BUNDLED_MODEL_NAME if model_dir is None else Path(model_dir).resolve().name
+
+
+def build_engine(model: Any, slots: int = 8, max_len: int | None = None, kv_blocks: int | None = None,
+                 block_size: int = 16, max_batched_tokens: int | None = None, prefix_cache: bool = True,
+                 seed: int = 0):
+    """The server's ContinuousEngine: paged KV + chunked prefill (+ prefix cache). Raises
+    ValueError with a user-facing message for bad settings."""
+    import torch
+
+    from tinyllm.engine import ContinuousEngine
+    device = next(model.parameters()).device
+    return ContinuousEngine(model, slots, max_len, kv="paged", block_size=block_size, kv_blocks=kv_blocks,
+                            chunked_prefill=True, max_batched_tokens=max_batched_tokens,
+                            prefix_cache=prefix_cache, generator=torch.Generator(device=device).manual_seed(seed))
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (IPv6 when host is one). Raises OSError."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+        sock.set_inheritable(True)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, with a callback once it is really listening (after the lifespan
+    startup that starts the engine thread), and the engine loop stopped as shutdown begins: its
+    unfinished requests end at once (streams get an error event and [DONE]), so uvicorn's wait
+    for open connections is short instead of the whole graceful timeout."""
+
+    def __init__(self, config: uvicorn.Config, on_ready: Callable[[], None] | None = None):
+        super().__init__(config)
+        self.on_ready = on_ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.on_ready is not None and not self.should_exit:
+            self.on_ready()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        engine_loop = getattr(getattr(self.config.app, "state", None), "engine_loop", None)
+        if engine_loop is not None:
+            await asyncio.to_thread(engine_loop.stop)
+        await super().shutdown(sockets)
+
+
+def make_server(app: Any, on_ready: Callable[[], None] | None = None, log_level: str = "warning") -> _Server:
+    config = uvicorn.Config(app, lifespan="on", log_level=log_level, access_log=False,
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    return _Server(config, on_ready)
+
+
+def run_server(engine: Any, tokenizer: Any, model_name: str, sock: socket.socket,
+               on_step: StepHook | None = None) -> None:
+    """Serve ``engine`` on the listening ``sock`` until Ctrl+C / SIGTERM, printing the URL once
+    uvicorn is listening. The engine thread is stopped before this returns."""
+    loop = EngineLoop(engine, on_step=on_step)
+    app = create_app(loop, tokenizer, model_name)
+    url = url_of(sock)
+
+    def ready() -> None:
+        e = engine
+        print(f"tinyllm serve: {model_name} on {url}  (OpenAI API at {url}/v1; {e.n_slots} slots, max_len "
+              f"{e.max_len}, {e.slots.n_blocks} KV blocks of {e.slots.block_size}, prefix cache "
+              f"{'on' if e.prefix_cache else 'off'}; Ctrl+C stops)", flush=True)
+
+    try:
+        make_server(app, ready).run(sockets=[sock])
+    finally:
+        loop.stop()
+        sock.close()
+
+
+class ServerThread:
+    """The server in a background thread of this process, on host:port (0: any free port).
+    ``with ServerThread(app) as s: httpx.get(s.url + "/health")``; ``s.engine_loop`` reaches the
+    engine (``s.engine_loop.call(lambda e: e.snapshot())``)."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0):
+        self.app = app
+        self.engine_loop: EngineLoop = app.state.engine_loop
+        self._sock = bind(host, port)
+        self.url = url_of(self._sock)
+        self._ready = threading.Event()
+        self.server = make_server(app, self._ready.set)
+        self._thread = threading.Thread(target=self._run, name="tinyllm-serve", daemon=True)
+        self._error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            self.server.run(sockets=[self._sock])
+        except BaseException as e:                       # noqa: BLE001 - reported by start()
+            self._error = e
+        finally:
+            self._ready.set()
+
+    def start(self, timeout: float = 30.0) -> "ServerThread":
+        self._thread.start()
+        if not self._ready.wait(timeout) or self._error is not None or not self.server.started:
+            self.stop()
+            raise RuntimeError(f"the server did not start: {self._error!r}")
+        return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Shut down: the engine loop first (unfinished requests end at once), then uvicorn."""
+        self.server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self.engine_loop.stop()
+        self._sock.close()
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
