@@ -15,7 +15,7 @@ from tinyllm.workload import bundled_workloads
 from tui.app import TinyLLMApp
 from tui.messages import SetDelay, SetPaused, StepOnce
 from tui.runner import EngineRunner
-from tui.screens import HelpScreen, NextSettings, PromptPicker, SettingsScreen
+from tui.screens import GotoStep, HelpScreen, NextSettings, PromptPicker, SettingsScreen
 from tui.widgets.block_map import BlockMap
 from tui.widgets.kv_panel import KVPanel
 from tui.widgets.request_list import RequestList, tail
@@ -481,6 +481,13 @@ class Before:
     def __init__(self, app: TinyLLMApp):
         self.paused, self.delay, self.steps = app.runner.paused, app.runner.step_delay_ms, app.runner.steps_done
         self.selected, self.notes = app.selected, len(app.notified)
+        self.timeline = app.query_one("#timeline").display
+        self.zoom = app.query_one("#timeline").zoom
+        self.step = app.runner.frame.snapshot.counters.steps
+
+
+def _noted(app: TinyLLMApp, was: Before, text: str) -> bool:
+    return any(text in m for _, _, m in app.notified[was.notes:])
 
 
 # action → what must hold once its key has acted. A new binding fails the test until it is added.
@@ -498,6 +505,14 @@ EFFECTS = {
     "clear_prefix_cache": lambda app, was: any("prefix cach" in e.text for e in app.runner.frame.log),
     "focus_input": lambda app, was: app.focused is app.query_one("#prompt"),
     "leave_input": lambda app, was: app.focused is app.query_one("#requests"),
+    "toggle_timeline": lambda app, was: app.query_one("#timeline").display != was.timeline,
+    "zoom_out": lambda app, was: app.query_one("#timeline").zoom > was.zoom or _noted(app, was, "already at"),
+    "zoom_in": lambda app, was: app.query_one("#timeline").zoom < was.zoom or _noted(app, was, "already at"),
+    # replay only (tests/test_app_replay.py presses them there; a live app has them off)
+    "step_back": lambda app, was: app.runner.frame.snapshot.counters.steps < was.step,
+    "goto_step": lambda app, was: isinstance(app.screen, GotoStep),
+    "next_event": lambda app, was: app.runner.frame.snapshot.counters.steps > was.step or _noted(app, was, "has no"),
+    "prev_event": lambda app, was: app.runner.frame.snapshot.counters.steps < was.step or _noted(app, was, "has no"),
     "quit": None,                                                   # test_quit_keys_exit
 }
 
@@ -523,6 +538,9 @@ async def test_every_binding_acts_without_errors_paused_and_running():
         for paused in (True, False):
             for key, action in BOUND:
                 if EFFECTS[action] is None:
+                    continue
+                if action in TinyLLMApp.REPLAY_ONLY:                # off in a live app: pressing does nothing
+                    assert app.check_action(action, ()) is False
                     continue
                 await ready(pilot, paused)
                 if action == "leave_input":

@@ -91,6 +91,35 @@ def test_process_runner_generates_what_the_thread_runner_does(proc):
     assert runner.device == "cpu"
 
 
+def test_the_engine_process_records_what_the_app_received(proc, tmp_path):
+    """--record: the child writes the run; replayed, its last frame is the app's last frame."""
+    from tui.replay_runner import ReplayRunner
+    path = tmp_path / "run.jsonl"
+    runner = proc(record=str(path), kv="paged", chunked_prefill=True)
+    t = threading.Thread(target=runner.run, daemon=True)
+    t.start()
+    runner.send(Submit("ROMEO:\n", 8, Sampling(), False))
+    runner.send(SetPaused(False))
+    wait_for(lambda: runner.frame.snapshot.counters.finished == 1 and runner.frame.texts.get(0))
+    wait_for(lambda: runner.frame.paused is False and not runner.frame.snapshot.queue)
+    last = runner.frame
+    runner.stop()                                          # the child closes the file as it exits
+    t.join(10)
+    replay = ReplayRunner(path, paused=True)
+    assert replay.header["settings"]["chunked_prefill"] is True and replay.header["model"] == default_model_dir().name
+    assert replay.frame.snapshot.requests and replay.last_step == last.snapshot.counters.steps
+    replay.apply(StepOnce())
+    while not replay.at_end:
+        replay.apply(StepOnce())
+    assert replay.frame.snapshot == last.snapshot and replay.frame.texts == last.texts
+
+
+def test_an_unwritable_record_file_is_a_start_error(tmp_path):
+    spec = EngineSpec(str(default_model_dir()), "cpu", 2, 64, threads=1, record=str(tmp_path / "no" / "run.jsonl"))
+    with pytest.raises(EngineStartError, match="No such file"):
+        ProcessRunner(spec).start(timeout=120)
+
+
 def test_bad_checkpoint_and_bad_settings_are_reported_not_hung(tmp_path):
     src = default_model_dir()
     for name in ("config.json", "tokenizer.json"):

@@ -42,6 +42,7 @@ _SLOT_KEYS = {"rid": "r", "context_len": "n", "blocks": "b", "just_admitted": "j
 _SLOT_FIELDS = {v: k for k, v in _SLOT_KEYS.items()}
 _REQ_FIELDS = tuple(f.name for f in fields(RequestView))
 _KV_FIELDS = ("allocated_tokens", "used_tokens", "free_blocks", "cached_free_blocks")
+_BLOCK_FIELDS = ("block_owner", "block_refs", "block_cached")
 _COUNTER_FIELDS = tuple(f.name for f in fields(Counters))
 
 
@@ -119,11 +120,12 @@ class SnapshotEncoder:
         if snap.queue != prev.queue:
             d["q"] = snap.queue
         kv = {f: getattr(snap.kv, f) for f in _KV_FIELDS if getattr(snap.kv, f) != getattr(prev.kv, f)}
-        if (snap.kv.block_owner, snap.kv.block_refs, snap.kv.block_cached) != \
-                (prev.kv.block_owner, prev.kv.block_refs, prev.kv.block_cached):
-            kv["blocks"] = [[i, o, r, c] for i, (o, r, c, po, pr, pc) in enumerate(zip(
-                snap.kv.block_owner, snap.kv.block_refs, snap.kv.block_cached,
-                prev.kv.block_owner, prev.kv.block_refs, prev.kv.block_cached)) if (o, r, c) != (po, pr, pc)]
+        now, was = [getattr(snap.kv, f) for f in _BLOCK_FIELDS], [getattr(prev.kv, f) for f in _BLOCK_FIELDS]
+        if now != was:
+            if len({len(t) for t in now + was}) == 1:     # the usual case: a few blocks changed hands
+                kv["blocks"] = [[i, *new] for i, (new, old) in enumerate(zip(zip(*now), zip(*was))) if new != old]
+            else:                                         # e.g. no prefix cache: no per-block flags at all
+                kv.update(zip(_BLOCK_FIELDS, now))
         if kv:
             d["kv"] = kv
         if snap.counters != prev.counters:                # increments, in field order: short
@@ -172,10 +174,11 @@ class SnapshotDecoder:
         if "q" in d:
             changes["queue"] = tuple(d["q"])
         if "kv" in d:
-            kv = dict(d["kv"])
+            kv = {k: tuple(v) if k in _BLOCK_FIELDS else v for k, v in d["kv"].items()}
             blocks = kv.pop("blocks", None)
             if blocks is not None:
-                owner, refs, cached = list(s.kv.block_owner), list(s.kv.block_refs), list(s.kv.block_cached)
+                base = replace(s.kv, **kv)
+                owner, refs, cached = list(base.block_owner), list(base.block_refs), list(base.block_cached)
                 for i, o, r, c in blocks:
                     owner[i], refs[i], cached[i] = o, r, c
                 kv.update(block_owner=tuple(owner), block_refs=tuple(refs), block_cached=tuple(cached))

@@ -206,9 +206,8 @@ class TinyLLMApp(App):
             self.selected = requests.selected_rid()
         if self.selected is not None and details:
             self.query_one("#pane", RequestPane).show(frame, self.selected)
-        timeline = self.query_one("#timeline", TimelinePanel)
-        if timeline.display and details:
-            timeline.show(frame.tracks, frame.snapshot.counters.steps, self.selected)
+        if details:
+            self._show_timeline(frame)
         if self.replay:
             self.query_one("#scrubber", TextLine).set(self._scrubber_text(frame))
         self._append_log(frame)
@@ -275,7 +274,11 @@ class TinyLLMApp(App):
         t = Text(no_wrap=True, overflow="ellipsis")
         t.append(" ⏸ " if f.paused else " ▶ ", style="bold")
         t.append(f"step {now}/{r.last_step} ", style="bold")
-        width = max(10, self.size.width - 70)
+        sel = f"#{self.selected}" if self.selected is not None else "the selected request"
+        keys = f" {self._speed(f)} · space play · n/b step · g go to · ]/[ events of {sel}"
+        if self.size.width < 2 * len(keys):
+            keys = f" {self._speed(f)} · ? keys"
+        width = max(10, self.size.width - len(t) - len(keys))
         marks = {}
         for kind, glyph, style in (("aborted", "x", "bold red"), ("preempted", "P", "bold magenta")):
             for s in r.event_steps((kind,)):
@@ -288,8 +291,7 @@ class TinyLLMApp(App):
                 t.append(*marks[c])
             else:
                 t.append("━" if c < here else "─", style="cyan" if c < here else "dim")
-        t.append(f" {self._speed(f)} · space play · n/b step · g go to · ]/[ events of "
-                 f"{'#' + str(self.selected) if self.selected is not None else 'the selected request'}", style="dim")
+        t.append(keys, style="dim")
         return t
 
     def _show_settings(self) -> None:
@@ -361,11 +363,16 @@ class TinyLLMApp(App):
             return False
         return True
 
+    def _show_timeline(self, frame: Frame) -> None:
+        timeline = self.query_one("#timeline", TimelinePanel)
+        if timeline.display:
+            timeline.show(frame.tracks, frame.snapshot.counters.steps, self.selected)
+
     def action_toggle_timeline(self) -> None:
         timeline = self.query_one("#timeline", TimelinePanel)
         requests = self.query_one("#requests", RequestList)
         timeline.display, requests.display = not timeline.display, timeline.display
-        self.refresh_from_runner(force=True)
+        self._show_timeline(self.runner.frame)
 
     def _zoom(self, out: bool) -> None:
         timeline = self.query_one("#timeline", TimelinePanel)

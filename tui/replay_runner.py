@@ -101,7 +101,7 @@ class ReplayRunner:
             except queue.Empty:
                 cmd = None
             if cmd is not None:
-                self._apply(cmd)
+                self.apply(cmd)
                 due = time.monotonic() + self._gap()
                 continue
             if playing and time.monotonic() >= due:
@@ -112,7 +112,8 @@ class ReplayRunner:
                 due = time.monotonic() + self._gap()
 
     # -- commands -------------------------------------------------------------------------------
-    def _apply(self, cmd) -> None:
+    def apply(self, cmd) -> None:
+        """Carry out one command now (the run loop's way; tests call it directly)."""
         if isinstance(cmd, (SetPaused, TogglePaused)):
             self.paused = cmd.paused if isinstance(cmd, SetPaused) else not self.paused
             if not self.paused and self.at_end:                # play again from the start

@@ -1,0 +1,222 @@
+"""The app over a recording: --record in a live app, --replay of it, the timeline panel.
+
+Uses test_app's helpers and its no-error guard (imported: every app a test makes is watched)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tinyllm.engine import ContinuousEngine, Sampling
+from tinyllm.recording import read_recording
+from tui.app import TinyLLMApp, build_app
+from tui.frame_record import FrameRecorder
+from tui.messages import SeekStep, SetDelay, SetPaused
+from tui.replay_runner import ReplayRunner
+from tui.runner import EngineRunner
+from tui.screens import GotoStep, HelpScreen, NextSettings
+from tui.widgets.timeline import TimelinePanel
+
+from tests.test_app import (BOUND, EFFECTS, Before, _watch, bundled, no_unexpected_errors, step,  # noqa: F401
+                            submit, until)
+
+RECORDING = Path(__file__).parent / "data" / "preemption-run.jsonl"     # scripts/make_test_recording.py
+
+
+def replay_app(path: Path = RECORDING, paused: bool = True) -> TinyLLMApp:
+    app = TinyLLMApp(ReplayRunner(path, paused=paused), None, model_name="shakespeare")
+    _watch(app)
+    return app
+
+
+async def goto(pilot, n: int) -> None:
+    app = pilot.app
+    await pilot.press("g")
+    await until(pilot, lambda: isinstance(app.screen, GotoStep))
+    await pilot.press(*str(n), "enter")                 # the current step is selected: typing replaces it
+    await until(pilot, lambda: app.runner.frame.snapshot.counters.steps == n, what=f"step {n}")
+
+
+async def test_a_run_recorded_in_the_app_replays_frame_for_frame(tmp_path):
+    """Record a live app (paused, explicit steps, an abort), then replay the file: at each
+    step the replay's frame holds what the live app showed."""
+    path = tmp_path / "run.jsonl"
+    model, tok = bundled()
+    eng = ContinuousEngine(model, 2, 128, kv="paged", block_size=8, kv_blocks=7, chunked_prefill=True,
+                           max_batched_tokens=8, generator=torch.Generator().manual_seed(0))
+    rec = FrameRecorder(path, eng.snapshot(), "shakespeare", "nowhere", {})
+    live = TinyLLMApp(EngineRunner(eng, tok, paused=True, recorder=rec), tok, model_name="test",
+                      settings=NextSettings(Sampling(), 30))
+    _watch(live)
+    seen = {}
+    async with live.run_test(size=(120, 40)) as pilot:
+        for text in ("ROMEO:\nO, she doth teach", "JULIET:\n", "HAMLET:\nTo be"):
+            await submit(pilot, text)
+        for _ in range(25):
+            await step(pilot)
+            seen[live.runner.frame.snapshot.counters.steps] = live.runner.frame
+        live.select(1)
+        live.query_one("#requests").focus()
+        await pilot.press("x")                                     # abort #1 mid-run
+        await until(pilot, lambda: live.runner.frame.snapshot.request(1).state == "aborted")
+        seen[live.runner.frame.snapshot.counters.steps] = live.runner.frame    # a step shows its last state
+        await step(pilot, 60)
+        seen[live.runner.frame.snapshot.counters.steps] = live.runner.frame
+        await pilot.press("q")
+    assert live.runner.returned.wait(5)
+    assert any(r.preemptions for r in live.runner.frame.snapshot.requests), "the small pool should preempt"
+
+    app = replay_app(path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        for s in sorted(seen)[::6] + [max(seen)]:
+            await goto(pilot, s)
+            got, want = app.runner.frame, seen[s]
+            assert got.snapshot == want.snapshot, f"step {s}"
+            assert (got.texts, got.prompts, got.log, got.tracks) == (want.texts, want.prompts, want.log, want.tracks)
+        status = app.query_one("#status").text.plain
+        assert "REPLAY" in status and f"step {max(seen)} of {max(seen)}" in status
+
+
+async def test_replay_keys_move_through_the_recording():
+    app = replay_app()
+    r = app.runner
+    pre = next(rid for rid, evs in r._events.items() if any(k == "preempted" for _, k in evs))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await goto(pilot, 20)
+        await pilot.press("n")
+        await until(pilot, lambda: r.step == 21)
+        await pilot.press("b", "comma")
+        await until(pilot, lambda: r.step == 19)
+        app.select(pre)
+        moments = [s for s, _ in r.events_of(pre)]
+        await goto(pilot, 0)
+        for want in sorted(set(moments)):
+            await pilot.press("right_square_bracket")
+            await until(pilot, lambda: r.step == want, what=f"] to step {want}")
+        await pilot.press("left_square_bracket")
+        await until(pilot, lambda: r.step == sorted(set(moments))[-2])
+        await pilot.press("space")                                   # play at 5 ms/step: reaches the end
+        r.send(SetDelay(5))
+        await until(pilot, lambda: r.at_end and r.paused, timeout=30, what="the replay to play to its end")
+        assert app.query_one("#scrubber").text.plain.startswith(" ⏸ step")
+
+
+async def test_every_binding_in_a_replay_acts_or_is_off():
+    """Each key in a replay: replay keys move it, view keys act, keys that would change the run
+    are off (hidden from the footer) and do nothing."""
+    app = replay_app()
+    r = app.runner
+    async with app.run_test(size=(80, 24)) as pilot:
+        for paused in (True, False):
+            for key, action in BOUND:
+                if EFFECTS[action] is None:
+                    continue
+                if action in TinyLLMApp.READ_ONLY or action == "leave_input":
+                    assert app.check_action(action, ()) in (False, True)
+                    if action != "leave_input":
+                        assert app.check_action(action, ()) is False
+                    before = r.frame.snapshot
+                    await pilot.press(key)
+                    await pilot.pause(0.05)
+                    assert r.frame.snapshot.requests == before.requests or not paused
+                    assert len(app.screen_stack) == 1, f"{key!r} opened a dialog in a replay"
+                    continue
+                for cmd in (SetPaused(True), SetDelay(200), SeekStep(40)):
+                    r.send(cmd)                                      # the runner thread applies them in order
+                await until(pilot, lambda: r.paused and r.step == 40 and r.step_delay_ms == 200)
+                app.select(next(v.rid for v in r.frame.snapshot.requests if r.events_of(v.rid)))
+                app.query_one("#requests").focus()
+                if not paused:
+                    r.send(SetPaused(False))
+                    await until(pilot, lambda: not r.paused)
+                was = Before(app)
+                if action == "step_once" and not paused:
+                    was.notes = len(app.notified)
+                await pilot.press(key)
+                await until(pilot, lambda: _replay_effect(app, action, was, paused), timeout=5,
+                            what=f"{key!r} ({action}) in a replay, {'paused' if paused else 'playing'}")
+                if len(app.screen_stack) > 1:
+                    await pilot.press("escape")
+                    await until(pilot, lambda: len(app.screen_stack) == 1)
+
+
+def _replay_effect(app, action, was, paused) -> bool:
+    steps = app.runner.frame.snapshot.counters.steps
+    if action == "step_once":
+        return steps > was.step if paused else any("works while paused" in m for _, _, m in app.notified[was.notes:])
+    if action in ("step_back", "prev_event"):
+        return steps < was.step or (not paused and steps != was.step)
+    if action == "next_event":
+        return steps > was.step or any("has no" in m for _, _, m in app.notified[was.notes:])
+    if action == "goto_step":
+        return isinstance(app.screen, GotoStep)
+    if action == "help":
+        return isinstance(app.screen, HelpScreen)
+    return EFFECTS[action](app, was)
+
+
+async def test_timeline_panel_draws_each_request_life():
+    app = replay_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await goto(pilot, app.runner.last_step)
+        await pilot.press("t")
+        tl = app.query_one("#timeline", TimelinePanel)
+        await until(pilot, lambda: tl.display and tl.tracks)
+        for _ in range(2):
+            await pilot.press("z")                                   # 4 steps per column: the whole run fits
+        await pilot.pause(0.1)
+        text = tl.render().plain
+        rows = {line.split()[0]: line for line in text.splitlines()[1:] if line.strip().startswith("#")}
+        assert set(rows) == {f"#{v.rid}" for v in app.runner.frame.snapshot.requests}
+        assert "4 steps/col" in text.splitlines()[0]
+        preempted = [v.rid for v in app.runner.frame.snapshot.requests if v.preemptions]
+        assert preempted and all("P" in rows[f"#{rid}"] for rid in preempted)
+        assert "✗" in rows["#5"]                                     # aborted at step 30
+        assert all("✓" in rows[f"#{v.rid}"] for v in app.runner.frame.snapshot.requests if v.state == "finished")
+        assert any("◆" in line for line in rows.values()), "a prefix-cache hit should be marked"
+        await pilot.press("t")
+        await until(pilot, lambda: app.query_one("#requests").display and not tl.display)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)])
+def test_timeline_snapshot(snap_compare, size):
+    app = replay_app()
+
+    async def run_before(pilot):
+        await goto(pilot, 70)
+        await pilot.press("t")
+        await pilot.press("z")
+        await pilot.pause(0.2)
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--replay", "nope.jsonl"], "--replay: nope.jsonl: cannot read it"),
+    (["--replay", str(RECORDING), "--record", "x.jsonl"], "cannot be used together"),
+    (["--record", "/no/such/dir/run.jsonl"], "the directory /no/such/dir does not exist"),
+    (["--record", "/"], "is a directory"),
+])
+def test_record_and_replay_arguments_are_checked(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_app(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_newer_recording_is_refused_with_its_version(tmp_path, capsys):
+    p = tmp_path / "new.jsonl"
+    p.write_text('{"format": "tinyllm-recording", "version": 7, "engine": {}}\n')
+    with pytest.raises(SystemExit):
+        build_app(["--replay", str(p)])
+    assert "format version 7, newer than this tinyllm reads (up to 1)" in capsys.readouterr().err
+
+
+def test_the_committed_recording_still_reads():
+    """Format stability: a version-1 file made by scripts/make_test_recording.py replays."""
+    header, records, warning = read_recording(RECORDING)
+    assert header["version"] == 1 and warning is None and records
+    r = ReplayRunner(RECORDING)
+    assert r.last_step == records[-1][1]["step"] and r.event_steps(("preempted",))
