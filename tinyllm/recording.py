@@ -7,7 +7,9 @@
 
     "snap" keys: "t" engine clock; "s" slots {slot: {"r" rid, "n" context_len, "b" blocks,
                  "j" just_admitted, "p" prefill_left}}; "r" requests {rid: a whole RequestView
-                 when new, else its changed fields, "+" = tokens appended}; "q" queue;
+                 when new, else its changed fields, "+" = tokens appended; only a list: tokens
+                 appended and nothing else (its slot's "n" then grows by as many, unless given)};
+                 "q" queue: [dropped from the front, [appended]] or {"all": [the whole queue]};
                  "kv" {changed KVView fields, "blocks": [[block, owner, refs, cached]]};
                  "c" counter increments in Counters' field order.
     A file whose name ends in ".gz" is gzip-compressed (about 8x smaller).
@@ -102,23 +104,36 @@ class SnapshotEncoder:
         prev, d = self._prev, {}
         if snap.time_s != prev.time_s:
             d["t"] = snap.time_s
-        slots = {}
-        for old, new in zip(prev.slots, snap.slots):
-            if old != new:
-                slots[new.slot] = {k: getattr(new, f) for f, k in _SLOT_KEYS.items() if getattr(old, f) != getattr(new, f)}
-        if slots:
-            d["s"] = slots
-        reqs = {}
+        reqs, grew = {}, {}
         for v in snap.requests:
             old = self._views.get(v.rid)
             if old is v:                                  # the engine reuses a view until it changes
                 continue
-            reqs[v.rid] = _request_full(v) if old is None else self._request_delta(old, v)
+            if old is None:
+                reqs[v.rid] = _request_full(v)
+            else:
+                reqs[v.rid] = delta = self._request_delta(old, v)
+                if isinstance(delta, list):
+                    grew[v.rid] = len(delta)
             self._views[v.rid] = v
+        slots = {}
+        for old, new in zip(prev.slots, snap.slots):
+            g = grew.get(new.rid) if new.rid == old.rid else None
+            if old != new or g is not None:
+                fs = {k: getattr(new, f) for f, k in _SLOT_KEYS.items() if getattr(old, f) != getattr(new, f)}
+                if g is not None:                         # its request got g tokens and nothing else:
+                    if new.context_len == old.context_len + g:
+                        fs.pop("n", None)                 # the decoder grows the slot by as many
+                    else:
+                        fs["n"] = new.context_len         # said, even when unchanged
+                if fs:
+                    slots[new.slot] = fs
+        if slots:
+            d["s"] = slots
         if reqs:
             d["r"] = reqs
         if snap.queue != prev.queue:
-            d["q"] = snap.queue
+            d["q"] = _queue_delta(prev.queue, snap.queue)
         kv = {f: getattr(snap.kv, f) for f in _KV_FIELDS if getattr(snap.kv, f) != getattr(prev.kv, f)}
         now, was = [getattr(snap.kv, f) for f in _BLOCK_FIELDS], [getattr(prev.kv, f) for f in _BLOCK_FIELDS]
         if now != was:
@@ -134,11 +149,14 @@ class SnapshotEncoder:
         return d
 
     @staticmethod
-    def _request_delta(old: RequestView, v: RequestView) -> dict:
+    def _request_delta(old: RequestView, v: RequestView) -> dict | list:
+        """The changed fields; just a list of tokens when new tokens are all that changed."""
         d = {f: getattr(v, f) for f in _REQ_FIELDS
              if f not in ("tokens", "prompt", "sampling") and getattr(old, f) != getattr(v, f)}
         if v.tokens != old.tokens:
             if v.tokens[:len(old.tokens)] == old.tokens:
+                if not d:
+                    return list(v.tokens[len(old.tokens):])
                 d["+"] = v.tokens[len(old.tokens):]
             else:
                 d["tokens"] = v.tokens
@@ -157,22 +175,31 @@ class SnapshotDecoder:
         changes: dict[str, Any] = {}
         if "t" in d:
             changes["time_s"] = float(d["t"])
-        if "s" in d:
-            slots = list(s.slots)
-            for i, fs in d["s"].items():
-                fs = {_SLOT_FIELDS[k]: v for k, v in fs.items()}
-                if "blocks" in fs:
-                    fs["blocks"] = tuple(fs["blocks"])
-                slots[int(i)] = replace(slots[int(i)], **fs)
-            changes["slots"] = tuple(slots)
+        grew: dict[int, int] = {}
         if "r" in d:
             for rid, fs in d["r"].items():
                 rid = int(rid)
                 old = self._views.get(rid)
-                self._views[rid] = self._request(fs) if old is None else self._request_update(old, fs)
+                if isinstance(fs, list):                  # new tokens only
+                    self._views[rid] = replace(old, tokens=old.tokens + tuple(fs))
+                    grew[rid] = len(fs)
+                else:
+                    self._views[rid] = self._request(fs) if old is None else self._request_update(old, fs)
             changes["requests"] = tuple(self._views[r] for r in sorted(self._views))
+        if "s" in d or grew:
+            slots = list(s.slots)
+            for i, fs in d.get("s", {}).items():
+                fs = {_SLOT_FIELDS[k]: v for k, v in fs.items()}
+                if "blocks" in fs:
+                    fs["blocks"] = tuple(fs["blocks"])
+                slots[int(i)] = replace(slots[int(i)], **fs)
+            explicit = {int(i) for i, fs in d.get("s", {}).items() if "n" in fs or "r" in fs}
+            for i, sv in enumerate(slots):
+                if sv.rid in grew and i not in explicit:
+                    slots[i] = replace(sv, context_len=sv.context_len + grew[sv.rid])
+            changes["slots"] = tuple(slots)
         if "q" in d:
-            changes["queue"] = tuple(d["q"])
+            changes["queue"] = _apply_queue(s.queue, d["q"])
         if "kv" in d:
             kv = {k: tuple(v) if k in _BLOCK_FIELDS else v for k, v in d["kv"].items()}
             blocks = kv.pop("blocks", None)
@@ -205,6 +232,24 @@ class SnapshotDecoder:
         elif "tokens" in fs:
             fs["tokens"] = tuple(fs["tokens"])
         return replace(old, **fs)
+
+
+def _queue_delta(old: tuple[int, ...], new: tuple[int, ...]) -> list | dict:
+    """A long queue changes at its ends: [dropped from the front, appended ids]; else the whole."""
+    for k in range(len(old) + 1):
+        tail = old[k:]
+        if new[:len(tail)] == tail:
+            return [k, list(new[len(tail):])] if k or len(tail) else {"all": list(new)}
+        if k > 8:
+            break
+    return {"all": list(new)}
+
+
+def _apply_queue(old: tuple[int, ...], q) -> tuple[int, ...]:
+    if isinstance(q, dict):
+        return tuple(q["all"])
+    k, added = q
+    return old[k:] + tuple(added)
 
 
 # -- files ------------------------------------------------------------------------------------------

@@ -86,6 +86,7 @@ class TinyLLMApp(App):
         super().__init__()
         self.runner = runner                      # owns the engine; we only send commands and read frames
         self.replay = getattr(runner, "replay", False)    # a recording played back: read-only, no tokenizer
+        self.remote = getattr(runner, "remote", False)    # attached to a server: it paces itself
         self.tokenizer = tokenizer
         self.model_name = model_name
         snap = runner.frame.snapshot
@@ -245,6 +246,19 @@ class TinyLLMApp(App):
             t.append(f" {self.model_name} · engine loading (importing torch, reading the weights)…", style="bold")
             t.append(" · type a prompt now: it is sent when the engine is ready", style="dim")
             return t
+        if self.remote:
+            r = self.runner
+            down = f.status.startswith("disconnected")
+            t.append(" ✗ DISCONNECTED " if down else " ⇄ ATTACHED ", style="bold reverse red" if down else "bold reverse blue")
+            t.append(f" {r.kind} at {r.url} · {self.model_name}", style="bold")
+            if down:
+                t.append(f" · {f.status} (showing the last state)", style="bold red")
+            else:
+                budget = f.snapshot.max_batched_tokens
+                t.append(f" · {f.snapshot.n_slots} slots · {f.snapshot.kv.kind} KV · "
+                         f"{'chunked ≤' + str(budget) + ' tok/step' if budget else 'prefill+decode'} · "
+                         f"step {f.snapshot.counters.steps}", style="dim")
+            return t
         if self.replay:
             t.append(" ⏸ REPLAY " if f.paused else " ▶ REPLAY ", style="bold reverse magenta")
             t.append(f" {self.runner.path.name} · {self.model_name} · {f.snapshot.kv.kind} KV · "
@@ -305,14 +319,17 @@ class TinyLLMApp(App):
         if not text.strip():
             self.notify("Type some text first: the model continues it.", severity="warning")
             return
-        ids = self.tokenizer.encode(text)
-        try:
-            check_fits(len(ids), self.settings.max_new_tokens, self.max_len, "the context")
-        except ContextTooLong as e:
-            self.notify(f"{e} (F2: settings)", title="not sent", severity="error", timeout=8)
-            return
+        ids = None
+        if self.tokenizer is not None:                    # attached without one: the server checks
+            ids = self.tokenizer.encode(text)
+            try:
+                check_fits(len(ids), self.settings.max_new_tokens, self.max_len, "the context")
+            except ContextTooLong as e:
+                self.notify(f"{e} (F2: settings)", title="not sent", severity="error", timeout=8)
+                return
         s = self.settings
-        self.runner.send(Submit(text, s.max_new_tokens, s.sampling, s.stop_at_eos, tuple(ids)))
+        self.runner.send(Submit(text, s.max_new_tokens, s.sampling, s.stop_at_eos,
+                                None if self.remote or ids is None else tuple(ids)))
         event.input.value = ""
         self.set_timer(0.1, self._select_newest)
 
@@ -355,11 +372,15 @@ class TinyLLMApp(App):
 
     READ_ONLY = {"abort_selected", "abort_all", "clear_prefix_cache", "load_prompts", "settings", "focus_input"}
     REPLAY_ONLY = {"step_back", "goto_step", "next_event", "prev_event"}
+    SERVER_PACED = {"toggle_pause", "step_once", "slower", "faster", "clear_prefix_cache"}
 
     def check_action(self, action: str, parameters) -> bool | None:
         """A replay changes nothing (no abort, no prompts, no settings); only a replay moves back
-        in time. Keys that do not apply are off, and hidden from the footer."""
+        in time; a server paces itself (no pause, step or speed from a viewer). Keys that do not
+        apply are off, and hidden from the footer."""
         if action in (self.READ_ONLY if self.replay else self.REPLAY_ONLY):
+            return False
+        if self.remote and (action in self.SERVER_PACED or (action == "load_prompts" and self.tokenizer is None)):
             return False
         return True
 
@@ -534,6 +555,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the run to FILE as it happens (JSONL; FILE.gz: compressed), for --replay and tinyllm trace")
     p.add_argument("--replay", metavar="FILE", default=None,
                    help="play a --record file back (no model is loaded): every panel as it was, at any step")
+    p.add_argument("--attach", metavar="URL", default=None,
+                   help="watch and drive a running server instead of a local engine: tinyllm serve (every "
+                        "panel) or a vLLM server (its metrics), e.g. http://127.0.0.1:8000")
     p.add_argument("--engine-thread", action="store_true",
                    help="run the engine in a thread of the app's process instead of its own process "
                         "(easier to debug, about half as fast: the UI and the engine share one GIL)")
@@ -572,6 +596,8 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
         parser.error(f"--step-delay must be in [0, {MAX_DELAY_MS}] ms, got {a.step_delay}")
     if a.replay is not None:
         return replay_app(parser, a)
+    if a.attach is not None:
+        return attach_app(parser, a)
     if a.record is not None:
         check_writable(parser, a.record)
     if a.device is not None and a.device not in ("cpu", "cuda") and not a.device.startswith("cuda:"):
@@ -632,6 +658,31 @@ def check_writable(parser, path: str) -> None:
         parser.error(f"--record {path}: the directory {parent} does not exist")
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         parser.error(f"--record {path}: not writable")
+
+
+def attach_app(parser, a) -> TinyLLMApp:
+    """--attach: the app over a server (no local engine, no torch). tinyllm serve streams its
+    whole state; a vLLM server only its metrics."""
+    from tui.remote_runner import AttachRunner
+    if a.record is not None:
+        parser.error("--record records a local engine; to record a server: curl -N URL/v1/tinyllm/stream > run.jsonl")
+    url = a.attach if "://" in a.attach else f"http://{a.attach}"
+    try:
+        runner = AttachRunner(url).start()
+    except ConnectionError as e:
+        parser.error(f"--attach {e}")
+    tok = None
+    if a.model:                                           # for prompt files and local fit checks
+        from tinyllm.config import CheckpointError, load_config_and_tokenizer
+        try:
+            _, tok = load_config_and_tokenizer(Path(a.model))
+        except CheckpointError as e:
+            parser.error(f"--model: {e}")
+    try:
+        sampling = Sampling(a.temperature, a.top_k, a.top_p)
+    except ValueError as e:
+        parser.error(str(e))
+    return TinyLLMApp(runner, tok, model_name=runner.model_name, settings=NextSettings(sampling, a.max_new_tokens))
 
 
 def replay_app(parser, a) -> TinyLLMApp:

@@ -18,9 +18,8 @@ from tinyllm.recording import (RecordingWriter, SnapshotDecoder, SnapshotEncoder
                                make_header)
 from tinyllm.snapshot import EngineSnapshot, LifecycleEvent
 from tinyllm.timeline import Timeline
-from tui.messages import LOG_LINES, Frame, LogEntry
+from tui.messages import LOG_LINES, Frame, LogEntry, lifecycle_log
 
-VOLATILE = ("tps", "step_ms")   # change with every publish: written only along with a real change
 TPS_POINT_S = 0.25          # the tokens/s sparkline gets a point per this much engine time
 
 
@@ -70,13 +69,12 @@ class FrameRecorder:
             elif rid not in self._text_len:
                 self._text_len[rid] = 0
         new_log = [e for e in log if e.seq > self._log_seq] if log and log[-1].seq > self._log_seq else []
-        changed = {k: v for k, v in x.items() if self._x.get(k) != v and k not in VOLATILE}
+        changed = {k: v for k, v in x.items() if self._x.get(k) != v}
         if new_log:
             self._log_seq = new_log[-1].seq
             changed["log"] = [[e.seq, e.step, e.time_s, e.kind, e.text, e.rid, e.slot] for e in new_log]
         if len(rec) == 1 and not changed:
             return                                        # nothing a viewer would see
-        changed.update((k, x[k]) for k in VOLATILE if k in x and self._x.get(k) != x[k])
         self._x.update((k, v) for k, v in x.items())
         if changed:
             rec["x"] = changed
@@ -89,8 +87,9 @@ class FrameRecorder:
 class FrameBuilder:
     """Rebuilds the app's frames from records, in order. ``copy()`` makes a keyframe to seek from."""
 
-    def __init__(self, header: dict):
+    def __init__(self, header: dict, log_events: bool = False):
         self.header = header
+        self.log_events = log_events      # no recorded log (a server's stream): write it from the events
         self._dec = SnapshotDecoder(header)
         self.texts: dict[int, str] = {}
         self.prompts: dict[int, str] = {}
@@ -99,6 +98,8 @@ class FrameBuilder:
         self.x: dict = {"paused": False, "delay": 0, "pending": 0, "tps": 0.0, "step_ms": 0.0, "steps_behind": 0}
         self.tps_history: deque[float] = deque(maxlen=120)
         self._tps_at = 0.0
+        self._prev = (0, 0.0)                 # (step, engine time) of the latest step seen
+        self._rate: tuple[float, int, float] | None = None
         self.step = 0
 
     @property
@@ -115,16 +116,44 @@ class FrameBuilder:
         for rid, t in rec.get("text", {}).items():
             self.texts[int(rid)] = self.texts.get(int(rid), "") + t
         if "life" in rec:
-            self.timeline.feed(decode_event(row) for row in rec["life"])
+            events = [decode_event(row) for row in rec["life"]]
+            self.timeline.feed(events)
+            if self.log_events:
+                self._log_from(events)
         x = rec.get("x")
         if x:
             for row in x.get("log", ()):
                 self.log.append(LogEntry(*row))
             self.x.update((k, v) for k, v in x.items() if k != "log")
-        t = self.snapshot.time_s
+        self._derive_rates()
+
+    def _derive_rates(self) -> None:
+        """Step time and tokens/s, from the engine clock (not recorded: they follow from it)."""
+        snap, step = self.snapshot, self.step
+        t, n = snap.time_s, snap.counters.generated_tokens
+        prev_step, prev_t = self._prev
+        if step == prev_step + 1 and t > prev_t:
+            self.x["step_ms"] = (t - prev_t) * 1000
+        if step != prev_step:
+            self._prev = (step, t)
+        if self._rate is None or t < self._rate[0]:
+            self._rate = (t, n, 0.0)
+        t0, n0, tps = self._rate
+        if t - t0 >= 1.0:
+            tps = (n - n0) / (t - t0)
+            self._rate = (t, n, tps)
+        self.x["tps"] = tps
         if t - self._tps_at >= TPS_POINT_S:
-            self.tps_history.append(float(self.x.get("tps", 0.0)))
+            self.tps_history.append(tps)
             self._tps_at = t
+
+    def _log_from(self, events: list[LifecycleEvent]) -> None:
+        for ev in events:
+            said = (("submit", f"#{ev.rid} queued ({ev.tokens} prompt tokens)") if ev.kind == "queued"
+                    else lifecycle_log(ev))
+            if said is not None:
+                seq = self.log[-1].seq + 1 if self.log else 1
+                self.log.append(LogEntry(seq, ev.step, ev.time_s, *said, ev.rid, ev.slot))
 
     def frame(self, seq: int, paused: bool, delay_ms: int) -> Frame:
         x = self.x

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from tinyllm.request import Sampling
-from tinyllm.snapshot import EngineSnapshot
+from tinyllm.snapshot import EngineSnapshot, LifecycleEvent
 from tinyllm.timeline import Track
 from tinyllm.workload import WorkItem
 
@@ -106,6 +106,33 @@ class LogEntry:
     text: str
     rid: int | None = None
     slot: int | None = None   # the slot the event happened in (admit: taken; others: freed)
+
+
+def lifecycle_log(ev: LifecycleEvent) -> tuple[str, str] | None:
+    """(log kind, text) for an engine lifecycle event, or None for those the log leaves out
+    ("queued": a runner logs the submission itself, with the prompt's size and settings; a
+    prefill that computed a whole context in one step)."""
+    r = f"#{ev.rid}"
+    if ev.kind == "admitted":
+        again = f" again ({ev.reason})" if ev.reason else ""
+        cached = f", {ev.cached} of {ev.tokens} tokens from the prefix cache" if ev.cached else ""
+        return "admit", f"{r} admitted to slot {ev.slot}{again}{cached}"
+    if ev.kind == "prefill":
+        span, _, total = ev.reason.partition(" of ")
+        start, _, end = span.partition("..")
+        if start != "0" or end != total:                 # a prompt spread over several steps
+            return "prefill", f"{r} prefill chunk {span} of {total} tokens"
+        return None
+    if ev.kind == "preempted":
+        return "preempt", (f"{r} preempted from slot {ev.slot}: {ev.reason}, back to the queue "
+                           f"({ev.tokens} tokens to recompute)")
+    if ev.kind == "finished":
+        return "finish", f"{r} finished: {ev.tokens} tokens ({'end-of-text' if ev.reason == 'eos' else 'max tokens'})"
+    if ev.kind == "aborted":
+        return "abort", f"{r} aborted after {ev.tokens} tokens"
+    if ev.kind == "failed":
+        return "error", f"{r} failed, the others go on: {ev.reason}"
+    return None
 
 
 @dataclass(frozen=True)

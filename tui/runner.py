@@ -26,7 +26,7 @@ from tinyllm.timeline import Timeline
 from tinyllm.tokenizer import Tokenizer, TokenStream
 from tinyllm.workload import WorkItem
 from tui.frame_record import FrameRecorder
-from tui.messages import (LOG_LINES, MAX_DELAY_MS, Abort, AbortAll, ClearPrefixCache, Frame, LoadWorkload, LogEntry,
+from tui.messages import (LOG_LINES, lifecycle_log, MAX_DELAY_MS, Abort, AbortAll, ClearPrefixCache, Frame, LoadWorkload, LogEntry,
                           SetDelay, SetPaused, SetPublishInterval, StepOnce, Submit, TogglePaused)
 
 PUBLISH_S = 1 / 30
@@ -68,7 +68,6 @@ class EngineRunner:
         self._tps_hist: deque[float] = deque(maxlen=120)
         self._last_hist = 0.0
         self._step_ms = 0.0
-        self._tps_now = 0.0
         self._seq = 0
         self.steps_done = 0
         self.last_traceback: str | None = None
@@ -271,7 +270,6 @@ class EngineRunner:
         if self.recorder is None:
             return
         x = {"paused": self.paused, "delay": self.step_delay_ms, "pending": len(self._pending),
-             "tps": round(self._tps_now), "step_ms": round(self._step_ms, 1),
              "steps_behind": self.engine.steps - self.steps_done}       # steps made before this runner
         try:
             self.recorder.record(self.engine.steps, self._snap, events, self._prompts, self._texts, self._log, x)
@@ -280,27 +278,9 @@ class EngineRunner:
             self._error(f"recording to {path} stopped: {e}")
 
     def _log_lifecycle(self, ev: LifecycleEvent) -> None:
-        r = f"#{ev.rid}"
-        if ev.kind == "admitted":
-            again = f" again ({ev.reason})" if ev.reason else ""
-            cached = f", {ev.cached} of {ev.tokens} tokens from the prefix cache" if ev.cached else ""
-            self._add_log("admit", f"{r} admitted to slot {ev.slot}{again}{cached}", ev.rid, ev.slot, ev.step)
-        elif ev.kind == "prefill":
-            span, _, total = ev.reason.partition(" of ")
-            start, _, end = span.partition("..")
-            if start != "0" or end != total:                 # a prompt spread over several steps
-                self._add_log("prefill", f"{r} prefill chunk {span} of {total} tokens", ev.rid, ev.slot, ev.step)
-        elif ev.kind == "preempted":
-            self._add_log("preempt", f"{r} preempted from slot {ev.slot}: {ev.reason}, back to the queue "
-                                     f"({ev.tokens} tokens to recompute)", ev.rid, ev.slot, ev.step)
-        elif ev.kind == "finished":
-            why = "end-of-text" if ev.reason == "eos" else "max tokens"
-            self._add_log("finish", f"{r} finished: {ev.tokens} tokens ({why})", ev.rid, ev.slot, ev.step)
-        elif ev.kind == "aborted":
-            self._add_log("abort", f"{r} aborted after {ev.tokens} tokens", ev.rid, ev.slot, ev.step)
-        elif ev.kind == "failed":
-            self._add_log("error", f"{r} failed, the others go on: {ev.reason}", ev.rid, ev.slot, ev.step)
-        # "queued" is already logged by _submit, with the prompt's size and settings
+        said = lifecycle_log(ev)
+        if said is not None:
+            self._add_log(*said, ev.rid, ev.slot, ev.step)
 
     def _add_log(self, kind: str, text: str, rid: int | None = None, slot: int | None = None,
                  step: int | None = None) -> None:
@@ -323,7 +303,6 @@ class EngineRunner:
         if now - self._last_hist >= 0.25:
             self._tps_hist.append(tps)
             self._last_hist = now
-        self._tps_now = tps
         return tps
 
     def _make_frame(self) -> Frame:

@@ -144,7 +144,8 @@ class ContinuousEngine:
 
     # -- public API ------------------------------------------------------------
     def now(self) -> float:
-        return time.perf_counter() - self._t0
+        """Seconds since the engine was built, to the microsecond (short in recordings)."""
+        return round(time.perf_counter() - self._t0, 6)
 
     @property
     def steps(self) -> int:

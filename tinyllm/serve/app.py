@@ -34,6 +34,7 @@ from tinyllm.serve.protocol import ApiError
 from tinyllm.serve.stream import add_stream_route
 
 log = logging.getLogger("tinyllm.serve")
+REQUEST_ID_HEADER = "x-tinyllm-request-id"      # the engine's id for the request (its row in the viewers)
 
 
 def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
@@ -135,7 +136,9 @@ def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
             return CompletionStream(handle, tokenizer, p, ids, model_name)
         return await _complete(request, handle, tokenizer, p, ids, model_name)
 
-    add_stream_route(app, engine_loop)     # GET /v1/tinyllm/stream: see tinyllm/serve/stream.py
+    app.state.feed = add_stream_route(app, engine_loop, tokenizer, model_name, {    # see tinyllm/serve/stream.py
+        "slots": engine.n_slots, "max_len": max_len, "kv": engine.kv_kind,
+        "max_batched_tokens": engine.max_batched_tokens, "prefix_cache": engine.prefix_cache})
     return app
 
 
@@ -175,7 +178,8 @@ async def _complete(request: Request, handle: RequestHandle, tokenizer, p: proto
     ids = toks if p.return_token_ids else None
     return JSONResponse(protocol.completion(protocol.new_completion_id(), model, text, reason,
                                             protocol.usage(len(prompt), len(toks), cached), ids,
-                                            prompt if p.return_token_ids else None))
+                                            prompt if p.return_token_ids else None),
+                        headers={REQUEST_ID_HEADER: str(handle.rid)})
 
 
 def _sse(obj: Any) -> bytes:
@@ -192,7 +196,7 @@ class CompletionStream(Response):
     def __init__(self, handle: RequestHandle, tokenizer, p: protocol.CompletionParams, prompt: list[int],
                  model: str):
         self.status_code, self.background = 200, None       # no body: no content-length (as StreamingResponse)
-        self.init_headers({"cache-control": "no-cache"})
+        self.init_headers({"cache-control": "no-cache", REQUEST_ID_HEADER: str(handle.rid)})
         self.handle, self.tok, self.p, self.prompt, self.model = handle, tokenizer, p, prompt, model
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -213,6 +213,15 @@ class EngineLoop:
             self._commands.put(("call", fn, fut))
         return fut
 
+    def abort_rid(self, rid: int) -> bool:
+        """Abort request ``rid`` whoever sent it (an operator's abort). Engine thread only (use
+        it inside ``call``); its client, if any, gets an error saying why."""
+        ok = self.engine.abort(rid)
+        h = self._live.pop(rid, None)
+        if h is not None:
+            self._post([(h, _Failed("aborted by an operator (POST /v1/tinyllm/abort)"))])
+        return ok
+
     # -- the engine thread -------------------------------------------------------------------
     def _run(self) -> None:
         while True:

@@ -80,7 +80,11 @@ class _Server(uvicorn.Server):
             self.on_ready()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        engine_loop = getattr(getattr(self.config.app, "state", None), "engine_loop", None)
+        state = getattr(self.config.app, "state", None)
+        feed = getattr(state, "feed", None)
+        if feed is not None:
+            feed.close()                                  # viewers' streams end now, not at the timeout
+        engine_loop = getattr(state, "engine_loop", None)
         if engine_loop is not None:
             await asyncio.to_thread(engine_loop.stop)
         await super().shutdown(sockets)

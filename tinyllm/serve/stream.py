@@ -1,24 +1,200 @@
-"""PLACE FOR ``GET /v1/tinyllm/stream``: engine snapshots and lifecycle events, streamed.
+"""``GET /v1/tinyllm/stream``: the engine's state as it changes, for viewers (tinyllm-tui --attach).
 
-Not written yet, on purpose: this module is reserved for that endpoint. ``create_app`` calls
-``add_stream_route(app, engine_loop)`` once, after the OpenAI routes, so whatever is added here
-is served with the rest. What is available to it:
+The stream is a recording (``tinyllm.recording``) sent live, one JSON object per line: first a
+header, then one record per change, each the delta of the snapshot since that viewer's previous
+record plus the lifecycle events, generated text and prompts since then. So
+``curl -N URL/v1/tinyllm/stream > run.jsonl`` is a file ``tinyllm-tui --replay`` plays back.
 
-- ``engine_loop.add_step_hook(hook)`` (before the app starts): ``hook(engine, token_events,
-  lifecycle_events)`` runs in the engine thread after every step, where ``engine.snapshot()``
-  is safe to call; hand what it records to the event loop (e.g. ``loop.call_soon_threadsafe``).
-- ``await engine_loop.call_async(fn)``: run ``fn(engine)`` in the engine thread between steps
-  and get its result (a snapshot on demand).
-- Errors in OpenAI's shape: raise ``tinyllm.serve.protocol.ApiError``.
+How it stays cheap: the engine thread (a step hook) only takes one snapshot per step *while
+someone watches* and appends what happened to each viewer's pending box; each viewer encodes
+its own delta in the event loop, at its own pace (a slow viewer gets fewer, larger records,
+never a backlog of snapshots). A viewer that joins late gets the whole current state (its
+encoder starts from a blank snapshot), every past lifecycle event (for the timeline) and every
+text so far.
+
+``POST /v1/tinyllm/abort`` ``{"rid": N}`` aborts any request (an operator's abort; a client
+aborts its own by closing its stream).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import threading
+from collections import deque
 from typing import Any
 
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+
+from tinyllm.recording import SnapshotEncoder, encode_event, make_header
 from tinyllm.serve.engine_loop import EngineLoop
+from tinyllm.serve.protocol import ApiError
+from tinyllm.snapshot import EngineSnapshot, LifecycleEvent
+
+HEARTBEAT_S = 5.0             # an idle stream still sends a line this often (proxies, dead peers)
+MAX_EVENTS = 100_000          # lifecycle history kept for viewers that join late
+MAX_PENDING = 50_000          # events waiting for one viewer: beyond that it is too slow, and dropped
 
 
-def add_stream_route(app: Any, engine_loop: EngineLoop) -> None:
-    """Register ``GET /v1/tinyllm/stream`` on ``app`` (a FastAPI app). Currently a no-op."""
-    # >>> GET /v1/tinyllm/stream goes here <<<
+class _Viewer:
+    """One connected viewer: what happened since its last record (filled by the engine thread)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, snap: EngineSnapshot):
+        self.loop = loop
+        self.wake = asyncio.Event()
+        self.snap = snap
+        self.events: list[LifecycleEvent] = []
+        self.text: dict[int, str] = {}
+        self.prompt: dict[int, str] = {}
+        self.dropped = False
+
+
+class StateFeed:
+    """The step hook that feeds every viewer (see the module docstring)."""
+
+    def __init__(self, tokenizer: Any, model_name: str, settings: dict[str, Any]):
+        self.tok, self.model_name, self.settings = tokenizer, model_name, settings
+        self._lock = threading.Lock()
+        self._viewers: list[_Viewer] = []
+        self._events: deque[LifecycleEvent] = deque(maxlen=MAX_EVENTS)
+        self._texts: dict[int, str] = {}
+        self._prompts: dict[int, str] = {}
+        self._streams: dict[int, Any] = {}
+
+    # -- the engine thread ----------------------------------------------------------------------
+    def on_step(self, engine: Any, token_events: list, lifecycle: list[LifecycleEvent]) -> None:
+        self._events.extend(lifecycle)
+        new_prompts, snap = {}, None
+        for ev in lifecycle:
+            if ev.kind == "queued":
+                snap = snap or engine.snapshot()
+                prompt = list(snap.request(ev.rid).prompt)
+                new_prompts[ev.rid] = self._prompts[ev.rid] = self.tok.decode(prompt, skip_special_tokens=True)
+                self._texts[ev.rid] = ""
+                self._streams[ev.rid] = self.tok.stream(skip_special_tokens=True)
+        text: dict[int, str] = {}
+        for ev in token_events:
+            stream = self._streams.get(ev.rid)
+            if stream is not None:
+                piece = stream.step(ev.token)
+                if piece:
+                    text[ev.rid] = text.get(ev.rid, "") + piece
+                    self._texts[ev.rid] += piece
+        for ev in lifecycle:                              # after its last token's text
+            if ev.kind in ("finished", "aborted", "failed"):
+                self._streams.pop(ev.rid, None)
+        with self._lock:
+            viewers = list(self._viewers)
+        if not viewers:
+            return
+        snap = engine.snapshot() if snap is None or token_events else snap
+        for v in viewers:
+            with self._lock:
+                v.snap = snap
+                v.events += lifecycle
+                for rid, t in text.items():
+                    v.text[rid] = v.text.get(rid, "") + t
+                v.prompt.update(new_prompts)
+                if len(v.events) > MAX_PENDING:
+                    v.dropped = True
+            try:
+                v.loop.call_soon_threadsafe(v.wake.set)
+            except RuntimeError:                            # its event loop is gone
+                self.unsubscribe(v)
+
+    def subscribe(self, engine: Any, loop: asyncio.AbstractEventLoop) -> tuple[_Viewer, dict]:
+        """Run in the engine thread (EngineLoop.call): a viewer with the whole state so far, and
+        the header its stream starts with."""
+        snap = engine.snapshot()
+        v = _Viewer(loop, snap)
+        v.events = list(self._events)
+        v.text = dict(self._texts)
+        v.prompt = dict(self._prompts)
+        with self._lock:
+            self._viewers.append(v)
+        return v, make_header(snap, self.model_name, "server", self.settings)
+
+    def close(self) -> None:
+        """End every viewer's stream (the server is shutting down). Any thread."""
+        with self._lock:
+            viewers, self._viewers = self._viewers, []
+        for v in viewers:
+            v.dropped = True
+            try:
+                v.loop.call_soon_threadsafe(v.wake.set)
+            except RuntimeError:
+                pass
+
+    def unsubscribe(self, v: _Viewer) -> None:
+        with self._lock:
+            if v in self._viewers:
+                self._viewers.remove(v)
+
+    # -- the event loop -------------------------------------------------------------------------
+    def take(self, v: _Viewer) -> tuple[EngineSnapshot, list[LifecycleEvent], dict[int, str], dict[int, str]]:
+        with self._lock:
+            out = v.snap, v.events, v.text, v.prompt
+            v.events, v.text, v.prompt = [], {}, {}
+            v.wake.clear()
+        return out
+
+
+def _line(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+async def _records(feed: StateFeed, engine_loop: EngineLoop, request: Request):
+    loop = asyncio.get_running_loop()
+    viewer, header = await engine_loop.call_async(lambda eng: feed.subscribe(eng, loop))
+    encoder = SnapshotEncoder(header)
+    try:
+        yield _line(header)
+        while not viewer.dropped and engine_loop.alive:
+            snap, events, text, prompt = feed.take(viewer)
+            rec: dict[str, Any] = {"step": snap.counters.steps}
+            delta = encoder.encode(snap)
+            if delta:
+                rec["snap"] = delta
+            if events:
+                rec["life"] = [encode_event(e) for e in events]
+            if prompt:
+                rec["prompt"] = prompt
+            if text:
+                rec["text"] = text
+            yield _line(rec)                               # (a heartbeat when nothing changed)
+            try:
+                await asyncio.wait_for(viewer.wake.wait(), HEARTBEAT_S)
+            except asyncio.TimeoutError:
+                pass
+            if await request.is_disconnected():
+                return
+    finally:
+        feed.unsubscribe(viewer)
+
+
+def add_stream_route(app: Any, engine_loop: EngineLoop, tokenizer: Any = None, model_name: str = "model",
+                     settings: dict[str, Any] | None = None) -> StateFeed:
+    """Register ``GET /v1/tinyllm/stream`` and ``POST /v1/tinyllm/abort`` on ``app`` (a FastAPI
+    app) and the feed's step hook on ``engine_loop`` (before it starts)."""
+    feed = StateFeed(tokenizer, model_name, settings or {})
+    engine_loop.add_step_hook(feed.on_step)
+
+    @app.get("/v1/tinyllm/stream")
+    async def stream(request: Request) -> StreamingResponse:
+        return StreamingResponse(_records(feed, engine_loop, request), media_type="application/x-ndjson",
+                                 headers={"cache-control": "no-cache"})
+
+    @app.post("/v1/tinyllm/abort")
+    async def abort(request: Request) -> JSONResponse:
+        try:
+            body = json.loads(await request.body())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ApiError(f"the request body is not valid JSON: {e}", None, "invalid_json") from None
+        rid = body.get("rid") if isinstance(body, dict) else None
+        if isinstance(rid, bool) or not isinstance(rid, int):
+            raise ApiError(f'"rid" must be a request id (an integer), got {rid!r}', "rid", "invalid_type")
+        aborted = await engine_loop.call_async(lambda eng: engine_loop.abort_rid(rid))
+        return JSONResponse({"rid": rid, "aborted": aborted})
+
+    return feed

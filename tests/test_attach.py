@@ -1,0 +1,200 @@
+"""tinyllm-tui --attach against a real `tinyllm serve` on 127.0.0.1 (in-process, a free port).
+
+The state stream is a live recording: what a viewer rebuilds equals the engine's own snapshot;
+prompts typed in the app stream from the server; aborts reach the engine; two viewers see the
+same engine; a server that goes away shows as disconnected and the viewer reconnects."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from tinyllm.generate import generate
+from tinyllm.recording import read_recording
+from tinyllm.request import Sampling
+from tinyllm.serve import EngineLoop, ServerThread, build_engine, create_app
+from dataclasses import replace
+
+from tui.app import TinyLLMApp, build_app
+from tui.remote_runner import AttachRunner
+from tui.replay_runner import ReplayRunner
+from tui.screens import NextSettings
+
+from tests.test_app import _watch, bundled, no_unexpected_errors, until  # noqa: F401
+
+MODEL = "tinyllm-shakespeare"
+
+
+def start_server(port: int = 0, slots: int = 3) -> ServerThread:
+    model, tok = bundled()
+    return ServerThread(create_app(EngineLoop(build_engine(model, slots=slots, max_len=256)), tok, MODEL),
+                        port=port).start()
+
+
+def engine_snapshot(server: ServerThread):
+    return server.engine_loop.call(lambda e: e.snapshot())
+
+
+def state(snap):
+    """A snapshot without its clock (taking a snapshot stamps it with the time it was taken)."""
+    return replace(snap, time_s=0.0)
+
+
+def attach_app(url: str, new: int = 16) -> TinyLLMApp:
+    app = TinyLLMApp(AttachRunner(url).start(), None, model_name=MODEL, settings=NextSettings(Sampling(), new))
+    _watch(app)
+    return app
+
+
+def idle(server: ServerThread) -> bool:
+    snap = engine_snapshot(server)
+    return not snap.queue and snap.num_requests_running == 0
+
+
+@pytest.fixture
+def server():
+    s = start_server()
+    yield s
+    s.stop()
+
+
+async def type_prompt(pilot, text: str) -> None:
+    app = pilot.app
+    n = len(app.runner.frame.snapshot.requests)
+    app.query_one("#prompt").focus()
+    app.query_one("#prompt").value = text
+    await pilot.press("enter")
+    await until(pilot, lambda: len(app.runner.frame.snapshot.requests) > n, what="the request to reach the server")
+
+
+async def test_attached_app_streams_a_typed_prompt_and_sees_the_servers_state(server):
+    model, tok = bundled()
+    app = attach_app(server.url)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await type_prompt(pilot, "ROMEO:\n")
+        await until(pilot, lambda: app.runner.frame.snapshot.counters.finished == 1, what="the completion")
+        await until(pilot, lambda: state(app.runner.frame.snapshot) == state(engine_snapshot(server)), what="the last state")
+        frame = app.runner.frame
+        view = frame.snapshot.requests[0]
+        want = generate(model, tok.encode("ROMEO:\n"), 16, eos_id=tok.eos_id)
+        assert list(view.tokens) == want                               # greedy, as solo generate()
+        assert frame.texts[0] == tok.decode(want, skip_special_tokens=True) and frame.prompts[0] == "ROMEO:\n"
+        assert [t.end for t in frame.tracks] == ["finished"]
+        status = app.query_one("#status").text.plain
+        assert "ATTACHED" in status and server.url in status
+        assert any("#0 admitted to slot" in e.text for e in frame.log)
+        for action in ("toggle_pause", "step_once", "slower", "faster", "clear_prefix_cache", "step_back"):
+            assert app.check_action(action, ()) is False                # the server paces itself
+        app.query_one("#requests").focus()
+        await pilot.press("space", "n", "plus")                         # off: nothing happens, no error
+        await pilot.pause(0.1)
+
+
+async def test_abort_from_the_app_ours_and_another_clients(server):
+    app = attach_app(server.url, new=200)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await type_prompt(pilot, "HAMLET:\n")                           # ours: the app holds its stream
+
+        def other():                                                    # another client's long request
+            with httpx.stream("POST", server.url + "/v1/completions",
+                              json={"prompt": "KING:", "max_tokens": 200, "stream": True}, timeout=60) as r:
+                for _ in r.iter_lines():
+                    pass
+        threading.Thread(target=other, daemon=True).start()
+        await until(pilot, lambda: len(app.runner.frame.snapshot.requests) == 2)
+        await until(pilot, lambda: all(v.state == "running" for v in app.runner.frame.snapshot.requests))
+        for rid in (0, 1):
+            app.select(rid)
+            app.query_one("#requests").focus()
+            await pilot.press("x")
+            await until(pilot, lambda: app.runner.frame.snapshot.request(rid).state == "aborted",
+                        what=f"#{rid} aborted")
+        await until(pilot, lambda: idle(server))
+        snap = engine_snapshot(server)
+        assert snap.kv.allocated_tokens == 0 and [v.state for v in snap.requests] == ["aborted", "aborted"]
+
+
+async def test_two_viewers_see_the_same_engine(server):
+    a, b = AttachRunner(server.url).start(), AttachRunner(server.url).start()
+    threads = [threading.Thread(target=r.run, daemon=True) for r in (a, b)]
+    for t in threads:
+        t.start()
+    try:
+        for prompt in ("JULIET:", "ROMEO:", "NURSE:"):
+            r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 12}, timeout=60)
+            assert r.status_code == 200
+        want = state(engine_snapshot(server))
+        deadline = time.monotonic() + 20
+        while not (state(a.frame.snapshot) == want == state(b.frame.snapshot)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert state(a.frame.snapshot) == want == state(b.frame.snapshot)
+        assert a.frame.texts == b.frame.texts and len(a.frame.texts) == 3
+    finally:
+        a.stop()
+        b.stop()
+
+
+async def test_a_server_that_goes_away_is_shown_and_the_viewer_reconnects():
+    s = start_server()
+    port = int(s.url.rsplit(":", 1)[1])
+    app = attach_app(s.url)
+    async with app.run_test(size=(120, 40)) as pilot:
+        s.stop()
+        await until(pilot, lambda: app.runner.frame.status.startswith("disconnected"), what="the disconnect")
+        await until(pilot, lambda: "DISCONNECTED" in app.query_one("#status").text.plain)
+        s = start_server(port)                                          # back on the same address
+        try:
+            await until(pilot, lambda: app.runner.frame.status == "ready", timeout=30, what="the reconnect")
+            await type_prompt(pilot, "To be")
+            await until(pilot, lambda: app.runner.frame.snapshot.counters.finished == 1)
+            assert any("reconnected" in e.text for e in app.runner.frame.log)
+        finally:
+            s.stop()
+
+
+def test_the_state_stream_is_a_recording_that_replays(server, tmp_path):
+    """curl -N URL/v1/tinyllm/stream > run.jsonl: a file --replay plays."""
+    path = tmp_path / "run.jsonl"
+    lines: list[str] = []
+
+    def watch():
+        with httpx.stream("GET", server.url + "/v1/tinyllm/stream", timeout=30) as r:
+            for line in r.iter_lines():
+                lines.append(line)
+                rec = json.loads(line)
+                if rec.get("snap", {}).get("c") and any(e[0] == "finished" for e in rec.get("life", ())):
+                    return
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    time.sleep(0.3)
+    assert httpx.post(server.url + "/v1/completions", json={"prompt": "ROMEO:", "max_tokens": 10}, timeout=60).is_success
+    t.join(30)
+    path.write_text("\n".join(lines) + "\n")
+    header, records, warning = read_recording(path)
+    assert header["model"] == MODEL and warning is None and header["settings"]["kv"] == "paged"
+    replay = ReplayRunner(path, paused=True)
+    from tui.messages import SeekStep
+    replay.apply(SeekStep(replay.last_step))
+    assert state(replay.frame.snapshot) == state(engine_snapshot(server))
+
+
+@pytest.mark.parametrize("body, status", [({"rid": "x"}, 400), ({}, 400), ({"rid": 99}, 200)])
+def test_operator_abort_checks_its_input(server, body, status):
+    r = httpx.post(server.url + "/v1/tinyllm/abort", json=body)
+    assert r.status_code == status
+    if status == 400:
+        assert r.json()["error"]["param"] == "rid"
+    else:
+        assert r.json() == {"rid": 99, "aborted": False}
+
+
+def test_attach_to_nothing_or_to_a_non_tinyllm_server_is_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        build_app(["--attach", "127.0.0.1:9"])                         # nothing listens on port 9
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--attach http://127.0.0.1:9: cannot connect" in err and len(err.strip().splitlines()) == 1

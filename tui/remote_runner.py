@@ -1,0 +1,285 @@
+"""The app attached to a server over HTTP: ``tinyllm-tui --attach URL``.
+
+Against ``tinyllm serve`` (``AttachRunner``): the server's ``/v1/tinyllm/stream`` is a live
+recording (header, then deltas), so the frames are rebuilt exactly as a replay rebuilds them,
+with every panel: slots, blocks, timeline, every request's text, whoever sent it. Prompts typed
+here go to ``/v1/completions`` (streaming); aborting one of ours closes its stream (the server
+aborts a request whose client went away), aborting another client's request asks
+``/v1/tinyllm/abort``. Pause, step and speed belong to the server, not to a viewer.
+
+A server that goes away or answers garbage gives a "disconnected, retrying" status and the app
+reconnects with backoff; the last state stays on screen meanwhile. No torch here.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import replace
+from typing import Callable
+
+import httpx
+
+from tinyllm.recording import FORMAT, VERSION
+from tinyllm.snapshot import Counters, EngineSnapshot, KVView
+from tui.frame_record import FrameBuilder
+from tui.messages import Abort, AbortAll, Frame, LoadWorkload, LogEntry, Submit
+
+PUBLISH_S = 1 / 30
+RETRY_S = (0.5, 1, 2, 4, 5)           # backoff between reconnects (then every 5 s)
+READ_TIMEOUT_S = 15                   # the server sends a line at least every 5 s
+
+
+def completion_body(cmd: Submit, stream: bool = True) -> dict:
+    """An OpenAI completions request for a Submit (token ids when the app tokenized them)."""
+    s = cmd.sampling
+    body = {"prompt": list(cmd.tokens) if cmd.tokens is not None else cmd.prompt, "max_tokens": cmd.max_new_tokens,
+            "temperature": s.temperature, "stream": stream}
+    if s.top_p is not None:
+        body["top_p"] = s.top_p
+    if s.top_k is not None:
+        body["top_k"] = s.top_k
+    if not cmd.stop_at_eos:
+        body["ignore_eos"] = True
+    return body
+
+
+def why(e: Exception) -> str:
+    """One line for a connection problem."""
+    if isinstance(e, httpx.ConnectError):
+        return "cannot connect (is the server running? tinyllm serve prints its URL)"
+    if isinstance(e, StopIteration):
+        return "the server closed the stream"
+    return " ".join(f"{type(e).__name__}: {e}".split()) if str(e) else type(e).__name__
+
+
+def api_error(r: httpx.Response) -> str:
+    """The message of an OpenAI-style error response (or its status line)."""
+    try:
+        return str(r.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {r.status_code}"
+
+
+class AttachRunner:
+    """A ``tinyllm serve`` as the app's runner (messages.Runner); see the module docstring."""
+    remote = True
+    replay = False
+    kind = "tinyllm serve"
+    threads = 0
+    start_error: Exception | None = None
+    device = "remote"
+
+    def __init__(self, url: str, client: httpx.Client | None = None):
+        self.url = url.rstrip("/")
+        self.http = client or httpx.Client(timeout=httpx.Timeout(10, read=READ_TIMEOUT_S))
+        self.paused, self.step_delay_ms, self.steps_done = False, 0, 0
+        self.status = "connecting"
+        self.model_name = "?"
+        self._builder: FrameBuilder | None = None
+        self._log: list[LogEntry] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ours: dict[int, httpx.Response] = {}          # our streaming requests, by server request id
+        self._closed: set[int] = set()                      # ours that we aborted (closed their stream)
+        self._seq = 0
+        self._stream = None                                  # (response, line iterator) while connected
+        self._frame = self._empty_frame()
+
+    # -- the Runner interface -----------------------------------------------------------------------
+    @property
+    def frame(self) -> Frame:
+        return self._frame
+
+    def send(self, cmd) -> None:
+        if isinstance(cmd, Submit):
+            threading.Thread(target=self._complete, args=(cmd,), daemon=True, name="completion").start()
+        elif isinstance(cmd, Abort):
+            threading.Thread(target=self._abort, args=(cmd.rid,), daemon=True).start()
+        elif isinstance(cmd, AbortAll):
+            active = [v.rid for v in self._frame.snapshot.requests if v.state in ("queued", "running", "preempted")]
+            threading.Thread(target=lambda: [self._abort(r) for r in active], daemon=True).start()
+        elif isinstance(cmd, LoadWorkload):
+            threading.Thread(target=self._workload, args=(cmd,), daemon=True, name="workload").start()
+        # pause, step, speed, cache: the server's own business (the app has those keys off)
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            streams = list(self._ours.values())
+        for r in streams:
+            r.close()
+
+    def start(self) -> AttachRunner:
+        """Connect and read the server's state once, so the app starts with the right grid.
+        Raises ConnectionError with a one-line reason (no server there, not a tinyllm server)."""
+        try:
+            self._stream = self._open()
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError, StopIteration) as e:
+            raise ConnectionError(f"{self.url}: {why(e)}") from None
+        return self
+
+    def run(self, cancelled: Callable[[], bool] = lambda: False) -> None:
+        """Follow the server's stream; reconnect with backoff when it breaks."""
+        tries = 0
+        while not (self._stop.is_set() or cancelled()):
+            try:
+                if self._stream is None:
+                    self._stream = self._open()
+                    tries = 0
+                self._follow(cancelled)
+            except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError, StopIteration) as e:
+                self._close_stream()
+                wait = RETRY_S[min(tries, len(RETRY_S) - 1)]
+                tries += 1
+                self._disconnected(why(e), wait)
+                self._stop.wait(wait)
+        self._close_stream()
+
+    # -- the stream ---------------------------------------------------------------------------------
+    def _open(self):
+        """GET the stream, read its header and first record: (response, line iterator)."""
+        r = self.http.send(self.http.build_request("GET", f"{self.url}/v1/tinyllm/stream"), stream=True)
+        try:
+            if r.status_code != 200:
+                r.read()
+                raise ValueError(f"GET /v1/tinyllm/stream answered {r.status_code} ({api_error(r)}): "
+                                 f"not a tinyllm serve")
+            lines = r.iter_lines()
+            header = json.loads(next(lines))
+            if not isinstance(header, dict) or header.get("format") != FORMAT:
+                raise ValueError("the server's stream is not a tinyllm recording")
+            if not isinstance(header.get("version"), int) or header["version"] > VERSION:
+                raise ValueError(f"the server streams format version {header.get('version')}, newer than this "
+                                 f"app reads ({VERSION}): update tinyllm")
+            b = FrameBuilder(header, log_events=True)
+            self.model_name = str(header.get("model", "?"))
+            if self._builder is not None:
+                b.log.extend(self._builder.log)            # keep what was said before the reconnect
+            self._builder = b
+            self._apply_line(next(lines))
+        except BaseException:
+            r.close()
+            raise
+        reconnected, self.status = self.status == "disconnected", "ready"
+        if reconnected:
+            self._note("info", f"reconnected to {self.url}")
+        self._publish()
+        return r, lines
+
+    def _apply_line(self, line: str) -> None:
+        rec = json.loads(line)
+        if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
+            raise ValueError(f"the server sent a line that is not a record: {line[:60]!r}")
+        self._builder.apply(rec)
+
+    def _follow(self, cancelled: Callable[[], bool]) -> None:
+        _, lines = self._stream
+        published = 0.0
+        for line in lines:
+            if self._stop.is_set() or cancelled():
+                return
+            if line:
+                self._apply_line(line)
+            now = time.monotonic()
+            if now - published >= PUBLISH_S:
+                self._publish()
+                published = now
+        raise ValueError("the server ended the stream")
+
+    def _close_stream(self) -> None:
+        if self._stream is not None:
+            self._stream[0].close()
+            self._stream = None
+
+    def _disconnected(self, why: str, retry_s: float) -> None:
+        first = self.status != "disconnected"
+        self.status = "disconnected"
+        if first:
+            self._note("info", f"disconnected from {self.url} ({why}); retrying")
+        self._publish(f"retrying in {retry_s:g} s")
+
+    # -- frames -------------------------------------------------------------------------------------
+    def _empty_frame(self) -> Frame:
+        snap = EngineSnapshot(0.0, 0, 0, (), (), (), KVView("slots", 0, 0, 0, 0), Counters())
+        return Frame(0, snap, {}, {}, (), False, 0, 0, 0.0, (), status="loading")
+
+    def _publish(self, detail: str = "") -> None:
+        self._seq += 1
+        b = self._builder
+        if b is None:
+            f = replace(self._empty_frame(), seq=self._seq, log=tuple(self._log))
+        else:
+            f = b.frame(self._seq, False, 0)
+        self.steps_done = f.steps_done
+        self._frame = replace(f, status=self.status if not detail else f"{self.status}: {detail}")
+
+    def _note(self, kind: str, text: str) -> None:
+        """The app's own news (a refused prompt, a lost connection), in the event log."""
+        b = self._builder
+        log = b.log if b is not None else self._log
+        seq = log[-1].seq + 1 if log else 1
+        snap = b.snapshot if b is not None else self._frame.snapshot
+        entry = LogEntry(seq, snap.counters.steps, snap.time_s, kind, text)
+        if b is not None:
+            b.log.append(entry)
+        else:
+            self._log.append(entry)
+        self._publish()
+
+    # -- requests -----------------------------------------------------------------------------------
+    def _complete(self, cmd: Submit) -> None:
+        """Stream one completion (its text reaches the panes through the state stream)."""
+        rid = None
+        try:
+            with self.http.stream("POST", f"{self.url}/v1/completions", json=completion_body(cmd)) as r:
+                if r.status_code != 200:
+                    r.read()
+                    self._note("error", f"request refused: {api_error(r)}")
+                    return
+                rid = int(r.headers.get("x-tinyllm-request-id", -1))
+                with self._lock:
+                    self._ours[rid] = r
+                try:
+                    for line in r.iter_lines():
+                        if line.startswith("data:") and '"error"' in line[:40]:
+                            self._note("info", f"#{rid}: {json.loads(line[5:])['error']['message']}")
+                        if line == "data: [DONE]" or self._stop.is_set():
+                            break
+                finally:
+                    with self._lock:
+                        self._ours.pop(rid, None)
+        except (httpx.HTTPError, ValueError) as e:
+            with self._lock:
+                aborted_here = rid in self._closed                # _abort closed it under us
+            if not (self._stop.is_set() or aborted_here):
+                self._note("error", f"request failed: {type(e).__name__}: {e}")
+
+    def _abort(self, rid: int) -> None:
+        with self._lock:
+            mine = self._ours.pop(rid, None)
+            if mine is not None:
+                self._closed.add(rid)
+        if mine is not None:
+            mine.close()                                   # the server aborts a request whose client left
+            return
+        try:
+            r = self.http.post(f"{self.url}/v1/tinyllm/abort", json={"rid": rid})
+            if r.status_code != 200:
+                self._note("error", f"abort #{rid} refused: {api_error(r)}")
+            elif not r.json().get("aborted"):
+                self._note("info", f"#{rid} is not running or queued; nothing to abort")
+        except (httpx.HTTPError, ValueError) as e:
+            self._note("error", f"abort #{rid} failed: {type(e).__name__}: {e}")
+
+    def _workload(self, cmd: LoadWorkload) -> None:
+        """Send a workload's requests at their arrival times (on this machine's clock)."""
+        self._note("info", f"loaded {cmd.name}: {len(cmd.items)} requests, sent at their arrival times")
+        t0 = time.monotonic()
+        for it, toks in sorted(zip(cmd.items, cmd.tokens), key=lambda p: p[0].arrival_s):
+            if self._stop.wait(max(0.0, t0 + it.arrival_s - time.monotonic())):
+                return
+            sub = Submit(it.prompt, it.max_new_tokens or cmd.default_new, it.sampling or cmd.default_sampling,
+                         it.stop_at_eos, toks)
+            threading.Thread(target=self._complete, args=(sub,), daemon=True, name="completion").start()
