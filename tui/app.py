@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from rich.text import Text
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
@@ -35,6 +35,7 @@ from tui.widgets.request_list import RequestList
 from tui.widgets.slot_grid import SlotGrid
 from tui.widgets.event_log import EventLog
 from tui.widgets.text_line import TextLine
+from tui.widgets.server_panel import ServerPanel
 from tui.widgets.timeline import TimelinePanel
 
 DEFAULT_THREADS = 1         # torch threads in the engine process: robust beside a busy core (README)
@@ -69,6 +70,7 @@ class TinyLLMApp(App):
         Binding("f4", "clear_prefix_cache", "Clear prefix cache", show=False, priority=True),
         Binding("c", "clear_prefix_cache", "Clear the prefix cache", show=False),
         Binding("t", "toggle_timeline", "Timeline / requests", show=False),
+        Binding("r", "race", "Race: static vs continuous batching", show=False),
         Binding("z", "zoom_out", "Timeline: more steps per column", show=False),
         Binding("Z", "zoom_in", "Timeline: fewer steps per column", show=False),
         Binding("b,comma", "step_back", "Replay: one step back", show=False),
@@ -87,6 +89,7 @@ class TinyLLMApp(App):
         self.runner = runner                      # owns the engine; we only send commands and read frames
         self.replay = getattr(runner, "replay", False)    # a recording played back: read-only, no tokenizer
         self.remote = getattr(runner, "remote", False)    # attached to a server: it paces itself
+        self.metrics_only = getattr(runner, "metrics_only", False)    # a vLLM server: no slots, no blocks
         self.tokenizer = tokenizer
         self.model_name = model_name
         snap = runner.frame.snapshot
@@ -108,6 +111,7 @@ class TinyLLMApp(App):
         yield TextLine(id="status")
         with Horizontal(id="main"):
             with Vertical(id="left"):
+                yield ServerPanel(id="server")
                 yield SlotGrid(id="slots")
                 yield BlockMap(id="blocks")
                 yield KVPanel(id="kv")
@@ -138,6 +142,14 @@ class TinyLLMApp(App):
         self.query_one("#requests").border_title = "Requests"
         self.query_one("#timeline").border_title = "Timeline (t: requests, z/Z: zoom)"
         self.query_one("#timeline").display = False
+        self.query_one("#server").border_title = f"{getattr(self.runner, 'kind', 'server')} metrics (GET /metrics)"
+        self.query_one("#server").display = self.metrics_only
+        if self.metrics_only:
+            for panel in ("#slots", "#blocks", "#kv"):
+                self.query_one(panel).display = False
+            self.query_one("#log").border_title = "Events (this app's requests; step = seconds since attach)"
+            self.query_one("#requests").border_title = "This app's requests"
+            self.query_one("#timeline", TimelinePanel).unit = "s"
         self.query_one("#pane").border_title = "Request"
         self.query_one("#log").border_title = "Events"
         if self.replay:
@@ -188,10 +200,13 @@ class TinyLLMApp(App):
         self.frames_drawn += 1
         self._update_flags(frame)
         self.query_one("#status", TextLine).set(self._status_text(frame))
-        self.query_one("#slots", SlotGrid).show(frame.snapshot, self._flags)
-        if frame.snapshot.kv.kind == "paged":
-            self.query_one("#blocks", BlockMap).show(frame.snapshot)
-        self.query_one("#kv", KVPanel).show(frame)
+        if self.metrics_only:
+            self.query_one("#server", ServerPanel).show(frame.server)
+        else:
+            self.query_one("#slots", SlotGrid).show(frame.snapshot, self._flags)
+            if frame.snapshot.kv.kind == "paged":
+                self.query_one("#blocks", BlockMap).show(frame.snapshot)
+            self.query_one("#kv", KVPanel).show(frame)
         spark = self.query_one("#tps", Sparkline)
         hist = list(frame.tps_history) if any(frame.tps_history) else []
         if hist != spark.data and spark.display:
@@ -253,6 +268,8 @@ class TinyLLMApp(App):
             t.append(f" {r.kind} at {r.url} · {self.model_name}", style="bold")
             if down:
                 t.append(f" · {f.status} (showing the last state)", style="bold red")
+            elif self.metrics_only:
+                t.append(f" · metrics every {r.poll_s:g} s · this app's requests stream below", style="dim")
             else:
                 budget = f.snapshot.max_batched_tokens
                 t.append(f" · {f.snapshot.n_slots} slots · {f.snapshot.kv.kind} KV · "
@@ -370,7 +387,7 @@ class TinyLLMApp(App):
     def action_faster(self) -> None:
         self._set_delay(-1)
 
-    READ_ONLY = {"abort_selected", "abort_all", "clear_prefix_cache", "load_prompts", "settings", "focus_input"}
+    READ_ONLY = {"abort_selected", "abort_all", "clear_prefix_cache", "load_prompts", "settings", "focus_input", "race"}
     REPLAY_ONLY = {"step_back", "goto_step", "next_event", "prev_event"}
     SERVER_PACED = {"toggle_pause", "step_once", "slower", "faster", "clear_prefix_cache"}
 
@@ -378,6 +395,8 @@ class TinyLLMApp(App):
         """A replay changes nothing (no abort, no prompts, no settings); only a replay moves back
         in time; a server paces itself (no pause, step or speed from a viewer). Keys that do not
         apply are off, and hidden from the footer."""
+        if self.screen_stack and getattr(self.screen, "owns_keys", False) and action != "quit":
+            return False                                  # the race screen has keys of its own
         if action in (self.READ_ONLY if self.replay else self.REPLAY_ONLY):
             return False
         if self.remote and (action in self.SERVER_PACED or (action == "load_prompts" and self.tokenizer is None)):
@@ -388,6 +407,16 @@ class TinyLLMApp(App):
         timeline = self.query_one("#timeline", TimelinePanel)
         if timeline.display:
             timeline.show(frame.tracks, frame.snapshot.counters.steps, self.selected)
+
+    def action_race(self) -> None:
+        from tui.race_app import open_race
+        self._close_help()
+        open_race(self)
+
+    def get_system_commands(self, screen):
+        yield from super().get_system_commands(screen)
+        if self.check_action("race", ()):
+            yield SystemCommand("Race", "static vs continuous batching on the same requests, live (r)", self.action_race)
 
     def action_toggle_timeline(self) -> None:
         timeline = self.query_one("#timeline", TimelinePanel)
@@ -558,6 +587,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attach", metavar="URL", default=None,
                    help="watch and drive a running server instead of a local engine: tinyllm serve (every "
                         "panel) or a vLLM server (its metrics), e.g. http://127.0.0.1:8000")
+    from tui.race_app import add_race_args
+    from tui.web import add_web_args
+    add_race_args(p)
+    add_web_args(p)
     p.add_argument("--engine-thread", action="store_true",
                    help="run the engine in a thread of the app's process instead of its own process "
                         "(easier to debug, about half as fast: the UI and the engine share one GIL)")
@@ -594,6 +627,9 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
     a = parser.parse_args(argv)
     if not 0 <= a.step_delay <= MAX_DELAY_MS:
         parser.error(f"--step-delay must be in [0, {MAX_DELAY_MS}] ms, got {a.step_delay}")
+    from tui.race_app import race_app
+    if (race := race_app(parser, a)) is not None:
+        return race
     if a.replay is not None:
         return replay_app(parser, a)
     if a.attach is not None:
@@ -664,13 +700,20 @@ def attach_app(parser, a) -> TinyLLMApp:
     """--attach: the app over a server (no local engine, no torch). tinyllm serve streams its
     whole state; a vLLM server only its metrics."""
     from tui.remote_runner import AttachRunner
+    from tui.vllm_runner import VllmRunner
     if a.record is not None:
         parser.error("--record records a local engine; to record a server: curl -N URL/v1/tinyllm/stream > run.jsonl")
     url = a.attach if "://" in a.attach else f"http://{a.attach}"
     try:
         runner = AttachRunner(url).start()
     except ConnectionError as e:
-        parser.error(f"--attach {e}")
+        if "not a tinyllm serve" not in str(e):
+            parser.error(f"--attach {e}")
+        try:                                              # no state stream: a vLLM server?
+            runner = VllmRunner(url).start()
+        except ConnectionError as e2:
+            parser.error(f"--attach {url}: neither tinyllm serve ({str(e).split(': ', 1)[-1]}) "
+                         f"nor a vLLM server ({str(e2).split(': ', 1)[-1]})")
     tok = None
     if a.model:                                           # for prompt files and local fit checks
         from tinyllm.config import CheckpointError, load_config_and_tokenizer
@@ -699,6 +742,9 @@ def replay_app(parser, a) -> TinyLLMApp:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tui.web import serve_if_asked
+    if (code := serve_if_asked(argv)) is not None:   # --web: the app in a browser, one process per tab
+        return code
     app = build_app(argv)
     app.run()
     if app.startup_error is not None:

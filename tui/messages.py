@@ -7,12 +7,15 @@ app and its widgets import this module, never a runner, for their types.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from tinyllm.request import Sampling
 from tinyllm.snapshot import EngineSnapshot, LifecycleEvent
 from tinyllm.timeline import Track
 from tinyllm.workload import WorkItem
+
+if TYPE_CHECKING:
+    from tui.server_metrics import ServerFigures
 
 MAX_DELAY_MS = 1000
 LOG_LINES = 500
@@ -152,6 +155,7 @@ class Frame:
     steps_done: int = 0                  # engine steps this runner has made
     status: str = "ready"                # "loading" until the engine is built (process runner)
     tracks: tuple[Track, ...] = ()       # each request's life over steps (the timeline panel)
+    server: "ServerFigures | None" = None   # attached to a vLLM server: its /metrics figures
 
 
 class Runner(Protocol):

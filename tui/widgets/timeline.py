@@ -77,6 +77,7 @@ class TimelinePanel(Widget):
         self.now_step = 0
         self.selected: int | None = None
         self.zoom = 0                                 # index into ZOOMS
+        self.unit = "step"                            # what a column counts ("s" attached to vLLM)
 
     @property
     def per_col(self) -> int:
@@ -124,7 +125,9 @@ class TimelinePanel(Widget):
     def _header(self, width: int) -> list[Segment]:
         label, first, last = self._window(width)
         base = self.rich_style
-        head = f"steps {max(first, 0)}–{last} · {self.per_col} step{'s' if self.per_col > 1 else ''}/col  "
+        u = self.unit
+        head = (f"{u}s {max(first, 0)}–{last} · {self.per_col} {u}{'s' if self.per_col > 1 else ''}/col  " if u == "step"
+                else f"{max(first, 0)}–{last} {u} · {self.per_col} {u}/col  ")
         segs = [Segment(head, on(base, DIM))]
         for (glyph, style, _), name in LEGEND:
             segs += [Segment(glyph, on(base, style)), Segment(f"{name} ", on(base, DIM))]

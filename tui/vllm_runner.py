@@ -1,0 +1,272 @@
+"""The app attached to a vLLM server (or any server with vLLM's OpenAI API and metrics).
+
+vLLM shows no scheduler internals to a client, so this runner builds what it can: the server's
+figures from ``/metrics`` (polled, see ``tui.server_metrics``), and this app's own requests,
+streamed from ``/v1/completions`` into the request list and panes with their TTFT and tokens/s
+measured here. Aborting one of them closes its stream (vLLM aborts a request whose client goes
+away). The slot grid, block map and other clients' requests need engine internals: the app says
+so instead of drawing them (``tinyllm serve`` streams them).
+
+Times are this app's clock since it attached; the event log's step column is seconds since then.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import replace
+from typing import Callable
+
+import httpx
+
+from tinyllm.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, RequestView
+from tinyllm.timeline import Timeline
+from tui.messages import LOG_LINES, Abort, AbortAll, Frame, LoadWorkload, LogEntry, Submit
+from tui.remote_runner import RETRY_S, api_error, completion_body, why
+from tui.server_metrics import MetricsError, MetricsWindow, ServerFigures, parse
+
+POLL_S = 0.5
+
+
+class VllmRunner:
+    """messages.Runner over a vLLM server's API and metrics (see the module docstring)."""
+    remote = True
+    replay = False
+    metrics_only = True
+    kind = "vLLM"
+    device = "remote"
+    threads = 0
+    start_error: Exception | None = None
+
+    def __init__(self, url: str, client: httpx.Client | None = None, poll_s: float = POLL_S):
+        self.url = url.rstrip("/")
+        self.http = client or httpx.Client(timeout=httpx.Timeout(10, read=60))
+        self.poll_s = poll_s
+        self.paused, self.step_delay_ms, self.steps_done = False, 0, 0
+        self.model_name, self.max_len = "?", 0
+        self.status = "connecting"
+        self._t0 = time.monotonic()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._window = MetricsWindow()
+        self._figures = ServerFigures()
+        self._views: dict[int, RequestView] = {}
+        self._texts: dict[int, str] = {}
+        self._prompts: dict[int, str] = {}
+        self._streams: dict[int, httpx.Response] = {}
+        self._closed: set[int] = set()
+        self._timeline = Timeline()
+        self._log: list[LogEntry] = []
+        self._seq = 0
+        self._tps_hist: list[float] = []
+        self._frame = self._make_frame()
+
+    # -- the Runner interface -----------------------------------------------------------------------
+    @property
+    def frame(self) -> Frame:
+        return self._frame
+
+    def now(self) -> float:
+        return round(time.monotonic() - self._t0, 6)
+
+    def start(self) -> VllmRunner:
+        """Read /v1/models and /metrics once. ConnectionError with a one-line reason if this is
+        not a vLLM-compatible server."""
+        try:
+            models = self.http.get(f"{self.url}/v1/models")
+            if models.status_code != 200:
+                raise ValueError(f"GET /v1/models answered {models.status_code}")
+            first = models.json()["data"][0]
+            self.model_name, self.max_len = str(first["id"]), int(first.get("max_model_len") or 0)
+            self._scrape()
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError) as e:
+            raise ConnectionError(f"{self.url}: {why(e)}") from None
+        self.status = "ready"
+        self._publish()
+        return self
+
+    def send(self, cmd) -> None:
+        if isinstance(cmd, Submit):
+            rid = self._new_request(cmd)
+            threading.Thread(target=self._complete, args=(rid, cmd), daemon=True, name="completion").start()
+        elif isinstance(cmd, Abort):
+            self._abort(cmd.rid)
+        elif isinstance(cmd, AbortAll):
+            for rid in list(self._streams):
+                self._abort(rid)
+        elif isinstance(cmd, LoadWorkload):
+            threading.Thread(target=self._workload, args=(cmd,), daemon=True, name="workload").start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for rid in list(self._streams):
+            self._abort(rid, quiet=True)
+
+    def run(self, cancelled: Callable[[], bool] = lambda: False) -> None:
+        """Poll /metrics; on failure say so and retry with backoff."""
+        tries = 0
+        while not (self._stop.is_set() or cancelled()):
+            try:
+                self._scrape()
+                if self.status != "ready":
+                    self.status = "ready"
+                    self._note("info", f"reconnected to {self.url}")
+                tries = 0
+                wait = self.poll_s
+            except (httpx.HTTPError, MetricsError) as e:
+                wait = RETRY_S[min(tries, len(RETRY_S) - 1)]
+                tries += 1
+                if self.status != "disconnected":
+                    self.status = "disconnected"
+                    self._note("info", f"lost {self.url}/metrics ({why(e)}); retrying")
+                self._publish(f"retrying in {wait:g} s")
+            self._stop.wait(wait)
+
+    # -- metrics --------------------------------------------------------------------------------------
+    def _scrape(self) -> None:
+        r = self.http.get(f"{self.url}/metrics")
+        if r.status_code != 200:
+            raise MetricsError(f"GET /metrics answered {r.status_code}")
+        old, fig = self._figures, self._window.add(parse(r.text))
+        self._figures = fig
+        if fig.preemptions > old.preemptions and self._seq > 1:
+            self._note("preempt", f"the server preempted {fig.preemptions - old.preemptions:g} request(s) "
+                                  f"({fig.preemptions:g} in all)")
+        self._tps_hist = (self._tps_hist + [fig.generation_tps])[-120:]
+        self._publish()
+
+    # -- this app's requests ----------------------------------------------------------------------------
+    def _new_request(self, cmd: Submit) -> int:
+        with self._lock:
+            rid = len(self._views)
+            self._views[rid] = RequestView(rid, "queued", None, tuple(cmd.tokens or ()), (), cmd.max_new_tokens,
+                                           cmd.sampling, None, self.now(), None, None, 0)
+            self._texts[rid], self._prompts[rid] = "", cmd.prompt
+        self._event("queued", rid, len(cmd.tokens or ()))
+        self._note("submit", f"#{rid} sent ({cmd.max_new_tokens} max new tokens, {cmd.sampling.describe()})", rid)
+        return rid
+
+    def _complete(self, rid: int, cmd: Submit) -> None:
+        body = completion_body(cmd)
+        body.update(model=self.model_name, stream_options={"include_usage": True})
+        body.pop("top_k", None) if cmd.sampling.top_k is None else None
+        try:
+            with self.http.stream("POST", f"{self.url}/v1/completions", json=body) as r:
+                if r.status_code != 200:
+                    r.read()
+                    self._end(rid, "failed", f"request refused: {api_error(r)}")
+                    return
+                with self._lock:
+                    self._streams[rid] = r
+                reason = None
+                for line in r.iter_lines():
+                    if not line.startswith("data:") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[5:])
+                    if "error" in chunk:
+                        self._end(rid, "failed", str(chunk["error"].get("message", chunk["error"])))
+                        return
+                    for choice in chunk.get("choices", ()):
+                        self._tokens(rid, choice.get("text", ""))
+                        reason = choice.get("finish_reason") or reason
+                    if chunk.get("usage"):
+                        self._usage(rid, chunk["usage"])
+                self._end(rid, "finished", reason or "")
+        except (httpx.HTTPError, ValueError) as e:
+            if rid in self._closed:
+                self._end(rid, "aborted", "")
+            elif not self._stop.is_set():
+                self._end(rid, "failed", f"request failed: {why(e)}")
+        finally:
+            with self._lock:
+                self._streams.pop(rid, None)
+
+    def _tokens(self, rid: int, text: str) -> None:
+        """One streamed chunk: vLLM sends one per generated token."""
+        with self._lock:
+            v = self._views[rid]
+            first = v.first_token_s is None
+            self._views[rid] = replace(v, state="running", tokens=v.tokens + (0,),
+                                       first_token_s=self.now() if first else v.first_token_s)
+            self._texts[rid] += text
+        if first:
+            self._event("admitted", rid)
+            self._event("prefill", rid, reason=f"0..{len(v.prompt)} of {len(v.prompt)}")
+            self._note("admit", f"#{rid} first token after {self._views[rid].ttft_s * 1000:.0f} ms", rid)
+
+    def _usage(self, rid: int, usage: dict) -> None:
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        with self._lock:
+            v = self._views[rid]
+            n = int(usage.get("completion_tokens") or len(v.tokens))
+            self._views[rid] = replace(v, tokens=(0,) * n, cached_tokens=int(cached))
+
+    def _end(self, rid: int, state: str, why_: str) -> None:
+        with self._lock:
+            v = self._views[rid]
+            if v.state in ("finished", "aborted", "failed"):
+                return
+            self._views[rid] = replace(v, state=state, finish_s=self.now(), error=why_ if state == "failed" else None)
+        self._event(state, rid, len(v.tokens), why_)
+        if state == "finished":
+            self._note("finish", f"#{rid} finished: {len(v.tokens)} tokens ({why_ or '?'})", rid)
+        elif state == "aborted":
+            self._note("abort", f"#{rid} aborted after {len(v.tokens)} tokens (its stream closed)", rid)
+        else:
+            self._note("error", f"#{rid}: {why_}", rid)
+
+    def _abort(self, rid: int, quiet: bool = False) -> None:
+        with self._lock:
+            r = self._streams.pop(rid, None)
+            if r is not None:
+                self._closed.add(rid)
+        if r is not None:
+            r.close()                                      # vLLM aborts a request whose client left
+            self._end(rid, "aborted", "")
+        elif not quiet:
+            self._note("info", f"#{rid} is not one of this app's running requests: a vLLM server aborts a "
+                               f"request only when its own client closes it")
+
+    def _workload(self, cmd: LoadWorkload) -> None:
+        self._note("info", f"loaded {cmd.name}: {len(cmd.items)} requests, sent at their arrival times")
+        t0 = time.monotonic()
+        for it, toks in sorted(zip(cmd.items, cmd.tokens), key=lambda p: p[0].arrival_s):
+            if self._stop.wait(max(0.0, t0 + it.arrival_s - time.monotonic())):
+                return
+            self.send(Submit(it.prompt, it.max_new_tokens or cmd.default_new, it.sampling or cmd.default_sampling,
+                             it.stop_at_eos, toks))
+
+    # -- frames -----------------------------------------------------------------------------------------
+    def _tick(self) -> int:
+        return int(time.monotonic() - self._t0)
+
+    def _event(self, kind: str, rid: int, tokens: int = 0, reason: str = "") -> None:
+        with self._lock:
+            self._timeline.feed([LifecycleEvent(kind, rid, self._tick(), self.now(), None, tokens, reason)])
+        self._publish()
+
+    def _note(self, kind: str, text: str, rid: int | None = None) -> None:
+        with self._lock:
+            seq = self._log[-1].seq + 1 if self._log else 1
+            self._log = (self._log + [LogEntry(seq, self._tick(), self.now(), kind, text, rid)])[-LOG_LINES:]
+        self._publish()
+
+    def _make_frame(self, detail: str = "") -> Frame:
+        fig = self._figures
+        with self._lock:
+            views = tuple(self._views.values())
+            texts, prompts, log, tracks = dict(self._texts), dict(self._prompts), tuple(self._log), self._timeline.tracks()
+        blocks = fig.num_blocks or 0
+        reserved = blocks * (fig.block_size or 0)
+        kv = KVView("paged", reserved, round(fig.kv_usage * reserved), 0, 0, fig.block_size, blocks or None,
+                    blocks - round(fig.kv_usage * blocks) if blocks else None)
+        snap = EngineSnapshot(self.now(), 0, self.max_len, (), views, (), kv,
+                              Counters(steps=self._tick(), preemptions=int(fig.preemptions)))
+        self._seq += 1
+        status = self.status if not detail else f"{self.status}: {detail}"
+        return Frame(self._seq, snap, prompts, texts, log, False, 0, 0, fig.generation_tps, tuple(self._tps_hist),
+                     status=status, tracks=tracks, server=fig)
+
+    def _publish(self, detail: str = "") -> None:
+        self._frame = self._make_frame(detail)
