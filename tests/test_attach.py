@@ -198,3 +198,30 @@ def test_attach_to_nothing_or_to_a_non_tinyllm_server_is_one_line(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--attach http://127.0.0.1:9: cannot connect" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_long_running_server_forgets_old_requests_and_viewers_follow(monkeypatch):
+    """The server keeps the newest KEEP_ENDED ended requests (memory stays flat); a viewer's
+    rebuilt state drops the forgotten ones too, and still equals the engine's."""
+    import tinyllm.serve.engine_loop as engine_loop
+    monkeypatch.setattr(engine_loop, "KEEP_ENDED", 2)
+    monkeypatch.setattr(engine_loop, "FORGET_EVERY", 1)
+    s = start_server()
+    viewer = AttachRunner(s.url).start()
+    t = threading.Thread(target=viewer.run, daemon=True)
+    t.start()
+    try:
+        for i in range(6):
+            assert httpx.post(s.url + "/v1/completions", json={"prompt": f"Line {i}:", "max_tokens": 4},
+                              timeout=60).is_success
+        assert httpx.post(s.url + "/v1/completions", json={"prompt": "Last:", "max_tokens": 8}, timeout=60).is_success
+        want = state(engine_snapshot(s))
+        assert [v.rid for v in want.requests] == [5, 6]
+        deadline = time.monotonic() + 20
+        while state(viewer.frame.snapshot) != want and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert state(viewer.frame.snapshot) == want
+        assert set(viewer.frame.texts) == {5, 6}
+    finally:
+        viewer.stop()
+        s.stop()

@@ -33,7 +33,7 @@ CONFIGS = {   # kv, chunked prefill, KV blocks (tight: preemptions), prefix cach
 }
 
 
-def record_run(path, config: str, aborts=(3,), n: int = 6, new: int = 24):
+def record_run(path, config: str, aborts=(3,), n: int = 6, new: int = 24, forget_at: int | None = None):
     """Drive a runner step by step (as the app does when paused) with a recorder; return the
     live frames by step. Prompts share a prefix (cache hits) and grow (chunks); some abort."""
     model, tok = bundled()
@@ -50,6 +50,9 @@ def record_run(path, config: str, aborts=(3,), n: int = 6, new: int = 24):
         if step in aborts:
             r._apply(Abort(step))                 # abort request #step (queued, prefilling or decoding)
             r._apply(StepOnce())
+            r._publish()
+        if forget_at is not None and eng.steps >= forget_at and eng.forget_ended(1):
+            r._note_changes()                     # as a server does: old ended requests leave snapshots
             r._publish()
         frames[eng.steps] = r.frame
     r.stop()
@@ -75,6 +78,38 @@ def test_replay_rebuilds_every_frame_exactly(tmp_path, config):
             assert getattr(rebuilt[step], name) == getattr(live, name), f"step {step}: {name} differs"
     aborted = [r for r in frames[max(frames)].snapshot.requests if r.state == "aborted"]
     assert aborted, "the run should contain an abort"
+
+
+def test_requests_the_engine_forgets_leave_the_replay_too(tmp_path):
+    """A server forgets old ended requests (forget_ended): the recording says so, and the
+    rebuilt frames drop them (and their texts) at the same step as the live ones."""
+    path = tmp_path / "run.jsonl"
+    eng, frames = record_run(path, "chunked-tight-prefix", forget_at=20, n=8)
+    assert len(frames[max(frames)].snapshot.requests) < 8, "forget_ended should have dropped ended requests"
+    header, records, _ = read_recording(path)
+    b, rebuilt = FrameBuilder(header), {}
+    for _, rec in records:
+        b.apply(rec)
+        rebuilt[rec["step"]] = b.frame(0, True, 0)
+    for step, live in frames.items():
+        assert rebuilt[step].snapshot == live.snapshot, f"step {step}"
+        assert set(rebuilt[step].texts) == {v.rid for v in live.snapshot.requests}, f"step {step}"
+
+
+def test_forget_ended_keeps_the_newest_and_every_live_request():
+    model, _ = bundled()
+    eng = ContinuousEngine(model, 2, 64, generator=torch.Generator().manual_seed(0))
+    from tinyllm.engine import Request
+    rids = [eng.add_request(Request([1, 2, 3], 2 if i < 4 else 30)) for i in range(6)]
+    while sum(v.state == "finished" for v in eng.snapshot().requests) < 4:
+        eng.step()
+    assert eng.forget_ended(keep=1) == 3
+    left = [v.rid for v in eng.snapshot().requests]
+    assert left == [3, 4, 5] and all(r not in eng.results for r in rids[:3])
+    assert eng.add_request(Request([1], 1)) == 6                 # ids keep growing, never reused
+    while eng.has_work():
+        eng.step()
+    assert eng.forget_ended(keep=0) == 4 and eng.snapshot().requests == ()
 
 
 def test_recording_is_small_and_gzip_works(tmp_path):

@@ -9,6 +9,7 @@
                  "j" just_admitted, "p" prefill_left}}; "r" requests {rid: a whole RequestView
                  when new, else its changed fields, "+" = tokens appended; only a list: tokens
                  appended and nothing else (its slot's "n" then grows by as many, unless given)};
+                 null: the engine forgot it (an ended request, see forget_ended)};
                  "q" queue: [dropped from the front, [appended]] or {"all": [the whole queue]};
                  "kv" {changed KVView fields, "blocks": [[block, owner, refs, cached]]};
                  "c" counter increments in Counters' field order.
@@ -116,6 +117,10 @@ class SnapshotEncoder:
                 if isinstance(delta, list):
                     grew[v.rid] = len(delta)
             self._views[v.rid] = v
+        if len(self._views) > len(snap.requests):         # the engine forgot some (forget_ended)
+            for rid in self._views.keys() - {v.rid for v in snap.requests}:
+                reqs[rid] = None
+                del self._views[rid]
         slots = {}
         for old, new in zip(prev.slots, snap.slots):
             g = grew.get(new.rid) if new.rid == old.rid else None
@@ -180,7 +185,9 @@ class SnapshotDecoder:
             for rid, fs in d["r"].items():
                 rid = int(rid)
                 old = self._views.get(rid)
-                if isinstance(fs, list):                  # new tokens only
+                if fs is None:
+                    self._views.pop(rid, None)
+                elif isinstance(fs, list):                  # new tokens only
                     self._views[rid] = replace(old, tokens=old.tokens + tuple(fs))
                     grew[rid] = len(fs)
                 else:

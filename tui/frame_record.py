@@ -110,6 +110,10 @@ class FrameBuilder:
         self.step = rec["step"]
         if "snap" in rec:
             self._dec.apply(rec["snap"])
+            for rid, fs in rec["snap"].get("r", {}).items():
+                if fs is None:                            # the engine forgot it: so do we
+                    self.texts.pop(int(rid), None)
+                    self.prompts.pop(int(rid), None)
         for rid, p in rec.get("prompt", {}).items():
             self.prompts[int(rid)] = p
             self.texts.setdefault(int(rid), "")

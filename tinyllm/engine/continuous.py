@@ -133,6 +133,7 @@ class ContinuousEngine:
                            kv_reserved_tokens=slots.reserved_tokens())
         self.results: dict[int, Result] = {}              # finished, until the caller pops them
         self._seqs: dict[int, Sequence] = {}                  # every request, kept for snapshots
+        self._next_rid = 0                                    # (until forget_ended drops old ones)
         self._slot_seq: list[Sequence | None] = [None] * n_slots
         self._queue: deque[Sequence] = deque()
         self._last_tok = torch.zeros(n_slots, 1, dtype=torch.long, device=device)
@@ -164,7 +165,8 @@ class ContinuousEngine:
             raise ValueError(f"prompt token id {bad} is outside the model's vocabulary [0, {vocab})")
         check_fits(len(req.prompt), req.max_new_tokens, self.max_len, "the slot's max_len")
         self.slots.check_fits(len(req.prompt) + req.max_new_tokens)   # paged: the whole pool, alone
-        rid = len(self._seqs)
+        rid = self._next_rid
+        self._next_rid += 1
         seq = Sequence(rid, req, req.sampling or self.sampling, self.now())
         self._seqs[rid] = seq
         self._queue.append(seq)
@@ -201,6 +203,17 @@ class ContinuousEngine:
         """Forget every cached prefix (blocks in use keep their K/V, but no new request will
         match them). Returns how many free cached blocks became plain free blocks."""
         return self.slots.clear_prefix_cache() if self.prefix_cache else 0
+
+    def forget_ended(self, keep: int) -> int:
+        """Drop all but the newest ``keep`` ended (finished, aborted, failed) requests, and their
+        unclaimed results: a long-running server would otherwise keep every request it ever
+        served, and each snapshot would list them all. Returns how many were dropped."""
+        ended = [rid for rid, q in self._seqs.items() if q.state in ("finished", "aborted", "failed")]
+        drop = ended[:max(0, len(ended) - keep)]
+        for rid in drop:
+            del self._seqs[rid]
+            self.results.pop(rid, None)
+        return len(drop)
 
     def pop_lifecycle(self) -> list[LifecycleEvent]:
         """The lifecycle events recorded since the last call, oldest first."""

@@ -28,6 +28,8 @@ from tinyllm.snapshot import LifecycleEvent
 
 log = logging.getLogger("tinyllm.serve")
 T = TypeVar("T")
+KEEP_ENDED = 1000          # ended requests the engine remembers (snapshots, viewers); older ones are forgotten
+FORGET_EVERY = 256         # steps between two clean-ups
 
 
 class StepHook(Protocol):
@@ -155,6 +157,7 @@ class EngineLoop:
         self._live: dict[int, RequestHandle] = {}          # engine thread only: rid → unfinished handle
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._stopping = False
+        self._steps = 0
         self._lock = threading.Lock()                       # start/stop/submit against each other
 
     # -- control (any thread) ----------------------------------------------------------------
@@ -255,7 +258,11 @@ class EngineLoop:
         lifecycle = eng.pop_lifecycle()
         if stepped or lifecycle:
             self._dispatch(events, lifecycle)
-            self._run_hooks(events, lifecycle)
+            if stepped:
+                self._steps += 1
+                if self._steps % FORGET_EVERY == 0 and hasattr(eng, "forget_ended"):
+                    eng.forget_ended(KEEP_ENDED)        # a server runs for days: memory stays flat
+            self._run_hooks(events, lifecycle)          # (after: viewers see what is remembered)
         return True
 
     def _apply(self, cmd: tuple) -> None:

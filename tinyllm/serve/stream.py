@@ -34,6 +34,7 @@ from tinyllm.snapshot import EngineSnapshot, LifecycleEvent
 
 HEARTBEAT_S = 5.0             # an idle stream still sends a line this often (proxies, dead peers)
 MAX_EVENTS = 100_000          # lifecycle history kept for viewers that join late
+PRUNE_EVERY = 256             # hook calls between two clean-ups of forgotten requests' texts
 MAX_PENDING = 50_000          # events waiting for one viewer: beyond that it is too slow, and dropped
 
 
@@ -61,6 +62,7 @@ class StateFeed:
         self._texts: dict[int, str] = {}
         self._prompts: dict[int, str] = {}
         self._streams: dict[int, Any] = {}
+        self._calls = 0
 
     # -- the engine thread ----------------------------------------------------------------------
     def on_step(self, engine: Any, token_events: list, lifecycle: list[LifecycleEvent]) -> None:
@@ -84,6 +86,12 @@ class StateFeed:
         for ev in lifecycle:                              # after its last token's text
             if ev.kind in ("finished", "aborted", "failed"):
                 self._streams.pop(ev.rid, None)
+        self._calls += 1
+        if self._calls % PRUNE_EVERY == 0:                # texts of requests the engine forgot
+            live = {v.rid for v in engine.snapshot().requests}
+            for d in (self._texts, self._prompts, self._streams):
+                for rid in [r for r in d if r not in live]:
+                    del d[rid]
         with self._lock:
             viewers = list(self._viewers)
         if not viewers:
@@ -108,7 +116,8 @@ class StateFeed:
         the header its stream starts with."""
         snap = engine.snapshot()
         v = _Viewer(loop, snap)
-        v.events = list(self._events)
+        live = {r.rid for r in snap.requests}
+        v.events = [e for e in self._events if e.rid in live]
         v.text = dict(self._texts)
         v.prompt = dict(self._prompts)
         with self._lock:
