@@ -53,7 +53,11 @@ Timeline (t): one row per request, one column per engine step (z / Z: more / few
 Replay (tinyllm-tui --replay FILE): the same screen as it was at any step of a recording. space
   plays / pauses, n / . one step on, b / , one back, g goes to a step, ] / [ to the selected
   request's next / previous admission, preemption or end; + / - set the speed. The scrubber line
-  at the bottom shows where you are ('P' marks steps with preemptions, 'x' with aborts)."""
+  at the bottom shows where you are ('P' marks steps with preemptions, 'x' with aborts).
+Attached (tinyllm-tui --attach URL): to tinyllm serve, every panel is the server's engine (all
+  clients' requests); typed prompts go to its /v1/completions; x aborts any request. To a vLLM
+  server, its /metrics replace the slot and KV panels, and the list shows this app's requests.
+  The server paces itself: pause, step and speed are off."""
 
 
 class HelpScreen(ModalScreen[None]):
