@@ -114,14 +114,14 @@ async def test_every_binding_in_a_replay_acts_or_is_off():
                 if EFFECTS[action] is None:
                     continue
                 if action in TinyLLMApp.READ_ONLY or action == "leave_input":
-                    assert app.check_action(action, ()) in (False, True)
-                    if action != "leave_input":
-                        assert app.check_action(action, ()) is False
-                    before = r.frame.snapshot
+                    assert action == "leave_input" or app.check_action(action, ()) is False
+                    r.send(SetPaused(True))
+                    await until(pilot, lambda: r.paused)
+                    before, focused = r.frame.snapshot, app.focused
                     await pilot.press(key)
                     await pilot.pause(0.05)
-                    assert r.frame.snapshot.requests == before.requests or not paused
-                    assert len(app.screen_stack) == 1, f"{key!r} opened a dialog in a replay"
+                    assert r.frame.snapshot == before, f"{key!r} changed a replay"
+                    assert len(app.screen_stack) == 1 and app.focused is focused, f"{key!r} acted in a replay"
                     continue
                 for cmd in (SetPaused(True), SetDelay(200), SeekStep(40)):
                     r.send(cmd)                                      # the runner thread applies them in order
@@ -155,6 +155,27 @@ def _replay_effect(app, action, was, paused) -> bool:
     if action == "help":
         return isinstance(app.screen, HelpScreen)
     return EFFECTS[action](app, was)
+
+
+async def test_going_back_shows_the_panels_as_they_were():
+    """Back in time, the event log and the request pane show that step, not what came later;
+    a recorded error is history, not a new error notification."""
+    app = replay_app()
+    r = app.runner
+    async with app.run_test(size=(120, 40)) as pilot:
+        await goto(pilot, r.last_step)
+        log = app.query_one("#log")
+        await until(pilot, lambda: any("finished" in e.text for e in log.lines))
+        app.select(5)                                                # aborted at step 30
+        await goto(pilot, 10)
+        await until(pilot, lambda: list(log.lines) == list(r.frame.log))
+        assert all(e.step <= 10 for e in log.lines) and not any("finished" in e.text for e in log.lines)
+        pane = app.query_one("#pane")
+        await until(pilot, lambda: "aborted" not in pane.query_one("#pane-header").text.plain)
+        await goto(pilot, 0)
+        await pilot.press("b")                                       # before the first step: stays
+        await pilot.pause(0.1)
+        assert r.step == 0
 
 
 async def test_timeline_panel_draws_each_request_life():

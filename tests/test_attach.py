@@ -22,6 +22,7 @@ from dataclasses import replace
 from tui.app import TinyLLMApp, build_app
 from tui.remote_runner import AttachRunner
 from tui.replay_runner import ReplayRunner
+from tui.messages import Abort, Submit
 from tui.screens import NextSettings
 
 from tests.test_app import _watch, bundled, no_unexpected_errors, until  # noqa: F401
@@ -222,6 +223,85 @@ def test_a_long_running_server_forgets_old_requests_and_viewers_follow(monkeypat
             time.sleep(0.05)
         assert state(viewer.frame.snapshot) == want
         assert set(viewer.frame.texts) == {5, 6}
+    finally:
+        viewer.stop()
+        s.stop()
+
+
+def test_a_server_streaming_garbage_is_shown_as_disconnected_not_a_crash():
+    """A record the viewer cannot apply (wrong shape) drops the connection, says so, and retries;
+    the viewer's thread lives on."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    from tinyllm.recording import make_header
+    model, tok = bundled()
+    header = make_header(engine_snapshot_of(build_engine(model, slots=2, max_len=64)), MODEL, "x", {})
+
+    async def stream(request):
+        async def lines():
+            yield json.dumps(header) + "\n"
+            yield '{"step": 0}\n'
+            yield '{"step": 1, "snap": {"r": []}}\n'              # JSON, but not a snapshot delta
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/v1/tinyllm/stream", stream)]),
+                                           host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    while not server.started:
+        t.join(0.02)
+    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    viewer = AttachRunner(url).start()
+    vt = threading.Thread(target=viewer.run, daemon=True)
+    vt.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not viewer.frame.status.startswith("disconnected") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert viewer.frame.status.startswith("disconnected") and vt.is_alive()
+        assert any("disconnected" in e.text and "AttributeError" in e.text for e in viewer.frame.log)
+    finally:
+        viewer.stop()
+        server.should_exit = True
+        t.join(10)
+        vt.join(10)
+    assert not vt.is_alive()
+
+
+def engine_snapshot_of(engine):
+    return engine.snapshot()
+
+
+def test_aborting_our_queued_request_reaches_the_server_at_once():
+    """One slot, busy; our request waits in the queue (no tokens flow to notice a hang-up by):
+    abort must still free it now, not when it would have got its first token."""
+    s = start_server(slots=1)
+    viewer = AttachRunner(s.url).start()
+    vt = threading.Thread(target=viewer.run, daemon=True)
+    vt.start()
+    try:
+        def busy():
+            httpx.post(s.url + "/v1/completions", json={"prompt": "KING:", "max_tokens": 200}, timeout=60)
+        threading.Thread(target=busy, daemon=True).start()
+        deadline = time.monotonic() + 20
+        while engine_snapshot(s).num_requests_running == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        viewer.send(Submit("QUEEN:", 50, Sampling(), True))
+        while 1 not in viewer._ours and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert engine_snapshot(s).request(1).state == "queued"
+        viewer.send(Abort(1))
+        deadline = time.monotonic() + 2
+        while engine_snapshot(s).request(1).state == "queued" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert engine_snapshot(s).request(1).state == "aborted"
+        assert engine_snapshot(s).request(0).state == "running"           # the other one goes on
+        while viewer.frame.snapshot.request(1).state != "aborted" and time.monotonic() < deadline + 2:
+            time.sleep(0.02)
+        assert viewer.frame.snapshot.request(1).state == "aborted"       # shown at once, no heartbeat wait
     finally:
         viewer.stop()
         s.stop()

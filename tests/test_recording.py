@@ -319,3 +319,28 @@ def test_trace_command_writes_perfetto_json_and_refuses_a_bad_file(tmp_path, cap
     bad.write_text("nope\n")
     assert main(["trace", str(bad)]) == 2
     assert f"{bad}:1: not a tinyllm recording" in capsys.readouterr().err
+
+
+def test_a_header_without_engine_settings_is_refused(tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"format": "tinyllm-recording", "version": 1, "engine": {}}\n')
+    with pytest.raises(RecordingError, match=r":1: the header's \"engine\" settings are incomplete"):
+        ReplayRunner(p)
+
+
+def test_trace_refuses_a_record_of_the_wrong_shape(tmp_path, capsys):
+    from tinyllm.cli import main
+    p = tmp_path / "bad.jsonl"
+    p.write_text(_header_line() + '\n{"step": 1, "snap": {"r": []}}\n')
+    assert main(["trace", str(p)]) == 2
+    assert "a broken record" in capsys.readouterr().err
+
+
+def test_a_gz_recording_cut_off_mid_write_replays_what_came_before(tmp_path):
+    path = tmp_path / "run.jsonl.gz"
+    _, frames = record_run(path, "paged-tight")
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) * 2 // 3])                 # killed: the gzip stream ends early
+    r = ReplayRunner(path)
+    assert 0 < r.last_step < max(frames)
+    assert r.warning is None or "cut off" in r.warning

@@ -151,7 +151,7 @@ def cmd_trace(args) -> None:
     """A recording (tinyllm-tui --record) as a summary, or as a Perfetto / Chrome trace."""
     import json
 
-    from tinyllm.recording import RecordingError, read_recording
+    from tinyllm.recording import BAD_RECORD, RecordingError, read_recording
     from tinyllm.trace import perfetto_trace
     try:
         header, records, warning = read_recording(args.recording)
@@ -160,7 +160,7 @@ def cmd_trace(args) -> None:
         trace = perfetto_trace(header, [rec for _, rec in records])
     except RecordingError as e:
         raise UsageError(str(e)) from None
-    except (KeyError, TypeError, ValueError, IndexError) as e:      # a record the decoder cannot apply
+    except BAD_RECORD as e:                                          # a record the decoder cannot apply
         raise UsageError(f"{args.recording}: a broken record ({type(e).__name__}: {e}); "
                          f"tinyllm-tui --replay names its line") from None
     evs = trace["traceEvents"]

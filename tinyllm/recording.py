@@ -38,7 +38,7 @@ from tinyllm.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, R
 
 FORMAT = "tinyllm-recording"
 VERSION = 1
-FLUSH_S = 0.5                       # a crash loses at most this much of the run
+FLUSH_S = 0.5                       # flushed this often while writing, and whenever the run goes idle
 
 # Per-step fields get one-letter keys (a step's record is mostly these); see the module docstring.
 _SLOT_KEYS = {"rid": "r", "context_len": "n", "blocks": "b", "just_admitted": "j", "prefill_left": "p"}
@@ -53,6 +53,10 @@ class RecordingError(ValueError):
     """A recording that cannot be read: the message starts with ``file:line:``."""
 
 
+# What applying a malformed record can raise (a decoder fed JSON it did not write).
+BAD_RECORD = (KeyError, TypeError, ValueError, IndexError, AttributeError)
+
+
 # -- the fixed part: the header ------------------------------------------------------------------
 def make_header(snap: EngineSnapshot, model: str, tokenizer: str, settings: dict[str, Any]) -> dict:
     """The header line. ``settings``: the engine's options as the user gave them (for people);
@@ -64,7 +68,23 @@ def make_header(snap: EngineSnapshot, model: str, tokenizer: str, settings: dict
                        "max_batched_tokens": snap.max_batched_tokens,
                        "kv": {"kind": kv.kind, "reserved_tokens": kv.reserved_tokens,
                               "bytes_per_token": kv.bytes_per_token, "block_size": kv.block_size,
-                              "n_blocks": kv.n_blocks}}}
+                              "n_blocks": kv.n_blocks, "cached_flags": bool(kv.block_cached)}}}
+
+
+def check_header(header, where: str) -> None:
+    """Raise RecordingError ("WHERE: ...") unless ``header`` starts a recording this code reads."""
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise RecordingError(f"{where}: not a tinyllm recording (its first line must be a header with "
+                             f'"format": "{FORMAT}"; record one with tinyllm-tui --record FILE)')
+    version = header.get("version")
+    if not isinstance(version, int) or version > VERSION:
+        raise RecordingError(f"{where}: this recording has format version {version}, newer than this "
+                             f"tinyllm reads (up to {VERSION}); replay it with a newer tinyllm")
+    try:
+        blank_snapshot(header)
+    except BAD_RECORD as e:
+        raise RecordingError(f'{where}: the header\'s "engine" settings are incomplete '
+                             f"({type(e).__name__}: {e})") from None
 
 
 def blank_snapshot(header: dict) -> EngineSnapshot:
@@ -72,8 +92,9 @@ def blank_snapshot(header: dict) -> EngineSnapshot:
     e = header["engine"]
     k = e["kv"]
     n = k["n_blocks"] or 0
+    flags = (False,) * n if k.get("cached_flags", True) else ()     # no prefix cache: no per-block flags
     kv = KVView(k["kind"], k["reserved_tokens"], 0, 0, k["bytes_per_token"], k["block_size"], k["n_blocks"],
-                n if k["kind"] == "paged" else None, (None,) * n, (0,) * n, (False,) * n, 0)
+                n if k["kind"] == "paged" else None, (None,) * n, (0,) * n, flags, 0)
     slots = tuple(SlotView(i, None, 0, e["max_len"]) for i in range(e["n_slots"]))
     return EngineSnapshot(0.0, e["n_slots"], e["max_len"], slots, (), (), kv, Counters(), e["max_batched_tokens"])
 
@@ -288,6 +309,11 @@ class RecordingWriter:
             self._f.flush()
             self._flushed = time.monotonic()
 
+    def flush(self) -> None:
+        if not self._f.closed:
+            self._f.flush()
+            self._flushed = time.monotonic()
+
     def close(self) -> None:
         if not self._f.closed:
             self._f.close()
@@ -299,37 +325,29 @@ def read_recording(path: str | Path) -> tuple[dict, list[tuple[int, dict]], str 
     cut off mid-write (the run was killed) is dropped with a warning instead: what came before
     it is a good recording."""
     path = Path(path)
+    lines: list[str] = []
+    cut_off = False
     try:
         with _open(path, "r") as f:
-            text = f.read()
-    except EOFError:                                      # a .gz cut off mid-write
-        raise RecordingError(f"{path}: the compressed file is cut off (the recording was interrupted); "
-                             f"a .gz recording is only readable once the run ended") from None
+            try:
+                for line in f:
+                    lines.append(line)
+            except EOFError:                              # a .gz cut off mid-write: keep what came before
+                cut_off = True
     except gzip.BadGzipFile:
         raise RecordingError(f"{path}: not gzip-compressed, though its name ends in .gz") from None
     except OSError as e:
         raise RecordingError(f"{path}: cannot read it: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
         raise RecordingError(f"{path}: not a tinyllm recording (not UTF-8 text: {e.reason})") from None
-    lines = text.split("\n")
-    cut_off = not text.endswith("\n")                     # the last line was being written
-    if lines and lines[-1] == "":
-        lines.pop()
+    cut_off = cut_off or bool(lines) and not lines[-1].endswith("\n")   # the last line was being written
     if not lines:
         raise RecordingError(f"{path}:1: empty file, not a tinyllm recording")
     try:
         header = json.loads(lines[0])
     except json.JSONDecodeError:
         header = None
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise RecordingError(f"{path}:1: not a tinyllm recording (its first line must be a header with "
-                             f'"format": "{FORMAT}"; record one with tinyllm-tui --record FILE)')
-    version = header.get("version")
-    if not isinstance(version, int) or version > VERSION:
-        raise RecordingError(f"{path}:1: this recording has format version {version}, newer than this "
-                             f"tinyllm reads (up to {VERSION}); replay it with a newer tinyllm")
-    if not isinstance(header.get("engine"), dict):
-        raise RecordingError(f'{path}:1: the header has no "engine" settings')
+    check_header(header, f"{path}:1")
     records, warning = [], None
     for n, line in enumerate(lines[1:], start=2):
         try:

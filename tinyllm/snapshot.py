@@ -33,6 +33,12 @@ class LifecycleEvent:
                                   # prefill: "start..end of context" (chunked prefill only)
     cached: int = 0               # admitted: context tokens served by the prefix cache
 
+    def prefill_span(self) -> tuple[int, int, int]:
+        """A prefill event's (start, end, context length), from its "start..end of N" reason."""
+        span, _, total = self.reason.partition(" of ")
+        start, _, end = span.partition("..")
+        return int(start), int(end), int(total)
+
 
 @dataclass(frozen=True)
 class SlotView:

@@ -100,8 +100,8 @@ class Timeline:
                            admissions=t.admissions + ((s, ev.cached),))
         if k == "prefill":
             chunks = t.chunk_steps if t.chunk_steps and t.chunk_steps[-1] == s else t.chunk_steps + (s,)
-            span, _, total = ev.reason.partition(" of ")
-            done = span.partition("..")[2] == total
+            _, end, total = ev.prefill_span()
+            done = end == total
             spans = _start(t.spans, "decode", s + 1, ts) if done else t.spans
             return replace(t, chunk_steps=chunks, spans=spans)
         if k == "preempted":
@@ -111,6 +111,10 @@ class Timeline:
             spans = _close(t.spans, s + 1, ts)          # the end step still belongs to the span
             return replace(t, spans=spans, end=k, end_step=s, end_s=ts, slot=None)
         return t
+
+    def forget(self, rid: int) -> None:
+        """Drop a request's track (the engine forgot the request)."""
+        self._tracks.pop(rid, None)
 
     def track(self, rid: int) -> Track | None:
         return self._tracks.get(rid)

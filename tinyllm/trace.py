@@ -99,7 +99,7 @@ def _slot_spans(header: dict, events: list[LifecycleEvent], end_s: float) -> lis
             continue
         if e.kind == "admitted":
             holder[e.slot] = (e.rid, e.time_s, e.step)
-        elif e.kind in ("preempted", "finished", "aborted", "failed") and e.slot in holder:
+        elif e.kind in ("preempted", "finished", "aborted", "failed") and holder.get(e.slot, (None,))[0] == e.rid:
             rid, since, step = holder.pop(e.slot)
             out.append(_span(PID_SLOTS, e.slot + 1, f"#{rid}", since, e.time_s,
                              {"steps": f"{step}..{e.step}", "freed": e.kind}))

@@ -246,6 +246,11 @@ class TinyLLMApp(App):
                 self._flags[e.slot] = (e.kind, e.rid)
 
     def _append_log(self, frame: Frame) -> None:
+        newest = frame.log[-1].seq if frame.log else 0
+        if newest < self._seen_log or (self.replay and newest != self._seen_log):
+            self._seen_log = newest                       # a replay moved: the log as it was then
+            self.query_one("#log", EventLog).reset(frame.log)
+            return
         new = [e for e in frame.log if e.seq > self._seen_log]
         for e in new:
             if e.kind == "error":
@@ -698,11 +703,26 @@ def check_writable(parser, path: str) -> None:
 
 def attach_app(parser, a) -> TinyLLMApp:
     """--attach: the app over a server (no local engine, no torch). tinyllm serve streams its
-    whole state; a vLLM server only its metrics."""
+    whole state; a vLLM server only its metrics. Local arguments are checked before connecting."""
+    from tinyllm.config import CheckpointError, load_config_and_tokenizer
+    from tinyllm.workload import WorkloadError, resolve_workload
     from tui.remote_runner import AttachRunner
     from tui.vllm_runner import VllmRunner
     if a.record is not None:
         parser.error("--record records a local engine; to record a server: curl -N URL/v1/tinyllm/stream > run.jsonl")
+    if a.prompts is not None and not a.model:
+        parser.error("--prompts with --attach needs --model DIR: its tokenizer checks the prompt file "
+                     "(F3 loads prompt files the same way)")
+    try:
+        sampling = Sampling(a.temperature, a.top_k, a.top_p)
+    except ValueError as e:
+        parser.error(str(e))
+    tok = None
+    if a.model:                                           # for prompt files and local fit checks
+        try:
+            _, tok = load_config_and_tokenizer(Path(a.model))
+        except CheckpointError as e:
+            parser.error(f"--model: {e}")
     url = a.attach if "://" in a.attach else f"http://{a.attach}"
     try:
         runner = AttachRunner(url).start()
@@ -714,18 +734,16 @@ def attach_app(parser, a) -> TinyLLMApp:
         except ConnectionError as e2:
             parser.error(f"--attach {url}: neither tinyllm serve ({str(e).split(': ', 1)[-1]}) "
                          f"nor a vLLM server ({str(e2).split(': ', 1)[-1]})")
-    tok = None
-    if a.model:                                           # for prompt files and local fit checks
-        from tinyllm.config import CheckpointError, load_config_and_tokenizer
+    prompts = None
+    if a.prompts is not None:
         try:
-            _, tok = load_config_and_tokenizer(Path(a.model))
-        except CheckpointError as e:
-            parser.error(f"--model: {e}")
-    try:
-        sampling = Sampling(a.temperature, a.top_k, a.top_p)
-    except ValueError as e:
-        parser.error(str(e))
-    return TinyLLMApp(runner, tok, model_name=runner.model_name, settings=NextSettings(sampling, a.max_new_tokens))
+            prompts = resolve_workload(a.prompts)
+            read_workload(prompts, tok.encode, runner.frame.snapshot.max_len, a.max_new_tokens)
+        except WorkloadError as e:
+            runner.stop()
+            parser.error(f"--prompts: {e}")
+    return TinyLLMApp(runner, tok, model_name=runner.model_name, settings=NextSettings(sampling, a.max_new_tokens),
+                      prompts_file=prompts)
 
 
 def replay_app(parser, a) -> TinyLLMApp:

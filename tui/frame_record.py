@@ -80,6 +80,9 @@ class FrameRecorder:
             rec["x"] = changed
         self._writer.write(rec)
 
+    def flush(self) -> None:
+        self._writer.flush()
+
     def close(self) -> None:
         self._writer.close()
 
@@ -98,7 +101,6 @@ class FrameBuilder:
         self.x: dict = {"paused": False, "delay": 0, "pending": 0, "tps": 0.0, "step_ms": 0.0, "steps_behind": 0}
         self.tps_history: deque[float] = deque(maxlen=120)
         self._tps_at = 0.0
-        self._prev = (0, 0.0)                 # (step, engine time) of the latest step seen
         self._rate: tuple[float, int, float] | None = None
         self.step = 0
 
@@ -114,6 +116,7 @@ class FrameBuilder:
                 if fs is None:                            # the engine forgot it: so do we
                     self.texts.pop(int(rid), None)
                     self.prompts.pop(int(rid), None)
+                    self.timeline.forget(int(rid))
         for rid, p in rec.get("prompt", {}).items():
             self.prompts[int(rid)] = p
             self.texts.setdefault(int(rid), "")
@@ -132,14 +135,9 @@ class FrameBuilder:
         self._derive_rates()
 
     def _derive_rates(self) -> None:
-        """Step time and tokens/s, from the engine clock (not recorded: they follow from it)."""
-        snap, step = self.snapshot, self.step
+        """Tokens/s from the engine clock and counters (not recorded: it follows from them)."""
+        snap = self.snapshot
         t, n = snap.time_s, snap.counters.generated_tokens
-        prev_step, prev_t = self._prev
-        if step == prev_step + 1 and t > prev_t:
-            self.x["step_ms"] = (t - prev_t) * 1000
-        if step != prev_step:
-            self._prev = (step, t)
         if self._rate is None or t < self._rate[0]:
             self._rate = (t, n, 0.0)
         t0, n0, tps = self._rate

@@ -121,10 +121,9 @@ def lifecycle_log(ev: LifecycleEvent) -> tuple[str, str] | None:
         cached = f", {ev.cached} of {ev.tokens} tokens from the prefix cache" if ev.cached else ""
         return "admit", f"{r} admitted to slot {ev.slot}{again}{cached}"
     if ev.kind == "prefill":
-        span, _, total = ev.reason.partition(" of ")
-        start, _, end = span.partition("..")
-        if start != "0" or end != total:                 # a prompt spread over several steps
-            return "prefill", f"{r} prefill chunk {span} of {total} tokens"
+        start, end, total = ev.prefill_span()
+        if start != 0 or end != total:                   # a prompt spread over several steps
+            return "prefill", f"{r} prefill chunk {start}..{end} of {total} tokens"
         return None
     if ev.kind == "preempted":
         return "preempt", (f"{r} preempted from slot {ev.slot}: {ev.reason}, back to the queue "

@@ -14,6 +14,7 @@ reconnects with backoff; the last state stays on screen meanwhile. No torch here
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from dataclasses import replace
@@ -21,12 +22,11 @@ from typing import Callable
 
 import httpx
 
-from tinyllm.recording import FORMAT, VERSION
+from tinyllm.recording import BAD_RECORD, RecordingError, check_header
 from tinyllm.snapshot import Counters, EngineSnapshot, KVView
 from tui.frame_record import FrameBuilder
 from tui.messages import Abort, AbortAll, Frame, LoadWorkload, LogEntry, Submit
 
-PUBLISH_S = 1 / 30
 RETRY_S = (0.5, 1, 2, 4, 5)           # backoff between reconnects (then every 5 s)
 READ_TIMEOUT_S = 15                   # the server sends a line at least every 5 s
 
@@ -54,6 +54,31 @@ def why(e: Exception) -> str:
     return " ".join(f"{type(e).__name__}: {e}".split()) if str(e) else type(e).__name__
 
 
+def send_workload(cmd: LoadWorkload, submit: Callable[[Submit], None], stop: threading.Event) -> None:
+    """Send a workload's requests at their arrival times (on this machine's clock), as text: the
+    server tokenizes (a local tokenizer may not be the server's)."""
+    t0 = time.monotonic()
+    for it in sorted(cmd.items, key=lambda it: it.arrival_s):
+        if stop.wait(max(0.0, t0 + it.arrival_s - time.monotonic())):
+            return
+        submit(Submit(it.prompt, it.max_new_tokens or cmd.default_new, it.sampling or cmd.default_sampling,
+                      it.stop_at_eos))
+
+
+def hang_up(r: httpx.Response) -> None:
+    """Close a streaming response so the server sees the client go at once: shut the socket
+    down first (closing it from another thread while a read waits on it sends nothing until the
+    server writes), then close."""
+    try:
+        stream = r.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    r.close()
+
+
 def api_error(r: httpx.Response) -> str:
     """The message of an OpenAI-style error response (or its status line)."""
     try:
@@ -79,7 +104,8 @@ class AttachRunner:
         self.model_name = "?"
         self._builder: FrameBuilder | None = None
         self._log: list[LogEntry] = []
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()                       # _ours / _closed
+        self._state = threading.RLock()                     # the builder, the log, frames: several threads
         self._stop = threading.Event()
         self._ours: dict[int, httpx.Response] = {}          # our streaming requests, by server request id
         self._closed: set[int] = set()                      # ours that we aborted (closed their stream)
@@ -101,7 +127,9 @@ class AttachRunner:
             active = [v.rid for v in self._frame.snapshot.requests if v.state in ("queued", "running", "preempted")]
             threading.Thread(target=lambda: [self._abort(r) for r in active], daemon=True).start()
         elif isinstance(cmd, LoadWorkload):
-            threading.Thread(target=self._workload, args=(cmd,), daemon=True, name="workload").start()
+            self._note("info", f"loaded {cmd.name}: {len(cmd.items)} requests, sent at their arrival times")
+            threading.Thread(target=send_workload, args=(cmd, self.send, self._stop), daemon=True,
+                             name="workload").start()
         # pause, step, speed, cache: the server's own business (the app has those keys off)
 
     def stop(self) -> None:
@@ -116,7 +144,7 @@ class AttachRunner:
         Raises ConnectionError with a one-line reason (no server there, not a tinyllm server)."""
         try:
             self._stream = self._open()
-        except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError, StopIteration) as e:
+        except (httpx.HTTPError, RecordingError, StopIteration, *BAD_RECORD) as e:
             raise ConnectionError(f"{self.url}: {why(e)}") from None
         return self
 
@@ -129,7 +157,7 @@ class AttachRunner:
                     self._stream = self._open()
                     tries = 0
                 self._follow(cancelled)
-            except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError, StopIteration) as e:
+            except Exception as e:                          # noqa: BLE001 - a viewer never dies from a server
                 self._close_stream()
                 wait = RETRY_S[min(tries, len(RETRY_S) - 1)]
                 tries += 1
@@ -148,23 +176,17 @@ class AttachRunner:
                                  f"not a tinyllm serve")
             lines = r.iter_lines()
             header = json.loads(next(lines))
-            if not isinstance(header, dict) or header.get("format") != FORMAT:
-                raise ValueError("the server's stream is not a tinyllm recording")
-            if not isinstance(header.get("version"), int) or header["version"] > VERSION:
-                raise ValueError(f"the server streams format version {header.get('version')}, newer than this "
-                                 f"app reads ({VERSION}): update tinyllm")
-            b = FrameBuilder(header, log_events=True)
-            self.model_name = str(header.get("model", "?"))
-            if self._builder is not None:
-                b.log.extend(self._builder.log)            # keep what was said before the reconnect
-            self._builder = b
-            self._apply_line(next(lines))
+            check_header(header, "the server's stream")
+            with self._state:                             # the server's log of its past, afresh
+                self._builder = FrameBuilder(header, log_events=True)
+                self.model_name = str(header.get("model", "?"))
+                self._apply_line(next(lines))
         except BaseException:
             r.close()
             raise
         reconnected, self.status = self.status == "disconnected", "ready"
         if reconnected:
-            self._note("info", f"reconnected to {self.url}")
+            self._note("info", f"reconnected to {self.url} (a fresh state: the engine's own log follows)")
         self._publish()
         return r, lines
 
@@ -172,20 +194,19 @@ class AttachRunner:
         rec = json.loads(line)
         if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
             raise ValueError(f"the server sent a line that is not a record: {line[:60]!r}")
-        self._builder.apply(rec)
+        with self._state:
+            self._builder.apply(rec)
 
     def _follow(self, cancelled: Callable[[], bool]) -> None:
+        """Apply and publish each record: the server already merges a slow viewer's records, so
+        each one is worth showing (holding one back would show a finish late)."""
         _, lines = self._stream
-        published = 0.0
         for line in lines:
             if self._stop.is_set() or cancelled():
                 return
             if line:
                 self._apply_line(line)
-            now = time.monotonic()
-            if now - published >= PUBLISH_S:
                 self._publish()
-                published = now
         raise ValueError("the server ended the stream")
 
     def _close_stream(self) -> None:
@@ -206,27 +227,25 @@ class AttachRunner:
         return Frame(0, snap, {}, {}, (), False, 0, 0, 0.0, (), status="loading")
 
     def _publish(self, detail: str = "") -> None:
-        self._seq += 1
-        b = self._builder
-        if b is None:
-            f = replace(self._empty_frame(), seq=self._seq, log=tuple(self._log))
-        else:
-            f = b.frame(self._seq, False, 0)
-        self.steps_done = f.steps_done
-        self._frame = replace(f, status=self.status if not detail else f"{self.status}: {detail}")
+        with self._state:
+            self._seq += 1
+            b = self._builder
+            if b is None:
+                f = replace(self._empty_frame(), seq=self._seq, log=tuple(self._log))
+            else:
+                f = b.frame(self._seq, False, 0)
+            self.steps_done = f.steps_done
+            self._frame = replace(f, status=self.status if not detail else f"{self.status}: {detail}")
 
     def _note(self, kind: str, text: str) -> None:
         """The app's own news (a refused prompt, a lost connection), in the event log."""
-        b = self._builder
-        log = b.log if b is not None else self._log
-        seq = log[-1].seq + 1 if log else 1
-        snap = b.snapshot if b is not None else self._frame.snapshot
-        entry = LogEntry(seq, snap.counters.steps, snap.time_s, kind, text)
-        if b is not None:
-            b.log.append(entry)
-        else:
-            self._log.append(entry)
-        self._publish()
+        with self._state:
+            b = self._builder
+            log = b.log if b is not None else self._log
+            seq = log[-1].seq + 1 if log else 1
+            snap = b.snapshot if b is not None else self._frame.snapshot
+            log.append(LogEntry(seq, snap.counters.steps, snap.time_s, kind, text))
+            self._publish()
 
     # -- requests -----------------------------------------------------------------------------------
     def _complete(self, cmd: Submit) -> None:
@@ -250,7 +269,7 @@ class AttachRunner:
                 finally:
                     with self._lock:
                         self._ours.pop(rid, None)
-        except (httpx.HTTPError, ValueError) as e:
+        except (httpx.HTTPError, httpx.StreamError, ValueError, RuntimeError) as e:
             with self._lock:
                 aborted_here = rid in self._closed                # _abort closed it under us
             if not (self._stop.is_set() or aborted_here):
@@ -262,24 +281,13 @@ class AttachRunner:
             if mine is not None:
                 self._closed.add(rid)
         if mine is not None:
-            mine.close()                                   # the server aborts a request whose client left
-            return
-        try:
+            hang_up(mine)                                  # the server aborts a request whose client left,
+        try:                                               # but a queued one is only noticed at its first
+                                                           # token: ask the server outright too
             r = self.http.post(f"{self.url}/v1/tinyllm/abort", json={"rid": rid})
             if r.status_code != 200:
                 self._note("error", f"abort #{rid} refused: {api_error(r)}")
-            elif not r.json().get("aborted"):
+            elif not r.json().get("aborted") and mine is None:
                 self._note("info", f"#{rid} is not running or queued; nothing to abort")
         except (httpx.HTTPError, ValueError) as e:
             self._note("error", f"abort #{rid} failed: {type(e).__name__}: {e}")
-
-    def _workload(self, cmd: LoadWorkload) -> None:
-        """Send a workload's requests at their arrival times (on this machine's clock)."""
-        self._note("info", f"loaded {cmd.name}: {len(cmd.items)} requests, sent at their arrival times")
-        t0 = time.monotonic()
-        for it, toks in sorted(zip(cmd.items, cmd.tokens), key=lambda p: p[0].arrival_s):
-            if self._stop.wait(max(0.0, t0 + it.arrival_s - time.monotonic())):
-                return
-            sub = Submit(it.prompt, it.max_new_tokens or cmd.default_new, it.sampling or cmd.default_sampling,
-                         it.stop_at_eos, toks)
-            threading.Thread(target=self._complete, args=(sub,), daemon=True, name="completion").start()

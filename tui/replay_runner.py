@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from tinyllm.recording import RecordingError, read_recording
+from tinyllm.recording import BAD_RECORD, RecordingError, read_recording
 from tui.frame_record import FrameBuilder
 from tui.messages import (MAX_DELAY_MS, Frame, JumpEvent, SeekStep, SetDelay, SetPaused, StepBack, StepOnce,
                           TogglePaused)
@@ -52,7 +52,7 @@ class ReplayRunner:
                 for row in rec.get("life", ()):
                     if row[0] in JUMP_KINDS:
                         self._events.setdefault(int(row[1]), []).append((i, row[0]))
-            except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+            except BAD_RECORD as e:
                 raise RecordingError(f"{self.path}:{line}: a broken record ({type(e).__name__}: {e})") from None
             if (i + 1) % KEY_EVERY == 0:
                 self._keys.append((i, b.copy()))

@@ -270,6 +270,7 @@ class EngineRunner:
         if self.recorder is None:
             return
         x = {"paused": self.paused, "delay": self.step_delay_ms, "pending": len(self._pending),
+             "step_ms": round(self._step_ms, 1),                       # compute only (no delay, no pause)
              "steps_behind": self.engine.steps - self.steps_done}       # steps made before this runner
         try:
             self.recorder.record(self.engine.steps, self._snap, events, self._prompts, self._texts, self._log, x)
@@ -315,5 +316,7 @@ class EngineRunner:
         self._published_at = time.perf_counter()
         self._frame = self._make_frame()
         self._record()                                    # log lines and pause changes made since
+        if self.recorder is not None and not self._can_run():
+            self.recorder.flush()                         # idle or paused: the file is whole on disk
         if self.on_frame is not None:
             self.on_frame()

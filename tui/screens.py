@@ -190,7 +190,7 @@ class GotoStep(ModalScreen["int | None"]):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         text = event.value.strip()
-        if not text.isdigit() or int(text) > self.last:
+        if not text.isdecimal() or int(text) > self.last:
             self.query_one("#settings-error", Static).update(
                 Text(f"a step is a whole number from 0 to {self.last}, got {text!r}", style="bold red"))
             return

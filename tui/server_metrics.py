@@ -125,6 +125,9 @@ class MetricsWindow:
         self._scrapes: deque[Scrape] = deque()
 
     def add(self, s: Scrape) -> ServerFigures:
+        last = self._scrapes[-1] if self._scrapes else None
+        if last is not None and any(v < last.counters.get(k, 0.0) for k, v in s.counters.items()):
+            self._scrapes.clear()                         # a counter went down: the server restarted
         self._scrapes.append(s)
         while len(self._scrapes) > 2 and s.at - self._scrapes[1].at >= self.window_s:
             self._scrapes.popleft()

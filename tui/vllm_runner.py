@@ -23,10 +23,11 @@ import httpx
 from tinyllm.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, RequestView
 from tinyllm.timeline import Timeline
 from tui.messages import LOG_LINES, Abort, AbortAll, Frame, LoadWorkload, LogEntry, Submit
-from tui.remote_runner import RETRY_S, api_error, completion_body, why
+from tui.remote_runner import RETRY_S, api_error, completion_body, hang_up, send_workload, why
 from tui.server_metrics import MetricsError, MetricsWindow, ServerFigures, parse
 
 POLL_S = 0.5
+UNKNOWN_MAX_LEN = 1 << 20    # a server that does not say its context length: let it refuse long prompts
 
 
 class VllmRunner:
@@ -78,7 +79,8 @@ class VllmRunner:
             if models.status_code != 200:
                 raise ValueError(f"GET /v1/models answered {models.status_code}")
             first = models.json()["data"][0]
-            self.model_name, self.max_len = str(first["id"]), int(first.get("max_model_len") or 0)
+            self.model_name = str(first["id"])
+            self.max_len = int(first.get("max_model_len") or 0) or UNKNOWN_MAX_LEN
             self._scrape()
         except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError) as e:
             raise ConnectionError(f"{self.url}: {why(e)}") from None
@@ -96,7 +98,9 @@ class VllmRunner:
             for rid in list(self._streams):
                 self._abort(rid)
         elif isinstance(cmd, LoadWorkload):
-            threading.Thread(target=self._workload, args=(cmd,), daemon=True, name="workload").start()
+            self._note("info", f"loaded {cmd.name}: {len(cmd.items)} requests, sent at their arrival times")
+            threading.Thread(target=send_workload, args=(cmd, self.send, self._stop), daemon=True,
+                             name="workload").start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -173,7 +177,7 @@ class VllmRunner:
                     if chunk.get("usage"):
                         self._usage(rid, chunk["usage"])
                 self._end(rid, "finished", reason or "")
-        except (httpx.HTTPError, ValueError) as e:
+        except (httpx.HTTPError, httpx.StreamError, ValueError, RuntimeError) as e:
             if rid in self._closed:
                 self._end(rid, "aborted", "")
             elif not self._stop.is_set():
@@ -222,20 +226,11 @@ class VllmRunner:
             if r is not None:
                 self._closed.add(rid)
         if r is not None:
-            r.close()                                      # vLLM aborts a request whose client left
+            hang_up(r)                                     # vLLM aborts a request whose client left
             self._end(rid, "aborted", "")
         elif not quiet:
             self._note("info", f"#{rid} is not one of this app's running requests: a vLLM server aborts a "
                                f"request only when its own client closes it")
-
-    def _workload(self, cmd: LoadWorkload) -> None:
-        self._note("info", f"loaded {cmd.name}: {len(cmd.items)} requests, sent at their arrival times")
-        t0 = time.monotonic()
-        for it, toks in sorted(zip(cmd.items, cmd.tokens), key=lambda p: p[0].arrival_s):
-            if self._stop.wait(max(0.0, t0 + it.arrival_s - time.monotonic())):
-                return
-            self.send(Submit(it.prompt, it.max_new_tokens or cmd.default_new, it.sampling or cmd.default_sampling,
-                             it.stop_at_eos, toks))
 
     # -- frames -----------------------------------------------------------------------------------------
     def _tick(self) -> int:
@@ -263,9 +258,11 @@ class VllmRunner:
                     blocks - round(fig.kv_usage * blocks) if blocks else None)
         snap = EngineSnapshot(self.now(), 0, self.max_len, (), views, (), kv,
                               Counters(steps=self._tick(), preemptions=int(fig.preemptions)))
-        self._seq += 1
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
         status = self.status if not detail else f"{self.status}: {detail}"
-        return Frame(self._seq, snap, prompts, texts, log, False, 0, 0, fig.generation_tps, tuple(self._tps_hist),
+        return Frame(seq, snap, prompts, texts, log, False, 0, 0, fig.generation_tps, tuple(self._tps_hist),
                      status=status, tracks=tracks, server=fig)
 
     def _publish(self, detail: str = "") -> None:

@@ -5,8 +5,9 @@ header, then one record per change, each the delta of the snapshot since that vi
 record plus the lifecycle events, generated text and prompts since then. So
 ``curl -N URL/v1/tinyllm/stream > run.jsonl`` is a file ``tinyllm-tui --replay`` plays back.
 
-How it stays cheap: the engine thread (a step hook) only takes one snapshot per step *while
-someone watches* and appends what happened to each viewer's pending box; each viewer encodes
+How it stays cheap: the engine thread (a step hook) takes one snapshot per step only while
+someone watches (and one for a step that queued requests, to decode their prompts), and appends
+what happened to each viewer's pending box; each viewer encodes
 its own delta in the event loop, at its own pace (a slow viewer gets fewer, larger records,
 never a backlog of snapshots). A viewer that joins late gets the whole current state (its
 encoder starts from a blank snapshot), every past lifecycle event (for the timeline) and every
@@ -118,8 +119,8 @@ class StateFeed:
         v = _Viewer(loop, snap)
         live = {r.rid for r in snap.requests}
         v.events = [e for e in self._events if e.rid in live]
-        v.text = dict(self._texts)
-        v.prompt = dict(self._prompts)
+        v.text = {rid: t for rid, t in self._texts.items() if rid in live}
+        v.prompt = {rid: p for rid, p in self._prompts.items() if rid in live}
         with self._lock:
             self._viewers.append(v)
         return v, make_header(snap, self.model_name, "server", self.settings)

@@ -21,6 +21,12 @@ class EventLog(Widget):
         super().__init__(**kw)
         self.lines: deque[LogEntry] = deque(maxlen=max_lines)
 
+    def reset(self, entries) -> None:
+        """Show exactly ``entries`` (a replay went back in time)."""
+        self.lines.clear()
+        self.lines.extend(entries)
+        self.refresh()
+
     def add(self, entries: list[LogEntry]) -> None:
         if entries:
             self.lines.extend(entries)

@@ -61,6 +61,10 @@ class RequestPane(VerticalScroll):
     def show(self, frame: Frame, rid: int | None) -> None:
         v = frame.snapshot.request(rid) if rid is not None else None
         if v is None:
+            if rid is not None and self.rid == rid and self._shown is not None:   # a replay went back
+                self._shown, self._plain = None, ""
+                self.query_one("#pane-header").set(Text(f"#{rid} does not exist yet at this step", style="dim"))
+                self.query_one("#pane-body", Static).update("")
             return
         prompt = frame.prompts.get(rid, "")
         text = frame.texts.get(rid, "")
