@@ -42,6 +42,7 @@ class ReplayRunner:
         self.steps = [rec["step"] for rec in self._records]          # per record, non-decreasing
         self._events: dict[int, list[tuple[int, str]]] = {}          # rid → [(record index, kind)]
         self._keys: list[tuple[int, FrameBuilder]] = [(-1, FrameBuilder(self.header))]
+        self._times: list[float] = []                                # engine clock after each record
         b = self._keys[0][1].copy()
         for i, (line, rec) in enumerate(records):                    # check every record once, now
             if i and rec["step"] < self.steps[i - 1]:
@@ -49,6 +50,7 @@ class ReplayRunner:
                                      f"{self.steps[i - 1]} (records must be in step order)")
             try:
                 b.apply(rec)
+                self._times.append(b.snapshot.time_s)
                 for row in rec.get("life", ()):
                     if row[0] in JUMP_KINDS:
                         self._events.setdefault(int(row[1]), []).append((i, row[0]))
@@ -177,9 +179,8 @@ class ReplayRunner:
         nxt = self._last_of(self._next_step(+1))
         if nxt <= self._pos:
             return 0.1
-        t0 = self._builder.snapshot.time_s
-        t1 = self._records[nxt].get("snap", {}).get("t", t0)
-        return min(MAX_GAP_S, max(0.0, float(t1) - t0))
+        t0 = self._times[self._pos] if self._pos >= 0 else self._times[0]
+        return min(MAX_GAP_S, max(0.0, self._times[nxt] - t0))
 
     def _make_frame(self) -> Frame:
         self._seq += 1
