@@ -5,11 +5,15 @@ which request holds which slot or block (``tinyllm serve`` streams those)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.text import Text
 from textual.widget import Widget
 
-from tui.server_metrics import ServerFigures
 from tui.widgets.style import STATE_COLOURS, bar
+
+if TYPE_CHECKING:                      # prometheus_client loads only when attached to a server
+    from tui.server_metrics import ServerFigures
 
 
 def _ms(v: float | None) -> str:
@@ -23,9 +27,9 @@ class ServerPanel(Widget):
 
     def __init__(self, **kw):
         super().__init__(**kw)
-        self.figures: ServerFigures | None = None
+        self.figures: "ServerFigures | None" = None
 
-    def show(self, figures: ServerFigures | None) -> None:
+    def show(self, figures: "ServerFigures | None") -> None:
         if figures != self.figures:
             self.figures = figures
             self.refresh(layout=True)
