@@ -181,11 +181,15 @@ def test_pacer_keeps_full_rate_when_drawing_is_cheap_and_backs_off_when_not():
 # -- starting without waiting (the app's way: screen first, engine second) ----------------------
 def test_the_app_side_imports_no_torch():
     """The first frame must not wait for torch: the app, its runner and widgets import without it."""
+    heavy = ("torch", "prometheus_client", "httpx")          # the last two: only when attached to a server
     code = ("import sys, tui.app, tui.process_runner, tui.screens, tinyllm.config, tinyllm.workload; "
-            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r}))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+    code = "import sys, tui.replay_runner, tui.remote_runner, tui.vllm_runner; print('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "False", "replay and attach must not load torch"
 
 
 def test_a_loading_runner_shows_the_layout_and_keeps_early_commands():
