@@ -14,6 +14,7 @@ from tinyllm.engine import ContinuousEngine, Sampling
 from tinyllm.workload import bundled_workloads
 from tui.app import TinyLLMApp
 from tui.messages import SetDelay, SetPaused, StepOnce
+from tui.race_screen import RaceScreen
 from tui.runner import EngineRunner
 from tui.screens import GotoStep, HelpScreen, NextSettings, PromptPicker, SettingsScreen
 from tui.widgets.block_map import BlockMap
@@ -513,6 +514,7 @@ EFFECTS = {
     "goto_step": lambda app, was: isinstance(app.screen, GotoStep),
     "next_event": lambda app, was: app.runner.frame.snapshot.counters.steps > was.step or _noted(app, was, "has no"),
     "prev_event": lambda app, was: app.runner.frame.snapshot.counters.steps < was.step or _noted(app, was, "has no"),
+    "race": lambda app, was: isinstance(app.screen, RaceScreen),    # escape closes it (tests/test_race_app.py)
     "quit": None,                                                   # test_quit_keys_exit
 }
 

@@ -1,7 +1,7 @@
 """Static batching, the seed's baseline: B requests at a time, left-padded, decoded until the
 batch's *longest* request is done. Rows that finish early keep computing (wasted work), and the
-next batch waits for the slowest row. ``prefill_padded`` is shared with the continuous engine's
-slot-cache admissions."""
+next batch waits for the slowest row. The loop itself is ``StaticBatcher`` (static_lane.py, one
+step at a time); ``prefill_padded`` is shared with the continuous engine's slot-cache admissions."""
 
 from __future__ import annotations
 
@@ -10,12 +10,10 @@ import time
 import torch
 from torch import Tensor
 
-from tinyllm.engine.sequence import is_done
-from tinyllm.generate import autocast, sample_next
+from tinyllm.generate import autocast
 from tinyllm.kv_cache import KVCache
 from tinyllm.model import Transformer
-from tinyllm.request import ContextTooLong, Request, Result, Sampling, check_fits, is_int
-from tinyllm.stats import Stats
+from tinyllm.request import Request, Result
 
 
 def kv_bytes_per_token(model: Transformer, device: torch.device) -> int:
@@ -42,56 +40,16 @@ def prefill_padded(model: Transformer, prompts: list[list[int]], max_len: int,
 def run_static(model: Transformer, requests: list[Request], batch_size: int,
                temperature: float = 0.0, top_k=None, top_p=None, generator=None,
                ) -> tuple[list[Result], dict]:
-    """Static batching: B requests at a time, each batch decoded until its longest row is done."""
+    """Static batching: B requests at a time, each batch decoded until its longest row is done.
+    Runs ``StaticBatcher`` (static_lane.py) to the end: every request arrives at t=0."""
+    from tinyllm.engine.static_lane import StaticBatcher     # it builds on prefill_padded above
     if any(r.sampling is not None for r in requests):
         raise ValueError("run_static uses one sampling setting; per-request sampling needs ContinuousEngine")
-    if not is_int(batch_size) or batch_size < 1:
-        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    Sampling(temperature, top_k, top_p)                 # validate once, with the usual messages
-    model.eval()
-    device = next(model.parameters()).device
-    pick = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
-    stats = Stats(kv_bytes_per_token=kv_bytes_per_token(model, device))
-    results: list[Result | None] = [None] * len(requests)
+    eng = StaticBatcher(model, batch_size, temperature, top_k, top_p, generator)
     t0 = time.perf_counter()
-    for b0 in range(0, len(requests), batch_size):
-        batch = requests[b0:b0 + batch_size]
-        L = max(len(r.prompt) for r in batch)
-        new_max = max(r.max_new_tokens for r in batch)
-        try:
-            check_fits(L, new_max, model.cfg.max_seq_len, "the model's max_seq_len")
-        except ContextTooLong as e:
-            raise ContextTooLong(f"batch at request {b0} (prompts left-padded to {L}): {e}") from None
-        logits, cache, _ = prefill_padded(model, [r.prompt for r in batch], L + new_max)
-        stats.prefill_tokens += L * len(batch)
-        capacity = len(batch) * (L + new_max)
-        stats.kv_reserved_tokens = max(stats.kv_reserved_tokens, capacity)
-        outs: list[list[int]] = [[] for _ in batch]
-        ttft = [0.0] * len(batch)
-        done = [False] * len(batch)
-        while True:
-            nxt = sample_next(logits, **pick)
-            toks = nxt.squeeze(-1).tolist()                      # GPU sync: tokens to the host
-            now = time.perf_counter() - t0
-            for j, (r, t) in enumerate(zip(batch, toks)):
-                if done[j]:
-                    continue
-                outs[j].append(t)
-                if len(outs[j]) == 1:
-                    ttft[j] = now
-                if is_done(r, outs[j]):
-                    done[j] = True
-                    results[b0 + j] = Result(outs[j], ttft[j], now)
-            if all(done):
-                break
-            live = [j for j in range(len(batch)) if not done[j]]
-            stats.decode_steps += 1
-            stats.computed_rows += len(batch)
-            stats.useful_rows += len(live)
-            stats.kv_used_frac.append(sum(len(batch[j].prompt) + len(outs[j]) for j in live) / capacity)
-            with autocast(device):
-                logits, _ = model(nxt, cache=cache)
-            logits = logits[:, -1]
-    stats.wall_s = time.perf_counter() - t0
-    stats.useful_tokens = sum(len(r.tokens) for r in results)
-    return results, stats.summary(results)
+    rids = [eng.add_request(r, arrival=0.0) for r in requests]
+    while eng.has_work():
+        eng.step()
+    eng.stats.wall_s = time.perf_counter() - t0
+    results = [eng.results[r] for r in rids]
+    return results, eng.stats.summary(results)

@@ -1,0 +1,277 @@
+"""The race in the app (Pilot): run to the finish step by step against the headless paths, keys,
+arrivals, the main app's `r` key, snapshots, the command line and the engine process.
+
+Uses test_app's helpers and its no-error guard (imported: every app a test makes is watched)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tinyllm.checkpoint import default_model_dir
+from tinyllm.engine import Request, run_continuous, run_static
+from tinyllm.workload import resolve_workload
+from tui.app import build_app
+from tui.messages import SetPaused, StepOnce
+from tui.race_app import RaceApp, race_workload
+from tui.race_process import ProcessRaceRunner, RaceSpec
+from tui.race_runner import RaceRunner
+from tui.race_screen import FinishLine, RaceHelp, RaceScreen
+from tui.widgets.lane_panel import LanePanel
+
+from tests.test_app import _watch, bundled, make_app, no_unexpected_errors, until  # noqa: F401
+
+SLOTS, MAX_LEN, BLOCK, BUDGET = 3, 256, 8, 32
+
+
+def small_work(n: int = 6, cap: int = 16, arrivals: tuple[float, ...] | None = None):
+    """The first ``n`` requests of the bundled mixed_lengths workload, at most ``cap`` new tokens."""
+    work = race_workload(resolve_workload("mixed_lengths"), bundled()[1].encode, MAX_LEN)[:n]
+    return tuple((arrivals[i] if arrivals else 0.0, ids, min(new, cap)) for i, (_, ids, new) in enumerate(work))
+
+
+def race_app(work, slots: int = SLOTS, paused: bool = True, step_cost_s: float | None = 0.01) -> RaceApp:
+    """A race in a thread of the test (RaceRunner), paused, on a fixed-cost clock: deterministic."""
+    model, _ = bundled()
+    spec = RaceSpec(str(default_model_dir()), work, "mini", slots=slots, max_len=MAX_LEN, block_size=BLOCK,
+                    max_batched_tokens=BUDGET, step_cost_s=step_cost_s, warm_up=False)
+    runner = RaceRunner(lambda: spec.make_race(model), paused=paused, device="cpu", threads=1)
+    app = RaceApp(runner, workload="mini", model_name="test")
+    _watch(app)
+    return app
+
+
+async def step_to(pilot, turns: int) -> None:
+    """Press `n` until the race has made ``turns`` steps (or is over)."""
+    r = pilot.app.runner
+    while r.frame.turns < turns and not r.frame.done:
+        n = r.frame.turns
+        await pilot.press("n")
+        await until(pilot, lambda: r.frame.turns == n + 1 or r.frame.done, what=f"step {n + 1}")
+
+
+def plain(app, widget) -> str:
+    """The widget's text as drawn at its own width."""
+    options = app.console.options.update_width(widget.size.width)
+    return "".join(seg.text for seg in app.console.render(widget.render(), options))
+
+
+async def test_a_race_run_to_the_finish_agrees_with_the_headless_paths():
+    work = small_work()
+    app = race_app(work)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await step_to(pilot, 10_000)
+        frame = app.runner.frame
+        assert frame.done and app.screen.query_one(FinishLine).display
+        table = plain(app, app.screen.query_one(FinishLine)).splitlines()
+        model, _ = bundled()
+        reqs = [Request(list(ids), new) for _, ids, new in work]
+        headless = {"static": run_static(model, reqs, SLOTS)[1],
+                    "continuous": run_continuous(model, reqs, SLOTS, max_len=MAX_LEN)[1],
+                    "chunked": run_continuous(model, reqs, SLOTS, max_len=MAX_LEN, kv="paged", block_size=BLOCK,
+                                              chunked_prefill=True, max_batched_tokens=BUDGET)[1]}
+        names = {"static": "static", "continuous": "continuous", "chunked": "budget+cache"}
+        for lane in frame.lanes:
+            want = headless[lane.key]
+            assert (lane.result.decode_steps, lane.result.row_util) == (want["decode_steps"], want["row_util"])
+            assert lane.result.useful_tokens == want["useful_tokens"] == sum(new for _, _, new in work)
+            row = next(line.split() for line in table if line.split()[:1] == [names[lane.key]])
+            assert row[-1] == f"{want['decode_steps']:,}" and f"{want['row_util']:.0%}" in row
+        walls = {v.title: v.result.wall_s for v in frame.lanes}
+        order = [e.text.split(" finished ")[0] for e in frame.log if e.kind == "finish"]
+        assert sorted(order) == sorted(walls) and [walls[t] for t in order] == sorted(walls.values())
+        assert "FINISHED" in app.screen.query_one("#race-status").text.plain
+
+
+async def test_race_keys_pause_step_speed_restart_and_help():
+    app = race_app(small_work())
+    r = app.runner
+    async with app.run_test(size=(100, 30)) as pilot:
+        await step_to(pilot, 3)
+        await pilot.press("plus", "plus")
+        await until(pilot, lambda: r.frame.step_delay_ms == 10)
+        await pilot.press("minus")
+        await until(pilot, lambda: r.frame.step_delay_ms == 5)
+        await pilot.press("space")                                   # runs on its own, slowly
+        await until(pilot, lambda: r.frame.turns >= 8)
+        await pilot.press("n")                                       # not while running: says so
+        await until(pilot, lambda: any("works while paused" in m for _, _, m in app.notified))
+        await pilot.press("space")
+        await until(pilot, lambda: r.frame.paused)
+        n = r.frame.turns
+        time.sleep(0.2)
+        assert r.frame.turns == n                                     # paused: no steps
+        await pilot.press("r")
+        await until(pilot, lambda: r.frame.turns == 0 and not any(v.tokens for v in r.frame.lanes))
+        assert app.screen.check_action("back", ()) is False          # the whole app: no screen to go back to
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, RaceHelp))
+        assert ("r", "Run again") in app.screen.rows()
+        await pilot.press("escape")
+        await until(pilot, lambda: isinstance(app.screen, RaceScreen))
+
+
+async def test_a_workload_with_arrivals_is_raced_and_static_says_what_it_waits_for():
+    app = race_app(small_work(arrivals=(0.0, 0.0, 0.05, 0.3, 0.31, 2.0)))
+    app.work = small_work()
+    async with app.run_test(size=(160, 48)) as pilot:
+        panel = app.screen.query_one("#lane-static", LanePanel)
+        assert "starts a batch when 3 wait or the oldest has waited 1 s" in " ".join(plain(app, panel).split())
+        waits = set()
+        while not app.runner.frame.done:
+            await step_to(pilot, app.runner.frame.turns + 1)
+            waits |= {line.strip() for line in plain(app, panel).splitlines() if "full batch" in line}
+        assert "waits for a full batch: 2/3, or until 1.00 s" in waits
+        results = {v.key: v.result for v in app.runner.frame.lanes}
+        assert {r.useful_tokens for r in results.values()} == {sum(new for _, _, new in app.work)}
+        assert results["static"].ttft_p50_s > results["continuous"].ttft_p50_s
+
+
+async def test_r_in_the_app_opens_the_race_on_its_model_and_escape_comes_back():
+    app = make_app(new=100)
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.runner.send(SetPaused(False))
+        app.query_one("#requests").focus()
+        await until(pilot, lambda: not app.runner.paused)
+        assert any(c.title == "Race" for c in app.get_system_commands(app.screen))
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, RaceScreen))
+        race = app.screen.runner
+        await until(pilot, lambda: app.runner.paused, what="the app's engine to wait during the race")
+        await until(pilot, lambda: race.frame.turns >= 3, what="the race to run")
+        assert [v.key for v in race.frame.lanes] == ["static", "continuous", "chunked"]
+        assert race.frame.lanes[0].total == 16                       # the default workload, mixed_lengths
+        assert app.check_action("toggle_pause", ()) is False         # the app's keys are off meanwhile
+        await pilot.press("space")                                   # ... so space pauses the race
+        await until(pilot, lambda: race.frame.paused)
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, RaceScreen))
+        await until(pilot, lambda: not app.runner.paused, what="the app's engine to resume")
+        assert race._stop.is_set()
+
+
+def _snap_app(turns: int | None):
+    app = race_app(small_work(n=8, cap=24), slots=4)
+
+    async def run_before(pilot):
+        await step_to(pilot, turns if turns is not None else 10_000)
+        pilot.app.refresh_from_runner(force=True)
+        await pilot.pause(0.2)
+    return app, run_before
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)])
+@pytest.mark.parametrize("when", ["mid-race", "finish"])
+def test_race_snapshot(snap_compare, size, when):
+    app, run_before = _snap_app(40 if when == "mid-race" else None)
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+# -- the command line -------------------------------------------------------------------------------
+def _too_long_together(tmp_path) -> str:
+    """Each request fits alone; left-padded into one static batch they do not."""
+    path = tmp_path / "long.jsonl"
+    path.write_text('{"prompt": "%s", "max_new_tokens": 10}\n{"prompt": "ROMEO:", "max_new_tokens": 300}\n'
+                    % ("word " * 250))
+    return str(path)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--race", "nope"], "--race: nope: no such file, and not a bundled workload"),
+    (["--race", "--lanes", "static"], "--lanes static: choose at least two of static, continuous, chunked"),
+    (["--race", "--lanes", "static,turbo"], "(unknown: turbo)"),
+    (["--batch-timeout", "1"], "--batch-timeout applies to --race only"),
+    (["--lanes", "static,chunked"], "--lanes applies to --race only"),
+    (["--race", "--kv", "paged"], "--kv does not apply to --race"),
+    (["--race", "--no-prefix-cache"], "--[no-]prefix-cache does not apply to --race"),
+    (["--race", "burst", "--prompts", "burst"], "--prompts does not apply to --race (give the workload to --race)"),
+    (["--race", "--slots", "8", "--max-batched-tokens", "4"], "--max-batched-tokens 4 is less than --slots 8"),
+    (["--race", "--batch-timeout", "-1"], "expected a finite number >= 0"),
+    (["--race", "--max-len", "4096"], "--max-len 4096 is more than the model's context"),
+    (["--race", "{long}"], "static batching pads requests 0..1 to"),
+])
+def test_race_options_are_checked_in_one_line(argv, message, tmp_path, capsys):
+    argv = [a.replace("{long}", _too_long_together(tmp_path)) for a in argv]
+    with pytest.raises(SystemExit) as e:
+        build_app(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--host", "0.0.0.0"], "--host applies to --web only"),
+    (["--port", "8080"], "--port applies to --web only"),
+    (["--web", "--port", "0"], "expected a port number in 1..65535, got 0"),
+    (["--web", "--port", "99999"], "expected a port number in 1..65535, got 99999"),
+    (["--web", "--race", "nope"], "--race: nope: no such file"),
+    (["--web", "--model", "/nowhere"], "--model:"),
+])
+def test_web_options_are_checked_in_one_line(argv, message, capsys):
+    from tui.web import serve_if_asked
+    with pytest.raises(SystemExit) as e:
+        serve_if_asked(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_a_web_port_in_use_is_one_line(capsys):
+    import socket
+
+    from tui.web import serve_if_asked
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(SystemExit) as e:
+            serve_if_asked(["--web", "--port", str(port)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"cannot listen on 127.0.0.1:{port}: Address already in use" in err, err
+
+
+def test_the_web_sessions_run_the_same_options_without_the_web_ones():
+    from tui.web import is_loopback, serve_if_asked, session_argv
+    assert session_argv(["--web", "--race", "burst", "--host", "0.0.0.0", "--port=9000", "--slots", "4"]) == \
+        ["--race", "burst", "--slots", "4"]
+    assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("example.org")
+    assert serve_if_asked(["--race"]) is None                       # no --web: the app runs in the terminal
+
+
+# -- the engine process -----------------------------------------------------------------------------
+def test_the_race_process_steps_the_lanes_and_stops_cleanly():
+    spec = RaceSpec(str(default_model_dir()), small_work(n=4, cap=8), "mini", slots=2, max_len=MAX_LEN,
+                    threads=1, warm_up=False)
+    runner = ProcessRaceRunner(spec, paused=True).start()
+    assert runner.frame.status == "loading" and len(runner.frame.lanes) == 3      # the screen is up at once
+    loop = threading.Thread(target=runner.run, daemon=True)
+    loop.start()
+    try:
+        for n in (1, 2, 3):
+            runner.send(StepOnce())                                   # sent while loading: kept, then applied
+        deadline = time.monotonic() + 120
+        while runner.frame.turns < 3:
+            assert runner.start_error is None and time.monotonic() < deadline, runner.start_error
+            time.sleep(0.05)
+        assert runner.frame.status == "ready" and runner.device == "cpu" and runner.threads == 1
+        assert sum(v.decode_steps for v in runner.frame.lanes) >= 1
+    finally:
+        runner.stop()
+    loop.join(5)
+    assert not loop.is_alive() and runner._proc.exitcode is not None
+
+
+def test_a_race_process_that_cannot_start_says_why_in_one_line():
+    spec = RaceSpec(str(default_model_dir()), small_work(n=2, cap=8), "mini", slots=2, max_len=MAX_LEN,
+                    block_size=8, kv_blocks=1, threads=1, warm_up=False)
+    runner = ProcessRaceRunner(spec, paused=True).start()
+    loop = threading.Thread(target=runner.run, daemon=True)          # returns once the child reports
+    loop.start()
+    try:
+        loop.join(120)
+        assert not loop.is_alive(), "the race process neither failed nor reported"
+        assert "but the pool has only 1 blocks" in str(runner.start_error)
+        assert "\n" not in str(runner.start_error)
+    finally:
+        runner.stop()

@@ -1,0 +1,223 @@
+"""One race lane: a scheduler, its own clock, and the workload's arrivals on that clock.
+
+A lane steps one forward pass at a time (``step``) and says when on its own clock it can next
+compute (``ready_at``), so the race can always step the lane that is furthest behind. Requests
+arrive when the lane's clock reaches their ``arrival_s``; a lane with nothing to compute jumps its
+clock to the next arrival. TTFT and latency count from that nominal arrival.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from tinyllm.engine import ContinuousEngine, Request, Result
+from tinyllm.engine.static_lane import StaticBatcher
+from tinyllm.race.clock import LaneClock
+from tinyllm.race.views import LANE_TITLES, LaneResult, LaneView, RowView
+from tinyllm.stats import Stats, percentile
+
+Workload = list[tuple[float, Request]]          # (arrival_s, request), sorted by arrival
+TRACE_POINTS = 256                              # a lane's (clock, tokens) trace is thinned to at most this
+Timing = tuple[int, float, float]               # (rid, first token, finish) on the lane's clock
+
+
+class Lane:
+    """What every lane shares: arrivals, the clock, the figures. Subclasses wrap one engine."""
+    engine: StaticBatcher | ContinuousEngine
+
+    def __init__(self, key: str, detail: str, clock: LaneClock, workload: Workload):
+        self.key, self.title, self.detail, self.clock = key, LANE_TITLES[key], detail, clock
+        self._pending = deque(workload)
+        self.arrival: dict[int, float] = {}             # rid -> nominal arrival (this clock)
+        self.total = len(workload)
+        self.total_tokens = sum(r.max_new_tokens for _, r in workload)
+        self._result: LaneResult | None = None
+        self.tokens = 0                                 # tokens generated so far (every request)
+        self.trace: list[tuple[float, int]] = [(0.0, 0)]   # (clock, tokens) after each step, thinned
+
+    # -- what a subclass provides ---------------------------------------------------------------
+    def _add(self, req: Request, arrival: float) -> int:
+        raise NotImplementedError
+
+    def _can_step(self) -> bool:
+        """Something to compute right now."""
+        raise NotImplementedError
+
+    def _busy(self) -> bool:
+        """Requests in hand (running or waiting in the engine)."""
+        raise NotImplementedError
+
+    def _engine_step(self) -> int:
+        """One step of the engine; returns how many tokens it generated."""
+        raise NotImplementedError
+
+    def _stats(self) -> Stats:
+        return self.engine.stats
+
+    def _finished(self) -> list[Timing]:
+        raise NotImplementedError
+
+    def _next_deadline(self) -> float:
+        return float("inf")
+
+    # -- the race's interface -------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self._pending) or self._busy()
+
+    def ready_at(self) -> float:
+        """When, on this lane's clock, it can next compute: now if it has work in hand, else at
+        the next arrival (or, static batching, when a partial batch stops waiting)."""
+        self._release()
+        if self._can_step():
+            return self.clock.now()
+        nxt = self._pending[0][0] if self._pending else float("inf")
+        return min(nxt, self._next_deadline())
+
+    def step(self) -> bool:
+        """Idle until ready_at(), then one forward pass on the clock. False if the lane only moved
+        its clock (an arrival that still leaves a partial batch waiting)."""
+        self.clock.skip_to(self.ready_at())
+        self._release()
+        if not self._can_step():
+            return False
+        self.tokens += self.clock.timed(self._engine_step)
+        self.trace.append((self.clock.elapsed, self.tokens))
+        if len(self.trace) > TRACE_POINTS:              # every other point, the first and the newest kept
+            self.trace = self.trace[:-1:2] + self.trace[-1:]
+        return True
+
+    def result(self) -> LaneResult | None:
+        """The finish line's figures (``Stats.summary``, as tinyllm bench prints them) once every
+        request is done; TTFT and latency from each nominal arrival, on this lane's clock."""
+        if self._result is None and not self.has_work():
+            stats = self._stats()
+            stats.wall_s = self.clock.elapsed
+            results = [Result([], first - self.arrival[rid], end - self.arrival[rid])
+                       for rid, first, end in self._finished()]
+            s = stats.summary(results)
+            self._result = LaneResult(s["wall_s"], s["useful_tokens"], s["tok_s"], s["ttft_p50_s"],
+                                      s["ttft_p95_s"], s["latency_p95_s"], s["row_util"], s["kv_used_mean"],
+                                      s["decode_steps"], stats.computed_rows, stats.useful_rows,
+                                      s["prefill_tokens_computed"])
+        return self._result
+
+    def _release(self) -> None:
+        now = self.clock.now()
+        while self._pending and self._pending[0][0] <= now:
+            t, req = self._pending.popleft()
+            self.arrival[self._add(req, t)] = t
+
+    def _note(self) -> str:
+        if not self._busy() and self._pending:
+            return f"idle: the next request arrives at {self._pending[0][0]:.2f} s"
+        return ""
+
+    def _view(self, rows: list[RowView], queued: int, done: int, tokens: int, firsts: list[tuple[int, float]],
+              kv_used: int, kv_reserved: int, note: str) -> LaneView:
+        ttft = sorted(t - self.arrival[rid] for rid, t in firsts)
+        st = self._stats()
+        return LaneView(self.key, self.title, self.detail, tuple(rows), queued, len(self._pending), done,
+                        self.total, tokens, self.total_tokens, self.clock.now(),
+                        percentile(ttft, 0.5) if ttft else None, st.decode_steps, st.computed_rows,
+                        st.useful_rows, kv_used, kv_reserved, note, self.result(), tuple(self.trace))
+
+
+class StaticLane(Lane):
+    """Static batching (StaticBatcher): rows that finished keep being computed, shown as wasted."""
+
+    def __init__(self, detail: str, clock: LaneClock, workload: Workload, engine: StaticBatcher):
+        super().__init__("static", detail, clock, workload)
+        self.engine = engine
+        self._ended: tuple[int, ...] = ()               # the batch that ended in the latest step
+
+    def _add(self, req, arrival):
+        return self.engine.add_request(req, arrival)
+
+    def _can_step(self):
+        self.engine.more_coming = bool(self._pending)
+        return self.engine.ready()
+
+    def _busy(self):
+        return self.engine.has_work()
+
+    def _next_deadline(self):
+        return self.engine.deadline()
+
+    def _engine_step(self):
+        before = tuple(r.rid for r in self.engine.rows())
+        events = self.engine.step()
+        self._ended = before if not self.engine.batch else ()
+        return len(events)
+
+    def _finished(self):
+        e = self.engine
+        return [(rid, e.first_s[rid], self.arrival[rid] + r.latency_s) for rid, r in e.results.items()]
+
+    def view(self) -> LaneView:
+        self._release()                                  # what has arrived by now is waiting, not arriving
+        e = self.engine
+        rows = [RowView(r.rid, "wasted" if r.done else "running", r.generated, r.max_new_tokens) for r in e.rows()]
+        rows = rows or [RowView(rid, "done") for rid in self._ended]
+        rows += [RowView(None, "free")] * (e.batch_size - len(rows))
+        note = self._note()
+        if e.queue and not e.batch and e.more_coming:
+            note = f"waits for a full batch: {len(e.queue)}/{e.batch_size}, or until {e.deadline():.2f} s"
+        return self._view(rows, len(e.queue), len(e.results), e.generated, list(e.first_s.items()),
+                          e.used_tokens(), e.capacity, note)
+
+
+class _ClockedEngine(ContinuousEngine):
+    """ContinuousEngine on the lane's clock (every time stamp it makes goes through ``now``)."""
+
+    def __init__(self, *args, lane_clock: LaneClock, **kw):
+        self._lane_clock = lane_clock
+        super().__init__(*args, **kw)
+
+    def now(self) -> float:
+        return self._lane_clock.now()
+
+
+class ContinuousLane(Lane):
+    """ContinuousEngine: the seed's scheduler (slots) or the token-budget one (paged, chunked)."""
+
+    def __init__(self, key: str, detail: str, clock: LaneClock, workload: Workload, model, n_slots: int,
+                 **engine_kw):
+        super().__init__(key, detail, clock, workload)
+        self.engine = _ClockedEngine(model, n_slots, lane_clock=clock, **engine_kw)
+        self._freed: dict[int, int] = {}                # slot -> the request that finished there, latest step
+
+    def _add(self, req, arrival):
+        return self.engine.add_request(req)
+
+    def _can_step(self):
+        return self.engine.has_work()
+
+    def _busy(self):
+        return self.engine.has_work()
+
+    def _engine_step(self):
+        events = self.engine.step()
+        self._freed = {ev.slot: ev.rid for ev in self.engine.pop_lifecycle()
+                       if ev.kind == "finished" and ev.slot is not None}
+        return len(events)
+
+    def _finished(self):
+        return [(v.rid, v.first_token_s, v.finish_s) for v in self.engine.snapshot().requests
+                if v.state == "finished"]
+
+    def view(self) -> LaneView:
+        self._release()                                  # what has arrived by now is waiting, not arriving
+        snap = self.engine.snapshot()
+        rows = []
+        for sv in snap.slots:
+            if sv.free:
+                rid = self._freed.get(sv.slot)
+                rows.append(RowView(rid, "free" if rid is None else "done"))
+            elif sv.prefill_left:
+                rows.append(RowView(sv.rid, "prefill", sv.context_len, sv.context_len + sv.prefill_left))
+            else:
+                v = snap.request(sv.rid)
+                rows.append(RowView(sv.rid, "running", len(v.tokens), v.max_new_tokens))
+        firsts = [(v.rid, v.first_token_s) for v in snap.requests if v.first_token_s is not None]
+        return self._view(rows, len(snap.queue), snap.counters.finished, snap.counters.generated_tokens, firsts,
+                          snap.kv.used_tokens, snap.kv.reserved_tokens, self._note())

@@ -1,0 +1,91 @@
+"""The race: several lanes on the same requests and the same model, one process, taking turns.
+
+Who steps next: the lane that is furthest behind on its own clock (ties: the order shown). Each
+clock counts only that lane's compute, so at any moment the screen shows every lane at about the
+same point of its own time: the lane ahead on screen is the one ahead in time, whichever got the
+CPU. (Plain round robin would give every lane the same number of steps instead, and a scheduler
+whose steps cost more would look as fast as one whose steps cost less.)
+
+Every lane decodes greedily and ignores end-of-text, as ``tinyllm bench`` does: each makes exactly
+the same tokens, so their step counts, row use and times compare like for like.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tinyllm.engine import Request
+from tinyllm.engine.static_lane import StaticBatcher
+from tinyllm.race.clock import LaneClock
+from tinyllm.race.lanes import ContinuousLane, Lane, StaticLane, Workload
+from tinyllm.race.rules import check_static_batches
+from tinyllm.race.views import LANES, LaneView, lane_detail
+from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, check_fits
+
+DEFAULT_BATCH_TIMEOUT_S = 1.0
+
+
+class Race:
+    def __init__(self, lanes: list[Lane]):
+        self.lanes = lanes
+        self.turns = 0                                   # steps made, all lanes together
+        self.last: str | None = None                     # the lane that made the latest step
+
+    def done(self) -> bool:
+        return not any(lane.has_work() for lane in self.lanes)
+
+    def step(self) -> Lane | None:
+        """One forward pass of the lane furthest behind on its own clock; None when all are done."""
+        while True:
+            live = [lane for lane in self.lanes if lane.has_work()]
+            if not live:
+                return None
+            lane = min(live, key=Lane.ready_at)         # min() keeps the first of equals: the order shown
+            if lane.step():
+                self.turns += 1
+                self.last = lane.key
+                return lane
+
+    def views(self) -> tuple[LaneView, ...]:
+        return tuple(lane.view() for lane in self.lanes)
+
+
+def build_race(model, workload: Workload, slots: int, max_len: int, block_size: int = 16,
+               kv_blocks: int | None = None, max_batched_tokens: int | None = None,
+               batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S, lanes: tuple[str, ...] = LANES,
+               step_cost_s: float | None = None, seed: int = 0) -> Race:
+    """The lanes on ``workload`` (sorted by arrival here; request ids follow that order in every
+    lane). ``step_cost_s``: a fixed cost per step instead of measured time (deterministic tests).
+    ValueError / ContextTooLong, before anything runs, for a request some lane could not take."""
+    unknown = [k for k in lanes if k not in LANES]
+    if unknown or not lanes:
+        raise ValueError(f"unknown lane(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(LANES)}")
+    workload = sorted(workload, key=lambda item: item[0])
+    arrivals = any(t > 0 for t, _ in workload)
+    budget = max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
+    for t, r in workload:
+        if not isinstance(r, Request) or r.sampling is not None or r.eos_id is not None:
+            raise ValueError("race requests are greedy and ignore end-of-text: Request(prompt, max_new_tokens)")
+        check_fits(len(r.prompt), r.max_new_tokens, max_len, "--max-len")
+    if "static" in lanes:
+        check_static_batches([(len(r.prompt), r.max_new_tokens) for _, r in workload], slots, model.cfg.max_seq_len)
+    built: list[Lane] = []
+    for key in (k for k in LANES if k in lanes):
+        clock = LaneClock(step_cost_s)
+        gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+        detail = lane_detail(key, slots, batch_timeout_s, budget, arrivals)
+        if key == "static":
+            eng = StaticBatcher(model, slots, generator=gen, clock=clock.now, batch_timeout_s=batch_timeout_s)
+            built.append(StaticLane(detail, clock, workload, eng))
+        elif key == "continuous":
+            built.append(ContinuousLane(key, detail, clock, workload, model, slots, max_len=max_len, kv="slots",
+                                        generator=gen))
+        else:
+            built.append(ContinuousLane(key, detail, clock, workload, model, slots, max_len=max_len, kv="paged",
+                                        block_size=block_size, kv_blocks=kv_blocks, chunked_prefill=True,
+                                        max_batched_tokens=max_batched_tokens, generator=gen))
+        if key != "static":
+            pool = built[-1].engine.slots
+            for _, r in workload:
+                pool.check_fits(len(r.prompt) + r.max_new_tokens)     # paged: the whole pool, alone
+    return Race(built)

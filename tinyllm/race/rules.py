@@ -1,0 +1,21 @@
+"""What a workload must satisfy to be raced, checked before anything starts (no torch: the app
+checks it before the engine process is up, so a bad workload is a one-line error, exit 2)."""
+
+from __future__ import annotations
+
+from tinyllm.request import ContextTooLong, check_fits
+
+
+def check_static_batches(sizes: list[tuple[int, int]], batch: int, max_seq_len: int) -> None:
+    """Static batching left-pads a batch to its longest prompt and decodes it to its largest
+    max_new_tokens, so every run of ``batch`` consecutive requests (``sizes``: (prompt tokens,
+    max_new_tokens) in arrival order: batches are cut from that order) must fit the model's
+    context together. ContextTooLong says which do not."""
+    for i in range(max(1, len(sizes) - batch + 1)):
+        window = sizes[i:i + batch]
+        L = max(p for p, _ in window)
+        try:
+            check_fits(L, max(n for _, n in window), max_seq_len, "the model's max_seq_len")
+        except ContextTooLong as e:
+            raise ContextTooLong(f"static batching pads requests {i}..{i + len(window) - 1} to {L} "
+                                 f"prompt tokens: {e}") from None

@@ -1,0 +1,90 @@
+"""What a viewer sees of a race lane: plain frozen data, no torch (the app draws these, and the
+race's engine process sends them over a pipe)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LANES = ("static", "continuous", "chunked")          # every lane, in the order they are shown
+LANE_TITLES = {
+    "static": "static batching",
+    "continuous": "continuous batching",
+    "chunked": "token budget + prefix cache",
+}
+ROW_STATES = ("free", "prefill", "running", "wasted", "done")
+
+
+def lane_detail(key: str, slots: int, batch_timeout_s: float, budget: int, arrivals: bool) -> str:
+    """One line saying how the lane schedules (shown under its title)."""
+    if key == "static":
+        wait = (f"; starts a batch when {slots} wait or the oldest has waited {batch_timeout_s:g} s"
+                if arrivals else "")
+        return f"batches of {slots}, each until its longest row is done{wait}"
+    if key == "continuous":
+        return f"{slots} slots, refilled every step (prefill, then decode)"
+    return f"{slots} slots, paged KV, ≤{budget} tok/step, chunked prefill, prefix cache"
+
+
+@dataclass(frozen=True)
+class RowView:
+    """One batch row / slot of a lane."""
+    rid: int | None               # the request in it, None when free
+    state: str                    # one of ROW_STATES: wasted = finished, still computed (static)
+    progress: int = 0             # tokens generated (prefill: prompt tokens computed so far)
+    goal: int = 0                 # max_new_tokens (prefill: the prompt's length)
+
+
+@dataclass(frozen=True)
+class LaneResult:
+    """The finish line's figures for a lane: ``Stats.summary`` on the lane's own clock, as
+    ``tinyllm bench`` prints them."""
+    wall_s: float
+    useful_tokens: int
+    tok_s: float
+    ttft_p50_s: float
+    ttft_p95_s: float
+    latency_p95_s: float
+    row_util: float
+    kv_used_mean: float
+    decode_steps: int
+    computed_rows: int
+    useful_rows: int
+    prefill_tokens: int
+
+
+@dataclass(frozen=True)
+class LaneView:
+    key: str                      # one of LANES
+    title: str
+    detail: str
+    rows: tuple[RowView, ...]
+    queued: int                   # arrived, waiting for a batch / slot
+    arriving: int                 # not arrived yet (on this lane's clock)
+    done: int                     # requests finished
+    total: int
+    tokens: int                   # tokens generated so far
+    total_tokens: int             # tokens the workload asks for (no early stop: known up front)
+    clock_s: float                # this lane's clock: its own compute time (+ idle gaps before arrivals)
+    ttft_p50_s: float | None      # over the requests that have a first token
+    decode_steps: int
+    computed_rows: int
+    useful_rows: int
+    kv_used: int                  # real context tokens in the KV cache
+    kv_reserved: int              # KV memory the lane holds, in tokens
+    note: str = ""                # what it is waiting for, when it waits
+    result: LaneResult | None = None      # set once every request is done
+    trace: tuple[tuple[float, int], ...] = ((0.0, 0),)   # (clock_s, tokens) over the race, thinned
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None
+
+    @property
+    def row_util(self) -> float:
+        return self.useful_rows / self.computed_rows if self.computed_rows else 0.0
+
+
+def waiting_lane(key: str, detail: str, rows: int, total: int, total_tokens: int) -> LaneView:
+    """A lane before its first step (free rows, nothing done): what the app shows while loading."""
+    return LaneView(key, LANE_TITLES[key], detail, tuple(RowView(None, "free") for _ in range(rows)),
+                    0, total, 0, total, 0, total_tokens, 0.0, None, 0, 0, 0, 0, 0)

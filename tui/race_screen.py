@@ -1,0 +1,311 @@
+"""The race screen: one panel per lane, side by side on a wide screen, stacked on a narrow one,
+and the finish line's table once every lane is done. It draws a race runner's newest RaceFrame,
+paced like the main app (FramePacer), and sends it the same commands."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Container, VerticalScroll
+from textual.css.query import NoMatches
+from textual.screen import ModalScreen, Screen
+from textual.widget import Widget
+from textual.widgets import Footer, Static
+from textual.worker import get_current_worker
+
+from tinyllm.race.views import LaneView
+from tui.messages import MAX_DELAY_MS, SetDelay, SetPublishInterval, StepOnce, TogglePaused
+from tui.pacing import FramePacer
+from tui.race_runner import RaceFrame, Restart
+from tui.screens import _pretty_keys
+from tui.widgets.lane_panel import LanePanel, secs
+from tui.widgets.race_track import RaceTrack
+from tui.widgets.text_line import TextLine
+
+WIDE = 150                      # columns from which the lanes stand side by side
+DELAY_STEPS = (0, 5, 10, 20, 50, 100, 200, 300, 500, 750, 1000)
+SHORT_NAMES = {"static": "static", "continuous": "continuous", "chunked": "budget+cache"}
+HOW_TO_READ = "\n".join((          # paragraphs: the screen wraps them to its width
+    "The same requests on the same model, three ways. Static batching runs batches of B requests, each until its "
+    "longest row is done; continuous batching refills a slot as soon as its request ends; the token-budget "
+    "scheduler also splits prompts into chunks, packs every step with up to its token budget, and serves repeated "
+    "prompt prefixes from cached KV blocks.",
+    "Fair: every lane runs in ONE engine process, one forward pass at a time, the lane furthest behind on its own "
+    "clock going next; a lane's clock counts only its own steps (and skips idle time before an arrival), so "
+    "tokens/s, TTFT and latency are that scheduler's, not whoever got the CPU. Greedy, no stop at end-of-text: "
+    "every lane makes exactly the same tokens, as `tinyllm bench` does.",
+    "Cells: slot or batch row, #request, a bar of its tokens so far out of its max_new_tokens, and that count; "
+    "'wasted' = static batching: finished, still computed until its batch's longest row is done; '▸' and a cyan "
+    "bar = prompt still being prefilled in chunks; '✓ done' = finished in the latest step.",
+    "Arrivals (arrival_s in the workload) come on each lane's own clock. Static batching starts a batch when B "
+    "requests wait, or when the oldest has waited the batch timeout (--batch-timeout, seconds of its clock), or "
+    "at once when no more are coming."))
+
+
+class FinishLine(Widget):
+    """The final table: tinyllm bench's columns, one row per lane, on each lane's own clock."""
+
+    DEFAULT_CSS = "FinishLine { height: auto; }"
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.lanes: tuple[LaneView, ...] = ()
+
+    def show(self, lanes: tuple[LaneView, ...]) -> None:
+        if lanes != self.lanes:
+            self.lanes = lanes
+            self.refresh(layout=True)
+
+    def get_content_height(self, container, viewport, width: int) -> int:
+        return len(self.lanes) + 2
+
+    def render(self) -> Table:
+        base = next((v.result.tok_s for v in self.lanes if v.key == "static"), None)
+        order = sorted(self.lanes, key=lambda v: v.result.wall_s)
+        t = Table(box=None, padding=(0, 1), title_justify="left", title_style="bold", expand=False,
+                  title="finish line (each lane's own clock)")
+        cols = ["lane", "place", "tok/s", *(["× static"] if base else []), "TTFT p50", "TTFT p95", "latency p95",
+                "row util", "KV used", "steps"]
+        narrow = self.size.width < 100
+        if narrow:
+            cols = [c for c in cols if c not in ("place", "× static")]
+        for c in cols:
+            t.add_column(c, justify="left" if c == "lane" else "right", no_wrap=True)
+        for v in self.lanes:
+            r = v.result
+            cells = {"lane": SHORT_NAMES[v.key], "place": f"{order.index(v) + 1}", "tok/s": f"{r.tok_s:.0f}",
+                     "× static": f"{r.tok_s / base:.2f}x" if base else "", "TTFT p50": secs(r.ttft_p50_s),
+                     "TTFT p95": secs(r.ttft_p95_s), "latency p95": secs(r.latency_p95_s),
+                     "row util": f"{r.row_util:.0%}", "KV used": f"{r.kv_used_mean:.0%}",
+                     "steps": f"{r.decode_steps:,}"}
+            t.add_row(*(Text(cells[c], style="bold" if c == "tok/s" else "") for c in cols))
+        return t
+
+
+class RaceHelp(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,question_mark,f1", "dismiss", "Close")]
+    DEFAULT_CSS = """
+    RaceHelp { align: center middle; background: $background 60%; }
+    #race-help-box { width: 90%; max-width: 110; height: 90%; border: thick $primary; background: $surface;
+                     padding: 1 2; }
+    """
+
+    def __init__(self, bindings: list[Binding]):
+        super().__init__()
+        self.race_bindings = bindings
+
+    def rows(self) -> list[tuple[str, str]]:
+        return [(_pretty_keys(b.key), b.description) for b in self.race_bindings if b.description]
+
+    def compose(self) -> ComposeResult:
+        keys = Table(show_header=True, header_style="bold", box=None, padding=(0, 2))
+        keys.add_column("keys")
+        keys.add_column("what")
+        for k, what in self.rows():
+            keys.add_row(Text(k), Text(what))
+        with VerticalScroll(id="race-help-box"):
+            yield Static(Text("tinyllm-tui race — keys", style="bold"))
+            yield Static(keys)
+            yield Static(Text("\nHow to read the race", style="bold"))
+            yield Static(Text(HOW_TO_READ))
+            yield Static(Text("\nesc to close", style="dim"))
+
+
+class RaceScreen(Screen):
+    """The race (see the module docstring). ``standalone``: the app's only screen (tinyllm-tui
+    --race); otherwise opened from the main app, where Escape goes back to it."""
+
+    owns_keys = True              # the main app's keys are off while this screen is up
+    BINDINGS = [
+        Binding("f1,question_mark", "help", "Help"),
+        Binding("f5,space", "toggle_pause", "Pause/resume"),
+        Binding("f6,n,full_stop", "step_once", "Step (paused)"),
+        Binding("f7,plus,equals_sign", "slower", "Slower"),
+        Binding("f8,minus", "faster", "Faster"),
+        Binding("r", "restart", "Run again"),
+        Binding("escape", "back", "Back to the app"),
+        Binding("q", "app.quit", "Quit"),
+    ]
+    DEFAULT_CSS = """
+    RaceScreen { layout: vertical; }
+    #race-status { height: 1; background: $panel; }
+    #lanes { height: auto; layout: vertical; }
+    RaceScreen.-wide #lanes { layout: horizontal; }
+    RaceScreen.-wide LanePanel { width: 1fr; }
+    LanePanel { border: round $primary 50%; border-title-color: $text; border-title-style: bold; padding: 0 1; }
+    RaceScreen.-short LanePanel { border: none; border-top: round $primary 50%; padding: 0; }
+    #finish { height: auto; padding: 0 1; }
+    #track { display: none; padding: 0 1; margin-bottom: 1; }
+    RaceScreen.-track #track { display: block; }
+    RaceScreen.-short #finish { padding: 0; }
+    #race-legend { height: auto; color: $text-muted; padding: 0 1; }
+    """
+
+    def __init__(self, runner, *, workload: str, model_name: str, standalone: bool):
+        super().__init__()
+        self.runner = runner
+        self.workload = workload
+        self.model_name = model_name
+        self.standalone = standalone
+        self.startup_error: str | None = None
+        self._pacer = FramePacer()
+        self._publish_s = 0.0
+        self._shown = -1
+        self._seen_log = 0
+        self._legend_shown = ""
+        self.frames_drawn = 0
+
+    def compose(self) -> ComposeResult:
+        yield TextLine(id="race-status")
+        with Container(id="lanes"):
+            for lane in self.runner.frame.lanes:
+                yield LanePanel(id=f"lane-{lane.key}")
+        yield RaceTrack(id="track")
+        yield FinishLine(id="finish")
+        yield Static(id="race-legend", markup=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#finish").display = False
+        self.run_worker(self._loop, thread=True, name="race", exit_on_error=False)
+        self._layout(self.size.width, self.size.height)
+        self._tick()
+
+    def on_resize(self, event) -> None:
+        self._layout(event.size.width, event.size.height)
+
+    def _layout(self, width: int, height: int) -> None:
+        self.set_class(width >= WIDE, "-wide")
+        short = height < 34 or width < 100
+        self.set_class(short, "-short")
+        self.set_class(width >= WIDE or (short and height >= 28), "-track")     # where it fits
+        self.refresh_from_runner(force=True)
+
+    def _loop(self) -> None:
+        worker = get_current_worker()
+        self.runner.run(cancelled=lambda: worker.is_cancelled)
+
+    def on_unmount(self) -> None:
+        self.runner.stop()
+
+    # -- drawing ---------------------------------------------------------------------------------
+    def _tick(self) -> None:
+        try:
+            self.refresh_from_runner()
+        except NoMatches:                              # the screen is going away
+            return
+        interval = self._pacer.interval
+        if abs(interval - self._publish_s) > 0.2 * self._publish_s:
+            self._publish_s = interval
+            self.runner.send(SetPublishInterval(interval))
+        self.set_timer(interval, self._tick)
+
+    def refresh_from_runner(self, force: bool = False) -> None:
+        if self.runner.start_error is not None and self.startup_error is None:
+            self._failed(self.runner.start_error)
+            return
+        f: RaceFrame = self.runner.frame
+        if not (force or self._pacer.due()) or (f.seq == self._shown and not force):
+            return
+        self._shown = f.seq
+        self.frames_drawn += 1
+        short = self.has_class("-short")
+        self.query_one("#race-status", TextLine).set(self._status(f))
+        panels = [self.query_one(f"#lane-{lane.key}", LanePanel) for lane in f.lanes]
+        for panel, lane in zip(panels, f.lanes):
+            panel.show(lane, compact=short)
+        wide = self.has_class("-wide") and all(p.content_region.width for p in panels)   # (0 before layout)
+        tallest = max((len(p.lines(p.content_region.width)) for p in panels), default=0) if wide else 0
+        for panel in panels:
+            panel.pad_to(tallest)
+        if self.has_class("-track"):
+            self.query_one("#track", RaceTrack).show(f.lanes)
+        finish = self.query_one("#finish", FinishLine)
+        finish.display = f.done
+        if f.done:
+            finish.show(f.lanes)
+        legend = self._legend(not self.has_class("-wide"))
+        if legend != self._legend_shown:
+            self._legend_shown = legend
+            self.query_one("#race-legend", Static).update(legend)
+        for e in f.log:
+            if e.seq > self._seen_log and e.kind == "error":
+                self.notify(e.text, title="race", severity="error", timeout=8)
+        if f.log:
+            self._seen_log = max(self._seen_log, f.log[-1].seq)
+
+    def _legend(self, brief: bool) -> str:
+        if brief:
+            return "bar: tokens made / max · wasted: finished, still computed · ✓: done · ?: help"
+        return HOW_TO_READ
+
+    def _status(self, f: RaceFrame) -> Text:
+        t = Text(no_wrap=True, overflow="ellipsis")
+        if f.status == "loading":
+            t.append(" ⧗ LOADING ", style="bold reverse cyan")
+            t.append(f" race · {self.workload} · the engine process is importing torch, reading the weights and "
+                     f"warming up…", style="bold")
+            return t
+        if f.done:
+            t.append(" ✓ FINISHED ", style="bold reverse blue")
+        elif f.paused:
+            t.append(" ⏸ PAUSED ", style="bold reverse yellow")
+        else:
+            t.append(" ▶ RACE ", style="bold reverse green")
+        n = self.runner.threads
+        threads = f"{n} thread{'s' if n != 1 else ''}" if n else "? threads"
+        total = f.lanes[0].total if f.lanes else 0
+        t.append(f" step {f.turns}" + (f" ({f.last_lane})" if f.last_lane and not f.done else ""), style="bold")
+        t.append(f" · {self.workload} · {total} requests · greedy · {self.model_name} · {self.runner.device} · "
+                 f"{threads} · delay {f.step_delay_ms} ms/step", style="dim")
+        return t
+
+    def _failed(self, e: Exception) -> None:
+        """The race process could not start: leave with its one-line reason (exit code 2 when
+        standalone; a notification when opened from the main app)."""
+        self.startup_error = str(e)
+        self.runner.stop()
+        if self.standalone:
+            self.app.startup_error = self.startup_error
+            self.app.exit(return_code=2)
+        else:
+            self.app.notify(self.startup_error, title="the race could not start", severity="error", timeout=10)
+            self.dismiss()
+
+    # -- keys ------------------------------------------------------------------------------------
+    def check_action(self, action: str, parameters) -> bool | None:
+        if action == "back":
+            return not self.standalone
+        return True
+
+    def action_help(self) -> None:
+        self.app.push_screen(RaceHelp(self.BINDINGS))
+
+    def action_toggle_pause(self) -> None:
+        self.runner.send(TogglePaused())
+
+    def action_step_once(self) -> None:
+        if not self.runner.frame.paused:
+            self.notify("Step once works while paused (space / F5 to pause).", severity="warning", timeout=3)
+            return
+        self.runner.send(StepOnce())
+
+    def _set_delay(self, direction: int) -> None:
+        cur = self.runner.frame.step_delay_ms
+        new = (next((d for d in DELAY_STEPS if d > cur), MAX_DELAY_MS) if direction > 0
+               else next((d for d in reversed(DELAY_STEPS) if d < cur), 0))
+        self.runner.send(SetDelay(new))
+
+    def action_slower(self) -> None:
+        self._set_delay(+1)
+
+    def action_faster(self) -> None:
+        self._set_delay(-1)
+
+    def action_restart(self) -> None:
+        self.runner.send(Restart())
+
+    def action_back(self) -> None:
+        self.dismiss()

@@ -1,0 +1,77 @@
+"""The race track: each lane's tokens over its own clock, one band per lane on a shared time axis.
+
+Why: the lanes' progress bars say who is ahead now; the track says how they got there. A steeper
+band is a faster scheduler; a band that reaches the top has finished; static batching's band climbs
+in stairs (a batch, then its long tail). Drawn from each lane's (clock, tokens) trace, which the
+engine side records after every step, so the picture does not depend on when the screen redrew.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+
+from rich.style import Style
+from rich.text import Text
+from textual.widget import Widget
+
+from tinyllm.race.views import LaneView
+from tui.widgets.style import DIM, STATE_COLOURS
+
+BAND = 2                        # lines per lane: 16 levels with eighth blocks
+LABEL_W = 14
+BLOCKS = " ▁▂▃▄▅▆▇█"
+COLOURS = {"static": STATE_COLOURS["queued"], "continuous": STATE_COLOURS["finished"],
+           "chunked": STATE_COLOURS["running"]}
+NAMES = {"static": "static", "continuous": "continuous", "chunked": "budget+cache"}
+
+
+def tokens_at(trace: tuple[tuple[float, int], ...], t: float) -> float | None:
+    """Tokens made by clock time ``t`` (linear between trace points); None past the trace's end."""
+    times = [p[0] for p in trace]
+    i = bisect_right(times, t)
+    if i >= len(trace):
+        return None if t > times[-1] + 1e-12 else float(trace[-1][1])
+    if i == 0:
+        return 0.0
+    (t0, n0), (t1, n1) = trace[i - 1], trace[i]
+    return n0 + (n1 - n0) * (t - t0) / (t1 - t0) if t1 > t0 else float(n1)
+
+
+class RaceTrack(Widget):
+    DEFAULT_CSS = "RaceTrack { height: auto; }"
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.lanes: tuple[LaneView, ...] = ()
+
+    def show(self, lanes: tuple[LaneView, ...]) -> None:
+        if tuple(v.trace for v in lanes) != tuple(v.trace for v in self.lanes):
+            resized = len(lanes) != len(self.lanes)
+            self.lanes = lanes
+            self.refresh(layout=resized)
+
+    def get_content_height(self, container, viewport, width: int) -> int:
+        return 1 + BAND * len(self.lanes) + 1
+
+    def render(self) -> Text:
+        width = max(10, self.size.width - LABEL_W)
+        end = max((v.trace[-1][0] for v in self.lanes), default=0.0)
+        out = Text(no_wrap=True, overflow="crop")
+        out.append("tokens over each lane's own clock (the steeper, the faster; a band stops where its lane finished)\n", "bold")
+        for v in self.lanes:
+            style = Style(color=COLOURS.get(v.key, "white"))
+            levels = []
+            for c in range(width):
+                n = tokens_at(v.trace, end * (c + 1) / width) if end > 0 else None
+                levels.append(None if n is None else round(BAND * 8 * n / max(1, v.total_tokens)))
+            done = (f"✓ {v.result.wall_s:.2f} s" if v.finished
+                    else f"{v.tokens / max(1, v.total_tokens):.0%}")
+            for row in range(BAND):
+                label = NAMES.get(v.key, v.key) if row == 0 else f"  {done}"
+                out.append(f"{label:<{LABEL_W - 1}} ", style if row == 0 else DIM)
+                floor = (BAND - 1 - row) * 8
+                out.append("".join(" " if lv is None else BLOCKS[max(0, min(8, lv - floor))] for lv in levels), style)
+                out.append("\n")
+        axis = f"0 s{'':{max(1, width - 3 - len(f'{end:.2f} s'))}}{end:.2f} s"
+        out.append(" " * LABEL_W + axis, DIM)
+        return out
