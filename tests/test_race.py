@@ -4,7 +4,6 @@ next, arrivals, and the finish line's figures against the headless paths."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tests.helpers import mixed_workload, random_model, solo_outputs
 from tinyllm.engine import Request, run_continuous, run_static

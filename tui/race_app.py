@@ -12,7 +12,7 @@ from pathlib import Path
 
 from textual.app import App
 
-from tinyllm.race.rules import check_static_batches
+from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, check_static_batches
 from tinyllm.race.views import LANES
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong
 from tui.messages import SetPaused
@@ -22,7 +22,6 @@ from tui.race_screen import RaceScreen
 DEFAULT_WORKLOAD = "mixed_lengths"     # short and long requests together: where static batching loses most
 DEFAULT_NEW = 64                       # a workload line without max_new_tokens: as in tinyllm bench
 DEFAULT_MAX_LEN = 512                  # the continuous lanes' context, as in tinyllm bench
-DEFAULT_BATCH_TIMEOUT_S = 1.0
 
 
 class RaceApp(App):

@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 from typing import Callable
 
 from tinyllm.config import CheckpointError
+from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S
 from tinyllm.race.views import LANES, lane_detail, waiting_lane
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS
 from tui.messages import LogEntry
@@ -40,7 +41,7 @@ class RaceSpec:
     block_size: int = 16
     kv_blocks: int | None = None
     max_batched_tokens: int | None = None
-    batch_timeout_s: float = 1.0
+    batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S
     lanes: tuple[str, ...] = LANES
     device: str | None = None
     threads: int | None = None

@@ -18,11 +18,9 @@ from tinyllm.engine import Request
 from tinyllm.engine.static_lane import StaticBatcher
 from tinyllm.race.clock import LaneClock
 from tinyllm.race.lanes import ContinuousLane, Lane, StaticLane, Workload
-from tinyllm.race.rules import check_static_batches
+from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, check_static_batches
 from tinyllm.race.views import LANES, LaneView, lane_detail
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, check_fits
-
-DEFAULT_BATCH_TIMEOUT_S = 1.0
 
 
 class Race:

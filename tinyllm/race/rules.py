@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from tinyllm.request import ContextTooLong, check_fits
 
+DEFAULT_BATCH_TIMEOUT_S = 1.0        # static batching with arrivals: how long the oldest waits for a full batch
+
 
 def check_static_batches(sizes: list[tuple[int, int]], batch: int, max_seq_len: int) -> None:
     """Static batching left-pads a batch to its longest prompt and decodes it to its largest
