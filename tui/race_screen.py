@@ -38,7 +38,9 @@ HOW_TO_READ = "\n".join((          # paragraphs: the screen wraps them to its wi
     "every lane makes exactly the same tokens, as `tinyllm bench` does.",
     "Cells: slot or batch row, #request, a bar of its tokens so far out of its max_new_tokens, and that count; "
     "'wasted' = static batching: finished, still computed until its batch's longest row is done; '▸' and a cyan "
-    "bar = prompt still being prefilled in chunks; '✓ done' = finished in the latest step.",
+    "bar = prompt still being prefilled in chunks; '✓ done' = finished in the latest step. KV: the context "
+    "tokens the lane's KV cache holds for running requests, out of the memory it has reserved (a static batch "
+    "reserves its padded length for every row; the continuous lanes their whole cache).",
     "Arrivals (arrival_s in the workload) come on each lane's own clock. Static batching starts a batch when B "
     "requests wait, or when the oldest has waited the batch timeout (--batch-timeout, seconds of its clock), or "
     "at once when no more are coming."))
@@ -238,7 +240,7 @@ class RaceScreen(Screen):
 
     def _legend(self, brief: bool) -> str:
         if brief:
-            return "bar: tokens made / max · wasted: finished, still computed · ✓: done · ?: help"
+            return "bar: tokens / max · wasted: done, still computed · KV: used / held · ? help"
         return HOW_TO_READ
 
     def _status(self, f: RaceFrame) -> Text:

@@ -113,7 +113,7 @@ class LanePanel(Widget):
         progress.append(tail, BOLD)
         kv = v.kv_used / v.kv_reserved if v.kv_reserved else 0.0
         speed = [("TTFT p50", secs(v.ttft_p50_s)), ("rows used", f"{v.row_util:.0%}"), ("steps", f"{v.decode_steps:,}")]
-        load = [("KV used", f"{kv:.0%}"), *((("queue", str(v.queued)),) if v.queued else ()),
+        load = [("KV", f"{bar(kv, 6)} {kv:.0%}"), *((("queue", str(v.queued)),) if v.queued else ()),
                 *((("arriving", str(v.arriving)),) if v.arriving else ())]
         if self.compact:
             lines = [progress, _pairs(speed + load)]
