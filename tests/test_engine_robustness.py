@@ -150,7 +150,10 @@ def test_lifecycle_events_tell_each_requests_story(model):
     for rid, req in zip(rids, reqs):
         mine = [e for e in events if e.rid == rid]
         assert [e.kind for e in mine].count("first_token") == 1
-        mine = [e for e in mine if e.kind != "first_token"]
+        prefills = [e for e in mine if e.kind == "prefill"]       # the whole context, once per admission
+        assert len(prefills) == [e.kind for e in mine].count("admitted")
+        assert all(e.prefill_span()[0] == 0 and e.prefill_span()[1] == e.prefill_span()[2] for e in prefills)
+        mine = [e for e in mine if e.kind not in ("first_token", "prefill")]
         kinds = [e.kind for e in mine]
         assert kinds[0] == "queued" and kinds[-1] == "finished" and kinds[1] == "admitted"
         assert kinds.count("admitted") == kinds.count("preempted") + 1
