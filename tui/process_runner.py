@@ -183,6 +183,12 @@ def _child_main(spec: EngineSpec, paused: bool, step_delay_ms: int, commands: Co
     send_frame()
     runner.on_frame = send_frame
 
+    run_child_loop(runner, commands)
+
+
+def run_child_loop(runner, commands: Connection) -> None:
+    """A child process's last act: feed the app's commands to ``runner`` (from a thread; None or
+    a dead pipe stops it) and run its loop until then. The engine's child and the race's share it."""
     def read_commands() -> None:
         while True:
             try:

@@ -24,7 +24,7 @@ from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S
 from tinyllm.race.views import LANES, lane_detail, waiting_lane
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS
 from tui.messages import LogEntry
-from tui.process_runner import START_TIMEOUT_S, EngineStartError
+from tui.process_runner import START_TIMEOUT_S, EngineStartError, run_child_loop
 from tui.race_runner import RaceFrame, RaceRunner
 
 RaceItem = tuple[float, tuple[int, ...], int]          # (arrival_s, prompt token ids, max_new_tokens)
@@ -108,19 +108,7 @@ def _child_main(spec: RaceSpec, paused: bool, step_delay_ms: int, commands: Conn
     send_frame()
     runner.on_frame = send_frame
 
-    def read_commands() -> None:
-        while True:
-            try:
-                cmd = commands.recv()
-            except (EOFError, OSError):
-                cmd = None                                # the app died: stop
-            if cmd is None:
-                runner.stop()
-                return
-            runner.send(cmd)
-
-    threading.Thread(target=read_commands, name="commands", daemon=True).start()
-    runner.run()
+    run_child_loop(runner, commands)
 
 
 class ProcessRaceRunner:
