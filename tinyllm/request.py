@@ -17,6 +17,13 @@ def is_int(x) -> bool:
 
 
 DEFAULT_MAX_BATCHED_TOKENS = 256      # the token-budget scheduler's default budget per step
+GREEDY_BELOW = 1e-5                   # a temperature below this is greedy (vLLM's _SAMPLING_EPS)
+
+
+def is_greedy(temperature: float) -> bool:
+    """The one rule for "this temperature means argmax": 0, or so small that logits / T would
+    overflow float32 (the sampler and every display use it)."""
+    return temperature < GREEDY_BELOW
 
 
 class ContextTooLong(ValueError):
@@ -37,13 +44,13 @@ def check_fits(prompt_len: int, max_new_tokens: int, limit: int, limit_name: str
 @dataclass(frozen=True)
 class Sampling:
     """How to pick tokens (sample_next's settings). Frozen, so equal settings group together."""
-    temperature: float = 0.0             # 0 = greedy
+    temperature: float = 0.0             # 0 (or below GREEDY_BELOW) = greedy
     top_k: int | None = None
     top_p: float | None = None
 
     def __post_init__(self):
         t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not _finite(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
         if self.top_k is not None and (not is_int(self.top_k) or self.top_k < 1):
             raise ValueError(f"top_k must be an integer >= 1 or None (off), got {self.top_k!r}")
@@ -54,7 +61,7 @@ class Sampling:
     def describe(self, full: bool = False) -> str:
         """``greedy`` / ``T=0.8 k=40``; ``full=True`` names every setting (``T=0.8 k=40 p=—``),
         for the app's settings line where a missing field would look like a bug."""
-        if self.temperature == 0 and not full:
+        if is_greedy(self.temperature) and not full:
             return "greedy"
         k = None if self.top_k is None else str(self.top_k)
         p = None if self.top_p is None else f"{self.top_p:g}"
@@ -90,6 +97,14 @@ class Request:
         caller may have changed this request since it was built)."""
         return Request(tuple(self.prompt) if isinstance(self.prompt, (list, tuple)) else self.prompt,
                        self.max_new_tokens, self.eos_id, self.sampling)
+
+
+def _finite(x: int | float) -> bool:
+    """math.isfinite, but False (not OverflowError) for an int too large for a float."""
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
 
 
 def _short(x) -> str:

@@ -1,7 +1,8 @@
 """Per-row sampling for a batch whose rows carry different settings, failing rows one by one.
 
-One ``sample_next`` call per distinct setting (rows with equal settings are sampled together),
-so one bad setting (say a temperature so small that logits / T overflow) fails only its rows.
+One ``sample_next`` call per distinct setting (rows with equal settings are sampled together).
+``sample_next`` is total over every setting ``Sampling`` accepts; the per-group guard is for the
+unforeseen (say NaN logits from one row), so it fails only that group's rows, not the batch.
 """
 
 from __future__ import annotations

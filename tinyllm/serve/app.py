@@ -109,11 +109,7 @@ def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
             raw = await request.body()
         except ClientDisconnect:                           # gone before the body arrived: nothing to do
             return Response(status_code=499)
-        try:
-            body = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ApiError(f"the request body is not valid JSON: {e}", None, "invalid_json") from None
-        p = protocol.parse_completion(body, model_name)
+        p = protocol.parse_completion(protocol.load_json(raw), model_name)
         ids = list(p.prompt_ids) if p.prompt_ids is not None else tokenizer.encode(p.prompt_text)
         protocol.check_prompt(ids, p.max_tokens, vocab_size, max_len)
         eos = None if p.ignore_eos else tokenizer.eos_id

@@ -12,20 +12,29 @@ a 400 when set to anything but their no-op value: ``n``/``best_of`` (1), ``echo`
 ``stop``, ``suffix``, ``presence_penalty``/``frequency_penalty`` (0), ``logit_bias``, and
 ``seed``: the engine draws every request's samples from one shared generator, so a per-request
 seed could not make a completion reproducible. Other unknown fields are ignored, as vLLM does.
+
+Every body goes through ``load_json`` first, which turns what Python's json module raises or
+accepts but nothing downstream can use (nesting deep enough to exhaust the stack, integers too
+long to convert) into 400s that say what and where; text fields must be valid Unicode (JSON lets
+a ``\\udfff`` escape stand alone; the tokenizer and the response encoder do not).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
+import sys
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from tinyllm.request import ContextTooLong, Sampling, check_fits, is_int
 
 DEFAULT_MAX_TOKENS = 16                 # OpenAI's default for completions
 DEFAULT_TEMPERATURE = 1.0               # OpenAI's default
+MAX_JSON_DEPTH = 64                     # arrays/objects inside each other; a real body needs 3
 
 
 class ApiError(Exception):
@@ -43,6 +52,99 @@ class ApiError(Exception):
 def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+# -- the body as JSON ----------------------------------------------------------------------------
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]|\d+')     # strings whole, brackets, digit runs
+
+
+def load_json(raw: bytes) -> Any:
+    """The request body decoded, or an ApiError (400) naming what is wrong and where."""
+    try:
+        text = raw.decode(json.detect_encoding(raw), "surrogatepass")
+        body = json.loads(text)
+    except UnicodeDecodeError as e:
+        raise ApiError(f"the request body is not valid JSON: {e}", None, "invalid_json") from None
+    except RecursionError:                                # json recurses once per level
+        raise _too_deep(text) from None
+    except json.JSONDecodeError as e:
+        raise ApiError(f"the request body is not valid JSON: {e}", None, "invalid_json") from None
+    except ValueError:                                    # an integer longer than int() converts
+        limit = sys.get_int_max_str_digits()
+        pos, field = _locate(text, lambda tok, depth: tok.isdigit() and len(tok) > limit)
+        raise ApiError(f"the request body has an integer of more than {limit} digits{_at(text, pos, field)}, "
+                       "longer than this server reads", field, "invalid_value") from None
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _deeper_than(body, MAX_JSON_DEPTH):
+        raise _too_deep(text)                             # (the counts: a cheap "cannot be too deep")
+    return body
+
+
+def _deeper_than(v: Any, limit: int) -> bool:
+    """More than ``limit`` arrays/objects inside each other (iterative: no recursion to exhaust)."""
+    stack = [(v, 1)] if isinstance(v, (list, dict)) else []
+    while stack:
+        x, depth = stack.pop()
+        if depth > limit:
+            return True
+        items = x.values() if isinstance(x, dict) else x
+        stack.extend((y, depth + 1) for y in items if isinstance(y, (list, dict)))
+    return False
+
+
+def _too_deep(text: str) -> ApiError:
+    pos, field = _locate(text, lambda tok, depth: tok in ("[", "{") and depth > MAX_JSON_DEPTH)
+    return ApiError(f"the request body is nested too deep: more than {MAX_JSON_DEPTH} arrays/objects inside "
+                    f"each other{_at(text, pos, field)}", field, "invalid_value")
+
+
+def _locate(text: str, hit: Callable[[str, int], bool]) -> tuple[int | None, str | None]:
+    """Where in the JSON ``text`` the first token ``hit(token, depth)`` is: its offset and the
+    top-level field it sits in (only run to word an error, so speed does not matter)."""
+    depth, key, field, top = 0, None, None, None
+    for m in _TOKENS.finditer(text):
+        tok = m.group()
+        if tok in ("[", "{"):
+            depth += 1
+            top = top or tok
+            if depth == 2:
+                field = key                               # the top-level key just before this value
+        elif tok in ("]", "}"):
+            depth -= 1
+        elif tok[0] == '"' and depth == 1 and top == "{":
+            key = tok                                     # keys and values alternate: a key precedes its value
+        if hit(tok, depth):
+            name = field if depth >= 2 else key
+            try:
+                name = json.loads(name) if name is not None else None
+            except ValueError:
+                pass
+            return m.start(), name if isinstance(name, str) else None
+    return None, None
+
+
+def _at(text: str, pos: int | None, field: str | None) -> str:
+    """`` (line 1 column 12, in "prompt")`` for an error message; empty when unknown."""
+    if pos is None:
+        return ""
+    line, col = text.count("\n", 0, pos) + 1, pos - text.rfind("\n", 0, pos)
+    return f" (line {line} column {col}" + (f", in {brief(field)}" if field is not None else "") + ")"
+
+
+def brief(v: Any, limit: int = 60) -> str:
+    """repr(v), cut to ``limit`` characters: an error message quotes what the client sent, not all of it."""
+    r = repr(v)
+    return r if len(r) <= limit else r[:limit - 3] + "..."
+
+
+def _text(s: str, param: str) -> str:
+    """``s`` if it is valid Unicode text; a lone surrogate (JSON allows ``\\udfff`` alone) is a 400."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ApiError(f"{param} is not valid Unicode text: it holds a lone surrogate U+{ord(s[e.start]):04X} at "
+                       f"character {e.start} (a \\ud800-\\udfff escape must be half of a pair)", param,
+                       "invalid_value") from None
+    return s
 
 
 @dataclass(frozen=True)
@@ -78,7 +180,11 @@ def _number(body: dict, name: str) -> float | None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ApiError(f"{name} must be a number, got {_type_name(v)}", name, "invalid_type")
-    return v
+    try:
+        return float(v)
+    except OverflowError:                                 # an int of hundreds of digits
+        raise ApiError(f"{name} is too large: an integer of {len(str(abs(v)))} digits", name,
+                       "invalid_value") from None
 
 
 def _bool(body: dict, name: str, where: str | None = None) -> bool:
@@ -111,19 +217,20 @@ def _sampling(field: str, **kw) -> Sampling:
 
 def parse_prompt(p: Any) -> str | tuple[int, ...]:
     """The prompt as text or token ids; a list of several prompts is a clear 400."""
+    if isinstance(p, list) and len(p) > 1 and (all(isinstance(x, str) for x in p)
+                                               or all(isinstance(x, list) for x in p)):
+        raise ApiError(f"prompt holds a batch of {len(p)} prompts; this server takes one prompt per "
+                       "request: send them as separate requests", "prompt", "invalid_value")
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
         p = p[0]                                          # a batch of one
     if isinstance(p, str):
-        return p
+        return _text(p, "prompt")
     if isinstance(p, list):
         if not p:
             raise ApiError("prompt is empty: give text or a non-empty list of token ids", "prompt", "invalid_value")
-        if all(isinstance(x, str) for x in p) or all(isinstance(x, list) for x in p):
-            raise ApiError(f"prompt holds a batch of {len(p)} prompts; this server takes one prompt per "
-                           "request: send them as separate requests", "prompt", "invalid_value")
         bad = next((x for x in p if not is_int(x) or x < 0), None)
         if bad is not None:
-            raise ApiError(f"prompt token ids must be integers >= 0, got {bad!r}", "prompt", "invalid_value")
+            raise ApiError(f"prompt token ids must be integers >= 0, got {brief(bad)}", "prompt", "invalid_value")
         return tuple(p)
     if p is None:
         raise ApiError("you must provide a prompt", "prompt", "missing_required_parameter")
@@ -140,8 +247,8 @@ def parse_completion(body: Any, served_model: str) -> CompletionParams:
         model = served_model                              # as vLLM: the one model this server has
     if not isinstance(model, str):
         raise ApiError(f"model must be a string, got {_type_name(model)}", "model", "invalid_type")
-    if model != served_model:
-        raise ApiError(f"The model `{model}` does not exist. This server serves `{served_model}` "
+    if _text(model, "model") != served_model:
+        raise ApiError(f"The model `{model[:200]}` does not exist. This server serves `{served_model}` "
                        "(see GET /v1/models).", "model", "model_not_found")
     if "prompt" not in body:
         raise ApiError("you must provide a prompt", "prompt", "missing_required_parameter")
@@ -152,7 +259,7 @@ def parse_completion(body: Any, served_model: str) -> CompletionParams:
     elif not is_int(max_tokens):
         raise ApiError(f"max_tokens must be an integer, got {_type_name(max_tokens)}", "max_tokens", "invalid_type")
     elif max_tokens < 1:
-        raise ApiError(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens", "invalid_value")
+        raise ApiError(f"max_tokens must be at least 1, got {brief(max_tokens)}", "max_tokens", "invalid_value")
     temperature = _number(body, "temperature")
     temperature = DEFAULT_TEMPERATURE if temperature is None else temperature
     if isinstance(temperature, float) and not math.isfinite(temperature):
@@ -181,7 +288,7 @@ def parse_completion(body: Any, served_model: str) -> CompletionParams:
         v = body.get(name)
         if not _is_no_op(name, v):
             why = _WHY.get(name, "not supported by this server")
-            raise ApiError(f"{name}={v!r} is not supported: {why}", name, "unsupported_parameter")
+            raise ApiError(f"{name}={brief(v)} is not supported: {why}", name, "unsupported_parameter")
     return CompletionParams(model, prompt if isinstance(prompt, str) else None,
                             prompt if isinstance(prompt, tuple) else None, max_tokens, sampling, stream,
                             include_usage, _bool(body, "ignore_eos"), _bool(body, "return_token_ids"))

@@ -3,7 +3,8 @@
 The engine defaults to what the app (``tui``) runs: paged KV, chunked prefill (the token-budget
 scheduler) and the prefix cache, so long prompts do not stall decodes and repeated prompt
 prefixes are served from cache. ``run_server`` is the CLI's blocking server (uvicorn handles
-Ctrl+C); ``ServerThread`` runs the same server in a background thread, for tests and embedding.
+Ctrl+C: a graceful shutdown, then one line saying so); ``ServerThread`` runs the same server in
+a background thread, for tests and embedding.
 The listening socket is bound before uvicorn starts, so a busy port is a plain OSError the CLI
 turns into one line, and port 0 (any free port) reports the port really taken.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -99,7 +101,8 @@ def make_server(app: Any, on_ready: Callable[[], None] | None = None, log_level:
 def run_server(engine: Any, tokenizer: Any, model_name: str, sock: socket.socket,
                on_step: StepHook | None = None) -> None:
     """Serve ``engine`` on the listening ``sock`` until Ctrl+C / SIGTERM, printing the URL once
-    uvicorn is listening. The engine thread is stopped before this returns."""
+    uvicorn is listening. The engine thread is stopped before this returns; after Ctrl+C it
+    prints "stopped" and raises KeyboardInterrupt (the CLI's exit 130)."""
     loop = EngineLoop(engine, on_step=on_step)
     app = create_app(loop, tokenizer, model_name)
     url = url_of(sock)
@@ -112,6 +115,10 @@ def run_server(engine: Any, tokenizer: Any, model_name: str, sock: socket.socket
 
     try:
         make_server(app, ready).run(sockets=[sock])
+    except KeyboardInterrupt:                # uvicorn shut down cleanly, then re-raised the Ctrl+C it caught
+        # "\r": over the terminal's "^C" echo, so the line reads clean; the caller exits 130
+        print(("\r" if sys.stdout.isatty() else "") + "tinyllm serve: stopped (Ctrl+C)", flush=True)
+        raise
     finally:
         loop.stop()
         sock.close()

@@ -29,8 +29,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from tinyllm.recording import SnapshotEncoder, encode_event, make_header
+from tinyllm.request import is_int
 from tinyllm.serve.engine_loop import EngineLoop
-from tinyllm.serve.protocol import ApiError
+from tinyllm.serve.protocol import ApiError, brief, load_json
 from tinyllm.snapshot import EngineSnapshot, LifecycleEvent
 
 HEARTBEAT_S = 5.0             # an idle stream still sends a line this often (proxies, dead peers)
@@ -197,13 +198,10 @@ def add_stream_route(app: Any, engine_loop: EngineLoop, tokenizer: Any = None, m
 
     @app.post("/v1/tinyllm/abort")
     async def abort(request: Request) -> JSONResponse:
-        try:
-            body = json.loads(await request.body())
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ApiError(f"the request body is not valid JSON: {e}", None, "invalid_json") from None
+        body = load_json(await request.body())
         rid = body.get("rid") if isinstance(body, dict) else None
-        if isinstance(rid, bool) or not isinstance(rid, int):
-            raise ApiError(f'"rid" must be a request id (an integer), got {rid!r}', "rid", "invalid_type")
+        if not is_int(rid):
+            raise ApiError(f'"rid" must be a request id (an integer), got {brief(rid)}', "rid", "invalid_type")
         aborted = await engine_loop.call_async(lambda eng: engine_loop.abort_rid(rid))
         return JSONResponse({"rid": rid, "aborted": aborted})
 
