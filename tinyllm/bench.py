@@ -3,8 +3,9 @@
 Paths: solo ``generate`` (a sample), ``run_static``, ``run_continuous`` with slot and paged KV,
 and ``transformers`` ``generate`` on the same checkpoint in padded static batches (when
 installed). Greedy outputs are checked to agree before any figure is printed. Then a decode
-step with every slot active is taken apart: model forward vs sampling vs bookkeeping, against
-the time the same rows' matmuls alone take on this machine (the practical limit).
+step with every slot active is taken apart: model forward + sampling + the rest (scheduling, KV
+bookkeeping, Python), all timed inside the same steps, against the time the same rows' matmuls
+alone take on this machine (the practical limit).
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,12 +28,15 @@ from tinyllm.config import ModelConfig
 from tinyllm.device import resolve_device
 from tinyllm.engine import (DEFAULT_MAX_BATCHED_TOKENS, ContinuousEngine, Request, percentile, run_continuous,
                             run_static)
-from tinyllm.engine.ragged import RaggedAttention
-from tinyllm.engine.sampler import sample_rows
+from tinyllm.engine import continuous
 from tinyllm.generate import generate
 from tinyllm.model import Transformer
 from tinyllm.request import ContextTooLong, check_fits
 from tinyllm.workload import resolve_workload
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 WIDE_CONSOLE = 400          # columns when stdout is not a terminal: wide enough for every figure
 RANDOM_DEFAULTS = dict(layers=4, d_model=256, heads=4, kv_heads=2, vocab=4096, d_ff=704, max_seq_len=512)
@@ -191,50 +198,130 @@ def peak_gflops(device: str, size: int = 1024, n: int = 20) -> float:
     return 2 * size ** 3 / _timeit(run, n) / 1e9
 
 
+@contextmanager
+def _wrapped(obj, name: str, wrap: Callable[[Callable], Callable]) -> Iterator[None]:
+    """``obj.name`` replaced by ``wrap(obj.name)`` while inside, then put back as it was."""
+    own = name in vars(obj)                      # a module global, or a method looked up on the class
+    orig = getattr(obj, name)
+    setattr(obj, name, wrap(orig))
+    try:
+        yield
+    finally:
+        if own:
+            setattr(obj, name, orig)
+        else:
+            delattr(obj, name)
+
+
+@contextmanager
+def step_parts(eng: ContinuousEngine) -> Iterator[dict[str, float]]:
+    """While inside: seconds the engine's steps spend in the model forward (or its CUDA-graph
+    replay) and in sampling, summed. Timed inside the very steps whose total is timed, the parts
+    are nested intervals of it and cannot add up to more than the step (timed on separate calls
+    after the steps, at longer contexts, without the step's autocast, in another moment of a noisy
+    machine, they used to exceed it). On CUDA each part is synchronized at both ends, so the
+    kernels it queues are charged to it."""
+    sync = torch.cuda.synchronize if eng.device.type == "cuda" else (lambda: None)
+    spent = {"forward": 0.0, "sampling": 0.0}
+
+    def timed(part: str) -> Callable[[Callable], Callable]:
+        def wrap(fn: Callable) -> Callable:
+            def run(*args, **kwargs):
+                sync()
+                t = time.perf_counter()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    sync()
+                    spent[part] += time.perf_counter() - t
+            return run
+        return wrap
+
+    forward = (eng.decoder, "step") if eng.decoder is not None else (eng.model, "forward")
+    with _wrapped(*forward, timed("forward")), _wrapped(continuous, "sample_rows", timed("sampling")):
+        yield spent
+
+
 @torch.no_grad()
 def decode_anatomy(model: Transformer, slots: int = 16, ctx: int = 96, n: int = 40, kv: str = "slots",
                    cuda_graph: bool = False) -> dict:
     """Where one decode step with every slot active goes (with cuda_graph: the graph-replayed step;
-    kv="chunked": the token-budget scheduler's step, all rows decoding, one ragged forward)."""
+    kv="chunked": the token-budget scheduler's step, all rows decoding, one ragged forward), as the
+    mean of ``n`` steps: forward + sampling + other = step, where other (scheduling, KV
+    bookkeeping, Python) is the remainder of the same steps."""
     vocab = model.cfg.vocab_size
     chunked = kv == "chunked"
-    eng = ContinuousEngine(model, slots, max_len=min(model.cfg.max_seq_len, ctx + 3 * n + 8),
+    eng = ContinuousEngine(model, slots, max_len=min(model.cfg.max_seq_len, ctx + n + 8),
                            kv="paged" if chunked else kv, cuda_graph=cuda_graph, chunked_prefill=chunked,
                            max_batched_tokens=max(slots, ctx * slots) if chunked else None)
     rng = random.Random(1)
     for _ in range(slots):
-        eng.add_request(Request([rng.randrange(1, vocab) for _ in range(ctx)], 3 * n + 4))
+        eng.add_request(Request([rng.randrange(1, vocab) for _ in range(ctx)], n + 4))
     eng.step()                                                    # admit (and prefill) everyone
     assert sum(eng.slots.active) == slots
-    step_s = _timeit(eng.step, n)
-    cache = eng.slots
-    if chunked:                                                   # the same decode batch, forward only
-        items = [(q.slot, q.computed, 1) for q in eng._running]
-        for slot, start, _ in items:
-            cache.try_grow(slot, start + 1)
-        idx = torch.tensor([[q.context()[-1] for q in eng._running]], device=eng.device)
-        at = torch.arange(slots, device=eng.device)
-        fwd_s = _timeit(lambda: model(idx, cache=RaggedAttention(cache, items), logits_at=at), n)
-    else:
-        last = eng._last_tok
-        if kv == "paged":
-            cache.reserve_step()
-        fwd_s = _timeit(lambda: model(last, cache=cache), n)
-    logits = torch.randn(slots, vocab)
-    rows = [eng.sampling] * slots
-    sample_s = _timeit(lambda: sample_rows(logits, rows), n)
+    eng.step()                                                    # a first decode step, not counted
+    sync = torch.cuda.synchronize if eng.device.type == "cuda" else (lambda: None)
+    step_s = 0.0
+    with step_parts(eng) as parts:
+        for _ in range(n):
+            sync()
+            t = time.perf_counter()
+            eng.step()
+            sync()
+            step_s += time.perf_counter() - t
+    step_s, fwd_s, sample_s = step_s / n, parts["forward"] / n, parts["sampling"] / n
     mm_s = matmul_only_s(model, slots)
-    return {"active_rows": slots, "context": ctx, "step_ms": step_s * 1e3, "forward_ms": fwd_s * 1e3,
-            "sampling_ms": sample_s * 1e3, "bookkeeping_ms": max(0.0, step_s - fwd_s - sample_s) * 1e3,
+    return {"active_rows": slots, "context": ctx, "steps": n, "step_ms": step_s * 1e3, "forward_ms": fwd_s * 1e3,
+            "sampling_ms": sample_s * 1e3, "other_ms": max(0.0, step_s - fwd_s - sample_s) * 1e3,
             "matmul_only_ms": mm_s * 1e3, "step_over_matmul": step_s / mm_s,
             "matmul_gflops": 2 * slots * sum(m.weight.numel() for m in model.modules()
                                              if isinstance(m, torch.nn.Linear)) / mm_s / 1e9}
 
 
+class BenchProgress:
+    """Where a bench run is. In a terminal: rich's transient bar, gone before the report. Piped (CI,
+    `| tee`), where that bar shows nothing until the end, one plain line on stderr as each stage
+    starts and as it ends, with its figure: a long run shows it is alive, stdout stays the report."""
+
+    def __init__(self, console: Console, stages: int, lines: bool) -> None:
+        self.stages, self.n, self.stage, self.t0 = stages, 0, "", 0.0
+        self.bar = None
+        if not lines:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+            self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                                console=console, transient=True)
+            self.task = self.bar.add_task("", total=stages)
+
+    def __enter__(self) -> BenchProgress:
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def start(self, stage: str) -> None:
+        self.n, self.stage, self.t0 = self.n + 1, stage, time.perf_counter()
+        if self.bar is not None:
+            self.bar.update(self.task, description=stage)
+        else:
+            self._line("started")
+
+    def done(self, figure: str = "") -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task)
+        else:
+            self._line(f"{figure or 'done'} in {time.perf_counter() - self.t0:.1f} s")
+
+    def _line(self, what: str) -> None:
+        print(f"bench [{self.n}/{self.stages}] {self.stage}: {what}", file=sys.stderr, flush=True)
+
+
 # -- the command ----------------------------------------------------------------------------------
 def run_bench(args) -> dict:
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from tinyllm.checkpoint import default_model_dir, load_checkpoint
 
@@ -273,14 +360,13 @@ def run_bench(args) -> dict:
     kvs = ["slots", "paged", "chunked", "chunked-nocache"] if args.kv == "all" else [args.kv]
     paths = (["solo", "static"] + [f"continuous-{k}" for k in kvs]
              + ([] if args.no_transformers else ["transformers"]))
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=True) as progress:
-        task = progress.add_task("warm-up", total=len(paths) + 1)
+    with BenchProgress(console, len(paths) + 2, lines=not sys.stdout.isatty()) as progress:
+        progress.start("warm-up")
         warm_up(model, ckpt, device)
-        progress.advance(task)
+        progress.done()
         sample = reqs[:args.solo_sample]
         for path in paths:
-            progress.update(task, description=path)
+            progress.start(path)
             if path == "solo":
                 outputs[path], results[path] = bench_solo(model, sample)
             elif path == "static":
@@ -297,16 +383,18 @@ def run_bench(args) -> dict:
                 got = bench_transformers(ckpt, reqs, args.batch, device)
                 if got is None:
                     console.print("[yellow]transformers is not installed: its row is skipped[/]")
+                    progress.done("skipped")
                     continue
                 outputs[path], results[path] = got
-            progress.advance(task)
-        progress.update(task, description="decode-step anatomy")
+            progress.done(f"{results[path]['tok_s']:.0f} tok/s")
+        progress.start("decode-step anatomy")
         anatomy = decode_anatomy(model, slots=args.slots)
         anatomy_chunked = decode_anatomy(model, slots=args.slots, kv="chunked") if "chunked" in kvs else None
         graph = None
         if device == "cuda":                       # eager vs CUDA-graph decode step (issue 7)
             graph = decode_anatomy(model, slots=args.slots, cuda_graph=True)
         limit_gflops = peak_gflops(device)
+        progress.done(f"{anatomy['step_ms']:.2f} ms per decode step")
     if tmp is not None:
         tmp.cleanup()
 
@@ -340,43 +428,75 @@ def run_bench(args) -> dict:
     return report
 
 
-def print_report(console, report: dict) -> None:
+COLUMNS = ("tok/s", "x static", "TTFT p50", "TTFT p95", "latency p95", "row util", "KV reserved MiB",
+           "KV used mean", "used/alloc", "preempt", "prefill tok", "greedy =")
+
+
+def path_cells(report: dict) -> dict[str, dict[str, str]]:
+    """Each path's figures as printed, by column."""
+    static = report["paths"]["static"]["tok_s"]
+
+    def f(x, fmt: str = "{:.2f}") -> str:
+        return "—" if x is None else fmt.format(x)
+    return {name: dict(zip(COLUMNS, (
+        f(s["tok_s"], "{:.0f}"), f(s["tok_s"] / static, "{:.2f}x"), f(s.get("ttft_p50_s"), "{:.2f}s"),
+        f(s.get("ttft_p95_s"), "{:.2f}s"), f(s.get("latency_p95_s"), "{:.2f}s"), f(s.get("row_util"), "{:.0%}"),
+        f(s.get("kv_reserved_mib"), "{:.1f}"), f(s.get("kv_used_mean"), "{:.0%}"),
+        f(s.get("kv_alloc_used_mean"), "{:.0%}"), f(s.get("preemptions"), "{}"),
+        f(s.get("prefill_tokens_computed"), "{:,}"), f(report["greedy_agreement_vs_static"].get(name), "{:.0%}"))))
+        for name, s in report["paths"].items()}
+
+
+def _table(cells: dict[str, dict[str, str]], columns: list[str]) -> Table:
     from rich.table import Table
+    t = Table()
+    t.add_column("path", no_wrap=True, min_width=max(map(len, cells)))
+    for col in columns:
+        t.add_column(col, justify="right", overflow="fold")
+    for name, row in cells.items():
+        t.add_row(name, *(row[c] for c in columns))
+    return t
+
+
+def path_tables(console: Console, report: dict) -> list[Table]:
+    """The paths' figures in as few tables as fit the console, each led by the whole path name.
+    Squeezed into one table, rich cuts the names (six rows of `conti…`) and the figures; here a
+    column that would not fit starts the next table instead."""
+    cells = path_cells(report)
+    unbounded = console.options.update_width(10_000)
+    groups: list[list[str]] = [[]]
+    for col in COLUMNS:
+        if groups[-1] and console.measure(_table(cells, groups[-1] + [col]), options=unbounded).maximum > console.width:
+            groups.append([])
+        groups[-1].append(col)
+    return [_table(cells, g) for g in groups]
+
+
+def print_report(console: Console, report: dict) -> None:
     paths = report["paths"]
-    static = paths["static"]["tok_s"]
     console.print(f"[bold]tinyllm bench[/] — {report['model']['name']} ({report['model']['params'] / 1e6:.1f}M params), "
                   f"{report['workload']}, {report['slots']} slots / batch {report['batch']}, "
                   f"{report['machine']['device']} × {report['machine']['torch_threads']} threads")
-    t = Table()
-    for col in ("path", "tok/s", "x static", "TTFT p50", "TTFT p95", "latency p95", "row util",
-                "KV reserved MiB", "KV used mean", "used/alloc", "preempt", "prefill tok", "greedy =", ):
-        t.add_column(col, justify="right" if col != "path" else "left")
-
-    def f(x, fmt="{:.2f}"):
-        return "—" if x is None else fmt.format(x)
-    for name, s in paths.items():
-        t.add_row(name, f(s["tok_s"], "{:.0f}"), f(s["tok_s"] / static, "{:.2f}x"), f(s.get("ttft_p50_s"), "{:.2f}s"),
-                  f(s.get("ttft_p95_s"), "{:.2f}s"), f(s.get("latency_p95_s"), "{:.2f}s"),
-                  f(s.get("row_util"), "{:.0%}"), f(s.get("kv_reserved_mib"), "{:.1f}"),
-                  f(s.get("kv_used_mean"), "{:.0%}"), f(s.get("kv_alloc_used_mean"), "{:.0%}"),
-                  f(s.get("preemptions"), "{}"), f(s.get("prefill_tokens_computed"), "{:,}"),
-                  f(report["greedy_agreement_vs_static"].get(name), "{:.0%}"))
-    console.print(t)
-    width = 40
+    for t in path_tables(console, report):
+        console.print(t)
+    name_w = max(map(len, paths))              # every bar starts in the same column, whatever the names
+    width = max(10, min(40, console.width - name_w - 12))
     top = max(s["tok_s"] for s in paths.values())
     console.print("[bold]tokens/s per path[/]")
     for name, s in paths.items():
-        n = round(width * s["tok_s"] / top)
-        console.print(f"  {name:<19} {'█' * n}{' ' * (width - n)} {s['tok_s']:.0f}")
+        n = max(1, round(width * s["tok_s"] / top)) if s["tok_s"] > 0 else 0
+        console.print(f"  {name:<{name_w}}  {'█' * n}{' ' * (width - n)} {s['tok_s']:.0f}")
     for key, what in (("decode_step", "decode step (slot KV)"), ("decode_step_chunked", "chunked step, all decoding")):
         a = report.get(key)
         if not a:
             continue
         console.print(
             f"[bold]{what}, {a['active_rows']} active rows, context ~{a['context']}[/]: {a['step_ms']:.2f} ms = "
-            f"forward {a['forward_ms']:.2f} + sampling {a['sampling_ms']:.2f} + scheduling/bookkeeping "
-            f"{a['bookkeeping_ms']:.2f} ms; the same rows' matmuls alone: {a['matmul_only_ms']:.2f} ms "
+            f"forward {a['forward_ms']:.2f} + sampling {a['sampling_ms']:.2f} + other {a['other_ms']:.2f} ms "
+            f"(mean of {a['steps']} steps); the same rows' matmuls alone: {a['matmul_only_ms']:.2f} ms "
             f"({a['matmul_gflops']:.1f} GFLOP/s) → step = {a['step_over_matmul']:.2f}x the matmul-only time.")
+    console.print("(forward: the model call; sampling: choosing each row's next token; other: the rest of the "
+                  "same steps — scheduling, KV bookkeeping, Python.)")
     console.print(f"Peak 1024² matmul: {report['machine']['peak_matmul_gflops_1024']:.0f} GFLOP/s.")
     a = report["decode_step"]
     g = report.get("decode_step_cuda_graph")

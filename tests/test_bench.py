@@ -1,0 +1,96 @@
+"""`tinyllm bench` output: the step anatomy adds up, names and bars line up, progress shows when piped.
+
+One tiny bench (a 1-layer random model, 4 requests) runs in this process through the CLI's
+main(), its stdout and stderr captured (so stdout is not a terminal, as when piped); the report
+is then also re-rendered at terminal widths. Nothing here asserts a speed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+
+import pytest
+import torch
+from rich.console import Console
+
+from tinyllm import cli
+from tinyllm.bench import COLUMNS, print_report
+from tinyllm.engine import continuous, sampler
+
+TINY = "layers=1,d_model=32,heads=2,kv_heads=1,vocab=64,d_ff=64,max_seq_len=256"
+
+
+@pytest.fixture(scope="module")
+def tiny_bench(tmp_path_factory) -> tuple[str, str, dict]:
+    """(stdout, stderr, the JSON report) of one tiny piped bench run."""
+    out_json = tmp_path_factory.mktemp("bench") / "report.json"
+    out, err = io.StringIO(), io.StringIO()
+    threads = torch.get_num_threads()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = cli.main(["bench", "--random-model", TINY, "--requests", "4", "--solo-sample", "1",
+                           "--no-transformers", "--slots", "2", "--batch", "2", "--threads", "1",
+                           "--device", "cpu", "--json", str(out_json)])
+    finally:
+        torch.set_num_threads(threads)                     # --threads sets it for the whole process
+    assert rc == 0, err.getvalue()
+    return out.getvalue(), err.getvalue(), json.loads(out_json.read_text())
+
+
+def render(report: dict, width: int) -> str:
+    console = Console(width=width, record=True, file=io.StringIO())
+    print_report(console, report)
+    return console.export_text()
+
+
+def test_step_anatomy_parts_add_up_to_the_step(tiny_bench):
+    """It printed `115.72 ms = forward 248.61 + …`: the parts were timed on other calls than the
+    step. Now they are timed inside the same steps and `other` is the remainder."""
+    out, _, report = tiny_bench
+    for key in ("decode_step", "decode_step_chunked"):
+        a = report[key]
+        assert a["forward_ms"] > 0 and a["sampling_ms"] > 0 and a["other_ms"] >= 0   # both parts were seen
+        assert a["forward_ms"] + a["sampling_ms"] + a["other_ms"] == pytest.approx(a["step_ms"], rel=1e-9)
+    printed = re.findall(r"([\d.]+) ms = forward ([\d.]+) \+ sampling ([\d.]+) \+ other ([\d.]+) ms", out)
+    assert len(printed) == 2
+    for step, *parts in printed:                           # three parts rounded to 0.01 each
+        assert abs(sum(map(float, parts)) - float(step)) <= 0.015 + 1e-9
+    assert continuous.sample_rows is sampler.sample_rows   # the timing wrappers are gone afterwards
+
+
+def test_piped_bench_reports_progress_on_stderr_and_keeps_stdout_the_report(tiny_bench):
+    out, err, report = tiny_bench
+    for path in report["paths"]:
+        assert re.search(rf"^bench \[\d+/\d+\] {re.escape(path)}: started$", err, re.M), err
+        assert re.search(rf"^bench \[\d+/\d+\] {re.escape(path)}: \d+ tok/s in [\d.]+ s$", err, re.M), err
+    assert re.search(r"^bench \[\d+/\d+\] decode-step anatomy: [\d.]+ ms per decode step in", err, re.M)
+    assert "tokens/s per path" in out and "tokens/s per path" not in err
+    assert "bench [" not in out
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_tables_show_every_path_name_and_column_whole(tiny_bench, width):
+    """At 120 columns the one table cut every continuous path to `conti…`; columns that do not
+    fit now go to a further table, each led by the whole names."""
+    text = render(tiny_bench[2], width)
+    lines = text.splitlines()
+    assert "…" not in text and max(map(len, lines)) <= width
+    headers = [[c.strip() for c in line.strip("┃").split("┃")] for line in lines if line.startswith("┃")]
+    rows = [[c.strip() for c in line.strip("│").split("│")] for line in lines if line.startswith("│")]
+    assert sorted(c for h in headers for c in h[1:]) == sorted(COLUMNS)   # every column once, whole
+    for name in tiny_bench[2]["paths"]:
+        assert sum(r[0] == name for r in rows) == len(headers)            # its whole name in every table
+
+
+@pytest.mark.parametrize("width", [80, 120, 400])
+def test_chart_bars_start_in_one_column(tiny_bench, width):
+    """`continuous-chunked-nocache` (26 characters) pushed its bar out of line."""
+    paths = list(tiny_bench[2]["paths"])
+    lines = render(tiny_bench[2], width).splitlines()
+    i = next(i for i, line in enumerate(lines) if line.startswith("tokens/s per path"))
+    bars = lines[i + 1:i + 1 + len(paths)]
+    assert [b.split()[0] for b in bars] == paths
+    assert len({b.index("█") for b in bars}) == 1
