@@ -322,6 +322,7 @@ async def test_malformed_prompt_file_is_refused_whole(tmp_path, content, message
 async def test_prompt_too_long_is_not_sent():
     app = make_app(max_len=32)
     async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("i")                                            # the list has focus at start
         app.query_one("#prompt").value = "word " * 40
         await pilot.press("enter")
         await pilot.pause(0.2)
@@ -505,7 +506,7 @@ EFFECTS = {
     "abort_all": lambda app, was: not any(r.state in ACTIVE for r in app.runner.frame.snapshot.requests),
     "clear_prefix_cache": lambda app, was: any("prefix cach" in e.text for e in app.runner.frame.log),
     "focus_input": lambda app, was: app.focused is app.query_one("#prompt"),
-    "leave_input": lambda app, was: app.focused is app.query_one("#requests"),
+    "leave_input": lambda app, was: app.focused in (app.query_one("#requests"), app.query_one("#timeline")),
     "toggle_timeline": lambda app, was: app.query_one("#timeline").display != was.timeline,
     "zoom_out": lambda app, was: app.query_one("#timeline").zoom > was.zoom or _noted(app, was, "already at"),
     "zoom_in": lambda app, was: app.query_one("#timeline").zoom < was.zoom or _noted(app, was, "already at"),
@@ -619,6 +620,7 @@ async def test_the_screen_is_up_while_the_engine_loads():
         assert "LOADING" in status and "engine loading" in status
         grid = app.query_one(SlotGrid).render().plain
         assert grid.count("free") == 4
+        await pilot.press("i")
         app.query_one("#prompt").value = "ROMEO:"
         await pilot.press("enter")                                   # typed while loading: kept, not lost
         await pilot.pause(0.1)

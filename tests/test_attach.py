@@ -23,8 +23,10 @@ from tui.app import TinyLLMApp, build_app
 from tui.remote_runner import AttachRunner
 from tui.replay_runner import ReplayRunner
 from tui.messages import Abort, Submit
-from tui.screens import NextSettings
+from tui.screens import Confirm, NextSettings
+from tui.widgets.request_list import RequestList
 
+from tests.screen_check import check_panels
 from tests.test_app import _watch, bundled, no_unexpected_errors, until  # noqa: F401
 
 MODEL = "tinyllm-shakespeare"
@@ -95,28 +97,101 @@ async def test_attached_app_streams_a_typed_prompt_and_sees_the_servers_state(se
         await pilot.pause(0.1)
 
 
-async def test_abort_from_the_app_ours_and_another_clients(server):
-    app = attach_app(server.url, new=200)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await type_prompt(pilot, "HAMLET:\n")                           # ours: the app holds its stream
+def slow_server(port: int = 0) -> ServerThread:
+    """A server whose steps take at least 30 ms, and requests of 200 tokens that ignore the
+    end of text: they cannot finish in the 6 s the engine needs for them, whatever the
+    machine's speed, so a test can abort them while they run."""
+    model, tok = bundled()
+    loop = EngineLoop(build_engine(model, slots=3, max_len=256), on_step=lambda *_: time.sleep(0.03))
+    return ServerThread(create_app(loop, tok, MODEL), port=port).start()
 
-        def other():                                                    # another client's long request
-            with httpx.stream("POST", server.url + "/v1/completions",
-                              json={"prompt": "KING:", "max_tokens": 200, "stream": True}, timeout=60) as r:
+
+def long_app(url: str) -> TinyLLMApp:
+    app = TinyLLMApp(AttachRunner(url).start(), None, model_name=MODEL,
+                     settings=NextSettings(Sampling(), 200, stop_at_eos=False))
+    _watch(app)
+    return app
+
+
+def other_client(url: str, prompt: str = "KING:") -> threading.Thread:
+    """Another client's long streaming request (it ends when aborted or when the server stops)."""
+    def run() -> None:
+        try:
+            with httpx.stream("POST", url + "/v1/completions", timeout=60,
+                              json={"prompt": prompt, "max_tokens": 200, "ignore_eos": True, "stream": True}) as r:
                 for _ in r.iter_lines():
                     pass
-        threading.Thread(target=other, daemon=True).start()
-        await until(pilot, lambda: len(app.runner.frame.snapshot.requests) == 2)
-        await until(pilot, lambda: all(v.state == "running" for v in app.runner.frame.snapshot.requests))
-        for rid in (0, 1):
-            app.select(rid)
-            app.query_one("#requests").focus()
+        except httpx.HTTPError:
+            pass
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+async def ours_and_another(pilot) -> tuple[int, int]:
+    """(our request, another client's), both running."""
+    app = pilot.app
+    await type_prompt(pilot, "HAMLET:\n")
+    other_client(app.runner.url)
+    await until(pilot, lambda: len(app.runner.frame.snapshot.requests) == 2)
+    await until(pilot, lambda: all(v.state == "running" for v in app.runner.frame.snapshot.requests)
+                and len(app.runner.ours()) == 1, what="both running")
+    ours = next(iter(app.runner.ours()))
+    return ours, next(v.rid for v in app.runner.frame.snapshot.requests if v.rid != ours)
+
+
+async def test_abort_from_the_app_ours_and_another_clients():
+    """x aborts ours at once; another client's request only after a yes (Esc keeps it)."""
+    s = slow_server()
+    try:
+        app = long_app(s.url)
+        async with app.run_test(size=(120, 40)) as pilot:
+            ours, theirs = await ours_and_another(pilot)
+            app.select(ours)
+            await pilot.press("escape", "x")
+            await until(pilot, lambda: app.runner.frame.snapshot.request(ours).state == "aborted", what="ours aborted")
+            app.select(theirs)
             await pilot.press("x")
-            await until(pilot, lambda: app.runner.frame.snapshot.request(rid).state == "aborted",
-                        what=f"#{rid} aborted")
-        await until(pilot, lambda: idle(server))
-        snap = engine_snapshot(server)
-        assert snap.kv.allocated_tokens == 0 and [v.state for v in snap.requests] == ["aborted", "aborted"]
+            await until(pilot, lambda: isinstance(app.screen, Confirm), what="the question")
+            assert "another client" in app.screen.query_one("#confirm-message").render().plain
+            await pilot.press("escape")
+            await pilot.pause(0.3)
+            assert app.runner.frame.snapshot.request(theirs).state == "running"
+            await pilot.press("x")
+            await until(pilot, lambda: isinstance(app.screen, Confirm), what="the question again")
+            await pilot.press("y")
+            await until(pilot, lambda: app.runner.frame.snapshot.request(theirs).state == "aborted",
+                        what="theirs aborted")
+            await until(pilot, lambda: idle(s))
+            snap = engine_snapshot(s)
+            assert snap.kv.allocated_tokens == 0 and [v.state for v in snap.requests] == ["aborted", "aborted"]
+    finally:
+        s.stop()
+
+
+async def test_abort_all_from_a_viewer_asks_and_can_spare_other_clients():
+    """^k attached: a question saying how many requests are other clients'; o aborts ours only."""
+    s = slow_server()
+    try:
+        app = long_app(s.url)
+        async with app.run_test(size=(120, 40)) as pilot:
+            ours, theirs = await ours_and_another(pilot)
+            await pilot.press("escape", "ctrl+k")
+            await until(pilot, lambda: isinstance(app.screen, Confirm), what="the question")
+            text = app.screen.query_one("#confirm-message").render().plain
+            assert "1 from this app, 1 from other clients" in text
+            await pilot.press("o")
+            await until(pilot, lambda: app.runner.frame.snapshot.request(ours).state == "aborted", what="ours aborted")
+            await pilot.pause(0.3)
+            assert app.runner.frame.snapshot.request(theirs).state == "running"
+            await pilot.press("ctrl+k")
+            await until(pilot, lambda: isinstance(app.screen, Confirm), what="the question again")
+            await pilot.press("a")
+            await until(pilot, lambda: app.runner.frame.snapshot.request(theirs).state == "aborted",
+                        what="theirs aborted")
+            check_panels(app)
+    finally:
+        s.stop()
 
 
 async def test_two_viewers_see_the_same_engine(server):
@@ -139,19 +214,45 @@ async def test_two_viewers_see_the_same_engine(server):
         b.stop()
 
 
+async def follow(pilot, cond, what: str, timeout: float = 30.0) -> int:
+    """Wait for ``cond``, drawing and checking every panel at each new frame on the way."""
+    app, seen, checked = pilot.app, -1, 0
+    end = time.monotonic() + timeout
+    while True:
+        frame = app.runner.frame
+        if frame.seq != seen:
+            seen = frame.seq
+            app.refresh_from_runner(force=True)
+            await pilot.pause()
+            check_panels(app, frame)
+            checked += 1
+        if cond():
+            return checked
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        await pilot.pause(0.02)
+
+
 async def test_a_server_that_goes_away_is_shown_and_the_viewer_reconnects():
+    """Through a restart every panel is checked at every frame: after the reconnect the dead
+    server's requests are gone from the list, and the new server's #0 is its own."""
     s = start_server()
     port = int(s.url.rsplit(":", 1)[1])
+    for prompt in ("JULIET:", "ROMEO:"):
+        assert httpx.post(s.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 6}, timeout=60).status_code == 200
     app = attach_app(s.url)
     async with app.run_test(size=(120, 40)) as pilot:
+        await follow(pilot, lambda: app.query_one(RequestList).rids == (0, 1), "the old server's requests")
         s.stop()
-        await until(pilot, lambda: app.runner.frame.status.startswith("disconnected"), what="the disconnect")
-        await until(pilot, lambda: "DISCONNECTED" in app.query_one("#status").text.plain)
+        await follow(pilot, lambda: "DISCONNECTED" in app.query_one("#status").text.plain, "the disconnect")
+        assert app.query_one(RequestList).rids == (0, 1)                # the last state, said to be so
         s = start_server(port)                                          # back on the same address
         try:
-            await until(pilot, lambda: app.runner.frame.status == "ready", timeout=30, what="the reconnect")
+            await follow(pilot, lambda: app.runner.frame.status == "ready", "the reconnect")
+            assert app.query_one(RequestList).rids == () and app.selected is None
             await type_prompt(pilot, "To be")
-            await until(pilot, lambda: app.runner.frame.snapshot.counters.finished == 1)
+            await follow(pilot, lambda: app.runner.frame.snapshot.counters.finished == 1, "the new #0")
+            assert app.query_one(RequestList).rids == (0,) and app.runner.frame.prompts[0] == "To be"
+            assert app.query_one("#pane-header").text.plain.startswith("#0 finished")
             assert any("reconnected" in e.text for e in app.runner.frame.log)
         finally:
             s.stop()

@@ -23,11 +23,11 @@ from textual.worker import get_current_worker
 
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, Sampling, check_fits
 from tinyllm.tokenizer import Tokenizer
-from tui.messages import (MAX_DELAY_MS, Abort, AbortAll, ClearPrefixCache, Frame, JumpEvent, LoadWorkload, Runner,
+from tui.messages import (MAX_DELAY_MS, Abort, AbortAll, ClearPrefixCache, Frame, JumpEvent, LoadWorkload, LogEntry, Runner,
                           SeekStep, SetDelay, SetPublishInterval, StepBack, StepOnce, Submit, TogglePaused)
 from tui.pacing import FramePacer
 from tui.process_runner import EngineSpec, EngineStartError, ProcessRunner
-from tui.screens import GotoStep, HelpScreen, LoadedWorkload, NextSettings, PromptPicker, SettingsScreen, read_workload
+from tui.screens import Confirm, GotoStep, HelpScreen, LoadedWorkload, NextSettings, PromptPicker, SettingsScreen, read_workload
 from tui.widgets.block_map import BlockMap
 from tui.widgets.kv_panel import KVPanel
 from tui.widgets.request_pane import RequestPane
@@ -77,14 +77,15 @@ class TinyLLMApp(App):
         Binding("g", "goto_step", "Replay: go to a step", show=False),
         Binding("right_square_bracket", "next_event", "Replay: the selected request's next event", show=False),
         Binding("left_square_bracket", "prev_event", "Replay: its previous event", show=False),
-        Binding("i,slash", "focus_input", "Type a prompt", show=False),
+        Binding("i,slash,enter", "focus_input", "Type a prompt", show=False),
         Binding("escape", "leave_input", "Leave the input", show=False),
         Binding("q", "quit", "Quit", show=False),
         Binding("ctrl+c,ctrl+q", "quit", "Quit", priority=True),
     ]
 
     def __init__(self, runner: Runner, tokenizer: Tokenizer | None, *, model_name: str = "model",
-                 settings: NextSettings | None = None, prompts_file: Path | None = None):
+                 settings: NextSettings | None = None, prompts_file: Path | None = None,
+                 recording: Path | None = None):
         super().__init__()
         self.runner = runner                      # owns the engine; we only send commands and read frames
         self.replay = getattr(runner, "replay", False)    # a recording played back: read-only, no tokenizer
@@ -96,10 +97,13 @@ class TinyLLMApp(App):
         self.max_len = snap.max_len
         self.settings = settings or NextSettings(Sampling(), min(100, self.max_len - 1))
         self.prompts_file = prompts_file
+        self.recording = recording                # --record FILE: shown in the status line, named at exit
         self.startup_error: str | None = None     # set when the engine could not start; main() prints it
         self.selected: int | None = None
-        self._shown_seq = -1                     # nothing shown yet (a loading frame has seq 0)
-        self._seen_log = 0
+        self._shown_seq = -1                     # the frame every panel has drawn (a loading frame has seq 0)
+        self._fast_seq = -1                      # the frame the cheap panels have drawn
+        self._details_frame: Frame | None = None  # the frame the list, pane and timeline show
+        self._last_log: LogEntry | None = None   # the newest event-log entry shown
         self._flags: dict[int, tuple[str, int]] = {}
         self._pacer = FramePacer(max_hz=REFRESH_HZ)
         self._publish_s = 0.0
@@ -125,8 +129,9 @@ class TinyLLMApp(App):
             yield TextLine(id="scrubber")
         else:
             with Horizontal(id="entry"):
-                yield Input(placeholder="Type a prompt and press Enter (F2: its settings)", id="prompt")
-                yield Static(id="next-settings", markup=False)
+                yield Static(id="next-settings", markup=False)   # left of the prompt: toasts cover the right
+                yield Input(placeholder="i / Enter: type a prompt, Enter sends it, Esc leaves (F2: its settings)",
+                            id="prompt")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -159,7 +164,9 @@ class TinyLLMApp(App):
                 self.notify(warning, title="recording", severity="warning", timeout=10)
         else:
             self._show_settings()
-            self.query_one("#prompt", Input).focus()
+            # Focus starts on the list, as in htop or k9s: q, ?, t and space do what they say at
+            # once; i, / or Enter go to the prompt, Esc comes back.
+            self.query_one("#requests").focus()
         self.run_worker(self._engine_loop, thread=True, name="engine", exit_on_error=False)
         self._tick()
         if self.prompts_file is not None:
@@ -167,8 +174,15 @@ class TinyLLMApp(App):
         self.refresh_from_runner(force=True)
 
     def on_resize(self, event) -> None:
-        """Small terminals (80x24) drop the sparkline and the event log and thin the borders."""
-        self.set_class(event.size.height < 34 or event.size.width < 100, "-short")
+        """Small terminals (80x24) drop the sparkline and the event log, thin the borders, and
+        squeeze the block map into fewer rows (a cell then stands for several blocks). Then the
+        frame is drawn again at the new size: a resize is a change like any other."""
+        short = event.size.height < 34 or event.size.width < 100
+        self.set_class(short, "-short")
+        self.query_one("#blocks", BlockMap).max_rows = 2 if short else 6
+        self.query_one("#kv").border_title = "KV █used ▒alloc ░reserved · counters" if short else "KV cache & counters"
+        self._shown_seq = self._fast_seq = -1
+        self.call_after_refresh(self.refresh_from_runner, True)
 
     def _engine_loop(self) -> None:
         worker = get_current_worker()
@@ -190,14 +204,29 @@ class TinyLLMApp(App):
         self.set_timer(interval, self._tick)
 
     def refresh_from_runner(self, force: bool = False) -> None:
+        """Draw the runner's newest frame. This is the one place that decides what a frame
+        draws, and when. The pacer and the detail throttle only *delay* a draw: a frame counts
+        as shown once every panel has drawn it, and the tick keeps running while the engine is
+        idle, so the last frame of a run (after which an idle engine sends none) is always drawn
+        whole, at most DETAILS_S later."""
         if self.runner.start_error is not None and self.startup_error is None:
             self._engine_failed(self.runner.start_error)
             return
         frame = self.runner.frame
-        if not (force or self._pacer.due()) or frame.seq == self._shown_seq:
+        if frame.seq == self._shown_seq or not (force or self._pacer.due()):
             return
-        self._shown_seq = frame.seq
-        self.frames_drawn += 1
+        now = time.perf_counter()
+        if frame.seq != self._fast_seq:                   # cheap panels: every frame the pacer allows
+            self._fast_seq = frame.seq
+            self.frames_drawn += 1
+            self._draw_fast(frame)
+        if force or frame.paused or frame.step_delay_ms >= 50 or now >= self._details_at:
+            self._details_at = now + DETAILS_S            # running flat out: text panels at <= 5 Hz
+            self._shown_seq = frame.seq
+            self._draw_details(frame)
+
+    def _draw_fast(self, frame: Frame) -> None:
+        """Status, slots, blocks, KV and counters, sparkline, scrubber, log: all cheap."""
         self._update_flags(frame)
         self.query_one("#status", TextLine).set(self._status_text(frame))
         if self.metrics_only:
@@ -211,22 +240,28 @@ class TinyLLMApp(App):
         hist = list(frame.tps_history) if any(frame.tps_history) else []
         if hist != spark.data and spark.display:
             spark.data = hist
-        requests = self.query_one("#requests", RequestList)
-        now = time.perf_counter()
-        details = frame.paused or frame.step_delay_ms >= 50 or now >= self._details_at
-        if details:
-            self._details_at = now + DETAILS_S
-        if details or len(frame.snapshot.requests) != requests.row_count:
-            requests.show(frame)
-        if self.selected is None and frame.snapshot.requests:
-            self.selected = requests.selected_rid()
-        if self.selected is not None and details:
-            self.query_one("#pane", RequestPane).show(frame, self.selected)
-        if details:
-            self._show_timeline(frame)
         if self.replay:
             self.query_one("#scrubber", TextLine).set(self._scrubber_text(frame))
         self._append_log(frame)
+
+    def _draw_details(self, frame: Frame) -> None:
+        """The request list, the selected request's pane and the timeline: exactly the frame's
+        requests. The selection stays on its request while the frame holds it; a live engine or
+        server that no longer holds it (a restarted server) moves it to the first request, while
+        a replay keeps it (seeking forward brings it back) and the pane says it does not exist."""
+        self._details_frame = frame
+        requests = self.query_one("#requests", RequestList)
+        requests.show(frame)
+        snap = frame.snapshot
+        if self.selected is None or (not self.replay and snap.request(self.selected) is None):
+            self.selected = snap.requests[0].rid if snap.requests else None
+        requests.select_rid(self.selected)
+        self._show_pane(frame)
+        self._show_timeline(frame)
+
+    def _show_pane(self, frame: Frame) -> None:
+        missing = f"does not exist yet at step {frame.snapshot.counters.steps}" if self.replay else "is gone"
+        self.query_one("#pane", RequestPane).show(frame, self.selected, missing)
 
     def _engine_failed(self, e: Exception) -> None:
         """The engine process could not build the engine: leave with its one-line reason, as a
@@ -246,58 +281,80 @@ class TinyLLMApp(App):
                 self._flags[e.slot] = (e.kind, e.rid)
 
     def _append_log(self, frame: Frame) -> None:
-        newest = frame.log[-1].seq if frame.log else 0
-        if newest < self._seen_log or (self.replay and newest != self._seen_log):
-            self._seen_log = newest                       # a replay moved: the log as it was then
-            self.query_one("#log", EventLog).reset(frame.log)
+        """Add the frame's new log entries; when the frame's log is not a continuation of what
+        is shown (a replay moved, a restarted server has a log of its own), show it afresh."""
+        log, last = frame.log, self._last_log
+        if not log or last is None or log[-1] == last:
+            if not log and last is not None:
+                self.query_one("#log", EventLog).reset(())
+            elif log and last is None:
+                self.query_one("#log", EventLog).add(list(log))
+                self._notify_errors(log)
+            self._last_log = log[-1] if log else None
             return
-        new = [e for e in frame.log if e.seq > self._seen_log]
-        for e in new:
-            if e.kind == "error":
-                self.notify(e.text, title="engine", severity="error", timeout=8)
-        if new:
-            self._seen_log = new[-1].seq
-            self.query_one("#log", EventLog).add(new)
+        i = len(log) - 1
+        while i >= 0 and log[i].seq > last.seq:
+            i -= 1
+        if i < 0 or log[i] != last or self.replay:        # not the same history: as it is now
+            self.query_one("#log", EventLog).reset(log)
+        else:
+            new = log[i + 1:]
+            self._notify_errors(new)
+            self.query_one("#log", EventLog).add(list(new))
+        self._last_log = log[-1]
+
+    def _notify_errors(self, entries) -> None:
+        if not self.replay:                               # a replay's errors were seen when they happened
+            for e in entries:
+                if e.kind == "error":
+                    self.notify(e.text, title="engine", severity="error", timeout=8)
 
     def _status_text(self, f: Frame) -> Text:
-        t = Text(no_wrap=True, overflow="ellipsis")
+        """The status line, fitted to the screen: fields of least use give way first (the mode
+        and the step counter stay at any width)."""
+        return fit_fields(self._status_fields(f), max(20, self.size.width))
+
+    def _status_fields(self, f: Frame) -> list[tuple[str, str, int]]:
+        """(text, style, rank) per field, in screen order; a higher rank gives way first."""
+        steps = f.snapshot.counters.steps
         if f.status == "loading":
-            t.append(" ⧗ LOADING ", style="bold reverse cyan")
-            t.append(f" {self.model_name} · engine loading (importing torch, reading the weights)…", style="bold")
-            t.append(" · type a prompt now: it is sent when the engine is ready", style="dim")
-            return t
+            return [(" ⧗ LOADING ", "bold reverse cyan", 0), (f" {self.model_name}", "bold", 1),
+                    (" · engine loading (importing torch, reading the weights)…", "bold", 2),
+                    (" · type a prompt now: it is sent when the engine is ready", "dim", 3)]
         if self.remote:
             r = self.runner
             down = f.status.startswith("disconnected")
-            t.append(" ✗ DISCONNECTED " if down else " ⇄ ATTACHED ", style="bold reverse red" if down else "bold reverse blue")
-            t.append(f" {r.kind} at {r.url} · {self.model_name}", style="bold")
+            out = [(" ✗ DISCONNECTED " if down else " ⇄ ATTACHED ", "bold reverse red" if down else "bold reverse blue", 0),
+                   (f" {r.kind} at {r.url}", "bold", 1), (f" · {self.model_name}", "bold", 4)]
+            if self.metrics_only:                         # a "step" here is a second since attach
+                return out + [(f" · {f.status} (showing the last state)", "bold red", 2)] * down + [
+                    (f" · metrics every {r.poll_s:g} s", "dim", 3), (" · this app's requests stream below", "dim", 5)]
+            out.append((f" · step {steps}", "bold", 0))
             if down:
-                t.append(f" · {f.status} (showing the last state)", style="bold red")
-            elif self.metrics_only:
-                t.append(f" · metrics every {r.poll_s:g} s · this app's requests stream below", style="dim")
-            else:
-                budget = f.snapshot.max_batched_tokens
-                t.append(f" · {f.snapshot.n_slots} slots · {f.snapshot.kv.kind} KV · "
-                         f"{'chunked ≤' + str(budget) + ' tok/step' if budget else 'prefill+decode'} · "
-                         f"step {f.snapshot.counters.steps}", style="dim")
-            return t
+                return out + [(f" · {f.status} (showing the last state)", "bold red", 1)]
+            budget = f.snapshot.max_batched_tokens
+            return out + [(f" · {f.snapshot.n_slots} slots", "dim", 3),
+                          (f" · {f.snapshot.kv.kind} KV", "dim", 5),
+                          (f" · {'chunked ≤' + str(budget) + ' tok/step' if budget else 'prefill+decode'}", "dim", 4)]
         if self.replay:
-            t.append(" ⏸ REPLAY " if f.paused else " ▶ REPLAY ", style="bold reverse magenta")
-            t.append(f" {self.runner.path.name} · {self.model_name} · {f.snapshot.kv.kind} KV · "
-                     f"step {f.snapshot.counters.steps} of {self.runner.last_step}", style="bold")
-            t.append(f" · {self._speed(f)} · read-only", style="dim")
-            return t
-        t.append(" ⏸ PAUSED " if f.paused else " ▶ RUNNING ", style="bold reverse yellow" if f.paused else "bold reverse green")
+            return [(" ⏸ REPLAY " if f.paused else " ▶ REPLAY ", "bold reverse magenta", 0),
+                    (f" step {steps} of {self.runner.last_step}", "bold", 0),
+                    (f" · {self.runner.path.name}", "bold", 2), (f" · {self.model_name}", "bold", 4),
+                    (f" · {f.snapshot.kv.kind} KV", "dim", 5), (f" · {self._speed(f)}", "dim", 3),
+                    (" · read-only", "dim", 6)]
         budget = f.snapshot.max_batched_tokens
-        sched = f"chunked ≤{budget} tok/step" if budget else "prefill+decode"
         n = self.runner.threads
-        threads = f"{n} thread{'s' if n != 1 else ''}" if n else "? threads"
-        t.append(f" {self.model_name} · {self.runner.device} · {threads} · {f.snapshot.kv.kind} KV · {sched}",
-                 style="bold")
-        t.append(f" · delay {f.step_delay_ms} ms/step · step {f.snapshot.counters.steps}", style="dim")
+        out = [(" ⏸ PAUSED " if f.paused else " ▶ RUNNING ", "bold reverse yellow" if f.paused else "bold reverse green", 0),
+               (f" step {steps}", "bold", 0)]
+        if self.recording is not None:
+            out.append((f" · ● REC {self.recording.name}", "bold red", 1))
         if f.pending_arrivals:
-            t.append(f" · {f.pending_arrivals} arriving", style="yellow")
-        return t
+            out.append((f" · {f.pending_arrivals} arriving", "yellow", 1))
+        return out + [(f" · delay {f.step_delay_ms} ms/step", "dim", 2), (f" · {self.model_name}", "bold", 3),
+                      (f" · {f.snapshot.kv.kind} KV", "bold", 5),
+                      (f" · {'chunked ≤' + str(budget) + ' tok/step' if budget else 'prefill+decode'}", "bold", 4),
+                      (f" · {self.runner.device}", "dim", 6),
+                      (f" · {n} thread{'s' if n != 1 else ''}" if n else " · ? threads", "dim", 7)]
 
     @staticmethod
     def _speed(f: Frame) -> str:
@@ -361,13 +418,18 @@ class TinyLLMApp(App):
             self.select(reqs[-1].rid)
 
     def select(self, rid: int) -> None:
+        """Select request ``rid`` in every panel (the list's cursor, the pane, the timeline)."""
         self.selected = rid
+        frame = self._details_frame or self.runner.frame    # the frame the other panels show
         self.query_one("#requests", RequestList).select_rid(rid)
-        self.query_one("#pane", RequestPane).show(self.runner.frame, rid)
+        self._show_pane(frame)
+        self._show_timeline(frame)
 
     def on_request_list_highlighted(self, event: RequestList.Highlighted) -> None:
-        self.selected = event.rid
-        self.query_one("#pane", RequestPane).show(self.runner.frame, self.selected)
+        self.select(event.rid)
+
+    def on_timeline_panel_highlighted(self, event: TimelinePanel.Highlighted) -> None:
+        self.select(event.rid)
 
     def action_toggle_pause(self) -> None:
         self.runner.send(TogglePaused())
@@ -426,8 +488,12 @@ class TinyLLMApp(App):
     def action_toggle_timeline(self) -> None:
         timeline = self.query_one("#timeline", TimelinePanel)
         requests = self.query_one("#requests", RequestList)
+        was = self.focused
         timeline.display, requests.display = not timeline.display, timeline.display
-        self._show_timeline(self.runner.frame)
+        shown = timeline if timeline.display else requests
+        if was is None or was is requests or was is timeline:     # the keys follow the panel (↑/↓ select)
+            shown.focus()
+        self._show_timeline(self._details_frame or self.runner.frame)
 
     def _zoom(self, out: bool) -> None:
         timeline = self.query_one("#timeline", TimelinePanel)
@@ -473,15 +539,48 @@ class TinyLLMApp(App):
     def action_prev_event(self) -> None:
         self._jump(-1)
 
+    ACTIVE = ("queued", "running", "preempted")
+
+    def _others(self, rids: list[int]) -> list[int]:
+        """Of ``rids``, those another client of the attached server sent (none for a local
+        engine, a replay, or a vLLM server, whose list holds this app's requests only)."""
+        if not self.remote or self.metrics_only:
+            return []
+        ours = self.runner.ours()
+        return [rid for rid in rids if rid not in ours]
+
     def action_abort_selected(self) -> None:
         rid = self.selected
         if rid is None:
             self.notify("No request selected: highlight one in the Requests list.", severity="warning")
             return
+        v = self.runner.frame.snapshot.request(rid)
+        if v is not None and v.state in self.ACTIVE and self._others([rid]):
+            def done(yes) -> None:
+                if yes:
+                    self.runner.send(Abort(rid))
+            self.push_screen(Confirm(f"Abort #{rid}?", f"#{rid} belongs to another client of the server: "
+                                     f"its client gets an error (aborted by an operator).",
+                                     [("y", f"Abort #{rid}", True)]), done)
+            return
         self.runner.send(Abort(rid))
 
     def action_abort_all(self) -> None:
-        self.runner.send(AbortAll())
+        active = [v.rid for v in self.runner.frame.snapshot.requests if v.state in self.ACTIVE]
+        others = self._others(active)
+        if not others:
+            self.runner.send(AbortAll())
+            return
+        ours = len(active) - len(others)
+
+        def done(choice) -> None:
+            if choice is not None:
+                self.runner.send(AbortAll(ours_only=choice == "ours"))
+        self.push_screen(Confirm(
+            "Abort all?", f"{len(active)} requests are queued or running on the server: {ours} from this app, "
+            f"{len(others)} from other clients (each of those gets an error: aborted by an operator).",
+            [("o", f"Abort this app's {ours}", "ours")] * bool(ours) + [("a", f"Abort all {len(active)}", "all")]),
+            done)
 
     def action_clear_prefix_cache(self) -> None:
         self.runner.send(ClearPrefixCache())
@@ -491,7 +590,12 @@ class TinyLLMApp(App):
 
     def action_leave_input(self) -> None:
         if isinstance(self.focused, Input) and self.focused.id == "prompt":
-            self.query_one("#requests").focus()
+            self._focus_requests()
+
+    def _focus_requests(self) -> None:
+        """Focus whichever of the request list and the timeline is on screen (both select)."""
+        timeline = self.query_one("#timeline", TimelinePanel)
+        (timeline if timeline.display else self.query_one("#requests", RequestList)).focus()
 
     def action_help(self) -> None:
         """F1 opens the help, and closes it again (the app's F1 binding has priority over the
@@ -551,6 +655,21 @@ class TinyLLMApp(App):
 
     def on_unmount(self) -> None:
         self.runner.stop()
+
+
+def fit_fields(fields: list[tuple[str, str, int]], width: int) -> Text:
+    """One line of ``fields`` (text, style, rank) in their order, dropping the highest ranks
+    first until it fits ``width`` cells (rank 0 always stays; a line still too long ends in …)."""
+    from rich.cells import cell_len
+    keep = list(fields)
+    for rank in sorted({r for _, _, r in fields if r > 0}, reverse=True):
+        if sum(cell_len(t) for t, _, _ in keep) <= width:
+            break
+        keep = [f for f in keep if f[2] != rank]
+    t = Text(no_wrap=True, overflow="ellipsis")
+    for text, style, _ in keep:
+        t.append(text, style=style)
+    return t
 
 
 # -- command line ---------------------------------------------------------------------------------
@@ -685,7 +804,7 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
                      else f"the engine could not start: {type(e).__name__}: {' '.join(str(e).split())}")
     name = path.name if a.model else "bundled Shakespeare"
     return TinyLLMApp(runner, tok, model_name=name, settings=NextSettings(sampling, a.max_new_tokens),
-                      prompts_file=prompts)
+                      prompts_file=prompts, recording=Path(a.record) if a.record else None)
 
 
 def check_writable(parser, path: str) -> None:
@@ -732,8 +851,8 @@ def attach_app(parser, a) -> TinyLLMApp:
         try:                                              # no state stream: a vLLM server?
             runner = VllmRunner(url).start()
         except ConnectionError as e2:
-            parser.error(f"--attach {url}: neither tinyllm serve ({str(e).split(': ', 1)[-1]}) "
-                         f"nor a vLLM server ({str(e2).split(': ', 1)[-1]})")
+            parser.error(f"--attach {url}: found neither tinyllm serve nor a vLLM server there "
+                         f"({str(e).split(': ', 1)[-1]}; {str(e2).split(': ', 1)[-1]})")
     prompts = None
     if a.prompts is not None:
         try:
@@ -767,6 +886,10 @@ def main(argv: list[str] | None = None) -> int:
     app.run()
     if app.startup_error is not None:
         build_parser().error(app.startup_error)          # one line on stderr, exit 2
+    if app.recording is not None:
+        steps = app.runner.frame.snapshot.counters.steps
+        print(f"tinyllm-tui: recorded {steps} steps to {app.recording.resolve()} "
+              f"(tinyllm-tui --replay {app.recording}; tinyllm trace {app.recording})")
     return app.return_code or 0
 
 

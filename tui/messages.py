@@ -47,7 +47,9 @@ class Abort:
 
 @dataclass(frozen=True)
 class AbortAll:
-    pass
+    """Abort every queued or running request; attached to a server, ``ours_only`` spares the
+    requests of its other clients."""
+    ours_only: bool = False
 
 
 @dataclass(frozen=True)

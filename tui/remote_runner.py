@@ -51,6 +51,10 @@ def why(e: Exception) -> str:
         return "cannot connect (is the server running? tinyllm serve prints its URL)"
     if isinstance(e, StopIteration):
         return "the server closed the stream"
+    if isinstance(e, json.JSONDecodeError):
+        return f"it answered something that is not JSON ({e.msg} at line {e.lineno})"
+    if isinstance(e, ValueError):                       # ours: a whole sentence already
+        return " ".join(str(e).split())
     return " ".join(f"{type(e).__name__}: {e}".split()) if str(e) else type(e).__name__
 
 
@@ -125,12 +129,20 @@ class AttachRunner:
             threading.Thread(target=self._abort, args=(cmd.rid,), daemon=True).start()
         elif isinstance(cmd, AbortAll):
             active = [v.rid for v in self._frame.snapshot.requests if v.state in ("queued", "running", "preempted")]
+            if cmd.ours_only:
+                mine = self.ours()
+                active = [rid for rid in active if rid in mine]
             threading.Thread(target=lambda: [self._abort(r) for r in active], daemon=True).start()
         elif isinstance(cmd, LoadWorkload):
             self._note("info", f"loaded {cmd.name}: {len(cmd.items)} requests, sent at their arrival times")
             threading.Thread(target=send_workload, args=(cmd, self.send, self._stop), daemon=True,
                              name="workload").start()
         # pause, step, speed, cache: the server's own business (the app has those keys off)
+
+    def ours(self) -> frozenset[int]:
+        """The server's ids of this app's requests still streaming (the others are other clients')."""
+        with self._lock:
+            return frozenset(self._ours)
 
     def stop(self) -> None:
         self._stop.set()
@@ -172,8 +184,7 @@ class AttachRunner:
         try:
             if r.status_code != 200:
                 r.read()
-                raise ValueError(f"GET /v1/tinyllm/stream answered {r.status_code} ({api_error(r)}): "
-                                 f"not a tinyllm serve")
+                raise ValueError(f"GET /v1/tinyllm/stream answered {r.status_code}: not a tinyllm serve")
             lines = r.iter_lines()
             header = json.loads(next(lines))
             check_header(header, "the server's stream")

@@ -51,6 +51,7 @@ class EngineRunner:
         self.tok = tokenizer
         self.commands: queue.Queue = queue.Queue()
         self.paused = paused
+        engine.hold_clock(paused)
         self.step_delay_ms = max(0, min(MAX_DELAY_MS, step_delay_ms))
         self.on_frame = on_frame              # optional wake-up hook (called from this thread)
         self.recorder = recorder              # --record: every change goes to the file as it happens
@@ -178,6 +179,7 @@ class EngineRunner:
             elif isinstance(cmd, (SetPaused, TogglePaused)):
                 self._tick_clock()
                 self.paused = cmd.paused if isinstance(cmd, SetPaused) else not self.paused
+                eng.hold_clock(self.paused)                   # paused time counts in no latency
                 self._clock_mark = None
                 self._add_log("info", "paused" if self.paused else "resumed")
             elif isinstance(cmd, StepOnce):
@@ -185,7 +187,9 @@ class EngineRunner:
                     self._clock += 0.05                       # the workload clock moves one tick
                     self._release_arrivals()
                     if eng.has_work():
+                        eng.hold_clock(False)                 # the step's own time counts
                         self._step()
+                        eng.hold_clock(True)
                     else:
                         self._add_log("info", "step: nothing to do (no queued or running requests)")
             elif isinstance(cmd, SetPublishInterval):

@@ -1,4 +1,4 @@
-"""Modal screens: help, next-request settings, and the prompt-file picker."""
+"""Modal screens: help, next-request settings, the prompt-file picker, go-to-step and a confirmation."""
 
 from __future__ import annotations
 
@@ -134,20 +134,25 @@ class SettingsScreen(ModalScreen["NextSettings | None"]):
         def val(ident: str) -> str:
             return self.query_one(f"#{ident}", Input).value.strip()
 
-        def num(ident: str, kind, blank_ok: bool):
+        def num(ident: str, kind, blank_ok: bool, ok, allowed: str):
+            """The field's value, or ValueError in the dialog's own words (its hint's)."""
             raw = val(ident)
             if raw == "" and blank_ok:
                 return None
+            name = ident.replace("max_new", "max_new_tokens")
             try:
-                return kind(raw)
+                x = kind(raw)
             except ValueError:
-                what = "an integer" if kind is int else "a number"
-                raise ValueError(f"{ident.replace('max_new', 'max_new_tokens')} must be {what}, got {raw!r}") from None
+                x = None
+            if x is None or not ok(x):
+                raise ValueError(f"{name} must be {allowed}, got {raw!r}")
+            return x
 
-        sampling = Sampling(num("temperature", float, False), num("top_k", int, True), num("top_p", float, True))
-        new = num("max_new", int, False)
-        if not 1 <= new <= self.max_new_limit:
-            raise ValueError(f"max_new_tokens must be an integer in [1, {self.max_new_limit}], got {new}")
+        sampling = Sampling(num("temperature", float, False, lambda t: 0 <= t < float("inf"), "a number >= 0 (0 = greedy)"),
+                            num("top_k", int, True, lambda k: k >= 1, "a whole number >= 1, or blank for off"),
+                            num("top_p", float, True, lambda p: 0 < p <= 1, "a number in (0, 1], or blank for off"))
+        new = num("max_new", int, False, lambda n: 1 <= n <= self.max_new_limit,
+                  f"a whole number from 1 to {self.max_new_limit}")
         return NextSettings(sampling, new, self.query_one("#stop_at_eos", Checkbox).value)
 
     def _apply(self) -> None:
@@ -195,6 +200,41 @@ class GotoStep(ModalScreen["int | None"]):
                 Text(f"a step is a whole number from 0 to {self.last}, got {text!r}", style="bold red"))
             return
         self.dismiss(int(text))
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class Confirm(ModalScreen[object]):
+    """Ask before something that reaches other people (aborting another client's request):
+    ``choices`` are (key, label, result); a key or its button picks one, Esc cancels (None)."""
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, title: str, message: str, choices: list[tuple[str, str, object]]):
+        super().__init__()
+        self.title_text, self.message, self.choices = title, message, choices
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="settings-box"):
+            yield Label(self.title_text, id="settings-title")
+            yield Static(Text(self.message), id="confirm-message")
+            with Horizontal(id="settings-buttons"):
+                for i, (key, label, _) in enumerate(self.choices):
+                    yield Button(f"{label} ({key})", id=f"choice-{i}", variant="error" if i == 0 else "default")
+                yield Button("Cancel (esc)", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#cancel", Button).focus()          # Enter on its own changes nothing
+
+    def on_key(self, event) -> None:
+        for key, _, result in self.choices:
+            if event.key == key:
+                event.stop()
+                self.dismiss(result)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        ident = event.button.id or ""
+        self.dismiss(self.choices[int(ident.split("-")[1])][2] if ident.startswith("choice-") else None)
 
     def action_cancel(self) -> None:
         self.dismiss(None)

@@ -142,11 +142,24 @@ class ContinuousEngine:
         self._steps = self._prefills = self._generated = 0
         self._finished = self._aborted = self._failed = 0
         self._t0 = time.perf_counter()
+        self._held_at: float | None = None                    # hold_clock: when the clock stopped
+        self._held_s = 0.0                                    # time the clock stood still, in all
 
     # -- public API ------------------------------------------------------------
     def now(self) -> float:
-        """Seconds since the engine was built, to the microsecond (short in recordings)."""
-        return round(time.perf_counter() - self._t0, 6)
+        """Seconds since the engine was built, less the time its clock was held, to the
+        microsecond (short in recordings)."""
+        t = self._held_at if self._held_at is not None else time.perf_counter()
+        return round(t - self._t0 - self._held_s, 6)
+
+    def hold_clock(self, held: bool) -> None:
+        """Stop (True) or restart (False) the engine clock. An app paused by its user holds it,
+        so TTFT, latency and tokens/s count the engine's time, not the time the user looked."""
+        if held and self._held_at is None:
+            self._held_at = time.perf_counter()
+        elif not held and self._held_at is not None:
+            self._held_s += time.perf_counter() - self._held_at
+            self._held_at = None
 
     @property
     def steps(self) -> int:

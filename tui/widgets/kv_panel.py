@@ -7,11 +7,7 @@ from textual.widget import Widget
 
 from tinyllm.stats import percentile
 from tui.messages import Frame
-from tui.widgets.style import STATE_STYLES, bar
-
-
-def _secs(x: float | None) -> str:
-    return "—" if x is None else (f"{x * 1000:.0f}ms" if x < 1 else f"{x:.2f}s")
+from tui.widgets.style import STATE_STYLES, bar, duration
 
 
 class KVPanel(Widget):
@@ -26,7 +22,7 @@ class KVPanel(Widget):
         self.refresh()
 
     def get_content_height(self, container, viewport, width: int) -> int:
-        return 6 if self.app.has_class("-short") else 7
+        return 3 if self.app.has_class("-short") else 7
 
     def render(self):
         f = self.frame
@@ -72,16 +68,30 @@ class KVPanel(Widget):
             line2.append(val + sep, style="bold")
         line3 = Text()
         line3.append("TTFT p50/p95 ", style="dim")
-        line3.append(f"{_secs(percentile(ttft, .5) if ttft else None)}/{_secs(percentile(ttft, .95) if ttft else None)}  ",
+        line3.append(f"{duration(percentile(ttft, .5) if ttft else None)}/{duration(percentile(ttft, .95) if ttft else None)}  ",
                      style="bold")
         line3.append("latency p50/p95 ", style="dim")
-        line3.append(f"{_secs(percentile(lat, .5) if lat else None)}/{_secs(percentile(lat, .95) if lat else None)}",
+        line3.append(f"{duration(percentile(lat, .5) if lat else None)}/{duration(percentile(lat, .95) if lat else None)}",
                      style="bold")
         mib = Text(f"{kv.mib(kv.used_tokens):.1f} / {kv.mib(kv.allocated_tokens):.1f} / "
                    f"{kv.mib(kv.reserved_tokens):.1f} MiB used / claimed / reserved", style="dim")
-        if self.app.has_class("-short"):
-            line2.append_text(line3)
-            line3 = None
-        out = Text("\n", no_wrap=True, overflow="ellipsis").join(
-            [mib, *bars, *filter(None, (line1, line2, line3))])
-        return out
+        if self.app.has_class("-short"):               # 80x24: one bar of the three, in one line
+            return Text("\n", no_wrap=True, overflow="ellipsis").join(
+                [self._one_bar(width), line1, line2.append_text(line3)])
+        return Text("\n", no_wrap=True, overflow="ellipsis").join([mib, *bars, line1, line2, line3])
+
+    def _one_bar(self, width: int) -> Text:
+        """█ used, ▒ allocated but not yet used, ░ reserved: the three KV figures in one line (the
+        panel's title says which is which at this size)."""
+        kv = self.frame.snapshot.kv
+        nums = f" {kv.used_tokens}/{kv.allocated_tokens}/{kv.reserved_tokens} tok"
+        w = max(3, width - len(nums) - 3)
+        total = max(1, kv.reserved_tokens)
+        used = round(w * kv.used_tokens / total)
+        alloc = max(used, round(w * kv.allocated_tokens / total))
+        line = Text("KV ", style="dim")
+        line.append("█" * used, style="bold")
+        line.append("▒" * (alloc - used), style="bold")
+        line.append("░" * (w - alloc))
+        line.append(nums)
+        return line

@@ -1,4 +1,7 @@
-"""All requests (finished and aborted ones stay), newest last; the highlighted row is 'selected'.
+"""The requests of one snapshot, newest last; the highlighted row is 'selected'.
+
+``show(frame)`` makes the rows exactly the snapshot's requests, in its order: a request the
+snapshot no longer holds (a replay moved back, a server restarted or forgot it) loses its row.
 
 A line-API scroll view rather than a ``DataTable``: the table changes several times a second
 while the engine runs, and a DataTable re-renders every visible cell through Rich on each
@@ -22,7 +25,7 @@ from textual.strip import Strip
 
 from tinyllm.snapshot import RequestView
 from tui.messages import Frame
-from tui.widgets.style import CACHED, PLAIN, STATE_STYLES, on, rid_style
+from tui.widgets.style import CACHED, PLAIN, STATE_STYLES, duration, on, rid_style
 
 # (label, width); the last column takes what is left
 COLUMNS = (("#", 4), ("state", 9), ("slot", 4), ("sampling", 13), ("tokens", 7), ("cached", 6), ("TTFT", 6),
@@ -100,7 +103,7 @@ class RequestList(ScrollView, can_focus=True):
 
     def __init__(self, **kw):
         super().__init__(**kw)
-        self.cursor = 0
+        self.cursor: int | None = None                       # row of the selected request, None: no row
         self._rids: list[int] = []                           # newest last
         self._row_of: dict[int, int] = {}
         self._shown: dict[int, tuple[RequestView, str]] = {}
@@ -112,39 +115,61 @@ class RequestList(ScrollView, can_focus=True):
     def row_count(self) -> int:
         return len(self._rids)
 
-    def selected_rid(self) -> int | None:
-        return self._rids[self.cursor] if self._rids else None
+    @property
+    def rids(self) -> tuple[int, ...]:
+        """The request ids shown, top to bottom."""
+        return tuple(self._rids)
 
-    def select_rid(self, rid: int) -> None:
-        if rid in self._row_of:
-            self._move_cursor(self._row_of[rid])
+    def selected_rid(self) -> int | None:
+        return self._rids[self.cursor] if self.cursor is not None and self.cursor < len(self._rids) else None
+
+    def select_rid(self, rid: int | None) -> None:
+        """Put the cursor on ``rid``'s row (scrolled into view), or hide it when ``rid`` has
+        none. Posts nothing: the app decided the selection."""
+        row = self._row_of.get(rid) if rid is not None else None
+        if row is None:
+            if self.cursor is not None:
+                self.cursor = None
+                self.refresh()
+            return
+        self._move_cursor(row, announce=False)
 
     def row_text(self, rid: int) -> str:
-        """The row as plain text at the current width (tests, copy-out)."""
-        return "".join(s.text for s in self._row_strip(self._row_of[rid], self._width()))
+        """The row as plain text at the current width, or 160 cells while hidden (tests, copy-out)."""
+        return "".join(s.text for s in self._row_strip(self._row_of[rid], self._width() or 160))
 
     def show(self, frame: Frame) -> None:
-        """Rebuild the cells of requests that changed (running ones always: their rate moves)."""
+        """Make the rows the snapshot's requests, no more, no fewer; rebuild the cells of those
+        that changed (running ones always: their rate moves). The cursor stays on its request
+        while that request has a row, else it is hidden (``cursor`` None)."""
         now = frame.snapshot.time_s
+        views = frame.snapshot.requests
         changed = False
-        first = not self._rids
-        for v in frame.snapshot.requests:
+        rids = [v.rid for v in views]
+        if rids != self._rids:
+            held = self.selected_rid()
+            keep = set(rids)
+            for gone in [r for r in self._shown if r not in keep]:
+                self._shown.pop(gone)
+                self._cells.pop(gone, None)
+                self._strips.pop(gone, None)
+            self._rids = rids
+            self._row_of = {rid: i for i, rid in enumerate(rids)}
+            self.cursor = self._row_of.get(held) if held is not None else None
+            self._strips.clear()                                          # rows moved: stripes and cursor
+            changed = True
+        for v in views:
             text = frame.texts.get(v.rid, "")
             old = self._shown.get(v.rid)
             if old is not None and old[0] is v and old[1] == text and v.state != "running":
                 continue
             cells = self._cells_of(v, text, now)
-            if old is None:
-                self._row_of[v.rid] = len(self._rids)
-                self._rids.append(v.rid)
             self._shown[v.rid] = (v, text)
             if cells != self._cells.get(v.rid):
                 self._cells[v.rid] = cells
                 changed = True
         if self.virtual_size.height != len(self._rids) + 1:
             self.virtual_size = Size(0, len(self._rids) + 1)             # rows only: no sideways scroll
-        if first and self._rids:
-            self.post_message(self.Highlighted(self._rids[0]))
         if changed:
             self.refresh()
 
@@ -156,7 +181,7 @@ class RequestList(ScrollView, can_focus=True):
                 ("—" if v.slot is None else str(v.slot), PLAIN), (v.sampling.describe(), PLAIN),
                 (f"{len(v.tokens)}/{v.max_new_tokens}", PLAIN),
                 (str(v.cached_tokens) if v.cached_tokens else "—", CACHED if v.cached_tokens else PLAIN),
-                ("—" if ttft is None else f"{ttft:.2f}s", PLAIN),
+                (duration(ttft), PLAIN),
                 ("—" if tps is None else f"{tps:.1f}", PLAIN), (text[-512:], PLAIN))
 
     # -- rendering (line API) -------------------------------------------------------------------
@@ -221,7 +246,7 @@ class RequestList(ScrollView, can_focus=True):
         self.refresh()
 
     # -- cursor -----------------------------------------------------------------------------------
-    def _move_cursor(self, row: int) -> None:
+    def _move_cursor(self, row: int, announce: bool = True) -> None:
         if not self._rids:
             return
         row = max(0, min(len(self._rids) - 1, row))
@@ -234,13 +259,18 @@ class RequestList(ScrollView, can_focus=True):
         if row != self.cursor:
             self.cursor = row
             self.refresh()
-        self.post_message(self.Highlighted(self._rids[row]))
+        if announce:
+            self.post_message(self.Highlighted(self._rids[row]))
 
     def action_move(self, delta: int) -> None:
-        self._move_cursor(self.cursor + delta)
+        if self.cursor is None:                      # no row selected: start from an end
+            self._move_cursor(0 if delta > 0 else len(self._rids) - 1)
+        else:
+            self._move_cursor(self.cursor + delta)
 
     def action_page(self, direction: int) -> None:
-        self._move_cursor(self.cursor + direction * max(1, self.scrollable_content_region.height - 2))
+        start = self.cursor if self.cursor is not None else 0
+        self._move_cursor(start + direction * max(1, self.scrollable_content_region.height - 2))
 
     def action_move_to(self, row: int) -> None:
         self._move_cursor(row if row >= 0 else len(self._rids) - 1)

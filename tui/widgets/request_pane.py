@@ -11,7 +11,7 @@ from textual.widgets import Static
 
 from tinyllm.snapshot import RequestView
 from tui.messages import Frame
-from tui.widgets.style import CACHED, STATE_STYLES, rid_style
+from tui.widgets.style import CACHED, STATE_STYLES, duration, rid_style
 from tui.widgets.text_line import TextLine
 
 
@@ -23,7 +23,7 @@ def header_text(v: RequestView, now: float) -> Text:
     h.append(f"  {v.sampling.describe()}")
     h.append(f"  {len(v.tokens)}/{v.max_new_tokens} tok")
     if v.ttft_s is not None:
-        h.append(f"  TTFT {v.ttft_s:.2f}s")
+        h.append(f"  TTFT {duration(v.ttft_s)}")
     tps = v.tokens_per_s(now)
     if tps is not None:
         h.append(f"  {tps:.1f} tok/s")
@@ -32,6 +32,9 @@ def header_text(v: RequestView, now: float) -> Text:
     if v.preemptions:
         h.append(f"  preempted {v.preemptions}×", style=STATE_STYLES["preempted"])
     return h
+
+
+NO_REQUEST = "No request selected. Type a prompt below and press Enter."
 
 
 class RequestPane(VerticalScroll):
@@ -49,7 +52,7 @@ class RequestPane(VerticalScroll):
 
     def compose(self):
         header = TextLine(id="pane-header")
-        header.text = Text("No request selected. Type a prompt below and press Enter.", style="dim")
+        header.text = Text(NO_REQUEST, style="dim")
         yield header
         yield Static("", id="pane-body", markup=False)
 
@@ -58,12 +61,17 @@ class RequestPane(VerticalScroll):
         """The plain text shown (prompt + generation), for tests and copy-out."""
         return self._plain
 
-    def show(self, frame: Frame, rid: int | None) -> None:
+    def show(self, frame: Frame, rid: int | None, missing: str = "does not exist at this step") -> None:
+        """Show request ``rid`` as ``frame`` has it; when the frame has no such request (none
+        selected, a replay before its arrival, a server that restarted), say so: the pane never
+        keeps a request the frame does not hold."""
         v = frame.snapshot.request(rid) if rid is not None else None
         if v is None:
-            if rid is not None and self.rid == rid and self._shown is not None:   # a replay went back
-                self._shown, self._plain = None, ""
-                self.query_one("#pane-header").set(Text(f"#{rid} does not exist yet at this step", style="dim"))
+            key = ("none", rid, missing)
+            if key != self._shown:
+                self.rid, self._shown, self._plain = rid, key, ""
+                self.query_one("#pane-header").set(
+                    Text(NO_REQUEST if rid is None else f"#{rid} {missing}", style="dim"))
                 self.query_one("#pane-body", Static).update("")
             return
         prompt = frame.prompts.get(rid, "")

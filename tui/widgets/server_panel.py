@@ -10,16 +10,10 @@ from typing import TYPE_CHECKING
 from rich.text import Text
 from textual.widget import Widget
 
-from tui.widgets.style import STATE_COLOURS, bar
+from tui.widgets.style import STATE_COLOURS, bar, duration
 
 if TYPE_CHECKING:                      # prometheus_client loads only when attached to a server
     from tui.server_metrics import ServerFigures
-
-
-def _ms(v: float | None) -> str:
-    if v is None:
-        return "—"
-    return f"{v * 1000:.0f}ms" if v < 1 else f"{v:.1f}s"
 
 
 class ServerPanel(Widget):
@@ -62,11 +56,11 @@ class ServerPanel(Widget):
         t.append("tokens/s  ", style="dim")
         t.append(f"prompt {f.prompt_tps:.0f}  generation {f.generation_tps:.0f}\n")
         t.append("TTFT p50/p95 ", style="dim")
-        t.append(f"{_ms(f.ttft[0])}/{_ms(f.ttft[1])}  ")
+        t.append(f"{duration(f.ttft[0])}/{duration(f.ttft[1])}  ")
         t.append("ITL ", style="dim")
-        t.append(f"{_ms(f.itl[0])}/{_ms(f.itl[1])}  ")
+        t.append(f"{duration(f.itl[0])}/{duration(f.itl[1])}  ")
         t.append("e2e ", style="dim")
-        t.append(f"{_ms(f.e2e[0])}/{_ms(f.e2e[1])}\n")
+        t.append(f"{duration(f.e2e[0])}/{duration(f.e2e[1])}\n")
         t.append(f"(rates and quantiles over the last {f.window_s:.0f} s)\n", style="dim")
         t.append("no slot grid, block map, other clients' text:\n", style="dim italic")
         t.append("vLLM keeps those inside (tinyllm serve streams them)", style="dim italic")

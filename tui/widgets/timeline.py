@@ -13,6 +13,8 @@ from __future__ import annotations
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
+from textual.binding import Binding
+from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
@@ -66,10 +68,24 @@ def paint(track: Track, first: int, last: int, per_col: int, now_step: int) -> l
     return cells
 
 
-class TimelinePanel(Widget):
+class TimelinePanel(Widget, can_focus=True):
     """Shows ``Frame.tracks`` up to the step shown now. ``zoom_out`` / ``zoom_in`` change the
-    steps per column."""
+    steps per column. Focused, up/down/home/end move the selection as in the request list (it
+    takes the list's place on screen, so it takes its keys too)."""
     DEFAULT_CSS = "TimelinePanel { height: 1fr; }"
+    BINDINGS = [
+        Binding("up", "move(-1)", "Previous request", show=False),
+        Binding("down", "move(1)", "Next request", show=False),
+        Binding("home", "move_to(0)", "First request", show=False),
+        Binding("end", "move_to(-1)", "Last request", show=False),
+    ]
+
+    class Highlighted(Message):
+        """The user moved the selection to request ``rid`` in the timeline."""
+
+        def __init__(self, rid: int) -> None:
+            super().__init__()
+            self.rid = rid
 
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -87,6 +103,18 @@ class TimelinePanel(Widget):
         if (tracks, now_step, selected) != (self.tracks, self.now_step, self.selected):
             self.tracks, self.now_step, self.selected = tracks, now_step, selected
             self.refresh()
+
+    def _select_row(self, i: int) -> None:
+        if self.tracks:
+            self.post_message(self.Highlighted(self.tracks[max(0, min(len(self.tracks) - 1, i))].rid))
+
+    def action_move(self, delta: int) -> None:
+        rids = [t.rid for t in self.tracks]
+        here = rids.index(self.selected) if self.selected in rids else (-1 if delta > 0 else len(rids))
+        self._select_row(here + delta)
+
+    def action_move_to(self, i: int) -> None:
+        self._select_row(i if i >= 0 else len(self.tracks) - 1)
 
     def zoom_out(self) -> bool:
         return self._set_zoom(self.zoom + 1)

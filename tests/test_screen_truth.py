@@ -1,0 +1,199 @@
+"""The screen is the engine's truth: after any change (a step, a seek, a reconnect, a resize) and
+once the engine is idle, every panel shows the snapshot it was drawn from (tests/screen_check.py).
+
+One test per way it went wrong before: rows left stale by the redraw throttle when the engine
+went idle, a replay scrubbed backwards that kept the future's rows, a small terminal that hid
+rows and blocks, a focus lost between the list and the timeline. The attach cases (a server
+restart, aborting other clients' requests) are in test_attach.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tinyllm.engine import ContinuousEngine, Sampling
+from tui.app import DETAILS_S, TinyLLMApp
+from tui.frame_record import FrameRecorder
+from tui.messages import SeekStep, StepBack, StepOnce, Submit
+from tui.runner import EngineRunner
+from tui.screens import NextSettings
+from tui.widgets.request_list import RequestList
+from tui.widgets.slot_grid import SlotGrid
+from tui.widgets.timeline import TimelinePanel
+
+from tests.screen_check import check_panels
+from tests.test_app import _watch, bundled, no_unexpected_errors, step, submit, until  # noqa: F401
+from tests.test_app_replay import replay_app
+
+
+async def ticks_until(pilot, cond, timeout: float = 20.0, what: str = "the app") -> None:
+    """Wait for ``cond`` while only the app's own tick draws (``until`` forces a draw at the end)."""
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        await pilot.pause(0.02)
+
+
+def paged_app(slots: int = 8, kv_blocks: int = 256, new: int = 40, paused: bool = True) -> TinyLLMApp:
+    model, tok = bundled()
+    eng = ContinuousEngine(model, slots, 512, kv="paged", block_size=16, kv_blocks=kv_blocks, chunked_prefill=True,
+                           max_batched_tokens=256, generator=torch.Generator().manual_seed(0))
+    app = TinyLLMApp(EngineRunner(eng, tok, paused=paused), tok, model_name="test",
+                     settings=NextSettings(Sampling(temperature=0.0), new))
+    _watch(app)
+    return app
+
+
+async def test_the_last_frame_is_drawn_whole_when_the_engine_goes_idle():
+    """The detail throttle (list, pane, timeline at <= 5 Hz) may delay the last frame of a run,
+    never drop it: an idle engine sends no later frame, and its screen must be its final state."""
+    app = paged_app(paused=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        rid = await submit(pilot, "café ПРИВЕТ 日本語 🎭 — «naïve»:")
+        app._details_at = float("inf")                    # the list and pane are throttled ...
+        grid = app.query_one(SlotGrid)
+        await ticks_until(pilot, lambda: app.runner.frame.snapshot.request(rid).state == "finished"
+                          and grid.snapshot is app.runner.frame.snapshot, what="the app's tick to see the end")
+        last = app.runner.frame
+        app._details_at = time.perf_counter() + DETAILS_S     # ... as the last frame arrived
+        await ticks_until(pilot, lambda: "finished" in app.query_one(RequestList).row_text(rid), timeout=5,
+                          what="the list to show the end (the throttle dropped the last frame)")
+        assert app.runner.frame is last                       # nothing newer came: the tick drew it
+        check_panels(app)
+
+
+@pytest.fixture(scope="module")
+def staggered_recording(tmp_path_factory) -> Path:
+    """A recording whose requests arrive at steps 0, 4, 8, ... (the committed one's all arrive
+    at step 0), with a small pool so some are preempted; made by a runner driven by commands."""
+    path = tmp_path_factory.mktemp("rec") / "staggered.jsonl"
+    model, tok = bundled()
+    eng = ContinuousEngine(model, 2, 128, kv="paged", block_size=8, kv_blocks=9, chunked_prefill=True,
+                           max_batched_tokens=16, generator=torch.Generator().manual_seed(0))
+    runner = EngineRunner(eng, tok, paused=True, recorder=FrameRecorder(path, eng.snapshot(), "shakespeare", "-", {}))
+    thread = threading.Thread(target=runner.run, daemon=True)
+    thread.start()
+
+    def wait(cond) -> None:
+        end = time.monotonic() + 30
+        while not cond():
+            assert time.monotonic() < end, "the runner did not get there"
+            time.sleep(0.005)
+    for i, text in enumerate(("ROMEO:", "JULIET:\nO Romeo", "HAMLET:\nTo be", "KING:", "NURSE:")):
+        runner.send(Submit(text, 14, Sampling(temperature=0.0)))
+        wait(lambda: len(runner.frame.snapshot.requests) == i + 1)
+        for _ in range(4):
+            done = runner.steps_done
+            runner.send(StepOnce())
+            wait(lambda: runner.steps_done > done)
+    while any(v.state in ("queued", "running", "preempted") for v in runner.frame.snapshot.requests):
+        done = runner.steps_done
+        runner.send(StepOnce())
+        wait(lambda: runner.steps_done > done)
+    runner.stop()
+    thread.join(10)
+    return path
+
+
+async def test_a_replay_scrubbed_backwards_shows_the_past_only(staggered_recording):
+    app = replay_app(staggered_recording)
+    async with app.run_test(size=(120, 40)) as pilot:
+        last = app.runner.last_step
+        app.runner.send(SeekStep(last))
+        await until(pilot, lambda: app.runner.frame.snapshot.counters.steps == last, what="the end")
+        at_end = len(check_panels(app).snapshot.requests)
+        app.select(app.runner.frame.snapshot.requests[-1].rid)
+        app.runner.send(SeekStep(5))
+        await until(pilot, lambda: app.runner.frame.snapshot.counters.steps == 5, what="step 5")
+        frame = check_panels(app)
+        assert len(app.query_one(RequestList).rids) == len(frame.snapshot.requests) < at_end
+        assert "does not exist yet at step 5" in app.query_one("#pane-header").text.plain
+
+
+async def test_every_frame_of_a_replay_back_and_forth(staggered_recording):
+    """Step forward through the whole recording, then back to the start: each frame checked."""
+    app = replay_app(staggered_recording)
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.action_toggle_timeline()                      # the timeline is checked too when shown
+        seen = 0
+        for cmd, done in ((StepOnce(), lambda s: s >= app.runner.last_step), (StepBack(), lambda s: s <= 1)):
+            while not done(app.runner.frame.snapshot.counters.steps):
+                before = app.runner.frame.seq
+                app.runner.send(cmd)
+                await until(pilot, lambda: app.runner.frame.seq != before, what="the next frame")
+                check_panels(app)
+                seen += 1
+            app.action_toggle_timeline()
+        assert seen >= 2 * (app.runner.last_step - 2)
+
+
+async def test_80x24_shows_rows_blocks_timeline_and_the_step():
+    """At 80x24 the list shows rows, the timeline shows rows, the block map every block (a
+    cell then stands for several), the status line the step counter; also after shrinking."""
+    app = paged_app(new=60)
+    async with app.run_test(size=(160, 48)) as pilot:
+        for text in ("ROMEO:", "JULIET:\nO Romeo", "HAMLET:\nTo be, or not to be", "KING:"):
+            await submit(pilot, text)
+        await step(pilot, 12)
+        await pilot.resize_terminal(80, 24)
+        await until(pilot, lambda: app.size.width == 80, what="the resize")
+        await pilot.pause(0.1)
+        frame = check_panels(app)
+        assert app.query_one("#blocks").size.height >= 2
+        rows = app.query_one(RequestList)
+        assert rows.size.height - 1 >= len(frame.snapshot.requests), "the list has no room for its rows"
+        assert app.query_one(RequestList).region.bottom <= app.query_one("#left").region.bottom
+        await pilot.press("escape", "t")
+        timeline = app.query_one(TimelinePanel)
+        await until(pilot, lambda: timeline.display)
+        lines = timeline.render().plain.split("\n")
+        assert sum(line.lstrip().startswith("#") for line in lines) == len(frame.snapshot.requests)
+        await step(pilot, 3)
+        check_panels(app)
+        assert app.query_one("#status").text.plain.startswith(" ⏸ PAUSED  step ")
+
+
+async def test_focus_survives_the_timeline_toggle():
+    """Esc, then t twice: the arrows still move the selection (they did not, until i / Esc)."""
+    app = paged_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        for text in ("ROMEO:", "JULIET:", "HAMLET:"):
+            await submit(pilot, text)
+        await pilot.press("escape", "home")
+        assert app.selected == 0
+        await pilot.press("t")
+        assert app.focused is app.query_one(TimelinePanel)
+        await pilot.press("down")
+        await until(pilot, lambda: app.selected == 1, what="down in the timeline")
+        await pilot.press("t")
+        assert app.focused is app.query_one(RequestList)
+        await pilot.press("down")
+        await until(pilot, lambda: app.selected == 2, what="down in the list")
+        check_panels(app)
+
+
+async def test_letter_keys_work_at_start_and_the_prompt_is_one_key_away():
+    """Focus starts on the list (as in htop): t toggles the timeline at once; i goes to the
+    prompt, where letters are text; Esc comes back."""
+    app = paged_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        assert app.focused is app.query_one(RequestList)
+        await pilot.press("t")
+        assert app.query_one(TimelinePanel).display
+        await pilot.press("t", "i", "t", "q")
+        assert app.query_one("#prompt").value == "tq" and app.is_running
+        await pilot.press("escape")
+        assert app.focused is app.query_one(RequestList)
+
+
+async def test_status_line_keeps_the_step_at_any_width():
+    app = paged_app()
+    async with app.run_test(size=(60, 24)) as pilot:
+        await submit(pilot, "ROMEO:")
+        await step(pilot, 2)
+        status = app.query_one("#status").text.plain
+        assert "step 2" in status and len(status) <= 60
