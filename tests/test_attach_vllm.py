@@ -220,8 +220,10 @@ async def test_attached_to_a_real_vllm_server():
     app = vllm_app(url, new=40)
     async with app.run_test(size=(120, 40)) as pilot:
         await send_prompt(pilot, "ROMEO:")
+        app.settings = NextSettings(Sampling(), 400, stop_at_eos=False)   # cannot end before the abort
         await send_prompt(pilot, "JULIET:")
         await until(pilot, lambda: app.runner.frame.server.running >= 1, what="vLLM to report running requests")
+        await until(pilot, lambda: app.runner.frame.snapshot.requests[1].state == "running", what="#1 streaming")
         app.select(1)
         app.query_one("#requests").focus()
         await pilot.press("x")

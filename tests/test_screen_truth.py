@@ -20,7 +20,9 @@ from tui.app import DETAILS_S, TinyLLMApp
 from tui.frame_record import FrameRecorder
 from tui.messages import SeekStep, StepBack, StepOnce, Submit
 from tui.runner import EngineRunner
-from tui.screens import NextSettings
+from tui.screens import NextSettings, SettingsScreen
+from tui.widgets.kv_panel import KVPanel
+from tui.widgets.style import duration
 from tui.widgets.request_list import RequestList
 from tui.widgets.slot_grid import SlotGrid
 from tui.widgets.timeline import TimelinePanel
@@ -197,3 +199,99 @@ async def test_status_line_keeps_the_step_at_any_width():
         await step(pilot, 2)
         status = app.query_one("#status").text.plain
         assert "step 2" in status and len(status) <= 60
+
+
+# -- rough edges a newcomer hit ---------------------------------------------------------------------
+async def test_settings_errors_speak_the_dialogs_words():
+    """top_k 0 said 'must be an integer >= 1 or None (off)'; the field says 'blank = off'."""
+    app = paged_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("f2")
+        await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        for field, value, want in (("top_k", "0", "top_k must be a whole number >= 1, or blank for off, got '0'"),
+                                   ("top_k", "2.5", "top_k must be a whole number >= 1"),
+                                   ("temperature", "-1", "temperature must be a number >= 0 (0 = greedy)"),
+                                   ("max_new", "0", "max_new_tokens must be a whole number from 1 to")):
+            app.screen.query_one(f"#{field}").value = value
+            app.screen.query_one(f"#{field}").focus()
+            await pilot.press("enter")                          # Enter in a field applies
+            await pilot.pause()
+            error = str(app.screen.query_one("#settings-error").render())
+            assert want in error and "None" not in error, error
+            app.screen.query_one(f"#{field}").value = {"top_k": "", "temperature": "0", "max_new": "40"}[field]
+        await pilot.press("escape")
+
+
+async def test_toasts_leave_the_next_request_settings_in_view():
+    """Toasts sit at the bottom right; the next request's settings are at the left of the prompt."""
+    app = paged_app()
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        app.notify("a toast " * 6, timeout=5)
+        await until(pilot, lambda: len(app.screen.query("Toast")) == 1, what="the toast")
+        settings = app.query_one("#next-settings").region
+        assert settings.x == 0 and settings.width > 10
+        assert settings.right <= app.query_one("#prompt").region.x
+        toast = app.screen.query_one("Toast").region
+        assert toast.x >= settings.right, (toast, settings)
+
+
+def test_one_duration_format():
+    assert [duration(x) for x in (None, 0.0674, 1.234, 12.34, 125, 4000)] == \
+        ["—", "67ms", "1.23s", "12.3s", "2m05s", "1h06m"]
+    assert all(len(duration(x)) <= 6 for x in (0.9994, 9.996, 59.96, 3599, 359999))
+
+
+async def test_list_pane_and_counters_say_durations_alike():
+    app = paged_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        rid = await submit(pilot, "ROMEO:")
+        await step(pilot, 3)
+        v = app.runner.frame.snapshot.request(rid)
+        ttft = duration(v.ttft_s)
+        assert ttft in app.query_one(RequestList).row_text(rid)
+        assert f"TTFT {ttft}" in app.query_one("#pane-header").text.plain
+        assert f"TTFT p50/p95 {ttft}/{ttft}" in app.query_one(KVPanel).render().plain
+
+
+def test_the_engine_clock_stands_still_while_held():
+    """A paused app holds the engine clock: time the user looked does not count in TTFT."""
+    model, _ = bundled()
+    eng = ContinuousEngine(model, 1, 64)
+    eng.hold_clock(True)
+    t = eng.now()
+    time.sleep(0.05)
+    assert eng.now() == t
+    eng.hold_clock(False)
+    time.sleep(0.01)
+    assert eng.now() > t
+
+
+async def test_ttft_of_a_request_sent_while_paused_counts_no_paused_time():
+    app = paged_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        rid = await submit(pilot, "ROMEO:")
+        t0 = time.monotonic()
+        await pilot.pause(0.5)                                    # the user looks, paused
+        await step(pilot, 2)
+        paused_for = time.monotonic() - t0
+        v = app.runner.frame.snapshot.request(rid)
+        assert v.ttft_s is not None and v.ttft_s < paused_for - 0.4, (v.ttft_s, paused_for)
+        assert app.runner.engine.now() <= v.first_token_s + (time.monotonic() - t0)   # held again after the step
+
+
+async def test_record_shows_in_the_status_line_and_says_where_the_file_went(tmp_path, capsys, monkeypatch):
+    from tui import app as app_module
+    path = tmp_path / "run.jsonl"
+    made = {}
+
+    def run(self, *a, **kw):                                     # instead of a terminal: Pilot, then exit
+        made["app"] = self
+    monkeypatch.setattr(TinyLLMApp, "run", run)
+    assert app_module.main(["--record", str(path), "--engine-thread", "--paused"]) == 0
+    out = capsys.readouterr().out
+    assert f"recorded 0 steps to {path.resolve()}" in out and f"--replay {path}" in out
+    app = made["app"]
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.2)
+        assert f"● REC {path.name}" in app.query_one("#status").text.plain
+        await pilot.press("q")
