@@ -179,8 +179,11 @@ class TinyLLMApp(App):
         frame is drawn again at the new size: a resize is a change like any other."""
         short = event.size.height < 34 or event.size.width < 100
         self.set_class(short, "-short")
-        self.query_one("#blocks", BlockMap).max_rows = 2 if short else 6
-        self.query_one("#kv").border_title = "KV █used ▒alloc ░reserved · counters" if short else "KV cache & counters"
+        try:
+            self.query_one("#blocks", BlockMap).max_rows = 2 if short else 6
+            self.query_one("#kv").border_title = "KV █used ▒alloc ░reserved · counters" if short else "KV cache & counters"
+        except NoMatches:                                 # not composed yet, or shutting down
+            return
         self._shown_seq = self._fast_seq = -1
         self.call_after_refresh(self.refresh_from_runner, True)
 
