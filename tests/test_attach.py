@@ -106,6 +106,13 @@ def slow_server(port: int = 0) -> ServerThread:
     return ServerThread(create_app(loop, tok, MODEL), port=port).start()
 
 
+@pytest.fixture
+def slow():
+    s = slow_server()
+    yield s
+    s.stop()
+
+
 def long_app(url: str) -> TinyLLMApp:
     app = TinyLLMApp(AttachRunner(url).start(), None, model_name=MODEL,
                      settings=NextSettings(Sampling(), 200, stop_at_eos=False))
@@ -140,58 +147,48 @@ async def ours_and_another(pilot) -> tuple[int, int]:
     return ours, next(v.rid for v in app.runner.frame.snapshot.requests if v.rid != ours)
 
 
-async def test_abort_from_the_app_ours_and_another_clients():
+async def asked(pilot, *keys: str) -> str:
+    """Press ``keys``; the app must ask first: the question's text."""
+    await pilot.press(*keys)
+    await until(pilot, lambda: isinstance(pilot.app.screen, Confirm), what="the question")
+    return pilot.app.screen.query_one("#confirm-message").render().plain
+
+
+async def test_abort_from_the_app_ours_and_another_clients(slow):
     """x aborts ours at once; another client's request only after a yes (Esc keeps it)."""
-    s = slow_server()
-    try:
-        app = long_app(s.url)
-        async with app.run_test(size=(120, 40)) as pilot:
-            ours, theirs = await ours_and_another(pilot)
-            app.select(ours)
-            await pilot.press("escape", "x")
-            await until(pilot, lambda: app.runner.frame.snapshot.request(ours).state == "aborted", what="ours aborted")
-            app.select(theirs)
-            await pilot.press("x")
-            await until(pilot, lambda: isinstance(app.screen, Confirm), what="the question")
-            assert "another client" in app.screen.query_one("#confirm-message").render().plain
-            await pilot.press("escape")
-            await pilot.pause(0.3)
-            assert app.runner.frame.snapshot.request(theirs).state == "running"
-            await pilot.press("x")
-            await until(pilot, lambda: isinstance(app.screen, Confirm), what="the question again")
-            await pilot.press("y")
-            await until(pilot, lambda: app.runner.frame.snapshot.request(theirs).state == "aborted",
-                        what="theirs aborted")
-            await until(pilot, lambda: idle(s))
-            snap = engine_snapshot(s)
-            assert snap.kv.allocated_tokens == 0 and [v.state for v in snap.requests] == ["aborted", "aborted"]
-    finally:
-        s.stop()
+    app = long_app(slow.url)
+    async with app.run_test(size=(120, 40)) as pilot:
+        ours, theirs = await ours_and_another(pilot)
+        app.select(ours)
+        await pilot.press("escape", "x")
+        await until(pilot, lambda: app.runner.frame.snapshot.request(ours).state == "aborted", what="ours aborted")
+        app.select(theirs)
+        assert "another client" in await asked(pilot, "x")
+        await pilot.press("escape")
+        await pilot.pause(0.3)
+        assert app.runner.frame.snapshot.request(theirs).state == "running"
+        await asked(pilot, "x")
+        await pilot.press("y")
+        await until(pilot, lambda: app.runner.frame.snapshot.request(theirs).state == "aborted", what="theirs aborted")
+        await until(pilot, lambda: idle(slow))
+        snap = engine_snapshot(slow)
+        assert snap.kv.allocated_tokens == 0 and [v.state for v in snap.requests] == ["aborted", "aborted"]
 
 
-async def test_abort_all_from_a_viewer_asks_and_can_spare_other_clients():
+async def test_abort_all_from_a_viewer_asks_and_can_spare_other_clients(slow):
     """^k attached: a question saying how many requests are other clients'; o aborts ours only."""
-    s = slow_server()
-    try:
-        app = long_app(s.url)
-        async with app.run_test(size=(120, 40)) as pilot:
-            ours, theirs = await ours_and_another(pilot)
-            await pilot.press("escape", "ctrl+k")
-            await until(pilot, lambda: isinstance(app.screen, Confirm), what="the question")
-            text = app.screen.query_one("#confirm-message").render().plain
-            assert "1 from this app, 1 from other clients" in text
-            await pilot.press("o")
-            await until(pilot, lambda: app.runner.frame.snapshot.request(ours).state == "aborted", what="ours aborted")
-            await pilot.pause(0.3)
-            assert app.runner.frame.snapshot.request(theirs).state == "running"
-            await pilot.press("ctrl+k")
-            await until(pilot, lambda: isinstance(app.screen, Confirm), what="the question again")
-            await pilot.press("a")
-            await until(pilot, lambda: app.runner.frame.snapshot.request(theirs).state == "aborted",
-                        what="theirs aborted")
-            check_panels(app)
-    finally:
-        s.stop()
+    app = long_app(slow.url)
+    async with app.run_test(size=(120, 40)) as pilot:
+        ours, theirs = await ours_and_another(pilot)
+        assert "1 from this app, 1 from other clients" in await asked(pilot, "escape", "ctrl+k")
+        await pilot.press("o")
+        await until(pilot, lambda: app.runner.frame.snapshot.request(ours).state == "aborted", what="ours aborted")
+        await pilot.pause(0.3)
+        assert app.runner.frame.snapshot.request(theirs).state == "running"
+        await asked(pilot, "ctrl+k")
+        await pilot.press("a")
+        await until(pilot, lambda: app.runner.frame.snapshot.request(theirs).state == "aborted", what="theirs aborted")
+        check_panels(app)
 
 
 async def test_two_viewers_see_the_same_engine(server):

@@ -32,6 +32,7 @@ from tui.widgets.block_map import BlockMap
 from tui.widgets.kv_panel import KVPanel
 from tui.widgets.request_pane import RequestPane
 from tui.widgets.request_list import RequestList
+from tui.widgets.selection import RequestSelected
 from tui.widgets.slot_grid import SlotGrid
 from tui.widgets.event_log import EventLog
 from tui.widgets.text_line import TextLine
@@ -428,10 +429,8 @@ class TinyLLMApp(App):
         self._show_pane(frame)
         self._show_timeline(frame)
 
-    def on_request_list_highlighted(self, event: RequestList.Highlighted) -> None:
-        self.select(event.rid)
-
-    def on_timeline_panel_highlighted(self, event: TimelinePanel.Highlighted) -> None:
+    def on_request_selected(self, event: RequestSelected) -> None:
+        """↑/↓, Home/End or a click in the list or the timeline."""
         self.select(event.rid)
 
     def action_toggle_pause(self) -> None:

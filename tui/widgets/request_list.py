@@ -19,12 +19,12 @@ from rich.style import Style
 from textual import events
 from textual.binding import Binding
 from textual.geometry import Size
-from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from tinyllm.snapshot import RequestView
 from tui.messages import Frame
+from tui.widgets.selection import SELECT_BINDINGS, RequestSelected
 from tui.widgets.style import CACHED, PLAIN, STATE_STYLES, duration, on, rid_style
 
 # (label, width); the last column takes what is left
@@ -63,7 +63,7 @@ def fit(text: str, width: int) -> str:
 
 class RequestList(ScrollView, can_focus=True):
     """Rows keyed by request id; up/down/page/home/end or a click move the cursor, and each move
-    posts ``RequestList.Highlighted`` with the request id."""
+    posts ``RequestSelected`` with the request id."""
 
     COMPONENT_CLASSES = {"request-list--header", "request-list--cursor", "request-list--even-row"}
     DEFAULT_CSS = """
@@ -85,21 +85,10 @@ class RequestList(ScrollView, can_focus=True):
         &:dark > .request-list--even-row { background: $surface-darken-1 40%; }
     }
     """
-    BINDINGS = [
-        Binding("up", "move(-1)", "Previous request", show=False),
-        Binding("down", "move(1)", "Next request", show=False),
+    BINDINGS = SELECT_BINDINGS + [
         Binding("pageup", "page(-1)", "Page up", show=False),
         Binding("pagedown", "page(1)", "Page down", show=False),
-        Binding("home", "move_to(0)", "First request", show=False),
-        Binding("end", "move_to(-1)", "Last request", show=False),
     ]
-
-    class Highlighted(Message):
-        """The cursor moved to the row of request ``rid``."""
-
-        def __init__(self, rid: int) -> None:
-            super().__init__()
-            self.rid = rid
 
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -260,7 +249,7 @@ class RequestList(ScrollView, can_focus=True):
             self.cursor = row
             self.refresh()
         if announce:
-            self.post_message(self.Highlighted(self._rids[row]))
+            self.post_message(RequestSelected(self._rids[row]))
 
     def action_move(self, delta: int) -> None:
         if self.cursor is None:                      # no row selected: start from an end

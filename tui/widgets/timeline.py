@@ -13,12 +13,11 @@ from __future__ import annotations
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
-from textual.binding import Binding
-from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
 from tinyllm.timeline import Track
+from tui.widgets.selection import SELECT_BINDINGS, RequestSelected
 from tui.widgets.style import DIM, STATE_COLOURS, on
 
 ZOOMS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -73,19 +72,7 @@ class TimelinePanel(Widget, can_focus=True):
     steps per column. Focused, up/down/home/end move the selection as in the request list (it
     takes the list's place on screen, so it takes its keys too)."""
     DEFAULT_CSS = "TimelinePanel { height: 1fr; }"
-    BINDINGS = [
-        Binding("up", "move(-1)", "Previous request", show=False),
-        Binding("down", "move(1)", "Next request", show=False),
-        Binding("home", "move_to(0)", "First request", show=False),
-        Binding("end", "move_to(-1)", "Last request", show=False),
-    ]
-
-    class Highlighted(Message):
-        """The user moved the selection to request ``rid`` in the timeline."""
-
-        def __init__(self, rid: int) -> None:
-            super().__init__()
-            self.rid = rid
+    BINDINGS = SELECT_BINDINGS
 
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -106,7 +93,7 @@ class TimelinePanel(Widget, can_focus=True):
 
     def _select_row(self, i: int) -> None:
         if self.tracks:
-            self.post_message(self.Highlighted(self.tracks[max(0, min(len(self.tracks) - 1, i))].rid))
+            self.post_message(RequestSelected(self.tracks[max(0, min(len(self.tracks) - 1, i))].rid))
 
     def action_move(self, delta: int) -> None:
         rids = [t.rid for t in self.tracks]
