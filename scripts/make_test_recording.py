@@ -6,7 +6,7 @@ greedy; 3 slots of 256 tokens over a pool of 16 blocks of 16 tokens (so it preem
 prefill with a 32-token budget and the prefix cache (so it chunks and hits); #5 aborted at step 30.
 Run from the repo root: .venv/bin/python scripts/make_test_recording.py (the snapshots then change)."""
 import torch
-from tinyllm.checkpoint import load_checkpoint
+from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
 from tinyllm.workload import load_workload, resolve_workload
 from tui.frame_record import FrameRecorder

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from tinyllm.bench import warm_up  # noqa: E402
-from tinyllm.checkpoint import load_checkpoint  # noqa: E402
+from tinyllm.model.checkpoint import load_checkpoint  # noqa: E402
 from tinyllm.engine import Request, run_continuous, run_static  # noqa: E402
 from tinyllm.race.race import build_race  # noqa: E402
 from tinyllm.workload import resolve_workload  # noqa: E402

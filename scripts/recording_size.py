@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from tinyllm.checkpoint import load_checkpoint
+from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
 from tinyllm.workload import bundled_workloads, load_workload
 from tui.frame_record import FrameRecorder

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from tinyllm.checkpoint import load_checkpoint
+from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
 from tinyllm.workload import bundled_workloads
 from tui.app import TinyLLMApp

@@ -45,7 +45,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     from tinyllm.bench import default_workload, random_checkpoint
-    from tinyllm.config import default_model_dir, load_config_and_tokenizer
+    from tinyllm.model.config import default_model_dir, load_config_and_tokenizer
 
     tmp = None
     if a.random_model is not None:

@@ -7,9 +7,9 @@ import random
 import torch
 
 from tinyllm.engine import ContinuousEngine, Request
-from tinyllm.generate import generate
-from tinyllm.config import ModelConfig
-from tinyllm.model import Transformer
+from tinyllm.engine.generate import generate
+from tinyllm.model.config import ModelConfig
+from tinyllm.model.transformer import Transformer
 
 
 def random_model(seed: int = 0, vocab: int = 256, d_model: int = 64, n_layers: int = 2, n_heads: int = 4,

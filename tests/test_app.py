@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from tinyllm.checkpoint import load_checkpoint
+from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
 from tinyllm.workload import bundled_workloads
 from tui.app import TinyLLMApp
@@ -463,7 +463,7 @@ async def test_engine_exception_is_shown_and_the_app_stays_usable():
 @pytest.mark.parametrize("flag", [None, ("finish", 123), ("preempt", 123), ("abort", 7), ("admit", 5)])
 def test_every_slot_cell_is_the_same_width(flag):
     """Cells line up in columns whatever they say (a long 'preempted' once pushed its row over)."""
-    from tinyllm.snapshot import SlotView
+    from tinyllm.observe.snapshot import SlotView
     from tui.widgets.slot_grid import CELL_W
     grid = SlotGrid()
     grid.flags = {} if flag is None else {3: flag}
@@ -608,7 +608,7 @@ class LoadingRunner:
 
 
 async def test_the_screen_is_up_while_the_engine_loads():
-    from tinyllm.checkpoint import default_model_dir
+    from tinyllm.model.checkpoint import default_model_dir
     from tui.messages import Submit
     from tui.process_runner import EngineSpec
     spec = EngineSpec(str(default_model_dir()), None, 4, 128, kv="paged", block_size=8)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tinyllm.engine import ContinuousEngine, Sampling
-from tinyllm.recording import read_recording
+from tinyllm.observe.recording import read_recording
 from tui.app import TinyLLMApp, build_app
 from tui.frame_record import FrameRecorder
 from tui.messages import SeekStep, SetDelay, SetPaused

@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 
-from tinyllm.generate import generate
-from tinyllm.recording import read_recording
+from tinyllm.engine.generate import generate
+from tinyllm.observe.recording import read_recording
 from tinyllm.request import Sampling
 from tinyllm.serve import EngineLoop, ServerThread, build_engine, create_app
 from dataclasses import replace
@@ -334,7 +334,7 @@ def test_a_server_streaming_garbage_is_shown_as_disconnected_not_a_crash():
     from starlette.responses import StreamingResponse
     from starlette.routing import Route
 
-    from tinyllm.recording import make_header
+    from tinyllm.observe.recording import make_header
     model, tok = bundled()
     header = make_header(engine_snapshot_of(build_engine(model, slots=2, max_len=64)), MODEL, "x", {})
 

@@ -8,8 +8,8 @@ import shutil
 import pytest
 import torch
 
-from tinyllm.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from tinyllm.generate import generate
+from tinyllm.model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from tinyllm.engine.generate import generate
 from tests.helpers import random_model
 
 transformers = pytest.importorskip("transformers")

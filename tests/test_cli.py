@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tinyllm.checkpoint import default_model_dir, load_checkpoint
+from tinyllm.model.checkpoint import default_model_dir, load_checkpoint
 
 DATA = Path(__file__).parent / "data"
 
@@ -119,7 +119,7 @@ def test_tui_bad_arguments_exit_2_before_the_ui():
 
 def test_shipped_checkpoint_is_trained():
     """Held-out text the model never saw (a slice of Julius Caesar) scores well below 2 nats/char."""
-    from tinyllm.train import eval_text
+    from tinyllm.model.train import eval_text
     model, tok = load_checkpoint()
     npc = eval_text(model, tok, [(DATA / "heldout_julius_caesar.txt").read_text()])
     assert npc < 2.0

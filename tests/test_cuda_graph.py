@@ -35,8 +35,8 @@ def test_graph_decode_equals_eager_and_solo():
 
 @cuda
 def test_decoder_is_reusable_across_engines():
-    from tinyllm.cuda_graph import SlotGraphDecoder
-    from tinyllm.kv_cache import SlotKVCache
+    from tinyllm.kv.cuda_graph import SlotGraphDecoder
+    from tinyllm.kv.dense import SlotKVCache
     model = random_model().cuda()
     cfg = model.cfg
     slots = SlotKVCache(cfg.n_layers, 3, cfg.n_kv_heads, cfg.head_dim, 128, torch.bfloat16, "cuda")

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from tinyllm.checkpoint import CheckpointError, default_model_dir, load_checkpoint
+from tinyllm.model.checkpoint import CheckpointError, default_model_dir, load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
 from tui.pacing import FramePacer
 from tui.process_runner import (
@@ -182,7 +182,7 @@ def test_pacer_keeps_full_rate_when_drawing_is_cheap_and_backs_off_when_not():
 def test_the_app_side_imports_no_torch():
     """The first frame must not wait for torch: the app, its runner and widgets import without it."""
     heavy = ("torch", "prometheus_client", "httpx")          # the last two: only when attached to a server
-    code = ("import sys, tui.app, tui.process_runner, tui.screens, tinyllm.config, tinyllm.workload; "
+    code = ("import sys, tui.app, tui.process_runner, tui.screens, tinyllm.model.config, tinyllm.workload; "
             f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r}))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

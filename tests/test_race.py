@@ -7,7 +7,7 @@ import pytest
 
 from tests.helpers import mixed_workload, random_model, solo_outputs
 from tinyllm.engine import Request, run_continuous, run_static
-from tinyllm.engine.static_lane import StaticBatcher
+from tinyllm.engine.static import StaticBatcher
 from tinyllm.race import clock as clock_mod
 from tinyllm.race.clock import LaneClock
 from tinyllm.race.race import build_race

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tinyllm.checkpoint import default_model_dir
+from tinyllm.model.checkpoint import default_model_dir
 from tinyllm.engine import Request, run_continuous, run_static
 from tinyllm.workload import resolve_workload
 from tui.app import build_app

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from tinyllm.engine import ContinuousEngine, Sampling
-from tinyllm.recording import FORMAT, VERSION, RecordingError, read_recording
-from tinyllm.snapshot import LifecycleEvent
-from tinyllm.timeline import build_tracks
-from tinyllm.trace import perfetto_trace
+from tinyllm.observe.recording import FORMAT, VERSION, RecordingError, read_recording
+from tinyllm.observe.snapshot import LifecycleEvent
+from tinyllm.observe.timeline import build_tracks
+from tinyllm.observe.trace import perfetto_trace
 from tui.frame_record import FrameBuilder, FrameRecorder
 from tui.messages import Abort, JumpEvent, SeekStep, StepBack, StepOnce, TogglePaused
 from tui.replay_runner import ReplayRunner
@@ -219,7 +219,7 @@ def test_replay_plays_to_the_end_and_stops(tmp_path):
 
 
 def _events(path) -> list[LifecycleEvent]:
-    from tinyllm.recording import decode_event
+    from tinyllm.observe.recording import decode_event
     _, records, _ = read_recording(path)
     return [decode_event(row) for _, rec in records for row in rec.get("life", ())]
 

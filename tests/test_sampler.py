@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tinyllm.engine.sampler import sample_rows
-from tinyllm.generate import sample_next
+from tinyllm.engine.sampler import sample_next
 from tinyllm.request import GREEDY_BELOW, Sampling, is_greedy
 
 V = 50

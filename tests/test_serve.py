@@ -21,12 +21,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tinyllm.checkpoint import load_checkpoint
+from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.engine import ContinuousEngine, Request
-from tinyllm.generate import generate
+from tinyllm.engine.generate import generate
 from tinyllm.serve import EngineLoop, RequestFailed, RequestRejected, ServerThread, build_engine, create_app
 from tinyllm.serve.protocol import DEFAULT_MAX_TOKENS
-from tinyllm.tokenizer import Tokenizer
+from tinyllm.model.tokenizer import Tokenizer
 from tests.helpers import check_invariants, random_model
 
 MODEL = "tinyllm-shakespeare"
@@ -522,6 +522,12 @@ async def test_engine_loop_hooks_rejects_and_stop():
             await asyncio.wait_for(h.next_output(), 10)
         loop.call(lambda e: setattr(e, "step", real_step))
         assert loop.thread.is_alive() and loop.call(lambda e: e.has_work()) is False
+
+        def slow_step():                                         # 50 tokens take >= 2.5 s: the stop
+            out = real_step()                                    # below comes first on any machine
+            time.sleep(0.05)
+            return out
+        loop.call(lambda e: setattr(e, "step", slow_step))
         long = loop.submit(Request([4, 5], 50))
         await long.accepted()
         await asyncio.wait_for(long.next_output(), 10)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tinyllm.checkpoint import load_checkpoint
+from tinyllm.model.checkpoint import load_checkpoint
 
 TEXTS = ["ROMEO: But, soft! what light through yonder window breaks?",
          "naïve café — “quotes” ½ and 世界 and 🎭🗡️ emoji",

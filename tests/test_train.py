@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tinyllm.checkpoint import load_checkpoint
-from tinyllm.config import ModelConfig
-from tinyllm.train import HELD_OUT, TrainConfig, clean, train
+from tinyllm.model.checkpoint import load_checkpoint
+from tinyllm.model.config import ModelConfig
+from tinyllm.model.train import HELD_OUT, TrainConfig, clean, train
 
 TEXT = ("ROMEO.\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"
         "JULIET.\nO Romeo, Romeo, wherefore art thou Romeo?\n\n\n\n\n") * 30
@@ -52,7 +52,7 @@ def _toy_corpus(texts: Path) -> Path:
 def test_cli_train_and_eval_keep_their_work_in_the_user_cache_not_the_cwd(tmp_path, monkeypatch, capsys):
     """No --work, no --corpus: the corpus, tokenizer and resume state go to $XDG_CACHE_HOME/tinyllm;
     the directory the commands run in stays empty (in a checkout it was an untracked folder)."""
-    import tinyllm.train as train_mod
+    import tinyllm.model.train as train_mod
     from tinyllm.cli import main
     cwd, cache, out = tmp_path / "cwd", tmp_path / "cache", tmp_path / "out"
     cwd.mkdir()

@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tinyllm.config import ModelConfig
-from tinyllm.device import resolve_device
+from tinyllm.model.config import ModelConfig
+from tinyllm.model.device import resolve_device
 from tinyllm.engine import (DEFAULT_MAX_BATCHED_TOKENS, ContinuousEngine, Request, percentile, run_continuous,
                             run_static)
 from tinyllm.engine import continuous
-from tinyllm.generate import generate
-from tinyllm.model import Transformer
+from tinyllm.engine.generate import generate
+from tinyllm.model.transformer import Transformer
 from tinyllm.request import ContextTooLong, check_fits
 from tinyllm.workload import resolve_workload
 
@@ -90,7 +90,7 @@ def parse_spec(spec: str) -> dict:
 
 def random_checkpoint(spec: str, out: Path, seed: int = 0) -> Path:
     """A seeded random Llama checkpoint on disk, so tinyllm and transformers load the same weights."""
-    from tinyllm.checkpoint import save_checkpoint
+    from tinyllm.model.checkpoint import save_checkpoint
     from tokenizers import Tokenizer, models
     s = parse_spec(spec)
     torch.manual_seed(seed)
@@ -323,7 +323,7 @@ class BenchProgress:
 def run_bench(args) -> dict:
     from rich.console import Console
 
-    from tinyllm.checkpoint import default_model_dir, load_checkpoint
+    from tinyllm.model.checkpoint import default_model_dir, load_checkpoint
 
     # Piped or redirected (CI, `| tee`), rich would squeeze the table to 80 columns and cut every
     # figure; there, print at the width the content needs instead.
@@ -506,7 +506,7 @@ def print_report(console: Console, report: dict) -> None:
 
 
 def add_bench_parser(sub) -> None:
-    from tinyllm.cli import positive_int
+    from tinyllm.args import positive_int
     b = sub.add_parser("bench", help="compare solo, static, continuous (slots/paged) and transformers")
     src = b.add_mutually_exclusive_group()
     src.add_argument("--model", metavar="DIR", help="checkpoint directory (default: the bundled model)")
@@ -533,8 +533,8 @@ def add_bench_parser(sub) -> None:
 
 
 def _cmd_bench(args) -> None:
-    from tinyllm.checkpoint import CheckpointError
-    from tinyllm.cli import UsageError
+    from tinyllm.model.checkpoint import CheckpointError
+    from tinyllm.args import UsageError
     try:
         run_bench(args)
     except (ValueError, CheckpointError) as e:

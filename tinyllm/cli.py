@@ -11,39 +11,8 @@ import os
 import sys
 from pathlib import Path
 
-EXIT_USAGE = 2
-
-
-class UsageError(Exception):
-    """A problem with what the user asked for: printed as one line, exit 2."""
-
-
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:                  # argparse prints usage + 2 lines by default
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _checked(s: str, kind, ok, expected: str):
-    """argparse type helper: convert, check, or say what was expected."""
-    try:
-        v = kind(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {s!r}") from None
-    if not ok(v):
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {s}")
-    return v
-
-
-def positive_int(s: str) -> int:
-    return _checked(s, int, lambda v: v >= 1, "an integer >= 1")
-
-
-def non_negative_float(s: str) -> float:
-    return _checked(s, float, lambda v: 0 <= v < float("inf"), "a finite number >= 0")
-
-
-def unit_interval(s: str) -> float:
-    return _checked(s, float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+from tinyllm.args import (EXIT_USAGE, OneLineParser, UsageError, non_negative_float, port_number,
+                          positive_int, unit_interval)
 
 
 def default_work_dir() -> Path:
@@ -66,8 +35,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def load_model(args):
     """(model, tokenizer) from --model/--device, or a UsageError saying what is wrong."""
-    from tinyllm.checkpoint import CheckpointError, default_model_dir, load_checkpoint
-    from tinyllm.device import resolve_device
+    from tinyllm.model.checkpoint import CheckpointError, default_model_dir, load_checkpoint
+    from tinyllm.model.device import resolve_device
     try:
         device = resolve_device(args.device)
     except ValueError as e:
@@ -84,7 +53,7 @@ def load_model(args):
 def cmd_generate(args) -> None:
     import torch
     from tinyllm.engine import Sampling
-    from tinyllm.generate import generate_stream
+    from tinyllm.engine.generate import generate_stream
     try:
         Sampling(args.temperature, args.top_k, args.top_p)
     except ValueError as e:
@@ -132,12 +101,12 @@ def cmd_info(args) -> None:
 
 
 def cmd_eval(args) -> None:
-    from tinyllm.train import HELD_OUT, eval_text
+    from tinyllm.model.train import HELD_OUT, eval_text
     model, tok = load_model(args)
     if args.text:
         paths = [Path(p) for p in args.text]
     else:
-        from tinyllm.train import fetch_corpus
+        from tinyllm.model.train import fetch_corpus
         texts = Path(args.corpus) if args.corpus else fetch_corpus(work_dir(args) / "corpus")
         paths = [texts / n for n in HELD_OUT]
     for p in paths:
@@ -149,7 +118,7 @@ def cmd_eval(args) -> None:
 
 
 def cmd_train(args) -> None:
-    from tinyllm.train import TrainConfig, train
+    from tinyllm.model.train import TrainConfig, train
     tc = TrainConfig(steps=args.steps, seed=args.seed, threads=args.threads)
     corpus = Path(args.corpus) if args.corpus else None
     if corpus is not None and not corpus.is_dir():
@@ -164,8 +133,8 @@ def cmd_trace(args) -> None:
     """A recording (tinyllm-tui --record) as a summary, or as a Perfetto / Chrome trace."""
     import json
 
-    from tinyllm.recording import BAD_RECORD, RecordingError, read_recording
-    from tinyllm.trace import perfetto_trace
+    from tinyllm.observe.recording import BAD_RECORD, RecordingError, read_recording
+    from tinyllm.observe.trace import perfetto_trace
     try:
         header, records, warning = read_recording(args.recording)
         if warning:
@@ -190,17 +159,13 @@ def cmd_trace(args) -> None:
         print(f"wrote {args.perfetto}: {len(evs)} trace events; open it in ui.perfetto.dev or chrome://tracing")
 
 
-def port_number(s: str) -> int:
-    return _checked(s, int, lambda v: 0 <= v <= 65535, "a port number in [0, 65535] (0: any free port)")
-
-
 def cmd_serve(args) -> None:
     """An OpenAI-compatible HTTP server (tinyllm.serve) until Ctrl+C."""
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise UsageError("--served-model-name must not be empty")
     try:
-        import fastapi  # noqa: F401
-        import uvicorn  # noqa: F401
+        import fastapi
+        import uvicorn
     except ImportError as e:
         raise UsageError(f"serving needs {e.name}: pip install fastapi uvicorn prometheus-client") from None
     import torch

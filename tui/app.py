@@ -21,8 +21,9 @@ from textual.css.query import NoMatches
 from textual.widgets import Footer, Input, Sparkline, Static
 from textual.worker import get_current_worker
 
+from tinyllm.args import check_device
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, Sampling, check_fits
-from tinyllm.tokenizer import Tokenizer
+from tinyllm.model.tokenizer import Tokenizer
 from tui.messages import (MAX_DELAY_MS, Abort, AbortAll, ClearPrefixCache, Frame, JumpEvent, LoadWorkload, LogEntry, Runner,
                           SeekStep, SetDelay, SetPublishInterval, StepBack, StepOnce, Submit, TogglePaused)
 from tui.pacing import FramePacer
@@ -270,7 +271,7 @@ class TinyLLMApp(App):
     def _engine_failed(self, e: Exception) -> None:
         """The engine process could not build the engine: leave with its one-line reason, as a
         bad argument would have (main() prints it and exits 2)."""
-        from tinyllm.config import CheckpointError
+        from tinyllm.model.config import CheckpointError
         self.startup_error = f"--model: {e}" if isinstance(e, CheckpointError) else str(e)   # one line already
         self.runner.stop()
         self.exit(return_code=2)
@@ -676,7 +677,7 @@ def fit_fields(fields: list[tuple[str, str, int]], width: int) -> Text:
 
 # -- command line ---------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    from tinyllm.cli import OneLineParser, non_negative_float, positive_int, unit_interval
+    from tinyllm.args import OneLineParser, non_negative_float, positive_int, unit_interval
     p = OneLineParser(prog="tinyllm-tui", description="Watch tinyllm's continuous-batching scheduler live: "
                       "type prompts or load prompt files, see slots, KV blocks and tokens as they happen.")
     p.add_argument("--model", metavar="DIR", help="local HF Llama checkpoint directory (default: bundled Shakespeare)")
@@ -746,7 +747,7 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
     importing torch: the checkpoint's config and tokenizer, the settings, and the prompt file.
     The engine process then loads torch and the weights while the screen is already up (its
     errors, e.g. unreadable weights, end the app with the same kind of one line)."""
-    from tinyllm.config import CheckpointError, default_model_dir, load_config_and_tokenizer
+    from tinyllm.model.config import CheckpointError, default_model_dir, load_config_and_tokenizer
     from tinyllm.workload import WorkloadError, resolve_workload
 
     parser = build_parser()
@@ -762,8 +763,7 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
         return attach_app(parser, a)
     if a.record is not None:
         check_writable(parser, a.record)
-    if a.device is not None and a.device not in ("cpu", "cuda") and not a.device.startswith("cuda:"):
-        parser.error(f"--device must be cpu or cuda, got {a.device!r}")
+    check_device(parser, a.device)
     path = Path(a.model) if a.model else default_model_dir()
     try:
         cfg, tok = load_config_and_tokenizer(path)
@@ -825,7 +825,7 @@ def check_writable(parser, path: str) -> None:
 def attach_app(parser, a) -> TinyLLMApp:
     """--attach: the app over a server (no local engine, no torch). tinyllm serve streams its
     whole state; a vLLM server only its metrics. Local arguments are checked before connecting."""
-    from tinyllm.config import CheckpointError, load_config_and_tokenizer
+    from tinyllm.model.config import CheckpointError, load_config_and_tokenizer
     from tinyllm.workload import WorkloadError, resolve_workload
     from tui.remote_runner import AttachRunner
     from tui.vllm_runner import VllmRunner
@@ -869,7 +869,7 @@ def attach_app(parser, a) -> TinyLLMApp:
 
 def replay_app(parser, a) -> TinyLLMApp:
     """--replay: the app over a recording, no model, no torch."""
-    from tinyllm.recording import RecordingError
+    from tinyllm.observe.recording import RecordingError
     from tui.replay_runner import ReplayRunner
     if a.record is not None:
         parser.error("--record and --replay cannot be used together (a replay changes nothing to record)")

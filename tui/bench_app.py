@@ -27,7 +27,7 @@ import torch
 from textual import events
 
 from tinyllm.bench import default_workload, random_checkpoint
-from tinyllm.checkpoint import default_model_dir, load_checkpoint
+from tinyllm.model.checkpoint import default_model_dir, load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling, percentile, run_continuous
 from tui.app import DEFAULT_THREADS, TinyLLMApp
 from tui.process_runner import EngineSpec, ProcessRunner

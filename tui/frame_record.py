@@ -1,6 +1,6 @@
 """The app's frames, recorded and rebuilt: what ``--record`` writes and ``--replay`` reads.
 
-``tinyllm.recording`` holds the file format and the snapshot deltas; this module adds what only
+``tinyllm.observe.recording`` holds the file format and the snapshot deltas; this module adds what only
 the app shows (the event log, request texts and prompts, pause and speed, tokens/s), in the
 record's ``"x"`` part, and the request tracks of the timeline (rebuilt from the lifecycle
 events, so they cost nothing in the file). ``FrameRecorder`` is the writing side (in the
@@ -14,10 +14,10 @@ from collections import deque
 from dataclasses import asdict
 from pathlib import Path
 
-from tinyllm.recording import (RecordingWriter, SnapshotDecoder, SnapshotEncoder, decode_event, encode_event,
+from tinyllm.observe.recording import (RecordingWriter, SnapshotDecoder, SnapshotEncoder, decode_event, encode_event,
                                make_header)
-from tinyllm.snapshot import EngineSnapshot, LifecycleEvent
-from tinyllm.timeline import Timeline
+from tinyllm.observe.snapshot import EngineSnapshot, LifecycleEvent
+from tinyllm.observe.timeline import Timeline
 from tui.messages import LOG_LINES, Frame, LogEntry, lifecycle_log
 
 TPS_POINT_S = 0.25          # the tokens/s sparkline gets a point per this much engine time

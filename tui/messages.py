@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from tinyllm.request import Sampling
-from tinyllm.snapshot import EngineSnapshot, LifecycleEvent
-from tinyllm.timeline import Track
+from tinyllm.observe.snapshot import EngineSnapshot, LifecycleEvent
+from tinyllm.observe.timeline import Track
 from tinyllm.workload import WorkItem
 
 if TYPE_CHECKING:

@@ -29,9 +29,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Callable
 
-from tinyllm.config import CheckpointError, default_kv_blocks
+from tinyllm.model.config import CheckpointError, default_kv_blocks
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS
-from tinyllm.snapshot import Counters, EngineSnapshot, KVView, SlotView
+from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, SlotView
 from tui.messages import LOG_LINES, Frame, LogEntry
 
 START_TIMEOUT_S = 600              # loading a big checkpoint on a slow disk can take a while
@@ -63,8 +63,8 @@ class EngineSpec:
         CheckpointError or ValueError with a message meant for the user."""
         import torch
 
-        from tinyllm.checkpoint import load_checkpoint
-        from tinyllm.device import resolve_device
+        from tinyllm.model.checkpoint import load_checkpoint
+        from tinyllm.model.device import resolve_device
         from tinyllm.engine import ContinuousEngine
         if self.threads:
             torch.set_num_threads(self.threads)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from textual.app import App
 
+from tinyllm.args import check_device
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, check_static_batches
 from tinyllm.race.views import LANES
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong
@@ -52,7 +53,7 @@ class RaceApp(App):
 
 
 def add_race_args(p: argparse.ArgumentParser) -> None:
-    from tinyllm.cli import non_negative_float
+    from tinyllm.args import non_negative_float
     p.add_argument("--race", nargs="?", const=DEFAULT_WORKLOAD, default=None, metavar="WORKLOAD",
                    help="race static batching, continuous batching and the token-budget scheduler on the same "
                         f"requests (a bundled workload's name or a JSONL file; default {DEFAULT_WORKLOAD})")
@@ -86,7 +87,7 @@ def race_app(parser, a) -> App | None:
 
 def race_spec(parser, a) -> RaceSpec:
     """Check every race option (no torch, no process) and return the spec the race is built from."""
-    from tinyllm.config import CheckpointError, default_model_dir, load_config_and_tokenizer
+    from tinyllm.model.config import CheckpointError, default_model_dir, load_config_and_tokenizer
     from tinyllm.workload import WorkloadError, resolve_workload
     for flag, value, why in (("--replay", a.replay, "a race runs a model"),
                              ("--attach", getattr(a, "attach", None), "a race runs a model here"),
@@ -97,8 +98,7 @@ def race_spec(parser, a) -> RaceSpec:
                              ("--[no-]prefix-cache", a.prefix_cache, "the chunked lane caches prefixes")):
         if value is not None:
             parser.error(f"{flag} does not apply to --race ({why})")
-    if a.device is not None and a.device not in ("cpu", "cuda") and not a.device.startswith("cuda:"):
-        parser.error(f"--device must be cpu or cuda, got {a.device!r}")
+    check_device(parser, a.device)
     path = Path(a.model) if a.model else default_model_dir()
     try:
         cfg, tok = load_config_and_tokenizer(path)
@@ -157,7 +157,7 @@ def open_race(app) -> None:
         max_seq_len = engine.model.cfg.max_seq_len
         model_dir = "(in this process)"
     else:
-        from tinyllm.config import load_config_and_tokenizer
+        from tinyllm.model.config import load_config_and_tokenizer
         model_dir = spec.model_dir
         max_seq_len = load_config_and_tokenizer(Path(model_dir))[0].max_seq_len
     max_len = min(max_seq_len, DEFAULT_MAX_LEN)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Callable
 
-from tinyllm.config import CheckpointError
+from tinyllm.model.config import CheckpointError
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S
 from tinyllm.race.views import LANES, lane_detail, waiting_lane
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS
@@ -62,8 +62,8 @@ class RaceSpec:
         ValueError with a message for the user."""
         import torch
 
-        from tinyllm.checkpoint import load_checkpoint
-        from tinyllm.device import resolve_device
+        from tinyllm.model.checkpoint import load_checkpoint
+        from tinyllm.model.device import resolve_device
         if self.threads:
             torch.set_num_threads(self.threads)
         device = resolve_device(self.device)

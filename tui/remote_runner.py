@@ -22,8 +22,8 @@ from typing import Callable
 
 import httpx
 
-from tinyllm.recording import BAD_RECORD, RecordingError, check_header
-from tinyllm.snapshot import Counters, EngineSnapshot, KVView
+from tinyllm.observe.recording import BAD_RECORD, RecordingError, check_header
+from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView
 from tui.frame_record import FrameBuilder
 from tui.messages import Abort, AbortAll, Frame, LoadWorkload, LogEntry, Submit
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from tinyllm.recording import BAD_RECORD, RecordingError, read_recording
+from tinyllm.observe.recording import BAD_RECORD, RecordingError, read_recording
 from tui.frame_record import FrameBuilder
 from tui.messages import (MAX_DELAY_MS, Frame, JumpEvent, SeekStep, SetDelay, SetPaused, StepBack, StepOnce,
                           TogglePaused)

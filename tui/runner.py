@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tinyllm.engine import ContinuousEngine, Request, Sampling
-from tinyllm.snapshot import LifecycleEvent
-from tinyllm.timeline import Timeline
-from tinyllm.tokenizer import Tokenizer, TokenStream
+from tinyllm.observe.snapshot import LifecycleEvent
+from tinyllm.observe.timeline import Timeline
+from tinyllm.model.tokenizer import Tokenizer, TokenStream
 from tinyllm.workload import WorkItem
 from tui.frame_record import FrameRecorder
 from tui.messages import (LOG_LINES, lifecycle_log, MAX_DELAY_MS, Abort, AbortAll, ClearPrefixCache, Frame, LoadWorkload, LogEntry,

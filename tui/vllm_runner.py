@@ -20,8 +20,8 @@ from typing import Callable
 
 import httpx
 
-from tinyllm.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, RequestView
-from tinyllm.timeline import Timeline
+from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, RequestView
+from tinyllm.observe.timeline import Timeline
 from tui.messages import LOG_LINES, Abort, AbortAll, Frame, LoadWorkload, LogEntry, Submit
 from tui.remote_runner import RETRY_S, api_error, completion_body, hang_up, send_workload, why
 from tui.server_metrics import MetricsError, MetricsWindow, ServerFigures, parse

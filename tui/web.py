@@ -20,8 +20,8 @@ WEB_ONLY = ("--host", "--port")
 
 
 def port_number(s: str) -> int:
-    from tinyllm.cli import _checked
-    return _checked(s, int, lambda v: 1 <= v <= 65535, "a port number in 1..65535")
+    from tinyllm.args import checked
+    return checked(s, int, lambda v: 1 <= v <= 65535, "a port number in 1..65535")
 
 
 def add_web_args(p: argparse.ArgumentParser) -> None:
@@ -103,7 +103,7 @@ def check_session(parser, a) -> None:
     a prompt file, the race's options. Anything else a tab's app reports itself."""
     from pathlib import Path
 
-    from tinyllm.config import CheckpointError, default_model_dir, load_config_and_tokenizer
+    from tinyllm.model.config import CheckpointError, default_model_dir, load_config_and_tokenizer
     from tinyllm.workload import WorkloadError, resolve_workload
     if a.replay is not None or getattr(a, "attach", None) is not None:
         return                                            # no model: the tab's app checks its own file / server

@@ -2,20 +2,19 @@
 
     request.py (top level, no torch)  Sampling, Request, Result, the fit rule
     sequence.py    the engine's record of a request; token Events
-    static.py      run_static (the baseline), prefill_padded
-    static_lane.py StaticBatcher: static batching one step at a time (run_static runs it; the race steps it)
+    static.py      static batching: StaticBatcher (one step at a time; the race steps it), run_static
+                   (the baseline, runs it to the end), prefill_padded
     continuous.py  ContinuousEngine, run_continuous
     scheduler.py   the token-budget scheduler (chunked prefill)
-    ragged.py      one forward over a mixed batch of decodes and prefill chunks
-    sampler.py     per-row sampling with per-row failure
+    sampler.py     sample_next and per-row sampling with per-row failure
+    generate.py    one request alone: the reference every batched path must equal
 """
 
 from tinyllm.engine.continuous import DEFAULT_MAX_BATCHED_TOKENS, ContinuousEngine, run_continuous
 from tinyllm.engine.sequence import Event, Sequence
-from tinyllm.engine.static import kv_bytes_per_token, prefill_padded, run_static
-from tinyllm.engine.static_lane import StaticBatcher
+from tinyllm.engine.static import StaticBatcher, kv_bytes_per_token, prefill_padded, run_static
 from tinyllm.request import ContextTooLong, Request, Result, Sampling, check_fits
-from tinyllm.stats import Stats, percentile
+from tinyllm.observe.stats import Stats, percentile
 
 __all__ = ["DEFAULT_MAX_BATCHED_TOKENS", "ContextTooLong", "ContinuousEngine", "Event", "Request", "Result",
            "Sampling", "Sequence", "StaticBatcher", "Stats", "check_fits", "kv_bytes_per_token", "percentile", "prefill_padded",

@@ -20,18 +20,18 @@ from collections import deque
 
 import torch
 
-from tinyllm.config import default_kv_blocks
-from tinyllm.engine.ragged import RaggedAttention
+from tinyllm.model.config import default_kv_blocks
+from tinyllm.kv.ragged import RaggedAttention
 from tinyllm.engine.sampler import sample_rows
 from tinyllm.engine.scheduler import TokenBudgetScheduler
 from tinyllm.engine.sequence import Event, Sequence, is_done
 from tinyllm.engine.static import kv_bytes_per_token, prefill_padded
-from tinyllm.generate import autocast
-from tinyllm.kv_cache import SlotKVCache
-from tinyllm.model import Transformer
+from tinyllm.model.device import autocast
+from tinyllm.kv.dense import SlotKVCache
+from tinyllm.model.transformer import Transformer
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, Request, Result, Sampling, check_fits, is_int
-from tinyllm.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, RequestView, SlotView
-from tinyllm.stats import Stats
+from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, RequestView, SlotView
+from tinyllm.observe.stats import Stats
 
 class ContinuousEngine:
     """run_continuous's loop as an object, so requests can arrive while others decode.
@@ -110,7 +110,7 @@ class ContinuousEngine:
         elif kv == "slots":
             slots = SlotKVCache(cfg.n_layers, n_slots, cfg.n_kv_heads, cfg.head_dim, max_len, dtype, device)
         else:
-            from tinyllm.paged_kv import PagedKVCache
+            from tinyllm.kv.paged import PagedKVCache
             if not is_int(block_size) or block_size < 1:
                 raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
             n_blocks = default_kv_blocks(n_slots, max_len, block_size) if kv_blocks is None else kv_blocks
@@ -119,7 +119,7 @@ class ContinuousEngine:
             slots = PagedKVCache(cfg.n_layers, n_slots, cfg.n_kv_heads, cfg.head_dim, n_blocks,
                                  block_size, max_len, dtype, device)
         if cuda_graph is True:
-            from tinyllm.cuda_graph import SlotGraphDecoder
+            from tinyllm.kv.cuda_graph import SlotGraphDecoder
             self.decoder = SlotGraphDecoder(model, slots, buckets=buckets)
         self.slots = slots
         self.scheduler = TokenBudgetScheduler(slots, budget) if chunked_prefill else None

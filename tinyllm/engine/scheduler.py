@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from tinyllm.engine.sequence import Sequence
-from tinyllm.paged_kv import PagedKVCache
+from tinyllm.kv.paged import PagedKVCache
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tinyllm.request import Request, Sampling
-from tinyllm.snapshot import RequestView
+from tinyllm.observe.snapshot import RequestView
 
 
 def is_done(req: Request, toks: list[int]) -> bool:

@@ -1,19 +1,42 @@
 """Static batching, the seed's baseline: B requests at a time, left-padded, decoded until the
 batch's *longest* request is done. Rows that finish early keep computing (wasted work), and the
-next batch waits for the slowest row. The loop itself is ``StaticBatcher`` (static_lane.py, one
-step at a time); ``prefill_padded`` is shared with the continuous engine's slot-cache admissions."""
+next batch waits for the slowest row. ``prefill_padded`` is shared with the continuous engine's
+slot-cache admissions.
+
+``StaticBatcher`` is that loop one step at a time, as an object: the race (``tinyllm.race``)
+interleaves static batching with the continuous schedulers step by step and shows every step, so
+the baseline must stop after each forward pass; ``run_static`` runs the same object to the end,
+so there is one static batching, not two.
+
+A step is one forward pass: a new batch's left-padded prefill, or one decode for every row of the
+running batch -- finished rows included: they are computed and thrown away until the batch's
+longest row is done (the waste static batching is known for). Each step then samples the next
+token of every row still generating. A decode step computes all the batch's rows and keeps the
+ones still generating.
+
+Requests may arrive while a batch runs (the race replays a workload's ``arrival_s``): they wait for
+the next batch. A batch starts when ``batch_size`` requests wait, when no more are coming
+(``more_coming`` False: always so in run_static), or when the oldest has waited ``batch_timeout_s``
+seconds of this engine's clock.
+"""
 
 from __future__ import annotations
 
 import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from tinyllm.generate import autocast
-from tinyllm.kv_cache import KVCache
-from tinyllm.model import Transformer
-from tinyllm.request import Request, Result
+from tinyllm.engine.sampler import sample_next
+from tinyllm.engine.sequence import Event, is_done
+from tinyllm.kv.dense import KVCache
+from tinyllm.model.device import autocast
+from tinyllm.model.transformer import Transformer
+from tinyllm.observe.stats import Stats
+from tinyllm.request import ContextTooLong, Request, Result, Sampling, check_fits, is_int
 
 
 def kv_bytes_per_token(model: Transformer, device: torch.device) -> int:
@@ -41,8 +64,7 @@ def run_static(model: Transformer, requests: list[Request], batch_size: int,
                temperature: float = 0.0, top_k=None, top_p=None, generator=None,
                ) -> tuple[list[Result], dict]:
     """Static batching: B requests at a time, each batch decoded until its longest row is done.
-    Runs ``StaticBatcher`` (static_lane.py) to the end: every request arrives at t=0."""
-    from tinyllm.engine.static_lane import StaticBatcher     # it builds on prefill_padded above
+    Runs ``StaticBatcher`` to the end: every request arrives at t=0."""
     if any(r.sampling is not None for r in requests):
         raise ValueError("run_static uses one sampling setting; per-request sampling needs ContinuousEngine")
     eng = StaticBatcher(model, batch_size, temperature, top_k, top_p, generator)
@@ -53,3 +75,141 @@ def run_static(model: Transformer, requests: list[Request], batch_size: int,
     eng.stats.wall_s = time.perf_counter() - t0
     results = [eng.results[r] for r in rids]
     return results, eng.stats.summary(results)
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    """One row of the running batch, for viewers."""
+    rid: int
+    context_len: int          # prompt + tokens generated (frozen once the row is done)
+    capacity: int             # tokens per row: the batch's padded prompt length + its largest max_new_tokens
+    done: bool                # finished, yet still computed each step until the batch ends
+    generated: int            # tokens generated
+    max_new_tokens: int
+
+
+@dataclass(eq=False)
+class _Pending:
+    rid: int
+    req: Request
+    arrival: float
+    out: list[int] = field(default_factory=list)
+
+
+class StaticBatcher:
+    """Static batching, stepwise (see the module docstring). Not thread-safe."""
+
+    def __init__(self, model: Transformer, batch_size: int, temperature: float = 0.0, top_k=None, top_p=None,
+                 generator=None, clock: Callable[[], float] | None = None, batch_timeout_s: float = 0.0):
+        if not is_int(batch_size) or batch_size < 1:
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        Sampling(temperature, top_k, top_p)             # validate once, with the usual messages
+        model.eval()
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.batch_size = batch_size
+        self.batch_timeout_s = batch_timeout_s
+        self.more_coming = False                         # a caller replaying arrivals sets this
+        self._pick = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+        self.stats = Stats(kv_bytes_per_token=kv_bytes_per_token(model, self.device))
+        self.results: dict[int, Result] = {}
+        self.first_s: dict[int, float] = {}              # rid -> when its first token came (this clock)
+        self.steps = 0                                   # forward passes: prefills + decode steps
+        self.generated = 0                               # tokens sampled, every request
+        self.queue: deque[_Pending] = deque()
+        self.batch: list[_Pending] = []
+        self.capacity = 0                                # KV tokens the running batch holds (all rows)
+        self._row_cap = 0
+        self._n = 0
+        self._cache = self._logits = self._nxt = None
+        t0 = time.perf_counter()
+        self.now = clock or (lambda: time.perf_counter() - t0)
+
+    def add_request(self, req: Request, arrival: float | None = None) -> int:
+        """Queue a request; returns its id. ``arrival`` (this clock) defaults to now."""
+        if req.sampling is not None:
+            raise ValueError("run_static uses one sampling setting; per-request sampling needs ContinuousEngine")
+        check_fits(len(req.prompt), req.max_new_tokens, self.model.cfg.max_seq_len, "the model's max_seq_len")
+        rid, self._n = self._n, self._n + 1
+        self.queue.append(_Pending(rid, req.frozen(), self.now() if arrival is None else arrival))
+        return rid
+
+    def ready(self) -> bool:
+        """Whether step() would compute something now."""
+        if self.batch:
+            return True
+        q = self.queue
+        return bool(q) and (len(q) >= self.batch_size or not self.more_coming or self.deadline() <= self.now())
+
+    def deadline(self) -> float:
+        """When the waiting requests start as a partial batch (oldest arrival + the timeout)."""
+        return self.queue[0].arrival + self.batch_timeout_s if self.queue else float("inf")
+
+    def has_work(self) -> bool:
+        return bool(self.batch) or bool(self.queue)
+
+    def rows(self) -> tuple[BatchRow, ...]:
+        cap = self._row_cap
+        return tuple(BatchRow(p.rid, len(p.req.prompt) + len(p.out), cap, p.rid in self.results, len(p.out),
+                              p.req.max_new_tokens) for p in self.batch)
+
+    def used_tokens(self) -> int:
+        """Real context tokens of the rows still generating (what the KV cache usefully holds)."""
+        return sum(len(p.req.prompt) + len(p.out) for p in self.batch if p.rid not in self.results)
+
+    @torch.no_grad()
+    def step(self) -> list[Event]:
+        """One forward pass (a prefill, or a decode of every row), then the next tokens."""
+        if not self.batch:
+            if not self.ready():
+                return []
+            self._start_batch()
+        else:
+            live = [p for p in self.batch if p.rid not in self.results]
+            st = self.stats
+            st.decode_steps += 1
+            st.computed_rows += len(self.batch)
+            st.useful_rows += len(live)
+            st.kv_used_frac.append(self.used_tokens() / self.capacity)
+            with autocast(self.device):
+                logits, _ = self.model(self._nxt, cache=self._cache)
+            self._logits = logits[:, -1]
+        self.steps += 1
+        return self._sample()
+
+    def _start_batch(self) -> None:
+        batch = [self.queue.popleft() for _ in range(min(self.batch_size, len(self.queue)))]
+        L = max(len(p.req.prompt) for p in batch)
+        new_max = max(p.req.max_new_tokens for p in batch)
+        try:
+            check_fits(L, new_max, self.model.cfg.max_seq_len, "the model's max_seq_len")
+        except ContextTooLong as e:
+            self.queue.extendleft(reversed(batch))
+            raise ContextTooLong(f"batch at request {batch[0].rid} (prompts left-padded to {L}): {e}") from None
+        self._logits, self._cache, _ = prefill_padded(self.model, [p.req.prompt for p in batch], L + new_max)
+        self.batch = batch
+        self._row_cap = L + new_max
+        self.capacity = len(batch) * self._row_cap
+        self.stats.prefill_tokens += L * len(batch)
+        self.stats.kv_reserved_tokens = max(self.stats.kv_reserved_tokens, self.capacity)
+
+    def _sample(self) -> list[Event]:
+        self._nxt = sample_next(self._logits, **self._pick)
+        toks = self._nxt.squeeze(-1).tolist()                 # GPU sync: tokens to the host
+        now = self.now()
+        events = []
+        for p, t in zip(self.batch, toks):
+            if p.rid in self.results:
+                continue
+            p.out.append(t)
+            self.generated += 1
+            if len(p.out) == 1:
+                self.first_s[p.rid] = now
+            done = is_done(p.req, p.out)
+            if done:
+                self.results[p.rid] = Result(p.out, self.first_s[p.rid] - p.arrival, now - p.arrival)
+                self.stats.useful_tokens += len(p.out)
+            events.append(Event(p.rid, t, done))
+        if all(p.rid in self.results for p in self.batch):
+            self.batch, self._cache, self._logits = [], None, None
+        return events

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections import deque
 
 from tinyllm.engine import ContinuousEngine, Request, Result
-from tinyllm.engine.static_lane import StaticBatcher
+from tinyllm.engine.static import StaticBatcher
 from tinyllm.race.clock import LaneClock
 from tinyllm.race.views import LANE_TITLES, LaneResult, LaneView, RowView
-from tinyllm.stats import Stats, percentile
+from tinyllm.observe.stats import Stats, percentile
 
 Workload = list[tuple[float, Request]]          # (arrival_s, request), sorted by arrival
 TRACE_POINTS = 256                              # a lane's (clock, tokens) trace is thinned to at most this

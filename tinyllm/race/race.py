@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from tinyllm.engine import Request
-from tinyllm.engine.static_lane import StaticBatcher
+from tinyllm.engine.static import StaticBatcher
 from tinyllm.race.clock import LaneClock
 from tinyllm.race.lanes import ContinuousLane, Lane, StaticLane, Workload
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, check_static_batches

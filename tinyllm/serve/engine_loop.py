@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, TypeVar
 
 from tinyllm.request import ContextTooLong, Request
-from tinyllm.snapshot import LifecycleEvent
+from tinyllm.observe.snapshot import LifecycleEvent
 
 log = logging.getLogger("tinyllm.serve")
 T = TypeVar("T")

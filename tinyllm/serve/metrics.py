@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from tinyllm.snapshot import LifecycleEvent
+from tinyllm.observe.snapshot import LifecycleEvent
 
 __all__ = ["CONTENT_TYPE_LATEST", "FINISHED_REASONS", "ServeMetrics"]
 

@@ -1,6 +1,6 @@
 """``GET /v1/tinyllm/stream``: the engine's state as it changes, for viewers (tinyllm-tui --attach).
 
-The stream is a recording (``tinyllm.recording``) sent live, one JSON object per line: first a
+The stream is a recording (``tinyllm.observe.recording``) sent live, one JSON object per line: first a
 header, then one record per change, each the delta of the snapshot since that viewer's previous
 record plus the lifecycle events, generated text and prompts since then. So
 ``curl -N URL/v1/tinyllm/stream > run.jsonl`` is a file ``tinyllm-tui --replay`` plays back.
@@ -28,11 +28,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from tinyllm.recording import SnapshotEncoder, encode_event, make_header
+from tinyllm.observe.recording import SnapshotEncoder, encode_event, make_header
 from tinyllm.request import is_int
 from tinyllm.serve.engine_loop import EngineLoop
 from tinyllm.serve.protocol import ApiError, brief, load_json
-from tinyllm.snapshot import EngineSnapshot, LifecycleEvent
+from tinyllm.observe.snapshot import EngineSnapshot, LifecycleEvent
 
 HEARTBEAT_S = 5.0             # an idle stream still sends a line this often (proxies, dead peers)
 MAX_EVENTS = 100_000          # lifecycle history kept for viewers that join late

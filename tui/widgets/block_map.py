@@ -17,7 +17,7 @@ from rich.text import Text
 from textual.strip import Strip
 from textual.widget import Widget
 
-from tinyllm.snapshot import EngineSnapshot
+from tinyllm.observe.snapshot import EngineSnapshot
 from tui.widgets.style import CACHED, DIM, on, rid_style
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widget import Widget
 
-from tinyllm.stats import percentile
+from tinyllm.observe.stats import percentile
 from tui.messages import Frame
 from tui.widgets.style import STATE_STYLES, bar, duration
 

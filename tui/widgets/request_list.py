@@ -22,7 +22,7 @@ from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from tinyllm.snapshot import RequestView
+from tinyllm.observe.snapshot import RequestView
 from tui.messages import Frame
 from tui.widgets.selection import SELECT_BINDINGS, RequestSelected
 from tui.widgets.style import CACHED, PLAIN, STATE_STYLES, duration, on, rid_style

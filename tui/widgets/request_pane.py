@@ -9,7 +9,7 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from tinyllm.snapshot import RequestView
+from tinyllm.observe.snapshot import RequestView
 from tui.messages import Frame
 from tui.widgets.style import CACHED, STATE_STYLES, duration, rid_style
 from tui.widgets.text_line import TextLine

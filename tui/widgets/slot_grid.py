@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.strip import Strip
 from textual.widget import Widget
 
-from tinyllm.snapshot import EngineSnapshot
+from tinyllm.observe.snapshot import EngineSnapshot
 from tui.widgets.style import DIM, PLAIN, STATE_STYLES, bar, on, rid_style
 
 CELL_W = 18

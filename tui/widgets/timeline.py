@@ -16,7 +16,7 @@ from rich.text import Text
 from textual.strip import Strip
 from textual.widget import Widget
 
-from tinyllm.timeline import Track
+from tinyllm.observe.timeline import Track
 from tui.widgets.selection import SELECT_BINDINGS, RequestSelected
 from tui.widgets.style import DIM, STATE_COLOURS, on
 

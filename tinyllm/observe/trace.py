@@ -7,15 +7,15 @@
                         running / waiting
 
 Timestamps are the engine clock in whole microseconds, so spans on one track never overlap
-(each starts where the previous one ended). The spans come from ``tinyllm.timeline``: the same
+(each starts where the previous one ended). The spans come from ``tinyllm.observe.timeline``: the same
 tracks the app's timeline panel draws.
 """
 
 from __future__ import annotations
 
-from tinyllm.recording import SnapshotDecoder, decode_event
-from tinyllm.snapshot import LifecycleEvent
-from tinyllm.timeline import build_tracks
+from tinyllm.observe.recording import SnapshotDecoder, decode_event
+from tinyllm.observe.snapshot import LifecycleEvent
+from tinyllm.observe.timeline import build_tracks
 
 PID_REQUESTS, PID_SLOTS, PID_ENGINE = 1, 2, 3
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tinyllm.config import ModelConfig
+from tinyllm.model.config import ModelConfig
 
 
 class AttentionCache(Protocol):

@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tinyllm.model import grouped_attention
-from tinyllm.paged_kv import PagedKVCache, gather_blocks
+from tinyllm.model.transformer import grouped_attention
+from tinyllm.kv.paged import PagedKVCache, gather_blocks
 
 
 class RaggedAttention:

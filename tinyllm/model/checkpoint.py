@@ -14,10 +14,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from tinyllm.config import (BUNDLED_MODEL, CheckpointError, config_from_hf, config_to_hf,  # noqa: F401 (re-exported)
+from tinyllm.model.config import (BUNDLED_MODEL, CheckpointError, config_from_hf, config_to_hf,  # noqa: F401 (re-exported)
                             default_model_dir, load_config_and_tokenizer)
-from tinyllm.model import Transformer
-from tinyllm.tokenizer import Tokenizer
+from tinyllm.model.transformer import Transformer
+from tinyllm.model.tokenizer import Tokenizer
 
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:

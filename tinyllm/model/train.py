@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from tinyllm.checkpoint import save_checkpoint
-from tinyllm.config import ModelConfig
-from tinyllm.model import Transformer
+from tinyllm.model.checkpoint import save_checkpoint
+from tinyllm.model.config import ModelConfig
+from tinyllm.model.transformer import Transformer
 
 EOT = "<|endoftext|>"
 HELD_OUT = ("julius_caesar_gut.txt", "twelfth_night_gut.txt", "rape_of_lucrece_gut.txt")

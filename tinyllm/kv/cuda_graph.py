@@ -17,9 +17,9 @@ import time
 import torch
 from torch import Tensor
 
-from tinyllm.generate import autocast
-from tinyllm.kv_cache import SlotKVCache
-from tinyllm.model import Transformer
+from tinyllm.model.device import autocast
+from tinyllm.kv.dense import SlotKVCache
+from tinyllm.model.transformer import Transformer
 
 
 def default_buckets(max_len: int) -> tuple[int, ...]:

@@ -28,8 +28,8 @@ from collections import OrderedDict
 import torch
 from torch import Tensor
 
-from tinyllm.kv_cache import KVCache
-from tinyllm.model import grouped_attention
+from tinyllm.kv.dense import KVCache
+from tinyllm.model.transformer import grouped_attention
 
 
 def prefix_key(parent: bytes | None, tokens: tuple[int, ...]) -> bytes:

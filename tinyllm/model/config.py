@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from tinyllm.tokenizer import Tokenizer
+from tinyllm.model.tokenizer import Tokenizer
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -43,7 +43,7 @@ class ModelConfig:
 
 
 
-BUNDLED_MODEL = Path(__file__).parent / "data" / "shakespeare"
+BUNDLED_MODEL = Path(__file__).parent.parent / "data" / "shakespeare"
 SUPPORTED_ARCHS = ("LlamaForCausalLM",)
 
 

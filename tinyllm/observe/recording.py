@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tinyllm.request import Sampling
-from tinyllm.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, RequestView, SlotView
+from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, RequestView, SlotView
 
 FORMAT = "tinyllm-recording"
 VERSION = 1

@@ -1,12 +1,13 @@
-"""The one place that picks cpu or cuda from what the user asked for."""
+"""The one place that picks cpu or cuda from what the user asked for, and the precision used there."""
 
 from __future__ import annotations
+
+import torch
 
 
 def resolve_device(requested: str | None) -> str:
     """``None`` → cuda when available, else cpu. Raises ValueError for an unknown device or
     cuda on a machine without one (message meant for the user)."""
-    import torch
     if requested is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested not in ("cpu", "cuda") and not requested.startswith("cuda:"):
@@ -14,3 +15,8 @@ def resolve_device(requested: str | None) -> str:
     if requested.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available on this machine")
     return requested
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on CUDA; full precision elsewhere (CPU bf16 is slower, not faster)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tinyllm.model import grouped_attention
+from tinyllm.model.transformer import grouped_attention
 
 
 class KVCache:

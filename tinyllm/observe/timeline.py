@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable
 
-from tinyllm.snapshot import LifecycleEvent
+from tinyllm.observe.snapshot import LifecycleEvent
 
 PHASES = ("queued", "prefill", "decode", "preempted")   # what a span can be
 ENDS = ("finished", "aborted", "failed")                # how a track can end

@@ -1,0 +1,53 @@
+"""Command-line argument helpers shared by `tinyllm` and `tinyllm-tui`: one-line errors and
+checked argument types. No torch, no textual: every command line imports this first.
+
+Every user error is one line on stderr and exit code 2 (``EXIT_USAGE``), never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A problem with what the user asked for: printed as one line, exit 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:                  # argparse prints usage + 2 lines by default
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def checked(s: str, kind, ok, expected: str):
+    """argparse type helper: convert, check, or say what was expected."""
+    try:
+        v = kind(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {s!r}") from None
+    if not ok(v):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {s}")
+    return v
+
+
+def positive_int(s: str) -> int:
+    return checked(s, int, lambda v: v >= 1, "an integer >= 1")
+
+
+def non_negative_float(s: str) -> float:
+    return checked(s, float, lambda v: 0 <= v < float("inf"), "a finite number >= 0")
+
+
+def unit_interval(s: str) -> float:
+    return checked(s, float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+
+
+def port_number(s: str) -> int:
+    """A TCP port; 0 asks the system for any free one."""
+    return checked(s, int, lambda v: 0 <= v <= 65535, "a port number in [0, 65535] (0: any free port)")
+
+
+def check_device(parser: argparse.ArgumentParser, device: str | None) -> None:
+    """--device: cpu, cuda or cuda:N (whether CUDA is there is checked where torch is loaded)."""
+    if device is not None and device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        parser.error(f"--device must be cpu or cuda, got {device!r}")

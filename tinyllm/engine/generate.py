@@ -1,0 +1,47 @@
+"""Solo generation (``generate``): one request alone, the reference output.
+
+Every batched path in the engine must reproduce ``generate()`` token for token under greedy
+decoding; that is the invariant the engine tests check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from tinyllm.engine.sampler import sample_next
+from tinyllm.kv.dense import KVCache
+from tinyllm.model.device import autocast
+from tinyllm.model.transformer import Transformer
+from tinyllm.request import check_fits
+
+def generate(model: Transformer, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, eos_id: int | None = None,
+             generator: torch.Generator | None = None) -> list[int]:
+    """One request alone: prefill, then one token at a time. Returns the generated tokens
+    (EOS included if produced)."""
+    return list(generate_stream(model, prompt, max_new_tokens, temperature, top_k, top_p, eos_id, generator))
+
+
+@torch.no_grad()
+def generate_stream(model: Transformer, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
+                    top_k: int | None = None, top_p: float | None = None, eos_id: int | None = None,
+                    generator: torch.Generator | None = None) -> Iterator[int]:
+    """Like ``generate`` but yields each token as soon as it is chosen."""
+    if not prompt:
+        raise ValueError("prompt must hold at least one token")
+    check_fits(len(prompt), max_new_tokens, model.cfg.max_seq_len, "the model's max_seq_len")
+    total = len(prompt) + max_new_tokens
+    model.eval()
+    device = next(model.parameters()).device
+    cache = KVCache(model.cfg.n_layers, total)
+    idx = torch.tensor([prompt], device=device)
+    for _ in range(max_new_tokens):
+        with autocast(device):
+            logits, _ = model(idx, cache=cache)
+        idx = sample_next(logits[:, -1], temperature, top_k, top_p, generator)
+        tok = int(idx)
+        yield tok
+        if tok == eos_id:
+            return

@@ -1,0 +1,1 @@
+"""What viewers read: snapshots, lifecycle timelines, recordings, trace export, stats."""
