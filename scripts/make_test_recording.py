@@ -9,9 +9,9 @@ import torch
 from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
 from tinyllm.workload import load_workload, resolve_workload
-from tui.frame_record import FrameRecorder
-from tui.messages import StepOnce, Abort
-from tui.runner import EngineRunner
+from tui.runners.frames import FrameRecorder
+from tui.runners.interface import StepOnce, Abort
+from tui.runners.engine import EngineRunner
 model, tok = load_checkpoint()
 eng = ContinuousEngine(model, 3, 256, kv="paged", block_size=16, kv_blocks=16, chunked_prefill=True,
                        max_batched_tokens=32, generator=torch.Generator().manual_seed(0))

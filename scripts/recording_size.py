@@ -19,9 +19,9 @@ import torch
 from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
 from tinyllm.workload import bundled_workloads, load_workload
-from tui.frame_record import FrameRecorder
-from tui.messages import StepOnce
-from tui.runner import EngineRunner
+from tui.runners.frames import FrameRecorder
+from tui.runners.interface import StepOnce
+from tui.runners.engine import EngineRunner
 
 
 def main() -> None:

@@ -16,9 +16,9 @@ from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
 from tinyllm.workload import bundled_workloads
 from tui.app import TinyLLMApp
-from tui.messages import StepOnce
-from tui.runner import EngineRunner
-from tui.screens import NextSettings
+from tui.runners.interface import StepOnce
+from tui.runners.engine import EngineRunner
+from tui.screens.modals import NextSettings
 
 
 async def main(width: int, height: int, out: Path) -> None:

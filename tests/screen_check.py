@@ -7,7 +7,7 @@ snapshot, so a panel that keeps a row the snapshot lost (or misses one it gained
 from __future__ import annotations
 
 from tui.app import TinyLLMApp
-from tui.messages import Frame
+from tui.runners.interface import Frame
 from tui.widgets.block_map import BlockMap
 from tui.widgets.event_log import EventLog
 from tui.widgets.kv_panel import KVPanel

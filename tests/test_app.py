@@ -13,10 +13,10 @@ from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
 from tinyllm.workload import bundled_workloads
 from tui.app import TinyLLMApp
-from tui.messages import SetDelay, SetPaused, StepOnce
-from tui.race_screen import RaceScreen
-from tui.runner import EngineRunner
-from tui.screens import GotoStep, HelpScreen, NextSettings, PromptPicker, SettingsScreen
+from tui.runners.interface import SetDelay, SetPaused, StepOnce
+from tui.screens.race import RaceScreen
+from tui.runners.engine import EngineRunner
+from tui.screens.modals import GotoStep, HelpScreen, NextSettings, PromptPicker, SettingsScreen
 from tui.widgets.block_map import BlockMap
 from tui.widgets.kv_panel import KVPanel
 from tui.widgets.request_list import RequestList, tail
@@ -609,8 +609,8 @@ class LoadingRunner:
 
 async def test_the_screen_is_up_while_the_engine_loads():
     from tinyllm.model.checkpoint import default_model_dir
-    from tui.messages import Submit
-    from tui.process_runner import EngineSpec
+    from tui.runners.interface import Submit
+    from tui.runners.child import EngineSpec
     spec = EngineSpec(str(default_model_dir()), None, 4, 128, kv="paged", block_size=8)
     runner = LoadingRunner(spec)
     app = TinyLLMApp(runner, bundled()[1], model_name="test", settings=NextSettings(Sampling(), 12))

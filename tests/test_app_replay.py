@@ -11,12 +11,13 @@ import torch
 
 from tinyllm.engine import ContinuousEngine, Sampling
 from tinyllm.observe.recording import read_recording
-from tui.app import TinyLLMApp, build_app
-from tui.frame_record import FrameRecorder
-from tui.messages import SeekStep, SetDelay, SetPaused
-from tui.replay_runner import ReplayRunner
-from tui.runner import EngineRunner
-from tui.screens import GotoStep, HelpScreen, NextSettings
+from tui.app import TinyLLMApp
+from tui.cli import build_app
+from tui.runners.frames import FrameRecorder
+from tui.runners.interface import SeekStep, SetDelay, SetPaused
+from tui.runners.replay import ReplayRunner
+from tui.runners.engine import EngineRunner
+from tui.screens.modals import GotoStep, HelpScreen, NextSettings
 from tui.widgets.timeline import TimelinePanel
 
 from tests.test_app import (BOUND, EFFECTS, Before, _watch, bundled, no_unexpected_errors, step,  # noqa: F401

@@ -19,11 +19,12 @@ from tinyllm.request import Sampling
 from tinyllm.serve import EngineLoop, ServerThread, build_engine, create_app
 from dataclasses import replace
 
-from tui.app import TinyLLMApp, build_app
-from tui.remote_runner import AttachRunner
-from tui.replay_runner import ReplayRunner
-from tui.messages import Abort, Submit
-from tui.screens import Confirm, NextSettings
+from tui.app import TinyLLMApp
+from tui.cli import build_app
+from tui.runners.attach import AttachRunner
+from tui.runners.replay import ReplayRunner
+from tui.runners.interface import Abort, Submit
+from tui.screens.modals import Confirm, NextSettings
 from tui.widgets.request_list import RequestList
 
 from tests.screen_check import check_panels
@@ -276,7 +277,7 @@ def test_the_state_stream_is_a_recording_that_replays(server, tmp_path):
     header, records, warning = read_recording(path)
     assert header["model"] == MODEL and warning is None and header["settings"]["kv"] == "paged"
     replay = ReplayRunner(path, paused=True)
-    from tui.messages import SeekStep
+    from tui.runners.interface import SeekStep
     replay.apply(SeekStep(replay.last_step))
     assert state(replay.frame.snapshot) == state(engine_snapshot(server))
 

@@ -23,10 +23,11 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 from starlette.routing import Route
 
 from tinyllm.request import Sampling
-from tui.app import TinyLLMApp, build_app
-from tui.screens import NextSettings
-from tui.server_metrics import MetricsError, MetricsWindow, Scrape, parse, quantile
-from tui.vllm_runner import VllmRunner
+from tui.app import TinyLLMApp
+from tui.cli import build_app
+from tui.screens.modals import NextSettings
+from tui.runners.vllm_metrics import MetricsError, MetricsWindow, Scrape, parse, quantile
+from tui.runners.vllm import VllmRunner
 from tui.widgets.server_panel import ServerPanel
 
 from tests.test_app import _watch, no_unexpected_errors, until  # noqa: F401

@@ -89,7 +89,7 @@ def test_tui_broken_weights_are_reported_by_the_engine_process(tmp_path):
     for f in default_model_dir().iterdir():
         (d / f.name).write_bytes(f.read_bytes())
     (d / "model.safetensors").write_bytes(b"junk")
-    r = subprocess.run([sys.executable, "-m", "tui.app", "--model", str(d)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "tui.cli", "--model", str(d)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and "--model:" in r.stderr and "cannot read safetensors" in r.stderr
     assert "Traceback" not in r.stderr
@@ -104,15 +104,15 @@ def test_tui_broken_weights_are_reported_by_the_engine_process(tmp_path):
     (("--prompts", "no_such_workload"), "not a bundled workload (bundled: burst,"),
 ])
 def test_tui_scheduler_flags_are_checked_before_the_ui(args, message):
-    r = subprocess.run([sys.executable, "-m", "tui.app", *args], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_tui_bad_arguments_exit_2_before_the_ui():
-    r = subprocess.run([sys.executable, "-m", "tui.app", "--slots", "0"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "tui.cli", "--slots", "0"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "expected an integer >= 1" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "tui.app", "--prompts", str(DATA / "heldout_julius_caesar.txt")],
+    r = subprocess.run([sys.executable, "-m", "tui.cli", "--prompts", str(DATA / "heldout_julius_caesar.txt")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "heldout_julius_caesar.txt:1: invalid JSON" in r.stderr
 

@@ -4,7 +4,6 @@ and its lifecycle events say what happened to each request."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tinyllm.engine import ContinuousEngine, Request, Sampling, run_continuous
 from tests.helpers import check_invariants, mixed_workload, random_model, run_checked, solo_outputs

@@ -15,16 +15,16 @@ import torch
 
 from tinyllm.model.checkpoint import CheckpointError, default_model_dir, load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
-from tui.pacing import FramePacer
-from tui.process_runner import (
+from tui.screens.live import FramePacer
+from tui.runners.child import (
     EngineSpec,
     EngineStartError,
     FrameDiffer,
     FrameMerger,
     ProcessRunner,
 )
-from tui.messages import SetPaused, StepOnce, Submit
-from tui.runner import EngineRunner
+from tui.runners.interface import SetPaused, StepOnce, Submit
+from tui.runners.engine import EngineRunner
 
 
 def wait_for(cond, timeout: float = 60.0) -> None:
@@ -93,7 +93,7 @@ def test_process_runner_generates_what_the_thread_runner_does(proc):
 
 def test_the_engine_process_records_what_the_app_received(proc, tmp_path):
     """--record: the child writes the run; replayed, its last frame is the app's last frame."""
-    from tui.replay_runner import ReplayRunner
+    from tui.runners.replay import ReplayRunner
     path = tmp_path / "run.jsonl"
     runner = proc(record=str(path), kv="paged", chunked_prefill=True)
     t = threading.Thread(target=runner.run, daemon=True)
@@ -182,12 +182,12 @@ def test_pacer_keeps_full_rate_when_drawing_is_cheap_and_backs_off_when_not():
 def test_the_app_side_imports_no_torch():
     """The first frame must not wait for torch: the app, its runner and widgets import without it."""
     heavy = ("torch", "prometheus_client", "httpx")          # the last two: only when attached to a server
-    code = ("import sys, tui.app, tui.process_runner, tui.screens, tinyllm.model.config, tinyllm.workload; "
+    code = ("import sys, tui.cli, tui.runners.child, tui.screens.modals, tinyllm.model.config, tinyllm.workload; "
             f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r}))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
-    code = "import sys, tui.replay_runner, tui.remote_runner, tui.vllm_runner; print('torch' in sys.modules)"
+    code = "import sys, tui.runners.replay, tui.runners.attach, tui.runners.vllm; print('torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False", "replay and attach must not load torch"
 

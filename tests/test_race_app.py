@@ -13,12 +13,13 @@ import pytest
 from tinyllm.model.checkpoint import default_model_dir
 from tinyllm.engine import Request, run_continuous, run_static
 from tinyllm.workload import resolve_workload
-from tui.app import build_app
-from tui.messages import SetPaused, StepOnce
-from tui.race_app import RaceApp, race_workload
-from tui.race_process import ProcessRaceRunner, RaceSpec
-from tui.race_runner import RaceRunner
-from tui.race_screen import FinishLine, RaceHelp, RaceScreen
+from tui.cli import build_app
+from tui.runners.interface import SetPaused, StepOnce
+from tui.runners.race_child import race_workload
+from tui.screens.race import RaceApp
+from tui.runners.race_child import ProcessRaceRunner, RaceSpec
+from tui.runners.race import RaceRunner
+from tui.screens.race import FinishLine, RaceHelp, RaceScreen
 from tui.widgets.lane_panel import LanePanel
 
 from tests.test_app import _watch, bundled, make_app, no_unexpected_errors, until  # noqa: F401
@@ -209,7 +210,7 @@ def test_race_options_are_checked_in_one_line(argv, message, tmp_path, capsys):
     (["--web", "--model", "/nowhere"], "--model:"),
 ])
 def test_web_options_are_checked_in_one_line(argv, message, capsys):
-    from tui.web import serve_if_asked
+    from tui.cli import serve_if_asked
     with pytest.raises(SystemExit) as e:
         serve_if_asked(argv)
     err = capsys.readouterr().err
@@ -219,7 +220,7 @@ def test_web_options_are_checked_in_one_line(argv, message, capsys):
 def test_a_web_port_in_use_is_one_line(capsys):
     import socket
 
-    from tui.web import serve_if_asked
+    from tui.cli import serve_if_asked
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -231,7 +232,8 @@ def test_a_web_port_in_use_is_one_line(capsys):
 
 
 def test_the_web_sessions_run_the_same_options_without_the_web_ones():
-    from tui.web import is_loopback, serve_if_asked, session_argv
+    from tui.cli import serve_if_asked
+    from tui.web import is_loopback, session_argv
     assert session_argv(["--web", "--race", "burst", "--host", "0.0.0.0", "--port=9000", "--slots", "4"]) == \
         ["--race", "burst", "--slots", "4"]
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")

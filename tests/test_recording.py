@@ -17,10 +17,10 @@ from tinyllm.observe.recording import FORMAT, VERSION, RecordingError, read_reco
 from tinyllm.observe.snapshot import LifecycleEvent
 from tinyllm.observe.timeline import build_tracks
 from tinyllm.observe.trace import perfetto_trace
-from tui.frame_record import FrameBuilder, FrameRecorder
-from tui.messages import Abort, JumpEvent, SeekStep, StepBack, StepOnce, TogglePaused
-from tui.replay_runner import ReplayRunner
-from tui.runner import EngineRunner
+from tui.runners.frames import FrameBuilder, FrameRecorder
+from tui.runners.interface import Abort, JumpEvent, SeekStep, StepBack, StepOnce, TogglePaused
+from tui.runners.replay import ReplayRunner
+from tui.runners.engine import EngineRunner
 
 from tests.test_app import bundled
 

@@ -17,10 +17,10 @@ import torch
 
 from tinyllm.engine import ContinuousEngine, Sampling
 from tui.app import DETAILS_S, TinyLLMApp
-from tui.frame_record import FrameRecorder
-from tui.messages import SeekStep, StepBack, StepOnce, Submit
-from tui.runner import EngineRunner
-from tui.screens import NextSettings, SettingsScreen
+from tui.runners.frames import FrameRecorder
+from tui.runners.interface import SeekStep, StepBack, StepOnce, Submit
+from tui.runners.engine import EngineRunner
+from tui.screens.modals import NextSettings, SettingsScreen
 from tui.widgets.kv_panel import KVPanel
 from tui.widgets.style import duration
 from tui.widgets.request_list import RequestList
@@ -280,14 +280,14 @@ async def test_ttft_of_a_request_sent_while_paused_counts_no_paused_time():
 
 
 async def test_record_shows_in_the_status_line_and_says_where_the_file_went(tmp_path, capsys, monkeypatch):
-    from tui import app as app_module
+    from tui import cli
     path = tmp_path / "run.jsonl"
     made = {}
 
     def run(self, *a, **kw):                                     # instead of a terminal: Pilot, then exit
         made["app"] = self
     monkeypatch.setattr(TinyLLMApp, "run", run)
-    assert app_module.main(["--record", str(path), "--engine-thread", "--paused"]) == 0
+    assert cli.main(["--record", str(path), "--engine-thread", "--paused"]) == 0
     out = capsys.readouterr().out
     assert f"recorded 0 steps to {path.resolve()}" in out and f"--replay {path}" in out
     app = made["app"]

@@ -73,7 +73,7 @@ def changes(page, gap: float = 1.0) -> bool:
 def test_the_race_streams_in_a_browser_and_the_tab_owns_its_engine(tmp_path):
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "tui.app", "--web", "--port", str(port), "--race", "mixed_lengths",
+        [sys.executable, "-m", "tui.cli", "--web", "--port", str(port), "--race", "mixed_lengths",
          "--step-delay", "20", "--threads", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:

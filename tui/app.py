@@ -8,8 +8,6 @@ the engine in a child process, by default; ``EngineRunner``, a thread, in tests 
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -21,14 +19,12 @@ from textual.css.query import NoMatches
 from textual.widgets import Footer, Input, Sparkline, Static
 from textual.worker import get_current_worker
 
-from tinyllm.args import check_device
-from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, Sampling, check_fits
+from tinyllm.request import ContextTooLong, Sampling, check_fits
 from tinyllm.model.tokenizer import Tokenizer
-from tui.messages import (MAX_DELAY_MS, Abort, AbortAll, ClearPrefixCache, Frame, JumpEvent, LoadWorkload, LogEntry, Runner,
+from tui.runners.interface import (MAX_DELAY_MS, Abort, AbortAll, ClearPrefixCache, Frame, JumpEvent, LoadWorkload, LogEntry, Runner,
                           SeekStep, SetDelay, SetPublishInterval, StepBack, StepOnce, Submit, TogglePaused)
-from tui.pacing import FramePacer
-from tui.process_runner import EngineSpec, EngineStartError, ProcessRunner
-from tui.screens import Confirm, GotoStep, HelpScreen, LoadedWorkload, NextSettings, PromptPicker, SettingsScreen, read_workload
+from tui.screens.live import FramePacer
+from tui.screens.modals import Confirm, GotoStep, HelpScreen, LoadedWorkload, NextSettings, PromptPicker, SettingsScreen, read_workload
 from tui.widgets.block_map import BlockMap
 from tui.widgets.kv_panel import KVPanel
 from tui.widgets.request_pane import RequestPane
@@ -479,7 +475,7 @@ class TinyLLMApp(App):
             timeline.show(frame.tracks, frame.snapshot.counters.steps, self.selected)
 
     def action_race(self) -> None:
-        from tui.race_app import open_race
+        from tui.screens.race import open_race
         self._close_help()
         open_race(self)
 
@@ -673,227 +669,3 @@ def fit_fields(fields: list[tuple[str, str, int]], width: int) -> Text:
     for text, style, _ in keep:
         t.append(text, style=style)
     return t
-
-
-# -- command line ---------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
-    from tinyllm.args import OneLineParser, non_negative_float, positive_int, unit_interval
-    p = OneLineParser(prog="tinyllm-tui", description="Watch tinyllm's continuous-batching scheduler live: "
-                      "type prompts or load prompt files, see slots, KV blocks and tokens as they happen.")
-    p.add_argument("--model", metavar="DIR", help="local HF Llama checkpoint directory (default: bundled Shakespeare)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available, else cpu)")
-    p.add_argument("--slots", type=positive_int, default=8, metavar="N", help="KV slots = max concurrent requests (default 8)")
-    p.add_argument("--max-len", type=positive_int, default=None, metavar="N", help="tokens per slot (default: the model's context)")
-    p.add_argument("--kv", choices=["slots", "paged"], default=None,
-                   help="KV cache layout (default paged; slots = the seed's slot cache, no chunked prefill)")
-    p.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
-                   help="the token-budget scheduler: decodes and prompt chunks in one forward per step "
-                        "(default on with --kv paged; --no-chunked-prefill = the seed's prefill-then-decode)")
-    p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=None,
-                   help="reuse the KV blocks of prompt prefixes seen before (default on with chunked prefill)")
-    p.add_argument("--max-batched-tokens", type=positive_int, default=None, metavar="N",
-                   help=f"chunked prefill: tokens per step, at least --slots (default {DEFAULT_MAX_BATCHED_TOKENS})")
-    p.add_argument("--threads", type=positive_int, default=DEFAULT_THREADS, metavar="N",
-                   help=f"torch CPU threads for the engine (default {DEFAULT_THREADS}: see the README on contention)")
-    p.add_argument("--block-size", type=positive_int, default=16, metavar="N", help="paged: tokens per block (default 16)")
-    p.add_argument("--kv-blocks", type=positive_int, default=None, metavar="N",
-                   help="paged: blocks in the pool (default: the slot cache's memory); small values force preemption")
-    p.add_argument("--temperature", type=non_negative_float, default=0.8, metavar="T", help="default for new requests (0 = greedy; default 0.8)")
-    p.add_argument("--top-k", type=positive_int, default=None, metavar="K", help="default top_k for new requests (default off)")
-    p.add_argument("--top-p", type=unit_interval, default=None, metavar="P", help="default top_p for new requests (default off)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=120, metavar="N", help="default for new requests (default 120)")
-    p.add_argument("--prompts", default=None, metavar="FILE|NAME",
-                   help="a JSONL workload to load at start: a path, or a bundled workload's name (e.g. burst)")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
-    p.add_argument("--step-delay", type=int, default=0, metavar="MS", help=f"pause between engine steps, 0-{MAX_DELAY_MS} ms (slow motion)")
-    p.add_argument("--paused", action="store_true", help="start paused (space / F5 resumes, n / F6 steps once)")
-    p.add_argument("--record", metavar="FILE", default=None,
-                   help="write the run to FILE as it happens (JSONL; FILE.gz: compressed), for --replay and tinyllm trace")
-    p.add_argument("--replay", metavar="FILE", default=None,
-                   help="play a --record file back (no model is loaded): every panel as it was, at any step")
-    p.add_argument("--attach", metavar="URL", default=None,
-                   help="watch and drive a running server instead of a local engine: tinyllm serve (every "
-                        "panel) or a vLLM server (its metrics), e.g. http://127.0.0.1:8000")
-    from tui.race_app import add_race_args
-    from tui.web import add_web_args
-    add_race_args(p)
-    add_web_args(p)
-    p.add_argument("--engine-thread", action="store_true",
-                   help="run the engine in a thread of the app's process instead of its own process "
-                        "(easier to debug, about half as fast: the UI and the engine share one GIL)")
-    return p
-
-
-def scheduler_choice(parser, kv: str | None, chunked: bool | None, budget: int | None,
-                     slots: int) -> tuple[str, bool]:
-    """(kv, chunked_prefill) from the flags: chunked prefill on the paged cache unless told
-    otherwise; contradictions are errors that say which flags clash."""
-    if chunked and kv == "slots":
-        parser.error("--chunked-prefill needs --kv paged (the token-budget scheduler allocates KV blocks)")
-    kv = kv or "paged"
-    chunked = (kv == "paged") if chunked is None else chunked
-    if budget is not None and not chunked:
-        parser.error("--max-batched-tokens applies to chunked prefill only (drop --no-chunked-prefill / --kv slots)")
-    if chunked and (budget or DEFAULT_MAX_BATCHED_TOKENS) < slots:
-        parser.error(f"--max-batched-tokens {budget or DEFAULT_MAX_BATCHED_TOKENS} is less than --slots {slots}: "
-                     f"every running request decodes one token per step, so the budget must cover them all")
-    return kv, chunked
-
-
-def build_app(argv: list[str] | None = None) -> TinyLLMApp:
-    """Parse arguments, check them, start the engine; SystemExit(2) with one line on bad input.
-
-    Everything the user can get wrong is checked here, before the screen takes over, without
-    importing torch: the checkpoint's config and tokenizer, the settings, and the prompt file.
-    The engine process then loads torch and the weights while the screen is already up (its
-    errors, e.g. unreadable weights, end the app with the same kind of one line)."""
-    from tinyllm.model.config import CheckpointError, default_model_dir, load_config_and_tokenizer
-    from tinyllm.workload import WorkloadError, resolve_workload
-
-    parser = build_parser()
-    a = parser.parse_args(argv)
-    if not 0 <= a.step_delay <= MAX_DELAY_MS:
-        parser.error(f"--step-delay must be in [0, {MAX_DELAY_MS}] ms, got {a.step_delay}")
-    from tui.race_app import race_app
-    if (race := race_app(parser, a)) is not None:
-        return race
-    if a.replay is not None:
-        return replay_app(parser, a)
-    if a.attach is not None:
-        return attach_app(parser, a)
-    if a.record is not None:
-        check_writable(parser, a.record)
-    check_device(parser, a.device)
-    path = Path(a.model) if a.model else default_model_dir()
-    try:
-        cfg, tok = load_config_and_tokenizer(path)
-    except CheckpointError as e:
-        parser.error(f"--model: {e}")
-    max_len = a.max_len or cfg.max_seq_len
-    try:
-        check_fits(1, a.max_new_tokens, max_len, "--max-len")
-    except ContextTooLong:
-        parser.error(f"--max-new-tokens {a.max_new_tokens} leaves no room for a prompt in --max-len {max_len}")
-    try:
-        sampling = Sampling(a.temperature, a.top_k, a.top_p)
-    except ValueError as e:
-        parser.error(str(e))
-    prompts = None
-    if a.prompts is not None:
-        try:
-            prompts = resolve_workload(a.prompts)
-            read_workload(prompts, tok.encode, max_len, a.max_new_tokens)
-        except WorkloadError as e:
-            parser.error(f"--prompts: {e}")
-    kv, chunked = scheduler_choice(parser, a.kv, a.chunked_prefill, a.max_batched_tokens, a.slots)
-    if a.prefix_cache and not chunked:
-        parser.error("--prefix-cache needs chunked prefill (the token-budget scheduler on --kv paged)")
-    spec = EngineSpec(str(path), a.device, a.slots, max_len, kv, a.block_size, a.kv_blocks, a.seed,
-                      threads=a.threads, chunked_prefill=chunked, max_batched_tokens=a.max_batched_tokens,
-                      prefix_cache=a.prefix_cache, record=a.record)
-    try:
-        if a.engine_thread:
-            from tui.runner import EngineRunner
-            engine, _ = spec.build()
-            runner = EngineRunner(engine, tok, paused=a.paused, step_delay_ms=a.step_delay,
-                                  recorder=spec.open_recorder(engine))
-        else:
-            runner = ProcessRunner(spec, paused=a.paused, step_delay_ms=a.step_delay).start(wait=False)
-    except CheckpointError as e:
-        parser.error(f"--model: {e}")
-    except Exception as e:                                # noqa: BLE001 - e.g. CUDA errors with --engine-thread
-        parser.error(" ".join(str(e).split()) if isinstance(e, (ValueError, EngineStartError))
-                     else f"the engine could not start: {type(e).__name__}: {' '.join(str(e).split())}")
-    name = path.name if a.model else "bundled Shakespeare"
-    return TinyLLMApp(runner, tok, model_name=name, settings=NextSettings(sampling, a.max_new_tokens),
-                      prompts_file=prompts, recording=Path(a.record) if a.record else None)
-
-
-def check_writable(parser, path: str) -> None:
-    """--record: say now, before the screen is up, if the file cannot be written."""
-    import os
-    p = Path(path)
-    if p.is_dir():
-        parser.error(f"--record {path}: is a directory; give a file name, e.g. {p / 'run.jsonl'}")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        parser.error(f"--record {path}: the directory {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        parser.error(f"--record {path}: not writable")
-
-
-def attach_app(parser, a) -> TinyLLMApp:
-    """--attach: the app over a server (no local engine, no torch). tinyllm serve streams its
-    whole state; a vLLM server only its metrics. Local arguments are checked before connecting."""
-    from tinyllm.model.config import CheckpointError, load_config_and_tokenizer
-    from tinyllm.workload import WorkloadError, resolve_workload
-    from tui.remote_runner import AttachRunner
-    from tui.vllm_runner import VllmRunner
-    if a.record is not None:
-        parser.error("--record records a local engine; to record a server: curl -N URL/v1/tinyllm/stream > run.jsonl")
-    if a.prompts is not None and not a.model:
-        parser.error("--prompts with --attach needs --model DIR: its tokenizer checks the prompt file "
-                     "(F3 loads prompt files the same way)")
-    try:
-        sampling = Sampling(a.temperature, a.top_k, a.top_p)
-    except ValueError as e:
-        parser.error(str(e))
-    tok = None
-    if a.model:                                           # for prompt files and local fit checks
-        try:
-            _, tok = load_config_and_tokenizer(Path(a.model))
-        except CheckpointError as e:
-            parser.error(f"--model: {e}")
-    url = a.attach if "://" in a.attach else f"http://{a.attach}"
-    try:
-        runner = AttachRunner(url).start()
-    except ConnectionError as e:
-        if "not a tinyllm serve" not in str(e):
-            parser.error(f"--attach {e}")
-        try:                                              # no state stream: a vLLM server?
-            runner = VllmRunner(url).start()
-        except ConnectionError as e2:
-            parser.error(f"--attach {url}: found neither tinyllm serve nor a vLLM server there "
-                         f"({str(e).split(': ', 1)[-1]}; {str(e2).split(': ', 1)[-1]})")
-    prompts = None
-    if a.prompts is not None:
-        try:
-            prompts = resolve_workload(a.prompts)
-            read_workload(prompts, tok.encode, runner.frame.snapshot.max_len, a.max_new_tokens)
-        except WorkloadError as e:
-            runner.stop()
-            parser.error(f"--prompts: {e}")
-    return TinyLLMApp(runner, tok, model_name=runner.model_name, settings=NextSettings(sampling, a.max_new_tokens),
-                      prompts_file=prompts)
-
-
-def replay_app(parser, a) -> TinyLLMApp:
-    """--replay: the app over a recording, no model, no torch."""
-    from tinyllm.observe.recording import RecordingError
-    from tui.replay_runner import ReplayRunner
-    if a.record is not None:
-        parser.error("--record and --replay cannot be used together (a replay changes nothing to record)")
-    try:
-        runner = ReplayRunner(a.replay, paused=a.paused, step_delay_ms=a.step_delay)
-    except RecordingError as e:
-        parser.error(f"--replay: {e}")
-    return TinyLLMApp(runner, None, model_name=str(runner.header.get("model", "?")))
-
-
-def main(argv: list[str] | None = None) -> int:
-    from tui.web import serve_if_asked
-    if (code := serve_if_asked(argv)) is not None:   # --web: the app in a browser, one process per tab
-        return code
-    app = build_app(argv)
-    app.run()
-    if app.startup_error is not None:
-        build_parser().error(app.startup_error)          # one line on stderr, exit 2
-    if app.recording is not None:
-        steps = app.runner.frame.snapshot.counters.steps
-        print(f"tinyllm-tui: recorded {steps} steps to {app.recording.resolve()} "
-              f"(tinyllm-tui --replay {app.recording}; tinyllm trace {app.recording})")
-    return app.return_code or 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

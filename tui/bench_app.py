@@ -30,10 +30,10 @@ from tinyllm.bench import default_workload, random_checkpoint
 from tinyllm.model.checkpoint import default_model_dir, load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling, percentile, run_continuous
 from tui.app import DEFAULT_THREADS, TinyLLMApp
-from tui.process_runner import EngineSpec, ProcessRunner
-from tui.messages import SetPaused, Submit
-from tui.runner import EngineRunner
-from tui.screens import NextSettings
+from tui.runners.child import EngineSpec, ProcessRunner
+from tui.runners.interface import SetPaused, Submit
+from tui.runners.engine import EngineRunner
+from tui.screens.modals import NextSettings
 
 
 SCHEDULERS = {"slots": dict(kv="slots"), "paged": dict(kv="paged"),

@@ -1,6 +1,6 @@
 """``tinyllm-tui --web``: the same app (race included) as a web page, for talks and classrooms.
 
-textual-serve runs ``python -m tui.app <the other options>`` once per browser tab, speaking to the
+textual-serve runs ``python -m tui.cli <the other options>`` once per browser tab, speaking to the
 page over a websocket, so each tab gets its own app and its own engine process. Closing the tab
 tells the app to quit, which stops its engine process (the engine process also stops by itself
 when the app's end of its pipe closes). Loopback by default; another --host is the user's choice,
@@ -71,52 +71,17 @@ def check_port(parser, host: str, port: int) -> None:
             parser.error(f"cannot listen on {host}:{port}: {e.strerror}")
 
 
-def serve_if_asked(argv: list[str] | None) -> int | None:
-    """--web: check the options, then serve until Ctrl+C (returns the exit code). Without --web:
-    None (the caller runs the app in this terminal), after refusing --host / --port."""
-    from tui.app import build_parser
-    argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser()
-    a = parser.parse_args(argv)
-    if not a.web:
-        for flag, value in (("--host", a.host), ("--port", a.port)):
-            if value is not None:
-                parser.error(f"{flag} applies to --web only")
-        return None
-    check_session(parser, a)
+def serve(parser, a, command: list[str]) -> int:
+    """Serve ``command`` (the app with this tab's options) with textual-serve until Ctrl+C: one
+    app and one engine process per browser tab. Checks the address first (one line, exit 2)."""
     host, port = a.host or "127.0.0.1", a.port or DEFAULT_PORT
     check_port(parser, host, port)
     try:
         from textual_serve.server import Server
     except ImportError:
         parser.error("--web needs the textual-serve package: pip install textual-serve")
-    command = shlex.join([sys.executable, "-m", "tui.app", *session_argv(argv)])
     if not is_loopback(host):
         print(f"tinyllm-tui --web: listening on {host}: anyone who can reach this machine there can open the app "
               f"(each tab starts an engine process)", file=sys.stderr)
-    Server(command, host=host, port=port, title="tinyllm-tui").serve()
+    Server(shlex.join(command), host=host, port=port, title="tinyllm-tui").serve()
     return 0
-
-
-def check_session(parser, a) -> None:
-    """What a tab's app would refuse, refused here once instead (no engine started): the model,
-    a prompt file, the race's options. Anything else a tab's app reports itself."""
-    from pathlib import Path
-
-    from tinyllm.model.config import CheckpointError, default_model_dir, load_config_and_tokenizer
-    from tinyllm.workload import WorkloadError, resolve_workload
-    if a.replay is not None or getattr(a, "attach", None) is not None:
-        return                                            # no model: the tab's app checks its own file / server
-    if a.race is not None:
-        from tui.race_app import race_spec
-        race_spec(parser, a)
-        return
-    try:
-        load_config_and_tokenizer(Path(a.model) if a.model else default_model_dir())
-    except CheckpointError as e:
-        parser.error(f"--model: {e}")
-    if a.prompts is not None:
-        try:
-            resolve_workload(a.prompts)
-        except WorkloadError as e:
-            parser.error(f"--prompts: {e}")

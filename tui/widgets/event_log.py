@@ -10,7 +10,7 @@ from collections import deque
 from rich.text import Text
 from textual.widget import Widget
 
-from tui.messages import LogEntry
+from tui.runners.interface import LogEntry
 from tui.widgets.style import EVENT_STYLES
 
 

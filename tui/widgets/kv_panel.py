@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from tinyllm.observe.stats import percentile
-from tui.messages import Frame
+from tui.runners.interface import Frame
 from tui.widgets.style import STATE_STYLES, bar, duration
 
 

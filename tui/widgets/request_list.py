@@ -23,7 +23,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from tinyllm.observe.snapshot import RequestView
-from tui.messages import Frame
+from tui.runners.interface import Frame
 from tui.widgets.selection import SELECT_BINDINGS, RequestSelected
 from tui.widgets.style import CACHED, PLAIN, STATE_STYLES, duration, on, rid_style
 

@@ -10,7 +10,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from tinyllm.observe.snapshot import RequestView
-from tui.messages import Frame
+from tui.runners.interface import Frame
 from tui.widgets.style import CACHED, STATE_STYLES, duration, rid_style
 from tui.widgets.text_line import TextLine
 

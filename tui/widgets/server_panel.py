@@ -13,7 +13,7 @@ from textual.widget import Widget
 from tui.widgets.style import STATE_COLOURS, bar, duration
 
 if TYPE_CHECKING:                      # prometheus_client loads only when attached to a server
-    from tui.server_metrics import ServerFigures
+    from tui.runners.vllm_metrics import ServerFigures
 
 
 class ServerPanel(Widget):

@@ -32,7 +32,7 @@ from typing import Callable
 from tinyllm.model.config import CheckpointError, default_kv_blocks
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS
 from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, SlotView
-from tui.messages import LOG_LINES, Frame, LogEntry
+from tui.runners.interface import LOG_LINES, Frame, LogEntry
 
 START_TIMEOUT_S = 600              # loading a big checkpoint on a slow disk can take a while
 
@@ -80,7 +80,7 @@ class EngineSpec:
         """The --record file's writer (None without --record); OSError if it cannot be written."""
         if not self.record:
             return None
-        from tui.frame_record import FrameRecorder, settings_of
+        from tui.runners.frames import FrameRecorder, settings_of
         return FrameRecorder(self.record, engine.snapshot(), Path(self.model_dir).name, self.model_dir,
                              settings_of(self))
 
@@ -168,7 +168,7 @@ def _child_main(spec: EngineSpec, paused: bool, step_delay_ms: int, commands: Co
         kind = type(e).__name__
         frames.send(("error", (kind, str(e) if isinstance(e, ValueError) else f"{kind}: {e}")))
         return
-    from tui.runner import EngineRunner                   # the child's side: torch is fine here
+    from tui.runners.engine import EngineRunner                   # the child's side: torch is fine here
     differ = FrameDiffer()
 
     def send_frame() -> None:                             # called by the runner loop as it publishes

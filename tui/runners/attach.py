@@ -24,8 +24,8 @@ import httpx
 
 from tinyllm.observe.recording import BAD_RECORD, RecordingError, check_header
 from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView
-from tui.frame_record import FrameBuilder
-from tui.messages import Abort, AbortAll, Frame, LoadWorkload, LogEntry, Submit
+from tui.runners.frames import FrameBuilder
+from tui.runners.interface import Abort, AbortAll, Frame, LoadWorkload, LogEntry, Submit
 
 RETRY_S = (0.5, 1, 2, 4, 5)           # backoff between reconnects (then every 5 s)
 READ_TIMEOUT_S = 15                   # the server sends a line at least every 5 s

@@ -2,7 +2,7 @@
 
 One process for all the lanes is what makes the race fair: the lanes never run at the same time,
 so no lane's step is slowed by another's, and each lane's clock counts only its own steps. The
-child is started like the app's engine process (``tui.process_runner``: spawn, a spec of plain
+child is started like the app's engine process (``tui.runners.child``: spawn, a spec of plain
 values, stdout/stderr to /dev/null, commands in, frames out) and warms the model up before the
 start, as ``tinyllm bench`` does, so no lane pays for the first calls. Frames are small (a few
 lanes of at most a few dozen rows), so they travel whole. Nothing on the app's side imports torch.
@@ -20,12 +20,12 @@ from multiprocessing.connection import Connection
 from typing import Callable
 
 from tinyllm.model.config import CheckpointError
-from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S
+from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_NEW
 from tinyllm.race.views import LANES, lane_detail, waiting_lane
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS
-from tui.messages import LogEntry
-from tui.process_runner import START_TIMEOUT_S, EngineStartError, run_child_loop
-from tui.race_runner import RaceFrame, RaceRunner
+from tui.runners.interface import LogEntry
+from tui.runners.child import START_TIMEOUT_S, EngineStartError, run_child_loop
+from tui.runners.race import RaceFrame, RaceRunner
 
 RaceItem = tuple[float, tuple[int, ...], int]          # (arrival_s, prompt token ids, max_new_tokens)
 
@@ -217,3 +217,12 @@ class ProcessRaceRunner:
             if self._proc.is_alive():
                 self._proc.terminate()
                 self._proc.join(1.0)
+
+
+def race_workload(path, encode, max_len: int, default_new: int = DEFAULT_NEW) -> tuple[RaceItem, ...]:
+    """A workload file as (arrival_s, token ids, max_new_tokens): sampling settings and
+    end-of-text are left out (the race is greedy and makes every token, as tinyllm bench)."""
+    from tinyllm.workload import load_workload, tokenize_checked
+    items = load_workload(path)
+    ids = tokenize_checked(items, path, encode, max_len, default_new)
+    return tuple((it.arrival_s, tuple(i), it.max_new_tokens or default_new) for it, i in zip(items, ids))

@@ -15,7 +15,7 @@ from tinyllm.observe.timeline import Track
 from tinyllm.workload import WorkItem
 
 if TYPE_CHECKING:
-    from tui.server_metrics import ServerFigures
+    from tui.runners.vllm_metrics import ServerFigures
 
 MAX_DELAY_MS = 1000
 LOG_LINES = 500

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from rich.table import Table
 from rich.text import Text
-from textual.app import ComposeResult
+from pathlib import Path
+
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Container, VerticalScroll
 from textual.css.query import NoMatches
@@ -15,11 +17,14 @@ from textual.widget import Widget
 from textual.widgets import Footer, Static
 from textual.worker import get_current_worker
 
+from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT_WORKLOAD
 from tinyllm.race.views import LaneView
-from tui.messages import MAX_DELAY_MS, SetDelay, SetPublishInterval, StepOnce, TogglePaused
-from tui.pacing import FramePacer
-from tui.race_runner import RaceFrame, Restart
-from tui.screens import _pretty_keys
+from tinyllm.request import ContextTooLong
+from tui.runners.interface import MAX_DELAY_MS, SetDelay, SetPaused, SetPublishInterval, StepOnce, TogglePaused
+from tui.runners.race_child import ProcessRaceRunner, RaceSpec, race_workload
+from tui.screens.live import FramePacer
+from tui.runners.race import RaceFrame, Restart
+from tui.screens.modals import _pretty_keys
 from tui.widgets.lane_panel import LanePanel, secs
 from tui.widgets.race_track import RaceTrack
 from tui.widgets.text_line import TextLine
@@ -311,3 +316,82 @@ class RaceScreen(Screen):
 
     def action_back(self) -> None:
         self.dismiss()
+
+
+class RaceApp(App):
+    """The race screen as the whole app (tinyllm-tui --race)."""
+    TITLE = "tinyllm-tui race"
+
+    def __init__(self, runner, *, workload: str, model_name: str):
+        super().__init__()
+        self.runner = runner
+        self.workload = workload
+        self.model_name = model_name
+        self.startup_error: str | None = None      # the race process could not start; main() prints it
+
+    def on_mount(self) -> None:
+        self.push_screen(RaceScreen(self.runner, workload=self.workload, model_name=self.model_name, standalone=True))
+
+    def refresh_from_runner(self, force: bool = False) -> None:
+        """Draw the newest frame now (tests; the screen otherwise draws at its own pace)."""
+        if isinstance(self.screen, RaceScreen):
+            self.screen.refresh_from_runner(force=force)
+
+    async def action_quit(self) -> None:
+        self.runner.stop()
+        self.exit()
+
+    def on_unmount(self) -> None:
+        self.runner.stop()
+
+
+# -- the main app's `r` key -----------------------------------------------------------------------
+def open_race(app) -> None:
+    """Open the race over the main app, on its model, with the default workload and the app's
+    slot count. The app's own engine is paused meanwhile (it would take CPU from the lanes) and
+    resumed afterwards if it was running."""
+    from tinyllm.workload import WorkloadError, resolve_workload
+    runner = app.runner
+    snap = runner.frame.snapshot
+    engine = getattr(runner, "engine", None)              # EngineRunner: the model is in this process
+    spec = getattr(runner, "spec", None)                  # ProcessRunner: it is in the engine process
+    if app.tokenizer is None or (engine is None and spec is None):
+        app.notify("The race runs the model here: not in a replay, nor attached to a server.",
+                   severity="warning", timeout=5)
+        return
+    if engine is not None:
+        max_seq_len = engine.model.cfg.max_seq_len
+        model_dir = "(in this process)"
+    else:
+        from tinyllm.model.config import load_config_and_tokenizer
+        model_dir = spec.model_dir
+        max_seq_len = load_config_and_tokenizer(Path(model_dir))[0].max_seq_len
+    max_len = min(max_seq_len, DEFAULT_MAX_LEN)
+    try:
+        path = resolve_workload(DEFAULT_WORKLOAD)
+        work = race_workload(path, app.tokenizer.encode, max_len)
+    except WorkloadError as e:
+        app.notify(str(e), title="the race could not start", severity="error", timeout=10)
+        return
+    budget = snap.max_batched_tokens
+    race = RaceSpec(model_dir, work, DEFAULT_WORKLOAD, snap.n_slots, max_len, snap.kv.block_size or 16, None,
+                    budget if budget and budget >= snap.n_slots else None, DEFAULT_BATCH_TIMEOUT_S,
+                    device=None if spec is None else spec.device, threads=runner.threads or None)
+    was_paused = runner.frame.paused
+    runner.send(SetPaused(True))
+    try:
+        if engine is not None:
+            from tui.runners.race import RaceRunner
+            race_runner = RaceRunner(lambda: race.make_race(engine.model), device=runner.device, threads=runner.threads)
+        else:
+            race_runner = ProcessRaceRunner(race).start()
+    except (ValueError, ContextTooLong) as e:
+        app.notify(" ".join(str(e).split()), title="the race could not start", severity="error", timeout=10)
+        runner.send(SetPaused(was_paused))
+        return
+
+    def back(_=None) -> None:
+        if not was_paused:
+            runner.send(SetPaused(False))
+    app.push_screen(RaceScreen(race_runner, workload=DEFAULT_WORKLOAD, model_name=app.model_name, standalone=False),
+                    back)

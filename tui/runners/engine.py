@@ -6,7 +6,7 @@ engine, decodes new tokens incrementally and publishes a ``Frame``: an immutable
 the text of every request and the event log. The UI reads the newest frame at its own rate, so
 UI cost does not grow with the token rate. Nothing here imports textual.
 
-The app runs this loop in a child process by default (``tui.process_runner``: commands and
+The app runs this loop in a child process by default (``tui.runners.child``: commands and
 frames are plain picklable dataclasses for that reason), or in a worker thread of its own.
 """
 
@@ -25,8 +25,8 @@ from tinyllm.observe.snapshot import LifecycleEvent
 from tinyllm.observe.timeline import Timeline
 from tinyllm.model.tokenizer import Tokenizer, TokenStream
 from tinyllm.workload import WorkItem
-from tui.frame_record import FrameRecorder
-from tui.messages import (LOG_LINES, lifecycle_log, MAX_DELAY_MS, Abort, AbortAll, ClearPrefixCache, Frame, LoadWorkload, LogEntry,
+from tui.runners.frames import FrameRecorder
+from tui.runners.interface import (LOG_LINES, lifecycle_log, MAX_DELAY_MS, Abort, AbortAll, ClearPrefixCache, Frame, LoadWorkload, LogEntry,
                           SetDelay, SetPaused, SetPublishInterval, StepOnce, Submit, TogglePaused)
 
 PUBLISH_S = 1 / 30

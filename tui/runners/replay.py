@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Callable
 
 from tinyllm.observe.recording import BAD_RECORD, RecordingError, read_recording
-from tui.frame_record import FrameBuilder
-from tui.messages import (MAX_DELAY_MS, Frame, JumpEvent, SeekStep, SetDelay, SetPaused, StepBack, StepOnce,
+from tui.runners.frames import FrameBuilder
+from tui.runners.interface import (MAX_DELAY_MS, Frame, JumpEvent, SeekStep, SetDelay, SetPaused, StepBack, StepOnce,
                           TogglePaused)
 
 KEY_EVERY = 200

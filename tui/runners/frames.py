@@ -18,7 +18,7 @@ from tinyllm.observe.recording import (RecordingWriter, SnapshotDecoder, Snapsho
                                make_header)
 from tinyllm.observe.snapshot import EngineSnapshot, LifecycleEvent
 from tinyllm.observe.timeline import Timeline
-from tui.messages import LOG_LINES, Frame, LogEntry, lifecycle_log
+from tui.runners.interface import LOG_LINES, Frame, LogEntry, lifecycle_log
 
 TPS_POINT_S = 0.25          # the tokens/s sparkline gets a point per this much engine time
 

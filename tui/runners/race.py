@@ -3,7 +3,7 @@
 The same commands as the app's runner (pause, step once, step delay, publish interval) plus
 ``Restart``. The loop steps the race one forward pass at a time (``Race.step``: the lane that is
 furthest behind on its own clock) and publishes a ``RaceFrame``. No torch here: the race comes
-from a factory (built in the engine process by ``tui.race_process``, or in the app's process for
+from a factory (built in the engine process by ``tui.runners.race_child``, or in the app's process for
 tests and ``--engine-thread``), so the app can import this module for its types.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tinyllm.race.views import LaneView
-from tui.messages import (MAX_DELAY_MS, LogEntry, SetDelay, SetPaused, SetPublishInterval, StepOnce,
+from tui.runners.interface import (MAX_DELAY_MS, LogEntry, SetDelay, SetPaused, SetPublishInterval, StepOnce,
                           TogglePaused)
 
 PUBLISH_S = 1 / 30

@@ -1,7 +1,7 @@
 """The app attached to a vLLM server (or any server with vLLM's OpenAI API and metrics).
 
 vLLM shows no scheduler internals to a client, so this runner builds what it can: the server's
-figures from ``/metrics`` (polled, see ``tui.server_metrics``), and this app's own requests,
+figures from ``/metrics`` (polled, see ``tui.runners.vllm_metrics``), and this app's own requests,
 streamed from ``/v1/completions`` into the request list and panes with their TTFT and tokens/s
 measured here. Aborting one of them closes its stream (vLLM aborts a request whose client goes
 away). The slot grid, block map and other clients' requests need engine internals: the app says
@@ -22,9 +22,9 @@ import httpx
 
 from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, RequestView
 from tinyllm.observe.timeline import Timeline
-from tui.messages import LOG_LINES, Abort, AbortAll, Frame, LoadWorkload, LogEntry, Submit
-from tui.remote_runner import RETRY_S, api_error, completion_body, hang_up, send_workload, why
-from tui.server_metrics import MetricsError, MetricsWindow, ServerFigures, parse
+from tui.runners.interface import LOG_LINES, Abort, AbortAll, Frame, LoadWorkload, LogEntry, Submit
+from tui.runners.attach import RETRY_S, api_error, completion_body, hang_up, send_workload, why
+from tui.runners.vllm_metrics import MetricsError, MetricsWindow, ServerFigures, parse
 
 POLL_S = 0.5
 UNKNOWN_MAX_LEN = 1 << 20    # a server that does not say its context length: let it refuse long prompts

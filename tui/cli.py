@@ -1,0 +1,359 @@
+"""`tinyllm-tui`: the command line. Parse and check every option once, before any screen or
+process starts (one line on stderr, exit 2, for anything the user got wrong), then run the
+app in this terminal, or serve it in a browser (--web).
+
+What runs is decided here: the main app over a local engine (a child process, or a thread),
+a recording (--replay), a server (--attach), or the race (--race).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tinyllm.args import check_device
+from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT_WORKLOAD, check_static_batches
+from tinyllm.race.views import LANES
+from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, Sampling, check_fits
+from tui.app import DEFAULT_THREADS, TinyLLMApp
+from tui.runners.child import EngineSpec, EngineStartError, ProcessRunner
+from tui.runners.interface import MAX_DELAY_MS
+from tui.runners.race_child import ProcessRaceRunner, RaceSpec, race_workload
+from tui.screens.modals import NextSettings, read_workload
+from tui.screens.race import RaceApp
+from tui import web
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from tinyllm.args import OneLineParser, non_negative_float, positive_int, unit_interval
+    p = OneLineParser(prog="tinyllm-tui", description="Watch tinyllm's continuous-batching scheduler live: "
+                      "type prompts or load prompt files, see slots, KV blocks and tokens as they happen.")
+    p.add_argument("--model", metavar="DIR", help="local HF Llama checkpoint directory (default: bundled Shakespeare)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available, else cpu)")
+    p.add_argument("--slots", type=positive_int, default=8, metavar="N", help="KV slots = max concurrent requests (default 8)")
+    p.add_argument("--max-len", type=positive_int, default=None, metavar="N", help="tokens per slot (default: the model's context)")
+    p.add_argument("--kv", choices=["slots", "paged"], default=None,
+                   help="KV cache layout (default paged; slots = the seed's slot cache, no chunked prefill)")
+    p.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
+                   help="the token-budget scheduler: decodes and prompt chunks in one forward per step "
+                        "(default on with --kv paged; --no-chunked-prefill = the seed's prefill-then-decode)")
+    p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=None,
+                   help="reuse the KV blocks of prompt prefixes seen before (default on with chunked prefill)")
+    p.add_argument("--max-batched-tokens", type=positive_int, default=None, metavar="N",
+                   help=f"chunked prefill: tokens per step, at least --slots (default {DEFAULT_MAX_BATCHED_TOKENS})")
+    p.add_argument("--threads", type=positive_int, default=DEFAULT_THREADS, metavar="N",
+                   help=f"torch CPU threads for the engine (default {DEFAULT_THREADS}: see the README on contention)")
+    p.add_argument("--block-size", type=positive_int, default=16, metavar="N", help="paged: tokens per block (default 16)")
+    p.add_argument("--kv-blocks", type=positive_int, default=None, metavar="N",
+                   help="paged: blocks in the pool (default: the slot cache's memory); small values force preemption")
+    p.add_argument("--temperature", type=non_negative_float, default=0.8, metavar="T", help="default for new requests (0 = greedy; default 0.8)")
+    p.add_argument("--top-k", type=positive_int, default=None, metavar="K", help="default top_k for new requests (default off)")
+    p.add_argument("--top-p", type=unit_interval, default=None, metavar="P", help="default top_p for new requests (default off)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=120, metavar="N", help="default for new requests (default 120)")
+    p.add_argument("--prompts", default=None, metavar="FILE|NAME",
+                   help="a JSONL workload to load at start: a path, or a bundled workload's name (e.g. burst)")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
+    p.add_argument("--step-delay", type=int, default=0, metavar="MS", help=f"pause between engine steps, 0-{MAX_DELAY_MS} ms (slow motion)")
+    p.add_argument("--paused", action="store_true", help="start paused (space / F5 resumes, n / F6 steps once)")
+    p.add_argument("--record", metavar="FILE", default=None,
+                   help="write the run to FILE as it happens (JSONL; FILE.gz: compressed), for --replay and tinyllm trace")
+    p.add_argument("--replay", metavar="FILE", default=None,
+                   help="play a --record file back (no model is loaded): every panel as it was, at any step")
+    p.add_argument("--attach", metavar="URL", default=None,
+                   help="watch and drive a running server instead of a local engine: tinyllm serve (every "
+                        "panel) or a vLLM server (its metrics), e.g. http://127.0.0.1:8000")
+    add_race_args(p)
+    web.add_web_args(p)
+    p.add_argument("--engine-thread", action="store_true",
+                   help="run the engine in a thread of the app's process instead of its own process "
+                        "(easier to debug, about half as fast: the UI and the engine share one GIL)")
+    return p
+
+
+def scheduler_choice(parser, kv: str | None, chunked: bool | None, budget: int | None,
+                     slots: int) -> tuple[str, bool]:
+    """(kv, chunked_prefill) from the flags: chunked prefill on the paged cache unless told
+    otherwise; contradictions are errors that say which flags clash."""
+    if chunked and kv == "slots":
+        parser.error("--chunked-prefill needs --kv paged (the token-budget scheduler allocates KV blocks)")
+    kv = kv or "paged"
+    chunked = (kv == "paged") if chunked is None else chunked
+    if budget is not None and not chunked:
+        parser.error("--max-batched-tokens applies to chunked prefill only (drop --no-chunked-prefill / --kv slots)")
+    if chunked and (budget or DEFAULT_MAX_BATCHED_TOKENS) < slots:
+        parser.error(f"--max-batched-tokens {budget or DEFAULT_MAX_BATCHED_TOKENS} is less than --slots {slots}: "
+                     f"every running request decodes one token per step, so the budget must cover them all")
+    return kv, chunked
+
+
+def build_app(argv: list[str] | None = None) -> TinyLLMApp:
+    """Parse arguments, check them, start the engine; SystemExit(2) with one line on bad input.
+
+    Everything the user can get wrong is checked here, before the screen takes over, without
+    importing torch: the checkpoint's config and tokenizer, the settings, and the prompt file.
+    The engine process then loads torch and the weights while the screen is already up (its
+    errors, e.g. unreadable weights, end the app with the same kind of one line)."""
+    from tinyllm.model.config import CheckpointError, default_model_dir, load_config_and_tokenizer
+    from tinyllm.workload import WorkloadError, resolve_workload
+
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if not 0 <= a.step_delay <= MAX_DELAY_MS:
+        parser.error(f"--step-delay must be in [0, {MAX_DELAY_MS}] ms, got {a.step_delay}")
+    if (race := race_app(parser, a)) is not None:
+        return race
+    if a.replay is not None:
+        return replay_app(parser, a)
+    if a.attach is not None:
+        return attach_app(parser, a)
+    if a.record is not None:
+        check_writable(parser, a.record)
+    check_device(parser, a.device)
+    path = Path(a.model) if a.model else default_model_dir()
+    try:
+        cfg, tok = load_config_and_tokenizer(path)
+    except CheckpointError as e:
+        parser.error(f"--model: {e}")
+    max_len = a.max_len or cfg.max_seq_len
+    try:
+        check_fits(1, a.max_new_tokens, max_len, "--max-len")
+    except ContextTooLong:
+        parser.error(f"--max-new-tokens {a.max_new_tokens} leaves no room for a prompt in --max-len {max_len}")
+    try:
+        sampling = Sampling(a.temperature, a.top_k, a.top_p)
+    except ValueError as e:
+        parser.error(str(e))
+    prompts = None
+    if a.prompts is not None:
+        try:
+            prompts = resolve_workload(a.prompts)
+            read_workload(prompts, tok.encode, max_len, a.max_new_tokens)
+        except WorkloadError as e:
+            parser.error(f"--prompts: {e}")
+    kv, chunked = scheduler_choice(parser, a.kv, a.chunked_prefill, a.max_batched_tokens, a.slots)
+    if a.prefix_cache and not chunked:
+        parser.error("--prefix-cache needs chunked prefill (the token-budget scheduler on --kv paged)")
+    spec = EngineSpec(str(path), a.device, a.slots, max_len, kv, a.block_size, a.kv_blocks, a.seed,
+                      threads=a.threads, chunked_prefill=chunked, max_batched_tokens=a.max_batched_tokens,
+                      prefix_cache=a.prefix_cache, record=a.record)
+    try:
+        if a.engine_thread:
+            from tui.runners.engine import EngineRunner
+            engine, _ = spec.build()
+            runner = EngineRunner(engine, tok, paused=a.paused, step_delay_ms=a.step_delay,
+                                  recorder=spec.open_recorder(engine))
+        else:
+            runner = ProcessRunner(spec, paused=a.paused, step_delay_ms=a.step_delay).start(wait=False)
+    except CheckpointError as e:
+        parser.error(f"--model: {e}")
+    except Exception as e:                                # noqa: BLE001 - e.g. CUDA errors with --engine-thread
+        parser.error(" ".join(str(e).split()) if isinstance(e, (ValueError, EngineStartError))
+                     else f"the engine could not start: {type(e).__name__}: {' '.join(str(e).split())}")
+    name = path.name if a.model else "bundled Shakespeare"
+    return TinyLLMApp(runner, tok, model_name=name, settings=NextSettings(sampling, a.max_new_tokens),
+                      prompts_file=prompts, recording=Path(a.record) if a.record else None)
+
+
+def check_writable(parser, path: str) -> None:
+    """--record: say now, before the screen is up, if the file cannot be written."""
+    import os
+    p = Path(path)
+    if p.is_dir():
+        parser.error(f"--record {path}: is a directory; give a file name, e.g. {p / 'run.jsonl'}")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        parser.error(f"--record {path}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        parser.error(f"--record {path}: not writable")
+
+
+def attach_app(parser, a) -> TinyLLMApp:
+    """--attach: the app over a server (no local engine, no torch). tinyllm serve streams its
+    whole state; a vLLM server only its metrics. Local arguments are checked before connecting."""
+    from tinyllm.model.config import CheckpointError, load_config_and_tokenizer
+    from tinyllm.workload import WorkloadError, resolve_workload
+    from tui.runners.attach import AttachRunner
+    from tui.runners.vllm import VllmRunner
+    if a.record is not None:
+        parser.error("--record records a local engine; to record a server: curl -N URL/v1/tinyllm/stream > run.jsonl")
+    if a.prompts is not None and not a.model:
+        parser.error("--prompts with --attach needs --model DIR: its tokenizer checks the prompt file "
+                     "(F3 loads prompt files the same way)")
+    try:
+        sampling = Sampling(a.temperature, a.top_k, a.top_p)
+    except ValueError as e:
+        parser.error(str(e))
+    tok = None
+    if a.model:                                           # for prompt files and local fit checks
+        try:
+            _, tok = load_config_and_tokenizer(Path(a.model))
+        except CheckpointError as e:
+            parser.error(f"--model: {e}")
+    url = a.attach if "://" in a.attach else f"http://{a.attach}"
+    try:
+        runner = AttachRunner(url).start()
+    except ConnectionError as e:
+        if "not a tinyllm serve" not in str(e):
+            parser.error(f"--attach {e}")
+        try:                                              # no state stream: a vLLM server?
+            runner = VllmRunner(url).start()
+        except ConnectionError as e2:
+            parser.error(f"--attach {url}: found neither tinyllm serve nor a vLLM server there "
+                         f"({str(e).split(': ', 1)[-1]}; {str(e2).split(': ', 1)[-1]})")
+    prompts = None
+    if a.prompts is not None:
+        try:
+            prompts = resolve_workload(a.prompts)
+            read_workload(prompts, tok.encode, runner.frame.snapshot.max_len, a.max_new_tokens)
+        except WorkloadError as e:
+            runner.stop()
+            parser.error(f"--prompts: {e}")
+    return TinyLLMApp(runner, tok, model_name=runner.model_name, settings=NextSettings(sampling, a.max_new_tokens),
+                      prompts_file=prompts)
+
+
+def replay_app(parser, a) -> TinyLLMApp:
+    """--replay: the app over a recording, no model, no torch."""
+    from tinyllm.observe.recording import RecordingError
+    from tui.runners.replay import ReplayRunner
+    if a.record is not None:
+        parser.error("--record and --replay cannot be used together (a replay changes nothing to record)")
+    try:
+        runner = ReplayRunner(a.replay, paused=a.paused, step_delay_ms=a.step_delay)
+    except RecordingError as e:
+        parser.error(f"--replay: {e}")
+    return TinyLLMApp(runner, None, model_name=str(runner.header.get("model", "?")))
+
+
+def main(argv: list[str] | None = None) -> int:
+    if (code := serve_if_asked(argv)) is not None:   # --web: the app in a browser, one process per tab
+        return code
+    app = build_app(argv)
+    app.run()
+    if app.startup_error is not None:
+        build_parser().error(app.startup_error)          # one line on stderr, exit 2
+    if getattr(app, "recording", None) is not None:
+        steps = app.runner.frame.snapshot.counters.steps
+        print(f"tinyllm-tui: recorded {steps} steps to {app.recording.resolve()} "
+              f"(tinyllm-tui --replay {app.recording}; tinyllm trace {app.recording})")
+    return app.return_code or 0
+
+
+def serve_if_asked(argv: list[str] | None) -> int | None:
+    """--web: check the options, then serve until Ctrl+C (returns the exit code). Without --web:
+    None (the caller runs the app in this terminal), after refusing --host / --port."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if not a.web:
+        for flag, value in (("--host", a.host), ("--port", a.port)):
+            if value is not None:
+                parser.error(f"{flag} applies to --web only")
+        return None
+    check_session(parser, a)
+    return web.serve(parser, a, [sys.executable, "-m", "tui.cli", *web.session_argv(argv)])
+
+
+def check_session(parser, a) -> None:
+    """--web: what a tab's app would refuse, refused here once instead (no engine started): the
+    model, a prompt file, the race's options. Anything else a tab's app reports itself."""
+    from tinyllm.model.config import CheckpointError, default_model_dir, load_config_and_tokenizer
+    from tinyllm.workload import WorkloadError, resolve_workload
+    if a.replay is not None or a.attach is not None:
+        return                                            # no model: the tab's app checks its own file / server
+    if a.race is not None:
+        race_spec(parser, a)
+        return
+    try:
+        load_config_and_tokenizer(Path(a.model) if a.model else default_model_dir())
+    except CheckpointError as e:
+        parser.error(f"--model: {e}")
+    if a.prompts is not None:
+        try:
+            resolve_workload(a.prompts)
+        except WorkloadError as e:
+            parser.error(f"--prompts: {e}")
+
+
+# -- the race's options -----------------------------------------------------------------------------
+def add_race_args(p: argparse.ArgumentParser) -> None:
+    from tinyllm.args import non_negative_float
+    p.add_argument("--race", nargs="?", const=DEFAULT_WORKLOAD, default=None, metavar="WORKLOAD",
+                   help="race static batching, continuous batching and the token-budget scheduler on the same "
+                        f"requests (a bundled workload's name or a JSONL file; default {DEFAULT_WORKLOAD})")
+    p.add_argument("--batch-timeout", type=non_negative_float, default=None, metavar="S",
+                   help="--race with arrivals: static batching starts a partial batch once its oldest request has "
+                        f"waited S seconds of its clock (default {DEFAULT_BATCH_TIMEOUT_S:g})")
+    p.add_argument("--lanes", default=None, metavar="LIST",
+                   help=f"--race: which lanes, comma-separated, at least two of {','.join(LANES)} (default all)")
+
+
+def race_app(parser, a) -> RaceApp | None:
+    """The race app for ``--race`` (None without it, after refusing race-only options)."""
+    if a.race is None:
+        for flag, value in (("--batch-timeout", a.batch_timeout), ("--lanes", a.lanes)):
+            if value is not None:
+                parser.error(f"{flag} applies to --race only")
+        return None
+    spec = race_spec(parser, a)
+    if a.engine_thread:
+        from tui.runners.race import RaceRunner
+        try:
+            model, device = spec.build()
+        except Exception as e:                            # noqa: BLE001 - one line, exit 2
+            parser.error(" ".join(str(e).split()))
+        runner = RaceRunner(lambda: spec.make_race(model), a.paused, a.step_delay, device, a.threads)
+    else:
+        runner = ProcessRaceRunner(spec, paused=a.paused, step_delay_ms=a.step_delay).start()
+    name = Path(a.model).name if a.model else "bundled Shakespeare"
+    return RaceApp(runner, workload=spec.name, model_name=name)
+
+
+def race_spec(parser, a) -> RaceSpec:
+    """Check every race option (no torch, no process) and return the spec the race is built from."""
+    from tinyllm.model.config import CheckpointError, default_model_dir, load_config_and_tokenizer
+    from tinyllm.workload import WorkloadError, resolve_workload
+    for flag, value, why in (("--replay", a.replay, "a race runs a model"),
+                             ("--attach", getattr(a, "attach", None), "a race runs a model here"),
+                             ("--record", a.record, "a race is not recorded"),
+                             ("--prompts", a.prompts, "give the workload to --race"),
+                             ("--kv", a.kv, "each lane has its own KV layout"),
+                             ("--[no-]chunked-prefill", a.chunked_prefill, "the third lane is the chunked one"),
+                             ("--[no-]prefix-cache", a.prefix_cache, "the chunked lane caches prefixes")):
+        if value is not None:
+            parser.error(f"{flag} does not apply to --race ({why})")
+    check_device(parser, a.device)
+    path = Path(a.model) if a.model else default_model_dir()
+    try:
+        cfg, tok = load_config_and_tokenizer(path)
+    except CheckpointError as e:
+        parser.error(f"--model: {e}")
+    max_len = a.max_len or min(cfg.max_seq_len, DEFAULT_MAX_LEN)
+    if max_len > cfg.max_seq_len:
+        parser.error(f"--max-len {max_len} is more than the model's context ({cfg.max_seq_len})")
+    lanes = LANES if a.lanes is None else tuple(k.strip() for k in a.lanes.split(","))
+    bad = [k for k in lanes if k not in LANES]
+    if bad or len(set(lanes)) < 2:
+        parser.error(f"--lanes {a.lanes}: choose at least two of {', '.join(LANES)}"
+                     + (f" (unknown: {', '.join(bad)})" if bad else ""))
+    budget = a.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
+    if "chunked" in lanes and budget < a.slots:
+        parser.error(f"--max-batched-tokens {budget} is less than --slots {a.slots}: every running request "
+                     f"decodes one token per step, so the budget must cover them all")
+    try:
+        wl_path = resolve_workload(a.race)
+        work = race_workload(wl_path, tok.encode, max_len)
+        if "static" in lanes:
+            check_static_batches([(len(ids), new) for _, ids, new in sorted(work, key=lambda w: w[0])], a.slots,
+                                 cfg.max_seq_len)
+    except (WorkloadError, ContextTooLong) as e:
+        parser.error(f"--race: {e}")
+    timeout = DEFAULT_BATCH_TIMEOUT_S if a.batch_timeout is None else a.batch_timeout
+    return RaceSpec(str(path), work, wl_path.name.removesuffix(".jsonl"), a.slots, max_len, a.block_size,
+                    a.kv_blocks, a.max_batched_tokens, timeout, tuple(k for k in LANES if k in lanes), a.device,
+                    a.threads, a.seed)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

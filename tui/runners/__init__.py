@@ -1,0 +1,1 @@
+"""What runs an engine for the app: commands in, frames out (interface.py says how)."""

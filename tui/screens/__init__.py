@@ -1,0 +1,1 @@
+"""The app's screens: the race, help, modal dialogs, and the paced refresh they share."""
