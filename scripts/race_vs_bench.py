@@ -27,7 +27,7 @@ from tinyllm.engine import Request, run_continuous, run_static  # noqa: E402
 from tinyllm.race.race import build_race  # noqa: E402
 from tinyllm.workload import resolve_workload  # noqa: E402
 from tinyllm.race.rules import DEFAULT_MAX_LEN  # noqa: E402
-from tui.runners.race_child import race_workload  # noqa: E402
+from tui.runners.race import race_workload  # noqa: E402
 
 COLS = ("tok_s", "ttft_p50_s", "ttft_p95_s", "latency_p95_s", "row_util", "kv_used_mean", "decode_steps")
 

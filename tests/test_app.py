@@ -610,7 +610,7 @@ class LoadingRunner:
 async def test_the_screen_is_up_while_the_engine_loads():
     from tinyllm.model.checkpoint import default_model_dir
     from tui.runners.interface import Submit
-    from tui.runners.child import EngineSpec
+    from tui.runners.engine import EngineSpec
     spec = EngineSpec(str(default_model_dir()), None, 4, 128, kv="paged", block_size=8)
     runner = LoadingRunner(spec)
     app = TinyLLMApp(runner, bundled()[1], model_name="test", settings=NextSettings(Sampling(), 12))

@@ -16,15 +16,10 @@ import torch
 from tinyllm.model.checkpoint import CheckpointError, default_model_dir, load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
 from tui.screens.live import FramePacer
-from tui.runners.child import (
-    EngineSpec,
-    EngineStartError,
-    FrameDiffer,
-    FrameMerger,
-    ProcessRunner,
-)
+from tui.runners.child import ChildRunner, EngineStartError
+from tui.runners.engine import EngineRunner, EngineSpec
+from tui.runners.frames import FrameDiffer, FrameMerger
 from tui.runners.interface import SetPaused, StepOnce, Submit
-from tui.runners.engine import EngineRunner
 
 
 def wait_for(cond, timeout: float = 60.0) -> None:
@@ -61,7 +56,7 @@ def proc():
 
     def start(**kw):
         spec = EngineSpec(str(default_model_dir()), "cpu", kw.pop("slots", 2), kw.pop("max_len", 128), threads=1, **kw)
-        r = ProcessRunner(spec, paused=True).start(timeout=120)
+        r = ChildRunner(spec, paused=True).start(timeout=120)
         runners.append(r)
         return r
     yield start
@@ -117,7 +112,7 @@ def test_the_engine_process_records_what_the_app_received(proc, tmp_path):
 def test_an_unwritable_record_file_is_a_start_error(tmp_path):
     spec = EngineSpec(str(default_model_dir()), "cpu", 2, 64, threads=1, record=str(tmp_path / "no" / "run.jsonl"))
     with pytest.raises(EngineStartError, match="No such file"):
-        ProcessRunner(spec).start(timeout=120)
+        ChildRunner(spec).start(timeout=120)
 
 
 def test_bad_checkpoint_and_bad_settings_are_reported_not_hung(tmp_path):
@@ -126,9 +121,9 @@ def test_bad_checkpoint_and_bad_settings_are_reported_not_hung(tmp_path):
         (tmp_path / name).write_bytes((src / name).read_bytes())
     (tmp_path / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(CheckpointError, match="safetensors"):
-        ProcessRunner(EngineSpec(str(tmp_path))).start(timeout=120)
+        ChildRunner(EngineSpec(str(tmp_path))).start(timeout=120)
     with pytest.raises(EngineStartError, match="kv"):
-        ProcessRunner(EngineSpec(str(src), kv="blocks")).start(timeout=120)
+        ChildRunner(EngineSpec(str(src), kv="blocks")).start(timeout=120)
 
 
 def test_a_killed_engine_process_is_reported_and_commands_are_dropped(proc):
@@ -194,7 +189,7 @@ def test_the_app_side_imports_no_torch():
 
 def test_a_loading_runner_shows_the_layout_and_keeps_early_commands():
     spec = EngineSpec(str(default_model_dir()), None, 3, 128, kv="paged", block_size=8, threads=1)
-    runner = ProcessRunner(spec, paused=True).start(wait=False)
+    runner = ChildRunner(spec, paused=True).start(wait=False)
     try:
         f = runner.frame
         assert f.status == "loading" and f.paused and runner.device == "?"
@@ -215,7 +210,7 @@ def test_a_start_error_without_waiting_is_kept_for_the_app(tmp_path):
     for name in ("config.json", "tokenizer.json"):
         (tmp_path / name).write_bytes((src / name).read_bytes())
     (tmp_path / "model.safetensors").write_bytes(b"not safetensors")
-    runner = ProcessRunner(EngineSpec(str(tmp_path)), max_len=64).start(wait=False)
+    runner = ChildRunner(EngineSpec(str(tmp_path)), max_len=64).start(wait=False)
     t = threading.Thread(target=runner.run, daemon=True)
     t.start()
     t.join(60)

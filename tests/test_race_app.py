@@ -15,10 +15,9 @@ from tinyllm.engine import Request, run_continuous, run_static
 from tinyllm.workload import resolve_workload
 from tui.cli import build_app
 from tui.runners.interface import SetPaused, StepOnce
-from tui.runners.race_child import race_workload
 from tui.screens.race import RaceApp
-from tui.runners.race_child import ProcessRaceRunner, RaceSpec
-from tui.runners.race import RaceRunner
+from tui.runners.child import ChildRunner
+from tui.runners.race import RaceRunner, RaceSpec, race_workload
 from tui.screens.race import FinishLine, RaceHelp, RaceScreen
 from tui.widgets.lane_panel import LanePanel
 
@@ -245,7 +244,7 @@ def test_the_web_sessions_run_the_same_options_without_the_web_ones():
 def test_the_race_process_steps_the_lanes_and_stops_cleanly():
     spec = RaceSpec(str(default_model_dir()), small_work(n=4, cap=8), "mini", slots=2, max_len=MAX_LEN,
                     threads=1, warm_up=False)
-    runner = ProcessRaceRunner(spec, paused=True).start()
+    runner = ChildRunner(spec, paused=True).start(wait=False)
     assert runner.frame.status == "loading" and len(runner.frame.lanes) == 3      # the screen is up at once
     loop = threading.Thread(target=runner.run, daemon=True)
     loop.start()
@@ -267,7 +266,7 @@ def test_the_race_process_steps_the_lanes_and_stops_cleanly():
 def test_a_race_process_that_cannot_start_says_why_in_one_line():
     spec = RaceSpec(str(default_model_dir()), small_work(n=2, cap=8), "mini", slots=2, max_len=MAX_LEN,
                     block_size=8, kv_blocks=1, threads=1, warm_up=False)
-    runner = ProcessRaceRunner(spec, paused=True).start()
+    runner = ChildRunner(spec, paused=True).start(wait=False)
     loop = threading.Thread(target=runner.run, daemon=True)          # returns once the child reports
     loop.start()
     try:

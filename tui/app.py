@@ -1,6 +1,6 @@
 """tinyllm-tui: watch continuous batching happen, and debug a scheduler by eye.
 
-The App never touches the engine: it sends commands to a runner that owns it (``ProcessRunner``,
+The App never touches the engine: it sends commands to a runner that owns it (``ChildRunner``,
 the engine in a child process, by default; ``EngineRunner``, a thread, in tests and with
 ``--engine-thread``) and redraws from the runner's newest ``Frame`` at up to 20 Hz, paced by
 ``FramePacer`` so drawing never takes much CPU from the engine.

@@ -30,7 +30,8 @@ from tinyllm.bench import default_workload, random_checkpoint
 from tinyllm.model.checkpoint import default_model_dir, load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling, percentile, run_continuous
 from tui.app import DEFAULT_THREADS, TinyLLMApp
-from tui.runners.child import EngineSpec, ProcessRunner
+from tui.runners.child import ChildRunner
+from tui.runners.engine import EngineSpec
 from tui.runners.interface import SetPaused, Submit
 from tui.runners.engine import EngineRunner
 from tui.screens.modals import NextSettings
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
             runs = []
             for keys in (0, a.keys):                      # watching, then typing
                 if kind == "process":
-                    runner = ProcessRunner(spec, paused=True).start()
+                    runner = ChildRunner(spec, paused=True).start()
                 else:
                     runner = EngineRunner(ContinuousEngine(model, a.slots, **sched), tok, paused=True)
                 tps, key_lat, hz, share = asyncio.run(in_app(runner, tok, reqs, keys, a.key_gap))

@@ -17,9 +17,10 @@ from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT
 from tinyllm.race.views import LANES
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, Sampling, check_fits
 from tui.app import DEFAULT_THREADS, TinyLLMApp
-from tui.runners.child import EngineSpec, EngineStartError, ProcessRunner
+from tui.runners.child import ChildRunner, EngineStartError
+from tui.runners.engine import EngineSpec
 from tui.runners.interface import MAX_DELAY_MS
-from tui.runners.race_child import ProcessRaceRunner, RaceSpec, race_workload
+from tui.runners.race import RaceSpec, race_workload
 from tui.screens.modals import NextSettings, read_workload
 from tui.screens.race import RaceApp
 from tui import web
@@ -144,7 +145,7 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
             runner = EngineRunner(engine, tok, paused=a.paused, step_delay_ms=a.step_delay,
                                   recorder=spec.open_recorder(engine))
         else:
-            runner = ProcessRunner(spec, paused=a.paused, step_delay_ms=a.step_delay).start(wait=False)
+            runner = ChildRunner(spec, paused=a.paused, step_delay_ms=a.step_delay).start(wait=False)
     except CheckpointError as e:
         parser.error(f"--model: {e}")
     except Exception as e:                                # noqa: BLE001 - e.g. CUDA errors with --engine-thread
@@ -305,7 +306,7 @@ def race_app(parser, a) -> RaceApp | None:
             parser.error(" ".join(str(e).split()))
         runner = RaceRunner(lambda: spec.make_race(model), a.paused, a.step_delay, device, a.threads)
     else:
-        runner = ProcessRaceRunner(spec, paused=a.paused, step_delay_ms=a.step_delay).start()
+        runner = ChildRunner(spec, paused=a.paused, step_delay_ms=a.step_delay).start(wait=False)
     name = Path(a.model).name if a.model else "bundled Shakespeare"
     return RaceApp(runner, workload=spec.name, model_name=name)
 

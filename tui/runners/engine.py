@@ -18,16 +18,23 @@ import time
 import traceback
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
-from tinyllm.engine import ContinuousEngine, Request, Sampling
+from tinyllm.request import Request, Sampling
 from tinyllm.observe.snapshot import LifecycleEvent
 from tinyllm.observe.timeline import Timeline
 from tinyllm.model.tokenizer import Tokenizer, TokenStream
 from tinyllm.workload import WorkItem
-from tui.runners.frames import FrameRecorder
+from tinyllm.model.config import default_kv_blocks
+from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, SlotView
+from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS
+from tui.runners.frames import FrameDiffer, FrameMerger, FrameRecorder
 from tui.runners.interface import (LOG_LINES, lifecycle_log, MAX_DELAY_MS, Abort, AbortAll, ClearPrefixCache, Frame, LoadWorkload, LogEntry,
                           SetDelay, SetPaused, SetPublishInterval, StepOnce, Submit, TogglePaused)
+
+if TYPE_CHECKING:                                   # torch loads in the engine's process only
+    from tinyllm.engine import ContinuousEngine
 
 PUBLISH_S = 1 / 30
 
@@ -324,3 +331,79 @@ class EngineRunner:
             self.recorder.flush()                         # idle or paused: the file is whole on disk
         if self.on_frame is not None:
             self.on_frame()
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Everything needed to build the engine, as plain picklable values."""
+    model_dir: str
+    device: str | None = None          # None: cuda when available, else cpu (decided in the child)
+    slots: int = 8
+    max_len: int | None = None
+    kv: str = "slots"
+    block_size: int = 16
+    kv_blocks: int | None = None
+    seed: int = 0
+    threads: int | None = None         # torch CPU threads (None: torch's default)
+    chunked_prefill: bool = False      # the token-budget scheduler (kv="paged" only)
+    max_batched_tokens: int | None = None
+    prefix_cache: bool | None = None   # None: on with chunked prefill
+    record: str | None = None          # --record: write the run to this JSONL file as it happens
+
+    def build(self):
+        """Load the checkpoint and build the engine: (ContinuousEngine, Tokenizer). Raises
+        CheckpointError or ValueError with a message meant for the user."""
+        import torch
+
+        from tinyllm.model.checkpoint import load_checkpoint
+        from tinyllm.model.device import resolve_device
+        from tinyllm.engine import ContinuousEngine
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        device = resolve_device(self.device)
+        model, tok = load_checkpoint(self.model_dir, device=device)
+        engine = ContinuousEngine(model, self.slots, self.max_len, kv=self.kv, block_size=self.block_size,
+                                  kv_blocks=self.kv_blocks, chunked_prefill=self.chunked_prefill,
+                                  max_batched_tokens=self.max_batched_tokens, prefix_cache=self.prefix_cache,
+                                  generator=torch.Generator(device=device).manual_seed(self.seed))
+        return engine, tok
+
+    def open_recorder(self, engine):
+        """The --record file's writer (None without --record); OSError if it cannot be written."""
+        if not self.record:
+            return None
+        from tui.runners.frames import settings_of
+        return FrameRecorder(self.record, engine.snapshot(), Path(self.model_dir).name, self.model_dir,
+                             settings_of(self))
+
+    def start_runner(self, paused: bool, step_delay_ms: int):
+        """In the child process: build the engine and its runner; (runner, (device, threads))."""
+        import torch
+        engine, tok = self.build()
+        runner = EngineRunner(engine, tok, paused=paused, step_delay_ms=step_delay_ms,
+                              recorder=self.open_recorder(engine))
+        return runner, (engine.device.type, torch.get_num_threads())
+
+    @staticmethod
+    def encoder() -> Callable[[Frame], Frame]:
+        """Child side: frames travel as deltas (only what changed since the last one sent)."""
+        return FrameDiffer().delta
+
+    @staticmethod
+    def decoder() -> "FrameMerger":
+        return FrameMerger()
+
+    def loading_frame(self, max_len: int | None = None) -> Frame:
+        """What the app shows while the engine loads: the right grid of free slots (and free
+        blocks), no requests, status "loading". Needs no torch and no weights."""
+        max_len = max_len or self.max_len or 0
+        kv = KVView(self.kv, 0, 0, 0, 0)
+        if self.kv == "paged":
+            n = self.kv_blocks or default_kv_blocks(self.slots, max_len, self.block_size)
+            kv = KVView("paged", n * self.block_size, 0, 0, 0, self.block_size, n, n, (None,) * n)
+        else:
+            kv = KVView("slots", self.slots * max_len, 0, 0, 0)
+        budget = (self.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS) if self.chunked_prefill else None
+        snap = EngineSnapshot(0.0, self.slots, max_len, tuple(SlotView(s, None, 0, max_len) for s in range(self.slots)),
+                              (), (), kv, Counters(), budget)
+        return Frame(0, snap, {}, {}, (), False, 0, 0, 0.0, (), status="loading")

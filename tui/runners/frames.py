@@ -4,14 +4,16 @@
 the app shows (the event log, request texts and prompts, pause and speed, tokens/s), in the
 record's ``"x"`` part, and the request tracks of the timeline (rebuilt from the lifecycle
 events, so they cost nothing in the file). ``FrameRecorder`` is the writing side (in the
-runner's thread), ``FrameBuilder`` the reading side (in the replay runner).
+runner's thread), ``FrameBuilder`` the reading side (in the replay runner and the attach
+runner, whose server stream is a recording). ``FrameDiffer`` / ``FrameMerger`` are the engine
+child process's pipe: the child sends what changed, the app rebuilds whole frames.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import deque
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from tinyllm.observe.recording import (RecordingWriter, SnapshotDecoder, SnapshotEncoder, decode_event, encode_event,
@@ -179,3 +181,59 @@ class FrameBuilder:
 def settings_of(spec) -> dict:
     """The engine options for a recording's header (an EngineSpec as plain values)."""
     return {k: v for k, v in asdict(spec).items() if k != "record"}
+
+
+# -- the child's pipe: the child sends what changed, the parent rebuilds whole frames ---------------
+class FrameDiffer:
+    """Child side: strip a Frame down to what changed since the last one sent."""
+
+    def __init__(self):
+        self._views: dict[int, object] = {}
+        self._tracks: dict[int, object] = {}
+        self._texts: dict[int, str] = {}
+        self._prompts: set[int] = set()
+        self._log_seq = 0
+
+    def delta(self, f: Frame) -> Frame:
+        # The engine reuses a request's view object until the request changes, and the timeline
+        # its tracks: identity is enough.
+        views = tuple(v for v in f.snapshot.requests if self._views.get(v.rid) is not v)
+        self._views.update((v.rid, v) for v in views)
+        tracks = tuple(t for t in f.tracks if self._tracks.get(t.rid) is not t)
+        self._tracks.update((t.rid, t) for t in tracks)
+        texts = {rid: t for rid, t in f.texts.items() if self._texts.get(rid) != t}
+        self._texts.update(texts)
+        prompts = {rid: p for rid, p in f.prompts.items() if rid not in self._prompts}
+        self._prompts.update(prompts)
+        log = tuple(e for e in f.log if e.seq > self._log_seq)
+        if log:
+            self._log_seq = log[-1].seq
+        return replace(f, snapshot=replace(f.snapshot, requests=views), texts=texts, prompts=prompts, log=log,
+                       tracks=tracks)
+
+
+class FrameMerger:
+    """Parent side: apply deltas, return whole immutable frames."""
+
+    def __init__(self):
+        self._views: dict[int, object] = {}           # insertion order = request id order
+        self._tracks: dict[int, object] = {}
+        self._texts: dict[int, str] = {}
+        self._prompts: dict[int, str] = {}
+        self._log: deque[LogEntry] = deque(maxlen=LOG_LINES)
+
+    def merge(self, d: Frame) -> Frame:
+        self._views.update((v.rid, v) for v in d.snapshot.requests)
+        self._tracks.update((t.rid, t) for t in d.tracks)
+        self._texts.update(d.texts)
+        self._prompts.update(d.prompts)
+        self._log.extend(d.log)
+        return replace(d, snapshot=replace(d.snapshot, requests=tuple(self._views.values())),
+                       texts=dict(self._texts), prompts=dict(self._prompts), log=tuple(self._log),
+                       tracks=tuple(self._tracks.values()))
+
+    def note(self, f: Frame, kind: str, text: str) -> Frame:
+        """A frame like ``f`` with one more log entry (the parent's own news, e.g. a dead child)."""
+        seq = self._log[-1].seq + 1 if self._log else 1
+        self._log.append(LogEntry(seq, f.steps_done, f.snapshot.time_s, kind, text))
+        return replace(f, log=tuple(self._log), paused=True)

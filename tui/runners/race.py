@@ -3,7 +3,7 @@
 The same commands as the app's runner (pause, step once, step delay, publish interval) plus
 ``Restart``. The loop steps the race one forward pass at a time (``Race.step``: the lane that is
 furthest behind on its own clock) and publishes a ``RaceFrame``. No torch here: the race comes
-from a factory (built in the engine process by ``tui.runners.race_child``, or in the app's process for
+from a factory (built in the engine process by ``tui.runners.child``, or in the app's process for
 tests and ``--engine-thread``), so the app can import this module for its types.
 """
 
@@ -14,10 +14,12 @@ import threading
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
-from tinyllm.race.views import LaneView
+from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_NEW
+from tinyllm.race.views import LANES, LaneView, lane_detail, waiting_lane
+from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS
 from tui.runners.interface import (MAX_DELAY_MS, LogEntry, SetDelay, SetPaused, SetPublishInterval, StepOnce,
                           TogglePaused)
 
@@ -44,6 +46,10 @@ class RaceFrame:
     @property
     def done(self) -> bool:
         return bool(self.lanes) and all(lane.finished for lane in self.lanes)
+
+    @property
+    def steps_done(self) -> int:
+        return self.turns
 
 
 class RaceRunner:
@@ -176,3 +182,97 @@ class RaceRunner:
 
 def _ordinal(n: int) -> str:
     return {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")
+
+
+RaceItem = tuple[float, tuple[int, ...], int]          # (arrival_s, prompt token ids, max_new_tokens)
+
+
+@dataclass(frozen=True)
+class RaceSpec:
+    """Everything needed to build the race, as plain picklable values."""
+    model_dir: str
+    workload: tuple[RaceItem, ...]
+    name: str = "workload"               # shown in the status line
+    slots: int = 8                       # static batch size = continuous slots
+    max_len: int = 512
+    block_size: int = 16
+    kv_blocks: int | None = None
+    max_batched_tokens: int | None = None
+    batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S
+    lanes: tuple[str, ...] = LANES
+    device: str | None = None
+    threads: int | None = None
+    seed: int = 0
+    step_cost_s: float | None = None     # a fixed cost per step (tests): deterministic clocks
+    warm_up: bool = True
+
+    def make_race(self, model):
+        """A fresh race on ``model`` (in whichever process owns the model)."""
+        from tinyllm.engine import Request
+        from tinyllm.race.race import build_race
+        work = [(t, Request(list(ids), new)) for t, ids, new in self.workload]
+        return build_race(model, work, self.slots, self.max_len, self.block_size, self.kv_blocks,
+                          self.max_batched_tokens, self.batch_timeout_s, self.lanes, self.step_cost_s, self.seed)
+
+    def build(self):
+        """(model, device) in the engine process: threads, weights, warm-up. CheckpointError or
+        ValueError with a message for the user."""
+        import torch
+
+        from tinyllm.model.checkpoint import load_checkpoint
+        from tinyllm.model.device import resolve_device
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        device = resolve_device(self.device)
+        model, _ = load_checkpoint(self.model_dir, device=device)
+        self.make_race(model)                              # every request checked before the start
+        if self.warm_up:
+            from tinyllm.bench import warm_up
+            warm_up(model, None, device)
+        return model, device
+
+    def start_runner(self, paused: bool, step_delay_ms: int):
+        """In the child process: the model, warmed up, and the runner; (runner, (device, threads))."""
+        import torch
+        model, device = self.build()
+        runner = RaceRunner(lambda: self.make_race(model), paused, step_delay_ms, device, torch.get_num_threads())
+        return runner, (device, torch.get_num_threads())
+
+    @staticmethod
+    def encoder() -> Callable[[RaceFrame], RaceFrame]:
+        """Race frames are small (a few lanes of a few dozen rows): they travel whole."""
+        return lambda frame: frame
+
+    @staticmethod
+    def decoder() -> "WholeFrames":
+        return WholeFrames()
+
+    def loading_frame(self, max_len: int | None = None) -> RaceFrame:
+        """What the app shows while the engine process loads: each lane's free rows. No torch.
+        (``max_len`` is the spec's own here.)"""
+        budget = self.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
+        arrivals = any(t > 0 for t, _, _ in self.workload)
+        total = sum(new for _, _, new in self.workload)
+        lanes = tuple(waiting_lane(k, lane_detail(k, self.slots, self.batch_timeout_s, budget, arrivals), self.slots,
+                                   len(self.workload), total) for k in LANES if k in self.lanes)
+        return RaceFrame(0, lanes, False, 0, 0, None, (), status="loading")
+
+
+class WholeFrames:
+    """Parent side of the race's pipe: frames arrive whole; a note is one more log line."""
+
+    def merge(self, frame: RaceFrame) -> RaceFrame:
+        return frame
+
+    def note(self, f: RaceFrame, kind: str, text: str) -> RaceFrame:
+        entry = LogEntry((f.log[-1].seq if f.log else 0) + 1, f.turns, 0.0, kind, text)
+        return replace(f, log=f.log + (entry,), paused=True)
+
+
+def race_workload(path, encode, max_len: int, default_new: int = DEFAULT_NEW) -> tuple[RaceItem, ...]:
+    """A workload file as (arrival_s, token ids, max_new_tokens): sampling settings and
+    end-of-text are left out (the race is greedy and makes every token, as tinyllm bench)."""
+    from tinyllm.workload import load_workload, tokenize_checked
+    items = load_workload(path)
+    ids = tokenize_checked(items, path, encode, max_len, default_new)
+    return tuple((it.arrival_s, tuple(i), it.max_new_tokens or default_new) for it, i in zip(items, ids))

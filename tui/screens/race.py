@@ -21,9 +21,9 @@ from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT
 from tinyllm.race.views import LaneView
 from tinyllm.request import ContextTooLong
 from tui.runners.interface import MAX_DELAY_MS, SetDelay, SetPaused, SetPublishInterval, StepOnce, TogglePaused
-from tui.runners.race_child import ProcessRaceRunner, RaceSpec, race_workload
+from tui.runners.child import ChildRunner
 from tui.screens.live import FramePacer
-from tui.runners.race import RaceFrame, Restart
+from tui.runners.race import RaceFrame, RaceSpec, Restart, race_workload
 from tui.screens.modals import _pretty_keys
 from tui.widgets.lane_panel import LanePanel, secs
 from tui.widgets.race_track import RaceTrack
@@ -354,7 +354,7 @@ def open_race(app) -> None:
     runner = app.runner
     snap = runner.frame.snapshot
     engine = getattr(runner, "engine", None)              # EngineRunner: the model is in this process
-    spec = getattr(runner, "spec", None)                  # ProcessRunner: it is in the engine process
+    spec = getattr(runner, "spec", None)                  # ChildRunner: it is in the engine process
     if app.tokenizer is None or (engine is None and spec is None):
         app.notify("The race runs the model here: not in a replay, nor attached to a server.",
                    severity="warning", timeout=5)
@@ -384,7 +384,7 @@ def open_race(app) -> None:
             from tui.runners.race import RaceRunner
             race_runner = RaceRunner(lambda: race.make_race(engine.model), device=runner.device, threads=runner.threads)
         else:
-            race_runner = ProcessRaceRunner(race).start()
+            race_runner = ChildRunner(race).start(wait=False)
     except (ValueError, ContextTooLong) as e:
         app.notify(" ".join(str(e).split()), title="the race could not start", severity="error", timeout=10)
         runner.send(SetPaused(was_paused))
