@@ -12,8 +12,6 @@ frames are plain picklable dataclasses for that reason), or in a worker thread o
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 import traceback
 from collections import deque
@@ -21,22 +19,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from tinyllm.request import Request, Sampling
-from tinyllm.observe.snapshot import LifecycleEvent
-from tinyllm.observe.timeline import Timeline
-from tinyllm.model.tokenizer import Tokenizer, TokenStream
-from tinyllm.workload import WorkItem
 from tinyllm.model.config import default_kv_blocks
-from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, SlotView
-from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS
+from tinyllm.model.tokenizer import Tokenizer, TokenStream
+from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, SlotView
+from tinyllm.observe.timeline import Timeline
+from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, Request, Sampling
+from tinyllm.workload import WorkItem
 from tui.runners.frames import FrameDiffer, FrameMerger, FrameRecorder
-from tui.runners.interface import (LOG_LINES, lifecycle_log, MAX_DELAY_MS, Abort, AbortAll, ClearPrefixCache, Frame, LoadWorkload, LogEntry,
-                          SetDelay, SetPaused, SetPublishInterval, StepOnce, Submit, TogglePaused)
+from tui.runners.loop import CommandLoop
+from tui.runners.interface import (LOG_LINES, lifecycle_log, Abort, AbortAll, ClearPrefixCache, Frame, LoadWorkload, LogEntry,
+                          SetPaused, StepOnce, Submit, TogglePaused)
 
 if TYPE_CHECKING:                                   # torch loads in the engine's process only
     from tinyllm.engine import ContinuousEngine
 
-PUBLISH_S = 1 / 30
 
 
 @dataclass
@@ -48,22 +44,18 @@ class _Pending:
     default_sampling: Sampling
 
 
-class EngineRunner:
-    """The loop that owns one engine (see the module docstring); satisfies messages.Runner."""
+class EngineRunner(CommandLoop):
+    """The loop that owns one engine (see the module docstring); satisfies interface.Runner."""
 
     def __init__(self, engine: ContinuousEngine, tokenizer: Tokenizer, paused: bool = False,
                  step_delay_ms: int = 0, on_frame: Callable[[], None] | None = None,
                  recorder: FrameRecorder | None = None):
+        super().__init__(paused, step_delay_ms, on_frame)
         self.engine = engine
         self.tok = tokenizer
-        self.commands: queue.Queue = queue.Queue()
-        self.paused = paused
         engine.hold_clock(paused)
-        self.step_delay_ms = max(0, min(MAX_DELAY_MS, step_delay_ms))
-        self.on_frame = on_frame              # optional wake-up hook (called from this thread)
         self.recorder = recorder              # --record: every change goes to the file as it happens
         self._timeline = Timeline()
-        self._stop = threading.Event()
         self._streams: dict[int, TokenStream] = {}
         self._texts: dict[int, str] = {}
         self._prompts: dict[int, str] = {}
@@ -78,12 +70,8 @@ class EngineRunner:
         self._step_ms = 0.0
         self._seq = 0
         self.steps_done = 0
-        self.last_traceback: str | None = None
-        self.start_error: Exception | None = None     # never: this runner gets a built engine
         import torch
         self.threads = torch.get_num_threads()
-        self._published_at = 0.0
-        self.publish_s = PUBLISH_S
         self._snap = engine.snapshot()             # refreshed by _note_changes after every change
         self._frame: Frame = self._make_frame()
 
@@ -92,70 +80,9 @@ class EngineRunner:
     def device(self) -> str:
         return self.engine.device.type
 
-    @property
-    def frame(self) -> Frame:
-        """The newest published frame (an atomic reference read)."""
-        return self._frame
-
-    def send(self, cmd) -> None:
-        self.commands.put(cmd)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self.commands.put(None)               # wake the loop at once
-
-    # -- runner thread -------------------------------------------------------------------------
-    def run(self, cancelled: Callable[[], bool] = lambda: False) -> None:
-        """The loop; returns promptly after ``stop()`` or when ``cancelled()`` is true.
-
-        Frames are published at most every ``publish_s`` while running flat out (the UI reads at
-        ~20 Hz anyway), and at once when the engine is idle, paused, or slowed down."""
-        dirty = True
-        while not (self._stop.is_set() or cancelled()):
-            try:
-                dirty |= self._drain(block=not self._can_run())
-                dirty |= self._release_arrivals()
-                if self._can_run():
-                    self._step()
-                    dirty = True
-                    if self.step_delay_ms:
-                        self._publish()
-                        dirty = self._drain(block=True, timeout=self.step_delay_ms / 1000)
-                if dirty and (not self._can_run() or time.perf_counter() - self._published_at >= self.publish_s):
-                    self._publish()
-                    dirty = False
-            except Exception as e:                    # keep the loop (and the app) alive, say what broke
-                self.last_traceback = traceback.format_exc()
-                self.paused = True
-                self._error(f"runner error: {type(e).__name__}: {e}; engine paused")
-                time.sleep(0.05)
-                dirty = True
-        self._publish()
-        if self.recorder is not None:
-            self.recorder.close()
-
+    # -- the loop's parts ------------------------------------------------------------------------
     def _can_run(self) -> bool:
         return not self.paused and (self.engine.has_work() or bool(self._due_now()))
-
-    def _drain(self, block: bool, timeout: float = 0.05) -> bool:
-        """Apply queued commands. Blocks up to ``timeout`` for the first one when asked to."""
-        changed = False
-        deadline = time.perf_counter() + timeout
-        while True:
-            try:
-                if block:
-                    cmd = self.commands.get(timeout=max(0.0, deadline - time.perf_counter()))
-                else:
-                    cmd = self.commands.get_nowait()
-            except queue.Empty:
-                return changed
-            if cmd is None:                    # stop() wake-up
-                return True
-            self._apply(cmd)
-            changed = True
-            block = False                      # after the first command, just drain the rest
-            if isinstance(cmd, (StepOnce, SetPaused, TogglePaused)) and not self.paused:
-                return True
 
     def _apply(self, cmd) -> None:
         eng = self.engine
@@ -199,8 +126,6 @@ class EngineRunner:
                         eng.hold_clock(True)
                     else:
                         self._add_log("info", "step: nothing to do (no queued or running requests)")
-            elif isinstance(cmd, SetPublishInterval):
-                self.publish_s = min(1.0, max(PUBLISH_S, float(cmd.seconds)))
             elif isinstance(cmd, ClearPrefixCache):
                 if not eng.prefix_cache:
                     self._add_log("info", "prefix caching is off (--no-prefix-cache, or no chunked prefill): "
@@ -209,8 +134,6 @@ class EngineRunner:
                     n = eng.clear_prefix_cache()
                     self._add_log("info", f"prefix cache cleared: {n} cached free blocks are plain free blocks now")
                     self._note_changes()
-            elif isinstance(cmd, SetDelay):
-                self.step_delay_ms = max(0, min(MAX_DELAY_MS, int(cmd.ms)))
         except Exception as e:                                 # never let the UI's request kill the loop
             self._error(f"{type(cmd).__name__} failed: {e}")
 
@@ -323,14 +246,20 @@ class EngineRunner:
                      self.paused, self.step_delay_ms, len(self._pending), self._tokens_per_s(),
                      tuple(self._tps_hist), self._step_ms, self.steps_done, tracks=self._timeline.tracks())
 
-    def _publish(self) -> None:
-        self._published_at = time.perf_counter()
-        self._frame = self._make_frame()
+    def _before_step(self) -> bool:
+        return self._release_arrivals()
+
+    def _published(self) -> None:
         self._record()                                    # log lines and pause changes made since
         if self.recorder is not None and not self._can_run():
             self.recorder.flush()                         # idle or paused: the file is whole on disk
-        if self.on_frame is not None:
-            self.on_frame()
+
+    def _closed(self) -> None:
+        if self.recorder is not None:
+            self.recorder.close()
+
+    def _log_error(self, text: str) -> None:
+        self._error(text)
 
 
 @dataclass(frozen=True)
