@@ -18,7 +18,8 @@ from tui.runners.interface import SetPaused, StepOnce
 from tui.screens.race import RaceApp
 from tui.runners.child import ChildRunner
 from tui.runners.race import RaceRunner, RaceSpec, race_workload
-from tui.screens.race import FinishLine, RaceHelp, RaceScreen
+from tui.screens.modals import HelpScreen
+from tui.screens.race import FinishLine, RaceScreen
 from tui.widgets.lane_panel import LanePanel
 
 from tests.test_app import _watch, bundled, make_app, no_unexpected_errors, until  # noqa: F401
@@ -107,7 +108,7 @@ async def test_race_keys_pause_step_speed_restart_and_help():
         await until(pilot, lambda: r.frame.turns == 0 and not any(v.tokens for v in r.frame.lanes))
         assert app.screen.check_action("back", ()) is False          # the whole app: no screen to go back to
         await pilot.press("question_mark")
-        await until(pilot, lambda: isinstance(app.screen, RaceHelp))
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen))
         assert ("r", "Run again") in app.screen.rows()
         await pilot.press("escape")
         await until(pilot, lambda: isinstance(app.screen, RaceScreen))

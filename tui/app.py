@@ -21,9 +21,9 @@ from textual.worker import get_current_worker
 
 from tinyllm.request import ContextTooLong, Sampling, check_fits
 from tinyllm.model.tokenizer import Tokenizer
-from tui.runners.interface import (MAX_DELAY_MS, Abort, AbortAll, ClearPrefixCache, Frame, JumpEvent, LoadWorkload, LogEntry, Runner,
-                          SeekStep, SetDelay, SetPublishInterval, StepBack, StepOnce, Submit, TogglePaused)
-from tui.screens.live import FramePacer
+from tui.runners.interface import (Abort, AbortAll, ClearPrefixCache, Frame, JumpEvent, LoadWorkload, LogEntry, Runner,
+                          SeekStep, StepBack, Submit)
+from tui.screens.live import FramePacer, LiveView
 from tui.screens.modals import Confirm, GotoStep, HelpScreen, LoadedWorkload, NextSettings, PromptPicker, SettingsScreen, read_workload
 from tui.widgets.block_map import BlockMap
 from tui.widgets.kv_panel import KVPanel
@@ -39,10 +39,9 @@ from tui.widgets.timeline import TimelinePanel
 DEFAULT_THREADS = 1         # torch threads in the engine process: robust beside a busy core (README)
 REFRESH_HZ = 20             # at most; FramePacer lowers it when drawing costs the engine too much
 DETAILS_S = 0.2             # running flat out, the request list and the pane text refresh at <= 5 Hz
-DELAY_STEPS = (0, 5, 10, 20, 50, 100, 200, 300, 500, 750, 1000)
 
 
-class TinyLLMApp(App):
+class TinyLLMApp(LiveView, App):
     CSS_PATH = "app.tcss"
     TITLE = "tinyllm-tui"
     # One source of truth for keys: the footer and the help screen both read this list.
@@ -190,20 +189,6 @@ class TinyLLMApp(App):
         self.runner.run(cancelled=lambda: worker.is_cancelled)
 
     # -- the paced refresh ---------------------------------------------------------------------
-    def _tick(self) -> None:
-        """Draw if due, then sleep until the pacer's next frame (no wake-ups in between: on a
-        small machine each one takes a core from the engine). The runner publishes at that
-        rate too."""
-        try:
-            self.refresh_from_runner()
-        except NoMatches:                     # the main screen is gone: the app is shutting down
-            return
-        interval = self._pacer.interval
-        if abs(interval - self._publish_s) > 0.2 * self._publish_s:
-            self._publish_s = interval
-            self.runner.send(SetPublishInterval(interval))
-        self.set_timer(interval, self._tick)
-
     def refresh_from_runner(self, force: bool = False) -> None:
         """Draw the runner's newest frame. This is the one place that decides what a frame
         draws, and when. The pacer and the detail throttle only *delay* a draw: a frame counts
@@ -429,29 +414,6 @@ class TinyLLMApp(App):
     def on_request_selected(self, event: RequestSelected) -> None:
         """↑/↓, Home/End or a click in the list or the timeline."""
         self.select(event.rid)
-
-    def action_toggle_pause(self) -> None:
-        self.runner.send(TogglePaused())
-
-    def action_step_once(self) -> None:
-        if not self.runner.frame.paused:
-            self.notify("Step once works while paused (space / F5 to pause).", severity="warning", timeout=3)
-            return
-        self.runner.send(StepOnce())
-
-    def _set_delay(self, direction: int) -> None:
-        cur = self.runner.frame.step_delay_ms
-        if direction > 0:
-            new = next((d for d in DELAY_STEPS if d > cur), MAX_DELAY_MS)
-        else:
-            new = next((d for d in reversed(DELAY_STEPS) if d < cur), 0)
-        self.runner.send(SetDelay(new))
-
-    def action_slower(self) -> None:
-        self._set_delay(+1)
-
-    def action_faster(self) -> None:
-        self._set_delay(-1)
 
     READ_ONLY = {"abort_selected", "abort_all", "clear_prefix_cache", "load_prompts", "settings", "focus_input", "race"}
     REPLAY_ONLY = {"step_back", "goto_step", "next_event", "prev_event"}

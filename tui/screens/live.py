@@ -1,4 +1,5 @@
-"""Frame pacing: how often the app may redraw while the engine runs flat out.
+"""Live views: frame pacing (how often the app may redraw while the engine runs flat out), and
+what every live view shares (``LiveView``: the paced tick, the pause / step / speed keys).
 
 On a small machine every millisecond the UI spends drawing is taken from the engine (measured
 with ``python -m tui.bench_app``: on 2 cores the UI's ~25% of a core at 20 Hz cost the engine
@@ -12,6 +13,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+
+from textual.css.query import NoMatches
+
+from tui.runners.interface import MAX_DELAY_MS, SetDelay, SetPublishInterval, StepOnce, TogglePaused
 
 
 class FramePacer:
@@ -37,3 +42,48 @@ class FramePacer:
             return False
         self._next = now + self.interval
         return True
+
+
+DELAY_STEPS = (0, 5, 10, 20, 50, 100, 200, 300, 500, 750, 1000)   # ms between steps: + / - walk them
+
+
+class LiveView:
+    """What the main app and the race screen share as views of a live runner: the paced redraw
+    tick, and the keys that pace the runner (pause, step once, slower, faster). The host is a
+    Textual App or Screen with ``runner``, ``_pacer`` (a FramePacer), ``_publish_s`` and its own
+    ``refresh_from_runner``."""
+
+    def _tick(self) -> None:
+        """Draw if due, then sleep until the pacer's next frame (no wake-ups in between: on a
+        small machine each one takes a core from the engine). The runner publishes at that
+        rate too."""
+        try:
+            self.refresh_from_runner()
+        except NoMatches:                     # the screen is gone: shutting down
+            return
+        interval = self._pacer.interval
+        if abs(interval - self._publish_s) > 0.2 * self._publish_s:
+            self._publish_s = interval
+            self.runner.send(SetPublishInterval(interval))
+        self.set_timer(interval, self._tick)
+
+    def action_toggle_pause(self) -> None:
+        self.runner.send(TogglePaused())
+
+    def action_step_once(self) -> None:
+        if not self.runner.frame.paused:
+            self.notify("Step once works while paused (space / F5 to pause).", severity="warning", timeout=3)
+            return
+        self.runner.send(StepOnce())
+
+    def _set_delay(self, direction: int) -> None:
+        cur = self.runner.frame.step_delay_ms
+        new = (next((d for d in DELAY_STEPS if d > cur), MAX_DELAY_MS) if direction > 0
+               else next((d for d in reversed(DELAY_STEPS) if d < cur), 0))
+        self.runner.send(SetDelay(new))
+
+    def action_slower(self) -> None:
+        self._set_delay(+1)
+
+    def action_faster(self) -> None:
+        self._set_delay(-1)

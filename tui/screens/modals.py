@@ -61,16 +61,25 @@ Attached (tinyllm-tui --attach URL): to tinyllm serve, every panel is the server
 
 
 class HelpScreen(ModalScreen[None]):
+    """Every key (straight from the bindings: the one source of truth) and how to read the
+    screen. The main app and the race each show theirs with it."""
     BINDINGS = [Binding("escape,q,question_mark,f1", "dismiss", "Close")]
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; background: $background 60%; }
+    #help-box { width: 90%; max-width: 110; height: 90%; border: thick $primary; background: $surface;
+                padding: 1 2; }
+    """
 
-    def __init__(self, bindings: list[Binding]):
+    def __init__(self, bindings: list[Binding], title: str = "tinyllm-tui — keys",
+                 how_to_read: tuple[str, str] = ("How to read the screen", HOW_TO_READ),
+                 extra: tuple[tuple[str, str], ...] = (("enter", "submit the prompt in the input"),)):
         super().__init__()
-        self.app_bindings = bindings
+        self.app_bindings, self.title_text, self.how_to_read, self.extra = bindings, title, how_to_read, extra
 
     def rows(self) -> list[tuple[str, str]]:
-        """(keys, what they do), straight from the app's bindings: the one source of truth."""
-        out = [(b.key_display or _pretty_keys(b.key), b.description) for b in self.app_bindings if b.description]
-        return out + [("enter", "submit the prompt in the input")]
+        """(keys, what they do), straight from the bindings."""
+        out = [(b.key_display or pretty_keys(b.key), b.description) for b in self.app_bindings if b.description]
+        return out + list(self.extra)
 
     def compose(self) -> ComposeResult:
         keys = Table(show_header=True, header_style="bold", box=None, padding=(0, 2))
@@ -79,14 +88,14 @@ class HelpScreen(ModalScreen[None]):
         for k, what in self.rows():
             keys.add_row(Text(k), Text(what))
         with VerticalScroll(id="help-box"):
-            yield Static(Text("tinyllm-tui — keys", style="bold"))
+            yield Static(Text(self.title_text, style="bold"))
             yield Static(keys)
-            yield Static(Text("\nHow to read the screen", style="bold"))
-            yield Static(Text(HOW_TO_READ))
+            yield Static(Text("\n" + self.how_to_read[0], style="bold"))
+            yield Static(Text(self.how_to_read[1]))
             yield Static(Text("\nesc to close", style="dim"))
 
 
-def _pretty_keys(keys: str) -> str:
+def pretty_keys(keys: str) -> str:
     names = {"question_mark": "?", "space": "space", "plus": "+", "minus": "-", "full_stop": ".",
              "equals_sign": "=", "comma": ",", "left_square_bracket": "[", "right_square_bracket": "]"}
     return " / ".join(names.get(k, k) for k in keys.split(","))

@@ -10,9 +10,8 @@ from pathlib import Path
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Container, VerticalScroll
-from textual.css.query import NoMatches
-from textual.screen import ModalScreen, Screen
+from textual.containers import Container
+from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer, Static
 from textual.worker import get_current_worker
@@ -20,17 +19,16 @@ from textual.worker import get_current_worker
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT_WORKLOAD
 from tinyllm.race.views import LaneView
 from tinyllm.request import ContextTooLong
-from tui.runners.interface import MAX_DELAY_MS, SetDelay, SetPaused, SetPublishInterval, StepOnce, TogglePaused
+from tui.runners.interface import SetPaused
 from tui.runners.child import ChildRunner
-from tui.screens.live import FramePacer
+from tui.screens.live import FramePacer, LiveView
 from tui.runners.race import RaceFrame, RaceSpec, Restart, race_workload
-from tui.screens.modals import _pretty_keys
+from tui.screens.modals import HelpScreen
 from tui.widgets.lane_panel import LanePanel, secs
 from tui.widgets.race_track import RaceTrack
 from tui.widgets.text_line import TextLine
 
 WIDE = 150                      # columns from which the lanes stand side by side
-DELAY_STEPS = (0, 5, 10, 20, 50, 100, 200, 300, 500, 750, 1000)
 SHORT_NAMES = {"static": "static", "continuous": "continuous", "chunked": "budget+cache"}
 HOW_TO_READ = "\n".join((          # paragraphs: the screen wraps them to its width
     "The same requests on the same model, three ways. Static batching runs batches of B requests, each until its "
@@ -91,36 +89,7 @@ class FinishLine(Widget):
         return t
 
 
-class RaceHelp(ModalScreen[None]):
-    BINDINGS = [Binding("escape,q,question_mark,f1", "dismiss", "Close")]
-    DEFAULT_CSS = """
-    RaceHelp { align: center middle; background: $background 60%; }
-    #race-help-box { width: 90%; max-width: 110; height: 90%; border: thick $primary; background: $surface;
-                     padding: 1 2; }
-    """
-
-    def __init__(self, bindings: list[Binding]):
-        super().__init__()
-        self.race_bindings = bindings
-
-    def rows(self) -> list[tuple[str, str]]:
-        return [(_pretty_keys(b.key), b.description) for b in self.race_bindings if b.description]
-
-    def compose(self) -> ComposeResult:
-        keys = Table(show_header=True, header_style="bold", box=None, padding=(0, 2))
-        keys.add_column("keys")
-        keys.add_column("what")
-        for k, what in self.rows():
-            keys.add_row(Text(k), Text(what))
-        with VerticalScroll(id="race-help-box"):
-            yield Static(Text("tinyllm-tui race — keys", style="bold"))
-            yield Static(keys)
-            yield Static(Text("\nHow to read the race", style="bold"))
-            yield Static(Text(HOW_TO_READ))
-            yield Static(Text("\nesc to close", style="dim"))
-
-
-class RaceScreen(Screen):
+class RaceScreen(LiveView, Screen):
     """The race (see the module docstring). ``standalone``: the app's only screen (tinyllm-tui
     --race); otherwise opened from the main app, where Escape goes back to it."""
 
@@ -198,17 +167,6 @@ class RaceScreen(Screen):
         self.runner.stop()
 
     # -- drawing ---------------------------------------------------------------------------------
-    def _tick(self) -> None:
-        try:
-            self.refresh_from_runner()
-        except NoMatches:                              # the screen is going away
-            return
-        interval = self._pacer.interval
-        if abs(interval - self._publish_s) > 0.2 * self._publish_s:
-            self._publish_s = interval
-            self.runner.send(SetPublishInterval(interval))
-        self.set_timer(interval, self._tick)
-
     def refresh_from_runner(self, force: bool = False) -> None:
         if self.runner.start_error is not None and self.startup_error is None:
             self._failed(self.runner.start_error)
@@ -288,28 +246,7 @@ class RaceScreen(Screen):
         return True
 
     def action_help(self) -> None:
-        self.app.push_screen(RaceHelp(self.BINDINGS))
-
-    def action_toggle_pause(self) -> None:
-        self.runner.send(TogglePaused())
-
-    def action_step_once(self) -> None:
-        if not self.runner.frame.paused:
-            self.notify("Step once works while paused (space / F5 to pause).", severity="warning", timeout=3)
-            return
-        self.runner.send(StepOnce())
-
-    def _set_delay(self, direction: int) -> None:
-        cur = self.runner.frame.step_delay_ms
-        new = (next((d for d in DELAY_STEPS if d > cur), MAX_DELAY_MS) if direction > 0
-               else next((d for d in reversed(DELAY_STEPS) if d < cur), 0))
-        self.runner.send(SetDelay(new))
-
-    def action_slower(self) -> None:
-        self._set_delay(+1)
-
-    def action_faster(self) -> None:
-        self._set_delay(-1)
+        self.app.push_screen(HelpScreen(self.BINDINGS, "tinyllm-tui race — keys", ("How to read the race", HOW_TO_READ), ()))
 
     def action_restart(self) -> None:
         self.runner.send(Restart())
