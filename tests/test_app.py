@@ -128,12 +128,13 @@ async def step(pilot, n: int = 1) -> None:
 
 
 async def submit(pilot, text: str) -> int:
+    """Type ``text`` in the prompt and press Enter; wait until the runner holds the request."""
     app = pilot.app
     before = len(app.runner.frame.snapshot.requests)
     app.query_one("#prompt").focus()
     app.query_one("#prompt").value = text
     await pilot.press("enter")
-    await until(pilot, lambda: len(app.runner.frame.snapshot.requests) > before)
+    await until(pilot, lambda: len(app.runner.frame.snapshot.requests) > before, what="the request to arrive")
     return app.runner.frame.snapshot.requests[-1].rid
 
 

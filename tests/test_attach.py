@@ -28,7 +28,7 @@ from tui.screens.modals import Confirm, NextSettings
 from tui.widgets.request_list import RequestList
 
 from tests.screen_check import check_panels
-from tests.test_app import _watch, bundled, no_unexpected_errors, until  # noqa: F401
+from tests.test_app import _watch, bundled, no_unexpected_errors, submit, until  # noqa: F401
 
 MODEL = "tinyllm-shakespeare"
 
@@ -66,20 +66,13 @@ def server():
     s.stop()
 
 
-async def type_prompt(pilot, text: str) -> None:
-    app = pilot.app
-    n = len(app.runner.frame.snapshot.requests)
-    app.query_one("#prompt").focus()
-    app.query_one("#prompt").value = text
-    await pilot.press("enter")
-    await until(pilot, lambda: len(app.runner.frame.snapshot.requests) > n, what="the request to reach the server")
 
 
 async def test_attached_app_streams_a_typed_prompt_and_sees_the_servers_state(server):
     model, tok = bundled()
     app = attach_app(server.url)
     async with app.run_test(size=(120, 40)) as pilot:
-        await type_prompt(pilot, "ROMEO:\n")
+        await submit(pilot, "ROMEO:\n")
         await until(pilot, lambda: app.runner.frame.snapshot.counters.finished == 1, what="the completion")
         await until(pilot, lambda: state(app.runner.frame.snapshot) == state(engine_snapshot(server)), what="the last state")
         frame = app.runner.frame
@@ -139,7 +132,7 @@ def other_client(url: str, prompt: str = "KING:") -> threading.Thread:
 async def ours_and_another(pilot) -> tuple[int, int]:
     """(our request, another client's), both running."""
     app = pilot.app
-    await type_prompt(pilot, "HAMLET:\n")
+    await submit(pilot, "HAMLET:\n")
     other_client(app.runner.url)
     await until(pilot, lambda: len(app.runner.frame.snapshot.requests) == 2)
     await until(pilot, lambda: all(v.state == "running" for v in app.runner.frame.snapshot.requests)
@@ -247,7 +240,7 @@ async def test_a_server_that_goes_away_is_shown_and_the_viewer_reconnects():
         try:
             await follow(pilot, lambda: app.runner.frame.status == "ready", "the reconnect")
             assert app.query_one(RequestList).rids == () and app.selected is None
-            await type_prompt(pilot, "To be")
+            await submit(pilot, "To be")
             await follow(pilot, lambda: app.runner.frame.snapshot.counters.finished == 1, "the new #0")
             assert app.query_one(RequestList).rids == (0,) and app.runner.frame.prompts[0] == "To be"
             assert app.query_one("#pane-header").text.plain.startswith("#0 finished")

@@ -30,7 +30,7 @@ from tui.runners.vllm_metrics import MetricsError, MetricsWindow, Scrape, parse,
 from tui.runners.vllm import VllmRunner
 from tui.widgets.server_panel import ServerPanel
 
-from tests.test_app import _watch, no_unexpected_errors, until  # noqa: F401
+from tests.test_app import _watch, no_unexpected_errors, submit, until  # noqa: F401
 
 METRICS = (Path(__file__).parent / "data" / "vllm-metrics.txt").read_text()
 WORDS = ["But", " soft", ",", " what", " light", " through", " yonder", " window", " breaks", "?"]
@@ -111,13 +111,6 @@ def vllm_app(url: str, new: int = 10) -> TinyLLMApp:
     return app
 
 
-async def send_prompt(pilot, text: str) -> None:
-    app = pilot.app
-    n = len(app.runner.frame.snapshot.requests)
-    app.query_one("#prompt").focus()
-    app.query_one("#prompt").value = text
-    await pilot.press("enter")
-    await until(pilot, lambda: len(app.runner.frame.snapshot.requests) > n)
 
 
 # -- the metrics ----------------------------------------------------------------------------------
@@ -156,7 +149,7 @@ def test_rates_and_quantiles_are_over_the_window_not_the_lifetime():
 async def test_attached_to_vllm_shows_metrics_and_streams_its_own_requests(fake):
     app = vllm_app(fake.url)
     async with app.run_test(size=(120, 40)) as pilot:
-        await send_prompt(pilot, "ROMEO:")
+        await submit(pilot, "ROMEO:")
         await until(pilot, lambda: app.runner.frame.snapshot.requests[0].state == "finished", what="the stream")
         f = app.runner.frame
         v = f.snapshot.requests[0]
@@ -179,7 +172,7 @@ async def test_abort_closes_our_stream_and_the_server_sees_it(fake):
     fake.slow = True
     app = vllm_app(fake.url, new=200)
     async with app.run_test(size=(120, 40)) as pilot:
-        await send_prompt(pilot, "JULIET:")
+        await submit(pilot, "JULIET:")
         await until(pilot, lambda: app.runner.frame.snapshot.requests[0].state == "running")
         app.select(0)
         app.query_one("#requests").focus()
@@ -192,7 +185,7 @@ async def test_abort_closes_our_stream_and_the_server_sees_it(fake):
 async def test_a_refused_request_is_one_clear_error(fake):
     app = vllm_app(fake.url, new=501)
     async with app.run_test(size=(120, 40)) as pilot:
-        await send_prompt(pilot, "KING:")
+        await submit(pilot, "KING:")
         await until(pilot, lambda: app.runner.frame.snapshot.requests[0].state == "failed")
 
 
@@ -220,9 +213,9 @@ async def test_attached_to_a_real_vllm_server():
     url = os.environ["VLLM_URL"]
     app = vllm_app(url, new=40)
     async with app.run_test(size=(120, 40)) as pilot:
-        await send_prompt(pilot, "ROMEO:")
+        await submit(pilot, "ROMEO:")
         app.settings = NextSettings(Sampling(), 400, stop_at_eos=False)   # cannot end before the abort
-        await send_prompt(pilot, "JULIET:")
+        await submit(pilot, "JULIET:")
         await until(pilot, lambda: app.runner.frame.server.running >= 1, what="vLLM to report running requests")
         await until(pilot, lambda: app.runner.frame.snapshot.requests[1].state == "running", what="#1 streaming")
         app.select(1)

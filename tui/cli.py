@@ -95,7 +95,7 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
     importing torch: the checkpoint's config and tokenizer, the settings, and the prompt file.
     The engine process then loads torch and the weights while the screen is already up (its
     errors, e.g. unreadable weights, end the app with the same kind of one line)."""
-    from tinyllm.model.config import CheckpointError, default_model_dir, load_config_and_tokenizer
+    from tinyllm.model.config import CheckpointError
     from tinyllm.workload import WorkloadError, resolve_workload
 
     parser = build_parser()
@@ -110,12 +110,7 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
         return attach_app(parser, a)
     if a.record is not None:
         check_writable(parser, a.record)
-    check_device(parser, a.device)
-    path = Path(a.model) if a.model else default_model_dir()
-    try:
-        cfg, tok = load_config_and_tokenizer(path)
-    except CheckpointError as e:
-        parser.error(f"--model: {e}")
+    path, cfg, tok = model_config(parser, a)
     max_len = a.max_len or cfg.max_seq_len
     try:
         check_fits(1, a.max_new_tokens, max_len, "--max-len")
@@ -154,6 +149,18 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
     name = path.name if a.model else "bundled Shakespeare"
     return TinyLLMApp(runner, tok, model_name=name, settings=NextSettings(sampling, a.max_new_tokens),
                       prompts_file=prompts, recording=Path(a.record) if a.record else None)
+
+
+def model_config(parser, a):
+    """--device and --model, checked without torch: (checkpoint dir, its config, its tokenizer)."""
+    from tinyllm.model.config import CheckpointError, default_model_dir, load_config_and_tokenizer
+    check_device(parser, a.device)
+    path = Path(a.model) if a.model else default_model_dir()
+    try:
+        cfg, tok = load_config_and_tokenizer(path)
+    except CheckpointError as e:
+        parser.error(f"--model: {e}")
+    return path, cfg, tok
 
 
 def check_writable(parser, path: str) -> None:
@@ -313,7 +320,6 @@ def race_app(parser, a) -> RaceApp | None:
 
 def race_spec(parser, a) -> RaceSpec:
     """Check every race option (no torch, no process) and return the spec the race is built from."""
-    from tinyllm.model.config import CheckpointError, default_model_dir, load_config_and_tokenizer
     from tinyllm.workload import WorkloadError, resolve_workload
     for flag, value, why in (("--replay", a.replay, "a race runs a model"),
                              ("--attach", getattr(a, "attach", None), "a race runs a model here"),
@@ -324,12 +330,7 @@ def race_spec(parser, a) -> RaceSpec:
                              ("--[no-]prefix-cache", a.prefix_cache, "the chunked lane caches prefixes")):
         if value is not None:
             parser.error(f"{flag} does not apply to --race ({why})")
-    check_device(parser, a.device)
-    path = Path(a.model) if a.model else default_model_dir()
-    try:
-        cfg, tok = load_config_and_tokenizer(path)
-    except CheckpointError as e:
-        parser.error(f"--model: {e}")
+    path, cfg, tok = model_config(parser, a)
     max_len = a.max_len or min(cfg.max_seq_len, DEFAULT_MAX_LEN)
     if max_len > cfg.max_seq_len:
         parser.error(f"--max-len {max_len} is more than the model's context ({cfg.max_seq_len})")
