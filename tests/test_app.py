@@ -588,6 +588,7 @@ async def test_f1_toggles_help_and_dialogs_replace_it():
 
 
 class LoadingRunner:
+    mode = "live"
     """A runner whose engine is still loading (messages.Runner without an engine): what the app
     shows in the seconds a real engine process takes to import torch and read the weights."""
     device = "?"

@@ -19,18 +19,20 @@ from textual.css.query import NoMatches
 from textual.widgets import Footer, Input, Sparkline, Static
 from textual.worker import get_current_worker
 
-from tinyllm.request import ContextTooLong, Sampling, check_fits
+from tinyllm.request import Sampling
 from tinyllm.model.tokenizer import Tokenizer
-from tui.runners.interface import (Abort, AbortAll, ClearPrefixCache, Frame, JumpEvent, LoadWorkload, LogEntry, Runner,
-                          SeekStep, StepBack, Submit)
+from tui.runners.interface import (Frame, LogEntry, Runner)
 from tui.screens.live import FramePacer, LiveView
-from tui.screens.modals import Confirm, GotoStep, HelpScreen, LoadedWorkload, NextSettings, PromptPicker, SettingsScreen, read_workload
+from tui.screens.replay_keys import ReplayKeys
+from tui.screens.request_keys import RequestKeys
+from tui.screens.modals import HelpScreen, NextSettings
 from tui.widgets.block_map import BlockMap
 from tui.widgets.kv_panel import KVPanel
 from tui.widgets.request_pane import RequestPane
 from tui.widgets.request_list import RequestList
 from tui.widgets.selection import RequestSelected
 from tui.widgets.slot_grid import SlotGrid
+from tui.widgets.status import fit_fields, scrubber, status_fields
 from tui.widgets.event_log import EventLog
 from tui.widgets.text_line import TextLine
 from tui.widgets.server_panel import ServerPanel
@@ -41,7 +43,7 @@ REFRESH_HZ = 20             # at most; FramePacer lowers it when drawing costs t
 DETAILS_S = 0.2             # running flat out, the request list and the pane text refresh at <= 5 Hz
 
 
-class TinyLLMApp(LiveView, App):
+class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
     CSS_PATH = "app.tcss"
     TITLE = "tinyllm-tui"
     # One source of truth for keys: the footer and the help screen both read this list.
@@ -85,9 +87,9 @@ class TinyLLMApp(LiveView, App):
                  recording: Path | None = None):
         super().__init__()
         self.runner = runner                      # owns the engine; we only send commands and read frames
-        self.replay = getattr(runner, "replay", False)    # a recording played back: read-only, no tokenizer
-        self.remote = getattr(runner, "remote", False)    # attached to a server: it paces itself
-        self.metrics_only = getattr(runner, "metrics_only", False)    # a vLLM server: no slots, no blocks
+        self.replay = runner.mode == "replay"             # a recording played back: read-only, no tokenizer
+        self.remote = runner.mode in ("attach", "metrics")    # attached to a server: it paces itself
+        self.metrics_only = runner.mode == "metrics"      # a vLLM server: no slots, no blocks
         self.tokenizer = tokenizer
         self.model_name = model_name
         snap = runner.frame.snapshot
@@ -298,111 +300,12 @@ class TinyLLMApp(LiveView, App):
     def _status_text(self, f: Frame) -> Text:
         """The status line, fitted to the screen: fields of least use give way first (the mode
         and the step counter stay at any width)."""
-        return fit_fields(self._status_fields(f), max(20, self.size.width))
-
-    def _status_fields(self, f: Frame) -> list[tuple[str, str, int]]:
-        """(text, style, rank) per field, in screen order; a higher rank gives way first."""
-        steps = f.snapshot.counters.steps
-        if f.status == "loading":
-            return [(" ⧗ LOADING ", "bold reverse cyan", 0), (f" {self.model_name}", "bold", 1),
-                    (" · engine loading (importing torch, reading the weights)…", "bold", 2),
-                    (" · type a prompt now: it is sent when the engine is ready", "dim", 3)]
-        if self.remote:
-            r = self.runner
-            down = f.status.startswith("disconnected")
-            out = [(" ✗ DISCONNECTED " if down else " ⇄ ATTACHED ", "bold reverse red" if down else "bold reverse blue", 0),
-                   (f" {r.kind} at {r.url}", "bold", 1), (f" · {self.model_name}", "bold", 4)]
-            if self.metrics_only:                         # a "step" here is a second since attach
-                return out + [(f" · {f.status} (showing the last state)", "bold red", 2)] * down + [
-                    (f" · metrics every {r.poll_s:g} s", "dim", 3), (" · this app's requests stream below", "dim", 5)]
-            out.append((f" · step {steps}", "bold", 0))
-            if down:
-                return out + [(f" · {f.status} (showing the last state)", "bold red", 1)]
-            budget = f.snapshot.max_batched_tokens
-            return out + [(f" · {f.snapshot.n_slots} slots", "dim", 3),
-                          (f" · {f.snapshot.kv.kind} KV", "dim", 5),
-                          (f" · {'chunked ≤' + str(budget) + ' tok/step' if budget else 'prefill+decode'}", "dim", 4)]
-        if self.replay:
-            return [(" ⏸ REPLAY " if f.paused else " ▶ REPLAY ", "bold reverse magenta", 0),
-                    (f" step {steps} of {self.runner.last_step}", "bold", 0),
-                    (f" · {self.runner.path.name}", "bold", 2), (f" · {self.model_name}", "bold", 4),
-                    (f" · {f.snapshot.kv.kind} KV", "dim", 5), (f" · {self._speed(f)}", "dim", 3),
-                    (" · read-only", "dim", 6)]
-        budget = f.snapshot.max_batched_tokens
-        n = self.runner.threads
-        out = [(" ⏸ PAUSED " if f.paused else " ▶ RUNNING ", "bold reverse yellow" if f.paused else "bold reverse green", 0),
-               (f" step {steps}", "bold", 0)]
-        if self.recording is not None:
-            out.append((f" · ● REC {self.recording.name}", "bold red", 1))
-        if f.pending_arrivals:
-            out.append((f" · {f.pending_arrivals} arriving", "yellow", 1))
-        return out + [(f" · delay {f.step_delay_ms} ms/step", "dim", 2), (f" · {self.model_name}", "bold", 3),
-                      (f" · {f.snapshot.kv.kind} KV", "bold", 5),
-                      (f" · {'chunked ≤' + str(budget) + ' tok/step' if budget else 'prefill+decode'}", "bold", 4),
-                      (f" · {self.runner.device}", "dim", 6),
-                      (f" · {n} thread{'s' if n != 1 else ''}" if n else " · ? threads", "dim", 7)]
-
-    @staticmethod
-    def _speed(f: Frame) -> str:
-        return f"{f.step_delay_ms} ms/step" if f.step_delay_ms else "recorded pace"
+        return fit_fields(status_fields(f, self.runner, self.model_name, self.recording), max(20, self.size.width))
 
     def _scrubber_text(self, f: Frame) -> Text:
-        """▶ step 120/734 ━━━━━━●───P──x── : where the replay is, and where things went wrong."""
-        r = self.runner
-        last, now = max(1, r.last_step), f.snapshot.counters.steps
-        t = Text(no_wrap=True, overflow="ellipsis")
-        t.append(" ⏸ " if f.paused else " ▶ ", style="bold")
-        t.append(f"step {now}/{r.last_step} ", style="bold")
-        sel = f"#{self.selected}" if self.selected is not None else "the selected request"
-        keys = f" {self._speed(f)} · space play · n/b step · g go to · ]/[ events of {sel}"
-        if self.size.width < 2 * len(keys):
-            keys = f" {self._speed(f)} · ? keys"
-        width = max(10, self.size.width - len(t) - len(keys))
-        marks = {}
-        for kind, glyph, style in (("aborted", "x", "bold red"), ("preempted", "P", "bold magenta")):
-            for s in r.event_steps((kind,)):
-                marks[min(width - 1, s * width // (last + 1))] = (glyph, style)
-        here = min(width - 1, now * width // (last + 1))
-        for c in range(width):
-            if c == here:
-                t.append("●", style="bold reverse")
-            elif c in marks:
-                t.append(*marks[c])
-            else:
-                t.append("━" if c < here else "─", style="cyan" if c < here else "dim")
-        t.append(keys, style="dim")
-        return t
-
-    def _show_settings(self) -> None:
-        self.query_one("#next-settings", Static).update(Text(self.settings.describe(), style="dim"))
+        return scrubber(f, self.runner, self.size.width, self.selected)
 
     # -- user actions ---------------------------------------------------------------------------
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        if event.input.id != "prompt":
-            return
-        text = event.value
-        if not text.strip():
-            self.notify("Type some text first: the model continues it.", severity="warning")
-            return
-        ids = None
-        if self.tokenizer is not None:                    # attached without one: the server checks
-            ids = self.tokenizer.encode(text)
-            try:
-                check_fits(len(ids), self.settings.max_new_tokens, self.max_len, "the context")
-            except ContextTooLong as e:
-                self.notify(f"{e} (F2: settings)", title="not sent", severity="error", timeout=8)
-                return
-        s = self.settings
-        self.runner.send(Submit(text, s.max_new_tokens, s.sampling, s.stop_at_eos,
-                                None if self.remote or ids is None else tuple(ids)))
-        event.input.value = ""
-        self.set_timer(0.1, self._select_newest)
-
-    def _select_newest(self) -> None:
-        reqs = self.runner.frame.snapshot.requests
-        if reqs:
-            self.select(reqs[-1].rid)
-
     def select(self, rid: int) -> None:
         """Select request ``rid`` in every panel (the list's cursor, the pane, the timeline)."""
         self.selected = rid
@@ -470,81 +373,6 @@ class TinyLLMApp(LiveView, App):
     def action_zoom_in(self) -> None:
         self._zoom(out=False)
 
-    def action_step_back(self) -> None:
-        self.runner.send(StepBack())
-
-    def action_goto_step(self) -> None:
-        self._close_help()
-
-        def done(step: int | None) -> None:
-            if step is not None:
-                self.runner.send(SeekStep(step))
-        self.push_screen(GotoStep(self.runner.frame.snapshot.counters.steps, self.runner.last_step), done)
-
-    def _jump(self, direction: int) -> None:
-        rid = self.selected
-        if rid is None:
-            self.notify("No request selected: highlight one in the Requests list.", severity="warning")
-            return
-        now = self.runner.frame.snapshot.counters.steps
-        ahead = [s for s, _ in self.runner.events_of(rid) if (s > now if direction > 0 else s < now)]
-        if not ahead:
-            self.notify(f"#{rid} has no {'later' if direction > 0 else 'earlier'} admission, preemption or end",
-                        timeout=3)
-            return
-        self.runner.send(JumpEvent(rid, direction))
-
-    def action_next_event(self) -> None:
-        self._jump(+1)
-
-    def action_prev_event(self) -> None:
-        self._jump(-1)
-
-    ACTIVE = ("queued", "running", "preempted")
-
-    def _others(self, rids: list[int]) -> list[int]:
-        """Of ``rids``, those another client of the attached server sent (none for a local
-        engine, a replay, or a vLLM server, whose list holds this app's requests only)."""
-        if not self.remote or self.metrics_only:
-            return []
-        ours = self.runner.ours()
-        return [rid for rid in rids if rid not in ours]
-
-    def action_abort_selected(self) -> None:
-        rid = self.selected
-        if rid is None:
-            self.notify("No request selected: highlight one in the Requests list.", severity="warning")
-            return
-        v = self.runner.frame.snapshot.request(rid)
-        if v is not None and v.state in self.ACTIVE and self._others([rid]):
-            def done(yes) -> None:
-                if yes:
-                    self.runner.send(Abort(rid))
-            self.push_screen(Confirm(f"Abort #{rid}?", f"#{rid} belongs to another client of the server: "
-                                     f"its client gets an error (aborted by an operator).",
-                                     [("y", f"Abort #{rid}", True)]), done)
-            return
-        self.runner.send(Abort(rid))
-
-    def action_abort_all(self) -> None:
-        active = [v.rid for v in self.runner.frame.snapshot.requests if v.state in self.ACTIVE]
-        others = self._others(active)
-        if not others:
-            self.runner.send(AbortAll())
-            return
-        ours = len(active) - len(others)
-
-        def done(choice) -> None:
-            if choice is not None:
-                self.runner.send(AbortAll(ours_only=choice == "ours"))
-        self.push_screen(Confirm(
-            "Abort all?", f"{len(active)} requests are queued or running on the server: {ours} from this app, "
-            f"{len(others)} from other clients (each of those gets an error: aborted by an operator).",
-            [("o", f"Abort this app's {ours}", "ours")] * bool(ours) + [("a", f"Abort all {len(active)}", "all")]),
-            done)
-
-    def action_clear_prefix_cache(self) -> None:
-        self.runner.send(ClearPrefixCache())
 
     def action_focus_input(self) -> None:
         self.query_one("#prompt", Input).focus()
@@ -572,62 +400,5 @@ class TinyLLMApp(LiveView, App):
         if isinstance(self.screen, HelpScreen):
             self.pop_screen()
 
-    def action_settings(self) -> None:
-        self._close_help()
-        def done(result: NextSettings | None) -> None:
-            if result is not None:
-                self.settings = result
-                self._show_settings()
-                self.notify(f"Next requests: {result.describe()}", timeout=3)
-        self.push_screen(SettingsScreen(self.settings, self.max_len - 1, self._engine_settings()), done)
-
-    def _engine_settings(self) -> str:
-        snap = self.runner.frame.snapshot
-        budget = snap.max_batched_tokens
-        sched = (f"chunked prefill, ≤{budget} tokens/step (--max-batched-tokens, --no-chunked-prefill), "
-                 f"prefix cache {'on' if snap.kv.block_cached else 'off'} (--[no-]prefix-cache)"
-                 if budget else "prefill then decode (--chunked-prefill for the token budget)")
-        return f"Engine (set at start): {snap.n_slots} slots, {snap.kv.kind} KV, {sched}"
-
-    def action_load_prompts(self) -> None:
-        self._close_help()
-        picker = PromptPicker(self.tokenizer.encode, self.max_len, self.settings.max_new_tokens)
-        self.push_screen(picker, self._submit_workload)
-
-    def _load_path(self, path: Path) -> None:
-        from tinyllm.workload import WorkloadError
-        try:
-            loaded = read_workload(path, self.tokenizer.encode, self.max_len, self.settings.max_new_tokens)
-        except WorkloadError as e:
-            self.notify(f"{e}\nnothing was loaded", title="prompt file refused", severity="error", timeout=10)
-            return
-        self._submit_workload(loaded)
-
-    def _submit_workload(self, loaded: LoadedWorkload | None) -> None:
-        if loaded is None:
-            return
-        s = self.settings
-        self.runner.send(LoadWorkload(loaded.path.name, loaded.items, loaded.tokens, s.max_new_tokens, s.sampling))
-        self.notify(f"{loaded.path.name}: {len(loaded.items)} requests", title="workload loaded", timeout=3)
-
-    async def action_quit(self) -> None:
-        self.runner.stop()
-        self.exit()
-
     def on_unmount(self) -> None:
         self.runner.stop()
-
-
-def fit_fields(fields: list[tuple[str, str, int]], width: int) -> Text:
-    """One line of ``fields`` (text, style, rank) in their order, dropping the highest ranks
-    first until it fits ``width`` cells (rank 0 always stays; a line still too long ends in …)."""
-    from rich.cells import cell_len
-    keep = list(fields)
-    for rank in sorted({r for _, _, r in fields if r > 0}, reverse=True):
-        if sum(cell_len(t) for t, _, _ in keep) <= width:
-            break
-        keep = [f for f in keep if f[2] != rank]
-    t = Text(no_wrap=True, overflow="ellipsis")
-    for text, style, _ in keep:
-        t.append(text, style=style)
-    return t

@@ -93,8 +93,7 @@ def api_error(r: httpx.Response) -> str:
 
 class AttachRunner:
     """A ``tinyllm serve`` as the app's runner (messages.Runner); see the module docstring."""
-    remote = True
-    replay = False
+    mode = "attach"                       # interface.Runner: a tinyllm serve, every panel
     kind = "tinyllm serve"
     threads = 0
     start_error: Exception | None = None

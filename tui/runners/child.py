@@ -91,6 +91,8 @@ class ChildRunner:
     child cannot build the engine, ``start_error`` says why (the app then exits with it).
     ``start()`` (wait=True) blocks until the engine is built instead, raising CheckpointError for
     a bad checkpoint and EngineStartError for anything else."""
+    mode = "live"                         # interface.Runner: a local engine (or the race)
+
 
     def __init__(self, spec, paused: bool = False, step_delay_ms: int = 0, max_len: int | None = None):
         self.spec = spec

@@ -161,6 +161,8 @@ class Frame:
 
 class Runner(Protocol):
     """What the app needs from whatever runs the engine (a thread, a child process, ...)."""
+    mode: str                                # "live" (a local engine), "replay" (a recording, read-only),
+                                             # "attach" (a tinyllm serve), "metrics" (a vLLM server)
     device: str                              # "cpu" / "cuda" ("?" until a process runner's engine is up)
     start_error: Exception | None            # the engine could not be built (the app exits with it)
     threads: int                             # torch CPU threads the engine uses (0 until known)

@@ -26,6 +26,7 @@ PUBLISH_S = 1 / 30
 
 
 class CommandLoop:
+    mode = "live"                         # interface.Runner: a local engine (or the race)
     WAKE: tuple[type, ...] = (StepOnce, SetPaused, TogglePaused)   # after these a running loop steps at once
 
     def __init__(self, paused: bool, step_delay_ms: int, on_frame: Callable[[], None] | None = None):

@@ -30,7 +30,7 @@ JUMP_KINDS = ("admitted", "preempted", "aborted", "finished", "failed")
 
 class ReplayRunner:
     """Plays a ``--record`` file; satisfies messages.Runner."""
-    replay = True
+    mode = "replay"                       # interface.Runner: a recording, read-only
     device = "replay"
     threads = 0
     start_error: Exception | None = None

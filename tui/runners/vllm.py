@@ -32,9 +32,7 @@ UNKNOWN_MAX_LEN = 1 << 20    # a server that does not say its context length: le
 
 class VllmRunner:
     """messages.Runner over a vLLM server's API and metrics (see the module docstring)."""
-    remote = True
-    replay = False
-    metrics_only = True
+    mode = "metrics"                      # interface.Runner: a vLLM server, its metrics
     kind = "vLLM"
     device = "remote"
     threads = 0

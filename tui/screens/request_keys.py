@@ -1,0 +1,135 @@
+"""What the user does to requests: type a prompt, load a prompt file, set the next request's
+settings, abort one or all (asking first before touching another client's requests on a shared
+server), clear the prefix cache. A mixin of the app: these act through ``runner.send`` only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.text import Text
+from textual.widgets import Input, Static
+
+from tinyllm.request import ContextTooLong, check_fits
+from tui.runners.interface import Abort, AbortAll, ClearPrefixCache, LoadWorkload, Submit
+from tui.screens.modals import Confirm, LoadedWorkload, NextSettings, PromptPicker, SettingsScreen, read_workload
+
+
+class RequestKeys:
+    """Needs ``runner``, ``tokenizer``, ``settings``, ``max_len``, ``remote``, ``metrics_only``,
+    ``selected``, ``select``, ``notify``, ``push_screen``, ``_close_help``."""
+    ACTIVE = ("queued", "running", "preempted")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id != "prompt":
+            return
+        text = event.value
+        if not text.strip():
+            self.notify("Type some text first: the model continues it.", severity="warning")
+            return
+        ids = None
+        if self.tokenizer is not None:                    # attached without one: the server checks
+            ids = self.tokenizer.encode(text)
+            try:
+                check_fits(len(ids), self.settings.max_new_tokens, self.max_len, "the context")
+            except ContextTooLong as e:
+                self.notify(f"{e} (F2: settings)", title="not sent", severity="error", timeout=8)
+                return
+        s = self.settings
+        self.runner.send(Submit(text, s.max_new_tokens, s.sampling, s.stop_at_eos,
+                                None if self.remote or ids is None else tuple(ids)))
+        event.input.value = ""
+        self.set_timer(0.1, self._select_newest)
+
+    def _select_newest(self) -> None:
+        reqs = self.runner.frame.snapshot.requests
+        if reqs:
+            self.select(reqs[-1].rid)
+
+    def _others(self, rids: list[int]) -> list[int]:
+        """Of ``rids``, those another client of the attached server sent (none for a local
+        engine, a replay, or a vLLM server, whose list holds this app's requests only)."""
+        if not self.remote or self.metrics_only:
+            return []
+        ours = self.runner.ours()
+        return [rid for rid in rids if rid not in ours]
+
+    def action_abort_selected(self) -> None:
+        rid = self.selected
+        if rid is None:
+            self.notify("No request selected: highlight one in the Requests list.", severity="warning")
+            return
+        v = self.runner.frame.snapshot.request(rid)
+        if v is not None and v.state in self.ACTIVE and self._others([rid]):
+            def done(yes) -> None:
+                if yes:
+                    self.runner.send(Abort(rid))
+            self.push_screen(Confirm(f"Abort #{rid}?", f"#{rid} belongs to another client of the server: "
+                                     f"its client gets an error (aborted by an operator).",
+                                     [("y", f"Abort #{rid}", True)]), done)
+            return
+        self.runner.send(Abort(rid))
+
+    def action_abort_all(self) -> None:
+        active = [v.rid for v in self.runner.frame.snapshot.requests if v.state in self.ACTIVE]
+        others = self._others(active)
+        if not others:
+            self.runner.send(AbortAll())
+            return
+        ours = len(active) - len(others)
+
+        def done(choice) -> None:
+            if choice is not None:
+                self.runner.send(AbortAll(ours_only=choice == "ours"))
+        self.push_screen(Confirm(
+            "Abort all?", f"{len(active)} requests are queued or running on the server: {ours} from this app, "
+            f"{len(others)} from other clients (each of those gets an error: aborted by an operator).",
+            [("o", f"Abort this app's {ours}", "ours")] * bool(ours) + [("a", f"Abort all {len(active)}", "all")]),
+            done)
+
+    def action_clear_prefix_cache(self) -> None:
+        self.runner.send(ClearPrefixCache())
+
+    def action_settings(self) -> None:
+        self._close_help()
+        def done(result: NextSettings | None) -> None:
+            if result is not None:
+                self.settings = result
+                self._show_settings()
+                self.notify(f"Next requests: {result.describe()}", timeout=3)
+        self.push_screen(SettingsScreen(self.settings, self.max_len - 1, self._engine_settings()), done)
+
+    def _engine_settings(self) -> str:
+        snap = self.runner.frame.snapshot
+        budget = snap.max_batched_tokens
+        sched = (f"chunked prefill, ≤{budget} tokens/step (--max-batched-tokens, --no-chunked-prefill), "
+                 f"prefix cache {'on' if snap.kv.block_cached else 'off'} (--[no-]prefix-cache)"
+                 if budget else "prefill then decode (--chunked-prefill for the token budget)")
+        return f"Engine (set at start): {snap.n_slots} slots, {snap.kv.kind} KV, {sched}"
+
+    def action_load_prompts(self) -> None:
+        self._close_help()
+        picker = PromptPicker(self.tokenizer.encode, self.max_len, self.settings.max_new_tokens)
+        self.push_screen(picker, self._submit_workload)
+
+    def _load_path(self, path: Path) -> None:
+        from tinyllm.workload import WorkloadError
+        try:
+            loaded = read_workload(path, self.tokenizer.encode, self.max_len, self.settings.max_new_tokens)
+        except WorkloadError as e:
+            self.notify(f"{e}\nnothing was loaded", title="prompt file refused", severity="error", timeout=10)
+            return
+        self._submit_workload(loaded)
+
+    def _submit_workload(self, loaded: LoadedWorkload | None) -> None:
+        if loaded is None:
+            return
+        s = self.settings
+        self.runner.send(LoadWorkload(loaded.path.name, loaded.items, loaded.tokens, s.max_new_tokens, s.sampling))
+        self.notify(f"{loaded.path.name}: {len(loaded.items)} requests", title="workload loaded", timeout=3)
+
+    async def action_quit(self) -> None:
+        self.runner.stop()
+        self.exit()
+
+    def _show_settings(self) -> None:
+        self.query_one("#next-settings", Static).update(Text(self.settings.describe(), style="dim"))

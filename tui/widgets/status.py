@@ -1,0 +1,103 @@
+"""The status line and the replay's scrubber: one line each, built from a frame and the runner.
+
+The status line is a list of fields, each with a rank; on a narrow screen the highest ranks give
+way first, so the mode and the step counter stay at any width (``fit_fields``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.cells import cell_len
+from rich.text import Text
+
+from tui.runners.interface import Frame
+
+
+def status_fields(f: Frame, runner, model_name: str, recording: Path | None = None) -> list[tuple[str, str, int]]:
+    """(text, style, rank) per field, in screen order; a higher rank gives way first. What the
+    fields are depends on the runner's mode: a live engine, a replay, a server."""
+    steps = f.snapshot.counters.steps
+    if f.status == "loading":
+        return [(" ⧗ LOADING ", "bold reverse cyan", 0), (f" {model_name}", "bold", 1),
+                (" · engine loading (importing torch, reading the weights)…", "bold", 2),
+                (" · type a prompt now: it is sent when the engine is ready", "dim", 3)]
+    if runner.mode in ("attach", "metrics"):
+        r = runner
+        down = f.status.startswith("disconnected")
+        out = [(" ✗ DISCONNECTED " if down else " ⇄ ATTACHED ", "bold reverse red" if down else "bold reverse blue", 0),
+               (f" {r.kind} at {r.url}", "bold", 1), (f" · {model_name}", "bold", 4)]
+        if runner.mode == "metrics":                         # a "step" here is a second since attach
+            return out + [(f" · {f.status} (showing the last state)", "bold red", 2)] * down + [
+                (f" · metrics every {r.poll_s:g} s", "dim", 3), (" · this app's requests stream below", "dim", 5)]
+        out.append((f" · step {steps}", "bold", 0))
+        if down:
+            return out + [(f" · {f.status} (showing the last state)", "bold red", 1)]
+        budget = f.snapshot.max_batched_tokens
+        return out + [(f" · {f.snapshot.n_slots} slots", "dim", 3),
+                      (f" · {f.snapshot.kv.kind} KV", "dim", 5),
+                      (f" · {'chunked ≤' + str(budget) + ' tok/step' if budget else 'prefill+decode'}", "dim", 4)]
+    if runner.mode == "replay":
+        return [(" ⏸ REPLAY " if f.paused else " ▶ REPLAY ", "bold reverse magenta", 0),
+                (f" step {steps} of {runner.last_step}", "bold", 0),
+                (f" · {runner.path.name}", "bold", 2), (f" · {model_name}", "bold", 4),
+                (f" · {f.snapshot.kv.kind} KV", "dim", 5), (f" · {speed(f)}", "dim", 3),
+                (" · read-only", "dim", 6)]
+    budget = f.snapshot.max_batched_tokens
+    n = runner.threads
+    out = [(" ⏸ PAUSED " if f.paused else " ▶ RUNNING ", "bold reverse yellow" if f.paused else "bold reverse green", 0),
+           (f" step {steps}", "bold", 0)]
+    if recording is not None:
+        out.append((f" · ● REC {recording.name}", "bold red", 1))
+    if f.pending_arrivals:
+        out.append((f" · {f.pending_arrivals} arriving", "yellow", 1))
+    return out + [(f" · delay {f.step_delay_ms} ms/step", "dim", 2), (f" · {model_name}", "bold", 3),
+                  (f" · {f.snapshot.kv.kind} KV", "bold", 5),
+                  (f" · {'chunked ≤' + str(budget) + ' tok/step' if budget else 'prefill+decode'}", "bold", 4),
+                  (f" · {runner.device}", "dim", 6),
+                  (f" · {n} thread{'s' if n != 1 else ''}" if n else " · ? threads", "dim", 7)]
+
+
+def speed(f: Frame) -> str:
+    return f"{f.step_delay_ms} ms/step" if f.step_delay_ms else "recorded pace"
+
+
+def scrubber(f: Frame, runner, width: int, selected: int | None) -> Text:
+    """▶ step 120/734 ━━━━━━●───P──x── : where the replay is, and where things went wrong."""
+    r = runner
+    last, now = max(1, r.last_step), f.snapshot.counters.steps
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append(" ⏸ " if f.paused else " ▶ ", style="bold")
+    t.append(f"step {now}/{r.last_step} ", style="bold")
+    sel = f"#{selected}" if selected is not None else "the selected request"
+    keys = f" {speed(f)} · space play · n/b step · g go to · ]/[ events of {sel}"
+    if width < 2 * len(keys):
+        keys = f" {speed(f)} · ? keys"
+    cells = max(10, width - len(t) - len(keys))
+    marks = {}
+    for kind, glyph, style in (("aborted", "x", "bold red"), ("preempted", "P", "bold magenta")):
+        for s in r.event_steps((kind,)):
+            marks[min(cells - 1, s * cells // (last + 1))] = (glyph, style)
+    here = min(cells - 1, now * cells // (last + 1))
+    for c in range(cells):
+        if c == here:
+            t.append("●", style="bold reverse")
+        elif c in marks:
+            t.append(*marks[c])
+        else:
+            t.append("━" if c < here else "─", style="cyan" if c < here else "dim")
+    t.append(keys, style="dim")
+    return t
+
+
+def fit_fields(fields: list[tuple[str, str, int]], width: int) -> Text:
+    """One line of ``fields`` (text, style, rank) in their order, dropping the highest ranks
+    first until it fits ``width`` cells (rank 0 always stays; a line still too long ends in …)."""
+    keep = list(fields)
+    for rank in sorted({r for _, _, r in fields if r > 0}, reverse=True):
+        if sum(cell_len(t) for t, _, _ in keep) <= width:
+            break
+        keep = [f for f in keep if f[2] != rank]
+    t = Text(no_wrap=True, overflow="ellipsis")
+    for text, style, _ in keep:
+        t.append(text, style=style)
+    return t
