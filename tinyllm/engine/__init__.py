@@ -2,19 +2,24 @@
 
     request.py (top level, no torch)  Sampling, Request, Result, the fit rule
     sequence.py    the engine's record of a request; token Events
+    continuous.py  ContinuousEngine (one step = plan -> forward -> commit), run_continuous
+    scheduler.py   the scheduler interface (plan, StepPlan) and the token-budget scheduler (chunked prefill)
+    admission.py   the seed's scheduler: admit into free slots with a padded prefill, then decode every slot
+    policy.py      the scheduling policy: the waiting queue's order (fcfs)
+    forward.py     running a plan on the model (padded prefill, slot decode, ragged mixed batch)
+    build.py       from ContinuousEngine's arguments to its parts (checked settings, cache, scheduler)
     static.py      static batching: StaticBatcher (one step at a time; the race steps it), run_static
-                   (the baseline, runs it to the end), prefill_padded
-    continuous.py  ContinuousEngine, run_continuous
-    scheduler.py   the token-budget scheduler (chunked prefill)
+                   (the baseline, runs it to the end)
     sampler.py     sample_next and per-row sampling with per-row failure
     generate.py    one request alone: the reference every batched path must equal
 """
 
 from tinyllm.engine.continuous import DEFAULT_MAX_BATCHED_TOKENS, ContinuousEngine, run_continuous
+from tinyllm.engine.forward import kv_bytes_per_token, prefill_padded
 from tinyllm.engine.sequence import Event, Sequence
-from tinyllm.engine.static import StaticBatcher, kv_bytes_per_token, prefill_padded, run_static
-from tinyllm.request import ContextTooLong, Request, Result, Sampling, check_fits
+from tinyllm.engine.static import StaticBatcher, run_static
 from tinyllm.observe.stats import Stats, percentile
+from tinyllm.request import ContextTooLong, Request, Result, Sampling, check_fits
 
 __all__ = ["DEFAULT_MAX_BATCHED_TOKENS", "ContextTooLong", "ContinuousEngine", "Event", "Request", "Result",
            "Sampling", "Sequence", "StaticBatcher", "Stats", "check_fits", "kv_bytes_per_token", "percentile", "prefill_padded",

@@ -1,14 +1,12 @@
 """Continuous batching: requests join and leave a running batch of S slots, step by step.
 
-Two schedulers share this engine's API (add_request / step / abort / snapshot):
-
-- the seed's (``chunked_prefill=False``, either cache): every step admits queued requests into
-  free slots with one padded prefill for the newcomers, then every slot decodes one token
-  together (idle slots compute a throwaway row);
-- the token-budget scheduler (``chunked_prefill=True``, paged cache only; ``scheduler.py``):
-  every step is ONE forward pass over a flattened batch of at most ``max_batched_tokens``
-  tokens: each running request's next token, then chunks of prompts being prefilled
-  (``ragged.py``). Long prompts are spread over steps instead of stalling the decodes.
+Every step has one shape, nano-vllm's and vLLM V1's: the scheduler plans a forward pass
+(``plan()``), the model runs it (``forward.py``), and this engine commits the outcome: sampled
+tokens, request states, lifecycle events, counters. Two schedulers implement the one ``plan()``:
+the seed's (``admission.py``: a padded prefill of newcomers, then a decode of every slot; either
+cache) and the token-budget scheduler (``scheduler.py``, ``chunked_prefill=True``: one ragged
+pass of decodes and prefill chunks; paged cache only). Both admit from one waiting queue, whose
+order is the scheduling policy (``policy.py``).
 
 Correctness: under greedy decoding each request's tokens equal its solo ``generate()`` output.
 """
@@ -16,28 +14,30 @@ Correctness: under greedy decoding each request's tokens equal its solo ``genera
 from __future__ import annotations
 
 import time
-from collections import deque
 
 import torch
+from torch import Tensor
 
-from tinyllm.model.config import default_kv_blocks
-from tinyllm.kv.ragged import RaggedAttention
+from tinyllm.engine.build import check_settings, make_cache, make_scheduler
+from tinyllm.engine.forward import ModelRunner, Prefilled, kv_bytes_per_token
+from tinyllm.engine.policy import WaitingQueue, waiting_queue
 from tinyllm.engine.sampler import sample_rows
-from tinyllm.engine.scheduler import TokenBudgetScheduler
+from tinyllm.engine.scheduler import Scheduler, StepPlan
 from tinyllm.engine.sequence import Event, Sequence, is_done
-from tinyllm.engine.static import kv_bytes_per_token, prefill_padded
-from tinyllm.model.device import autocast
-from tinyllm.kv.dense import SlotKVCache
 from tinyllm.model.transformer import Transformer
-from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, Request, Result, Sampling, check_fits, is_int
-from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, RequestView, SlotView
+from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, SlotView
 from tinyllm.observe.stats import Stats
+from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, Request, Result, Sampling, check_fits, is_int
+
+__all__ = ["DEFAULT_MAX_BATCHED_TOKENS", "ContinuousEngine", "run_continuous"]
+
 
 class ContinuousEngine:
     """run_continuous's loop as an object, so requests can arrive while others decode.
-    add_request() queues a request at any time; each step() admits queued requests into free
-    slots (one padded prefill), decodes one token for every active slot and returns the new
-    tokens as Events. A finished request's Result is in ``results`` (pop it).
+    add_request() queues a request at any time; each step() plans, runs and commits this step's
+    forward passes and returns the new tokens as Events. A finished request's Result is in
+    ``results`` (pop it). The parts: ``scheduler`` plans, ``waiting`` holds the queue in the
+    policy's order, ``runner`` runs the model on the cache (``slots``).
 
     Times are seconds on the engine clock (since construction); TTFT and latency count from the
     request's arrival. Sampling: the engine's settings are the default; a request's
@@ -51,15 +51,14 @@ class ContinuousEngine:
     cuda_graph (CUDA, kv="slots" only): the decode step is replayed as a CUDA graph per
     attention-window bucket (cuda_graph.SlotGraphDecoder); True builds one, or pass a decoder
     to reuse its cache and captured graphs.
-    chunked_prefill (kv="paged" only): the token-budget scheduler (see the module docstring),
-    with at most max_batched_tokens tokens per step (default DEFAULT_MAX_BATCHED_TOKENS; at
-    least n_slots, so every running request decodes every step).
+    chunked_prefill (kv="paged" only): the token-budget scheduler, with at most
+    max_batched_tokens tokens per step (default DEFAULT_MAX_BATCHED_TOKENS; at least n_slots,
+    so every running request decodes every step).
 
     One bad request never stops the others: a request whose admission or sampling fails ends
     in state "failed" (its slot freed, the reason in its view and a "failed" lifecycle event);
-    everything else keeps running. Besides token Events, the engine records what happens to
-    each request as LifecycleEvents (queued, admitted, preempted, finished, aborted, failed):
-    ``pop_lifecycle()`` hands them over.
+    everything else keeps running. ``pop_lifecycle()`` hands over what happened to each request
+    (LifecycleEvents: queued, admitted, prefill, first_token, preempted, finished, aborted, failed).
     """
 
     def __init__(self, model: Transformer, n_slots: int, max_len: int | None = None,
@@ -69,30 +68,8 @@ class ContinuousEngine:
                  chunked_prefill: bool = False, max_batched_tokens: int | None = None,
                  prefix_cache: bool | None = None):
         model.eval()
-        cfg = model.cfg
-        if not is_int(n_slots) or n_slots < 1:
-            raise ValueError(f"n_slots must be an integer >= 1, got {n_slots!r}")
-        max_len = cfg.max_seq_len if max_len is None else max_len
-        if not is_int(max_len) or not 2 <= max_len <= cfg.max_seq_len:
-            raise ValueError(f"max_len must be an integer in [2, {cfg.max_seq_len}] "
-                             f"(the model's max_seq_len), got {max_len!r}")
-        if kv not in ("slots", "paged"):
-            raise ValueError(f"kv must be 'slots' or 'paged', got {kv!r}")
-        if cuda_graph is not False and kv != "slots":
-            raise ValueError("cuda_graph supports kv='slots' only (paged: not yet)")
-        if not isinstance(chunked_prefill, bool):
-            raise ValueError(f"chunked_prefill must be True or False, got {chunked_prefill!r}")
-        if chunked_prefill and kv != "paged":
-            raise ValueError("chunked_prefill needs kv='paged' (the token-budget scheduler allocates blocks)")
-        prefix_cache = chunked_prefill if prefix_cache is None else prefix_cache
-        if not isinstance(prefix_cache, bool):
-            raise ValueError(f"prefix_cache must be True, False or None (on with chunked prefill), got {prefix_cache!r}")
-        if prefix_cache and not chunked_prefill:
-            raise ValueError("prefix_cache needs chunked_prefill=True (the token-budget scheduler looks prefixes up)")
-        budget = DEFAULT_MAX_BATCHED_TOKENS if max_batched_tokens is None else max_batched_tokens
-        if chunked_prefill and (not is_int(budget) or budget < n_slots):
-            raise ValueError(f"max_batched_tokens must be an integer >= n_slots ({n_slots}: every running "
-                             f"request decodes each step), got {max_batched_tokens!r}")
+        max_len, prefix_cache, budget = check_settings(model.cfg, n_slots, max_len, kv, cuda_graph, chunked_prefill,
+                                                       max_batched_tokens, prefix_cache)
         self.model = model
         self.device = device = next(model.parameters()).device
         self.n_slots = n_slots
@@ -100,43 +77,21 @@ class ContinuousEngine:
         self.sampling = Sampling(temperature, top_k, top_p)    # the default for every request
         self.generator = generator
         self.kv_kind = kv
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        self.decoder = None
-        if cuda_graph is not False and not isinstance(cuda_graph, bool):   # a SlotGraphDecoder
-            self.decoder, slots = cuda_graph, cuda_graph.slots
-            if slots.n_slots != n_slots or slots.max_len != max_len or any(slots.active):
-                raise ValueError(f"decoder cache has {slots.n_slots} slots of {slots.max_len} "
-                                 f"(active: {sum(slots.active)}); need {n_slots} idle slots of {max_len}")
-        elif kv == "slots":
-            slots = SlotKVCache(cfg.n_layers, n_slots, cfg.n_kv_heads, cfg.head_dim, max_len, dtype, device)
-        else:
-            from tinyllm.kv.paged import PagedKVCache
-            if not is_int(block_size) or block_size < 1:
-                raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
-            n_blocks = default_kv_blocks(n_slots, max_len, block_size) if kv_blocks is None else kv_blocks
-            if not is_int(n_blocks) or n_blocks < 1:
-                raise ValueError(f"kv_blocks must be an integer >= 1, got {kv_blocks!r}")
-            slots = PagedKVCache(cfg.n_layers, n_slots, cfg.n_kv_heads, cfg.head_dim, n_blocks,
-                                 block_size, max_len, dtype, device)
-        if cuda_graph is True:
-            from tinyllm.kv.cuda_graph import SlotGraphDecoder
-            self.decoder = SlotGraphDecoder(model, slots, buckets=buckets)
-        self.slots = slots
-        self.scheduler = TokenBudgetScheduler(slots, budget) if chunked_prefill else None
-        if chunked_prefill:
-            slots.prefix_cache = prefix_cache
+        self.slots, self.decoder = make_cache(model, n_slots, max_len, kv, block_size, kv_blocks, cuda_graph, buckets)
+        self.runner = ModelRunner(model, self.slots, self.decoder)
+        self.chunked_prefill = chunked_prefill
+        self.scheduler: Scheduler = make_scheduler(self.slots, chunked_prefill, prefix_cache, budget)
+        self.waiting: WaitingQueue = waiting_queue("fcfs")
         self.prefix_cache = prefix_cache
         self._prefix_queries = self._prefix_hits = 0
         self.max_batched_tokens = budget if chunked_prefill else None
-        self._running: list[Sequence] = []              # chunked: admission order (newest last)
+        self._running: list[Sequence] = []              # holding a slot, in admission order (newest last)
         self.stats = Stats(kv_bytes_per_token=kv_bytes_per_token(model, device),
-                           kv_reserved_tokens=slots.reserved_tokens())
+                           kv_reserved_tokens=self.slots.reserved_tokens())
         self.results: dict[int, Result] = {}              # finished, until the caller pops them
         self._seqs: dict[int, Sequence] = {}                  # every request, kept for snapshots
         self._next_rid = 0                                    # (until forget_ended drops old ones)
         self._slot_seq: list[Sequence | None] = [None] * n_slots
-        self._queue: deque[Sequence] = deque()
-        self._last_tok = torch.zeros(n_slots, 1, dtype=torch.long, device=device)
         self._just_admitted: set[int] = set()
         self._lifecycle: list[LifecycleEvent] = []     # since the last pop_lifecycle()
         self._steps = self._prefills = self._generated = 0
@@ -182,16 +137,16 @@ class ContinuousEngine:
         self._next_rid += 1
         seq = Sequence(rid, req, req.sampling or self.sampling, self.now())
         self._seqs[rid] = seq
-        self._queue.append(seq)
+        self.waiting.add(seq)
         self._note("queued", seq, tokens=len(req.prompt))
         return rid
 
     def has_work(self) -> bool:
-        return bool(self._queue) or any(self.slots.active)
+        return bool(self.waiting) or any(self.slots.active)
 
     def load(self) -> tuple[int, int]:
         """(requests waiting for a slot, slots decoding a request)."""
-        return len(self._queue), sum(self.slots.active)
+        return len(self.waiting), sum(self.slots.active)
 
     def kv_used_frac(self) -> float:
         return self.slots.used_tokens() / max(1, self.slots.reserved_tokens())
@@ -202,12 +157,12 @@ class ContinuousEngine:
         seq = self._seqs.get(rid) if is_int(rid) else None
         if seq is None or seq.state in ("finished", "aborted", "failed"):
             return False
-        if seq in self._queue:
-            self._queue.remove(seq)
+        if seq in self.waiting:
+            self.waiting.remove(seq)
         slot = seq.slot
         if slot is not None:
             self._free_slot(seq)
-        self._end(seq, "aborted", self.now())
+        seq.end("aborted", self.now())
         self._aborted += 1
         self._note("aborted", seq, slot, len(seq.out))
         return True
@@ -235,107 +190,107 @@ class ContinuousEngine:
 
     @torch.no_grad()
     def step(self) -> list[Event]:
-        """Admit what fits, decode one token per active slot. Returns the new tokens."""
+        """One step: each forward pass the scheduler plans is run on the model and committed
+        before the next is planned. Returns the new tokens."""
         self._steps += 1
         self._just_admitted = set()
-        if self.scheduler is not None:
-            return self._step_chunked()
-        events = self._admit()
-        slots = self.slots
-        for s in slots.reserve_step():                    # paged: out of blocks → preempt newest
-            self._preempted(self._slot_seq[s], s)
-        live = [s for s in range(self.n_slots) if slots.active[s]]
-        if not live:
-            return events
-        st = self.stats
-        st.peak_active = max(st.peak_active, len(live))
-        st.decode_steps += 1
-        st.computed_rows += self.n_slots
-        st.useful_rows += len(live)
-        used = slots.used_tokens()
-        st.kv_used_frac.append(used / slots.reserved_tokens())
-        st.kv_alloc_frac.append(used / max(1, slots.allocated_tokens()))
-        if self.decoder is not None:
-            logits = self.decoder.step(self._last_tok)
-        else:
-            with autocast(self.device):
-                logits, _ = self.model(self._last_tok, cache=slots)   # one token per slot
-        rows = [q.sampling if q is not None else self.sampling for q in self._slot_seq]
-        nxt, failed = sample_rows(logits[:, -1], rows, self.generator)               # idle rows: engine default
-        self._last_tok = nxt
-        toks = nxt.squeeze(-1).tolist()
-        now = self.now()
-        for s in live:
-            seq = self._slot_seq[s]
-            if s in failed:
-                self._fail(seq, failed[s])
-            else:
-                events.append(self._record(seq, toks[s], now))
+        events: list[Event] = []
+        for plan in self.scheduler.plan(self._running, self.waiting):
+            events += self._run(plan)
         return events
 
-    def _step_chunked(self) -> list[Event]:
-        """One forward over this step's plan: decodes and prefill chunks in one flattened batch.
-        If that forward raises, each item is retried alone, so only the request that breaks it
-        fails (the others go on, as in the seed path's admissions)."""
-        plan = self.scheduler.plan(self._running, self._queue, self.slots.free_slots())
+    def _run(self, plan: StepPlan) -> list[Event]:
+        """The plan's decisions take effect, its forward runs, its outcome is committed."""
+        self._take_effect(plan)
+        if not plan.items:
+            return []
+        if plan.kind == "prefill":
+            return self._isolated(plan, "admission failed")
+        st = self.stats
+        st.decode_steps += 1
+        st.peak_active = max(st.peak_active, len(self._running))
+        if plan.kind == "mixed":
+            events = self._isolated(plan, "step failed")
+            self._note_kv_use()
+            return events
+        st.computed_rows += self.n_slots                  # decode: every slot computes a row
+        st.useful_rows += len(plan.items)
+        self._note_kv_use()
+        return self._commit_decode(plan, self.runner(plan))
+
+    def _take_effect(self, plan: StepPlan) -> None:
+        """Preempted sequences go back in line; admitted ones (slot set by the scheduler) run."""
         for seq in plan.preempted:
             self._preempted(seq, seq.slot)
         self._prefix_queries += plan.prefix_queries
         self._prefix_hits += plan.prefix_hits
-        for seq in plan.admitted:                         # the scheduler set slot, computed, cached_tokens
-            self._running.append(seq)
-            self._slot_seq[seq.slot] = seq
-            seq.state, seq.view, seq.prefilled = "running", None, False
-            self._just_admitted.add(seq.slot)
-            again = f"recompute after {seq.preemptions} preemption(s)" if seq.preemptions else ""
-            self._note("admitted", seq, seq.slot, len(seq.req.prompt) + len(seq.out), again, seq.cached_tokens)
-        if not plan.items:
-            return []
-        st = self.stats
-        st.decode_steps += 1
-        st.peak_active = max(st.peak_active, len(self._running))
+        for seq in plan.admitted:
+            self._seat(seq, seq.slot, seq.context_len())
+
+    def _isolated(self, plan: StepPlan, failure: str) -> list[Event]:
+        """Run and commit ``plan``. If its forward raises, each item is retried alone, so only the
+        request that breaks it fails (``failure``: the reason's start); the others go on."""
         try:
-            groups = [(plan.items, self._forward(plan.items))]
+            out = self.runner(plan)
         except Exception as e:                            # noqa: BLE001 - isolate the culprit below
-            groups = []
-            for item in plan.items if len(plan.items) > 1 else ():
-                try:
-                    groups.append(([item], self._forward([item])))
-                except Exception as e1:                   # noqa: BLE001 - this request alone fails
-                    self._fail(item[0], f"step failed: {type(e1).__name__}: {e1}")
             if len(plan.items) == 1:
-                self._fail(plan.items[0][0], f"step failed: {type(e).__name__}: {e}")
-        events: list[Event] = []
-        for items, logits in groups:
-            events += self._commit(items, logits)
-        used = self.slots.used_tokens()
-        st.kv_used_frac.append(used / self.slots.reserved_tokens())
-        st.kv_alloc_frac.append(used / max(1, self.slots.allocated_tokens()))
+                self._fail(plan.items[0][0], f"{failure}: {type(e).__name__}: {e}")
+                return []
+            return self._one_by_one(plan, failure)
+        return self._commit(plan, out)
+
+    def _one_by_one(self, plan: StepPlan, failure: str) -> list[Event]:
+        events, ran = [], []
+        for part in plan.alone():
+            try:
+                out = self.runner(part)
+            except Exception as e:                        # noqa: BLE001 - this request alone fails
+                self._fail(part.items[0][0], f"{failure}: {type(e).__name__}: {e}")
+                continue
+            if part.kind == "prefill":                    # an admission commits at once; mixed
+                events += self._commit(part, out)         # items commit after all ran (as always)
+            else:
+                ran.append((part, out))
+        for part, out in ran:
+            events += self._commit(part, out)
         return events
 
-    def _forward(self, items: list[tuple[Sequence, int, int]]):
-        """The model over ``items`` as one ragged batch; logits (1, S, V) at the positions that
-        sample (each item whose context is then complete). No engine state changes here."""
-        flat, sample_at = [], []
-        for seq, start, n in items:
-            ctx = seq.context()
-            flat += ctx[start:start + n]
-            if start + n == len(ctx):                     # context complete: its last logits sample
-                sample_at.append(len(flat) - 1)
-        attn = RaggedAttention(self.slots, [(seq.slot, start, n) for seq, start, n in items])
-        idx = torch.tensor([flat], dtype=torch.long, device=self.device)
-        at = torch.tensor(sample_at, dtype=torch.long, device=self.device)
-        with autocast(self.device):
-            logits, _ = self.model(idx, cache=attn, logits_at=at)
-        return logits
+    def _commit(self, plan: StepPlan, out: Tensor | Prefilled) -> list[Event]:
+        return self._commit_prefill(plan, out) if plan.kind == "prefill" else self._commit_mixed(plan, out)
 
-    def _commit(self, items: list[tuple[Sequence, int, int]], logits) -> list[Event]:
-        """After a forward over ``items``: their progress, prefill events, sampled tokens."""
+    def _commit_prefill(self, plan: StepPlan, out: Prefilled) -> list[Event]:
+        """Prefilled requests take their slots, with their K/V; their first tokens as Events."""
+        self._prefills += 1
+        self.stats.prefill_tokens += plan.tokens
+        nxt, failed = sample_rows(out.logits, [seq.sampling for seq, _, _ in plan.items], self.generator)
+        self.slots.admit(plan.slots, out.cache, out.pad)
+        self.runner.last_tok[torch.tensor(plan.slots, device=self.device)] = nxt
+        toks = nxt.squeeze(-1).tolist()
+        now = self.now()
+        events = []
+        for i, ((seq, _, n), s, t) in enumerate(zip(plan.items, plan.slots, toks)):
+            self._seat(seq, s, n)
+            self._note("prefill", seq, s, n, f"0..{n} of {n}")   # the whole context, in this one step
+            if i in failed:
+                self._fail(seq, failed[i])
+            else:
+                events.append(self._record(seq, t, now))
+        return events
+
+    def _commit_decode(self, plan: StepPlan, logits: Tensor) -> list[Event]:
+        """One sampled token per slot (idle rows with the engine's default, then dropped)."""
+        rows = [q.sampling if q is not None else self.sampling for q in self._slot_seq]
+        nxt, failed = sample_rows(logits, rows, self.generator)
+        self.runner.last_tok = nxt
+        return self._emit([(seq.slot, seq) for seq, _, _ in plan.items], nxt, failed)
+
+    def _commit_mixed(self, plan: StepPlan, logits: Tensor) -> list[Event]:
+        """After a ragged forward: each item's progress, prefill events, sampled tokens."""
         samplers = []
-        self.stats.computed_rows += len(items)
-        self.stats.useful_rows += len(items)
-        for seq, start, n in items:
-            total = len(seq.req.prompt) + len(seq.out)
+        self.stats.computed_rows += len(plan.items)
+        self.stats.useful_rows += len(plan.items)
+        for seq, start, n in plan.items:
+            total = seq.context_len()
             if not seq.prefilled:
                 self._prefills += 1
                 self.stats.prefill_tokens += n
@@ -347,29 +302,48 @@ class ContinuousEngine:
                 samplers.append(seq)
         if not samplers:
             return []
-        nxt, failed = sample_rows(logits[0], [q.sampling for q in samplers], self.generator)
+        nxt, failed = sample_rows(logits, [q.sampling for q in samplers], self.generator)
+        for seq in samplers:
+            seq.prefilled = True                          # sampled since its (re)admission
+        return self._emit(list(enumerate(samplers)), nxt, failed)
+
+    def _emit(self, rows: list[tuple[int, Sequence]], nxt: Tensor, failed: dict[int, str]) -> list[Event]:
+        """Each (row, seq) gets row's sampled token, or fails if sampling that row failed."""
         toks = nxt.squeeze(-1).tolist()
         now = self.now()
         events = []
-        for i, seq in enumerate(samplers):
-            if i in failed:
-                self._fail(seq, failed[i])
-                continue
-            seq.prefilled = True
-            events.append(self._record(seq, toks[i], now))
+        for row, seq in rows:
+            if row in failed:
+                self._fail(seq, failed[row])
+            else:
+                events.append(self._record(seq, toks[row], now))
         return events
 
+    def _note_kv_use(self) -> None:
+        used = self.slots.used_tokens()
+        self.stats.kv_used_frac.append(used / self.slots.reserved_tokens())
+        self.stats.kv_alloc_frac.append(used / max(1, self.slots.allocated_tokens()))
+
     def _preempted(self, seq: Sequence, slot: int) -> None:
-        """``seq`` lost its slot and blocks (already released): back to the front of the queue,
+        """``seq`` lost its slot and blocks (already released): back in line (fcfs: at the front),
         to be recomputed later from its context (prompt + generated so far)."""
         self._slot_seq[slot] = None
         if seq in self._running:
             self._running.remove(seq)
         seq.slot, seq.state, seq.view, seq.computed = None, "preempted", None, 0
         seq.preemptions += 1
-        self._queue.appendleft(seq)
+        self.waiting.prepend(seq)
         self.stats.preemptions += 1
-        self._note("preempted", seq, slot, len(seq.context()), "out of KV blocks")
+        self._note("preempted", seq, slot, seq.context_len(), "out of KV blocks")
+
+    def _seat(self, seq: Sequence, slot: int, tokens: int) -> None:
+        """``seq`` (admitted) runs in ``slot`` from now on."""
+        self._running.append(seq)
+        self._slot_seq[slot] = seq
+        seq.slot, seq.state, seq.view, seq.prefilled = slot, "running", None, False
+        self._just_admitted.add(slot)
+        again = f"recompute after {seq.preemptions} preemption(s)" if seq.preemptions else ""
+        self._note("admitted", seq, slot, tokens, again, seq.cached_tokens)
 
     def snapshot(self) -> EngineSnapshot:
         """Plain immutable state for viewers. O(slots + blocks + requests); unchanged requests
@@ -377,13 +351,13 @@ class ContinuousEngine:
         slots = self.slots
         lens = slots.context_lens()
         tables = slots.block_tables() if hasattr(slots, "block_tables") else [()] * self.n_slots
-        chunked = self.scheduler is not None
+        chunked = self.chunked_prefill
         slot_views = tuple(
             SlotView(s, q.rid if q is not None else None, lens[s] if q is not None else 0, self.max_len,
                      tuple(tables[s]), s in self._just_admitted,
                      q.remaining() if chunked and q is not None and not q.prefilled else 0)
             for s, q in enumerate(self._slot_seq))
-        reqs = tuple(self._view(q) for q in self._seqs.values())
+        reqs = tuple(q.snapshot_view() for q in self._seqs.values())
         kv = KVView(self.kv_kind, slots.reserved_tokens(), slots.allocated_tokens(), slots.used_tokens(),
                     self.stats.kv_bytes_per_token)
         if self.kv_kind == "paged":
@@ -402,68 +376,9 @@ class ContinuousEngine:
             aborted=self._aborted, failed=self._failed, prefix_queries=self._prefix_queries,
             prefix_hits=self._prefix_hits, computed_rows=st.computed_rows, useful_rows=st.useful_rows)
         return EngineSnapshot(self.now(), self.n_slots, self.max_len, slot_views, reqs,
-                              tuple(q.rid for q in self._queue), kv, counters, self.max_batched_tokens)
+                              tuple(q.rid for q in self.waiting), kv, counters, self.max_batched_tokens)
 
     # -- internals -------------------------------------------------------------
-    def _admit(self) -> list[Event]:
-        """Move queued requests into free slots with one padded prefill; sample their first token.
-        If that prefill raises, each request is retried alone, so only the culprit fails."""
-        slots, q = self.slots, self._queue
-        free = slots.free_slots()
-        batch: list[Sequence] = []
-        while q and len(batch) < len(free) and slots.can_admit([len(x.context()) for x in batch + [q[0]]]):
-            batch.append(q.popleft())
-        if not batch:
-            return []
-        taken = free[:len(batch)]
-        try:
-            return self._admit_into(batch, taken, self._prefill(batch))
-        except Exception as e:                            # noqa: BLE001 - isolate the culprit below
-            if len(batch) == 1:
-                self._fail(batch[0], f"admission failed: {type(e).__name__}: {e}")
-                return []
-        events = []                                       # one of them broke the batch: try each alone
-        for seq, s in zip(batch, taken):
-            try:
-                done = self._prefill([seq])
-            except Exception as e:                        # noqa: BLE001 - this request alone fails
-                self._fail(seq, f"admission failed: {type(e).__name__}: {e}")
-                continue
-            events += self._admit_into([seq], [s], done)
-        return events
-
-    def _prefill(self, batch: list[Sequence]):
-        """One padded prefill and the first tokens for ``batch``; no engine state changes, so a
-        failure here leaves nothing to undo."""
-        contexts = [x.context() for x in batch]
-        logits, pre, pad = prefill_padded(self.model, contexts, max_len=max(len(c) for c in contexts))
-        nxt, failed = sample_rows(logits, [x.sampling for x in batch], self.generator)
-        return contexts, pre, pad, nxt, failed
-
-    def _admit_into(self, batch: list[Sequence], taken: list[int], prefilled) -> list[Event]:
-        """Put a prefilled batch into slots ``taken``; first tokens as Events."""
-        contexts, pre, pad, nxt, failed = prefilled
-        self._prefills += 1
-        self.stats.prefill_tokens += sum(len(c) for c in contexts)
-        self.slots.admit(taken, pre, pad)
-        self._last_tok[torch.tensor(taken, device=self.device)] = nxt
-        toks = nxt.squeeze(-1).tolist()
-        now = self.now()
-        events = []
-        for i, (s, seq, t) in enumerate(zip(taken, batch, toks)):
-            self._slot_seq[s] = seq
-            seq.slot, seq.state, seq.view = s, "running", None
-            self._just_admitted.add(s)
-            again = f"recompute after {seq.preemptions} preemption(s)" if seq.preemptions else ""
-            self._note("admitted", seq, s, len(contexts[i]), again)
-            n = len(contexts[i])                      # the whole context, in this one step
-            self._note("prefill", seq, s, n, f"0..{n} of {n}")
-            if i in failed:
-                self._fail(seq, failed[i])
-            else:
-                events.append(self._record(seq, t, now))
-        return events
-
     def _record(self, seq: Sequence, tok: int, now: float) -> Event:
         seq.out.append(tok)
         seq.view = None
@@ -478,7 +393,7 @@ class ContinuousEngine:
             self._finished += 1
             slot = seq.slot
             self._free_slot(seq)
-            self._end(seq, "finished", now)
+            seq.end("finished", now)
             why = "eos" if seq.req.eos_id is not None and tok == seq.req.eos_id else "length"
             self._note("finished", seq, slot, len(seq.out), why)
         return Event(seq.rid, tok, done)
@@ -489,7 +404,7 @@ class ContinuousEngine:
         if slot is not None:
             self._free_slot(seq)
         seq.error = why
-        self._end(seq, "failed", self.now())
+        seq.end("failed", self.now())
         self._failed += 1
         self._note("failed", seq, slot, len(seq.out), why)
 
@@ -503,18 +418,6 @@ class ContinuousEngine:
         self._slot_seq[seq.slot] = None
         self.slots.release(seq.slot)
         seq.slot = None
-
-    @staticmethod
-    def _end(seq: Sequence, state: str, now: float) -> None:
-        seq.state, seq.finish, seq.view = state, now, None
-
-    def _view(self, seq: Sequence) -> RequestView:
-        if seq.view is None:
-            r = seq.req
-            seq.view = RequestView(seq.rid, seq.state, seq.slot, r.prompt, tuple(seq.out),
-                                   r.max_new_tokens, seq.sampling, r.eos_id, seq.arrival, seq.first_token,
-                                   seq.finish, seq.preemptions, seq.error, seq.cached_tokens)
-        return seq.view
 
 
 @torch.no_grad()

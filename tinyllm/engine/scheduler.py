@@ -1,6 +1,13 @@
-"""Who runs this step, and how many tokens each: the token-budget scheduler (chunked prefill).
+"""The scheduler interface (``Scheduler.plan``, ``StepPlan``) and the token-budget scheduler.
 
-Each step has a budget of ``max_batched_tokens`` tokens, filled in this order:
+A step has one shape, nano-vllm's and vLLM V1's: ``plan = scheduler.plan(...)``, the model runs
+the plan (``forward.py``), the engine commits the outcome (``continuous.py``). A scheduler decides
+who runs and how many tokens each, on the pool's bookkeeping alone (slots, block tables, refcounts,
+prefix keys: ``kv/blocks.py``), never on K/V tensors; the waiting queue's order is the policy's
+(``policy.py``). Two schedulers implement ``plan()``: the seed's (``admission.py``) and this one.
+
+The token-budget scheduler (chunked prefill). Each step has a budget of ``max_batched_tokens``
+tokens, filled in this order:
 
 1. every running sequence whose context is computed but for its newest token: one decode token
    each (never starved: the budget is at least one token per slot). A decode that needs a new
@@ -8,31 +15,45 @@ Each step has a budget of ``max_batched_tokens`` tokens, filled in this order:
    itself if it is the newest: its blocks go back to the pool and it waits to be recomputed;
 2. running sequences still prefilling (admitted earlier, prompt not yet all computed), oldest
    first: as many of their remaining context tokens as the budget and the free blocks allow;
-3. waiting sequences (queued, or preempted and back at the front), in order, into free slots:
-   first the longest chain of cached full blocks that matches their context (prefix caching:
-   those tokens count as computed), then their first chunk, as large as the budget and the free
-   blocks allow. Not in a step that preempted (the pool is short; admitting would only be undone).
+3. waiting sequences (queued, or preempted and back in line), in the policy's order, into free
+   slots: first the longest chain of cached full blocks that matches their context (prefix
+   caching: those tokens count as computed), then their first chunk, as large as the budget and
+   the free blocks allow. Not in a step that preempted (the pool is short; admitting would only
+   be undone).
 
 A sequence's ``computed`` counts the context tokens whose K/V is in the pool; it catches up
 with the context (prompt + generated) over as many steps as it takes, and a preempted one
 restarts from 0 through the same path. Like vLLM's V1 scheduler (``num_computed_tokens``
-within ``max_num_batched_tokens``), minus its priorities and spec decoding.
+within ``max_num_batched_tokens``), minus its priorities and spec decoding. All of a step is
+one forward pass: one plan.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Literal, Protocol
 
+from tinyllm.engine.policy import WaitingQueue
 from tinyllm.engine.sequence import Sequence
-from tinyllm.kv.paged import PagedKVCache
+from tinyllm.kv.blocks import BlockPool
+
+Item = tuple[Sequence, int, int]      # (seq, start, n): the sequence computes context positions start..start+n-1
 
 
 @dataclass
 class StepPlan:
-    items: list[tuple[Sequence, int, int]] = field(default_factory=list)   # (seq, start, n), batch order
-    admitted: list[Sequence] = field(default_factory=list)                 # got a slot this step
-    preempted: list[Sequence] = field(default_factory=list)                # lost theirs (newest first)
+    """One forward pass, as a scheduler planned it. ``kind`` says which forward runs it:
+
+    - "mixed": one ragged batch of decode tokens and prefill chunks over the paged pool;
+    - "prefill": one left-padded prefill of requests entering slots (the seed's admissions);
+    - "decode": one token for every slot of the cache (the seed's decode; idle slots included).
+    """
+    kind: Literal["mixed", "prefill", "decode"] = "mixed"
+    items: list[Item] = field(default_factory=list)          # batch order
+    admitted: list[Sequence] = field(default_factory=list)   # got a slot from the scheduler (seq.slot set)
+    slots: list[int] = field(default_factory=list)           # prefill: items[i] takes slots[i] if its prefill succeeds
+    preempted: list[Sequence] = field(default_factory=list)  # lost their slot and blocks (released), newest first
     prefix_queries: int = 0          # context tokens looked up in the prefix cache (vLLM's meaning)
     prefix_hits: int = 0             # of those, tokens served from cached blocks
 
@@ -40,16 +61,42 @@ class StepPlan:
     def tokens(self) -> int:
         return sum(n for _, _, n in self.items)
 
+    def alone(self) -> list[StepPlan]:
+        """One plan per item (a batch whose forward raised is retried item by item); what the
+        plan already did (admissions, preemptions) is not repeated."""
+        if self.kind == "prefill":
+            return [StepPlan("prefill", [item], slots=[s]) for item, s in zip(self.items, self.slots)]
+        return [StepPlan(self.kind, [item]) for item in self.items]
+
+
+class Scheduler(Protocol):
+    """Decides each step's forward passes. Implementations: ``TokenBudgetScheduler`` (one mixed
+    pass per step), ``admission.AdmissionScheduler`` (the seed's: a prefill pass, then a decode)."""
+
+    def plan(self, running: list[Sequence], waiting: WaitingQueue) -> Iterator[StepPlan]:
+        """This step's passes, in order. The engine runs and commits each before the next is
+        planned, so a later pass sees the outcome of the earlier ones (``running`` is the
+        engine's live list: in admission order, newest last). A scheduler pops what it admits
+        from ``waiting``, claims and releases slots and blocks in the pool's bookkeeping, and
+        sets ``slot`` / ``computed`` / ``cached_tokens`` of what it admits; the engine does the
+        rest from the plan (states, lifecycle events, requeueing the preempted)."""
+        ...
+
 
 class TokenBudgetScheduler:
-    def __init__(self, pool: PagedKVCache, max_batched_tokens: int):
+    """Chunked prefill within a token budget per step (see the module docstring)."""
+
+    def __init__(self, pool: BlockPool, max_batched_tokens: int):
         self.pool = pool
         self.max_batched_tokens = max_batched_tokens
 
-    def plan(self, running: list[Sequence], waiting: deque[Sequence], free_slots: list[int]) -> StepPlan:
-        """Decide this step; allocates the blocks it schedules and releases the preempted ones.
-        ``running`` is in admission order; ``waiting`` is consumed from the left."""
+    def plan(self, running: list[Sequence], waiting: WaitingQueue) -> Iterator[StepPlan]:
+        yield self.plan_step(running, waiting)
+
+    def plan_step(self, running: list[Sequence], waiting: WaitingQueue) -> StepPlan:
+        """Decide this step; allocates the blocks it schedules and releases the preempted ones."""
         pool, plan = self.pool, StepPlan()
+        free_slots = pool.free_slots()
         budget = self.max_batched_tokens
         live = list(running)                               # running minus this step's victims
         scheduled: set[int] = set()
@@ -78,7 +125,7 @@ class TokenBudgetScheduler:
                     scheduled.add(seq.rid)
                     budget -= n
             while waiting and free_slots and budget > 0 and not plan.preempted:   # 3. admissions
-                seq, slot = waiting[0], free_slots[0]
+                seq, slot = waiting.peek(), free_slots[0]
                 context = seq.context()
                 hit = pool.match_prefix(context)          # cached full blocks: not computed again
                 cached = len(hit) * pool.block_size
@@ -86,7 +133,7 @@ class TokenBudgetScheduler:
                 n = min(len(context) - cached, budget, room)
                 if n <= 0:
                     break
-                waiting.popleft()
+                waiting.pop()
                 free_slots.pop(0)
                 pool.activate(slot)
                 pool.take_prefix(slot, hit)

@@ -45,6 +45,22 @@ class Sequence:
         """Prompt plus tokens generated so far (longer than the prompt only after a preemption)."""
         return [*self.req.prompt, *self.out]
 
+    def context_len(self) -> int:
+        return len(self.req.prompt) + len(self.out)
+
     def remaining(self) -> int:
         """Context tokens not yet computed (1 for a decoding sequence: its newest token)."""
         return len(self.req.prompt) + len(self.out) - self.computed
+
+    def end(self, state: str, now: float) -> None:
+        """Finished, aborted or failed at ``now``."""
+        self.state, self.finish, self.view = state, now, None
+
+    def snapshot_view(self) -> RequestView:
+        """Its immutable view, rebuilt only after it changed (whoever changes it sets ``view = None``)."""
+        if self.view is None:
+            r = self.req
+            self.view = RequestView(self.rid, self.state, self.slot, r.prompt, tuple(self.out),
+                                    r.max_new_tokens, self.sampling, r.eos_id, self.arrival, self.first_token,
+                                    self.finish, self.preemptions, self.error, self.cached_tokens)
+        return self.view

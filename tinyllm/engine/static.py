@@ -1,7 +1,7 @@
 """Static batching, the seed's baseline: B requests at a time, left-padded, decoded until the
 batch's *longest* request is done. Rows that finish early keep computing (wasted work), and the
-next batch waits for the slowest row. ``prefill_padded`` is shared with the continuous engine's
-slot-cache admissions.
+next batch waits for the slowest row. Its prefill is ``forward.prefill_padded``, the one the
+continuous engine's seed scheduler admits with.
 
 ``StaticBatcher`` is that loop one step at a time, as an object: the race (``tinyllm.race``)
 interleaves static batching with the continuous schedulers step by step and shows every step, so
@@ -28,35 +28,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
 
+from tinyllm.engine.forward import kv_bytes_per_token, prefill_padded
 from tinyllm.engine.sampler import sample_next
 from tinyllm.engine.sequence import Event, is_done
-from tinyllm.kv.dense import KVCache
 from tinyllm.model.device import autocast
 from tinyllm.model.transformer import Transformer
 from tinyllm.observe.stats import Stats
 from tinyllm.request import ContextTooLong, Request, Result, Sampling, check_fits, is_int
-
-
-def kv_bytes_per_token(model: Transformer, device: torch.device) -> int:
-    elem = 2 if device.type == "cuda" else 4          # bf16 under autocast, else fp32
-    return sum(layer.self_attn.cache_bytes_per_token(elem) for layer in model.layers)
-
-
-@torch.no_grad()
-def prefill_padded(model: Transformer, prompts: list[list[int]], max_len: int,
-                   pad_id: int = 0) -> tuple[Tensor, KVCache, list[int]]:
-    """Left-pad prompts to one length, run one prefill. Returns last-position logits (B, V),
-    the filled cache (pos = padded length) and each row's pad count."""
-    device = next(model.parameters()).device
-    L = max(len(p) for p in prompts)
-    pad = [L - len(p) for p in prompts]
-    idx = torch.tensor([[pad_id] * n + list(p) for n, p in zip(pad, prompts)], device=device)
-    cache = KVCache(model.cfg.n_layers, max_len, pad_lens=torch.tensor(pad, device=device))
-    with autocast(device):
-        logits, _ = model(idx, cache=cache)
-    return logits[:, -1], cache, pad
 
 
 @torch.no_grad()

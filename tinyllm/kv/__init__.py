@@ -1,2 +1,3 @@
-"""KV caches: dense slots, the paged block pool (with prefix caching), the ragged attention
-back-end, and CUDA graphs. All implement the model's begin / attend / end."""
+"""KV caches: dense slots, the paged block pool (its bookkeeping in ``blocks``, with prefix
+caching; its tensors in ``paged``), the ragged attention back-end, and CUDA graphs. All caches
+implement the model's begin / attend / end."""

@@ -1,0 +1,102 @@
+"""Running a plan on the model: the forward passes, apart from who runs (the schedulers) and what
+follows (the engine's commit). nano-vllm's ``ModelRunner``, vLLM's ``GPUModelRunner``.
+
+Three passes, one per ``StepPlan.kind``:
+
+- "prefill": the contexts left-padded into one batch (``prefill_padded``: a padded row computes
+  what it would alone); the K/V stays in a scratch ``KVCache`` until the engine commits it into
+  the slots, so a failed prefill leaves nothing to undo;
+- "decode": one token for every slot of the cache, from each slot's last token (idle slots
+  compute a throwaway row), eagerly or by replaying a CUDA graph;
+- "mixed": decode tokens and prefill chunks flattened into one ragged batch over the paged pool
+  (``kv/ragged.py``); logits only where a context is then complete.
+
+Each returns the logits of the rows to sample, (rows, V); sampling is the commit's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from tinyllm.engine.scheduler import Item, StepPlan
+from tinyllm.kv.dense import KVCache, SlotKVCache
+from tinyllm.kv.paged import PagedKVCache
+from tinyllm.kv.ragged import RaggedAttention
+from tinyllm.model.device import autocast
+from tinyllm.model.transformer import Transformer
+
+
+def kv_bytes_per_token(model: Transformer, device: torch.device) -> int:
+    elem = 2 if device.type == "cuda" else 4          # bf16 under autocast, else fp32
+    return sum(layer.self_attn.cache_bytes_per_token(elem) for layer in model.layers)
+
+
+@torch.no_grad()
+def prefill_padded(model: Transformer, prompts: list[list[int]], max_len: int,
+                   pad_id: int = 0) -> tuple[Tensor, KVCache, list[int]]:
+    """Left-pad prompts to one length, run one prefill. Returns last-position logits (B, V),
+    the filled cache (pos = padded length) and each row's pad count."""
+    device = next(model.parameters()).device
+    L = max(len(p) for p in prompts)
+    pad = [L - len(p) for p in prompts]
+    idx = torch.tensor([[pad_id] * n + list(p) for n, p in zip(pad, prompts)], device=device)
+    cache = KVCache(model.cfg.n_layers, max_len, pad_lens=torch.tensor(pad, device=device))
+    with autocast(device):
+        logits, _ = model(idx, cache=cache)
+    return logits[:, -1], cache, pad
+
+
+@dataclass
+class Prefilled:
+    """A prefill pass's outcome: first-token logits (B, V) and the K/V for the slots."""
+    logits: Tensor
+    cache: KVCache
+    pad: list[int]
+
+
+class ModelRunner:
+    """The model and its cache; ``runner(plan)`` runs the plan's forward pass. It writes K/V (the
+    decode and mixed passes into the cache, as any forward does) but no engine record."""
+
+    def __init__(self, model: Transformer, cache: SlotKVCache | PagedKVCache, decoder=None):
+        self.model, self.cache, self.decoder = model, cache, decoder   # decoder: a SlotGraphDecoder
+        self.device = next(model.parameters()).device
+        self.last_tok = torch.zeros(cache.n_slots, 1, dtype=torch.long, device=self.device)   # decode input
+
+    def __call__(self, plan: StepPlan) -> Tensor | Prefilled:
+        if plan.kind == "decode":
+            return self.decode()
+        if plan.kind == "prefill":
+            return self.prefill(plan.items)
+        return self.mixed(plan.items)
+
+    def prefill(self, items: list[Item]) -> Prefilled:
+        contexts = [seq.context() for seq, _, _ in items]
+        return Prefilled(*prefill_padded(self.model, contexts, max_len=max(len(c) for c in contexts)))
+
+    def decode(self) -> Tensor:
+        """Every slot's next-token logits (S, V), from ``last_tok`` (the engine keeps it current)."""
+        if self.decoder is not None:
+            return self.decoder.step(self.last_tok)[:, -1]
+        with autocast(self.device):
+            logits, _ = self.model(self.last_tok, cache=self.cache)   # one token per slot
+        return logits[:, -1]
+
+    def mixed(self, items: list[Item]) -> Tensor:
+        """The model over ``items`` as one ragged batch; logits (S, V) at the positions that
+        sample (each item whose context is then complete), in batch order."""
+        flat, sample_at = [], []
+        for seq, start, n in items:
+            ctx = seq.context()
+            flat += ctx[start:start + n]
+            if start + n == len(ctx):                     # context complete: its last logits sample
+                sample_at.append(len(flat) - 1)
+        attn = RaggedAttention(self.cache, [(seq.slot, start, n) for seq, start, n in items])
+        idx = torch.tensor([flat], dtype=torch.long, device=self.device)
+        at = torch.tensor(sample_at, dtype=torch.long, device=self.device)
+        with autocast(self.device):
+            logits, _ = self.model(idx, cache=attn, logits_at=at)
+        return logits[0]
