@@ -8,6 +8,7 @@ Run from the repo root: .venv/bin/python scripts/make_test_recording.py (the sna
 import torch
 from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
+from tinyllm.request import RequestSettings
 from tinyllm.workload import load_workload, resolve_workload
 from tui.runners.frames import FrameRecorder
 from tui.runners.interface import StepOnce, Abort
@@ -21,7 +22,7 @@ rec = FrameRecorder("tests/data/preemption-run.jsonl", eng.snapshot(), "shakespe
 r = EngineRunner(eng, tok, paused=True, recorder=rec)
 items = load_workload(resolve_workload("shared_prefix"))[:3] + load_workload(resolve_workload("preemption"))[:3]
 for it in items:
-    r._submit(it.prompt, None, 40, Sampling(), True)
+    r._submit(it.prompt, None, RequestSettings(Sampling(), 40, True))
 while eng.has_work():
     r._apply(StepOnce()); r._publish()
     if eng.steps == 30:

@@ -18,6 +18,7 @@ import torch
 
 from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
+from tinyllm.request import RequestSettings
 from tinyllm.workload import bundled_workloads, load_workload
 from tui.runners.frames import FrameRecorder
 from tui.runners.interface import StepOnce
@@ -34,7 +35,7 @@ def main() -> None:
     out = Path(tempfile.mkdtemp()) / "run.jsonl"
     runner = EngineRunner(eng, tok, paused=True, recorder=FrameRecorder(out, eng.snapshot(), "shakespeare", "", {}))
     for i in range(n):
-        runner._submit(prompts[i % len(prompts)], None, new, Sampling(0.8), False)
+        runner._submit(prompts[i % len(prompts)], None, RequestSettings(Sampling(0.8), new, False))
     t = time.perf_counter()
     while eng.has_work():
         runner._apply(StepOnce())

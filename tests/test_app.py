@@ -16,7 +16,8 @@ from tui.app import TinyLLMApp
 from tui.runners.interface import SetDelay, SetPaused, StepOnce
 from tui.screens.race import RaceScreen
 from tui.runners.engine import EngineRunner
-from tui.screens.modals import GotoStep, HelpScreen, NextSettings, PromptPicker, SettingsScreen
+from tui.screens.modals import GotoStep, HelpScreen, PromptPicker, SettingsScreen
+from tinyllm.request import RequestSettings
 from tui.widgets.block_map import BlockMap
 from tui.widgets.kv_panel import KVPanel
 from tui.widgets.request_list import RequestList, tail
@@ -41,7 +42,7 @@ def make_app(kv: str = "slots", slots: int = 3, max_len: int = 128, kv_blocks: i
                            generator=torch.Generator().manual_seed(0), chunked_prefill=budget is not None,
                            max_batched_tokens=budget)
     app = TinyLLMApp(EngineRunner(eng, tok, paused=True), tok, model_name="test",
-                     settings=NextSettings(Sampling(), new), **kw)
+                     settings=RequestSettings(Sampling(), new), **kw)
     _watch(app)
     return app
 
@@ -615,7 +616,7 @@ async def test_the_screen_is_up_while_the_engine_loads():
     from tui.runners.engine import EngineSpec
     spec = EngineSpec(str(default_model_dir()), None, 4, 128, kv="paged", block_size=8)
     runner = LoadingRunner(spec)
-    app = TinyLLMApp(runner, bundled()[1], model_name="test", settings=NextSettings(Sampling(), 12))
+    app = TinyLLMApp(runner, bundled()[1], model_name="test", settings=RequestSettings(Sampling(), 12))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause(0.2)
         status = app.query_one("#status").render().plain

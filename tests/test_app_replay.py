@@ -17,7 +17,8 @@ from tui.runners.frames import FrameRecorder
 from tui.runners.interface import SeekStep, SetDelay, SetPaused
 from tui.runners.replay import ReplayRunner
 from tui.runners.engine import EngineRunner
-from tui.screens.modals import GotoStep, HelpScreen, NextSettings
+from tui.screens.modals import GotoStep, HelpScreen
+from tinyllm.request import RequestSettings
 from tui.widgets.timeline import TimelinePanel
 
 from tests.test_app import (BOUND, EFFECTS, Before, _watch, bundled, no_unexpected_errors, step,  # noqa: F401
@@ -49,7 +50,7 @@ async def test_a_run_recorded_in_the_app_replays_frame_for_frame(tmp_path):
                            max_batched_tokens=8, generator=torch.Generator().manual_seed(0))
     rec = FrameRecorder(path, eng.snapshot(), "shakespeare", "nowhere", {})
     live = TinyLLMApp(EngineRunner(eng, tok, paused=True, recorder=rec), tok, model_name="test",
-                      settings=NextSettings(Sampling(), 30))
+                      settings=RequestSettings(Sampling(), 30))
     _watch(live)
     seen = {}
     async with live.run_test(size=(120, 40)) as pilot:

@@ -24,7 +24,8 @@ from tui.cli import build_app
 from tui.runners.attach import AttachRunner
 from tui.runners.replay import ReplayRunner
 from tui.runners.interface import Abort, Submit
-from tui.screens.modals import Confirm, NextSettings
+from tui.screens.modals import Confirm
+from tinyllm.request import RequestSettings
 from tui.widgets.request_list import RequestList
 
 from tests.screen_check import check_panels
@@ -49,7 +50,7 @@ def state(snap):
 
 
 def attach_app(url: str, new: int = 16) -> TinyLLMApp:
-    app = TinyLLMApp(AttachRunner(url).start(), None, model_name=MODEL, settings=NextSettings(Sampling(), new))
+    app = TinyLLMApp(AttachRunner(url).start(), None, model_name=MODEL, settings=RequestSettings(Sampling(), new))
     _watch(app)
     return app
 
@@ -109,7 +110,7 @@ def slow():
 
 def long_app(url: str) -> TinyLLMApp:
     app = TinyLLMApp(AttachRunner(url).start(), None, model_name=MODEL,
-                     settings=NextSettings(Sampling(), 200, stop_at_eos=False))
+                     settings=RequestSettings(Sampling(), 200, stop_at_eos=False))
     _watch(app)
     return app
 
@@ -381,7 +382,7 @@ def test_aborting_our_queued_request_reaches_the_server_at_once():
         deadline = time.monotonic() + 20
         while engine_snapshot(s).num_requests_running == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
-        viewer.send(Submit("QUEEN:", 50, Sampling(), True))
+        viewer.send(Submit("QUEEN:", RequestSettings(Sampling(), 50, True)))
         while 1 not in viewer._ours and time.monotonic() < deadline:
             time.sleep(0.02)
         assert engine_snapshot(s).request(1).state == "queued"

@@ -25,7 +25,7 @@ from starlette.routing import Route
 from tinyllm.request import Sampling
 from tui.app import TinyLLMApp
 from tui.cli import build_app
-from tui.screens.modals import NextSettings
+from tinyllm.request import RequestSettings
 from tui.runners.vllm_metrics import MetricsError, MetricsWindow, Scrape, parse, quantile
 from tui.runners.vllm import VllmRunner
 from tui.widgets.server_panel import ServerPanel
@@ -106,7 +106,7 @@ def fake():
 
 def vllm_app(url: str, new: int = 10) -> TinyLLMApp:
     runner = VllmRunner(url, poll_s=0.1).start()
-    app = TinyLLMApp(runner, None, model_name=runner.model_name, settings=NextSettings(Sampling(), new))
+    app = TinyLLMApp(runner, None, model_name=runner.model_name, settings=RequestSettings(Sampling(), new))
     _watch(app)
     return app
 
@@ -214,7 +214,7 @@ async def test_attached_to_a_real_vllm_server():
     app = vllm_app(url, new=40)
     async with app.run_test(size=(120, 40)) as pilot:
         await submit(pilot, "ROMEO:")
-        app.settings = NextSettings(Sampling(), 400, stop_at_eos=False)   # cannot end before the abort
+        app.settings = RequestSettings(Sampling(), 400, stop_at_eos=False)   # cannot end before the abort
         await submit(pilot, "JULIET:")
         await until(pilot, lambda: app.runner.frame.server.running >= 1, what="vLLM to report running requests")
         await until(pilot, lambda: app.runner.frame.snapshot.requests[1].state == "running", what="#1 streaming")

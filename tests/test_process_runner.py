@@ -15,6 +15,7 @@ import torch
 
 from tinyllm.model.checkpoint import CheckpointError, default_model_dir, load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
+from tinyllm.request import RequestSettings
 from tui.screens.live import FramePacer
 from tui.runners.child import ChildRunner, EngineStartError
 from tui.runners.engine import EngineRunner, EngineSpec
@@ -37,7 +38,7 @@ def test_deltas_rebuild_every_frame_exactly():
     differ, merger = FrameDiffer(), FrameMerger()
     sizes = []
     for i in range(4):
-        runner._apply(Submit(f"Line {i}:", 6 + 3 * i, Sampling(0.8, top_k=20), True))
+        runner._apply(Submit(f"Line {i}:", RequestSettings(Sampling(0.8, top_k=20), 6 + 3 * i, True)))
     for _ in range(40):
         runner._publish()
         delta = differ.delta(runner.frame)
@@ -71,7 +72,7 @@ def test_process_runner_generates_what_the_thread_runner_does(proc):
     model, tok = load_checkpoint()
     local = EngineRunner(ContinuousEngine(model, 2, 128), tok, paused=True)
     for r in (runner, local):
-        r.send(Submit("ROMEO:\n", 10, Sampling(), False))
+        r.send(Submit("ROMEO:\n", RequestSettings(Sampling(), 10, False)))
     local._drain(block=False)
     wait_for(lambda: len(runner.frame.snapshot.requests) == 1)
     for _ in range(12):
@@ -93,7 +94,7 @@ def test_the_engine_process_records_what_the_app_received(proc, tmp_path):
     runner = proc(record=str(path), kv="paged", chunked_prefill=True)
     t = threading.Thread(target=runner.run, daemon=True)
     t.start()
-    runner.send(Submit("ROMEO:\n", 8, Sampling(), False))
+    runner.send(Submit("ROMEO:\n", RequestSettings(Sampling(), 8, False)))
     runner.send(SetPaused(False))
     wait_for(lambda: runner.frame.snapshot.counters.finished == 1 and runner.frame.texts.get(0))
     wait_for(lambda: runner.frame.paused is False and not runner.frame.snapshot.queue)
@@ -195,7 +196,7 @@ def test_a_loading_runner_shows_the_layout_and_keeps_early_commands():
         assert f.status == "loading" and f.paused and runner.device == "?"
         assert f.snapshot.n_slots == 3 and all(s.free for s in f.snapshot.slots)
         assert f.snapshot.kv.n_blocks == 3 * 16 and f.snapshot.kv.free_blocks == 48
-        runner.send(Submit("ROMEO:\n", 4, Sampling(), False))       # before the engine exists
+        runner.send(Submit("ROMEO:\n", RequestSettings(Sampling(), 4, False)))       # before the engine exists
         runner.send(StepOnce())
         threading.Thread(target=runner.run, daemon=True).start()
         wait_for(lambda: runner.frame.snapshot.counters.steps == 1)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tinyllm.engine import ContinuousEngine, Sampling
+from tinyllm.request import RequestSettings
 from tinyllm.observe.recording import FORMAT, VERSION, RecordingError, read_recording
 from tinyllm.observe.snapshot import LifecycleEvent
 from tinyllm.observe.timeline import build_tracks
@@ -41,7 +42,7 @@ def record_run(path, config: str, aborts=(3,), n: int = 6, new: int = 24, forget
     rec = FrameRecorder(path, eng.snapshot(), "bundled", "nowhere", {"config": config})
     r = EngineRunner(eng, tok, paused=True, recorder=rec)
     for i in range(n):
-        r._submit(f"ROMEO: speak {i}. " * (i + 1), None, new, Sampling(temperature=0.7 if i % 2 else 0.0), True)
+        r._submit(f"ROMEO: speak {i}. " * (i + 1), None, RequestSettings(Sampling(temperature=0.7 if i % 2 else 0.0), new, True))
     frames = {}
     while eng.has_work():
         r._apply(StepOnce())

@@ -20,7 +20,8 @@ from tui.app import DETAILS_S, TinyLLMApp
 from tui.runners.frames import FrameRecorder
 from tui.runners.interface import SeekStep, StepBack, StepOnce, Submit
 from tui.runners.engine import EngineRunner
-from tui.screens.modals import NextSettings, SettingsScreen
+from tui.screens.modals import SettingsScreen
+from tinyllm.request import RequestSettings
 from tui.widgets.kv_panel import KVPanel
 from tui.widgets.style import duration
 from tui.widgets.request_list import RequestList
@@ -45,7 +46,7 @@ def paged_app(slots: int = 8, kv_blocks: int = 256, new: int = 40, paused: bool 
     eng = ContinuousEngine(model, slots, 512, kv="paged", block_size=16, kv_blocks=kv_blocks, chunked_prefill=True,
                            max_batched_tokens=256, generator=torch.Generator().manual_seed(0))
     app = TinyLLMApp(EngineRunner(eng, tok, paused=paused), tok, model_name="test",
-                     settings=NextSettings(Sampling(temperature=0.0), new))
+                     settings=RequestSettings(Sampling(temperature=0.0), new))
     _watch(app)
     return app
 
@@ -86,7 +87,7 @@ def staggered_recording(tmp_path_factory) -> Path:
             assert time.monotonic() < end, "the runner did not get there"
             time.sleep(0.005)
     for i, text in enumerate(("ROMEO:", "JULIET:\nO Romeo", "HAMLET:\nTo be", "KING:", "NURSE:")):
-        runner.send(Submit(text, 14, Sampling(temperature=0.0)))
+        runner.send(Submit(text, RequestSettings(Sampling(temperature=0.0), 14)))
         wait(lambda: len(runner.frame.snapshot.requests) == i + 1)
         for _ in range(4):
             done = runner.steps_done

@@ -8,7 +8,7 @@ milliseconds. ``tinyllm.engine`` re-exports every name here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 def is_int(x) -> bool:
@@ -41,6 +41,14 @@ def check_fits(prompt_len: int, max_new_tokens: int, limit: int, limit_name: str
                              f"max_new_tokens")
 
 
+class SamplingError(ValueError):
+    """A sampling setting out of range; ``field`` names which one (an HTTP 400's ``param``)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
 @dataclass(frozen=True)
 class Sampling:
     """How to pick tokens (sample_next's settings). Frozen, so equal settings group together."""
@@ -51,12 +59,12 @@ class Sampling:
     def __post_init__(self):
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not _finite(t) or t < 0:
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+            raise SamplingError("temperature", f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
         if self.top_k is not None and (not is_int(self.top_k) or self.top_k < 1):
-            raise ValueError(f"top_k must be an integer >= 1 or None (off), got {self.top_k!r}")
+            raise SamplingError("top_k", f"top_k must be an integer >= 1 or None (off), got {self.top_k!r}")
         p = self.top_p
         if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0):
-            raise ValueError(f"top_p must be a number in (0, 1] or None (off), got {p!r}")
+            raise SamplingError("top_p", f"top_p must be a number in (0, 1] or None (off), got {p!r}")
 
     def describe(self, full: bool = False) -> str:
         """``greedy`` / ``T=0.8 k=40``; ``full=True`` names every setting (``T=0.8 k=40 p=—``),
@@ -68,6 +76,29 @@ class Sampling:
         parts = [f"T={self.temperature:g}"]
         parts += [f"{name}={v or '—'}" for name, v in (("k", k), ("p", p)) if full or v is not None]
         return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class RequestSettings:
+    """Everything a request asks for besides its prompt, as ONE object that travels whole from
+    the prompt line, a workload file or an HTTP body to the engine's ``Request``."""
+    sampling: Sampling = field(default_factory=Sampling)
+    max_new_tokens: int = 100
+    stop_at_eos: bool = True
+
+    def __post_init__(self):
+        if not isinstance(self.sampling, Sampling):
+            raise ValueError(f"sampling must be a Sampling, got {type(self.sampling).__name__}")
+        if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+
+    def describe(self) -> str:
+        """``T=0.8 k=— p=— new=120 eos=on``: the app's next-request line."""
+        return f"{self.sampling.describe(full=True)} new={self.max_new_tokens} eos={'on' if self.stop_at_eos else 'off'}"
+
+    def request(self, prompt: list[int] | tuple[int, ...], eos_id: int | None) -> Request:
+        """The engine's request for ``prompt`` (``eos_id``: the tokenizer's end of text)."""
+        return Request(prompt, self.max_new_tokens, eos_id if self.stop_at_eos else None, self.sampling)
 
 
 @dataclass

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from tinyllm.request import ContextTooLong, Sampling, check_fits
+from tinyllm.request import ContextTooLong, RequestSettings, Sampling, check_fits
 
 FIELDS = {"prompt", "max_new_tokens", "temperature", "top_k", "top_p", "arrival_s", "stop_at_eos"}
 
@@ -32,6 +32,11 @@ class WorkItem:
     arrival_s: float = 0.0
     stop_at_eos: bool = True
     line: int = 0
+
+    def settings(self, defaults: RequestSettings) -> RequestSettings:
+        """This line's settings: what it says, the caller's ``defaults`` for what it leaves out."""
+        return RequestSettings(self.sampling or defaults.sampling, self.max_new_tokens or defaults.max_new_tokens,
+                               self.stop_at_eos)
 
 
 def bundled_workloads() -> dict[str, Path]:

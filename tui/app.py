@@ -25,7 +25,8 @@ from tui.runners.interface import (Frame, LogEntry, Runner)
 from tui.screens.live import FramePacer, LiveView
 from tui.screens.replay_keys import ReplayKeys
 from tui.screens.request_keys import RequestKeys
-from tui.screens.modals import HelpScreen, NextSettings
+from tui.screens.modals import HelpScreen
+from tinyllm.request import RequestSettings
 from tui.widgets.block_map import BlockMap
 from tui.widgets.kv_panel import KVPanel
 from tui.widgets.request_pane import RequestPane
@@ -83,7 +84,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
     ]
 
     def __init__(self, runner: Runner, tokenizer: Tokenizer | None, *, model_name: str = "model",
-                 settings: NextSettings | None = None, prompts_file: Path | None = None,
+                 settings: RequestSettings | None = None, prompts_file: Path | None = None,
                  recording: Path | None = None):
         super().__init__()
         self.runner = runner                      # owns the engine; we only send commands and read frames
@@ -94,7 +95,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self.model_name = model_name
         snap = runner.frame.snapshot
         self.max_len = snap.max_len
-        self.settings = settings or NextSettings(Sampling(), min(100, self.max_len - 1))
+        self.settings = settings or RequestSettings(Sampling(), min(100, self.max_len - 1))
         self.prompts_file = prompts_file
         self.recording = recording                # --record FILE: shown in the status line, named at exit
         self.startup_error: str | None = None     # set when the engine could not start; main() prints it

@@ -34,7 +34,7 @@ from tui.runners.child import ChildRunner
 from tui.runners.engine import EngineSpec
 from tui.runners.interface import SetPaused, Submit
 from tui.runners.engine import EngineRunner
-from tui.screens.modals import NextSettings
+from tinyllm.request import RequestSettings
 
 
 SCHEDULERS = {"slots": dict(kv="slots"), "paged": dict(kv="paged"),
@@ -53,11 +53,12 @@ def _process_cpu() -> float:
 
 
 async def in_app(runner, tok, reqs, keys: int, key_gap: float) -> tuple[float, list[float], float, float]:
-    app = TinyLLMApp(runner, tok, model_name="bench", settings=NextSettings(Sampling(), 8))
+    app = TinyLLMApp(runner, tok, model_name="bench", settings=RequestSettings(Sampling(), 8))
     async with app.run_test(size=(160, 48)) as pilot:
         def submit(batch) -> None:
             for r in batch:
-                app.runner.send(Submit(tok.decode(r.prompt), r.max_new_tokens, Sampling(), False, tuple(r.prompt)))
+                app.runner.send(Submit(tok.decode(r.prompt), RequestSettings(Sampling(), r.max_new_tokens, False),
+                                       tuple(r.prompt)))
 
         warm = reqs[:4]                                   # as headless_tok_s warms up: same shapes first
         submit(warm)

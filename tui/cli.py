@@ -21,7 +21,8 @@ from tui.runners.child import ChildRunner, EngineStartError
 from tui.runners.engine import EngineSpec
 from tui.runners.interface import MAX_DELAY_MS
 from tui.runners.race import RaceSpec, race_workload
-from tui.screens.modals import NextSettings, read_workload
+from tui.screens.modals import read_workload
+from tinyllm.request import RequestSettings
 from tui.screens.race import RaceApp
 from tui import web
 
@@ -147,7 +148,7 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
         parser.error(" ".join(str(e).split()) if isinstance(e, (ValueError, EngineStartError))
                      else f"the engine could not start: {type(e).__name__}: {' '.join(str(e).split())}")
     name = path.name if a.model else "bundled Shakespeare"
-    return TinyLLMApp(runner, tok, model_name=name, settings=NextSettings(sampling, a.max_new_tokens),
+    return TinyLLMApp(runner, tok, model_name=name, settings=RequestSettings(sampling, a.max_new_tokens),
                       prompts_file=prompts, recording=Path(a.record) if a.record else None)
 
 
@@ -217,7 +218,7 @@ def attach_app(parser, a) -> TinyLLMApp:
         except WorkloadError as e:
             runner.stop()
             parser.error(f"--prompts: {e}")
-    return TinyLLMApp(runner, tok, model_name=runner.model_name, settings=NextSettings(sampling, a.max_new_tokens),
+    return TinyLLMApp(runner, tok, model_name=runner.model_name, settings=RequestSettings(sampling, a.max_new_tokens),
                       prompts_file=prompts)
 
 

@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from tinyllm.request import Request as EngineRequest
-from tinyllm.serve import protocol
+import tinyllm.serve.protocol as protocol
 from tinyllm.serve.engine_loop import EngineLoop, EngineLoopStopped, RequestFailed, RequestHandle, RequestRejected
 from tinyllm.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from tinyllm.serve.protocol import ApiError

@@ -30,7 +30,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tinyllm.request import ContextTooLong, Sampling, check_fits, is_int
+from tinyllm.request import ContextTooLong, Sampling, SamplingError, check_fits, is_int
 
 DEFAULT_MAX_TOKENS = 16                 # OpenAI's default for completions
 DEFAULT_TEMPERATURE = 1.0               # OpenAI's default
@@ -207,14 +207,6 @@ def _is_no_op(name: str, v: Any) -> bool:
     return {"echo": v is False, "stop": v in ("", []), "suffix": v == "", "logit_bias": v == {}}.get(name, False)
 
 
-def _sampling(field: str, **kw) -> Sampling:
-    """``Sampling``'s own validation, one field at a time so the error names its param."""
-    try:
-        return Sampling(**kw)
-    except ValueError as e:
-        raise ApiError(str(e), field, "invalid_value") from None
-
-
 def parse_prompt(p: Any) -> str | tuple[int, ...]:
     """The prompt as text or token ids; a list of several prompts is a clear 400."""
     if isinstance(p, list) and len(p) > 1 and (all(isinstance(x, str) for x in p)
@@ -270,10 +262,10 @@ def parse_completion(body: Any, served_model: str) -> CompletionParams:
         top_k = None                                      # vLLM's "off"
     if top_k is not None and not is_int(top_k):
         raise ApiError(f"top_k must be an integer, got {_type_name(top_k)}", "top_k", "invalid_type")
-    _sampling("temperature", temperature=temperature)
-    _sampling("top_k", top_k=top_k)
-    _sampling("top_p", top_p=top_p)
-    sampling = Sampling(temperature, top_k, top_p)
+    try:
+        sampling = Sampling(temperature, top_k, top_p)        # its error names the field
+    except SamplingError as e:
+        raise ApiError(str(e), e.field, "invalid_value") from None
     stream = _bool(body, "stream")
     opts = body.get("stream_options")
     include_usage = False

@@ -33,14 +33,15 @@ READ_TIMEOUT_S = 15                   # the server sends a line at least every 5
 
 def completion_body(cmd: Submit, stream: bool = True) -> dict:
     """An OpenAI completions request for a Submit (token ids when the app tokenized them)."""
-    s = cmd.sampling
-    body = {"prompt": list(cmd.tokens) if cmd.tokens is not None else cmd.prompt, "max_tokens": cmd.max_new_tokens,
+    s = cmd.settings.sampling
+    body = {"prompt": list(cmd.tokens) if cmd.tokens is not None else cmd.prompt,
+            "max_tokens": cmd.settings.max_new_tokens,
             "temperature": s.temperature, "stream": stream}
     if s.top_p is not None:
         body["top_p"] = s.top_p
     if s.top_k is not None:
         body["top_k"] = s.top_k
-    if not cmd.stop_at_eos:
+    if not cmd.settings.stop_at_eos:
         body["ignore_eos"] = True
     return body
 
@@ -65,8 +66,7 @@ def send_workload(cmd: LoadWorkload, submit: Callable[[Submit], None], stop: thr
     for it in sorted(cmd.items, key=lambda it: it.arrival_s):
         if stop.wait(max(0.0, t0 + it.arrival_s - time.monotonic())):
             return
-        submit(Submit(it.prompt, it.max_new_tokens or cmd.default_new, it.sampling or cmd.default_sampling,
-                      it.stop_at_eos))
+        submit(Submit(it.prompt, it.settings(cmd.defaults)))
 
 
 def hang_up(r: httpx.Response) -> None:

@@ -23,7 +23,7 @@ from tinyllm.model.config import default_kv_blocks
 from tinyllm.model.tokenizer import Tokenizer, TokenStream
 from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, SlotView
 from tinyllm.observe.timeline import Timeline
-from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, Request, Sampling
+from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, RequestSettings
 from tinyllm.workload import WorkItem
 from tui.runners.frames import FrameDiffer, FrameMerger, FrameRecorder
 from tui.runners.loop import CommandLoop
@@ -40,8 +40,7 @@ class _Pending:
     due_s: float
     item: WorkItem
     tokens: tuple[int, ...]
-    default_new: int
-    default_sampling: Sampling
+    defaults: RequestSettings
 
 
 class EngineRunner(CommandLoop):
@@ -88,12 +87,11 @@ class EngineRunner(CommandLoop):
         eng = self.engine
         try:
             if isinstance(cmd, Submit):
-                self._submit(cmd.prompt, cmd.tokens, cmd.max_new_tokens, cmd.sampling, cmd.stop_at_eos)
+                self._submit(cmd.prompt, cmd.tokens, cmd.settings)
             elif isinstance(cmd, LoadWorkload):
                 self._tick_clock()
                 for it, toks in zip(cmd.items, cmd.tokens):
-                    self._pending.append(_Pending(self._clock + it.arrival_s, it, toks, cmd.default_new,
-                                                  cmd.default_sampling))
+                    self._pending.append(_Pending(self._clock + it.arrival_s, it, toks, cmd.defaults))
                 self._pending.sort(key=lambda p: p.due_s)
                 self._add_log("info", f"loaded {cmd.name}: {len(cmd.items)} requests")
             elif isinstance(cmd, Abort):
@@ -137,17 +135,18 @@ class EngineRunner(CommandLoop):
         except Exception as e:                                 # never let the UI's request kill the loop
             self._error(f"{type(cmd).__name__} failed: {e}")
 
-    def _submit(self, prompt: str, tokens, max_new: int, sampling: Sampling, stop_at_eos: bool) -> None:
+    def _submit(self, prompt: str, tokens, settings: RequestSettings) -> None:
         ids = list(tokens) if tokens is not None else self.tok.encode(prompt)
         try:
-            rid = self.engine.add_request(Request(ids, max_new, self.tok.eos_id if stop_at_eos else None, sampling))
+            rid = self.engine.add_request(settings.request(ids, self.tok.eos_id))
         except ValueError as e:
             self._error(f"request refused: {e}")
             return
         self._prompts[rid] = prompt
         self._texts[rid] = ""
         self._streams[rid] = self.tok.stream(skip_special_tokens=True)
-        self._add_log("submit", f"#{rid} queued ({len(ids)} prompt tokens, max {max_new} new, {sampling.describe()})", rid)
+        self._add_log("submit", f"#{rid} queued ({len(ids)} prompt tokens, max {settings.max_new_tokens} new, "
+                                f"{settings.sampling.describe()})", rid)
         self._note_changes()
 
     def _due_now(self) -> list[_Pending]:
@@ -159,8 +158,7 @@ class EngineRunner(CommandLoop):
         for p in due:
             self._pending.remove(p)
             it = p.item
-            self._submit(it.prompt, p.tokens, it.max_new_tokens or p.default_new,
-                         it.sampling or p.default_sampling, it.stop_at_eos)
+            self._submit(it.prompt, p.tokens, it.settings(p.defaults))
         return bool(due)
 
     def _tick_clock(self) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from tinyllm.request import Sampling
+from tinyllm.request import RequestSettings
 from tinyllm.observe.snapshot import EngineSnapshot, LifecycleEvent
 from tinyllm.observe.timeline import Track
 from tinyllm.workload import WorkItem
@@ -25,9 +25,7 @@ LOG_LINES = 500
 @dataclass(frozen=True)
 class Submit:
     prompt: str
-    max_new_tokens: int
-    sampling: Sampling
-    stop_at_eos: bool = True
+    settings: RequestSettings
     tokens: tuple[int, ...] | None = None    # pre-tokenized (workloads); else encoded here
 
 
@@ -36,8 +34,7 @@ class LoadWorkload:
     name: str
     items: tuple[WorkItem, ...]
     tokens: tuple[tuple[int, ...], ...]
-    default_new: int
-    default_sampling: Sampling
+    defaults: RequestSettings                # for what a line of the file leaves out
 
 
 @dataclass(frozen=True)

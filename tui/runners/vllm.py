@@ -142,17 +142,19 @@ class VllmRunner:
     def _new_request(self, cmd: Submit) -> int:
         with self._lock:
             rid = len(self._views)
-            self._views[rid] = RequestView(rid, "queued", None, tuple(cmd.tokens or ()), (), cmd.max_new_tokens,
-                                           cmd.sampling, None, self.now(), None, None, 0)
+            s = cmd.settings
+            self._views[rid] = RequestView(rid, "queued", None, tuple(cmd.tokens or ()), (), s.max_new_tokens,
+                                           s.sampling, None, self.now(), None, None, 0)
             self._texts[rid], self._prompts[rid] = "", cmd.prompt
         self._event("queued", rid, len(cmd.tokens or ()))
-        self._note("submit", f"#{rid} sent ({cmd.max_new_tokens} max new tokens, {cmd.sampling.describe()})", rid)
+        self._note("submit", f"#{rid} sent ({cmd.settings.max_new_tokens} max new tokens, "
+                             f"{cmd.settings.sampling.describe()})", rid)
         return rid
 
     def _complete(self, rid: int, cmd: Submit) -> None:
         body = completion_body(cmd)
         body.update(model=self.model_name, stream_options={"include_usage": True})
-        body.pop("top_k", None) if cmd.sampling.top_k is None else None
+        body.pop("top_k", None) if cmd.settings.sampling.top_k is None else None
         try:
             with self.http.stream("POST", f"{self.url}/v1/completions", json=body) as r:
                 if r.status_code != 200:

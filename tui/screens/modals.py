@@ -14,20 +14,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from tinyllm.request import Sampling
+from tinyllm.request import RequestSettings, Sampling
 from tinyllm.workload import WorkItem, WorkloadError, bundled_workloads, load_workload, tokenize_checked
-
-
-@dataclass(frozen=True)
-class NextSettings:
-    """What the next typed prompt is sent with."""
-    sampling: Sampling
-    max_new_tokens: int
-    stop_at_eos: bool = True
-
-    def describe(self) -> str:
-        eos = "on" if self.stop_at_eos else "off"
-        return f"{self.sampling.describe(full=True)} new={self.max_new_tokens} eos={eos}"
 
 
 HOW_TO_READ = """\
@@ -101,11 +89,11 @@ def pretty_keys(keys: str) -> str:
     return " / ".join(names.get(k, k) for k in keys.split(","))
 
 
-class SettingsScreen(ModalScreen["NextSettings | None"]):
+class SettingsScreen(ModalScreen["RequestSettings | None"]):
     """Validated fields; a wrong value is explained here and nothing is applied."""
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, current: NextSettings, max_new_limit: int, engine: str = ""):
+    def __init__(self, current: RequestSettings, max_new_limit: int, engine: str = ""):
         """``engine``: the engine's own settings (scheduler, KV), shown read-only: they are fixed
         when the engine is built, so the line says which flags change them."""
         super().__init__()
@@ -138,7 +126,7 @@ class SettingsScreen(ModalScreen["NextSettings | None"]):
     def on_mount(self) -> None:
         self.query_one("#temperature", Input).focus()
 
-    def parse(self) -> NextSettings:
+    def parse(self) -> RequestSettings:
         """The settings in the form, or ValueError saying which field is wrong and why."""
         def val(ident: str) -> str:
             return self.query_one(f"#{ident}", Input).value.strip()
@@ -162,7 +150,7 @@ class SettingsScreen(ModalScreen["NextSettings | None"]):
                             num("top_p", float, True, lambda p: 0 < p <= 1, "a number in (0, 1], or blank for off"))
         new = num("max_new", int, False, lambda n: 1 <= n <= self.max_new_limit,
                   f"a whole number from 1 to {self.max_new_limit}")
-        return NextSettings(sampling, new, self.query_one("#stop_at_eos", Checkbox).value)
+        return RequestSettings(sampling, new, self.query_one("#stop_at_eos", Checkbox).value)
 
     def _apply(self) -> None:
         try:

@@ -11,7 +11,8 @@ from textual.widgets import Input, Static
 
 from tinyllm.request import ContextTooLong, check_fits
 from tui.runners.interface import Abort, AbortAll, ClearPrefixCache, LoadWorkload, Submit
-from tui.screens.modals import Confirm, LoadedWorkload, NextSettings, PromptPicker, SettingsScreen, read_workload
+from tui.screens.modals import Confirm, LoadedWorkload, PromptPicker, SettingsScreen, read_workload
+from tinyllm.request import RequestSettings
 
 
 class RequestKeys:
@@ -35,7 +36,7 @@ class RequestKeys:
                 self.notify(f"{e} (F2: settings)", title="not sent", severity="error", timeout=8)
                 return
         s = self.settings
-        self.runner.send(Submit(text, s.max_new_tokens, s.sampling, s.stop_at_eos,
+        self.runner.send(Submit(text, s,
                                 None if self.remote or ids is None else tuple(ids)))
         event.input.value = ""
         self.set_timer(0.1, self._select_newest)
@@ -91,7 +92,7 @@ class RequestKeys:
 
     def action_settings(self) -> None:
         self._close_help()
-        def done(result: NextSettings | None) -> None:
+        def done(result: RequestSettings | None) -> None:
             if result is not None:
                 self.settings = result
                 self._show_settings()
@@ -124,7 +125,7 @@ class RequestKeys:
         if loaded is None:
             return
         s = self.settings
-        self.runner.send(LoadWorkload(loaded.path.name, loaded.items, loaded.tokens, s.max_new_tokens, s.sampling))
+        self.runner.send(LoadWorkload(loaded.path.name, loaded.items, loaded.tokens, s))
         self.notify(f"{loaded.path.name}: {len(loaded.items)} requests", title="workload loaded", timeout=3)
 
     async def action_quit(self) -> None:
