@@ -17,11 +17,6 @@ from tinyllm.engine.generate import generate
 
 
 @pytest.fixture(scope="module")
-def model():
-    return random_model()
-
-
-@pytest.fixture(scope="module")
 def workload(model):
     reqs = with_early_eos(model, mixed_workload(20, seed=4))
     return reqs, solo_outputs(model, reqs)

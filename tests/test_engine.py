@@ -8,13 +8,8 @@ import torch
 from tinyllm.engine import ContinuousEngine, Request, Sampling, run_continuous, run_static
 from tinyllm.engine.generate import generate
 from tinyllm.engine.sampler import sample_next
-from tests.helpers import (check_invariants, mixed_workload, random_model, run_checked, solo_outputs,
+from tests.helpers import (check_invariants, mixed_workload, run_checked, solo_outputs,
                            with_early_eos)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return random_model()
 
 
 @pytest.fixture(scope="module")

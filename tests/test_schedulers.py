@@ -74,13 +74,19 @@ def seqs(*lens: int) -> list[Sequence]:
     return [Sequence(i, Request(list(range(1, n + 1)), 4), Sampling(), 0.0) for i, n in enumerate(lens)]
 
 
+def waiting_pool(n_slots: int, *lens: int):
+    """A bare BlockPool (4 blocks of 4 tokens, no K/V tensors) and an fcfs queue of sequences."""
+    pool = BlockPool(n_slots=n_slots, n_blocks=4, block_size=4, max_len=16)
+    waiting = waiting_queue()
+    queued = seqs(*lens)
+    for q in queued:
+        waiting.add(q)
+    return pool, waiting, queued
+
+
 def test_the_token_budget_scheduler_plans_on_bookkeeping_alone():
     """A bare BlockPool (no K/V tensors) is all a plan needs."""
-    pool = BlockPool(n_slots=2, n_blocks=4, block_size=4, max_len=16)
-    waiting = waiting_queue()
-    a, b, c = seqs(6, 5, 3)
-    for q in (a, b, c):
-        waiting.add(q)
+    pool, waiting, (a, b, c) = waiting_pool(2, 6, 5, 3)
     (plan,) = TokenBudgetScheduler(pool, max_batched_tokens=8).plan([], waiting)
     assert plan.kind == "mixed" and plan.admitted == [a, b]
     assert [(q.rid, start, n) for q, start, n in plan.items] == [(0, 0, 6), (1, 0, 2)]
@@ -89,11 +95,7 @@ def test_the_token_budget_scheduler_plans_on_bookkeeping_alone():
 
 
 def test_the_seed_scheduler_plans_on_bookkeeping_alone():
-    pool = BlockPool(n_slots=3, n_blocks=4, block_size=4, max_len=16)
-    waiting = waiting_queue()
-    a, b, c = seqs(6, 5, 3)
-    for q in (a, b, c):
-        waiting.add(q)
+    pool, waiting, (a, b, c) = waiting_pool(3, 6, 5, 3)
     plan = next(AdmissionScheduler(pool).plan([], waiting))
     assert plan.kind == "prefill" and plan.slots == [0, 1]   # 2 + 2 blocks: c does not fit too
     assert [(q.rid, start, n) for q, start, n in plan.items] == [(0, 0, 6), (1, 0, 5)]

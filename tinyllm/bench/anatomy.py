@@ -1,0 +1,133 @@
+"""A decode step taken apart: model forward + sampling + the rest (scheduling, KV bookkeeping,
+Python), all timed inside the same steps (so the parts add up to the step), against the time the
+same rows' matmuls alone take on this machine (the practical limit)."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+
+from tinyllm.engine import ContinuousEngine, Request
+from tinyllm.engine import continuous
+from tinyllm.model.transformer import Transformer
+
+
+def _timeit(fn, n: int) -> float:
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    fn()
+    sync()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    sync()
+    return (time.perf_counter() - t) / n
+
+
+@torch.no_grad()
+def matmul_only_s(model: Transformer, rows: int, n: int = 200) -> float:
+    """Time of just the decode step's weight matmuls for ``rows`` rows (every Linear + lm_head)."""
+    device = next(model.parameters()).device
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    xs = {w.shape[1]: torch.randn(rows, w.shape[1], device=device) for w in weights}
+
+    def run():
+        for w in weights:
+            torch.mm(xs[w.shape[1]], w.t())
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    return _timeit(run, n)
+
+
+def peak_gflops(device: str, size: int = 1024, n: int = 20) -> float:
+    a = torch.randn(size, size, device=device)
+    b = torch.randn(size, size, device=device)
+
+    def run():
+        torch.mm(a, b)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    return 2 * size ** 3 / _timeit(run, n) / 1e9
+
+
+@contextmanager
+def _wrapped(obj, name: str, wrap: Callable[[Callable], Callable]) -> Iterator[None]:
+    """``obj.name`` replaced by ``wrap(obj.name)`` while inside, then put back as it was."""
+    own = name in vars(obj)                      # a module global, or a method looked up on the class
+    orig = getattr(obj, name)
+    setattr(obj, name, wrap(orig))
+    try:
+        yield
+    finally:
+        if own:
+            setattr(obj, name, orig)
+        else:
+            delattr(obj, name)
+
+
+@contextmanager
+def step_parts(eng: ContinuousEngine) -> Iterator[dict[str, float]]:
+    """While inside: seconds the engine's steps spend in the model forward (or its CUDA-graph
+    replay) and in sampling, summed. Timed inside the very steps whose total is timed, the parts
+    are nested intervals of it and cannot add up to more than the step (timed on separate calls
+    after the steps, at longer contexts, without the step's autocast, in another moment of a noisy
+    machine, they used to exceed it). On CUDA each part is synchronized at both ends, so the
+    kernels it queues are charged to it."""
+    sync = torch.cuda.synchronize if eng.device.type == "cuda" else (lambda: None)
+    spent = {"forward": 0.0, "sampling": 0.0}
+
+    def timed(part: str) -> Callable[[Callable], Callable]:
+        def wrap(fn: Callable) -> Callable:
+            def run(*args, **kwargs):
+                sync()
+                t = time.perf_counter()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    sync()
+                    spent[part] += time.perf_counter() - t
+            return run
+        return wrap
+
+    forward = (eng.decoder, "step") if eng.decoder is not None else (eng.model, "forward")
+    with _wrapped(*forward, timed("forward")), _wrapped(continuous, "sample_rows", timed("sampling")):
+        yield spent
+
+
+@torch.no_grad()
+def decode_anatomy(model: Transformer, slots: int = 16, ctx: int = 96, n: int = 40, kv: str = "slots",
+                   cuda_graph: bool = False) -> dict:
+    """Where one decode step with every slot active goes (with cuda_graph: the graph-replayed step;
+    kv="chunked": the token-budget scheduler's step, all rows decoding, one ragged forward), as the
+    mean of ``n`` steps: forward + sampling + other = step, where other (scheduling, KV
+    bookkeeping, Python) is the remainder of the same steps."""
+    vocab = model.cfg.vocab_size
+    chunked = kv == "chunked"
+    eng = ContinuousEngine(model, slots, max_len=min(model.cfg.max_seq_len, ctx + n + 8),
+                           kv="paged" if chunked else kv, cuda_graph=cuda_graph, chunked_prefill=chunked,
+                           max_batched_tokens=max(slots, ctx * slots) if chunked else None)
+    rng = random.Random(1)
+    for _ in range(slots):
+        eng.add_request(Request([rng.randrange(1, vocab) for _ in range(ctx)], n + 4))
+    eng.step()                                                    # admit (and prefill) everyone
+    assert sum(eng.slots.active) == slots
+    eng.step()                                                    # a first decode step, not counted
+    sync = torch.cuda.synchronize if eng.device.type == "cuda" else (lambda: None)
+    step_s = 0.0
+    with step_parts(eng) as parts:
+        for _ in range(n):
+            sync()
+            t = time.perf_counter()
+            eng.step()
+            sync()
+            step_s += time.perf_counter() - t
+    step_s, fwd_s, sample_s = step_s / n, parts["forward"] / n, parts["sampling"] / n
+    mm_s = matmul_only_s(model, slots)
+    return {"active_rows": slots, "context": ctx, "steps": n, "step_ms": step_s * 1e3, "forward_ms": fwd_s * 1e3,
+            "sampling_ms": sample_s * 1e3, "other_ms": max(0.0, step_s - fwd_s - sample_s) * 1e3,
+            "matmul_only_ms": mm_s * 1e3, "step_over_matmul": step_s / mm_s,
+            "matmul_gflops": 2 * slots * sum(m.weight.numel() for m in model.modules()
+                                             if isinstance(m, torch.nn.Linear)) / mm_s / 1e9}

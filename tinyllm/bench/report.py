@@ -1,0 +1,130 @@
+"""How the bench says what it measured: progress on stderr while it runs, then the table(s) and
+the chart, whole at any width (a path's name is never cut)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+WIDE_CONSOLE = 400          # columns when stdout is not a terminal: wide enough for every figure
+COLUMNS = ("tok/s", "x static", "TTFT p50", "TTFT p95", "latency p95", "row util", "KV reserved MiB",
+           "KV used mean", "used/alloc", "preempt", "prefill tok", "greedy =")
+
+
+class BenchProgress:
+    """Where a bench run is. In a terminal: rich's transient bar, gone before the report. Piped (CI,
+    `| tee`), where that bar shows nothing until the end, one plain line on stderr as each stage
+    starts and as it ends, with its figure: a long run shows it is alive, stdout stays the report."""
+
+    def __init__(self, console: Console, stages: int, lines: bool) -> None:
+        self.stages, self.n, self.stage, self.t0 = stages, 0, "", 0.0
+        self.bar = None
+        if not lines:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+            self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                                console=console, transient=True)
+            self.task = self.bar.add_task("", total=stages)
+
+    def __enter__(self) -> BenchProgress:
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def start(self, stage: str) -> None:
+        self.n, self.stage, self.t0 = self.n + 1, stage, time.perf_counter()
+        if self.bar is not None:
+            self.bar.update(self.task, description=stage)
+        else:
+            self._line("started")
+
+    def done(self, figure: str = "") -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task)
+        else:
+            self._line(f"{figure or 'done'} in {time.perf_counter() - self.t0:.1f} s")
+
+    def _line(self, what: str) -> None:
+        print(f"bench [{self.n}/{self.stages}] {self.stage}: {what}", file=sys.stderr, flush=True)
+
+
+def path_cells(report: dict) -> dict[str, dict[str, str]]:
+    """Each path's figures as printed, by column."""
+    static = report["paths"]["static"]["tok_s"]
+
+    def f(x, fmt: str = "{:.2f}") -> str:
+        return "—" if x is None else fmt.format(x)
+    return {name: dict(zip(COLUMNS, (
+        f(s["tok_s"], "{:.0f}"), f(s["tok_s"] / static, "{:.2f}x"), f(s.get("ttft_p50_s"), "{:.2f}s"),
+        f(s.get("ttft_p95_s"), "{:.2f}s"), f(s.get("latency_p95_s"), "{:.2f}s"), f(s.get("row_util"), "{:.0%}"),
+        f(s.get("kv_reserved_mib"), "{:.1f}"), f(s.get("kv_used_mean"), "{:.0%}"),
+        f(s.get("kv_alloc_used_mean"), "{:.0%}"), f(s.get("preemptions"), "{}"),
+        f(s.get("prefill_tokens_computed"), "{:,}"), f(report["greedy_agreement_vs_static"].get(name), "{:.0%}"))))
+        for name, s in report["paths"].items()}
+
+
+def _table(cells: dict[str, dict[str, str]], columns: list[str]) -> Table:
+    from rich.table import Table
+    t = Table()
+    t.add_column("path", no_wrap=True, min_width=max(map(len, cells)))
+    for col in columns:
+        t.add_column(col, justify="right", overflow="fold")
+    for name, row in cells.items():
+        t.add_row(name, *(row[c] for c in columns))
+    return t
+
+
+def path_tables(console: Console, report: dict) -> list[Table]:
+    """The paths' figures in as few tables as fit the console, each led by the whole path name.
+    Squeezed into one table, rich cuts the names (six rows of `conti…`) and the figures; here a
+    column that would not fit starts the next table instead."""
+    cells = path_cells(report)
+    unbounded = console.options.update_width(10_000)
+    groups: list[list[str]] = [[]]
+    for col in COLUMNS:
+        if groups[-1] and console.measure(_table(cells, groups[-1] + [col]), options=unbounded).maximum > console.width:
+            groups.append([])
+        groups[-1].append(col)
+    return [_table(cells, g) for g in groups]
+
+
+def print_report(console: Console, report: dict) -> None:
+    paths = report["paths"]
+    console.print(f"[bold]tinyllm bench[/] — {report['model']['name']} ({report['model']['params'] / 1e6:.1f}M params), "
+                  f"{report['workload']}, {report['slots']} slots / batch {report['batch']}, "
+                  f"{report['machine']['device']} × {report['machine']['torch_threads']} threads")
+    for t in path_tables(console, report):
+        console.print(t)
+    name_w = max(map(len, paths))              # every bar starts in the same column, whatever the names
+    width = max(10, min(40, console.width - name_w - 12))
+    top = max(s["tok_s"] for s in paths.values())
+    console.print("[bold]tokens/s per path[/]")
+    for name, s in paths.items():
+        n = max(1, round(width * s["tok_s"] / top)) if s["tok_s"] > 0 else 0
+        console.print(f"  {name:<{name_w}}  {'█' * n}{' ' * (width - n)} {s['tok_s']:.0f}")
+    for key, what in (("decode_step", "decode step (slot KV)"), ("decode_step_chunked", "chunked step, all decoding")):
+        a = report.get(key)
+        if not a:
+            continue
+        console.print(
+            f"[bold]{what}, {a['active_rows']} active rows, context ~{a['context']}[/]: {a['step_ms']:.2f} ms = "
+            f"forward {a['forward_ms']:.2f} + sampling {a['sampling_ms']:.2f} + other {a['other_ms']:.2f} ms "
+            f"(mean of {a['steps']} steps); the same rows' matmuls alone: {a['matmul_only_ms']:.2f} ms "
+            f"({a['matmul_gflops']:.1f} GFLOP/s) → step = {a['step_over_matmul']:.2f}x the matmul-only time.")
+    console.print("(forward: the model call; sampling: choosing each row's next token; other: the rest of the "
+                  "same steps — scheduling, KV bookkeeping, Python.)")
+    console.print(f"Peak 1024² matmul: {report['machine']['peak_matmul_gflops_1024']:.0f} GFLOP/s.")
+    a = report["decode_step"]
+    g = report.get("decode_step_cuda_graph")
+    if g:
+        console.print(f"[bold]CUDA graph decode step[/]: {g['step_ms']:.2f} ms vs eager {a['step_ms']:.2f} ms "
+                      f"({a['step_ms'] / g['step_ms']:.2f}x)")

@@ -1,0 +1,80 @@
+"""The bench's workloads: the seeded default, the shared-prefix one, a prompt file; and a random
+Llama checkpoint of a given shape (``--random-model``), so any machine can measure offline."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+
+from tinyllm.model.config import ModelConfig
+from tinyllm.model.transformer import Transformer
+from tinyllm.request import Request
+
+RANDOM_DEFAULTS = dict(layers=4, d_model=256, heads=4, kv_heads=2, vocab=4096, d_ff=704, max_seq_len=512)
+
+
+def default_workload(n: int, vocab: int, seed: int = 0, prompt_len=(8, 64), new=(8, 128)) -> list[Request]:
+    """Seeded: prompt lengths and max_new_tokens uniform in the given ranges, greedy, no EOS
+    (every path then produces exactly the same number of tokens)."""
+    rng = random.Random(seed)
+    return [Request([rng.randrange(1, vocab) for _ in range(rng.randint(*prompt_len))], rng.randint(*new))
+            for _ in range(n)]
+
+
+def shared_prefix_workload(n: int, vocab: int, seed: int = 0, prefix_len: int = 192, unique=(8, 64),
+                           new=(8, 128)) -> list[Request]:
+    """Chat/agent-like traffic: every request = one common ``prefix_len``-token prefix (a system
+    prompt, a document) + its own 8..64 tokens; greedy, no EOS. What prefix caching is for."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(1, vocab) for _ in range(prefix_len)]
+    return [Request(prefix + [rng.randrange(1, vocab) for _ in range(rng.randint(*unique))], rng.randint(*new))
+            for _ in range(n)]
+
+
+SHARED_PREFIX = "shared-prefix"       # `--workload shared-prefix`: the built-in generated workload
+
+
+def workload_from_file(path: Path, encode, default_new: int, max_len: int) -> list[Request]:
+    """Prompts and max_new_tokens from a JSONL workload (sampling and arrivals ignored: greedy, all
+    at t=0); every prompt checked to fit ``max_len`` (WorkloadError with file:line if not)."""
+    from tinyllm.workload import load_workload, tokenize_checked
+    items = load_workload(path)
+    ids = tokenize_checked(items, path, encode, max_len, default_new)
+    return [Request(p, it.max_new_tokens or default_new) for p, it in zip(ids, items)]
+
+
+def parse_spec(spec: str) -> dict:
+    """'layers=4,d_model=256,heads=4,kv_heads=2,vocab=4096' (any subset; the rest default)."""
+    out = dict(RANDOM_DEFAULTS)
+    if spec.strip() in ("", "default"):
+        return out
+    for part in spec.split(","):
+        key, _, val = part.partition("=")
+        key = key.strip()
+        if key not in out or not val.strip().isdigit():
+            raise ValueError(f"--random-model: bad item {part!r}; expected key=integer with keys "
+                             f"{', '.join(RANDOM_DEFAULTS)}")
+        out[key] = int(val)
+    return out
+
+
+def random_checkpoint(spec: str, out: Path, seed: int = 0) -> Path:
+    """A seeded random Llama checkpoint on disk, so tinyllm and transformers load the same weights."""
+    from tinyllm.model.checkpoint import save_checkpoint
+    from tokenizers import Tokenizer, models
+    s = parse_spec(spec)
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=s["vocab"], d_model=s["d_model"], n_layers=s["layers"], n_heads=s["heads"],
+                      n_kv_heads=s["kv_heads"], d_ff=s["d_ff"], max_seq_len=s["max_seq_len"])
+    model = Transformer(cfg)
+    with torch.no_grad():                    # spread logits: greedy ties between paths are then negligible
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.08)
+    out.mkdir(parents=True, exist_ok=True)
+    Tokenizer(models.WordLevel({f"t{i}": i for i in range(cfg.vocab_size)}, unk_token="t0")).save(
+        str(out / "tokenizer.json"))
+    save_checkpoint(model, out)
+    return out
