@@ -20,10 +20,8 @@ from tui.app import DEFAULT_THREADS, TinyLLMApp
 from tui.runners.child import ChildRunner, EngineStartError
 from tui.runners.engine import EngineSpec
 from tui.runners.interface import MAX_DELAY_MS
-from tui.runners.race import RaceSpec, race_workload
 from tui.screens.modals import read_workload
 from tinyllm.request import RequestSettings
-from tui.screens.race import RaceApp
 from tui import web
 
 
@@ -298,13 +296,14 @@ def add_race_args(p: argparse.ArgumentParser) -> None:
                    help=f"--race: which lanes, comma-separated, at least two of {','.join(LANES)} (default all)")
 
 
-def race_app(parser, a) -> RaceApp | None:
+def race_app(parser, a):
     """The race app for ``--race`` (None without it, after refusing race-only options)."""
     if a.race is None:
         for flag, value in (("--batch-timeout", a.batch_timeout), ("--lanes", a.lanes)):
             if value is not None:
                 parser.error(f"{flag} applies to --race only")
         return None
+    from tui.screens.race import RaceApp                  # (the race's modules load only for a race)
     spec = race_spec(parser, a)
     if a.engine_thread:
         from tui.runners.race import RaceRunner
@@ -319,7 +318,8 @@ def race_app(parser, a) -> RaceApp | None:
     return RaceApp(runner, workload=spec.name, model_name=name)
 
 
-def race_spec(parser, a) -> RaceSpec:
+def race_spec(parser, a):
+    from tui.runners.race import RaceSpec, race_workload
     """Check every race option (no torch, no process) and return the spec the race is built from."""
     from tinyllm.workload import WorkloadError, resolve_workload
     for flag, value, why in (("--replay", a.replay, "a race runs a model"),

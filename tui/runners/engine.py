@@ -25,13 +25,13 @@ from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, Lifecycle
 from tinyllm.observe.timeline import Timeline
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, RequestSettings
 from tinyllm.workload import WorkItem
-from tui.runners.frames import FrameDiffer, FrameMerger, FrameRecorder
 from tui.runners.loop import CommandLoop
 from tui.runners.interface import (LOG_LINES, lifecycle_log, Abort, AbortAll, ClearPrefixCache, Frame, LoadWorkload, LogEntry,
                           SetPaused, StepOnce, Submit, TogglePaused)
 
 if TYPE_CHECKING:                                   # torch loads in the engine's process only
     from tinyllm.engine import ContinuousEngine
+    from tui.runners.frames import FrameMerger, FrameRecorder
 
 
 
@@ -300,6 +300,7 @@ class EngineSpec:
         if not self.record:
             return None
         from tui.runners.frames import settings_of
+        from tui.runners.frames import FrameRecorder
         return FrameRecorder(self.record, engine.snapshot(), Path(self.model_dir).name, self.model_dir,
                              settings_of(self))
 
@@ -314,10 +315,12 @@ class EngineSpec:
     @staticmethod
     def encoder() -> Callable[[Frame], Frame]:
         """Child side: frames travel as deltas (only what changed since the last one sent)."""
+        from tui.runners.frames import FrameDiffer
         return FrameDiffer().delta
 
     @staticmethod
     def decoder() -> "FrameMerger":
+        from tui.runners.frames import FrameMerger
         return FrameMerger()
 
     def loading_frame(self, max_len: int | None = None) -> Frame:
