@@ -25,9 +25,9 @@ def status_fields(f: Frame, runner, model_name: str, recording: Path | None = No
         r = runner
         down = f.status.startswith("disconnected")
         out = [(" ✗ DISCONNECTED " if down else " ⇄ ATTACHED ", "bold reverse red" if down else "bold reverse blue", 0),
-               (f" {r.kind} at {r.url}", "bold", 1), (f" · {model_name}", "bold", 4)]
+               (f" {r.kind} at {r.url}", "bold", 2), (f" · {model_name}", "bold", 4)]
         if runner.mode == "metrics":                         # a "step" here is a second since attach
-            return out + [(f" · {f.status} (showing the last state)", "bold red", 2)] * down + [
+            return out + [(f" · {f.status} (showing the last state)", "bold red", 1)] * down + [
                 (f" · metrics every {r.poll_s:g} s", "dim", 3), (" · this app's requests stream below", "dim", 5)]
         out.append((f" · step {steps}", "bold", 0))
         if down:
