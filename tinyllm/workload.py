@@ -30,13 +30,13 @@ class WorkItem:
     max_new_tokens: int | None = None      # None: the caller's default
     sampling: Sampling | None = None       # None: the caller's default
     arrival_s: float = 0.0
-    stop_at_eos: bool = True
+    stop_at_eos: bool | None = None        # None: the caller's default
     line: int = 0
 
     def settings(self, defaults: RequestSettings) -> RequestSettings:
         """This line's settings: what it says, the caller's ``defaults`` for what it leaves out."""
         return RequestSettings(self.sampling or defaults.sampling, self.max_new_tokens or defaults.max_new_tokens,
-                               self.stop_at_eos)
+                               defaults.stop_at_eos if self.stop_at_eos is None else self.stop_at_eos)
 
 
 def bundled_workloads() -> dict[str, Path]:
@@ -82,8 +82,8 @@ def parse_line(obj, where: str) -> WorkItem:
     arrival = obj.get("arrival_s", 0.0)
     if not _number(arrival) or not math.isfinite(arrival) or arrival < 0:
         raise WorkloadError(f"{where}: arrival_s must be a number of seconds >= 0, got {arrival!r}")
-    eos = obj.get("stop_at_eos", True)
-    if not isinstance(eos, bool):
+    eos = obj.get("stop_at_eos")
+    if eos is not None and not isinstance(eos, bool):
         raise WorkloadError(f"{where}: stop_at_eos must be true or false, got {eos!r}")
     sampling = None
     if any(k in obj for k in ("temperature", "top_k", "top_p")):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rich.text import Text
 from textual.app import App, ComposeResult, SystemCommand
+from textual.screen import ModalScreen
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
@@ -103,6 +104,8 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self._shown_seq = -1                     # the frame every panel has drawn (a loading frame has seq 0)
         self._fast_seq = -1                      # the frame the cheap panels have drawn
         self._details_frame: Frame | None = None  # the frame the list, pane and timeline show
+        self._placed: tuple = ()                   # (selection, rows) the list's cursor was last put on
+        self._follow_after: int | None = None     # a prompt was sent: select the first request newer than this
         self._last_log: LogEntry | None = None   # the newest event-log entry shown
         self._flags: dict[int, tuple[str, int]] = {}
         self._pacer = FramePacer(max_hz=REFRESH_HZ)
@@ -244,7 +247,14 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         snap = frame.snapshot
         if self.selected is None or (not self.replay and snap.request(self.selected) is None):
             self.selected = snap.requests[0].rid if snap.requests else None
-        requests.select_rid(self.selected)
+        if self._follow_after is not None:                # a prompt was just sent: select it once it is here
+            newer = [v.rid for v in snap.requests if v.rid > self._follow_after]
+            if newer:
+                self.selected, self._follow_after = newer[0], None
+        placed = (self.selected, requests.rids)
+        if placed != self._placed:                        # only when the selection or the rows changed:
+            self._placed = placed                         # every draw would undo scrolling, and a ↓ on
+            requests.select_rid(self.selected)            # its way to the app
         self._show_pane(frame)
         self._show_timeline(frame)
 
@@ -311,7 +321,9 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         """Select request ``rid`` in every panel (the list's cursor, the pane, the timeline)."""
         self.selected = rid
         frame = self._details_frame or self.runner.frame    # the frame the other panels show
-        self.query_one("#requests", RequestList).select_rid(rid)
+        requests = self.query_one("#requests", RequestList)
+        requests.select_rid(rid)
+        self._placed = (rid, requests.rids)
         self._show_pane(frame)
         self._show_timeline(frame)
 
@@ -327,8 +339,11 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         """A replay changes nothing (no abort, no prompts, no settings); only a replay moves back
         in time; a server paces itself (no pause, step or speed from a viewer). Keys that do not
         apply are off, and hidden from the footer."""
-        if self.screen_stack and getattr(self.screen, "owns_keys", False) and action != "quit":
-            return False                                  # the race screen has keys of its own
+        if any(getattr(screen, "owns_keys", False) for screen in self.screen_stack) and action != "quit":
+            return False                                  # the race (and its help) has keys of its own
+        if (isinstance(self.screen, ModalScreen) and not isinstance(self.screen, HelpScreen)
+                and action not in ("quit", "help")):
+            return False                                  # a dialog is open: its keys, not ours
         if action in (self.READ_ONLY if self.replay else self.REPLAY_ONLY):
             return False
         if self.remote and (action in self.SERVER_PACED or (action == "load_prompts" and self.tokenizer is None)):

@@ -110,8 +110,7 @@ class EngineRunner(CommandLoop):
                     self._add_log("abort", f"dropped {n} workload requests that had not arrived")
             elif isinstance(cmd, (SetPaused, TogglePaused)):
                 self._tick_clock()
-                self.paused = cmd.paused if isinstance(cmd, SetPaused) else not self.paused
-                eng.hold_clock(self.paused)                   # paused time counts in no latency
+                self._set_paused(cmd.paused if isinstance(cmd, SetPaused) else not self.paused)
                 self._clock_mark = None
                 self._add_log("info", "paused" if self.paused else "resumed")
             elif isinstance(cmd, StepOnce):
@@ -176,7 +175,7 @@ class EngineRunner(CommandLoop):
         except Exception as e:
             self._error(f"engine step failed: {type(e).__name__}: {e}")
             self.last_traceback = traceback.format_exc()
-            self.paused = True                                 # stop looping on a broken state
+            self._set_paused(True)                             # stop looping on a broken state
             self._add_log("error", "engine paused after an error; press space to retry")
             self._note_changes()                      # show whatever state the failed step left
             return
@@ -243,6 +242,10 @@ class EngineRunner(CommandLoop):
         return Frame(self._seq, self._snap, dict(self._prompts), dict(self._texts), tuple(self._log),
                      self.paused, self.step_delay_ms, len(self._pending), self._tokens_per_s(),
                      tuple(self._tps_hist), self._step_ms, self.steps_done, tracks=self._timeline.tracks())
+
+    def _set_paused(self, paused: bool) -> None:
+        self.paused = paused
+        self.engine.hold_clock(paused)                    # paused time counts in no latency
 
     def _before_step(self) -> bool:
         return self._release_arrivals()

@@ -236,4 +236,4 @@ class FrameMerger:
         """A frame like ``f`` with one more log entry (the parent's own news, e.g. a dead child)."""
         seq = self._log[-1].seq + 1 if self._log else 1
         self._log.append(LogEntry(seq, f.steps_done, f.snapshot.time_s, kind, text))
-        return replace(f, log=tuple(self._log), paused=True)
+        return replace(f, seq=f.seq + 1, log=tuple(self._log), paused=True)   # a new frame: drawn

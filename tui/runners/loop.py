@@ -72,7 +72,7 @@ class CommandLoop:
                     dirty = False
             except Exception as e:                    # keep the loop (and the app) alive, say what broke
                 self.last_traceback = traceback.format_exc()
-                self.paused = True
+                self._set_paused(True)
                 self._log_error(f"runner error: {type(e).__name__}: {e}; paused")
                 time.sleep(0.05)
                 dirty = True
@@ -126,6 +126,10 @@ class CommandLoop:
 
     def _log_error(self, text: str) -> None:
         raise NotImplementedError
+
+    def _set_paused(self, paused: bool) -> None:
+        """Pause or resume (a subclass may stop a clock with it)."""
+        self.paused = paused
 
     def _before_step(self) -> bool:
         """Anything to do before a step (e.g. workload arrivals); True if it changed something."""

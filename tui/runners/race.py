@@ -199,7 +199,7 @@ class WholeFrames:
 
     def note(self, f: RaceFrame, kind: str, text: str) -> RaceFrame:
         entry = LogEntry((f.log[-1].seq if f.log else 0) + 1, f.turns, 0.0, kind, text)
-        return replace(f, log=f.log + (entry,), paused=True)
+        return replace(f, seq=f.seq + 1, log=f.log + (entry,), paused=True)   # a new frame: drawn
 
 
 def race_workload(path, encode, max_len: int, default_new: int = DEFAULT_NEW) -> tuple[RaceItem, ...]:

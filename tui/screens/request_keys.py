@@ -39,12 +39,8 @@ class RequestKeys:
         self.runner.send(Submit(text, s,
                                 None if self.remote or ids is None else tuple(ids)))
         event.input.value = ""
-        self.set_timer(0.1, self._select_newest)
-
-    def _select_newest(self) -> None:
         reqs = self.runner.frame.snapshot.requests
-        if reqs:
-            self.select(reqs[-1].rid)
+        self._follow_after = reqs[-1].rid if reqs else -1    # the app selects it when it arrives
 
     def _others(self, rids: list[int]) -> list[int]:
         """Of ``rids``, those another client of the attached server sent (none for a local

@@ -63,8 +63,8 @@ class BlockMap(Widget):
         kv = self.snapshot.kv
         shared = sum(1 for r in kv.block_refs if r > 1)
         head = f"{kv.n_blocks - kv.free_blocks}/{kv.n_blocks} owned"
-        if per_cell > 1:                                    # squeezed: say it first, and briefly
-            head += f" · {per_cell} blocks/cell (▪ some owned)"
+        if per_cell > 1:                                    # squeezed: say it, and briefly
+            head = f"{kv.n_blocks - kv.free_blocks}/{kv.n_blocks} owned · {per_cell} blocks/cell"
             return head + (f" · ▣{shared} ○{kv.cached_free_blocks}" if kv.block_cached else "")
         if kv.block_cached:
             head += f"  ▣ shared {shared}  ○ cached {kv.cached_free_blocks}"

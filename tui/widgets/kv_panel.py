@@ -7,6 +7,7 @@ from textual.widget import Widget
 
 from tinyllm.observe.stats import percentile
 from tui.runners.interface import Frame
+from tui.widgets.status import fit_fields
 from tui.widgets.style import STATE_STYLES, bar, duration
 
 
@@ -75,9 +76,14 @@ class KVPanel(Widget):
                      style="bold")
         mib = Text(f"{kv.mib(kv.used_tokens):.1f} / {kv.mib(kv.allocated_tokens):.1f} / "
                    f"{kv.mib(kv.reserved_tokens):.1f} MiB used / claimed / reserved", style="dim")
-        if self.app.has_class("-short"):               # 80x24: one bar of the three, in one line
+        if self.app.has_class("-short"):               # 80x24: one bar of the three, figures by priority
+            pct = (lambda xs, q: duration(percentile(xs, q)) if xs else "—")
+            figures = [(f"tok/s {f.tokens_per_s:.0f} ", "bold", 0), (f"TTFT {pct(ttft, .5)}/{pct(ttft, .95)} ", "bold", 0),
+                       (f"lat {pct(lat, .5)}/{pct(lat, .95)} ", "bold", 1), (f"rows {util:.0%} ", "dim", 2),
+                       *([(f"hit {c.prefix_hits / c.prefix_queries:.0%} ", "dim", 3)] if c.prefix_queries else []),
+                       (f"steps {c.decode_steps:,} ", "dim", 4), (f"step {f.step_ms:.1f}ms", "dim", 5)]
             return Text("\n", no_wrap=True, overflow="ellipsis").join(
-                [self._one_bar(width), line1, line2.append_text(line3)])
+                [self._one_bar(width), line1, fit_fields(figures, width)])
         return Text("\n", no_wrap=True, overflow="ellipsis").join([mib, *bars, line1, line2, line3])
 
     def _one_bar(self, width: int) -> Text:

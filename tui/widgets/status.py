@@ -20,7 +20,7 @@ def status_fields(f: Frame, runner, model_name: str, recording: Path | None = No
     if f.status == "loading":
         return [(" ⧗ LOADING ", "bold reverse cyan", 0), (f" {model_name}", "bold", 1),
                 (" · engine loading (importing torch, reading the weights)…", "bold", 2),
-                (" · type a prompt now: it is sent when the engine is ready", "dim", 3)]
+                (" · i, then type a prompt: it is sent when the engine is ready", "dim", 3)]
     if runner.mode in ("attach", "metrics"):
         r = runner
         down = f.status.startswith("disconnected")
