@@ -502,7 +502,8 @@ async def test_engine_loop_hooks_rejects_and_stop():
             if out.finished:
                 break
         assert toks == generate(model, [1, 2, 3], 5) and out.finish_reason == "length"
-        assert threads == {loop.thread}
+        await loop.call_async(lambda e: None)                   # the step's hooks run after its outputs
+        assert threads == {loop.thread}                          # are delivered: wait for that iteration
         kinds = [k for _, ks, _ in seen for k in ks]
         assert kinds[:2] == ["queued", "admitted"] and kinds[-1] == "finished"
         assert sum(n for n, _, _ in seen) == 5
