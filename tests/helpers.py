@@ -100,23 +100,50 @@ def with_early_eos(model: Transformer, reqs: list[Request], every: int = 3, seed
 
 
 def run_random_ops(eng: ContinuousEngine, ops, max_len: int, checked_step) -> tuple[dict[int, Request], set[int]]:
-    """Apply hypothesis ops (("add", prompt, new, eos) / ("abort", rid) / ("step", n)), then run
-    to completion; ``checked_step(eng)`` makes one step and checks what must hold after it.
-    Returns the requests added (by id) and the ids actually aborted."""
+    """Apply hypothesis ops (("add", prompt, new, eos[, params]) / ("abort", rid) / ("finish", rid,
+    keep) / ("step", n)), then run to completion; ``checked_step(eng)`` makes one step and checks
+    what must hold after it. ``params`` (issue 24's fields: a Sampling with penalties, min_p or a
+    seed, stop_token_ids, min_tokens, logprobs) make a request whose tokens are checked against
+    the stop rule here. Returns the plain greedy requests that ran to their own end (by id: their
+    tokens must equal solo) and the ids actually aborted."""
     added: dict[int, Request] = {}
     aborted: set[int] = set()
+    special: dict[int, Request] = {}
     for o in ops:
         if o[0] == "add":
-            _, prompt, new, eos = o
-            req = Request(prompt, min(new, max_len - len(prompt)), eos_id=eos)
-            added[eng.add_request(req)] = req
+            prompt, new, eos = o[1:4]
+            new = min(new, max_len - len(prompt))
+            p = o[4] if len(o) > 4 else None
+            if p is None:
+                req = Request(prompt, new, eos_id=eos)
+                added[eng.add_request(req)] = req
+            else:
+                req = Request(prompt, new, eos_id=eos, sampling=p["sampling"], stop_token_ids=p["stop_token_ids"],
+                              min_tokens=min(p["min_tokens"], new), logprobs=p["logprobs"])
+                special[eng.add_request(req)] = req
         elif o[0] == "abort":
             if eng.abort(o[1]):
                 aborted.add(o[1])
+        elif o[0] == "finish":
+            if eng.finish(o[1], o[2]):
+                added.pop(o[1], None)
+                special.pop(o[1], None)
         else:
             for _ in range(o[1]):
                 checked_step(eng)
     while eng.has_work():
         checked_step(eng)
-    assert set(eng.results) == set(added) - aborted
+    assert set(added) - aborted <= set(eng.results)
+    for rid, req in special.items():
+        if rid in aborted:
+            continue
+        toks = eng.results[rid].tokens
+        stops = req.stop_ids()
+        assert 1 <= len(toks) <= req.max_new_tokens
+        assert not any(t in stops for t in toks[:req.min_tokens]), f"request {rid}: a stop id before min_tokens"
+        assert not any(t in stops for t in toks[:-1]), f"request {rid}: went on after a stop id"
+        assert len(toks) == req.max_new_tokens or toks[-1] in stops, f"request {rid} ended early"
+        if req.logprobs is not None:
+            lps = eng._seqs[rid].logprobs
+            assert [lp.token for lp in lps] == toks and all(len(lp.top) == req.logprobs for lp in lps)
     return added, aborted

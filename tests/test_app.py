@@ -203,6 +203,34 @@ async def test_invalid_setting_is_explained_and_nothing_changes():
         assert app.runner.frame.snapshot.requests == ()
 
 
+async def test_stop_strings_and_seed_from_the_settings_dialog():
+    """The dialog's stop list and seed reach the request: its text ends before the stop string
+    (matched on the text by tinyllm.stops, the engine told at once: finished, slot free)."""
+    app = make_app(new=24)
+    async with app.run_test(size=(80, 24)) as pilot:
+        a = await submit(pilot, "ROMEO:\n")
+        await step(pilot, 30)
+        full = app.runner.frame.texts[a]
+        cut = len(full) // 2
+        stop = full[cut - 1:cut + 1]
+        await pilot.press("f2")
+        await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        assert app.screen.query_one("#apply").region.bottom <= 24                  # still fits 80x24
+        app.screen.query_one("#stop").value = "never|" + stop.replace("\n", "\\n")
+        app.screen.query_one("#seed").value = "5"
+        app.screen.query_one("#repetition_penalty").value = "1"
+        await pilot.click("#apply")
+        await until(pilot, lambda: not isinstance(app.screen, SettingsScreen))
+        assert app.settings.stop == ("never", stop) and app.settings.sampling.seed == 5
+        b = await submit(pilot, "ROMEO:\n")
+        await step(pilot, 30)
+        v = app.runner.frame.snapshot.request(b)
+        assert v.state == "finished" and len(v.tokens) < 24 and v.sampling.seed == 5
+        assert app.runner.frame.texts[b] == full[:full.find(stop)]
+        assert all(s.free for s in app.runner.frame.snapshot.slots)
+        assert any("a stop token or string" in e.text for e in app.runner.frame.log if e.rid == b)
+
+
 @pytest.mark.parametrize("kv", ["slots", "paged"])
 async def test_abort_running_frees_slot_and_kv(kv):
     app = make_app(kv=kv, new=40)

@@ -58,7 +58,7 @@ def test_step_anatomy_parts_add_up_to_the_step(tiny_bench):
     assert len(printed) == 2
     for step, *parts in printed:                           # three parts rounded to 0.01 each
         assert abs(sum(map(float, parts)) - float(step)) <= 0.015 + 1e-9
-    assert continuous.sample_rows is sampler.sample_rows   # the timing wrappers are gone afterwards
+    assert continuous.sample_batch is sampler.sample_batch   # the timing wrappers are gone afterwards
 
 
 def test_piped_bench_reports_progress_on_stderr_and_keeps_stdout_the_report(tiny_bench):

@@ -181,6 +181,7 @@ def test_random_schedules_keep_the_schedulers_invariants(n_slots, block_size, sp
             <= eng.max_batched_tokens
     added, _ = run_random_ops(eng, ops, max_len, checked_step)
     assert eng.slots.allocated_tokens() == 0 and not eng._running
-    for rid, res in eng.results.items():
-        r = added[rid]
-        assert res.tokens == _solo_cached(tuple(r.prompt), r.max_new_tokens, r.eos_id), f"request {rid} differs"
+    for rid, r in added.items():
+        if rid in eng.results:
+            assert eng.results[rid].tokens == _solo_cached(tuple(r.prompt), r.max_new_tokens, r.eos_id), \
+                f"request {rid} differs"

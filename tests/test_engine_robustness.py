@@ -120,15 +120,18 @@ BROKEN = Sampling(1.0, top_k=13)              # the setting the sampler below fa
 @pytest.fixture
 def broken_sampler(monkeypatch):
     """A sampling failure on demand. Every setting Sampling accepts samples (issue 20: 1e-300 used
-    to overflow), so the failure is injected, for the unforeseen (say NaN logits)."""
+    to overflow), so the failure is injected, for the unforeseen: NaN logits in the BROKEN rows
+    (the vectorised sampler must fail those rows alone)."""
     from tinyllm.engine import sampler
-    real = sampler.sample_next
+    real = sampler._sample
 
-    def sample_next(logits, temperature, top_k, top_p, generator):
-        if Sampling(temperature, top_k, top_p) == BROKEN:
-            raise RuntimeError("probability tensor contains either inf, nan or element < 0")
-        return real(logits, temperature, top_k, top_p, generator)
-    monkeypatch.setattr(sampler, "sample_next", sample_next)
+    def _sample(logits, rows, generator):
+        logits = logits.clone()
+        for i, r in enumerate(rows):
+            if r.sampling == BROKEN:
+                logits[i] = float("nan")
+        return real(logits, rows, generator)
+    monkeypatch.setattr(sampler, "_sample", _sample)
 
 
 @pytest.mark.parametrize("kv", KVS)

@@ -73,3 +73,118 @@ def test_a_batch_with_mixed_extreme_settings_fails_no_row():
 def test_sampling_refuses_an_int_temperature_too_large_for_a_float():
     with pytest.raises(ValueError, match="temperature must be a finite number"):
         Sampling(10**400)
+
+
+# -- the sampling fields of issue 24: min_p, penalties, seed, bans, logprobs ----------------------------
+from tinyllm.engine.sampler import Row, _penalize, sample_batch, seeded_uniforms    # noqa: E402
+
+MIN_PS = [0, 5e-324, 1e-6, 0.5, 1]
+PENALTIES = [-2, -1e-300, 0, 5e-324, 2]
+REPETITIONS = [5e-324, 1e-300, 0.5, 1, 2, 1e300, sys.float_info.max]
+SEEDS = [None, 0, -2**63, 2**63 - 1]
+
+
+@pytest.mark.parametrize("t", TEMPERATURES, ids=lambda t: f"{type(t).__name__}-{float(t):g}")
+def test_every_accepted_new_field_gives_a_valid_token_never_nan(t):
+    """Every extreme of min_p, the three penalties and the seed, with every top_k / top_p extreme,
+    one batch per temperature (the sampler is vectorised: all rows in one call): a valid token,
+    no failed row, never the masked token 0 nor a banned one, the argmax where only it may be drawn."""
+    combos = list(itertools.product(MIN_PS, PENALTIES, PENALTIES, REPETITIONS, SEEDS))
+    rows, settings = [], []
+    for i, (mp, pres, freq, rep, seed) in enumerate(combos):
+        s = Sampling(t, TOP_KS[i % len(TOP_KS)], TOP_PS[i % len(TOP_PS)], mp, pres, freq, rep, seed)
+        rows.append(Row(s, prompt=(1, 2, 3, 0), output=(3, 3, 7)[:i % 4], banned=(5,) if i % 3 else (),
+                        logprobs=i % 3 or None))
+        settings.append(s)
+    logits = _logits(len(rows))[0]
+    logits[::5] *= 1e30                                             # huge logits (finite) too
+    out = sample_batch(logits, rows, torch.Generator().manual_seed(2))
+    assert out.failed == {} and out.tokens.shape == (len(rows), 1)
+    tok = out.tokens[:, 0]
+    assert ((tok >= 1) & (tok < V)).all()
+    assert all(int(tok[i]) != 5 for i, r in enumerate(rows) if r.banned)
+    assert set(out.logprobs) == {i for i, r in enumerate(rows) if r.logprobs is not None}
+    for i, lp in out.logprobs.items():
+        assert lp.token == int(tok[i]) and len(lp.top) == rows[i].logprobs
+        assert all(v == v and v <= 0 for _, v in ((0, lp.logprob), *lp.top))      # never NaN, never > 0
+    plain = [i for i, s in enumerate(settings) if not s.penalized and not rows[i].banned
+             and _one_candidate(t, s.top_k, s.top_p)]
+    assert plain and all(int(tok[i]) == int(logits[i].argmax()) for i in plain)
+
+
+def test_penalties_follow_vllm():
+    """repetition divides positive logits and multiplies negative ones of prompt or output tokens;
+    frequency subtracts per output occurrence; presence once per output token; -inf stays."""
+    x = torch.tensor([[2.0, -2.0, 2.0, -2.0, 1.0, float("-inf")]])
+    s = Sampling(1.0, repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    got = _penalize(x.clone(), [Row(s, prompt=(0, 1, 5), output=(2, 2, 3))])
+    want = torch.tensor([[1.0, -4.0, 1.0 - 1.0 - 0.25, -4.0 - 0.5 - 0.25, 1.0, float("-inf")]])
+    assert torch.equal(got, want), got
+
+
+def test_min_p_drops_tokens_below_min_p_times_the_top_probability():
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    rows = [Row(Sampling(1.0, min_p=0.2, seed=i)) for i in range(400)]
+    tok = sample_batch(probs.log().expand(400, 4), rows).tokens[:, 0].tolist()
+    assert set(tok) == {0, 1, 2}                                    # 0.05 < 0.2 x 0.5: never drawn
+
+
+def test_seeded_draws_depend_on_seed_and_position_only():
+    logits = torch.randn(1, V, generator=torch.Generator().manual_seed(3))
+    s = Sampling(1.0, seed=42)
+    solo = sample_batch(logits, [Row(s, output=(1, 2))]).tokens
+    others = torch.randn(5, V, generator=torch.Generator().manual_seed(4))
+    mixed = [Row(Sampling(0.7)), Row(s, output=(9, 9)), Row(Sampling(1.0, seed=7)), Row(Sampling(0)), Row(s)]
+    batch = sample_batch(torch.cat([others[:1], logits, others[1:3], logits]), mixed,
+                         torch.Generator().manual_seed(0)).tokens
+    assert int(batch[1]) == int(solo)                               # same seed, same position: same token
+    draws = {int(sample_batch(logits, [Row(Sampling(1.0, seed=k), output=(1, 2))]).tokens) for k in range(40)}
+    assert len(draws) > 5                                           # different seeds: different draws
+    u = seeded_uniforms(torch.tensor([42, 42, 43]), torch.tensor([2, 3, 2]))
+    assert len(set(u.tolist())) == 3 and ((u >= 0) & (u < 1)).all()
+
+
+def test_seeded_uniforms_are_splitmix64():
+    """The counter-based generator equals its pure-Python definition (int64 wrap-around and
+    logical shifts done right), so seeded outputs are the same on every machine."""
+    m = 2**64
+
+    def mix(z):
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 % m
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB % m
+        return z ^ (z >> 31)
+    seeds, pos = [0, 1, -1, 2**63 - 1, -2**63, 12345], [0, 5, 1000, 7, 3, 10**6]
+    want = [(mix((mix((s + 0x9E3779B97F4A7C15) % m) + p * 0x9E3779B97F4A7C15) % m) >> 11) * 2.0**-53
+            for s, p in zip(seeds, pos)]
+    assert seeded_uniforms(torch.tensor(seeds), torch.tensor(pos)).tolist() == want
+
+
+def test_a_ban_is_dropped_only_where_it_would_leave_nothing():
+    x = torch.full((2, 4), float("-inf"))
+    x[:, 2] = 1.0
+    x[1, 3] = 0.5
+    out = sample_batch(x, [Row(Sampling(0), banned=(2,)), Row(Sampling(0), banned=(2,))]).tokens[:, 0].tolist()
+    assert out == [2, 3]                                            # row 0: 2 is all there is
+
+
+def test_logprobs_are_the_models_own_and_only_for_rows_that_ask():
+    logits, _ = _logits(2)
+    out = sample_batch(logits, [Row(Sampling(0), logprobs=3), Row(Sampling(0.9, top_k=2))])
+    assert set(out.logprobs) == {0}
+    lp = out.logprobs[0]
+    ref = torch.log_softmax(logits[0], -1)
+    assert lp.token == int(ref.argmax()) and lp.logprob == pytest.approx(float(ref.max()))
+    assert [t for t, _ in lp.top] == ref.topk(3).indices.tolist()
+    assert [v for _, v in lp.top] == pytest.approx(ref.topk(3).values.tolist())
+
+
+def test_sampling_refuses_out_of_range_new_fields_naming_them():
+    from tinyllm.request import SamplingError
+    for kw, field in [({"min_p": 1.5}, "min_p"), ({"min_p": float("nan")}, "min_p"),
+                      ({"presence_penalty": 2.5}, "presence_penalty"), ({"frequency_penalty": -3}, "frequency_penalty"),
+                      ({"repetition_penalty": 0}, "repetition_penalty"), ({"repetition_penalty": float("inf")},
+                                                                          "repetition_penalty"),
+                      ({"seed": 2**63}, "seed"), ({"seed": True}, "seed"), ({"seed": 1.5}, "seed")]:
+        with pytest.raises(SamplingError) as e:
+            Sampling(1.0, **kw)
+        assert e.value.field == field

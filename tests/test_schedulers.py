@@ -67,7 +67,7 @@ def test_both_schedulers_admit_through_the_one_policy_object(model, workload, ki
 def test_the_policy_is_chosen_by_name():
     assert isinstance(waiting_queue("fcfs"), FCFSQueue)
     with pytest.raises(ValueError, match="scheduling policy must be one of"):
-        waiting_queue("priority")
+        waiting_queue("lottery")
 
 
 def seqs(*lens: int) -> list[Sequence]:

@@ -9,6 +9,7 @@ compared with solo ``generate()``, the engine's reference.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import signal
@@ -295,10 +296,28 @@ BAD = [  # (body, param)
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
     ({"prompt": "x", "stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
     ({"prompt": "x", "n": 2}, "n"),
-    ({"prompt": "x", "seed": 7}, "seed"),
     ({"prompt": "x", "echo": True}, "echo"),
-    ({"prompt": "x", "logprobs": 2}, "logprobs"),
-    ({"prompt": "x", "stop": ["\n"]}, "stop"),
+    # issue 24's fields: each out-of-range or mistyped value names its parameter
+    ({"prompt": "x", "seed": 2**63}, "seed"),
+    ({"prompt": "x", "seed": "7"}, "seed"),
+    ({"prompt": "x", "seed": 1.5}, "seed"),
+    ({"prompt": "x", "min_p": 1.5}, "min_p"),
+    ({"prompt": "x", "min_p": "0.1"}, "min_p"),
+    ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": -2.01}, "frequency_penalty"),
+    ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"prompt": "x", "repetition_penalty": -1}, "repetition_penalty"),
+    ({"prompt": "x", "stop": 3}, "stop"),
+    ({"prompt": "x", "stop": ["a", 3]}, "stop"),
+    ({"prompt": "x", "stop": ["s"] * 17}, "stop"),
+    ({"prompt": "x", "stop_token_ids": [-1]}, "stop_token_ids"),
+    ({"prompt": "x", "stop_token_ids": 5}, "stop_token_ids"),
+    ({"prompt": "x", "stop_token_ids": [4096]}, "stop_token_ids"),       # outside the vocabulary
+    ({"prompt": "x", "min_tokens": 17}, "min_tokens"),                     # more than max_tokens (16)
+    ({"prompt": "x", "min_tokens": -1}, "min_tokens"),
+    ({"prompt": "x", "logprobs": 21}, "logprobs"),
+    ({"prompt": "x", "logprobs": True}, "logprobs"),
+    ({"prompt": "x", "logprobs": -1}, "logprobs"),
 ]
 
 
@@ -337,7 +356,10 @@ FUZZ = [
     ("/v1/completions", b'{"prompt": "x", "top_p": Infinity}', "top_p", "(0, 1]"),
     ("/v1/completions", b'{"prompt": "x", "top_k": NaN}', "top_k", "integer"),
     ("/v1/completions", b'{"prompt": "x", "max_tokens": Infinity}', "max_tokens", "integer"),
-    ("/v1/completions", b'{"prompt": "x", "presence_penalty": NaN}', "presence_penalty", "not supported"),
+    ("/v1/completions", b'{"prompt": "x", "presence_penalty": NaN}', "presence_penalty", "[-2, 2]"),
+    ("/v1/completions", b'{"prompt": "x", "repetition_penalty": Infinity}', "repetition_penalty", "> 0"),
+    ("/v1/completions", b'{"prompt": "x", "min_p": NaN}', "min_p", "[0, 1]"),
+    ("/v1/completions", b'{"prompt": "x", "seed": 1' + b"0" * 400 + b"}", "seed", "integer in"),
     ("/v1/completions", b'{"prompt": "x", "temperature": 1' + b"0" * 400 + b"}", "temperature", "too large"),
     ("/v1/completions", b'{"prompt": "x", "top_p": 1' + b"0" * 400 + b"}", "top_p", "too large"),
     ("/v1/completions", b'{"prompt": "x", "max_tokens": ' + DIGITS + b"}", "max_tokens", "4300 digits"),
@@ -378,6 +400,109 @@ def test_extreme_sampling_values_are_served(client, solo):
     events = sse_events(r.text.split("\n"))
     assert r.status_code == 200 and events[-1] == "[DONE]" and not any("error" in e for e in events[:-1])
     assert [t for e in events[:-1] for t in e["choices"][0]["token_ids"]] == want
+
+
+# -- issue 24: stop strings, stop token ids, min_tokens, seed, penalties, logprobs -----------------------
+def _stream(client, **body) -> list:
+    r = client.post("/v1/completions", json={"model": MODEL, "temperature": 0, "stream": True, **body})
+    assert r.status_code == 200, r.text
+    events = sse_events(r.text.split("\n"))
+    assert events[-1] == "[DONE]" and not any("error" in e for e in events[:-1])
+    return [e for e in events[:-1] if e["choices"]]
+
+
+def test_stop_strings_cut_the_text_and_never_leak_into_a_stream(client, server, model_tok, solo):
+    _, tok = model_tok
+    prompt = PROMPTS[2]
+    ids = solo(prompt, 40)
+    text_at = [tok.decode(ids[:i], skip_special_tokens=True) for i in range(len(ids) + 1)]
+    full = text_at[-1]
+    k = next(i for i in range(len(ids) // 2, len(ids)) if len(text_at[i]) >= 2 and text_at[i + 1] != text_at[i])
+    stop = full[len(text_at[k]) - 2:len(text_at[k]) + 2]        # spans the boundary between two tokens
+    want = full[:full.find(stop)]
+    n = next(i for i in range(len(ids) + 1) if stop in text_at[i])   # the token that completes it
+    out = complete(client, prompt=prompt, max_tokens=40, stop=["never here", stop], return_token_ids=True)
+    ch = out["choices"][0]
+    assert (ch["text"], ch["finish_reason"]) == (want, "stop")
+    assert ch["token_ids"] == ids[:n] and out["usage"]["completion_tokens"] == n
+    chunks = _stream(client, prompt=prompt, max_tokens=40, stop=stop, stream_options={"include_usage": True})
+    so_far = ""
+    for c in chunks:
+        so_far += c["choices"][0]["text"]
+        assert want.startswith(so_far), (so_far, want)          # nothing emitted is later cut
+    assert so_far == want and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    wait_idle(server)
+    assert_nothing_held(server)                                  # the engine ended it: no slot, no block
+
+
+def test_stop_token_ids_and_min_tokens(client, solo):
+    ids = solo(PROMPTS[0], 20)
+    t = ids[5]
+    first = ids.index(t)
+    ch = complete(client, prompt=PROMPTS[0], max_tokens=20, stop_token_ids=[t], return_token_ids=True)["choices"][0]
+    assert ch["token_ids"] == ids[:first + 1] and ch["finish_reason"] == "stop"
+    ch = complete(client, prompt=PROMPTS[0], max_tokens=20, stop_token_ids=[t], min_tokens=first + 3,
+                  return_token_ids=True)["choices"][0]
+    got = ch["token_ids"]
+    assert len(got) >= first + 3 and t not in got[:first + 3] and got[:first] == ids[:first]
+
+
+def test_a_seeded_request_repeats_whatever_runs_beside_it(server, client):
+    body = {"model": MODEL, "prompt": PROMPTS[4], "max_tokens": 16, "temperature": 1.0, "seed": 1234, "top_p": 0.95,
+            "min_p": 0.02, "presence_penalty": 0.3, "frequency_penalty": 0.2, "repetition_penalty": 1.1,
+            "return_token_ids": True, "ignore_eos": True}
+    alone = complete(client, **body)["choices"][0]["token_ids"]
+    others = [{**body, "prompt": p, "seed": None} for p in PROMPTS[5:11]]
+
+    def post(b: dict) -> list[int]:
+        r = httpx.post(server.url + "/v1/completions", json=b, timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["token_ids"]
+    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+        got = list(ex.map(post, [body, *others, {**body, "seed": 4321}]))
+    assert got[0] == alone                                       # batched with six others (and cached prompt)
+    assert got[-1] != alone                                      # another seed, other draws
+    again = [t for c in _stream(client, **body) for t in c["choices"][0]["token_ids"]]
+    assert again == alone                                        # streamed too
+
+
+def test_logprobs_in_openais_completions_shape(client, model_tok, solo):
+    _, tok = model_tok
+    want = solo(PROMPTS[1], 6)
+    out = complete(client, prompt=PROMPTS[1], max_tokens=6, logprobs=3, return_token_ids=True)
+    ch = out["choices"][0]
+    lp = ch["logprobs"]
+    assert ch["token_ids"] == want and set(lp) == {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
+    assert lp["tokens"] == [tok.token_text(t) for t in want]
+    assert all(len(x) == len(want) for x in lp.values())
+    for chosen, top in zip(lp["token_logprobs"], lp["top_logprobs"]):
+        assert len(top) <= 3 and chosen == max(top.values()) and chosen <= 0   # greedy: the top token
+    assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(len(want))]
+    streamed = [c["choices"][0]["logprobs"] for c in _stream(client, prompt=PROMPTS[1], max_tokens=6, logprobs=3)]
+    assert [t for s in streamed if s for t in s["tokens"]] == lp["tokens"]
+    assert [o for s in streamed if s for o in s["text_offset"]] == lp["text_offset"]
+    assert [v for s in streamed if s for v in s["token_logprobs"]] == pytest.approx(lp["token_logprobs"])
+    assert complete(client, prompt=PROMPTS[1], max_tokens=2)["choices"][0]["logprobs"] is None
+
+
+def test_the_openai_client_sends_every_new_parameter(server, model_tok):
+    """completions.create with every issue-24 parameter, non-streaming and streaming: both work,
+    and being seeded, both give the same text and tokens."""
+    import openai
+    _, tok = model_tok
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", timeout=60, max_retries=0)
+    kw = dict(model=MODEL, prompt=PROMPTS[3], max_tokens=32, temperature=0.9, top_p=0.95, seed=7, stop=["\n\n", "zzz"],
+              presence_penalty=0.5, frequency_penalty=0.5, logprobs=2,
+              extra_body={"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.2, "min_tokens": 4,
+                          "stop_token_ids": [tok.encode("?")[0]]})
+    r = c.completions.create(**kw)
+    ch = r.choices[0]
+    assert ch.finish_reason in ("stop", "length") and "\n\n" not in ch.text
+    assert len(ch.logprobs.tokens) == r.usage.completion_tokens >= 4
+    chunks = list(c.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    assert "".join(x.text for k in chunks for x in k.choices) == ch.text
+    assert [t for k in chunks for x in k.choices if x.logprobs for t in x.logprobs.tokens] == ch.logprobs.tokens
+    assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
 
 
 # -- load and disconnects --------------------------------------------------------------------------

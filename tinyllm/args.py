@@ -51,3 +51,11 @@ def check_device(parser: argparse.ArgumentParser, device: str | None) -> None:
     """--device: cpu, cuda or cuda:N (whether CUDA is there is checked where torch is loaded)."""
     if device is not None and device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         parser.error(f"--device must be cpu or cuda, got {device!r}")
+
+
+def add_policy_arg(p: argparse.ArgumentParser) -> None:
+    """``--scheduling-policy`` (vLLM's option name), the same for the app, bench and server."""
+    from tinyllm.request import SCHEDULING_POLICIES
+    p.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs", metavar="POLICY",
+                   help=f"the waiting queue's order: {', '.join(SCHEDULING_POLICIES)} (default fcfs; priority: "
+                        "lower first, may preempt; fair: shares the token budget between tenants)")

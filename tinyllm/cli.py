@@ -1,4 +1,4 @@
-"""`tinyllm`: generate, info, eval, train, bench, trace, serve.
+"""`tinyllm`: generate, info, eval, train, bench, trace, whatif, serve.
 
 Every user error (bad option, missing or broken model, a prompt that cannot fit) is one line on
 stderr and exit code 2, never a traceback.
@@ -7,12 +7,13 @@ stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
 
 from tinyllm.args import (EXIT_USAGE, OneLineParser, UsageError, non_negative_float, port_number,
-                          positive_int, unit_interval)
+                          add_policy_arg, positive_int, unit_interval)
 
 
 def default_work_dir() -> Path:
@@ -129,6 +130,51 @@ def cmd_train(args) -> None:
         raise UsageError(str(e)) from None
 
 
+def cmd_whatif(args) -> None:
+    """A recording's or workload's requests under several lanes' settings, compared per request."""
+    import torch
+    from rich.console import Console
+
+    from tinyllm.observe.recording import RecordingError
+    from tinyllm.race.race import build_race
+    from tinyllm.race.spec import LaneSpecError, parse_lanes
+    from tinyllm.race.whatif import compare, load_arrivals, to_json
+    from tinyllm.race.whatif_view import groups_table, lanes_table, requests_table
+    from tinyllm.workload import WorkloadError
+    try:
+        lanes = parse_lanes(args.lanes)
+    except LaneSpecError as e:
+        raise UsageError(f"--lanes: {e}") from None
+    torch.set_num_threads(args.threads)
+    model, tok = load_model(args)
+    try:
+        arrivals, warning = load_arrivals(args.source, tok.encode, args.max_len, args.max_new_tokens)
+        race = build_race(model, arrivals, args.slots, args.max_len, args.block_size, args.kv_blocks,
+                          args.max_batched_tokens, lanes=lanes, step_cost_s=args.step_cost)
+    except (RecordingError, WorkloadError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    if warning:
+        print(f"tinyllm whatif: warning: {warning}", file=sys.stderr)
+    err = Console(stderr=True)
+    with err.status(f"running {len(arrivals)} requests in {len(lanes)} lanes…"):
+        while race.step() is not None:
+            pass
+    views = race.views()
+    rows = compare(views, arrivals)
+    out = Console()
+    out.print(lanes_table(views))
+    groups = groups_table(views, rows)
+    if groups is not None:
+        out.print(groups)
+    out.print(requests_table(views, rows, args.rows, narrow=out.width < 24 + 22 * len(views)))
+    if args.json:
+        try:
+            Path(args.json).write_text(json.dumps(to_json(views, rows, args.source), indent=1), encoding="utf-8")
+        except OSError as e:
+            raise UsageError(f"--json {args.json}: cannot write it: {e.strerror or e}") from None
+        print(f"wrote {args.json}", file=sys.stderr)
+
+
 def cmd_trace(args) -> None:
     """A recording (tinyllm-tui --record) as a summary, or as a Perfetto / Chrome trace."""
     import json
@@ -174,7 +220,8 @@ def cmd_serve(args) -> None:
     model, tok = load_model(args)
     try:
         engine = build_engine(model, args.slots, args.max_len, args.kv_blocks, args.block_size,
-                              args.max_batched_tokens, args.prefix_cache)
+                              args.max_batched_tokens, args.prefix_cache,
+                              scheduling_policy=args.scheduling_policy)
     except ValueError as e:                               # the engine names its parameters; say the options
         msg = " ".join(str(e).split())
         for name, opt in (("n_slots", "--slots"), ("max_len", "--max-len"), ("kv_blocks", "--kv-blocks"),
@@ -234,6 +281,32 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write Chrome trace event JSON (ui.perfetto.dev, chrome://tracing)")
     tr.set_defaults(fn=cmd_trace)
 
+    wi = sub.add_parser("whatif", help="replay a recording's (or a workload's) requests under other engine "
+                                       "settings, side by side, and compare them request by request")
+    add_model_args(wi)
+    wi.add_argument("source", metavar="RUN.jsonl|WORKLOAD",
+                    help="a recording (tinyllm-tui --record, or a server's /v1/tinyllm/stream saved with curl -N), "
+                         "a workload file, or a bundled workload's name")
+    wi.add_argument("--lanes", nargs="+", required=True, metavar="LANE",
+                    help='one argument per lane: a policy, a lane kind, and/or key=value settings, e.g. '
+                         '--lanes fcfs priority "fair budget=64" (keys: policy, budget, slots, block, blocks, '
+                         'prefix, chunked, kv)')
+    wi.add_argument("--json", metavar="OUT.json", default=None, help="also write the comparison as JSON")
+    wi.add_argument("--slots", type=positive_int, default=8, metavar="N", help="every lane's default slots (8)")
+    wi.add_argument("--max-len", type=positive_int, default=512, metavar="N", help="tokens per request (512)")
+    wi.add_argument("--block-size", type=positive_int, default=16, metavar="N", help="tokens per KV block (16)")
+    wi.add_argument("--kv-blocks", type=positive_int, default=None, metavar="N",
+                    help="KV pool size in blocks (default: slots x max-len tokens' worth)")
+    wi.add_argument("--max-batched-tokens", type=positive_int, default=None, metavar="N",
+                    help="every chunked lane's default token budget per step (256)")
+    wi.add_argument("--max-new-tokens", type=positive_int, default=64, metavar="N",
+                    help="a workload line without max_new_tokens (64)")
+    wi.add_argument("--step-cost", type=non_negative_float, default=None, metavar="S",
+                    help="charge every step exactly S seconds instead of measuring it (times become exact)")
+    wi.add_argument("--rows", type=positive_int, default=20, metavar="N", help="requests shown, most changed first (20)")
+    wi.add_argument("--threads", type=positive_int, default=2, metavar="N", help="torch CPU threads (default 2)")
+    wi.set_defaults(fn=cmd_whatif)
+
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (completions, models, metrics)")
     add_model_args(sv)
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
@@ -252,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                     help="do not reuse the KV blocks of repeated prompt prefixes")
     sv.add_argument("--threads", type=positive_int, default=2, metavar="N", help="torch CPU threads (default 2)")
+    add_policy_arg(sv)
     sv.set_defaults(fn=cmd_serve)
 
     from tinyllm.bench import add_bench_parser

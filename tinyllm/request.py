@@ -8,7 +8,7 @@ milliseconds. ``tinyllm.engine`` re-exports every name here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 def is_int(x) -> bool:
@@ -17,6 +17,7 @@ def is_int(x) -> bool:
 
 
 DEFAULT_MAX_BATCHED_TOKENS = 256      # the token-budget scheduler's default budget per step
+SCHEDULING_POLICIES = ("fcfs", "priority", "shortest-first", "fair")   # engine/policy.py: one class each
 GREEDY_BELOW = 1e-5                   # a temperature below this is greedy (vLLM's _SAMPLING_EPS)
 
 
@@ -51,10 +52,16 @@ class SamplingError(ValueError):
 
 @dataclass(frozen=True)
 class Sampling:
-    """How to pick tokens (sample_next's settings). Frozen, so equal settings group together."""
+    """How to pick tokens (the sampler's settings for one request; vLLM's meanings). Frozen:
+    nothing changes a request's settings under it."""
     temperature: float = 0.0             # 0 (or below GREEDY_BELOW) = greedy
     top_k: int | None = None
     top_p: float | None = None
+    min_p: float = 0.0                   # drop tokens below min_p x the top token's probability (0 = off)
+    presence_penalty: float = 0.0        # -2..2, subtracted once from each generated token's logit
+    frequency_penalty: float = 0.0       # -2..2, subtracted per occurrence in the output
+    repetition_penalty: float = 1.0      # > 0 (1 = off): prompt and output tokens' logits / (or x) it
+    seed: int | None = None              # its own random stream: draws independent of the batch
 
     def __post_init__(self):
         t = self.temperature
@@ -65,16 +72,38 @@ class Sampling:
         p = self.top_p
         if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0):
             raise SamplingError("top_p", f"top_p must be a number in (0, 1] or None (off), got {p!r}")
+        if not _number_in(self.min_p, 0.0, 1.0):
+            raise SamplingError("min_p", f"min_p must be a number in [0, 1] (0 = off), got {_short(self.min_p)}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not _number_in(getattr(self, name), -2.0, 2.0):
+                raise SamplingError(name, f"{name} must be a number in [-2, 2] (0 = off), got "
+                                          f"{_short(getattr(self, name))}")
+        r = self.repetition_penalty
+        if not _number_in(r, 0.0, math.inf) or r == 0:
+            raise SamplingError("repetition_penalty", f"repetition_penalty must be a finite number > 0 (1 = off), "
+                                                      f"got {_short(r)}")
+        if self.seed is not None and (not is_int(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX):
+            raise SamplingError("seed", f"seed must be an integer in [{SEED_MIN}, {SEED_MAX}] or None, "
+                                        f"got {_short(self.seed)}")
+
+    @property
+    def penalized(self) -> bool:
+        """Some penalty is on: the sampler needs this row's prompt and output tokens."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
     def describe(self, full: bool = False) -> str:
         """``greedy`` / ``T=0.8 k=40``; ``full=True`` names every setting (``T=0.8 k=40 p=—``),
         for the app's settings line where a missing field would look like a bug."""
-        if is_greedy(self.temperature) and not full:
-            return "greedy"
         k = None if self.top_k is None else str(self.top_k)
         p = None if self.top_p is None else f"{self.top_p:g}"
         parts = [f"T={self.temperature:g}"]
         parts += [f"{name}={v or '—'}" for name, v in (("k", k), ("p", p)) if full or v is not None]
+        if is_greedy(self.temperature) and not full:
+            parts = ["greedy"]
+        extra = (("minp", self.min_p, 0.0), ("pres", self.presence_penalty, 0.0),
+                 ("freq", self.frequency_penalty, 0.0), ("rep", self.repetition_penalty, 1.0))
+        parts += [f"{name}={v:g}" for name, v, off in extra if v != off]
+        parts += [] if self.seed is None else [f"seed={self.seed}"]
         return " ".join(parts)
 
 
@@ -85,20 +114,33 @@ class RequestSettings:
     sampling: Sampling = field(default_factory=Sampling)
     max_new_tokens: int = 100
     stop_at_eos: bool = True
+    priority: int = 0
+    tenant: str = ""
+    stop: tuple[str, ...] = ()           # stop strings: matched on the text (tinyllm.stops), not by the engine
+    stop_token_ids: tuple[int, ...] = ()
+    min_tokens: int = 0
+    logprobs: int | None = None
 
     def __post_init__(self):
         if not isinstance(self.sampling, Sampling):
             raise ValueError(f"sampling must be a Sampling, got {type(self.sampling).__name__}")
         if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        check_priority(self.priority)
+        check_tenant(self.tenant)
+        object.__setattr__(self, "stop", check_stop(self.stop))
+        check_token_stops(self.stop_token_ids, self.min_tokens, self.max_new_tokens, self.logprobs)
 
     def describe(self) -> str:
         """``T=0.8 k=— p=— new=120 eos=on``: the app's next-request line."""
-        return f"{self.sampling.describe(full=True)} new={self.max_new_tokens} eos={'on' if self.stop_at_eos else 'off'}"
+        who = "".join([f" prio={self.priority}" if self.priority else "", f" tenant={self.tenant}" if self.tenant else ""])
+        return f"{self.sampling.describe(full=True)} new={self.max_new_tokens} eos={'on' if self.stop_at_eos else 'off'}{who}"
 
     def request(self, prompt: list[int] | tuple[int, ...], eos_id: int | None) -> Request:
         """The engine's request for ``prompt`` (``eos_id``: the tokenizer's end of text)."""
-        return Request(prompt, self.max_new_tokens, eos_id if self.stop_at_eos else None, self.sampling)
+        return Request(prompt, self.max_new_tokens, eos_id if self.stop_at_eos else None, self.sampling,
+                       self.priority, self.tenant, stop_token_ids=tuple(self.stop_token_ids),
+                       min_tokens=self.min_tokens, logprobs=self.logprobs)
 
 
 @dataclass
@@ -109,8 +151,16 @@ class Request:
     max_new_tokens: int
     eos_id: int | None = None
     sampling: Sampling | None = None     # ContinuousEngine only; None = the engine's settings
+    priority: int = 0                    # the "priority" policy: lower runs first (vLLM's meaning)
+    tenant: str = ""                     # the "fair" policy shares the token budget between tenants
+    stop_token_ids: tuple[int, ...] = ()  # more token ids that end it (finish reason "stop")
+    min_tokens: int = 0                  # EOS and stop_token_ids cannot end it (nor be drawn) before this many
+    logprobs: int | None = None          # record each token's logprob and this many top alternatives
 
     def __post_init__(self):
+        check_priority(self.priority)
+        check_tenant(self.tenant)
+        check_token_stops(self.stop_token_ids, self.min_tokens, self.max_new_tokens, self.logprobs)
         if not isinstance(self.prompt, (list, tuple)) or not self.prompt:
             raise ValueError(f"prompt must be a non-empty list of token ids, got {_short(self.prompt)}")
         bad = next((t for t in self.prompt if not (is_int(t) and t >= 0)), None)
@@ -126,8 +176,85 @@ class Request:
     def frozen(self) -> Request:
         """A validated copy whose prompt is an immutable tuple (re-checks everything: the
         caller may have changed this request since it was built)."""
-        return Request(tuple(self.prompt) if isinstance(self.prompt, (list, tuple)) else self.prompt,
-                       self.max_new_tokens, self.eos_id, self.sampling)
+        prompt = tuple(self.prompt) if isinstance(self.prompt, (list, tuple)) else self.prompt
+        stop_ids = tuple(self.stop_token_ids) if isinstance(self.stop_token_ids, (list, tuple)) else self.stop_token_ids
+        return replace(self, prompt=prompt, stop_token_ids=stop_ids)
+
+    def stop_ids(self) -> tuple[int, ...]:
+        """The token ids that end it once min_tokens are out: its EOS (if any) and stop_token_ids."""
+        return self.stop_token_ids if self.eos_id is None else (self.eos_id, *self.stop_token_ids)
+
+
+MAX_STOPS = 16                        # stop strings per request (OpenAI allows 4, vLLM any number)
+MAX_STOP_CHARS = 256
+MAX_LOGPROBS = 20                     # top alternatives per token (vLLM's default max_logprobs)
+
+
+def check_stop(stop) -> tuple[str, ...]:
+    """Stop strings as a tuple (a lone string is one stop; empty strings are dropped: they
+    would end every request at once). SamplingError("stop", ...) otherwise."""
+    stops = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(x, str) for x in stops):
+        raise SamplingError("stop", f"stop must be a string or a list of strings, got {_short(stop)}")
+    stops = tuple(x for x in stops if x)
+    if len(stops) > MAX_STOPS or any(len(x) > MAX_STOP_CHARS for x in stops):
+        raise SamplingError("stop", f"stop takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} "
+                                    f"characters each, got {_short(stop)}")
+    return stops
+
+
+def check_token_stops(stop_token_ids, min_tokens, max_new_tokens: int | None, logprobs) -> None:
+    """stop_token_ids, min_tokens and logprobs are in range; SamplingError naming the field.
+    ``max_new_tokens`` None: not known yet (min_tokens is checked against it later)."""
+    if (not isinstance(stop_token_ids, (list, tuple)) or len(stop_token_ids) > 1024
+            or not all(is_int(t) and t >= 0 for t in stop_token_ids)):
+        raise SamplingError("stop_token_ids", f"stop_token_ids must be a list of at most 1024 token ids "
+                                              f"(integers >= 0), got {_short(stop_token_ids)}")
+    most = max_new_tokens if is_int(max_new_tokens) else math.inf if max_new_tokens is None else 0
+    if not is_int(min_tokens) or not 0 <= min_tokens <= most:
+        limit = "" if max_new_tokens is None else f" ({max_new_tokens!r})"
+        raise SamplingError("min_tokens", f"min_tokens must be an integer from 0 to max_tokens{limit}, "
+                                          f"got {_short(min_tokens)}")
+    if logprobs is not None and (not is_int(logprobs) or not 0 <= logprobs <= MAX_LOGPROBS):
+        raise SamplingError("logprobs", f"logprobs must be an integer from 0 to {MAX_LOGPROBS} or None, "
+                                        f"got {_short(logprobs)}")
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model (before temperature, penalties and
+    cuts, as vLLM's default), and the ``top`` most likely tokens with theirs, best first."""
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+PRIORITY_LIMIT = 2**31                # |priority| below this: fits every JSON reader and metric label
+TENANT_MAX_CHARS = 64
+
+
+def check_priority(priority) -> int:
+    """A request's priority: an integer, lower first (vLLM's ``priority``); ValueError otherwise."""
+    if not is_int(priority) or not -PRIORITY_LIMIT < priority < PRIORITY_LIMIT:
+        raise ValueError(f"priority must be an integer in ({-PRIORITY_LIMIT}, {PRIORITY_LIMIT}) "
+                         f"(lower runs first), got {_short(priority)}")
+    return priority
+
+
+def check_tenant(tenant) -> str:
+    """A tenant name: up to TENANT_MAX_CHARS printable characters ("" = the default tenant)."""
+    if not isinstance(tenant, str) or len(tenant) > TENANT_MAX_CHARS or not tenant.isprintable():
+        raise ValueError(f"tenant must be a string of at most {TENANT_MAX_CHARS} printable characters, "
+                         f"got {_short(tenant)}")
+    return tenant
+
+
+SEED_MIN, SEED_MAX = -2**63, 2**63 - 1     # a seed fits an int64 (vLLM's range)
+
+
+def _number_in(x, lo: float, hi: float) -> bool:
+    """A finite int or float (not a bool) in [lo, hi]."""
+    return not isinstance(x, bool) and isinstance(x, (int, float)) and _finite(x) and lo <= x <= hi
 
 
 def _finite(x: int | float) -> bool:

@@ -2,22 +2,30 @@
 
     {"prompt": "ROMEO:", "max_new_tokens": 80, "temperature": 0.8, "top_k": 40, "arrival_s": 0.5}
 
-``prompt`` is required; ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``, ``arrival_s``
-(seconds after loading) and ``stop_at_eos`` are optional. Blank lines are skipped. A file with
-any bad line is refused whole, with ``file:line: what is wrong``.
+``prompt`` is required; ``max_new_tokens``, ``arrival_s`` (seconds after loading), ``stop_at_eos``,
+``priority`` and ``tenant`` (the scheduling policies'), the sampling fields (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``presence_penalty``,
+``frequency_penalty``, ``repetition_penalty``, ``seed``: a line that sets any of them gets its own
+Sampling, the ones it leaves out at their defaults) and the stop fields (``stop``,
+``stop_token_ids``, ``min_tokens``) are optional. Blank lines are skipped. A file with any bad
+line is refused whole, with ``file:line: what is wrong``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
-from tinyllm.request import ContextTooLong, RequestSettings, Sampling, check_fits
+from tinyllm.request import (ContextTooLong, RequestSettings, Sampling, SamplingError, check_fits, check_priority,
+                             check_stop, check_tenant, check_token_stops)
 
-FIELDS = {"prompt", "max_new_tokens", "temperature", "top_k", "top_p", "arrival_s", "stop_at_eos"}
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                   "repetition_penalty", "seed")
+STOP_FIELDS = ("stop", "stop_token_ids", "min_tokens")
+SCHEDULING_FIELDS = ("priority", "tenant")
+FIELDS = {"prompt", "max_new_tokens", "arrival_s", "stop_at_eos", *SAMPLING_FIELDS, *STOP_FIELDS, *SCHEDULING_FIELDS}
 
 
 class WorkloadError(ValueError):
@@ -32,11 +40,20 @@ class WorkItem:
     arrival_s: float = 0.0
     stop_at_eos: bool | None = None        # None: the caller's default
     line: int = 0
+    stop: tuple[str, ...] | None = None    # None: the caller's default (so are the two below)
+    stop_token_ids: tuple[int, ...] | None = None
+    min_tokens: int | None = None
+    priority: int | None = None            # None: the caller's default (so is tenant)
+    tenant: str | None = None
 
     def settings(self, defaults: RequestSettings) -> RequestSettings:
         """This line's settings: what it says, the caller's ``defaults`` for what it leaves out."""
-        return RequestSettings(self.sampling or defaults.sampling, self.max_new_tokens or defaults.max_new_tokens,
-                               defaults.stop_at_eos if self.stop_at_eos is None else self.stop_at_eos)
+        mine = {k: v for k, v in (("stop", self.stop), ("stop_token_ids", self.stop_token_ids),
+                                  ("min_tokens", self.min_tokens), ("priority", self.priority),
+                                  ("tenant", self.tenant)) if v is not None}
+        return replace(defaults, sampling=self.sampling or defaults.sampling,
+                       max_new_tokens=self.max_new_tokens or defaults.max_new_tokens,
+                       stop_at_eos=defaults.stop_at_eos if self.stop_at_eos is None else self.stop_at_eos, **mine)
 
 
 def bundled_workloads() -> dict[str, Path]:
@@ -86,12 +103,19 @@ def parse_line(obj, where: str) -> WorkItem:
     if eos is not None and not isinstance(eos, bool):
         raise WorkloadError(f"{where}: stop_at_eos must be true or false, got {eos!r}")
     sampling = None
-    if any(k in obj for k in ("temperature", "top_k", "top_p")):
-        try:
-            sampling = Sampling(obj.get("temperature", 0.0), obj.get("top_k"), obj.get("top_p"))
-        except ValueError as e:
-            raise WorkloadError(f"{where}: {e}") from None
-    return WorkItem(prompt, new, sampling, float(arrival), eos)
+    try:
+        if any(k in obj for k in SAMPLING_FIELDS):
+            sampling = Sampling(**{k: obj[k] for k in SAMPLING_FIELDS if k in obj})
+        stop = None if "stop" not in obj else check_stop(obj["stop"])
+        stop_ids = obj.get("stop_token_ids")
+        check_token_stops(() if stop_ids is None else stop_ids, obj.get("min_tokens", 0), new, None)
+        priority = None if "priority" not in obj else check_priority(obj["priority"])
+        tenant = None if "tenant" not in obj else check_tenant(obj["tenant"])
+    except (SamplingError, ValueError) as e:
+        raise WorkloadError(f"{where}: {e}") from None
+    return WorkItem(prompt, new, sampling, float(arrival), eos, stop=stop,
+                    stop_token_ids=None if stop_ids is None else tuple(stop_ids), min_tokens=obj.get("min_tokens"),
+                    priority=priority, tenant=tenant)
 
 
 def load_workload(path: str | Path) -> list[WorkItem]:
@@ -117,7 +141,7 @@ def load_workload(path: str | Path) -> list[WorkItem]:
         except json.JSONDecodeError as e:
             raise WorkloadError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
         item = parse_line(obj, where)
-        items.append(WorkItem(item.prompt, item.max_new_tokens, item.sampling, item.arrival_s, item.stop_at_eos, n))
+        items.append(replace(item, line=n))
     if not items:
         raise WorkloadError(f"{path}: no requests (expected one JSON object per line)")
     return items
@@ -132,6 +156,8 @@ def tokenize_checked(items: list[WorkItem], path: str | Path, encode, max_len: i
         new = it.max_new_tokens or default_new
         if not ids:
             raise WorkloadError(f"{path}:{it.line}: the prompt encodes to no tokens")
+        if (it.min_tokens or 0) > new:
+            raise WorkloadError(f"{path}:{it.line}: min_tokens {it.min_tokens} is more than max_new_tokens {new}")
         try:
             check_fits(len(ids), new, max_len, "the context")
         except ContextTooLong as e:

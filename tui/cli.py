@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tinyllm.args import check_device
+from tinyllm.args import add_policy_arg, check_device
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT_WORKLOAD, check_static_batches
 from tinyllm.race.views import LANES
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, Sampling, check_fits
@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a JSONL workload to load at start: a path, or a bundled workload's name (e.g. burst)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
     p.add_argument("--step-delay", type=int, default=0, metavar="MS", help=f"pause between engine steps, 0-{MAX_DELAY_MS} ms (slow motion)")
+    add_policy_arg(p)
     p.add_argument("--paused", action="store_true", help="start paused (space / F5 resumes, n / F6 steps once)")
     p.add_argument("--record", metavar="FILE", default=None,
                    help="write the run to FILE as it happens (JSONL; FILE.gz: compressed), for --replay and tinyllm trace")
@@ -131,7 +132,7 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
         parser.error("--prefix-cache needs chunked prefill (the token-budget scheduler on --kv paged)")
     spec = EngineSpec(str(path), a.device, a.slots, max_len, kv, a.block_size, a.kv_blocks, a.seed,
                       threads=a.threads, chunked_prefill=chunked, max_batched_tokens=a.max_batched_tokens,
-                      prefix_cache=a.prefix_cache, record=a.record)
+                      prefix_cache=a.prefix_cache, record=a.record, scheduling_policy=a.scheduling_policy)
     try:
         if a.engine_thread:
             from tui.runners.engine import EngineRunner

@@ -93,7 +93,7 @@ def step_parts(eng: ContinuousEngine) -> Iterator[dict[str, float]]:
         return wrap
 
     forward = (eng.decoder, "step") if eng.decoder is not None else (eng.model, "forward")
-    with _wrapped(*forward, timed("forward")), _wrapped(continuous, "sample_rows", timed("sampling")):
+    with _wrapped(*forward, timed("forward")), _wrapped(continuous, "sample_batch", timed("sampling")):
         yield spent
 
 

@@ -25,6 +25,7 @@ from tinyllm.model.device import resolve_device
 from tinyllm.engine import (DEFAULT_MAX_BATCHED_TOKENS, Request, percentile, run_continuous,
                             run_static)
 from tinyllm.engine.generate import generate
+from tinyllm.args import add_policy_arg
 from tinyllm.request import ContextTooLong, check_fits
 from tinyllm.workload import resolve_workload
 from tinyllm.bench.anatomy import decode_anatomy, peak_gflops
@@ -147,7 +148,8 @@ def run_bench(args) -> dict:
                 chunked = (dict(chunked_prefill=True, max_batched_tokens=args.max_batched_tokens,
                                 prefix_cache=kind == "chunked") if kind.startswith("chunked") else {})
                 res, results[path] = run_continuous(model, reqs, args.slots, max_len=max_len,
-                                                    kv="paged" if chunked else kind, **chunked)
+                                                    kv="paged" if chunked else kind,
+                                                    scheduling_policy=args.scheduling_policy, **chunked)
                 outputs[path] = [r.tokens for r in res]
             else:
                 got = bench_transformers(ckpt, reqs, args.batch, device)
@@ -223,6 +225,7 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--solo-sample", type=positive_int, default=8, metavar="N", help="requests run solo (default 8)")
     b.add_argument("--no-transformers", action="store_true", help="skip the transformers comparison")
     b.add_argument("--seed", type=int, default=0)
+    add_policy_arg(b)
     b.add_argument("--json", metavar="OUT", help="also write the figures as JSON")
     b.set_defaults(fn=_cmd_bench)
 

@@ -10,7 +10,8 @@
     build.py       from ContinuousEngine's arguments to its parts (checked settings, cache, scheduler)
     static.py      static batching: StaticBatcher (one step at a time; the race steps it), run_static
                    (the baseline, runs it to the end)
-    sampler.py     sample_next and per-row sampling with per-row failure
+    sampler.py     the one sampler: every row of a batch in one vectorised pass (penalties, min_p,
+                   seeds, bans before min_tokens, logprobs), per-row failure
     generate.py    one request alone: the reference every batched path must equal
 """
 

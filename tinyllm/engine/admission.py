@@ -34,7 +34,7 @@ class AdmissionScheduler:
     def plan(self, running: list[Sequence], waiting: WaitingQueue) -> Iterator[StepPlan]:
         if waiting:
             admit = self.admissions(waiting)
-            if admit.items:
+            if admit.items or admit.waits:
                 yield admit
         yield self.decode(running)
 
@@ -43,10 +43,20 @@ class AdmissionScheduler:
         pool = self.pool
         free = pool.free_slots()
         batch: list[Sequence] = []
-        while (waiting and len(batch) < len(free)
-               and pool.can_admit([q.context_len() for q in [*batch, waiting.peek()]])):
+        blocked = None
+        while waiting:
+            if len(batch) >= len(free):
+                blocked = "slots", f"all {pool.n_slots} slots busy (max running sequences: {pool.n_slots})"
+                break
+            if not pool.can_admit([q.context_len() for q in [*batch, waiting.peek()]]):
+                blocked = "pool", f"KV pool full: its context ({waiting.peek().context_len()} tokens) does not fit"
+                break
             batch.append(waiting.pop())
-        return StepPlan("prefill", [(q, 0, q.context_len()) for q in batch], slots=free[:len(batch)])
+        plan = StepPlan("prefill", [(q, 0, q.context_len()) for q in batch], slots=free[:len(batch)])
+        for i, q in enumerate(waiting):
+            plan.waits[q.rid] = blocked if i == 0 and blocked else (
+                "queue", f"behind {i} earlier request{'s' * (i != 1)} in {waiting.name} order")
+        return plan
 
     def decode(self, running: list[Sequence]) -> StepPlan:
         """One token for every running sequence, in slot order, once the pool has room for it."""
@@ -54,5 +64,8 @@ class AdmissionScheduler:
         evicted = pool.reserve_step()                   # paged: out of blocks -> the newest go
         holder = {q.slot: q for q in running}
         live = [s for s in range(pool.n_slots) if pool.active[s]]
-        return StepPlan("decode", [(holder[s], pool.lens[s], 1) for s in live],
+        plan = StepPlan("decode", [(holder[s], pool.lens[s], 1) for s in live],
                         preempted=[holder[s] for s in evicted])
+        for q in plan.preempted:
+            plan.waits[q.rid] = "preempted", "out of KV blocks: the newest running request made way"
+        return plan

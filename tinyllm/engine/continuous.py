@@ -21,13 +21,14 @@ from torch import Tensor
 from tinyllm.engine.build import check_settings, make_cache, make_scheduler
 from tinyllm.engine.forward import ModelRunner, Prefilled, kv_bytes_per_token
 from tinyllm.engine.policy import WaitingQueue, waiting_queue
-from tinyllm.engine.sampler import sample_rows
+from tinyllm.engine.sampler import Row, Sampled, sample_batch
 from tinyllm.engine.scheduler import Scheduler, StepPlan
-from tinyllm.engine.sequence import Event, Sequence, is_done
+from tinyllm.engine.sequence import Event, Sequence, finish_reason
 from tinyllm.model.transformer import Transformer
 from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, SlotView
 from tinyllm.observe.stats import Stats
-from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, Request, Result, Sampling, check_fits, is_int
+from tinyllm.request import (DEFAULT_MAX_BATCHED_TOKENS, Request, Result, Sampling, SamplingError, check_fits,
+                             is_int)
 
 __all__ = ["DEFAULT_MAX_BATCHED_TOKENS", "ContinuousEngine", "run_continuous"]
 
@@ -41,8 +42,10 @@ class ContinuousEngine:
 
     Times are seconds on the engine clock (since construction); TTFT and latency count from the
     request's arrival. Sampling: the engine's settings are the default; a request's
-    ``sampling`` overrides them. Rows with equal settings are sampled in one call. One generator
-    is shared by all rows. Not thread-safe: call add_request / step / abort from one thread.
+    ``sampling`` overrides them. The sampler takes all rows in one call, each with its own
+    settings; unseeded rows share ``generator``, a seeded row draws from its own (seed, position)
+    stream. ``finish(rid, keep)`` ends a request whose stop string a detokenizing caller found.
+    Not thread-safe: call add_request / step / abort / finish from one thread.
 
     kv="slots": SlotKVCache, every slot reserves max_len positions.
     kv="paged": PagedKVCache with kv_blocks blocks of block_size tokens (default: the same
@@ -51,6 +54,9 @@ class ContinuousEngine:
     cuda_graph (CUDA, kv="slots" only): the decode step is replayed as a CUDA graph per
     attention-window bucket (cuda_graph.SlotGraphDecoder); True builds one, or pass a decoder
     to reuse its cache and captured graphs.
+    scheduling_policy: the waiting queue's order and the choice of whom to preempt (policy.py:
+    fcfs, priority, shortest-first, fair). Every request that computes nothing in a step carries
+    the scheduler's reason in its view (``wait``); ``snapshot().batch`` is the step's batch.
     chunked_prefill (kv="paged" only): the token-budget scheduler, with at most
     max_batched_tokens tokens per step (default DEFAULT_MAX_BATCHED_TOKENS; at least n_slots,
     so every running request decodes every step).
@@ -66,7 +72,7 @@ class ContinuousEngine:
                  kv: str = "slots", block_size: int = 16, kv_blocks: int | None = None,
                  cuda_graph=False, buckets: tuple[int, ...] | None = None,
                  chunked_prefill: bool = False, max_batched_tokens: int | None = None,
-                 prefix_cache: bool | None = None):
+                 prefix_cache: bool | None = None, scheduling_policy: str = "fcfs"):
         model.eval()
         max_len, prefix_cache, budget = check_settings(model.cfg, n_slots, max_len, kv, cuda_graph, chunked_prefill,
                                                        max_batched_tokens, prefix_cache)
@@ -81,7 +87,8 @@ class ContinuousEngine:
         self.runner = ModelRunner(model, self.slots, self.decoder)
         self.chunked_prefill = chunked_prefill
         self.scheduler: Scheduler = make_scheduler(self.slots, chunked_prefill, prefix_cache, budget)
-        self.waiting: WaitingQueue = waiting_queue("fcfs")
+        self.waiting: WaitingQueue = waiting_queue(scheduling_policy)
+        self.policy = scheduling_policy
         self.prefix_cache = prefix_cache
         self._prefix_queries = self._prefix_hits = 0
         self.max_batched_tokens = budget if chunked_prefill else None
@@ -93,6 +100,7 @@ class ContinuousEngine:
         self._next_rid = 0                                    # (until forget_ended drops old ones)
         self._slot_seq: list[Sequence | None] = [None] * n_slots
         self._just_admitted: set[int] = set()
+        self._batch: tuple[tuple[int, int], ...] = ()         # the latest step's (rid, tokens)
         self._lifecycle: list[LifecycleEvent] = []     # since the last pop_lifecycle()
         self._steps = self._prefills = self._generated = 0
         self._finished = self._aborted = self._failed = 0
@@ -131,6 +139,9 @@ class ContinuousEngine:
         bad = next((t for t in req.prompt if t >= vocab), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the model's vocabulary [0, {vocab})")
+        bad = next((t for t in req.stop_token_ids if t >= vocab), None)
+        if bad is not None:
+            raise SamplingError("stop_token_ids", f"stop token id {bad} is outside the model's vocabulary [0, {vocab})")
         check_fits(len(req.prompt), req.max_new_tokens, self.max_len, "the slot's max_len")
         self.slots.check_fits(len(req.prompt) + req.max_new_tokens)   # paged: the whole pool, alone
         rid = self._next_rid
@@ -167,6 +178,26 @@ class ContinuousEngine:
         self._note("aborted", seq, slot, len(seq.out))
         return True
 
+    def finish(self, rid: int, keep: int | None = None) -> bool:
+        """End an unfinished request now as finished with reason "stop": a stop string matched in
+        its text, which only a caller that detokenizes can see (tinyllm.stops). Its first
+        ``keep`` tokens stay (None: all); its slot and blocks are freed at once. Returns False
+        if it is unknown or already ended."""
+        seq = self._seqs.get(rid) if is_int(rid) else None
+        if seq is None or seq.state in ("finished", "aborted", "failed"):
+            return False
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        if keep is not None:
+            del seq.out[max(0, keep):], seq.logprobs[max(0, keep):]
+        self._finished_now(seq, self.now(), "stop")
+        return True
+
+    def waited(self, rid: int) -> dict[str, int]:
+        """Steps request ``rid`` spent waiting so far, per WAIT_REASONS code (empty if unknown)."""
+        seq = self._seqs.get(rid)
+        return dict(seq.waited) if seq is not None else {}
+
     def clear_prefix_cache(self) -> int:
         """Forget every cached prefix (blocks in use keep their K/V, but no new request will
         match them). Returns how many free cached blocks became plain free blocks."""
@@ -195,9 +226,32 @@ class ContinuousEngine:
         self._steps += 1
         self._just_admitted = set()
         events: list[Event] = []
+        ran: dict[int, int] = {}
+        waits: dict[int, tuple[str, str]] = {}
         for plan in self.scheduler.plan(self._running, self.waiting):
+            for seq, _, n in plan.items:
+                ran[seq.rid] = ran.get(seq.rid, 0) + n
+                self.waiting.charge(seq, n)
+            waits.update(plan.waits)
             events += self._run(plan)
+        self._batch = tuple(ran.items())
+        self._explain(ran, waits)
         return events
+
+    def _explain(self, ran: dict[int, int], waits: dict[int, tuple[str, str]]) -> None:
+        """Each request in hand that computed nothing this step keeps the scheduler's reason
+        (``seq.wait``, counted in ``seq.waited``); a "waiting" lifecycle event marks each change
+        of reason, so timelines, recordings and traces show why, step by step."""
+        for seq in [*self._running, *self.waiting]:
+            why = None if seq.rid in ran else waits.get(seq.rid, ("queue", "waiting for the scheduler"))
+            if why is not None:
+                seq.waited[why[0]] = seq.waited.get(why[0], 0) + 1
+            if why != seq.wait:
+                code, was = why[0] if why else "", seq.wait[0] if seq.wait else ""
+                admitted = why is None and seq.slot in self._just_admitted    # "admitted" says it
+                if code != was and code != "preempted" and not admitted:     # "preempted" says it
+                    self._note("waiting", seq, seq.slot, 0, f"{code}: {why[1]}" if why else "")
+                seq.wait, seq.view = why, None
 
     def _run(self, plan: StepPlan) -> list[Event]:
         """The plan's decisions take effect, its forward runs, its outcome is committed."""
@@ -221,7 +275,7 @@ class ContinuousEngine:
     def _take_effect(self, plan: StepPlan) -> None:
         """Preempted sequences go back in line; admitted ones (slot set by the scheduler) run."""
         for seq in plan.preempted:
-            self._preempted(seq, seq.slot)
+            self._preempted(seq, seq.slot, plan.waits.get(seq.rid, ("", "out of KV blocks"))[1])
         self._prefix_queries += plan.prefix_queries
         self._prefix_hits += plan.prefix_hits
         for seq in plan.admitted:
@@ -262,7 +316,8 @@ class ContinuousEngine:
         """Prefilled requests take their slots, with their K/V; their first tokens as Events."""
         self._prefills += 1
         self.stats.prefill_tokens += plan.tokens
-        nxt, failed = sample_rows(out.logits, [seq.sampling for seq, _, _ in plan.items], self.generator)
+        sampled = sample_batch(out.logits, [seq.row() for seq, _, _ in plan.items], self.generator)
+        nxt, failed = sampled.tokens, sampled.failed
         self.slots.admit(plan.slots, out.cache, out.pad)
         self.runner.last_tok[torch.tensor(plan.slots, device=self.device)] = nxt
         toks = nxt.squeeze(-1).tolist()
@@ -274,15 +329,15 @@ class ContinuousEngine:
             if i in failed:
                 self._fail(seq, failed[i])
             else:
-                events.append(self._record(seq, t, now))
+                events.append(self._record(seq, t, now, sampled.logprobs.get(i)))
         return events
 
     def _commit_decode(self, plan: StepPlan, logits: Tensor) -> list[Event]:
         """One sampled token per slot (idle rows with the engine's default, then dropped)."""
-        rows = [q.sampling if q is not None else self.sampling for q in self._slot_seq]
-        nxt, failed = sample_rows(logits, rows, self.generator)
-        self.runner.last_tok = nxt
-        return self._emit([(seq.slot, seq) for seq, _, _ in plan.items], nxt, failed)
+        rows = [q.row() if q is not None else Row(self.sampling) for q in self._slot_seq]
+        sampled = sample_batch(logits, rows, self.generator)
+        self.runner.last_tok = sampled.tokens
+        return self._emit([(seq.slot, seq) for seq, _, _ in plan.items], sampled)
 
     def _commit_mixed(self, plan: StepPlan, logits: Tensor) -> list[Event]:
         """After a ragged forward: each item's progress, prefill events, sampled tokens."""
@@ -302,21 +357,21 @@ class ContinuousEngine:
                 samplers.append(seq)
         if not samplers:
             return []
-        nxt, failed = sample_rows(logits, [q.sampling for q in samplers], self.generator)
+        sampled = sample_batch(logits, [q.row() for q in samplers], self.generator)
         for seq in samplers:
             seq.prefilled = True                          # sampled since its (re)admission
-        return self._emit(list(enumerate(samplers)), nxt, failed)
+        return self._emit(list(enumerate(samplers)), sampled)
 
-    def _emit(self, rows: list[tuple[int, Sequence]], nxt: Tensor, failed: dict[int, str]) -> list[Event]:
+    def _emit(self, rows: list[tuple[int, Sequence]], sampled: Sampled) -> list[Event]:
         """Each (row, seq) gets row's sampled token, or fails if sampling that row failed."""
-        toks = nxt.squeeze(-1).tolist()
+        toks = sampled.tokens.squeeze(-1).tolist()
         now = self.now()
         events = []
         for row, seq in rows:
-            if row in failed:
-                self._fail(seq, failed[row])
+            if row in sampled.failed:
+                self._fail(seq, sampled.failed[row])
             else:
-                events.append(self._record(seq, toks[row], now))
+                events.append(self._record(seq, toks[row], now, sampled.logprobs.get(row)))
         return events
 
     def _note_kv_use(self) -> None:
@@ -324,7 +379,7 @@ class ContinuousEngine:
         self.stats.kv_used_frac.append(used / self.slots.reserved_tokens())
         self.stats.kv_alloc_frac.append(used / max(1, self.slots.allocated_tokens()))
 
-    def _preempted(self, seq: Sequence, slot: int) -> None:
+    def _preempted(self, seq: Sequence, slot: int, why: str) -> None:
         """``seq`` lost its slot and blocks (already released): back in line (fcfs: at the front),
         to be recomputed later from its context (prompt + generated so far)."""
         self._slot_seq[slot] = None
@@ -334,13 +389,15 @@ class ContinuousEngine:
         seq.preemptions += 1
         self.waiting.prepend(seq)
         self.stats.preemptions += 1
-        self._note("preempted", seq, slot, seq.context_len(), "out of KV blocks")
+        self._note("preempted", seq, slot, seq.context_len(), why)
 
     def _seat(self, seq: Sequence, slot: int, tokens: int) -> None:
         """``seq`` (admitted) runs in ``slot`` from now on."""
         self._running.append(seq)
         self._slot_seq[slot] = seq
         seq.slot, seq.state, seq.view, seq.prefilled = slot, "running", None, False
+        if seq.admitted is None:
+            seq.admitted = self.now()
         self._just_admitted.add(slot)
         again = f"recompute after {seq.preemptions} preemption(s)" if seq.preemptions else ""
         self._note("admitted", seq, slot, tokens, again, seq.cached_tokens)
@@ -376,27 +433,35 @@ class ContinuousEngine:
             aborted=self._aborted, failed=self._failed, prefix_queries=self._prefix_queries,
             prefix_hits=self._prefix_hits, computed_rows=st.computed_rows, useful_rows=st.useful_rows)
         return EngineSnapshot(self.now(), self.n_slots, self.max_len, slot_views, reqs,
-                              tuple(q.rid for q in self.waiting), kv, counters, self.max_batched_tokens)
+                              tuple(q.rid for q in self.waiting), kv, counters, self.max_batched_tokens,
+                              self.policy, self._batch)
 
     # -- internals -------------------------------------------------------------
-    def _record(self, seq: Sequence, tok: int, now: float) -> Event:
+    def _record(self, seq: Sequence, tok: int, now: float, lp=None) -> Event:
         seq.out.append(tok)
+        if lp is not None:
+            seq.logprobs.append(lp)
         seq.view = None
         self._generated += 1
         if len(seq.out) == 1:
             seq.first_token = now
             self._note("first_token", seq, seq.slot, 1)
-        done = is_done(seq.req, seq.out)
-        if done:
-            self.results[seq.rid] = Result(list(seq.out), seq.first_token - seq.arrival, now - seq.arrival)
-            self.stats.useful_tokens += len(seq.out)
-            self._finished += 1
-            slot = seq.slot
+        why = finish_reason(seq.req, seq.out)
+        if why is not None:
+            self._finished_now(seq, now, why)
+        return Event(seq.rid, tok, why is not None, why or "", lp)
+
+    def _finished_now(self, seq: Sequence, now: float, why: str) -> None:
+        """``seq`` ends finished (``why``: eos, stop, length): its Result kept, its slot freed."""
+        first = seq.first_token if seq.first_token is not None else now
+        self.results[seq.rid] = Result(list(seq.out), first - seq.arrival, now - seq.arrival)
+        self.stats.useful_tokens += len(seq.out)
+        self._finished += 1
+        slot = seq.slot
+        if slot is not None:
             self._free_slot(seq)
-            seq.end("finished", now)
-            why = "eos" if seq.req.eos_id is not None and tok == seq.req.eos_id else "length"
-            self._note("finished", seq, slot, len(seq.out), why)
-        return Event(seq.rid, tok, done)
+        seq.end("finished", now)
+        self._note("finished", seq, slot, len(seq.out), why)
 
     def _fail(self, seq: Sequence, why: str) -> None:
         """Give up on one request (its slot freed, the reason kept); the others go on."""
@@ -426,13 +491,13 @@ def run_continuous(model: Transformer, requests: list[Request], n_slots: int,
                    top_p=None, generator=None, kv: str = "slots", block_size: int = 16,
                    kv_blocks: int | None = None, cuda_graph=False,
                    buckets: tuple[int, ...] | None = None, chunked_prefill: bool = False,
-                   max_batched_tokens: int | None = None, prefix_cache: bool | None = None
-                   ) -> tuple[list[Result], dict]:
+                   max_batched_tokens: int | None = None, prefix_cache: bool | None = None,
+                   scheduling_policy: str = "fcfs") -> tuple[list[Result], dict]:
     """Offline continuous batching: every request queued at t=0, run to completion.
     A thin wrapper over ContinuousEngine; see it for kv / cuda_graph."""
     eng = ContinuousEngine(model, n_slots, max_len, temperature, top_k, top_p, generator,
                            kv, block_size, kv_blocks, cuda_graph, buckets, chunked_prefill, max_batched_tokens,
-                           prefix_cache)
+                           prefix_cache, scheduling_policy)
     t0 = time.perf_counter()
     rids = [eng.add_request(r) for r in requests]
     while eng.has_work():

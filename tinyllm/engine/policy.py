@@ -1,25 +1,43 @@
-"""The scheduling policy: the order in which waiting requests get a slot.
+"""Scheduling policies: who waits for a slot in which order, and whom to preempt.
 
 Both schedulers admit from one waiting queue, and that queue *is* the policy, as in vLLM
 (``RequestQueue``, ``--scheduling-policy fcfs|priority``): the schedulers ask it for the next
-request and never order anything themselves, and the engine adds, requeues and removes through
-it. So a new policy (priority, shortest-first, fair) is one small class with these methods.
+request, which running request to preempt when the pool runs short (``victim``), whether a
+waiting request may push a running one out (``outranks``), and tell it who got how many tokens
+(``charge``). They never order anything themselves, so a policy is one small class:
 
-Only ``fcfs`` exists today: first come, first served, and a preempted request goes back to the
-front (it was admitted before everything still waiting), as vLLM V1 does.
+- ``fcfs``: first come, first served; a preempted request goes back to the front (it was
+  admitted before everything still waiting), the newest running request is preempted first
+  (vLLM V1's default).
+- ``priority``: lower ``priority`` first, ties by arrival (vLLM's semantics and name); a waiting
+  request may preempt a running one of strictly lower priority (a larger number), and the
+  lowest-priority running request (latest arrival among equals) is the one preempted.
+- ``shortest-first``: the smallest job first, a job being prompt + max_new_tokens (known up
+  front), ties by arrival. Long requests can wait as long as short ones keep coming.
+- ``fair``: the token budget shared between tenants (a request's ``tenant``: a request field or
+  the HTTP API key). Each tenant has a counter of the tokens computed for it (prefill and decode,
+  as the scheduler charges them); the next admission goes to the waiting tenant with the
+  smallest counter. A tenant that starts waiting has its counter lifted to the smallest counter
+  of the tenants already waiting, so idle time is not saved up as credit (Sheng et al., "Fairness
+  in Serving Large Language Models", OSDI 2024: the Virtual Token Counter). Bound, tested: while
+  two tenants both wait, their counters never differ by more than one request's worth of tokens
+  per slot (n_slots × the largest prompt + max_new_tokens) plus one step's token budget.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from tinyllm.engine.sequence import Sequence
+from tinyllm.request import SCHEDULING_POLICIES
 
 
 class WaitingQueue(Protocol):
     """Requests waiting for a slot, next first. ``len()`` / truth: how many wait."""
+    name: str
 
     def add(self, seq: Sequence) -> None:
         """A new request joins."""
@@ -36,16 +54,25 @@ class WaitingQueue(Protocol):
     def remove(self, seq: Sequence) -> None:
         """An aborted request leaves."""
 
+    def victim(self, running: list[Sequence]) -> Sequence:
+        """Which of ``running`` (non-empty, in admission order) to preempt when the pool is short."""
+
+    def outranks(self, seq: Sequence, running: Sequence) -> bool:
+        """May waiting ``seq`` preempt ``running`` to get in? (Only ``priority`` ever says yes.)"""
+
+    def charge(self, seq: Sequence, tokens: int) -> None:
+        """``seq`` computes ``tokens`` tokens this step (the fair policy counts them)."""
+
     def __contains__(self, seq: object) -> bool: ...
 
     def __len__(self) -> int: ...
 
     def __iter__(self) -> Iterator[Sequence]:
-        """In admission order (snapshots list the queue so)."""
+        """In admission order (snapshots list the queue so; the pane says "behind N")."""
 
 
 class FCFSQueue:
-    """First come, first served; the preempted go back to the front."""
+    """First come, first served; the preempted go back to the front; the newest is preempted."""
 
     name = "fcfs"
 
@@ -67,6 +94,15 @@ class FCFSQueue:
     def remove(self, seq: Sequence) -> None:
         self._q.remove(seq)
 
+    def victim(self, running: list[Sequence]) -> Sequence:
+        return running[-1]
+
+    def outranks(self, seq: Sequence, running: Sequence) -> bool:
+        return False
+
+    def charge(self, seq: Sequence, tokens: int) -> None:
+        pass
+
     def __contains__(self, seq: object) -> bool:
         return seq in self._q
 
@@ -77,11 +113,147 @@ class FCFSQueue:
         return iter(self._q)
 
 
-POLICIES: dict[str, type[WaitingQueue]] = {"fcfs": FCFSQueue}
+class SortedQueue(FCFSQueue):
+    """Kept sorted by ``key`` (smallest first); a preempted request goes back to its key's place."""
+
+    key: Callable[[Sequence], tuple]
+
+    def __init__(self) -> None:
+        self._list: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        bisect.insort(self._list, seq, key=self.key)
+
+    prepend = add
+
+    def peek(self) -> Sequence:
+        return self._list[0]
+
+    def pop(self) -> Sequence:
+        return self._list.pop(0)
+
+    def remove(self, seq: Sequence) -> None:
+        self._list.remove(seq)
+
+    def __contains__(self, seq: object) -> bool:
+        return seq in self._list
+
+    def __len__(self) -> int:
+        return len(self._list)
+
+    def __iter__(self) -> Iterator[Sequence]:
+        return iter(self._list)
+
+
+class PriorityQueue(SortedQueue):
+    """Lower ``priority`` first, ties by arrival; may preempt strictly lower priority."""
+
+    name = "priority"
+
+    @staticmethod
+    def key(seq: Sequence) -> tuple:
+        return seq.req.priority, seq.arrival, seq.rid
+
+    def victim(self, running: list[Sequence]) -> Sequence:
+        return max(running, key=self.key)
+
+    def outranks(self, seq: Sequence, running: Sequence) -> bool:
+        return seq.req.priority < running.req.priority
+
+
+class ShortestFirstQueue(SortedQueue):
+    """Smallest prompt + max_new_tokens first, ties by arrival."""
+
+    name = "shortest-first"
+
+    @staticmethod
+    def key(seq: Sequence) -> tuple:
+        return len(seq.req.prompt) + seq.req.max_new_tokens, seq.arrival, seq.rid
+
+
+class FairQueue(FCFSQueue):
+    """The waiting tenant with the fewest tokens computed goes next (see the module docstring)."""
+
+    name = "fair"
+
+    def __init__(self) -> None:
+        self._by_tenant: dict[str, deque[Sequence]] = {}
+        self.served: dict[str, int] = {}             # tenant -> tokens computed for it (lifted)
+
+    def _next_tenant(self, served: dict[str, int]) -> str:
+        return min(self._by_tenant, key=lambda t: (served[t], self._by_tenant[t][0].arrival,
+                                                   self._by_tenant[t][0].rid))
+
+    def _join(self, seq: Sequence, front: bool) -> None:
+        t = seq.req.tenant
+        if t not in self._by_tenant:                 # starts waiting: no credit for idle time
+            floor = min((self.served[w] for w in self._by_tenant), default=None)
+            mine = self.served.get(t, 0)
+            self.served[t] = mine if floor is None else max(mine, floor)
+            self._by_tenant[t] = deque()
+        (self._by_tenant[t].appendleft if front else self._by_tenant[t].append)(seq)
+
+    def add(self, seq: Sequence) -> None:
+        self._join(seq, front=False)
+
+    def prepend(self, seq: Sequence) -> None:
+        self._join(seq, front=True)
+
+    def peek(self) -> Sequence:
+        return self._by_tenant[self._next_tenant(self.served)][0]
+
+    def pop(self) -> Sequence:
+        return self._take(self._next_tenant(self.served))
+
+    def _take(self, tenant: str) -> Sequence:
+        q = self._by_tenant[tenant]
+        seq = q.popleft()
+        if not q:
+            del self._by_tenant[tenant]
+        return seq
+
+    def remove(self, seq: Sequence) -> None:
+        q = self._by_tenant[seq.req.tenant]
+        q.remove(seq)
+        if not q:
+            del self._by_tenant[seq.req.tenant]
+
+    def charge(self, seq: Sequence, tokens: int) -> None:
+        t = seq.req.tenant
+        self.served[t] = self.served.get(t, 0) + tokens
+
+    def __contains__(self, seq: object) -> bool:
+        return isinstance(seq, Sequence) and seq in self._by_tenant.get(seq.req.tenant, ())
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._by_tenant.values())
+
+    def __iter__(self) -> Iterator[Sequence]:
+        """The order the queue would admit in if nothing else were charged meanwhile (each
+        admission charged its whole job), so "behind N" is a fair estimate."""
+        served = dict(self.served)
+        queues = {t: deque(q) for t, q in self._by_tenant.items()}
+        while queues:
+            t = min(queues, key=lambda t: (served[t], queues[t][0].arrival, queues[t][0].rid))
+            seq = queues[t].popleft()
+            if not queues[t]:
+                del queues[t]
+            served[t] += len(seq.req.prompt) + seq.req.max_new_tokens
+            yield seq
+
+
+POLICIES: dict[str, type[FCFSQueue]] = {
+    "fcfs": FCFSQueue, "priority": PriorityQueue, "shortest-first": ShortestFirstQueue, "fair": FairQueue}
+assert tuple(POLICIES) == SCHEDULING_POLICIES      # the names, torch-free, live in request.py
+
+
+def check_policy(policy) -> str:
+    """The policy's name, or ValueError naming the choices."""
+    if policy not in POLICIES:
+        raise ValueError(f"scheduling policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    return policy
 
 
 def waiting_queue(policy: str = "fcfs") -> WaitingQueue:
     """An empty waiting queue that admits in ``policy``'s order."""
-    if policy not in POLICIES:
-        raise ValueError(f"scheduling policy must be one of {sorted(POLICIES)}, got {policy!r}")
-    return POLICIES[policy]()
+    return POLICIES[check_policy(policy)]()

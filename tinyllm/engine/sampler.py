@@ -1,77 +1,238 @@
-"""Sampling, in one place: ``sample_next`` picks the next token of rows that share a setting (solo
-generation uses it too); ``sample_rows`` samples a batch whose rows carry different settings,
-failing rows one by one.
+"""Sampling, in one place: ``sample_batch`` picks the next token of every row of a batch, each row
+with its own settings, in one vectorised pass (solo generation and the static batcher call it
+through ``sample_next``, one setting for all rows).
 
-One ``sample_next`` call per distinct setting (rows with equal settings are sampled together).
-``sample_next`` is total over every setting ``Sampling`` accepts; the per-group guard is for the
-unforeseen (say NaN logits from one row), so it fails only that group's rows, not the batch.
+The pass, vLLM's order: penalties on the logits (repetition, then frequency and presence), a
+ban on the tokens that may not end a request before its ``min_tokens``, then greedy rows take
+the argmax; sampled rows divide by their temperature, cut to top_k, top_p and min_p, and draw by
+inverse CDF from one uniform number per row. A seeded row's uniform is a hash of (seed, tokens it
+has generated), so its draws depend on nothing else in the batch: the same tokens solo, batched,
+recomputed after a preemption or served from the prefix cache. Per-row settings are tensors
+(B,), per-row token counts a (B, V) tensor; no Python loop runs torch per row.
+
+Total over every setting ``Sampling`` accepts: values beyond float32 are clamped, a cut always
+keeps the most likely token, a ban that would leave a row nothing is dropped for that row. A row
+whose distribution is still not a distribution (NaN logits: the unforeseen) fails alone.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Sequence as Seq
+
 import torch
 from torch import Tensor
 
-from tinyllm.request import Sampling, is_greedy
+from tinyllm.request import Sampling, TokenLogprob, is_greedy
 
 
 _F32_MAX = torch.finfo(torch.float32).max
+_F32_TINY = torch.finfo(torch.float32).tiny
+_NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class Row:
+    """What the sampler needs of one row besides its logits."""
+    sampling: Sampling
+    prompt: Seq[int] = ()                # read only when a penalty is on
+    output: Seq[int] = ()                # generated so far: penalties, and a seeded row's position
+    banned: tuple[int, ...] = ()         # may not be drawn now (EOS / stop ids before min_tokens)
+    logprobs: int | None = None          # report the chosen token's logprob and this many alternatives
+
+
+@dataclass
+class Sampled:
+    """The batch's tokens (B, 1); rows whose sampling failed (row → why; their token is 0 and
+    must not be used); logprobs of the rows that asked (row → TokenLogprob)."""
+    tokens: Tensor
+    failed: dict[int, str] = field(default_factory=dict)
+    logprobs: dict[int, TokenLogprob] = field(default_factory=dict)
 
 
 def sample_next(logits: Tensor, temperature: float = 0.0, top_k: int | None = None,
                 top_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
-    """Next token per row: logits (B, V) → (B, 1).
-
-    Total over every setting ``Sampling`` accepts. A temperature below ``GREEDY_BELOW`` is greedy
-    (argmax, no randomness used): logits / T would overflow float32. Otherwise logits are divided
-    by the temperature (at most float32's largest, so a masked -inf stays -inf), cut to the
-    ``top_k`` most likely tokens and to the smallest set whose probability reaches ``top_p``,
-    then sampled. The most likely token always survives both cuts, so even a top_p that float32
-    rounds to 0 keeps one token."""
-    if is_greedy(temperature):
-        return logits.argmax(dim=-1, keepdim=True)
-    logits = logits.float() / min(temperature, _F32_MAX)
-    if top_k is not None and top_k < logits.size(-1):
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        before = torch.cumsum(probs, dim=-1) - probs          # mass of strictly more likely tokens
-        drop_sorted = before >= top_p
-        drop_sorted[:, 0] = False                              # the most likely token always stays
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)
+    """Next token per row, every row with the same setting: logits (B, V) → (B, 1). A
+    temperature below ``GREEDY_BELOW`` is greedy (argmax, no randomness used)."""
+    s = Sampling(temperature, top_k, top_p)
+    out = sample_batch(logits, [Row(s)] * logits.size(0), generator)
+    if out.failed:
+        raise RuntimeError(next(iter(out.failed.values())))
+    return out.tokens
 
 
 def sample_rows(logits: Tensor, rows: list[Sampling], generator=None) -> tuple[Tensor, dict[int, str]]:
-    """Next token per row (B, V) → (B, 1), and the rows whose sampling failed (row → why; their
-    token is 0 and must not be used). Groups are sampled in order of first appearance, so a
-    seeded generator gives the same draws for the same batch."""
-    groups: dict[Sampling, list[int]] = {}
-    for i, s in enumerate(rows):
-        groups.setdefault(s, []).append(i)
-    if len(groups) == 1:
-        (s,) = groups
-        try:
-            return sample_next(logits, s.temperature, s.top_k, s.top_p, generator), {}
-        except Exception as e:                            # noqa: BLE001 - every row shares the setting
-            return _zeros(logits), _why(range(len(rows)), e)
-    out, failed = _zeros(logits), {}
-    for s, idx in groups.items():
-        ix = torch.tensor(idx, device=logits.device)
-        try:
-            out[ix] = sample_next(logits[ix], s.temperature, s.top_k, s.top_p, generator)
-        except Exception as e:                            # noqa: BLE001 - only this group's rows fail
-            failed.update(_why(idx, e))
-    return out, failed
+    """Next token per row (B, V) → (B, 1) for rows with settings only (no penalties' history,
+    no bans), and the rows whose sampling failed."""
+    out = sample_batch(logits, [Row(s) for s in rows], generator)
+    return out.tokens, out.failed
+
+
+def sample_batch(logits: Tensor, rows: list[Row], generator: torch.Generator | None = None) -> Sampled:
+    """Next token of every row (see the module docstring). Unseeded rows draw from
+    ``generator`` (one call for all of them); an error no row can be blamed for fails them all."""
+    try:
+        return _sample(logits, rows, generator)
+    except Exception as e:                                # noqa: BLE001 - the caller fails these rows, goes on
+        why = f"sampling failed: {type(e).__name__}: {e}"
+        return Sampled(_zeros(logits), {i: why for i in range(len(rows))})
+
+
+def _sample(logits: Tensor, rows: list[Row], generator) -> Sampled:
+    dev = logits.device
+    settings = [r.sampling for r in rows]
+    x = logits.float()
+    if any(s.penalized for s in settings):
+        x = _penalize(x, rows)
+    if any(r.banned for r in rows):
+        x = _ban(x, rows)
+    greedy = [is_greedy(s.temperature) for s in settings]
+    tokens, failed = x.argmax(dim=-1, keepdim=True), {}
+    drawn = [i for i, g in enumerate(greedy) if not g]
+    if drawn:
+        ix = torch.tensor(drawn, device=dev)
+        picked, bad = _draw(x[ix], [rows[i] for i in drawn], generator)
+        tokens[ix] = picked
+        for j in bad.nonzero().flatten().tolist():
+            failed[drawn[j]] = "sampling failed: the row's probabilities are not a distribution (NaN or inf logits)"
+            tokens[drawn[j]] = 0
+    return Sampled(tokens, failed, _logprobs(logits, tokens, rows))
+
+
+def _penalize(x: Tensor, rows: list[Row]) -> Tensor:
+    """vLLM's penalties, every row at once: repetition divides positive logits (multiplies
+    negative ones) of tokens in the prompt or output; frequency subtracts per output occurrence,
+    presence once per output token."""
+    counts = _counts(x, [r.output if r.sampling.penalized else () for r in rows])
+    seen_prompt = _counts(x, [r.prompt if r.sampling.repetition_penalty != 1 else () for r in rows]) > 0
+
+    def col(vals: list[float]) -> Tensor:
+        return torch.tensor(vals, dtype=torch.float32, device=x.device).unsqueeze(1)
+    rep = col([min(max(r.sampling.repetition_penalty, _F32_TINY), _F32_MAX) for r in rows])
+    masked = x == _NEG_INF                                # stays masked whatever the penalties do
+    seen = seen_prompt | (counts > 0)
+    x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
+    x = x - col([r.sampling.frequency_penalty for r in rows]) * counts
+    x = x - col([r.sampling.presence_penalty for r in rows]) * (counts > 0)
+    return torch.where(masked, _NEG_INF, x.clamp(-_F32_MAX, _F32_MAX))
+
+
+def _counts(x: Tensor, ids: list[Seq[int]]) -> Tensor:
+    """(B, V) float: how often each token id occurs in each row's ``ids`` (ids >= V ignored)."""
+    n, v = x.shape
+    out = torch.zeros(n, v, dtype=torch.float32, device=x.device)
+    lens = [len(t) for t in ids]
+    if not any(lens):
+        return out
+    flat = torch.tensor([t for seq in ids for t in seq], dtype=torch.long, device=x.device)
+    row = torch.repeat_interleave(torch.arange(n, device=x.device), torch.tensor(lens, device=x.device))
+    keep = flat < v
+    out.index_put_((row[keep], flat[keep]), torch.ones_like(flat[keep], dtype=torch.float32), accumulate=True)
+    return out
+
+
+def _ban(x: Tensor, rows: list[Row]) -> Tensor:
+    """Mask each row's banned ids, except in a row where that would leave no token at all."""
+    banned = x.masked_fill(_counts(x, [r.banned for r in rows]) > 0, _NEG_INF)
+    left = (banned > _NEG_INF).any(dim=-1, keepdim=True)
+    return torch.where(left, banned, x)
+
+
+def _draw(x: Tensor, rows: list[Row], generator) -> tuple[Tensor, Tensor]:
+    """Sampled rows: temperature, top_k, top_p, min_p, then one inverse-CDF draw per row.
+    Returns the tokens (b, 1) and which rows had no valid distribution."""
+    b, v = x.shape
+    dev = x.device
+    s = [r.sampling for r in rows]
+    masked = x == _NEG_INF
+    temp = torch.tensor([min(q.temperature, _F32_MAX) for q in s], dtype=torch.float32, device=dev).unsqueeze(1)
+    x = torch.where(masked, _NEG_INF, (x / temp).clamp(-_F32_MAX, _F32_MAX))
+    if any(q.top_k is not None and q.top_k < v for q in s) or any(q.top_p is not None and q.top_p < 1 for q in s):
+        x = _top_k_top_p(x, s)
+    if any(q.min_p > 0 for q in s):
+        probs = torch.softmax(x, dim=-1)
+        floor = torch.tensor([q.min_p for q in s], dtype=torch.float32, device=dev).unsqueeze(1)
+        x = x.masked_fill(probs < floor * probs.max(dim=-1, keepdim=True).values, _NEG_INF)
+    probs = torch.softmax(x, dim=-1).double()
+    cdf = torch.cumsum(probs, dim=-1)
+    total = cdf[:, -1:]
+    bad = ~torch.isfinite(total).squeeze(1) | (total.squeeze(1) <= 0)
+    u = _uniforms(rows, generator, dev)
+    tok = torch.searchsorted(cdf, (u * total).clamp(min=0), right=True)
+    ids = torch.arange(v, device=dev).expand(b, v)
+    last = torch.where(probs > 0, ids, 0).max(dim=-1, keepdim=True).values     # the last possible token
+    return torch.minimum(tok, last), bad
+
+
+def _top_k_top_p(x: Tensor, s: list[Sampling]) -> Tensor:
+    """Per-row top_k and top_p in one sort; the most likely token always stays."""
+    b, v = x.shape
+    dev = x.device
+    sorted_x, order = torch.sort(x, dim=-1, descending=True)
+    k = torch.tensor([min(q.top_k, v) if q.top_k is not None else v for q in s], device=dev).unsqueeze(1)
+    rank = torch.arange(v, device=dev).unsqueeze(0)
+    sorted_x = sorted_x.masked_fill(rank >= k, _NEG_INF)
+    p = torch.tensor([q.top_p if q.top_p is not None and q.top_p < 1 else 2.0 for q in s],
+                     dtype=torch.float64, device=dev).unsqueeze(1)
+    probs = torch.softmax(sorted_x, dim=-1).double()
+    before = torch.cumsum(probs, dim=-1) - probs          # mass of strictly more likely tokens
+    drop = (before >= p) | (rank >= k)
+    drop[:, 0] = False
+    return x.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), _NEG_INF)
+
+
+_MIX1, _MIX2, _GOLDEN = -0x40A7B892E31B1A47, -0x6B2FB644ECCEEE15, -0x61C8864680B583EB   # splitmix64's, as int64
+
+
+def _mix(z: Tensor) -> Tensor:
+    """splitmix64's finaliser on int64 (wrapping arithmetic; logical shifts by masking)."""
+    z = (z ^ _shr(z, 30)) * _MIX1
+    z = (z ^ _shr(z, 27)) * _MIX2
+    return z ^ _shr(z, 31)
+
+
+def _shr(z: Tensor, k: int) -> Tensor:
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def seeded_uniforms(seeds: Tensor, positions: Tensor) -> Tensor:
+    """A uniform in [0, 1) per (seed, position), float64: a counter-based generator, so a
+    seeded row's draw at position n is the same whatever else runs and however often it is recomputed."""
+    h = _mix(_mix(seeds + _GOLDEN) + positions * _GOLDEN)
+    return _shr(h, 11).double() * (2.0 ** -53)
+
+
+def _uniforms(rows: list[Row], generator, dev) -> Tensor:
+    """(b, 1): seeded rows from their (seed, tokens generated); the others from ``generator``."""
+    seeded = [i for i, r in enumerate(rows) if r.sampling.seed is not None]
+    u = torch.empty(len(rows), dtype=torch.float64, device=dev)
+    if len(seeded) < len(rows):
+        free = [i for i, r in enumerate(rows) if r.sampling.seed is None]
+        gen_dev = generator.device if generator is not None else dev
+        draws = torch.rand(len(free), dtype=torch.float64, generator=generator, device=gen_dev)
+        u[torch.tensor(free, device=dev)] = draws.to(dev)
+    if seeded:
+        seeds = torch.tensor([rows[i].sampling.seed for i in seeded], dtype=torch.long, device=dev)
+        pos = torch.tensor([len(rows[i].output) for i in seeded], dtype=torch.long, device=dev)
+        u[torch.tensor(seeded, device=dev)] = seeded_uniforms(seeds, pos)
+    return u.unsqueeze(1)
+
+
+def _logprobs(logits: Tensor, tokens: Tensor, rows: list[Row]) -> dict[int, TokenLogprob]:
+    """For the rows that asked: the chosen token's logprob under the model's own distribution
+    and the top alternatives. Nothing is computed when no row asks."""
+    ask = [i for i, r in enumerate(rows) if r.logprobs is not None]
+    if not ask:
+        return {}
+    ix = torch.tensor(ask, device=logits.device)
+    lp = torch.log_softmax(logits[ix].float(), dim=-1)
+    chosen = lp.gather(1, tokens[ix]).squeeze(1).tolist()
+    n = min(max(rows[i].logprobs for i in ask), lp.size(-1))
+    top_v, top_i = torch.topk(lp, n, dim=-1) if n else (lp[:, :0], lp[:, :0].long())
+    top_v, top_i, toks = top_v.tolist(), top_i.tolist(), tokens[ix].squeeze(1).tolist()
+    return {i: TokenLogprob(toks[j], chosen[j], tuple(zip(top_i[j][:rows[i].logprobs], top_v[j][:rows[i].logprobs])))
+            for j, i in enumerate(ask)}
 
 
 def _zeros(logits: Tensor) -> Tensor:
     return torch.zeros(logits.size(0), 1, dtype=torch.long, device=logits.device)
-
-
-def _why(rows, e: Exception) -> dict[int, str]:
-    return {i: f"sampling failed: {type(e).__name__}: {e}" for i in rows}

@@ -56,6 +56,8 @@ class StepPlan:
     preempted: list[Sequence] = field(default_factory=list)  # lost their slot and blocks (released), newest first
     prefix_queries: int = 0          # context tokens looked up in the prefix cache (vLLM's meaning)
     prefix_hits: int = 0             # of those, tokens served from cached blocks
+    waits: dict[int, tuple[str, str]] = field(default_factory=dict)   # rid -> (WAIT_REASONS code, detail):
+                                     # why each request that computes nothing this step waits
 
     @property
     def tokens(self) -> int:
@@ -100,18 +102,23 @@ class TokenBudgetScheduler:
         budget = self.max_batched_tokens
         live = list(running)                               # running minus this step's victims
         scheduled: set[int] = set()
+        self._make_room(live, waiting, plan, free_slots)    # 0. priority: push out lower priority
+        short = False                                       # preempted for want of blocks this step
         for seq in [s for s in running if s.remaining() == 1]:           # 1. decodes
             if seq not in live:
                 continue
             while not pool.try_grow(seq.slot, seq.computed + 1):
-                victim = next((s for s in reversed(live) if s.rid not in scheduled), seq)   # newest; maybe seq
-                self._preempt(victim, live, plan, free_slots)
+                victim = waiting.victim([s for s in live if s.rid not in scheduled])   # maybe seq
+                self._preempt(victim, live, plan, free_slots,
+                              f"out of KV blocks: #{seq.rid}'s next token needed a block, none free")
+                short = True
                 if victim is seq:
                     break
             else:
                 plan.items.append((seq, seq.computed, 1))
                 scheduled.add(seq.rid)
                 budget -= 1
+        blocked: tuple[str, str] | None = None              # why the head of the queue waits
         while True:
             for seq in live:                                             # 2. prefills in progress
                 if budget <= 0:
@@ -124,7 +131,10 @@ class TokenBudgetScheduler:
                     plan.items.append((seq, seq.computed, n))
                     scheduled.add(seq.rid)
                     budget -= n
-            while waiting and free_slots and budget > 0 and not plan.preempted:   # 3. admissions
+            while waiting:                                               # 3. admissions
+                blocked = self._blocked(free_slots, budget, short)
+                if blocked:
+                    break
                 seq, slot = waiting.peek(), free_slots[0]
                 context = seq.context()
                 hit = pool.match_prefix(context)          # cached full blocks: not computed again
@@ -132,6 +142,7 @@ class TokenBudgetScheduler:
                 room = pool.room_fresh() - pool.free_blocks_taken_by(hit) * pool.block_size
                 n = min(len(context) - cached, budget, room)
                 if n <= 0:
+                    blocked = self._pool_full(len(context) - cached, budget)
                     break
                 waiting.pop()
                 free_slots.pop(0)
@@ -150,13 +161,65 @@ class TokenBudgetScheduler:
                 break
             # Every running sequence is mid-prefill and the pool is full: nobody can move. Free the
             # newest one's blocks so the others can (a sequence always fits the pool alone).
-            self._preempt(live[-1], live, plan, free_slots)
+            self._preempt(live[-1], live, plan, free_slots, "out of KV blocks: every running request "
+                          "was mid-prefill and the pool was full; the newest made way")
+            short = True
         plan.items.sort(key=lambda item: item[2] != 1)                   # one-token items first
+        self._explain(live, scheduled, waiting, blocked, budget, plan)
         return plan
 
-    def _preempt(self, seq: Sequence, live: list[Sequence], plan: StepPlan, free_slots: list[int]) -> None:
+    def _blocked(self, free_slots: list[int], budget: int, short: bool) -> tuple[str, str] | None:
+        """Why the queue's head cannot be admitted this step before looking at its blocks."""
+        if short:
+            return "pool", "KV pool short: a running request was just preempted for blocks"
+        if not free_slots:
+            n = self.pool.n_slots
+            return "slots", f"all {n} slots busy (max running sequences: {n})"
+        if budget <= 0:
+            b = self.max_batched_tokens
+            return "budget", f"this step's token budget is used up ({b}/{b} tokens)"
+        return None
+
+    def _pool_full(self, uncached: int, budget: int) -> tuple[str, str]:
+        """The head's first chunk finds no room: how many blocks it needs, how many are free."""
+        bs = self.pool.block_size
+        need = -(-min(uncached, max(budget, 1)) // bs)
+        return "pool", f"KV pool full: needs {need} block{'s' * (need != 1)}, {self.pool.num_free_blocks()} free"
+
+    def _make_room(self, live: list[Sequence], waiting: WaitingQueue, plan: StepPlan, free_slots: list[int]) -> None:
+        """Preempt running requests the queue's head outranks (the ``priority`` policy) while it
+        finds no free slot or no room for its first chunk."""
+        pool = self.pool
+        while waiting:
+            head = waiting.peek()
+            if free_slots:
+                hit = pool.match_prefix(head.context())
+                room = pool.room_fresh() - pool.free_blocks_taken_by(hit) * pool.block_size
+                if room >= min(head.context_len() - len(hit) * pool.block_size, self.max_batched_tokens):
+                    return
+            lower = [s for s in live if waiting.outranks(head, s)]
+            if not lower:
+                return
+            victim = waiting.victim(lower)
+            self._preempt(victim, live, plan, free_slots, f"for #{head.rid}, of higher priority "
+                          f"({head.req.priority} < {victim.req.priority})")
+
+    def _explain(self, live: list[Sequence], scheduled: set[int], waiting: WaitingQueue,
+                 blocked: tuple[str, str] | None, budget: int, plan: StepPlan) -> None:
+        """A reason for every request that computes nothing this step (``plan.waits``)."""
+        for seq in live:
+            if seq.rid not in scheduled:                  # admitted, mid-prefill, no chunk this step
+                plan.waits[seq.rid] = self._blocked([0], budget, False) or self._pool_full(seq.remaining(), budget)
+        for i, seq in enumerate(waiting):
+            if i == 0:
+                plan.waits[seq.rid] = blocked or ("queue", "next in line")
+            else:
+                plan.waits[seq.rid] = "queue", f"behind {i} earlier request{'s' * (i != 1)} in {waiting.name} order"
+
+    def _preempt(self, seq: Sequence, live: list[Sequence], plan: StepPlan, free_slots: list[int], why: str) -> None:
         self.pool.release(seq.slot)
         free_slots.append(seq.slot)
         free_slots.sort()
         live.remove(seq)
         plan.preempted.append(seq)
+        plan.waits[seq.rid] = "preempted", why

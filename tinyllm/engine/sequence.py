@@ -4,13 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tinyllm.request import Request, Sampling
+from tinyllm.engine.sampler import Row
+from tinyllm.request import Request, Sampling, TokenLogprob
 from tinyllm.observe.snapshot import RequestView
 
 
+def finish_reason(req: Request, toks: list[int]) -> str | None:
+    """The stop rule, after each token: "eos" (its EOS), "stop" (one of its stop_token_ids),
+    once at least min_tokens are out; else "length" at max_new_tokens; None: it goes on."""
+    if len(toks) >= req.min_tokens:
+        if req.eos_id is not None and toks[-1] == req.eos_id:
+            return "eos"
+        if toks[-1] in req.stop_token_ids:
+            return "stop"
+    return "length" if len(toks) >= req.max_new_tokens else None
+
+
 def is_done(req: Request, toks: list[int]) -> bool:
-    """The stop rule: max_new_tokens reached, or the request's EOS produced."""
-    return len(toks) >= req.max_new_tokens or (req.eos_id is not None and toks[-1] == req.eos_id)
+    return finish_reason(req, toks) is not None
 
 
 @dataclass(frozen=True)
@@ -19,6 +30,8 @@ class Event:
     rid: int
     token: int
     done: bool                 # the request finished with this token (EOS or max_new_tokens)
+    reason: str = ""           # when done: "eos", "stop" (a stop token id) or "length"
+    logprob: TokenLogprob | None = None   # only for a request that asked for logprobs
 
 
 @dataclass(eq=False)
@@ -33,13 +46,23 @@ class Sequence:
     state: str = "queued"
     slot: int | None = None
     first_token: float | None = None
+    admitted: float | None = None          # its first admission (the end of its queue time)
     finish: float | None = None
     preemptions: int = 0
     error: str | None = None
     computed: int = 0                      # chunked prefill: context tokens whose K/V is in the pool
     cached_tokens: int = 0                 # of its context at its latest admission, served by the prefix cache
     prefilled: bool = False                # chunked prefill: sampled since its last (re)admission
+    wait: tuple[str, str] | None = None    # why it computed nothing in the latest step: (code, detail)
+    waited: dict[str, int] = field(default_factory=dict)   # steps spent waiting, per reason code
     view: RequestView | None = None        # cached snapshot view; None when stale
+    logprobs: list[TokenLogprob] = field(default_factory=list)   # one per token of out, if it asked
+
+    def row(self) -> Row:
+        """What the sampler needs to pick its next token: settings, history, bans, logprobs."""
+        r = self.req
+        banned = r.stop_ids() if len(self.out) < r.min_tokens else ()
+        return Row(self.sampling, r.prompt, self.out, banned, r.logprobs)
 
     def context(self) -> list[int]:
         """Prompt plus tokens generated so far (longer than the prompt only after a preemption)."""
@@ -62,5 +85,6 @@ class Sequence:
             r = self.req
             self.view = RequestView(self.rid, self.state, self.slot, r.prompt, tuple(self.out),
                                     r.max_new_tokens, self.sampling, r.eos_id, self.arrival, self.first_token,
-                                    self.finish, self.preemptions, self.error, self.cached_tokens)
+                                    self.finish, self.preemptions, self.error, self.cached_tokens,
+                                    r.priority, r.tenant, *(self.wait or ("", "")), admitted_s=self.admitted)
         return self.view

@@ -13,6 +13,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.decoders import DecodeStream
 
+SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")     # what HF hands a chat template
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>")
 
 
@@ -29,10 +30,13 @@ class TokenStream:
 
 
 class Tokenizer:
-    def __init__(self, hf: HFTokenizer, eos_id: int | None = None, bos_id: int | None = None):
+    def __init__(self, hf: HFTokenizer, eos_id: int | None = None, bos_id: int | None = None,
+                 chat_template: str | None = None, special_tokens: dict[str, str | None] | None = None):
         self.hf = hf
         self.eos_id = eos_id
         self.bos_id = bos_id
+        self.chat_template = chat_template                  # Jinja source, from tokenizer_config.json
+        self.special_tokens = special_tokens or {}          # bos_token, eos_token, ...: a template's variables
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "Tokenizer":
@@ -45,22 +49,30 @@ class Tokenizer:
             hf = HFTokenizer.from_file(str(tj))
         except Exception as e:  # the library raises a bare Exception on bad JSON
             raise ValueError(f"{tj}: not a valid tokenizers file ({e})") from None
-        eos = bos = None
+        eos = bos = template = None
+        special: dict[str, str | None] = {}
         cfg = path / "tokenizer_config.json"
         if cfg.is_file():
             meta = json.loads(cfg.read_text())
             eos = _token_id(hf, meta.get("eos_token"))
             bos = _token_id(hf, meta.get("bos_token"))
+            template = _chat_template(meta.get("chat_template"))
+            special = {k: _token_text(meta.get(k)) for k in SPECIAL_TOKEN_KEYS}
+        jinja = path / "chat_template.jinja"                # newer transformers save it on its own
+        if template is None and jinja.is_file():
+            template = jinja.read_text()
         if eos is None:
             eos = next((hf.token_to_id(t) for t in EOS_CANDIDATES if hf.token_to_id(t) is not None), None)
-        return cls(hf, eos, bos)
+        return cls(hf, eos, bos, template, special)
 
     @property
     def vocab_size(self) -> int:
         return self.hf.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text``; ``add_special_tokens`` runs the tokenizer's post-processor
+        (e.g. a Llama BOS), as vLLM's /tokenize does by default."""
+        return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -71,6 +83,19 @@ class Tokenizer:
     def token_text(self, token_id: int) -> str:
         """The token's own text (for display), decoded alone."""
         return self.hf.decode([token_id], skip_special_tokens=False)
+
+
+def _token_text(tok) -> str | None:
+    if isinstance(tok, dict):          # {"content": "</s>", ...} in older configs
+        tok = tok.get("content")
+    return tok if isinstance(tok, str) else None
+
+
+def _chat_template(t) -> str | None:
+    """A config's ``chat_template``: a string, or a list of named ones (the "default" is used)."""
+    if isinstance(t, list):
+        t = next((x.get("template") for x in t if isinstance(x, dict) and x.get("name") == "default"), None)
+    return t if isinstance(t, str) and t else None
 
 
 def _token_id(hf: HFTokenizer, tok) -> int | None:

@@ -85,6 +85,14 @@ def load_works(texts_dir: Path) -> tuple[list[str], list[str]]:
     return train, val
 
 
+# The bundled model's chat template: it learned plays, so a chat is a play script, each message a
+# speech headed by its speaker (the message's name, else its role) in capitals, and the reply is
+# the next speech, ASSISTANT's.
+PLAY_CHAT_TEMPLATE = ("{% for message in messages %}{{ (message['name'] or message['role']) | upper }}:\n"
+                      "{{ message['content'] }}\n\n{% endfor %}"
+                      "{% if add_generation_prompt %}ASSISTANT:\n{% endif %}")
+
+
 def train_tokenizer(works: list[str], vocab_size: int, out: Path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE())
@@ -97,7 +105,8 @@ def train_tokenizer(works: list[str], vocab_size: int, out: Path) -> None:
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOT, "bos_token": None,
-        "unk_token": None, "model_max_length": 512, "clean_up_tokenization_spaces": False}, indent=2) + "\n")
+        "unk_token": None, "model_max_length": 512, "clean_up_tokenization_spaces": False,
+        "chat_template": PLAY_CHAT_TEMPLATE}, indent=2) + "\n")
 
 
 def encode_works(tok, works: list[str]) -> torch.Tensor:

@@ -12,6 +12,7 @@
                  null: the engine forgot it (an ended request, see forget_ended)};
                  "q" queue: [dropped from the front, [appended]] or {"all": [the whole queue]};
                  "kv" {changed KVView fields, "blocks": [[block, owner, refs, cached]]};
+                 "bt" the step's batch [[rid, tokens computed]] (when it changed);
                  "c" counter increments in Counters' field order.
     A file whose name ends in ".gz" is gzip-compressed (about 8x smaller).
 
@@ -65,7 +66,7 @@ def make_header(snap: EngineSnapshot, model: str, tokenizer: str, settings: dict
     return {"format": FORMAT, "version": VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "model": model, "tokenizer": tokenizer, "settings": settings,
             "engine": {"n_slots": snap.n_slots, "max_len": snap.max_len,
-                       "max_batched_tokens": snap.max_batched_tokens,
+                       "max_batched_tokens": snap.max_batched_tokens, "policy": snap.policy,
                        "kv": {"kind": kv.kind, "reserved_tokens": kv.reserved_tokens,
                               "bytes_per_token": kv.bytes_per_token, "block_size": kv.block_size,
                               "n_blocks": kv.n_blocks, "cached_flags": bool(kv.block_cached)}}}
@@ -96,7 +97,8 @@ def blank_snapshot(header: dict) -> EngineSnapshot:
     kv = KVView(k["kind"], k["reserved_tokens"], 0, 0, k["bytes_per_token"], k["block_size"], k["n_blocks"],
                 n if k["kind"] == "paged" else None, (None,) * n, (0,) * n, flags, 0)
     slots = tuple(SlotView(i, None, 0, e["max_len"]) for i in range(e["n_slots"]))
-    return EngineSnapshot(0.0, e["n_slots"], e["max_len"], slots, (), (), kv, Counters(), e["max_batched_tokens"])
+    return EngineSnapshot(0.0, e["n_slots"], e["max_len"], slots, (), (), kv, Counters(), e["max_batched_tokens"],
+                          e.get("policy", "fcfs"))
 
 
 # -- events ---------------------------------------------------------------------------------------
@@ -169,6 +171,8 @@ class SnapshotEncoder:
                 kv.update(zip(_BLOCK_FIELDS, now))
         if kv:
             d["kv"] = kv
+        if snap.batch != prev.batch:
+            d["bt"] = [list(item) for item in snap.batch]
         if snap.counters != prev.counters:                # increments, in field order: short
             d["c"] = [getattr(snap.counters, f) - getattr(prev.counters, f) for f in _COUNTER_FIELDS]
         self._prev = snap
@@ -238,6 +242,8 @@ class SnapshotDecoder:
                     owner[i], refs[i], cached[i] = o, r, c
                 kv.update(block_owner=tuple(owner), block_refs=tuple(refs), block_cached=tuple(cached))
             changes["kv"] = replace(s.kv, **kv)
+        if "bt" in d:
+            changes["batch"] = tuple((int(rid), int(n)) for rid, n in d["bt"])
         if "c" in d:
             if len(d["c"]) != len(_COUNTER_FIELDS):
                 raise ValueError(f"counters: expected {len(_COUNTER_FIELDS)} increments, got {len(d['c'])}")

@@ -14,7 +14,16 @@ if TYPE_CHECKING:
     from tinyllm.request import Sampling
 
 REQUEST_STATES = ("queued", "running", "preempted", "finished", "aborted", "failed")
-LIFECYCLE_KINDS = ("queued", "admitted", "prefill", "first_token", "preempted", "finished", "aborted", "failed")
+LIFECYCLE_KINDS = ("queued", "admitted", "prefill", "first_token", "preempted", "finished", "aborted", "failed",
+                   "waiting")
+# Why a request computes nothing in a step: the scheduler's reason (RequestView.wait), one of these.
+WAIT_REASONS = {
+    "queue": "behind earlier requests in the policy's order",
+    "slots": "max running sequences reached: no free slot",
+    "pool": "KV pool full: not enough free blocks",
+    "budget": "the step's token budget is used up",
+    "preempted": "preempted (out of blocks, or for a higher-priority request)",
+}
 
 
 @dataclass(frozen=True)
@@ -29,7 +38,8 @@ class LifecycleEvent:
     slot: int | None = None       # admitted: the slot taken; preempted/finished/aborted/failed: the slot freed
     tokens: int = 0               # queued/admitted: context tokens; prefill: the chunk's length;
                                   # preempted: tokens to recompute; finished/aborted: tokens generated
-    reason: str = ""              # finished: "eos" / "length"; preempted/failed: why;
+    reason: str = ""              # finished: "eos" / "stop" / "length"; preempted/failed: why;
+                                  # waiting: "code: detail" (WAIT_REASONS), "" = computing again;
                                   # prefill: "start..end of context" (chunked prefill only)
     cached: int = 0               # admitted: context tokens served by the prefix cache
 
@@ -73,6 +83,12 @@ class RequestView:
     cached_tokens: int = 0        # context tokens served by the prefix cache at its latest admission
                                   # (the prompt's, like OpenAI usage's cached_tokens; after a
                                   # preemption, generated tokens can be among them)
+    priority: int = 0             # the request's priority (the "priority" policy: lower first)
+    tenant: str = ""              # the request's tenant (the "fair" policy)
+    wait: str = ""                # why it computed nothing in the latest step (WAIT_REASONS code; "" = it ran)
+    wait_detail: str = ""         # the scheduler's words, e.g. "KV pool full: needs 3 blocks, 1 free"
+    admitted_s: float | None = None   # engine clock: its first admission (queue time ends here;
+                                      # None while queued, and in recordings made before this field)
 
     @property
     def ttft_s(self) -> float | None:
@@ -139,6 +155,8 @@ class EngineSnapshot:
     kv: KVView
     counters: Counters
     max_batched_tokens: int | None = None   # the token-budget scheduler's budget; None: the seed's scheduler
+    policy: str = "fcfs"                # the scheduling policy (engine/policy.py)
+    batch: tuple[tuple[int, int], ...] = ()   # the latest step's batch: (rid, tokens computed), batch order
 
     @property
     def num_requests_running(self) -> int:
@@ -152,6 +170,14 @@ class EngineSnapshot:
     def kv_cache_usage_perc(self) -> float:
         """Fraction of the cache claimed by requests (vLLM's meaning), 0..1."""
         return self.kv.allocated_tokens / max(1, self.kv.reserved_tokens)
+
+    def wait_counts(self) -> dict[str, int]:
+        """Requests waiting (queued, or running but idle this step) per WAIT_REASONS code."""
+        out: dict[str, int] = {}
+        for v in self.requests:
+            if v.wait and v.state in ("queued", "preempted", "running"):
+                out[v.wait] = out.get(v.wait, 0) + 1
+        return out
 
     def request(self, rid: int) -> RequestView | None:
         i = bisect_left(self.requests, rid, key=lambda r: r.rid)      # sorted by id

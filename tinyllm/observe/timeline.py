@@ -49,10 +49,21 @@ class Track:
     admissions: tuple[tuple[int, int], ...] = ()   # (step, prefix-cached tokens) per admission
     chunk_steps: tuple[int, ...] = ()         # steps that computed a prefill chunk (chunked only)
     preempt_steps: tuple[int, ...] = ()
+    waits: tuple[tuple[int, str], ...] = ()   # (step, WAIT_REASONS code from that step on; "" = computing)
 
     @property
     def open_span(self) -> Span | None:
         return self.spans[-1] if self.spans and self.spans[-1].end_step is None else None
+
+    def wait_spans(self, now_step: int) -> list[tuple[int, int, str]]:
+        """(first step, last step, code) for each stretch it waited for one reason."""
+        last = self.end_step if self.end_step is not None else now_step
+        out = []
+        for i, (s, code) in enumerate(self.waits):
+            end = self.waits[i + 1][0] - 1 if i + 1 < len(self.waits) else last
+            if code and end >= s:
+                out.append((s, end, code))
+        return out
 
     def phase_at(self, step: int, now_step: int) -> str | None:
         """The span phase covering ``step`` (None before the request existed or after it ended)."""
@@ -79,6 +90,15 @@ def _start(spans: tuple[Span, ...], phase: str, step: int, time_s: float) -> tup
     return _close(spans, step, time_s) + (Span(phase, step, time_s),)
 
 
+def _wait(waits: tuple[tuple[int, str], ...], step: int, code: str) -> tuple[tuple[int, str], ...]:
+    """``waits`` with ``code`` from ``step`` on (a change within one step replaces the earlier)."""
+    if waits and waits[-1][0] == step:
+        waits = waits[:-1]
+    if (waits[-1][1] if waits else "") == code:
+        return waits
+    return waits + ((step, code),)
+
+
 class Timeline:
     """Folds lifecycle events into one Track per request, in request id order."""
 
@@ -97,7 +117,9 @@ class Timeline:
             return replace(t, spans=_start(t.spans, "queued", s, ts))
         if k == "admitted":
             return replace(t, spans=_start(t.spans, "prefill", s, ts), slot=ev.slot,
-                           admissions=t.admissions + ((s, ev.cached),))
+                           admissions=t.admissions + ((s, ev.cached),), waits=_wait(t.waits, s, ""))
+        if k == "waiting":
+            return replace(t, waits=_wait(t.waits, s, ev.reason.partition(":")[0]))
         if k == "prefill":
             chunks = t.chunk_steps if t.chunk_steps and t.chunk_steps[-1] == s else t.chunk_steps + (s,)
             _, end, total = ev.prefill_span()
@@ -106,7 +128,7 @@ class Timeline:
             return replace(t, chunk_steps=chunks, spans=spans)
         if k == "preempted":
             return replace(t, spans=_start(t.spans, "preempted", s, ts), slot=None,
-                           preempt_steps=t.preempt_steps + (s,))
+                           preempt_steps=t.preempt_steps + (s,), waits=_wait(t.waits, s, "preempted"))
         if k in ENDS:
             spans = _close(t.spans, s + 1, ts)          # the end step still belongs to the span
             return replace(t, spans=spans, end=k, end_step=s, end_s=ts, slot=None)

@@ -1,7 +1,8 @@
 """A recording as a Chrome trace (JSON), for Perfetto (ui.perfetto.dev) and chrome://tracing.
 
     process "requests": a track per request (tid = request id + 1, named "#id"), with spans
-                        queued / prefill / decode / preempted and instants at preemptions and aborts
+                        queued / prefill / decode / preempted (args: why it waited, per reason and
+                        steps) and instants at preemptions, aborts and each change of waiting reason
     process "slots":    a track per KV slot, a span per request holding it
     process "engine":   counters: KV tokens used / allocated / in free cached blocks, requests
                         running / waiting
@@ -67,17 +68,23 @@ def perfetto_trace(header: dict, records: list[dict]) -> dict:
             last_q = cur_q
     if events:
         end_s = max(end_s, max(e.time_s for e in events))
+    last_step = max((e.step for e in events), default=0)
 
     out = (_meta(PID_REQUESTS, None, "process_name", "requests", 1) + _meta(PID_SLOTS, None, "process_name", "slots", 2)
            + _meta(PID_ENGINE, None, "process_name", "engine", 3))
     for t in build_tracks(events):
         tid = t.rid + 1
         out += _meta(PID_REQUESTS, tid, "thread_name", f"#{t.rid}", t.rid)
+        waits = t.wait_spans(last_step)
         for sp in t.spans:
-            out.append(_span(PID_REQUESTS, tid, sp.phase, sp.start_s, sp.end_s if sp.end_s is not None else end_s,
-                             {"steps": f"{sp.start_step}..{sp.end_step if sp.end_step is not None else '…'}"}))
+            args = {"steps": f"{sp.start_step}..{sp.end_step if sp.end_step is not None else '…'}"}
+            why = [f"{code} (steps {a}..{b})" for a, b, code in waits
+                   if a <= (sp.end_step if sp.end_step is not None else last_step) and b >= sp.start_step]
+            if why:
+                args["waiting"] = ", ".join(why)        # the scheduler's reasons (WAIT_REASONS)
+            out.append(_span(PID_REQUESTS, tid, sp.phase, sp.start_s, sp.end_s if sp.end_s is not None else end_s, args))
     for e in events:
-        if e.kind in ("preempted", "aborted", "failed"):
+        if e.kind in ("preempted", "aborted", "failed", "waiting") and (e.kind != "waiting" or e.reason):
             out.append({"ph": "i", "pid": PID_REQUESTS, "tid": e.rid + 1, "name": e.kind, "s": "t",
                         "ts": _us(e.time_s), "args": {"step": e.step, "slot": e.slot, "reason": e.reason,
                                                       "tokens": e.tokens}})

@@ -13,8 +13,9 @@ from collections import deque
 from tinyllm.engine import ContinuousEngine, Request, Result
 from tinyllm.engine.static import StaticBatcher
 from tinyllm.race.clock import LaneClock
-from tinyllm.race.views import LANE_TITLES, LaneResult, LaneView, RowView
+from tinyllm.race.views import LaneResult, LaneView, RequestOutcome, RowView
 from tinyllm.observe.stats import Stats, percentile
+from tinyllm.observe.timeline import Timeline
 
 Workload = list[tuple[float, Request]]          # (arrival_s, request), sorted by arrival
 TRACE_POINTS = 256                              # a lane's (clock, tokens) trace is thinned to at most this
@@ -25,8 +26,8 @@ class Lane:
     """What every lane shares: arrivals, the clock, the figures. Subclasses wrap one engine."""
     engine: StaticBatcher | ContinuousEngine
 
-    def __init__(self, key: str, detail: str, clock: LaneClock, workload: Workload):
-        self.key, self.title, self.detail, self.clock = key, LANE_TITLES[key], detail, clock
+    def __init__(self, key: str, title: str, kind: str, detail: str, clock: LaneClock, workload: Workload):
+        self.key, self.title, self.kind, self.detail, self.clock = key, title, kind, detail, clock
         self._pending = deque(workload)
         self.arrival: dict[int, float] = {}             # rid -> nominal arrival (this clock)
         self.total = len(workload)
@@ -34,6 +35,8 @@ class Lane:
         self._result: LaneResult | None = None
         self.tokens = 0                                 # tokens generated so far (every request)
         self.trace: list[tuple[float, int]] = [(0.0, 0)]   # (clock, tokens) after each step, thinned
+        self.token_times: dict[int, list[float]] = {}   # rid -> when each of its tokens came (this clock)
+        self._outcomes: tuple[RequestOutcome, ...] = ()
 
     # -- what a subclass provides ---------------------------------------------------------------
     def _add(self, req: Request, arrival: float) -> int:
@@ -47,8 +50,11 @@ class Lane:
         """Requests in hand (running or waiting in the engine)."""
         raise NotImplementedError
 
-    def _engine_step(self) -> int:
-        """One step of the engine; returns how many tokens it generated."""
+    def _engine_step(self) -> list:
+        """One step of the engine; returns its token Events."""
+        raise NotImplementedError
+
+    def _outcome(self, rid: int, first: float, end: float, times: list[float]) -> RequestOutcome:
         raise NotImplementedError
 
     def _stats(self) -> Stats:
@@ -80,7 +86,10 @@ class Lane:
         self._release()
         if not self._can_step():
             return False
-        self.tokens += self.clock.timed(self._engine_step)
+        events = self.clock.timed(self._engine_step)
+        self.tokens += len(events)
+        for ev in events:
+            self.token_times.setdefault(ev.rid, []).append(self.clock.elapsed)
         self.trace.append((self.clock.elapsed, self.tokens))
         if len(self.trace) > TRACE_POINTS:              # every other point, the first and the newest kept
             self.trace = self.trace[:-1:2] + self.trace[-1:]
@@ -99,7 +108,19 @@ class Lane:
                                       s["ttft_p95_s"], s["latency_p95_s"], s["row_util"], s["kv_used_mean"],
                                       s["decode_steps"], stats.computed_rows, stats.useful_rows,
                                       s["prefill_tokens_computed"])
+            self._outcomes = tuple(self._outcome(rid, first, end, self.token_times.get(rid, []))
+                                   for rid, first, end in sorted(self._finished()))
         return self._result
+
+    def outcomes(self) -> tuple[RequestOutcome, ...]:
+        """Per request, once the lane is done (the what-if comparison)."""
+        self.result()
+        return self._outcomes
+
+    def _times(self, rid: int, first: float, end: float, times: list[float]) -> tuple[float, float | None, float]:
+        """(TTFT, inter-token latency p99, end-to-end) from the nominal arrival."""
+        gaps = sorted(b - a for a, b in zip(times, times[1:]))
+        return first - self.arrival[rid], percentile(gaps, 0.99) if gaps else None, end - self.arrival[rid]
 
     def _release(self) -> None:
         now = self.clock.now()
@@ -119,14 +140,16 @@ class Lane:
         return LaneView(self.key, self.title, self.detail, tuple(rows), queued, len(self._pending), done,
                         self.total, tokens, self.total_tokens, self.clock.now(),
                         percentile(ttft, 0.5) if ttft else None, st.decode_steps, st.computed_rows,
-                        st.useful_rows, kv_used, kv_reserved, note, self.result(), tuple(self.trace))
+                        st.useful_rows, kv_used, kv_reserved, note, self.result(), tuple(self.trace), self.kind,
+                        self._outcomes)
 
 
 class StaticLane(Lane):
     """Static batching (StaticBatcher): rows that finished keep being computed, shown as wasted."""
 
-    def __init__(self, detail: str, clock: LaneClock, workload: Workload, engine: StaticBatcher):
-        super().__init__("static", detail, clock, workload)
+    def __init__(self, key: str, title: str, detail: str, clock: LaneClock, workload: Workload,
+                 engine: StaticBatcher):
+        super().__init__(key, title, "static", detail, clock, workload)
         self.engine = engine
         self._ended: tuple[int, ...] = ()               # the batch that ended in the latest step
 
@@ -147,7 +170,12 @@ class StaticLane(Lane):
         before = tuple(r.rid for r in self.engine.rows())
         events = self.engine.step()
         self._ended = before if not self.engine.batch else ()
-        return len(events)
+        return events
+
+    def _outcome(self, rid, first, end, times):
+        ttft, itl, e2e = self._times(rid, first, end, times)
+        return RequestOutcome(rid, ttft, itl, e2e, 0, (),
+                              (("queued", self.arrival[rid], first), ("decode", first, end)))
 
     def _finished(self):
         e = self.engine
@@ -180,10 +208,11 @@ class _ClockedEngine(ContinuousEngine):
 class ContinuousLane(Lane):
     """ContinuousEngine: the seed's scheduler (slots) or the token-budget one (paged, chunked)."""
 
-    def __init__(self, key: str, detail: str, clock: LaneClock, workload: Workload, model, n_slots: int,
-                 **engine_kw):
-        super().__init__(key, detail, clock, workload)
+    def __init__(self, key: str, title: str, kind: str, detail: str, clock: LaneClock, workload: Workload, model,
+                 n_slots: int, **engine_kw):
+        super().__init__(key, title, kind, detail, clock, workload)
         self.engine = _ClockedEngine(model, n_slots, lane_clock=clock, **engine_kw)
+        self.timeline = Timeline()                      # each request's spans (the what-if's rows)
         self._freed: dict[int, int] = {}                # slot -> the request that finished there, latest step
 
     def _add(self, req, arrival):
@@ -197,9 +226,19 @@ class ContinuousLane(Lane):
 
     def _engine_step(self):
         events = self.engine.step()
-        self._freed = {ev.slot: ev.rid for ev in self.engine.pop_lifecycle()
-                       if ev.kind == "finished" and ev.slot is not None}
-        return len(events)
+        life = self.engine.pop_lifecycle()
+        self.timeline.feed(life)
+        self._freed = {ev.slot: ev.rid for ev in life if ev.kind == "finished" and ev.slot is not None}
+        return events
+
+    def _outcome(self, rid, first, end, times):
+        ttft, itl, e2e = self._times(rid, first, end, times)
+        track = self.timeline.track(rid)
+        spans = tuple((sp.phase, sp.start_s, sp.end_s if sp.end_s is not None else end)
+                      for sp in (track.spans if track else ()))
+        waited = sorted(self.engine.waited(rid).items(), key=lambda kv: -kv[1])
+        return RequestOutcome(rid, ttft, itl, e2e, self.engine.snapshot().request(rid).preemptions,
+                              tuple(waited), spans)
 
     def _finished(self):
         return [(v.rid, v.first_token_s, v.finish_s) for v in self.engine.snapshot().requests

@@ -18,8 +18,9 @@ from tinyllm.engine import Request
 from tinyllm.engine.static import StaticBatcher
 from tinyllm.race.clock import LaneClock
 from tinyllm.race.lanes import ContinuousLane, Lane, StaticLane, Workload
+from tinyllm.race.spec import LaneSpec
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, check_static_batches
-from tinyllm.race.views import LANES, LaneView, lane_detail
+from tinyllm.race.views import LANE_TITLES, LANES, LaneView, lane_detail
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, check_fits
 
 
@@ -50,40 +51,54 @@ class Race:
 
 def build_race(model, workload: Workload, slots: int, max_len: int, block_size: int = 16,
                kv_blocks: int | None = None, max_batched_tokens: int | None = None,
-               batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S, lanes: tuple[str, ...] = LANES,
+               batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S, lanes: tuple[str | LaneSpec, ...] = LANES,
                step_cost_s: float | None = None, seed: int = 0) -> Race:
     """The lanes on ``workload`` (sorted by arrival here; request ids follow that order in every
-    lane). ``step_cost_s``: a fixed cost per step instead of measured time (deterministic tests).
-    ValueError / ContextTooLong, before anything runs, for a request some lane could not take."""
-    unknown = [k for k in lanes if k not in LANES]
-    if unknown or not lanes:
+    lane). ``lanes``: lane kinds (``LANES``) or ``LaneSpec``s, each with its own settings (the
+    what-if: ``race/spec.py``); the other arguments are every lane's defaults. ``step_cost_s``: a
+    fixed cost per step instead of measured time (deterministic tests). ValueError /
+    ContextTooLong, before anything runs, for a request or a setting some lane could not take."""
+    specs = [lane if isinstance(lane, LaneSpec) else LaneSpec(lane, lane) for lane in lanes]
+    unknown = [s.label for s in specs if s.kind not in LANES]
+    if unknown or not specs:
         raise ValueError(f"unknown lane(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(LANES)}")
     workload = sorted(workload, key=lambda item: item[0])
     arrivals = any(t > 0 for t, _ in workload)
-    budget = max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
     for t, r in workload:
         if not isinstance(r, Request) or r.sampling is not None or r.eos_id is not None:
             raise ValueError("race requests are greedy and ignore end-of-text: Request(prompt, max_new_tokens)")
         check_fits(len(r.prompt), r.max_new_tokens, max_len, "--max-len")
-    if "static" in lanes:
-        check_static_batches([(len(r.prompt), r.max_new_tokens) for _, r in workload], slots, model.cfg.max_seq_len)
+    plain = all(s.label == s.kind for s in specs) and len({s.kind for s in specs}) == len(specs)
     built: list[Lane] = []
-    for key in (k for k in LANES if k in lanes):
+    for i, spec in enumerate(specs):
+        key = spec.kind if plain else f"lane{i}"          # the default lanes keep their kind as key
+        title = LANE_TITLES[spec.kind] if spec.label == spec.kind else spec.label
+        n = spec.slots or slots
+        budget = spec.budget or max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
         clock = LaneClock(step_cost_s)
         gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-        detail = lane_detail(key, slots, batch_timeout_s, budget, arrivals)
-        if key == "static":
-            eng = StaticBatcher(model, slots, generator=gen, clock=clock.now, batch_timeout_s=batch_timeout_s)
-            built.append(StaticLane(detail, clock, workload, eng))
-        elif key == "continuous":
-            built.append(ContinuousLane(key, detail, clock, workload, model, slots, max_len=max_len, kv="slots",
-                                        generator=gen))
+        detail = lane_detail(spec.kind, n, batch_timeout_s, budget, arrivals)
+        if spec.label != spec.kind and spec.describe():
+            detail = f"{detail}; {spec.describe()}"
+        if spec.kind == "static":
+            check_static_batches([(len(r.prompt), r.max_new_tokens) for _, r in workload], n, model.cfg.max_seq_len)
+            eng = StaticBatcher(model, n, generator=gen, clock=clock.now, batch_timeout_s=batch_timeout_s)
+            built.append(StaticLane(key, title, detail, clock, workload, eng))
+            continue
+        kw = dict(max_len=max_len, generator=gen, scheduling_policy=spec.policy)
+        if spec.kind == "continuous" and spec.kv != "paged":
+            kw.update(kv="slots")
+        elif spec.kind == "continuous":
+            kw.update(kv="paged", block_size=spec.block_size or block_size, kv_blocks=spec.kv_blocks or kv_blocks)
         else:
-            built.append(ContinuousLane(key, detail, clock, workload, model, slots, max_len=max_len, kv="paged",
-                                        block_size=block_size, kv_blocks=kv_blocks, chunked_prefill=True,
-                                        max_batched_tokens=max_batched_tokens, generator=gen))
-        if key != "static":
-            pool = built[-1].engine.slots
+            kw.update(kv="paged", block_size=spec.block_size or block_size, kv_blocks=spec.kv_blocks or kv_blocks,
+                      chunked_prefill=True, max_batched_tokens=spec.budget or max_batched_tokens,
+                      prefix_cache=spec.prefix_cache)
+        try:
+            lane = ContinuousLane(key, title, spec.kind, detail, clock, workload, model, n, **kw)
             for _, r in workload:
-                pool.check_fits(len(r.prompt) + r.max_new_tokens)     # paged: the whole pool, alone
+                lane.engine.slots.check_fits(len(r.prompt) + r.max_new_tokens)   # paged: the whole pool, alone
+        except ValueError as e:
+            raise ValueError(f"lane {spec.label!r}: {e}") from None
+        built.append(lane)
     return Race(built)

@@ -74,6 +74,8 @@ class LaneView:
     note: str = ""                # what it is waiting for, when it waits
     result: LaneResult | None = None      # set once every request is done
     trace: tuple[tuple[float, int], ...] = ((0.0, 0),)   # (clock_s, tokens) over the race, thinned
+    kind: str = ""                # one of race.spec.KINDS ("" = key, the default lanes)
+    outcomes: tuple["RequestOutcome", ...] = ()   # per request, set once the lane is done (what-if)
 
     @property
     def finished(self) -> bool:
@@ -84,7 +86,20 @@ class LaneView:
         return self.useful_rows / self.computed_rows if self.computed_rows else 0.0
 
 
-def waiting_lane(key: str, detail: str, rows: int, total: int, total_tokens: int) -> LaneView:
+@dataclass(frozen=True)
+class RequestOutcome:
+    """One request's life in one lane, for the what-if comparison (times on the lane's clock)."""
+    rid: int
+    ttft_s: float
+    itl_p99_s: float | None       # inter-token latency p99 (None: fewer than 2 tokens)
+    e2e_s: float                  # arrival -> last token
+    preemptions: int
+    waited: tuple[tuple[str, int], ...] = ()   # (WAIT_REASONS code, steps), most first
+    spans: tuple[tuple[str, float, float], ...] = ()   # (phase, start_s, end_s): queued/prefill/decode/preempted
+
+
+def waiting_lane(key: str, detail: str, rows: int, total: int, total_tokens: int, title: str | None = None,
+                 kind: str = "") -> LaneView:
     """A lane before its first step (free rows, nothing done): what the app shows while loading."""
-    return LaneView(key, LANE_TITLES[key], detail, tuple(RowView(None, "free") for _ in range(rows)),
-                    0, total, 0, total, 0, total_tokens, 0.0, None, 0, 0, 0, 0, 0)
+    return LaneView(key, title or LANE_TITLES[key], detail, tuple(RowView(None, "free") for _ in range(rows)),
+                    0, total, 0, total, 0, total_tokens, 0.0, None, 0, 0, 0, 0, 0, kind=kind or key)

@@ -1,8 +1,13 @@
 """``tinyllm serve``: an OpenAI-compatible HTTP server over the continuous-batching engine.
 
     engine_loop.py  EngineLoop: the one thread that steps the engine; per-request asyncio queues
-    protocol.py     the OpenAI completions API: request parsing, errors, response and chunk shapes
-    app.py          the ASGI app (FastAPI): /v1/completions, /v1/models, /health, /metrics
+    protocol.py     the OpenAI completions API: request parsing (the sampling fields for both routes),
+                    errors, response and chunk shapes
+    chat.py         the chat completions API: messages, chat's response and chunk shapes
+    chat_template.py  the checkpoint's chat_template rendered in jinja2's sandbox, as transformers does
+    tokenization.py vLLM's /tokenize and /detokenize shapes
+    app.py          the ASGI app (FastAPI): /v1/completions, /v1/chat/completions, /tokenize, /detokenize,
+                    /v1/models, /health, /metrics
     metrics.py      Prometheus metrics with vLLM's names (a step hook)
     stream.py       reserved: GET /v1/tinyllm/stream (add_stream_route)
     server.py       the engine the server runs, uvicorn (run_server for the CLI, ServerThread)

@@ -1,4 +1,5 @@
-"""The ASGI app: OpenAI's completions and models routes, health, Prometheus metrics.
+"""The ASGI app: OpenAI's completions, chat completions and models routes, vLLM's tokenize and
+detokenize, health, Prometheus metrics.
 
 Handlers run in the asyncio event loop and never touch the engine: they tokenize, validate,
 submit to the EngineLoop and await their request's tokens. Every error a client can cause is a
@@ -8,6 +9,12 @@ requests that passed these checks, and even a request it refuses is answered, no
 A client that goes away aborts its request at once: streaming and non-streaming responses both
 watch the connection for ``http.disconnect`` while they wait, and abort on it (freeing the
 request's slot and KV blocks), rather than noticing only at the next write.
+
+Both generation routes share one path (``_serve``): they differ in how the body is parsed (the
+sampling fields by the one ``parse_generation``), how the prompt is made (chat: the checkpoint's
+template) and the shape of the answer (``CompletionShape`` / ``ChatShape``). Each final response,
+and the last chunks of a stream, carry the request's accounting in a ``"tinyllm"`` field
+(tinyllm/observe/accounting.py).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import json
 import logging
 import time
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI
@@ -26,15 +34,20 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from tinyllm.request import Request as EngineRequest
+from tinyllm.request import Request as EngineRequest, SamplingError
 import tinyllm.serve.protocol as protocol
+from tinyllm.serve.chat import ChatShape, parse_chat
+from tinyllm.serve.chat_template import ChatTemplateError, render
 from tinyllm.serve.engine_loop import EngineLoop, EngineLoopStopped, RequestFailed, RequestHandle, RequestRejected
 from tinyllm.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from tinyllm.serve.protocol import ApiError
+from tinyllm.serve.reader import OutputReader
 from tinyllm.serve.stream import add_stream_route
+from tinyllm.serve.tokenization import parse_detokenize, parse_tokenize, tokenize_response
 
 log = logging.getLogger("tinyllm.serve")
 REQUEST_ID_HEADER = "x-tinyllm-request-id"      # the engine's id for the request (its row in the viewers)
+ACCOUNTING_FIELD = "tinyllm"                    # the extension field of a final response / stream chunk
 
 
 def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
@@ -45,8 +58,9 @@ def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
     before the engine thread runs."""
     engine = engine_loop.engine
     vocab_size, max_len = engine.model.cfg.vocab_size, engine.max_len
+    room = min(max_len, engine.slots.reserved_tokens())    # the most context one request can hold
     if metrics is None:
-        metrics = ServeMetrics(model_name)
+        metrics = ServeMetrics(model_name, max_len)
         engine_loop.add_step_hook(metrics.on_step)
     metrics.set_cache_config(engine)
 
@@ -112,8 +126,66 @@ def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
         p = protocol.parse_completion(protocol.load_json(raw), model_name)
         ids = list(p.prompt_ids) if p.prompt_ids is not None else tokenizer.encode(p.prompt_text)
         protocol.check_prompt(ids, p.max_tokens, vocab_size, max_len)
+        return await _serve(request, p, ids, protocol.CompletionShape)
+
+    def render_chat(messages, add_generation_prompt: bool) -> str:
+        try:
+            return render(tokenizer.chat_template, list(messages), add_generation_prompt, tokenizer.special_tokens)
+        except ChatTemplateError as e:
+            raise ApiError(str(e), "messages", "invalid_chat_template") from None
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        try:
+            raw = await request.body()
+        except ClientDisconnect:
+            return Response(status_code=499)
+        p = parse_chat(protocol.load_json(raw), model_name)
+        ids = tokenizer.encode(render_chat(p.messages, p.add_generation_prompt))
+        # no max_tokens: what the context leaves (as OpenAI and vLLM), within what one request may hold
+        max_tokens = p.max_tokens if p.max_tokens is not None else max(1, room - len(ids))
+        try:
+            protocol.check_prompt(ids, max_tokens, vocab_size, max_len)
+        except ApiError as e:
+            e.param = "messages" if e.param == "prompt" else e.param
+            raise
+        return await _serve(request, replace(p, max_tokens=max_tokens), ids, ChatShape)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        try:
+            raw = await request.body()
+        except ClientDisconnect:
+            return Response(status_code=499)
+        t = parse_tokenize(protocol.load_json(raw), model_name)
+        if t.prompt is not None:
+            ids = tokenizer.encode(t.prompt, t.add_special_tokens)
+        else:
+            ids = tokenizer.encode(render_chat(t.messages, t.add_generation_prompt), t.add_special_tokens)
+        strs = [tokenizer.token_text(i) for i in ids] if t.return_token_strs else None
+        return JSONResponse(tokenize_response(ids, max_len, strs))
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        try:
+            raw = await request.body()
+        except ClientDisconnect:
+            return Response(status_code=499)
+        ids = parse_detokenize(protocol.load_json(raw), model_name, tokenizer.vocab_size)
+        return JSONResponse({"prompt": tokenizer.decode(ids)})
+
+    async def _serve(request: Request, p: protocol.GenerationParams, ids: list[int], shape) -> Response:
+        """Submit a validated request and answer it in ``shape`` (completions' or chat's)."""
         eos = None if p.ignore_eos else tokenizer.eos_id
-        req = EngineRequest(ids, p.max_tokens, eos_id=eos, sampling=p.sampling)
+        try:
+            req = EngineRequest(ids, p.max_tokens, eos_id=eos, sampling=p.sampling, stop_token_ids=p.stop_token_ids,
+                                min_tokens=p.min_tokens, logprobs=p.logprobs)
+        except SamplingError as e:                         # e.g. chat's min_tokens above what the context leaves
+            raise ApiError(str(e), e.field, "invalid_value") from None
+        bad = next((t for t in p.stop_token_ids if t >= vocab_size), None)
+        if bad is not None:
+            raise ApiError(f"stop token id {bad} is outside the model's vocabulary [0, {vocab_size})",
+                           "stop_token_ids", "invalid_value")
         try:
             handle = engine_loop.submit(req)
         except EngineLoopStopped as e:
@@ -129,8 +201,8 @@ def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
             handle.close()
             raise
         if p.stream:
-            return CompletionStream(handle, tokenizer, p, ids, model_name)
-        return await _complete(request, handle, tokenizer, p, ids, model_name)
+            return CompletionStream(handle, tokenizer, p, ids, model_name, shape)
+        return await _complete(request, handle, tokenizer, p, ids, model_name, shape)
 
     app.state.feed = add_stream_route(app, engine_loop, tokenizer, model_name, {    # see tinyllm/serve/stream.py
         "slots": engine.n_slots, "max_len": max_len, "kv": engine.kv_kind,
@@ -144,16 +216,17 @@ async def _wait_disconnect(receive: Receive) -> None:
         pass
 
 
-async def _complete(request: Request, handle: RequestHandle, tokenizer, p: protocol.CompletionParams,
-                    prompt: list[int], model: str) -> Response:
+async def _complete(request: Request, handle: RequestHandle, tokenizer, p: protocol.GenerationParams,
+                    prompt: list[int], model: str, shape=protocol.CompletionShape) -> Response:
     """A non-streaming completion, aborted if the client disconnects while it is generated."""
-    async def collect() -> tuple[list[int], str, int]:
-        toks: list[int] = []
+    reader = OutputReader(tokenizer, handle, p, chat=shape is ChatShape)
+
+    async def collect() -> tuple[list[int], str, int, Any]:
         while True:
             out = await handle.next_output()
-            toks += out.tokens
+            reader.take(out)
             if out.finished:
-                return toks, out.finish_reason, out.cached_tokens
+                return reader.tokens, reader.finish_reason(out), out.cached_tokens, out.accounting
 
     work = asyncio.ensure_future(collect())
     gone = asyncio.ensure_future(_wait_disconnect(request.receive))
@@ -167,15 +240,24 @@ async def _complete(request: Request, handle: RequestHandle, tokenizer, p: proto
     if not work.done() or work.cancelled():
         return Response(status_code=499)                   # nobody reads it
     try:
-        toks, reason, cached = work.result()
+        toks, reason, cached, acc = work.result()
     except RequestFailed as e:
         raise ApiError(str(e), None, None, 500, "server_error") from None
-    text = tokenizer.decode(toks, skip_special_tokens=True)
+    text = reader.text if reader.stopped else tokenizer.decode(toks, skip_special_tokens=True)
     ids = toks if p.return_token_ids else None
-    return JSONResponse(protocol.completion(protocol.new_completion_id(), model, text, reason,
-                                            protocol.usage(len(prompt), len(toks), cached), ids,
-                                            prompt if p.return_token_ids else None),
-                        headers={REQUEST_ID_HEADER: str(handle.rid)})
+    body = shape.response(shape.new_id(), model, text, reason, protocol.usage(len(prompt), len(toks), cached), ids,
+                          prompt if p.return_token_ids else None)
+    if reader.want_logprobs:
+        body["choices"][0]["logprobs"] = reader.all_logprobs()
+    return JSONResponse(_with_accounting(body, acc), headers={REQUEST_ID_HEADER: str(handle.rid)})
+
+
+def _with_accounting(body: dict, acc) -> dict:
+    """``body`` with the request's accounting as the ``"tinyllm"`` extension field (see
+    tinyllm/observe/accounting.py): queue/prefill/decode/e2e ms, preemptions, cached tokens."""
+    if acc is not None:
+        body[ACCOUNTING_FIELD] = acc.as_dict()
+    return body
 
 
 def _sse(obj: Any) -> bytes:
@@ -189,11 +271,12 @@ class CompletionStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, handle: RequestHandle, tokenizer, p: protocol.CompletionParams, prompt: list[int],
-                 model: str):
+    def __init__(self, handle: RequestHandle, tokenizer, p: protocol.GenerationParams, prompt: list[int],
+                 model: str, shape=protocol.CompletionShape):
         self.status_code, self.background = 200, None       # no body: no content-length (as StreamingResponse)
         self.init_headers({"cache-control": "no-cache", REQUEST_ID_HEADER: str(handle.rid)})
         self.handle, self.tok, self.p, self.prompt, self.model = handle, tokenizer, p, prompt, model
+        self.shape = shape
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         pump = asyncio.ensure_future(self._pump(send))
@@ -211,26 +294,35 @@ class CompletionStream(Response):
 
     async def _pump(self, send: Send) -> None:
         p, h = self.p, self.handle
-        cid, created = protocol.new_completion_id(), int(time.time())
-        stream = self.tok.stream(skip_special_tokens=True)
+        shape = self.shape
+        cid, created = shape.new_id(), int(time.time())
+        reader = OutputReader(self.tok, h, p, chat=shape is ChatShape)
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         first, n = True, 0
+        opening = shape.first_chunk(cid, created, self.model, p.include_usage)
+        if opening is not None:
+            await send({"type": "http.response.body", "body": _sse(opening), "more_body": True})
         try:
             while True:
                 out = await h.next_output()
-                n += len(out.tokens)
-                text = "".join(stream.step(t) for t in out.tokens)
-                if text or out.finished or p.return_token_ids:
-                    ids = list(out.tokens) if p.return_token_ids else None
-                    c = protocol.chunk(cid, created, self.model, text, out.finish_reason, p.include_usage, ids,
-                                       self.prompt if first and p.return_token_ids else None)
+                text, kept, lps = reader.take(out)
+                n += len(kept)
+                if text or out.finished or (p.return_token_ids and kept) or (lps is not None and kept):
+                    ids = kept if p.return_token_ids else None
+                    c = shape.chunk(cid, created, self.model, text, reader.finish_reason(out), p.include_usage, ids,
+                                    self.prompt if first and p.return_token_ids else None)
+                    if lps is not None:
+                        c["choices"][0]["logprobs"] = lps
+                    if out.finished:
+                        c = _with_accounting(c, out.accounting)
                     first = False
                     await send({"type": "http.response.body", "body": _sse(c), "more_body": True})
                 if out.finished:
                     break
             if p.include_usage:
-                u = protocol.usage_chunk(cid, created, self.model,
-                                         protocol.usage(len(self.prompt), n, out.cached_tokens))
+                u = _with_accounting(shape.usage_chunk(cid, created, self.model,
+                                                       protocol.usage(len(self.prompt), n, out.cached_tokens)),
+                                     out.accounting)
                 await send({"type": "http.response.body", "body": _sse(u), "more_body": True})
         except RequestFailed as e:                          # the engine failed it: say so in the stream
             await send({"type": "http.response.body", "more_body": True,

@@ -23,7 +23,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, TypeVar
 
-from tinyllm.request import ContextTooLong, Request
+from tinyllm.request import ContextTooLong, Request, TokenLogprob
+from tinyllm.observe.accounting import Accounting, RequestTimes
 from tinyllm.observe.snapshot import LifecycleEvent
 
 log = logging.getLogger("tinyllm.serve")
@@ -75,6 +76,16 @@ class _Token:
     token: int
     finish_reason: str | None          # "stop" (EOS) / "length" (max_new_tokens) on the last token
     cached_tokens: int
+    accounting: Accounting | None = None   # on the last token: where the request's time went
+    logprob: TokenLogprob | None = None    # only for a request that asked for logprobs
+
+
+@dataclass(frozen=True)
+class _End:
+    """The request ended without a token of its own: its handler matched a stop string."""
+    finish_reason: str
+    cached_tokens: int
+    accounting: Accounting | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,8 @@ class Output:
     tokens: tuple[int, ...]
     finish_reason: str | None = None   # set on the request's last output
     cached_tokens: int = 0             # prompt tokens the prefix cache served (at its latest admission)
+    accounting: Accounting | None = None   # set on the request's last output
+    logprobs: tuple[TokenLogprob, ...] = ()   # one per token, for a request that asked for logprobs
 
     @property
     def finished(self) -> bool:
@@ -105,6 +118,8 @@ class RequestHandle:
     rid: int | None = None
     ended: bool = False                # event-loop side: finished, failed, rejected or closed
     _cached_tokens: int = 0            # engine-thread side: the latest admission's prefix-cache hit
+    _times: RequestTimes = field(default_factory=RequestTimes)   # engine-thread side: its phase boundaries
+    _stopping: bool = False            # engine-thread side: finished by its handler (a stop string)
 
     async def accepted(self) -> int:
         """Wait until the engine queued the request; its id. Raises RequestRejected."""
@@ -125,16 +140,25 @@ class RequestHandle:
         items = [await self.queue.get()]
         while not self.queue.empty():
             items.append(self.queue.get_nowait())
-        toks, reason, cached = [], None, 0
+        toks, reason, cached, acc, lps = [], None, 0, None, []
         for m in items:
             if isinstance(m, _Failed):
                 self.ended = True
                 raise RequestFailed(m.message)
-            toks.append(m.token)
-            reason, cached = m.finish_reason, m.cached_tokens
+            if isinstance(m, _Token):
+                toks.append(m.token)
+                if m.logprob is not None:
+                    lps.append(m.logprob)
+            reason, cached, acc = m.finish_reason, m.cached_tokens, m.accounting
         if reason is not None:
             self.ended = True
-        return Output(tuple(toks), reason, cached)
+        return Output(tuple(toks), reason, cached, acc, tuple(lps))
+
+    def finish(self, keep: int) -> None:
+        """End the request now, keeping its first ``keep`` tokens: its handler matched a stop
+        string (tinyllm.stops). Keep reading ``next_output()``: its last output says "stop"."""
+        if not self.ended:
+            self.owner.finish(self, keep)
 
     def close(self) -> None:
         """Abort the request unless it already ended (the client went away). Idempotent."""
@@ -195,6 +219,11 @@ class EngineLoop:
     def abort(self, handle: RequestHandle) -> None:
         """Abort ``handle``'s request (queued or running); its slot and blocks are freed."""
         self._commands.put(("abort", handle))
+
+    def finish(self, handle: RequestHandle, keep: int) -> None:
+        """Finish ``handle``'s request with reason "stop", keeping ``keep`` tokens (a stop string
+        matched); its slot and blocks are freed, and its handle gets a last output."""
+        self._commands.put(("finish", handle, keep))
 
     def call(self, fn: Callable[[Any], T], timeout: float | None = 30.0) -> T:
         """Run ``fn(engine)`` in the engine thread between two steps and return its result:
@@ -285,6 +314,10 @@ class EngineLoop:
             h = cmd[1]
             if h.rid is not None and self._live.pop(h.rid, None) is not None:
                 eng.abort(h.rid)
+        elif cmd[0] == "finish":                            # its "finished" event ends the handle (_dispatch)
+            h = cmd[1]
+            if h.rid is not None and h.rid in self._live:
+                h._stopping = eng.finish(h.rid, cmd[2])
         elif cmd[0] == "call":
             fn, fut = cmd[1], cmd[2]
             if fut.set_running_or_notify_cancel():
@@ -307,6 +340,7 @@ class EngineLoop:
             h = self._live.get(ev.rid)
             if h is None:
                 continue
+            h._times.on_event(ev)
             if ev.kind == "admitted":
                 h._cached_tokens = ev.cached
             elif ev.kind == "failed":
@@ -314,17 +348,21 @@ class EngineLoop:
                 posts.append((h, _Failed(ev.reason or "the engine failed this request")))
             elif ev.kind == "aborted":
                 del self._live[ev.rid]
+            elif ev.kind == "finished" and h._stopping:
+                del self._live[ev.rid]
+                self.engine.results.pop(ev.rid, None)
+                posts.append((h, _End("stop", h._cached_tokens, h._times.accounting())))
         for ev in events:
             h = self._live.get(ev.rid)
             if h is None:
                 continue
             reason = None
-            if ev.done:
-                eos = h.request.eos_id
-                reason = "stop" if eos is not None and ev.token == eos else "length"
+            if ev.done:                                    # EOS and stop token ids: "stop", as OpenAI
+                reason = "length" if ev.reason == "length" else "stop"
                 del self._live[ev.rid]
                 self.engine.results.pop(ev.rid, None)      # the handler has every token already
-            posts.append((h, _Token(ev.token, reason, h._cached_tokens)))
+            posts.append((h, _Token(ev.token, reason, h._cached_tokens,
+                                    h._times.accounting() if ev.done else None, ev.logprob)))
         self._post(posts)
 
     def _post(self, posts: list[tuple[RequestHandle, object]]) -> None:

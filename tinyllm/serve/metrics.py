@@ -33,12 +33,26 @@ REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
                    240.0, 480.0, 960.0, 1920.0, 7680.0)
 
 
+def build_1_2_5_buckets(max_value: int) -> tuple[int, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to ``max_value`` (vLLM's buckets for per-request token counts)."""
+    out, exp = [], 0
+    while True:
+        for m in (1, 2, 5):
+            v = m * 10 ** exp
+            if v > max_value:
+                return tuple(out)
+            out.append(v)
+        exp += 1
+
+
 @dataclass
 class _Times:
     """One unfinished request's times on the engine clock."""
     arrival: float
     prompt_tokens: int
     admitted: bool = False
+    admitted_at: float = 0.0           # its first admission: queue time ends, prefill time starts
+    first_token_at: float = 0.0
     tokens: int = 0
     last_token: float = 0.0
 
@@ -47,7 +61,7 @@ class ServeMetrics:
     """The server's metrics. ``on_step`` is a StepHook (engine thread); ``render()`` is the
     text a scrape returns (any thread)."""
 
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, max_model_len: int = 4096):
         self.model_name = model_name
         self.registry = r = CollectorRegistry(auto_describe=True)
         m = ["model_name"]
@@ -78,6 +92,25 @@ class ServeMetrics:
                              buckets=REQUEST_BUCKETS, registry=r).labels(model_name)
         self.queue_time = Histogram("vllm:request_queue_time_seconds", "Arrival to first admission into a slot.",
                                     m, buckets=REQUEST_BUCKETS, registry=r).labels(model_name)
+        # per finished request, as vLLM's output processor records them (vllm/v1/metrics/stats.py)
+        self.prefill_time = Histogram("vllm:request_prefill_time_seconds", "First admission to first token "
+                                      "(PREFILL phase), finished requests.", m, buckets=REQUEST_BUCKETS,
+                                      registry=r).labels(model_name)
+        self.decode_time = Histogram("vllm:request_decode_time_seconds", "First token to last token (DECODE "
+                                     "phase), finished requests.", m, buckets=REQUEST_BUCKETS,
+                                     registry=r).labels(model_name)
+        self.inference_time = Histogram("vllm:request_inference_time_seconds", "First admission to last token "
+                                        "(RUNNING phase), finished requests.", m, buckets=REQUEST_BUCKETS,
+                                        registry=r).labels(model_name)
+        tokens = build_1_2_5_buckets(max_model_len)
+        self.request_prompt_tokens = Histogram("vllm:request_prompt_tokens", "Prompt tokens, finished requests.",
+                                               m, buckets=tokens, registry=r).labels(model_name)
+        self.request_generation_tokens = Histogram("vllm:request_generation_tokens", "Generated tokens, finished "
+                                                   "requests.", m, buckets=tokens, registry=r).labels(model_name)
+        self.max_generation_tokens = Histogram("vllm:request_max_num_generation_tokens", "Per finished request, "
+                                               "the most tokens any of its sequences generated (one sequence per "
+                                               "request here: its generated tokens).", m, buckets=tokens,
+                                               registry=r).labels(model_name)
         self._cache_info = Gauge("vllm:cache_config_info", "Information of the KV cache configuration (value 1).",
                                  m + ["block_size", "num_gpu_blocks", "enable_prefix_caching"], registry=r)
         self._reqs: dict[int, _Times] = {}
@@ -109,7 +142,7 @@ class ServeMetrics:
                 continue
             elif ev.kind == "admitted":
                 if not t.admitted:
-                    t.admitted = True
+                    t.admitted, t.admitted_at = True, ev.time_s
                     self.queue_time.observe(max(0.0, ev.time_s - t.arrival))
                 if engine.prefix_cache:
                     self.prefix_queries.inc(ev.tokens)
@@ -117,9 +150,11 @@ class ServeMetrics:
             elif ev.kind == "first_token":
                 self.ttft.observe(max(0.0, ev.time_s - t.arrival))
                 self.prompt_tokens.inc(t.prompt_tokens)
+                t.first_token_at = ev.time_s
             elif ev.kind == "finished":
                 self.e2e.observe(max(0.0, ev.time_s - t.arrival))
-                self.success["stop" if ev.reason == "eos" else "length"].inc()
+                self._finished(t, ev)
+                self.success["length" if ev.reason == "length" else "stop"].inc()   # eos, stop
             elif ev.kind in ("aborted", "failed"):
                 self.success["abort" if ev.kind == "aborted" else "error"].inc()
                 del reqs[ev.rid]
@@ -135,6 +170,16 @@ class ServeMetrics:
             if ev.done:
                 del reqs[ev.rid]
         self._gauges(engine)
+
+    def _finished(self, t: _Times, ev: LifecycleEvent) -> None:
+        """vLLM's per-request histograms, observed once the request finished (``ev.tokens``: its
+        generated tokens)."""
+        self.prefill_time.observe(max(0.0, t.first_token_at - t.admitted_at))
+        self.decode_time.observe(max(0.0, ev.time_s - t.first_token_at))
+        self.inference_time.observe(max(0.0, ev.time_s - t.admitted_at))
+        self.request_prompt_tokens.observe(t.prompt_tokens)
+        self.request_generation_tokens.observe(ev.tokens)
+        self.max_generation_tokens.observe(ev.tokens)
 
     def _gauges(self, engine) -> None:
         waiting, running = engine.load()

@@ -1,4 +1,6 @@
 """The OpenAI completions API as plain data: parse a request body, build responses and chunks.
+``parse_generation`` is the one parser of the fields completions and chat share (tinyllm/serve/chat.py
+calls it too).
 
 No web framework here: parsing is hand-written so every problem becomes OpenAI's error shape
 with the offending ``param`` (a schema library's messages would not be), and sampling values go
@@ -6,12 +8,12 @@ through ``Sampling``'s own checks, the same rule the engine and the CLI apply.
 
 Supported: ``model``, ``prompt`` (a string, a list of token ids, or a list holding one of
 those), ``max_tokens`` (default 16), ``temperature`` (default 1, OpenAI's), ``top_p``,
-``top_k`` (extension; 0 or -1 = off, as in vLLM), ``stream``, ``stream_options.include_usage``,
+``top_k`` (extension; 0 or -1 = off, as in vLLM), ``min_p``, ``presence_penalty``,
+``frequency_penalty``, ``repetition_penalty``, ``seed``, ``stop``, ``stop_token_ids``,
+``min_tokens``, ``logprobs`` (completions: 0..20), ``stream``, ``stream_options.include_usage``,
 ``ignore_eos`` and ``return_token_ids`` (vLLM's extensions), ``user`` (ignored). Rejected with
-a 400 when set to anything but their no-op value: ``n``/``best_of`` (1), ``echo``, ``logprobs``,
-``stop``, ``suffix``, ``presence_penalty``/``frequency_penalty`` (0), ``logit_bias``, and
-``seed``: the engine draws every request's samples from one shared generator, so a per-request
-seed could not make a completion reproducible. Other unknown fields are ignored, as vLLM does.
+a 400 when set to anything but their no-op value: ``n``/``best_of`` (1), ``echo``, ``suffix``,
+``logit_bias``. Other unknown fields are ignored, as vLLM does.
 
 Every body goes through ``load_json`` first, which turns what Python's json module raises or
 accepts but nothing downstream can use (nesting deep enough to exhaust the stack, integers too
@@ -30,7 +32,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tinyllm.request import ContextTooLong, Sampling, SamplingError, check_fits, is_int
+from tinyllm.request import (MAX_LOGPROBS, ContextTooLong, Sampling, SamplingError, TokenLogprob, check_fits,
+                             check_stop, check_token_stops, is_int)
 
 DEFAULT_MAX_TOKENS = 16                 # OpenAI's default for completions
 DEFAULT_TEMPERATURE = 1.0               # OpenAI's default
@@ -147,26 +150,38 @@ def _text(s: str, param: str) -> str:
     return s
 
 
-@dataclass(frozen=True)
-class CompletionParams:
-    """A validated completions request (the prompt not yet tokenized when it is text)."""
+@dataclass(frozen=True, kw_only=True)
+class GenerationParams:
+    """What /v1/completions and /v1/chat/completions share: the model, how many tokens, how to
+    sample, how to answer. ``parse_generation`` fills every field for both routes, so a field
+    added here (and there) works on both at once."""
     model: str
-    prompt_text: str | None             # exactly one of prompt_text / prompt_ids is set
-    prompt_ids: tuple[int, ...] | None
-    max_tokens: int
+    max_tokens: int | None              # None (chat only): whatever the context leaves
     sampling: Sampling
     stream: bool = False
     include_usage: bool = False
     ignore_eos: bool = False
     return_token_ids: bool = False
+    stop: tuple[str, ...] = ()          # stop strings (matched on the text: tinyllm.stops)
+    stop_token_ids: tuple[int, ...] = ()
+    min_tokens: int = 0
+    logprobs: int | None = None         # completions: the chosen token's logprob and this many alternatives
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompletionParams(GenerationParams):
+    """A validated completions request (the prompt not yet tokenized when it is text)."""
+    prompt_text: str | None             # exactly one of prompt_text / prompt_ids is set
+    prompt_ids: tuple[int, ...] | None
 
 
 # Known OpenAI fields this server does not implement: each is accepted only at its no-op value.
-_UNSUPPORTED = ("n", "best_of", "echo", "logprobs", "stop", "suffix", "presence_penalty", "frequency_penalty",
-                "logit_bias", "seed")
-_WHY = {"seed": "the engine samples every request from one shared generator, so a per-request seed "
-                "cannot make a completion reproducible; use temperature 0 for deterministic output",
-        "n": "one completion per request", "best_of": "one completion per request"}
+_UNSUPPORTED = ("n", "best_of", "echo", "suffix", "logit_bias")
+# chat's names for the same refusals: logprobs is a boolean there (false = off), top_logprobs its count;
+# tools would need a template and a parser for tool calls.
+_UNSUPPORTED_CHAT = tuple(n for n in _UNSUPPORTED if n not in ("best_of", "echo", "suffix")) + (
+    "tools", "tool_choice", "response_format", "continue_final_message")
+_WHY = {"n": "one completion per request", "best_of": "one completion per request"}
 
 
 def _type_name(v: Any) -> str:
@@ -204,7 +219,14 @@ def _is_no_op(name: str, v: Any) -> bool:
         return is_int(v) and v == 1
     if name in ("presence_penalty", "frequency_penalty"):
         return not isinstance(v, bool) and isinstance(v, (int, float)) and v == 0
-    return {"echo": v is False, "stop": v in ("", []), "suffix": v == "", "logit_bias": v == {}}.get(name, False)
+    if name in ("logprobs", "continue_final_message"):       # chat's logprobs is a boolean
+        return v is False
+    if name == "top_logprobs":
+        return is_int(v) and v == 0
+    if name == "response_format":
+        return v == {"type": "text"}
+    return {"echo": v is False, "stop": v in ("", []), "suffix": v == "", "logit_bias": v == {}, "tools": v == [],
+            "tool_choice": v == "none"}.get(name, False)
 
 
 def parse_prompt(p: Any) -> str | tuple[int, ...]:
@@ -232,8 +254,24 @@ def parse_prompt(p: Any) -> str | tuple[int, ...]:
 
 def parse_completion(body: Any, served_model: str) -> CompletionParams:
     """Validate a decoded JSON body. Raises ApiError (400) naming the bad param."""
+    check_object(body)
+    shared = parse_generation(body, served_model)
+    if "prompt" not in body:
+        raise ApiError("you must provide a prompt", "prompt", "missing_required_parameter")
+    prompt = parse_prompt(body["prompt"])
+    return CompletionParams(**shared, prompt_text=prompt if isinstance(prompt, str) else None,
+                            prompt_ids=prompt if isinstance(prompt, tuple) else None)
+
+
+def check_object(body: Any) -> dict:
+    """``body`` if it is a JSON object; else a 400."""
     if not isinstance(body, dict):
         raise ApiError(f"the request body must be a JSON object, got {_type_name(body)}", None, "invalid_type")
+    return body
+
+
+def parse_model(body: dict, served_model: str) -> str:
+    """The ``model`` field: absent means the one model this server has (as vLLM)."""
     model = body.get("model")
     if model is None:
         model = served_model                              # as vLLM: the one model this server has
@@ -242,16 +280,31 @@ def parse_completion(body: Any, served_model: str) -> CompletionParams:
     if _text(model, "model") != served_model:
         raise ApiError(f"The model `{model[:200]}` does not exist. This server serves `{served_model}` "
                        "(see GET /v1/models).", "model", "model_not_found")
-    if "prompt" not in body:
-        raise ApiError("you must provide a prompt", "prompt", "missing_required_parameter")
-    prompt = parse_prompt(body["prompt"])
-    max_tokens = body.get("max_tokens")
+    return model
+
+
+def _max_tokens(body: dict, chat: bool) -> int | None:
+    """``max_tokens`` (chat: or OpenAI's newer ``max_completion_tokens``); the default is 16 for
+    completions (OpenAI's), None for chat (what the context leaves, as OpenAI and vLLM)."""
+    name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = body.get(name)
     if max_tokens is None:
-        max_tokens = DEFAULT_MAX_TOKENS
-    elif not is_int(max_tokens):
-        raise ApiError(f"max_tokens must be an integer, got {_type_name(max_tokens)}", "max_tokens", "invalid_type")
-    elif max_tokens < 1:
-        raise ApiError(f"max_tokens must be at least 1, got {brief(max_tokens)}", "max_tokens", "invalid_value")
+        return None if chat else DEFAULT_MAX_TOKENS
+    if not is_int(max_tokens):
+        raise ApiError(f"{name} must be an integer, got {_type_name(max_tokens)}", name, "invalid_type")
+    if max_tokens < 1:
+        raise ApiError(f"{name} must be at least 1, got {brief(max_tokens)}", name, "invalid_value")
+    return max_tokens
+
+
+def parse_generation(body: dict, served_model: str, chat: bool = False) -> dict[str, Any]:
+    """The fields both routes share (GenerationParams' fields, as keyword arguments), validated:
+    the model, max_tokens, sampling, streaming, and the refusals of what is not implemented.
+    The one place these are parsed, so completions and chat accept exactly the same sampling
+    surface. Where the routes' shapes differ (``logprobs``: an integer on completions, a boolean
+    plus ``top_logprobs`` on chat) ``chat`` says which shape to read."""
+    model = parse_model(body, served_model)
+    max_tokens = _max_tokens(body, chat)
     temperature = _number(body, "temperature")
     temperature = DEFAULT_TEMPERATURE if temperature is None else temperature
     if isinstance(temperature, float) and not math.isfinite(temperature):
@@ -263,7 +316,8 @@ def parse_completion(body: Any, served_model: str) -> CompletionParams:
     if top_k is not None and not is_int(top_k):
         raise ApiError(f"top_k must be an integer, got {_type_name(top_k)}", "top_k", "invalid_type")
     try:
-        sampling = Sampling(temperature, top_k, top_p)        # its error names the field
+        sampling = Sampling(temperature, top_k, top_p, **_sampling_extras(body))   # its error names the field
+        stops = _stop_fields(body, max_tokens, chat)
     except SamplingError as e:
         raise ApiError(str(e), e.field, "invalid_value") from None
     stream = _bool(body, "stream")
@@ -276,14 +330,55 @@ def parse_completion(body: Any, served_model: str) -> CompletionParams:
             raise ApiError(f"stream_options must be an object, got {_type_name(opts)}", "stream_options",
                            "invalid_type")
         include_usage = _bool(opts, "include_usage", "stream_options.include_usage")
-    for name in _UNSUPPORTED:
+    for name in _UNSUPPORTED_CHAT if chat else _UNSUPPORTED:
         v = body.get(name)
         if not _is_no_op(name, v):
             why = _WHY.get(name, "not supported by this server")
             raise ApiError(f"{name}={brief(v)} is not supported: {why}", name, "unsupported_parameter")
-    return CompletionParams(model, prompt if isinstance(prompt, str) else None,
-                            prompt if isinstance(prompt, tuple) else None, max_tokens, sampling, stream,
-                            include_usage, _bool(body, "ignore_eos"), _bool(body, "return_token_ids"))
+    return dict(model=model, max_tokens=max_tokens, sampling=sampling, stream=stream, include_usage=include_usage,
+                ignore_eos=_bool(body, "ignore_eos"), return_token_ids=_bool(body, "return_token_ids"), **stops)
+
+
+def _sampling_extras(body: dict) -> dict[str, Any]:
+    """min_p, the three penalties and seed, type-checked here; their ranges are Sampling's."""
+    out: dict[str, Any] = {}
+    for name in ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+        v = _number(body, name)
+        if v is not None:
+            out[name] = v
+    seed = body.get("seed")
+    if seed is not None and not is_int(seed):
+        raise ApiError(f"seed must be an integer, got {_type_name(seed)}", "seed", "invalid_type")
+    out["seed"] = seed
+    return out
+
+
+def _chat_logprobs(body: dict) -> int | None:
+    """Chat's logprobs shape, as the one count completions use: ``logprobs: true`` turns them on,
+    ``top_logprobs`` (0..20, default 0) says how many alternatives each token gets."""
+    on, top = body.get("logprobs"), body.get("top_logprobs")
+    if on is not None and not isinstance(on, bool):
+        raise ApiError(f"logprobs must be a boolean on chat completions (top_logprobs says how many), got "
+                       f"{_type_name(on)}", "logprobs", "invalid_type")
+    if top is not None and not (is_int(top) and 0 <= top <= MAX_LOGPROBS):
+        raise ApiError(f"top_logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {brief(top)}", "top_logprobs",
+                       "invalid_value")
+    if top and not on:
+        raise ApiError("top_logprobs needs logprobs: true", "top_logprobs", "invalid_value")
+    return (top or 0) if on else None
+
+
+def _stop_fields(body: dict, max_tokens: int | None, chat: bool) -> dict[str, Any]:
+    """stop, stop_token_ids, min_tokens and (completions) logprobs, checked by the rules the
+    engine's Request applies (SamplingError naming the field)."""
+    stop = check_stop(() if body.get("stop") is None else body["stop"])
+    ids = body.get("stop_token_ids")
+    ids = () if ids is None else ids
+    min_tokens = body.get("min_tokens")
+    min_tokens = 0 if min_tokens is None else min_tokens
+    logprobs = _chat_logprobs(body) if chat else body.get("logprobs")
+    check_token_stops(ids, min_tokens, max_tokens, logprobs)      # chat without max_tokens: checked later
+    return dict(stop=stop, stop_token_ids=tuple(ids), min_tokens=min_tokens, logprobs=logprobs)
 
 
 def check_prompt(ids: list[int] | tuple[int, ...], max_tokens: int, vocab_size: int, max_len: int) -> None:
@@ -338,7 +433,41 @@ def chunk(cid: str, created: int, model: str, text: str, finish_reason: str | No
     return out
 
 
+LOGPROB_FLOOR = -9999.0                 # as vLLM: a -inf logprob (a masked token) is JSON-safe this way
+
+
+def completion_logprobs(lps: list[TokenLogprob], token_text, offset: int = 0) -> dict:
+    """OpenAI's completions ``logprobs`` object for these tokens: ``tokens`` (each token's own
+    text), ``token_logprobs``, ``top_logprobs`` (text → logprob, the chosen token included, as
+    vLLM) and ``text_offset`` (where each token starts, counting from ``offset``)."""
+    tokens = [token_text(lp.token) for lp in lps]
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
+
+    def top(lp: TokenLogprob) -> dict:
+        d = {token_text(t): max(v, LOGPROB_FLOOR) for t, v in lp.top}
+        d.setdefault(token_text(lp.token), max(lp.logprob, LOGPROB_FLOOR))
+        return d
+    return {"tokens": tokens, "token_logprobs": [max(lp.logprob, LOGPROB_FLOOR) for lp in lps],
+            "top_logprobs": [top(lp) for lp in lps], "text_offset": offsets}
+
+
 def usage_chunk(cid: str, created: int, model: str, usage_: dict) -> dict:
     """The stream's last data chunk when stream_options.include_usage: no choices, the usage."""
     return {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": [],
             "usage": usage_}
+
+
+class CompletionShape:
+    """How completions answer (the functions above, under the names the server's response code
+    calls for either route; chat's are ``tinyllm.serve.chat.ChatShape``)."""
+    new_id = staticmethod(new_completion_id)
+    response = staticmethod(completion)
+    chunk = staticmethod(chunk)
+    usage_chunk = staticmethod(usage_chunk)
+
+    @staticmethod
+    def first_chunk(cid: str, created: int, model: str, include_usage: bool) -> dict | None:
+        return None                                       # completions stream text from the first chunk

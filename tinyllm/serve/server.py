@@ -34,7 +34,7 @@ def model_name_for(model_dir: str | None) -> str:
 
 def build_engine(model: Any, slots: int = 8, max_len: int | None = None, kv_blocks: int | None = None,
                  block_size: int = 16, max_batched_tokens: int | None = None, prefix_cache: bool = True,
-                 seed: int = 0):
+                 seed: int = 0, scheduling_policy: str = "fcfs"):
     """The server's ContinuousEngine: paged KV + chunked prefill (+ prefix cache). Raises
     ValueError with a user-facing message for bad settings."""
     import torch
@@ -43,7 +43,8 @@ def build_engine(model: Any, slots: int = 8, max_len: int | None = None, kv_bloc
     device = next(model.parameters()).device
     return ContinuousEngine(model, slots, max_len, kv="paged", block_size=block_size, kv_blocks=kv_blocks,
                             chunked_prefill=True, max_batched_tokens=max_batched_tokens,
-                            prefix_cache=prefix_cache, generator=torch.Generator(device=device).manual_seed(seed))
+                            prefix_cache=prefix_cache, generator=torch.Generator(device=device).manual_seed(seed),
+                            scheduling_policy=scheduling_policy)
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -43,6 +43,12 @@ def completion_body(cmd: Submit, stream: bool = True) -> dict:
         body["top_k"] = s.top_k
     if not cmd.settings.stop_at_eos:
         body["ignore_eos"] = True
+    st = cmd.settings
+    extra = {"min_p": (s.min_p, 0.0), "presence_penalty": (s.presence_penalty, 0.0),
+             "frequency_penalty": (s.frequency_penalty, 0.0), "repetition_penalty": (s.repetition_penalty, 1.0),
+             "seed": (s.seed, None), "stop": (list(st.stop), []), "stop_token_ids": (list(st.stop_token_ids), []),
+             "min_tokens": (st.min_tokens, 0)}
+    body.update({k: v for k, (v, off) in extra.items() if v != off})      # only what is set (vLLM takes them all)
     return body
 
 

@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from tinyllm.model.config import default_kv_blocks
-from tinyllm.model.tokenizer import Tokenizer, TokenStream
+from tinyllm.model.tokenizer import Tokenizer
 from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, SlotView
 from tinyllm.observe.timeline import Timeline
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, RequestSettings
+from tinyllm.stops import StopText
 from tinyllm.workload import WorkItem
 from tui.runners.loop import CommandLoop
 from tui.runners.interface import (LOG_LINES, lifecycle_log, Abort, AbortAll, ClearPrefixCache, Frame, LoadWorkload, LogEntry,
@@ -55,7 +56,7 @@ class EngineRunner(CommandLoop):
         engine.hold_clock(paused)
         self.recorder = recorder              # --record: every change goes to the file as it happens
         self._timeline = Timeline()
-        self._streams: dict[int, TokenStream] = {}
+        self._streams: dict[int, StopText] = {}          # each request's text, its stop strings applied
         self._texts: dict[int, str] = {}
         self._prompts: dict[int, str] = {}
         self._log: deque[LogEntry] = deque(maxlen=LOG_LINES)
@@ -143,7 +144,7 @@ class EngineRunner(CommandLoop):
             return
         self._prompts[rid] = prompt
         self._texts[rid] = ""
-        self._streams[rid] = self.tok.stream(skip_special_tokens=True)
+        self._streams[rid] = StopText(self.tok.stream(skip_special_tokens=True), settings.stop, settings.min_tokens)
         self._add_log("submit", f"#{rid} queued ({len(ids)} prompt tokens, max {settings.max_new_tokens} new, "
                                 f"{settings.sampling.describe()})", rid)
         self._note_changes()
@@ -185,6 +186,10 @@ class EngineRunner(CommandLoop):
             stream = self._streams.get(ev.rid)
             if stream is not None:
                 self._texts[ev.rid] += stream.step(ev.token)
+                if ev.done:
+                    self._texts[ev.rid] += stream.flush()
+                elif stream.stopped:                          # a stop string: it ends here, in this step
+                    self.engine.finish(ev.rid, stream.tokens)
         self._rate.append((time.perf_counter(), len(events)))
         self._note_changes()
 
@@ -279,6 +284,7 @@ class EngineSpec:
     max_batched_tokens: int | None = None
     prefix_cache: bool | None = None   # None: on with chunked prefill
     record: str | None = None          # --record: write the run to this JSONL file as it happens
+    scheduling_policy: str = "fcfs"    # the waiting queue's order (tinyllm/engine/policy.py)
 
     def build(self):
         """Load the checkpoint and build the engine: (ContinuousEngine, Tokenizer). Raises
@@ -295,7 +301,7 @@ class EngineSpec:
         engine = ContinuousEngine(model, self.slots, self.max_len, kv=self.kv, block_size=self.block_size,
                                   kv_blocks=self.kv_blocks, chunked_prefill=self.chunked_prefill,
                                   max_batched_tokens=self.max_batched_tokens, prefix_cache=self.prefix_cache,
-                                  generator=torch.Generator(device=device).manual_seed(self.seed))
+                                  scheduling_policy=self.scheduling_policy, generator=torch.Generator(device=device).manual_seed(self.seed))
         return engine, tok
 
     def open_recorder(self, engine):
@@ -338,5 +344,5 @@ class EngineSpec:
             kv = KVView("slots", self.slots * max_len, 0, 0, 0)
         budget = (self.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS) if self.chunked_prefill else None
         snap = EngineSnapshot(0.0, self.slots, max_len, tuple(SlotView(s, None, 0, max_len) for s in range(self.slots)),
-                              (), (), kv, Counters(), budget)
+                              (), (), kv, Counters(), budget, self.scheduling_policy)
         return Frame(0, snap, {}, {}, (), False, 0, 0, 0.0, (), status="loading")

@@ -128,11 +128,14 @@ def lifecycle_log(ev: LifecycleEvent) -> tuple[str, str] | None:
         return "preempt", (f"{r} preempted from slot {ev.slot}: {ev.reason}, back to the queue "
                            f"({ev.tokens} tokens to recompute)")
     if ev.kind == "finished":
-        return "finish", f"{r} finished: {ev.tokens} tokens ({'end-of-text' if ev.reason == 'eos' else 'max tokens'})"
+        why = {"eos": "end-of-text", "stop": "a stop token or string"}.get(ev.reason, "max tokens")
+        return "finish", f"{r} finished: {ev.tokens} tokens ({why})"
     if ev.kind == "aborted":
         return "abort", f"{r} aborted after {ev.tokens} tokens"
     if ev.kind == "failed":
         return "error", f"{r} failed, the others go on: {ev.reason}"
+    if ev.kind == "waiting" and ev.reason and not ev.reason.startswith("queue:"):
+        return "wait", f"{r} waits: {ev.reason.partition(': ')[2]}"   # queue order changes are the list's
     return None
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.table import Table
@@ -14,7 +14,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from tinyllm.request import RequestSettings, Sampling
+from tinyllm.request import SEED_MAX, SEED_MIN, RequestSettings, Sampling
+from tinyllm.stops import format_stop_list, parse_stop_list
 from tinyllm.workload import WorkItem, WorkloadError, bundled_workloads, load_workload, tokenize_checked
 
 
@@ -115,6 +116,20 @@ class SettingsScreen(ModalScreen["RequestSettings | None"]):
                     yield Label(label, classes="field-label")
                     yield Input(value, id=ident, classes="field-input")
                     yield Label(hint, classes="field-hint")
+            c = self.current
+            seed = "" if s.seed is None else str(s.seed)
+            for pair in ((("min_p", f"{s.min_p:g}"), ("seed", seed)),
+                         (("presence_penalty", f"{s.presence_penalty:g}"),
+                          ("frequency_penalty", f"{s.frequency_penalty:g}")),
+                         (("repetition_penalty", f"{s.repetition_penalty:g}"), ("min_tokens", str(c.min_tokens)))):
+                with Horizontal(classes="field compact"):
+                    for ident, value in pair:
+                        yield Label(ident.replace("_penalty", " pen."), classes="field-label")
+                        yield Input(value, id=ident, classes="field-input")
+            with Horizontal(classes="field compact"):
+                yield Label("stop", classes="field-label")
+                yield Input(format_stop_list(c.stop), id="stop", classes="field-input stop-input")
+                yield Label("strings, | between, \\n = newline", classes="field-hint")
             yield Checkbox("stop at end-of-text", self.current.stop_at_eos, id="stop_at_eos")
             if self.engine:
                 yield Static(Text(self.engine, style="dim"), id="settings-engine")
@@ -150,7 +165,18 @@ class SettingsScreen(ModalScreen["RequestSettings | None"]):
                             num("top_p", float, True, lambda p: 0 < p <= 1, "a number in (0, 1], or blank for off"))
         new = num("max_new", int, False, lambda n: 1 <= n <= self.max_new_limit,
                   f"a whole number from 1 to {self.max_new_limit}")
-        return RequestSettings(sampling, new, self.query_one("#stop_at_eos", Checkbox).value)
+        pen = "a number from -2 to 2 (0 = off)"
+        sampling = replace(
+            sampling, min_p=num("min_p", float, False, lambda x: 0 <= x <= 1, "a number in [0, 1] (0 = off)"),
+            seed=num("seed", int, True, lambda x: SEED_MIN <= x <= SEED_MAX, "a whole number, or blank for none"),
+            presence_penalty=num("presence_penalty", float, False, lambda x: -2 <= x <= 2, pen),
+            frequency_penalty=num("frequency_penalty", float, False, lambda x: -2 <= x <= 2, pen),
+            repetition_penalty=num("repetition_penalty", float, False, lambda x: 0 < x < float("inf"),
+                                   "a number > 0 (1 = off)"))
+        min_tokens = num("min_tokens", int, False, lambda x: 0 <= x <= new,
+                         f"a whole number from 0 to max_new_tokens ({new})")
+        return replace(self.current, sampling=sampling, max_new_tokens=new, stop=parse_stop_list(val("stop")),
+                       stop_at_eos=self.query_one("#stop_at_eos", Checkbox).value, min_tokens=min_tokens)
 
     def _apply(self) -> None:
         try:

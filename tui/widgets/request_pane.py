@@ -9,9 +9,10 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+from tinyllm.observe.accounting import Accounting
 from tinyllm.observe.snapshot import RequestView
 from tui.runners.interface import Frame
-from tui.widgets.style import CACHED, STATE_STYLES, duration, rid_style
+from tui.widgets.style import CACHED, EVENT_STYLES, STATE_STYLES, duration, rid_style
 from tui.widgets.text_line import TextLine
 
 
@@ -21,6 +22,10 @@ def header_text(v: RequestView, now: float) -> Text:
     h.append(v.state, style=STATE_STYLES[v.state])
     h.append(f"  slot {v.slot if v.slot is not None else '—'}", style="dim")
     h.append(f"  {v.sampling.describe()}")
+    if v.priority:
+        h.append(f"  prio {v.priority}")
+    if v.tenant:
+        h.append(f"  tenant {v.tenant}")
     h.append(f"  {len(v.tokens)}/{v.max_new_tokens} tok")
     if v.ttft_s is not None:
         h.append(f"  TTFT {duration(v.ttft_s)}")
@@ -32,6 +37,39 @@ def header_text(v: RequestView, now: float) -> Text:
     if v.preemptions:
         h.append(f"  preempted {v.preemptions}×", style=STATE_STYLES["preempted"])
     return h
+
+
+def accounting_text(v: RequestView) -> Text | None:
+    """The request's accounting (the figures ``tinyllm serve`` returns in its ``"tinyllm"``
+    field: tinyllm/observe/accounting.py), each phase once it has ended: queue once admitted,
+    prefill at the first token, decode and the whole at the last. None before its admission (and
+    for recordings made before admissions were recorded)."""
+    if v.admitted_s is None:
+        return None
+    a = Accounting.of(v.arrival_s, v.admitted_s, v.first_token_s, v.finish_s if v.state == "finished" else None,
+                      v.preemptions, v.cached_tokens)                # a phase not ended yet: None
+    parts = [("queue", a.queue_ms), ("prefill", a.prefill_ms), ("decode", a.decode_ms), ("total", a.e2e_ms)]
+    t = Text("\n\n── ", style="dim")
+    t.append(" · ".join(f"{name} {duration(ms / 1000)}" for name, ms in parts if ms is not None), style="dim")
+    t.append(f" · preempted {a.preemptions}×", style=STATE_STYLES["preempted"] if a.preemptions else "dim")
+    t.append(f" · {a.cached_tokens} cached", style=CACHED if a.cached_tokens else "dim")
+    return t
+
+
+def step_text(v: RequestView, batch: tuple[tuple[int, int], ...], step: int) -> Text:
+    """What the request did in the step shown: its part of the batch, or why it waited (the
+    scheduler's reason). Empty for a request that has ended."""
+    t = Text()
+    if v.state not in ("queued", "preempted", "running") or step == 0:
+        return t
+    mine = dict(batch).get(v.rid)
+    if mine is not None:
+        total = sum(n for _, n in batch)
+        t.append(f"step {step}: in the batch, {mine} token{'s' * (mine != 1)} "
+                 f"(of {total}, {len(batch)} request{'s' * (len(batch) != 1)})\n", style="dim")
+    elif v.wait:
+        t.append(f"step {step}: waiting: {v.wait_detail or v.wait}\n", style=EVENT_STYLES["wait"])
+    return t
 
 
 NO_REQUEST = "No request selected. Type a prompt below and press Enter."
@@ -76,19 +114,24 @@ class RequestPane(VerticalScroll):
             return
         prompt = frame.prompts.get(rid, "")
         text = frame.texts.get(rid, "")
-        key = (rid, v, text)
+        batch = frame.snapshot.batch
+        step_line = step_text(v, batch, frame.snapshot.counters.steps)
+        key = (rid, v, text, step_line.plain)
         if key == self._shown:
             return
         follow = self.scroll_y >= self.max_scroll_y - 1 or rid != self.rid
         self.rid, self._shown = rid, key
         self.query_one("#pane-header").set(header_text(v, frame.snapshot.time_s))
-        body = Text()
+        body = step_line
         body.append(prompt, style="dim")
         body.append(text)
         if v.state == "aborted":
             body.append("  [aborted]", style=STATE_STYLES["aborted"])
         elif v.state == "failed":
             body.append(f"  [failed: {v.error}]", style=STATE_STYLES["failed"])
+        acc = accounting_text(v)
+        if acc is not None:
+            body.append_text(acc)
         self._plain = prompt + text
         self.query_one("#pane-body", Static).update(body)
         if follow:

@@ -27,6 +27,7 @@ EVENT_STYLES = {
     "abort": Style(color=STATE_COLOURS["aborted"]),
     "error": Style(color=STATE_COLOURS["aborted"], bold=True),
     "info": Style(dim=True),
+    "wait": Style(color=STATE_COLOURS["queued"], italic=True),
 }
 REQUEST_PALETTE = ("#e6194b", "#3cb44b", "#d4a600", "#4363d8", "#f58231", "#911eb4",
                    "#1fa8b8", "#c02ab0", "#6b8e23", "#9a6324", "#008080", "#7f5fd8")

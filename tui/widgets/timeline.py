@@ -34,8 +34,15 @@ ENDS = {"finished": ("✓", Style(color=STATE_COLOURS["finished"], bold=True), 8
         "aborted": ("✗", Style(color=STATE_COLOURS["aborted"], bold=True), 8),
         "failed": ("!", Style(color=STATE_COLOURS["failed"], bold=True, reverse=True), 8)}
 PHASE_CELLS = {"queued": QUEUED, "prefill": PREFILL_WAIT, "decode": DECODE, "preempted": WAIT_RECOMPUTE}
-LEGEND = ((QUEUED, "queued"), (PREFILL, "prefill"), (CACHED_ADMIT, "cache hit"), (DECODE, "decode"),
-          (PREEMPT, "preempted"), (WAIT_RECOMPUTE, "waiting"), (ENDS["finished"], "done"),
+# Why it waits (the scheduler's reason, WAIT_REASONS): over the queued / waiting cells, under the rest.
+WAIT_CELLS = {"queue": QUEUED,
+              "slots": ("s", Style(color=STATE_COLOURS["queued"], bold=True), 3.5),
+              "pool": ("k", Style(color=STATE_COLOURS["preempted"], bold=True), 3.5),
+              "budget": ("b", Style(color=STATE_COLOURS["prefill"], bold=True), 3.5),
+              "preempted": WAIT_RECOMPUTE}
+LEGEND = ((QUEUED, "queued"), (WAIT_CELLS["slots"], "no slot"), (WAIT_CELLS["pool"], "KV full"),
+          (WAIT_CELLS["budget"], "budget"), (PREFILL, "prefill"), (CACHED_ADMIT, "cache hit"), (DECODE, "decode"),
+          (PREEMPT, "preempted"), (WAIT_RECOMPUTE, "to recompute"), (ENDS["finished"], "done"),
           (ENDS["aborted"], "aborted"))
 
 
@@ -55,6 +62,8 @@ def paint(track: Track, first: int, last: int, per_col: int, now_step: int) -> l
     for sp in track.spans:
         end = sp.end_step if sp.end_step is not None else (track.end_step if track.end else now_step)
         put(sp.start_step, end, PHASE_CELLS[sp.phase])
+    for a, b, code in track.wait_spans(now_step):
+        put(a, b, WAIT_CELLS.get(code, QUEUED))
     for s in track.chunk_steps:
         put(s, s, PREFILL)
     for s, cached in track.admissions:

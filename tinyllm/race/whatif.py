@@ -1,0 +1,152 @@
+"""What-if: the same requests, arriving at the same times, under other engine settings, compared
+request by request.
+
+The requests come from a recording (``tinyllm-tui --record``, or a server's state stream saved
+with ``curl -N``) or a workload file. Each lane is a race lane (``race/spec.py``: a policy, a
+budget, a pool size, ...), so the race's fairness rules hold: every lane runs the requests at
+their recorded arrival times on its own clock, greedy, every token made. From a recording, a
+request that finished asks for the tokens it really made (so each lane does the recorded work);
+one still running or waiting when the recording stopped, its max_new_tokens; an aborted or
+failed one, the tokens it had (at least 1).
+
+Exact in every lane (no clock involved): tokens, steps, admission order, preemptions, steps
+waited per reason. Clock-dependent (this machine's speed, ±noise): every time in ms/s.
+No torch here: the comparison is plain data the app and ``tinyllm whatif`` both show.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tinyllm.observe.recording import SnapshotDecoder, read_recording
+from tinyllm.observe.stats import percentile
+from tinyllm.race.views import LaneView, RequestOutcome
+from tinyllm.request import Request
+
+Arrivals = list[tuple[float, Request]]
+
+
+def requests_from_recording(path: str | Path) -> tuple[Arrivals, str | None]:
+    """Every request a recording saw, as (arrival_s, Request), and the reader's warning (a
+    recording cut off mid-write). RecordingError for a file that is not a recording."""
+    header, records, warning = read_recording(path)
+    dec = SnapshotDecoder(header)
+    views = {}
+    for _, rec in records:
+        if "snap" in rec:
+            for v in dec.apply(rec["snap"]).requests:
+                views[v.rid] = v                           # the latest view (forgotten ones kept)
+    out = []
+    for v in sorted(views.values(), key=lambda v: (v.arrival_s, v.rid)):
+        if v.state == "finished":
+            new = len(v.tokens)
+        elif v.state in ("aborted", "failed"):
+            new = max(1, len(v.tokens))
+        else:
+            new = v.max_new_tokens
+        out.append((v.arrival_s, Request(list(v.prompt), max(1, new), priority=v.priority, tenant=v.tenant)))
+    return out, warning
+
+
+def is_recording(path: str | Path) -> bool:
+    """Whether ``path`` starts like a tinyllm recording (a header line), not a workload file."""
+    from tinyllm.observe.recording import FORMAT, _open
+    try:
+        with _open(Path(path), "r") as f:
+            first = f.readline(1 << 16)
+    except (OSError, UnicodeDecodeError, EOFError):
+        return False
+    return f'"format":"{FORMAT}"' in first.replace(" ", "")
+
+
+def load_arrivals(source: str, encode, max_len: int, default_new: int) -> tuple[Arrivals, str | None]:
+    """The requests of a recording or a workload (a file, or a bundled workload's name), as
+    (arrival_s, Request); and a warning to show (a recording cut off). RecordingError /
+    WorkloadError / ContextTooLong say what is wrong."""
+    from tinyllm.workload import load_workload, resolve_workload, tokenize_checked
+    path = Path(source).expanduser()
+    if path.exists() and is_recording(path):
+        return requests_from_recording(path)
+    path = resolve_workload(source)
+    items = load_workload(path)
+    ids = tokenize_checked(items, path, encode, max_len, default_new)
+    return [(it.arrival_s, Request(i, it.max_new_tokens or default_new, priority=it.priority or 0,
+                                   tenant=it.tenant or "")) for it, i in zip(items, ids)], None
+
+
+@dataclass(frozen=True)
+class RequestRow:
+    """One request across the lanes; ``change``: the largest end-to-end change against the first
+    lane, as a fraction (+ = slower)."""
+    rid: int
+    prompt_tokens: int
+    new_tokens: int
+    priority: int
+    tenant: str
+    arrival_s: float
+    outcomes: tuple[RequestOutcome | None, ...]     # per lane, in lane order
+    change: float
+
+
+def compare(lanes: tuple[LaneView, ...], requests: Arrivals) -> tuple[RequestRow, ...]:
+    """Per request, every lane's outcome; the requests that changed most first."""
+    by_lane = [{o.rid: o for o in lane.outcomes} for lane in lanes]
+    rows = []
+    for rid, (t, r) in enumerate(sorted(requests, key=lambda item: item[0])):
+        outs = tuple(m.get(rid) for m in by_lane)
+        base = outs[0]
+        change = max((o.e2e_s / base.e2e_s - 1 for o in outs[1:] if o and base and base.e2e_s > 0),
+                     key=abs, default=0.0)
+        rows.append(RequestRow(rid, len(r.prompt), r.max_new_tokens, r.priority, r.tenant, t, outs, change))
+    return tuple(sorted(rows, key=lambda row: (-abs(row.change), row.rid)))
+
+
+def group_of(row: RequestRow, by: str) -> str:
+    return row.tenant or "(none)" if by == "tenant" else f"priority {row.priority}"
+
+
+def grouping(rows: tuple[RequestRow, ...]) -> str | None:
+    """What the requests differ by: "tenant", "priority", or None (one group)."""
+    if len({r.tenant for r in rows}) > 1:
+        return "tenant"
+    if len({r.priority for r in rows}) > 1:
+        return "priority"
+    return None
+
+
+def group_figures(rows: tuple[RequestRow, ...], lane: int, by: str | None) -> dict[str, dict[str, float | int]]:
+    """Per group (tenant or priority), in one lane: requests, TTFT p50/p95, end-to-end p95 (s)."""
+    groups: dict[str, list[RequestOutcome]] = {}
+    for row in rows:
+        o = row.outcomes[lane]
+        if o is not None:
+            groups.setdefault(group_of(row, by) if by else "all", []).append(o)
+    out = {}
+    for name in sorted(groups):
+        os_ = groups[name]
+        ttft, e2e = sorted(o.ttft_s for o in os_), sorted(o.e2e_s for o in os_)
+        out[name] = {"requests": len(os_), "ttft_p50_s": percentile(ttft, 0.5), "ttft_p95_s": percentile(ttft, 0.95),
+                     "e2e_p95_s": percentile(e2e, 0.95),
+                     "preemptions": sum(o.preemptions for o in os_)}
+    return out
+
+
+def to_json(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...], source: str) -> dict:
+    """The whole comparison as plain JSON (``tinyllm whatif --json``)."""
+    by = grouping(rows)
+    return {
+        "source": source,
+        "exact": "tokens, steps, admission order, preemptions, steps waited per reason",
+        "clock_dependent": "every *_s figure (each lane's own clock: its compute time only)",
+        "lanes": [{"name": v.title, "detail": v.detail, **({} if v.result is None else vars(v.result)),
+                   "groups": group_figures(rows, i, by)} for i, v in enumerate(lanes)],
+        "group_by": by,
+        "requests": [{"rid": r.rid, "prompt_tokens": r.prompt_tokens, "new_tokens": r.new_tokens,
+                      "priority": r.priority, "tenant": r.tenant, "arrival_s": r.arrival_s,
+                      "e2e_change_vs_first_lane": round(r.change, 4),
+                      "lanes": {v.title: None if o is None else {
+                          "ttft_s": o.ttft_s, "itl_p99_s": o.itl_p99_s, "e2e_s": o.e2e_s,
+                          "preemptions": o.preemptions, "waited_steps": dict(o.waited)}
+                          for v, o in zip(lanes, r.outcomes)}} for r in rows],
+    }

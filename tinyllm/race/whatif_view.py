@@ -1,0 +1,98 @@
+"""The what-if comparison as Rich tables: the terminal's (``tinyllm whatif``) and the race
+screen's finish line draw the same ones."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+
+from tinyllm.race.views import LaneView, RequestOutcome
+from tinyllm.race.whatif import RequestRow, group_figures, grouping
+
+WAIT_SHORT = {"queue": "queue", "slots": "slots", "pool": "KV", "budget": "budget", "preempted": "recompute"}
+
+
+def secs(s: float | None) -> str:
+    if s is None:
+        return "—"
+    return f"{s * 1000:.0f}ms" if s < 1 else f"{s:.2f}s"
+
+
+def why(o: RequestOutcome) -> str:
+    """``2P KV 14`` : preemptions, then the reason it waited most steps for and how many."""
+    parts = [f"{o.preemptions}P"] if o.preemptions else []
+    if o.waited:
+        code, steps = o.waited[0]
+        parts.append(f"{WAIT_SHORT.get(code, code)} {steps}")
+    return " ".join(parts) or "—"
+
+
+def short_name(v: LaneView, width: int = 14) -> str:
+    return v.title if len(v.title) <= width else v.title[:width - 1] + "…"
+
+
+def letter(i: int) -> str:
+    return chr(ord("A") + i) if i < 26 else f"L{i}"
+
+
+def requests_table(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...], limit: int, narrow: bool = False) -> Table:
+    """Per request (most changed first): each lane's TTFT, end-to-end and why it waited (lanes
+    lettered A, B, ... as the caption says); the e2e change against the first lane (A)."""
+    t = Table(box=None, padding=(0, 1), title_justify="left", title_style="bold", expand=False,
+              caption_justify="left", caption_style="dim",
+              title=f"per request, most changed first ({min(limit, len(rows))} of {len(rows)})",
+              caption="  ".join(f"{letter(i)} = {v.title}" for i, v in enumerate(lanes))
+              + "; waited: the reason it waited most steps for, NP = preempted N times")
+    t.add_column("#", justify="right", no_wrap=True)
+    t.add_column("who", no_wrap=True)
+    for i in range(len(lanes)):
+        t.add_column(f"{letter(i)} TTFT", justify="right", no_wrap=True)
+        t.add_column(f"{letter(i)} e2e", justify="right", no_wrap=True)
+        if not narrow:
+            t.add_column(f"{letter(i)} waited", no_wrap=True)
+    t.add_column("e2e vs A", justify="right", no_wrap=True)
+    for row in rows[:limit]:
+        who = " ".join(filter(None, [row.tenant, f"p{row.priority}" if row.priority else ""])) or "—"
+        cells = [Text(str(row.rid)), Text(who, style="dim")]
+        for o in row.outcomes:
+            if o is None:
+                cells += [Text("—")] * (2 if narrow else 3)
+                continue
+            cells += [Text(secs(o.ttft_s)), Text(secs(o.e2e_s))] + ([] if narrow else [Text(why(o), style="dim")])
+        style = "green" if row.change < -0.05 else "red" if row.change > 0.05 else "dim"
+        cells.append(Text(f"{row.change:+.0%}", style=style))
+        t.add_row(*cells)
+    return t
+
+
+def groups_table(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...]) -> Table | None:
+    """Per tenant (or priority), per lane: TTFT p50/p95 and end-to-end p95. None with one group."""
+    by = grouping(rows)
+    if by is None:
+        return None
+    t = Table(box=None, padding=(0, 1), title_justify="left", title_style="bold", expand=False,
+              title=f"per {by}")
+    for c in (by, "lane", "requests", "TTFT p50", "TTFT p95", "e2e p95", "preempted"):
+        t.add_column(c, justify="left" if c in (by, "lane") else "right", no_wrap=True)
+    figures = [group_figures(rows, i, by) for i in range(len(lanes))]
+    for name in sorted({g for f in figures for g in f}):
+        for v, f in zip(lanes, figures):
+            g = f.get(name)
+            if g is not None:
+                t.add_row(name, short_name(v, 24), str(g["requests"]), secs(g["ttft_p50_s"]), secs(g["ttft_p95_s"]),
+                          secs(g["e2e_p95_s"]), str(g["preemptions"]))
+    return t
+
+
+def lanes_table(lanes: tuple[LaneView, ...]) -> Table:
+    """One row per lane: tinyllm bench's columns, on each lane's own clock."""
+    t = Table(box=None, padding=(0, 1), title_justify="left", title_style="bold", expand=False,
+              title="lanes (each lane's own clock)")
+    for c in ("lane", "tok/s", "TTFT p50", "TTFT p95", "latency p95", "steps", "preempted"):
+        t.add_column(c, justify="left" if c == "lane" else "right", no_wrap=True)
+    for v in lanes:
+        r = v.result
+        pre = sum(o.preemptions for o in v.outcomes)
+        t.add_row(short_name(v, 30), f"{r.tok_s:.0f}", secs(r.ttft_p50_s), secs(r.ttft_p95_s), secs(r.latency_p95_s),
+                  f"{r.decode_steps:,}", str(pre))
+    return t
