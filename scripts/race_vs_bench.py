@@ -42,7 +42,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     model, tok = load_checkpoint()
     work = race_workload(resolve_workload(a.workload), tok.encode, DEFAULT_MAX_LEN)
-    reqs = [Request(list(ids), new) for _, ids, new in work]
+    reqs = [Request(list(ids), new) for _, ids, new, _, _ in work]
     warm_up(model, None, "cpu")
     paths = {
         "static": lambda: run_static(model, reqs, a.slots)[1],
@@ -55,7 +55,7 @@ def main() -> None:
         for key, run in paths.items():
             runs.setdefault(("bench", key), []).append(run())
         t = time.perf_counter()
-        race = build_race(model, [(t0, Request(list(ids), new)) for t0, ids, new in work], a.slots, DEFAULT_MAX_LEN)
+        race = build_race(model, [(t0, Request(list(ids), new)) for t0, ids, new, _, _ in work], a.slots, DEFAULT_MAX_LEN)
         while race.step() is not None:
             pass
         for lane in race.lanes:

@@ -231,6 +231,28 @@ async def test_stop_strings_and_seed_from_the_settings_dialog():
         assert any("a stop token or string" in e.text for e in app.runner.frame.log if e.rid == b)
 
 
+async def test_logprobs_show_the_latest_tokens_alternatives_in_the_pane():
+    app = make_app(new=6)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("f2")
+        await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        app.screen.query_one("#logprobs").value = "3"
+        await pilot.click("#apply")
+        await until(pilot, lambda: not isinstance(app.screen, SettingsScreen))
+        a = await submit(pilot, "ROMEO:\n")
+        b_settings = app.settings
+        await step(pilot, 3)
+        choices = app.runner.frame.choices[a]
+        v = app.runner.frame.snapshot.request(a)
+        assert b_settings.logprobs == 3 and len(choices) == 3                      # greedy: the top one is chosen
+        assert choices[0][0] == app.tokenizer.token_text(v.tokens[-1])
+        assert choices[0][1] >= choices[1][1] >= choices[2][1] and sum(p for _, p in choices) <= 1 + 1e-6
+        pane = app.query_one(RequestPane)
+        pane.show(app.runner.frame, a)
+        body = pane.query_one("#pane-body").render().plain
+        assert f"latest token: {choices[0][0]!r} {100 * choices[0][1]:.0f}%" in body
+
+
 @pytest.mark.parametrize("kv", ["slots", "paged"])
 async def test_abort_running_frees_slot_and_kv(kv):
     app = make_app(kv=kv, new=40)

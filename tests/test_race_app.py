@@ -30,7 +30,8 @@ SLOTS, MAX_LEN, BLOCK, BUDGET = 3, 256, 8, 32
 def small_work(n: int = 6, cap: int = 16, arrivals: tuple[float, ...] | None = None):
     """The first ``n`` requests of the bundled mixed_lengths workload, at most ``cap`` new tokens."""
     work = race_workload(resolve_workload("mixed_lengths"), bundled()[1].encode, MAX_LEN)[:n]
-    return tuple((arrivals[i] if arrivals else 0.0, ids, min(new, cap)) for i, (_, ids, new) in enumerate(work))
+    return tuple((arrivals[i] if arrivals else 0.0, ids, min(new, cap), prio, tenant)
+                 for i, (_, ids, new, prio, tenant) in enumerate(work))
 
 
 def race_app(work, slots: int = SLOTS, paused: bool = True, step_cost_s: float | None = 0.01) -> RaceApp:
@@ -68,7 +69,7 @@ async def test_a_race_run_to_the_finish_agrees_with_the_headless_paths():
         assert frame.done and app.screen.query_one(FinishLine).display
         table = plain(app, app.screen.query_one(FinishLine)).splitlines()
         model, _ = bundled()
-        reqs = [Request(list(ids), new) for _, ids, new in work]
+        reqs = [Request(list(ids), new) for _, ids, new, _, _ in work]
         headless = {"static": run_static(model, reqs, SLOTS)[1],
                     "continuous": run_continuous(model, reqs, SLOTS, max_len=MAX_LEN)[1],
                     "chunked": run_continuous(model, reqs, SLOTS, max_len=MAX_LEN, kv="paged", block_size=BLOCK,
@@ -77,7 +78,7 @@ async def test_a_race_run_to_the_finish_agrees_with_the_headless_paths():
         for lane in frame.lanes:
             want = headless[lane.key]
             assert (lane.result.decode_steps, lane.result.row_util) == (want["decode_steps"], want["row_util"])
-            assert lane.result.useful_tokens == want["useful_tokens"] == sum(new for _, _, new in work)
+            assert lane.result.useful_tokens == want["useful_tokens"] == sum(w[2] for w in work)
             row = next(line.split() for line in table if line.split()[:1] == [names[lane.key]])
             assert row[-1] == f"{want['decode_steps']:,}" and f"{want['row_util']:.0%}" in row
         walls = {v.title: v.result.wall_s for v in frame.lanes}
@@ -126,7 +127,7 @@ async def test_a_workload_with_arrivals_is_raced_and_static_says_what_it_waits_f
             waits |= {line.strip() for line in plain(app, panel).splitlines() if "full batch" in line}
         assert "waits for a full batch: 2/3, or until 1.00 s" in waits
         results = {v.key: v.result for v in app.runner.frame.lanes}
-        assert {r.useful_tokens for r in results.values()} == {sum(new for _, _, new in app.work)}
+        assert {r.useful_tokens for r in results.values()} == {sum(w[2] for w in app.work)}
         assert results["static"].ttft_p50_s > results["continuous"].ttft_p50_s
 
 
@@ -181,14 +182,15 @@ def _too_long_together(tmp_path) -> str:
 
 @pytest.mark.parametrize("argv, message", [
     (["--race", "nope"], "--race: nope: no such file, and not a bundled workload"),
-    (["--race", "--lanes", "static"], "--lanes static: choose at least two of static, continuous, chunked"),
-    (["--race", "--lanes", "static,turbo"], "(unknown: turbo)"),
+    (["--race", "--lanes", "static"], "--lanes: a race needs at least two lanes, got 1"),
+    (["--race", "--lanes", "static,turbo"], "'turbo' is neither a lane kind (static, continuous, chunked) nor a policy"),
+    (["--race", "--lanes", "fcfs", "budget=x"], "lane 'budget=x': budget must be an integer >= 1, got 'x'"),
     (["--batch-timeout", "1"], "--batch-timeout applies to --race only"),
     (["--lanes", "static,chunked"], "--lanes applies to --race only"),
     (["--race", "--kv", "paged"], "--kv does not apply to --race"),
     (["--race", "--no-prefix-cache"], "--[no-]prefix-cache does not apply to --race"),
     (["--race", "burst", "--prompts", "burst"], "--prompts does not apply to --race (give the workload to --race)"),
-    (["--race", "--slots", "8", "--max-batched-tokens", "4"], "--max-batched-tokens 4 is less than --slots 8"),
+    (["--race", "--slots", "8", "--max-batched-tokens", "4"], "its token budget 4 is less than its 8 slots"),
     (["--race", "--batch-timeout", "-1"], "expected a finite number >= 0"),
     (["--race", "--max-len", "4096"], "--max-len 4096 is more than the model's context"),
     (["--race", "{long}"], "static batching pads requests 0..1 to"),

@@ -181,3 +181,18 @@ def test_prompt_files_take_the_new_fields(tmp_path):
     f.write_text('{"prompt": "a", "min_tokens": 30}\n')
     with pytest.raises(WorkloadError, match="min_tokens 30 is more than max_new_tokens 20"):
         tokenize_checked(load_workload(f), f, lambda s: [1], 64, 20)
+
+
+def test_an_attached_app_sends_the_new_fields_only_when_set():
+    from tinyllm.request import RequestSettings
+    from tui.runners.attach import completion_body
+    from tui.runners.interface import Submit
+    plain = completion_body(Submit("x", RequestSettings(Sampling(0.5), 10)))
+    assert set(plain) == {"prompt", "max_tokens", "temperature", "stream"}
+    s = RequestSettings(Sampling(0.5, min_p=0.1, presence_penalty=-1, frequency_penalty=0.5, repetition_penalty=1.3,
+                                 seed=9), 10, stop=("\n\n",), stop_token_ids=(3,), min_tokens=2)
+    body = completion_body(Submit("x", s))
+    assert {k: body[k] for k in ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed",
+                                 "stop", "stop_token_ids", "min_tokens")} == {
+        "min_p": 0.1, "presence_penalty": -1, "frequency_penalty": 0.5, "repetition_penalty": 1.3, "seed": 9,
+        "stop": ["\n\n"], "stop_token_ids": [3], "min_tokens": 2}

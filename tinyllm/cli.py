@@ -139,7 +139,7 @@ def cmd_whatif(args) -> None:
     from tinyllm.race.race import build_race
     from tinyllm.race.spec import LaneSpecError, parse_lanes
     from tinyllm.race.whatif import compare, load_arrivals, to_json
-    from tinyllm.race.whatif_view import groups_table, lanes_table, requests_table
+    from tinyllm.race.whatif_view import groups_table, lanes_table, request_lanes, requests_table
     from tinyllm.workload import WorkloadError
     try:
         lanes = parse_lanes(args.lanes)
@@ -160,13 +160,15 @@ def cmd_whatif(args) -> None:
         while race.step() is not None:
             pass
     views = race.views()
-    rows = compare(views, arrivals)
+    rows = compare(views)
     out = Console()
     out.print(lanes_table(views))
     groups = groups_table(views, rows)
     if groups is not None:
         out.print(groups)
     out.print(requests_table(views, rows, args.rows, narrow=out.width < 24 + 22 * len(views)))
+    if rows:
+        out.print(request_lanes(views, rows[0], out.width))
     if args.json:
         try:
             Path(args.json).write_text(json.dumps(to_json(views, rows, args.source), indent=1), encoding="utf-8")

@@ -38,6 +38,7 @@ from tui.widgets.status import fit_fields, scrubber, status_fields
 from tui.widgets.event_log import EventLog
 from tui.widgets.text_line import TextLine
 from tui.widgets.server_panel import ServerPanel
+from tui.widgets.prefix_cache_map import PrefixCacheMap
 from tui.widgets.timeline import TimelinePanel
 
 DEFAULT_THREADS = 1         # torch threads in the engine process: robust beside a busy core (README)
@@ -119,6 +120,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         with Horizontal(id="main"):
             with Vertical(id="left"):
                 yield ServerPanel(id="server")
+                yield PrefixCacheMap(id="prefix")
                 yield SlotGrid(id="slots")
                 yield BlockMap(id="blocks")
                 yield KVPanel(id="kv")
@@ -152,6 +154,11 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self.query_one("#timeline").display = False
         self.query_one("#server").border_title = f"{getattr(self.runner, 'kind', 'server')} metrics (GET /metrics)"
         self.query_one("#server").display = self.metrics_only
+        events = getattr(self.runner, "kv_events", None)      # --kv-events: the server's prefix cache
+        self.query_one("#prefix").display = self.metrics_only and events is not None
+        if events is not None:
+            self.query_one("#prefix").border_title = f"vLLM prefix cache (KV events from {events.endpoint})"
+            self.query_one("#server", ServerPanel).events_shown = True
         if self.metrics_only:
             for panel in ("#slots", "#blocks", "#kv"):
                 self.query_one(panel).display = False
@@ -184,6 +191,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self.set_class(short, "-short")
         try:
             self.query_one("#blocks", BlockMap).max_rows = 2 if short else 6
+            self.query_one("#prefix", PrefixCacheMap).max_rows = 3 if short else 8
             self.query_one("#kv").border_title = "KV █used ▒alloc ░reserved · counters" if short else "KV cache & counters"
         except NoMatches:                                 # not composed yet, or shutting down
             return
@@ -223,6 +231,8 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self.query_one("#status", TextLine).set(self._status_text(frame))
         if self.metrics_only:
             self.query_one("#server", ServerPanel).show(frame.server)
+            if frame.kv_cache is not None:
+                self.query_one("#prefix", PrefixCacheMap).show(frame.kv_cache)
         else:
             self.query_one("#slots", SlotGrid).show(frame.snapshot, self._flags)
             if frame.snapshot.kv.kind == "paged":

@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attach", metavar="URL", default=None,
                    help="watch and drive a running server instead of a local engine: tinyllm serve (every "
                         "panel) or a vLLM server (its metrics), e.g. http://127.0.0.1:8000")
+    p.add_argument("--kv-events", metavar="ENDPOINT", default=None,
+                   help="with --attach to a vLLM server: subscribe to its KV-cache events (vLLM's --kv-events-config "
+                        "endpoint, e.g. tcp://127.0.0.1:5557) and draw its prefix cache live "
+                        "(needs the vllm-events extra: msgspec, pyzmq)")
     add_race_args(p)
     web.add_web_args(p)
     p.add_argument("--engine-thread", action="store_true",
@@ -108,6 +112,8 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
         return replay_app(parser, a)
     if a.attach is not None:
         return attach_app(parser, a)
+    if a.kv_events is not None:
+        parser.error("--kv-events applies to --attach (a vLLM server's KV-cache events)")
     if a.record is not None:
         check_writable(parser, a.record)
     path, cfg, tok = model_config(parser, a)
@@ -199,16 +205,20 @@ def attach_app(parser, a) -> TinyLLMApp:
         except CheckpointError as e:
             parser.error(f"--model: {e}")
     url = a.attach if "://" in a.attach else f"http://{a.attach}"
+    kv_events = kv_events_subscriber(parser, a.kv_events) if a.kv_events is not None else None
     try:
         runner = AttachRunner(url).start()
     except ConnectionError as e:
         if "not a tinyllm serve" not in str(e):
             parser.error(f"--attach {e}")
         try:                                              # no state stream: a vLLM server?
-            runner = VllmRunner(url).start()
+            runner = VllmRunner(url, kv_events=kv_events).start()
         except ConnectionError as e2:
             parser.error(f"--attach {url}: found neither tinyllm serve nor a vLLM server there "
                          f"({str(e).split(': ', 1)[-1]}; {str(e2).split(': ', 1)[-1]})")
+    if kv_events is not None and not isinstance(runner, VllmRunner):
+        runner.stop()
+        parser.error(f"--kv-events: {url} is tinyllm serve, whose block map the app draws already")
     prompts = None
     if a.prompts is not None:
         try:
@@ -219,6 +229,20 @@ def attach_app(parser, a) -> TinyLLMApp:
             parser.error(f"--prompts: {e}")
     return TinyLLMApp(runner, tok, model_name=runner.model_name, settings=RequestSettings(sampling, a.max_new_tokens),
                       prompts_file=prompts)
+
+
+def kv_events_subscriber(parser, endpoint: str):
+    """--kv-events: the subscriber (not started), or one line and exit 2 if the optional libraries
+    are missing or the endpoint is not one a SUB socket can connect to."""
+    try:
+        from tui.runners.kv_subscriber import KVEventsSubscriber, check_endpoint
+    except ImportError as e:
+        parser.error(f"--kv-events needs msgspec and pyzmq ({e.name or e} is not installed): "
+                     f"pip install 'tinyllm[vllm-events]'")
+    try:
+        return KVEventsSubscriber(check_endpoint(endpoint))
+    except ValueError as e:
+        parser.error(f"--kv-events {e}")
 
 
 def replay_app(parser, a) -> TinyLLMApp:
@@ -287,14 +311,17 @@ def check_session(parser, a) -> None:
 # -- the race's options -----------------------------------------------------------------------------
 def add_race_args(p: argparse.ArgumentParser) -> None:
     from tinyllm.args import non_negative_float
-    p.add_argument("--race", nargs="?", const=DEFAULT_WORKLOAD, default=None, metavar="WORKLOAD",
+    p.add_argument("--race", nargs="?", const=DEFAULT_WORKLOAD, default=None, metavar="WORKLOAD|RUN.jsonl",
                    help="race static batching, continuous batching and the token-budget scheduler on the same "
-                        f"requests (a bundled workload's name or a JSONL file; default {DEFAULT_WORKLOAD})")
+                        f"requests (a bundled workload's name, a JSONL file, or a recording: its requests at their "
+                        f"recorded arrival times; default {DEFAULT_WORKLOAD})")
     p.add_argument("--batch-timeout", type=non_negative_float, default=None, metavar="S",
                    help="--race with arrivals: static batching starts a partial batch once its oldest request has "
                         f"waited S seconds of its clock (default {DEFAULT_BATCH_TIMEOUT_S:g})")
-    p.add_argument("--lanes", default=None, metavar="LIST",
-                   help=f"--race: which lanes, comma-separated, at least two of {','.join(LANES)} (default all)")
+    p.add_argument("--lanes", nargs="+", default=None, metavar="LANE",
+                   help=f"--race: at least two lanes, one argument each: a lane kind ({', '.join(LANES)}), a "
+                        f"scheduling policy, and/or key=value settings (policy, budget, slots, block, blocks, prefix, "
+                        f"chunked, kv), e.g. --lanes fcfs priority \"fair budget=64\" (default: the three kinds)")
 
 
 def race_app(parser, a):
@@ -336,27 +363,41 @@ def race_spec(parser, a):
     max_len = a.max_len or min(cfg.max_seq_len, DEFAULT_MAX_LEN)
     if max_len > cfg.max_seq_len:
         parser.error(f"--max-len {max_len} is more than the model's context ({cfg.max_seq_len})")
-    lanes = LANES if a.lanes is None else tuple(k.strip() for k in a.lanes.split(","))
-    bad = [k for k in lanes if k not in LANES]
-    if bad or len(set(lanes)) < 2:
-        parser.error(f"--lanes {a.lanes}: choose at least two of {', '.join(LANES)}"
-                     + (f" (unknown: {', '.join(bad)})" if bad else ""))
-    budget = a.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
-    if "chunked" in lanes and budget < a.slots:
-        parser.error(f"--max-batched-tokens {budget} is less than --slots {a.slots}: every running request "
-                     f"decodes one token per step, so the budget must cover them all")
+    from tinyllm.observe.recording import RecordingError
+    from tinyllm.race.spec import LaneSpecError, parse_lanes
+    from tinyllm.race.whatif import is_recording, requests_from_recording
     try:
-        wl_path = resolve_workload(a.race)
-        work = race_workload(wl_path, tok.encode, max_len)
-        if "static" in lanes:
-            check_static_batches([(len(ids), new) for _, ids, new in sorted(work, key=lambda w: w[0])], a.slots,
-                                 cfg.max_seq_len)
-    except (WorkloadError, ContextTooLong) as e:
+        lanes = parse_lanes(a.lanes)
+    except LaneSpecError as e:
+        parser.error(f"--lanes: {e}")
+    if len(lanes) < 2:
+        parser.error(f"--lanes: a race needs at least two lanes, got {len(lanes)}")
+    for lane in lanes:
+        budget = lane.budget or a.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
+        if lane.kind == "chunked" and budget < (lane.slots or a.slots):
+            parser.error(f"--lanes {lane.label!r}: its token budget {budget} is less than its {lane.slots or a.slots} "
+                         f"slots: every running request decodes one token per step, so the budget must cover them all")
+    try:
+        source = Path(a.race).expanduser()
+        if source.is_file() and is_recording(source):
+            arrivals, _ = requests_from_recording(source)
+            work = tuple((t, tuple(r.prompt), r.max_new_tokens, r.priority, r.tenant) for t, r in arrivals)
+            name = source.name
+            for t, ids, new, _, _ in work:
+                check_fits(len(ids), new, max_len, "--max-len")
+        else:
+            wl_path = resolve_workload(a.race)
+            work = race_workload(wl_path, tok.encode, max_len)
+            name = wl_path.name.removesuffix(".jsonl")
+        for lane in lanes:
+            if lane.kind == "static":
+                check_static_batches([(len(w[1]), w[2]) for w in sorted(work, key=lambda w: w[0])],
+                                     lane.slots or a.slots, cfg.max_seq_len)
+    except (WorkloadError, ContextTooLong, RecordingError) as e:
         parser.error(f"--race: {e}")
     timeout = DEFAULT_BATCH_TIMEOUT_S if a.batch_timeout is None else a.batch_timeout
-    return RaceSpec(str(path), work, wl_path.name.removesuffix(".jsonl"), a.slots, max_len, a.block_size,
-                    a.kv_blocks, a.max_batched_tokens, timeout, tuple(k for k in LANES if k in lanes), a.device,
-                    a.threads, a.seed)
+    return RaceSpec(str(path), work, name, a.slots, max_len, a.block_size,
+                    a.kv_blocks, a.max_batched_tokens, timeout, lanes, a.device, a.threads, a.seed)
 
 
 if __name__ == "__main__":

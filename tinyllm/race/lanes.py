@@ -30,6 +30,7 @@ class Lane:
         self.key, self.title, self.kind, self.detail, self.clock = key, title, kind, detail, clock
         self._pending = deque(workload)
         self.arrival: dict[int, float] = {}             # rid -> nominal arrival (this clock)
+        self.requests: dict[int, Request] = {}
         self.total = len(workload)
         self.total_tokens = sum(r.max_new_tokens for _, r in workload)
         self._result: LaneResult | None = None
@@ -122,11 +123,18 @@ class Lane:
         gaps = sorted(b - a for a, b in zip(times, times[1:]))
         return first - self.arrival[rid], percentile(gaps, 0.99) if gaps else None, end - self.arrival[rid]
 
+    def _who(self, rid: int) -> dict:
+        """The request's own fields, for the outcome (the comparison groups by them)."""
+        r = self.requests[rid]
+        return dict(arrival_s=self.arrival[rid], prompt_tokens=len(r.prompt), new_tokens=r.max_new_tokens,
+                    priority=r.priority, tenant=r.tenant)
+
     def _release(self) -> None:
         now = self.clock.now()
         while self._pending and self._pending[0][0] <= now:
             t, req = self._pending.popleft()
-            self.arrival[self._add(req, t)] = t
+            rid = self._add(req, t)
+            self.arrival[rid], self.requests[rid] = t, req
 
     def _note(self) -> str:
         if not self._busy() and self._pending:
@@ -175,7 +183,7 @@ class StaticLane(Lane):
     def _outcome(self, rid, first, end, times):
         ttft, itl, e2e = self._times(rid, first, end, times)
         return RequestOutcome(rid, ttft, itl, e2e, 0, (),
-                              (("queued", self.arrival[rid], first), ("decode", first, end)))
+                              (("queued", self.arrival[rid], first), ("decode", first, end)), **self._who(rid))
 
     def _finished(self):
         e = self.engine
@@ -238,7 +246,7 @@ class ContinuousLane(Lane):
                       for sp in (track.spans if track else ()))
         waited = sorted(self.engine.waited(rid).items(), key=lambda kv: -kv[1])
         return RequestOutcome(rid, ttft, itl, e2e, self.engine.snapshot().request(rid).preemptions,
-                              tuple(waited), spans)
+                              tuple(waited), spans, **self._who(rid))
 
     def _finished(self):
         return [(v.rid, v.first_token_s, v.finish_s) for v in self.engine.snapshot().requests

@@ -96,6 +96,11 @@ class RequestOutcome:
     preemptions: int
     waited: tuple[tuple[str, int], ...] = ()   # (WAIT_REASONS code, steps), most first
     spans: tuple[tuple[str, float, float], ...] = ()   # (phase, start_s, end_s): queued/prefill/decode/preempted
+    arrival_s: float = 0.0
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    priority: int = 0
+    tenant: str = ""
 
 
 def waiting_lane(key: str, detail: str, rows: int, total: int, total_tokens: int, title: str | None = None,

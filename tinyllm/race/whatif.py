@@ -89,16 +89,17 @@ class RequestRow:
     change: float
 
 
-def compare(lanes: tuple[LaneView, ...], requests: Arrivals) -> tuple[RequestRow, ...]:
-    """Per request, every lane's outcome; the requests that changed most first."""
+def compare(lanes: tuple[LaneView, ...]) -> tuple[RequestRow, ...]:
+    """Per request, every lane's outcome (the lanes are done); the requests that changed most first."""
     by_lane = [{o.rid: o for o in lane.outcomes} for lane in lanes]
     rows = []
-    for rid, (t, r) in enumerate(sorted(requests, key=lambda item: item[0])):
+    for rid in sorted({rid for m in by_lane for rid in m}):
         outs = tuple(m.get(rid) for m in by_lane)
-        base = outs[0]
+        base, who = outs[0], next(o for o in outs if o is not None)
         change = max((o.e2e_s / base.e2e_s - 1 for o in outs[1:] if o and base and base.e2e_s > 0),
                      key=abs, default=0.0)
-        rows.append(RequestRow(rid, len(r.prompt), r.max_new_tokens, r.priority, r.tenant, t, outs, change))
+        rows.append(RequestRow(rid, who.prompt_tokens, who.new_tokens, who.priority, who.tenant, who.arrival_s,
+                               outs, change))
     return tuple(sorted(rows, key=lambda row: (-abs(row.change), row.rid)))
 
 

@@ -35,7 +35,8 @@ def letter(i: int) -> str:
     return chr(ord("A") + i) if i < 26 else f"L{i}"
 
 
-def requests_table(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...], limit: int, narrow: bool = False) -> Table:
+def requests_table(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...], limit: int, narrow: bool = False,
+                   selected: int | None = None) -> Table:
     """Per request (most changed first): each lane's TTFT, end-to-end and why it waited (lanes
     lettered A, B, ... as the caption says); the e2e change against the first lane (A)."""
     t = Table(box=None, padding=(0, 1), title_justify="left", title_style="bold", expand=False,
@@ -53,7 +54,8 @@ def requests_table(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...], li
     t.add_column("e2e vs A", justify="right", no_wrap=True)
     for row in rows[:limit]:
         who = " ".join(filter(None, [row.tenant, f"p{row.priority}" if row.priority else ""])) or "—"
-        cells = [Text(str(row.rid)), Text(who, style="dim")]
+        mark = "reverse bold" if row.rid == selected else ""
+        cells = [Text(str(row.rid), style=mark), Text(who, style="dim")]
         for o in row.outcomes:
             if o is None:
                 cells += [Text("—")] * (2 if narrow else 3)
@@ -95,4 +97,37 @@ def lanes_table(lanes: tuple[LaneView, ...]) -> Table:
         pre = sum(o.preemptions for o in v.outcomes)
         t.add_row(short_name(v, 30), f"{r.tok_s:.0f}", secs(r.ttft_p50_s), secs(r.ttft_p95_s), secs(r.latency_p95_s),
                   f"{r.decode_steps:,}", str(pre))
+    return t
+
+
+PHASE_GLYPHS = {"queued": ("░", "yellow"), "prefill": ("▓", "cyan"), "decode": ("━", "green"),
+                "preempted": ("┄", "red")}
+
+
+def request_lanes(lanes: tuple[LaneView, ...], row: RequestRow, width: int) -> Text:
+    """One request's life in every lane, one row per lane over a shared time axis (each lane's
+    own clock, from the request's arrival): where it waited, prefilled, decoded, was preempted."""
+    label_w = min(24, max(len(v.title) for v in lanes) + 4)
+    cols = max(10, width - label_w - 1)
+    spans = [o.spans if o is not None else () for o in row.outcomes]
+    start = row.arrival_s
+    end = max((b for s in spans for _, _, b in s), default=start + 1e-9)
+    scale = cols / max(1e-9, end - start)
+    t = Text(no_wrap=True, overflow="crop")
+    t.append(f"#{row.rid} across the lanes, arrival → {secs(end - start)} (each lane's clock):  ", style="bold")
+    for phase, (glyph, colour) in PHASE_GLYPHS.items():
+        t.append(glyph, style=colour)
+        t.append(f" {phase}  ", style="dim")
+    for i, (v, s) in enumerate(zip(lanes, spans)):
+        t.append("\n")
+        t.append(f"{letter(i)} {v.title}"[:label_w - 1].ljust(label_w), style="bold")
+        cells = [" "] * cols
+        styles = [""] * cols
+        for phase, a, b in s:
+            glyph, colour = PHASE_GLYPHS.get(phase, ("?", ""))
+            lo, hi = int((a - start) * scale), max(int((a - start) * scale) + 1, int((b - start) * scale))
+            for c in range(max(0, lo), min(cols, hi)):
+                cells[c], styles[c] = glyph, colour
+        for c in range(cols):
+            t.append(cells[c], style=styles[c])
     return t

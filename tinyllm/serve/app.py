@@ -40,7 +40,7 @@ from tinyllm.serve.chat import ChatShape, parse_chat
 from tinyllm.serve.chat_template import ChatTemplateError, render
 from tinyllm.serve.engine_loop import EngineLoop, EngineLoopStopped, RequestFailed, RequestHandle, RequestRejected
 from tinyllm.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
-from tinyllm.serve.protocol import ApiError
+from tinyllm.serve.protocol import ApiError, api_key_tenant
 from tinyllm.serve.reader import OutputReader
 from tinyllm.serve.stream import add_stream_route
 from tinyllm.serve.tokenization import parse_detokenize, parse_tokenize, tokenize_response
@@ -179,7 +179,8 @@ def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
         eos = None if p.ignore_eos else tokenizer.eos_id
         try:
             req = EngineRequest(ids, p.max_tokens, eos_id=eos, sampling=p.sampling, stop_token_ids=p.stop_token_ids,
-                                min_tokens=p.min_tokens, logprobs=p.logprobs)
+                                min_tokens=p.min_tokens, logprobs=p.logprobs, priority=p.priority,
+                                tenant=p.tenant or api_key_tenant(request.headers.get("authorization")))
         except SamplingError as e:                         # e.g. chat's min_tokens above what the context leaves
             raise ApiError(str(e), e.field, "invalid_value") from None
         bad = next((t for t in p.stop_token_ids if t >= vocab_size), None)

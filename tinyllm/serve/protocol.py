@@ -23,6 +23,7 @@ a ``\\udfff`` escape stand alone; the tokenizer and the response encoder do not)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -32,8 +33,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tinyllm.request import (MAX_LOGPROBS, ContextTooLong, Sampling, SamplingError, TokenLogprob, check_fits,
-                             check_stop, check_token_stops, is_int)
+from tinyllm.request import (MAX_LOGPROBS, TENANT_MAX_CHARS, ContextTooLong, Sampling, SamplingError, TokenLogprob,
+                             check_fits, check_priority, check_stop, check_token_stops, is_int)
 
 DEFAULT_MAX_TOKENS = 16                 # OpenAI's default for completions
 DEFAULT_TEMPERATURE = 1.0               # OpenAI's default
@@ -166,6 +167,8 @@ class GenerationParams:
     stop_token_ids: tuple[int, ...] = ()
     min_tokens: int = 0
     logprobs: int | None = None         # completions: the chosen token's logprob and this many alternatives
+    priority: int = 0                   # vLLM's field: the "priority" policy runs lower values first
+    tenant: str = ""                    # the "fair" policy's tenant: OpenAI's "user" (else the API key's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -336,7 +339,40 @@ def parse_generation(body: dict, served_model: str, chat: bool = False) -> dict[
             why = _WHY.get(name, "not supported by this server")
             raise ApiError(f"{name}={brief(v)} is not supported: {why}", name, "unsupported_parameter")
     return dict(model=model, max_tokens=max_tokens, sampling=sampling, stream=stream, include_usage=include_usage,
-                ignore_eos=_bool(body, "ignore_eos"), return_token_ids=_bool(body, "return_token_ids"), **stops)
+                ignore_eos=_bool(body, "ignore_eos"), return_token_ids=_bool(body, "return_token_ids"),
+                priority=_priority(body), tenant=tenant_of(body.get("user"), "user"), **stops)
+
+
+def _priority(body: dict) -> int:
+    """vLLM's ``priority``: an integer, lower runs first under --scheduling-policy priority."""
+    v = body.get("priority", 0)
+    if v is None:
+        return 0
+    try:
+        return check_priority(v)
+    except ValueError as e:
+        raise ApiError(str(e), "priority", "invalid_value" if is_int(v) else "invalid_type") from None
+
+
+def api_key_tenant(authorization: str | None) -> str:
+    """The fair policy's tenant for a request without ``user``: its API key (``Authorization:
+    Bearer KEY``), as a short digest (a key is never shown), or "" without one."""
+    if not authorization:
+        return ""
+    key = authorization.removeprefix("Bearer ").strip()
+    return "key:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:8] if key else ""
+
+
+def tenant_of(who: Any, param: str) -> str:
+    """A tenant name for the fair policy from OpenAI's ``user`` (any string; a long or odd one is
+    shortened to a stable digest, so nothing a client sends can fail later), or ""."""
+    if who is None:
+        return ""
+    if not isinstance(who, str):
+        raise ApiError(f"{param} must be a string, got {_type_name(who)}", param, "invalid_type")
+    if len(who) <= TENANT_MAX_CHARS and who.isprintable():
+        return who
+    return "user:" + hashlib.sha256(who.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
 def _sampling_extras(body: dict) -> dict[str, Any]:

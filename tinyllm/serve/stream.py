@@ -51,6 +51,7 @@ class _Viewer:
         self.text: dict[int, str] = {}
         self.prompt: dict[int, str] = {}
         self.dropped = False
+        self.waits: dict[str, int] = {}                 # the wait counts last sent
 
 
 class StateFeed:
@@ -167,6 +168,10 @@ async def _records(feed: StateFeed, engine_loop: EngineLoop, request: Request):
             delta = encoder.encode(snap)
             if delta:
                 rec["snap"] = delta
+                waits = snap.wait_counts()                # why requests wait, counted (WAIT_REASONS)
+                if waits != viewer.waits:
+                    rec["x"] = {"waits": waits}
+                    viewer.waits = waits
             if events:
                 rec["life"] = [encode_event(e) for e in events]
             if prompt:

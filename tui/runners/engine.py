@@ -12,6 +12,7 @@ frames are plain picklable dataclasses for that reason), or in a worker thread o
 
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from collections import deque
@@ -58,6 +59,7 @@ class EngineRunner(CommandLoop):
         self._timeline = Timeline()
         self._streams: dict[int, StopText] = {}          # each request's text, its stop strings applied
         self._texts: dict[int, str] = {}
+        self._choices: dict[int, tuple[tuple[str, float], ...]] = {}   # logprobs asked: the latest token's
         self._prompts: dict[int, str] = {}
         self._log: deque[LogEntry] = deque(maxlen=LOG_LINES)
         self._log_seq = 0
@@ -186,12 +188,20 @@ class EngineRunner(CommandLoop):
             stream = self._streams.get(ev.rid)
             if stream is not None:
                 self._texts[ev.rid] += stream.step(ev.token)
+                if ev.logprob is not None:
+                    self._choices[ev.rid] = self._alternatives(ev.logprob)
                 if ev.done:
                     self._texts[ev.rid] += stream.flush()
                 elif stream.stopped:                          # a stop string: it ends here, in this step
                     self.engine.finish(ev.rid, stream.tokens)
         self._rate.append((time.perf_counter(), len(events)))
         self._note_changes()
+
+    def _alternatives(self, lp) -> tuple[tuple[str, float], ...]:
+        """A TokenLogprob as the pane shows it: (text, probability), the chosen token first."""
+        text = self.tok.token_text
+        return ((text(lp.token), math.exp(lp.logprob)),
+                *((text(t), math.exp(v)) for t, v in lp.top if t != lp.token))
 
     def _note_changes(self) -> None:
         """Take a fresh snapshot for the next frame and log what the engine says happened."""
@@ -246,7 +256,8 @@ class EngineRunner(CommandLoop):
         self._seq += 1
         return Frame(self._seq, self._snap, dict(self._prompts), dict(self._texts), tuple(self._log),
                      self.paused, self.step_delay_ms, len(self._pending), self._tokens_per_s(),
-                     tuple(self._tps_hist), self._step_ms, self.steps_done, tracks=self._timeline.tracks())
+                     tuple(self._tps_hist), self._step_ms, self.steps_done, tracks=self._timeline.tracks(),
+                     choices=dict(self._choices))
 
     def _set_paused(self, paused: bool) -> None:
         self.paused = paused

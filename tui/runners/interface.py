@@ -6,7 +6,7 @@ app and its widgets import this module, never a runner, for their types.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from tinyllm.request import RequestSettings
@@ -15,6 +15,7 @@ from tinyllm.observe.timeline import Track
 from tinyllm.workload import WorkItem
 
 if TYPE_CHECKING:
+    from tinyllm.observe.kv_events import CacheView
     from tui.runners.vllm_metrics import ServerFigures
 
 MAX_DELAY_MS = 1000
@@ -157,6 +158,10 @@ class Frame:
     status: str = "ready"                # "loading" until the engine is built (process runner)
     tracks: tuple[Track, ...] = ()       # each request's life over steps (the timeline panel)
     server: "ServerFigures | None" = None   # attached to a vLLM server: its /metrics figures
+    kv_cache: "CacheView | None" = None     # and, with --kv-events, its prefix cache from KV events
+    choices: dict[int, tuple[tuple[str, float], ...]] = field(default_factory=dict)
+    # ^ rid → its latest token and the top alternatives, (text, probability), the chosen one
+    #   first: for the requests that asked for logprobs (settings dialog), else none
 
 
 class Runner(Protocol):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_NEW
+from tinyllm.race.spec import LaneSpec
 from tinyllm.race.views import LANES, LaneView, lane_detail, waiting_lane
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS
 from tui.runners.loop import CommandLoop
@@ -117,7 +118,7 @@ def _ordinal(n: int) -> str:
     return {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")
 
 
-RaceItem = tuple[float, tuple[int, ...], int]          # (arrival_s, prompt token ids, max_new_tokens)
+RaceItem = tuple[float, tuple[int, ...], int, int, str]   # (arrival_s, prompt ids, max_new_tokens, priority, tenant)
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ class RaceSpec:
     kv_blocks: int | None = None
     max_batched_tokens: int | None = None
     batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S
-    lanes: tuple[str, ...] = LANES
+    lanes: tuple[str | LaneSpec, ...] = LANES    # lane kinds, or LaneSpecs with their own settings
     device: str | None = None
     threads: int | None = None
     seed: int = 0
@@ -143,7 +144,7 @@ class RaceSpec:
         """A fresh race on ``model`` (in whichever process owns the model)."""
         from tinyllm.engine import Request
         from tinyllm.race.race import build_race
-        work = [(t, Request(list(ids), new)) for t, ids, new in self.workload]
+        work = [(t, Request(list(ids), new, priority=prio, tenant=tenant)) for t, ids, new, prio, tenant in self.workload]
         return build_race(model, work, self.slots, self.max_len, self.block_size, self.kv_blocks,
                           self.max_batched_tokens, self.batch_timeout_s, self.lanes, self.step_cost_s, self.seed)
 
@@ -184,10 +185,15 @@ class RaceSpec:
         """What the app shows while the engine process loads: each lane's free rows. No torch.
         (``max_len`` is the spec's own here.)"""
         budget = self.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
-        arrivals = any(t > 0 for t, _, _ in self.workload)
-        total = sum(new for _, _, new in self.workload)
-        lanes = tuple(waiting_lane(k, lane_detail(k, self.slots, self.batch_timeout_s, budget, arrivals), self.slots,
-                                   len(self.workload), total) for k in LANES if k in self.lanes)
+        arrivals = any(w[0] > 0 for w in self.workload)
+        total = sum(w[2] for w in self.workload)
+        specs = [s if isinstance(s, LaneSpec) else LaneSpec(s, s) for s in self.lanes]
+        plain = all(s.label == s.kind for s in specs) and len({s.kind for s in specs}) == len(specs)
+        lanes = tuple(waiting_lane(s.kind if plain else f"lane{i}",
+                                   lane_detail(s.kind, s.slots or self.slots, self.batch_timeout_s,
+                                               s.budget or budget, arrivals), s.slots or self.slots,
+                                   len(self.workload), total, None if s.label == s.kind else s.label, s.kind)
+                      for i, s in enumerate(specs))
         return RaceFrame(0, lanes, False, 0, 0, None, (), status="loading")
 
 
@@ -208,4 +214,5 @@ def race_workload(path, encode, max_len: int, default_new: int = DEFAULT_NEW) ->
     from tinyllm.workload import load_workload, tokenize_checked
     items = load_workload(path)
     ids = tokenize_checked(items, path, encode, max_len, default_new)
-    return tuple((it.arrival_s, tuple(i), it.max_new_tokens or default_new) for it, i in zip(items, ids))
+    return tuple((it.arrival_s, tuple(i), it.max_new_tokens or default_new, it.priority or 0, it.tenant or "")
+                 for it, i in zip(items, ids))

@@ -16,7 +16,7 @@ import json
 import threading
 import time
 from dataclasses import replace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import httpx
 
@@ -25,6 +25,9 @@ from tinyllm.observe.timeline import Timeline
 from tui.runners.interface import LOG_LINES, Abort, AbortAll, Frame, LoadWorkload, LogEntry, Submit
 from tui.runners.attach import RETRY_S, api_error, completion_body, hang_up, send_workload, why
 from tui.runners.vllm_metrics import MetricsError, MetricsWindow, ServerFigures, parse
+
+if TYPE_CHECKING:                      # pyzmq and msgspec load only with --kv-events
+    from tui.runners.kv_subscriber import KVEventsSubscriber
 
 POLL_S = 0.5
 UNKNOWN_MAX_LEN = 1 << 20    # a server that does not say its context length: let it refuse long prompts
@@ -38,8 +41,10 @@ class VllmRunner:
     threads = 0
     start_error: Exception | None = None
 
-    def __init__(self, url: str, client: httpx.Client | None = None, poll_s: float = POLL_S):
+    def __init__(self, url: str, client: httpx.Client | None = None, poll_s: float = POLL_S,
+                 kv_events: "KVEventsSubscriber | None" = None):
         self.url = url.rstrip("/")
+        self.kv_events = kv_events                  # --kv-events: the server's prefix cache, from its events
         self.http = client or httpx.Client(timeout=httpx.Timeout(10, read=60))
         self.poll_s = poll_s
         self.paused, self.step_delay_ms, self.steps_done = False, 0, 0
@@ -83,6 +88,9 @@ class VllmRunner:
         except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError) as e:
             raise ConnectionError(f"{self.url}: {why(e)}") from None
         self.status = "ready"
+        if self.kv_events is not None:
+            self.kv_events.on_view = self._cache_changed
+            self.kv_events.start()
         self._publish()
         return self
 
@@ -102,6 +110,8 @@ class VllmRunner:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.kv_events is not None:
+            self.kv_events.stop()
         for rid in list(self._streams):
             self._abort(rid, quiet=True)
 
@@ -263,7 +273,16 @@ class VllmRunner:
             seq = self._seq
         status = self.status if not detail else f"{self.status}: {detail}"
         return Frame(seq, snap, prompts, texts, log, False, 0, 0, fig.generation_tps, tuple(self._tps_hist),
-                     status=status, tracks=tracks, server=fig)
+                     status=status, tracks=tracks, server=fig,
+                     kv_cache=self.kv_events.view if self.kv_events is not None else None)
 
     def _publish(self, detail: str = "") -> None:
         self._frame = self._make_frame(detail)
+
+    def _cache_changed(self, view) -> None:
+        """The subscriber's thread has a new prefix-cache view: the newest frame with it, as a new
+        frame (the app draws a frame it has not drawn), its status line kept."""
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+        self._frame = replace(self._frame, seq=seq, kv_cache=view)

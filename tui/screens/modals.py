@@ -14,7 +14,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from tinyllm.request import SEED_MAX, SEED_MIN, RequestSettings, Sampling
+from tinyllm.request import (MAX_LOGPROBS, PRIORITY_LIMIT, SEED_MAX, SEED_MIN, RequestSettings, Sampling,
+                             check_tenant)
 from tinyllm.stops import format_stop_list, parse_stop_list
 from tinyllm.workload import WorkItem, WorkloadError, bundled_workloads, load_workload, tokenize_checked
 
@@ -112,7 +113,7 @@ class SettingsScreen(ModalScreen["RequestSettings | None"]):
                     ("top_p", "top_p", "" if s.top_p is None else f"{s.top_p:g}", "number in (0, 1], blank = off"),
                     ("max_new_tokens", "max_new", str(self.current.max_new_tokens),
                      f"integer in [1, {self.max_new_limit}]")):
-                with Horizontal(classes="field"):
+                with Horizontal(classes="field compact" if ident == "max_new" else "field"):   # 80x24: one row
                     yield Label(label, classes="field-label")
                     yield Input(value, id=ident, classes="field-input")
                     yield Label(hint, classes="field-hint")
@@ -127,9 +128,15 @@ class SettingsScreen(ModalScreen["RequestSettings | None"]):
                         yield Label(ident.replace("_penalty", " pen."), classes="field-label")
                         yield Input(value, id=ident, classes="field-input")
             with Horizontal(classes="field compact"):
-                yield Label("stop", classes="field-label")
+                yield Label("stop  a|b \\n", classes="field-label")       # stop strings: | between, \n newline
                 yield Input(format_stop_list(c.stop), id="stop", classes="field-input stop-input")
-                yield Label("strings, | between, \\n = newline", classes="field-hint")
+                yield Label("logprobs", classes="field-label")
+                yield Input("" if c.logprobs is None else str(c.logprobs), id="logprobs", classes="field-input")
+            with Horizontal(classes="field compact"):
+                yield Label("priority", classes="field-label")
+                yield Input(str(c.priority), id="priority", classes="field-input")
+                yield Label("tenant", classes="field-label")
+                yield Input(c.tenant, id="tenant", classes="field-input")
             yield Checkbox("stop at end-of-text", self.current.stop_at_eos, id="stop_at_eos")
             if self.engine:
                 yield Static(Text(self.engine, style="dim"), id="settings-engine")
@@ -175,8 +182,14 @@ class SettingsScreen(ModalScreen["RequestSettings | None"]):
                                    "a number > 0 (1 = off)"))
         min_tokens = num("min_tokens", int, False, lambda x: 0 <= x <= new,
                          f"a whole number from 0 to max_new_tokens ({new})")
+        priority = num("priority", int, False, lambda x: -PRIORITY_LIMIT < x < PRIORITY_LIMIT,
+                       "a whole number (lower runs first under --scheduling-policy priority)")
+        tenant = check_tenant(val("tenant"))
         return replace(self.current, sampling=sampling, max_new_tokens=new, stop=parse_stop_list(val("stop")),
-                       stop_at_eos=self.query_one("#stop_at_eos", Checkbox).value, min_tokens=min_tokens)
+                       stop_at_eos=self.query_one("#stop_at_eos", Checkbox).value, min_tokens=min_tokens,
+                       priority=priority, tenant=tenant,
+                       logprobs=num("logprobs", int, True, lambda x: 0 <= x <= MAX_LOGPROBS,
+                                    f"a whole number from 0 to {MAX_LOGPROBS}, or blank for off"))
 
     def _apply(self) -> None:
         try:

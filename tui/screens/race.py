@@ -4,6 +4,7 @@ paced like the main app (FramePacer), and sends it the same commands."""
 
 from __future__ import annotations
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from pathlib import Path
@@ -18,6 +19,8 @@ from textual.worker import get_current_worker
 
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT_WORKLOAD
 from tinyllm.race.views import LaneView
+from tinyllm.race.whatif import compare
+from tinyllm.race.whatif_view import groups_table, request_lanes, requests_table
 from tinyllm.request import ContextTooLong
 from tui.runners.interface import SetPaused
 from tui.runners.child import ChildRunner
@@ -44,6 +47,11 @@ HOW_TO_READ = "\n".join((          # paragraphs: the screen wraps them to its wi
     "bar = prompt still being prefilled in chunks; '✓ done' = finished in the latest step. KV: the context "
     "tokens the lane's KV cache holds for running requests, out of the memory it has reserved (a static batch "
     "reserves its padded length for every row; the continuous lanes their whole cache).",
+    "What-if (--lanes with policies or settings, e.g. --lanes fcfs priority \"fair budget=64\"; --race can take a "
+    "recording): each lane is one engine with its own settings, on the same requests at the same arrival times. "
+    "At the finish line: per tenant (or priority) TTFT and end-to-end, then per request, most changed first, "
+    "each lane's TTFT, end-to-end and the reason it waited most steps for (NP: preempted N times); [ and ] pick "
+    "a request, whose life in every lane is drawn below the table, one row per lane.",
     "Arrivals (arrival_s in the workload) come on each lane's own clock. Static batching starts a batch when B "
     "requests wait, or when the oldest has waited the batch timeout (--batch-timeout, seconds of its clock), or "
     "at once when no more are coming."))
@@ -64,10 +72,49 @@ class FinishLine(Widget):
             self.refresh(layout=True)
 
     def get_content_height(self, container, viewport, width: int) -> int:
-        return len(self.lanes) + 2
+        n = len(self.lanes) + 2
+        if self.comparing:
+            rows = compare(self.lanes)
+            groups = groups_table(self.lanes, rows)
+            n += 1 + min(len(rows), self.rows) + 3 + (0 if groups is None else groups.row_count + 2)
+            n += len(self.lanes) + 3                  # the selected request across the lanes
+        return n
 
-    def render(self) -> Table:
-        base = next((v.result.tok_s for v in self.lanes if v.key == "static"), None)
+    def move(self, delta: int) -> bool:
+        """Select the next / previous request of the comparison (its lanes' rows show below it)."""
+        if not self.comparing:
+            return False
+        shown = compare(self.lanes)[:self.rows]
+        self.selected = max(0, min(len(shown) - 1, self.selected + delta))
+        self.refresh()
+        return True
+
+    @property
+    def comparing(self) -> bool:
+        return self.comparing_lanes(self.lanes)
+
+    @staticmethod
+    def comparing_lanes(lanes: tuple[LaneView, ...]) -> bool:
+        """A what-if (lanes with their own settings, all done): the per-request comparison shows."""
+        return bool(lanes) and any(v.key not in SHORT_NAMES for v in lanes) and all(v.outcomes for v in lanes)
+
+    rows = 12                                         # requests shown in the comparison, most changed first
+    selected = 0                                      # the comparison's row whose lanes show below it
+
+    def render(self) -> Group | Table:
+        lanes = self._lanes_table()
+        if not self.comparing:
+            return lanes
+        rows = compare(self.lanes)
+        groups = groups_table(self.lanes, rows)
+        parts = [lanes, Text("")] + ([groups, Text("")] if groups is not None else [])
+        row = rows[min(self.selected, len(rows) - 1)]
+        table = requests_table(self.lanes, rows, self.rows, narrow=self.size.width < 24 + 22 * len(self.lanes),
+                               selected=row.rid)
+        return Group(*parts, table, Text(""), request_lanes(self.lanes, row, max(40, self.size.width - 2)))
+
+    def _lanes_table(self) -> Table:
+        base = next((v.result.tok_s for v in self.lanes if v.kind == "static"), None)
         order = sorted(self.lanes, key=lambda v: v.result.wall_s)
         t = Table(box=None, padding=(0, 1), title_justify="left", title_style="bold", expand=False,
                   title="finish line (each lane's own clock)")
@@ -80,7 +127,7 @@ class FinishLine(Widget):
             t.add_column(c, justify="left" if c == "lane" else "right", no_wrap=True)
         for v in self.lanes:
             r = v.result
-            cells = {"lane": SHORT_NAMES[v.key], "place": f"{order.index(v) + 1}", "tok/s": f"{r.tok_s:.0f}",
+            cells = {"lane": SHORT_NAMES.get(v.key, v.title), "place": f"{order.index(v) + 1}", "tok/s": f"{r.tok_s:.0f}",
                      "× static": f"{r.tok_s / base:.2f}x" if base else "", "TTFT p50": secs(r.ttft_p50_s),
                      "TTFT p95": secs(r.ttft_p95_s), "latency p95": secs(r.latency_p95_s),
                      "row util": f"{r.row_util:.0%}", "KV used": f"{r.kv_used_mean:.0%}",
@@ -101,6 +148,8 @@ class RaceScreen(LiveView, Screen):
         Binding("f7,plus,equals_sign", "slower", "Slower"),
         Binding("f8,minus", "faster", "Faster"),
         Binding("r", "restart", "Run again"),
+        Binding("right_square_bracket", "request(1)", "Next request", show=False),
+        Binding("left_square_bracket", "request(-1)", "Previous request", show=False),
         Binding("escape", "back", "Back to the app"),
         Binding("q", "app.quit", "Quit"),
     ]
@@ -188,6 +237,8 @@ class RaceScreen(LiveView, Screen):
         if self.has_class("-track"):
             self.query_one("#track", RaceTrack).show(f.lanes)
         finish = self.query_one("#finish", FinishLine)
+        if f.done and not finish.display and finish.comparing_lanes(f.lanes):
+            self.call_after_refresh(finish.scroll_visible, animate=False)    # the comparison is the news
         finish.display = f.done
         if f.done:
             finish.show(f.lanes)
@@ -247,6 +298,15 @@ class RaceScreen(LiveView, Screen):
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen(self.BINDINGS, "tinyllm-tui race — keys", ("How to read the race", HOW_TO_READ), ()))
+
+    def action_request(self, delta: int) -> None:
+        """What-if finish line: show the next / previous request's lanes."""
+        finish = self.query_one("#finish", FinishLine)
+        if finish.move(delta):
+            self.call_after_refresh(finish.scroll_visible, animate=False)
+        else:
+            self.notify("\\[ and ] pick a request in a what-if's comparison, once every lane has finished",
+                        timeout=3)
 
     def action_restart(self) -> None:
         self.runner.send(Restart())

@@ -23,6 +23,7 @@ BLOCKS = " ▁▂▃▄▅▆▇█"
 COLOURS = {"static": STATE_COLOURS["queued"], "continuous": STATE_COLOURS["finished"],
            "chunked": STATE_COLOURS["running"]}
 NAMES = {"static": "static", "continuous": "continuous", "chunked": "budget+cache"}
+PALETTE = ("#4363d8", "#f58231", "#3cb44b", "#911eb4", "#1fa8b8", "#e6194b")   # what-if lanes, in order
 
 
 def tokens_at(trace: tuple[tuple[float, int], ...], t: float) -> float | None:
@@ -58,8 +59,8 @@ class RaceTrack(Widget):
         end = max((v.trace[-1][0] for v in self.lanes), default=0.0)
         out = Text(no_wrap=True, overflow="crop")
         out.append("tokens over each lane's own clock (the steeper, the faster; a band stops where its lane finished)\n", "bold")
-        for v in self.lanes:
-            style = Style(color=COLOURS.get(v.key, "white"))
+        for i, v in enumerate(self.lanes):
+            style = Style(color=COLOURS.get(v.key) or PALETTE[i % len(PALETTE)])
             levels = []
             for c in range(width):
                 n = tokens_at(v.trace, end * (c + 1) / width) if end > 0 else None
@@ -67,7 +68,7 @@ class RaceTrack(Widget):
             done = (f"✓ {v.result.wall_s:.2f} s" if v.finished
                     else f"{v.tokens / max(1, v.total_tokens):.0%}")
             for row in range(BAND):
-                label = NAMES.get(v.key, v.key) if row == 0 else f"  {done}"
+                label = NAMES.get(v.key, v.title) if row == 0 else f"  {done}"
                 out.append(f"{label:<{LABEL_W - 1}} ", style if row == 0 else DIM)
                 floor = (BAND - 1 - row) * 8
                 out.append("".join(" " if lv is None else BLOCKS[max(0, min(8, lv - floor))] for lv in levels), style)

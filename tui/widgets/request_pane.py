@@ -66,9 +66,22 @@ def step_text(v: RequestView, batch: tuple[tuple[int, int], ...], step: int) -> 
     if mine is not None:
         total = sum(n for _, n in batch)
         t.append(f"step {step}: in the batch, {mine} token{'s' * (mine != 1)} "
-                 f"(of {total}, {len(batch)} request{'s' * (len(batch) != 1)})\n", style="dim")
+                 f"(of {total}, {len(batch)} request{'s' * (len(batch) != 1)})", style="dim")
     elif v.wait:
-        t.append(f"step {step}: waiting: {v.wait_detail or v.wait}\n", style=EVENT_STYLES["wait"])
+        t.append(f"step {step}: waiting: {v.wait_detail or v.wait}", style=EVENT_STYLES["wait"])
+    return t
+
+
+def choices_text(choices: tuple[tuple[str, float], ...]) -> Text:
+    """The latest token and its top alternatives with their probabilities (a request that asked
+    for logprobs): the chosen one bold, each coloured by how likely it was."""
+    t = Text("latest token: ", style="dim")
+    for i, (tok, p) in enumerate(choices):
+        if i:
+            t.append(" · ", style="dim")
+        style = "green" if p >= 0.5 else "yellow" if p >= 0.1 else "red"
+        t.append(repr(tok), style=f"bold {style}" if i == 0 else style)
+        t.append(f" {100 * p:.0f}%", style="dim")
     return t
 
 
@@ -116,13 +129,14 @@ class RequestPane(VerticalScroll):
         text = frame.texts.get(rid, "")
         batch = frame.snapshot.batch
         step_line = step_text(v, batch, frame.snapshot.counters.steps)
-        key = (rid, v, text, step_line.plain)
+        choices = frame.choices.get(rid)
+        key = (rid, v, text, step_line.plain, choices)
         if key == self._shown:
             return
         follow = self.scroll_y >= self.max_scroll_y - 1 or rid != self.rid
         self.rid, self._shown = rid, key
         self.query_one("#pane-header").set(header_text(v, frame.snapshot.time_s))
-        body = step_line
+        body = Text()
         body.append(prompt, style="dim")
         body.append(text)
         if v.state == "aborted":
@@ -132,6 +146,12 @@ class RequestPane(VerticalScroll):
         acc = accounting_text(v)
         if acc is not None:
             body.append_text(acc)
+        if step_line:
+            body.append("\n\n── " if acc is None else "\n── ", style="dim")
+            body.append_text(step_line)
+        if choices:
+            body.append("\n── " if acc is not None or step_line else "\n\n── ", style="dim")
+            body.append_text(choices_text(choices))
         self._plain = prompt + text
         self.query_one("#pane-body", Static).update(body)
         if follow:

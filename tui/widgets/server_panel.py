@@ -22,6 +22,7 @@ class ServerPanel(Widget):
     def __init__(self, **kw):
         super().__init__(**kw)
         self.figures: "ServerFigures | None" = None
+        self.events_shown = False          # --kv-events: the prefix cache is drawn beside this panel
 
     def show(self, figures: "ServerFigures | None") -> None:
         if figures != self.figures:
@@ -62,6 +63,9 @@ class ServerPanel(Widget):
         t.append("e2e ", style="dim")
         t.append(f"{duration(f.e2e[0])}/{duration(f.e2e[1])}\n")
         t.append(f"(rates and quantiles over the last {f.window_s:.0f} s)\n", style="dim")
-        t.append("no slot grid, block map, other clients' text:\n", style="dim italic")
+        if self.events_shown:
+            t.append("no slot grid, block owners, other clients' text:\n", style="dim italic")
+        else:
+            t.append("no slot grid, block map, other clients' text:\n", style="dim italic")
         t.append("vLLM keeps those inside (tinyllm serve streams them)", style="dim italic")
         return t

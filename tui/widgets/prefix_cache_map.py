@@ -1,0 +1,136 @@
+"""A vLLM server's prefix cache, drawn from its KV-cache events as the block map draws ours.
+
+One cell per cached block, grouped by chain: a tree of hash-linked blocks drawn depth first,
+chains in the order their first block arrived with a space between them, each chain's colour
+fixed by that order. ■ a cached block, ▪ a partial one, ▣ a prefix several sequences share (a
+fork: two or more continuations follow it), ▤ a duplicate (the same tokens cached in two or more
+copies: requests that computed them apart), ◆ one on another medium (CPU offload), ✕ a block
+evicted in the last few seconds, … before a chain whose first block's parent is not cached. When the cells do not fit in ``max_rows`` lines, one cell stands for several blocks of a
+chain and the header says how many: every block stays on screen.
+
+The widget draws exactly the ``CacheView`` it was given (the runner's frame carries it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.style import Style
+from rich.text import Text
+from textual.widget import Widget
+
+from tui.widgets.style import STATE_COLOURS, rid_style
+
+if TYPE_CHECKING:                      # msgspec loads only with --kv-events
+    from tinyllm.observe.kv_events import CacheView, ChainView
+
+GLYPHS = {"b": "■", "p": "▪", "s": "▣", "d": "▤", "o": "◆", "x": "✕"}
+EVICTED = Style(color=STATE_COLOURS["aborted"], bold=True)
+LEGEND = "■ block ▪ partial ▣ shared prefix ▤ duplicate ◆ offloaded ✕ evicted … prefix not cached"
+
+
+def squeeze(cells: str, per_cell: int) -> str:
+    """A chain's cells, ``per_cell`` blocks to a cell: all evicted → x; any shared → s; any
+    duplicate → d; any offloaded → o; all partial → p; else b."""
+    if per_cell == 1:
+        return cells
+    out = []
+    for i in range(0, len(cells), per_cell):
+        g = cells[i:i + per_cell]
+        out.append("x" if set(g) == {"x"} else "s" if "s" in g else "d" if "d" in g else "o" if "o" in g
+                   else "p" if set(g) == {"p"} else "b")
+    return "".join(out)
+
+
+def layout(chains: tuple[ChainView, ...], width: int, max_rows: int) -> tuple[int, list[list[tuple[str, int]]]]:
+    """(blocks per cell, rows of (cell letters, chain index) runs) so the chains fit ``max_rows``
+    rows of ``width``; if even one cell per chain does not fit, the last rows are cut."""
+    width = max(1, width)
+    longest = max((len(c.cells) for c in chains), default=1)
+    total = sum(len(c.cells) for c in chains)
+    per_cell = max(1, -(-total // (width * max(1, max_rows))))
+    while True:
+        used = sum(c.partial + -(-len(c.cells) // per_cell) + 1 for c in chains)
+        if -(-used // width) <= max_rows or per_cell >= longest:
+            break
+        per_cell += 1
+    stream: list[tuple[str, int]] = []                    # (letter or " " / "…", chain index)
+    for c in chains:
+        if c.partial:
+            stream.append(("…", c.index))
+        stream.extend((ch, c.index) for ch in squeeze(c.cells, per_cell))
+        stream.append((" ", -1))
+    rows = [stream[i:i + width] for i in range(0, len(stream), width)][:max(1, max_rows)]
+    return per_cell, rows
+
+
+class PrefixCacheMap(Widget):
+    DEFAULT_CSS = "PrefixCacheMap { height: auto; min-height: 2; text-wrap: nowrap; text-overflow: ellipsis; }"
+
+    def __init__(self, max_rows: int = 6, **kw):
+        super().__init__(**kw)
+        self.view: CacheView | None = None
+        self._max_rows = max_rows
+
+    @property
+    def max_rows(self) -> int:
+        return self._max_rows
+
+    @max_rows.setter
+    def max_rows(self, rows: int) -> None:
+        if rows != self._max_rows:
+            self._max_rows = rows
+            self.refresh(layout=True)
+
+    def show(self, view: CacheView | None) -> None:
+        if view != self.view:
+            self.view = view
+            self.refresh(layout=True)
+
+    def get_content_height(self, container, viewport, width: int) -> int:
+        return len(self.render_text(width).plain.splitlines()) or 1
+
+    def render(self) -> Text:
+        return self.render_text(self.size.width or 80)
+
+    def header(self, per_cell: int) -> str:
+        v = self.view
+        evicted = sum(c.cells.count("x") for c in v.chains)
+        size = f" × {v.block_size} tok" if v.block_size else ""
+        head = (f"{v.blocks} blocks{size} · {v.tokens} tokens · {sum(1 for c in v.chains if c.cells.strip('x'))} "
+                f"chains · ▣ {v.forks} shared · ▤ {v.duplicates} dup · ✕ {evicted} just evicted")
+        return head + (f" · {per_cell} blocks/cell" if per_cell > 1 else "")
+
+    def counts(self) -> str:
+        v = self.view
+        age = "" if v.last_event_age_s is None else f", last {v.last_event_age_s:.0f} s ago"
+        line = f"{v.status}{age} · {v.batches} batches: {v.stored} stored · {v.removed} removed · {v.cleared} cleared"
+        for n, what in ((v.missed, "missed"), (v.restarts, "restarts"), (v.unknown_removed, "removed unseen")):
+            if n:
+                line += f" · {n} {what}"
+        return line
+
+    def render_text(self, width: int) -> Text:
+        """The panel as text: header, counts, the map, the legend (plain ``.plain`` for tests)."""
+        v = self.view
+        if v is None:
+            return Text("no KV events yet", style="dim")
+        t = Text(no_wrap=True, overflow="ellipsis")
+        per_cell, rows = layout(v.chains, width, self._max_rows)
+        t.append(self.header(per_cell) + "\n", style="bold")
+        t.append(self.counts(), style="dim")
+        if v.bad:
+            t.append(f" · {v.bad} bad messages", style=EVICTED)
+        t.append("\n")
+        if v.bad and v.last_error:
+            t.append(f"last bad: {v.last_error}\n", style="dim")
+        if not v.chains:
+            t.append(f"nothing cached yet: waiting for {v.endpoint}\n", style="dim italic")
+        for row in rows:
+            for letter, chain in row:
+                glyph = GLYPHS.get(letter, letter)
+                style = None if chain < 0 else EVICTED if letter == "x" else rid_style(chain)
+                t.append(glyph, style=style)
+            t.append("\n")
+        t.append(LEGEND, style="dim")
+        return t
