@@ -71,6 +71,13 @@ def check_panels(app: TinyLLMApp, frame: Frame | None = None) -> Frame:
         assert header.startswith(f"#{v.rid} {v.state}"), f"pane {header!r}, request #{v.rid} is {v.state}"
         assert f"{len(v.tokens)}/{v.max_new_tokens} tok" in header, header
         assert pane.body_text == frame.prompts.get(v.rid, "") + frame.texts.get(v.rid, "")
+        body = pane.query_one("#pane-body").render().plain
+        if v.state in ("queued", "preempted", "running") and steps:           # the step's batch, or why not
+            mine = dict(snap.batch).get(v.rid)
+            if mine is not None:
+                assert f"step {steps}: in the batch, {mine} token" in body, body[-200:]
+            elif v.wait:
+                assert f"step {steps}: waiting: {v.wait_detail or v.wait}" in body, body[-200:]
         assert rows.selected_rid() == v.rid, "the list's cursor is not on the selected request"
 
     timeline = app.query_one(TimelinePanel)

@@ -150,23 +150,27 @@ def panel_text(view, width: int = 60, rows: int = 6) -> str:
 
 
 # -- the state and the panel, through a real socket ------------------------------------------------
-def test_chains_forks_hits_and_evictions_through_a_socket(sub, pub):
+def test_chains_forks_duplicates_and_evictions_through_a_socket(sub, pub):
     pub.send(stored([1, 2, 3], None))                       # a prompt of 3 full blocks
     pub.send(stored([4, 5], 3), stored([6], 2))             # two continuations: 3 → 4 → 5, and 2 → 6
     pub.send(stored([10, 11], None))                        # another prompt
-    pub.send(stored([1, 2], None))                          # a prefix-cache hit, re-reported by vLLM
+    pub.send(stored([1, 2], None), stored([10], None))      # the same tokens computed again: second copies
     pub.send(removed([11]))                                 # evicted
-    wait_for(lambda: sub.view.batches == 5, "five batches")
+    pub.send(removed([1]))                                  # one copy of 1 goes; the other holds it
+    wait_for(lambda: sub.view.batches == 6, "six batches")
     v = sub.view
     assert v.status == "receiving" and v.bad == 0 and v.missed == 0
     assert v.blocks == 7 and v.tokens == 7 * BS and v.block_size == BS
-    assert v.stored == 10 and v.removed == 1 and v.forks == 1 and v.reused == 2
-    assert [c.cells for c in v.chains] == ["ssbbbb", "bx"]  # 1 (hit), 2 (fork + hit), 3, 4, 5, 6 | 10, 11 evicted
+    assert v.stored == 11 and v.removed == 2 and v.forks == 1 and v.duplicates == 2
+    assert [c.cells for c in v.chains] == ["bsbbbb", "dx"]  # 1, 2 (fork), 3, 4, 5, 6 | 10 (2 copies), 11 gone
     assert v.chains[0].head_tokens == tuple(range(8))
     text = panel_text(v)
-    assert "7 blocks × 16 tok · 112 tokens · 2 chains · ▣ 2 shared · ✕ 1 just evicted" in text
-    assert "5 batches: 10 stored · 1 removed · 0 cleared" in text
-    assert "▣▣■■■■ ■✕" in text
+    assert "7 blocks × 16 · 112 tok · 2 chains · ▣ 1 shared · ▤ 2 dup · ✕ 1 evicted" in text
+    assert "receiving · 6 batches · 11 stored · 2 removed · 0 cleared" in text
+    assert "■▣■■■■ ▤✕" in text
+    pub.send(removed([1]))                                  # the last copy of 1: now it is gone
+    wait_for(lambda: sub.view.batches == 7, "the last copy's removal")
+    assert [(c.cells, c.partial) for c in sub.view.chains] == [("x", False), ("sbbbb", True), ("dx", False)]
 
 
 def test_garbage_is_counted_never_fatal(sub, pub):
@@ -191,7 +195,7 @@ def test_a_gap_counts_missed_batches_and_a_restart_clears(sub, pub):
     wait_for(lambda: sub.view.batches == 3, "the restarted server's batch")
     v = sub.view
     assert v.restarts == 1 and v.blocks == 1 and [c.cells for c in v.chains] == ["b"]
-    assert "3 missed · 1 restarts" in panel_text(v)
+    assert "3 batches missed · 1 restarts" in panel_text(v)
 
 
 def test_all_blocks_cleared_and_removed_blocks_we_never_saw(sub, pub):
@@ -259,7 +263,7 @@ async def test_attached_app_draws_the_prefix_cache_live(fake, pub):
         await until(pilot, lambda: app.runner.frame.kv_cache.batches == 2, what="the events in a frame")
         assert panel.view == app.runner.frame.kv_cache            # the panel shows exactly the frame's view
         text = panel.render().plain
-        assert "5 blocks × 16 tok" in text and "▣ 1 shared" in text and "■■▣■■" in text
+        assert "5 blocks × 16 · 80 tok" in text and "▣ 1 shared" in text and "■■▣■■" in text
         assert "no slot grid, block owners" in app.query_one("#server").render().plain
         pub.raw(b"garbage")
         await until(pilot, lambda: "1 bad messages" in panel.render().plain, what="the bad message counted")
@@ -284,29 +288,42 @@ def test_kv_events_flag_errors(fake, monkeypatch, capsys):
 @pytest.mark.skipif(not (os.environ.get("VLLM_URL") and os.environ.get("VLLM_KV_EVENTS")),
                     reason="set VLLM_URL and VLLM_KV_EVENTS to a running vLLM server and its events endpoint (README)")
 async def test_a_real_vllm_servers_prefix_cache():
+    """Two prompts with a long common prefix, one after the other: the second hits the first's
+    cached blocks (vLLM's prefix_cache_hits counter moves) and its own blocks hang off the last
+    shared one, a fork the panel draws as ▣."""
     url, endpoint = os.environ["VLLM_URL"], os.environ["VLLM_KV_EVENTS"]
     runner = VllmRunner(url, poll_s=0.2, kv_events=KVEventsSubscriber(endpoint)).start()
     app = TinyLLMApp(runner, None, model_name=runner.model_name,
                      settings=RequestSettings(Sampling(temperature=0.0), 64, stop_at_eos=False))
     _watch(app)
+    common = (f"[{time.time_ns()}]\n"                                   # new to the server, run after run
+              "KING RICHARD III:\nNow is the winter of our discontent made glorious summer by this sun of York;\n"
+              "And all the clouds that lour'd upon our house in the deep bosom of the ocean buried.\n"
+              "Now are our brows bound with victorious wreaths; our bruised arms hung up for monuments.\n")
+    ids = httpx.post(f"{url}/tokenize", json={"model": runner.model_name, "prompt": common}).json()["tokens"]
+    hits = prefix_hits(url)
     async with app.run_test(size=(120, 44)) as pilot:
-        await until(pilot, lambda: runner.frame.kv_cache.status.startswith("connected"), what="the events socket")
-        prompt = "ROMEO:\nBut soft, what light through yonder window breaks? It is the east, and Juliet is the sun."
-        await submit(pilot, prompt)
+        await until(pilot, lambda: runner.frame.kv_cache.status != "connecting", what="the events socket")
+        await submit(pilot, common + "GLOUCESTER:")
         await until(pilot, lambda: runner.frame.snapshot.requests[0].state == "finished", timeout=120)
         await until(pilot, lambda: runner.frame.kv_cache.blocks > 0, timeout=30, what="BlockStored events")
-        first = runner.frame.kv_cache
-        await submit(pilot, prompt)                                       # the same prompt: a prefix-cache hit
+        size = runner.frame.kv_cache.block_size
+        assert size and len(ids) >= 2 * size + 2, "the common prefix must cover two blocks"
+        await submit(pilot, common + "CLARENCE:")
         await until(pilot, lambda: runner.frame.snapshot.requests[1].state == "finished", timeout=120)
-        await until(pilot, lambda: runner.frame.kv_cache.reused > 0, timeout=30, what="vLLM to re-report the hit")
+        await until(pilot, lambda: runner.frame.kv_cache.forks > 0, timeout=30, what="the fork")
         v = runner.frame.kv_cache
-        size = v.block_size
-        assert size and v.bad == 0 and v.missed == 0 and v.stored > first.stored
-        ids = httpx.post(f"{url}/tokenize", json={"model": runner.model_name, "prompt": prompt}).json()["tokens"]
-        assert v.blocks >= (len(ids) + 64) // size                        # prompt + output, full blocks
-        chain = next(c for c in v.chains if c.head_tokens == tuple(ids[:len(c.head_tokens)]) and c.head_tokens)
-        assert chain.cells[0] == "s"                                     # the prompt's first block: hit
+        assert v.bad == 0 and v.missed == 0
+        chain = next(c for c in v.chains if c.head_tokens and c.head_tokens == tuple(ids[:len(c.head_tokens)]))
+        shared = len(ids) // size                                       # the common prefix's full blocks
+        assert chain.cells[:shared] == "b" * (shared - 1) + "s"          # the fork is at its last one
+        assert len(chain.cells) >= (len(ids) + 64) // size + 1           # two continuations hang off it
         text = app.query_one("#prefix", PrefixCacheMap).render().plain
-        assert f"{v.blocks} blocks × {size} tok" in text and "▣" in text
-    metrics = httpx.get(f"{url}/metrics").text
-    assert "vllm:prefix_cache_hits_total" in metrics
+        assert f"{v.blocks} blocks × {size}" in text and "▣" in text
+    assert prefix_hits(url) - hits >= shared * size                      # vLLM counted the hit too
+
+
+def prefix_hits(url: str) -> float:
+    line = next(ln for ln in httpx.get(f"{url}/metrics").text.splitlines()
+                if ln.startswith("vllm:prefix_cache_hits_total"))
+    return float(line.rsplit(" ", 1)[1])

@@ -1,5 +1,11 @@
-"""From ContinuousEngine's arguments to its parts: the settings checked (each refusal says why),
-the cache the model runs on (and its CUDA-graph decoder), and the scheduler that plans on it."""
+"""From ContinuousEngine's arguments to its parts: the KV memory budget turned into a pool size and
+a concurrency, the settings checked (each refusal says why), the cache the model runs on (and its
+CUDA-graph decoder), and the scheduler that plans on it.
+
+Memory, not slots (vLLM's ``gpu_memory_utilization`` / ``max_num_seqs``): what a user sets is a KV
+budget in MiB. The slot cache (and static batching) reserve ``max_len`` tokens per row, so the
+budget buys ``budget // (max_len x bytes per token)`` rows; the paged pool spends it on blocks that
+follow real use, and runs as many sequences as those blocks allow, up to ``max_num_seqs``."""
 
 from __future__ import annotations
 
@@ -11,7 +17,66 @@ from tinyllm.kv.dense import SlotKVCache
 from tinyllm.kv.paged import PagedKVCache
 from tinyllm.model.config import ModelConfig, default_kv_blocks
 from tinyllm.model.transformer import Transformer
-from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, is_int
+from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, is_int
+
+MIB = 2 ** 20
+
+
+def rows_for_budget(kv_memory_mib: float, max_len: int, bytes_per_token: int) -> int:
+    """Rows of ``max_len`` reserved tokens that fit the budget: the slot cache's slots, static
+    batching's batch size. Refuses a budget too small for one row."""
+    row_mib = max_len * bytes_per_token / MIB
+    rows = int(kv_memory_mib * MIB // (max_len * bytes_per_token))
+    if rows < 1:
+        raise ValueError(f"kv_memory_mib {kv_memory_mib:g} MiB is too small for one request: a row reserves "
+                         f"max_len {max_len} tokens x {bytes_per_token:,} bytes = {row_mib:.2f} MiB "
+                         f"(raise the budget or lower max_len)")
+    return rows
+
+
+def blocks_for_budget(kv_memory_mib: float, max_len: int, block_size: int, bytes_per_token: int) -> int:
+    """Blocks of ``block_size`` tokens that fit the budget. Refuses a budget whose pool could not
+    hold one request of ``max_len`` tokens (vLLM refuses a KV cache below max_model_len too)."""
+    blocks = int(kv_memory_mib * MIB // (block_size * bytes_per_token))
+    need = -(-max_len // block_size)
+    if blocks < need:
+        raise ValueError(f"kv_memory_mib {kv_memory_mib:g} MiB is too small for one request: its pool holds "
+                         f"{blocks} blocks of {block_size} tokens, one request of max_len {max_len} needs {need} "
+                         f"({need * block_size * bytes_per_token / MIB:.2f} MiB; raise the budget or lower max_len)")
+    return blocks
+
+
+def resolve_concurrency(n_slots: int | None, max_num_seqs: int | None, kv_memory_mib: float | None,
+                        kv_blocks: int | None, kv: str, max_len: int, block_size: int, bytes_per_token: int,
+                        max_batched_tokens: int | None = None) -> tuple[int, int | None]:
+    """(slots, paged pool blocks or None for the default) from what the caller set. ``n_slots``
+    is the older name of ``max_num_seqs`` (the cap on running sequences). With a KV budget the
+    slot cache gets the rows it buys (at most the cap) and the paged pool the blocks it buys, run
+    by up to ``max_num_seqs`` sequences (default DEFAULT_MAX_NUM_SEQS, at most the token budget:
+    every running sequence decodes each step)."""
+    for name, x in (("n_slots", n_slots), ("max_num_seqs", max_num_seqs)):
+        if x is not None and (not is_int(x) or x < 1):
+            raise ValueError(f"{name} must be an integer >= 1, got {x!r}")
+    if n_slots is not None and max_num_seqs is not None and n_slots != max_num_seqs:
+        raise ValueError(f"n_slots ({n_slots}) and max_num_seqs ({max_num_seqs}) name the same cap; give one")
+    cap = n_slots if n_slots is not None else max_num_seqs
+    if kv_memory_mib is None:
+        if cap is None:
+            raise ValueError("give kv_memory_mib (the KV memory budget) or n_slots / max_num_seqs")
+        return cap, kv_blocks
+    if isinstance(kv_memory_mib, bool) or not isinstance(kv_memory_mib, (int, float)) or not kv_memory_mib > 0:
+        raise ValueError(f"kv_memory_mib must be a number of MiB > 0, got {kv_memory_mib!r}")
+    if kv_blocks is not None:
+        raise ValueError("give kv_memory_mib or kv_blocks, not both (the budget sizes the pool)")
+    if cap is None:
+        cap = DEFAULT_MAX_NUM_SEQS
+        if max_batched_tokens is not None and is_int(max_batched_tokens) and max_batched_tokens >= 1:
+            cap = min(cap, max_batched_tokens)
+    if not is_int(max_len) or max_len < 1 or not is_int(block_size) or block_size < 1:
+        return cap, None                  # check_settings / make_cache say what is wrong with them
+    if kv == "paged":
+        return cap, blocks_for_budget(kv_memory_mib, max_len, block_size, bytes_per_token)
+    return min(cap, rows_for_budget(kv_memory_mib, max_len, bytes_per_token)), None
 
 
 def check_settings(cfg: ModelConfig, n_slots: int, max_len: int | None, kv: str, cuda_graph, chunked_prefill: bool,

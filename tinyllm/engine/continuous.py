@@ -18,7 +18,7 @@ import time
 import torch
 from torch import Tensor
 
-from tinyllm.engine.build import check_settings, make_cache, make_scheduler
+from tinyllm.engine.build import check_settings, make_cache, make_scheduler, resolve_concurrency
 from tinyllm.engine.forward import ModelRunner, Prefilled, kv_bytes_per_token
 from tinyllm.engine.policy import WaitingQueue, waiting_queue
 from tinyllm.engine.sampler import Row, Sampled, sample_batch
@@ -47,6 +47,10 @@ class ContinuousEngine:
     stream. ``finish(rid, keep)`` ends a request whose stop string a detokenizing caller found.
     Not thread-safe: call add_request / step / abort / finish from one thread.
 
+    kv_memory_mib (the KV memory budget, what users set; build.py): kv="slots" gets as many
+    slots of max_len as it buys (at most max_num_seqs), kv="paged" a pool of as many blocks as
+    it buys, run by up to max_num_seqs sequences (default DEFAULT_MAX_NUM_SEQS). Without it,
+    n_slots (the older name of max_num_seqs) slots, and kv_blocks for the pool.
     kv="slots": SlotKVCache, every slot reserves max_len positions.
     kv="paged": PagedKVCache with kv_blocks blocks of block_size tokens (default: the same
     memory as the slot cache). When a decode step needs a block and none is free, the newest
@@ -67,18 +71,24 @@ class ContinuousEngine:
     (LifecycleEvents: queued, admitted, prefill, first_token, preempted, finished, aborted, failed).
     """
 
-    def __init__(self, model: Transformer, n_slots: int, max_len: int | None = None,
+    def __init__(self, model: Transformer, n_slots: int | None = None, max_len: int | None = None,
                  temperature: float = 0.0, top_k=None, top_p=None, generator=None,
                  kv: str = "slots", block_size: int = 16, kv_blocks: int | None = None,
                  cuda_graph=False, buckets: tuple[int, ...] | None = None,
                  chunked_prefill: bool = False, max_batched_tokens: int | None = None,
-                 prefix_cache: bool | None = None, scheduling_policy: str = "fcfs"):
+                 prefix_cache: bool | None = None, scheduling_policy: str = "fcfs",
+                 kv_memory_mib: float | None = None, max_num_seqs: int | None = None):
         model.eval()
+        bytes_per_token = kv_bytes_per_token(model, next(model.parameters()).device)
+        n_slots, kv_blocks = resolve_concurrency(
+            n_slots, max_num_seqs, kv_memory_mib, kv_blocks, kv, model.cfg.max_seq_len if max_len is None else max_len,
+            block_size, bytes_per_token, max_batched_tokens if chunked_prefill else None)
         max_len, prefix_cache, budget = check_settings(model.cfg, n_slots, max_len, kv, cuda_graph, chunked_prefill,
                                                        max_batched_tokens, prefix_cache)
         self.model = model
         self.device = device = next(model.parameters()).device
-        self.n_slots = n_slots
+        self.n_slots = n_slots                               # the cap on running sequences (max_num_seqs)
+        self.kv_memory_mib = kv_memory_mib                   # the budget it came from, if one was set
         self.max_len = max_len
         self.sampling = Sampling(temperature, top_k, top_p)    # the default for every request
         self.generator = generator
@@ -93,7 +103,7 @@ class ContinuousEngine:
         self._prefix_queries = self._prefix_hits = 0
         self.max_batched_tokens = budget if chunked_prefill else None
         self._running: list[Sequence] = []              # holding a slot, in admission order (newest last)
-        self.stats = Stats(kv_bytes_per_token=kv_bytes_per_token(model, device),
+        self.stats = Stats(kv_bytes_per_token=bytes_per_token,
                            kv_reserved_tokens=self.slots.reserved_tokens())
         self.results: dict[int, Result] = {}              # finished, until the caller pops them
         self._seqs: dict[int, Sequence] = {}                  # every request, kept for snapshots
@@ -267,7 +277,7 @@ class ContinuousEngine:
             events = self._isolated(plan, "step failed")
             self._note_kv_use()
             return events
-        st.computed_rows += self.n_slots                  # decode: every slot computes a row
+        st.computed_rows += self.n_slots if self.runner.every_slot else len(plan.items)   # slots: idle ones too
         st.useful_rows += len(plan.items)
         self._note_kv_use()
         return self._commit_decode(plan, self.runner(plan))
@@ -333,7 +343,11 @@ class ContinuousEngine:
         return events
 
     def _commit_decode(self, plan: StepPlan, logits: Tensor) -> list[Event]:
-        """One sampled token per slot (idle rows with the engine's default, then dropped)."""
+        """One sampled token per slot (idle rows with the engine's default, then dropped); on the
+        paged pool, one per running sequence, in the plan's order."""
+        if not self.runner.every_slot:
+            seqs = [seq for seq, _, _ in plan.items]
+            return self._emit(list(enumerate(seqs)), sample_batch(logits, [q.row() for q in seqs], self.generator))
         rows = [q.row() if q is not None else Row(self.sampling) for q in self._slot_seq]
         sampled = sample_batch(logits, rows, self.generator)
         self.runner.last_tok = sampled.tokens
@@ -486,18 +500,19 @@ class ContinuousEngine:
 
 
 @torch.no_grad()
-def run_continuous(model: Transformer, requests: list[Request], n_slots: int,
+def run_continuous(model: Transformer, requests: list[Request], n_slots: int | None = None,
                    max_len: int | None = None, temperature: float = 0.0, top_k=None,
                    top_p=None, generator=None, kv: str = "slots", block_size: int = 16,
                    kv_blocks: int | None = None, cuda_graph=False,
                    buckets: tuple[int, ...] | None = None, chunked_prefill: bool = False,
                    max_batched_tokens: int | None = None, prefix_cache: bool | None = None,
-                   scheduling_policy: str = "fcfs") -> tuple[list[Result], dict]:
+                   scheduling_policy: str = "fcfs", kv_memory_mib: float | None = None,
+                   max_num_seqs: int | None = None) -> tuple[list[Result], dict]:
     """Offline continuous batching: every request queued at t=0, run to completion.
-    A thin wrapper over ContinuousEngine; see it for kv / cuda_graph."""
+    A thin wrapper over ContinuousEngine; see it for kv / cuda_graph / kv_memory_mib."""
     eng = ContinuousEngine(model, n_slots, max_len, temperature, top_k, top_p, generator,
                            kv, block_size, kv_blocks, cuda_graph, buckets, chunked_prefill, max_batched_tokens,
-                           prefix_cache, scheduling_policy)
+                           prefix_cache, scheduling_policy, kv_memory_mib, max_num_seqs)
     t0 = time.perf_counter()
     rids = [eng.add_request(r) for r in requests]
     while eng.has_work():

@@ -6,8 +6,10 @@ Three passes, one per ``StepPlan.kind``:
 - "prefill": the contexts left-padded into one batch (``prefill_padded``: a padded row computes
   what it would alone); the K/V stays in a scratch ``KVCache`` until the engine commits it into
   the slots, so a failed prefill leaves nothing to undo;
-- "decode": one token for every slot of the cache, from each slot's last token (idle slots
-  compute a throwaway row), eagerly or by replaying a CUDA graph;
+- "decode": on the slot cache, one token for every slot, from each slot's last token (idle slots
+  compute a throwaway row), eagerly or by replaying a CUDA graph; on the paged pool, one token for
+  each running sequence only, as a ragged batch (its idle slots cost nothing: a pool sized by
+  memory may have many more slots than it runs);
 - "mixed": decode tokens and prefill chunks flattened into one ragged batch over the paged pool
   (``kv/ragged.py``); logits only where a context is then complete.
 
@@ -65,10 +67,11 @@ class ModelRunner:
         self.model, self.cache, self.decoder = model, cache, decoder   # decoder: a SlotGraphDecoder
         self.device = next(model.parameters()).device
         self.last_tok = torch.zeros(cache.n_slots, 1, dtype=torch.long, device=self.device)   # decode input
+        self.every_slot = not isinstance(cache, PagedKVCache)    # a decode computes a row per slot
 
     def __call__(self, plan: StepPlan) -> Tensor | Prefilled:
         if plan.kind == "decode":
-            return self.decode()
+            return self.decode() if self.every_slot else self.mixed(plan.items)
         if plan.kind == "prefill":
             return self.prefill(plan.items)
         return self.mixed(plan.items)
@@ -90,9 +93,13 @@ class ModelRunner:
         sample (each item whose context is then complete), in batch order."""
         flat, sample_at = [], []
         for seq, start, n in items:
-            ctx = seq.context()
-            flat += ctx[start:start + n]
-            if start + n == len(ctx):                     # context complete: its last logits sample
+            prompt, out = seq.req.prompt, seq.out
+            P = len(prompt)
+            if n == 1:                                    # a decode: one token, no copy of the context
+                flat.append(prompt[start] if start < P else out[start - P])
+            else:
+                flat += [*prompt[start:start + n], *out[max(0, start - P):max(0, start + n - P)]]
+            if start + n == P + len(out):                 # context complete: its last logits sample
                 sample_at.append(len(flat) - 1)
         attn = RaggedAttention(self.cache, [(seq.slot, start, n) for seq, start, n in items])
         idx = torch.tensor([flat], dtype=torch.long, device=self.device)

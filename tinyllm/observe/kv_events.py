@@ -94,7 +94,7 @@ class ChainView:
 @dataclass(frozen=True)
 class CacheView:
     endpoint: str
-    status: str = "connecting"      # connecting / receiving / idle
+    status: str = "connecting"      # connecting / connected (no batch yet) / receiving / idle / disconnected
     chains: tuple[ChainView, ...] = ()
     blocks: int = 0                 # cached now
     tokens: int = 0                 # the tokens they hold

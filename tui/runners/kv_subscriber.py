@@ -134,7 +134,7 @@ class KVEventsSubscriber:
         if age is not None and time.monotonic() - age < self.idle_s and self._connected:
             return "receiving"
         if self._connected:
-            return "connected, idle" if age is not None else "connected, no events yet"
+            return "idle" if age is not None else "connected"
         return "disconnected" if age is not None else "connecting"
 
     def _publish(self) -> None:

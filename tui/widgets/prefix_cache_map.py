@@ -26,7 +26,7 @@ if TYPE_CHECKING:                      # msgspec loads only with --kv-events
 
 GLYPHS = {"b": "■", "p": "▪", "s": "▣", "d": "▤", "o": "◆", "x": "✕"}
 EVICTED = Style(color=STATE_COLOURS["aborted"], bold=True)
-LEGEND = "■ block ▪ partial ▣ shared prefix ▤ duplicate ◆ offloaded ✕ evicted … prefix not cached"
+LEGEND = "■ block ▪ partial ▣ shared ▤ dup ◆ offloaded ✕ evicted … prefix gone"
 
 
 def squeeze(cells: str, per_cell: int) -> str:
@@ -96,19 +96,22 @@ class PrefixCacheMap(Widget):
     def header(self, per_cell: int) -> str:
         v = self.view
         evicted = sum(c.cells.count("x") for c in v.chains)
-        size = f" × {v.block_size} tok" if v.block_size else ""
-        head = (f"{v.blocks} blocks{size} · {v.tokens} tokens · {sum(1 for c in v.chains if c.cells.strip('x'))} "
-                f"chains · ▣ {v.forks} shared · ▤ {v.duplicates} dup · ✕ {evicted} just evicted")
+        chains = sum(1 for c in v.chains if c.cells.strip("x"))
+        size = f" × {v.block_size}" if v.block_size else ""
+        head = (f"{v.blocks} blocks{size} · {v.tokens} tok · {chains} chains · ▣ {v.forks} shared · "
+                f"▤ {v.duplicates} dup · ✕ {evicted} evicted")
         return head + (f" · {per_cell} blocks/cell" if per_cell > 1 else "")
 
     def counts(self) -> str:
         v = self.view
-        age = "" if v.last_event_age_s is None else f", last {v.last_event_age_s:.0f} s ago"
-        line = f"{v.status}{age} · {v.batches} batches: {v.stored} stored · {v.removed} removed · {v.cleared} cleared"
-        for n, what in ((v.missed, "missed"), (v.restarts, "restarts"), (v.unknown_removed, "removed unseen")):
-            if n:
-                line += f" · {n} {what}"
-        return line
+        age = f" {v.last_event_age_s:.0f} s" if v.status in ("idle", "disconnected") and v.last_event_age_s else ""
+        return f"{v.status}{age} · {v.batches} batches · {v.stored} stored · {v.removed} removed · {v.cleared} cleared"
+
+    def troubles(self) -> str:
+        """What went wrong on the way, if anything: lost batches, restarts, unknown removals."""
+        v = self.view
+        return " · ".join(f"{n} {what}" for n, what in ((v.missed, "batches missed"), (v.restarts, "restarts"),
+                                                        (v.unknown_removed, "removed unseen")) if n)
 
     def render_text(self, width: int) -> Text:
         """The panel as text: header, counts, the map, the legend (plain ``.plain`` for tests)."""
@@ -118,12 +121,12 @@ class PrefixCacheMap(Widget):
         t = Text(no_wrap=True, overflow="ellipsis")
         per_cell, rows = layout(v.chains, width, self._max_rows)
         t.append(self.header(per_cell) + "\n", style="bold")
-        t.append(self.counts(), style="dim")
+        t.append(self.counts() + "\n", style="dim")
+        if troubles := self.troubles():
+            t.append(troubles + "\n", style="dim")
         if v.bad:
-            t.append(f" · {v.bad} bad messages", style=EVICTED)
-        t.append("\n")
-        if v.bad and v.last_error:
-            t.append(f"last bad: {v.last_error}\n", style="dim")
+            t.append(f"{v.bad} bad messages", style=EVICTED)
+            t.append(f": {v.last_error}\n", style="dim")
         if not v.chains:
             t.append(f"nothing cached yet: waiting for {v.endpoint}\n", style="dim italic")
         for row in rows:
