@@ -72,8 +72,9 @@ def check_invariants(eng: ContinuousEngine) -> None:
             assert slots.block_key[b] == key
         assert all(slots.block_key[b] is not None for b in lru)
         assert sum(k is not None for k in slots.block_key) == len(slots.cached)
-        if not slots.prefix_cache:
-            assert not slots.cached and not lru and max(slots.ref, default=0) <= 1
+        if not slots.prefix_cache:                        # then only the samples of one prompt (n > 1) share
+            assert not slots.cached and not lru
+            assert max(slots.ref, default=0) <= 1 or any(q.fork_of is not None for q in eng._seqs.values())
 
 
 def run_checked(eng: ContinuousEngine, reqs: list[Request]) -> list[list[int]]:

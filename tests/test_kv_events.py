@@ -244,8 +244,17 @@ def test_endpoint_checks():
     assert check_endpoint("tcp://127.0.0.1:5557") == "tcp://127.0.0.1:5557"
     with pytest.raises(ValueError, match="tcp://127.0.0.1:5557"):
         check_endpoint("tcp://*:5557")
-    with pytest.raises(ValueError, match="expected tcp://HOST:PORT"):
-        check_endpoint("127.0.0.1:5557")
+    for bad in ("127.0.0.1:5557", "tcp://127.0.0.1:99999", "tcp://127.0.0.1"):
+        with pytest.raises(ValueError, match="expected tcp://HOST:PORT"):
+            check_endpoint(bad)
+
+
+def test_a_thread_error_is_a_status_not_a_traceback(monkeypatch):
+    s = KVEventsSubscriber("tcp://127.0.0.1:1")
+    monkeypatch.setattr(s, "_loop", lambda: 1 / 0)
+    s.start()
+    s._thread.join(5)
+    assert s.view.status == "failed: ZeroDivisionError: division by zero"
 
 
 # -- the app ---------------------------------------------------------------------------------------

@@ -251,6 +251,16 @@ def check_tenant(tenant) -> str:
 
 
 SEED_MIN, SEED_MAX = -2**63, 2**63 - 1     # a seed fits an int64 (vLLM's range)
+MAX_N = 16                                  # samples of one prompt per request (n)
+
+
+def fork_sampling(sampling: Sampling, i: int) -> Sampling:
+    """Sample ``i``'s settings of a request for n samples: a seeded request's sample i draws
+    from seed + i (wrapping within int64, so no seed a client sends can fail here), so each
+    sample equals the solo run with that seed; unseeded samples share the settings."""
+    if sampling.seed is None or i == 0:
+        return sampling
+    return replace(sampling, seed=(sampling.seed + i - SEED_MIN) % 2**64 + SEED_MIN)
 
 
 def _number_in(x, lo: float, hi: float) -> bool:

@@ -14,6 +14,7 @@ Correctness: under greedy decoding each request's tokens equal its solo ``genera
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 from torch import Tensor
@@ -27,8 +28,8 @@ from tinyllm.engine.sequence import Event, Sequence, finish_reason
 from tinyllm.model.transformer import Transformer
 from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, SlotView
 from tinyllm.observe.stats import Stats
-from tinyllm.request import (DEFAULT_MAX_BATCHED_TOKENS, Request, Result, Sampling, SamplingError, check_fits,
-                             is_int)
+from tinyllm.request import (DEFAULT_MAX_BATCHED_TOKENS, MAX_N, Request, Result, Sampling, SamplingError, check_fits,
+                             fork_sampling, is_int)
 
 __all__ = ["DEFAULT_MAX_BATCHED_TOKENS", "ContinuousEngine", "run_continuous"]
 
@@ -110,6 +111,7 @@ class ContinuousEngine:
         self._next_rid = 0                                    # (until forget_ended drops old ones)
         self._slot_seq: list[Sequence | None] = [None] * n_slots
         self._just_admitted: set[int] = set()
+        self._forked: set[int] = set()                       # rids forked off a parent in this step
         self._batch: tuple[tuple[int, int], ...] = ()         # the latest step's (rid, tokens)
         self._lifecycle: list[LifecycleEvent] = []     # since the last pop_lifecycle()
         self._steps = self._prefills = self._generated = 0
@@ -142,6 +144,40 @@ class ContinuousEngine:
     def add_request(self, req: Request) -> int:
         """Queue a request; returns its id. Raises ValueError at once if it can never run.
         The engine keeps its own immutable copy: later changes to ``req`` change nothing."""
+        seq = self._new_seq(req)
+        self.waiting.add(seq)
+        self._note("queued", seq, tokens=len(seq.req.prompt))
+        return seq.rid
+
+    def add_forks(self, req: Request, n: int) -> list[int]:
+        """Queue ``n`` samples of one prompt (OpenAI's ``n``); returns their ids, the parent's
+        first. Sample i's settings are ``fork_sampling(sampling, i)`` (a seeded request: seed + i),
+        so each equals its seeded solo run. With the token-budget scheduler the prompt is
+        computed once: only the parent is queued; the others wait for its prompt (``forks``) and
+        fork off it when it samples its first token (``_fork``: its full blocks shared, its
+        partial last block copied). With the seed's scheduler they are n independent requests.
+        If the parent ends before its fork, the first of its waiting samples takes its place
+        (``_unfork``)."""
+        if not is_int(n) or not 1 <= n <= MAX_N:
+            raise ValueError(f"n must be an integer from 1 to {MAX_N}, got {n!r}")
+        if not isinstance(req, Request):
+            raise ValueError(f"add_forks needs a Request, got {type(req).__name__}")
+        sampling = req.sampling or self.sampling
+        reqs = [replace(req, sampling=fork_sampling(sampling, i)) for i in range(n)]
+        if not self.chunked_prefill:
+            return [self.add_request(r) for r in reqs]
+        parent = self._new_seq(reqs[0])
+        children = [self._new_seq(r) for r in reqs[1:]]     # all checked before anything is queued
+        self.waiting.add(parent)
+        self._note("queued", parent, tokens=len(parent.req.prompt))
+        for child in children:
+            child.fork_of = parent.rid
+            parent.forks.append(child)
+            self._note("queued", child, tokens=len(child.req.prompt), reason=f"fork of #{parent.rid}")
+        return [parent.rid] + [c.rid for c in children]
+
+    def _new_seq(self, req: Request) -> Sequence:
+        """The engine's record of a new request (checked, given an id), not yet queued."""
         if not isinstance(req, Request):
             raise ValueError(f"add_request needs a Request, got {type(req).__name__}")
         req = req.frozen()                                # re-validated, prompt as a tuple
@@ -158,16 +194,15 @@ class ContinuousEngine:
         self._next_rid += 1
         seq = Sequence(rid, req, req.sampling or self.sampling, self.now())
         self._seqs[rid] = seq
-        self.waiting.add(seq)
-        self._note("queued", seq, tokens=len(req.prompt))
-        return rid
+        return seq
 
     def has_work(self) -> bool:
         return bool(self.waiting) or any(self.slots.active)
 
     def load(self) -> tuple[int, int]:
-        """(requests waiting for a slot, slots decoding a request)."""
-        return len(self.waiting), sum(self.slots.active)
+        """(requests waiting for a slot, forks waiting for their parent's prompt included;
+        slots decoding a request)."""
+        return len(self.waiting) + len(self._pending_forks()), sum(self.slots.active)
 
     def kv_used_frac(self) -> float:
         return self.slots.used_tokens() / max(1, self.slots.reserved_tokens())
@@ -180,6 +215,7 @@ class ContinuousEngine:
             return False
         if seq in self.waiting:
             self.waiting.remove(seq)
+        self._unfork(seq)
         slot = seq.slot
         if slot is not None:
             self._free_slot(seq)
@@ -198,6 +234,7 @@ class ContinuousEngine:
             return False
         if seq in self.waiting:
             self.waiting.remove(seq)
+        self._unfork(seq)
         if keep is not None:
             del seq.out[max(0, keep):], seq.logprobs[max(0, keep):]
         self._finished_now(seq, self.now(), "stop")
@@ -235,6 +272,7 @@ class ContinuousEngine:
         before the next is planned. Returns the new tokens."""
         self._steps += 1
         self._just_admitted = set()
+        self._forked = set()
         events: list[Event] = []
         ran: dict[int, int] = {}
         waits: dict[int, tuple[str, str]] = {}
@@ -244,6 +282,8 @@ class ContinuousEngine:
                 self.waiting.charge(seq, n)
             waits.update(plan.waits)
             events += self._run(plan)
+        for child in self._pending_forks():
+            waits[child.rid] = "queue", f"a fork of #{child.fork_of}: waits for its prompt to be computed"
         self._batch = tuple(ran.items())
         self._explain(ran, waits)
         return events
@@ -252,8 +292,9 @@ class ContinuousEngine:
         """Each request in hand that computed nothing this step keeps the scheduler's reason
         (``seq.wait``, counted in ``seq.waited``); a "waiting" lifecycle event marks each change
         of reason, so timelines, recordings and traces show why, step by step."""
-        for seq in [*self._running, *self.waiting]:
-            why = None if seq.rid in ran else waits.get(seq.rid, ("queue", "waiting for the scheduler"))
+        for seq in [*self._running, *self.waiting, *self._pending_forks()]:
+            ran_now = seq.rid in ran or seq.rid in self._forked
+            why = None if ran_now else waits.get(seq.rid, ("queue", "waiting for the scheduler"))
             if why is not None:
                 seq.waited[why[0]] = seq.waited.get(why[0], 0) + 1
             if why != seq.wait:
@@ -371,10 +412,59 @@ class ContinuousEngine:
                 samplers.append(seq)
         if not samplers:
             return []
+        at = list(range(len(samplers)))                   # each sampler's logits row
+        for i, seq in enumerate(list(samplers)):
+            if seq.forks:                                 # its prompt is computed: its samples fork off
+                forked = self._fork(seq)
+                samplers += forked
+                at += [i] * len(forked)
+        if len(at) > logits.size(0):
+            logits = logits[torch.tensor(at, device=logits.device)]
         sampled = sample_batch(logits, [q.row() for q in samplers], self.generator)
         for seq in samplers:
             seq.prefilled = True                          # sampled since its (re)admission
         return self._emit(list(enumerate(samplers)), sampled)
+
+    def _fork(self, parent: Sequence) -> list[Sequence]:
+        """``parent`` computed its prompt and samples its first token now: each sample waiting
+        for it takes a free slot, shares its full blocks and gets a copy of its partial last
+        block (``PagedKVCache.fork``), and samples its own first token from the parent's logits
+        row (returned: those seated). A sample that finds no free slot, or no free block for
+        its first token, goes to the front of the queue as an ordinary request instead (the
+        prefix cache may still serve its prompt): nothing waits on a fork that cannot happen."""
+        children, parent.forks = parent.forks, []
+        seated, left = [], []
+        for child in children:
+            free = self.slots.free_slots()
+            if not free or self.slots.num_free_blocks() < 1:
+                left.append(child)
+                continue
+            self.slots.fork(parent.slot, free[0])
+            child.computed, child.cached_tokens = parent.computed, parent.cached_tokens
+            self._seat(child, free[0], parent.computed, f"fork of #{parent.rid}")
+            self._forked.add(child.rid)
+            seated.append(child)
+        for child in reversed(left):
+            self.waiting.prepend(child)
+        return seated
+
+    def _pending_forks(self) -> list[Sequence]:
+        """Samples waiting for their parent's prompt (in no queue: their parent is)."""
+        return [c for q in [*self._running, *self.waiting] for c in q.forks]
+
+    def _unfork(self, seq: Sequence) -> None:
+        """``seq`` ends. A sample waiting for its parent's prompt leaves the parent's list. A
+        parent whose samples still wait for its prompt hands them to the first of them, which
+        takes its place at the front of the queue: the prompt is still computed once."""
+        parent = self._seqs.get(seq.fork_of) if seq.fork_of is not None else None
+        if parent is not None and seq in parent.forks:
+            parent.forks.remove(seq)
+        if seq.forks:
+            heir, *rest = seq.forks
+            seq.forks, heir.forks = [], rest
+            for child in rest:
+                child.fork_of = heir.rid
+            self.waiting.prepend(heir)
 
     def _emit(self, rows: list[tuple[int, Sequence]], sampled: Sampled) -> list[Event]:
         """Each (row, seq) gets row's sampled token, or fails if sampling that row failed."""
@@ -405,8 +495,8 @@ class ContinuousEngine:
         self.stats.preemptions += 1
         self._note("preempted", seq, slot, seq.context_len(), why)
 
-    def _seat(self, seq: Sequence, slot: int, tokens: int) -> None:
-        """``seq`` (admitted) runs in ``slot`` from now on."""
+    def _seat(self, seq: Sequence, slot: int, tokens: int, why: str = "") -> None:
+        """``seq`` (admitted, or forked: ``why`` says of whom) runs in ``slot`` from now on."""
         self._running.append(seq)
         self._slot_seq[slot] = seq
         seq.slot, seq.state, seq.view, seq.prefilled = slot, "running", None, False
@@ -414,7 +504,7 @@ class ContinuousEngine:
             seq.admitted = self.now()
         self._just_admitted.add(slot)
         again = f"recompute after {seq.preemptions} preemption(s)" if seq.preemptions else ""
-        self._note("admitted", seq, slot, tokens, again, seq.cached_tokens)
+        self._note("admitted", seq, slot, tokens, why or again, seq.cached_tokens)
 
     def snapshot(self) -> EngineSnapshot:
         """Plain immutable state for viewers. O(slots + blocks + requests); unchanged requests
@@ -479,6 +569,7 @@ class ContinuousEngine:
 
     def _fail(self, seq: Sequence, why: str) -> None:
         """Give up on one request (its slot freed, the reason kept); the others go on."""
+        self._unfork(seq)
         slot = seq.slot
         if slot is not None:
             self._free_slot(seq)

@@ -57,6 +57,8 @@ class Sequence:
     waited: dict[str, int] = field(default_factory=dict)   # steps spent waiting, per reason code
     view: RequestView | None = None        # cached snapshot view; None when stale
     logprobs: list[TokenLogprob] = field(default_factory=list)   # one per token of out, if it asked
+    fork_of: int | None = None             # n > 1: the id of the sample whose prompt it forks off
+    forks: list[Sequence] = field(default_factory=list)   # samples waiting (not queued) for its prompt
 
     def row(self) -> Row:
         """What the sampler needs to pick its next token: settings, history, bans, logprobs."""

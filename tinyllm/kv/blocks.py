@@ -115,6 +115,26 @@ class BlockPool:
         """Tokens a newly admitted sequence could take: every free block."""
         return self.num_free_blocks() * self.block_size
 
+    def fork(self, src: int, dst: int) -> tuple[int, int] | None:
+        """Free slot ``dst`` starts as a fork of ``src`` (n samples of one prompt): it shares
+        src's full blocks (reference count + 1, nothing copied: nobody writes a full block) and
+        gets a new block for src's partial last block, since both will write their own next
+        tokens there (copy-on-write, done at once). Returns (src block, dst block) whose K/V the
+        caller copies, or None when src's context ends on a block boundary. Needs one free
+        block (the caller checks ``num_free_blocks()``)."""
+        assert self.active[src] and not self.active[dst] and not self.tables[dst], f"cannot fork {src} to {dst}"
+        full, partial = divmod(self.lens[src], self.block_size)
+        self.activate(dst)
+        for b in self.tables[src][:full]:
+            self.ref[b] += 1
+            self.tables[dst].append(b)
+        self.slot_keys[dst] = list(self.slot_keys[src][:full])
+        self.lens[dst] = self.lens[src]
+        if not partial:
+            return None
+        self._grow(dst, full + 1)
+        return self.tables[src][full], self.tables[dst][full]
+
     # -- prefix caching ---------------------------------------------------------------------
     def match_prefix(self, tokens: list[int]) -> list[int]:
         """Blocks of the longest cached chain of full blocks that starts ``tokens``, never

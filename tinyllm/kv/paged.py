@@ -52,6 +52,16 @@ class PagedKVCache(BlockPool):
                 self.k[layer, idx] = k.transpose(0, 1).to(self.k.dtype)
                 self.v[layer, idx] = v.transpose(0, 1).to(self.v.dtype)
 
+    def fork(self, src: int, dst: int) -> tuple[int, int] | None:
+        """BlockPool.fork, plus the copy of the partial block's K/V rows (every layer)."""
+        pair = super().fork(src, dst)
+        if pair is not None:
+            bs = self.block_size
+            a, b = pair[0] * bs, pair[1] * bs
+            self.k[:, b:b + bs] = self.k[:, a:a + bs]
+            self.v[:, b:b + bs] = self.v[:, a:a + bs]
+        return pair
+
     # -- AttentionCache protocol (decode: one token per slot) -----------------------------
     def begin(self, batch: int, n_new: int) -> Tensor:
         if batch != self.n_slots or n_new != 1:

@@ -1,7 +1,9 @@
 """A Llama-architecture decoder: RMSNorm, rotary positions, grouped-query attention, SwiGLU.
 
 Parameter names follow Hugging Face's LlamaForCausalLM (minus its ``model.`` prefix), so a
-checkpoint loads by renaming keys, nothing else. The KV cache owns positions, storage and the
+checkpoint loads by renaming keys, nothing else. In memory, q/k/v and gate/up are each one fused
+matrix (``qkv_proj``, ``gate_up_proj``: one matmul instead of three, or two); ``state_dict()``
+and ``load_state_dict()`` split and fuse them, so checkpoints stay unfused, in HF's names. The KV cache owns positions, storage and the
 attention mask (see ``AttentionCache``); the model only computes, which is why one model serves a
 padded batch, a slot cache and a paged cache alike.
 """
@@ -89,16 +91,51 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return (x * cos + rotated * sin).to(x.dtype)
 
 
+class FusedLinear(nn.Linear):
+    """Several bias-free projections of the same input as one matrix (rows stacked in ``parts``
+    order): one matmul. Its module saves and loads the parts under their own names
+    (``fused_state_dict``), and initialises them one by one, as separate layers would be."""
+
+    def __init__(self, d_in: int, parts: dict[str, int]):
+        super().__init__(d_in, sum(parts.values()), bias=False)
+        self.parts = parts                             # HF name -> output rows
+
+
+def _split_on_save(module: nn.Module, state: dict, prefix: str, _meta) -> None:
+    """state_dict hook: each FusedLinear child's weight as its parts, under their HF names (copies:
+    safetensors refuses tensors that share memory)."""
+    for name, child in module.named_children():
+        if isinstance(child, FusedLinear):
+            w = state.pop(f"{prefix}{name}.weight")
+            for part, piece in zip(child.parts, w.split(list(child.parts.values()))):
+                state[f"{prefix}{part}.weight"] = piece.clone()
+
+
+def _fuse_on_load(module: nn.Module, state: dict, prefix: str, *_args) -> None:
+    """load_state_dict pre-hook: the parts (HF names) stacked into the FusedLinear's weight."""
+    for name, child in module.named_children():
+        if isinstance(child, FusedLinear):
+            keys = [f"{prefix}{part}.weight" for part in child.parts]
+            if all(k in state for k in keys):
+                state[f"{prefix}{name}.weight"] = torch.cat([state.pop(k) for k in keys])
+
+
+def fused_state_dict(module: nn.Module) -> None:
+    """Make ``module`` save and load its FusedLinear children as their unfused parts."""
+    module.register_state_dict_post_hook(_split_on_save)
+    module.register_load_state_dict_pre_hook(_fuse_on_load)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         d, hd = cfg.d_model, cfg.head_dim
-        self.q_proj = nn.Linear(d, cfg.n_heads * hd, bias=False)
-        self.k_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=False)
-        self.v_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=False)
+        self.sizes = (cfg.n_heads * hd, cfg.n_kv_heads * hd, cfg.n_kv_heads * hd)
+        self.qkv_proj = FusedLinear(d, dict(zip(("q_proj", "k_proj", "v_proj"), self.sizes)))
         self.o_proj = nn.Linear(cfg.n_heads * hd, d, bias=False)
+        fused_state_dict(self)
 
     def cache_bytes_per_token(self, elem_bytes: int) -> int:
         """K and V for one token in this layer."""
@@ -106,9 +143,10 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: AttentionCache) -> Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = cache.attend(self.layer_idx, q, k, v)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
@@ -117,12 +155,13 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
-        self.up_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.gate_up_proj = FusedLinear(cfg.d_model, {"gate_proj": cfg.d_ff, "up_proj": cfg.d_ff})
         self.down_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+        fused_state_dict(self)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -165,7 +204,10 @@ class Transformer(nn.Module):
 
     @staticmethod
     def _init_weights(m: nn.Module) -> None:
-        if isinstance(m, (nn.Linear, nn.Embedding)):
+        if isinstance(m, FusedLinear):                 # part by part: the values separate layers get
+            for piece in m.weight.data.split(list(m.parts.values())):
+                nn.init.normal_(piece, mean=0.0, std=0.02)
+        elif isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
     def num_params(self) -> int:

@@ -33,7 +33,7 @@ def check_endpoint(endpoint: str) -> str:
     if "*" in endpoint:
         raise ValueError(f"{endpoint} is the address vLLM binds; connect to the host, e.g. "
                          f"{endpoint.replace('*', '127.0.0.1')}")
-    if not ENDPOINT.match(endpoint):
+    if not ENDPOINT.match(endpoint) or (endpoint.startswith("tcp") and not 0 < int(endpoint.rsplit(":", 1)[1]) < 65536):
         raise ValueError(f"{endpoint}: expected tcp://HOST:PORT (vLLM's kv-events endpoint) or ipc://PATH")
     return endpoint
 
@@ -47,6 +47,7 @@ class KVEventsSubscriber:
         self.on_view: Callable[[CacheView], None] = lambda view: None
         self._book = CacheBook(endpoint)
         self._connected = False
+        self._failed = ""                                 # the thread stopped on an error: why
         self._view = CacheView(endpoint)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -67,6 +68,13 @@ class KVEventsSubscriber:
 
     # -- the thread --------------------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as e:                            # noqa: BLE001 - say so on screen, never a traceback
+            self._failed = f"failed: {type(e).__name__}: {e}"
+            self._publish()
+
+    def _loop(self) -> None:
         ctx = zmq.Context()
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
@@ -130,6 +138,8 @@ class KVEventsSubscriber:
             book.bad(f"{type(e).__name__}: {e}")
 
     def _status(self) -> str:
+        if self._failed:
+            return self._failed
         age = self._book.last_event_t
         if age is not None and time.monotonic() - age < self.idle_s and self._connected:
             return "receiving"
