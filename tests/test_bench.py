@@ -50,12 +50,13 @@ def test_step_anatomy_parts_add_up_to_the_step(tiny_bench):
     """It printed `115.72 ms = forward 248.61 + …`: the parts were timed on other calls than the
     step. Now they are timed inside the same steps and `other` is the remainder."""
     out, _, report = tiny_bench
-    for key in ("decode_step", "decode_step_chunked"):
+    keys = ("decode_step", "decode_step_chunked", "decode_step_chunked_wide")   # wide: at max_num_seqs rows
+    for key in keys:
         a = report[key]
         assert a["forward_ms"] > 0 and a["sampling_ms"] > 0 and a["other_ms"] >= 0   # both parts were seen
         assert a["forward_ms"] + a["sampling_ms"] + a["other_ms"] == pytest.approx(a["step_ms"], rel=1e-9)
     printed = re.findall(r"([\d.]+) ms = forward ([\d.]+) \+ sampling ([\d.]+) \+ other ([\d.]+) ms", out)
-    assert len(printed) == 2
+    assert len(printed) == len(keys)
     for step, *parts in printed:                           # three parts rounded to 0.01 each
         assert abs(sum(map(float, parts)) - float(step)) <= 0.015 + 1e-9
     assert continuous.sample_batch is sampler.sample_batch   # the timing wrappers are gone afterwards
@@ -76,13 +77,33 @@ def test_tables_show_every_path_name_and_column_whole(tiny_bench, width):
     """At 120 columns the one table cut every continuous path to `conti…`; columns that do not
     fit now go to a further table, each led by the whole names."""
     text = render(tiny_bench[2], width)
-    lines = text.splitlines()
-    assert "…" not in text and max(map(len, lines)) <= width
-    headers = [[c.strip() for c in line.strip("┃").split("┃")] for line in lines if line.startswith("┃")]
-    rows = [[c.strip() for c in line.strip("│").split("│")] for line in lines if line.startswith("│")]
-    assert sorted(c for h in headers for c in h[1:]) == sorted(COLUMNS)   # every column once, whole
-    for name in tiny_bench[2]["paths"]:
-        assert sum(r[0] == name for r in rows) == len(headers)            # its whole name in every table
+    assert "…" not in text and max(map(len, text.splitlines())) <= width
+    memory, slots = text.split("At equal slots")                          # the two tables' sections
+    for section, table in ((memory, "paths"), (slots, "paths_equal_slots")):
+        lines = section.splitlines()
+        headers = [[c.strip() for c in line.strip("┃").split("┃")] for line in lines if line.startswith("┃")]
+        rows = [[c.strip() for c in line.strip("│").split("│")] for line in lines if line.startswith("│")]
+        assert sorted(c for h in headers for c in h[1:]) == sorted(COLUMNS)   # every column once, whole
+        for name in tiny_bench[2][table]:
+            assert sum(r[0] == name for r in rows) == len(headers)            # its whole name in every table
+
+
+def test_headline_compares_paths_at_equal_kv_memory(tiny_bench):
+    """The headline table gives every path the same KV budget (the memory --slots 2 slots of max_len
+    reserve): static and slot KV get 2 rows, the paged paths the same bytes as blocks and up to
+    max_num_seqs sequences; the equal-slots table runs every path at 2."""
+    out, _, report = tiny_bench
+    m = report["memory"]
+    assert m["kv_memory_mib"] * 2**20 == 2 * m["max_len"] * m["bytes_per_token"]
+    assert m["rows"] == 2 and m["blocks"] * m["block_size"] == 2 * m["max_len"]
+    paths, slots = report["paths"], report["paths_equal_slots"]
+    assert paths["static"]["seqs"] == paths["continuous-slots"]["seqs"] == 2
+    for p in ("continuous-paged", "continuous-chunked", "continuous-chunked-nocache"):
+        assert paths[p]["seqs"] == m["max_num_seqs"] and paths[p]["kv_blocks"] == m["blocks"]
+        assert slots[p]["seqs"] == 2 and slots[p]["kv_blocks"] == m["blocks"]    # same memory, 2 slots
+        assert paths[p]["peak_active"] == 4 > slots[p]["peak_active"]           # all 4 requests at once
+        assert paths[p]["kv_reserved_mib"] == pytest.approx(m["kv_memory_mib"])
+    assert "At equal KV memory" in out and report["tinyllm_paths_agree"]
 
 
 @pytest.mark.parametrize("width", [80, 120, 400])

@@ -162,15 +162,15 @@ def test_chains_forks_duplicates_and_evictions_through_a_socket(sub, pub):
     assert v.status == "receiving" and v.bad == 0 and v.missed == 0
     assert v.blocks == 7 and v.tokens == 7 * BS and v.block_size == BS
     assert v.stored == 11 and v.removed == 2 and v.forks == 1 and v.duplicates == 2
-    assert [c.cells for c in v.chains] == ["bsbbbb", "dx"]  # 1, 2 (fork), 3, 4, 5, 6 | 10 (2 copies), 11 gone
+    assert [c.cells for c in v.chains] == ["bsbbb,b", "dx"]  # 1, 2 (fork), 3, 4, 5, (branch) 6 | 10 (2 copies), 11 gone
     assert v.chains[0].head_tokens == tuple(range(8))
     text = panel_text(v)
     assert "7 blocks × 16 · 112 tok · 2 chains · ▣ 1 shared · ▤ 2 dup · ✕ 1 evicted" in text
     assert "receiving · 6 batches · 11 stored · 2 removed · 0 cleared" in text
-    assert "■▣■■■■ ▤✕" in text
+    assert "■▣■■■╎■ ▤✕" in text
     pub.send(removed([1]))                                  # the last copy of 1: now it is gone
     wait_for(lambda: sub.view.batches == 7, "the last copy's removal")
-    assert [(c.cells, c.partial) for c in sub.view.chains] == [("x", False), ("sbbbb", True), ("dx", False)]
+    assert [(c.cells, c.partial) for c in sub.view.chains] == [("x", False), ("sbbb,b", True), ("dx", False)]
 
 
 def test_garbage_is_counted_never_fatal(sub, pub):
@@ -272,7 +272,7 @@ async def test_attached_app_draws_the_prefix_cache_live(fake, pub):
         await until(pilot, lambda: app.runner.frame.kv_cache.batches == 2, what="the events in a frame")
         assert panel.view == app.runner.frame.kv_cache            # the panel shows exactly the frame's view
         text = panel.render().plain
-        assert "5 blocks × 16 · 80 tok" in text and "▣ 1 shared" in text and "■■▣■■" in text
+        assert "5 blocks × 16 · 80 tok" in text and "▣ 1 shared" in text and "■■▣■╎■" in text
         assert "no slot grid, block owners" in app.query_one("#server").render().plain
         pub.raw(b"garbage")
         await until(pilot, lambda: "1 bad messages" in panel.render().plain, what="the bad message counted")

@@ -5,6 +5,8 @@ Uses test_app's helpers and its no-error guard (imported: every app a test makes
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import threading
 import time
 
@@ -34,11 +36,13 @@ def small_work(n: int = 6, cap: int = 16, arrivals: tuple[float, ...] | None = N
                  for i, (_, ids, new, prio, tenant) in enumerate(work))
 
 
-def race_app(work, slots: int = SLOTS, paused: bool = True, step_cost_s: float | None = 0.01) -> RaceApp:
+def race_app(work, slots: int = SLOTS, paused: bool = True, step_cost_s: float | None = 0.01,
+             lanes: tuple | None = None) -> RaceApp:
     """A race in a thread of the test (RaceRunner), paused, on a fixed-cost clock: deterministic."""
     model, _ = bundled()
     spec = RaceSpec(str(default_model_dir()), work, "mini", slots=slots, max_len=MAX_LEN, block_size=BLOCK,
-                    max_batched_tokens=BUDGET, step_cost_s=step_cost_s, warm_up=False)
+                    max_batched_tokens=BUDGET, step_cost_s=step_cost_s, warm_up=False,
+                    **({} if lanes is None else {"lanes": lanes}))
     runner = RaceRunner(lambda: spec.make_race(model), paused=paused, device="cpu", threads=1)
     app = RaceApp(runner, workload="mini", model_name="test")
     _watch(app)
@@ -279,3 +283,29 @@ def test_a_race_process_that_cannot_start_says_why_in_one_line():
         assert "\n" not in str(runner.start_error)
     finally:
         runner.stop()
+
+
+async def test_a_what_if_of_a_recording_reaches_the_finish_with_the_per_request_comparison():
+    """Three lanes with their own settings on a recording's requests: the finish line shows the
+    per-request table (what the comparison says), and [ / ] move the request whose lanes show."""
+    from tinyllm.race.spec import parse_lanes
+    from tinyllm.race.whatif import compare, requests_from_recording
+    arrivals, _ = requests_from_recording(Path(__file__).parent / "data" / "preemption-run.jsonl")
+    work = tuple((t, tuple(r.prompt), min(r.max_new_tokens, 12), r.priority, r.tenant) for t, r in arrivals)
+    app = race_app(work, lanes=parse_lanes(["fcfs", "shortest-first", "budget=16 blocks=40"]))
+    async with app.run_test(size=(160, 60)) as pilot:
+        await step_to(pilot, 10_000)
+        frame = app.runner.frame
+        assert frame.done
+        finish = app.screen.query_one(FinishLine)
+        assert finish.display and finish.comparing
+        text = plain(app, finish)
+        rows = compare(frame.lanes)
+        assert "per request, most changed first" in text and "A = fcfs" in text and "C = budget=16 blocks=40" in text
+        first = rows[0]
+        line = next(ln for ln in text.splitlines() if ln.split()[:1] == [str(first.rid)])
+        assert f"{first.change:+.0%}" in line
+        assert f"#{first.rid} across the lanes" in text
+        await pilot.press("right_square_bracket")
+        assert f"#{rows[1].rid} across the lanes" in plain(app, finish)
+        assert not app.notified

@@ -295,7 +295,11 @@ BAD = [  # (body, param)
     ({"prompt": "x", "stream": "yes"}, "stream"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
     ({"prompt": "x", "stream": True, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
-    ({"prompt": "x", "n": 2}, "n"),
+    ({"prompt": "x", "n": 0}, "n"),
+    ({"prompt": "x", "n": 17}, "n"),
+    ({"prompt": "x", "n": "x"}, "n"),
+    ({"prompt": "x", "n": 2.0}, "n"),
+    ({"prompt": "x", "best_of": 2}, "best_of"),
     ({"prompt": "x", "echo": True}, "echo"),
     # issue 24's fields: each out-of-range or mistyped value names its parameter
     ({"prompt": "x", "seed": 2**63}, "seed"),

@@ -34,6 +34,11 @@ def positive_int(s: str) -> int:
     return checked(s, int, lambda v: v >= 1, "an integer >= 1")
 
 
+def positive_float(s: str) -> float:
+    """A size such as --kv-memory MiB."""
+    return checked(s, float, lambda v: 0 < v < float("inf"), "a finite number > 0")
+
+
 def non_negative_float(s: str) -> float:
     return checked(s, float, lambda v: 0 <= v < float("inf"), "a finite number >= 0")
 

@@ -12,8 +12,8 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 WIDE_CONSOLE = 400          # columns when stdout is not a terminal: wide enough for every figure
-COLUMNS = ("tok/s", "x static", "TTFT p50", "TTFT p95", "latency p95", "row util", "KV reserved MiB",
-           "KV used mean", "used/alloc", "preempt", "prefill tok", "greedy =")
+COLUMNS = ("tok/s", "x static", "seqs", "TTFT p50", "TTFT p95", "latency p95", "row util", "KV reserved MiB",
+           "KV used MiB", "KV used mean", "used/alloc", "preempt", "prefill tok", "roofline", "greedy =")
 
 
 class BenchProgress:
@@ -57,19 +57,25 @@ class BenchProgress:
         print(f"bench [{self.n}/{self.stages}] {self.stage}: {what}", file=sys.stderr, flush=True)
 
 
-def path_cells(report: dict) -> dict[str, dict[str, str]]:
-    """Each path's figures as printed, by column."""
-    static = report["paths"]["static"]["tok_s"]
+def path_cells(report: dict, table: str = "paths") -> dict[str, dict[str, str]]:
+    """Each path's figures as printed, by column, for one table ("paths": at equal KV memory;
+    "paths_equal_slots"). seqs: rows (static, slot KV) or the cap on running sequences (paged);
+    roofline: 2 x params x tok/s over the peak 1024² matmul rate, the share of the compute limit."""
+    static = report[table]["static"]["tok_s"]
+    flop_per_tok = 2 * report["model"]["params"] / 1e9
+    peak = report["machine"]["peak_matmul_gflops_1024"]
 
     def f(x, fmt: str = "{:.2f}") -> str:
         return "—" if x is None else fmt.format(x)
     return {name: dict(zip(COLUMNS, (
-        f(s["tok_s"], "{:.0f}"), f(s["tok_s"] / static, "{:.2f}x"), f(s.get("ttft_p50_s"), "{:.2f}s"),
+        f(s["tok_s"], "{:.0f}"), f(s["tok_s"] / static, "{:.2f}x"), f(s.get("seqs"), "{}"),
+        f(s.get("ttft_p50_s"), "{:.2f}s"),
         f(s.get("ttft_p95_s"), "{:.2f}s"), f(s.get("latency_p95_s"), "{:.2f}s"), f(s.get("row_util"), "{:.0%}"),
-        f(s.get("kv_reserved_mib"), "{:.1f}"), f(s.get("kv_used_mean"), "{:.0%}"),
+        f(s.get("kv_reserved_mib"), "{:.1f}"), f(s.get("kv_used_mib_mean"), "{:.1f}"), f(s.get("kv_used_mean"), "{:.0%}"),
         f(s.get("kv_alloc_used_mean"), "{:.0%}"), f(s.get("preemptions"), "{}"),
-        f(s.get("prefill_tokens_computed"), "{:,}"), f(report["greedy_agreement_vs_static"].get(name), "{:.0%}"))))
-        for name, s in report["paths"].items()}
+        f(s.get("prefill_tokens_computed"), "{:,}"), f(s["tok_s"] * flop_per_tok / peak if peak else None, "{:.1%}"),
+        f(s.get("greedy_agree"), "{:.0%}"))))
+        for name, s in report[table].items()}
 
 
 def _table(cells: dict[str, dict[str, str]], columns: list[str]) -> Table:
@@ -83,11 +89,11 @@ def _table(cells: dict[str, dict[str, str]], columns: list[str]) -> Table:
     return t
 
 
-def path_tables(console: Console, report: dict) -> list[Table]:
+def path_tables(console: Console, report: dict, table: str = "paths") -> list[Table]:
     """The paths' figures in as few tables as fit the console, each led by the whole path name.
     Squeezed into one table, rich cuts the names (six rows of `conti…`) and the figures; here a
     column that would not fit starts the next table instead."""
-    cells = path_cells(report)
+    cells = path_cells(report, table)
     unbounded = console.options.update_width(10_000)
     groups: list[list[str]] = [[]]
     for col in COLUMNS:
@@ -102,6 +108,11 @@ def print_report(console: Console, report: dict) -> None:
     console.print(f"[bold]tinyllm bench[/] — {report['model']['name']} ({report['model']['params'] / 1e6:.1f}M params), "
                   f"{report['workload']}, {report['slots']} slots / batch {report['batch']}, "
                   f"{report['machine']['device']} × {report['machine']['torch_threads']} threads")
+    m = report["memory"]
+    console.print(f"[bold]At equal KV memory: {m['kv_memory_mib']:.1f} MiB per path[/] ({m['bytes_per_token']:,} bytes "
+                  f"per token): static and continuous-slots reserve max_len {m['max_len']} per row, so they get "
+                  f"{m['rows']} rows; the paged paths get {m['blocks']} blocks of {m['block_size']} and run up to "
+                  f"{m['max_num_seqs']} sequences (max_num_seqs) in them, preempting when the pool runs out.")
     for t in path_tables(console, report):
         console.print(t)
     name_w = max(map(len, paths))              # every bar starts in the same column, whatever the names
@@ -111,7 +122,13 @@ def print_report(console: Console, report: dict) -> None:
     for name, s in paths.items():
         n = max(1, round(width * s["tok_s"] / top)) if s["tok_s"] > 0 else 0
         console.print(f"  {name:<{name_w}}  {'█' * n}{' ' * (width - n)} {s['tok_s']:.0f}")
-    for key, what in (("decode_step", "decode step (slot KV)"), ("decode_step_chunked", "chunked step, all decoding")):
+    if report.get("paths_equal_slots"):
+        console.print(f"[bold]At equal slots: {report['slots']} sequences per path[/] (static: batch "
+                      f"{report['batch']}; the paged pool as large as the slots' memory): the scheduler alone.")
+        for t in path_tables(console, report, "paths_equal_slots"):
+            console.print(t)
+    for key, what in (("decode_step", "decode step (slot KV)"), ("decode_step_chunked", "chunked step, all decoding"),
+                      ("decode_step_chunked_wide", "chunked step, all decoding")):
         a = report.get(key)
         if not a:
             continue

@@ -22,15 +22,18 @@ from typing import TYPE_CHECKING
 import torch
 
 from tinyllm.model.device import resolve_device
-from tinyllm.engine import (DEFAULT_MAX_BATCHED_TOKENS, Request, percentile, run_continuous,
+from tinyllm.engine import (DEFAULT_MAX_BATCHED_TOKENS, Request, kv_bytes_per_token, percentile, run_continuous,
                             run_static)
 from tinyllm.engine.generate import generate
 from tinyllm.args import add_policy_arg
-from tinyllm.request import ContextTooLong, check_fits
+from tinyllm.engine.build import MIB, resolve_concurrency, rows_for_budget
+from tinyllm.model.config import default_kv_blocks
+from tinyllm.request import DEFAULT_MAX_NUM_SEQS, ContextTooLong, check_fits
 from tinyllm.workload import resolve_workload
 from tinyllm.bench.anatomy import decode_anatomy, peak_gflops
 from tinyllm.bench.report import WIDE_CONSOLE, BenchProgress, print_report
-from tinyllm.bench.workloads import (SHARED_PREFIX, default_workload, random_checkpoint, shared_prefix_workload,
+from tinyllm.bench.workloads import (LONG_TAIL, LONG_TAIL_CAPS, SHARED_PREFIX, default_workload, long_tail_cap,
+                                     long_tail_workload, random_checkpoint, shared_prefix_workload,
                                      workload_from_file)
 
 if TYPE_CHECKING:
@@ -90,6 +93,42 @@ def warm_up(model, ckpt: Path | None, device: str) -> None:
     run_continuous(model, reqs, 4, kv="paged", chunked_prefill=True)
 
 
+# -- equal memory, equal slots ---------------------------------------------------------------------
+BLOCK_SIZE = 16                            # the paged paths' block size (the engine's default)
+
+
+def path_settings(path: str, mode: str, args, budget_mib: float, max_len: int) -> dict:
+    """How ``path`` runs in a table. "memory" (the headline): every path at the same KV budget, so
+    static and the slot engine get the rows of max_len it buys and the paged paths the blocks it
+    buys, run by up to --max-num-seqs sequences. "slots": every path at --slots rows (static at
+    --batch), the paged pool as large as the slots' memory: the scheduler alone."""
+    if path == "static":
+        return {"batch": args.batch} if mode == "slots" else {
+            "batch": min(args.max_num_seqs, rows_for_budget(budget_mib, max_len, args.bytes_per_token))}
+    kind = path.removeprefix("continuous-")
+    out: dict = dict(kv="paged" if kind != "slots" else "slots", max_len=max_len,
+                     scheduling_policy=args.scheduling_policy)
+    if kind.startswith("chunked"):
+        out.update(chunked_prefill=True, max_batched_tokens=args.max_batched_tokens, prefix_cache=kind == "chunked")
+    if mode == "memory":
+        out.update(kv_memory_mib=budget_mib, max_num_seqs=args.max_num_seqs)
+    else:
+        out.update(n_slots=args.slots)
+    return out
+
+
+def concurrency(settings: dict, bytes_per_token: int) -> tuple[int, int | None]:
+    """(rows or sequences at most, paged blocks or None): two settings that agree run alike."""
+    if "batch" in settings:
+        return settings["batch"], None
+    n, blocks = resolve_concurrency(settings.get("n_slots"), settings.get("max_num_seqs"),
+                                    settings.get("kv_memory_mib"), None, settings["kv"], settings["max_len"],
+                                    BLOCK_SIZE, bytes_per_token, settings.get("max_batched_tokens"))
+    if settings["kv"] == "paged" and blocks is None:
+        blocks = default_kv_blocks(n, settings["max_len"], BLOCK_SIZE)
+    return n, blocks
+
+
 # -- the command ----------------------------------------------------------------------------------
 def run_bench(args) -> dict:
     from rich.console import Console
@@ -111,7 +150,12 @@ def run_bench(args) -> dict:
         model_name = str(args.model) if args.model else "bundled Shakespeare"
     model, tok = load_checkpoint(ckpt, device=device)
     max_len = min(model.cfg.max_seq_len, 512)
-    if args.workload == SHARED_PREFIX:
+    if args.workload and long_tail_cap(args.workload):
+        cap = long_tail_cap(args.workload)
+        reqs = long_tail_workload(args.requests, model.cfg.vocab_size, cap, seed=args.seed)
+        wl_desc = (f"long-tail: {args.requests} requests, prompts 112..128, new ~ exponential (mean 128) capped "
+                   f"at {cap}, EOS ignored, greedy, seed {args.seed}")
+    elif args.workload == SHARED_PREFIX:
         reqs = shared_prefix_workload(args.requests, model.cfg.vocab_size, seed=args.seed)
         wl_desc = f"{args.requests} requests, a shared 192-token prefix + 8..64 own tokens, new 8..128, greedy"
     elif args.workload:
@@ -126,42 +170,55 @@ def run_bench(args) -> dict:
             except ContextTooLong as e:
                 raise ValueError(f"workload request {i}: {e}") from None
 
-    results: dict[str, dict] = {}
+    args.bytes_per_token = bpt = kv_bytes_per_token(model, torch.device(device))
+    budget_mib = args.kv_memory if args.kv_memory is not None else args.slots * max_len * bpt / MIB
+    results: dict[str, dict] = {}                      # at equal KV memory (the headline)
+    equal_slots: dict[str, dict] = {}                  # at equal slots
     outputs: dict[str, list[list[int]]] = {}
     kvs = ["slots", "paged", "chunked", "chunked-nocache"] if args.kv == "all" else [args.kv]
-    paths = (["solo", "static"] + [f"continuous-{k}" for k in kvs]
-             + ([] if args.no_transformers else ["transformers"]))
-    with BenchProgress(console, len(paths) + 2, lines=not sys.stdout.isatty()) as progress:
+    tinyllm_paths = ["static"] + [f"continuous-{k}" for k in kvs]
+    runs = [(p, "memory") for p in tinyllm_paths]
+    runs += [(p, "slots") for p in tinyllm_paths
+             if concurrency(path_settings(p, "slots", args, budget_mib, max_len), bpt)
+             != concurrency(path_settings(p, "memory", args, budget_mib, max_len), bpt)]
+    stages = ["solo"] + [p if m == "memory" else f"{p} at {args.slots} slots" for p, m in runs]
+    stages += [] if args.no_transformers else ["transformers"]
+    with BenchProgress(console, len(stages) + 2, lines=not sys.stdout.isatty()) as progress:
         progress.start("warm-up")
         warm_up(model, ckpt, device)
         progress.done()
-        sample = reqs[:args.solo_sample]
-        for path in paths:
-            progress.start(path)
-            if path == "solo":
-                outputs[path], results[path] = bench_solo(model, sample)
-            elif path == "static":
-                res, results[path] = run_static(model, reqs, args.batch)
-                outputs[path] = [r.tokens for r in res]
-            elif path.startswith("continuous"):
-                kind = path.removeprefix("continuous-")
-                chunked = (dict(chunked_prefill=True, max_batched_tokens=args.max_batched_tokens,
-                                prefix_cache=kind == "chunked") if kind.startswith("chunked") else {})
-                res, results[path] = run_continuous(model, reqs, args.slots, max_len=max_len,
-                                                    kv="paged" if chunked else kind,
-                                                    scheduling_policy=args.scheduling_policy, **chunked)
-                outputs[path] = [r.tokens for r in res]
+        progress.start("solo")
+        outputs["solo"], results["solo"] = bench_solo(model, reqs[:args.solo_sample])
+        progress.done(f"{results['solo']['tok_s']:.0f} tok/s")
+        for (path, mode), stage in zip(runs, stages[1:]):
+            progress.start(stage)
+            kw = path_settings(path, mode, args, budget_mib, max_len)
+            seqs, blocks = concurrency(kw, bpt)
+            if path == "static":
+                res, fig = run_static(model, reqs, kw["batch"])
             else:
-                got = bench_transformers(ckpt, reqs, args.batch, device)
-                if got is None:
-                    console.print("[yellow]transformers is not installed: its row is skipped[/]")
-                    progress.done("skipped")
-                    continue
-                outputs[path], results[path] = got
-            progress.done(f"{results[path]['tok_s']:.0f} tok/s")
+                res, fig = run_continuous(model, reqs, **kw)
+            fig.update(seqs=seqs, kv_blocks=blocks)
+            (results if mode == "memory" else equal_slots)[path] = fig
+            outputs[f"{path} ({mode})"] = [r.tokens for r in res]
+            progress.done(f"{fig['tok_s']:.0f} tok/s")
+        equal_slots = {p: equal_slots.get(p, results[p]) for p in tinyllm_paths}   # same settings: one run
+        if not args.no_transformers:
+            progress.start("transformers")
+            got = bench_transformers(ckpt, reqs, args.batch, device)
+            if got is None:
+                console.print("[yellow]transformers is not installed: its row is skipped[/]")
+                progress.done("skipped")
+            else:
+                outputs["transformers"], equal_slots["transformers"] = got
+                equal_slots["transformers"]["seqs"] = args.batch
+                progress.done(f"{equal_slots['transformers']['tok_s']:.0f} tok/s")
         progress.start("decode-step anatomy")
         anatomy = decode_anatomy(model, slots=args.slots)
         anatomy_chunked = decode_anatomy(model, slots=args.slots, kv="chunked") if "chunked" in kvs else None
+        wide = min(args.max_num_seqs, len(reqs))
+        anatomy_wide = (decode_anatomy(model, slots=wide, kv="chunked")
+                        if "chunked" in kvs and wide != args.slots else None)
         graph = None
         if device == "cuda":                       # eager vs CUDA-graph decode step (issue 7)
             graph = decode_anatomy(model, slots=args.slots, cuda_graph=True)
@@ -172,13 +229,17 @@ def run_bench(args) -> dict:
 
     # agreement: every tinyllm path equals solo on the sample, and each other on everything
     agree = {}
-    ref = outputs["static"]
-    for path, outs in outputs.items():
-        if path == "solo":
-            agree[path] = sum(a == b for a, b in zip(outs, ref[:len(outs)])) / len(outs)
+    ref = outputs["static (memory)"]
+    for run, outs in outputs.items():
+        if run == "solo":
+            agree[run] = sum(a == b for a, b in zip(outs, ref[:len(outs)])) / len(outs)
         else:
-            agree[path] = sum(a == b for a, b in zip(outs, ref)) / len(ref)
+            agree[run] = sum(a == b for a, b in zip(outs, ref)) / len(ref)
     tinyllm_ok = all(agree[p] == 1.0 for p in outputs if p != "transformers")
+    for table in (results, equal_slots):             # per path as printed: its run in that table
+        for path, fig in table.items():
+            runs_of = [agree[k] for k in (path, f"{path} (memory)", f"{path} (slots)") if k in agree]
+            fig["greedy_agree"] = min(runs_of) if runs_of else None
 
     report = {
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
@@ -186,9 +247,15 @@ def run_bench(args) -> dict:
                     "torch": torch.__version__, "peak_matmul_gflops_1024": limit_gflops},
         "model": {"name": model_name, "params": model.num_params(), "config": model.cfg.__dict__},
         "workload": wl_desc, "slots": args.slots, "batch": args.batch,
-        "paths": results, "greedy_agreement_vs_static": agree, "tinyllm_paths_agree": tinyllm_ok,
+        "memory": {"kv_memory_mib": budget_mib, "max_len": max_len, "bytes_per_token": bpt,
+                   "max_num_seqs": args.max_num_seqs, "block_size": BLOCK_SIZE,
+                   "rows": min(args.max_num_seqs, rows_for_budget(budget_mib, max_len, bpt)),
+                   "blocks": int(budget_mib * MIB // (BLOCK_SIZE * bpt))},
+        "paths": results, "paths_equal_slots": equal_slots,
+        "greedy_agreement_vs_static": agree, "tinyllm_paths_agree": tinyllm_ok,
         "decode_step": anatomy,
         "decode_step_chunked": anatomy_chunked,
+        "decode_step_chunked_wide": anatomy_wide,
         "decode_step_cuda_graph": graph,
     }
     print_report(console, report)
@@ -203,7 +270,7 @@ def run_bench(args) -> dict:
 
 
 def add_bench_parser(sub) -> None:
-    from tinyllm.args import positive_int
+    from tinyllm.args import positive_float, positive_int
     b = sub.add_parser("bench", help="compare solo, static, continuous (slots/paged) and transformers")
     src = b.add_mutually_exclusive_group()
     src.add_argument("--model", metavar="DIR", help="checkpoint directory (default: the bundled model)")
@@ -211,9 +278,19 @@ def add_bench_parser(sub) -> None:
                      help="a seeded random Llama: e.g. layers=4,d_model=256,heads=4,kv_heads=2,vocab=4096 (the default)")
     b.add_argument("--workload", metavar="FILE|NAME",
                     help="a JSONL prompt file or a bundled workload's name (greedy, all at t=0), or "
-                         f"'{SHARED_PREFIX}': {{--requests}} requests sharing a 192-token prefix")
-    b.add_argument("--requests", type=positive_int, default=64, metavar="N", help="seeded default workload size (64)")
-    b.add_argument("--slots", type=positive_int, default=16, metavar="N")
+                         f"'{SHARED_PREFIX}': {{--requests}} requests sharing a 192-token prefix, or "
+                         f"'{LONG_TAIL}[-CAP]': ~128-token prompts, output lengths exponential (mean 128) "
+                         f"capped at CAP ({' / '.join(map(str, LONG_TAIL_CAPS))}, default {LONG_TAIL_CAPS[-1]}), EOS ignored")
+    b.add_argument("--requests", type=positive_int, default=64, metavar="N",
+                   help="seeded workload size (64): the default, shared-prefix and long-tail workloads")
+    b.add_argument("--kv-memory", type=positive_float, default=None, metavar="MiB",
+                   help="the KV memory budget every path gets in the headline table (default: what --slots "
+                        "slots of max_len reserve): static and slot KV get the rows of max_len it buys, "
+                        "the paged paths the blocks it buys")
+    b.add_argument("--max-num-seqs", type=positive_int, default=DEFAULT_MAX_NUM_SEQS, metavar="N",
+                   help=f"the cap on running sequences at equal memory (vLLM's name; default {DEFAULT_MAX_NUM_SEQS})")
+    b.add_argument("--slots", type=positive_int, default=16, metavar="N",
+                   help="every path's sequences in the equal-slots table (default 16)")
     b.add_argument("--batch", type=positive_int, default=16, metavar="N", help="static / transformers batch size")
     b.add_argument("--kv", choices=["slots", "paged", "chunked", "chunked-nocache", "all"], default="all",
                    help="continuous path(s) to run: slot KV, paged KV, paged KV with the token-budget "

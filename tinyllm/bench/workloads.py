@@ -1,4 +1,4 @@
-"""The bench's workloads: the seeded default, the shared-prefix one, a prompt file; and a random
+"""The bench's workloads: the seeded default, the shared-prefix one, the long-tail one, a prompt file; and a random
 Llama checkpoint of a given shape (``--random-model``), so any machine can measure offline."""
 
 from __future__ import annotations
@@ -34,6 +34,30 @@ def shared_prefix_workload(n: int, vocab: int, seed: int = 0, prefix_len: int = 
 
 
 SHARED_PREFIX = "shared-prefix"       # `--workload shared-prefix`: the built-in generated workload
+LONG_TAIL = "long-tail"               # `--workload long-tail[-CAP]`: output lengths with a long tail
+LONG_TAIL_CAPS = (32, 128, 384)       # selectable caps (Anyscale's benchmark: 32 / 128 / 512 / 1536)
+LONG_TAIL_MEAN = 128                  # the exponential's mean, before the cap
+
+
+def long_tail_cap(name: str) -> int | None:
+    """The cap of ``long-tail`` (the largest) or ``long-tail-CAP``; None for any other name."""
+    if name == LONG_TAIL:
+        return LONG_TAIL_CAPS[-1]
+    tail = name.removeprefix(LONG_TAIL + "-")
+    if tail != name and tail.isdigit() and int(tail) in LONG_TAIL_CAPS:
+        return int(tail)
+    return None
+
+
+def long_tail_workload(n: int, vocab: int, cap: int = LONG_TAIL_CAPS[-1], seed: int = 0,
+                       prompt_len=(112, 128), mean: int = LONG_TAIL_MEAN) -> list[Request]:
+    """Anyscale's continuous-batching benchmark, scaled to a small model: ~128-token prompts and
+    output lengths drawn from an exponential (mean ``mean``) capped at ``cap``, EOS ignored (every
+    request runs to its length), seeded. Most requests are short and a few run to the cap: a
+    static batch waits for its longest row, so this is where continuous batching pays most."""
+    rng = random.Random(seed)
+    return [Request([rng.randrange(1, vocab) for _ in range(rng.randint(*prompt_len))],
+                    min(cap, max(1, round(rng.expovariate(1 / mean))))) for _ in range(n)]
 
 
 def workload_from_file(path: Path, encode, default_new: int, max_len: int) -> list[Request]:

@@ -26,7 +26,7 @@ from tinyllm.engine.sampler import Row, Sampled, sample_batch
 from tinyllm.engine.scheduler import Scheduler, StepPlan
 from tinyllm.engine.sequence import Event, Sequence, finish_reason
 from tinyllm.model.transformer import Transformer
-from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, SlotView
+from tinyllm.observe.snapshot import FORK_OF, Counters, EngineSnapshot, KVView, LifecycleEvent, SlotView
 from tinyllm.observe.stats import Stats
 from tinyllm.request import (DEFAULT_MAX_BATCHED_TOKENS, MAX_N, Request, Result, Sampling, SamplingError, check_fits,
                              fork_sampling, is_int)
@@ -173,7 +173,7 @@ class ContinuousEngine:
         for child in children:
             child.fork_of = parent.rid
             parent.forks.append(child)
-            self._note("queued", child, tokens=len(child.req.prompt), reason=f"fork of #{parent.rid}")
+            self._note("queued", child, tokens=len(child.req.prompt), reason=f"{FORK_OF}{parent.rid}")
         return [parent.rid] + [c.rid for c in children]
 
     def _new_seq(self, req: Request) -> Sequence:
@@ -441,7 +441,7 @@ class ContinuousEngine:
                 continue
             self.slots.fork(parent.slot, free[0])
             child.computed, child.cached_tokens = parent.computed, parent.cached_tokens
-            self._seat(child, free[0], parent.computed, f"fork of #{parent.rid}")
+            self._seat(child, free[0], parent.computed, f"{FORK_OF}{parent.rid}")
             self._forked.add(child.rid)
             seated.append(child)
         for child in reversed(left):
@@ -480,6 +480,7 @@ class ContinuousEngine:
 
     def _note_kv_use(self) -> None:
         used = self.slots.used_tokens()
+        self.stats.kv_used_tokens.append(used)
         self.stats.kv_used_frac.append(used / self.slots.reserved_tokens())
         self.stats.kv_alloc_frac.append(used / max(1, self.slots.allocated_tokens()))
 

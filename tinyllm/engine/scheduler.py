@@ -21,10 +21,14 @@ tokens, filled in this order:
    the free blocks allow. Not in a step that preempted (the pool is short; admitting would only
    be undone).
 
+Before 1, a waiting request that outranks running ones (the ``priority`` policy) and finds no
+slot or no room for its first chunk preempts the lowest-priority of them. Every request that
+computes nothing gets the scheduler's reason (``StepPlan.waits``: WAIT_REASONS codes).
+
 A sequence's ``computed`` counts the context tokens whose K/V is in the pool; it catches up
 with the context (prompt + generated) over as many steps as it takes, and a preempted one
 restarts from 0 through the same path. Like vLLM's V1 scheduler (``num_computed_tokens``
-within ``max_num_batched_tokens``), minus its priorities and spec decoding. All of a step is
+within ``max_num_batched_tokens``), minus spec decoding. All of a step is
 one forward pass: one plan.
 """
 
@@ -192,14 +196,14 @@ class TokenBudgetScheduler:
         pool = self.pool
         while waiting:
             head = waiting.peek()
+            lower = [s for s in live if waiting.outranks(head, s)]
+            if not lower:                                 # (fcfs & co: never; so no prefix lookup)
+                return
             if free_slots:
                 hit = pool.match_prefix(head.context())
                 room = pool.room_fresh() - pool.free_blocks_taken_by(hit) * pool.block_size
                 if room >= min(head.context_len() - len(hit) * pool.block_size, self.max_batched_tokens):
                     return
-            lower = [s for s in live if waiting.outranks(head, s)]
-            if not lower:
-                return
             victim = waiting.victim(lower)
             self._preempt(victim, live, plan, free_slots, f"for #{head.rid}, of higher priority "
                           f"({head.req.priority} < {victim.req.priority})")

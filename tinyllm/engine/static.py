@@ -149,7 +149,8 @@ class StaticBatcher:
             st.decode_steps += 1
             st.computed_rows += len(self.batch)
             st.useful_rows += len(live)
-            st.kv_used_frac.append(self.used_tokens() / self.capacity)
+            st.kv_used_tokens.append(self.used_tokens())
+            st.kv_used_frac.append(st.kv_used_tokens[-1] / self.capacity)
             with autocast(self.device):
                 logits, _ = self.model(self._nxt, cache=self._cache)
             self._logits = logits[:, -1]

@@ -84,7 +84,8 @@ class ChainView:
     """One tree of the forest, depth first. ``cells``: one letter per block: ``b`` a cached full
     block, ``p`` a partial one (fewer tokens than a block), ``s`` a shared prefix (a fork: two or
     more continuations follow it), ``d`` a duplicate (cached in two or more copies), ``o`` a block
-    on another medium (e.g. CPU offload), ``x`` a recently evicted block (a short-lived mark)."""
+    on another medium (e.g. CPU offload), ``x`` a recently evicted block (a short-lived mark); and
+    ``,`` (not a block) where a second or later branch of a fork begins."""
     index: int                      # the root's arrival number: a stable colour
     cells: str
     partial: bool                   # its first block's parent is not cached (evicted, or before we joined)
@@ -229,14 +230,16 @@ class CacheBook:
         chains: list[ChainView] = []
         for r in roots:
             cells = []
-            stack = [r]
+            stack = [(r, False)]
             while stack:
-                h = stack.pop()
+                h, branch = stack.pop()
+                if branch:
+                    cells.append(",")
                 b = self.blocks[h]
                 n = len(kids.get(h, ()))
                 cells.append("s" if n > 1 else "d" if h in self.copies else "o" if h[0] != "GPU" else
                              "p" if self.block_size and b.tokens < self.block_size else "b")
-                stack.extend(reversed(kids.get(h, ())))
+                stack.extend((k, i > 0) for i, k in reversed(list(enumerate(kids.get(h, ())))))
             root = self.blocks[r]
             gone = marks.pop(root.seq, [])
             chains.append(ChainView(root.seq, "".join(cells) + "x" * len(gone), root.parent is not None, root.head))

@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 REQUEST_STATES = ("queued", "running", "preempted", "finished", "aborted", "failed")
 LIFECYCLE_KINDS = ("queued", "admitted", "prefill", "first_token", "preempted", "finished", "aborted", "failed",
                    "waiting")
+# The reason of a sample's "queued" and "admitted" events when it forks off another's prompt (n > 1):
+# FORK_OF + the parent's id. Viewers read forks from it (event log, timeline).
+FORK_OF = "fork of #"
 # Why a request computes nothing in a step: the scheduler's reason (RequestView.wait), one of these.
 WAIT_REASONS = {
     "queue": "behind earlier requests in the policy's order",

@@ -18,6 +18,7 @@ class Stats:
     kv_reserved_tokens: int = 0            # KV capacity held (max over the run)
     kv_used_frac: list[float] = field(default_factory=list)  # per decode step: real tokens / capacity
     kv_alloc_frac: list[float] = field(default_factory=list)  # per decode step: real tokens / claimed
+    kv_used_tokens: list[int] = field(default_factory=list)   # per decode step: real tokens held
     kv_bytes_per_token: int = 0
     preemptions: int = 0
     peak_active: int = 0
@@ -44,6 +45,8 @@ class Stats:
             "ttft_p95_s": percentile(ttft, 0.95),
             "kv_reserved_mib": self.kv_reserved_tokens * self.kv_bytes_per_token / 2**20,
             "kv_used_mean": sum(self.kv_used_frac) / max(1, len(self.kv_used_frac)),
+            "kv_used_mib_mean": (sum(self.kv_used_tokens) / max(1, len(self.kv_used_tokens))
+                                 * self.kv_bytes_per_token / 2**20),
             "kv_used_peak": max(self.kv_used_frac, default=0.0),
             "kv_alloc_used_mean": (sum(self.kv_alloc_frac) / len(self.kv_alloc_frac)
                                    if self.kv_alloc_frac else None),

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable
 
-from tinyllm.observe.snapshot import LifecycleEvent
+from tinyllm.observe.snapshot import FORK_OF, LifecycleEvent
 
 PHASES = ("queued", "prefill", "decode", "preempted")   # what a span can be
 ENDS = ("finished", "aborted", "failed")                # how a track can end
@@ -116,7 +116,10 @@ class Timeline:
         if k == "queued":
             return replace(t, spans=_start(t.spans, "queued", s, ts))
         if k == "admitted":
-            return replace(t, spans=_start(t.spans, "prefill", s, ts), slot=ev.slot,
+            spans = _start(t.spans, "prefill", s, ts)
+            if ev.reason.startswith(FORK_OF):            # a fork samples at once: decoding from the next step
+                spans = _start(spans, "decode", s + 1, ts)
+            return replace(t, spans=spans, slot=ev.slot,
                            admissions=t.admissions + ((s, ev.cached),), waits=_wait(t.waits, s, ""))
         if k == "waiting":
             return replace(t, waits=_wait(t.waits, s, ev.reason.partition(":")[0]))

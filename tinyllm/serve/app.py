@@ -38,7 +38,8 @@ from tinyllm.request import Request as EngineRequest, SamplingError
 import tinyllm.serve.protocol as protocol
 from tinyllm.serve.chat import ChatShape, parse_chat
 from tinyllm.serve.chat_template import ChatTemplateError, render
-from tinyllm.serve.engine_loop import EngineLoop, EngineLoopStopped, RequestFailed, RequestHandle, RequestRejected
+from tinyllm.serve.engine_loop import (EngineLoop, EngineLoopStopped, Output, RequestFailed, RequestHandle,
+                                       RequestRejected)
 from tinyllm.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from tinyllm.serve.protocol import ApiError, api_key_tenant
 from tinyllm.serve.reader import OutputReader
@@ -188,22 +189,24 @@ def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
             raise ApiError(f"stop token id {bad} is outside the model's vocabulary [0, {vocab_size})",
                            "stop_token_ids", "invalid_value")
         try:
-            handle = engine_loop.submit(req)
+            handles = engine_loop.submit_samples(req, p.n)  # n > 1: one prompt, n samples (forks)
         except EngineLoopStopped as e:
             raise ApiError(str(e), None, None, 503, "server_error") from None
         try:
-            await handle.accepted()
+            for handle in handles:
+                await handle.accepted()
         except RequestRejected as e:
             code = "context_length_exceeded" if e.context_too_long else "invalid_value"
             raise ApiError(str(e), "prompt", code) from None
         except RequestFailed as e:
+            _close(handles)
             raise ApiError(str(e), None, None, 503, "server_error") from None
         except BaseException:                              # cancelled while waiting: do not leak it
-            handle.close()
+            _close(handles)
             raise
         if p.stream:
-            return CompletionStream(handle, tokenizer, p, ids, model_name, shape)
-        return await _complete(request, handle, tokenizer, p, ids, model_name, shape)
+            return CompletionStream(handles, tokenizer, p, ids, model_name, shape)
+        return await _complete(request, handles, tokenizer, p, ids, model_name, shape)
 
     app.state.feed = add_stream_route(app, engine_loop, tokenizer, model_name, {    # see tinyllm/serve/stream.py
         "slots": engine.n_slots, "max_len": max_len, "kv": engine.kv_kind,
@@ -217,19 +220,39 @@ async def _wait_disconnect(receive: Receive) -> None:
         pass
 
 
-async def _complete(request: Request, handle: RequestHandle, tokenizer, p: protocol.GenerationParams,
-                    prompt: list[int], model: str, shape=protocol.CompletionShape) -> Response:
-    """A non-streaming completion, aborted if the client disconnects while it is generated."""
-    reader = OutputReader(tokenizer, handle, p, chat=shape is ChatShape)
+def _close(handles: list[RequestHandle]) -> None:
+    """Abort every sample that has not ended (each close is a no-op once its request ended)."""
+    for h in handles:
+        h.close()
 
-    async def collect() -> tuple[list[int], str, int, Any]:
+
+def _rids(handles: list[RequestHandle]) -> str:
+    """The request id header: the engine's id of each sample (choice order), comma-separated."""
+    return ",".join(str(h.rid) for h in handles)
+
+
+def _indexed(body: dict, i: int) -> dict:
+    """``body`` (a response or chunk built for one choice) as choice ``i`` of n."""
+    body["choices"][0]["index"] = i
+    return body
+
+
+async def _complete(request: Request, handles: list[RequestHandle], tokenizer, p: protocol.GenerationParams,
+                    prompt: list[int], model: str, shape=protocol.CompletionShape) -> Response:
+    """A non-streaming completion, one choice per handle (n samples), aborted if the client
+    disconnects while it is generated. Usage counts the prompt once and every choice's tokens;
+    the top-level accounting is choice 0's (the sample that computed the prompt)."""
+    readers = [OutputReader(tokenizer, h, p, chat=shape is ChatShape) for h in handles]
+
+    async def collect(reader: OutputReader, handle: RequestHandle) -> Output:
         while True:
             out = await handle.next_output()
             reader.take(out)
             if out.finished:
-                return reader.tokens, reader.finish_reason(out), out.cached_tokens, out.accounting
+                return out
 
-    work = asyncio.ensure_future(collect())
+    tasks = [asyncio.ensure_future(collect(r, h)) for r, h in zip(readers, handles)]
+    work = asyncio.gather(*tasks)
     gone = asyncio.ensure_future(_wait_disconnect(request.receive))
     try:
         await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -237,20 +260,31 @@ async def _complete(request: Request, handle: RequestHandle, tokenizer, p: proto
         gone.cancel()
         if not work.done():
             work.cancel()
-            handle.close()                                 # client gone (or we were cancelled): abort
+            _close(handles)                                # client gone (or we were cancelled): abort
     if not work.done() or work.cancelled():
         return Response(status_code=499)                   # nobody reads it
     try:
-        toks, reason, cached, acc = work.result()
+        finals = work.result()
     except RequestFailed as e:
+        for t in tasks:
+            t.cancel()
+        _close(handles)                                    # one sample failed: the answer is an error
         raise ApiError(str(e), None, None, 500, "server_error") from None
-    text = reader.text if reader.stopped else tokenizer.decode(toks, skip_special_tokens=True)
-    ids = toks if p.return_token_ids else None
-    body = shape.response(shape.new_id(), model, text, reason, protocol.usage(len(prompt), len(toks), cached), ids,
-                          prompt if p.return_token_ids else None)
-    if reader.want_logprobs:
-        body["choices"][0]["logprobs"] = reader.all_logprobs()
-    return JSONResponse(_with_accounting(body, acc), headers={REQUEST_ID_HEADER: str(handle.rid)})
+    cid, ret_ids = shape.new_id(), p.return_token_ids
+    use = protocol.usage(len(prompt), sum(len(r.tokens) for r in readers), finals[0].cached_tokens)
+    body: dict = {}
+    for i, (reader, out) in enumerate(zip(readers, finals)):
+        toks = reader.tokens
+        text = reader.text if reader.stopped else tokenizer.decode(toks, skip_special_tokens=True)
+        one = _indexed(shape.response(cid, model, text, reader.finish_reason(out), use, toks if ret_ids else None,
+                                      prompt if ret_ids else None), i)
+        if reader.want_logprobs:
+            one["choices"][0]["logprobs"] = reader.all_logprobs()
+        if i == 0:
+            body = one
+        else:
+            body["choices"].append(one["choices"][0])
+    return JSONResponse(_with_accounting(body, finals[0].accounting), headers={REQUEST_ID_HEADER: _rids(handles)})
 
 
 def _with_accounting(body: dict, acc) -> dict:
@@ -272,11 +306,11 @@ class CompletionStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, handle: RequestHandle, tokenizer, p: protocol.GenerationParams, prompt: list[int],
+    def __init__(self, handles: list[RequestHandle], tokenizer, p: protocol.GenerationParams, prompt: list[int],
                  model: str, shape=protocol.CompletionShape):
         self.status_code, self.background = 200, None       # no body: no content-length (as StreamingResponse)
-        self.init_headers({"cache-control": "no-cache", REQUEST_ID_HEADER: str(handle.rid)})
-        self.handle, self.tok, self.p, self.prompt, self.model = handle, tokenizer, p, prompt, model
+        self.init_headers({"cache-control": "no-cache", REQUEST_ID_HEADER: _rids(handles)})
+        self.handles, self.tok, self.p, self.prompt, self.model = handles, tokenizer, p, prompt, model
         self.shape = shape
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -287,45 +321,57 @@ class CompletionStream(Response):
         finally:
             gone.cancel()
             pump.cancel()
-            self.handle.close()                            # no-op once the request finished
+            _close(self.handles)                           # no-op once the requests finished
         if pump.done() and not pump.cancelled() and pump.exception() is not None:
             e = pump.exception()
             if not isinstance(e, OSError):                 # a write to a closed connection is expected
                 log.error("completion stream failed: %r", e)
 
     async def _pump(self, send: Send) -> None:
-        p, h = self.p, self.handle
-        shape = self.shape
+        """Each choice's chunks as its tokens arrive (n samples: interleaved, each chunk with its
+        choice's index; each choice's last chunk carries its accounting); the usage chunk counts
+        the prompt once, the tokens of every choice, and carries choice 0's accounting."""
+        p, shape, handles = self.p, self.shape, self.handles
         cid, created = shape.new_id(), int(time.time())
-        reader = OutputReader(self.tok, h, p, chat=shape is ChatShape)
+        readers = [OutputReader(self.tok, h, p, chat=shape is ChatShape) for h in handles]
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        first, n = True, 0
-        opening = shape.first_chunk(cid, created, self.model, p.include_usage)
-        if opening is not None:
-            await send({"type": "http.response.body", "body": _sse(opening), "more_body": True})
+        first, n, last = [True] * len(handles), 0, [None] * len(handles)
+        for i in range(len(handles)):
+            opening = shape.first_chunk(cid, created, self.model, p.include_usage)
+            if opening is not None:
+                await send({"type": "http.response.body", "body": _sse(_indexed(opening, i)), "more_body": True})
+        waiting = {i: asyncio.ensure_future(h.next_output()) for i, h in enumerate(handles)}
         try:
-            while True:
-                out = await h.next_output()
-                text, kept, lps = reader.take(out)
-                n += len(kept)
-                if text or out.finished or (p.return_token_ids and kept) or (lps is not None and kept):
-                    ids = kept if p.return_token_ids else None
-                    c = shape.chunk(cid, created, self.model, text, reader.finish_reason(out), p.include_usage, ids,
-                                    self.prompt if first and p.return_token_ids else None)
-                    if lps is not None:
-                        c["choices"][0]["logprobs"] = lps
+            while waiting:
+                done, _ = await asyncio.wait(waiting.values(), return_when=asyncio.FIRST_COMPLETED)
+                for i in [i for i, t in waiting.items() if t in done]:
+                    out = waiting.pop(i).result()
+                    text, kept, lps = readers[i].take(out)
+                    n += len(kept)
+                    if text or out.finished or (p.return_token_ids and kept) or (lps is not None and kept):
+                        ids = kept if p.return_token_ids else None
+                        c = _indexed(shape.chunk(cid, created, self.model, text, readers[i].finish_reason(out),
+                                                 p.include_usage, ids,
+                                                 self.prompt if first[i] and p.return_token_ids else None), i)
+                        if lps is not None:
+                            c["choices"][0]["logprobs"] = lps
+                        if out.finished:
+                            c = _with_accounting(c, out.accounting)
+                        first[i] = False
+                        await send({"type": "http.response.body", "body": _sse(c), "more_body": True})
                     if out.finished:
-                        c = _with_accounting(c, out.accounting)
-                    first = False
-                    await send({"type": "http.response.body", "body": _sse(c), "more_body": True})
-                if out.finished:
-                    break
+                        last[i] = out
+                    else:
+                        waiting[i] = asyncio.ensure_future(handles[i].next_output())
             if p.include_usage:
                 u = _with_accounting(shape.usage_chunk(cid, created, self.model,
-                                                       protocol.usage(len(self.prompt), n, out.cached_tokens)),
-                                     out.accounting)
+                                                       protocol.usage(len(self.prompt), n, last[0].cached_tokens)),
+                                     last[0].accounting)
                 await send({"type": "http.response.body", "body": _sse(u), "more_body": True})
         except RequestFailed as e:                          # the engine failed it: say so in the stream
             await send({"type": "http.response.body", "more_body": True,
                         "body": _sse(protocol.error_body(str(e), "server_error"))})
+        finally:
+            for t in waiting.values():
+                t.cancel()
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})

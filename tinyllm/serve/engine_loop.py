@@ -209,12 +209,18 @@ class EngineLoop:
     def submit(self, request: Request) -> RequestHandle:
         """Queue ``request`` for the engine; call from a running event loop. Then await
         ``handle.accepted()`` and ``handle.next_output()``. Raises EngineLoopStopped."""
-        handle = RequestHandle(request, self, asyncio.get_running_loop())
+        return self.submit_samples(request, 1)[0]
+
+    def submit_samples(self, request: Request, n: int) -> list[RequestHandle]:
+        """Queue ``n`` samples of ``request`` (OpenAI's ``n``; the engine's ``add_forks``: the
+        prompt computed once), one handle each, accepted or rejected together."""
+        loop = asyncio.get_running_loop()
+        handles = [RequestHandle(request, self, loop) for _ in range(n)]
         with self._lock:
             if not self.alive:
                 raise EngineLoopStopped("the engine loop is not running")
-            self._commands.put(("submit", handle))
-        return handle
+            self._commands.put(("submit", handles))
+        return handles
 
     def abort(self, handle: RequestHandle) -> None:
         """Abort ``handle``'s request (queued or running); its slot and blocks are freed."""
@@ -297,19 +303,21 @@ class EngineLoop:
     def _apply(self, cmd: tuple) -> None:
         eng = self.engine
         if cmd[0] == "submit":
-            h: RequestHandle = cmd[1]
+            hs: list[RequestHandle] = cmd[1]
             try:
-                rid = eng.add_request(h.request)
+                req = hs[0].request
+                rids = [eng.add_request(req)] if len(hs) == 1 else eng.add_forks(req, len(hs))
             except ValueError as e:                         # ContextTooLong included: a bad request
-                self._post([(h, _Rejected(str(e), isinstance(e, ContextTooLong)))])
+                self._post([(h, _Rejected(str(e), isinstance(e, ContextTooLong))) for h in hs])
                 return
             except Exception as e:                          # noqa: BLE001 - never let one request kill the loop
                 log.exception("add_request failed")
-                self._post([(h, _Rejected(f"{type(e).__name__}: {e}", False))])
+                self._post([(h, _Rejected(f"{type(e).__name__}: {e}", False)) for h in hs])
                 return
-            h.rid = rid                                     # the handler reads rid from _Accepted
-            self._live[rid] = h
-            self._post([(h, _Accepted(rid))])
+            for h, rid in zip(hs, rids):
+                h.rid = rid                                 # the handler reads rid from _Accepted
+                self._live[rid] = h
+            self._post([(h, _Accepted(rid)) for h, rid in zip(hs, rids)])
         elif cmd[0] == "abort":
             h = cmd[1]
             if h.rid is not None and self._live.pop(h.rid, None) is not None:
@@ -408,7 +416,7 @@ class EngineLoop:
             except queue.Empty:
                 return
             if c[0] == "submit":
-                self._post([(c[1], _Failed("the server is shutting down"))])
+                self._post([(h, _Failed("the server is shutting down")) for h in c[1]])
             elif c[0] == "call" and c[2].set_running_or_notify_cancel():
                 c[2].set_exception(EngineLoopStopped("the engine loop stopped"))
 

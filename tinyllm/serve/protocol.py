@@ -10,10 +10,10 @@ Supported: ``model``, ``prompt`` (a string, a list of token ids, or a list holdi
 those), ``max_tokens`` (default 16), ``temperature`` (default 1, OpenAI's), ``top_p``,
 ``top_k`` (extension; 0 or -1 = off, as in vLLM), ``min_p``, ``presence_penalty``,
 ``frequency_penalty``, ``repetition_penalty``, ``seed``, ``stop``, ``stop_token_ids``,
-``min_tokens``, ``logprobs`` (completions: 0..20), ``stream``, ``stream_options.include_usage``,
-``ignore_eos`` and ``return_token_ids`` (vLLM's extensions), ``user`` (ignored). Rejected with
-a 400 when set to anything but their no-op value: ``n``/``best_of`` (1), ``echo``, ``suffix``,
-``logit_bias``. Other unknown fields are ignored, as vLLM does.
+``min_tokens``, ``logprobs`` (completions: 0..20), ``n`` (1..16 samples of the prompt, computed
+once: the engine's forks), ``stream``, ``stream_options.include_usage``, ``ignore_eos`` and
+``return_token_ids`` (vLLM's extensions), ``user`` (ignored). Rejected with a 400 when set to
+anything but their no-op value: ``best_of`` (1), ``echo``, ``suffix``, ``logit_bias``. Other unknown fields are ignored, as vLLM does.
 
 Every body goes through ``load_json`` first, which turns what Python's json module raises or
 accepts but nothing downstream can use (nesting deep enough to exhaust the stack, integers too
@@ -33,7 +33,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tinyllm.request import (MAX_LOGPROBS, TENANT_MAX_CHARS, ContextTooLong, Sampling, SamplingError, TokenLogprob,
+from tinyllm.request import (MAX_LOGPROBS, MAX_N, TENANT_MAX_CHARS, ContextTooLong, Sampling, SamplingError, TokenLogprob,
                              check_fits, check_priority, check_stop, check_token_stops, is_int)
 
 DEFAULT_MAX_TOKENS = 16                 # OpenAI's default for completions
@@ -169,6 +169,7 @@ class GenerationParams:
     logprobs: int | None = None         # completions: the chosen token's logprob and this many alternatives
     priority: int = 0                   # vLLM's field: the "priority" policy runs lower values first
     tenant: str = ""                    # the "fair" policy's tenant: OpenAI's "user" (else the API key's)
+    n: int = 1                          # samples of the prompt (choices 0..n-1; seeded: sample i uses seed + i)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,12 +180,12 @@ class CompletionParams(GenerationParams):
 
 
 # Known OpenAI fields this server does not implement: each is accepted only at its no-op value.
-_UNSUPPORTED = ("n", "best_of", "echo", "suffix", "logit_bias")
+_UNSUPPORTED = ("best_of", "echo", "suffix", "logit_bias")
 # chat's names for the same refusals: logprobs is a boolean there (false = off), top_logprobs its count;
 # tools would need a template and a parser for tool calls.
 _UNSUPPORTED_CHAT = tuple(n for n in _UNSUPPORTED if n not in ("best_of", "echo", "suffix")) + (
     "tools", "tool_choice", "response_format", "continue_final_message")
-_WHY = {"n": "one completion per request", "best_of": "one completion per request"}
+_WHY = {"best_of": "this server returns all n samples (n), it does not pick the best of several"}
 
 
 def _type_name(v: Any) -> str:
@@ -340,7 +341,19 @@ def parse_generation(body: dict, served_model: str, chat: bool = False) -> dict[
             raise ApiError(f"{name}={brief(v)} is not supported: {why}", name, "unsupported_parameter")
     return dict(model=model, max_tokens=max_tokens, sampling=sampling, stream=stream, include_usage=include_usage,
                 ignore_eos=_bool(body, "ignore_eos"), return_token_ids=_bool(body, "return_token_ids"),
-                priority=_priority(body), tenant=tenant_of(body.get("user"), "user"), **stops)
+                priority=_priority(body), tenant=tenant_of(body.get("user"), "user"), n=_n(body), **stops)
+
+
+def _n(body: dict) -> int:
+    """OpenAI's ``n``: how many samples of the prompt to return, 1..MAX_N (default 1)."""
+    v = body.get("n")
+    if v is None:
+        return 1
+    if not is_int(v):
+        raise ApiError(f"n must be an integer, got {_type_name(v)}", "n", "invalid_type")
+    if not 1 <= v <= MAX_N:
+        raise ApiError(f"n must be from 1 to {MAX_N}, got {brief(v)}", "n", "invalid_value")
+    return v
 
 
 def _priority(body: dict) -> int:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from tinyllm.request import RequestSettings
-from tinyllm.observe.snapshot import EngineSnapshot, LifecycleEvent
+from tinyllm.observe.snapshot import FORK_OF, EngineSnapshot, LifecycleEvent
 from tinyllm.observe.timeline import Track
 from tinyllm.workload import WorkItem
 
@@ -118,6 +118,8 @@ def lifecycle_log(ev: LifecycleEvent) -> tuple[str, str] | None:
     r = f"#{ev.rid}"
     if ev.kind == "admitted":
         again = f" again ({ev.reason})" if ev.reason else ""
+        if ev.reason.startswith(FORK_OF):                # n > 1: no prefill, the parent's blocks shared
+            again = f" as a {ev.reason}, sharing its prompt's blocks"
         cached = f", {ev.cached} of {ev.tokens} tokens from the prefix cache" if ev.cached else ""
         return "admit", f"{r} admitted to slot {ev.slot}{again}{cached}"
     if ev.kind == "prefill":

@@ -2,7 +2,7 @@
 
 One cell per cached block, grouped by chain: a tree of hash-linked blocks drawn depth first,
 chains in the order their first block arrived with a space between them, each chain's colour
-fixed by that order. ■ a cached block, ▪ a partial one, ▣ a prefix several sequences share (a
+fixed by that order, ╎ where a fork's second (third, ...) branch begins. ■ a cached block, ▪ a partial one, ▣ a prefix several sequences share (a
 fork: two or more continuations follow it), ▤ a duplicate (the same tokens cached in two or more
 copies: requests that computed them apart), ◆ one on another medium (CPU offload), ✕ a block
 evicted in the last few seconds, … before a chain whose first block's parent is not cached. When the cells do not fit in ``max_rows`` lines, one cell stands for several blocks of a
@@ -24,7 +24,7 @@ from tui.widgets.style import STATE_COLOURS, rid_style
 if TYPE_CHECKING:                      # msgspec loads only with --kv-events
     from tinyllm.observe.kv_events import CacheView, ChainView
 
-GLYPHS = {"b": "■", "p": "▪", "s": "▣", "d": "▤", "o": "◆", "x": "✕"}
+GLYPHS = {"b": "■", "p": "▪", "s": "▣", "d": "▤", "o": "◆", "x": "✕", ",": "╎"}
 EVICTED = Style(color=STATE_COLOURS["aborted"], bold=True)
 LEGEND = "■ block ▪ partial ▣ shared ▤ dup ◆ offloaded ✕ evicted … prefix gone"
 
@@ -34,6 +34,7 @@ def squeeze(cells: str, per_cell: int) -> str:
     duplicate → d; any offloaded → o; all partial → p; else b."""
     if per_cell == 1:
         return cells
+    cells = cells.replace(",", "")                       # squeezed: no branch marks
     out = []
     for i in range(0, len(cells), per_cell):
         g = cells[i:i + per_cell]

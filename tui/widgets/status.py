@@ -52,7 +52,8 @@ def status_fields(f: Frame, runner, model_name: str, recording: Path | None = No
     if f.pending_arrivals:
         out.append((f" · {f.pending_arrivals} arriving", "yellow", 1))
     return out + [(f" · delay {f.step_delay_ms} ms/step", "dim", 2), (f" · {model_name}", "bold", 3),
-                  (f" · {f.snapshot.kv.kind} KV", "bold", 5), (f" · {f.snapshot.policy}", "bold", 4),
+                  (f" · {f.snapshot.kv.kind} KV", "bold", 5),
+                  (f" · {f.snapshot.policy}", "bold", 4 if f.snapshot.policy == "fcfs" else 2),   # news: not default
                   (f" · {'chunked ≤' + str(budget) + ' tok/step' if budget else 'prefill+decode'}", "bold", 4),
                   (f" · {runner.device}", "dim", 6),
                   (f" · {n} thread{'s' if n != 1 else ''}" if n else " · ? threads", "dim", 7)]

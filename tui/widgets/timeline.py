@@ -40,8 +40,8 @@ WAIT_CELLS = {"queue": QUEUED,
               "pool": ("k", Style(color=STATE_COLOURS["preempted"], bold=True), 3.5),
               "budget": ("b", Style(color=STATE_COLOURS["prefill"], bold=True), 3.5),
               "preempted": WAIT_RECOMPUTE}
-LEGEND = ((QUEUED, "queued"), (WAIT_CELLS["slots"], "no slot"), (WAIT_CELLS["pool"], "KV full"),
-          (WAIT_CELLS["budget"], "budget"), (PREFILL, "prefill"), (CACHED_ADMIT, "cache hit"), (DECODE, "decode"),
+LEGEND = ((QUEUED, "queued"), (WAIT_CELLS["slots"], ":no slot"), (WAIT_CELLS["pool"], ":KV full"),
+          (WAIT_CELLS["budget"], ":budget"), (PREFILL, "prefill"), (CACHED_ADMIT, "cache hit"), (DECODE, "decode"),
           (PREEMPT, "preempted"), (WAIT_RECOMPUTE, "to recompute"), (ENDS["finished"], "done"),
           (ENDS["aborted"], "aborted"))
 
