@@ -189,6 +189,7 @@ def _too_long_together(tmp_path) -> str:
     (["--race", "--lanes", "static"], "--lanes: a race needs at least two lanes, got 1"),
     (["--race", "--lanes", "static,turbo"], "'turbo' is neither a lane kind (static, continuous, chunked) nor a policy"),
     (["--race", "--lanes", "fcfs", "budget=x"], "lane 'budget=x': budget must be an integer >= 1, got 'x'"),
+    (["--race", "--scheduling-policy", "fair"], "--scheduling-policy does not apply to --race (each lane has its own"),
     (["--batch-timeout", "1"], "--batch-timeout applies to --race only"),
     (["--lanes", "static,chunked"], "--lanes applies to --race only"),
     (["--race", "--kv", "paged"], "--kv does not apply to --race"),

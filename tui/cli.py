@@ -108,6 +108,9 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
         parser.error(f"--step-delay must be in [0, {MAX_DELAY_MS}] ms, got {a.step_delay}")
     if (race := race_app(parser, a)) is not None:
         return race
+    if a.scheduling_policy != "fcfs" and (a.replay is not None or a.attach is not None):
+        parser.error("--scheduling-policy applies to the app's own engine (a replay shows the recorded one; "
+                     "a server has its own: tinyllm serve --scheduling-policy)")
     if a.replay is not None:
         return replay_app(parser, a)
     if a.attach is not None:
@@ -355,6 +358,8 @@ def race_spec(parser, a):
                              ("--record", a.record, "a race is not recorded"),
                              ("--prompts", a.prompts, "give the workload to --race"),
                              ("--kv", a.kv, "each lane has its own KV layout"),
+                             ("--scheduling-policy", None if a.scheduling_policy == "fcfs" else a.scheduling_policy,
+                              "each lane has its own: --lanes fcfs priority ..."),
                              ("--[no-]chunked-prefill", a.chunked_prefill, "the third lane is the chunked one"),
                              ("--[no-]prefix-cache", a.prefix_cache, "the chunked lane caches prefixes")):
         if value is not None:
