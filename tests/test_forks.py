@@ -338,6 +338,9 @@ def test_openai_client_completions_n_streaming_and_not(server, model_tok):
     assert texts == solo_texts and finished == {0, 1, 2}
     assert usage.prompt_tokens == prompt_tokens and usage.completion_tokens == 36
     _idle_and_empty(server)
+    lines = httpx.get(server.url + "/metrics").text.splitlines()     # forks looked nothing up in the cache
+    queries = next(float(x.split()[-1]) for x in lines if x.startswith("vllm:prefix_cache_queries_total"))
+    assert queries == server.engine_loop.call(lambda e: e.snapshot().counters.prefix_queries)
 
 
 def test_openai_client_chat_n_streaming_and_not(server):

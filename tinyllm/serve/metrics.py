@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from tinyllm.observe.snapshot import LifecycleEvent
+from tinyllm.observe.snapshot import FORK_OF, LifecycleEvent
 
 __all__ = ["CONTENT_TYPE_LATEST", "FINISHED_REASONS", "ServeMetrics"]
 
@@ -144,7 +144,7 @@ class ServeMetrics:
                 if not t.admitted:
                     t.admitted, t.admitted_at = True, ev.time_s
                     self.queue_time.observe(max(0.0, ev.time_s - t.arrival))
-                if engine.prefix_cache:
+                if engine.prefix_cache and not ev.reason.startswith(FORK_OF):   # a fork looked nothing up
                     self.prefix_queries.inc(ev.tokens)
                     self.prefix_hits.inc(ev.cached)
             elif ev.kind == "first_token":
