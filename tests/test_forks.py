@@ -405,3 +405,31 @@ def test_a_client_that_goes_away_aborts_every_sample(server):
     _idle_and_empty(server)
     states = server.engine_loop.call(lambda e: [e.snapshot().request(r).state for r in rids])
     assert states == ["aborted"] * 4
+
+
+async def test_the_app_sends_n_samples_as_forks_and_the_block_map_shows_them_shared():
+    """A prompt file's (or the app's) n: one prompt, n requests, the prompt's full blocks shared."""
+    import torch
+
+    from tinyllm.request import RequestSettings, Sampling
+    from tui.app import TinyLLMApp
+    from tui.runners.engine import EngineRunner
+    from tests.screen_check import check_panels
+    from tests.test_app import _watch, bundled, step, submit, until  # noqa: F401
+    model, tok = bundled()
+    eng = ContinuousEngine(model, 4, 128, kv="paged", block_size=4, chunked_prefill=True, max_batched_tokens=64,
+                           generator=torch.Generator().manual_seed(0))
+    app = TinyLLMApp(EngineRunner(eng, tok, paused=True), tok, model_name="test",
+                     settings=RequestSettings(Sampling(temperature=0.8, seed=7), 6, n=3))
+    _watch(app)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await submit(pilot, "ROMEO:\nWhat light through yonder window breaks?\n")
+        await until(pilot, lambda: len(app.runner.frame.snapshot.requests) == 3, what="three samples")
+        await step(pilot, 1)
+        snap = app.runner.frame.snapshot
+        assert [v.state for v in snap.requests] == ["running"] * 3
+        assert max(snap.kv.block_refs) == 3                 # the prompt's full blocks, shared by all three
+        assert snap.counters.prefill_tokens == len(snap.requests[0].prompt)
+        app.refresh_from_runner(force=True)
+        await pilot.pause()
+        check_panels(app)

@@ -121,8 +121,11 @@ class RequestSettings:
     stop_token_ids: tuple[int, ...] = ()
     min_tokens: int = 0
     logprobs: int | None = None
+    n: int = 1                           # samples of the prompt (forks sharing its blocks: add_forks)
 
     def __post_init__(self):
+        if not is_int(self.n) or not 1 <= self.n <= MAX_N:
+            raise SamplingError("n", f"n must be an integer from 1 to {MAX_N}, got {_short(self.n)}")
         if not isinstance(self.sampling, Sampling):
             raise ValueError(f"sampling must be a Sampling, got {type(self.sampling).__name__}")
         if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
@@ -134,7 +137,8 @@ class RequestSettings:
 
     def describe(self) -> str:
         """``T=0.8 k=— p=— new=120 eos=on``: the app's next-request line."""
-        who = "".join([f" prio={self.priority}" if self.priority else "", f" tenant={self.tenant}" if self.tenant else ""])
+        who = "".join([f" prio={self.priority}" if self.priority else "", f" tenant={self.tenant}" if self.tenant else "",
+                       f" n={self.n}" if self.n > 1 else ""])
         return f"{self.sampling.describe(full=True)} new={self.max_new_tokens} eos={'on' if self.stop_at_eos else 'off'}{who}"
 
     def request(self, prompt: list[int] | tuple[int, ...], eos_id: int | None) -> Request:

@@ -18,13 +18,13 @@ from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
-from tinyllm.request import (ContextTooLong, RequestSettings, Sampling, SamplingError, check_fits, check_priority,
+from tinyllm.request import (MAX_N, ContextTooLong, RequestSettings, Sampling, SamplingError, check_fits, check_priority,
                              check_stop, check_tenant, check_token_stops)
 
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                    "repetition_penalty", "seed")
 STOP_FIELDS = ("stop", "stop_token_ids", "min_tokens")
-SCHEDULING_FIELDS = ("priority", "tenant")
+SCHEDULING_FIELDS = ("priority", "tenant", "n")
 FIELDS = {"prompt", "max_new_tokens", "arrival_s", "stop_at_eos", *SAMPLING_FIELDS, *STOP_FIELDS, *SCHEDULING_FIELDS}
 
 
@@ -45,12 +45,13 @@ class WorkItem:
     min_tokens: int | None = None
     priority: int | None = None            # None: the caller's default (so is tenant)
     tenant: str | None = None
+    n: int | None = None                   # samples of this prompt (forks sharing its blocks)
 
     def settings(self, defaults: RequestSettings) -> RequestSettings:
         """This line's settings: what it says, the caller's ``defaults`` for what it leaves out."""
         mine = {k: v for k, v in (("stop", self.stop), ("stop_token_ids", self.stop_token_ids),
                                   ("min_tokens", self.min_tokens), ("priority", self.priority),
-                                  ("tenant", self.tenant)) if v is not None}
+                                  ("tenant", self.tenant), ("n", self.n)) if v is not None}
         return replace(defaults, sampling=self.sampling or defaults.sampling,
                        max_new_tokens=self.max_new_tokens or defaults.max_new_tokens,
                        stop_at_eos=defaults.stop_at_eos if self.stop_at_eos is None else self.stop_at_eos, **mine)
@@ -111,11 +112,14 @@ def parse_line(obj, where: str) -> WorkItem:
         check_token_stops(() if stop_ids is None else stop_ids, obj.get("min_tokens", 0), new, None)
         priority = None if "priority" not in obj else check_priority(obj["priority"])
         tenant = None if "tenant" not in obj else check_tenant(obj["tenant"])
+        n = obj.get("n")
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N):
+            raise WorkloadError(f"{where}: n must be an integer from 1 to {MAX_N}, got {n!r}")
     except (SamplingError, ValueError) as e:
         raise WorkloadError(f"{where}: {e}") from None
     return WorkItem(prompt, new, sampling, float(arrival), eos, stop=stop,
                     stop_token_ids=None if stop_ids is None else tuple(stop_ids), min_tokens=obj.get("min_tokens"),
-                    priority=priority, tenant=tenant)
+                    priority=priority, tenant=tenant, n=n)
 
 
 def load_workload(path: str | Path) -> list[WorkItem]:

@@ -47,7 +47,8 @@ def completion_body(cmd: Submit, stream: bool = True) -> dict:
     extra = {"min_p": (s.min_p, 0.0), "presence_penalty": (s.presence_penalty, 0.0),
              "frequency_penalty": (s.frequency_penalty, 0.0), "repetition_penalty": (s.repetition_penalty, 1.0),
              "seed": (s.seed, None), "stop": (list(st.stop), []), "stop_token_ids": (list(st.stop_token_ids), []),
-             "min_tokens": (st.min_tokens, 0)}
+             "min_tokens": (st.min_tokens, 0), "n": (st.n, 1), "priority": (st.priority, 0),
+             "user": (st.tenant, "")}
     body.update({k: v for k, (v, off) in extra.items() if v != off})      # only what is set (vLLM takes them all)
     return body
 

@@ -140,15 +140,19 @@ class EngineRunner(CommandLoop):
     def _submit(self, prompt: str, tokens, settings: RequestSettings) -> None:
         ids = list(tokens) if tokens is not None else self.tok.encode(prompt)
         try:
-            rid = self.engine.add_request(settings.request(ids, self.tok.eos_id))
+            req = settings.request(ids, self.tok.eos_id)
+            rids = self.engine.add_forks(req, settings.n) if settings.n > 1 else [self.engine.add_request(req)]
         except ValueError as e:
             self._error(f"request refused: {e}")
             return
-        self._prompts[rid] = prompt
-        self._texts[rid] = ""
-        self._streams[rid] = StopText(self.tok.stream(skip_special_tokens=True), settings.stop, settings.min_tokens)
+        for rid in rids:
+            self._prompts[rid] = prompt
+            self._texts[rid] = ""
+            self._streams[rid] = StopText(self.tok.stream(skip_special_tokens=True), settings.stop, settings.min_tokens)
+        rid = rids[0]
+        samples = f", {len(rids)} samples #{rids[0]}..#{rids[-1]}" if len(rids) > 1 else ""
         self._add_log("submit", f"#{rid} queued ({len(ids)} prompt tokens, max {settings.max_new_tokens} new, "
-                                f"{settings.sampling.describe()})", rid)
+                                f"{settings.sampling.describe()}{samples})", rid)
         self._note_changes()
 
     def _due_now(self) -> list[_Pending]:
@@ -296,6 +300,8 @@ class EngineSpec:
     prefix_cache: bool | None = None   # None: on with chunked prefill
     record: str | None = None          # --record: write the run to this JSONL file as it happens
     scheduling_policy: str = "fcfs"    # the waiting queue's order (tinyllm/engine/policy.py)
+    kv_memory_mib: float | None = None  # --kv-memory: the KV budget sizes the cache (slots is then unused)
+    max_num_seqs: int | None = None    # with a budget: the cap on running requests (None: the engine's default)
 
     def build(self):
         """Load the checkpoint and build the engine: (ContinuousEngine, Tokenizer). Raises
@@ -309,7 +315,9 @@ class EngineSpec:
             torch.set_num_threads(self.threads)
         device = resolve_device(self.device)
         model, tok = load_checkpoint(self.model_dir, device=device)
-        engine = ContinuousEngine(model, self.slots, self.max_len, kv=self.kv, block_size=self.block_size,
+        engine = ContinuousEngine(model, None if self.kv_memory_mib else self.slots, self.max_len, kv=self.kv,
+                                  block_size=self.block_size, kv_memory_mib=self.kv_memory_mib,
+                                  max_num_seqs=self.max_num_seqs,
                                   kv_blocks=self.kv_blocks, chunked_prefill=self.chunked_prefill,
                                   max_batched_tokens=self.max_batched_tokens, prefix_cache=self.prefix_cache,
                                   scheduling_policy=self.scheduling_policy, generator=torch.Generator(device=device).manual_seed(self.seed))
