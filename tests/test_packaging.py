@@ -42,7 +42,7 @@ def test_resolve_accepts_names_paths_and_explains_the_rest(tmp_path):
     mine = tmp_path / "burst.jsonl"                       # a real path wins over a bundled name
     mine.write_text('{"prompt": "x"}\n')
     assert resolve_workload(mine) == mine
-    with pytest.raises(WorkloadError, match=r"nope: no such file, and not a bundled workload \(bundled: burst,"):
+    with pytest.raises(WorkloadError, match=r"nope: no such file, and not a bundled workload \(bundled: batch_and_chat, burst,"):
         resolve_workload("nope")
 
 

@@ -21,7 +21,7 @@ class Detokenizer(Protocol):
 
 
 class StopMatcher:
-    """Text in pieces → text safe to emit; finds the earliest of ``stops`` across piece boundaries."""
+    """Text in pieces → text safe to emit; finds the one of ``stops`` that completes first, across piece boundaries."""
 
     def __init__(self, stops: Sequence[str]):
         self.stops = tuple(s for s in stops if s)
@@ -33,9 +33,9 @@ class StopMatcher:
         if self.matched is not None:
             return ""
         text = self._held + piece
-        hits = [(i, s) for s in self.stops if (i := text.find(s)) >= 0]
-        if hits:
-            at, self.matched = min(hits)
+        hits = [(i + len(s), i, s) for s in self.stops if (i := text.find(s)) >= 0]
+        if hits:                                   # the stop that completes first, as a stream sees it
+            _, at, self.matched = min(hits)        # (so the answer never depends on where tokens split)
             self._held = ""
             return text[:at]
         keep = self._open_tail(text)
