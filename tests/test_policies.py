@@ -80,6 +80,45 @@ def test_fair_alternates_tenants_by_tokens_served_and_gives_no_credit_for_idling
     assert q.served["chat"] == 150
 
 
+def test_fair_gives_no_credit_to_a_tenant_that_joins_an_empty_queue():
+    q = FairQueue()
+    q.add(seq(0, tenant="A"))
+    q.charge(q.pop(), 100_000)                           # A ran alone for a long time
+    q.add(seq(1, tenant="B"))                            # B arrives to an empty queue
+    q.add(seq(2, tenant="A"))
+    assert q.served == {"A": 100_000, "B": 100_000}
+    assert [s.rid for s in q] == [1, 2]                  # level: the earlier head first
+
+
+def test_fair_shares_one_steps_free_slots_between_tenants():
+    """Charged as planned: four free slots and two tenants waiting go two and two, not four to one."""
+    from tinyllm.engine.scheduler import TokenBudgetScheduler
+    from tinyllm.kv.blocks import BlockPool
+    pool = BlockPool(n_slots=4, n_blocks=64, block_size=4, max_len=64)
+    q = FairQueue()
+    for i in range(8):
+        q.add(seq(i, prompt=3, tenant="A" if i < 4 else "B"))
+    plan = TokenBudgetScheduler(pool, 64).plan_step([], q)
+    assert sorted(s.req.tenant for s in plan.admitted) == ["A", "A", "B", "B"]
+
+
+def test_priority_preempts_the_lower_priority_decode_not_the_higher_one(model):
+    """The pool runs short during the decodes: the victim is the lowest priority running request,
+    even when it was admitted first (decodes are planned most important first)."""
+    eng = ContinuousEngine(model, 2, max_len=24, kv="paged", block_size=4, kv_blocks=4, chunked_prefill=True,
+                           max_batched_tokens=32, prefix_cache=False, scheduling_policy="priority")
+    low = eng.add_request(Request([1] * 6, 10, priority=1))
+    eng.step()
+    high = eng.add_request(Request([2] * 6, 10, priority=0))
+    pre = []
+    while eng.has_work():
+        eng.step()
+        pre += [e.rid for e in eng.pop_lifecycle() if e.kind == "preempted"]
+        check_invariants(eng)
+    assert pre and set(pre) == {low}, pre
+    assert eng.results[high].tokens == generate(model, [2] * 6, 10)
+
+
 def test_an_unknown_policy_is_refused_by_name(model):
     with pytest.raises(ValueError, match="scheduling policy must be one of fcfs, priority, shortest-first, fair"):
         ContinuousEngine(model, 2, scheduling_policy="lifo")

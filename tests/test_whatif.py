@@ -134,3 +134,17 @@ def test_tinyllm_whatif_refuses_a_missing_source(capsys):
 
 def test_the_bundled_policy_workload_is_shipped():
     assert resolve_workload("batch_and_chat").is_file()
+
+
+def test_tinyllm_whatif_refuses_a_broken_recording_in_one_line(tmp_path, capsys):
+    header = RECORDING.read_text(encoding="utf-8").splitlines()[0]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(header + '\n{"step": 1, "snap": {"r": {"0": {"prompt": [1, 2]}}}}\n', encoding="utf-8")
+    assert tinyllm_main(["whatif", str(bad), "--lanes", "fcfs"]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:2: not a snapshot delta" in err and "Traceback" not in err
+
+
+def test_a_recordings_arrivals_start_at_zero():
+    arrivals, _ = requests_from_recording(RECORDING)
+    assert min(t for t, _ in arrivals) == 0.0

@@ -5,8 +5,8 @@ Each step has two passes, each planned after the engine committed the one before
 1. admissions: waiting requests, in the policy's order, go into free slots while the cache can
    hold their whole context (plus the position their first decode writes), all in one
    left-padded prefill that also samples their first token;
-2. a decode of every slot: one token each, in one batch of all the slots (an idle slot computes
-   a throwaway row). On the paged cache a slot whose next position needs a block when none is
+2. a decode of every running sequence: one token each, in one batch (the slot cache computes all
+   its slots, an idle one a throwaway row; the paged pool only its running sequences). On the paged cache a slot whose next position needs a block when none is
    free makes the pool evict the newest running request (``BlockPool.reserve_step``); the
    engine requeues it, to be recomputed later from prompt + generated tokens.
 
@@ -36,7 +36,10 @@ class AdmissionScheduler:
             admit = self.admissions(waiting)
             if admit.items or admit.waits:
                 yield admit
-        yield self.decode(running)
+        decode = self.decode(running)
+        for seq, _, n in decode.items:
+            waiting.charge(seq, n)
+        yield decode
 
     def admissions(self, waiting: WaitingQueue) -> StepPlan:
         """As many waiting requests as fit, in order, each with the free slot it will take."""
@@ -52,6 +55,7 @@ class AdmissionScheduler:
                 blocked = "pool", f"KV pool full: its context ({waiting.peek().context_len()} tokens) does not fit"
                 break
             batch.append(waiting.pop())
+            waiting.charge(batch[-1], batch[-1].context_len())   # as planned: the next pick sees it
         plan = StepPlan("prefill", [(q, 0, q.context_len()) for q in batch], slots=free[:len(batch)])
         for i, q in enumerate(waiting):
             plan.waits[q.rid] = blocked if i == 0 and blocked else (

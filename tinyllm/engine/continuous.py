@@ -279,7 +279,6 @@ class ContinuousEngine:
         for plan in self.scheduler.plan(self._running, self.waiting):
             for seq, _, n in plan.items:
                 ran[seq.rid] = ran.get(seq.rid, 0) + n
-                self.waiting.charge(seq, n)
             waits.update(plan.waits)
             events += self._run(plan)
         for child in self._pending_forks():

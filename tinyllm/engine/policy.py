@@ -17,8 +17,10 @@ waiting request may push a running one out (``outranks``), and tell it who got h
 - ``fair``: the token budget shared between tenants (a request's ``tenant``: a request field or
   the HTTP API key). Each tenant has a counter of the tokens computed for it (prefill and decode,
   as the scheduler charges them); the next admission goes to the waiting tenant with the
-  smallest counter. A tenant that starts waiting has its counter lifted to the smallest counter
-  of the tenants already waiting, so idle time is not saved up as credit (Sheng et al., "Fairness
+  smallest counter; the scheduler charges tokens as it plans them, so one step's admissions
+  alternate too. A tenant that starts waiting has its counter lifted to the smallest counter of
+  the tenants already waiting (nobody waiting: the largest counter), so idle time is not saved up
+  as credit (Sheng et al., "Fairness
   in Serving Large Language Models", OSDI 2024: the Virtual Token Counter). Bound, tested: while
   two tenants both wait, their counters never differ by more than one request's worth of tokens
   per slot (n_slots × the largest prompt + max_new_tokens) plus one step's token budget.
@@ -61,7 +63,12 @@ class WaitingQueue(Protocol):
         """May waiting ``seq`` preempt ``running`` to get in? (Only ``priority`` ever says yes.)"""
 
     def charge(self, seq: Sequence, tokens: int) -> None:
-        """``seq`` computes ``tokens`` tokens this step (the fair policy counts them)."""
+        """``seq`` computes ``tokens`` tokens this step, as the scheduler plans them (the fair
+        policy counts them, so the next pick of the same step sees them)."""
+
+    def running_order(self, running: list[Sequence]) -> list[Sequence]:
+        """``running``, the one to keep most first: decodes are planned in this order, so the
+        pool running short preempts one planned later (``victim``), never a more important one."""
 
     def __contains__(self, seq: object) -> bool: ...
 
@@ -96,6 +103,9 @@ class FCFSQueue:
 
     def victim(self, running: list[Sequence]) -> Sequence:
         return running[-1]
+
+    def running_order(self, running: list[Sequence]) -> list[Sequence]:
+        return list(running)                          # admission order: the newest goes first
 
     def outranks(self, seq: Sequence, running: Sequence) -> bool:
         return False
@@ -157,6 +167,9 @@ class PriorityQueue(SortedQueue):
     def victim(self, running: list[Sequence]) -> Sequence:
         return max(running, key=self.key)
 
+    def running_order(self, running: list[Sequence]) -> list[Sequence]:
+        return sorted(running, key=self.key)
+
     def outranks(self, seq: Sequence, running: Sequence) -> bool:
         return seq.req.priority < running.req.priority
 
@@ -187,9 +200,11 @@ class FairQueue(FCFSQueue):
     def _join(self, seq: Sequence, front: bool) -> None:
         t = seq.req.tenant
         if t not in self._by_tenant:                 # starts waiting: no credit for idle time
-            floor = min((self.served[w] for w in self._by_tenant), default=None)
-            mine = self.served.get(t, 0)
-            self.served[t] = mine if floor is None else max(mine, floor)
+            waiting = [self.served[w] for w in self._by_tenant]
+            # level with the least served of those waiting; with nobody waiting, with the most
+            # served (the others ran meanwhile: idle time is not saved up)
+            floor = min(waiting) if waiting else max(self.served.values(), default=0)
+            self.served[t] = max(self.served.get(t, 0), floor)
             self._by_tenant[t] = deque()
         (self._by_tenant[t].appendleft if front else self._by_tenant[t].append)(seq)
 

@@ -51,7 +51,8 @@ class StepPlan:
 
     - "mixed": one ragged batch of decode tokens and prefill chunks over the paged pool;
     - "prefill": one left-padded prefill of requests entering slots (the seed's admissions);
-    - "decode": one token for every slot of the cache (the seed's decode; idle slots included).
+    - "decode": one token for every running sequence (the seed's decode; on the slot cache idle
+      slots compute a throwaway row too).
     """
     kind: Literal["mixed", "prefill", "decode"] = "mixed"
     items: list[Item] = field(default_factory=list)          # batch order
@@ -108,7 +109,7 @@ class TokenBudgetScheduler:
         scheduled: set[int] = set()
         self._make_room(live, waiting, plan, free_slots)    # 0. priority: push out lower priority
         short = False                                       # preempted for want of blocks this step
-        for seq in [s for s in running if s.remaining() == 1]:           # 1. decodes
+        for seq in waiting.running_order([s for s in running if s.remaining() == 1]):   # 1. decodes
             if seq not in live:
                 continue
             while not pool.try_grow(seq.slot, seq.computed + 1):
@@ -120,6 +121,7 @@ class TokenBudgetScheduler:
                     break
             else:
                 plan.items.append((seq, seq.computed, 1))
+                waiting.charge(seq, 1)
                 scheduled.add(seq.rid)
                 budget -= 1
         blocked: tuple[str, str] | None = None              # why the head of the queue waits
@@ -133,6 +135,7 @@ class TokenBudgetScheduler:
                 if n > 0:
                     pool.try_grow(seq.slot, seq.computed + n)
                     plan.items.append((seq, seq.computed, n))
+                    waiting.charge(seq, n)
                     scheduled.add(seq.rid)
                     budget -= n
             while waiting:                                               # 3. admissions
@@ -146,7 +149,7 @@ class TokenBudgetScheduler:
                 room = pool.room_fresh() - pool.free_blocks_taken_by(hit) * pool.block_size
                 n = min(len(context) - cached, budget, room)
                 if n <= 0:
-                    blocked = self._pool_full(len(context) - cached, budget)
+                    blocked = self._pool_full(len(context) - cached, budget, max(0, room) // pool.block_size)
                     break
                 waiting.pop()
                 free_slots.pop(0)
@@ -159,6 +162,7 @@ class TokenBudgetScheduler:
                 live.append(seq)
                 plan.admitted.append(seq)
                 plan.items.append((seq, cached, n))
+                waiting.charge(seq, n)                    # as planned: the next pick sees it
                 scheduled.add(seq.rid)
                 budget -= n
             if plan.items or not live:
@@ -184,11 +188,13 @@ class TokenBudgetScheduler:
             return "budget", f"this step's token budget is used up ({b}/{b} tokens)"
         return None
 
-    def _pool_full(self, uncached: int, budget: int) -> tuple[str, str]:
-        """The head's first chunk finds no room: how many blocks it needs, how many are free."""
+    def _pool_full(self, uncached: int, budget: int, free: int | None = None) -> tuple[str, str]:
+        """The head's first chunk finds no room: how many blocks it needs, how many it could take
+        (``free``: free blocks less those holding its own cached prefix, which it revives)."""
         bs = self.pool.block_size
         need = -(-min(uncached, max(budget, 1)) // bs)
-        return "pool", f"KV pool full: needs {need} block{'s' * (need != 1)}, {self.pool.num_free_blocks()} free"
+        free = self.pool.num_free_blocks() if free is None else free
+        return "pool", f"KV pool full: needs {need} block{'s' * (need != 1)}, {free} free"
 
     def _make_room(self, live: list[Sequence], waiting: WaitingQueue, plan: StepPlan, free_slots: list[int]) -> None:
         """Preempt running requests the queue's head outranks (the ``priority`` policy) while it

@@ -68,6 +68,10 @@ def build_race(model, workload: Workload, slots: int, max_len: int, block_size: 
         if not isinstance(r, Request) or r.sampling is not None or r.eos_id is not None:
             raise ValueError("race requests are greedy and ignore end-of-text: Request(prompt, max_new_tokens)")
         check_fits(len(r.prompt), r.max_new_tokens, max_len, "--max-len")
+        bad = next((t for t in r.prompt if t >= model.cfg.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"a request's prompt has token id {bad}, outside the model's vocabulary "
+                             f"[0, {model.cfg.vocab_size}): recorded with another model?")
     plain = all(s.label == s.kind for s in specs) and len({s.kind for s in specs}) == len(specs)
     built: list[Lane] = []
     for i, spec in enumerate(specs):

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tinyllm.observe.recording import SnapshotDecoder, read_recording
+from tinyllm.observe.recording import BAD_RECORD, RecordingError, SnapshotDecoder, read_recording
 from tinyllm.observe.stats import percentile
 from tinyllm.race.views import LaneView, RequestOutcome
 from tinyllm.request import Request
@@ -33,11 +33,17 @@ def requests_from_recording(path: str | Path) -> tuple[Arrivals, str | None]:
     header, records, warning = read_recording(path)
     dec = SnapshotDecoder(header)
     views = {}
-    for _, rec in records:
+    for line, rec in records:
         if "snap" in rec:
-            for v in dec.apply(rec["snap"]).requests:
+            try:
+                snap = dec.apply(rec["snap"])
+            except BAD_RECORD as e:
+                raise RecordingError(f"{path}:{line}: not a snapshot delta this version wrote "
+                                     f"({type(e).__name__}: {e})") from None
+            for v in snap.requests:
                 views[v.rid] = v                           # the latest view (forgotten ones kept)
     out = []
+    start = min((v.arrival_s for v in views.values()), default=0.0)   # a server's clock may be at 3600 s
     for v in sorted(views.values(), key=lambda v: (v.arrival_s, v.rid)):
         if v.state == "finished":
             new = len(v.tokens)
@@ -45,7 +51,7 @@ def requests_from_recording(path: str | Path) -> tuple[Arrivals, str | None]:
             new = max(1, len(v.tokens))
         else:
             new = v.max_new_tokens
-        out.append((v.arrival_s, Request(list(v.prompt), max(1, new), priority=v.priority, tenant=v.tenant)))
+        out.append((round(v.arrival_s - start, 6), Request(list(v.prompt), max(1, new), priority=v.priority, tenant=v.tenant)))
     return out, warning
 
 
