@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from tinyllm.args import (EXIT_USAGE, OneLineParser, UsageError, non_negative_float, port_number,
+from tinyllm.args import (EXIT_USAGE, OneLineParser, UsageError, non_negative_float, port_number, positive_float,
                           add_policy_arg, positive_int, unit_interval)
 
 
@@ -223,10 +223,12 @@ def cmd_serve(args) -> None:
     try:
         engine = build_engine(model, args.slots, args.max_len, args.kv_blocks, args.block_size,
                               args.max_batched_tokens, args.prefix_cache,
-                              scheduling_policy=args.scheduling_policy)
+                              scheduling_policy=args.scheduling_policy, kv_memory_mib=args.kv_memory,
+                              max_num_seqs=args.max_num_seqs)
     except ValueError as e:                               # the engine names its parameters; say the options
         msg = " ".join(str(e).split())
-        for name, opt in (("n_slots", "--slots"), ("max_len", "--max-len"), ("kv_blocks", "--kv-blocks"),
+        for name, opt in (("kv_memory_mib", "--kv-memory"), ("max_num_seqs", "--max-num-seqs"),
+                          ("n_slots", "--slots"), ("max_len", "--max-len"), ("kv_blocks", "--kv-blocks"),
                           ("block_size", "--block-size"), ("max_batched_tokens", "--max-batched-tokens")):
             msg = msg.replace(name, opt)
         raise UsageError(msg) from None
@@ -317,6 +319,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the model id clients send and /v1/models lists (default: the model directory's "
                          "name, or tinyllm-shakespeare)")
     sv.add_argument("--slots", type=positive_int, default=8, metavar="N", help="requests decoded together (default 8)")
+    sv.add_argument("--kv-memory", type=positive_float, default=None, metavar="MiB",
+                    help="the KV memory budget, instead of --slots: the pool gets the blocks it buys, "
+                         "run by up to --max-num-seqs requests (vLLM's way)")
+    sv.add_argument("--max-num-seqs", type=positive_int, default=None, metavar="N",
+                    help="with --kv-memory: the cap on running requests (default 64)")
     sv.add_argument("--max-len", type=positive_int, default=None, metavar="N",
                     help="prompt + completion tokens per request (default: the model's context)")
     sv.add_argument("--kv-blocks", type=positive_int, default=None, metavar="N",

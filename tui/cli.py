@@ -26,12 +26,18 @@ from tui import web
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tinyllm.args import OneLineParser, non_negative_float, positive_int, unit_interval
+    from tinyllm.args import OneLineParser, non_negative_float, positive_float, positive_int, unit_interval
+    from tinyllm.request import DEFAULT_MAX_NUM_SEQS
     p = OneLineParser(prog="tinyllm-tui", description="Watch tinyllm's continuous-batching scheduler live: "
                       "type prompts or load prompt files, see slots, KV blocks and tokens as they happen.")
     p.add_argument("--model", metavar="DIR", help="local HF Llama checkpoint directory (default: bundled Shakespeare)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available, else cpu)")
     p.add_argument("--slots", type=positive_int, default=8, metavar="N", help="KV slots = max concurrent requests (default 8)")
+    p.add_argument("--kv-memory", type=positive_float, default=None, metavar="MiB",
+                   help="the KV memory budget, instead of --slots: slot KV gets the slots of --max-len it buys, "
+                        "paged KV the blocks it buys, run by up to --max-num-seqs requests")
+    p.add_argument("--max-num-seqs", type=positive_int, default=None, metavar="N",
+                   help=f"with --kv-memory: the cap on running requests (default {DEFAULT_MAX_NUM_SEQS})")
     p.add_argument("--max-len", type=positive_int, default=None, metavar="N", help="tokens per slot (default: the model's context)")
     p.add_argument("--kv", choices=["slots", "paged"], default=None,
                    help="KV cache layout (default paged; slots = the seed's slot cache, no chunked prefill)")
@@ -137,11 +143,16 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
         except WorkloadError as e:
             parser.error(f"--prompts: {e}")
     kv, chunked = scheduler_choice(parser, a.kv, a.chunked_prefill, a.max_batched_tokens, a.slots)
+    if a.kv_memory is not None and a.kv_blocks is not None:
+        parser.error("--kv-memory sizes the KV pool: drop --kv-blocks")
+    if a.max_num_seqs is not None and a.kv_memory is None:
+        parser.error("--max-num-seqs goes with --kv-memory (without a budget, --slots is the cap)")
     if a.prefix_cache and not chunked:
         parser.error("--prefix-cache needs chunked prefill (the token-budget scheduler on --kv paged)")
     spec = EngineSpec(str(path), a.device, a.slots, max_len, kv, a.block_size, a.kv_blocks, a.seed,
                       threads=a.threads, chunked_prefill=chunked, max_batched_tokens=a.max_batched_tokens,
-                      prefix_cache=a.prefix_cache, record=a.record, scheduling_policy=a.scheduling_policy)
+                      prefix_cache=a.prefix_cache, record=a.record, scheduling_policy=a.scheduling_policy,
+                      kv_memory_mib=a.kv_memory, max_num_seqs=a.max_num_seqs)
     try:
         if a.engine_thread:
             from tui.runners.engine import EngineRunner

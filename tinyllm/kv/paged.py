@@ -2,8 +2,11 @@
 the prefix cache, is ``blocks.BlockPool``). Same slot interface as ``SlotKVCache``.
 
 The pool is token-major, one row per token of every block; a slot's positions map to rows through
-its block table. Attention gathers each slot's blocks with one indexing op per layer (no Python
-loop over tokens or blocks); an extra scratch block absorbs the writes of idle slots.
+its block table. Every forward over the pool (decodes and prefill chunks) is a ragged batch of its
+running sequences (``ragged.RaggedAttention``): no idle slot computes a row, so a pool sized by
+memory can hold many more slots than run. Attention gathers each sequence's blocks with one
+indexing op per layer (no Python loop over tokens or blocks); an extra scratch block pads the
+shorter sequences' windows.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from torch import Tensor
 
 from tinyllm.kv.blocks import BlockPool, prefix_key
 from tinyllm.kv.dense import KVCache
-from tinyllm.model.transformer import grouped_attention
 
 __all__ = ["BlockPool", "PagedKVCache", "gather_blocks", "prefix_key"]
 
@@ -34,12 +36,10 @@ class PagedKVCache(BlockPool):
         super().__init__(n_slots, n_blocks, block_size, max_len)
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
         self.device = torch.device(device) if device is not None else torch.device("cpu")
-        self.scratch = n_blocks                              # the extra block idle rows write to
+        self.scratch = n_blocks                              # the extra block short windows pad with
         shape = (n_layers, (n_blocks + 1) * block_size, n_kv_heads, head_dim)   # token-major pool
         self.k = torch.zeros(shape, dtype=dtype, device=self.device)
         self.v = torch.zeros(shape, dtype=dtype, device=self.device)
-        self._table_t = self._lens_t = self._mask = self._write = None
-        self._n_win_blocks = 0
 
     def admit(self, slots: list[int], pre: KVCache, pad: list[int]) -> None:
         """Move each prefilled row's real tokens into blocks of its slot (positions from 0)."""
@@ -62,54 +62,9 @@ class PagedKVCache(BlockPool):
             self.v[:, b:b + bs] = self.v[:, a:a + bs]
         return pair
 
-    # -- AttentionCache protocol (decode: one token per slot) -----------------------------
-    def begin(self, batch: int, n_new: int) -> Tensor:
-        if batch != self.n_slots or n_new != 1:
-            raise ValueError(f"PagedKVCache decodes one token for each of its {self.n_slots} slots, "
-                             f"got batch {batch} x {n_new} tokens")
-        for s in range(self.n_slots):
-            if self.active[s] and self.lens[s] >= len(self.tables[s]) * self.block_size:
-                raise RuntimeError(f"slot {s} has no block for position {self.lens[s]}: call reserve_step() first")
-        if self._dirty:
-            self._sync()
-        longest = max((n for n, a in zip(self.lens, self.active) if a), default=0)
-        nb = self.blocks_for(longest + 1)
-        self._n_win_blocks = nb
-        k_pos = torch.arange(nb * self.block_size, device=self.device)
-        self._mask = (k_pos[None, :] <= self._lens_t[:, None])[:, None, None, :]
-        return self._lens_t[:, None]
-
-    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        kl, vl = self.k[layer], self.v[layer]
-        kl[self._write] = k[:, :, 0].to(kl.dtype)                  # (S, Hkv, D) at each slot's position
-        vl[self._write] = v[:, :, 0].to(vl.dtype)
-        S, nb, bs = self.n_slots, self._n_win_blocks, self.block_size
-        blocks = self._table_t[:, :nb].reshape(-1)
-        keys = gather_blocks(kl, blocks, bs).view(S, nb * bs, *kl.shape[1:]).transpose(1, 2).to(q.dtype)
-        vals = gather_blocks(vl, blocks, bs).view(S, nb * bs, *vl.shape[1:]).transpose(1, 2).to(q.dtype)
-        return grouped_attention(q, keys, vals, self._mask)
-
-    def end(self, n_new: int) -> None:
-        for s in range(self.n_slots):
-            if self.active[s]:
-                self.lens[s] += 1
-        self._dirty = True
-        self._mask = None
-
     # -- internals ------------------------------------------------------------------------
     def _token_index(self, slot: int, n: int) -> Tensor:
         """Pool rows of a slot's positions 0..n-1."""
         pos = torch.arange(n, device=self.device)
         table = torch.tensor(self.tables[slot], dtype=torch.long, device=self.device)
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
-
-    def _sync(self) -> None:
-        """Host tables/lengths → device tensors (once per step, only when something changed)."""
-        rows = [t + [self.scratch] * (self.max_blocks - len(t)) for t in self.tables]
-        self._table_t = torch.tensor(rows, dtype=torch.long, device=self.device)
-        self._lens_t = torch.tensor(self.lens, dtype=torch.long, device=self.device)
-        bs = self.block_size
-        write = [self.tables[s][self.lens[s] // bs] * bs + self.lens[s] % bs if self.active[s] else self.scratch * bs
-                 for s in range(self.n_slots)]
-        self._write = torch.tensor(write, dtype=torch.long, device=self.device)
-        self._dirty = False

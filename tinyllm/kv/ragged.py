@@ -77,8 +77,8 @@ class RaggedAttention:
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         kl, vl = self.pool.k[layer], self.pool.v[layer]              # (rows, Hkv, D)
-        kl[self._write] = k[0].transpose(0, 1).to(kl.dtype)
-        vl[self._write] = v[0].transpose(0, 1).to(vl.dtype)
+        kl.index_copy_(0, self._write, k[0].transpose(0, 1).to(kl.dtype))   # index_copy_: a plain row copy,
+        vl.index_copy_(0, self._write, v[0].transpose(0, 1).to(vl.dtype))   # cheaper than index_put_
         outs = []
         nd = self.n_decode
         bs = self.pool.block_size

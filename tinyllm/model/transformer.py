@@ -71,9 +71,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        """x / rms(x), in float32 (as HF's LlamaRMSNorm), then scaled: one call instead of five ops."""
+        return self.weight * F.rms_norm(x.float(), (x.size(-1),), eps=self.eps).to(x.dtype)
 
 
 def rope_tables(head_dim: int, max_len: int, theta: float) -> tuple[Tensor, Tensor]:
@@ -143,11 +142,11 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: AttentionCache) -> Tensor:
         B, T, _ = x.shape
-        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
-        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        qkv = self.qkv_proj(x)
+        qk = qkv[..., :(H + Hkv) * D].view(B, T, H + Hkv, D).transpose(1, 2)   # q and k heads: one RoPE
+        q, k = apply_rope(qk, cos, sin).split((H, Hkv), dim=1)
+        v = qkv[..., (H + Hkv) * D:].view(B, T, Hkv, D).transpose(1, 2)
         out = cache.attend(self.layer_idx, q, k, v)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 

@@ -34,14 +34,17 @@ def model_name_for(model_dir: str | None) -> str:
 
 def build_engine(model: Any, slots: int = 8, max_len: int | None = None, kv_blocks: int | None = None,
                  block_size: int = 16, max_batched_tokens: int | None = None, prefix_cache: bool = True,
-                 seed: int = 0, scheduling_policy: str = "fcfs"):
-    """The server's ContinuousEngine: paged KV + chunked prefill (+ prefix cache). Raises
-    ValueError with a user-facing message for bad settings."""
+                 seed: int = 0, scheduling_policy: str = "fcfs", kv_memory_mib: float | None = None,
+                 max_num_seqs: int | None = None):
+    """The server's ContinuousEngine: paged KV + chunked prefill (+ prefix cache). With
+    ``kv_memory_mib`` the budget sizes the pool and up to ``max_num_seqs`` requests run (``slots``
+    unused). Raises ValueError with a user-facing message for bad settings."""
     import torch
 
     from tinyllm.engine import ContinuousEngine
     device = next(model.parameters()).device
-    return ContinuousEngine(model, slots, max_len, kv="paged", block_size=block_size, kv_blocks=kv_blocks,
+    return ContinuousEngine(model, None if kv_memory_mib else slots, max_len, kv="paged", block_size=block_size,
+                            kv_blocks=kv_blocks, kv_memory_mib=kv_memory_mib, max_num_seqs=max_num_seqs,
                             chunked_prefill=True, max_batched_tokens=max_batched_tokens,
                             prefix_cache=prefix_cache, generator=torch.Generator(device=device).manual_seed(seed),
                             scheduling_policy=scheduling_policy)
