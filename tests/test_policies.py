@@ -5,9 +5,10 @@ invariants (greedy == solo, no leaks) under every policy and both schedulers."""
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from tinyllm.engine import ContinuousEngine, Request
 from tinyllm.engine.generate import generate
@@ -298,6 +299,7 @@ job = st.tuples(st.lists(st.integers(0, 47), min_size=1, max_size=24), st.intege
                 st.integers(-2, 2), st.sampled_from(["", "a", "b"]), st.integers(0, 3))
 
 
+@settings(max_examples=int(os.environ.get("TINYLLM_POLICY_EXAMPLES", "40")))   # (thorough: set it higher)
 @given(policy=st.sampled_from(SCHEDULING_POLICIES), chunked=st.booleans(), n_slots=st.integers(1, 4),
        spare=st.integers(0, 5), jobs=st.lists(job, min_size=1, max_size=12))
 def test_random_arrivals_under_every_policy_keep_the_invariants(policy, chunked, n_slots, spare, jobs):
