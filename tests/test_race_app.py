@@ -37,12 +37,12 @@ def small_work(n: int = 6, cap: int = 16, arrivals: tuple[float, ...] | None = N
 
 
 def race_app(work, slots: int = SLOTS, paused: bool = True, step_cost_s: float | None = 0.01,
-             lanes: tuple | None = None) -> RaceApp:
+             lanes: tuple | None = None, **spec_kw) -> RaceApp:
     """A race in a thread of the test (RaceRunner), paused, on a fixed-cost clock: deterministic."""
     model, _ = bundled()
     spec = RaceSpec(str(default_model_dir()), work, "mini", slots=slots, max_len=MAX_LEN, block_size=BLOCK,
                     max_batched_tokens=BUDGET, step_cost_s=step_cost_s, warm_up=False,
-                    **({} if lanes is None else {"lanes": lanes}))
+                    **({} if lanes is None else {"lanes": lanes}), **spec_kw)
     runner = RaceRunner(lambda: spec.make_race(model), paused=paused, device="cpu", threads=1)
     app = RaceApp(runner, workload="mini", model_name="test")
     _watch(app)
@@ -199,6 +199,15 @@ def _too_long_together(tmp_path) -> str:
     (["--race", "--batch-timeout", "-1"], "expected a finite number >= 0"),
     (["--race", "--max-len", "4096"], "--max-len 4096 is more than the model's context"),
     (["--race", "{long}"], "static batching pads requests 0..1 to"),
+    (["--race", "--kv-memory", "0"], "argument --kv-memory: expected a finite number > 0, got 0"),
+    (["--race", "--kv-memory", "nan"], "argument --kv-memory: expected a finite number > 0, got nan"),
+    (["--race", "--kv-memory", "8", "--kv-blocks", "9"], "--kv-memory sizes every lane's KV: drop --kv-blocks"),
+    (["--race", "--max-num-seqs", "9"], "--max-num-seqs goes with --kv-memory (or a lane's kv_mib=)"),
+    (["--race", "--lanes", "static", "chunked kv_mib=-2"], "lane 'chunked kv_mib=-2': kv_mib must be a number of "
+                                                           "MiB > 0, got '-2'"),
+    (["--race", "--kv-memory", "8", "--lanes", "static", "chunked blocks=9"],
+     "lane 'chunked blocks=9': blocks= sizes the pool, and so does --kv-memory: give one"),
+    (["--race", "--kv-memory", "8", "--max-num-seqs", "300"], "its token budget 256 is less than its 300 sequences"),
 ])
 def test_race_options_are_checked_in_one_line(argv, message, tmp_path, capsys):
     argv = [a.replace("{long}", _too_long_together(tmp_path)) for a in argv]
@@ -310,3 +319,71 @@ async def test_a_what_if_of_a_recording_reaches_the_finish_with_the_per_request_
         await pilot.press("right_square_bracket")
         assert f"#{rows[1].rid} across the lanes" in plain(app, finish)
         assert not app.notified
+
+
+# -- equal KV memory (issue 22) ------------------------------------------------------------------------
+async def test_at_equal_kv_memory_each_lane_shows_its_sequences_and_memory():
+    """--kv-memory: static batching and the slot lane get the rows it buys (2 of MAX_LEN here), the
+    paged lane its blocks, run by up to 32 sequences (the token budget); each panel and the finish
+    line say so (80x24: the panels' titles; the table where it has room), and a short screen
+    summarises the paged lane's many rows in two lines."""
+    import torch
+
+    from tinyllm.engine import kv_bytes_per_token
+    from tinyllm.engine.build import MIB
+    model, _ = bundled()
+    budget = 2 * MAX_LEN * kv_bytes_per_token(model, torch.device("cpu")) / MIB      # 3 MiB: two rows
+    app = race_app(small_work(n=6, cap=8), kv_memory_mib=budget)
+    r = app.runner
+    async with app.run_test(size=(80, 24)) as pilot:
+        await step_to(pilot, 3)
+        assert [(v.seqs, v.kv_mib) for v in r.frame.lanes] == [(2, 3.0), (2, 3.0), (BUDGET, 3.0)]
+        panels = {v.key: app.screen.query_one(f"#lane-{v.key}", LanePanel) for v in r.frame.lanes}
+        assert panels["static"].border_title == "static batching · 2 seqs · 3 MiB"
+        assert panels["chunked"].border_title == f"token budget + prefix cache · {BUDGET} seqs · 3 MiB"
+        grid = panels["chunked"]._grid(panels["chunked"].content_region.width)
+        assert len(grid) == 2 and "+" in grid[-1].plain                        # 32 rows in two lines
+        await step_to(pilot, 10_000)
+        await pilot.resize_terminal(120, 40)
+        await until(pilot, lambda: app.screen.query_one(FinishLine).size.width >= 100, what="the resize")
+        table = plain(app, app.screen.query_one(FinishLine))
+        assert "seqs · KV" in table
+        assert next(ln for ln in table.splitlines() if ln.split()[:1] == ["budget+cache"]).count(f"{BUDGET} · 3 MiB")
+        assert not app.notified
+
+
+def test_a_budget_too_small_for_the_lanes_says_so_before_the_race_starts():
+    """Whether a budget holds one request depends on the model: the race (in the engine process)
+    refuses it with the engine's words, naming the option; the app prints that one line."""
+    model, _ = bundled()
+    spec = RaceSpec(str(default_model_dir()), small_work(n=2, cap=8), "mini", slots=2, max_len=MAX_LEN,
+                    warm_up=False, kv_memory_mib=0.5)
+    with pytest.raises(ValueError, match=r"lane 'static': --kv-memory 0.5 MiB is too small for one request: a row "
+                                         r"reserves --max-len 256 tokens x 6,144 bytes = 1.50 MiB"):
+        spec.make_race(model)
+    frame = spec.loading_frame()                                   # loading: rows not known yet
+    assert [len(v.rows) for v in frame.lanes] == [0, 0, 0] and "0.5 MiB of KV memory" in frame.lanes[0].detail
+
+
+async def test_r_in_an_app_started_at_a_kv_budget_races_every_lane_at_that_budget():
+    import torch
+
+    from tinyllm.engine import ContinuousEngine, Sampling
+    from tinyllm.request import RequestSettings
+    from tui.app import TinyLLMApp
+    from tui.runners.engine import EngineRunner
+    model, tok = bundled()
+    eng = ContinuousEngine(model, None, 128, kv="paged", block_size=8, kv_memory_mib=6.0, chunked_prefill=True,
+                           generator=torch.Generator().manual_seed(0))
+    app = TinyLLMApp(EngineRunner(eng, tok, paused=True), tok, model_name="test",
+                     settings=RequestSettings(Sampling(), 12))
+    _watch(app)
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.query_one("#requests").focus()
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, RaceScreen))
+        race = app.screen.runner
+        # the race's context is 512: 6 MiB buys 2 rows of 512 x 6,144 bytes; the paged lane its blocks
+        assert [(v.seqs, v.kv_mib) for v in race.frame.lanes] == [(2, 6.0), (2, 6.0), (64, 6.0)]
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, RaceScreen))

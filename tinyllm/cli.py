@@ -137,7 +137,7 @@ def cmd_whatif(args) -> None:
 
     from tinyllm.observe.recording import RecordingError
     from tinyllm.race.race import build_race
-    from tinyllm.race.spec import LaneSpecError, parse_lanes
+    from tinyllm.race.spec import LaneSpecError, check_memory_options, parse_lanes
     from tinyllm.race.whatif import compare, load_arrivals, to_json
     from tinyllm.race.whatif_view import groups_table, lanes_table, request_lanes, requests_table
     from tinyllm.workload import WorkloadError
@@ -145,12 +145,17 @@ def cmd_whatif(args) -> None:
         lanes = parse_lanes(args.lanes)
     except LaneSpecError as e:
         raise UsageError(f"--lanes: {e}") from None
+    try:
+        check_memory_options(lanes, args.kv_memory, args.kv_blocks, args.max_num_seqs)
+    except LaneSpecError as e:
+        raise UsageError(str(e)) from None
     torch.set_num_threads(args.threads)
     model, tok = load_model(args)
     try:
         arrivals, warning = load_arrivals(args.source, tok.encode, args.max_len, args.max_new_tokens)
         race = build_race(model, arrivals, args.slots, args.max_len, args.block_size, args.kv_blocks,
-                          args.max_batched_tokens, lanes=lanes, step_cost_s=args.step_cost)
+                          args.max_batched_tokens, lanes=lanes, step_cost_s=args.step_cost,
+                          kv_memory_mib=args.kv_memory, max_num_seqs=args.max_num_seqs)
     except (RecordingError, WorkloadError, ValueError) as e:
         raise UsageError(str(e)) from None
     if warning:
@@ -294,13 +299,20 @@ def build_parser() -> argparse.ArgumentParser:
     wi.add_argument("--lanes", nargs="+", required=True, metavar="LANE",
                     help='one argument per lane: a policy, a lane kind, and/or key=value settings, e.g. '
                          '--lanes fcfs priority "fair budget=64" (keys: policy, budget, slots, block, blocks, '
-                         'prefix, chunked, kv)')
+                         'prefix, chunked, kv, kv_mib: the lane\'s own KV memory in MiB)')
     wi.add_argument("--json", metavar="OUT.json", default=None, help="also write the comparison as JSON")
     wi.add_argument("--slots", type=positive_int, default=8, metavar="N", help="every lane's default slots (8)")
     wi.add_argument("--max-len", type=positive_int, default=512, metavar="N", help="tokens per request (512)")
     wi.add_argument("--block-size", type=positive_int, default=16, metavar="N", help="tokens per KV block (16)")
     wi.add_argument("--kv-blocks", type=positive_int, default=None, metavar="N",
                     help="KV pool size in blocks (default: slots x max-len tokens' worth)")
+    wi.add_argument("--kv-memory", type=positive_float, default=None, metavar="MiB",
+                    help="every lane at this KV memory (a lane's kv_mib= overrides it), as tinyllm bench's "
+                         "headline: static batching and slot KV get the rows of --max-len it buys, the paged "
+                         "lanes the blocks it buys, run by up to --max-num-seqs; --slots is then unused, a "
+                         "lane's slots= caps its sequences, blocks= and --kv-blocks are refused")
+    wi.add_argument("--max-num-seqs", type=positive_int, default=None, metavar="N",
+                    help="with a KV budget: the cap on each lane's running sequences (default 64)")
     wi.add_argument("--max-batched-tokens", type=positive_int, default=None, metavar="N",
                     help="every chunked lane's default token budget per step (256)")
     wi.add_argument("--max-new-tokens", type=positive_int, default=64, metavar="N",

@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slots", type=positive_int, default=8, metavar="N", help="KV slots = max concurrent requests (default 8)")
     p.add_argument("--kv-memory", type=positive_float, default=None, metavar="MiB",
                    help="the KV memory budget, instead of --slots: slot KV gets the slots of --max-len it buys, "
-                        "paged KV the blocks it buys, run by up to --max-num-seqs requests")
+                        "paged KV the blocks it buys, run by up to --max-num-seqs requests (--race: every lane "
+                        "at this budget, static batching at the rows it buys)")
     p.add_argument("--max-num-seqs", type=positive_int, default=None, metavar="N",
                    help=f"with --kv-memory: the cap on running requests (default {DEFAULT_MAX_NUM_SEQS})")
     p.add_argument("--max-len", type=positive_int, default=None, metavar="N", help="tokens per slot (default: the model's context)")
@@ -335,7 +336,11 @@ def add_race_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lanes", nargs="+", default=None, metavar="LANE",
                    help=f"--race: at least two lanes, one argument each: a lane kind ({', '.join(LANES)}), a "
                         f"scheduling policy, and/or key=value settings (policy, budget, slots, block, blocks, prefix, "
-                        f"chunked, kv), e.g. --lanes fcfs priority \"fair budget=64\" (default: the three kinds)")
+                        f"chunked, kv, kv_mib), e.g. --lanes fcfs priority \"fair budget=64\" (default: the three "
+                        f"kinds). With --kv-memory MiB every lane gets that KV memory (a lane's kv_mib= its own): "
+                        f"static batching and slot KV the rows of --max-len it buys, the paged lanes the blocks it "
+                        f"buys, run by up to --max-num-seqs; a lane's slots= then caps its sequences, and blocks= "
+                        f"is refused")
 
 
 def race_app(parser, a):
@@ -380,7 +385,7 @@ def race_spec(parser, a):
     if max_len > cfg.max_seq_len:
         parser.error(f"--max-len {max_len} is more than the model's context ({cfg.max_seq_len})")
     from tinyllm.observe.recording import RecordingError
-    from tinyllm.race.spec import LaneSpecError, parse_lanes
+    from tinyllm.race.spec import LaneSpecError, check_memory_options, parse_lanes
     from tinyllm.race.whatif import is_recording, requests_from_recording
     try:
         lanes = parse_lanes(a.lanes)
@@ -388,11 +393,18 @@ def race_spec(parser, a):
         parser.error(f"--lanes: {e}")
     if len(lanes) < 2:
         parser.error(f"--lanes: a race needs at least two lanes, got {len(lanes)}")
+    try:
+        check_memory_options(lanes, a.kv_memory, a.kv_blocks, a.max_num_seqs)
+    except LaneSpecError as e:
+        parser.error(str(e))
     for lane in lanes:
         budget = lane.budget or a.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
-        if lane.kind == "chunked" and budget < (lane.slots or a.slots):
-            parser.error(f"--lanes {lane.label!r}: its token budget {budget} is less than its {lane.slots or a.slots} "
-                         f"slots: every running request decodes one token per step, so the budget must cover them all")
+        sized = lane.kv_mib is not None or a.kv_memory is not None      # a KV budget: the cap is max_num_seqs
+        n = lane.slots or (a.max_num_seqs if sized else a.slots)
+        if lane.kind == "chunked" and n and budget < n:
+            parser.error(f"--lanes {lane.label!r}: its token budget {budget} is less than its {n} "
+                         f"{'sequences' if sized else 'slots'}: every running request decodes one token per step, "
+                         f"so the budget must cover them all")
     try:
         source = Path(a.race).expanduser()
         if source.is_file() and is_recording(source):
@@ -405,15 +417,16 @@ def race_spec(parser, a):
             wl_path = resolve_workload(a.race)
             work = race_workload(wl_path, tok.encode, max_len)
             name = wl_path.name.removesuffix(".jsonl")
-        for lane in lanes:
-            if lane.kind == "static":
+        for lane in lanes:                    # (at a KV budget, its batch size is checked once the model is loaded)
+            if lane.kind == "static" and lane.kv_mib is None and a.kv_memory is None:
                 check_static_batches([(len(w[1]), w[2]) for w in sorted(work, key=lambda w: w[0])],
                                      lane.slots or a.slots, cfg.max_seq_len)
     except (WorkloadError, ContextTooLong, RecordingError) as e:
         parser.error(f"--race: {e}")
     timeout = DEFAULT_BATCH_TIMEOUT_S if a.batch_timeout is None else a.batch_timeout
     return RaceSpec(str(path), work, name, a.slots, max_len, a.block_size,
-                    a.kv_blocks, a.max_batched_tokens, timeout, lanes, a.device, a.threads, a.seed)
+                    a.kv_blocks, a.max_batched_tokens, timeout, lanes, a.device, a.threads, a.seed,
+                    kv_memory_mib=a.kv_memory, max_num_seqs=a.max_num_seqs)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ class Lane:
         self.trace: list[tuple[float, int]] = [(0.0, 0)]   # (clock, tokens) after each step, thinned
         self.token_times: dict[int, list[float]] = {}   # rid -> when each of its tokens came (this clock)
         self._outcomes: tuple[RequestOutcome, ...] = ()
+        self.seqs, self.kv_mib, self.kv_blocks = 0, None, None   # what it can run, its KV memory (build_race)
 
     # -- what a subclass provides ---------------------------------------------------------------
     def _add(self, req: Request, arrival: float) -> int:
@@ -149,7 +150,7 @@ class Lane:
                         self.total, tokens, self.total_tokens, self.clock.now(),
                         percentile(ttft, 0.5) if ttft else None, st.decode_steps, st.computed_rows,
                         st.useful_rows, kv_used, kv_reserved, note, self.result(), tuple(self.trace), self.kind,
-                        self._outcomes)
+                        self._outcomes, self.seqs, self.kv_mib, self.kv_blocks)
 
 
 class StaticLane(Lane):

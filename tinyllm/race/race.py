@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import torch
 
-from tinyllm.engine import Request
+from tinyllm.engine import Request, kv_bytes_per_token
+from tinyllm.engine.build import MIB, resolve_concurrency
 from tinyllm.engine.static import StaticBatcher
 from tinyllm.race.clock import LaneClock
 from tinyllm.race.lanes import ContinuousLane, Lane, StaticLane, Workload
 from tinyllm.race.spec import LaneSpec
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, check_static_batches
 from tinyllm.race.views import LANE_TITLES, LANES, LaneView, lane_detail
-from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, check_fits
+from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, check_fits
 
 
 class Race:
@@ -52,16 +53,25 @@ class Race:
 def build_race(model, workload: Workload, slots: int, max_len: int, block_size: int = 16,
                kv_blocks: int | None = None, max_batched_tokens: int | None = None,
                batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S, lanes: tuple[str | LaneSpec, ...] = LANES,
-               step_cost_s: float | None = None, seed: int = 0) -> Race:
+               step_cost_s: float | None = None, seed: int = 0, kv_memory_mib: float | None = None,
+               max_num_seqs: int | None = None) -> Race:
     """The lanes on ``workload`` (sorted by arrival here; request ids follow that order in every
     lane). ``lanes``: lane kinds (``LANES``) or ``LaneSpec``s, each with its own settings (the
     what-if: ``race/spec.py``); the other arguments are every lane's defaults. ``step_cost_s``: a
     fixed cost per step instead of measured time (deterministic tests). ValueError /
-    ContextTooLong, before anything runs, for a request or a setting some lane could not take."""
+    ContextTooLong, before anything runs, for a request or a setting some lane could not take.
+
+    ``kv_memory_mib`` (--kv-memory; a lane's ``kv_mib=`` overrides it): every lane at the same KV
+    memory, as ``tinyllm bench``'s headline table. Static batching and the slot cache get the rows
+    of ``max_len`` the budget buys, the paged lanes the blocks it buys, run by up to
+    ``max_num_seqs`` sequences (default 64); ``slots`` is then unused, a lane's ``slots=`` caps
+    its sequences. The arithmetic and its refusals are the engine's (engine/build.py)."""
     specs = [lane if isinstance(lane, LaneSpec) else LaneSpec(lane, lane) for lane in lanes]
     unknown = [s.label for s in specs if s.kind not in LANES]
     if unknown or not specs:
         raise ValueError(f"unknown lane(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(LANES)}")
+    if kv_memory_mib is not None and kv_blocks is not None:
+        raise ValueError("--kv-memory sizes every lane's KV pool: drop --kv-blocks")
     workload = sorted(workload, key=lambda item: item[0])
     arrivals = any(t > 0 for t, _ in workload)
     for t, r in workload:
@@ -72,37 +82,69 @@ def build_race(model, workload: Workload, slots: int, max_len: int, block_size: 
         if bad is not None:
             raise ValueError(f"a request's prompt has token id {bad}, outside the model's vocabulary "
                              f"[0, {model.cfg.vocab_size}): recorded with another model?")
+    bpt = kv_bytes_per_token(model, next(model.parameters()).device)
     plain = all(s.label == s.kind for s in specs) and len({s.kind for s in specs}) == len(specs)
     built: list[Lane] = []
     for i, spec in enumerate(specs):
-        key = spec.kind if plain else f"lane{i}"          # the default lanes keep their kind as key
-        title = LANE_TITLES[spec.kind] if spec.label == spec.kind else spec.label
+        mib = spec.kv_mib if spec.kv_mib is not None else kv_memory_mib
+        where = "kv_mib" if spec.kv_mib is not None else "--kv-memory"
+        try:
+            built.append(_build_lane(model, workload, spec, f"lane{i}" if not plain else spec.kind, slots, max_len,
+                                     block_size, kv_blocks, max_batched_tokens, batch_timeout_s, arrivals,
+                                     step_cost_s, seed, mib, max_num_seqs, bpt))
+        except ValueError as e:
+            msg = str(e)
+            for name, opt in (("kv_memory_mib", where), ("max_num_seqs", "--max-num-seqs"), ("max_len", "--max-len")):
+                msg = msg.replace(name, opt)
+            raise (ContextTooLong if isinstance(e, ContextTooLong) else ValueError)(
+                f"lane {spec.label!r}: {msg}") from None
+    return Race(built)
+
+
+def _build_lane(model, workload: Workload, spec: LaneSpec, key: str, slots: int, max_len: int, block_size: int,
+                kv_blocks: int | None, max_batched_tokens: int | None, batch_timeout_s: float, arrivals: bool,
+                step_cost_s: float | None, seed: int, mib: float | None, max_num_seqs: int | None,
+                bpt: int) -> Lane:
+    """One lane of build_race (see it); ``mib``: its KV memory budget, if it has one."""
+    title = LANE_TITLES[spec.kind] if spec.label == spec.kind else spec.label
+    budget = spec.budget or max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
+    clock = LaneClock(step_cost_s)
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    cap = spec.slots or max_num_seqs                     # with a budget: the cap on running sequences
+    if mib is not None and not (isinstance(mib, (int, float)) and 0 < mib < float("inf")):
+        raise ValueError(f"kv_memory_mib must be a finite number of MiB > 0, got {mib!r}")
+    if mib is not None and spec.kv_blocks is not None:
+        raise ValueError("blocks= sizes the pool, and so does kv_memory_mib: give one")
+    if spec.kind == "static":
         n = spec.slots or slots
-        budget = spec.budget or max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
-        clock = LaneClock(step_cost_s)
-        gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-        detail = lane_detail(spec.kind, n, batch_timeout_s, budget, arrivals)
-        if spec.label != spec.kind and spec.describe():
-            detail = f"{detail}; {spec.describe()}"
-        if spec.kind == "static":
-            check_static_batches([(len(r.prompt), r.max_new_tokens) for _, r in workload], n, model.cfg.max_seq_len)
-            eng = StaticBatcher(model, n, generator=gen, clock=clock.now, batch_timeout_s=batch_timeout_s)
-            built.append(StaticLane(key, title, detail, clock, workload, eng))
-            continue
+        if mib is not None:                              # the slot cache's rows: the same arithmetic
+            n, _ = resolve_concurrency(cap, None, mib, None, "slots", max_len, block_size, bpt)
+        check_static_batches([(len(r.prompt), r.max_new_tokens) for _, r in workload], n, model.cfg.max_seq_len)
+        eng = StaticBatcher(model, n, generator=gen, clock=clock.now, batch_timeout_s=batch_timeout_s)
+        lane: Lane = StaticLane(key, title, "", clock, workload, eng)
+        lane.seqs, lane.kv_mib = n, n * max_len * bpt / MIB
+    else:
         kw = dict(max_len=max_len, generator=gen, scheduling_policy=spec.policy)
+        if mib is not None:
+            kw.update(kv_memory_mib=mib, max_num_seqs=cap)
+        paged = dict(block_size=spec.block_size or block_size,
+                     kv_blocks=None if mib is not None else spec.kv_blocks or kv_blocks)
         if spec.kind == "continuous" and spec.kv != "paged":
             kw.update(kv="slots")
         elif spec.kind == "continuous":
-            kw.update(kv="paged", block_size=spec.block_size or block_size, kv_blocks=spec.kv_blocks or kv_blocks)
+            kw.update(kv="paged", **paged)
         else:
-            kw.update(kv="paged", block_size=spec.block_size or block_size, kv_blocks=spec.kv_blocks or kv_blocks,
-                      chunked_prefill=True, max_batched_tokens=spec.budget or max_batched_tokens,
+            kw.update(kv="paged", **paged, chunked_prefill=True, max_batched_tokens=spec.budget or max_batched_tokens,
                       prefix_cache=spec.prefix_cache)
-        try:
-            lane = ContinuousLane(key, title, spec.kind, detail, clock, workload, model, n, **kw)
-            for _, r in workload:
-                lane.engine.slots.check_fits(len(r.prompt) + r.max_new_tokens)   # paged: the whole pool, alone
-        except ValueError as e:
-            raise ValueError(f"lane {spec.label!r}: {e}") from None
-        built.append(lane)
-    return Race(built)
+        lane = ContinuousLane(key, title, spec.kind, "", clock, workload, model,
+                              None if mib is not None else spec.slots or slots, **kw)
+        for _, r in workload:
+            lane.engine.slots.check_fits(len(r.prompt) + r.max_new_tokens)   # paged: the whole pool, alone
+        cache = lane.engine.slots
+        lane.seqs, lane.kv_mib = lane.engine.n_slots, cache.reserved_tokens() * bpt / MIB
+        lane.kv_blocks = getattr(cache, "n_blocks", None)
+        n = lane.seqs
+    lane.detail = lane_detail(spec.kind, n, batch_timeout_s, budget, arrivals)
+    if spec.label != spec.kind and spec.describe():
+        lane.detail = f"{lane.detail}; {spec.describe()}"
+    return lane

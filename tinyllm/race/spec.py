@@ -6,7 +6,13 @@ or a scheduling policy, meaning a token-budget lane with that policy) or ``key=v
 
     policy=fcfs|priority|shortest-first|fair   budget=N (tokens per step)   slots=N
     block=N (tokens per KV block)   blocks=N (KV pool size)   prefix=on|off   chunked=on|off
-    kv=slots|paged (a continuous lane's cache)
+    kv=slots|paged (a continuous lane's cache)   kv_mib=MiB (the lane's KV memory budget)
+
+With a KV memory budget (``kv_mib=``, or the race's ``--kv-memory`` for every lane) the budget
+sizes the lane: static batching and the slot cache get the rows of max_len it buys, a paged lane
+the blocks it buys, run by up to max_num_seqs sequences (engine/build.py). ``slots=`` then caps
+the lane's sequences (max_num_seqs) instead of setting them; ``blocks=`` is refused (the budget
+sizes the pool).
 
 A single argument made only of bare words separated by commas is a list of lanes, one per
 word (``--lanes static,chunked``, the race's original form). No torch: the app checks lanes
@@ -21,7 +27,7 @@ from dataclasses import dataclass
 from tinyllm.request import SCHEDULING_POLICIES
 
 KINDS = ("static", "continuous", "chunked")
-KEYS = ("policy", "budget", "slots", "block", "blocks", "prefix", "chunked", "kv")
+KEYS = ("policy", "budget", "slots", "block", "blocks", "prefix", "chunked", "kv", "kv_mib")
 DEFAULT_LANES = KINDS
 
 
@@ -40,6 +46,7 @@ class LaneSpec:
     kv_blocks: int | None = None
     prefix_cache: bool | None = None      # None: on for a chunked lane
     kv: str | None = None                 # continuous lanes: "slots" (default) or "paged"
+    kv_mib: float | None = None           # the lane's KV memory budget (None: the race's --kv-memory)
 
     def describe(self) -> str:
         """Every setting that differs from the race's defaults, for the lane's subtitle."""
@@ -48,6 +55,8 @@ class LaneSpec:
                         ("blocks", self.kv_blocks), ("kv", self.kv)):
             if v is not None:
                 parts.append(f"{name} {v}")
+        if self.kv_mib is not None:
+            parts.append(f"KV {self.kv_mib:g} MiB")
         if self.prefix_cache is not None:
             parts.append(f"prefix cache {'on' if self.prefix_cache else 'off'}")
         return ", ".join(parts)
@@ -57,6 +66,16 @@ def _int(lane: str, key: str, v: str) -> int:
     if not re.fullmatch(r"[0-9]+", v) or int(v) < 1:
         raise LaneSpecError(f"lane {lane!r}: {key} must be an integer >= 1, got {v!r}")
     return int(v)
+
+
+def _mib(lane: str, key: str, v: str) -> float:
+    try:
+        mib = float(v)
+    except ValueError:
+        mib = float("nan")
+    if not 0 < mib < float("inf"):
+        raise LaneSpecError(f"lane {lane!r}: {key} must be a number of MiB > 0, got {v!r}")
+    return mib
 
 
 def _switch(lane: str, key: str, v: str) -> bool:
@@ -88,6 +107,8 @@ def parse_lane(text: str) -> LaneSpec:
             fields["policy"] = v
         elif key in ("budget", "slots", "blocks", "block"):
             fields[{"block": "block_size", "blocks": "kv_blocks"}.get(key, key)] = _int(label, key, v)
+        elif key == "kv_mib":
+            fields["kv_mib"] = _mib(label, key, v)
         elif key == "prefix":
             fields["prefix_cache"] = _switch(label, key, v)
         elif key == "chunked":
@@ -99,8 +120,10 @@ def parse_lane(text: str) -> LaneSpec:
         else:
             raise LaneSpecError(f"lane {label!r}: unknown setting {key!r}; settings: {', '.join(KEYS)}")
     kind = kind or "chunked"
-    if kind == "static" and set(fields) - {"slots"}:
-        raise LaneSpecError(f"lane {label!r}: static batching takes only slots= (its batch size)")
+    if kind == "static" and set(fields) - {"slots", "kv_mib"}:
+        raise LaneSpecError(f"lane {label!r}: static batching takes only slots= (its batch size) and kv_mib=")
+    if "kv_mib" in fields and "kv_blocks" in fields:
+        raise LaneSpecError(f"lane {label!r}: kv_mib sizes the KV pool: drop blocks=")
     if kind == "chunked" and fields.get("kv") == "slots":
         raise LaneSpecError(f"lane {label!r}: a chunked (token-budget) lane needs the paged KV cache")
     if kind == "continuous" and (fields.get("budget") or fields.get("prefix_cache")):
@@ -123,3 +146,18 @@ def parse_lanes(args: list[str] | tuple[str, ...] | None) -> tuple[LaneSpec, ...
             raise LaneSpecError(f"two lanes are both {lane.label!r}: give each lane different settings")
         seen.add(lane.label)
     return lanes
+
+
+def check_memory_options(lanes: tuple[LaneSpec, ...], kv_memory_mib: float | None, kv_blocks: int | None,
+                         max_num_seqs: int | None) -> None:
+    """The race's --kv-memory / --kv-blocks / --max-num-seqs against its lanes (the app and
+    ``tinyllm whatif`` both ask): LaneSpecError says which options clash. Whether a budget holds
+    one request depends on the model's bytes per token: the engine says that (engine/build.py)."""
+    if kv_memory_mib is not None and kv_blocks is not None:
+        raise LaneSpecError("--kv-memory sizes every lane's KV: drop --kv-blocks")
+    if max_num_seqs is not None and kv_memory_mib is None and not any(s.kv_mib is not None for s in lanes):
+        raise LaneSpecError("--max-num-seqs goes with --kv-memory (or a lane's kv_mib=): without a KV budget, "
+                            "--slots and a lane's slots= set its sequences")
+    for lane in lanes:
+        if kv_memory_mib is not None and lane.kv_blocks is not None:
+            raise LaneSpecError(f"lane {lane.label!r}: blocks= sizes the pool, and so does --kv-memory: give one")

@@ -25,6 +25,18 @@ def lane_detail(key: str, slots: int, batch_timeout_s: float, budget: int, arriv
     return f"{slots} slots, paged KV, ≤{budget} tok/step, chunked prefill, prefix cache"
 
 
+def mib(x: float) -> str:
+    """A KV size: ``32 MiB``, ``1.5 MiB``, ``0.25 MiB``."""
+    return f"{x:.0f} MiB" if x >= 10 else f"{x:.3g} MiB"
+
+
+def capacity(seqs: int, kv_mib: float | None) -> str:
+    """How many sequences the lane can run at once and the KV memory it holds: ``64 seqs · 32
+    MiB``. Unknown (0 / None, while loading): ``?``."""
+    n = f"{seqs} seq{'s' if seqs != 1 else ''}" if seqs else "? seqs"
+    return f"{n} · {'? MiB' if kv_mib is None else mib(kv_mib)}"
+
+
 @dataclass(frozen=True)
 class RowView:
     """One batch row / slot of a lane."""
@@ -76,6 +88,14 @@ class LaneView:
     trace: tuple[tuple[float, int], ...] = ((0.0, 0),)   # (clock_s, tokens) over the race, thinned
     kind: str = ""                # one of race.spec.KINDS ("" = key, the default lanes)
     outcomes: tuple["RequestOutcome", ...] = ()   # per request, set once the lane is done (what-if)
+    seqs: int = 0                 # sequences it can run at once: batch size, slots, max_num_seqs (0: not known yet)
+    kv_mib: float | None = None   # the KV memory it holds (static: rows of max_len), None: not known yet
+    kv_blocks: int | None = None  # paged lanes: the pool's blocks
+
+    @property
+    def capacity(self) -> str:
+        """``64 seqs · 32 MiB``: why a lane at the same memory runs more (or fewer) requests."""
+        return capacity(self.seqs, self.kv_mib)
 
     @property
     def finished(self) -> bool:
@@ -105,6 +125,7 @@ class RequestOutcome:
 
 def waiting_lane(key: str, detail: str, rows: int, total: int, total_tokens: int, title: str | None = None,
                  kind: str = "") -> LaneView:
-    """A lane before its first step (free rows, nothing done): what the app shows while loading."""
+    """A lane before its first step (free rows, nothing done): what the app shows while loading.
+    ``rows`` 0: not known until the model is loaded (a KV memory budget sizes the lane)."""
     return LaneView(key, title or LANE_TITLES[key], detail, tuple(RowView(None, "free") for _ in range(rows)),
-                    0, total, 0, total, 0, total_tokens, 0.0, None, 0, 0, 0, 0, 0, kind=kind or key)
+                    0, total, 0, total, 0, total_tokens, 0.0, None, 0, 0, 0, 0, 0, kind=kind or key, seqs=rows)

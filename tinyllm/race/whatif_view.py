@@ -87,15 +87,20 @@ def groups_table(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...]) -> T
 
 
 def lanes_table(lanes: tuple[LaneView, ...]) -> Table:
-    """One row per lane: tinyllm bench's columns, on each lane's own clock."""
+    """One row per lane: tinyllm bench's columns, on each lane's own clock; under the lane's
+    name, the sequences it can run at once and its KV memory (``64 seqs · 32 MiB``)."""
     t = Table(box=None, padding=(0, 1), title_justify="left", title_style="bold", expand=False,
               title="lanes (each lane's own clock)")
-    for c in ("lane", "tok/s", "TTFT p50", "TTFT p95", "latency p95", "steps", "preempted"):
-        t.add_column(c, justify="left" if c == "lane" else "right", no_wrap=True)
+    t.add_column("lane", no_wrap=False, min_width=12)     # the column that gives way on a narrow terminal
+    for c in ("tok/s", "TTFT p50", "TTFT p95", "latency p95", "steps", "preempted"):
+        t.add_column(c, justify="right", no_wrap=True)
     for v in lanes:
         r = v.result
         pre = sum(o.preemptions for o in v.outcomes)
-        t.add_row(short_name(v, 30), f"{r.tok_s:.0f}", secs(r.ttft_p50_s), secs(r.ttft_p95_s), secs(r.latency_p95_s),
+        name = Text(short_name(v, 30))
+        if v.kv_mib is not None:                          # what it can run at once, at what KV memory
+            name.append("\n" + v.capacity, style="dim")
+        t.add_row(name, f"{r.tok_s:.0f}", secs(r.ttft_p50_s), secs(r.ttft_p95_s), secs(r.latency_p95_s),
                   f"{r.decode_steps:,}", str(pre))
     return t
 

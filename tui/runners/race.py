@@ -16,7 +16,7 @@ from typing import Callable
 
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_NEW
 from tinyllm.race.spec import LaneSpec
-from tinyllm.race.views import LANES, LaneView, lane_detail, waiting_lane
+from tinyllm.race.views import LANES, LaneView, lane_detail, mib, waiting_lane
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS
 from tui.runners.loop import CommandLoop
 from tui.runners.interface import (LogEntry, SetPaused, StepOnce,
@@ -139,6 +139,8 @@ class RaceSpec:
     seed: int = 0
     step_cost_s: float | None = None     # a fixed cost per step (tests): deterministic clocks
     warm_up: bool = True
+    kv_memory_mib: float | None = None   # --kv-memory: every lane at this KV budget (slots then unused)
+    max_num_seqs: int | None = None      # with a budget: the cap on running sequences (default 64)
 
     def make_race(self, model):
         """A fresh race on ``model`` (in whichever process owns the model)."""
@@ -146,7 +148,8 @@ class RaceSpec:
         from tinyllm.race.race import build_race
         work = [(t, Request(list(ids), new, priority=prio, tenant=tenant)) for t, ids, new, prio, tenant in self.workload]
         return build_race(model, work, self.slots, self.max_len, self.block_size, self.kv_blocks,
-                          self.max_batched_tokens, self.batch_timeout_s, self.lanes, self.step_cost_s, self.seed)
+                          self.max_batched_tokens, self.batch_timeout_s, self.lanes, self.step_cost_s, self.seed,
+                          self.kv_memory_mib, self.max_num_seqs)
 
     def build(self):
         """(model, device) in the engine process: threads, weights, warm-up. CheckpointError or
@@ -183,18 +186,23 @@ class RaceSpec:
 
     def loading_frame(self, max_len: int | None = None) -> RaceFrame:
         """What the app shows while the engine process loads: each lane's free rows. No torch.
-        (``max_len`` is the spec's own here.)"""
+        (``max_len`` is the spec's own here.) A lane sized by a KV memory budget shows no rows
+        yet: what the budget buys depends on the model's bytes per token, known once it is loaded."""
         budget = self.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
         arrivals = any(w[0] > 0 for w in self.workload)
         total = sum(w[2] for w in self.workload)
         specs = [s if isinstance(s, LaneSpec) else LaneSpec(s, s) for s in self.lanes]
         plain = all(s.label == s.kind for s in specs) and len({s.kind for s in specs}) == len(specs)
-        lanes = tuple(waiting_lane(s.kind if plain else f"lane{i}",
-                                   lane_detail(s.kind, s.slots or self.slots, self.batch_timeout_s,
-                                               s.budget or budget, arrivals), s.slots or self.slots,
-                                   len(self.workload), total, None if s.label == s.kind else s.label, s.kind)
-                      for i, s in enumerate(specs))
-        return RaceFrame(0, lanes, False, 0, 0, None, (), status="loading")
+        lanes = []
+        for i, s in enumerate(specs):
+            budget_mib = s.kv_mib if s.kv_mib is not None else self.kv_memory_mib
+            n = 0 if budget_mib is not None else s.slots or self.slots
+            detail = (f"{mib(budget_mib)} of KV memory: its rows or blocks are sized once the model is loaded"
+                      if budget_mib is not None else lane_detail(s.kind, n, self.batch_timeout_s, s.budget or budget,
+                                                                arrivals))
+            lanes.append(waiting_lane(s.kind if plain else f"lane{i}", detail, n, len(self.workload), total,
+                                      None if s.label == s.kind else s.label, s.kind))
+        return RaceFrame(0, tuple(lanes), False, 0, 0, None, (), status="loading")
 
 
 class WholeFrames:

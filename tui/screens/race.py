@@ -18,7 +18,7 @@ from textual.widgets import Footer, Static
 from textual.worker import get_current_worker
 
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT_WORKLOAD
-from tinyllm.race.views import LaneView
+from tinyllm.race.views import LaneView, mib
 from tinyllm.race.whatif import compare
 from tinyllm.race.whatif_view import groups_table, request_lanes, requests_table
 from tinyllm.request import ContextTooLong
@@ -46,7 +46,11 @@ HOW_TO_READ = "\n".join((          # paragraphs: the screen wraps them to its wi
     "'wasted' = static batching: finished, still computed until its batch's longest row is done; '▸' and a cyan "
     "bar = prompt still being prefilled in chunks; '✓ done' = finished in the latest step. KV: the context "
     "tokens the lane's KV cache holds for running requests, out of the memory it has reserved (a static batch "
-    "reserves its padded length for every row; the continuous lanes their whole cache).",
+    "reserves its padded length for every row; the continuous lanes their whole cache). After each lane's "
+    "name: how many sequences it can run at once and the KV memory it holds ('64 seqs · 32 MiB'). With "
+    "--kv-memory MiB every lane gets the same memory: static batching and the slot cache the rows of --max-len "
+    "it buys, the paged lanes the blocks it buys, which short requests share, so they run more at once (up to "
+    "--max-num-seqs, default 64).",
     "What-if (--lanes with policies or settings, e.g. --lanes fcfs priority \"fair budget=64\"; --race can take a "
     "recording): each lane is one engine with its own settings, on the same requests at the same arrival times. "
     "At the finish line: per tenant (or priority) TTFT and end-to-end, then per request, most changed first, "
@@ -114,25 +118,39 @@ class FinishLine(Widget):
         return Group(*parts, table, Text(""), request_lanes(self.lanes, row, max(40, self.size.width - 2)))
 
     def _lanes_table(self) -> Table:
+        """tinyllm bench's columns, one row per lane; then, where the width allows, each lane's
+        sequences and KV memory (``64 · 32 MiB``: at equal memory, why the paged lanes win), its
+        place, and its tokens/s against static batching."""
         base = next((v.result.tok_s for v in self.lanes if v.kind == "static"), None)
         order = sorted(self.lanes, key=lambda v: v.result.wall_s)
         t = Table(box=None, padding=(0, 1), title_justify="left", title_style="bold", expand=False,
                   title="finish line (each lane's own clock)")
-        cols = ["lane", "place", "tok/s", *(["× static"] if base else []), "TTFT p50", "TTFT p95", "latency p95",
-                "row util", "KV used", "steps"]
-        narrow = self.size.width < 100
-        if narrow:
-            cols = [c for c in cols if c not in ("place", "× static")]
-        for c in cols:
-            t.add_column(c, justify="left" if c == "lane" else "right", no_wrap=True)
+        rows = []
         for v in self.lanes:
             r = v.result
-            cells = {"lane": SHORT_NAMES.get(v.key, v.title), "place": f"{order.index(v) + 1}", "tok/s": f"{r.tok_s:.0f}",
-                     "× static": f"{r.tok_s / base:.2f}x" if base else "", "TTFT p50": secs(r.ttft_p50_s),
-                     "TTFT p95": secs(r.ttft_p95_s), "latency p95": secs(r.latency_p95_s),
-                     "row util": f"{r.row_util:.0%}", "KV used": f"{r.kv_used_mean:.0%}",
-                     "steps": f"{r.decode_steps:,}"}
-            t.add_row(*(Text(cells[c], style="bold" if c == "tok/s" else "") for c in cols))
+            rows.append({"lane": SHORT_NAMES.get(v.key, v.title), "place": f"{order.index(v) + 1}",
+                         "tok/s": f"{r.tok_s:.0f}", "× static": f"{r.tok_s / base:.2f}x" if base else "",
+                         "seqs · KV": "" if v.kv_mib is None else f"{v.seqs} · {mib(v.kv_mib)}",
+                         "TTFT p50": secs(r.ttft_p50_s), "TTFT p95": secs(r.ttft_p95_s),
+                         "latency p95": secs(r.latency_p95_s), "row util": f"{r.row_util:.0%}",
+                         "KV used": f"{r.kv_used_mean:.0%}", "steps": f"{r.decode_steps:,}"})
+        order_of = ["lane", "place", "tok/s", "× static", "seqs · KV", "TTFT p50", "TTFT p95", "latency p95",
+                    "row util", "KV used", "steps"]
+        cols = [c for c in order_of if c not in ("place", "× static", "seqs · KV")]
+
+        def width(c: str) -> int:
+            return max(len(c), *(len(row[c]) for row in rows)) + 2
+        used = sum(map(width, cols))
+        for c in ("seqs · KV", "place", "× static"):     # what fits, most telling first
+            if (c != "× static" or base) and (c != "seqs · KV" or any(row[c] for row in rows)) \
+                    and used + width(c) <= self.size.width:
+                cols.append(c)
+                used += width(c)
+        cols.sort(key=order_of.index)
+        for c in cols:
+            t.add_column(c, justify="left" if c == "lane" else "right", no_wrap=True)
+        for row in rows:
+            t.add_row(*(Text(row[c], style="bold" if c == "tok/s" else "") for c in cols))
         return t
 
 
@@ -345,7 +363,7 @@ class RaceApp(App):
 # -- the main app's `r` key -----------------------------------------------------------------------
 def open_race(app) -> None:
     """Open the race over the main app, on its model, with the default workload and the app's
-    slot count. The app's own engine is paused meanwhile (it would take CPU from the lanes) and
+    slot count (or, started with --kv-memory, its KV budget: every lane at that memory). The app's own engine is paused meanwhile (it would take CPU from the lanes) and
     resumed afterwards if it was running."""
     from tinyllm.workload import WorkloadError, resolve_workload
     runner = app.runner
@@ -371,9 +389,11 @@ def open_race(app) -> None:
         app.notify(str(e), title="the race could not start", severity="error", timeout=10)
         return
     budget = snap.max_batched_tokens
+    kv_mib = getattr(engine if engine is not None else spec, "kv_memory_mib", None)   # the app's --kv-memory
     race = RaceSpec(model_dir, work, DEFAULT_WORKLOAD, snap.n_slots, max_len, snap.kv.block_size or 16, None,
                     budget if budget and budget >= snap.n_slots else None, DEFAULT_BATCH_TIMEOUT_S,
-                    device=None if spec is None else spec.device, threads=runner.threads or None)
+                    device=None if spec is None else spec.device, threads=runner.threads or None,
+                    kv_memory_mib=kv_mib, max_num_seqs=getattr(spec, "max_num_seqs", None) if kv_mib else None)
     was_paused = runner.frame.paused
     runner.send(SetPaused(True))
     try:

@@ -17,6 +17,7 @@ from tui.widgets.style import DIM, STATE_STYLES, bar, rid_style
 
 CELL_W = 18                     # "03 #12  █████ 140 " like the app's slot grid
 SMALL_W = 9                     # " 12 ████ " when room is short
+MAX_LINES = 6                   # lines of rows in a panel (2 when compact) before they are summarised
 WASTED = Style(color="#d03a3a", dim=True)
 BOLD = Style(bold=True)
 
@@ -76,29 +77,53 @@ class LanePanel(Widget):
         if view != self.view or compact != self.compact:
             resized = self.view is None or compact != self.compact or view.finished != self.view.finished
             self.view, self.compact = view, compact
-            self.border_title = view.title
+            self.border_title = self._title(view)
             self.border_subtitle = self._subtitle(view)
             self.refresh(layout=resized)
+
+    @staticmethod
+    def _title(v: LaneView) -> str:
+        """The lane's name, then what it can run at once and its KV memory (``· 64 seqs · 32 MiB``:
+        at equal memory, why the paged lanes run more). On top: a short screen has no bottom border."""
+        return v.title if v.kv_mib is None else f"{v.title} · {v.capacity}"
 
     @staticmethod
     def _subtitle(v: LaneView) -> str:
         return f"✓ finished at {secs(v.result.wall_s)}" if v.finished else ""
 
     def _grid(self, width: int) -> list[Text]:
+        """The rows, full cells; small ones when full cells would take more than MAX_LINES (2
+        when compact); past that, the busy rows first and ``+N`` for the rest (a lane at a KV
+        budget may run 64 sequences)."""
         v = self.view
         if v is None or (self.compact and v.finished):
             return []
+        limit = 2 if self.compact else MAX_LINES
+        rows = list(enumerate(v.rows))
         small = False
         per_row = max(1, width // CELL_W)
-        if self.compact and -(-len(v.rows) // per_row) > 2:
+        if -(-len(rows) // per_row) > limit:
             small, per_row = True, max(1, width // SMALL_W)
+        more = None
+        if -(-len(rows) // per_row) > limit:
+            rows.sort(key=lambda ir: ir[1].rid is None)          # stable: busy rows first, in slot order
+            shown = max(0, limit * per_row - min(2, per_row))          # room for the +N note
+            hidden = rows[shown:]
+            busy = sum(r.rid is not None for _, r in hidden)
+            more = Text(f" +{len(hidden)}" + (f" ({busy} busy)" if busy else " free"), style=DIM)
+            rows = rows[:shown]
         lines = []
-        for start in range(0, len(v.rows), per_row):
+        for start in range(0, len(rows), per_row):
             line = Text(no_wrap=True, overflow="crop")
-            for i in range(start, min(start + per_row, len(v.rows))):
-                for text, style in cell(i, v.rows[i], small):
+            for i, row in rows[start:start + per_row]:
+                for text, style in cell(i, row, small):
                     line.append(text, style)
             lines.append(line)
+        if more is not None:
+            if lines and len(lines) == limit:
+                lines[-1].append_text(more)
+            else:
+                lines.append(more)
         return lines
 
     def _figures(self, width: int) -> list[Text]:
