@@ -33,6 +33,10 @@ def main() -> None:
     src.add_argument("--random-model", nargs="?", const="", metavar="SPEC", help="the bench's seeded random Llama")
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--slots", type=int, default=16, help="max_num_seqs (default 16, as the bench)")
+    p.add_argument("--kv-memory", type=float, default=None, metavar="MiB",
+                   help="vLLM's KV cache size (kv_cache_memory_bytes), to compare at tinyllm's --kv-memory; "
+                        "default: VLLM_CPU_KVCACHE_SPACE (1 GiB here)")
+    p.add_argument("--block-size", type=int, default=None, help="vLLM's KV block size (CPU: a multiple of 32)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
@@ -56,8 +60,13 @@ def main() -> None:
     cfg, _ = load_config_and_tokenizer(ckpt)
     reqs = default_workload(a.requests, cfg.vocab_size, seed=a.seed)
     t0 = time.perf_counter()
+    extra = {}
+    if a.kv_memory is not None:
+        extra["kv_cache_memory_bytes"] = int(a.kv_memory * 2 ** 20)
+    if a.block_size is not None:
+        extra["block_size"] = a.block_size
     llm = LLM(model=str(ckpt), skip_tokenizer_init=True, max_num_seqs=a.slots, dtype="float32",
-              max_model_len=min(cfg.max_seq_len, 512), seed=a.seed)
+              max_model_len=min(cfg.max_seq_len, 512), seed=a.seed, **extra)
     prompts = [{"prompt_token_ids": list(r.prompt)} for r in reqs]
     params = [SamplingParams(temperature=0.0, max_tokens=r.max_new_tokens, ignore_eos=True, detokenize=False)
               for r in reqs]
@@ -73,7 +82,7 @@ def main() -> None:
         outputs = [list(o.outputs[0].token_ids) for o in outs]
         print(f"vLLM {n} tokens in {wall:.2f} s: {n / wall:.0f} tok/s", flush=True)
     report = {"engine": "vllm-cpu", "model": str(a.model or a.random_model or "bundled"), "requests": a.requests,
-              "max_num_seqs": a.slots, "threads": a.threads, "warmup_s": warm_s, "tok_s_runs": runs,
+              "max_num_seqs": a.slots, "kv_memory_mib": a.kv_memory, "threads": a.threads, "warmup_s": warm_s, "tok_s_runs": runs,
               "tok_s_median": statistics.median(runs), "outputs": outputs}
     print(f"vLLM median {report['tok_s_median']:.0f} tok/s over {a.repeat} runs (start-up + warm-up {warm_s:.0f} s)")
     if a.json:

@@ -1,6 +1,16 @@
 """pytest configuration and fixtures shared by the test files."""
 
+import os
+
 import pytest
+import torch
+
+# One intra-op thread per test process, and so for the engine processes the tests start. The
+# suite runs as two xdist workers on two cores: with torch's default (a thread per core) each
+# worker's OpenMP threads spin waiting for a core the other worker holds, and the suite ran 3-4x
+# slower than its tests take one at a time. The test models are tiny: a second thread buys nothing.
+torch.set_num_threads(1)
+os.environ["OMP_NUM_THREADS"] = "1"
 
 
 def pytest_configure(config):

@@ -19,12 +19,18 @@ from tinyllm.kv.dense import KVCache
 
 __all__ = ["BlockPool", "PagedKVCache", "gather_blocks", "prefix_key"]
 
-def gather_blocks(pool: Tensor, blocks: Tensor, block_size: int) -> Tensor:
+def gather_blocks(pool: Tensor, blocks: Tensor, block_size: int, out: Tensor | None = None) -> Tensor:
     """The tokens of ``blocks`` (a flat tensor of block ids), in order: (len(blocks) * block_size,
     Hkv, D). One ``index_select`` over whole blocks: about 5x faster on CPU than indexing the
-    same tokens one row each (measured: 70 vs 370 us for 16 rows x 12 blocks of 16)."""
-    rows = pool.view(-1, block_size * pool.size(1) * pool.size(2))
-    return torch.index_select(rows, 0, blocks).view(-1, pool.size(1), pool.size(2))
+    same tokens one row each (measured: 70 vs 370 us for 16 rows x 12 blocks of 16). ``out``: a
+    flat buffer at least that large to write into (a workspace reused by every layer: on CPU a
+    fresh multi-MB tensor per layer costs more in page faults than the copy itself)."""
+    width = block_size * pool.size(1) * pool.size(2)
+    rows = pool.view(-1, width)
+    if out is None:
+        return torch.index_select(rows, 0, blocks).view(-1, pool.size(1), pool.size(2))
+    dst = out[:blocks.numel() * width].view(-1, width)
+    return torch.index_select(rows, 0, blocks, out=dst).view(-1, pool.size(1), pool.size(2))
 
 
 class PagedKVCache(BlockPool):
@@ -40,6 +46,15 @@ class PagedKVCache(BlockPool):
         shape = (n_layers, (n_blocks + 1) * block_size, n_kv_heads, head_dim)   # token-major pool
         self.k = torch.zeros(shape, dtype=dtype, device=self.device)
         self.v = torch.zeros(shape, dtype=dtype, device=self.device)
+        self._workspace = (torch.empty(0, dtype=dtype, device=self.device),) * 2
+
+    def workspace(self, tokens: int) -> tuple[Tensor, Tensor]:
+        """Two flat buffers (K, V), each big enough for ``tokens`` tokens of one layer, that
+        attention gathers blocks into: allocated once and grown, not once per layer and step."""
+        need = tokens * self.n_kv_heads * self.head_dim
+        if self._workspace[0].numel() < need:
+            self._workspace = tuple(torch.empty(need, dtype=self.k.dtype, device=self.device) for _ in range(2))
+        return self._workspace
 
     def admit(self, slots: list[int], pre: KVCache, pad: list[int]) -> None:
         """Move each prefilled row's real tokens into blocks of its slot (positions from 0)."""

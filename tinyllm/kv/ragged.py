@@ -23,6 +23,9 @@ from torch import Tensor
 from tinyllm.model.transformer import grouped_attention
 from tinyllm.kv.paged import PagedKVCache, gather_blocks
 
+GROUP_TOKENS = 4096     # window tokens per decode group (measured best of 1024..8192 on the d256 and
+                        # bundled models at 16 and 64 rows: docs/speed.md)
+
 
 class RaggedAttention:
     def __init__(self, pool: PagedKVCache, items: list[tuple[int, int, int]]):
@@ -43,20 +46,32 @@ class RaggedAttention:
         self._write = torch.tensor(write, dtype=torch.long, device=dev)
         self._decode = self._decode_plan() if self.n_decode else None
         self._chunks = [self._chunk_plan(slot, start, n) for slot, start, n in items[self.n_decode:]]
+        self._window = max([rows.numel() * W for rows, _, W, _ in self._decode or []]
+                           + [blocks.numel() * bs for blocks, _, _ in self._chunks])   # tokens gathered at once
 
-    def _decode_plan(self) -> tuple[Tensor, int, Tensor]:
-        """Block ids (nd * nb,), window nb * block_size, and mask (nd, 1, 1, W): each decode row
-        sees its blocks up to its own position (rows with fewer blocks pad with the scratch block)."""
-        dev, bs = self.pool.device, self.pool.block_size
+    def _decode_plan(self) -> list[tuple[Tensor, Tensor, int, Tensor]]:
+        """The decode rows in groups of similar length, each (rows, block ids, window W, additive
+        mask (rows, 1, W): 0 where the row may attend, -inf past its position). Rows are sorted by
+        block count and cut into groups of at most ``GROUP_TOKENS`` window tokens, so a short row
+        is not padded to the longest one's window (on a ragged batch, one window for all rows
+        gathered and multiplied twice the K/V it needed), and a group's gathered K/V is still in
+        cache when its matmuls read it. Built once per step, shared by every layer."""
+        dev, bs, scratch = self.pool.device, self.pool.block_size, self.pool.scratch
         dec = self.items[:self.n_decode]
-        nb = -(-max(start + 1 for _, start, _ in dec) // bs)
-        scratch = self.pool.scratch
-        table = [self.pool.tables[slot][:nb] + [scratch] * (nb - min(nb, len(self.pool.tables[slot])))
-                 for slot, _, _ in dec]
-        blocks = torch.tensor(table, dtype=torch.long, device=dev).reshape(-1)
-        ends = torch.tensor([start for _, start, _ in dec], dtype=torch.long, device=dev)
-        mask = (torch.arange(nb * bs, device=dev)[None, :] <= ends[:, None])[:, None, None, :]
-        return blocks, nb * bs, mask
+        need = [start // bs + 1 for _, start, _ in dec]                # blocks each row attends
+        order = sorted(range(len(dec)), key=lambda i: -need[i])
+        groups = []
+        while order:
+            nb = need[order[0]]
+            take = max(1, GROUP_TOKENS // (nb * bs))
+            rows, order = order[:take], order[take:]
+            table = [self.pool.tables[dec[i][0]][:need[i]] + [scratch] * (nb - need[i]) for i in rows]
+            ends = torch.tensor([dec[i][1] for i in rows], dtype=torch.long, device=dev)
+            past = torch.arange(nb * bs, device=dev)[None, :] > ends[:, None]
+            mask = torch.zeros(past.shape, dtype=self.pool.k.dtype, device=dev).masked_fill_(past, float("-inf"))
+            groups.append((torch.tensor(rows, dtype=torch.long, device=dev),
+                           torch.tensor(table, dtype=torch.long, device=dev).reshape(-1), nb * bs, mask[:, None, :]))
+        return groups
 
     def _chunk_plan(self, slot: int, start: int, n: int) -> tuple[Tensor, int, Tensor]:
         """Block ids of positions 0..start+n-1, their length L, and a causal mask (1, 1, n, L)
@@ -79,23 +94,44 @@ class RaggedAttention:
         kl, vl = self.pool.k[layer], self.pool.v[layer]              # (rows, Hkv, D)
         kl.index_copy_(0, self._write, k[0].transpose(0, 1).to(kl.dtype))   # index_copy_: a plain row copy,
         vl.index_copy_(0, self._write, v[0].transpose(0, 1).to(vl.dtype))   # cheaper than index_put_
+        kbuf, vbuf = self.pool.workspace(self._window)
         outs = []
         nd = self.n_decode
         bs = self.pool.block_size
         if nd:
-            blocks, W, mask = self._decode
-            qd = q[0, :, :nd].transpose(0, 1).unsqueeze(2)           # (nd, H, 1, D)
-            keys = gather_blocks(kl, blocks, bs).view(nd, W, *kl.shape[1:]).transpose(1, 2).to(q.dtype)
-            vals = gather_blocks(vl, blocks, bs).view(nd, W, *vl.shape[1:]).transpose(1, 2).to(q.dtype)
-            outs.append(grouped_attention(qd, keys, vals, mask).squeeze(2).transpose(0, 1)[None])
+            outs.append(self._attend_decodes(q[0, :, :nd], kl, vl, kbuf, vbuf)[None])
         off = nd
         for (_, start, n), (blocks, L, mask) in zip(self.items[nd:], self._chunks):
             qc = q[:, :, off:off + n]                                 # (1, H, n, D)
-            keys = gather_blocks(kl, blocks, bs)[:L].transpose(0, 1)[None].to(q.dtype)   # (1, Hkv, L, D)
-            vals = gather_blocks(vl, blocks, bs)[:L].transpose(0, 1)[None].to(q.dtype)
+            keys = gather_blocks(kl, blocks, bs, kbuf)[:L].transpose(0, 1)[None].to(q.dtype)   # (1, Hkv, L, D)
+            vals = gather_blocks(vl, blocks, bs, vbuf)[:L].transpose(0, 1)[None].to(q.dtype)
             outs.append(grouped_attention(qc, keys, vals, mask))
             off += n
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+    def _attend_decodes(self, q: Tensor, kl: Tensor, vl: Tensor, kbuf: Tensor, vbuf: Tensor) -> Tensor:
+        """The decode rows' attention, (H, nd, D) from q (H, nd, D), group by group: gather the
+        group's blocks, then per KV head two batched matmuls over its rows (scores, then the
+        weighted values), reading the gathered K/V in place through strides. On CPU this is
+        faster than the fused SDPA kernel: with one query per row that kernel's tiling costs more
+        than the arithmetic, and it wants the K/V heads transposed (a copy)."""
+        bs = self.pool.block_size
+        H, D = q.size(0), q.size(-1)
+        Hkv = kl.size(1)
+        g = H // Hkv
+        out = torch.empty_like(q)
+        for rows, blocks, W, mask in self._decode:
+            r = rows.numel()
+            qg = q.index_select(1, rows)                                 # (H, r, D)
+            keys = gather_blocks(kl, blocks, bs, kbuf).view(r, W, Hkv, D).to(q.dtype)
+            vals = gather_blocks(vl, blocks, bs, vbuf).view(r, W, Hkv, D).to(q.dtype)
+            og = torch.empty_like(qg)
+            for h in range(Hkv):                                     # the g query heads sharing KV head h
+                qh = qg[h * g:(h + 1) * g].transpose(0, 1)           # (r, g, D)
+                scores = torch.baddbmm(mask.to(q.dtype), qh, keys[:, :, h].transpose(1, 2), alpha=D ** -0.5)
+                og[h * g:(h + 1) * g] = torch.bmm(torch.softmax(scores, dim=-1), vals[:, :, h]).transpose(0, 1)
+            out.index_copy_(1, rows, og)
+        return out
 
     def end(self, n_new: int) -> None:
         for slot, start, n in self.items:
