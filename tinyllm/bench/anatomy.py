@@ -29,14 +29,16 @@ def _timeit(fn, n: int) -> float:
 
 @torch.no_grad()
 def matmul_only_s(model: Transformer, rows: int, n: int = 200) -> float:
-    """Time of just the decode step's weight matmuls for ``rows`` rows (every Linear + lm_head)."""
+    """Time of just the decode step's weight matmuls for ``rows`` rows: every Linear (lm_head
+    too) called on its own, so through the same kernel the step uses (on CPU, the oneDNN-packed
+    weights of model/linear.py)."""
     device = next(model.parameters()).device
-    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    xs = {w.shape[1]: torch.randn(rows, w.shape[1], device=device) for w in weights}
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    xs = {m.in_features: torch.randn(rows, m.in_features, device=device) for m in linears}
 
     def run():
-        for w in weights:
-            torch.mm(xs[w.shape[1]], w.t())
+        for m in linears:
+            m(xs[m.in_features])
         if device.type == "cuda":
             torch.cuda.synchronize()
     return _timeit(run, n)

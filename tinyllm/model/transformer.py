@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tinyllm.model.config import ModelConfig
+from tinyllm.model.linear import Linear
 
 
 class AttentionCache(Protocol):
@@ -90,7 +91,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return (x * cos + rotated * sin).to(x.dtype)
 
 
-class FusedLinear(nn.Linear):
+class FusedLinear(Linear):
     """Several bias-free projections of the same input as one matrix (rows stacked in ``parts``
     order): one matmul. Its module saves and loads the parts under their own names
     (``fused_state_dict``), and initialises them one by one, as separate layers would be."""
@@ -133,7 +134,7 @@ class Attention(nn.Module):
         d, hd = cfg.d_model, cfg.head_dim
         self.sizes = (cfg.n_heads * hd, cfg.n_kv_heads * hd, cfg.n_kv_heads * hd)
         self.qkv_proj = FusedLinear(d, dict(zip(("q_proj", "k_proj", "v_proj"), self.sizes)))
-        self.o_proj = nn.Linear(cfg.n_heads * hd, d, bias=False)
+        self.o_proj = Linear(cfg.n_heads * hd, d, bias=False)
         fused_state_dict(self)
 
     def cache_bytes_per_token(self, elem_bytes: int) -> int:
@@ -155,7 +156,7 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.gate_up_proj = FusedLinear(cfg.d_model, {"gate_proj": cfg.d_ff, "up_proj": cfg.d_ff})
-        self.down_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+        self.down_proj = Linear(cfg.d_ff, cfg.d_model, bias=False)
         fused_state_dict(self)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -184,7 +185,7 @@ class Transformer(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.reset_rope()

@@ -1,0 +1,65 @@
+"""The model's Linear (model/linear.py): on CPU without autograd it multiplies from a oneDNN-packed
+copy of its weight. Checked: the same results as F.linear at any row count and shape; a weight
+changed in place, replaced, or loaded from a state dict is repacked (never a stale copy); autograd
+and autocast take F.linear; the state dict holds nothing new."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tinyllm.model import linear
+from tinyllm.model.linear import Linear
+
+pytestmark = pytest.mark.skipif(not linear._ONEDNN, reason="this torch build has no oneDNN: F.linear only")
+
+
+def layer(d_in: int = 48, d_out: int = 80, seed: int = 0) -> Linear:
+    torch.manual_seed(seed)
+    m = Linear(d_in, d_out, bias=False)
+    torch.nn.init.normal_(m.weight, std=0.3)
+    return m
+
+
+@pytest.mark.parametrize("shape", [(1, 48), (7, 48), (64, 48), (300, 48), (1, 5, 48), (3, 9, 48)])
+def test_packed_path_equals_f_linear_at_any_shape(shape):
+    m = layer()
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        out = m(x)
+    assert m._packed is not None                                  # the packed path ran
+    torch.testing.assert_close(out, F.linear(x, m.weight), rtol=1e-5, atol=1e-5)
+
+
+def test_a_non_contiguous_input_is_multiplied_as_its_values():
+    m = layer()
+    x = torch.randn(48, 10).t()                                   # (10, 48), not contiguous
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), F.linear(x, m.weight), rtol=1e-5, atol=1e-5)
+
+
+def test_a_weight_changed_in_place_replaced_or_loaded_is_repacked():
+    m = layer()
+    x = torch.randn(4, 48)
+    with torch.no_grad():
+        m(x)
+        m.weight.mul_(2.0)                                        # an optimizer step, init, copy_
+        torch.testing.assert_close(m(x), F.linear(x, m.weight), rtol=1e-5, atol=1e-5)
+        m.weight = torch.nn.Parameter(torch.randn(80, 48))         # a new tensor (tying, assign=True loads)
+        torch.testing.assert_close(m(x), F.linear(x, m.weight), rtol=1e-5, atol=1e-5)
+        m.load_state_dict(layer(seed=5).state_dict())
+        torch.testing.assert_close(m(x), F.linear(x, layer(seed=5).weight), rtol=1e-5, atol=1e-5)
+
+
+def test_autograd_and_autocast_take_f_linear_and_the_state_dict_is_unchanged():
+    m = layer()
+    x = torch.randn(4, 48)
+    out = m(x)                                                    # autograd on: trains as nn.Linear
+    out.sum().backward()
+    assert m.weight.grad is not None and m._packed is None
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert m(x).dtype == torch.bfloat16 and m._packed is None
+    with torch.no_grad():
+        m(x)
+    assert set(m.state_dict()) == {"weight"}
