@@ -12,7 +12,10 @@ from tinyllm.race import clock as clock_mod
 from tinyllm.race.clock import LaneClock
 from tinyllm.race.race import build_race
 from tinyllm.race.rules import check_static_batches
+from tinyllm.model.config import default_model_dir, load_config_and_tokenizer
 from tinyllm.request import ContextTooLong
+from tinyllm.workload import bundled_workloads
+from tui.runners.race import race_workload
 
 
 @pytest.fixture(scope="module")
@@ -190,3 +193,14 @@ def test_bad_race_settings_are_refused(model):
         build_race(model, [(0.0, Request([1] * 60, 10))], 2, 64)
     with pytest.raises(ValueError, match="the pool has only 4 blocks"):
         build_race(model, [(0.0, Request([1] * 40, 20))], 2, 64, block_size=8, kv_blocks=4)
+
+
+@pytest.mark.parametrize("name", sorted(bundled_workloads()))
+def test_every_bundled_workload_can_be_raced_by_static_batching_on_the_bundled_model(name):
+    """The race's default lanes on every shipped prompt file: static batching (16 rows) pads a
+    batch to its longest prompt, so the workload must fit the bundled model's context together
+    (prompts/long_tail.jsonl once had a 129-token prompt: 129 + its 384 cap > 512, and the race
+    refused it)."""
+    cfg, tok = load_config_and_tokenizer(default_model_dir())
+    work = race_workload(bundled_workloads()[name], tok.encode, cfg.max_seq_len)
+    check_static_batches([(len(w[1]), w[2]) for w in sorted(work, key=lambda w: w[0])], 16, cfg.max_seq_len)
