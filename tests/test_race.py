@@ -8,11 +8,11 @@ import pytest
 from tests.helpers import mixed_workload, random_model, solo_outputs
 from tinyllm.engine import Request, run_continuous, run_static
 from tinyllm.engine.static import StaticBatcher
+from tinyllm.model.config import default_model_dir, load_config_and_tokenizer
 from tinyllm.race import clock as clock_mod
 from tinyllm.race.clock import LaneClock
 from tinyllm.race.race import build_race
 from tinyllm.race.rules import check_static_batches
-from tinyllm.model.config import default_model_dir, load_config_and_tokenizer
 from tinyllm.request import ContextTooLong
 from tinyllm.workload import bundled_workloads
 from tui.runners.race import race_workload
