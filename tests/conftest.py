@@ -13,6 +13,14 @@ torch.set_num_threads(1)
 os.environ["OMP_NUM_THREADS"] = "1"
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """And again before every test: a command run in-process (``tinyllm whatif``, default
+    --threads 2) sets the process's threads, and the next test on that worker would inherit them
+    (the 160x48 main-screen snapshot shows the engine's thread count)."""
+    torch.set_num_threads(1)
+
+
 def pytest_configure(config):
     # Registered here, not in pyproject.toml: it belongs to the app tests' no-error guard (test_app.py).
     config.addinivalue_line(

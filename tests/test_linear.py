@@ -52,6 +52,27 @@ def test_a_weight_changed_in_place_replaced_or_loaded_is_repacked():
         torch.testing.assert_close(m(x), F.linear(x, layer(seed=5).weight), rtol=1e-5, atol=1e-5)
 
 
+def test_a_weight_moved_or_cast_through_data_is_repacked_even_at_a_reused_address():
+    """``.half().float()`` (train.py, before scoring what ships) and ``.to()`` assign ``weight.data``:
+    same tensor, same version; only the storage changes, and a freed address can come back."""
+    x = torch.randn(3, 512)
+    for seed in range(6):
+        m = layer(512, 4096, seed=seed)
+        with torch.no_grad():
+            m(x)                                                      # packed from the fp32 weights
+        m.half().float()                                              # the freed fp32 storage may be reused
+        with torch.no_grad():                                         # (a stale pack is off by ~1e-3: fp16 rounding)
+            torch.testing.assert_close(m(x), F.linear(x, m.weight), rtol=1e-4, atol=1e-4)
+
+
+def test_inference_mode_weights_take_f_linear():
+    with torch.inference_mode():
+        m = layer()
+        x = torch.randn(4, 48)
+        torch.testing.assert_close(m(x), F.linear(x, m.weight))
+    assert m._packed is None
+
+
 def test_autograd_and_autocast_take_f_linear_and_the_state_dict_is_unchanged():
     m = layer()
     x = torch.randn(4, 48)

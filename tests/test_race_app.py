@@ -260,7 +260,7 @@ def test_the_web_sessions_run_the_same_options_without_the_web_ones():
 # -- the engine process -----------------------------------------------------------------------------
 def test_the_race_process_steps_the_lanes_and_stops_cleanly():
     spec = RaceSpec(str(default_model_dir()), small_work(n=4, cap=8), "mini", slots=2, max_len=MAX_LEN,
-                    threads=1, warm_up=False)
+                    threads=2, warm_up=False)          # not the tests' 1 (conftest): the child must set it
     runner = ChildRunner(spec, paused=True).start(wait=False)
     assert runner.frame.status == "loading" and len(runner.frame.lanes) == 3      # the screen is up at once
     loop = threading.Thread(target=runner.run, daemon=True)
@@ -272,7 +272,7 @@ def test_the_race_process_steps_the_lanes_and_stops_cleanly():
         while runner.frame.turns < 3:
             assert runner.start_error is None and time.monotonic() < deadline, runner.start_error
             time.sleep(0.05)
-        assert runner.frame.status == "ready" and runner.device == "cpu" and runner.threads == 1
+        assert runner.frame.status == "ready" and runner.device == "cpu" and runner.threads == 2
         assert sum(v.decode_steps for v in runner.frame.lanes) >= 1
     finally:
         runner.stop()

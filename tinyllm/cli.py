@@ -158,6 +158,10 @@ def cmd_whatif(args) -> None:
                           kv_memory_mib=args.kv_memory, max_num_seqs=args.max_num_seqs)
     except (RecordingError, WorkloadError, ValueError) as e:
         raise UsageError(str(e)) from None
+    except (MemoryError, OverflowError, RuntimeError) as e:        # a budget whose pool cannot be allocated
+        what = f"--kv-memory {args.kv_memory:g} MiB" if args.kv_memory else "the lanes' kv_mib="
+        raise UsageError(f"cannot allocate the KV memory {what} asks for (every lane allocates its own): "
+                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'out of memory'}") from None
     if warning:
         print(f"tinyllm whatif: warning: {warning}", file=sys.stderr)
     err = Console(stderr=True)
