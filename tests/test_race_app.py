@@ -365,7 +365,8 @@ def test_a_budget_too_small_for_the_lanes_says_so_before_the_race_starts():
     assert [len(v.rows) for v in frame.lanes] == [0, 0, 0] and "0.5 MiB of KV memory" in frame.lanes[0].detail
 
 
-async def test_r_in_an_app_started_at_a_kv_budget_races_every_lane_at_that_budget():
+@pytest.mark.parametrize("cap", [None, 24])
+async def test_r_in_an_app_started_at_a_kv_budget_races_every_lane_at_that_budget(cap):
     import torch
 
     from tinyllm.engine import ContinuousEngine, Sampling
@@ -374,7 +375,7 @@ async def test_r_in_an_app_started_at_a_kv_budget_races_every_lane_at_that_budge
     from tui.runners.engine import EngineRunner
     model, tok = bundled()
     eng = ContinuousEngine(model, None, 128, kv="paged", block_size=8, kv_memory_mib=6.0, chunked_prefill=True,
-                           generator=torch.Generator().manual_seed(0))
+                           max_num_seqs=cap, generator=torch.Generator().manual_seed(0))
     app = TinyLLMApp(EngineRunner(eng, tok, paused=True), tok, model_name="test",
                      settings=RequestSettings(Sampling(), 12))
     _watch(app)
@@ -384,6 +385,6 @@ async def test_r_in_an_app_started_at_a_kv_budget_races_every_lane_at_that_budge
         await until(pilot, lambda: isinstance(app.screen, RaceScreen))
         race = app.screen.runner
         # the race's context is 512: 6 MiB buys 2 rows of 512 x 6,144 bytes; the paged lane its blocks
-        assert [(v.seqs, v.kv_mib) for v in race.frame.lanes] == [(2, 6.0), (2, 6.0), (64, 6.0)]
+        assert [(v.seqs, v.kv_mib) for v in race.frame.lanes] == [(2, 6.0), (2, 6.0), (cap or 64, 6.0)]
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, RaceScreen))

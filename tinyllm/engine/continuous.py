@@ -90,6 +90,7 @@ class ContinuousEngine:
         self.device = device = next(model.parameters()).device
         self.n_slots = n_slots                               # the cap on running sequences (max_num_seqs)
         self.kv_memory_mib = kv_memory_mib                   # the budget it came from, if one was set
+        self.max_num_seqs = max_num_seqs                     # the cap asked for with it (None: the default)
         self.max_len = max_len
         self.sampling = Sampling(temperature, top_k, top_p)    # the default for every request
         self.generator = generator
