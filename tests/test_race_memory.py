@@ -158,3 +158,14 @@ def test_tinyllm_whatif_refuses_a_bad_budget_in_one_line(args, message, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_a_static_lane_at_a_budget_must_fit_each_padded_row_in_max_len(model):
+    """Its rows are counted as rows of max_len: a batch padded past max_len (here 40 + 40 = 80 >
+    64, though within the model's 128) would use more memory than the budget, so it is refused,
+    naming --max-len; without a budget the model's context is the limit, as before."""
+    work = [(0.0, Request([3] * 40, 8)), (0.0, Request([4] * 8, 40))]      # each alone fits 64
+    build_race(model, work, 2, MAX_LEN, block_size=BLOCK, lanes=("static",))
+    with pytest.raises(ValueError, match=r"lane 'static': static batching pads requests 0\.\.1 to 40 prompt tokens: "
+                                         r".*more than --max-len \(the row a KV budget reserves\)"):
+        build_race(model, work, 2, MAX_LEN, block_size=BLOCK, lanes=("static",), kv_memory_mib=budget_of(model, 2))

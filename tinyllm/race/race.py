@@ -119,7 +119,11 @@ def _build_lane(model, workload: Workload, spec: LaneSpec, key: str, slots: int,
         n = spec.slots or slots
         if mib is not None:                              # the slot cache's rows: the same arithmetic
             n, _ = resolve_concurrency(cap, None, mib, None, "slots", max_len, block_size, bpt)
-        check_static_batches([(len(r.prompt), r.max_new_tokens) for _, r in workload], n, model.cfg.max_seq_len)
+        sizes = [(len(r.prompt), r.max_new_tokens) for _, r in workload]
+        if mib is None:
+            check_static_batches(sizes, n, model.cfg.max_seq_len)
+        else:                                            # its rows hold max_len: a padded row must fit one
+            check_static_batches(sizes, n, max_len, "max_len (the row a KV budget reserves)")
         eng = StaticBatcher(model, n, generator=gen, clock=clock.now, batch_timeout_s=batch_timeout_s)
         lane: Lane = StaticLane(key, title, "", clock, workload, eng)
         lane.seqs, lane.kv_mib = n, n * max_len * bpt / MIB

@@ -11,7 +11,8 @@ DEFAULT_NEW = 64                       # a workload line without max_new_tokens:
 DEFAULT_MAX_LEN = 512                  # the continuous lanes' context, as in tinyllm bench
 
 
-def check_static_batches(sizes: list[tuple[int, int]], batch: int, max_seq_len: int) -> None:
+def check_static_batches(sizes: list[tuple[int, int]], batch: int, max_seq_len: int,
+                         what: str = "the model's max_seq_len") -> None:
     """Static batching left-pads a batch to its longest prompt and decodes it to its largest
     max_new_tokens, so every run of ``batch`` consecutive requests (``sizes``: (prompt tokens,
     max_new_tokens) in arrival order: batches are cut from that order) must fit the model's
@@ -20,7 +21,7 @@ def check_static_batches(sizes: list[tuple[int, int]], batch: int, max_seq_len: 
         window = sizes[i:i + batch]
         L = max(p for p, _ in window)
         try:
-            check_fits(L, max(n for _, n in window), max_seq_len, "the model's max_seq_len")
+            check_fits(L, max(n for _, n in window), max_seq_len, what)
         except ContextTooLong as e:
             raise ContextTooLong(f"static batching pads requests {i}..{i + len(window) - 1} to {L} "
                                  f"prompt tokens: {e}") from None
