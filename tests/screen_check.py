@@ -35,6 +35,7 @@ def check_panels(app: TinyLLMApp, frame: Frame | None = None) -> Frame:
     if not app.metrics_only:
         grid = app.query_one(SlotGrid)
         assert grid.snapshot == snap, "the slot grid shows another snapshot"
+        assert grid.border_title == f"Slots ({snap.n_slots} × {snap.max_len} tokens)", grid.border_title
         text = grid.render().plain
         for sv in snap.slots:
             if sv.rid is not None:
@@ -44,6 +45,7 @@ def check_panels(app: TinyLLMApp, frame: Frame | None = None) -> Frame:
         if snap.kv.kind == "paged":
             blocks = app.query_one(BlockMap)
             assert blocks.snapshot == snap
+            assert blocks.border_title == f"KV blocks ({snap.kv.n_blocks} × {snap.kv.block_size} tokens)"
             per_cell = blocks.per_cell(blocks.size.width)
             cells = blocks.render().plain.split("\n", 1)[1]
             assert len(cells) * per_cell >= snap.kv.n_blocks > (len(cells) - 1) * per_cell, "blocks missing"

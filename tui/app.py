@@ -141,12 +141,9 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
 
     def on_mount(self) -> None:
         snap = self.runner.frame.snapshot
-        self.query_one("#slots").border_title = f"Slots ({snap.n_slots} × {snap.max_len} tokens)"
-        blocks = self.query_one("#blocks", BlockMap)
-        if snap.kv.kind == "paged":
-            blocks.border_title = f"KV blocks ({snap.kv.n_blocks} × {snap.kv.block_size} tokens)"
-        else:
-            blocks.display = False
+        self._cache_titles(snap)
+        if snap.kv.kind != "paged":
+            self.query_one("#blocks", BlockMap).display = False
         self.query_one("#tps").border_title = "tokens/s (last 30 s)"
         self.query_one("#kv").border_title = "KV cache & counters"
         self.query_one("#requests").border_title = "Requests"
@@ -225,6 +222,17 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
             self._shown_seq = frame.seq
             self._draw_details(frame)
 
+    def _cache_titles(self, snap) -> None:
+        """The slot grid's and block map's sizes, from the snapshot shown: the first frame may be
+        the loading one (an engine process sizes its cache from --kv-memory only once the model
+        is read), so every frame checks them."""
+        titles = ((self.query_one("#slots"), f"Slots ({snap.n_slots} × {snap.max_len} tokens)"),
+                  (self.query_one("#blocks"), f"KV blocks ({snap.kv.n_blocks} × {snap.kv.block_size} tokens)"
+                   if snap.kv.kind == "paged" else None))
+        for widget, title in titles:
+            if title is not None and widget.border_title != title:
+                widget.border_title = title
+
     def _draw_fast(self, frame: Frame) -> None:
         """Status, slots, blocks, KV and counters, sparkline, scrubber, log: all cheap."""
         self._update_flags(frame)
@@ -234,6 +242,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
             if frame.kv_cache is not None:
                 self.query_one("#prefix", PrefixCacheMap).show(frame.kv_cache)
         else:
+            self._cache_titles(frame.snapshot)
             self.query_one("#slots", SlotGrid).show(frame.snapshot, self._flags)
             if frame.snapshot.kv.kind == "paged":
                 self.query_one("#blocks", BlockMap).show(frame.snapshot)
