@@ -1,5 +1,6 @@
-"""The ragged batch's decode attention (kv/ragged.py): rows grouped by length, each group's blocks
-gathered into a reused workspace, two batched matmuls per KV head. Checked against plain
+"""The ragged batch's PyTorch decode attention (kv/ragged.py; what runs where the C kernel cannot:
+no compiler, CUDA, not float32): rows grouped by length, each group's blocks gathered into a
+reused workspace, two batched matmuls per KV head. Checked against plain
 attention over each sequence's own K/V, with the groups forced small (so the test models, whose
 contexts fit one group of the default size, run many), and end to end: greedy == solo."""
 
@@ -16,6 +17,12 @@ from tinyllm.kv import ragged
 from tinyllm.kv.paged import PagedKVCache
 from tinyllm.kv.ragged import RaggedAttention
 from tinyllm.model.transformer import grouped_attention
+
+
+@pytest.fixture(autouse=True)
+def _pytorch_attention(monkeypatch):
+    """These tests are about the PyTorch path: the C kernel (tests/test_native_attention.py) off."""
+    monkeypatch.setenv("TINYLLM_NATIVE", "0")
 
 
 def filled_pool(lens: list[int], block_size: int, hkv: int = 2, d: int = 8, seed: int = 0) -> PagedKVCache:
@@ -57,12 +64,13 @@ def test_decode_rows_attend_exactly_their_own_positions_in_any_grouping(monkeypa
     H, D = 4, pool.head_dim
     items = [(slot, n - 1, 1) for slot, n in enumerate(lens)]          # each decodes its last position
     attn = RaggedAttention(pool, items)
-    if group_tokens == 1:
-        assert len(attn._decode) == len(lens)                            # every row a group of its own
     q = torch.randn(1, H, len(items), D)
     k_new = pool.k[0, attn._write].transpose(0, 1)[None]                 # rewrite what is there: unchanged
     v_new = pool.v[0, attn._write].transpose(0, 1)[None]
     out = attn.attend(0, q, k_new, v_new)
+    assert attn._native is None and attn._decode                      # the PyTorch path ran
+    if group_tokens == 1:
+        assert len(attn._decode) == len(lens)                            # every row a group of its own
     assert out.shape == (1, H, len(items), D)
     for i, (slot, start, _) in enumerate(items):
         torch.testing.assert_close(out[0, :, i], reference(pool, slot, q[0, :, i], start), rtol=1e-5, atol=1e-5)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tinyllm.kv import native
 from tinyllm.model.device import resolve_device
 from tinyllm.engine import (DEFAULT_MAX_BATCHED_TOKENS, Request, kv_bytes_per_token, percentile, run_continuous,
                             run_static)
@@ -244,7 +245,8 @@ def run_bench(args) -> dict:
     report = {
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": device,
-                    "torch": torch.__version__, "peak_matmul_gflops_1024": limit_gflops},
+                    "torch": torch.__version__, "peak_matmul_gflops_1024": limit_gflops,
+                    "paged_decode_attention": native.describe()},
         "model": {"name": model_name, "params": model.num_params(), "config": model.cfg.__dict__},
         "workload": wl_desc, "slots": args.slots, "batch": args.batch,
         "memory": {"kv_memory_mib": budget_mib, "max_len": max_len, "bytes_per_token": bpt,

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from tinyllm.model.transformer import grouped_attention
+from tinyllm.kv import native
 from tinyllm.kv.paged import PagedKVCache, gather_blocks
 
 GROUP_TOKENS = 4096     # window tokens per decode group (measured best of 1024..8192 on the d256 and
@@ -44,10 +45,31 @@ class RaggedAttention:
         self.total = len(pos)
         self._pos = torch.tensor(pos, dtype=torch.long, device=dev)
         self._write = torch.tensor(write, dtype=torch.long, device=dev)
-        self._decode = self._decode_plan() if self.n_decode else None
         self._chunks = [self._chunk_plan(slot, start, n) for slot, start, n in items[self.n_decode:]]
-        self._window = max([rows.numel() * W for rows, _, W, _ in self._decode or []]
-                           + [blocks.numel() * bs for blocks, _, _ in self._chunks])   # tokens gathered at once
+        self._decode: list[tuple[Tensor, Tensor, int, Tensor]] | None = None    # PyTorch path's groups, when used
+        self._native = self._native_plan() if self.n_decode else None
+
+    def _native_plan(self) -> tuple[Tensor, Tensor] | None:
+        """The decode rows' block tables (rows, widest) and lengths for the C kernel
+        (``native.py``), which reads the pool in place; None where it cannot run (not CPU float32,
+        no compiler). Built once per step, shared by every layer."""
+        pool = self.pool
+        if pool.device.type != "cpu" or pool.k.dtype != torch.float32 or native.kernel() is None:
+            return None
+        bs, dec = pool.block_size, self.items[:self.n_decode]
+        width = max(start // bs + 1 for _, start, _ in dec)
+        tables = torch.zeros(len(dec), width, dtype=torch.long)
+        for row, (slot, start, _) in enumerate(dec):
+            need = start // bs + 1
+            tables[row, :need] = torch.tensor(pool.tables[slot][:need], dtype=torch.long)
+        lens = torch.tensor([start + 1 for _, start, _ in dec], dtype=torch.long)
+        return tables, lens
+
+    def _window(self) -> int:
+        """Tokens the PyTorch path gathers at once (the workspace it needs this step)."""
+        bs = self.pool.block_size
+        return max([rows.numel() * W for rows, _, W, _ in self._decode or []]
+                   + [blocks.numel() * bs for blocks, _, _ in self._chunks] + [0])
 
     def _decode_plan(self) -> list[tuple[Tensor, Tensor, int, Tensor]]:
         """The decode rows in groups of similar length, each (rows, block ids, window W, additive
@@ -94,11 +116,16 @@ class RaggedAttention:
         kl, vl = self.pool.k[layer], self.pool.v[layer]              # (rows, Hkv, D)
         kl.index_copy_(0, self._write, k[0].transpose(0, 1).to(kl.dtype))   # index_copy_: a plain row copy,
         vl.index_copy_(0, self._write, v[0].transpose(0, 1).to(vl.dtype))   # cheaper than index_put_
-        kbuf, vbuf = self.pool.workspace(self._window)
-        outs = []
         nd = self.n_decode
         bs = self.pool.block_size
-        if nd:
+        native_decode = nd and self._native is not None and native.usable(q, kl)
+        if nd and not native_decode and self._decode is None:
+            self._decode = self._decode_plan()
+        kbuf, vbuf = self.pool.workspace(self._window())
+        outs = []
+        if native_decode:
+            outs.append(native.decode_attention(q[0, :, :nd], kl, vl, *self._native, bs)[None])
+        elif nd:
             outs.append(self._attend_decodes(q[0, :, :nd], kl, vl, kbuf, vbuf)[None])
         off = nd
         for (_, start, n), (blocks, L, mask) in zip(self.items[nd:], self._chunks):

@@ -1,0 +1,191 @@
+"""The C decode-attention kernel (kv/paged_attention.c, built and loaded by kv/native.py): each
+row checked against plain attention over its own K/V read through its block table, for every
+head-size code path (the unrolled 64 and 128, the vector and scalar fallbacks), GQA groups,
+block sizes, threads and query strides; its fallbacks (turned off, no compiler, a failing
+compiler); and end to end in the engine: greedy == solo, and the same tokens as the PyTorch path.
+Where this machine has no C compiler the kernel tests skip, saying so; the fallback tests run."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+
+from tests.helpers import mixed_workload, solo_outputs, with_early_eos
+from tinyllm.engine import run_continuous
+from tinyllm.kv import native
+from tinyllm.request import Sampling
+
+needs_kernel = pytest.mark.skipif(native.kernel() is None, reason=f"no native kernel here: {native.why_not}")
+
+
+def scattered_tables(lens: list[int], bs: int, seed: int) -> tuple[torch.Tensor, int]:
+    """Block tables (rows, widest) whose blocks are a shuffled range: a row's blocks are not
+    adjacent, and unused table entries are garbage (the kernel must not read them)."""
+    need = [-(-n // bs) for n in lens]
+    ids = list(range(sum(need)))
+    random.Random(seed).shuffle(ids)
+    width = max(need) + 2
+    tables = torch.full((len(lens), width), 10**9, dtype=torch.long)    # out of range past each row's blocks
+    at = 0
+    for r, nb in enumerate(need):
+        tables[r, :nb] = torch.tensor(ids[at:at + nb])
+        at += nb
+    return tables, sum(need)
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: torch.Tensor, lens: list[int],
+              bs: int) -> torch.Tensor:
+    """(H, rows, D): each row's heads over its own positions, in float64."""
+    H, rows, D = q.shape
+    g = H // k.size(1)
+    out = torch.empty(H, rows, D, dtype=torch.float64)
+    for r, L in enumerate(lens):
+        idx = torch.tensor([int(tables[r, p // bs]) * bs + p % bs for p in range(L)])
+        K, V = k[idx].double(), v[idx].double()                       # (L, Hkv, D)
+        for h in range(H):
+            w = torch.softmax(K[:, h // g] @ q[h, r].double() * D ** -0.5, dim=0)
+            out[h, r] = w @ V[:, h // g]
+    return out
+
+
+@needs_kernel
+@pytest.mark.parametrize("D", [64, 128, 32, 24, 20])        # unrolled 64/128; vector dot (32); vector axpy only (24); scalar (20)
+@pytest.mark.parametrize("heads", [(4, 2), (6, 2), (3, 3), (8, 1)])
+@pytest.mark.parametrize("bs", [1, 4, 16])
+def test_each_row_attends_exactly_its_own_positions(D, heads, bs):
+    H, Hkv = heads
+    lens = [1, 2, 15, 16, 17, 33, 100, 5]
+    tables, n_blocks = scattered_tables(lens, bs, seed=D + bs)
+    torch.manual_seed(D * bs + H)
+    k = torch.randn((n_blocks + 1) * bs, Hkv, D)
+    v = torch.randn((n_blocks + 1) * bs, Hkv, D)
+    q = torch.randn(H, len(lens), D)
+    out = native.decode_attention(q, k, v, tables, torch.tensor(lens), bs)
+    assert out.shape == (H, len(lens), D)
+    torch.testing.assert_close(out.double(), reference(q, k, v, tables, lens, bs), rtol=2e-5, atol=2e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_threads_and_strided_queries_give_the_same_result(threads):
+    """The model hands over q as a slice of its fused projection (strided); rows run on several
+    threads: identical output either way."""
+    torch.set_num_threads(threads)
+    H, Hkv, D, bs = 4, 2, 64, 16
+    lens = [random.Random(i).randint(1, 200) for i in range(37)]
+    tables, n_blocks = scattered_tables(lens, bs, seed=5)
+    torch.manual_seed(1)
+    k, v = torch.randn(2, (n_blocks + 1) * bs, Hkv, D).unbind(0)
+    k, v = k.contiguous(), v.contiguous()
+    wide = torch.randn(len(lens), H + 3, D)                             # (rows, heads + others, D)
+    q = wide[:, 1:H + 1].transpose(0, 1)                                 # (H, rows, D), strided
+    out = native.decode_attention(q, k, v, tables, torch.tensor(lens), bs)
+    torch.testing.assert_close(out.double(), reference(q, k, v, tables, lens, bs), rtol=2e-5, atol=2e-5)
+    torch.set_num_threads(1)
+    assert torch.equal(out, native.decode_attention(q.contiguous(), k, v, tables, torch.tensor(lens), bs))
+
+
+@needs_kernel
+def test_extreme_scores_stay_finite():
+    """Scores thousands apart: the softmax's exponent is clamped (e^-87 ~ 0), never inf or NaN;
+    the largest score takes all the weight."""
+    H, Hkv, D, bs = 2, 1, 64, 4
+    lens = [9]
+    tables, n_blocks = scattered_tables(lens, bs, seed=0)
+    k = torch.zeros((n_blocks + 1) * bs, Hkv, D)
+    v = torch.randn((n_blocks + 1) * bs, Hkv, D)
+    hot = int(tables[0, 1]) * bs + 2                                     # position 6
+    k[hot] = 100.0
+    q = torch.full((H, 1, D), 10.0)
+    q[1] = -10.0                                                         # head 1: position 6 scores lowest
+    out = native.decode_attention(q, k, v, tables, torch.tensor(lens), bs)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[0, 0], v[hot, 0])
+    others = [int(tables[0, p // bs]) * bs + p % bs for p in range(9) if p != 6]
+    torch.testing.assert_close(out[1, 0], v[others, 0].mean(0), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_a_ragged_batch_of_decodes_and_chunks_runs_its_decodes_on_the_kernel():
+    """In the engine's RaggedAttention: the decode rows go to the kernel (no PyTorch groups are
+    planned), the prefill chunks to PyTorch, and every token sees exactly its own positions."""
+    from tests.test_ragged_attention import filled_pool, reference as one_row
+    from tinyllm.kv.ragged import RaggedAttention
+    lens = [30, 9, 41, 20, 1]
+    pool = filled_pool(lens, 4, d=64, seed=3)
+    H = 4
+    items = [(0, 29, 1), (1, 8, 1), (4, 0, 1), (2, 41 - 12, 12), (3, 20 - 5, 5)]    # three decodes, two chunks
+    attn = RaggedAttention(pool, items)
+    T = sum(n for _, _, n in items)
+    q = torch.randn(1, H, T, 64)
+    out = attn.attend(0, q, pool.k[0, attn._write].transpose(0, 1)[None], pool.v[0, attn._write].transpose(0, 1)[None])
+    assert attn._native is not None and attn._decode is None
+    col = 0
+    for slot, start, n in items:
+        for j in range(n):
+            torch.testing.assert_close(out[0, :, col], one_row(pool, slot, q[0, :, col], start + j), rtol=1e-5, atol=1e-5)
+            col += 1
+
+
+def test_turned_off_by_environment(monkeypatch):
+    monkeypatch.setenv("TINYLLM_NATIVE", "0")
+    assert native.kernel() is None
+    assert "TINYLLM_NATIVE=0" in native.why_not
+
+
+@pytest.mark.parametrize("cc, why", [(None, "no C compiler"), ("false", "build failed")])
+def test_without_a_working_compiler_the_engine_stays_on_pytorch(monkeypatch, tmp_path, model, cc, why):
+    """No compiler, or one that fails: kernel() says why once and returns None, and the engine
+    runs its PyTorch attention, with the same tokens."""
+    monkeypatch.setattr(native, "_kernel", None)
+    monkeypatch.setattr(native, "_tried", False)
+    monkeypatch.setenv("TINYLLM_CACHE", str(tmp_path))
+    monkeypatch.setattr(native, "_compiler", lambda: cc)
+    assert native.kernel() is None
+    assert why in native.why_not
+    assert not list(tmp_path.rglob("*.so")) and not list(tmp_path.rglob("*.tmp*"))
+    reqs = mixed_workload(6, seed=2)
+    res, stats = run_continuous(model, reqs, 4, kv="paged", block_size=4, chunked_prefill=True, max_batched_tokens=32)
+    assert [r.tokens for r in res] == solo_outputs(model, reqs)
+    assert stats["kv_allocated_at_end"] == 0
+
+
+@needs_kernel
+def test_built_into_the_cache_once_and_reused(monkeypatch, tmp_path):
+    monkeypatch.setattr(native, "_kernel", None)
+    monkeypatch.setattr(native, "_tried", False)
+    monkeypatch.setenv("TINYLLM_CACHE", str(tmp_path))
+    assert native.kernel() is not None
+    built = list(tmp_path.rglob("*.so"))
+    assert len(built) == 1 and built[0].parent == tmp_path / "kernels"
+    assert sorted(p.name for p in (tmp_path / "kernels").iterdir()) == [built[0].name]   # no temporary left
+    monkeypatch.setattr(native, "_tried", False)
+    monkeypatch.setattr(native, "_compiler", lambda: "false")      # a second process: loads, never rebuilds
+    assert native.kernel() is not None
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+def test_engine_greedy_equals_solo_on_the_kernel(model, threads):
+    torch.set_num_threads(threads)
+    reqs = with_early_eos(model, mixed_workload(16, seed=11))
+    res, stats = run_continuous(model, reqs, 8, kv="paged", block_size=4, chunked_prefill=True,
+                                max_batched_tokens=64)
+    assert [r.tokens for r in res] == solo_outputs(model, reqs)
+    assert stats["kv_allocated_at_end"] == 0
+
+
+@needs_kernel
+def test_kernel_and_pytorch_paths_give_the_same_tokens_on_a_ragged_batch(model, monkeypatch):
+    """The same workload on both decode attentions (the kernel, and PyTorch's grouped matmuls),
+    sampled, not greedy: the same tokens, step for step."""
+    reqs = [replace(r, sampling=Sampling(temperature=0.9, seed=i)) for i, r in enumerate(mixed_workload(12, seed=4))]
+    tokens = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("TINYLLM_NATIVE", flag)
+        res, _ = run_continuous(model, reqs, 12, kv="paged", block_size=4, chunked_prefill=True, max_batched_tokens=256)
+        tokens[flag] = [r.tokens for r in res]
+    assert tokens["1"] == tokens["0"]

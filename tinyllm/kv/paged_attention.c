@@ -1,0 +1,143 @@
+/* Decode attention that reads a paged KV pool in place (CPU, float32).
+ *
+ * Each decode row has one query token per head and attends its own sequence's first `lens[r]`
+ * positions, found through its block table: no gather into a dense window first (the PyTorch
+ * path copies every row's blocks once per layer, then reads them again). A row is one work item:
+ * its keys are read once, block by block, in memory order (a token's K for every KV head is one
+ * contiguous run in the token-major pool), for all query heads (GQA: g query heads share a KV
+ * head); then its values once, the same way. At decode sizes the arithmetic is small; what costs
+ * is reading the pool from memory, so the loops follow the memory.
+ *
+ * Plain C (GCC/Clang vector extensions), no PyTorch headers, so it compiles in well under a
+ * second wherever a C compiler is found (tinyllm/kv/native.py builds it on first use and stays on
+ * PyTorch without one). Rows run in parallel through OpenMP when built with it: linked against
+ * the libgomp PyTorch already loaded, the loop uses PyTorch's own worker threads (threads of a
+ * second pool would compete with them for the same cores).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* 8 floats: compiled to AVX, SSE or NEON as the machine has. */
+typedef float v8 __attribute__((vector_size(32)));
+static inline v8 load8(const float *p) { v8 r; memcpy(&r, p, sizeof r); return r; }
+static inline void store8(float *p, v8 x) { memcpy(p, &x, sizeof x); }
+static inline float hsum8(v8 x) { return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7])); }
+
+/* e^x for x <= 0 (a score minus its row's max): 2^n e^r with |r| <= ln2/2 and a degree-6 Taylor
+ * polynomial (relative error ~1e-7, float's own precision), written so the compiler vectorizes
+ * it (libm's expf is one scalar call per score). */
+static inline float exp_nonpos(float x) {
+    x = x < -87.f ? -87.f : x;
+    const float n = floorf(x * 1.44269504f + 0.5f);
+    const float r = x - n * 0.693145752f - n * 1.42860677e-6f;
+    const float p = 1.f + r * (1.f + r * (0.5f + r * (1.f / 6 + r * (1.f / 24 + r * (1.f / 120 + r * (1.f / 720))))));
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+static inline float dot(const float *a, const float *b, int64_t D) {
+    if (D % 16 == 0) {
+        v8 a0 = {0}, a1 = {0};                                   /* two chains: FMA latency */
+        for (int64_t d = 0; d < D; d += 16) {
+            a0 += load8(a + d) * load8(b + d);
+            a1 += load8(a + d + 8) * load8(b + d + 8);
+        }
+        return hsum8(a0 + a1);
+    }
+    float acc = 0.f;
+    for (int64_t d = 0; d < D; ++d) acc += a[d] * b[d];
+    return acc;
+}
+
+static inline void axpy(float *y, float a, const float *x, int64_t D) {
+    if (D % 8 == 0) {
+        const v8 av = (v8){0} + a;
+        for (int64_t d = 0; d < D; d += 8) store8(y + d, load8(y + d) + av * load8(x + d));
+        return;
+    }
+    for (int64_t d = 0; d < D; ++d) y[d] += a * x[d];
+}
+
+typedef struct {
+    const float *q;            /* query (row, head, d) at q[row*q_row + head*q_head + d] */
+    const float *k, *v;        /* this layer's pool, token-major: (tokens, Hkv, D), contiguous */
+    const int64_t *tables;     /* block ids, (rows, table_width) */
+    const int64_t *lens;       /* positions each row attends (its context, this token included) */
+    float *out;                /* like q, with its own strides */
+    int64_t q_row, q_head, o_row, o_head;
+    int64_t H, Hkv, D, block_size, table_width;
+    float scale;
+} Args;
+
+/* One row: scores (H, L) for every query head, softmax, weighted values. Inlined with D a
+ * constant for the common head sizes, so the loops over D unroll. */
+static inline __attribute__((always_inline))
+void attend_row(const Args *a, int64_t r, int64_t D, float *scores) {
+    const int64_t H = a->H, Hkv = a->Hkv, g = H / Hkv, bs = a->block_size, L = a->lens[r];
+    const int64_t *table = a->tables + r * a->table_width;
+    const float *q = a->q + r * a->q_row;
+    float *o = a->out + r * a->o_row;
+    for (int64_t t0 = 0, b = 0; t0 < L; t0 += bs, ++b) {           /* keys, block by block */
+        const int64_t n = L - t0 < bs ? L - t0 : bs;
+        const float *kb = a->k + table[b] * bs * Hkv * D;
+        for (int64_t t = 0; t < n; ++t)
+            for (int64_t i = 0; i < H; ++i)
+                scores[i * L + t0 + t] = a->scale * dot(q + i * a->q_head, kb + (t * Hkv + i / g) * D, D);
+    }
+    for (int64_t i = 0; i < H; ++i) {                                 /* softmax, per query head */
+        float *s = scores + i * L, top = s[0], sum = 0.f;
+        for (int64_t t = 1; t < L; ++t) top = s[t] > top ? s[t] : top;
+#pragma omp simd reduction(+:sum)
+        for (int64_t t = 0; t < L; ++t) { s[t] = exp_nonpos(s[t] - top); sum += s[t]; }
+        const float inv = 1.f / sum;
+#pragma omp simd
+        for (int64_t t = 0; t < L; ++t) s[t] *= inv;
+        memset(o + i * a->o_head, 0, sizeof(float) * (size_t)D);
+    }
+    for (int64_t t0 = 0, b = 0; t0 < L; t0 += bs, ++b) {           /* values, block by block */
+        const int64_t n = L - t0 < bs ? L - t0 : bs;
+        const float *vb = a->v + table[b] * bs * Hkv * D;
+        for (int64_t t = 0; t < n; ++t)
+            for (int64_t i = 0; i < H; ++i)
+                axpy(o + i * a->o_head, scores[i * L + t0 + t], vb + (t * Hkv + i / g) * D, D);
+    }
+}
+
+/* Returns 0 on success, 1 if scratch memory for the scores could not be allocated, 3 for a head
+ * layout it cannot run. */
+int paged_decode_attention(const float *q, int64_t q_row, int64_t q_head,
+                           const float *k, const float *v,
+                           const int64_t *tables, int64_t table_width, const int64_t *lens,
+                           float *out, int64_t o_row, int64_t o_head,
+                           int64_t rows, int64_t H, int64_t Hkv, int64_t D, int64_t block_size,
+                           float scale, int threads) {
+    if (Hkv <= 0 || H % Hkv || D <= 0 || block_size <= 0 || threads < 1) return 3;
+    const Args a = {q, k, v, tables, lens, out, q_row, q_head, o_row, o_head, H, Hkv, D, block_size,
+                    table_width, scale};
+    int64_t longest = 1;
+    for (int64_t r = 0; r < rows; ++r) longest = lens[r] > longest ? lens[r] : longest;
+    int failed = 0;
+#pragma omp parallel num_threads(threads) if (rows > 1 && threads > 1)
+    {
+        float *scores = malloc(sizeof(float) * (size_t)(H * longest));
+#pragma omp for schedule(dynamic, 2)
+        for (int64_t r = 0; r < rows; ++r) {
+            if (!scores) {
+#pragma omp atomic write
+                failed = 1;
+                continue;
+            }
+            switch (D) {                                  /* a constant D: unrolled loops */
+                case 64: attend_row(&a, r, 64, scores); break;
+                case 128: attend_row(&a, r, 128, scores); break;
+                default: attend_row(&a, r, D, scores);
+            }
+        }
+        free(scores);
+    }
+    return failed ? 1 : 0;
+}
