@@ -57,11 +57,10 @@ class RaggedAttention:
         if pool.device.type != "cpu" or pool.k.dtype != torch.float32 or native.kernel() is None:
             return None
         bs, dec = pool.block_size, self.items[:self.n_decode]
-        width = max(start // bs + 1 for _, start, _ in dec)
-        tables = torch.zeros(len(dec), width, dtype=torch.long)
-        for row, (slot, start, _) in enumerate(dec):
-            need = start // bs + 1
-            tables[row, :need] = torch.tensor(pool.tables[slot][:need], dtype=torch.long)
+        need = [start // bs + 1 for _, start, _ in dec]
+        width = max(need)
+        tables = torch.tensor([pool.tables[slot][:nb] + [0] * (width - nb) for (slot, _, _), nb in zip(dec, need)],
+                              dtype=torch.long)
         lens = torch.tensor([start + 1 for _, start, _ in dec], dtype=torch.long)
         return tables, lens
 
