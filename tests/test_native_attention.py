@@ -23,17 +23,27 @@ needs_kernel = pytest.mark.skipif(native.kernel() is None, reason=f"no native ke
 
 def scattered_tables(lens: list[int], bs: int, seed: int) -> tuple[torch.Tensor, int]:
     """Block tables (rows, widest) whose blocks are a shuffled range: a row's blocks are not
-    adjacent, and unused table entries are garbage (the kernel must not read them)."""
+    adjacent, and the entries past a row's blocks name the last block, which ``pool`` fills with
+    NaN (a row that read one would come out NaN). Returns the tables and the block count, pad
+    block included."""
     need = [-(-n // bs) for n in lens]
     ids = list(range(sum(need)))
     random.Random(seed).shuffle(ids)
     width = max(need) + 2
-    tables = torch.full((len(lens), width), 10**9, dtype=torch.long)    # out of range past each row's blocks
+    tables = torch.full((len(lens), width), sum(need), dtype=torch.long)   # the NaN pad block
     at = 0
     for r, nb in enumerate(need):
         tables[r, :nb] = torch.tensor(ids[at:at + nb])
         at += nb
-    return tables, sum(need)
+    return tables, sum(need) + 1
+
+
+def pool(n_blocks: int, bs: int, hkv: int, d: int) -> torch.Tensor:
+    """Random K or V for n_blocks blocks, the last (the tables' padding) NaN; and tokens past a
+    row's length inside its last block are random: read, they would change the result."""
+    t = torch.randn(n_blocks * bs, hkv, d)
+    t[(n_blocks - 1) * bs:] = float("nan")
+    return t
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: torch.Tensor, lens: list[int],
@@ -60,8 +70,7 @@ def test_each_row_attends_exactly_its_own_positions(D, heads, bs):
     lens = [1, 2, 15, 16, 17, 33, 100, 5]
     tables, n_blocks = scattered_tables(lens, bs, seed=D + bs)
     torch.manual_seed(D * bs + H)
-    k = torch.randn((n_blocks + 1) * bs, Hkv, D)
-    v = torch.randn((n_blocks + 1) * bs, Hkv, D)
+    k, v = pool(n_blocks, bs, Hkv, D), pool(n_blocks, bs, Hkv, D)
     q = torch.randn(H, len(lens), D)
     out = native.decode_attention(q, k, v, tables, torch.tensor(lens), bs)
     assert out.shape == (H, len(lens), D)
@@ -78,8 +87,7 @@ def test_threads_and_strided_queries_give_the_same_result(threads):
     lens = [random.Random(i).randint(1, 200) for i in range(37)]
     tables, n_blocks = scattered_tables(lens, bs, seed=5)
     torch.manual_seed(1)
-    k, v = torch.randn(2, (n_blocks + 1) * bs, Hkv, D).unbind(0)
-    k, v = k.contiguous(), v.contiguous()
+    k, v = pool(n_blocks, bs, Hkv, D), pool(n_blocks, bs, Hkv, D)
     wide = torch.randn(len(lens), H + 3, D)                             # (rows, heads + others, D)
     q = wide[:, 1:H + 1].transpose(0, 1)                                 # (H, rows, D), strided
     out = native.decode_attention(q, k, v, tables, torch.tensor(lens), bs)
@@ -95,8 +103,8 @@ def test_extreme_scores_stay_finite():
     H, Hkv, D, bs = 2, 1, 64, 4
     lens = [9]
     tables, n_blocks = scattered_tables(lens, bs, seed=0)
-    k = torch.zeros((n_blocks + 1) * bs, Hkv, D)
-    v = torch.randn((n_blocks + 1) * bs, Hkv, D)
+    k = torch.zeros(n_blocks * bs, Hkv, D)
+    v = torch.randn(n_blocks * bs, Hkv, D)
     hot = int(tables[0, 1]) * bs + 2                                     # position 6
     k[hot] = 100.0
     q = torch.full((H, 1, D), 10.0)
@@ -169,23 +177,110 @@ def test_built_into_the_cache_once_and_reused(monkeypatch, tmp_path):
 
 @needs_kernel
 @pytest.mark.parametrize("threads", [1, 2])
-def test_engine_greedy_equals_solo_on_the_kernel(model, threads):
-    torch.set_num_threads(threads)
+def test_engine_greedy_equals_solo_on_the_kernel(model, threads, monkeypatch):
+    torch.set_num_threads(threads)                      # (conftest sets one thread again before each test)
+    calls = []
+    real = native.decode_attention
+    monkeypatch.setattr(native, "decode_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     reqs = with_early_eos(model, mixed_workload(16, seed=11))
     res, stats = run_continuous(model, reqs, 8, kv="paged", block_size=4, chunked_prefill=True,
                                 max_batched_tokens=64)
     assert [r.tokens for r in res] == solo_outputs(model, reqs)
     assert stats["kv_allocated_at_end"] == 0
+    assert len(calls) >= stats["decode_steps"], "the decode rows did not run on the kernel"
 
 
 @needs_kernel
-def test_kernel_and_pytorch_paths_give_the_same_tokens_on_a_ragged_batch(model, monkeypatch):
-    """The same workload on both decode attentions (the kernel, and PyTorch's grouped matmuls),
-    sampled, not greedy: the same tokens, step for step."""
-    reqs = [replace(r, sampling=Sampling(temperature=0.9, seed=i)) for i, r in enumerate(mixed_workload(12, seed=4))]
-    tokens = {}
+def test_kernel_and_pytorch_paths_give_the_same_logits(model, monkeypatch):
+    """The model over one ragged batch (decodes at many lengths, and a prefill chunk) on a pool
+    of random K/V, once per decode attention: the logits agree to float precision."""
+    from tests.test_ragged_attention import filled_pool
+    from tinyllm.kv.ragged import RaggedAttention
+    cfg = model.cfg
+    lens = [1, 7, 16, 17, 40, 63, 30]
+    pool = filled_pool(lens, 4, hkv=cfg.n_kv_heads, d=cfg.head_dim, seed=9, layers=cfg.n_layers)
+    items = [(slot, n - 1, 1) for slot, n in enumerate(lens[:-1])] + [(6, 20, 10)]
+    tokens = torch.tensor([[random.Random(i).randrange(cfg.vocab_size) for i in range(len(lens) - 1 + 10)]])
+    logits = {}
     for flag in ("1", "0"):
         monkeypatch.setenv("TINYLLM_NATIVE", flag)
-        res, _ = run_continuous(model, reqs, 12, kv="paged", block_size=4, chunked_prefill=True, max_batched_tokens=256)
-        tokens[flag] = [r.tokens for r in res]
-    assert tokens["1"] == tokens["0"]
+        attn = RaggedAttention(pool, items)
+        assert (attn._native is not None) == (flag == "1")
+        with torch.no_grad():
+            logits[flag], _ = model(tokens, cache=attn)
+    torch.testing.assert_close(logits["1"], logits["0"], rtol=1e-4, atol=1e-4)
+
+
+@needs_kernel
+def test_a_plan_for_the_kernel_falls_back_when_a_layer_cannot_use_it():
+    """The step planned for the kernel (CPU float32 pool), but a query that records autograd
+    arrives: that layer runs PyTorch's path (built then), with the same values and a gradient."""
+    from tests.test_ragged_attention import filled_pool, reference as one_row
+    from tinyllm.kv.ragged import RaggedAttention
+    lens = [12, 5, 30]
+    pool = filled_pool(lens, 4, d=16, seed=2)
+    items = [(slot, n - 1, 1) for slot, n in enumerate(lens)]
+    attn = RaggedAttention(pool, items)
+    assert attn._native is not None
+    q = torch.randn(1, 4, len(items), 16, requires_grad=True)
+    out = attn.attend(0, q, pool.k[0, attn._write].transpose(0, 1)[None], pool.v[0, attn._write].transpose(0, 1)[None])
+    assert attn._decode is not None and out.grad_fn is not None
+    for i, (slot, start, _) in enumerate(items):
+        torch.testing.assert_close(out[0, :, i].detach(), one_row(pool, slot, q[0, :, i].detach(), start), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("bad, message", [
+    (lambda a: {**a, "tables": a["tables"].int()}, "int64 tables"),
+    (lambda a: {**a, "lens": a["lens"].int()}, "int64 tables and lens"),
+    (lambda a: {**a, "tables": a["tables"] + 1000}, "block ids in 0.."),
+    (lambda a: {**a, "tables": a["tables"] - 1000}, "block ids in 0.."),
+    (lambda a: {**a, "lens": a["lens"] * 0}, "lens in 1.."),
+    (lambda a: {**a, "lens": a["lens"] + 1000}, "lens in 1.."),
+    (lambda a: {**a, "lens": a["lens"][:-1]}, "tables (3, width) and lens (3,)"),
+    (lambda a: {**a, "v": a["v"][:, :1].contiguous()}, "k, v of shape"),
+    (lambda a: {**a, "k": a["k"].double()}, "float32 q/k/v"),
+    (lambda a: {**a, "k": a["k"][:, :, :8]}, "k, v of shape"),
+    (lambda a: {**a, "v": a["v"].transpose(0, 1).contiguous().transpose(0, 1)}, "contiguous"),
+])
+def test_arguments_the_c_code_would_misread_are_refused(bad, message):
+    """The C code reads raw pointers: every argument that would send it out of bounds (an int32
+    table, a block id past the pool, a length past the table) is a ValueError instead."""
+    lens = [5, 9, 3]
+    tables, n_blocks = scattered_tables(lens, 4, seed=1)
+    args = {"q": torch.randn(4, 3, 16), "k": pool(n_blocks, 4, 2, 16), "v": pool(n_blocks, 4, 2, 16),
+            "tables": tables, "lens": torch.tensor(lens), "block_size": 4}
+    native.decode_attention(**args)                                         # as given: fine
+    with pytest.raises(ValueError, match="paged decode attention needs") as e:
+        native.decode_attention(**bad(args))
+    assert message in str(e.value)
+
+
+def test_a_compiler_that_fails_strangely_still_falls_back_with_a_reason(monkeypatch, tmp_path):
+    """A compiler whose error output is not UTF-8: the build fails, kernel() says why (and keeps
+    saying it), nothing escapes."""
+    cc = tmp_path / "cc"
+    cc.write_bytes(b"#!/bin/sh\nprintf '\\377\\376 broken' >&2\nexit 1\n")
+    cc.chmod(0o755)
+    monkeypatch.setattr(native, "_kernel", None)
+    monkeypatch.setattr(native, "_tried", False)
+    monkeypatch.setenv("TINYLLM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "_compiler", lambda: str(cc))
+    assert native.kernel() is None and "build failed" in native.why_not and "broken" in native.why_not
+    assert native.kernel() is None and "build failed" in native.why_not
+    assert "build failed" in native.describe()
+
+
+@needs_kernel
+def test_another_cpu_gets_its_own_build(monkeypatch, tmp_path):
+    """Built for this CPU (-march=native): a cache shared with another machine must not hand it
+    this build (an illegal instruction kills the process). The CPU is part of the key."""
+    monkeypatch.setattr(native, "_kernel", None)
+    monkeypatch.setattr(native, "_tried", False)
+    monkeypatch.setenv("TINYLLM_CACHE", str(tmp_path))
+    assert native.kernel() is not None
+    monkeypatch.setattr(native, "_tried", False)
+    real = native._machine_id
+    monkeypatch.setattr(native, "_machine_id", lambda cc: real(cc) + " another cpu")
+    assert native.kernel() is not None
+    assert len(list((tmp_path / "kernels").glob("*.so"))) == 2

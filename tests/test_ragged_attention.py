@@ -25,12 +25,13 @@ def _pytorch_attention(monkeypatch):
     monkeypatch.setenv("TINYLLM_NATIVE", "0")
 
 
-def filled_pool(lens: list[int], block_size: int, hkv: int = 2, d: int = 8, seed: int = 0) -> PagedKVCache:
-    """A one-layer pool whose slots hold ``lens`` tokens of random K/V, their blocks handed out
+def filled_pool(lens: list[int], block_size: int, hkv: int = 2, d: int = 8, seed: int = 0,
+                layers: int = 1) -> PagedKVCache:
+    """A pool (one layer unless told) whose slots hold ``lens`` tokens of random K/V, their blocks handed out
     in turns (so a sequence's blocks are not adjacent, as in a running engine)."""
     torch.manual_seed(seed)
     n_blocks = sum(-(-n // block_size) + 1 for n in lens) + 4
-    pool = PagedKVCache(1, len(lens), hkv, d, n_blocks, block_size, max_len=max(lens) + block_size)
+    pool = PagedKVCache(layers, len(lens), hkv, d, n_blocks, block_size, max_len=max(lens) + block_size)
     need = [pool.blocks_for(n + 1) for n in lens]
     order = list(range(len(lens)))
     random.Random(seed).shuffle(order)

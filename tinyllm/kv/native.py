@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("paged_attention.c")
 FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno"]
-MAX_GROUP = 64                       # query heads per KV head the kernel handles (its stack arrays)
 
 _kernel: ctypes._CFuncPtr | None = None
 _tried = False
@@ -43,8 +42,11 @@ def enabled() -> bool:
 
 
 def cache_dir() -> Path:
+    home = os.path.expanduser("~")
+    if home.startswith("~"):                         # no HOME and no passwd entry: not the working directory
+        home = tempfile.gettempdir()
     root = os.environ.get("TINYLLM_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tinyllm")
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"), "tinyllm")
     return Path(root) / "kernels"
 
 
@@ -57,18 +59,41 @@ def _torch_uses_libgomp() -> bool:
     shares its thread pool (same soname, already loaded). Anything else (macOS's libomp, Intel's)
     would be a second pool fighting the first for the cores: the kernel is built serial there."""
     try:
-        return "libgomp" in Path("/proc/self/maps").read_text()
+        maps = Path("/proc/self/maps").read_text()
     except OSError:
         return False
+    # exactly the soname -fopenmp links: a wheel bundling a renamed copy (libgomp-<hash>.so.1) would
+    # leave the kernel on the system's, a second pool
+    return any(line.endswith("/libgomp.so.1") for line in maps.splitlines())
+
+
+def _machine_id(cc: str) -> str:
+    """What the build depends on beyond the source: the compiler's version and, since it is built
+    for this CPU (-march=native), the CPU's feature flags. A cache shared between machines (an NFS
+    home, a container image) then never hands a CPU code built for another: that would die with
+    an illegal instruction, which no Python code can catch."""
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, errors="replace",
+                                 timeout=30).stdout.split("\n")[0]
+    except (OSError, subprocess.SubprocessError):
+        version = "?"
+    flags = ""
+    try:
+        flags = next((line for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
+                      if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    return " ".join([version, flags or platform.processor(), platform.machine(), sys.platform])
 
 
 def _build(cc: str) -> Path:
-    """The shared library for this source and compiler, built unless cached. Written to a temporary
-    name and renamed, so processes building at once (test workers) never load a half-written file."""
+    """The shared library for this source, compiler and CPU, built unless cached. Written to a
+    temporary name and renamed, so processes building at once (test workers) never load a
+    half-written file. Tries -march=native and OpenMP first, then without either."""
     src = SOURCE.read_bytes()
     openmp = ["-fopenmp"] if _torch_uses_libgomp() else []
     native = ["-march=native"] if platform.machine() in ("x86_64", "AMD64") else ["-mcpu=native"]
-    key = hashlib.sha256(src + " ".join([cc, *FLAGS, *openmp, platform.machine(), sys.platform]).encode())
+    key = hashlib.sha256(src + " ".join([cc, *FLAGS, *openmp, _machine_id(cc)]).encode())
     out = cache_dir() / f"paged_attention-{key.hexdigest()[:16]}.so"
     if out.exists():
         return out
@@ -76,13 +101,15 @@ def _build(cc: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        for arch in (native, []):                   # -march=native where the compiler knows it
-            r = subprocess.run([cc, *FLAGS, *openmp, *arch, "-o", tmp, str(SOURCE), "-lm"],
-                               capture_output=True, text=True, timeout=120)
+        errors = ""
+        for extra in ([*openmp, *native], openmp, native, []) if openmp else (native, []):
+            r = subprocess.run([cc, *FLAGS, *extra, "-o", tmp, str(SOURCE), "-lm"],
+                               capture_output=True, text=True, errors="replace", timeout=120)
             if r.returncode == 0:
                 os.replace(tmp, out)
                 return out
-        raise RuntimeError(f"{cc} failed: {r.stderr.strip()[-400:]}")
+            errors = r.stderr.strip()[-400:]
+        raise RuntimeError(f"{cc} failed: {errors}")
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -110,8 +137,8 @@ def kernel() -> ctypes._CFuncPtr | None:
                            i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
             fn.restype = ctypes.c_int
             _kernel = fn
-        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-            why_not = f"build failed ({e})"
+        except Exception as e:                     # whatever the toolchain does: PyTorch's path, said why
+            why_not = f"build failed ({type(e).__name__}: {e})"
     if _kernel is None:
         log.info("paged attention stays on PyTorch: %s", why_not)
     return _kernel
@@ -123,26 +150,58 @@ def describe() -> str:
 
 
 def usable(q: Tensor, pool: Tensor) -> bool:
-    """The kernel can run this attention: CPU, float32 query and pool, at most MAX_GROUP query
-    heads per KV head, not recording autograd (it has no backward)."""
+    """The kernel can run this attention: CPU, float32 query and pool, not recording autograd (it
+    has no backward)."""
     return (q.device.type == "cpu" and pool.device.type == "cpu" and q.dtype == torch.float32
             and pool.dtype == torch.float32 and not (torch.is_grad_enabled() and q.requires_grad)
-            and q.size(-3) // pool.size(1) <= MAX_GROUP and kernel() is not None)
+            and kernel() is not None)
+
+
+def check_arguments(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, lens: Tensor, block_size: int,
+                    bounds: bool = True) -> None:
+    """Everything the C code trusts, checked here: it reads raw pointers, so a wrong dtype, shape
+    or block id would read out of bounds (a crash, or silently wrong attention) instead of raising.
+    ``bounds=False`` skips the lengths' and block ids' ranges (four reductions, ~30 us): for the
+    layers after the first of a step, which share its tables and lens."""
+    H, rows, D = q.shape
+    problems = []
+    if {t.device.type for t in (q, k, v, tables, lens)} != {"cpu"}:
+        problems.append("every tensor on the CPU")
+    if not (q.dtype == k.dtype == v.dtype == torch.float32):
+        problems.append(f"float32 q/k/v (got {q.dtype}, {k.dtype}, {v.dtype})")
+    if tables.dtype != torch.int64 or lens.dtype != torch.int64:
+        problems.append(f"int64 tables and lens (got {tables.dtype}, {lens.dtype})")
+    if k.dim() != 3 or k.shape != v.shape or k.size(2) != D or H % k.size(1):
+        problems.append(f"k, v of shape (tokens, Hkv, {D}) with Hkv dividing {H} (got {tuple(k.shape)}, {tuple(v.shape)})")
+    if not (k.is_contiguous() and v.is_contiguous() and tables.is_contiguous() and lens.is_contiguous()):
+        problems.append("contiguous pool, tables and lens")
+    if tables.dim() != 2 or tables.size(0) != rows or lens.shape != (rows,):
+        problems.append(f"tables ({rows}, width) and lens ({rows},)")
+    elif rows and bounds:
+        n_blocks = k.size(0) // block_size
+        if int(lens.min()) < 1 or int(lens.max()) > tables.size(1) * block_size:
+            problems.append(f"lens in 1..{tables.size(1) * block_size} (the table's width x block_size)")
+        elif int(tables.min()) < 0 or int(tables.max()) >= n_blocks:
+            problems.append(f"block ids in 0..{n_blocks - 1}")
+    if problems:
+        raise ValueError("paged decode attention needs " + "; ".join(problems))
 
 
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, lens: Tensor,
-                     block_size: int) -> Tensor:
+                     block_size: int, bounds_checked: bool = False) -> Tensor:
     """Decode attention over a paged pool, read in place.
 
     q: (H, rows, D), last dim contiguous; k, v: one layer's pool (tokens, Hkv, D), contiguous;
-    tables: (rows, width) int64 block ids; lens: (rows,) int64, the positions each row attends
-    (0 .. lens-1, through its table). Returns (H, rows, D): a view of a (rows, H, D) tensor, so
+    tables: (rows, width) int64 block ids, every entry a valid block (pad a short row with any, e.g.
+    the pool's scratch block: entries past a row's length are never read); lens: (rows,) int64,
+    the positions each row attends (0 .. lens-1, through its table), each at least 1. Checked
+    (``check_arguments``): a ValueError, never an out-of-bounds read. ``bounds_checked``: the
+    ranges of these same tables and lens were checked by an earlier call (on a pool as large). Returns (H, rows, D): a view of a (rows, H, D) tensor, so
     the model's transpose back to token-major costs no copy."""
     H, rows, D = q.shape
+    check_arguments(q, k, v, tables, lens, block_size, bounds=not bounds_checked)
     if q.stride(-1) != 1:
         q = q.contiguous()
-    if not (k.is_contiguous() and v.is_contiguous() and tables.is_contiguous() and lens.is_contiguous()):
-        raise ValueError("decode_attention: pool, tables and lens must be contiguous")
     out = torch.empty(rows, H, D, dtype=q.dtype, device=q.device)
     rc = kernel()(q.data_ptr(), q.stride(1), q.stride(0), k.data_ptr(), v.data_ptr(),
                   tables.data_ptr(), tables.size(1), lens.data_ptr(),

@@ -48,6 +48,7 @@ class RaggedAttention:
         self._chunks = [self._chunk_plan(slot, start, n) for slot, start, n in items[self.n_decode:]]
         self._decode: list[tuple[Tensor, Tensor, int, Tensor]] | None = None    # PyTorch path's groups, when used
         self._native = self._native_plan() if self.n_decode else None
+        self._bounds_checked = False
 
     def _native_plan(self) -> tuple[Tensor, Tensor] | None:
         """The decode rows' block tables (rows, widest) and lengths for the C kernel
@@ -59,8 +60,8 @@ class RaggedAttention:
         bs, dec = pool.block_size, self.items[:self.n_decode]
         need = [start // bs + 1 for _, start, _ in dec]
         width = max(need)
-        tables = torch.tensor([pool.tables[slot][:nb] + [0] * (width - nb) for (slot, _, _), nb in zip(dec, need)],
-                              dtype=torch.long)
+        tables = torch.tensor([pool.tables[slot][:nb] + [pool.scratch] * (width - nb)
+                               for (slot, _, _), nb in zip(dec, need)], dtype=torch.long)
         lens = torch.tensor([start + 1 for _, start, _ in dec], dtype=torch.long)
         return tables, lens
 
@@ -123,7 +124,9 @@ class RaggedAttention:
         kbuf, vbuf = self.pool.workspace(self._window())
         outs = []
         if native_decode:
-            outs.append(native.decode_attention(q[0, :, :nd], kl, vl, *self._native, bs)[None])
+            outs.append(native.decode_attention(q[0, :, :nd], kl, vl, *self._native, bs,
+                                                bounds_checked=self._bounds_checked)[None])
+            self._bounds_checked = True                    # the same tables and lens every layer
         elif nd:
             outs.append(self._attend_decodes(q[0, :, :nd], kl, vl, kbuf, vbuf)[None])
         off = nd
