@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.helpers import mixed_workload, solo_outputs, with_early_eos
+from tinyllm import native
 from tinyllm.engine import run_continuous
 from tinyllm.kv import ragged
 from tinyllm.kv.paged import PagedKVCache
@@ -21,8 +22,8 @@ from tinyllm.model.transformer import grouped_attention
 
 @pytest.fixture(autouse=True)
 def _pytorch_attention(monkeypatch):
-    """These tests are about the PyTorch path: the C kernel (tests/test_native_attention.py) off."""
-    monkeypatch.setenv("TINYLLM_NATIVE", "0")
+    """These tests are about the PyTorch path: the C kernel (tests/test_native.py) off."""
+    monkeypatch.setattr(native, "ENABLED", False)
 
 
 def filled_pool(lens: list[int], block_size: int, hkv: int = 2, d: int = 8, seed: int = 0,

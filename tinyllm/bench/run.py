@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tinyllm.kv import native
+from tinyllm import native
 from tinyllm.model.device import resolve_device
 from tinyllm.engine import (DEFAULT_MAX_BATCHED_TOKENS, Request, kv_bytes_per_token, percentile, run_continuous,
                             run_static)

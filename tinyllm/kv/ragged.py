@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from tinyllm.model.transformer import grouped_attention
-from tinyllm.kv import native
+from tinyllm import native
 from tinyllm.kv.paged import PagedKVCache, gather_blocks
 
 GROUP_TOKENS = 4096     # window tokens per decode group (measured best of 1024..8192 on the d256 and
@@ -52,10 +52,10 @@ class RaggedAttention:
 
     def _native_plan(self) -> tuple[Tensor, Tensor] | None:
         """The decode rows' block tables (rows, widest) and lengths for the C kernel
-        (``native.py``), which reads the pool in place; None where it cannot run (not CPU float32,
+        (``tinyllm/native.py``), which reads the pool in place; None where it cannot run (not CPU float32,
         no compiler). Built once per step, shared by every layer."""
         pool = self.pool
-        if pool.device.type != "cpu" or pool.k.dtype != torch.float32 or native.kernel() is None:
+        if pool.device.type != "cpu" or pool.k.dtype != torch.float32 or native.library() is None:
             return None
         bs, dec = pool.block_size, self.items[:self.n_decode]
         need = [start // bs + 1 for _, start, _ in dec]

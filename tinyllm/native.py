@@ -1,13 +1,16 @@
-"""The CPU paged-attention kernel (``paged_attention.c``): built on first use, loaded with ctypes.
+"""tinyllm's C kernels for CPU float32 (``tinyllm/csrc``): built on first use, loaded with ctypes.
 
-Why C, and why this way: on CPU the PyTorch decode attention copies every row's blocks into a
-dense window once per layer and step, then reads them again (`kv/ragged.py`); the kernel reads the
-blocks in place. It is plain C without PyTorch headers, so the system C compiler builds it in well
-under a second (a PyTorch C++ extension takes about a minute on two cores); the shared library is
-cached per source, compiler and machine under ``$TINYLLM_CACHE`` (default
-``~/.cache/tinyllm``). Where no compiler is found, or the build fails, ``kernel()`` says so once
-in the log (info level) and returns None, and attention stays on the PyTorch path: the kernel is a
-speed-up, never a requirement. ``TINYLLM_NATIVE=0`` turns it off (for A/B measurements).
+- ``decode_attention`` (``paged_attention.c``): on CPU the PyTorch decode attention copies every
+  row's blocks into a dense window once per layer and step, then reads them again
+  (``kv/ragged.py``); the kernel reads the blocks in place.
+- ``rms_norm`` (``rms_norm.c``): one pass per row instead of PyTorch's six ops.
+
+Why this way: plain C without PyTorch headers, so the system C compiler builds the library in well
+under a second (a PyTorch C++ extension takes about a minute on two cores); it is cached per
+source, compiler and CPU under ``$TINYLLM_CACHE`` (default ``~/.cache/tinyllm``). Where no compiler
+is found, or the build fails, ``library()`` says so once in the log (info level) and returns None,
+and everything runs on PyTorch: the kernels are a speed-up, never a requirement.
+``TINYLLM_NATIVE=0`` in the environment (or ``native.ENABLED = False``) turns them off.
 """
 
 from __future__ import annotations
@@ -28,17 +31,15 @@ from torch import Tensor
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("paged_attention.c")
+CSRC = Path(__file__).with_name("csrc")
 FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno"]
 
-_kernel: ctypes._CFuncPtr | None = None
+# Read once (the hot path asks per layer); tests and scripts/attention_ab.py set it directly.
+ENABLED = os.environ.get("TINYLLM_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+_lib: ctypes.CDLL | None = None
 _tried = False
-why_not = ""                         # why the kernel is not in use (for the bench and the log)
-
-
-def enabled() -> bool:
-    """The kernel is wanted: not turned off by ``TINYLLM_NATIVE=0``."""
-    return os.environ.get("TINYLLM_NATIVE", "1").strip() not in ("0", "false", "no", "off")
+why_not = ""                         # why the kernels are not in use (for the bench and the log)
 
 
 def cache_dir() -> Path:
@@ -90,11 +91,12 @@ def _build(cc: str) -> Path:
     """The shared library for this source, compiler and CPU, built unless cached. Written to a
     temporary name and renamed, so processes building at once (test workers) never load a
     half-written file. Tries -march=native and OpenMP first, then without either."""
-    src = SOURCE.read_bytes()
+    sources = sorted(CSRC.glob("*.c"))
+    src = b"".join(p.read_bytes() for p in sorted(CSRC.glob("*.[ch]")))
     openmp = ["-fopenmp"] if _torch_uses_libgomp() else []
     native = ["-march=native"] if platform.machine() in ("x86_64", "AMD64") else ["-mcpu=native"]
     key = hashlib.sha256(src + " ".join([cc, *FLAGS, *openmp, _machine_id(cc)]).encode())
-    out = cache_dir() / f"paged_attention-{key.hexdigest()[:16]}.so"
+    out = cache_dir() / f"tinyllm-{key.hexdigest()[:16]}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -103,7 +105,7 @@ def _build(cc: str) -> Path:
     try:
         errors = ""
         for extra in ([*openmp, *native], openmp, native, []) if openmp else (native, []):
-            r = subprocess.run([cc, *FLAGS, *extra, "-o", tmp, str(SOURCE), "-lm"],
+            r = subprocess.run([cc, *FLAGS, *extra, "-I", str(CSRC), "-o", tmp, *map(str, sources), "-lm"],
                                capture_output=True, text=True, errors="replace", timeout=120)
             if r.returncode == 0:
                 os.replace(tmp, out)
@@ -115,15 +117,15 @@ def _build(cc: str) -> Path:
             os.unlink(tmp)
 
 
-def kernel() -> ctypes._CFuncPtr | None:
-    """The compiled ``paged_decode_attention``, or None (no compiler, a failed build, or turned
-    off); the build is tried once per process."""
-    global _kernel, _tried, why_not
-    if not enabled():
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels, or None (no compiler, a failed build, or turned off); the build is
+    tried once per process."""
+    global _lib, _tried, why_not
+    if not ENABLED:
         why_not = "turned off (TINYLLM_NATIVE=0)"
         return None
     if _tried:
-        return _kernel
+        return _lib
     _tried = True
     cc = _compiler()
     if cc is None:
@@ -131,22 +133,23 @@ def kernel() -> ctypes._CFuncPtr | None:
     else:
         try:
             lib = ctypes.CDLL(str(_build(cc)))
-            fn = lib.paged_decode_attention
-            i64, ptr = ctypes.c_int64, ctypes.c_void_p
-            fn.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, i64, i64,
-                           i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
-            fn.restype = ctypes.c_int
-            _kernel = fn
+            i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+            lib.paged_decode_attention.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, i64, i64,
+                                                   i64, i64, i64, i64, i64, f32, ctypes.c_int]
+            lib.paged_decode_attention.restype = ctypes.c_int
+            lib.rms_norm.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, f32]
+            lib.rms_norm.restype = None
+            _lib = lib
         except Exception as e:                     # whatever the toolchain does: PyTorch's path, said why
             why_not = f"build failed ({type(e).__name__}: {e})"
-    if _kernel is None:
-        log.info("paged attention stays on PyTorch: %s", why_not)
-    return _kernel
+    if _lib is None:
+        log.info("C kernels not in use, PyTorch runs instead: %s", why_not)
+    return _lib
 
 
 def describe() -> str:
     """Which decode attention a CPU float32 paged pool runs, for the bench's report."""
-    return "C kernel (kv/paged_attention.c)" if kernel() is not None else f"PyTorch: {why_not}"
+    return "C kernel (csrc/paged_attention.c)" if library() is not None else f"PyTorch: {why_not}"
 
 
 def usable(q: Tensor, pool: Tensor) -> bool:
@@ -154,7 +157,7 @@ def usable(q: Tensor, pool: Tensor) -> bool:
     has no backward)."""
     return (q.device.type == "cpu" and pool.device.type == "cpu" and q.dtype == torch.float32
             and pool.dtype == torch.float32 and not (torch.is_grad_enabled() and q.requires_grad)
-            and kernel() is not None)
+            and library() is not None)
 
 
 def check_arguments(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, lens: Tensor, block_size: int,
@@ -203,7 +206,7 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, lens: Tens
     if q.stride(-1) != 1:
         q = q.contiguous()
     out = torch.empty(rows, H, D, dtype=q.dtype, device=q.device)
-    rc = kernel()(q.data_ptr(), q.stride(1), q.stride(0), k.data_ptr(), v.data_ptr(),
+    rc = library().paged_decode_attention(q.data_ptr(), q.stride(1), q.stride(0), k.data_ptr(), v.data_ptr(),
                   tables.data_ptr(), tables.size(1), lens.data_ptr(),
                   out.data_ptr(), out.stride(0), out.stride(1),
                   rows, H, k.size(1), D, block_size, D ** -0.5, torch.get_num_threads())
@@ -211,3 +214,20 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, lens: Tens
         raise RuntimeError({1: "paged attention kernel: out of memory for its scores",
                             3: "paged attention kernel: unsupported head layout"}.get(rc, f"kernel error {rc}"))
     return out.transpose(0, 1)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor | None:
+    """x / sqrt(mean(x^2) + eps) * weight over the last dim, in one C pass per row; None where
+    it cannot run (not CPU float32, autograd recording, no library): the caller uses PyTorch."""
+    lib = library()
+    if (lib is None or x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32
+            or weight.device.type != "cpu" or weight.dim() != 1 or weight.numel() != x.size(-1)
+            or not weight.is_contiguous() or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+        return None
+    D = x.size(-1)
+    rows = x.reshape(-1, D)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty(rows.shape, dtype=x.dtype)
+    lib.rms_norm(rows.data_ptr(), rows.stride(0), weight.data_ptr(), out.data_ptr(), D, rows.size(0), D, eps)
+    return out.view(x.shape)

@@ -1,4 +1,4 @@
-"""The C decode-attention kernel (kv/paged_attention.c, built and loaded by kv/native.py): each
+"""The C kernels (tinyllm/csrc, built and loaded by tinyllm/native.py). Decode attention: each
 row checked against plain attention over its own K/V read through its block table, for every
 head-size code path (the unrolled 64 and 128, the vector and scalar fallbacks), GQA groups,
 block sizes, threads and query strides; its fallbacks (turned off, no compiler, a failing
@@ -15,10 +15,10 @@ import torch
 
 from tests.helpers import mixed_workload, solo_outputs, with_early_eos
 from tinyllm.engine import run_continuous
-from tinyllm.kv import native
+from tinyllm import native
 from tinyllm.request import Sampling
 
-needs_kernel = pytest.mark.skipif(native.kernel() is None, reason=f"no native kernel here: {native.why_not}")
+needs_kernel = pytest.mark.skipif(native.library() is None, reason=f"no native kernel here: {native.why_not}")
 
 
 def scattered_tables(lens: list[int], bs: int, seed: int) -> tuple[torch.Tensor, int]:
@@ -139,20 +139,21 @@ def test_a_ragged_batch_of_decodes_and_chunks_runs_its_decodes_on_the_kernel():
 
 
 def test_turned_off_by_environment(monkeypatch):
-    monkeypatch.setenv("TINYLLM_NATIVE", "0")
-    assert native.kernel() is None
+    monkeypatch.setattr(native, "ENABLED", False)
+    assert native.library() is None
     assert "TINYLLM_NATIVE=0" in native.why_not
+    assert native.rms_norm(torch.randn(3, 8), torch.ones(8), 1e-5) is None
 
 
 @pytest.mark.parametrize("cc, why", [(None, "no C compiler"), ("false", "build failed")])
 def test_without_a_working_compiler_the_engine_stays_on_pytorch(monkeypatch, tmp_path, model, cc, why):
-    """No compiler, or one that fails: kernel() says why once and returns None, and the engine
+    """No compiler, or one that fails: library() says why once and returns None, and the engine
     runs its PyTorch attention, with the same tokens."""
-    monkeypatch.setattr(native, "_kernel", None)
+    monkeypatch.setattr(native, "_lib", None)
     monkeypatch.setattr(native, "_tried", False)
     monkeypatch.setenv("TINYLLM_CACHE", str(tmp_path))
     monkeypatch.setattr(native, "_compiler", lambda: cc)
-    assert native.kernel() is None
+    assert native.library() is None
     assert why in native.why_not
     assert not list(tmp_path.rglob("*.so")) and not list(tmp_path.rglob("*.tmp*"))
     reqs = mixed_workload(6, seed=2)
@@ -163,16 +164,16 @@ def test_without_a_working_compiler_the_engine_stays_on_pytorch(monkeypatch, tmp
 
 @needs_kernel
 def test_built_into_the_cache_once_and_reused(monkeypatch, tmp_path):
-    monkeypatch.setattr(native, "_kernel", None)
+    monkeypatch.setattr(native, "_lib", None)
     monkeypatch.setattr(native, "_tried", False)
     monkeypatch.setenv("TINYLLM_CACHE", str(tmp_path))
-    assert native.kernel() is not None
+    assert native.library() is not None
     built = list(tmp_path.rglob("*.so"))
     assert len(built) == 1 and built[0].parent == tmp_path / "kernels"
     assert sorted(p.name for p in (tmp_path / "kernels").iterdir()) == [built[0].name]   # no temporary left
     monkeypatch.setattr(native, "_tried", False)
     monkeypatch.setattr(native, "_compiler", lambda: "false")      # a second process: loads, never rebuilds
-    assert native.kernel() is not None
+    assert native.library() is not None
 
 
 @needs_kernel
@@ -203,7 +204,7 @@ def test_kernel_and_pytorch_paths_give_the_same_logits(model, monkeypatch):
     tokens = torch.tensor([[random.Random(i).randrange(cfg.vocab_size) for i in range(len(lens) - 1 + 10)]])
     logits = {}
     for flag in ("1", "0"):
-        monkeypatch.setenv("TINYLLM_NATIVE", flag)
+        monkeypatch.setattr(native, "ENABLED", flag == "1")
         attn = RaggedAttention(pool, items)
         assert (attn._native is not None) == (flag == "1")
         with torch.no_grad():
@@ -257,17 +258,17 @@ def test_arguments_the_c_code_would_misread_are_refused(bad, message):
 
 
 def test_a_compiler_that_fails_strangely_still_falls_back_with_a_reason(monkeypatch, tmp_path):
-    """A compiler whose error output is not UTF-8: the build fails, kernel() says why (and keeps
+    """A compiler whose error output is not UTF-8: the build fails, library() says why (and keeps
     saying it), nothing escapes."""
     cc = tmp_path / "cc"
     cc.write_bytes(b"#!/bin/sh\nprintf '\\377\\376 broken' >&2\nexit 1\n")
     cc.chmod(0o755)
-    monkeypatch.setattr(native, "_kernel", None)
+    monkeypatch.setattr(native, "_lib", None)
     monkeypatch.setattr(native, "_tried", False)
     monkeypatch.setenv("TINYLLM_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(native, "_compiler", lambda: str(cc))
-    assert native.kernel() is None and "build failed" in native.why_not and "broken" in native.why_not
-    assert native.kernel() is None and "build failed" in native.why_not
+    assert native.library() is None and "build failed" in native.why_not and "broken" in native.why_not
+    assert native.library() is None and "build failed" in native.why_not
     assert "build failed" in native.describe()
 
 
@@ -275,12 +276,71 @@ def test_a_compiler_that_fails_strangely_still_falls_back_with_a_reason(monkeypa
 def test_another_cpu_gets_its_own_build(monkeypatch, tmp_path):
     """Built for this CPU (-march=native): a cache shared with another machine must not hand it
     this build (an illegal instruction kills the process). The CPU is part of the key."""
-    monkeypatch.setattr(native, "_kernel", None)
+    monkeypatch.setattr(native, "_lib", None)
     monkeypatch.setattr(native, "_tried", False)
     monkeypatch.setenv("TINYLLM_CACHE", str(tmp_path))
-    assert native.kernel() is not None
+    assert native.library() is not None
     monkeypatch.setattr(native, "_tried", False)
     real = native._machine_id
     monkeypatch.setattr(native, "_machine_id", lambda cc: real(cc) + " another cpu")
-    assert native.kernel() is not None
+    assert native.library() is not None
     assert len(list((tmp_path / "kernels").glob("*.so"))) == 2
+
+
+
+# -- RMSNorm (csrc/rms_norm.c) ------------------------------------------------------------------
+
+def torch_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return w * torch.nn.functional.rms_norm(x, (x.size(-1),), eps=eps)
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", [(1, 1, 256), (2, 37, 256), (5, 17), (3, 1), (0, 64), (700, 96)])
+@pytest.mark.parametrize("scale", [1.0, 1e4, 1e-20])
+def test_rms_norm_matches_pytorch(shape, scale):
+    """Every row, any leading shape (700 x 96 runs on several threads), huge and tiny values
+    (eps keeps an all-but-zero row finite)."""
+    torch.set_num_threads(2)
+    torch.manual_seed(len(shape) + shape[-1])
+    x, w = torch.randn(shape) * scale, torch.randn(shape[-1])
+    y = native.rms_norm(x, w, 1e-5)
+    assert y is not None and y.shape == x.shape and torch.isfinite(y).all()
+    torch.testing.assert_close(y, torch_rms_norm(x, w, 1e-5), rtol=2e-6, atol=1e-6)
+
+
+@needs_kernel
+def test_rms_norm_reads_strided_rows_and_leaves_its_input_alone():
+    base = torch.randn(6, 10, 32)
+    x = base.transpose(0, 1)                                # (10, 6, 32): rows not in memory order
+    keep = x.clone()
+    w = torch.rand(32)
+    torch.testing.assert_close(native.rms_norm(x, w, 1e-6), torch_rms_norm(x, w, 1e-6), rtol=2e-6, atol=1e-6)
+    assert torch.equal(x, keep)
+    wide = torch.randn(4, 64)[:, ::2]                          # last dim strided: copied first
+    torch.testing.assert_close(native.rms_norm(wide, w, 1e-6), torch_rms_norm(wide, w, 1e-6), rtol=2e-6, atol=1e-6)
+
+
+@needs_kernel
+def test_rms_norm_leaves_autograd_and_other_dtypes_to_pytorch():
+    w = torch.nn.Parameter(torch.ones(8))
+    x = torch.randn(3, 8)
+    assert native.rms_norm(x, w, 1e-5) is None                 # grad on: the weight records autograd
+    with torch.no_grad():
+        assert native.rms_norm(x, w, 1e-5) is not None
+        assert native.rms_norm(x.bfloat16(), w.bfloat16(), 1e-5) is None
+        assert native.rms_norm(x.double(), w.double(), 1e-5) is None
+        assert native.rms_norm(x, torch.ones(9), 1e-5) is None
+
+
+@needs_kernel
+def test_the_model_norms_run_in_c_and_give_pytorchs_logits(model, monkeypatch):
+    calls = []
+    real = native.rms_norm
+    monkeypatch.setattr(native, "rms_norm", lambda *a: calls.append(1) or real(*a))
+    tokens = torch.tensor([[random.Random(i).randrange(model.cfg.vocab_size) for i in range(20)]])
+    with torch.no_grad():
+        ours, _ = model(tokens)
+        assert len(calls) == 2 * model.cfg.n_layers + 1         # two per block and the final norm
+        monkeypatch.setattr(native, "ENABLED", False)
+        theirs, _ = model(tokens)
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)

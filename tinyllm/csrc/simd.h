@@ -1,0 +1,28 @@
+/* Shared by the C kernels (tinyllm/csrc): 8-float vectors and an exp the compiler vectorizes. */
+#ifndef TINYLLM_SIMD_H
+#define TINYLLM_SIMD_H
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* 8 floats: compiled to AVX, SSE or NEON as the machine has. */
+typedef float v8 __attribute__((vector_size(32)));
+static inline v8 load8(const float *p) { v8 r; memcpy(&r, p, sizeof r); return r; }
+static inline void store8(float *p, v8 x) { memcpy(p, &x, sizeof x); }
+static inline float hsum8(v8 x) { return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7])); }
+
+/* e^x for x <= 0 (a score minus its row's max): 2^n e^r with |r| <= ln2/2 and a degree-6 Taylor
+ * polynomial (relative error ~1e-7, float's own precision), written so the compiler vectorizes
+ * it (libm's expf is one scalar call per score). */
+static inline float exp_nonpos(float x) {
+    x = x < -87.f ? -87.f : x;
+    const float n = floorf(x * 1.44269504f + 0.5f);
+    const float r = x - n * 0.693145752f - n * 1.42860677e-6f;
+    const float p = 1.f + r * (1.f + r * (0.5f + r * (1.f / 6 + r * (1.f / 24 + r * (1.f / 120 + r * (1.f / 720))))));
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+#endif
