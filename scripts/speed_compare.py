@@ -31,6 +31,9 @@ def main() -> None:
     p.add_argument("--kv-memory", type=float, default=None, metavar="MiB",
                    help="size the pool by KV memory, --seqs then caps the running sequences (max_num_seqs); "
                         "for the comparison with scripts/vllm_bench.py --kv-memory")
+    p.add_argument("--budget", type=int, default=None,
+                   help="token budget per step (max_batched_tokens; default max(256, --seqs)); vLLM-CPU's own "
+                        "default for the LLM class is 4096")
     p.add_argument("--no-anatomy", action="store_true", help="only the run, not the decode step taken apart")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
@@ -40,11 +43,11 @@ def main() -> None:
     t = time.perf_counter()
     size = {"kv_memory_mib": a.kv_memory, "max_num_seqs": a.seqs} if a.kv_memory else {"n_slots": a.seqs}
     _, st = run_continuous(model, reqs, max_len=512, kv="paged", chunked_prefill=True,
-                           max_batched_tokens=max(256, a.seqs), **size)
+                           max_batched_tokens=a.budget or max(256, a.seqs), **size)
     wall = time.perf_counter() - t
     if a.no_anatomy:
         print(json.dumps({"label": a.label, "model": a.model or "bundled", "seqs": a.seqs, "kv_memory_mib": a.kv_memory,
-                          "tok_s": round(st["tok_s"], 1), "wall_s": round(wall, 2)}), flush=True)
+                          "budget": a.budget or max(256, a.seqs), "tok_s": round(st["tok_s"], 1), "wall_s": round(wall, 2)}), flush=True)
         return
     step = decode_anatomy(model, slots=a.seqs, kv="chunked")
     peak = peak_gflops("cpu")
