@@ -1,4 +1,4 @@
-/* Shared by the C kernels (tinyllm/csrc): 8-float vectors and an exp the compiler vectorizes. */
+/* Shared by the C kernels (tinyllm/csrc): 8-float vectors and an inlined exp. */
 #ifndef TINYLLM_SIMD_H
 #define TINYLLM_SIMD_H
 #include <math.h>
@@ -12,8 +12,8 @@ static inline void store8(float *p, v8 x) { memcpy(p, &x, sizeof x); }
 static inline float hsum8(v8 x) { return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7])); }
 
 /* e^x for x <= 0 (a score minus its row's max): 2^n e^r with |r| <= ln2/2 and a degree-6 Taylor
- * polynomial (relative error ~1e-7, float's own precision), written so the compiler vectorizes
- * it (libm's expf is one scalar call per score). */
+ * polynomial (relative error ~1e-7, float's own precision), inlined (libm's expf is one call per
+ * score). The clamp keeps inputs below -87 at ~0 instead of an exponent that wraps. */
 static inline float exp_nonpos(float x) {
     x = x < -87.f ? -87.f : x;
     const float n = floorf(x * 1.44269504f + 0.5f);
