@@ -32,7 +32,8 @@ from torch import Tensor
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
-FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno"]
+FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno",
+         "-fno-trapping-math"]          # (no FP exceptions looked at: lets GCC vectorize exp's clamp)
 
 # Read once (the hot path asks per layer); tests and scripts/attention_ab.py set it directly.
 ENABLED = os.environ.get("TINYLLM_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")

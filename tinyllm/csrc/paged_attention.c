@@ -71,6 +71,7 @@ void attend_row(const Args *a, int64_t r, int64_t D, float *scores) {
     }
     for (int64_t i = 0; i < H; ++i) {                                 /* softmax, per query head */
         float *s = scores + i * L, top = s[0], sum = 0.f;
+#pragma omp simd reduction(max:top)
         for (int64_t t = 1; t < L; ++t) top = s[t] > top ? s[t] : top;
 #pragma omp simd reduction(+:sum)
         for (int64_t t = 0; t < L; ++t) { s[t] = exp_nonpos(s[t] - top); sum += s[t]; }
