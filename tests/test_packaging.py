@@ -48,12 +48,17 @@ def test_resolve_accepts_names_paths_and_explains_the_rest(tmp_path):
 
 def test_wheel_installs_the_prompt_workloads(tmp_path):
     """Build the wheel, install it (no deps: the check needs none) into a fresh venv, and read
-    the workloads from there, far from the source tree."""
+    the workloads from there, far from the source tree. The wheel carries the C kernels'
+    sources (tinyllm/native.py builds them on first use)."""
     wheels = tmp_path / "wheels"
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     (wheel,) = wheels.glob("tinyllm-*.whl")
+    import zipfile
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    sources = {f"tinyllm/csrc/{p.name}" for p in (ROOT / "tinyllm" / "csrc").iterdir() if p.suffix in (".c", ".h")}
+    assert sources and sources <= shipped, f"C kernel sources missing from the wheel: {sources - shipped}"
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
