@@ -5,7 +5,8 @@ engine stepping each variant in turn, step after step, measures the variants.
     python scripts/attention_ab.py --model DIR|bundled --rows 64 --contexts ragged \
         --variants sdpa,100000,8192,4096,2048
 
-Variants: ``native`` is the C kernel reading the pool in place (``tinyllm/native.py``); ``sdpa`` is the path before grouping (every decode row padded to the longest row's
+Variants: ``native`` is the C kernel reading the pool in place (``tinyllm/native.py``); ``sdpa``
+is the path before grouping (every decode row padded to the longest row's
 window, one fused SDPA call, gathers allocated per layer); a number N is today's path with
 ``ragged.GROUP_TOKENS = N`` and the kernel off (100000: one group, i.e. no grouping). Contexts: ``uniform`` (96
 tokens each), ``ragged`` (8..192), ``long`` (100..380). Prints the median step (ms) per variant.

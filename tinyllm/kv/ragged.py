@@ -47,6 +47,7 @@ class RaggedAttention:
         self._write = torch.tensor(write, dtype=torch.long, device=dev)
         self._chunks = [self._chunk_plan(slot, start, n) for slot, start, n in items[self.n_decode:]]
         self._decode: list[tuple[Tensor, Tensor, int, Tensor]] | None = None    # PyTorch path's groups, when used
+        self._window = max([blocks.numel() * bs for blocks, _, _ in self._chunks], default=0)  # tokens gathered at once
         self._native = self._native_plan() if self.n_decode else None
         self._bounds_checked = False
 
@@ -64,12 +65,6 @@ class RaggedAttention:
                                for (slot, _, _), nb in zip(dec, need)], dtype=torch.long)
         lens = torch.tensor([start + 1 for _, start, _ in dec], dtype=torch.long)
         return tables, lens
-
-    def _window(self) -> int:
-        """Tokens the PyTorch path gathers at once (the workspace it needs this step)."""
-        bs = self.pool.block_size
-        return max([rows.numel() * W for rows, _, W, _ in self._decode or []]
-                   + [blocks.numel() * bs for blocks, _, _ in self._chunks] + [0])
 
     def _decode_plan(self) -> list[tuple[Tensor, Tensor, int, Tensor]]:
         """The decode rows in groups of similar length, each (rows, block ids, window W, additive
@@ -121,7 +116,8 @@ class RaggedAttention:
         native_decode = nd and self._native is not None and native.usable(q, kl)
         if nd and not native_decode and self._decode is None:
             self._decode = self._decode_plan()
-        kbuf, vbuf = self.pool.workspace(self._window())
+            self._window = max([self._window] + [rows.numel() * W for rows, _, W, _ in self._decode])
+        kbuf, vbuf = self.pool.workspace(self._window) if self._window else (None, None)   # the PyTorch path's gathers
         outs = []
         if native_decode:
             outs.append(native.decode_attention(q[0, :, :nd], kl, vl, *self._native, bs,
