@@ -344,3 +344,103 @@ def test_the_model_norms_run_in_c_and_give_pytorchs_logits(model, monkeypatch):
         monkeypatch.setattr(native, "ENABLED", False)
         theirs, _ = model(tokens)
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+# -- RoPE, K/V store, argmax (csrc/rope.c, kv_store.c, argmax.c) ----------------------------------
+
+@needs_kernel
+@pytest.mark.parametrize("B,T,heads,rotated,D", [(1, 64, 8, 6, 64), (2, 5, 3, 2, 128), (1, 1, 2, 1, 20),
+                                                   (3, 7, 4, 4, 2), (1, 300, 8, 6, 32)])
+def test_rope_in_place_matches_pytorch_and_leaves_the_other_heads_alone(B, T, heads, rotated, D):
+    """Each token at its own position (random, repeated, the table's last row); the heads past
+    ``rotated`` (v) untouched; 300 x 8 x 32 runs on several threads."""
+    from tinyllm.model.transformer import apply_rope, rope_tables
+    torch.set_num_threads(2)
+    torch.manual_seed(B * T + D)
+    cos, sin = rope_tables(D, 512, 10000.0)
+    pos = torch.randint(0, 512, (B, T))
+    pos[0, 0] = 511
+    x = torch.randn(B, T, heads, D)
+    want = apply_rope(x.transpose(1, 2)[:, :rotated], cos[pos].unsqueeze(1), sin[pos].unsqueeze(1))
+    rest = x[:, :, rotated:].clone()
+    assert native.rope_(x, pos, cos, sin, rotated)
+    torch.testing.assert_close(x.transpose(1, 2)[:, :rotated], want, rtol=1e-6, atol=1e-6)
+    assert torch.equal(x[:, :, rotated:], rest)
+
+
+@needs_kernel
+def test_rope_refuses_what_it_would_misread():
+    from tinyllm.model.transformer import rope_tables
+    cos, sin = rope_tables(16, 32, 10000.0)
+    x, pos = torch.randn(1, 4, 3, 16), torch.arange(4)[None]
+    with pytest.raises(ValueError, match=r"rotary positions must be in 0..31"):
+        native.rope_(x, pos + 29, cos, sin, 2)
+    with pytest.raises(ValueError, match="rotary positions"):
+        native.rope_(x, pos - 1, cos, sin, 2)
+    keep = x.clone()
+    assert not native.rope_(x.transpose(2, 3), pos, cos, sin, 2)                 # head dim strided
+    assert not native.rope_(x.double(), pos, cos.double(), sin.double(), 2)
+    assert not native.rope_(x, pos.int(), cos, sin, 2)
+    assert not native.rope_(x, pos, cos[:, :8], sin[:, :8], 2)
+    assert not native.rope_(x, pos, cos, sin, 4)                                 # more heads than it has
+    assert not native.rope_(torch.randn(1, 4, 3, 15), pos, cos[:, :15], sin[:, :15], 2)   # odd head size
+    assert not native.rope_(x.requires_grad_(), pos, cos, sin, 2)                # autograd: PyTorch's
+    assert torch.equal(x.detach(), keep)
+
+
+@needs_kernel
+def test_kv_store_writes_each_token_to_its_row_and_nothing_else():
+    pool_k, pool_v = torch.randn(40, 2, 8), torch.randn(40, 2, 8)
+    before_k, before_v = pool_k.clone(), pool_v.clone()
+    qkv = torch.randn(5, 4 + 2 + 2, 8)                           # tokens' heads: q 4, k 2, v 2
+    k, v = qkv[:, 4:6], qkv[:, 6:8]                              # strided between tokens, like the model's
+    write = torch.tensor([39, 0, 17, 3, 22])
+    assert native.kv_store(k, v, write, pool_k, pool_v)
+    before_k[write], before_v[write] = k, v
+    assert torch.equal(pool_k, before_k) and torch.equal(pool_v, before_v)
+    with pytest.raises(ValueError, match=r"KV write rows must be in 0..39"):
+        native.kv_store(k, v, torch.tensor([0, 1, 2, 3, 40]), pool_k, pool_v)
+    assert torch.equal(pool_k, before_k)
+    assert not native.kv_store(k, v, write.int(), pool_k, pool_v)
+    assert not native.kv_store(k.transpose(1, 2), v.transpose(1, 2), write, pool_k, pool_v)
+    assert not native.kv_store(k, v, write, pool_k[:, :1], pool_v[:, :1])
+    assert not native.kv_store(k, v, write[:4], pool_k, pool_v)
+
+
+@needs_kernel
+def test_argmax_matches_pytorch_on_ties_nan_and_infinities():
+    torch.manual_seed(3)
+    x = torch.randn(9, 4096)
+    x[1, 7] = x[1, 4000] = 50.0                                  # a tie: the first index
+    x[2, 100] = float("nan")
+    x[2, 5] = float("nan")                                        # NaN wins, the first one
+    x[3] = float("-inf")                                          # nothing finite: index 0
+    x[4, 4095] = float("inf")
+    x[5, :] = 1.0                                                 # all equal
+    x[6, 0] = 99.0
+    for rows in (x, x[:, :1], x[:, 2:], x[::2]):                 # one column, offset and strided rows
+        torch.testing.assert_close(native.argmax(rows), rows.argmax(dim=-1, keepdim=True), rtol=0, atol=0)
+    assert native.argmax(x.double()) is None and native.argmax(x[:, ::2]) is None
+    assert native.argmax(x[:0]).shape == (0, 1)
+    assert native.argmax(torch.randn(9, 0)) is None
+
+
+@needs_kernel
+def test_greedy_sampling_and_the_model_use_the_small_kernels(model, monkeypatch):
+    """The engine's steps go through the C RoPE, K/V store and argmax (and each can be told apart
+    from the PyTorch path it replaces: the logits agree with the kernels off)."""
+    calls = {"rope_": 0, "kv_store": 0, "argmax": 0}
+    for name in calls:
+        real = getattr(native, name)
+
+        def counted(*a, _real=real, _name=name, **kw):
+            calls[_name] += 1
+            return _real(*a, **kw)
+        monkeypatch.setattr(native, name, counted)
+    reqs = with_early_eos(model, mixed_workload(6, seed=5))
+    res, stats = run_continuous(model, reqs, 4, kv="paged", block_size=4, chunked_prefill=True,
+                                max_batched_tokens=32)
+    assert [r.tokens for r in res] == solo_outputs(model, reqs)
+    assert calls["kv_store"] >= stats["decode_steps"] * model.cfg.n_layers
+    assert calls["rope_"] >= stats["decode_steps"] * model.cfg.n_layers
+    assert calls["argmax"] >= stats["decode_steps"]

@@ -4,6 +4,13 @@
   row's blocks into a dense window once per layer and step, then reads them again
   (``kv/ragged.py``); the kernel reads the blocks in place.
 - ``rms_norm`` (``rms_norm.c``): one pass per row instead of PyTorch's six ops.
+- ``rope_`` (``rope.c``): the rotary embedding in place on the fused qkv output, one pass instead
+  of seven ops; ``kv_store`` (``kv_store.c``): a step's K and V rows into the pool in one call;
+  ``argmax`` (``argmax.c``): greedy sampling (PyTorch's CPU argmax is not vectorized).
+
+Each wrapper checks what the C code would otherwise trust (dtypes, shapes, strides, and the index
+ranges unless the caller says an earlier call checked the same indices) and answers None or False
+where it cannot run, so the caller takes PyTorch's path: the same results, within float rounding.
 
 Why this way: plain C without PyTorch headers, so the system C compiler builds the library in well
 under a second (a PyTorch C++ extension takes about a minute on two cores); it is cached per
@@ -88,12 +95,13 @@ def _machine_id(cc: str) -> str:
     return " ".join([version, flags or platform.processor(), platform.machine(), sys.platform])
 
 
-def _build(cc: str) -> Path:
-    """The shared library for this source, compiler and CPU, built unless cached. Written to a
+def _build(cc: str, csrc: Path = CSRC) -> Path:
+    """The shared library for the sources in ``csrc`` (another tree's, for an A/B: scripts/step_ab.py),
+    this compiler and CPU, built unless cached. Written to a
     temporary name and renamed, so processes building at once (test workers) never load a
     half-written file. Tries -march=native and OpenMP first, then without either."""
-    sources = sorted(CSRC.glob("*.c"))
-    src = b"".join(p.read_bytes() for p in sorted(CSRC.glob("*.[ch]")))
+    sources = sorted(csrc.glob("*.c"))
+    src = b"".join(p.read_bytes() for p in sorted(csrc.glob("*.[ch]")))
     openmp = ["-fopenmp"] if _torch_uses_libgomp() else []
     native = ["-march=native"] if platform.machine() in ("x86_64", "AMD64") else ["-mcpu=native"]
     key = hashlib.sha256(src + " ".join([cc, *FLAGS, *openmp, _machine_id(cc)]).encode())
@@ -106,7 +114,7 @@ def _build(cc: str) -> Path:
     try:
         errors = ""
         for extra in ([*openmp, *native], openmp, native, []) if openmp else (native, []):
-            r = subprocess.run([cc, *FLAGS, *extra, "-I", str(CSRC), "-o", tmp, *map(str, sources), "-lm"],
+            r = subprocess.run([cc, *FLAGS, *extra, "-I", str(csrc), "-o", tmp, *map(str, sources), "-lm"],
                                capture_output=True, text=True, errors="replace", timeout=120)
             if r.returncode == 0:
                 os.replace(tmp, out)
@@ -116,6 +124,22 @@ def _build(cc: str) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """A built library with its functions' C signatures declared (ctypes converts by them)."""
+    lib = ctypes.CDLL(str(path))
+    i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+    lib.paged_decode_attention.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, i64, i64,
+                                           i64, i64, i64, i64, i64, f32, ctypes.c_int]
+    lib.paged_decode_attention.restype = ctypes.c_int
+    lib.rms_norm.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, f32]
+    lib.rope_inplace.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr]
+    lib.kv_store.argtypes = [ptr, ptr, i64, i64, i64, ptr, ptr, ptr]
+    lib.argmax_rows.argtypes = [ptr, i64, i64, i64, ptr]
+    for name in ("rms_norm", "rope_inplace", "kv_store", "argmax_rows"):
+        getattr(lib, name).restype = None
+    return lib
 
 
 def library() -> ctypes.CDLL | None:
@@ -133,14 +157,7 @@ def library() -> ctypes.CDLL | None:
         why_not = "no C compiler found (cc, gcc, clang)"
     else:
         try:
-            lib = ctypes.CDLL(str(_build(cc)))
-            i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-            lib.paged_decode_attention.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, i64, i64,
-                                                   i64, i64, i64, i64, i64, f32, ctypes.c_int]
-            lib.paged_decode_attention.restype = ctypes.c_int
-            lib.rms_norm.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, f32]
-            lib.rms_norm.restype = None
-            _lib = lib
+            _lib = load(_build(cc))
         except Exception as e:                     # whatever the toolchain does: PyTorch's path, said why
             why_not = f"build failed ({type(e).__name__}: {e})"
     if _lib is None:
@@ -234,4 +251,70 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor | None:
         x = x.contiguous()
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     lib.rms_norm(x.data_ptr(), D, weight.data_ptr(), out.data_ptr(), D, x.numel() // D, D, eps)
+    return out
+
+
+def _plain(*ts: Tensor) -> bool:
+    """CPU float32 tensors autograd is not recording: what the small kernels take."""
+    grad = torch.is_grad_enabled()
+    return all(t.is_cpu and t.dtype == torch.float32 and not (grad and t.requires_grad) for t in ts)
+
+
+def rope_(heads: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, n_rotated: int,
+          bounds_checked: bool = False) -> bool:
+    """The rotary embedding, in place, on the first ``n_rotated`` heads of each token of ``heads``
+    (B, T, heads, D), head dim contiguous (the fused qkv projection's output viewed by head: q and
+    k rotate, v does not); ``pos`` (B, T) int64 rows of the (max_len, D) tables ``cos``/``sin``.
+    False where it cannot run (the caller rotates with PyTorch). ``bounds_checked``: these
+    positions were range-checked already (they are the same for every layer of a forward)."""
+    lib = library()
+    if lib is None or heads.dim() != 4 or not _plain(heads, cos, sin):
+        return False
+    B, T, n_heads, D = heads.shape
+    if pos.dim() == 2 and not pos.is_contiguous():                  # e.g. arange(T).expand(B, T)
+        pos = pos.contiguous()
+    if (D % 2 or not 0 <= n_rotated <= n_heads or heads.stride(3) != 1 or heads.stride(2) != D
+            or heads.stride(0) != T * heads.stride(1) or pos.shape != (B, T) or pos.dtype != torch.int64
+            or not (pos.is_cpu and pos.is_contiguous() and cos.is_contiguous() and sin.is_contiguous())
+            or cos.dim() != 2 or cos.shape != sin.shape or cos.size(1) != D):
+        return False
+    if not bounds_checked and pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= cos.size(0)):
+        raise ValueError(f"rotary positions must be in 0..{cos.size(0) - 1} (max_seq_len), "
+                         f"got {int(pos.min())}..{int(pos.max())}")
+    lib.rope_inplace(heads.data_ptr(), heads.stride(1), B * T, n_rotated, D, pos.data_ptr(),
+                     cos.data_ptr(), sin.data_ptr())
+    return True
+
+
+def kv_store(k: Tensor, v: Tensor, write: Tensor, k_pool: Tensor, v_pool: Tensor,
+             bounds_checked: bool = False) -> bool:
+    """``k_pool[write] = k`` and ``v_pool[write] = v`` in one call: k, v (T, Hkv, D) with each token's
+    (Hkv, D) contiguous and the same strides; pools (rows, Hkv, D) contiguous; write (T,) int64
+    pool rows. False where it cannot run (the caller copies with PyTorch). ``bounds_checked``: these
+    write rows were range-checked against a pool as large already (every layer of a step shares them)."""
+    lib = library()
+    if lib is None or not _plain(k, v, k_pool, v_pool):
+        return False
+    T = k.size(0)
+    if (k.dim() != 3 or k.shape != v.shape or k.stride() != v.stride() or k.shape[1:] != k_pool.shape[1:]
+            or k_pool.shape != v_pool.shape or not (k_pool.is_contiguous() and v_pool.is_contiguous())
+            or k.stride(2) != 1 or k.stride(1) != k.size(2) or write.shape != (T,)
+            or write.dtype != torch.int64 or not (write.is_cpu and write.is_contiguous())):
+        return False
+    if not bounds_checked and T and (int(write.min()) < 0 or int(write.max()) >= k_pool.size(0)):
+        raise ValueError(f"KV write rows must be in 0..{k_pool.size(0) - 1}, "
+                         f"got {int(write.min())}..{int(write.max())}")
+    lib.kv_store(k.data_ptr(), v.data_ptr(), k.stride(0), T, k.size(1) * k.size(2), write.data_ptr(),
+                 k_pool.data_ptr(), v_pool.data_ptr())
+    return True
+
+
+def argmax(x: Tensor) -> Tensor | None:
+    """Each row's argmax, (rows, 1) int64, as ``x.argmax(dim=-1, keepdim=True)`` (first index of
+    the largest value; of the first NaN where there is one); None where it cannot run."""
+    lib = library()
+    if lib is None or x.dim() != 2 or x.size(1) == 0 or not _plain(x) or x.stride(1) != 1:
+        return None
+    out = torch.empty(x.size(0), 1, dtype=torch.int64)
+    lib.argmax_rows(x.data_ptr(), x.stride(0), x.size(0), x.size(1), out.data_ptr())
     return out

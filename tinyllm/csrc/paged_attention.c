@@ -66,8 +66,9 @@ void attend_row(const Args *a, int64_t r, int64_t D, float *scores) {
         const int64_t n = L - t0 < bs ? L - t0 : bs;
         const float *kb = a->k + table[b] * bs * Hkv * D;
         for (int64_t t = 0; t < n; ++t)
-            for (int64_t i = 0; i < H; ++i)
-                scores[i * L + t0 + t] = a->scale * dot(q + i * a->q_head, kb + (t * Hkv + i / g) * D, D);
+            for (int64_t h = 0, i = 0; h < Hkv; ++h)              /* i = h * g + j: no division */
+                for (int64_t j = 0; j < g; ++j, ++i)
+                    scores[i * L + t0 + t] = a->scale * dot(q + i * a->q_head, kb + (t * Hkv + h) * D, D);
     }
     for (int64_t i = 0; i < H; ++i) {                                 /* softmax, per query head */
         float *s = scores + i * L, top = s[0], sum = 0.f;
@@ -84,8 +85,9 @@ void attend_row(const Args *a, int64_t r, int64_t D, float *scores) {
         const int64_t n = L - t0 < bs ? L - t0 : bs;
         const float *vb = a->v + table[b] * bs * Hkv * D;
         for (int64_t t = 0; t < n; ++t)
-            for (int64_t i = 0; i < H; ++i)
-                axpy(o + i * a->o_head, scores[i * L + t0 + t], vb + (t * Hkv + i / g) * D, D);
+            for (int64_t h = 0, i = 0; h < Hkv; ++h)
+                for (int64_t j = 0; j < g; ++j, ++i)
+                    axpy(o + i * a->o_head, scores[i * L + t0 + t], vb + (t * Hkv + h) * D, D);
     }
 }
 

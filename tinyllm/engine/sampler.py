@@ -23,6 +23,7 @@ from typing import Sequence as Seq
 import torch
 from torch import Tensor
 
+from tinyllm import native
 from tinyllm.request import Sampling, TokenLogprob, is_greedy
 
 
@@ -87,7 +88,10 @@ def _sample(logits: Tensor, rows: list[Row], generator) -> Sampled:
     if any(r.banned for r in rows):
         x = _ban(x, rows)
     greedy = [is_greedy(s.temperature) for s in settings]
-    tokens, failed = x.argmax(dim=-1, keepdim=True), {}
+    tokens = native.argmax(x)                             # C where it can: PyTorch's CPU argmax is slow
+    if tokens is None:
+        tokens = x.argmax(dim=-1, keepdim=True)
+    failed: dict[int, str] = {}
     drawn = [i for i, g in enumerate(greedy) if not g]
     if drawn:
         ix = torch.tensor(drawn, device=dev)

@@ -49,7 +49,8 @@ class RaggedAttention:
         self._decode: list[tuple[Tensor, Tensor, int, Tensor]] | None = None    # PyTorch path's groups, when used
         self._window = max([blocks.numel() * bs for blocks, _, _ in self._chunks], default=0)  # tokens gathered at once
         self._native = self._native_plan() if self.n_decode else None
-        self._bounds_checked = False
+        self._bounds_checked = False                   # the kernel's tables and lens range-checked
+        self._write_checked = False                    # the write rows range-checked
 
     def _native_plan(self) -> tuple[Tensor, Tensor] | None:
         """The decode rows' block tables (rows, widest) and lengths for the C kernel
@@ -109,8 +110,12 @@ class RaggedAttention:
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         kl, vl = self.pool.k[layer], self.pool.v[layer]              # (rows, Hkv, D)
-        kl.index_copy_(0, self._write, k[0].transpose(0, 1).to(kl.dtype))   # index_copy_: a plain row copy,
-        vl.index_copy_(0, self._write, v[0].transpose(0, 1).to(vl.dtype))   # cheaper than index_put_
+        k_new, v_new = k[0].transpose(0, 1), v[0].transpose(0, 1)    # (T, Hkv, D)
+        if native.kv_store(k_new, v_new, self._write, kl, vl, bounds_checked=self._write_checked):
+            self._write_checked = True                                # the same rows every layer
+        else:
+            kl.index_copy_(0, self._write, k_new.to(kl.dtype))       # index_copy_: a plain row copy,
+            vl.index_copy_(0, self._write, v_new.to(vl.dtype))       # cheaper than index_put_
         nd = self.n_decode
         bs = self.pool.block_size
         native_decode = nd and self._native is not None and native.usable(q, kl)

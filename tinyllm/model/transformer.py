@@ -96,6 +96,29 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return (x * cos + rotated * sin).to(x.dtype)
 
 
+class Rotary:
+    """One forward's rotary positions: (B, T) rows of the model's cos/sin tables, applied to the q
+    and k heads of each layer. On CPU in float32 without autograd, in place in one C pass
+    (``native.rope_``); otherwise by PyTorch, from the tables' rows gathered once per forward."""
+
+    def __init__(self, pos: Tensor, cos: Tensor, sin: Tensor):
+        self.pos, self.cos, self.sin = pos, cos, sin
+        self._gathered: tuple[Tensor, Tensor] | None = None
+        self._checked = False                     # positions range-checked (by the first layer)
+
+    def rotate(self, heads: Tensor, n_rotated: int) -> tuple[Tensor, Tensor]:
+        """heads: (B, T, heads, D), the fused projection's output by head; its first ``n_rotated``
+        heads rotated, returned as (B, n_rotated, T, D), and the rest (B, heads - n_rotated, T, D)."""
+        if native.rope_(heads, self.pos, self.cos, self.sin, n_rotated, bounds_checked=self._checked):
+            self._checked = True
+            by_head = heads.transpose(1, 2)
+            return by_head[:, :n_rotated], by_head[:, n_rotated:]
+        if self._gathered is None:
+            self._gathered = self.cos[self.pos].unsqueeze(1), self.sin[self.pos].unsqueeze(1)
+        by_head = heads.transpose(1, 2)
+        return apply_rope(by_head[:, :n_rotated], *self._gathered), by_head[:, n_rotated:]
+
+
 class FusedLinear(Linear):
     """Several bias-free projections of the same input as one matrix (rows stacked in ``parts``
     order): one matmul. Its module saves and loads the parts under their own names
@@ -146,13 +169,12 @@ class Attention(nn.Module):
         """K and V for one token in this layer."""
         return 2 * self.n_kv_heads * self.head_dim * elem_bytes
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: AttentionCache) -> Tensor:
+    def forward(self, x: Tensor, rotary: Rotary, cache: AttentionCache) -> Tensor:
         B, T, _ = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = self.qkv_proj(x)
-        qk = qkv[..., :(H + Hkv) * D].view(B, T, H + Hkv, D).transpose(1, 2)   # q and k heads: one RoPE
-        q, k = apply_rope(qk, cos, sin).split((H, Hkv), dim=1)
-        v = qkv[..., (H + Hkv) * D:].view(B, T, Hkv, D).transpose(1, 2)
+        heads = self.qkv_proj(x).view(B, T, H + 2 * Hkv, D)
+        qk, v = rotary.rotate(heads, H + Hkv)                      # q and k heads: one RoPE
+        q, k = qk.split((H, Hkv), dim=1)
         out = cache.attend(self.layer_idx, q, k, v)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
@@ -177,8 +199,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: AttentionCache) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
+    def forward(self, x: Tensor, rotary: Rotary, cache: AttentionCache) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rotary, cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -229,12 +251,10 @@ class Transformer(nn.Module):
             if T > self.cfg.max_seq_len:
                 raise ValueError(f"sequence of {T} tokens is longer than max_seq_len {self.cfg.max_seq_len}")
             cache = NoCache(idx.device)
-        pos = cache.begin(idx.size(0), T)
-        cos = self.rope_cos[pos].unsqueeze(1)
-        sin = self.rope_sin[pos].unsqueeze(1)
+        rotary = Rotary(cache.begin(idx.size(0), T), self.rope_cos, self.rope_sin)
         x = self.embed_tokens(idx)
         for layer in self.layers:
-            x = layer(x, cos, sin, cache)
+            x = layer(x, rotary, cache)
         cache.end(T)
         if logits_at is not None:
             x = x[:, logits_at]

@@ -1,0 +1,27 @@
+/* Greedy sampling's argmax over each row of logits, CPU float32. PyTorch 2.13's CPU argmax is not
+ * vectorized: ~400 us for 64 rows of a 4096-token vocabulary (a max over the same rows takes 70);
+ * here one vectorized max per row, then the first index holding it. */
+#include <math.h>
+#include <stdint.h>
+
+/* out[r] = the first index of row r's largest value, or of its first NaN if it has one (as
+ * torch.argmax: NaN counts as larger than everything). */
+void argmax_rows(const float *x, int64_t x_row, int64_t rows, int64_t n, int64_t *out) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * x_row;
+        float top = -INFINITY;
+        int nan = 0;
+#pragma omp simd reduction(max:top) reduction(|:nan)
+        for (int64_t i = 0; i < n; ++i) {
+            top = xr[i] > top ? xr[i] : top;
+            nan |= xr[i] != xr[i];
+        }
+        int64_t at = 0;
+        if (nan) {
+            while (xr[at] == xr[at]) ++at;
+        } else {
+            while (at < n - 1 && xr[at] != top) ++at;
+        }
+        out[r] = at;
+    }
+}
