@@ -444,3 +444,29 @@ def test_greedy_sampling_and_the_model_use_the_small_kernels(model, monkeypatch)
     assert calls["kv_store"] >= stats["decode_steps"] * model.cfg.n_layers
     assert calls["rope_"] >= stats["decode_steps"] * model.cfg.n_layers
     assert calls["argmax"] >= stats["decode_steps"]
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", [(64, 1408), (1, 5, 2 * 704), (3, 2), (700, 96), (0, 8)])
+def test_silu_mul_matches_pytorch(shape):
+    """Large positive and negative gates (exp never overflows), zero, any leading shape (700 x 48
+    runs on several threads)."""
+    torch.set_num_threads(2)
+    torch.manual_seed(shape[-1])
+    x = torch.randn(shape) * 6
+    flat = x.view(-1, shape[-1])
+    flat[:1, 0], flat[1:2, 0], flat[2:3, 0] = -200.0, 200.0, 0.0      # gates (column 0 is a gate)
+    gate, up = x.chunk(2, dim=-1)
+    y = native.silu_mul(x)
+    assert y is not None and y.shape == gate.shape and torch.isfinite(y).all()
+    torch.testing.assert_close(y, torch.nn.functional.silu(gate) * up, rtol=2e-6, atol=2e-6)
+
+
+@needs_kernel
+def test_silu_mul_reads_strided_input_and_leaves_the_rest_to_pytorch():
+    x = torch.randn(8, 2, 32).transpose(0, 1)                       # (2, 8, 32), not contiguous
+    gate, up = x.chunk(2, dim=-1)
+    torch.testing.assert_close(native.silu_mul(x), torch.nn.functional.silu(gate) * up, rtol=2e-6, atol=2e-6)
+    assert native.silu_mul(torch.randn(4, 7)) is None                # odd: not gate and up halves
+    assert native.silu_mul(x.double()) is None
+    assert native.silu_mul(torch.randn(4, 8, requires_grad=True)) is None

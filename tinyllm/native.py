@@ -137,7 +137,8 @@ def load(path: Path) -> ctypes.CDLL:
     lib.rope_inplace.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr]
     lib.kv_store.argtypes = [ptr, ptr, i64, i64, i64, ptr, ptr, ptr]
     lib.argmax_rows.argtypes = [ptr, i64, i64, i64, ptr]
-    for name in ("rms_norm", "rope_inplace", "kv_store", "argmax_rows"):
+    lib.silu_mul.argtypes = [ptr, i64, i64, i64, ptr]
+    for name in ("rms_norm", "rope_inplace", "kv_store", "argmax_rows", "silu_mul"):
         getattr(lib, name).restype = None
     return lib
 
@@ -317,4 +318,19 @@ def argmax(x: Tensor) -> Tensor | None:
         return None
     out = torch.empty(x.size(0), 1, dtype=torch.int64)
     lib.argmax_rows(x.data_ptr(), x.stride(0), x.size(0), x.size(1), out.data_ptr())
+    return out
+
+
+def silu_mul(gate_up: Tensor) -> Tensor | None:
+    """silu(gate) * up from (..., 2F) holding gate then up (the fused projection's output):
+    (..., F), one pass; None where it cannot run."""
+    lib = library()
+    if lib is None or gate_up.dim() < 1 or gate_up.size(-1) % 2 or not _plain(gate_up):
+        return None
+    if not gate_up.is_contiguous():
+        gate_up = gate_up.contiguous()
+    F = gate_up.size(-1) // 2
+    out = torch.empty(*gate_up.shape[:-1], F, dtype=torch.float32)
+    if F:
+        lib.silu_mul(gate_up.data_ptr(), 2 * F, gate_up.numel() // (2 * F), F, out.data_ptr())
     return out

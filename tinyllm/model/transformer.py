@@ -187,8 +187,12 @@ class MLP(nn.Module):
         fused_state_dict(self)
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate_up = self.gate_up_proj(x)
+        h = native.silu_mul(gate_up)                      # one C pass where it can
+        if h is None:
+            gate, up = gate_up.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        return self.down_proj(h)
 
 
 class Block(nn.Module):
