@@ -117,9 +117,10 @@ def test_extreme_scores_stay_finite():
 
 
 @needs_kernel
-def test_a_ragged_batch_of_decodes_and_chunks_runs_its_decodes_on_the_kernel():
-    """In the engine's RaggedAttention: the decode rows go to the kernel (no PyTorch groups are
-    planned), the prefill chunks to PyTorch, and every token sees exactly its own positions."""
+def test_a_ragged_batch_of_decodes_and_chunks_runs_on_the_kernel():
+    """In the engine's RaggedAttention: every token, decode or chunk, goes to the kernel in one
+    call (no PyTorch plan is made), and every token sees exactly its own positions (a chunk's
+    tokens causal from its start)."""
     from tests.test_ragged_attention import filled_pool, reference as one_row
     from tinyllm.kv.ragged import RaggedAttention
     lens = [30, 9, 41, 20, 1]
@@ -130,12 +131,37 @@ def test_a_ragged_batch_of_decodes_and_chunks_runs_its_decodes_on_the_kernel():
     T = sum(n for _, _, n in items)
     q = torch.randn(1, H, T, 64)
     out = attn.attend(0, q, pool.k[0, attn._write].transpose(0, 1)[None], pool.v[0, attn._write].transpose(0, 1)[None])
-    assert attn._native is not None and attn._decode is None
+    assert attn._native is not None and attn._native[2] is not None
+    assert attn._decode is None and attn._chunks is None
     col = 0
     for slot, start, n in items:
         for j in range(n):
             torch.testing.assert_close(out[0, :, col], one_row(pool, slot, q[0, :, col], start + j), rtol=1e-5, atol=1e-5)
             col += 1
+
+
+@needs_kernel
+def test_a_prompt_computes_the_same_bits_whatever_its_chunking(model):
+    """On the kernels every token is computed on its own (its own row of every linear layer, norm
+    and attention), so a 40-token prompt prefilled in one pass, or in chunks of 7 over six passes,
+    leaves bit-identical K/V in the pool and gives the same logits for its last token."""
+    from tinyllm.kv.paged import PagedKVCache
+    from tinyllm.kv.ragged import RaggedAttention
+    cfg, n = model.cfg, 40
+    prompt = [random.Random(i).randrange(cfg.vocab_size) for i in range(n)]
+    results = []
+    for chunk in (n, 7):
+        pool = PagedKVCache(cfg.n_layers, 1, cfg.n_kv_heads, cfg.head_dim, 16, 4, max_len=64)
+        pool.occupy(0, n)
+        with torch.no_grad():
+            for start in range(0, n, chunk):
+                part = prompt[start:start + chunk]
+                attn = RaggedAttention(pool, [(0, start, len(part))])
+                logits, _ = model(torch.tensor([part]), cache=attn, logits_at=torch.tensor([len(part) - 1]))
+        rows = [pool.tables[0][p // 4] * 4 + p % 4 for p in range(n)]
+        results.append((pool.k[:, rows], pool.v[:, rows], logits))
+    for one, chunked in zip(*results):
+        assert torch.equal(one, chunked)
 
 
 def test_turned_off_by_environment(monkeypatch):

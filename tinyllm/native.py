@@ -130,7 +130,7 @@ def load(path: Path) -> ctypes.CDLL:
     """A built library with its functions' C signatures declared (ctypes converts by them)."""
     lib = ctypes.CDLL(str(path))
     i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-    lib.paged_decode_attention.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, i64, i64,
+    lib.paged_decode_attention.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, i64,
                                            i64, i64, i64, i64, i64, f32, ctypes.c_int]
     lib.paged_decode_attention.restype = ctypes.c_int
     lib.rms_norm.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, f32]
@@ -180,11 +180,11 @@ def usable(q: Tensor, pool: Tensor) -> bool:
 
 
 def check_arguments(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, lens: Tensor, block_size: int,
-                    bounds: bool = True) -> None:
+                    bounds: bool = True, row_table: Tensor | None = None) -> None:
     """Everything the C code trusts, checked here: it reads raw pointers, so a wrong dtype, shape
     or block id would read out of bounds (a crash, or silently wrong attention) instead of raising.
-    ``bounds=False`` skips the lengths' and block ids' ranges (four reductions, ~30 us): for the
-    layers after the first of a step, which share its tables and lens."""
+    ``bounds=False`` skips the lengths', block ids' and table numbers' ranges (reductions, ~30 us):
+    for the layers after the first of a step, which share its tables and lens."""
     H, rows, D = q.shape
     problems = []
     if not (q.is_cpu and k.is_cpu and v.is_cpu and tables.is_cpu and lens.is_cpu):
@@ -197,37 +197,46 @@ def check_arguments(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, lens: Tenso
         problems.append(f"k, v of shape (tokens, Hkv, {D}) with Hkv dividing {H} (got {tuple(k.shape)}, {tuple(v.shape)})")
     if not (k.is_contiguous() and v.is_contiguous() and tables.is_contiguous() and lens.is_contiguous()):
         problems.append("contiguous pool, tables and lens")
-    if tables.dim() != 2 or tables.size(0) != rows or lens.shape != (rows,):
-        problems.append(f"tables ({rows}, width) and lens ({rows},)")
+    if row_table is not None and (row_table.dtype != torch.int64 or row_table.shape != (rows,)
+                                  or not (row_table.is_cpu and row_table.is_contiguous())):
+        problems.append(f"a contiguous int64 row_table ({rows},) on the CPU")
+    elif tables.dim() != 2 or (row_table is None and tables.size(0) != rows) or lens.shape != (rows,):
+        problems.append(f"tables ({rows if row_table is None else 'n'}, width) and lens ({rows},)")
     elif rows and bounds:
         n_blocks = k.size(0) // block_size
         if int(lens.min()) < 1 or int(lens.max()) > tables.size(1) * block_size:
             problems.append(f"lens in 1..{tables.size(1) * block_size} (the table's width x block_size)")
         elif int(tables.min()) < 0 or int(tables.max()) >= n_blocks:
             problems.append(f"block ids in 0..{n_blocks - 1}")
+        elif row_table is not None and (int(row_table.min()) < 0 or int(row_table.max()) >= tables.size(0)):
+            problems.append(f"row_table entries in 0..{tables.size(0) - 1} (the tables' rows)")
     if problems:
         raise ValueError("paged decode attention needs " + "; ".join(problems))
 
 
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, lens: Tensor,
-                     block_size: int, bounds_checked: bool = False) -> Tensor:
-    """Decode attention over a paged pool, read in place.
+                     block_size: int, bounds_checked: bool = False, row_table: Tensor | None = None) -> Tensor:
+    """Attention over a paged pool, read in place, one query token per row: a decode row, or one
+    token of a prefill chunk (the chunk's tokens share their sequence's table, with lengths
+    start+1 .. start+n: causal attention).
 
     q: (H, rows, D), last dim contiguous; k, v: one layer's pool (tokens, Hkv, D), contiguous;
     tables: (rows, width) int64 block ids, every entry a valid block (pad a short row with any, e.g.
-    the pool's scratch block: entries past a row's length are never read); lens: (rows,) int64,
-    the positions each row attends (0 .. lens-1, through its table), each at least 1. Checked
+    the pool's scratch block: entries past a row's length are never read), or (n, width) with
+    ``row_table`` (rows,) int64 naming each row's table; lens: (rows,) int64, the positions each
+    row attends (0 .. lens-1, through its table), each at least 1. Checked
     (``check_arguments``): a ValueError, never an out-of-bounds read. ``bounds_checked``: the
-    ranges of these same tables and lens were checked by an earlier call (on a pool as large).
+    ranges of these same tables, lens and row_table were checked by an earlier call (on a pool as large).
     Returns (H, rows, D): a view of a (rows, H, D) tensor, so the model's transpose back to
     token-major costs no copy."""
     H, rows, D = q.shape
-    check_arguments(q, k, v, tables, lens, block_size, bounds=not bounds_checked)
+    check_arguments(q, k, v, tables, lens, block_size, bounds=not bounds_checked, row_table=row_table)
     if q.stride(-1) != 1:
         q = q.contiguous()
     out = torch.empty(rows, H, D, dtype=q.dtype, device=q.device)
     rc = library().paged_decode_attention(q.data_ptr(), q.stride(1), q.stride(0), k.data_ptr(), v.data_ptr(),
-                  tables.data_ptr(), tables.size(1), lens.data_ptr(),
+                  tables.data_ptr(), tables.size(1), None if row_table is None else row_table.data_ptr(),
+                  lens.data_ptr(),
                   out.data_ptr(), out.stride(0), out.stride(1),
                   rows, H, k.size(1), D, block_size, D ** -0.5, torch.get_num_threads())
     if rc != 0:

@@ -1,8 +1,11 @@
-/* Decode attention that reads a paged KV pool in place (CPU, float32).
+/* Attention that reads a paged KV pool in place (CPU, float32), one query token per row.
  *
- * Each decode row has one query token per head and attends its own sequence's first `lens[r]`
+ * Each row is one query token (every head) attending its own sequence's first `lens[r]`
  * positions, found through its block table: no gather into a dense window first (the PyTorch
- * path copies every row's blocks once per layer, then reads them again). A row is one work item:
+ * path copies every row's blocks once per layer, then reads them again). A decode is one row; a
+ * prefill chunk of n tokens is n rows sharing their sequence's table (`row_table`), with lengths
+ * start+1 .. start+n, which is causal attention from the chunk's start. So every token of a step,
+ * decode or prefill, is computed the same way, whatever the chunking. A row is one work item:
  * its keys are read once, block by block, in memory order (a token's K for every KV head is one
  * contiguous run in the token-major pool), for all query heads (GQA: g query heads share a KV
  * head); then its values once, the same way. At decode sizes the arithmetic is small; what costs
@@ -46,7 +49,8 @@ static inline void axpy(float *y, float a, const float *x, int64_t D) {
 typedef struct {
     const float *q;            /* query (row, head, d) at q[row*q_row + head*q_head + d] */
     const float *k, *v;        /* this layer's pool, token-major: (tokens, Hkv, D), contiguous */
-    const int64_t *tables;     /* block ids, (rows, table_width) */
+    const int64_t *tables;     /* block ids, (n_tables, table_width) */
+    const int64_t *row_table;  /* row r reads table row_table[r]; NULL: table r */
     const int64_t *lens;       /* positions each row attends (its context, this token included) */
     float *out;                /* like q, with its own strides */
     int64_t q_row, q_head, o_row, o_head;
@@ -59,7 +63,7 @@ typedef struct {
 static inline __attribute__((always_inline))
 void attend_row(const Args *a, int64_t r, int64_t D, float *scores) {
     const int64_t H = a->H, Hkv = a->Hkv, g = H / Hkv, bs = a->block_size, L = a->lens[r];
-    const int64_t *table = a->tables + r * a->table_width;
+    const int64_t *table = a->tables + (a->row_table ? a->row_table[r] : r) * a->table_width;
     const float *q = a->q + r * a->q_row;
     float *o = a->out + r * a->o_row;
     for (int64_t t0 = 0, b = 0; t0 < L; t0 += bs, ++b) {           /* keys, block by block */
@@ -95,12 +99,13 @@ void attend_row(const Args *a, int64_t r, int64_t D, float *scores) {
  * layout it cannot run. */
 int paged_decode_attention(const float *q, int64_t q_row, int64_t q_head,
                            const float *k, const float *v,
-                           const int64_t *tables, int64_t table_width, const int64_t *lens,
+                           const int64_t *tables, int64_t table_width, const int64_t *row_table,
+                           const int64_t *lens,
                            float *out, int64_t o_row, int64_t o_head,
                            int64_t rows, int64_t H, int64_t Hkv, int64_t D, int64_t block_size,
                            float scale, int threads) {
     if (Hkv <= 0 || H % Hkv || D <= 0 || block_size <= 0 || threads < 1) return 3;
-    const Args a = {q, k, v, tables, lens, out, q_row, q_head, o_row, o_head, H, Hkv, D, block_size,
+    const Args a = {q, k, v, tables, row_table, lens, out, q_row, q_head, o_row, o_head, H, Hkv, D, block_size,
                     table_width, scale};
     int64_t longest = 1;
     for (int64_t r = 0; r < rows; ++r) longest = lens[r] > longest ? lens[r] : longest;

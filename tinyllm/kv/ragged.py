@@ -4,12 +4,18 @@ The token-budget scheduler hands over a list of (slot, start, n): sequence ``slo
 context positions ``start .. start+n-1`` this step (n = 1 for a decode, more for a prefill
 chunk). Every linear layer then runs once on all T tokens as one (1, T) batch; only attention
 is per sequence. ``RaggedAttention`` is the AttentionCache the model sees for that pass: it
-writes each token's K/V into the paged pool at its own position, then attends
+writes each token's K/V into the paged pool at its own position, then attends.
 
-- the decode tokens together: one batched call, each row against its own blocks (masked to its
-  length), as the paged decode step does;
-- each prefill chunk alone: its queries against its blocks up to the chunk's end, causal from
-  the chunk's start (the tokens before ``start`` were computed in earlier steps).
+On CPU in float32 (with a C compiler) every token of the step is one row of one C call per layer
+(``native.decode_attention``): each token reads its own sequence's blocks in place, up to its own
+position, so a chunk's tokens are causal from the chunk's start (the tokens before ``start`` were
+computed in earlier steps) and a token computes the same values whichever chunk or step it
+falls in. Elsewhere (CUDA, no compiler, autograd), PyTorch:
+
+- the decode tokens together, in groups of similar length: each row against its own gathered
+  blocks (masked to its length);
+- each prefill chunk alone: its queries against its gathered blocks up to the chunk's end,
+  causal from the chunk's start (SDPA with a mask).
 
 No padding anywhere, so no idle rows are computed, and a request's prompt can be spread over
 several steps without changing what any token sees.
@@ -45,27 +51,32 @@ class RaggedAttention:
         self.total = len(pos)
         self._pos = torch.tensor(pos, dtype=torch.long, device=dev)
         self._write = torch.tensor(write, dtype=torch.long, device=dev)
-        self._chunks = [self._chunk_plan(slot, start, n) for slot, start, n in items[self.n_decode:]]
-        self._decode: list[tuple[Tensor, Tensor, int, Tensor]] | None = None    # PyTorch path's groups, when used
-        self._window = max([blocks.numel() * bs for blocks, _, _ in self._chunks], default=0)  # tokens gathered at once
-        self._native = self._native_plan() if self.n_decode else None
+        self._native = self._native_plan()
+        # the PyTorch path's plans, made at its first layer (the kernel needs none of them)
+        self._chunks: list[tuple[Tensor, int, Tensor]] | None = None
+        self._decode: list[tuple[Tensor, Tensor, int, Tensor]] | None = None
+        self._window = 0                               # tokens the PyTorch path gathers at once
         self._bounds_checked = False                   # the kernel's tables and lens range-checked
         self._write_checked = False                    # the write rows range-checked
 
-    def _native_plan(self) -> tuple[Tensor, Tensor] | None:
-        """The decode rows' block tables (rows, widest) and lengths for the C kernel
-        (``tinyllm/native.py``), which reads the pool in place; None where it cannot run (not CPU float32,
-        no compiler). Built once per step, shared by every layer."""
+    def _native_plan(self) -> tuple[Tensor, Tensor, Tensor | None] | None:
+        """What the C kernel (``tinyllm/native.py``) needs to attend every token of the step in
+        one call, reading the pool in place: each item's block table (items, widest), each
+        token's length (its position + 1: a chunk's tokens are causal from its start) and which
+        table each token reads (None when every item is one token). None where it cannot run
+        (not CPU float32, no compiler). Built once per step, shared by every layer."""
         pool = self.pool
         if pool.device.type != "cpu" or pool.k.dtype != torch.float32 or native.library() is None:
             return None
-        bs, dec = pool.block_size, self.items[:self.n_decode]
-        need = [start // bs + 1 for _, start, _ in dec]
+        bs = pool.block_size
+        need = [-(-(start + n) // bs) for _, start, n in self.items]
         width = max(need)
         tables = torch.tensor([pool.tables[slot][:nb] + [pool.scratch] * (width - nb)
-                               for (slot, _, _), nb in zip(dec, need)], dtype=torch.long)
-        lens = torch.tensor([start + 1 for _, start, _ in dec], dtype=torch.long)
-        return tables, lens
+                               for (slot, _, _), nb in zip(self.items, need)], dtype=torch.long)
+        row_table = None
+        if self.total != len(self.items):
+            row_table = torch.tensor([i for i, (_, _, n) in enumerate(self.items) for _ in range(n)], dtype=torch.long)
+        return tables, self._pos + 1, row_table
 
     def _decode_plan(self) -> list[tuple[Tensor, Tensor, int, Tensor]]:
         """The decode rows in groups of similar length, each (rows, block ids, window W, additive
@@ -116,19 +127,26 @@ class RaggedAttention:
         else:
             kl.index_copy_(0, self._write, k_new.to(kl.dtype))       # index_copy_: a plain row copy,
             vl.index_copy_(0, self._write, v_new.to(vl.dtype))       # cheaper than index_put_
-        nd = self.n_decode
-        bs = self.pool.block_size
-        native_decode = nd and self._native is not None and native.usable(q, kl)
-        if nd and not native_decode and self._decode is None:
-            self._decode = self._decode_plan()
-            self._window = max([self._window] + [rows.numel() * W for rows, _, W, _ in self._decode])
-        kbuf, vbuf = self.pool.workspace(self._window) if self._window else (None, None)   # the PyTorch path's gathers
-        outs = []
-        if native_decode:
-            outs.append(native.decode_attention(q[0, :, :nd], kl, vl, *self._native, bs,
-                                                bounds_checked=self._bounds_checked)[None])
+        if self._native is not None and native.usable(q, kl):        # every token in one C call
+            tables, lens, row_table = self._native
+            out = native.decode_attention(q[0], kl, vl, tables, lens, self.pool.block_size,
+                                          bounds_checked=self._bounds_checked, row_table=row_table)
             self._bounds_checked = True                    # the same tables and lens every layer
-        elif nd:
+            return out[None]
+        return self._attend_torch(q, kl, vl)
+
+    def _attend_torch(self, q: Tensor, kl: Tensor, vl: Tensor) -> Tensor:
+        """PyTorch's path (CUDA, no compiler, autograd): the decode rows in length groups, each
+        prefill chunk by gather + SDPA. Its plans are made at the first layer that runs it."""
+        nd, bs = self.n_decode, self.pool.block_size
+        if self._decode is None:
+            self._decode = self._decode_plan() if nd else []
+            self._chunks = [self._chunk_plan(slot, start, n) for slot, start, n in self.items[nd:]]
+            self._window = max([rows.numel() * W for rows, _, W, _ in self._decode]
+                               + [blocks.numel() * bs for blocks, _, _ in self._chunks], default=0)
+        kbuf, vbuf = self.pool.workspace(self._window) if self._window else (None, None)
+        outs = []
+        if nd:
             outs.append(self._attend_decodes(q[0, :, :nd], kl, vl, kbuf, vbuf)[None])
         off = nd
         for (_, start, n), (blocks, L, mask) in zip(self.items[nd:], self._chunks):
