@@ -1,8 +1,9 @@
 """tinyllm's C kernels for CPU float32 (``tinyllm/csrc``): built on first use, loaded with ctypes.
 
-- ``decode_attention`` (``paged_attention.c``): on CPU the PyTorch decode attention copies every
-  row's blocks into a dense window once per layer and step, then reads them again
-  (``kv/ragged.py``); the kernel reads the blocks in place.
+- ``decode_attention`` (``paged_attention.c``): on CPU the PyTorch attention copies every
+  sequence's blocks into a dense window once per layer and step, then reads them again
+  (``kv/ragged.py``); the kernel reads the blocks in place, one query token per row: the decodes
+  and the prefill chunks' tokens of a step in one call.
 - ``rms_norm`` (``rms_norm.c``): one pass per row instead of PyTorch's six ops.
 - ``rope_`` (``rope.c``): the rotary embedding in place on the fused qkv output, one pass instead
   of seven ops; ``kv_store`` (``kv_store.c``): a step's K and V rows into the pool in one call;
@@ -167,8 +168,9 @@ def library() -> ctypes.CDLL | None:
 
 
 def describe() -> str:
-    """Which decode attention a CPU float32 paged pool runs, for the bench's report."""
-    return "C kernel (csrc/paged_attention.c)" if library() is not None else f"PyTorch: {why_not}"
+    """Which attention a CPU float32 paged pool runs (decodes and prefill chunks), for the bench's report."""
+    return ("C kernels (csrc/: attention, RoPE, RMSNorm, SwiGLU, K/V store, argmax)" if library() is not None
+            else f"PyTorch: {why_not}")
 
 
 def usable(q: Tensor, pool: Tensor) -> bool:

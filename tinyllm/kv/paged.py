@@ -4,10 +4,10 @@ the prefix cache, is ``blocks.BlockPool``). Same slot interface as ``SlotKVCache
 The pool is token-major, one row per token of every block; a slot's positions map to rows through
 its block table. Every forward over the pool (decodes and prefill chunks) is a ragged batch of its
 running sequences (``ragged.RaggedAttention``): no idle slot computes a row, so a pool sized by
-memory can hold many more slots than run. On CPU in float32 the decode rows' attention reads the
-blocks in place (a C kernel, ``tinyllm/native.py``); otherwise, and for prefill chunks, attention
-gathers each sequence's blocks with one indexing op per layer (no Python loop over tokens or
-blocks). An extra scratch block pads the shorter sequences' windows and tables.
+memory can hold many more slots than run. On CPU in float32 attention reads the blocks in place,
+every token of the step in one C call (``tinyllm/native.py``); otherwise it gathers each
+sequence's blocks with one indexing op per layer (no Python loop over tokens or blocks). An extra
+scratch block pads the shorter sequences' windows and tables.
 """
 
 from __future__ import annotations
