@@ -151,11 +151,14 @@ class AttachRunner:
             return frozenset(self._ours)
 
     def stop(self) -> None:
+        """Stop following: our requests' streams and the server's stream are closed from here, so
+        the reading thread wakes now instead of at the server's next heartbeat (up to 5 s)."""
         self._stop.set()
         with self._lock:
             streams = list(self._ours.values())
         for r in streams:
             r.close()
+        self._close_stream()
 
     def start(self) -> AttachRunner:
         """Connect and read the server's state once, so the app starts with the right grid.
@@ -177,6 +180,8 @@ class AttachRunner:
                 self._follow(cancelled)
             except Exception as e:                          # noqa: BLE001 - a viewer never dies from a server
                 self._close_stream()
+                if self._stop.is_set():                     # stop() closed the stream under us
+                    break
                 wait = RETRY_S[min(tries, len(RETRY_S) - 1)]
                 tries += 1
                 self._disconnected(why(e), wait)
@@ -227,9 +232,11 @@ class AttachRunner:
         raise ValueError("the server ended the stream")
 
     def _close_stream(self) -> None:
-        if self._stream is not None:
-            self._stream[0].close()
-            self._stream = None
+        with self._lock:                                  # stop() may close it from another thread
+            stream, self._stream = self._stream, None
+        if stream is not None:
+            _wake_reader(stream[0])
+            stream[0].close()
 
     def _disconnected(self, why: str, retry_s: float) -> None:
         first = self.status != "disconnected"
@@ -308,3 +315,15 @@ class AttachRunner:
                 self._note("info", f"#{rid} is not running or queued; nothing to abort")
         except (httpx.HTTPError, ValueError) as e:
             self._note("error", f"abort #{rid} failed: {type(e).__name__}: {e}")
+
+
+def _wake_reader(response: httpx.Response) -> None:
+    """Shut the response's socket down, so a thread blocked reading it returns now: closing the
+    response alone waits for that read (httpcore's lock), i.e. for the server's next line."""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:                                   # already closed
+            pass
