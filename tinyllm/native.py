@@ -202,7 +202,8 @@ def check_arguments(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, lens: Tenso
     if row_table is not None and (row_table.dtype != torch.int64 or row_table.shape != (rows,)
                                   or not (row_table.is_cpu and row_table.is_contiguous())):
         problems.append(f"a contiguous int64 row_table ({rows},) on the CPU")
-    elif tables.dim() != 2 or (row_table is None and tables.size(0) != rows) or lens.shape != (rows,):
+    elif (tables.dim() != 2 or (tables.size(0) != rows if row_table is None else rows and not tables.size(0))
+          or lens.shape != (rows,)):
         problems.append(f"tables ({rows if row_table is None else 'n'}, width) and lens ({rows},)")
     elif rows and bounds:
         n_blocks = k.size(0) // block_size
@@ -286,7 +287,8 @@ def rope_(heads: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, n_rotated: int,
     if pos.dim() == 2 and not pos.is_contiguous():                  # e.g. arange(T).expand(B, T)
         pos = pos.contiguous()
     if (D % 2 or not 0 <= n_rotated <= n_heads or heads.stride(3) != 1 or heads.stride(2) != D
-            or heads.stride(0) != T * heads.stride(1) or pos.shape != (B, T) or pos.dtype != torch.int64
+            or heads.stride(0) != T * heads.stride(1) or (B * T > 1 and heads.stride(1) < n_heads * D)
+            or pos.shape != (B, T) or pos.dtype != torch.int64
             or not (pos.is_cpu and pos.is_contiguous() and cos.is_contiguous() and sin.is_contiguous())
             or cos.dim() != 2 or cos.shape != sin.shape or cos.size(1) != D):
         return False

@@ -13,16 +13,17 @@ static inline float hsum8(v8 x) { return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2
 
 /* e^x for x <= 0 (a score minus its row's max): 2^n e^r with |r| <= ln2/2 and a degree-6 Taylor
  * polynomial (relative error ~1e-7, float's own precision), inlined (libm's expf is one call per
- * score). The clamp keeps inputs below -87 at ~0 instead of an exponent that wraps. */
+ * score). Below -87 (where e^x is under float's smallest normal) it is 0: the clamp keeps the
+ * exponent from wrapping, the select makes the result exact there (silu(-1e30) is -0, not -1e-8). */
 static inline float exp_nonpos(float x) {
-    x = x < -87.f ? -87.f : x;
-    const float n = floorf(x * 1.44269504f + 0.5f);
-    const float r = x - n * 0.693145752f - n * 1.42860677e-6f;
+    const float c = x < -87.f ? -87.f : x;
+    const float n = floorf(c * 1.44269504f + 0.5f);
+    const float r = c - n * 0.693145752f - n * 1.42860677e-6f;
     const float p = 1.f + r * (1.f + r * (0.5f + r * (1.f / 6 + r * (1.f / 24 + r * (1.f / 120 + r * (1.f / 720))))));
     const int32_t bits = ((int32_t)n + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
+    return x < -87.f ? 0.f : p * scale;
 }
 
 #endif

@@ -66,7 +66,7 @@ class RaggedAttention:
         table each token reads (None when every item is one token). None where it cannot run
         (not CPU float32, no compiler). Built once per step, shared by every layer."""
         pool = self.pool
-        if pool.device.type != "cpu" or pool.k.dtype != torch.float32 or native.library() is None:
+        if not self.items or pool.device.type != "cpu" or pool.k.dtype != torch.float32 or native.library() is None:
             return None
         bs = pool.block_size
         need = [-(-(start + n) // bs) for _, start, n in self.items]

@@ -177,6 +177,8 @@ class AttachRunner:
                 if self._stream is None:
                     self._stream = self._open()
                     tries = 0
+                    if self._stop.is_set():                 # stop() came while connecting
+                        break
                 self._follow(cancelled)
             except Exception as e:                          # noqa: BLE001 - a viewer never dies from a server
                 self._close_stream()
@@ -235,8 +237,7 @@ class AttachRunner:
         with self._lock:                                  # stop() may close it from another thread
             stream, self._stream = self._stream, None
         if stream is not None:
-            _wake_reader(stream[0])
-            stream[0].close()
+            hang_up(stream[0])                            # wakes a thread blocked reading it
 
     def _disconnected(self, why: str, retry_s: float) -> None:
         first = self.status != "disconnected"
@@ -315,15 +316,3 @@ class AttachRunner:
                 self._note("info", f"#{rid} is not running or queued; nothing to abort")
         except (httpx.HTTPError, ValueError) as e:
             self._note("error", f"abort #{rid} failed: {type(e).__name__}: {e}")
-
-
-def _wake_reader(response: httpx.Response) -> None:
-    """Shut the response's socket down, so a thread blocked reading it returns now: closing the
-    response alone waits for that read (httpcore's lock), i.e. for the server's next line."""
-    stream = response.extensions.get("network_stream")
-    sock = stream.get_extra_info("socket") if stream is not None else None
-    if sock is not None:
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:                                   # already closed
-            pass
