@@ -1,4 +1,5 @@
-"""Shared test helpers: a seeded random model, mixed workloads, and the cache invariants."""
+"""Shared test helpers: a seeded random model, mixed workloads, the cache invariants, and a server
+in a background thread."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from tinyllm.engine import ContinuousEngine, Request
 from tinyllm.engine.generate import generate
 from tinyllm.model.config import ModelConfig
 from tinyllm.model.transformer import Transformer
+
+SERVED_MODEL = "tinyllm-shakespeare"          # the model name the test servers serve under
 
 
 def random_model(seed: int = 0, vocab: int = 256, d_model: int = 64, n_layers: int = 2, n_heads: int = 4,
@@ -148,3 +151,11 @@ def run_random_ops(eng: ContinuousEngine, ops, max_len: int, checked_step) -> tu
             lps = eng._seqs[rid].logprobs
             assert [lp.token for lp in lps] == toks and all(len(lp.top) == req.logprobs for lp in lps)
     return added, aborted
+
+
+def serve_in_thread(model: Transformer, tokenizer, slots: int, port: int = 0, **engine):
+    """A started ``tinyllm serve`` in this process (``build_engine(model, slots=, **engine)``), on
+    ``port`` (0: any free one), serving as ``SERVED_MODEL``: a ``ServerThread``; the caller stops it."""
+    from tinyllm.serve import EngineLoop, ServerThread, build_engine, create_app    # (FastAPI: only where served)
+    return ServerThread(create_app(EngineLoop(build_engine(model, slots=slots, **engine)), tokenizer, SERVED_MODEL),
+                        port=port).start()

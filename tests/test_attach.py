@@ -28,16 +28,15 @@ from tui.screens.modals import Confirm
 from tinyllm.request import RequestSettings
 from tui.widgets.request_list import RequestList
 
+from tests.helpers import SERVED_MODEL, serve_in_thread
 from tests.screen_check import check_panels
 from tests.test_app import _watch, bundled, no_unexpected_errors, submit, until  # noqa: F401
 
-MODEL = "tinyllm-shakespeare"
+MODEL = SERVED_MODEL
 
 
 def start_server(port: int = 0, slots: int = 3) -> ServerThread:
-    model, tok = bundled()
-    return ServerThread(create_app(EngineLoop(build_engine(model, slots=slots, max_len=256)), tok, MODEL),
-                        port=port).start()
+    return serve_in_thread(*bundled(), slots=slots, port=port, max_len=256)
 
 
 def engine_snapshot(server: ServerThread):

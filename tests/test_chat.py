@@ -22,9 +22,9 @@ from tinyllm.request import TokenLogprob
 from tinyllm.serve.chat import ChatShape, chat_logprobs, parse_chat
 from tinyllm.serve.chat_template import ChatTemplateError, render
 from tinyllm.serve.protocol import ApiError, GenerationParams, parse_completion
-from tests.helpers import check_invariants
+from tests.helpers import SERVED_MODEL, check_invariants, serve_in_thread
 
-MODEL = "tinyllm-shakespeare"
+MODEL = SERVED_MODEL
 TIMEOUT = httpx.Timeout(60.0)
 CHAT = [{"role": "system", "content": "A street in Verona."},
         {"role": "user", "content": "Who goes there?"}]
@@ -38,9 +38,9 @@ def model_tok():
 
 @pytest.fixture(scope="module")
 def server(model_tok):
-    model, tok = model_tok
-    with ServerThread(create_app(EngineLoop(build_engine(model, slots=4)), tok, MODEL)) as s:
-        yield s
+    s = serve_in_thread(*model_tok, slots=4)
+    yield s
+    s.stop()
 
 
 @pytest.fixture(scope="module")
@@ -324,7 +324,7 @@ def templateless(model_tok):
 
     def start(template):
         t = replace_template(tok, template)
-        return ServerThread(create_app(EngineLoop(build_engine(model, slots=2)), t, MODEL)).start()
+        return serve_in_thread(model, t, slots=2)
     servers = []
     yield lambda template: servers.append(start(template)) or servers[-1]
     for s in servers:

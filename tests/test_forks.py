@@ -22,8 +22,7 @@ from tinyllm.engine import ContinuousEngine, Request
 from tinyllm.engine.generate import generate
 from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.request import SEED_MAX, SEED_MIN, Sampling, fork_sampling
-from tinyllm.serve import EngineLoop, ServerThread, build_engine, create_app
-from tests.helpers import check_invariants, random_model
+from tests.helpers import SERVED_MODEL, check_invariants, random_model, serve_in_thread
 from tests.test_chunked import check_chunked
 from tests.test_paged import op  # noqa: F401  (loads the shared hypothesis profile)
 
@@ -282,7 +281,7 @@ def test_random_schedules_with_forks_keep_the_invariants(n_slots, block_size, sp
 
 
 # -- the server ---------------------------------------------------------------------------------------
-MODEL = "tinyllm-shakespeare"
+MODEL = SERVED_MODEL
 
 
 @pytest.fixture(scope="module")
@@ -292,8 +291,7 @@ def model_tok():
 
 @pytest.fixture(scope="module")
 def server(model_tok):
-    model, tok = model_tok
-    s = ServerThread(create_app(EngineLoop(build_engine(model, slots=8)), tok, MODEL)).start()
+    s = serve_in_thread(*model_tok, slots=8)
     yield s
     s.stop()
 

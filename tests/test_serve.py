@@ -28,9 +28,9 @@ from tinyllm.engine.generate import generate
 from tinyllm.serve import EngineLoop, RequestFailed, RequestRejected, ServerThread, build_engine, create_app
 from tinyllm.serve.protocol import DEFAULT_MAX_TOKENS
 from tinyllm.model.tokenizer import Tokenizer
-from tests.helpers import check_invariants, random_model
+from tests.helpers import SERVED_MODEL, check_invariants, random_model, serve_in_thread
 
-MODEL = "tinyllm-shakespeare"
+MODEL = SERVED_MODEL
 SLOTS = 8
 PROMPTS = ["ROMEO:\n", "JULIET:\n", "HAMLET:\nTo be, or not", "KING LEAR:\nBlow, winds", "PROSPERO:\n",
            "MACBETH:\nIs this a dagger", "First Citizen:\nBefore we proceed", "OTHELLO:\n", "PORTIA:\nThe quality",
@@ -49,9 +49,7 @@ def model_tok():
 
 @pytest.fixture(scope="module")
 def server(model_tok):
-    model, tok = model_tok
-    app = create_app(EngineLoop(build_engine(model, slots=SLOTS)), tok, MODEL)
-    s = ServerThread(app).start()
+    s = serve_in_thread(*model_tok, slots=SLOTS)
     yield s
     t0 = time.monotonic()
     s.stop()
