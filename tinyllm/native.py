@@ -13,8 +13,8 @@ Each wrapper checks what the C code would otherwise trust (dtypes, shapes, strid
 ranges unless the caller says an earlier call checked the same indices) and answers None or False
 where it cannot run, so the caller takes PyTorch's path: the same results, within float rounding.
 
-Why this way: plain C without PyTorch headers, so the system C compiler builds the library in well
-under a second (a PyTorch C++ extension takes about a minute on two cores); it is cached per
+Why this way: plain C without PyTorch headers, so the system C compiler builds the library in
+about a second and a half (a PyTorch C++ extension takes about a minute on two cores); it is cached per
 source, compiler and CPU under ``$TINYLLM_CACHE`` (default ``~/.cache/tinyllm``). Where no compiler
 is found, or the build fails, ``library()`` says so once in the log (info level) and returns None,
 and everything runs on PyTorch: the kernels are a speed-up, never a requirement.
