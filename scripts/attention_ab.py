@@ -14,21 +14,13 @@ tokens each), ``ragged`` (8..192), ``long`` (100..380). Prints the median step (
 
 from __future__ import annotations
 
-import argparse
-import random
-import statistics
-import time
-
 import torch
 
+from step_ab import ab_arguments, alternate           # the shared A/B harness (this directory)
 from tinyllm import native
-from tinyllm.engine import ContinuousEngine, Request
 from tinyllm.kv import ragged
 from tinyllm.kv.paged import gather_blocks
-from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.model.transformer import grouped_attention
-
-CONTEXTS = {"uniform": (96, 96), "ragged": (8, 192), "long": (100, 380)}
 
 
 def sdpa_one_window(self: ragged.RaggedAttention, q, kl, vl, kbuf, vbuf):
@@ -48,27 +40,7 @@ def sdpa_one_window(self: ragged.RaggedAttention, q, kl, vl, kbuf, vbuf):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", default="bundled")
-    p.add_argument("--rows", type=int, default=64)
-    p.add_argument("--contexts", choices=sorted(CONTEXTS), default="ragged")
-    p.add_argument("--variants", default="sdpa,4096")
-    p.add_argument("--steps", type=int, default=30, help="steps per variant")
-    p.add_argument("--threads", type=int, default=2)
-    a = p.parse_args()
-    torch.set_num_threads(a.threads)
-    model, _ = load_checkpoint(None if a.model == "bundled" else a.model)
-    variants = a.variants.split(",")
-    steps = a.steps * len(variants)
-    lo, hi = CONTEXTS[a.contexts]
-    rng = random.Random(1)
-    eng = ContinuousEngine(model, a.rows, max_len=512, kv="paged", chunked_prefill=True,
-                           max_batched_tokens=max(a.rows * hi, 256), prefix_cache=False)
-    for _ in range(a.rows):
-        eng.add_request(Request([rng.randrange(1, model.cfg.vocab_size) for _ in range(rng.randint(lo, hi))],
-                                min(steps + 8, 512 - hi)))
-    eng.step()
-    eng.step()
+    a = ab_arguments(__doc__, "sdpa,4096", 30)
     grouped = ragged.RaggedAttention._attend_decodes
 
     def use(v: str) -> None:
@@ -78,17 +50,8 @@ def main() -> None:
         else:
             ragged.RaggedAttention._attend_decodes = grouped
             ragged.GROUP_TOKENS = int(v)
-    times: dict[str, list[float]] = {v: [] for v in variants}
-    for v in variants:                                   # one warm step each
-        use(v)
-        eng.step()
-    for i in range(steps):
-        v = variants[i % len(variants)]
-        use(v)
-        t = time.perf_counter()
-        eng.step()
-        times[v].append(time.perf_counter() - t)
-    print(a.model, a.rows, a.contexts, {v: round(statistics.median(ts) * 1e3, 2) for v, ts in times.items()})
+    med = alternate(a, use)
+    print(a.model, a.rows, a.contexts, {v: round(m, 2) for v, m in med.items()})
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import tempfile
 import time
 from io import BytesIO
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -40,23 +41,57 @@ def kernels_at(ref: str, into: Path):
     return native.load(native._build(native._compiler(), dest / "tinyllm" / "csrc"))
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
+def ab_arguments(doc: str, variants: str, steps: int) -> argparse.Namespace:
+    """The options every in-process A/B takes (this script's and scripts/attention_ab.py's)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--model", default="bundled")
     p.add_argument("--rows", type=int, default=64)
     p.add_argument("--contexts", choices=sorted(CONTEXTS), default="ragged")
-    p.add_argument("--variants", default="now,torch")
-    p.add_argument("--steps", type=int, default=40, help="steps per variant")
+    p.add_argument("--variants", default=variants)
+    p.add_argument("--steps", type=int, default=steps, help="steps per variant")
     p.add_argument("--threads", type=int, default=2)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
+    a.variants = a.variants.split(",")
+    return a
+
+
+def alternate(a: argparse.Namespace, use: Callable[[str], None]) -> dict[str, float]:
+    """An engine with ``a.rows`` sequences decoding (contexts drawn from ``a.contexts``) steps each
+    variant in turn (``use(v)`` switches to it), ``a.steps`` times each after a warm step; returns
+    the median step (ms) per variant, and leaves the first variant on."""
     model, _ = load_checkpoint(None if a.model == "bundled" else a.model)
-    variants = a.variants.split(",")
+    steps = a.steps * len(a.variants)
+    lo, hi = CONTEXTS[a.contexts]
+    rng = random.Random(1)
+    eng = ContinuousEngine(model, a.rows, max_len=512, kv="paged", chunked_prefill=True,
+                           max_batched_tokens=max(a.rows * hi, 256), prefix_cache=False)
+    for _ in range(a.rows):
+        eng.add_request(Request([rng.randrange(1, model.cfg.vocab_size) for _ in range(rng.randint(lo, hi))],
+                                min(steps + 8, 512 - hi)))
+    eng.step()
+    eng.step()
+    times: dict[str, list[float]] = {v: [] for v in a.variants}
+    for v in a.variants:                                 # one warm step each
+        use(v)
+        eng.step()
+    for i in range(steps):
+        v = a.variants[i % len(a.variants)]
+        use(v)
+        t = time.perf_counter()
+        eng.step()
+        times[v].append(time.perf_counter() - t)
+    use(a.variants[0])
+    return {v: statistics.median(ts) * 1e3 for v, ts in times.items()}
+
+
+def main() -> None:
+    a = ab_arguments(__doc__, "now,torch", 40)
     current = native.library()
     originals = {name: getattr(native, name) for name in dir(native) if callable(getattr(native, name))}
     libs = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for v in variants:
+        for v in a.variants:
             if v.startswith("kernels@"):
                 libs[v] = kernels_at(v.split("@", 1)[1], Path(tmp))
 
@@ -68,29 +103,8 @@ def main() -> None:
             for name in v[4:].split("+"):
                 setattr(native, name, lambda *args, **kw: None)
 
-    steps = a.steps * len(variants)
-    lo, hi = CONTEXTS[a.contexts]
-    rng = random.Random(1)
-    eng = ContinuousEngine(model, a.rows, max_len=512, kv="paged", chunked_prefill=True,
-                           max_batched_tokens=max(a.rows * hi, 256), prefix_cache=False)
-    for _ in range(a.rows):
-        eng.add_request(Request([rng.randrange(1, model.cfg.vocab_size) for _ in range(rng.randint(lo, hi))],
-                                min(steps + 8, 512 - hi)))
-    eng.step()
-    eng.step()
-    times: dict[str, list[float]] = {v: [] for v in variants}
-    for v in variants:                                   # one warm step each
-        use(v)
-        eng.step()
-    for i in range(steps):
-        v = variants[i % len(variants)]
-        use(v)
-        t = time.perf_counter()
-        eng.step()
-        times[v].append(time.perf_counter() - t)
-    use(variants[0])
-    med = {v: statistics.median(ts) * 1e3 for v, ts in times.items()}
-    base = med[variants[0]]
+    med = alternate(a, use)
+    base = med[a.variants[0]]
     print(a.model, a.rows, a.contexts, "  ".join(f"{v}: {m:.2f} ms ({m / base:.3f})" for v, m in med.items()))
 
 
