@@ -8,6 +8,9 @@
 - ``rope_`` (``rope.c``): the rotary embedding in place on the fused qkv output, one pass instead
   of seven ops; ``kv_store`` (``kv_store.c``): a step's K and V rows into the pool in one call;
   ``argmax`` (``argmax.c``): greedy sampling (PyTorch's CPU argmax is not vectorized).
+- ``linear`` (``linear.c``): the model's matmuls from a weight packed once (``pack_linear``):
+  oneDNN's packed linear costs ~50 us a call before any arithmetic, and the C one gives a row the
+  same bits in any batch (greedy == solo holds).
 
 Each wrapper checks what the C code would otherwise trust (dtypes, shapes, strides, and the index
 ranges unless the caller says an earlier call checked the same indices) and answers None or False
@@ -26,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+import math
 import os
 import platform
 import shutil
@@ -139,7 +143,10 @@ def load(path: Path) -> ctypes.CDLL:
     lib.kv_store.argtypes = [ptr, ptr, i64, i64, i64, ptr, ptr, ptr]
     lib.argmax_rows.argtypes = [ptr, i64, i64, i64, ptr]
     lib.silu_mul.argtypes = [ptr, i64, i64, i64, ptr]
-    for name in ("rms_norm", "rope_inplace", "kv_store", "argmax_rows", "silu_mul"):
+    lib.linear_packed.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64, ptr, i64, ctypes.c_int]
+    lib.pack_linear_weight.argtypes = [ptr, i64, i64, ptr]
+    for name in ("rms_norm", "rope_inplace", "kv_store", "argmax_rows", "silu_mul", "linear_packed",
+                 "pack_linear_weight"):
         getattr(lib, name).restype = None
     return lib
 
@@ -169,7 +176,8 @@ def library() -> ctypes.CDLL | None:
 
 def describe() -> str:
     """Which attention a CPU float32 paged pool runs (decodes and prefill chunks), for the bench's report."""
-    return ("C kernels (csrc/: attention, RoPE, RMSNorm, SwiGLU, K/V store, argmax)" if library() is not None
+    return ("C kernels (csrc/: linear layers, attention, RoPE, RMSNorm, SwiGLU, K/V store, argmax)"
+            if library() is not None
             else f"PyTorch: {why_not}")
 
 
@@ -346,4 +354,44 @@ def silu_mul(gate_up: Tensor) -> Tensor | None:
     out = torch.empty(*gate_up.shape[:-1], F, dtype=torch.float32)
     if F:
         lib.silu_mul(gate_up.data_ptr(), 2 * F, gate_up.numel() // (2 * F), F, out.data_ptr())
+    return out
+
+
+PANEL = 16      # output columns per packed panel (linear.c's NR)
+
+
+def pack_linear(w: Tensor) -> Tensor | None:
+    """W (N, K), as nn.Linear holds it, in ``linear``'s layout: ceil(N/16) panels of (K, 16), zero
+    past N. None where the kernels cannot run (the caller keeps its other path)."""
+    lib = library()
+    if lib is None or w.dim() != 2 or not _plain(w):
+        return None
+    w = w.detach().contiguous()
+    N, K = w.shape
+    packed = torch.empty(-(-N // PANEL), K, PANEL, dtype=torch.float32)
+    lib.pack_linear_weight(w.data_ptr(), N, K, packed.data_ptr())
+    return packed
+
+
+def linear(x: Tensor, packed: Tensor, n_out: int, add: Tensor | None = None) -> Tensor | None:
+    """x (..., K) times the packed weight's transpose: (..., n_out), plus ``add`` (..., n_out) when
+    given (a residual, added after the sum: the bits of adding it afterwards). Each output is a sum
+    over k in order, so a row's result does not depend on the other rows of the call. None where it
+    cannot run (not CPU float32, autograd recording, no library)."""
+    lib = library()
+    if lib is None or x.dim() < 1 or not _plain(x, packed):
+        return None
+    K = x.size(-1)
+    if (packed.dim() != 3 or packed.shape != (-(-n_out // PANEL), K, PANEL) or not packed.is_contiguous()
+            or (add is not None and (add.shape != (*x.shape[:-1], n_out) or not _plain(add)))):
+        return None
+    if not x.is_contiguous():
+        x = x.contiguous()
+    if add is not None and not add.is_contiguous():
+        add = add.contiguous()
+    M = math.prod(x.shape[:-1])
+    out = torch.empty(*x.shape[:-1], n_out, dtype=torch.float32)
+    if M and n_out:
+        lib.linear_packed(x.data_ptr(), K, M, K, packed.data_ptr(), n_out, out.data_ptr(), n_out,
+                          None if add is None else add.data_ptr(), n_out, torch.get_num_threads())
     return out

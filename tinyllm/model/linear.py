@@ -1,18 +1,22 @@
-"""The model's linear layers: ``nn.Linear``, plus a CPU inference path on weights prepacked for oneDNN.
+"""The model's linear layers: ``nn.Linear``, plus a CPU inference path on a weight packed once.
 
-A CPU matmul with few rows (a decode step's 16-64) spends much of its time reading the weight
-in a layout the kernel did not choose. oneDNN can copy the weight once into its own blocked
-layout (``mkldnn._reorder_linear_weight``) and multiply from that (``mkldnn._linear_pointwise``),
-what PyTorch's compiler does for frozen CPU models. Measured here (docs/speed.md): 6-17% off a
-decode step of the bundled model, results within ~2e-6 of ``F.linear``.
+A CPU matmul with few rows (a decode step's 1-64) spends much of its time reading the weight in
+a layout the kernel did not choose, and, through PyTorch's library calls, in fixed costs. So on
+CPU in float32 without autograd the layer copies its weight once into panels and multiplies
+from them in C (``tinyllm/csrc/linear.c`` through ``native.linear``): ~5 us a call where
+oneDNN's packed linear takes ~50 us before any arithmetic, 2-5x faster at 1-16 rows and
+1.0-1.4x at 64-256 (docs/speed.md), and each output a plain sum over k in order, so a row gets
+the same bits in any batch (greedy == solo). Without a C compiler it packs for oneDNN instead
+(``mkldnn._reorder_linear_weight`` / ``_linear_pointwise``, what PyTorch's compiler does for
+frozen CPU models); without oneDNN it is ``F.linear``. Results are within ~3e-6 of ``F.linear``.
 
 The packed copy is made lazily, at the first forward without autograd on CPU in float32, and is
 remade whenever the weight changes: a new tensor, new storage under the same tensor (``.to()``,
 ``.half().float()`` assign ``.data``; the layer holds the storage it packed from, so its address
 cannot be reused unnoticed), or an in-place update of the parameter (its version counter). Not
 seen: an in-place edit through ``weight.data`` (which has a version counter of its own): nothing
-here does that after a forward. Training, autocast, CUDA, inference-mode weights and builds
-without oneDNN use ``F.linear`` as before. The copy is a plain attribute, never in the state dict.
+here does that after a forward. Training, autocast, CUDA and inference-mode weights use
+``F.linear`` as before. The copy is a plain attribute, never in the state dict.
 """
 
 from __future__ import annotations
@@ -21,27 +25,50 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tinyllm import native
+
 PACK_ROWS = 64          # the row count oneDNN picks its layout for (the default max_num_seqs); any count runs
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, same state dict) that multiplies from a oneDNN-packed copy
-    of its weight when it can (see the module docstring)."""
+    """``nn.Linear`` (same parameters, same state dict) that multiplies from a packed copy of its
+    weight when it can (see the module docstring). ``forward(x, add)`` returns ``x W^T + add``:
+    the C path adds the residual as it writes, with the bits of adding it afterwards."""
 
     _packed: Tensor | None = None
+    _packed_by: str | None = None                       # "c" (native.linear) or "onednn"
     _packed_of: tuple[int, int, int] | None = None      # (id, version, data_ptr) of the weight packed
     _packed_src: Tensor | None = None                   # the storage packed from, held: its address stays unique
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, add: Tensor | None = None) -> Tensor:
         w = self.weight
-        if (not _ONEDNN or self.bias is not None or torch.is_grad_enabled() or x.device.type != "cpu"
+        if (self.bias is not None or torch.is_grad_enabled() or x.device.type != "cpu"
                 or x.dtype != torch.float32 or w.dtype != torch.float32 or torch.is_autocast_enabled("cpu")
                 or w.is_inference()):
-            return F.linear(x, w, self.bias)
+            return self._plain(x, add)
         key = (id(w), w._version, w.data_ptr())
         if self._packed_of != key:
-            self._packed_src = w.detach()
+            self._pack(w, key)
+        if self._packed_by == "c":
+            y = native.linear(x, self._packed, self.out_features, add)
+            if y is not None:
+                return y
+        elif self._packed_by == "onednn":
+            y = torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, None, "none", [], "")
+            return y if add is None else add + y
+        return self._plain(x, add)
+
+    def _plain(self, x: Tensor, add: Tensor | None) -> Tensor:
+        y = F.linear(x, self.weight, self.bias)
+        return y if add is None else add + y
+
+    def _pack(self, w: Tensor, key: tuple[int, int, int]) -> None:
+        self._packed_src = w.detach()
+        self._packed, self._packed_by = native.pack_linear(self._packed_src), "c"
+        if self._packed is None and _ONEDNN:
             self._packed = torch.ops.mkldnn._reorder_linear_weight(self._packed_src, PACK_ROWS)
-            self._packed_of = key
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, None, "none", [], "")
+            self._packed_by = "onednn"
+        elif self._packed is None:
+            self._packed_by = None
+        self._packed_of = key
