@@ -1,7 +1,8 @@
-"""The model's Linear (model/linear.py): on CPU without autograd it multiplies from a oneDNN-packed
-copy of its weight. Checked: the same results as F.linear at any row count and shape; a weight
-changed in place, replaced, or loaded from a state dict is repacked (never a stale copy); autograd
-and autocast take F.linear; the state dict holds nothing new."""
+"""The model's Linear (model/linear.py): on CPU without autograd it multiplies from a packed copy
+of its weight (the C kernel's panels, or oneDNN's layout without a compiler). Checked, on both:
+the same results as F.linear at any row count and shape; a weight changed in place, replaced, or
+loaded from a state dict is repacked (never a stale copy); autograd and autocast take F.linear;
+the state dict holds nothing new; a residual passed as ``add`` is added."""
 
 from __future__ import annotations
 
@@ -12,7 +13,18 @@ import torch.nn.functional as F
 from tinyllm.model import linear
 from tinyllm.model.linear import Linear
 
-pytestmark = pytest.mark.skipif(not linear._ONEDNN, reason="this torch build has no oneDNN: F.linear only")
+from tinyllm import native
+
+BACKENDS = [pytest.param("c", marks=pytest.mark.skipif(native.library() is None, reason="no C kernels here")),
+            pytest.param("onednn", marks=pytest.mark.skipif(not linear._ONEDNN, reason="no oneDNN in this torch"))]
+
+
+@pytest.fixture(params=BACKENDS, autouse=True)
+def backend(request, monkeypatch) -> str:
+    """Each test on the C kernel and on oneDNN (what runs where no compiler builds the kernels)."""
+    if request.param == "onednn":
+        monkeypatch.setattr(native, "pack_linear", lambda w: None)
+    return request.param
 
 
 def layer(d_in: int = 48, d_out: int = 80, seed: int = 0) -> Linear:
@@ -23,13 +35,16 @@ def layer(d_in: int = 48, d_out: int = 80, seed: int = 0) -> Linear:
 
 
 @pytest.mark.parametrize("shape", [(1, 48), (7, 48), (64, 48), (300, 48), (1, 5, 48), (3, 9, 48)])
-def test_packed_path_equals_f_linear_at_any_shape(shape):
+def test_packed_path_equals_f_linear_at_any_shape(shape, backend):
     m = layer()
     x = torch.randn(*shape)
     with torch.no_grad():
         out = m(x)
-    assert m._packed is not None                                  # the packed path ran
+        res = torch.randn(out.shape)
+        with_residual = m(x, add=res)
+    assert m._packed is not None and m._packed_by == backend      # the packed path ran, this one
     torch.testing.assert_close(out, F.linear(x, m.weight), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(with_residual, res + F.linear(x, m.weight), rtol=1e-5, atol=1e-5)
 
 
 def test_a_non_contiguous_input_is_multiplied_as_its_values():

@@ -468,9 +468,9 @@ def test_argmax_matches_pytorch_on_ties_nan_and_infinities():
 
 @needs_kernel
 def test_greedy_sampling_and_the_model_use_the_small_kernels(model, monkeypatch):
-    """The engine's steps go through the C RoPE, K/V store, SwiGLU and argmax: each counted only
+    """The engine's steps go through the C RoPE, K/V store, SwiGLU, argmax and linear layers: each counted only
     when it ran (answered True or a tensor), not when it declined and PyTorch ran instead."""
-    calls = {"rope_": 0, "kv_store": 0, "argmax": 0, "silu_mul": 0}
+    calls = {"rope_": 0, "kv_store": 0, "argmax": 0, "silu_mul": 0, "linear": 0}
     for name in calls:
         real = getattr(native, name)
 
@@ -487,6 +487,7 @@ def test_greedy_sampling_and_the_model_use_the_small_kernels(model, monkeypatch)
     assert calls["rope_"] >= stats["decode_steps"] * model.cfg.n_layers
     assert calls["argmax"] >= stats["decode_steps"]
     assert calls["silu_mul"] >= stats["decode_steps"] * model.cfg.n_layers
+    assert calls["linear"] >= stats["decode_steps"] * (4 * model.cfg.n_layers + 1)    # qkv, o, gate/up, down; lm_head
 
 
 @needs_kernel
@@ -516,3 +517,74 @@ def test_silu_mul_reads_strided_input_and_leaves_the_rest_to_pytorch():
     assert native.silu_mul(torch.randn(4, 7)) is None                # odd: not gate and up halves
     assert native.silu_mul(x.double()) is None
     assert native.silu_mul(torch.randn(4, 8, requires_grad=True)) is None
+
+
+# -- linear layers (csrc/linear.c) ------------------------------------------------------------------
+
+def packed_weight(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(seed)
+    w = torch.randn(n, k)
+    return w, native.pack_linear(w)
+
+
+@needs_kernel
+def test_pack_linear_lays_the_weight_out_in_16_column_panels_zero_past_n():
+    w, packed = packed_weight(37, 5)
+    assert packed.shape == (3, 5, 16)
+    for p in range(3):
+        for j in range(16):
+            expect = w[16 * p + j] if 16 * p + j < 37 else torch.zeros(5)
+            assert torch.equal(packed[p, :, j], expect)
+
+
+@needs_kernel
+@pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 96, 97, 200])
+@pytest.mark.parametrize("n,k", [(16, 64), (40, 7), (1, 384), (33, 1)])
+def test_linear_matches_f_linear(m, n, k):
+    """Every tile height (1..6 rows), row blocks past 96, panels cut short (n not a multiple of 16)."""
+    torch.set_num_threads(2)
+    w, packed = packed_weight(n, k, seed=m)
+    x = torch.randn(m, k)
+    torch.testing.assert_close(native.linear(x, packed, n), torch.nn.functional.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_a_rows_result_is_the_same_bits_in_any_batch_on_any_thread_count():
+    """What greedy == solo rests on: each output a sum over k in order, whatever rows share the
+    call (its tile of 6, its block of 96) and however the panels are split across threads."""
+    w, packed = packed_weight(100, 384)
+    x = torch.randn(203, 384)
+    try:
+        torch.set_num_threads(2)
+        batch = native.linear(x, packed, 100)
+        torch.set_num_threads(1)
+        alone = torch.cat([native.linear(x[i:i + 1], packed, 100) for i in range(203)])
+        odd = torch.cat([native.linear(x[i:i + 7], packed, 100) for i in range(0, 203, 7)])
+    finally:
+        torch.set_num_threads(2)
+    assert torch.equal(batch, alone) and torch.equal(batch, odd)
+
+
+@needs_kernel
+def test_linear_adds_a_residual_with_the_bits_of_adding_it_afterwards():
+    w, packed = packed_weight(48, 32)
+    x, res = torch.randn(2, 9, 32), torch.randn(2, 9, 48)
+    y = native.linear(x, packed, 48, add=res)
+    assert y.shape == (2, 9, 48) and torch.equal(y, res + native.linear(x, packed, 48))
+    strided = torch.randn(48, 2, 9).permute(1, 2, 0)                    # (2, 9, 48), not contiguous
+    assert torch.equal(native.linear(x, packed, 48, add=strided), strided + native.linear(x, packed, 48))
+
+
+@needs_kernel
+def test_linear_reads_strided_input_and_leaves_what_it_cannot_run_to_pytorch():
+    w, packed = packed_weight(24, 16)
+    x = torch.randn(16, 10).t()                                         # (10, 16), not contiguous
+    torch.testing.assert_close(native.linear(x, packed, 24), x @ w.t(), rtol=1e-5, atol=1e-5)
+    assert native.linear(torch.randn(0, 16), packed, 24).shape == (0, 24)
+    assert native.linear(x.double(), packed, 24) is None
+    assert native.linear(torch.randn(3, 16, requires_grad=True), packed, 24) is None
+    assert native.linear(torch.randn(3, 15), packed, 24) is None         # K is not the packed weight's
+    assert native.linear(x, packed, 40) is None                          # nor is N (40 needs 3 panels)
+    assert native.linear(x, packed[:, :, :8].contiguous(), 24) is None
+    assert native.linear(x, packed, 24, add=torch.randn(10, 23)) is None
+    assert native.pack_linear(w.double()) is None and native.pack_linear(torch.randn(3)) is None

@@ -30,8 +30,8 @@ def _timeit(fn, n: int) -> float:
 @torch.no_grad()
 def matmul_only_s(model: Transformer, rows: int, n: int = 200) -> float:
     """Time of just the decode step's weight matmuls for ``rows`` rows: every Linear (lm_head
-    too) called on its own, so through the same kernel the step uses (on CPU, the oneDNN-packed
-    weights of model/linear.py)."""
+    too) called on its own, so through the same kernel the step uses (on CPU, the packed weights
+    of model/linear.py: the C kernel, or oneDNN without a compiler)."""
     device = next(model.parameters()).device
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     xs = {m.in_features: torch.randn(rows, m.in_features, device=device) for m in linears}

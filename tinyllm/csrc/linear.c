@@ -88,6 +88,7 @@ void linear_packed(const float *x, int64_t x_row, int64_t M, int64_t K, const fl
  * `packed` holds ceil(N/16) * K * 16 floats. */
 void pack_linear_weight(const float *w, int64_t N, int64_t K, float *packed) {
     const int64_t panels = (N + NR - 1) / NR;
+#pragma omp parallel for schedule(static) if (N * K > 65536)
     for (int64_t p = 0; p < panels; ++p)
         for (int64_t k = 0; k < K; ++k)
             for (int64_t j = 0; j < NR; ++j)

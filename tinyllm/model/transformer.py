@@ -169,14 +169,15 @@ class Attention(nn.Module):
         """K and V for one token in this layer."""
         return 2 * self.n_kv_heads * self.head_dim * elem_bytes
 
-    def forward(self, x: Tensor, rotary: Rotary, cache: AttentionCache) -> Tensor:
+    def forward(self, x: Tensor, rotary: Rotary, cache: AttentionCache, residual: Tensor) -> Tensor:
+        """residual + attention(x): the output projection adds the residual as it writes (C path)."""
         B, T, _ = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
         heads = self.qkv_proj(x).view(B, T, H + 2 * Hkv, D)
         qk, v = rotary.rotate(heads, H + Hkv)                      # q and k heads: one RoPE
         q, k = qk.split((H, Hkv), dim=1)
         out = cache.attend(self.layer_idx, q, k, v)
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1), add=residual)
 
 
 class MLP(nn.Module):
@@ -186,13 +187,14 @@ class MLP(nn.Module):
         self.down_proj = Linear(cfg.d_ff, cfg.d_model, bias=False)
         fused_state_dict(self)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, residual: Tensor) -> Tensor:
+        """residual + mlp(x), the residual added by the down projection as it writes."""
         gate_up = self.gate_up_proj(x)
         h = native.silu_mul(gate_up)                      # one C pass where it can
         if h is None:
             gate, up = gate_up.chunk(2, dim=-1)
             h = F.silu(gate) * up
-        return self.down_proj(h)
+        return self.down_proj(h, add=residual)
 
 
 class Block(nn.Module):
@@ -204,8 +206,8 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: Tensor, rotary: Rotary, cache: AttentionCache) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rotary, cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = self.self_attn(self.input_layernorm(x), rotary, cache, residual=x)
+        return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
 class Transformer(nn.Module):
