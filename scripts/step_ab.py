@@ -38,7 +38,10 @@ def kernels_at(ref: str, into: Path):
     tar = subprocess.run(["git", "archive", ref, "tinyllm/csrc"], cwd=root, capture_output=True, check=True).stdout
     dest = into / ref.replace("/", "_")
     tarfile.open(fileobj=BytesIO(tar)).extractall(dest, filter="data")
-    return native.load(native._build(native._compiler(), dest / "tinyllm" / "csrc"))
+    try:
+        return native.load(native._build(native._compiler(), dest / "tinyllm" / "csrc"))
+    except AttributeError as e:                  # a ref from before a kernel this tree calls
+        raise SystemExit(f"kernels@{ref}: that tree's kernels lack one this tree calls ({e})") from None
 
 
 def ab_arguments(doc: str, variants: str, steps: int) -> argparse.Namespace:
