@@ -175,7 +175,7 @@ def library() -> ctypes.CDLL | None:
 
 
 def describe() -> str:
-    """Which attention a CPU float32 paged pool runs (decodes and prefill chunks), for the bench's report."""
+    """Which kernels a CPU float32 model runs (linear layers, attention, small ops), for the bench's report."""
     return ("C kernels (csrc/: linear layers, attention, RoPE, RMSNorm, SwiGLU, K/V store, argmax)"
             if library() is not None
             else f"PyTorch: {why_not}")

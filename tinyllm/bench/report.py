@@ -139,8 +139,8 @@ def print_report(console: Console, report: dict) -> None:
             f"({a['matmul_gflops']:.1f} GFLOP/s) → step = {a['step_over_matmul']:.2f}x the matmul-only time.")
     console.print("(forward: the model call; sampling: choosing each row's next token; other: the rest of the "
                   "same steps — scheduling, KV bookkeeping, Python.)")
-    console.print(f"Peak 1024² matmul: {report['machine']['peak_matmul_gflops_1024']:.0f} GFLOP/s. Paged "
-                  f"attention and small ops: {report['machine'].get('paged_decode_attention', 'not recorded')}.")
+    console.print(f"Peak 1024² matmul: {report['machine']['peak_matmul_gflops_1024']:.0f} GFLOP/s. CPU "
+                  f"float32 kernels: {report['machine'].get('paged_decode_attention', 'not recorded')}.")
     a = report["decode_step"]
     g = report.get("decode_step_cuda_graph")
     if g:
