@@ -99,3 +99,13 @@ def test_autograd_and_autocast_take_f_linear_and_the_state_dict_is_unchanged():
     with torch.no_grad():
         m(x)
     assert set(m.state_dict()) == {"weight"}
+
+
+def test_a_replaced_weight_of_another_width_gives_its_own_width():
+    """out_features is only what the layer was built with: the packed weight's rows decide."""
+    m = layer()
+    x = torch.randn(3, 48)
+    with torch.no_grad():
+        for rows in (90, 95, 81):                          # 90 and 95 need the same 6 panels as 96
+            m.weight = torch.nn.Parameter(torch.randn(rows, 48))
+            torch.testing.assert_close(m(x), F.linear(x, m.weight), rtol=1e-5, atol=1e-5)

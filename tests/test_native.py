@@ -573,6 +573,11 @@ def test_linear_adds_a_residual_with_the_bits_of_adding_it_afterwards():
     assert y.shape == (2, 9, 48) and torch.equal(y, res + native.linear(x, packed, 48))
     strided = torch.randn(48, 2, 9).permute(1, 2, 0)                    # (2, 9, 48), not contiguous
     assert torch.equal(native.linear(x, packed, 48, add=strided), strided + native.linear(x, packed, 48))
+    x_strided = torch.randn(32, 2, 9).permute(1, 2, 0)
+    assert torch.equal(native.linear(x_strided, packed, 48, add=res), res + native.linear(x_strided, packed, 48))
+    w, packed = packed_weight(40, 32)                                   # the last panel holds 8 of 16 columns
+    x, res = torch.randn(13, 32), torch.randn(13, 40)
+    assert torch.equal(native.linear(x, packed, 40, add=res), res + native.linear(x, packed, 40))
 
 
 @needs_kernel
@@ -586,5 +591,8 @@ def test_linear_reads_strided_input_and_leaves_what_it_cannot_run_to_pytorch():
     assert native.linear(torch.randn(3, 15), packed, 24) is None         # K is not the packed weight's
     assert native.linear(x, packed, 40) is None                          # nor is N (40 needs 3 panels)
     assert native.linear(x, packed[:, :, :8].contiguous(), 24) is None
+    assert native.linear(x, torch.zeros(1, 16, 16).expand(2, 16, 16), 24) is None   # no memory behind it
+    assert native.linear(torch._efficientzerotensor(5, 16), packed, 24) is None      # nor here (a null pointer)
+    assert native.linear(x, packed.transpose(1, 2).contiguous().transpose(1, 2), 24) is None
     assert native.linear(x, packed, 24, add=torch.randn(10, 23)) is None
     assert native.pack_linear(w.double()) is None and native.pack_linear(torch.randn(3)) is None

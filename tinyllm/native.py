@@ -45,7 +45,9 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
 FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno",
-         "-fno-trapping-math"]          # (no FP exceptions looked at: lets GCC vectorize exp's clamp)
+         "-fno-trapping-math",          # (no FP exceptions looked at: lets GCC vectorize exp's clamp)
+         "-ffp-contract=fast"]          # a*b+c fused wherever it appears (GCC's default; clang's fuses less):
+                                        # linear.c's row tiles of every height then round alike
 
 # Read once (the hot path asks per layer); tests and scripts/attention_ab.py set it directly.
 ENABLED = os.environ.get("TINYLLM_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
@@ -278,7 +280,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor | None:
 def _plain(*ts: Tensor) -> bool:
     """CPU float32 tensors autograd is not recording: what the small kernels take."""
     grad = torch.is_grad_enabled()
-    return all(t.is_cpu and t.dtype == torch.float32 and not (grad and t.requires_grad) for t in ts)
+    return all(t.is_cpu and t.dtype == torch.float32 and not (grad and t.requires_grad)
+               and t.layout == torch.strided and not t._is_zerotensor() for t in ts)   # real memory to read
 
 
 def rope_(heads: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, n_rotated: int,
@@ -377,7 +380,8 @@ def linear(x: Tensor, packed: Tensor, n_out: int, add: Tensor | None = None) -> 
     """x (..., K) times the packed weight's transpose: (..., n_out), plus ``add`` (..., n_out) when
     given (a residual, added after the sum: the bits of adding it afterwards). Each output is a sum
     over k in order, so a row's result does not depend on the other rows of the call. None where it
-    cannot run (not CPU float32, autograd recording, no library)."""
+    cannot run (not CPU float32, autograd recording, no library, shapes that do not match the
+    packed weight)."""
     lib = library()
     if lib is None or x.dim() < 1 or not _plain(x, packed):
         return None

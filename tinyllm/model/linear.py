@@ -15,8 +15,8 @@ remade whenever the weight changes: a new tensor, new storage under the same ten
 ``.half().float()`` assign ``.data``; the layer holds the storage it packed from, so its address
 cannot be reused unnoticed), or an in-place update of the parameter (its version counter). Not
 seen: an in-place edit through ``weight.data`` (which has a version counter of its own): nothing
-here does that after a forward. Training, autocast, CUDA and inference-mode weights use
-``F.linear`` as before. The copy is a plain attribute, never in the state dict.
+here does that after a forward. Grad mode on (training), autocast, CUDA, a bias (none in Llama)
+and inference-mode weights use ``F.linear`` as before. The copy is a plain attribute, never in the state dict.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ class Linear(nn.Linear):
         key = (id(w), w._version, w.data_ptr())
         if self._packed_of != key:
             self._pack(w, key)
-        if self._packed_by == "c":
-            y = native.linear(x, self._packed, self.out_features, add)
+        if self._packed_by == "c":                       # the packed weight's rows: a replaced weight may
+            y = native.linear(x, self._packed, self._packed_src.size(0), add)     # disagree with out_features
             if y is not None:
                 return y
         elif self._packed_by == "onednn":
