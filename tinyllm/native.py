@@ -17,7 +17,7 @@ ranges unless the caller says an earlier call checked the same indices) and answ
 where it cannot run, so the caller takes PyTorch's path: the same results, within float rounding.
 
 Why this way: plain C without PyTorch headers, so the system C compiler builds the library in
-about a second and a half (a PyTorch C++ extension takes about a minute on two cores); it is cached per
+about two seconds (a PyTorch C++ extension takes about a minute on two cores); it is cached per
 source, compiler and CPU under ``$TINYLLM_CACHE`` (default ``~/.cache/tinyllm``). Where no compiler
 is found, or the build fails, ``library()`` says so once in the log (info level) and returns None,
 and everything runs on PyTorch: the kernels are a speed-up, never a requirement.
