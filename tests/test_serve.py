@@ -685,7 +685,7 @@ def test_cli_serve_prints_url_serves_and_stops_on_ctrl_c():
         assert httpx.get(url + "/health", timeout=10).status_code == 200     # serving: now Ctrl+C
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=60)                     # a backstop: it takes about a second
-        assert p.returncode == 130                               # as every tinyllm command on Ctrl+C
+        assert p.returncode == 130, (out, err)                   # as every tinyllm command on Ctrl+C
         assert out == "tinyllm serve: stopped (Ctrl+C)\n" and err == "", (out, err)   # one line, no traceback
     finally:
         if p.poll() is None:
