@@ -15,9 +15,9 @@ import argparse
 import statistics
 
 import torch
+from step_ab import alternate
 from torch import Tensor
 
-from step_ab import alternate
 from tinyllm.bench.anatomy import matmul_only_s
 from tinyllm.model import linear
 from tinyllm.model.checkpoint import load_checkpoint

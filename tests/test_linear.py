@@ -10,10 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tinyllm import native
 from tinyllm.model import linear
 from tinyllm.model.linear import Linear
-
-from tinyllm import native
 
 BACKENDS = [pytest.param("c", marks=pytest.mark.skipif(native.library() is None, reason="no C kernels here")),
             pytest.param("onednn", marks=pytest.mark.skipif(not linear._ONEDNN, reason="no oneDNN in this torch"))]

@@ -16,7 +16,8 @@ remade whenever the weight changes: a new tensor, new storage under the same ten
 cannot be reused unnoticed), or an in-place update of the parameter (its version counter). Not
 seen: an in-place edit through ``weight.data`` (which has a version counter of its own): nothing
 here does that after a forward. Grad mode on (training), autocast, CUDA, a bias (none in Llama)
-and inference-mode weights use ``F.linear`` as before. The copy is a plain attribute, never in the state dict.
+and inference-mode weights use ``F.linear`` as before. The copy is a plain attribute, never in the
+state dict.
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ def run_server(engine: Any, tokenizer: Any, model_name: str, sock: socket.socket
     try:
         server.run(sockets=[sock])
         if server.interrupted:               # uvicorn re-raises the Ctrl+C it caught once it has shut down;
-            raise KeyboardInterrupt          # once in ~40 CI runs that never came back as one (exit 0): say it here
+            raise KeyboardInterrupt          # a CI run once saw that not come back as one (exit 0): say it here
     except KeyboardInterrupt:                # uvicorn shut down cleanly, then re-raised the Ctrl+C it caught
         # "\r": over the terminal's "^C" echo, so the line reads clean; the caller exits 130
         print(("\r" if sys.stdout.isatty() else "") + "tinyllm serve: stopped (Ctrl+C)", flush=True)
