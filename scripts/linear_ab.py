@@ -32,10 +32,8 @@ def _forward(self: linear.Linear, x: Tensor, add: Tensor | None = None) -> Tenso
     if BACKEND["now"] == "c" or torch.is_grad_enabled():
         return _c_forward(self, x, add)
     if getattr(self, "_onednn_of", None) != self.weight.data_ptr():
-        self._onednn = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), linear.PACK_ROWS)
-        self._onednn_of = self.weight.data_ptr()
-    y = torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._onednn, None, "none", [], "")
-    return y if add is None else add + y
+        self._onednn, self._onednn_of = linear.onednn_pack(self.weight), self.weight.data_ptr()
+    return linear.onednn_linear(x, self._onednn, add)
 
 
 def main() -> None:

@@ -32,6 +32,17 @@ PACK_ROWS = 64          # the row count oneDNN picks its layout for (the default
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+def onednn_pack(w: Tensor) -> Tensor:
+    """W copied into oneDNN's own blocked layout (the path without a C compiler)."""
+    return torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_ROWS)
+
+
+def onednn_linear(x: Tensor, packed: Tensor, add: Tensor | None = None) -> Tensor:
+    """x times a weight from ``onednn_pack`` (transposed), plus ``add`` when given."""
+    y = torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, None, "none", [], "")
+    return y if add is None else add + y
+
+
 class Linear(nn.Linear):
     """``nn.Linear`` (same parameters, same state dict) that multiplies from a packed copy of its
     weight when it can (see the module docstring). ``forward(x, add)`` returns ``x W^T + add``:
@@ -56,8 +67,7 @@ class Linear(nn.Linear):
             if y is not None:
                 return y
         elif self._packed_by == "onednn":
-            y = torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, None, "none", [], "")
-            return y if add is None else add + y
+            return onednn_linear(x, self._packed, add)
         return self._plain(x, add)
 
     def _plain(self, x: Tensor, add: Tensor | None) -> Tensor:
@@ -68,7 +78,7 @@ class Linear(nn.Linear):
         self._packed_src = w.detach()
         self._packed, self._packed_by = native.pack_linear(self._packed_src), "c"
         if self._packed is None and _ONEDNN:
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(self._packed_src, PACK_ROWS)
+            self._packed = onednn_pack(self._packed_src)
             self._packed_by = "onednn"
         elif self._packed is None:
             self._packed_by = None
