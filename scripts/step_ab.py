@@ -6,7 +6,9 @@ step, so the machine's drift (±30% from minute to minute here) falls on every v
 
 Variants: ``now`` is this tree as it is; ``kernels@REF`` is this tree's Python with the C kernels
 of git REF (``tinyllm/csrc`` at REF, built beside today's); ``off:NAME`` is this tree with
-``native.NAME`` answering None, i.e. that kernel's PyTorch fallback (``off:A+B``: both); ``torch`` is every kernel off.
+``native.NAME`` answering None, i.e. that kernel's PyTorch fallback (``off:A+B``: both), with the
+layers run op by op (``model/c_layers.py`` off: a kernel switched off there is not called at all);
+``off:layers`` is just that (each layer's kernels called from Python); ``torch`` is every kernel off.
 Prints the median step (ms) per variant, and each against the first.
 """
 
@@ -26,6 +28,7 @@ from typing import Callable
 import torch
 
 from tinyllm import native
+from tinyllm.model.c_layers import CLayers
 from tinyllm.engine import ContinuousEngine, Request
 from tinyllm.model.checkpoint import load_checkpoint
 
@@ -91,6 +94,7 @@ def alternate(a: argparse.Namespace, use: Callable[[str], None]) -> dict[str, fl
 def main() -> None:
     a = ab_arguments(__doc__, "now,torch", 40)
     current = native.library()
+    plan = CLayers.__dict__["plan"]
     originals = {name: getattr(native, name) for name in dir(native) if callable(getattr(native, name))}
     libs = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -102,9 +106,12 @@ def main() -> None:
         for name, f in originals.items():
             setattr(native, name, f)
         native._lib, native.ENABLED = libs.get(v, current), v != "torch"
+        CLayers.plan = plan
         if v.startswith("off:"):
+            CLayers.plan = classmethod(lambda cls, *args: None)
             for name in v[4:].split("+"):
-                setattr(native, name, lambda *args, **kw: None)
+                if name != "layers":
+                    setattr(native, name, lambda *args, **kw: None)
 
     med = alternate(a, use)
     base = med[a.variants[0]]

@@ -11,6 +11,9 @@
 - ``linear`` (``linear.c``): the model's matmuls from a weight packed once (``pack_linear``):
   oneDNN's packed linear costs ~50 us a call before any arithmetic, and the C one gives a row the
   same bits in any batch (greedy == solo holds).
+- ``decoder_layer`` (``decoder_layer.c``): a whole decoder layer of a ragged step, the kernels
+  above called in the model's order from C (``model/c_layers.py`` fills its arguments): the same
+  bits as calling them one by one, without the Python between them.
 
 Each wrapper checks what the C code would otherwise trust (dtypes, shapes, strides, and the index
 ranges unless the caller says an earlier call checked the same indices) and answers None or False
@@ -133,6 +136,22 @@ def _build(cc: str, csrc: Path = CSRC) -> Path:
             os.unlink(tmp)
 
 
+class LayerWeights(ctypes.Structure):
+    """``decoder_layer.c``'s LayerWeights: one layer's norm weights, packed linear weights and pool."""
+    _fields_ = [(name, ctypes.c_void_p) for name in
+                ("input_norm", "post_attention_norm", "qkv", "o", "gate_up", "down", "k_pool", "v_pool")]
+
+
+class LayerStep(ctypes.Structure):
+    """``decoder_layer.c``'s LayerStep: one forward's shapes, positions, attention plan and scratch."""
+    _fields_ = [*((name, ctypes.c_int64) for name in ("tokens", "d", "H", "Hkv", "D", "F")),
+                ("eps", ctypes.c_float), ("scale", ctypes.c_float),
+                *((name, ctypes.c_void_p) for name in ("pos", "cos", "sin", "write", "tables", "row_table", "lens")),
+                ("table_width", ctypes.c_int64), ("block_size", ctypes.c_int64),
+                *((name, ctypes.c_void_p) for name in ("h", "qkv", "attn", "gate_up", "act")),
+                ("threads", ctypes.c_int)]
+
+
 def load(path: Path) -> ctypes.CDLL:
     """A built library with its functions' C signatures declared (ctypes converts by them)."""
     lib = ctypes.CDLL(str(path))
@@ -147,6 +166,8 @@ def load(path: Path) -> ctypes.CDLL:
     lib.silu_mul.argtypes = [ptr, i64, i64, i64, ptr]
     lib.linear_packed.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64, ptr, i64, ctypes.c_int]
     lib.pack_linear_weight.argtypes = [ptr, i64, i64, ptr]
+    lib.decoder_layer.argtypes = [ctypes.POINTER(LayerWeights), ctypes.POINTER(LayerStep), ptr, ptr]
+    lib.decoder_layer.restype = ctypes.c_int
     for name in ("rms_norm", "rope_inplace", "kv_store", "argmax_rows", "silu_mul", "linear_packed",
                  "pack_linear_weight"):
         getattr(lib, name).restype = None
@@ -216,15 +237,30 @@ def check_arguments(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, lens: Tenso
           or lens.shape != (rows,)):
         problems.append(f"tables ({rows if row_table is None else 'n'}, width) and lens ({rows},)")
     elif rows and bounds:
-        n_blocks = k.size(0) // block_size
-        if int(lens.min()) < 1 or int(lens.max()) > tables.size(1) * block_size:
-            problems.append(f"lens in 1..{tables.size(1) * block_size} (the table's width x block_size)")
-        elif int(tables.min()) < 0 or int(tables.max()) >= n_blocks:
-            problems.append(f"block ids in 0..{n_blocks - 1}")
-        elif row_table is not None and (int(row_table.min()) < 0 or int(row_table.max()) >= tables.size(0)):
-            problems.append(f"row_table entries in 0..{tables.size(0) - 1} (the tables' rows)")
+        problems += plan_range_problems(tables, lens, row_table, k.size(0) // block_size, block_size)
     if problems:
         raise ValueError("paged decode attention needs " + "; ".join(problems))
+
+
+def plan_range_problems(tables: Tensor, lens: Tensor, row_table: Tensor | None, n_blocks: int,
+                        block_size: int) -> list[str]:
+    """What is out of range in an attention plan (non-empty, shapes already checked): lengths
+    past the tables' width, block ids past the pool, table numbers past the tables."""
+    if int(lens.min()) < 1 or int(lens.max()) > tables.size(1) * block_size:
+        return [f"lens in 1..{tables.size(1) * block_size} (the table's width x block_size)"]
+    if int(tables.min()) < 0 or int(tables.max()) >= n_blocks:
+        return [f"block ids in 0..{n_blocks - 1}"]
+    if row_table is not None and (int(row_table.min()) < 0 or int(row_table.max()) >= tables.size(0)):
+        return [f"row_table entries in 0..{tables.size(0) - 1} (the tables' rows)"]
+    return []
+
+
+def check_range(ix: Tensor, n: int, what: str, why: str = "") -> None:
+    """Every entry of ``ix`` (int64, non-empty) in 0..n-1, or a ValueError naming ``what`` (and
+    ``why`` that range): the indices a kernel would write or read through without looking."""
+    lo, hi = int(ix.min()), int(ix.max())
+    if lo < 0 or hi >= n:
+        raise ValueError(f"{what} must be in 0..{n - 1}{why}, got {lo}..{hi}")
 
 
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, lens: Tensor,
@@ -252,10 +288,15 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, lens: Tens
                   lens.data_ptr(),
                   out.data_ptr(), out.stride(0), out.stride(1),
                   rows, H, k.size(1), D, block_size, D ** -0.5, torch.get_num_threads())
+    _raise_for(rc)
+    return out.transpose(0, 1)
+
+
+def _raise_for(rc: int) -> None:
+    """The attention kernel's return code as an error (0: none)."""
     if rc != 0:
         raise RuntimeError({1: "paged attention kernel: out of memory for its scores",
                             3: "paged attention kernel: unsupported head layout"}.get(rc, f"kernel error {rc}"))
-    return out.transpose(0, 1)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor | None:
@@ -303,9 +344,8 @@ def rope_(heads: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, n_rotated: int,
             or not (pos.is_cpu and pos.is_contiguous() and cos.is_contiguous() and sin.is_contiguous())
             or cos.dim() != 2 or cos.shape != sin.shape or cos.size(1) != D):
         return False
-    if not bounds_checked and pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= cos.size(0)):
-        raise ValueError(f"rotary positions must be in 0..{cos.size(0) - 1} (max_seq_len), "
-                         f"got {int(pos.min())}..{int(pos.max())}")
+    if not bounds_checked and pos.numel():
+        check_range(pos, cos.size(0), "rotary positions", " (max_seq_len)")
     lib.rope_inplace(heads.data_ptr(), heads.stride(1), B * T, n_rotated, D, pos.data_ptr(),
                      cos.data_ptr(), sin.data_ptr())
     return True
@@ -326,9 +366,8 @@ def kv_store(k: Tensor, v: Tensor, write: Tensor, k_pool: Tensor, v_pool: Tensor
             or k.stride(2) != 1 or k.stride(1) != k.size(2) or write.shape != (T,)
             or write.dtype != torch.int64 or not (write.is_cpu and write.is_contiguous())):
         return False
-    if not bounds_checked and T and (int(write.min()) < 0 or int(write.max()) >= k_pool.size(0)):
-        raise ValueError(f"KV write rows must be in 0..{k_pool.size(0) - 1}, "
-                         f"got {int(write.min())}..{int(write.max())}")
+    if not bounds_checked and T:
+        check_range(write, k_pool.size(0), "KV write rows")
     lib.kv_store(k.data_ptr(), v.data_ptr(), k.stride(0), T, k.size(1) * k.size(2), write.data_ptr(),
                  k_pool.data_ptr(), v_pool.data_ptr())
     return True
@@ -399,3 +438,10 @@ def linear(x: Tensor, packed: Tensor, n_out: int, add: Tensor | None = None) -> 
         lib.linear_packed(x.data_ptr(), K, M, K, packed.data_ptr(), n_out, out.data_ptr(), n_out,
                           None if add is None else add.data_ptr(), n_out, torch.get_num_threads())
     return out
+
+
+def decoder_layer(weights: LayerWeights, step: LayerStep, x: Tensor, y: Tensor) -> None:
+    """y = one decoder layer of x, both (tokens, d) float32 contiguous and distinct, in one C call.
+    It trusts every pointer and size in ``weights`` and ``step``: ``model/c_layers.py`` fills them
+    from tensors it has checked (the one caller)."""
+    _raise_for(library().decoder_layer(ctypes.byref(weights), ctypes.byref(step), x.data_ptr(), y.data_ptr()))

@@ -4,6 +4,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "kernels.h"
+
 /* out[r] = the first index of row r's largest value, or of its first NaN if it has one (as
  * torch.argmax: NaN counts as larger than everything). */
 void argmax_rows(const float *x, int64_t x_row, int64_t rows, int64_t n, int64_t *out) {

@@ -3,6 +3,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels.h"
+
 /* Token t's K (`row` floats at k + t*src_row) goes to pool row write[t] of k_pool (rows of `row`
  * floats, contiguous); the same for V. */
 void kv_store(const float *k, const float *v, int64_t src_row, int64_t tokens, int64_t row,

@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "simd.h"
 
 /* GCC's -O3 (the library's level) takes ~3 s on this file (it tries to vectorize and version the

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "simd.h"
 
 static inline float dot(const float *a, const float *b, int64_t D) {

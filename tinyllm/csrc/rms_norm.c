@@ -8,6 +8,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "kernels.h"
+
 /* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for each of `rows` rows of `dim` floats. x and y
  * may be the same array. The sum of squares is accumulated in double: a float sum over thousands
  * of large activations would round more than PyTorch's. */

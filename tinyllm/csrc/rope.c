@@ -8,6 +8,8 @@
  */
 #include <stdint.h>
 
+#include "kernels.h"
+
 /* x: `tokens` rows of `heads` heads of `D` floats (head h of token t at x + t*x_row + h*D), the
  * first `heads` of the row rotated (the q and k heads; v follows them, untouched). pos[t]: token
  * t's position, a row of the (max_len, D) tables cos and sin. For d < D/2:

@@ -2,6 +2,7 @@
  * pass instead of PyTorch's split, silu and multiply (three passes and an intermediate). */
 #include <stdint.h>
 
+#include "kernels.h"
 #include "simd.h"
 
 /* x: `rows` rows of 2F floats (gate then up) at x + r*x_row; y: rows of F at y + r*F.

@@ -112,6 +112,24 @@ class RaggedAttention:
         mask = (torch.arange(L, device=dev)[None, :] <= q_pos[:, None])[None, None]
         return blocks, L, mask
 
+    def native_attention(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None] | None:
+        """What ``csrc/decoder_layer.c`` needs to store and attend every layer's tokens in C, with
+        its ranges checked (once a step: every layer shares them): each token's pool row, then
+        the kernel's tables, lens and row_table (``_native_plan``). None where the kernel cannot
+        run (the model then runs its layers one op at a time)."""
+        if self._native is None:
+            return None
+        if not (self._write_checked and self._bounds_checked):
+            tables, lens, row_table = self._native
+            pool = self.pool
+            native.check_range(self._write, pool.k.size(1), "KV write rows")
+            problems = native.plan_range_problems(tables, lens, row_table, pool.k.size(1) // pool.block_size,
+                                                  pool.block_size)
+            if problems:
+                raise ValueError("paged decode attention needs " + "; ".join(problems))
+            self._write_checked = self._bounds_checked = True
+        return (self._write, *self._native)
+
     # -- AttentionCache protocol ----------------------------------------------------------------
     def begin(self, batch: int, n_new: int) -> Tensor:
         if batch != 1 or n_new != self.total:

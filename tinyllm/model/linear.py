@@ -54,14 +54,8 @@ class Linear(nn.Linear):
     _packed_src: Tensor | None = None                   # the storage packed from, held: its address stays unique
 
     def forward(self, x: Tensor, add: Tensor | None = None) -> Tensor:
-        w = self.weight
-        if (self.bias is not None or torch.is_grad_enabled() or x.device.type != "cpu"
-                or x.dtype != torch.float32 or w.dtype != torch.float32 or torch.is_autocast_enabled("cpu")
-                or w.is_inference()):
+        if x.device.type != "cpu" or x.dtype != torch.float32 or not self._packable():
             return self._plain(x, add)
-        key = (id(w), w._version, w.data_ptr())
-        if self._packed_of != key:
-            self._pack(w, key)
         if self._packed_by == "c":                       # the packed weight's rows: a replaced weight may
             y = native.linear(x, self._packed, self._packed_src.size(0), add)     # disagree with out_features
             if y is not None:
@@ -69,6 +63,26 @@ class Linear(nn.Linear):
         elif self._packed_by == "onednn":
             return onednn_linear(x, self._packed, add)
         return self._plain(x, add)
+
+    def c_packed(self) -> tuple[Tensor, int] | None:
+        """The weight packed for ``native.linear`` (repacked first if it changed) and its output
+        width, for a CPU float32 input without autograd; None where the layer would run another
+        path (``model/c_layers.py`` runs whole decoder layers from these)."""
+        if not self._packable() or self._packed_by != "c":
+            return None
+        return self._packed, self._packed_src.size(0)
+
+    def _packable(self) -> bool:
+        """A packed copy applies (CPU float32 weight, no bias, no autograd or autocast): made or
+        remade here if the weight changed since the last."""
+        w = self.weight
+        if (self.bias is not None or torch.is_grad_enabled() or w.device.type != "cpu"
+                or w.dtype != torch.float32 or torch.is_autocast_enabled("cpu") or w.is_inference()):
+            return False
+        key = (id(w), w._version, w.data_ptr())
+        if self._packed_of != key:
+            self._pack(w, key)
+        return True
 
     def _plain(self, x: Tensor, add: Tensor | None) -> Tensor:
         y = F.linear(x, self.weight, self.bias)

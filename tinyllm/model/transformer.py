@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tinyllm import native
+from tinyllm.model.c_layers import CLayers
 from tinyllm.model.config import ModelConfig
 from tinyllm.model.linear import Linear
 
@@ -105,6 +106,14 @@ class Rotary:
         self.pos, self.cos, self.sin = pos, cos, sin
         self._gathered: tuple[Tensor, Tensor] | None = None
         self._checked = False                     # positions range-checked (by the first layer)
+
+    def checked_tables(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(positions, cos, sin) with the positions range-checked against the tables, for a C
+        caller that reads them raw (``model/c_layers.py``)."""
+        if not self._checked and self.pos.numel():
+            native.check_range(self.pos, self.cos.size(0), "rotary positions", " (max_seq_len)")
+        self._checked = True
+        return self.pos, self.cos, self.sin
 
     def rotate(self, heads: Tensor, n_rotated: int) -> tuple[Tensor, Tensor]:
         """heads: (B, T, heads, D), the fused projection's output by head; its first ``n_rotated``
@@ -259,8 +268,9 @@ class Transformer(nn.Module):
             cache = NoCache(idx.device)
         rotary = Rotary(cache.begin(idx.size(0), T), self.rope_cos, self.rope_sin)
         x = self.embed_tokens(idx)
-        for layer in self.layers:
-            x = layer(x, rotary, cache)
+        c_layers = CLayers.plan(self.layers, x, rotary, cache)        # one C call a layer, where it can
+        for i, layer in enumerate(self.layers):
+            x = c_layers.run(i, x) if c_layers else layer(x, rotary, cache)
         cache.end(T)
         if logits_at is not None:
             x = x[:, logits_at]

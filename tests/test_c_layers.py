@@ -1,0 +1,118 @@
+"""The decoder layers in one C call each (tinyllm/model/c_layers.py, csrc/decoder_layer.c): the same
+bits as the model's layers op by op, taken only where every op would run on the kernels, the
+weights it keeps rebuilt when the model's change, and every range it trusts checked."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from torch import nn
+
+from tests.test_ragged_attention import filled_pool
+from tinyllm import native
+from tinyllm.kv.ragged import RaggedAttention
+from tinyllm.model.c_layers import CLayers
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no native kernel here: {native.why_not}")
+
+LENS = [1, 7, 16, 17, 40, 63, 30]
+
+
+def ragged_forward(model, whole_layers: bool, items=None, monkeypatch=None, seed: int = 9):
+    """The model over one ragged batch on a pool of random K/V: (logits, K pool, V pool, whether
+    the layers ran in C). ``items`` default: six decodes at many lengths and a 10-token chunk."""
+    cfg = model.cfg
+    pool = filled_pool(LENS, 4, hkv=cfg.n_kv_heads, d=cfg.head_dim, seed=seed, layers=cfg.n_layers)
+    items = items or [(slot, n - 1, 1) for slot, n in enumerate(LENS[:-1])] + [(6, 20, 10)]
+    n_tokens = sum(n for _, _, n in items)
+    tokens = torch.tensor([[random.Random(i).randrange(cfg.vocab_size) for i in range(n_tokens)]])
+    plans = []
+    real = CLayers.plan.__func__
+
+    def plan(cls, *a):
+        p = real(cls, *a) if whole_layers else None
+        plans.append(p)
+        return p
+    mp = monkeypatch or pytest.MonkeyPatch()
+    mp.setattr(CLayers, "plan", classmethod(plan))
+    try:
+        with torch.no_grad():
+            logits, _ = model(tokens, cache=RaggedAttention(pool, items))
+    finally:
+        if monkeypatch is None:
+            mp.undo()
+    return logits, pool.k, pool.v, plans[0] is not None
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("batch", ["decodes", "decodes+chunk", "chunk"])
+def test_layers_in_c_give_the_same_bits_as_op_by_op(model, threads, batch):
+    """Logits and the K/V written to the pool, bit for bit, on one and two threads; with and
+    without a prefill chunk (the kernel's row_table)."""
+    torch.set_num_threads(threads)
+    items = {"decodes": [(slot, n - 1, 1) for slot, n in enumerate(LENS[:-1])],
+             "decodes+chunk": None, "chunk": [(6, 0, 25)]}[batch]
+    c_logits, c_k, c_v, in_c = ragged_forward(model, True, items)
+    py_logits, py_k, py_v, _ = ragged_forward(model, False, items)
+    assert in_c
+    assert torch.equal(c_logits, py_logits)
+    assert torch.equal(c_k, py_k) and torch.equal(c_v, py_v)
+
+
+def test_changed_weights_are_picked_up():
+    """The layer weights kept between forwards are rebuilt when a weight is updated in place, or
+    replaced by another tensor: the logits follow the model's weights as op by op."""
+    from tests.helpers import random_model
+    model = random_model()                                   # its own: this test changes the weights
+    before, *_ = ragged_forward(model, True)
+    with torch.no_grad():
+        model.layers[0].mlp.down_proj.weight.mul_(2.0)                         # in place
+    model.layers[1].input_layernorm.weight = nn.Parameter(torch.full((model.cfg.d_model,), 0.5))
+    model.layers[1].self_attn.o_proj.weight = nn.Parameter(model.layers[1].self_attn.o_proj.weight * -1)
+    after, *_, in_c = ragged_forward(model, True)
+    want, *_ = ragged_forward(model, False)
+    assert in_c and torch.equal(after, want) and not torch.equal(after, before)
+
+
+def test_taken_only_where_every_op_runs_on_the_kernels(monkeypatch):
+    """Grad mode, a forward hook on a block, a linear layer repacked for another path, a cache
+    that is not the paged pool's ragged batch, float64: each answers None (the model then runs op
+    by op)."""
+    from tests.helpers import random_model
+    model = random_model()                                   # its own: this test repacks a layer
+    cfg = model.cfg
+    pool = filled_pool(LENS, 4, hkv=cfg.n_kv_heads, d=cfg.head_dim, seed=1, layers=cfg.n_layers)
+    attn = RaggedAttention(pool, [(0, 0, 1)])
+    x = torch.randn(1, 1, cfg.d_model)
+    from tinyllm.model.transformer import Rotary
+    rotary = Rotary(attn.begin(1, 1), model.rope_cos, model.rope_sin)
+    with torch.no_grad():
+        assert CLayers.plan(model.layers, x, rotary, attn) is not None
+        assert CLayers.plan(model.layers, x, rotary, object()) is None                # no paged pool
+        assert CLayers.plan(model.layers, x.double(), rotary, attn) is None
+        handle = model.layers[1].register_forward_hook(lambda *a: None)
+        assert CLayers.plan(model.layers, x, rotary, attn) is None
+        handle.remove()
+        monkeypatch.setattr(native, "pack_linear", lambda w: None)      # as without a compiler: oneDNN packs
+        model.layers[0].mlp.gate_up_proj.weight.mul_(1.0)              # changed: repacked at the next plan
+        assert CLayers.plan(model.layers, x, rotary, attn) is None
+        assert model.layers[0].mlp.gate_up_proj._packed_by != "c"
+    assert CLayers.plan(model.layers, x, rotary, attn) is None                       # grad mode on
+
+
+def test_ranges_the_c_trusts_are_checked_first(model):
+    """A block id past the pool, or a position past the rotary tables: a ValueError before any
+    layer runs, never a read out of bounds."""
+    cfg = model.cfg
+    pool = filled_pool(LENS, 4, hkv=cfg.n_kv_heads, d=cfg.head_dim, seed=2, layers=cfg.n_layers)
+    attn = RaggedAttention(pool, [(0, 0, 1), (1, 6, 1)])
+    tables, lens, row_table = attn._native
+    tables[1, 0] = pool.k.size(1) // pool.block_size                  # one past the last block (scratch)
+    with torch.no_grad(), pytest.raises(ValueError, match="block ids in 0.."):
+        model(torch.tensor([[1, 2]]), cache=attn)
+    attn = RaggedAttention(pool, [(0, 0, 1)])
+    attn._pos[0] = model.rope_cos.size(0)
+    with torch.no_grad(), pytest.raises(ValueError, match="rotary positions must be in"):
+        model(torch.tensor([[1]]), cache=attn)

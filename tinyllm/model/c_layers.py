@@ -1,0 +1,138 @@
+"""A ragged step's decoder layers in one C call each (``csrc/decoder_layer.c``).
+
+On CPU the model's layer is a dozen C kernels called from Python (``transformer.Block``); between
+them, each wrapper's checks, views and allocations cost ~0.1 ms a layer, a fixed ~0.4 ms a step on
+the d256 model (more than its whole arithmetic at one row). Here each layer is one call that runs
+the same kernels in the same order on the same buffers, so the same bits (tested): ``Block`` stays
+the one definition of the layer, this is how it runs when nothing needs Python in between.
+
+It applies where every op of the layer would have run on the kernels anyway: CPU float32 without
+autograd or autocast, the packed C linear layers, and the paged pool's ragged batch
+(``kv.ragged.RaggedAttention``, the token-budget engine's forward). ``CLayers.plan`` checks all of
+that, and every size and index range the C trusts, once per forward, and answers None otherwise
+(the model then loops over its blocks as before).
+
+A layer's weights (pointers to its packed matrices, norms and pool) are kept between forwards and
+reused while its parameters are the same tensors at the same versions and addresses (what
+``Linear`` repacks on): on this machine each ``module.attribute`` lookup costs ~1.5 us, and
+checking and re-reading every layer's weights took ~0.8 ms a forward, so the layers' parts are
+read through the modules' own dictionaries.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from tinyllm import native
+
+_LINEARS = (("self_attn", "qkv_proj"), ("self_attn", "o_proj"), ("mlp", "gate_up_proj"), ("mlp", "down_proj"))
+_NORMS = ("input_layernorm", "post_attention_layernorm")
+
+
+class _Layer:
+    """One block's LayerWeights, the tensors they point into, and what they were made from."""
+
+    def __init__(self, key: tuple, weights: native.LayerWeights, widths: tuple[int, ...], eps: float,
+                 keep: list[Tensor]):
+        self.key, self.weights, self.widths, self.eps, self._keep = key, weights, widths, eps, keep
+
+
+_layers: weakref.WeakKeyDictionary[nn.Module, _Layer] = weakref.WeakKeyDictionary()
+
+
+def _parts(block: nn.Module) -> tuple[list[nn.Module], list[nn.Module], tuple]:
+    """The block's four linear layers and two norms, and a key that changes whenever any of their
+    weights does (a new tensor, new storage, an in-place update) or the block's pool layer does."""
+    mods = block._modules
+    linears = [mods[parent]._modules[name] for parent, name in _LINEARS]
+    norms = [mods[name] for name in _NORMS]
+    tensors = [m._parameters["weight"] for m in (*linears, *norms)]
+    return linears, norms, tuple((id(t), t._version, t.data_ptr()) for t in tensors)
+
+
+def _layer(block: nn.Module, index: int, k: Tensor, v: Tensor) -> _Layer | None:
+    """The block's C weights over pool layer (k, v), reused while nothing changed; None where a
+    part would not run on the kernels."""
+    try:
+        linears, norms, key = _parts(block)
+    except (KeyError, AttributeError):                # not a transformer.Block's layout
+        return None
+    key += (index, k.data_ptr(), v.data_ptr())
+    cached = _layers.get(block)
+    if cached is not None and cached.key == key:
+        return cached
+    packed = [lin.c_packed() for lin in linears]
+    d = norms[0].weight.numel()
+    if (any(p is None for p in packed) or norms[0].eps != norms[1].eps
+            or any(n.weight.shape != (d,) or not n.weight.is_contiguous() or not native._plain(n.weight)
+                   for n in norms)):
+        return None
+    layer = _Layer(key, native.LayerWeights(*(n.weight.data_ptr() for n in norms),
+                                            *(w.data_ptr() for w, _ in packed), k.data_ptr(), v.data_ptr()),
+                   tuple(x for w, n_out in packed for x in (n_out, w.size(1))), norms[0].eps,
+                   [n.weight for n in norms] + [w for w, _ in packed] + [k, v])
+    _layers[block] = layer
+    return layer
+
+
+class CLayers:
+    """One forward's decoder layers, ready to run in C: ``run(i, x)`` is ``layers[i](x, ...)``."""
+
+    def __init__(self, layers: list[_Layer], step: native.LayerStep, keep: list[Tensor]):
+        self.layers, self.step = layers, step
+        self._keep = keep                         # every tensor the step points into, alive while it is
+
+    @classmethod
+    def plan(cls, blocks: Sequence[nn.Module], x: Tensor, rotary, cache) -> CLayers | None:
+        """The plan for ``blocks`` (``transformer.Block``) over ``x`` (1, T, d), or None where a
+        layer would not run entirely on the kernels."""
+        attention = getattr(cache, "native_attention", None)
+        if (attention is None or not blocks or native.library() is None or torch.is_grad_enabled()
+                or torch.is_autocast_enabled("cpu") or x.dim() != 3 or x.size(0) != 1 or not x.is_contiguous()
+                or not native._plain(x) or any(b._forward_hooks or b._forward_pre_hooks for b in blocks)):
+            return None
+        pool = cache.pool
+        attn = blocks[0].self_attn
+        T, d = x.size(1), x.size(2)
+        H, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
+        if (pool.k.size(0) < len(blocks) or pool.k.dtype != torch.float32 or pool.k.shape[2:] != (Hkv, D)
+                or pool.k.shape != pool.v.shape or not (pool.k.is_contiguous() and pool.v.is_contiguous())):
+            return None
+        layers = [_layer(b, i, pool.k[i], pool.v[i]) for i, b in enumerate(blocks)]
+        if any(layer is None for layer in layers):
+            return None
+        F = layers[0].widths[7]                              # the down projection's input width
+        widths = ((H + 2 * Hkv) * D, d, d, H * D, 2 * F, d, d, F)   # (rows, K) of qkv, o, gate_up, down
+        if any(layer.widths != widths or layer.eps != layers[0].eps for layer in layers):
+            return None
+        for i, b in enumerate(blocks):             # every layer's attention shaped alike, at its own pool layer
+            a = b.self_attn
+            if (a.n_heads, a.n_kv_heads, a.head_dim, a.layer_idx) != (H, Hkv, D, i):
+                return None
+        pos, cos, sin = rotary.checked_tables()
+        if (pos.shape != (1, T) or not pos.is_contiguous() or cos.shape != sin.shape or cos.dim() != 2
+                or cos.size(1) != D or D % 2 or not (cos.is_contiguous() and sin.is_contiguous())
+                or not native._plain(cos, sin)):
+            return None
+        plan = attention()                         # range-checked: every layer reads through it
+        if plan is None:
+            return None
+        write, tables, lens, row_table = plan
+        scratch = [torch.empty(T, width, dtype=torch.float32) for width in (d, (H + 2 * Hkv) * D, H * D, 2 * F, F)]
+        step = native.LayerStep(
+            T, d, H, Hkv, D, F, layers[0].eps, D ** -0.5,
+            pos.data_ptr(), cos.data_ptr(), sin.data_ptr(), write.data_ptr(), tables.data_ptr(),
+            None if row_table is None else row_table.data_ptr(), lens.data_ptr(),
+            tables.size(1), pool.block_size,
+            *(t.data_ptr() for t in scratch), torch.get_num_threads())
+        return cls(layers, step, [x, pos, cos, sin, write, tables, lens, row_table, *scratch])
+
+    def run(self, i: int, x: Tensor) -> Tensor:
+        """Layer ``i`` over ``x`` (the forward's activations, (1, T, d)): a new tensor."""
+        y = torch.empty_like(x)
+        native.decoder_layer(self.layers[i].weights, self.step, x, y)
+        return y
