@@ -20,6 +20,24 @@ pytestmark = pytest.mark.skipif(native.library() is None, reason=f"no native ker
 LENS = [1, 7, 16, 17, 40, 63, 30]
 
 
+def model_with_random_norms(head_dim: int = 16, seed: int = 0):
+    """A random model whose every RMSNorm weight differs (random_model's are all ones, so a layer
+    reading one norm's weight for the other's would pass unseen), ``head_dim`` 16 or 64 (the
+    attention kernel's generic path, and its unrolled D=64 one)."""
+    from tests.helpers import random_model
+    model = random_model(seed=seed, d_model=4 * head_dim)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.fixture(scope="module")
+def normed():
+    return {16: model_with_random_norms(16), 64: model_with_random_norms(64)}
+
+
 def ragged_forward(model, whole_layers: bool, items=None, monkeypatch=None, seed: int = 9):
     """The model over one ragged batch on a pool of random K/V: (logits, K pool, V pool, whether
     the layers ran in C). ``items`` default: six decodes at many lengths and a 10-token chunk."""
@@ -46,11 +64,13 @@ def ragged_forward(model, whole_layers: bool, items=None, monkeypatch=None, seed
     return logits, pool.k, pool.v, plans[0] is not None
 
 
+@pytest.mark.parametrize("head_dim", [16, 64])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("batch", ["decodes", "decodes+chunk", "chunk"])
-def test_layers_in_c_give_the_same_bits_as_op_by_op(model, threads, batch):
+def test_layers_in_c_give_the_same_bits_as_op_by_op(normed, head_dim, threads, batch):
     """Logits and the K/V written to the pool, bit for bit, on one and two threads; with and
-    without a prefill chunk (the kernel's row_table)."""
+    without a prefill chunk (the kernel's row_table); head_dim 16 and 64."""
+    model = normed[head_dim]
     torch.set_num_threads(threads)
     items = {"decodes": [(slot, n - 1, 1) for slot, n in enumerate(LENS[:-1])],
              "decodes+chunk": None, "chunk": [(6, 0, 25)]}[batch]
@@ -116,3 +136,83 @@ def test_ranges_the_c_trusts_are_checked_first(model):
     attn._pos[0] = model.rope_cos.size(0)
     with torch.no_grad(), pytest.raises(ValueError, match="rotary positions must be in"):
         model(torch.tensor([[1]]), cache=attn)
+    attn = RaggedAttention(pool, [(0, 0, 1)])
+    attn._write[0] = pool.k.size(1)                                    # one past the pool's last row
+    with torch.no_grad(), pytest.raises(ValueError, match="KV write rows must be in"):
+        model(torch.tensor([[1]]), cache=attn)
+
+
+def changed_model(change: str):
+    """A model with one thing about its layers changed after a first forward on the C path."""
+    from tests.helpers import random_model
+    model = random_model(seed=3)
+    ragged_forward(model, True)                              # the layers' C weights kept
+    block = model.layers[1]
+    if change == "one norm's eps":                           # the layer takes one eps: op by op
+        block.post_attention_layernorm.eps = 0.5
+    elif change == "every eps":
+        for b in model.layers:
+            b.input_layernorm.eps = b.post_attention_layernorm.eps = 0.5
+    elif change == "bias":
+        block.self_attn.o_proj.bias = nn.Parameter(torch.ones(model.cfg.d_model))
+    elif change == "replaced mlp":
+        from tinyllm.model.transformer import MLP
+
+        class GeluMLP(MLP):                                   # the same parts, computed otherwise
+            def forward(self, x, residual):
+                return residual + self.down_proj(torch.nn.functional.gelu(self.gate_up_proj(x)[..., :self.down_proj.in_features]))
+        mlp = GeluMLP(model.cfg)
+        mlp.load_state_dict(block.mlp.state_dict())
+        block.mlp = mlp
+    elif change == "narrow norms":
+        for n in (block.input_layernorm, block.post_attention_layernorm):
+            n.weight = nn.Parameter(torch.ones(model.cfg.d_model // 2))
+    elif change == "layer index":
+        block.self_attn.layer_idx = 0
+    return model
+
+
+@pytest.mark.parametrize("change", ["every eps", "one norm's eps", "bias", "replaced mlp", "layer index"])
+def test_a_changed_layer_is_computed_as_op_by_op(change):
+    """After the C weights were kept: the norms' eps changed (all, or one), a bias added, the MLP
+    replaced by a subclass with the same parts, a layer pointed at another pool layer: the logits
+    are op by op's, whether the change still runs in C (every eps) or sends the forward op by op."""
+    model = changed_model(change)
+    got, *_, in_c = ragged_forward(model, True)
+    want, *_ = ragged_forward(model, False)
+    assert torch.equal(got, want)
+    assert in_c == (change == "every eps")
+
+
+def test_norms_of_another_width_are_refused_not_read_past():
+    """Norm weights narrower than the activations: the plan declines and op by op raises PyTorch's
+    size error (the C would have read past the weights)."""
+    model = changed_model("narrow norms")
+    with pytest.raises(RuntimeError):
+        ragged_forward(model, True)
+
+
+@pytest.mark.parametrize("where", ["block pre-hook", "sub-module hook", "global hook", "autocast"])
+def test_hooks_and_autocast_send_the_forward_op_by_op(where):
+    """A hook wants to see its module run (on the block, on a part of it, or on every module),
+    autocast wants its dtype: the C path declines, and the hooks fire."""
+    from tests.helpers import random_model
+    model = random_model(seed=4)
+    fired = []
+    if where == "block pre-hook":
+        handle = model.layers[0].register_forward_pre_hook(lambda *a: fired.append(1))
+    elif where == "sub-module hook":
+        handle = model.layers[1].mlp.down_proj.register_forward_hook(lambda *a: fired.append(1))
+    elif where == "global hook":
+        handle = nn.modules.module.register_module_forward_hook(lambda *a: fired.append(1))
+    try:
+        if where == "autocast":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                *_, in_c = ragged_forward(model, True)
+        else:
+            *_, in_c = ragged_forward(model, True)
+    finally:
+        if where != "autocast":
+            handle.remove()
+    assert not in_c
+    assert where == "autocast" or fired

@@ -239,7 +239,19 @@ def check_arguments(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, lens: Tenso
     elif rows and bounds:
         problems += plan_range_problems(tables, lens, row_table, k.size(0) // block_size, block_size)
     if problems:
-        raise ValueError("paged decode attention needs " + "; ".join(problems))
+        raise ValueError(_ATTENTION_NEEDS + "; ".join(problems))
+
+
+_ATTENTION_NEEDS = "paged decode attention needs "
+
+
+def check_plan_ranges(tables: Tensor, lens: Tensor, row_table: Tensor | None, n_blocks: int,
+                      block_size: int) -> None:
+    """A ValueError if an attention plan (shapes already right) is out of range: what
+    ``decoder_layer`` checks once a step, as ``check_arguments`` does for each call."""
+    problems = plan_range_problems(tables, lens, row_table, n_blocks, block_size)
+    if problems:
+        raise ValueError(_ATTENTION_NEEDS + "; ".join(problems))
 
 
 def plan_range_problems(tables: Tensor, lens: Tensor, row_table: Tensor | None, n_blocks: int,

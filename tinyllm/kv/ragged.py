@@ -123,10 +123,7 @@ class RaggedAttention:
             tables, lens, row_table = self._native
             pool = self.pool
             native.check_range(self._write, pool.k.size(1), "KV write rows")
-            problems = native.plan_range_problems(tables, lens, row_table, pool.k.size(1) // pool.block_size,
-                                                  pool.block_size)
-            if problems:
-                raise ValueError("paged decode attention needs " + "; ".join(problems))
+            native.check_plan_ranges(tables, lens, row_table, pool.k.size(1) // pool.block_size, pool.block_size)
             self._write_checked = self._bounds_checked = True
         return (self._write, *self._native)
 

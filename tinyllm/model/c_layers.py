@@ -7,16 +7,18 @@ the same kernels in the same order on the same buffers, so the same bits (tested
 the one definition of the layer, this is how it runs when nothing needs Python in between.
 
 It applies where every op of the layer would have run on the kernels anyway: CPU float32 without
-autograd or autocast, the packed C linear layers, and the paged pool's ragged batch
-(``kv.ragged.RaggedAttention``, the token-budget engine's forward). ``CLayers.plan`` checks all of
-that, and every size and index range the C trusts, once per forward, and answers None otherwise
-(the model then loops over its blocks as before).
+autograd or autocast, exactly ``transformer.Block``'s modules (no subclass, no hooks), the packed
+C linear layers without bias, and the paged pool's ragged batch (``kv.ragged.RaggedAttention``,
+the token-budget engine's forward). ``CLayers.plan`` checks that, and the sizes and index ranges
+the C reads by, once per forward, and answers None otherwise (the model then loops over its
+blocks as before).
 
 A layer's weights (pointers to its packed matrices, norms and pool) are kept between forwards and
-reused while its parameters are the same tensors at the same versions and addresses (what
-``Linear`` repacks on): on this machine each ``module.attribute`` lookup costs ~1.5 us, and
-checking and re-reading every layer's weights took ~0.8 ms a forward, so the layers' parts are
-read through the modules' own dictionaries.
+reused while nothing they came from changed: the same modules, their weights the same tensors at
+the same versions and addresses (what ``Linear`` repacks on), the same eps, no bias, the same pool
+layer. On this machine each ``module.attribute`` lookup costs ~1.5 us, and re-reading every
+layer's weights took ~0.8 ms a forward, so the parts are read through the modules' own
+dictionaries.
 """
 
 from __future__ import annotations
@@ -26,11 +28,9 @@ from typing import Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules import module as torch_module
 
 from tinyllm import native
-
-_LINEARS = (("self_attn", "qkv_proj"), ("self_attn", "o_proj"), ("mlp", "gate_up_proj"), ("mlp", "down_proj"))
-_NORMS = ("input_layernorm", "post_attention_layernorm")
 
 
 class _Layer:
@@ -44,24 +44,49 @@ class _Layer:
 _layers: weakref.WeakKeyDictionary[nn.Module, _Layer] = weakref.WeakKeyDictionary()
 
 
-def _parts(block: nn.Module) -> tuple[list[nn.Module], list[nn.Module], tuple]:
-    """The block's four linear layers and two norms, and a key that changes whenever any of their
-    weights does (a new tensor, new storage, an in-place update) or the block's pool layer does."""
-    mods = block._modules
-    linears = [mods[parent]._modules[name] for parent, name in _LINEARS]
-    norms = [mods[name] for name in _NORMS]
-    tensors = [m._parameters["weight"] for m in (*linears, *norms)]
-    return linears, norms, tuple((id(t), t._version, t.data_ptr()) for t in tensors)
+_KINDS: tuple[type, ...] = ()            # the classes of a Block's modules, in _parts' order
 
 
-def _layer(block: nn.Module, index: int, k: Tensor, v: Tensor) -> _Layer | None:
-    """The block's C weights over pool layer (k, v), reused while nothing changed; None where a
-    part would not run on the kernels."""
+def _kinds() -> tuple[type, ...]:
+    global _KINDS
+    if not _KINDS:
+        from tinyllm.model import transformer as tf      # here: transformer imports this module
+        _KINDS = (tf.Block, tf.Attention, tf.MLP, tf.FusedLinear, tf.Linear, tf.FusedLinear, tf.Linear,
+                  tf.RMSNorm, tf.RMSNorm)
+    return _KINDS
+
+
+def _parts(block: nn.Module) -> tuple[tuple[nn.Module, ...], list[nn.Module], list[nn.Module]] | None:
+    """Every module of the block (itself, attention, MLP, four linear layers, two norms), its linear
+    layers and its norms, if it is exactly ``transformer.Block``'s layout; None otherwise."""
     try:
-        linears, norms, key = _parts(block)
-    except (KeyError, AttributeError):                # not a transformer.Block's layout
+        mods = block._modules
+        attn, mlp = mods["self_attn"], mods["mlp"]
+        linears = [attn._modules["qkv_proj"], attn._modules["o_proj"], mlp._modules["gate_up_proj"],
+                   mlp._modules["down_proj"]]
+        norms = [mods["input_layernorm"], mods["post_attention_layernorm"]]
+    except (KeyError, AttributeError):
         return None
-    key += (index, k.data_ptr(), v.data_ptr())
+    modules = (block, attn, mlp, *linears, *norms)
+    if tuple(map(type, modules)) != _kinds():                       # a subclass may compute otherwise
+        return None
+    return modules, linears, norms
+
+
+def _layer(block: nn.Module, index: int, k: int, v: int) -> _Layer | None:
+    """The block's C weights over its pool layer (K and V at addresses k, v), reused while nothing
+    they came from changed; None where a part would not run on the kernels, or a hook wants to see
+    it run."""
+    parts = _parts(block)
+    if parts is None:
+        return None
+    modules, linears, norms = parts
+    if any(m._forward_hooks or m._forward_pre_hooks for m in modules):
+        return None
+    weights = [m._parameters["weight"] for m in (*linears, *norms)]
+    key = (tuple(map(id, modules)), tuple((id(w), w._version, w.data_ptr()) for w in weights),
+           tuple(n.eps for n in norms), tuple(m._parameters.get("bias") is None for m in linears),
+           index, k, v)
     cached = _layers.get(block)
     if cached is not None and cached.key == key:
         return cached
@@ -71,10 +96,12 @@ def _layer(block: nn.Module, index: int, k: Tensor, v: Tensor) -> _Layer | None:
             or any(n.weight.shape != (d,) or not n.weight.is_contiguous() or not native._plain(n.weight)
                    for n in norms)):
         return None
+    # held: the packed copies the pointers name, and what they were packed from (so no new weight
+    # can take that address and match the key); not the pool (a hit means the same address anyway)
     layer = _Layer(key, native.LayerWeights(*(n.weight.data_ptr() for n in norms),
-                                            *(w.data_ptr() for w, _ in packed), k.data_ptr(), v.data_ptr()),
-                   tuple(x for w, n_out in packed for x in (n_out, w.size(1))), norms[0].eps,
-                   [n.weight for n in norms] + [w for w, _ in packed] + [k, v])
+                                            *(w.data_ptr() for w, _ in packed), k, v),
+                   (*(x for w, n_out in packed for x in (n_out, w.size(1))), d), norms[0].eps,
+                   [n.weight for n in norms] + [w for w, _ in packed] + [lin._packed_src for lin in linears])
     _layers[block] = layer
     return layer
 
@@ -93,33 +120,36 @@ class CLayers:
         attention = getattr(cache, "native_attention", None)
         if (attention is None or not blocks or native.library() is None or torch.is_grad_enabled()
                 or torch.is_autocast_enabled("cpu") or x.dim() != 3 or x.size(0) != 1 or not x.is_contiguous()
-                or not native._plain(x) or any(b._forward_hooks or b._forward_pre_hooks for b in blocks)):
+                or not native._plain(x) or torch_module._global_forward_hooks
+                or torch_module._global_forward_pre_hooks):
+            return None
+        plan = attention()                         # None off the kernel; else range-checked, once a step
+        if plan is None:
             return None
         pool = cache.pool
-        attn = blocks[0].self_attn
-        T, d = x.size(1), x.size(2)
-        H, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
-        if (pool.k.size(0) < len(blocks) or pool.k.dtype != torch.float32 or pool.k.shape[2:] != (Hkv, D)
+        if (pool.k.size(0) < len(blocks) or pool.k.dtype != torch.float32 or pool.v.dtype != torch.float32
                 or pool.k.shape != pool.v.shape or not (pool.k.is_contiguous() and pool.v.is_contiguous())):
             return None
-        layers = [_layer(b, i, pool.k[i], pool.v[i]) for i, b in enumerate(blocks)]
+        k0, v0, layer_bytes = pool.k.data_ptr(), pool.v.data_ptr(), pool.k.stride(0) * 4   # (no views: ~5 us each)
+        layers = [_layer(b, i, k0 + i * layer_bytes, v0 + i * layer_bytes) for i, b in enumerate(blocks)]
         if any(layer is None for layer in layers):
             return None
+        T, d = x.size(1), x.size(2)
+        attn = blocks[0].self_attn
+        H, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
         F = layers[0].widths[7]                              # the down projection's input width
-        widths = ((H + 2 * Hkv) * D, d, d, H * D, 2 * F, d, d, F)   # (rows, K) of qkv, o, gate_up, down
-        if any(layer.widths != widths or layer.eps != layers[0].eps for layer in layers):
+        widths = ((H + 2 * Hkv) * D, d, d, H * D, 2 * F, d, d, F, d)   # (rows, K) of qkv, o, gate_up, down; norms
+        if pool.k.shape[2:] != (Hkv, D) or any(layer.widths != widths or layer.eps != layers[0].eps
+                                               for layer in layers):
             return None
         for i, b in enumerate(blocks):             # every layer's attention shaped alike, at its own pool layer
             a = b.self_attn
             if (a.n_heads, a.n_kv_heads, a.head_dim, a.layer_idx) != (H, Hkv, D, i):
                 return None
         pos, cos, sin = rotary.checked_tables()
-        if (pos.shape != (1, T) or not pos.is_contiguous() or cos.shape != sin.shape or cos.dim() != 2
-                or cos.size(1) != D or D % 2 or not (cos.is_contiguous() and sin.is_contiguous())
-                or not native._plain(cos, sin)):
-            return None
-        plan = attention()                         # range-checked: every layer reads through it
-        if plan is None:
+        if (pos.shape != (1, T) or pos.dtype != torch.int64 or not (pos.is_cpu and pos.is_contiguous())
+                or cos.shape != sin.shape or cos.dim() != 2 or cos.size(1) != D or D % 2
+                or not (cos.is_contiguous() and sin.is_contiguous()) or not native._plain(cos, sin)):
             return None
         write, tables, lens, row_table = plan
         scratch = [torch.empty(T, width, dtype=torch.float32) for width in (d, (H + 2 * Hkv) * D, H * D, 2 * F, F)]
@@ -129,7 +159,7 @@ class CLayers:
             None if row_table is None else row_table.data_ptr(), lens.data_ptr(),
             tables.size(1), pool.block_size,
             *(t.data_ptr() for t in scratch), torch.get_num_threads())
-        return cls(layers, step, [x, pos, cos, sin, write, tables, lens, row_table, *scratch])
+        return cls(layers, step, [x, pos, cos, sin, write, tables, lens, row_table, pool.k, pool.v, *scratch])
 
     def run(self, i: int, x: Tensor) -> Tensor:
         """Layer ``i`` over ``x`` (the forward's activations, (1, T, d)): a new tensor."""
