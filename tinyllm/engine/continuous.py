@@ -21,6 +21,7 @@ from torch import Tensor
 
 from tinyllm.engine.build import check_settings, make_cache, make_scheduler, resolve_concurrency
 from tinyllm.engine.forward import ModelRunner, Prefilled, kv_bytes_per_token
+from tinyllm.engine.heap import freeze_startup_heap
 from tinyllm.engine.policy import WaitingQueue, waiting_queue
 from tinyllm.engine.sampler import Row, Sampled, sample_batch
 from tinyllm.engine.scheduler import Scheduler, StepPlan
@@ -79,6 +80,7 @@ class ContinuousEngine:
                  chunked_prefill: bool = False, max_batched_tokens: int | None = None,
                  prefix_cache: bool | None = None, scheduling_policy: str = "fcfs",
                  kv_memory_mib: float | None = None, max_num_seqs: int | None = None):
+        freeze_startup_heap()                        # no full-GC pauses mid-run (heap.py)
         model.eval()
         bytes_per_token = kv_bytes_per_token(model, next(model.parameters()).device)
         n_slots, kv_blocks = resolve_concurrency(

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tinyllm.engine.forward import kv_bytes_per_token, prefill_padded
+from tinyllm.engine.heap import freeze_startup_heap
 from tinyllm.engine.sampler import sample_next
 from tinyllm.engine.sequence import Event, is_done
 from tinyllm.model.device import autocast
@@ -80,6 +81,7 @@ class StaticBatcher:
 
     def __init__(self, model: Transformer, batch_size: int, temperature: float = 0.0, top_k=None, top_p=None,
                  generator=None, clock: Callable[[], float] | None = None, batch_timeout_s: float = 0.0):
+        freeze_startup_heap()                        # no full-GC pauses mid-run (heap.py)
         if not is_int(batch_size) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
         Sampling(temperature, top_k, top_p)             # validate once, with the usual messages
