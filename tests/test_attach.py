@@ -397,3 +397,24 @@ def test_aborting_our_queued_request_reaches_the_server_at_once():
     finally:
         viewer.stop()
         s.stop()
+
+
+@pytest.mark.parametrize("failures", [1, 2])
+def test_an_abort_crossing_a_closed_keep_alive_connection_is_sent_again(failures):
+    """The server closed the pooled connection as the abort went out (no response: seen on a busy
+    machine, uvicorn closes idle keep-alive connections after 5 s): sent once more, on a fresh
+    connection, without an error; a second failure in a row is an error that says so."""
+    sent = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        if len(sent) <= failures:
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
+        return httpx.Response(200, json={"aborted": True})
+
+    viewer = AttachRunner("http://tinyllm.test", client=httpx.Client(transport=httpx.MockTransport(server)))
+    viewer._abort(7)
+    errors = [e.text for e in viewer._log if e.kind == "error"]
+    assert sent == [{"rid": 7}] * min(failures + 1, 2)
+    lost = "abort #7 failed: RemoteProtocolError: Server disconnected without sending a response."
+    assert errors == ([] if failures == 1 else [lost])

@@ -309,10 +309,21 @@ class AttachRunner:
             hang_up(mine)                                  # the server aborts a request whose client left,
         try:                                               # but a queued one is only noticed at its first
                                                            # token: ask the server outright too
-            r = self.http.post(f"{self.url}/v1/tinyllm/abort", json={"rid": rid})
+            r = self._post_abort(rid)
             if r.status_code != 200:
                 self._note("error", f"abort #{rid} refused: {api_error(r)}")
             elif not r.json().get("aborted") and mine is None:
                 self._note("info", f"#{rid} is not running or queued; nothing to abort")
         except (httpx.HTTPError, ValueError) as e:
             self._note("error", f"abort #{rid} failed: {type(e).__name__}: {e}")
+
+    def _post_abort(self, rid: int) -> httpx.Response:
+        """The abort request, sent once more if the pooled connection it went out on had just been
+        closed by the server (uvicorn closes a keep-alive connection idle for 5 s; a request that
+        crosses the close gets no response: seen on a busy machine). Aborting twice is harmless:
+        the second answers aborted=false."""
+        url, body = f"{self.url}/v1/tinyllm/abort", {"rid": rid}
+        try:
+            return self.http.post(url, json=body)
+        except httpx.RemoteProtocolError:
+            return self.http.post(url, json=body)
