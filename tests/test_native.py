@@ -450,6 +450,18 @@ def test_kv_store_writes_each_token_to_its_row_and_nothing_else():
 
 
 @needs_kernel
+def test_argmax_on_many_rows_splits_them_over_threads_and_matches_pytorch():
+    """64 rows of 4,096 on two threads (the kernel splits rows past 65,536 values), ties and NaNs
+    planted in rows each thread gets."""
+    torch.set_num_threads(2)
+    torch.manual_seed(4)
+    x = torch.randn(64, 4096)
+    x[3, 10] = x[3, 20] = x[60, 5] = x[60, 4090] = 40.0
+    x[33, 7] = x[33, 2] = float("nan")
+    assert torch.equal(native.argmax(x), x.argmax(dim=-1, keepdim=True))
+
+
+@needs_kernel
 def test_argmax_matches_pytorch_on_ties_nan_and_infinities():
     torch.manual_seed(3)
     x = torch.randn(9, 4096)

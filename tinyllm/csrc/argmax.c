@@ -1,6 +1,7 @@
 /* Greedy sampling's argmax over each row of logits, CPU float32. PyTorch 2.13's CPU argmax is not
  * vectorized: ~400 us for 64 rows of a 4096-token vocabulary (a max over the same rows takes 70);
- * here one vectorized max per row, then the first index holding it. */
+ * here one vectorized max per row, then the first index holding it; rows split over the threads
+ * when there are many (64 rows of 4,096: 1.02x the d256 step, noise on the bundled one). */
 #include <math.h>
 #include <stdint.h>
 
@@ -9,6 +10,7 @@
 /* out[r] = the first index of row r's largest value, or of its first NaN if it has one (as
  * torch.argmax: NaN counts as larger than everything). */
 void argmax_rows(const float *x, int64_t x_row, int64_t rows, int64_t n, int64_t *out) {
+#pragma omp parallel for if (rows * n > 65536) schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
         const float *xr = x + r * x_row;
         float top = -INFINITY;
