@@ -36,7 +36,7 @@ def test_info_reports_the_bundled_model():
     assert f"{model.num_params():,}" in r.stdout and "KV bytes per token" in r.stdout
 
 
-@pytest.mark.parametrize("args, message", [
+BAD_INPUT = [
     (("generate", "x", "--model", "/nonexistent/dir"), "not a directory"),
     (("generate", "x", "--temperature", "-1"), "expected a finite number >= 0"),
     (("generate", "x", "--top-p", "2"), "expected a number in (0, 1]"),
@@ -45,11 +45,51 @@ def test_info_reports_the_bundled_model():
     (("generate", "ROMEO " * 600), "the model's context is 512 tokens"),
     (("info", "--model", str(DATA)), "no config.json"),
     (("frobnicate",), "invalid choice"),
-])
-def test_bad_input_is_one_line_and_exit_2(args, message):
-    r = tinyllm(*args)
-    assert r.returncode == 2
-    assert message in r.stderr
+]
+
+# Every bad command line of BAD_INPUT through the CLI's main() in one child process (a process
+# each cost ~4 s of importing torch): its exit status and what it wrote to stderr. An exception
+# escaping main() is printed as the traceback Python would have printed, status 1.
+_RUN_EACH = """
+import contextlib, io, json, sys, traceback
+from tinyllm.cli import main
+runs = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            rc = main(argv)
+        except SystemExit as e:
+            rc = e.code
+        except BaseException:
+            traceback.print_exc()
+            rc = 1
+    runs.append([rc, err.getvalue()])
+print(json.dumps(runs))
+"""
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs() -> dict[tuple[str, ...], tuple[int, str]]:
+    argvs = [list(args) for args, _ in BAD_INPUT]
+    r = subprocess.run([sys.executable, "-c", _RUN_EACH, json.dumps(argvs)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    return {args: (rc, err) for (args, _), (rc, err) in zip(BAD_INPUT, json.loads(r.stdout))}
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUT)
+def test_bad_input_is_one_line_and_exit_2(bad_input_runs, args, message):
+    rc, stderr = bad_input_runs[args]
+    assert rc == 2
+    assert message in stderr
+    assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr
+
+
+def test_the_cli_process_itself_exits_2_with_one_line():
+    """The same contract through ``python -m tinyllm.cli`` (its exit status is main()'s)."""
+    r = tinyllm("generate", "x", "--top-p", "2")
+    assert r.returncode == 2 and "expected a number in (0, 1]" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
