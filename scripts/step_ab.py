@@ -5,7 +5,10 @@ step, so the machine's drift (±30% from minute to minute here) falls on every v
         --variants now,kernels@HEAD~1,off:rope_store
 
 Variants: ``now`` is this tree as it is; ``kernels@REF`` is this tree's Python with the C kernels
-of git REF (``tinyllm/csrc`` at REF, built beside today's); ``off:NAME`` is this tree with
+of git REF (``tinyllm/csrc`` at REF, built beside today's); ``python@REF`` is this tree's kernels
+with the Python functions and methods of git REF (each module of ``tinyllm/`` that differs: its
+functions, and its classes' methods, swapped in for today's, so one engine runs either; a change
+of data, not of code, is not swapped); ``off:NAME`` is this tree with
 ``native.NAME`` answering None, i.e. that kernel's PyTorch fallback (``off:A+B``: both), with the
 layers run op by op (``model/c_layers.py`` off: a kernel switched off there is not called at all);
 ``off:layers`` is just that (each layer's kernels called from Python); ``torch`` is every kernel off.
@@ -18,6 +21,7 @@ import argparse
 import random
 import statistics
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -45,6 +49,56 @@ def kernels_at(ref: str, into: Path):
         return native.load(native._build(native._compiler(), dest / "tinyllm" / "csrc"))
     except AttributeError as e:                  # a ref from before a kernel this tree calls
         raise SystemExit(f"kernels@{ref}: that tree's kernels lack one this tree calls ({e})") from None
+
+
+class PythonAt:
+    """The functions and methods of git ``ref``'s ``tinyllm/*.py`` where they differ from this
+    tree's, ready to swap in (``on()``) and out (``off()``). Each old module is run under another
+    name; in its functions' globals, today's changed modules' objects are replaced by the old ones
+    (so old code calls old code), and old classes by today's (whose instances the engine holds)."""
+
+    def __init__(self, ref: str):
+        import importlib
+        import types
+        root = Path(native.__file__).resolve().parents[1]
+        changed = subprocess.run(["git", "diff", "--name-only", ref, "--", "tinyllm"], cwd=root, capture_output=True,
+                                 text=True, check=True).stdout.split()
+        self.swaps: list[tuple[object, str, object, object]] = []     # (owner, name, today's, old)
+        olds, news = {}, {}
+        for path in (p for p in changed if p.endswith(".py") and (root / p).exists()):
+            name = path[:-3].replace("/", ".").removesuffix(".__init__")
+            src = subprocess.run(["git", "show", f"{ref}:{path}"], cwd=root, capture_output=True, text=True)
+            if src.returncode:
+                continue                                     # new since ref
+            old = sys.modules[f"_at_{ref}_{name}"] = types.ModuleType(f"_at_{ref}_{name}")   # (dataclasses look it up)
+            exec(compile(src.stdout, str(root / path), "exec"), old.__dict__)
+            olds[name], news[name] = old, importlib.import_module(name)
+        renamed = {}                                         # id(today's object) -> old, id(old class) -> today's
+        for name, old in olds.items():
+            new = news[name]
+            for attr, obj in vars(old).items():
+                now = vars(new).get(attr)
+                if isinstance(obj, types.FunctionType) and getattr(obj, "__module__", None) == old.__name__:
+                    if isinstance(now, types.FunctionType):
+                        renamed[id(now)] = obj
+                        self.swaps.append((new, attr, now, obj))
+                elif isinstance(obj, type) and obj.__module__ == old.__name__ and isinstance(now, type):
+                    renamed[id(obj)] = now
+                    for m, f in vars(obj).items():
+                        if isinstance(f, (types.FunctionType, classmethod, staticmethod, property)) and m in vars(now):
+                            self.swaps.append((now, m, vars(now)[m], f))
+        for old in olds.values():
+            for attr, obj in list(vars(old).items()):
+                if id(obj) in renamed:
+                    setattr(old, attr, renamed[id(obj)])
+
+    def on(self) -> None:
+        for owner, name, _, old in self.swaps:
+            setattr(owner, name, old)
+
+    def off(self) -> None:
+        for owner, name, now, _ in self.swaps:
+            setattr(owner, name, now)
 
 
 def ab_arguments(doc: str, variants: str, steps: int) -> argparse.Namespace:
@@ -96,15 +150,21 @@ def main() -> None:
     current = native.library()
     plan = CLayers.__dict__["plan"]
     originals = {name: getattr(native, name) for name in dir(native) if callable(getattr(native, name))}
-    libs = {}
+    libs, pythons = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for v in a.variants:
             if v.startswith("kernels@"):
                 libs[v] = kernels_at(v.split("@", 1)[1], Path(tmp))
+            elif v.startswith("python@"):
+                pythons[v] = PythonAt(v.split("@", 1)[1])
 
     def use(v: str) -> None:
+        for p in pythons.values():
+            p.off()
         for name, f in originals.items():
             setattr(native, name, f)
+        if v in pythons:
+            pythons[v].on()
         native._lib, native.ENABLED = libs.get(v, current), v != "torch"
         CLayers.plan = plan
         if v.startswith("off:"):

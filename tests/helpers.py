@@ -51,6 +51,9 @@ def check_invariants(eng: ContinuousEngine) -> None:
         if holder is not None:
             assert holder.slot == s and holder.state == "running"
     assert slots.allocated_tokens() >= slots.used_tokens()
+    if eng.kv_kind == "paged":                       # each block held by r tables counted once
+        once = sum(n for n, a in zip(slots.lens, slots.active) if a)
+        assert slots.used_tokens() == once - sum(r - 1 for r in slots.ref if r > 1) * slots.block_size
     assert slots.used_tokens() <= slots.reserved_tokens()
     if eng.kv_kind == "paged":
         held: dict[int, int] = {}                         # block → tables holding it

@@ -480,6 +480,24 @@ def test_argmax_matches_pytorch_on_ties_nan_and_infinities():
 
 
 @needs_kernel
+@pytest.mark.parametrize("n", [1, 2, 63, 64, 65, 127, 128, 129, 200])
+def test_argmax_finds_the_first_maximum_on_either_side_of_its_64_value_chunks(n):
+    """The kernel looks for the maximum 64 values at a time: ties within a chunk, across chunks,
+    at a chunk's last and the next one's first value, and at the row's very end."""
+    torch.manual_seed(n)
+    rows = []
+    for at in sorted({0, 62, 63, 64, 65, 127, 128, n - 1} & set(range(n))):
+        for also in sorted({at + 1, at + 64, n - 1} & set(range(at + 1, n))) or [None]:
+            r = torch.randn(n)
+            r[at] = 9.0
+            if also is not None:
+                r[also] = 9.0
+            rows.append(r)
+    x = torch.stack(rows)
+    assert torch.equal(native.argmax(x), x.argmax(dim=-1, keepdim=True))
+
+
+@needs_kernel
 @pytest.mark.parametrize("whole_layers", [True, False], ids=["layers-in-c", "op-by-op"])
 def test_greedy_sampling_and_the_model_use_the_kernels(model, monkeypatch, whole_layers):
     """The engine's steps go through the C kernels: each decoder layer in one C call

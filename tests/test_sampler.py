@@ -188,3 +188,40 @@ def test_sampling_refuses_out_of_range_new_fields_naming_them():
         with pytest.raises(SamplingError) as e:
             Sampling(1.0, **kw)
         assert e.value.field == field
+
+
+def test_a_sequence_keeps_its_row_while_its_bans_hold_and_the_row_sees_every_new_token():
+    """``Sequence.row`` is asked for every running sequence every step, so it is kept: it must
+    still see the tokens generated since (penalties read them, a seeded draw counts them) and
+    must change when min_tokens is reached (the stop ids are then allowed)."""
+    from tinyllm.engine.sequence import Sequence
+    from tinyllm.request import Request
+    req = Request([1, 2, 3], 10, eos_id=5, stop_token_ids=[6], min_tokens=2).frozen()
+    seq = Sequence(0, req, Sampling(0.0, frequency_penalty=0.5), 0.0)
+    first = seq.row()
+    assert first.banned == (5, 6) and not first.argmax_only
+    seq.out.append(7)
+    assert seq.row() is first and list(first.output) == [7]        # kept, and it sees the new token
+    seq.out.append(8)
+    second = seq.row()
+    assert second is not first and second.banned == () and list(second.output) == [7, 8]
+    seq.out.append(9)
+    assert seq.row() is second and list(second.output) == [7, 8, 9]
+    del seq.out[1:]                                               # a stop string cut it (``finish``)
+    assert seq.row().banned == (5, 6)
+
+
+def test_a_batch_of_plain_greedy_rows_is_its_argmax_and_a_row_that_asks_more_gets_it():
+    torch.manual_seed(0)
+    logits = torch.randn(5, 50)
+    plain = [Row(Sampling(0.0))] * 5
+    assert all(r.argmax_only for r in plain)
+    out = sample_batch(logits, plain)
+    assert torch.equal(out.tokens, logits.argmax(-1, keepdim=True)) and not out.failed and not out.logprobs
+    rows = plain[:4] + [Row(Sampling(0.0), logprobs=2)]
+    assert not rows[-1].argmax_only
+    out = sample_batch(logits, rows)
+    assert torch.equal(out.tokens, logits.argmax(-1, keepdim=True)) and set(out.logprobs) == {4}
+    banned = plain[:4] + [Row(Sampling(0.0), banned=(int(logits[4].argmax()),))]
+    assert not banned[-1].argmax_only
+    assert int(sample_batch(logits, banned).tokens[4]) != int(logits[4].argmax())

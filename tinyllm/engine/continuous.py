@@ -401,16 +401,17 @@ class ContinuousEngine:
         samplers = []
         self.stats.computed_rows += len(plan.items)
         self.stats.useful_rows += len(plan.items)
-        for seq, start, n in plan.items:
-            total = seq.context_len()
+        pool, prefix_cache = self.slots, self.prefix_cache
+        for seq, start, n in plan.items:                  # (per item per step: kept lean)
+            done = seq.computed = start + n
+            total = len(seq.req.prompt) + len(seq.out)
             if not seq.prefilled:
                 self._prefills += 1
                 self.stats.prefill_tokens += n
-                self._note("prefill", seq, seq.slot, n, f"{start}..{start + n} of {total}")
-            seq.computed = start + n
-            if self.prefix_cache and seq.computed // self.slots.block_size > len(self.slots.slot_keys[seq.slot]):
-                self.slots.register_full(seq.slot, seq.context())   # newly full blocks join the cache
-            if seq.computed == total:
+                self._note("prefill", seq, seq.slot, n, f"{start}..{done} of {total}")
+            if prefix_cache and done // pool.block_size > len(pool.slot_keys[seq.slot]):
+                pool.register_full(seq.slot, seq.context())   # newly full blocks join the cache
+            if done == total:
                 samplers.append(seq)
         if not samplers:
             return []
@@ -472,6 +473,9 @@ class ContinuousEngine:
         """Each (row, seq) gets row's sampled token, or fails if sampling that row failed."""
         toks = sampled.tokens.squeeze(-1).tolist()
         now = self.now()
+        if not sampled.failed:                            # (every step but a broken one)
+            record, logprobs = self._record, sampled.logprobs
+            return [record(seq, toks[row], now, logprobs.get(row) if logprobs else None) for row, seq in rows]
         events = []
         for row, seq in rows:
             if row in sampled.failed:

@@ -26,7 +26,7 @@ from torch import Tensor
 from tinyllm.engine.scheduler import Item, StepPlan
 from tinyllm.kv.dense import KVCache, SlotKVCache
 from tinyllm.kv.paged import PagedKVCache
-from tinyllm.kv.ragged import RaggedAttention
+from tinyllm.kv.ragged import RaggedAttention, index_tensor
 from tinyllm.model.device import autocast
 from tinyllm.model.transformer import Transformer
 
@@ -102,8 +102,8 @@ class ModelRunner:
             if start + n == P + len(out):                 # context complete: its last logits sample
                 sample_at.append(len(flat) - 1)
         attn = RaggedAttention(self.cache, [(seq.slot, start, n) for seq, start, n in items])
-        idx = torch.tensor([flat], dtype=torch.long, device=self.device)
-        at = torch.tensor(sample_at, dtype=torch.long, device=self.device)
+        idx = index_tensor(flat, self.device)[None]
+        at = None if len(sample_at) == len(flat) else index_tensor(sample_at, self.device)   # None: every token
         with autocast(self.device):
             logits, _ = self.model(idx, cache=attn, logits_at=at)
         return logits[0]

@@ -18,6 +18,7 @@ whose distribution is still not a distribution (NaN logits: the unforeseen) fail
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Sequence as Seq
 
 import torch
@@ -40,6 +41,13 @@ class Row:
     output: Seq[int] = ()                # generated so far: penalties, and a seeded row's position
     banned: tuple[int, ...] = ()         # may not be drawn now (EOS / stop ids before min_tokens)
     logprobs: int | None = None          # report the chosen token's logprob and this many alternatives
+
+    @cached_property
+    def argmax_only(self) -> bool:
+        """Greedy, no penalty, no ban, no logprobs: its token is its logits' argmax and nothing
+        else is computed for it (a sequence keeps its Row while this holds: ``Sequence.row``)."""
+        s = self.sampling
+        return is_greedy(s.temperature) and not s.penalized and not self.banned and self.logprobs is None
 
 
 @dataclass
@@ -80,17 +88,17 @@ def sample_batch(logits: Tensor, rows: list[Row], generator: torch.Generator | N
 
 
 def _sample(logits: Tensor, rows: list[Row], generator) -> Sampled:
+    x = logits.float()
+    if all(r.argmax_only for r in rows):                  # (the common batch: one pass over the rows)
+        return Sampled(_argmax(x))
     dev = logits.device
     settings = [r.sampling for r in rows]
-    x = logits.float()
     if any(s.penalized for s in settings):
         x = _penalize(x, rows)
     if any(r.banned for r in rows):
         x = _ban(x, rows)
     greedy = [is_greedy(s.temperature) for s in settings]
-    tokens = native.argmax(x)                             # C where it can: PyTorch's CPU argmax is slow
-    if tokens is None:
-        tokens = x.argmax(dim=-1, keepdim=True)
+    tokens = _argmax(x)
     failed: dict[int, str] = {}
     drawn = [i for i, g in enumerate(greedy) if not g]
     if drawn:
@@ -101,6 +109,12 @@ def _sample(logits: Tensor, rows: list[Row], generator) -> Sampled:
             failed[drawn[j]] = "sampling failed: the row's probabilities are not a distribution (NaN or inf logits)"
             tokens[drawn[j]] = 0
     return Sampled(tokens, failed, _logprobs(logits, tokens, rows))
+
+
+def _argmax(x: Tensor) -> Tensor:
+    """Each row's argmax (B, 1): C where it can (PyTorch's CPU argmax is slow)."""
+    tokens = native.argmax(x)
+    return x.argmax(dim=-1, keepdim=True) if tokens is None else tokens
 
 
 def _penalize(x: Tensor, rows: list[Row]) -> Tensor:

@@ -110,7 +110,7 @@ class TokenBudgetScheduler:
         self._make_room(live, waiting, plan, free_slots)    # 0. priority: push out lower priority
         short = False                                       # preempted for want of blocks this step
         for seq in waiting.running_order([s for s in running if s.remaining() == 1]):   # 1. decodes
-            if seq not in live:
+            if plan.preempted and seq in plan.preempted:   # (a list scan only after a preemption)
                 continue
             while not pool.try_grow(seq.slot, seq.computed + 1):
                 victim = waiting.victim([s for s in live if s.rid not in scheduled])   # maybe seq

@@ -59,12 +59,19 @@ class Sequence:
     logprobs: list[TokenLogprob] = field(default_factory=list)   # one per token of out, if it asked
     fork_of: int | None = None             # n > 1: the id of the sample whose prompt it forks off
     forks: list[Sequence] = field(default_factory=list)   # samples waiting (not queued) for its prompt
+    _row: Row | None = field(default=None, repr=False)     # row()'s, kept while its bans hold
+    _row_bans: bool = field(default=False, repr=False)     # whether that Row bans the stop ids
 
     def row(self) -> Row:
-        """What the sampler needs to pick its next token: settings, history, bans, logprobs."""
+        """What the sampler needs to pick its next token: settings, history, bans, logprobs. Kept
+        while its bans stay the same: it holds ``out`` itself (one list, only ever grown or cut in
+        place), so a kept Row sees every token since."""
         r = self.req
-        banned = r.stop_ids() if len(self.out) < r.min_tokens else ()
-        return Row(self.sampling, r.prompt, self.out, banned, r.logprobs)
+        banning = len(self.out) < r.min_tokens
+        if self._row is None or self._row_bans != banning:
+            self._row = Row(self.sampling, r.prompt, self.out, r.stop_ids() if banning else (), r.logprobs)
+            self._row_bans = banning
+        return self._row
 
     def context(self) -> list[int]:
         """Prompt plus tokens generated so far (longer than the prompt only after a preemption)."""

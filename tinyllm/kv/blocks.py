@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import math
+from itertools import compress
 from array import array
 from collections import OrderedDict
 
@@ -100,7 +101,10 @@ class BlockPool:
 
     def try_grow(self, slot: int, n_tokens: int) -> bool:
         """Blocks for the slot's first ``n_tokens`` positions; False (nothing taken) if short."""
-        need = self.blocks_for(n_tokens) - len(self.tables[slot])
+        have = len(self.tables[slot])
+        if n_tokens <= have * self.block_size:          # (most calls: a decode inside its last block)
+            return True
+        need = self.blocks_for(n_tokens) - have
         if need > self.num_free_blocks():
             return False
         if need > 0:
@@ -230,8 +234,9 @@ class BlockPool:
     def used_tokens(self) -> int:
         """Context tokens stored, each once: a shared (prefix-cached, always full) block held by
         r sequences is in each one's length but in memory once."""
-        shared = sum(r - 1 for r in self.ref if r > 1) * self.block_size
-        return sum(n for n, a in zip(self.lens, self.active) if a) - shared
+        held = len(self.ref) - self.ref.count(0)       # blocks referenced at all (each once in memory)
+        shared = (sum(self.ref) - held) * self.block_size   # the references past each one's first
+        return sum(compress(self.lens, self.active)) - shared
 
     def reserved_tokens(self) -> int:
         return self.n_blocks * self.block_size

@@ -37,9 +37,36 @@ from tinyllm import native
 class _Layer:
     """One block's LayerWeights, the tensors they point into, and what they were made from."""
 
-    def __init__(self, key: tuple, weights: native.LayerWeights, widths: tuple[int, ...], eps: float,
-                 keep: list[Tensor]):
-        self.key, self.weights, self.widths, self.eps, self._keep = key, weights, widths, eps, keep
+    def __init__(self, parts: tuple[nn.Module, ...], seen: list[tuple[Tensor, int, int]], where: tuple[int, int, int],
+                 weights: native.LayerWeights, widths: tuple[int, ...], eps: float, keep: list[Tensor]):
+        self.parts, self.seen, self.where = parts, seen, where   # parts: the block's modules but itself
+        self.weights, self.widths, self.eps, self._keep = weights, widths, eps, keep
+
+    def still(self, block: nn.Module, where: tuple[int, int, int]) -> bool:
+        """Made from what ``block`` holds now, for the same pool layer: the same modules in the same
+        places, of the same classes, without hooks; their weights the same tensors at the same
+        versions and addresses, no bias, the same eps. (~5 us a layer: a step asks for each.)"""
+        attn, mlp, qkv, o, gate_up, down, norm1, norm2 = parts = self.parts
+        try:
+            mods, at, mm = block._modules, attn._modules, mlp._modules
+            if not (mods["self_attn"] is attn and mods["mlp"] is mlp and mods["input_layernorm"] is norm1
+                    and mods["post_attention_layernorm"] is norm2 and at["qkv_proj"] is qkv and at["o_proj"] is o
+                    and mm["gate_up_proj"] is gate_up and mm["down_proj"] is down):
+                return False
+        except KeyError:
+            return False
+        if (where != self.where or type(block) is not _kinds()[0] or block._forward_hooks
+                or block._forward_pre_hooks or tuple(map(type, parts)) != _kinds()[1:]):
+            return False
+        for m in parts:
+            if m._forward_hooks or m._forward_pre_hooks:
+                return False
+        for m, (w, version, ptr) in zip((qkv, o, gate_up, down, norm1, norm2), self.seen):
+            params = m._parameters
+            now = params["weight"]
+            if now is not w or now._version != version or now.data_ptr() != ptr or params.get("bias") is not None:
+                return False
+        return norm1.eps == self.eps and norm2.eps == self.eps
 
 
 _layers: weakref.WeakKeyDictionary[nn.Module, _Layer] = weakref.WeakKeyDictionary()
@@ -77,21 +104,18 @@ def _parts(block: nn.Module) -> tuple[tuple[nn.Module, ...], list[nn.Module], li
 
 def _layer(block: nn.Module, index: int, k: int, v: int) -> _Layer | None:
     """The block's C weights over its pool layer (K and V at addresses k, v), reused while nothing
-    they came from changed; None where a part would not run on the kernels, or a hook wants to see
-    it run."""
+    they came from changed (``_Layer.still``); None where a part would not run on the kernels, or
+    a hook wants to see it run."""
+    where = (index, k, v)
+    cached = _layers.get(block)
+    if cached is not None and cached.still(block, where):
+        return cached
     parts = _parts(block)
     if parts is None:
         return None
     modules, linears, norms = parts
     if any(m._forward_hooks or m._forward_pre_hooks for m in modules):
         return None
-    weights = [m._parameters["weight"] for m in (*linears, *norms)]
-    key = (tuple(map(id, modules)), tuple((id(w), w._version, w.data_ptr()) for w in weights),
-           tuple(n.eps for n in norms), tuple(m._parameters.get("bias") is None for m in linears),
-           index, k, v)
-    cached = _layers.get(block)
-    if cached is not None and cached.key == key:
-        return cached
     packed = [lin.c_packed() for lin in linears]
     d = norms[0].weight.numel()
     if (any(p is None for p in packed) or norms[0].eps != norms[1].eps
@@ -99,9 +123,12 @@ def _layer(block: nn.Module, index: int, k: int, v: int) -> _Layer | None:
                    for n in norms)):
         return None
     # held: the packed copies the pointers name, and what they were packed from (so no new weight
-    # can take that address and match the key); not the pool (a hit means the same address anyway)
-    layer = _Layer(key, native.LayerWeights(*(n.weight.data_ptr() for n in norms),
-                                            *(w.data_ptr() for w, _ in packed), k, v),
+    # can take that address and match); not the pool (the same address means the same layer), nor
+    # the block itself (the cache's key: held, it would never be collected)
+    weights = [m._parameters["weight"] for m in (*linears, *norms)]
+    layer = _Layer(modules[1:], [(w, w._version, w.data_ptr()) for w in weights], where,
+                   native.LayerWeights(*(n.weight.data_ptr() for n in norms),
+                                       *(w.data_ptr() for w, _ in packed), k, v),
                    (*(x for w, n_out in packed for x in (n_out, w.size(1))), d), norms[0].eps,
                    [n.weight for n in norms] + [w for w, _ in packed] + [lin._packed_src for lin in linears])
     _layers[block] = layer
