@@ -22,9 +22,9 @@ from __future__ import annotations
 import hashlib
 import heapq
 import math
-from itertools import compress
 from array import array
 from collections import OrderedDict
+from itertools import compress
 
 
 def prefix_key(parent: bytes | None, tokens: tuple[int, ...]) -> bytes:
