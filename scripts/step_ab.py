@@ -71,6 +71,7 @@ class PythonAt:
             if src.returncode:
                 continue                                     # new since ref
             old = sys.modules[f"_at_{ref}_{name}"] = types.ModuleType(f"_at_{ref}_{name}")   # (dataclasses look it up)
+            old.__file__ = str(root / path)
             exec(compile(src.stdout, str(root / path), "exec"), old.__dict__)
             olds[name], news[name] = old, importlib.import_module(name)
         renamed = {}                                         # id(today's object) -> old, id(old class) -> today's
@@ -82,6 +83,8 @@ class PythonAt:
                     if isinstance(now, types.FunctionType):
                         renamed[id(now)] = obj
                         self.swaps.append((new, attr, now, obj))
+                    elif now is None:                        # gone since ref: there while ref's code runs
+                        self.swaps.append((new, attr, None, obj))
                 elif isinstance(obj, type) and obj.__module__ == old.__name__ and isinstance(now, type):
                     renamed[id(obj)] = now
                     for m, f in vars(obj).items():
@@ -98,7 +101,11 @@ class PythonAt:
 
     def off(self) -> None:
         for owner, name, now, _ in self.swaps:
-            setattr(owner, name, now)
+            if now is None:
+                if name in vars(owner):
+                    delattr(owner, name)
+            else:
+                setattr(owner, name, now)
 
 
 def ab_arguments(doc: str, variants: str, steps: int) -> argparse.Namespace:
@@ -142,6 +149,10 @@ def alternate(a: argparse.Namespace, use: Callable[[str], None]) -> dict[str, fl
         eng.step()
         times[v].append(time.perf_counter() - t)
     use(a.variants[0])
+    failed = [q for q in eng.snapshot().requests if q.state == "failed"]
+    if failed or sum(eng.slots.active) < a.rows:           # (a variant that broke the engine times nothing)
+        raise SystemExit(f"the engine stopped running its {a.rows} rows: "
+                         f"{failed[0].error if failed else 'requests ended early'}")
     return {v: statistics.median(ts) * 1e3 for v, ts in times.items()}
 
 
@@ -163,8 +174,6 @@ def main() -> None:
             p.off()
         for name, f in originals.items():
             setattr(native, name, f)
-        if v in pythons:
-            pythons[v].on()
         native._lib, native.ENABLED = libs.get(v, current), v != "torch"
         CLayers.plan = plan
         if v.startswith("off:"):
@@ -172,6 +181,8 @@ def main() -> None:
             for name in v[4:].split("+"):
                 if name != "layers":
                     setattr(native, name, lambda *args, **kw: None)
+        if v in pythons:
+            pythons[v].on()
 
     med = alternate(a, use)
     base = med[a.variants[0]]

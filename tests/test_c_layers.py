@@ -81,6 +81,52 @@ def test_layers_in_c_give_the_same_bits_as_op_by_op(normed, head_dim, threads, b
     assert torch.equal(c_k, py_k) and torch.equal(c_v, py_v)
 
 
+@pytest.mark.parametrize("n_layers", [1, 3])
+def test_odd_and_even_layer_counts_give_the_same_bits(n_layers):
+    """The layers take turns writing two buffers: with an odd count the result ends in the other
+    one (the final norm's output too)."""
+    from tests.helpers import random_model
+    model = random_model(seed=n_layers, n_layers=n_layers)
+    with torch.no_grad():
+        model.norm.weight.uniform_(0.5, 1.5)                        # a final norm that shows
+    c_logits, c_k, c_v, in_c = ragged_forward(model, True)
+    py_logits, py_k, py_v, _ = ragged_forward(model, False)
+    assert in_c and torch.equal(c_logits, py_logits)
+    assert torch.equal(c_k, py_k) and torch.equal(c_v, py_v)
+
+
+def test_the_final_norm_runs_in_c_only_as_the_model_has_it(monkeypatch):
+    """The final RMSNorm is part of the one C call: a hook on it, or another class in its place,
+    sends the forward op by op; a changed norm weight or eps shows in the logits."""
+    from tests.helpers import random_model
+    from tinyllm.model.transformer import RMSNorm
+    model = random_model(seed=5)
+    with torch.no_grad():
+        model.norm.weight.uniform_(0.5, 1.5)
+    base, *_, in_c = ragged_forward(model, True)
+    assert in_c
+    handle = model.norm.register_forward_hook(lambda *a: None)
+    *_, in_c = ragged_forward(model, True)
+    assert not in_c
+    handle.remove()
+
+    class Scaled(RMSNorm):
+        def forward(self, x):
+            return 2 * super().forward(x)
+    scaled = Scaled(model.cfg.d_model, model.norm.eps)
+    scaled.load_state_dict(model.norm.state_dict())
+    plain, model.norm = model.norm, scaled
+    logits, *_, in_c = ragged_forward(model, True)
+    assert not in_c and not torch.equal(logits, base)
+    model.norm = plain
+    with torch.no_grad():
+        model.norm.weight.mul_(0.5)
+    model.norm.eps = 1e-2
+    after, *_, in_c = ragged_forward(model, True)
+    want, *_ = ragged_forward(model, False)
+    assert in_c and torch.equal(after, want) and not torch.equal(after, base)
+
+
 def test_changed_weights_are_picked_up():
     """The layer weights kept between forwards are rebuilt when a weight is updated in place, or
     replaced by another tensor: the logits follow the model's weights as op by op."""
@@ -109,17 +155,17 @@ def test_taken_only_where_every_op_runs_on_the_kernels(monkeypatch):
     from tinyllm.model.transformer import Rotary
     rotary = Rotary(attn.begin(1, 1), model.rope_cos, model.rope_sin)
     with torch.no_grad():
-        assert CLayers.plan(model.layers, x, rotary, attn) is not None
-        assert CLayers.plan(model.layers, x, rotary, object()) is None                # no paged pool
-        assert CLayers.plan(model.layers, x.double(), rotary, attn) is None
+        assert CLayers.plan(model.layers, model.norm, x, rotary, attn) is not None
+        assert CLayers.plan(model.layers, model.norm, x, rotary, object()) is None                # no paged pool
+        assert CLayers.plan(model.layers, model.norm, x.double(), rotary, attn) is None
         handle = model.layers[1].register_forward_hook(lambda *a: None)
-        assert CLayers.plan(model.layers, x, rotary, attn) is None
+        assert CLayers.plan(model.layers, model.norm, x, rotary, attn) is None
         handle.remove()
         monkeypatch.setattr(native, "pack_linear", lambda w: None)      # as without a compiler: oneDNN packs
         model.layers[0].mlp.gate_up_proj.weight.mul_(1.0)              # changed: repacked at the next plan
-        assert CLayers.plan(model.layers, x, rotary, attn) is None
+        assert CLayers.plan(model.layers, model.norm, x, rotary, attn) is None
         assert model.layers[0].mlp.gate_up_proj._packed_by != "c"
-    assert CLayers.plan(model.layers, x, rotary, attn) is None                       # grad mode on
+    assert CLayers.plan(model.layers, model.norm, x, rotary, attn) is None                       # grad mode on
 
 
 def test_ranges_the_c_trusts_are_checked_first(model):

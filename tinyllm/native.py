@@ -11,8 +11,8 @@
 - ``linear`` (``linear.c``): the model's matmuls from a weight packed once (``pack_linear``):
   oneDNN's packed linear costs ~50 us a call before any arithmetic, and the C one gives a row the
   same bits in any batch (greedy == solo holds).
-- ``decoder_layer`` (``decoder_layer.c``): a whole decoder layer of a ragged step, the kernels
-  above called in the model's order from C (``model/c_layers.py`` fills its arguments): the same
+- ``decoder_layers`` (``decoder_layer.c``): every decoder layer of a ragged step and the final
+  norm, the kernels above called in the model's order from C (``model/c_layers.py`` fills its arguments): the same
   bits as calling them one by one, without the Python between them.
 
 Each wrapper checks what the C code would otherwise trust (dtypes, shapes, strides, and the index
@@ -166,8 +166,12 @@ def load(path: Path) -> ctypes.CDLL:
     lib.silu_mul.argtypes = [ptr, i64, i64, i64, ptr]
     lib.linear_packed.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64, ptr, i64, ctypes.c_int]
     lib.pack_linear_weight.argtypes = [ptr, i64, i64, ptr]
-    lib.decoder_layer.argtypes = [ctypes.POINTER(LayerWeights), ctypes.POINTER(LayerStep), ptr, ptr]
-    lib.decoder_layer.restype = ctypes.c_int
+    lib.decoder_layer.argtypes = [ctypes.POINTER(LayerWeights), ctypes.POINTER(LayerStep), ptr, ptr]   # (what
+    lib.decoder_layer.restype = ctypes.c_int        # older trees call: scripts/step_ab.py python@REF)
+    lib.decoder_layers.argtypes = [ctypes.POINTER(LayerWeights), i64, ctypes.POINTER(LayerStep), ptr, ptr, ptr, f32]
+    lib.decoder_layers.restype = ctypes.c_int
+    lib.first_outside.argtypes = [ptr, i64, i64, i64]
+    lib.first_outside.restype = i64
     for name in ("rms_norm", "rope_inplace", "kv_store", "argmax_rows", "silu_mul", "linear_packed",
                  "pack_linear_weight"):
         getattr(lib, name).restype = None
@@ -249,7 +253,7 @@ _ATTENTION_NEEDS = "paged decode attention needs "
 def check_plan_ranges(tables: Tensor, lens: Tensor, row_table: Tensor | None, n_blocks: int,
                       block_size: int) -> None:
     """A ValueError if an attention plan (shapes already right) is out of range: what
-    ``decoder_layer`` checks once a step, as ``check_arguments`` does for each call."""
+    ``decoder_layers`` checks once a step, as ``check_arguments`` does for each call."""
     problems = plan_range_problems(tables, lens, row_table, n_blocks, block_size)
     if problems:
         raise ValueError(_ATTENTION_NEEDS + "; ".join(problems))
@@ -259,11 +263,11 @@ def plan_range_problems(tables: Tensor, lens: Tensor, row_table: Tensor | None, 
                         block_size: int) -> list[str]:
     """What is out of range in an attention plan (non-empty, shapes already checked): lengths
     past the tables' width, block ids past the pool, table numbers past the tables."""
-    if int(lens.min()) < 1 or int(lens.max()) > tables.size(1) * block_size:
+    if not in_range(lens, 1, tables.size(1) * block_size):
         return [f"lens in 1..{tables.size(1) * block_size} (the table's width x block_size)"]
-    if int(tables.min()) < 0 or int(tables.max()) >= n_blocks:
+    if not in_range(tables, 0, n_blocks - 1):
         return [f"block ids in 0..{n_blocks - 1}"]
-    if row_table is not None and (int(row_table.min()) < 0 or int(row_table.max()) >= tables.size(0)):
+    if row_table is not None and not in_range(row_table, 0, tables.size(0) - 1):
         return [f"row_table entries in 0..{tables.size(0) - 1} (the tables' rows)"]
     return []
 
@@ -271,9 +275,17 @@ def plan_range_problems(tables: Tensor, lens: Tensor, row_table: Tensor | None, 
 def check_range(ix: Tensor, n: int, what: str, why: str = "") -> None:
     """Every entry of ``ix`` (int64, non-empty) in 0..n-1, or a ValueError naming ``what`` (and
     ``why`` that range): the indices a kernel would write or read through without looking."""
-    lo, hi = int(ix.min()), int(ix.max())
-    if lo < 0 or hi >= n:
-        raise ValueError(f"{what} must be in 0..{n - 1}{why}, got {lo}..{hi}")
+    if not in_range(ix, 0, n - 1):
+        raise ValueError(f"{what} must be in 0..{n - 1}{why}, got {int(ix.min())}..{int(ix.max())}")
+
+
+def in_range(ix: Tensor, lo: int, hi: int) -> bool:
+    """Every entry of ``ix`` (int64) in lo..hi: one pass in C (``ranges.c``) on a contiguous CPU
+    tensor, else a PyTorch min and max."""
+    lib = library()
+    if lib is not None and ix.dtype == torch.int64 and ix.device.type == "cpu" and ix.is_contiguous():
+        return lib.first_outside(ix.data_ptr(), ix.numel(), lo, hi) < 0
+    return not ix.numel() or (int(ix.min()) >= lo and int(ix.max()) <= hi)
 
 
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, lens: Tensor,
@@ -453,8 +465,12 @@ def linear(x: Tensor, packed: Tensor, n_out: int, add: Tensor | None = None) -> 
     return out
 
 
-def decoder_layer(weights: LayerWeights, step: LayerStep, x: Tensor, y: Tensor) -> None:
-    """y = one decoder layer of x, both (tokens, d) float32 contiguous and distinct, in one C call.
-    It trusts every pointer and size in ``weights`` and ``step``: ``model/c_layers.py`` fills them
-    from tensors it has checked (the one caller)."""
-    _raise_for(library().decoder_layer(ctypes.byref(weights), ctypes.byref(step), x.data_ptr(), y.data_ptr()))
+def decoder_layers(weights: ctypes.Array, step: LayerStep, x: Tensor, y: Tensor, norm: Tensor, eps: float) -> Tensor:
+    """Every layer (``weights``: an array of LayerWeights) over x, then the final RMSNorm
+    (``norm``, ``eps``), in one C call; x and y (tokens, d) float32 contiguous and distinct, both
+    overwritten. Returns the one holding the result. It trusts every pointer and size in
+    ``weights`` and ``step``: ``model/c_layers.py`` fills them from tensors it has checked (the
+    one caller)."""
+    _raise_for(library().decoder_layers(weights, len(weights), ctypes.byref(step), x.data_ptr(), y.data_ptr(),
+                                        norm.data_ptr(), eps))
+    return x if len(weights) % 2 else y

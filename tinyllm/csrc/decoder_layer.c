@@ -52,3 +52,20 @@ int decoder_layer(const LayerWeights *w, const LayerStep *s, const float *x, flo
     linear_packed(s->act, F, T, F, w->down, d, y, d, y, d, s->threads);                 /* y += down(act) */
     return 0;
 }
+
+/* Every layer of the forward, then the model's final RMSNorm (weight ``norm``, epsilon ``eps``):
+ * x (tokens, d) is the embedding's output and y a buffer like it; the layers take turns writing
+ * one from the other (x is a scratch from the first layer on), and the norm writes the buffer the
+ * last layer read. The result is in x when the model has an odd number of layers, else in y.
+ * One call instead of one per layer (each was a ctypes call, an allocation and Python between). */
+int decoder_layers(const LayerWeights *w, int64_t n_layers, const LayerStep *s, float *x, float *y,
+                   const float *norm, float eps) {
+    float *in = x, *out = y;
+    for (int64_t i = 0; i < n_layers; ++i) {
+        const int rc = decoder_layer(&w[i], s, in, out);
+        if (rc) return rc;
+        float *t = in; in = out; out = t;
+    }
+    rms_norm(in, s->d, norm, out, s->d, s->tokens, s->d, eps);
+    return 0;
+}

@@ -22,5 +22,6 @@ int paged_decode_attention(const float *q, int64_t q_row, int64_t q_head,
                            float scale, int threads);
 void silu_mul(const float *x, int64_t x_row, int64_t rows, int64_t F, float *y);
 void argmax_rows(const float *x, int64_t x_row, int64_t rows, int64_t cols, int64_t *out);
+int64_t first_outside(const int64_t *x, int64_t n, int64_t lo, int64_t hi);
 
 #endif

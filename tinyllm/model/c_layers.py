@@ -1,11 +1,13 @@
-"""A ragged step's decoder layers in one C call each (``csrc/decoder_layer.c``).
+"""A ragged step's decoder layers and final norm in one C call (``csrc/decoder_layer.c``).
 
 On CPU the model's layer is a dozen C kernels called from Python (``transformer.Block``); between
 them, each wrapper's checks, views and allocations cost ~0.5 ms a layer on this project's machine:
-~2 ms of a 4.5 ms one-row step of the d256 model, ~3 ms of a 15 ms 64-row one. Here each layer is
-one call that runs the same kernels in the same order on the same buffers, so the same bits
-(tested): ``Block`` stays the one definition of the layer, this is how it runs when nothing needs
-Python in between.
+~2 ms of a 4.5 ms one-row step of the d256 model, ~3 ms of a 15 ms 64-row one. Here every layer,
+then the model's final RMSNorm, is one call that runs the same kernels in the same order on the
+same buffers, so the same bits (tested): ``Block`` stays the one definition of the layer, this is
+how it runs when nothing needs Python in between. (One call for all of them, not one a layer:
+with the caches cold after a layer's weights went through, each call, allocation and Python line
+between them cost several times what it costs warm.)
 
 It applies where every op of the layer would have run on the kernels anyway: CPU float32 without
 autograd or autocast, exactly ``transformer.Block``'s modules (no subclass, no hooks), the packed
@@ -24,6 +26,7 @@ dictionaries.
 
 from __future__ import annotations
 
+import ctypes
 import weakref
 from typing import Sequence
 
@@ -136,21 +139,27 @@ def _layer(block: nn.Module, index: int, k: int, v: int) -> _Layer | None:
 
 
 class CLayers:
-    """One forward's decoder layers, ready to run in C: ``run(i, x)`` is ``layers[i](x, ...)``."""
+    """One forward's decoder layers and final norm, ready to run in C: ``run(x)`` is the model's
+    blocks then its norm over ``x``."""
 
-    def __init__(self, layers: list[_Layer], step: native.LayerStep, keep: list[Tensor]):
-        self.layers, self.step = layers, step
+    def __init__(self, weights: ctypes.Array, step: native.LayerStep, norm: Tensor, eps: float, keep: list[Tensor]):
+        self.weights, self.step, self.norm, self.eps = weights, step, norm, eps
         self._keep = keep                         # every tensor the step points into, alive while it is
 
     @classmethod
-    def plan(cls, blocks: Sequence[nn.Module], x: Tensor, rotary, cache) -> CLayers | None:
-        """The plan for ``blocks`` (``transformer.Block``) over ``x`` (1, T, d), or None where a
-        layer would not run entirely on the kernels."""
+    def plan(cls, blocks: Sequence[nn.Module], norm: nn.Module, x: Tensor, rotary, cache) -> CLayers | None:
+        """The plan for ``blocks`` (``transformer.Block``) and the final ``norm`` (``RMSNorm``) over
+        ``x`` (1, T, d), or None where a part would not run entirely on the kernels."""
         attention = getattr(cache, "native_attention", None)
         if (attention is None or not blocks or native.library() is None or torch.is_grad_enabled()
                 or torch.is_autocast_enabled("cpu") or x.dim() != 3 or x.size(0) != 1 or not x.is_contiguous()
                 or not native._plain(x) or torch_module._global_forward_hooks
                 or torch_module._global_forward_pre_hooks):
+            return None
+        T, d = x.size(1), x.size(2)
+        norm_w = norm._parameters.get("weight") if type(norm) is _kinds()[-1] else None
+        if (norm_w is None or norm._forward_hooks or norm._forward_pre_hooks or norm_w.shape != (d,)
+                or not norm_w.is_contiguous() or not native._plain(norm_w)):
             return None
         plan = attention()                         # None off the kernel; else range-checked, once a step
         if plan is None:
@@ -163,16 +172,15 @@ class CLayers:
         layers = [_layer(b, i, k0 + i * layer_bytes, v0 + i * layer_bytes) for i, b in enumerate(blocks)]
         if any(layer is None for layer in layers):
             return None
-        T, d = x.size(1), x.size(2)
-        attn = blocks[0].self_attn
+        attn = layers[0].parts[0]                            # (blocks[i].self_attn, checked by _layer)
         H, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
         F = layers[0].widths[7]                              # the down projection's input width
         widths = ((H + 2 * Hkv) * D, d, d, H * D, 2 * F, d, d, F, d)   # (rows, K) of qkv, o, gate_up, down; norms
         if pool.k.shape[2:] != (Hkv, D) or any(layer.widths != widths or layer.eps != layers[0].eps
                                                for layer in layers):
             return None
-        for i, b in enumerate(blocks):             # every layer's attention shaped alike, at its own pool layer
-            a = b.self_attn
+        for i, layer in enumerate(layers):         # every layer's attention shaped alike, at its own pool layer
+            a = layer.parts[0]
             if (a.n_heads, a.n_kv_heads, a.head_dim, a.layer_idx) != (H, Hkv, D, i):
                 return None
         pos, cos, sin = rotary.checked_tables()
@@ -181,17 +189,23 @@ class CLayers:
                 or not (cos.is_contiguous() and sin.is_contiguous()) or not native._plain(cos, sin)):
             return None
         write, tables, lens, row_table = plan
-        scratch = [torch.empty(T, width, dtype=torch.float32) for width in (d, (H + 2 * Hkv) * D, H * D, 2 * F, F)]
+        widths = (d, (H + 2 * Hkv) * D, H * D, 2 * F, F)      # scratch: h, qkv, attn, gate_up, act (tokens, w)
+        scratch = torch.empty(T * sum(widths), dtype=torch.float32)        # one allocation, cut by address
+        at = scratch.data_ptr()
+        parts = []
+        for width in widths:
+            parts.append(at)
+            at += T * width * 4
         step = native.LayerStep(
             T, d, H, Hkv, D, F, layers[0].eps, D ** -0.5,
             pos.data_ptr(), cos.data_ptr(), sin.data_ptr(), write.data_ptr(), tables.data_ptr(),
             None if row_table is None else row_table.data_ptr(), lens.data_ptr(),
-            tables.size(1), pool.block_size,
-            *(t.data_ptr() for t in scratch), torch.get_num_threads())
-        return cls(layers, step, [x, pos, cos, sin, write, tables, lens, row_table, pool.k, pool.v, *scratch])
+            tables.size(1), pool.block_size, *parts, torch.get_num_threads())
+        weights = (native.LayerWeights * len(layers))(*(layer.weights for layer in layers))
+        return cls(weights, step, norm_w, norm.eps,
+                   [pos, cos, sin, write, tables, lens, row_table, pool.k, pool.v, scratch, layers])
 
-    def run(self, i: int, x: Tensor) -> Tensor:
-        """Layer ``i`` over ``x`` (the forward's activations, (1, T, d)): a new tensor."""
-        y = torch.empty_like(x)
-        native.decoder_layer(self.layers[i].weights, self.step, x, y)
-        return y
+    def run(self, x: Tensor) -> Tensor:
+        """Every layer over ``x`` (the embedding's output, (1, T, d): used as a scratch from the
+        first layer on), then the final norm: a tensor like ``x``."""
+        return native.decoder_layers(self.weights, self.step, x, torch.empty_like(x), self.norm, self.eps)

@@ -268,13 +268,17 @@ class Transformer(nn.Module):
             cache = NoCache(idx.device)
         rotary = Rotary(cache.begin(idx.size(0), T), self.rope_cos, self.rope_sin)
         x = self.embed_tokens(idx)
-        c_layers = CLayers.plan(self.layers, x, rotary, cache)        # one C call a layer, where it can
-        for i, layer in enumerate(self.layers):
-            x = c_layers.run(i, x) if c_layers else layer(x, rotary, cache)
+        c_layers = CLayers.plan(self.layers, self.norm, x, rotary, cache)   # one C call, where it can
+        if c_layers:
+            x = c_layers.run(x)                                   # the blocks, then the norm
+        else:
+            for layer in self.layers:
+                x = layer(x, rotary, cache)
+            x = self.norm(x)                                      # (row by row: before or after the pick alike)
         cache.end(T)
         if logits_at is not None:
             x = x[:, logits_at]
-        logits = self.lm_head(self.norm(x))
+        logits = self.lm_head(x)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
