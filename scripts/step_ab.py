@@ -55,7 +55,11 @@ class PythonAt:
     """The functions and methods of git ``ref``'s ``tinyllm/*.py`` where they differ from this
     tree's, ready to swap in (``on()``) and out (``off()``). Each old module is run under another
     name; in its functions' globals, today's changed modules' objects are replaced by the old ones
-    (so old code calls old code), and old classes by today's (whose instances the engine holds)."""
+    (so old code calls old code), and old classes by today's (whose instances the engine holds).
+    Functions gone since ``ref`` are put back while it is on. Not swapped: what an unchanged module
+    imported by name from a changed one, methods only ``ref``'s classes had, and data (``ref``'s
+    ``native.library()`` shares today's library). Meant for changes to the step's Python; not to be
+    combined with ``torch`` or ``kernels@``."""
 
     def __init__(self, ref: str):
         import importlib

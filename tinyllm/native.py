@@ -168,7 +168,8 @@ def load(path: Path) -> ctypes.CDLL:
     lib.pack_linear_weight.argtypes = [ptr, i64, i64, ptr]
     lib.decoder_layer.argtypes = [ctypes.POINTER(LayerWeights), ctypes.POINTER(LayerStep), ptr, ptr]   # (what
     lib.decoder_layer.restype = ctypes.c_int        # older trees call: scripts/step_ab.py python@REF)
-    lib.decoder_layers.argtypes = [ctypes.POINTER(LayerWeights), i64, ctypes.POINTER(LayerStep), ptr, ptr, ptr, f32]
+    lib.decoder_layers.argtypes = [ctypes.POINTER(LayerWeights), i64, ctypes.POINTER(LayerStep), ptr, ptr, ptr, ptr,
+                                   f32]
     lib.decoder_layers.restype = ctypes.c_int
     lib.first_outside.argtypes = [ptr, i64, i64, i64]
     lib.first_outside.restype = i64
@@ -465,12 +466,12 @@ def linear(x: Tensor, packed: Tensor, n_out: int, add: Tensor | None = None) -> 
     return out
 
 
-def decoder_layers(weights: ctypes.Array, step: LayerStep, x: Tensor, y: Tensor, norm: Tensor, eps: float) -> Tensor:
-    """Every layer (``weights``: an array of LayerWeights) over x, then the final RMSNorm
-    (``norm``, ``eps``), in one C call; x and y (tokens, d) float32 contiguous and distinct, both
-    overwritten. Returns the one holding the result. It trusts every pointer and size in
-    ``weights`` and ``step``: ``model/c_layers.py`` fills them from tensors it has checked (the
-    one caller)."""
-    _raise_for(library().decoder_layers(weights, len(weights), ctypes.byref(step), x.data_ptr(), y.data_ptr(),
-                                        norm.data_ptr(), eps))
-    return x if len(weights) % 2 else y
+def decoder_layers(weights: ctypes.Array, step: LayerStep, x: Tensor, norm: Tensor, eps: float) -> Tensor:
+    """Every layer (``weights``: an array of LayerWeights) over x (tokens, d) float32 contiguous,
+    then the final RMSNorm (``norm``, ``eps``), in one C call: a new tensor like x (x is only
+    read). It trusts every pointer and size in ``weights`` and ``step``: ``model/c_layers.py``
+    fills them from tensors it has checked (the one caller)."""
+    a, b = torch.empty_like(x), torch.empty_like(x)              # the layers take turns writing these
+    _raise_for(library().decoder_layers(weights, len(weights), ctypes.byref(step), x.data_ptr(), a.data_ptr(),
+                                        b.data_ptr(), norm.data_ptr(), eps))
+    return b if len(weights) % 2 else a

@@ -1,4 +1,5 @@
-/* One decoder layer of a ragged step (the token-budget engine's forward), CPU float32, in one call.
+/* The decoder layers of a ragged step (the token-budget engine's forward), CPU float32: one layer
+ * in one call (decoder_layer), and every layer then the final norm in one call (decoder_layers).
  *
  * The layer is the same kernels the model calls one by one from Python (RMSNorm, the packed
  * linear layers, RoPE, the K/V store, the paged attention, SwiGLU), called in the same order on
@@ -54,17 +55,19 @@ int decoder_layer(const LayerWeights *w, const LayerStep *s, const float *x, flo
 }
 
 /* Every layer of the forward, then the model's final RMSNorm (weight ``norm``, epsilon ``eps``):
- * x (tokens, d) is the embedding's output and y a buffer like it; the layers take turns writing
- * one from the other (x is a scratch from the first layer on), and the norm writes the buffer the
- * last layer read. The result is in x when the model has an odd number of layers, else in y.
+ * x (tokens, d) is the embedding's output, only read; a and b are buffers like it that the layers
+ * take turns writing (the first layer writes a), and the norm writes the one the last layer did
+ * not. The result is in b when the model has an odd number of layers, else in a.
  * One call instead of one per layer (each was a ctypes call, an allocation and Python between). */
-int decoder_layers(const LayerWeights *w, int64_t n_layers, const LayerStep *s, float *x, float *y,
-                   const float *norm, float eps) {
-    float *in = x, *out = y;
+int decoder_layers(const LayerWeights *w, int64_t n_layers, const LayerStep *s, const float *x, float *a,
+                   float *b, const float *norm, float eps) {
+    const float *in = x;
+    float *out = a;
     for (int64_t i = 0; i < n_layers; ++i) {
         const int rc = decoder_layer(&w[i], s, in, out);
         if (rc) return rc;
-        float *t = in; in = out; out = t;
+        in = out;
+        out = out == a ? b : a;
     }
     rms_norm(in, s->d, norm, out, s->d, s->tokens, s->d, eps);
     return 0;

@@ -108,7 +108,7 @@ class BlockPool:
         if need > self.num_free_blocks():
             return False
         if need > 0:
-            self._grow(slot, len(self.tables[slot]) + need)
+            self._grow(slot, have + need)
         return True
 
     def room(self, slot: int) -> int:

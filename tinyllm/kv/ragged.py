@@ -32,6 +32,7 @@ from tinyllm.model.transformer import grouped_attention
 from tinyllm import native
 from tinyllm.kv.paged import PagedKVCache, gather_blocks
 
+
 def index_tensor(values: list[int], device: torch.device | str = "cpu") -> Tensor:
     """A list of ints as an int64 tensor: through an ``array`` (one C copy), ~4x faster than
     ``torch.tensor`` on a list, which a step pays several times per forward."""

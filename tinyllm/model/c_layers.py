@@ -189,23 +189,23 @@ class CLayers:
                 or not (cos.is_contiguous() and sin.is_contiguous()) or not native._plain(cos, sin)):
             return None
         write, tables, lens, row_table = plan
-        widths = (d, (H + 2 * Hkv) * D, H * D, 2 * F, F)      # scratch: h, qkv, attn, gate_up, act (tokens, w)
-        scratch = torch.empty(T * sum(widths), dtype=torch.float32)        # one allocation, cut by address
+        scratch_widths = (d, (H + 2 * Hkv) * D, H * D, 2 * F, F)   # h, qkv, attn, gate_up, act: (tokens, width)
+        scratch = torch.empty(T * sum(scratch_widths), dtype=torch.float32)   # one allocation, cut by address
         at = scratch.data_ptr()
-        parts = []
-        for width in widths:
-            parts.append(at)
+        buffers = []
+        for width in scratch_widths:
+            buffers.append(at)
             at += T * width * 4
         step = native.LayerStep(
             T, d, H, Hkv, D, F, layers[0].eps, D ** -0.5,
             pos.data_ptr(), cos.data_ptr(), sin.data_ptr(), write.data_ptr(), tables.data_ptr(),
             None if row_table is None else row_table.data_ptr(), lens.data_ptr(),
-            tables.size(1), pool.block_size, *parts, torch.get_num_threads())
+            tables.size(1), pool.block_size, *buffers, torch.get_num_threads())
         weights = (native.LayerWeights * len(layers))(*(layer.weights for layer in layers))
         return cls(weights, step, norm_w, norm.eps,
                    [pos, cos, sin, write, tables, lens, row_table, pool.k, pool.v, scratch, layers])
 
     def run(self, x: Tensor) -> Tensor:
-        """Every layer over ``x`` (the embedding's output, (1, T, d): used as a scratch from the
-        first layer on), then the final norm: a tensor like ``x``."""
-        return native.decoder_layers(self.weights, self.step, x, torch.empty_like(x), self.norm, self.eps)
+        """Every layer over ``x`` (the embedding's output, (1, T, d), only read), then the final
+        norm: a new tensor like ``x``."""
+        return native.decoder_layers(self.weights, self.step, x, self.norm, self.eps)
