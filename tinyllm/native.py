@@ -205,7 +205,7 @@ def library() -> ctypes.CDLL | None:
 def describe() -> str:
     """Which kernels a CPU float32 model runs (linear layers, attention, small ops), for the bench's report."""
     return ("C kernels (csrc/: linear layers, attention, RoPE, RMSNorm, SwiGLU, K/V store, argmax; "
-            "the token-budget engine runs each decoder layer in one call)"
+            "the token-budget engine runs every decoder layer and the final norm in one call)"
             if library() is not None
             else f"PyTorch: {why_not}")
 
