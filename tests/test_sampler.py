@@ -225,3 +225,26 @@ def test_a_batch_of_plain_greedy_rows_is_its_argmax_and_a_row_that_asks_more_get
     banned = plain[:4] + [Row(Sampling(0.0), banned=(int(logits[4].argmax()),))]
     assert not banned[-1].argmax_only
     assert int(sample_batch(logits, banned).tokens[4]) != int(logits[4].argmax())
+
+
+def test_top_k_and_top_p_from_the_best_candidates_cut_as_a_full_sort_does():
+    """``_top_k_top_p`` cuts from a ``topk`` of the widest cut any row needs, and sends a top_p
+    row whose nucleus is wider to a full sort: the kept tokens are the full sort's, row by row, on
+    peaked and flat rows (wider than the first candidates), with and without top_k, mixed in one
+    batch. (No ties and no top_p within float rounding of 1: there either answer is right.)"""
+    from tinyllm.engine.sampler import _TOP_FIRST, _sorted_cut, _top_k_top_p
+    gen = torch.Generator().manual_seed(7)
+    checked = wide = 0
+    for scale in (0.05, 1.0, 4.0):
+        for v in (7, 300, 4096):
+            x = torch.randn(12, v, generator=gen) * scale
+            rows = [Sampling(0.8, top_k=k, top_p=p) for k, p in
+                    [(None, 0.5), (None, 0.9), (None, 0.99), (10, None), (50, 0.9), (3, 0.5), (None, None),
+                     (v + 5, 0.9), (1, None), (300, 0.95), (None, 1e-9), (2, 0.99)]]
+            new, old = _top_k_top_p(x, rows), _sorted_cut(x, rows)
+            assert torch.equal(new == float("-inf"), old == float("-inf")), (scale, v)
+            assert torch.equal(new[new > float("-inf")], x[new > float("-inf")])   # kept logits unchanged
+            checked += 1
+            kept = (new > float("-inf")).sum(dim=-1)
+            wide += int((kept[:3] > _TOP_FIRST).sum())
+    assert checked == 9 and wide > 0                      # the full-sort fallback was taken
