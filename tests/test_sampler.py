@@ -248,3 +248,49 @@ def test_top_k_and_top_p_from_the_best_candidates_cut_as_a_full_sort_does():
             kept = (new > float("-inf")).sum(dim=-1)
             wide += int((kept[:3] > _TOP_FIRST).sum())
     assert checked == 9 and wide > 0                      # the full-sort fallback was taken
+
+
+def _dense_penalties(x, rows):
+    """The penalties over the whole vocabulary, as the sampler computed them before it computed
+    only the (row, token) pairs that occur: the reference the sparse pass must equal."""
+    from tinyllm.engine.sampler import _counts
+    F32_MAX, TINY = torch.finfo(torch.float32).max, torch.finfo(torch.float32).tiny
+    counts = _counts(x, [r.output if r.sampling.penalized else () for r in rows])
+    seen_prompt = _counts(x, [r.prompt if r.sampling.repetition_penalty != 1 else () for r in rows]) > 0
+
+    def col(vals):
+        return torch.tensor(vals, dtype=torch.float32).unsqueeze(1)
+    rep = col([min(max(r.sampling.repetition_penalty, TINY), F32_MAX) for r in rows])
+    masked = x == float("-inf")
+    seen = seen_prompt | (counts > 0)
+    x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
+    x = x - col([r.sampling.frequency_penalty for r in rows]) * counts
+    x = x - col([r.sampling.presence_penalty for r in rows]) * (counts > 0)
+    return torch.where(masked, float("-inf"), x.clamp(-F32_MAX, F32_MAX))
+
+
+def test_the_penalties_on_the_tokens_that_occur_equal_the_dense_pass():
+    """Random batches mixing rows with and without each penalty, repeated and out-of-vocabulary
+    ids, empty prompts and outputs, -inf, +inf and huge logits: the same values as the pass over
+    the whole vocabulary, bit for bit (zero's sign aside: -0.0 == 0.0)."""
+    import random
+    rng = random.Random(3)
+    gen = torch.Generator().manual_seed(3)
+    for trial in range(60):
+        b, v = rng.randint(1, 9), rng.choice([3, 17, 256])
+        x = torch.randn(b, v, generator=gen) * rng.choice([0.5, 30.0])
+        x[torch.rand(b, v, generator=gen) < 0.1] = float("-inf")
+        if rng.random() < 0.3:
+            x[0, 0] = float("inf")
+        if rng.random() < 0.3:
+            x[-1, -1] = 3e38
+        rows = []
+        for _ in range(b):
+            s = Sampling(0.7, presence_penalty=rng.choice([0.0, -2.0, 0.7]),
+                         frequency_penalty=rng.choice([0.0, 2.0, -1.3]),
+                         repetition_penalty=rng.choice([1.0, 1.3, 0.5, 1e-30, 1e30]))
+            prompt = tuple(rng.randrange(v + 3) for _ in range(rng.choice([0, 1, 5, 40])))
+            output = [rng.randrange(v + 3) for _ in range(rng.choice([0, 1, 6, 30]))]
+            rows.append(Row(s, prompt, output))
+        got, want = _penalize(x.clone(), rows), _dense_penalties(x.clone(), rows)
+        assert torch.equal(got, want), (trial, got, want)
