@@ -126,8 +126,7 @@ def _penalize(x: Tensor, rows: list[Row]) -> Tensor:
     presence once per output token. Computed on the (row, token) pairs that occur only (a few
     hundred a row, where a dense pass over the vocabulary took ~15 tensor ops of rows x vocab);
     every other logit keeps its value, clamped to float32's range as the rest."""
-    b, v = x.shape
-    dev = x.device
+    v, dev = x.size(1), x.device
     out_keys = _keys(v, dev, [r.output if r.sampling.penalized else () for r in rows])
     prompt_keys = _keys(v, dev, [r.prompt if r.sampling.repetition_penalty != 1 else () for r in rows])
     out_unique, out_counts = torch.unique(out_keys, return_counts=True)
@@ -244,8 +243,7 @@ _TOP_FIRST = 256        # candidates a top_p row is first cut from (a nucleus wi
 
 def _sorted_cut(x: Tensor, s: list[Sampling]) -> Tensor:
     """top_k and top_p from a sort of each whole row (the rows whose nucleus is wide)."""
-    b, v = x.shape
-    dev = x.device
+    v, dev = x.size(1), x.device
     sorted_x, order = torch.sort(x, dim=-1, descending=True)
     k = torch.tensor([min(q.top_k, v) if q.top_k is not None else v for q in s], device=dev).unsqueeze(1)
     rank = torch.arange(v, device=dev).unsqueeze(0)
