@@ -227,12 +227,29 @@ def test_a_batch_of_plain_greedy_rows_is_its_argmax_and_a_row_that_asks_more_get
     assert int(sample_batch(logits, banned).tokens[4]) != int(logits[4].argmax())
 
 
+def _full_sort_cut(x, rows):
+    """top_k and top_p from a sort of each whole row, as the sampler cut them before it took
+    its candidates from a ``topk``: the reference (on rows without ties)."""
+    v = x.size(1)
+    sorted_x, order = torch.sort(x, dim=-1, descending=True)
+    k = torch.tensor([min(q.top_k, v) if q.top_k is not None else v for q in rows]).unsqueeze(1)
+    rank = torch.arange(v).unsqueeze(0)
+    sorted_x = sorted_x.masked_fill(rank >= k, float("-inf"))
+    p = torch.tensor([q.top_p if q.top_p is not None and q.top_p < 1 else 2.0 for q in rows],
+                     dtype=torch.float64).unsqueeze(1)
+    probs = torch.softmax(sorted_x, dim=-1).double()
+    before = torch.cumsum(probs, dim=-1) - probs
+    drop = (before >= p) | (rank >= k)
+    drop[:, 0] = False
+    return x.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+
+
 def test_top_k_and_top_p_from_the_best_candidates_cut_as_a_full_sort_does():
-    """``_top_k_top_p`` cuts from a ``topk`` of the widest cut any row needs, and sends a top_p
-    row whose nucleus is wider to a full sort: the kept tokens are the full sort's, row by row, on
-    peaked and flat rows (wider than the first candidates), with and without top_k, mixed in one
-    batch. (No ties and no top_p within float rounding of 1: there either answer is right.)"""
-    from tinyllm.engine.sampler import _TOP_FIRST, _sorted_cut, _top_k_top_p
+    """``_top_k_top_p`` cuts from a ``topk`` of the widest cut any row needs, and measures a top_p
+    row whose nucleus is wider on a sort of its row: the kept tokens are the full sort's, row by
+    row, on peaked and flat rows (wider than the first candidates), with and without top_k, mixed
+    in one batch. (No ties and no top_p within float rounding of 1: there either answer is right.)"""
+    from tinyllm.engine.sampler import _top_k_top_p
     gen = torch.Generator().manual_seed(7)
     checked = wide = 0
     for scale in (0.05, 1.0, 4.0):
@@ -241,13 +258,38 @@ def test_top_k_and_top_p_from_the_best_candidates_cut_as_a_full_sort_does():
             rows = [Sampling(0.8, top_k=k, top_p=p) for k, p in
                     [(None, 0.5), (None, 0.9), (None, 0.99), (10, None), (50, 0.9), (3, 0.5), (None, None),
                      (v + 5, 0.9), (1, None), (300, 0.95), (None, 1e-9), (2, 0.99)]]
-            new, old = _top_k_top_p(x, rows), _sorted_cut(x, rows)
+            new, old = _top_k_top_p(x, rows), _full_sort_cut(x, rows)
             assert torch.equal(new == float("-inf"), old == float("-inf")), (scale, v)
             assert torch.equal(new[new > float("-inf")], x[new > float("-inf")])   # kept logits unchanged
             checked += 1
             kept = (new > float("-inf")).sum(dim=-1)
-            wide += int((kept[:3] > _TOP_FIRST).sum())
-    assert checked == 9 and wide > 0                      # the full-sort fallback was taken
+            wide += int((kept[:3] > min(v, 300)).sum())   # more than the candidates (300: the widest top_k)
+    assert checked == 9 and wide > 0                      # the sort for wide nuclei was taken
+
+
+def test_a_cut_keeps_the_same_tied_tokens_whatever_else_is_in_the_batch():
+    """Logits with many exact ties (bf16 values, as on CUDA under autocast): a row's top_k and
+    top_p cut, and a seeded row's drawn token, are the same solo and beside rows that widen the
+    candidates (a top_k of 1000, a flat top_p row sorted in full); ties at the boundary go to the
+    lowest token ids."""
+    from tinyllm.engine.sampler import _top_k_top_p
+    gen = torch.Generator().manual_seed(11)
+    neighbours = [Sampling(1.0, top_k=1000), Sampling(1.0, top_p=0.999), Sampling(1.0)]
+    for trial in range(40):
+        x = (torch.randn(1, 4096, generator=gen) * 2).bfloat16().float()
+        flat = (torch.randn(1, 4096, generator=gen) * 0.01).bfloat16().float()
+        for mine in (Sampling(1.0, top_k=40, seed=trial), Sampling(1.0, top_p=0.5, seed=trial),
+                     Sampling(1.0, top_k=7, top_p=0.3, seed=trial)):
+            solo = _top_k_top_p(x, [mine])
+            for other in neighbours:
+                batch = torch.cat([x, flat])
+                assert torch.equal(_top_k_top_p(batch, [mine, other])[0], solo[0]), (trial, mine, other)
+                assert torch.equal(sample_batch(batch, [Row(mine), Row(other)]).tokens[0],
+                                   sample_batch(x, [Row(mine)]).tokens[0])
+            kept = solo[0] > float("-inf")
+            last = x[0][kept].min()
+            tied = (x[0] == last).nonzero().flatten()
+            assert kept[tied].tolist() == sorted(kept[tied].tolist(), reverse=True)   # lowest ids first
 
 
 def _dense_penalties(x, rows):

@@ -210,51 +210,49 @@ def _top_k_top_p(x: Tensor, s: list[Sampling]) -> Tensor:
     """Per-row top_k and top_p; the most likely token always stays. The candidates come from one
     ``topk`` of the widest cut any row needs (at least ``_TOP_FIRST``), not a sort of the whole
     vocabulary (a 64 x 4,096 sort is ~10 ms on CPU, more than a d256 model's forward); a top_p
-    row whose nucleus is wider than that is cut from a full sort (``_sorted_cut``)."""
+    row whose nucleus is wider than that is measured on a sort of its row. A row keeps the n
+    tokens its cut decides, the lowest token ids first among logits tied at the boundary: what it
+    keeps depends on its own logits and settings only, never on the rest of the batch (a seeded
+    row draws the same token solo or batched)."""
     b, v = x.shape
     k = [min(q.top_k, v) if q.top_k is not None else v for q in s]
     p = [q.top_p if q.top_p is not None and q.top_p < 1 else 2.0 for q in s]
-    width = max([kk for kk, pp in zip(k, p) if kk < v] + [min(v, _TOP_FIRST) if min(p) <= 1 else 1])
-    vals, order = torch.topk(x, width, dim=-1)                   # each row's `width` best, descending
-    rank = torch.arange(width, device=x.device).unsqueeze(0)
+    width = max([kk for kk in k if kk < v] + [min(v, _TOP_FIRST) if min(p) <= 1 else 1])
     kt = torch.tensor(k, device=x.device).unsqueeze(1)
     pt = torch.tensor(p, dtype=torch.float64, device=x.device).unsqueeze(1)
-    # each candidate's probability as a sort of the whole row would give it: a softmax over the
-    # row's top_k where it has one, else over the whole vocabulary
-    cut_k = vals.masked_fill(rank >= kt, _NEG_INF)
-    probs = torch.where(kt < v, torch.softmax(cut_k, dim=-1), torch.softmax(x, dim=-1).gather(-1, order)).double()
-    before = torch.cumsum(probs, dim=-1) - probs          # mass of strictly more likely tokens
-    drop = (before >= pt) | (rank >= kt)
-    drop[:, 0] = False
-    # a top_p row whose kept mass stayed under p within `width` (and that has no top_k inside it)
-    # needs the tokens past `width`: those rows are cut from a full sort
-    wide = ((pt <= 1) & (kt > width) & (before[:, -1:] + probs[:, -1:] < pt)).squeeze(1)
-    keep = torch.zeros(b, v, dtype=torch.bool, device=x.device).scatter_(-1, order, ~drop)
-    keep |= ((kt >= v) & (pt > 1))                      # rows with neither cut keep everything
-    out = x.masked_fill(~keep, _NEG_INF)
-    if bool(wide.any()):
+    vals, order = torch.topk(x, width, dim=-1)                   # each row's `width` best, descending
+    n, wide = _cut_size(x, vals, order, kt, pt)
+    last = vals.gather(-1, (n - 1).clamp(max=width - 1))           # each row's smallest kept logit
+    if bool(wide.any()):                                          # nuclei wider than the candidates
         rows = wide.nonzero().flatten()
-        out[rows] = _sorted_cut(x[rows], [s[i] for i in rows.tolist()])
-    return out
+        full_vals, full_order = torch.sort(x[rows], dim=-1, descending=True)
+        n[rows], _ = _cut_size(x[rows], full_vals, full_order, kt[rows], pt[rows])
+        last[rows] = full_vals.gather(-1, n[rows] - 1)
+    above, at = x > last, x == last
+    keep = above | (at & (at.cumsum(dim=-1) <= n - above.sum(dim=-1, keepdim=True)))
+    keep.scatter_(-1, order[:, :1], True)                         # the most likely (a NaN row fails later)
+    keep |= (kt >= v) & (pt > 1)                                  # rows with neither cut keep everything
+    return x.masked_fill(~keep, _NEG_INF)
 
 
 _TOP_FIRST = 256        # candidates a top_p row is first cut from (a nucleus wider than this: a sort)
 
 
-def _sorted_cut(x: Tensor, s: list[Sampling]) -> Tensor:
-    """top_k and top_p from a sort of each whole row (the rows whose nucleus is wide)."""
-    v, dev = x.size(1), x.device
-    sorted_x, order = torch.sort(x, dim=-1, descending=True)
-    k = torch.tensor([min(q.top_k, v) if q.top_k is not None else v for q in s], device=dev).unsqueeze(1)
-    rank = torch.arange(v, device=dev).unsqueeze(0)
-    sorted_x = sorted_x.masked_fill(rank >= k, _NEG_INF)
-    p = torch.tensor([q.top_p if q.top_p is not None and q.top_p < 1 else 2.0 for q in s],
-                     dtype=torch.float64, device=dev).unsqueeze(1)
-    probs = torch.softmax(sorted_x, dim=-1).double()
+def _cut_size(x: Tensor, vals: Tensor, order: Tensor, kt: Tensor, pt: Tensor) -> tuple[Tensor, Tensor]:
+    """How many tokens each row keeps, from its best logits ``vals`` (descending, at ``order``):
+    its top_k, and its top_p over the probabilities a sort of the whole row gives (a softmax over
+    its top_k where it has one, else over the whole vocabulary); and which rows' top_p needs more
+    than these candidates. Tied logits have equal probabilities, so the count does not depend on
+    how ties are ordered."""
+    v, width = x.size(1), vals.size(1)
+    rank = torch.arange(width, device=x.device).unsqueeze(0)
+    cut_k = vals.masked_fill(rank >= kt, _NEG_INF)
+    probs = torch.where(kt < v, torch.softmax(cut_k, dim=-1), torch.softmax(x, dim=-1).gather(-1, order)).double()
     before = torch.cumsum(probs, dim=-1) - probs          # mass of strictly more likely tokens
-    drop = (before >= p) | (rank >= k)
+    drop = (before >= pt) | (rank >= kt)
     drop[:, 0] = False
-    return x.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), _NEG_INF)
+    wide = ((pt <= 1) & (kt > width) & (before[:, -1:] + probs[:, -1:] < pt)).squeeze(1)
+    return (~drop).sum(dim=-1, keepdim=True), wide
 
 
 _MIX1, _MIX2, _GOLDEN = -0x40A7B892E31B1A47, -0x6B2FB644ECCEEE15, -0x61C8864680B583EB   # splitmix64's, as int64
