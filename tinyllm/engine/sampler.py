@@ -162,15 +162,8 @@ def _keys(v: int, dev, ids: list[Seq[int]]) -> Tensor:
 def _counts(x: Tensor, ids: list[Seq[int]]) -> Tensor:
     """(B, V) float: how often each token id occurs in each row's ``ids`` (ids >= V ignored)."""
     n, v = x.shape
-    out = torch.zeros(n, v, dtype=torch.float32, device=x.device)
-    lens = [len(t) for t in ids]
-    if not any(lens):
-        return out
-    flat = torch.tensor([t for seq in ids for t in seq], dtype=torch.long, device=x.device)
-    row = torch.repeat_interleave(torch.arange(n, device=x.device), torch.tensor(lens, device=x.device))
-    keep = flat < v
-    out.index_put_((row[keep], flat[keep]), torch.ones_like(flat[keep], dtype=torch.float32), accumulate=True)
-    return out
+    keys = _keys(v, x.device, ids)
+    return torch.bincount(keys, minlength=n * v).to(torch.float32).view(n, v)
 
 
 def _ban(x: Tensor, rows: list[Row]) -> Tensor:
@@ -221,12 +214,13 @@ def _top_k_top_p(x: Tensor, s: list[Sampling]) -> Tensor:
     kt = torch.tensor(k, device=x.device).unsqueeze(1)
     pt = torch.tensor(p, dtype=torch.float64, device=x.device).unsqueeze(1)
     vals, order = torch.topk(x, width, dim=-1)                   # each row's `width` best, descending
-    n, wide = _cut_size(x, vals, order, kt, pt)
+    whole = any(kk >= v for kk in k)                              # a row's probabilities over the vocabulary
+    n, wide = _cut_size(x, vals, order, kt, pt, whole)
     last = vals.gather(-1, (n - 1).clamp(max=width - 1))           # each row's smallest kept logit
     if bool(wide.any()):                                          # nuclei wider than the candidates
         rows = wide.nonzero().flatten()
         full_vals, full_order = torch.sort(x[rows], dim=-1, descending=True)
-        n[rows], _ = _cut_size(x[rows], full_vals, full_order, kt[rows], pt[rows])
+        n[rows], _ = _cut_size(x[rows], full_vals, full_order, kt[rows], pt[rows], True)
         last[rows] = full_vals.gather(-1, n[rows] - 1)
     above, at = x > last, x == last
     keep = above | (at & (at.cumsum(dim=-1) <= n - above.sum(dim=-1, keepdim=True)))
@@ -238,16 +232,20 @@ def _top_k_top_p(x: Tensor, s: list[Sampling]) -> Tensor:
 _TOP_FIRST = 256        # candidates a top_p row is first cut from (a nucleus wider than this: a sort)
 
 
-def _cut_size(x: Tensor, vals: Tensor, order: Tensor, kt: Tensor, pt: Tensor) -> tuple[Tensor, Tensor]:
+def _cut_size(x: Tensor, vals: Tensor, order: Tensor, kt: Tensor, pt: Tensor,
+              whole: bool) -> tuple[Tensor, Tensor]:
     """How many tokens each row keeps, from its best logits ``vals`` (descending, at ``order``):
     its top_k, and its top_p over the probabilities a sort of the whole row gives (a softmax over
     its top_k where it has one, else over the whole vocabulary); and which rows' top_p needs more
     than these candidates. Tied logits have equal probabilities, so the count does not depend on
-    how ties are ordered."""
+    how ties are ordered. ``whole``: some row has no top_k (else no softmax over the vocabulary)."""
     v, width = x.size(1), vals.size(1)
     rank = torch.arange(width, device=x.device).unsqueeze(0)
     cut_k = vals.masked_fill(rank >= kt, _NEG_INF)
-    probs = torch.where(kt < v, torch.softmax(cut_k, dim=-1), torch.softmax(x, dim=-1).gather(-1, order)).double()
+    probs = torch.softmax(cut_k, dim=-1)
+    if whole:
+        probs = torch.where(kt < v, probs, torch.softmax(x, dim=-1).gather(-1, order))
+    probs = probs.double()
     before = torch.cumsum(probs, dim=-1) - probs          # mass of strictly more likely tokens
     drop = (before >= pt) | (rank >= kt)
     drop[:, 0] = False
