@@ -35,6 +35,8 @@ def main() -> None:
                    help="token budget per step (max_batched_tokens; default max(256, --seqs)); vLLM-CPU's own "
                         "default for the LLM class is 4096")
     p.add_argument("--no-anatomy", action="store_true", help="only the run, not the decode step taken apart")
+    p.add_argument("--kv-cache-dtype", default=None, help="the engine's kv_cache_dtype (auto, float32, bfloat16); "
+                   "not given: the engine's default (a tree before the option has none)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     model, _ = load_checkpoint(a.model)
@@ -42,17 +44,21 @@ def main() -> None:
     reqs = default_workload(64, model.cfg.vocab_size, seed=0)
     t = time.perf_counter()
     size = {"kv_memory_mib": a.kv_memory, "max_num_seqs": a.seqs} if a.kv_memory else {"n_slots": a.seqs}
+    dtype = {"kv_cache_dtype": a.kv_cache_dtype} if a.kv_cache_dtype else {}
+    size.update(dtype)
     _, st = run_continuous(model, reqs, max_len=512, kv="paged", chunked_prefill=True,
                            max_batched_tokens=a.budget or max(256, a.seqs), **size)
     wall = time.perf_counter() - t
     if a.no_anatomy:
         print(json.dumps({"label": a.label, "model": a.model or "bundled", "seqs": a.seqs, "kv_memory_mib": a.kv_memory,
+                          "kv_cache_dtype": a.kv_cache_dtype or "auto",
                           "budget": a.budget or max(256, a.seqs), "tok_s": round(st["tok_s"], 1), "wall_s": round(wall, 2)}), flush=True)
         return
-    step = decode_anatomy(model, slots=a.seqs, kv="chunked")
+    step = decode_anatomy(model, slots=a.seqs, kv="chunked", **dtype)
     peak = peak_gflops("cpu")
     tok_s = st["tok_s"]
     print(json.dumps({"label": a.label, "model": a.model or "bundled", "seqs": a.seqs, "tok_s": round(tok_s, 1),
+                      "kv_memory_mib": a.kv_memory, "kv_cache_dtype": a.kv_cache_dtype or "auto",
                       "wall_s": round(wall, 2), "step_ms": round(step["step_ms"], 3),
                       "forward_ms": round(step["forward_ms"], 3), "matmul_only_ms": round(step["matmul_only_ms"], 3),
                       "step_over_matmul": round(step["step_over_matmul"], 2), "peak_gflops": round(peak, 1),

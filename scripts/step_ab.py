@@ -11,7 +11,9 @@ functions, and its classes' methods, swapped in for today's, so one engine runs 
 of data, not of code, is not swapped); ``off:NAME`` is this tree with
 ``native.NAME`` answering None, i.e. that kernel's PyTorch fallback (``off:A+B``: both), with the
 layers run op by op (``model/c_layers.py`` off: a kernel switched off there is not called at all);
-``off:layers`` is just that (each layer's kernels called from Python); ``torch`` is every kernel off.
+``off:layers`` is just that (each layer's kernels called from Python); ``torch`` is every kernel off;
+``kv:DTYPE`` is this tree on an engine of its own whose K/V cache is DTYPE (``kv_cache_dtype``:
+bfloat16, float32), the same requests as the others'.
 Prints the median step (ms) per variant, and each against the first.
 """
 
@@ -134,29 +136,38 @@ def alternate(a: argparse.Namespace, use: Callable[[str], None]) -> dict[str, fl
     model, _ = load_checkpoint(None if a.model == "bundled" else a.model)
     steps = a.steps * len(a.variants)
     lo, hi = CONTEXTS[a.contexts]
-    rng = random.Random(1)
-    eng = ContinuousEngine(model, a.rows, max_len=512, kv="paged", chunked_prefill=True,
-                           max_batched_tokens=max(a.rows * hi, 256), prefix_cache=False)
-    for _ in range(a.rows):
-        eng.add_request(Request([rng.randrange(1, model.cfg.vocab_size) for _ in range(rng.randint(lo, hi))],
-                                min(steps + 8, 512 - hi)))
-    eng.step()
-    eng.step()
+    engines = {}                                         # one per K/V dtype (a kv:DTYPE variant: its own)
+    for dtype in dict.fromkeys(v[3:] if v.startswith("kv:") else "auto" for v in a.variants):
+        rng = random.Random(1)                           # the same requests in each
+        eng = engines[dtype] = ContinuousEngine(model, a.rows, max_len=512, kv="paged", chunked_prefill=True,
+                                                max_batched_tokens=max(a.rows * hi, 256), prefix_cache=False,
+                                                kv_cache_dtype=dtype)
+        for _ in range(a.rows):
+            eng.add_request(Request([rng.randrange(1, model.cfg.vocab_size) for _ in range(rng.randint(lo, hi))],
+                                    min(steps + 8, 512 - hi)))
+        eng.step()
+        eng.step()
+
+    def engine(v: str) -> ContinuousEngine:
+        return engines[v[3:] if v.startswith("kv:") else "auto"]
+
     times: dict[str, list[float]] = {v: [] for v in a.variants}
     for v in a.variants:                                 # one warm step each
         use(v)
-        eng.step()
+        engine(v).step()
     for i in range(steps):
         v = a.variants[i % len(a.variants)]
         use(v)
+        eng = engine(v)
         t = time.perf_counter()
         eng.step()
         times[v].append(time.perf_counter() - t)
     use(a.variants[0])
-    failed = [q for q in eng.snapshot().requests if q.state == "failed"]
-    if failed or sum(eng.slots.active) < a.rows:           # (a variant that broke the engine times nothing)
-        raise SystemExit(f"the engine stopped running its {a.rows} rows: "
-                         f"{failed[0].error if failed else 'requests ended early'}")
+    for eng in engines.values():
+        failed = [q for q in eng.snapshot().requests if q.state == "failed"]
+        if failed or sum(eng.slots.active) < a.rows:       # (a variant that broke the engine times nothing)
+            raise SystemExit(f"the engine stopped running its {a.rows} rows: "
+                             f"{failed[0].error if failed else 'requests ended early'}")
     return {v: statistics.median(ts) * 1e3 for v, ts in times.items()}
 
 

@@ -42,6 +42,10 @@ def check_panels(app: TinyLLMApp, frame: Frame | None = None) -> Frame:
                 assert f"#{sv.rid}" in text, f"slot {sv.slot} holds #{sv.rid}, the grid does not say so"
         kv = app.query_one(KVPanel)
         assert kv.frame is not None and kv.frame.snapshot == snap, "the KV panel shows another snapshot"
+        if not app.has_class("-short"):
+            mib_line = kv.render().plain.split("\n", 1)[0]
+            assert f"{snap.kv.mib(snap.kv.reserved_tokens):.1f} MiB used / claimed / reserved" in mib_line, mib_line
+            assert not snap.kv.dtype or mib_line.endswith(f" · {snap.kv.dtype}"), mib_line
         if snap.kv.kind == "paged":
             blocks = app.query_one(BlockMap)
             assert blocks.snapshot == snap

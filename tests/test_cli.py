@@ -34,6 +34,8 @@ def test_info_reports_the_bundled_model():
     assert r.returncode == 0, r.stderr
     model, _ = load_checkpoint()
     assert f"{model.num_params():,}" in r.stdout and "KV bytes per token" in r.stdout
+    bpt = sum(2 * b.self_attn.n_kv_heads * b.self_attn.head_dim for b in model.layers)    # K and V, every layer
+    assert f"{4 * bpt:,} (cpu)" in r.stdout and f"{2 * bpt:,} at" in r.stdout and "bfloat16" in r.stdout
 
 
 BAD_INPUT = [
@@ -45,6 +47,9 @@ BAD_INPUT = [
     (("generate", "ROMEO " * 600), "the model's context is 512 tokens"),
     (("info", "--model", str(DATA)), "no config.json"),
     (("frobnicate",), "invalid choice"),
+    (("bench", "--kv-cache-dtype", "fp8"), "argument --kv-cache-dtype: invalid choice: 'fp8' (choose from"),
+    (("serve", "--kv-cache-dtype", "float16"), "argument --kv-cache-dtype: invalid choice: 'float16'"),
+    (("whatif", "shakespeare_openings", "--lanes", "fcfs", "fcfs kv_dtype=half"), "kv_dtype must be one of auto, float32, bfloat16, got 'half'"),
 ]
 
 # Every bad command line of BAD_INPUT through the CLI's main() in one child process (a process
@@ -152,6 +157,9 @@ def test_tui_scheduler_flags_are_checked_before_the_ui(args, message):
 def test_tui_bad_arguments_exit_2_before_the_ui():
     r = subprocess.run([sys.executable, "-m", "tui.cli", "--slots", "0"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "expected an integer >= 1" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "tui.cli", "--kv-cache-dtype", "fp8"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and "--kv-cache-dtype: invalid choice: 'fp8'" in r.stderr
     r = subprocess.run([sys.executable, "-m", "tui.cli", "--prompts", str(DATA / "heldout_julius_caesar.txt")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "heldout_julius_caesar.txt:1: invalid JSON" in r.stderr

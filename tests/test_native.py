@@ -271,7 +271,9 @@ def test_a_plan_for_the_kernel_falls_back_when_a_layer_cannot_use_it():
     (lambda a: {**a, "lens": a["lens"] + 1000}, "lens in 1.."),
     (lambda a: {**a, "lens": a["lens"][:-1]}, "tables (3, width) and lens (3,)"),
     (lambda a: {**a, "v": a["v"][:, :1].contiguous()}, "k, v of shape"),
-    (lambda a: {**a, "k": a["k"].double()}, "float32 q/k/v"),
+    (lambda a: {**a, "k": a["k"].double()}, "a float32 q and a float32 or bfloat16 k/v"),
+    (lambda a: {**a, "k": a["k"].bfloat16()}, "a float32 q and a float32 or bfloat16 k/v"),    # v float32
+    (lambda a: {**a, "q": a["q"].bfloat16()}, "a float32 q and a float32 or bfloat16 k/v"),
     (lambda a: {**a, "k": a["k"][:, :, :8]}, "k, v of shape"),
     (lambda a: {**a, "v": a["v"].transpose(0, 1).contiguous().transpose(0, 1)}, "contiguous"),
     (lambda a: {**a, "row_table": torch.tensor([0, 1, 3])}, "row_table entries in 0..2"),

@@ -299,16 +299,19 @@ async def test_record_shows_in_the_status_line_and_says_where_the_file_went(tmp_
         await pilot.press("q")
 
 
-async def test_an_engine_process_sized_by_kv_memory_retitles_the_slots_and_blocks_once_loaded():
+@pytest.mark.parametrize("kv_dtype, bytes_per_token", [("auto", 6144), ("bfloat16", 3072)])
+async def test_an_engine_process_sized_by_kv_memory_retitles_the_slots_and_blocks_once_loaded(kv_dtype,
+                                                                                             bytes_per_token):
     """The app's first frame is the loading one, sized from --slots (8); the engine process sizes
-    its cache from --kv-memory only once the model is read (12 sequences, 256 blocks here). The
-    panels' titles must follow the snapshot (they once kept the loading frame's "Slots (8 × ...)")."""
+    its cache from --kv-memory only once the model is read (12 sequences, 256 blocks here, twice
+    as many at bfloat16). The panels' titles must follow the snapshot (they once kept the loading
+    frame's "Slots (8 × ...)"), and the KV panel says which dtype the cache holds."""
     from tinyllm.model.checkpoint import default_model_dir
     from tui.runners.child import ChildRunner
     from tui.runners.engine import EngineSpec
     model, tok = bundled()
     spec = EngineSpec(str(default_model_dir()), "cpu", 8, 512, kv="paged", block_size=16, threads=1,
-                      kv_memory_mib=24.0, max_num_seqs=12)
+                      kv_memory_mib=24.0, max_num_seqs=12, kv_cache_dtype=kv_dtype)
     runner = ChildRunner(spec, paused=True).start(wait=False)
     app = TinyLLMApp(runner, tok, model_name="test", settings=RequestSettings(Sampling(), 4))
     _watch(app)
@@ -316,5 +319,7 @@ async def test_an_engine_process_sized_by_kv_memory_retitles_the_slots_and_block
         await until(pilot, lambda: app.runner.ready, timeout=120, what="the engine process to load")
         await until(pilot, lambda: app.runner.frame.snapshot.n_slots == 12)
         snap = check_panels(app).snapshot
-        assert (snap.n_slots, snap.kv.n_blocks) == (12, 24 * 2 ** 20 // (16 * 6144))
+        assert (snap.n_slots, snap.kv.n_blocks) == (12, 24 * 2 ** 20 // (16 * bytes_per_token))
+        assert snap.kv.dtype == {"auto": "float32"}.get(kv_dtype, kv_dtype)
+        assert app.query_one(KVPanel).render().plain.split("\n", 1)[0].endswith(f"· {snap.kv.dtype}")
         assert app.query_one("#slots").border_title == "Slots (12 × 512 tokens)"

@@ -262,6 +262,7 @@ def test_metrics(client, server, model_tok):
     assert len(info) == 1 and after[info[0]] == 1
     labels = dict(info[0][1])
     assert (labels["block_size"], labels["num_gpu_blocks"], labels["model_name"]) == (str(block), str(n_blocks), MODEL)
+    assert labels["cache_dtype"] == "auto"                       # as configured, vLLM's way
 
 
 # -- bad requests ---------------------------------------------------------------------------------

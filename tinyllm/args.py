@@ -64,3 +64,12 @@ def add_policy_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs", metavar="POLICY",
                    help=f"the waiting queue's order: {', '.join(SCHEDULING_POLICIES)} (default fcfs; priority: "
                         "lower first, may preempt; fair: shares the token budget between tenants)")
+
+
+def add_kv_dtype_arg(p: argparse.ArgumentParser) -> None:
+    """``--kv-cache-dtype`` (vLLM's option name), the same for the app, bench, race and server."""
+    from tinyllm.request import KV_CACHE_DTYPES
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto", metavar="DTYPE",
+                   help="the KV cache's element type: auto (the model's: float32 on CPU), float32, or bfloat16 "
+                        "(half the KV memory per token: twice the sequences a --kv-memory budget buys, half the "
+                        "bytes attention reads; greedy text can differ from float32's)")

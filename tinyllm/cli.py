@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from tinyllm.args import (EXIT_USAGE, OneLineParser, UsageError, non_negative_float, port_number, positive_float,
-                          add_policy_arg, positive_int, unit_interval)
+                          add_kv_dtype_arg, add_policy_arg, positive_int, unit_interval)
 
 
 def default_work_dir() -> Path:
@@ -95,7 +95,8 @@ def cmd_info(args) -> None:
             ("tied embeddings", str(cfg.tie_embeddings)),
             ("vocab (model / tokenizer)", f"{cfg.vocab_size} / {tok.vocab_size}"),
             ("end-of-text id", str(tok.eos_id)),
-            ("KV bytes per token", f"{kv_bytes_per_token(model, device):,} ({device.type})")]
+            ("KV bytes per token", f"{kv_bytes_per_token(model, device):,} ({device.type}); "
+                                   f"{kv_bytes_per_token(model, device, 'bfloat16'):,} at --kv-cache-dtype bfloat16")]
     for k, v in rows:
         t.add_row(k, v)
     Console().print(t)
@@ -155,7 +156,8 @@ def cmd_whatif(args) -> None:
         arrivals, warning = load_arrivals(args.source, tok.encode, args.max_len, args.max_new_tokens)
         race = build_race(model, arrivals, args.slots, args.max_len, args.block_size, args.kv_blocks,
                           args.max_batched_tokens, lanes=lanes, step_cost_s=args.step_cost,
-                          kv_memory_mib=args.kv_memory, max_num_seqs=args.max_num_seqs)
+                          kv_memory_mib=args.kv_memory, max_num_seqs=args.max_num_seqs,
+                          kv_cache_dtype=args.kv_cache_dtype)
     except (RecordingError, WorkloadError, ValueError) as e:
         raise UsageError(str(e)) from None
     except (MemoryError, OverflowError, RuntimeError) as e:        # a budget whose pool cannot be allocated
@@ -233,7 +235,7 @@ def cmd_serve(args) -> None:
         engine = build_engine(model, args.slots, args.max_len, args.kv_blocks, args.block_size,
                               args.max_batched_tokens, args.prefix_cache,
                               scheduling_policy=args.scheduling_policy, kv_memory_mib=args.kv_memory,
-                              max_num_seqs=args.max_num_seqs)
+                              max_num_seqs=args.max_num_seqs, kv_cache_dtype=args.kv_cache_dtype)
     except ValueError as e:                               # the engine names its parameters; say the options
         msg = " ".join(str(e).split())
         for name, opt in (("kv_memory_mib", "--kv-memory"), ("max_num_seqs", "--max-num-seqs"),
@@ -303,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     wi.add_argument("--lanes", nargs="+", required=True, metavar="LANE",
                     help='one argument per lane: a policy, a lane kind, and/or key=value settings, e.g. '
                          '--lanes fcfs priority "fair budget=64" (keys: policy, budget, slots, block, blocks, '
-                         'prefix, chunked, kv, kv_mib: the lane\'s own KV memory in MiB)')
+                         'prefix, chunked, kv, kv_mib: the lane\'s own KV memory in MiB, kv_dtype: its KV cache dtype)')
     wi.add_argument("--json", metavar="OUT.json", default=None, help="also write the comparison as JSON")
     wi.add_argument("--slots", type=positive_int, default=8, metavar="N", help="every lane's default slots (8)")
     wi.add_argument("--max-len", type=positive_int, default=512, metavar="N", help="tokens per request (512)")
@@ -325,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="charge every step exactly S seconds instead of measuring it (times become exact)")
     wi.add_argument("--rows", type=positive_int, default=20, metavar="N", help="requests shown, most changed first (20)")
     wi.add_argument("--threads", type=positive_int, default=2, metavar="N", help="torch CPU threads (default 2)")
+    add_kv_dtype_arg(wi)
     wi.set_defaults(fn=cmd_whatif)
 
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (completions, models, metrics)")
@@ -351,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="do not reuse the KV blocks of repeated prompt prefixes")
     sv.add_argument("--threads", type=positive_int, default=2, metavar="N", help="torch CPU threads (default 2)")
     add_policy_arg(sv)
+    add_kv_dtype_arg(sv)
     sv.set_defaults(fn=cmd_serve)
 
     from tinyllm.bench import add_bench_parser

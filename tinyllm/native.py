@@ -149,7 +149,7 @@ class LayerStep(ctypes.Structure):
                 *((name, ctypes.c_void_p) for name in ("pos", "cos", "sin", "write", "tables", "row_table", "lens")),
                 ("table_width", ctypes.c_int64), ("block_size", ctypes.c_int64),
                 *((name, ctypes.c_void_p) for name in ("h", "qkv", "attn", "gate_up", "act")),
-                ("threads", ctypes.c_int)]
+                ("threads", ctypes.c_int), ("kv_bf16", ctypes.c_int)]
 
 
 def load(path: Path) -> ctypes.CDLL:
@@ -157,11 +157,11 @@ def load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
     lib.paged_decode_attention.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, i64,
-                                           i64, i64, i64, i64, i64, f32, ctypes.c_int]
+                                           i64, i64, i64, i64, i64, f32, ctypes.c_int, ctypes.c_int]
     lib.paged_decode_attention.restype = ctypes.c_int
     lib.rms_norm.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, f32]
     lib.rope_inplace.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr]
-    lib.kv_store.argtypes = [ptr, ptr, i64, i64, i64, ptr, ptr, ptr]
+    lib.kv_store.argtypes = [ptr, ptr, i64, i64, i64, ptr, ptr, ptr, ctypes.c_int]
     lib.argmax_rows.argtypes = [ptr, i64, i64, i64, ptr]
     lib.silu_mul.argtypes = [ptr, i64, i64, i64, ptr]
     lib.linear_packed.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64, ptr, i64, ctypes.c_int]
@@ -210,11 +210,14 @@ def describe() -> str:
             else f"PyTorch: {why_not}")
 
 
+POOL_DTYPES = (torch.float32, torch.bfloat16)     # the K/V pool element types the kernels read and write
+
+
 def usable(q: Tensor, pool: Tensor) -> bool:
-    """The kernel can run this attention: CPU, float32 query and pool, not recording autograd (it
-    has no backward)."""
+    """The kernel can run this attention: CPU, float32 query, a float32 or bfloat16 pool, not
+    recording autograd (it has no backward)."""
     return (q.device.type == "cpu" and pool.device.type == "cpu" and q.dtype == torch.float32
-            and pool.dtype == torch.float32 and not (torch.is_grad_enabled() and q.requires_grad)
+            and pool.dtype in POOL_DTYPES and not (torch.is_grad_enabled() and q.requires_grad)
             and library() is not None)
 
 
@@ -228,8 +231,8 @@ def check_arguments(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, lens: Tenso
     problems = []
     if not (q.is_cpu and k.is_cpu and v.is_cpu and tables.is_cpu and lens.is_cpu):
         problems.append("every tensor on the CPU")
-    if not (q.dtype == k.dtype == v.dtype == torch.float32):
-        problems.append(f"float32 q/k/v (got {q.dtype}, {k.dtype}, {v.dtype})")
+    if not (q.dtype == torch.float32 and k.dtype == v.dtype and k.dtype in POOL_DTYPES):
+        problems.append(f"a float32 q and a float32 or bfloat16 k/v (got {q.dtype}, {k.dtype}, {v.dtype})")
     if tables.dtype != torch.int64 or lens.dtype != torch.int64:
         problems.append(f"int64 tables and lens (got {tables.dtype}, {lens.dtype})")
     if k.dim() != 3 or k.shape != v.shape or k.size(2) != D or H % k.size(1):
@@ -313,7 +316,7 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, lens: Tens
                   tables.data_ptr(), tables.size(1), None if row_table is None else row_table.data_ptr(),
                   lens.data_ptr(),
                   out.data_ptr(), out.stride(0), out.stride(1),
-                  rows, H, k.size(1), D, block_size, D ** -0.5, torch.get_num_threads())
+                  rows, H, k.size(1), D, block_size, D ** -0.5, torch.get_num_threads(), k.dtype == torch.bfloat16)
     _raise_for(rc)
     return out.transpose(0, 1)
 
@@ -379,12 +382,14 @@ def rope_(heads: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, n_rotated: int,
 
 def kv_store(k: Tensor, v: Tensor, write: Tensor, k_pool: Tensor, v_pool: Tensor,
              bounds_checked: bool = False) -> bool:
-    """``k_pool[write] = k`` and ``v_pool[write] = v`` in one call: k, v (T, Hkv, D) with each token's
-    (Hkv, D) contiguous and the same strides; pools (rows, Hkv, D) contiguous; write (T,) int64
-    pool rows. False where it cannot run (the caller copies with PyTorch). ``bounds_checked``: these
-    write rows were range-checked against a pool as large already (every layer of a step shares them)."""
+    """``k_pool[write] = k`` and ``v_pool[write] = v`` in one call: k, v (T, Hkv, D) float32 with each
+    token's (Hkv, D) contiguous and the same strides; pools (rows, Hkv, D) contiguous, float32 or
+    bfloat16 (rounded as ``.to(torch.bfloat16)`` rounds); write (T,) int64 pool rows. False where it
+    cannot run (the caller copies with PyTorch). ``bounds_checked``: these write rows were
+    range-checked against a pool as large already (every layer of a step shares them)."""
     lib = library()
-    if lib is None or not _plain(k, v, k_pool, v_pool):
+    if (lib is None or not _plain(k, v) or k_pool.dtype not in POOL_DTYPES or v_pool.dtype != k_pool.dtype
+            or not (k_pool.is_cpu and v_pool.is_cpu)):
         return False
     T = k.size(0)
     if (k.dim() != 3 or k.shape != v.shape or k.stride() != v.stride() or k.shape[1:] != k_pool.shape[1:]
@@ -395,7 +400,7 @@ def kv_store(k: Tensor, v: Tensor, write: Tensor, k_pool: Tensor, v_pool: Tensor
     if not bounds_checked and T:
         check_range(write, k_pool.size(0), "KV write rows")
     lib.kv_store(k.data_ptr(), v.data_ptr(), k.stride(0), T, k.size(1) * k.size(2), write.data_ptr(),
-                 k_pool.data_ptr(), v_pool.data_ptr())
+                 k_pool.data_ptr(), v_pool.data_ptr(), k_pool.dtype == torch.bfloat16)
     return True
 
 

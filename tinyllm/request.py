@@ -19,6 +19,7 @@ def is_int(x) -> bool:
 DEFAULT_MAX_BATCHED_TOKENS = 256      # the token-budget scheduler's default budget per step
 DEFAULT_MAX_NUM_SEQS = 64             # the default cap on running sequences (vLLM's max_num_seqs)
 SCHEDULING_POLICIES = ("fcfs", "priority", "shortest-first", "fair")   # engine/policy.py: one class each
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")   # vLLM's kv_cache_dtype, those that apply (engine/forward.py)
 GREEDY_BELOW = 1e-5                   # a temperature below this is greedy (vLLM's _SAMPLING_EPS)
 
 

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tinyllm.args import add_policy_arg, check_device
+from tinyllm.args import add_kv_dtype_arg, add_policy_arg, check_device
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT_WORKLOAD, check_static_batches
 from tinyllm.race.views import LANES
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, Sampling, check_fits
@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
     p.add_argument("--step-delay", type=int, default=0, metavar="MS", help=f"pause between engine steps, 0-{MAX_DELAY_MS} ms (slow motion)")
     add_policy_arg(p)
+    add_kv_dtype_arg(p)
     p.add_argument("--paused", action="store_true", help="start paused (space / F5 resumes, n / F6 steps once)")
     p.add_argument("--record", metavar="FILE", default=None,
                    help="write the run to FILE as it happens (JSONL; FILE.gz: compressed), for --replay and tinyllm trace")
@@ -153,7 +154,7 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
     spec = EngineSpec(str(path), a.device, a.slots, max_len, kv, a.block_size, a.kv_blocks, a.seed,
                       threads=a.threads, chunked_prefill=chunked, max_batched_tokens=a.max_batched_tokens,
                       prefix_cache=a.prefix_cache, record=a.record, scheduling_policy=a.scheduling_policy,
-                      kv_memory_mib=a.kv_memory, max_num_seqs=a.max_num_seqs)
+                      kv_memory_mib=a.kv_memory, max_num_seqs=a.max_num_seqs, kv_cache_dtype=a.kv_cache_dtype)
     try:
         if a.engine_thread:
             from tui.runners.engine import EngineRunner
@@ -426,7 +427,7 @@ def race_spec(parser, a):
     timeout = DEFAULT_BATCH_TIMEOUT_S if a.batch_timeout is None else a.batch_timeout
     return RaceSpec(str(path), work, name, a.slots, max_len, a.block_size,
                     a.kv_blocks, a.max_batched_tokens, timeout, lanes, a.device, a.threads, a.seed,
-                    kv_memory_mib=a.kv_memory, max_num_seqs=a.max_num_seqs)
+                    kv_memory_mib=a.kv_memory, max_num_seqs=a.max_num_seqs, kv_cache_dtype=a.kv_cache_dtype)
 
 
 if __name__ == "__main__":

@@ -101,7 +101,7 @@ def step_parts(eng: ContinuousEngine) -> Iterator[dict[str, float]]:
 
 @torch.no_grad()
 def decode_anatomy(model: Transformer, slots: int = 16, ctx: int = 96, n: int = 40, kv: str = "slots",
-                   cuda_graph: bool = False) -> dict:
+                   cuda_graph: bool = False, kv_cache_dtype: str = "auto") -> dict:
     """Where one decode step with every slot active goes (with cuda_graph: the graph-replayed step;
     kv="chunked": the token-budget scheduler's step, all rows decoding, one ragged forward), as the
     mean of ``n`` steps: forward + sampling + other = step, where other (scheduling, KV
@@ -110,7 +110,8 @@ def decode_anatomy(model: Transformer, slots: int = 16, ctx: int = 96, n: int = 
     chunked = kv == "chunked"
     eng = ContinuousEngine(model, slots, max_len=min(model.cfg.max_seq_len, ctx + n + 8),
                            kv="paged" if chunked else kv, cuda_graph=cuda_graph, chunked_prefill=chunked,
-                           max_batched_tokens=max(slots, ctx * slots) if chunked else None)
+                           max_batched_tokens=max(slots, ctx * slots) if chunked else None,
+                           kv_cache_dtype=kv_cache_dtype)
     rng = random.Random(1)
     for _ in range(slots):
         eng.add_request(Request([rng.randrange(1, vocab) for _ in range(ctx)], n + 4))

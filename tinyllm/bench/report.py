@@ -110,7 +110,7 @@ def print_report(console: Console, report: dict) -> None:
                   f"{report['machine']['device']} × {report['machine']['torch_threads']} threads")
     m = report["memory"]
     console.print(f"[bold]At equal KV memory: {m['kv_memory_mib']:.1f} MiB per path[/] ({m['bytes_per_token']:,} bytes "
-                  f"per token): static and continuous-slots reserve max_len {m['max_len']} per row, so they get "
+                  f"per token, {m.get('kv_cache_dtype', 'float32')} K/V): static and continuous-slots reserve max_len {m['max_len']} per row, so they get "
                   f"{m['rows']} rows; the paged paths get {m['blocks']} blocks of {m['block_size']} and run up to "
                   f"{m['max_num_seqs']} sequences (max_num_seqs) in them, preempting when the pool runs out.")
     for t in path_tables(console, report):

@@ -25,8 +25,9 @@ from tinyllm import native
 from tinyllm.model.device import resolve_device
 from tinyllm.engine import (DEFAULT_MAX_BATCHED_TOKENS, Request, kv_bytes_per_token, percentile, run_continuous,
                             run_static)
+from tinyllm.engine.forward import kv_cache_dtype
 from tinyllm.engine.generate import generate
-from tinyllm.args import add_policy_arg
+from tinyllm.args import add_kv_dtype_arg, add_policy_arg
 from tinyllm.engine.build import MIB, resolve_concurrency, rows_for_budget
 from tinyllm.model.config import default_kv_blocks
 from tinyllm.request import DEFAULT_MAX_NUM_SEQS, ContextTooLong, check_fits
@@ -43,12 +44,12 @@ if TYPE_CHECKING:
 
 
 # -- the paths ------------------------------------------------------------------------------------
-def bench_solo(model, reqs: list[Request]) -> tuple[list[list[int]], dict]:
+def bench_solo(model, reqs: list[Request], kv_cache_dtype: str = "auto") -> tuple[list[list[int]], dict]:
     t0 = time.perf_counter()
     outs, lat = [], []
     for r in reqs:
         t = time.perf_counter()
-        outs.append(generate(model, r.prompt, r.max_new_tokens))
+        outs.append(generate(model, r.prompt, r.max_new_tokens, kv_cache_dtype=kv_cache_dtype))
         lat.append(time.perf_counter() - t)
     wall = time.perf_counter() - t0
     toks = sum(map(len, outs))
@@ -108,7 +109,7 @@ def path_settings(path: str, mode: str, args, budget_mib: float, max_len: int) -
             "batch": min(args.max_num_seqs, rows_for_budget(budget_mib, max_len, args.bytes_per_token))}
     kind = path.removeprefix("continuous-")
     out: dict = dict(kv="paged" if kind != "slots" else "slots", max_len=max_len,
-                     scheduling_policy=args.scheduling_policy)
+                     scheduling_policy=args.scheduling_policy, kv_cache_dtype=args.kv_cache_dtype)
     if kind.startswith("chunked"):
         out.update(chunked_prefill=True, max_batched_tokens=args.max_batched_tokens, prefix_cache=kind == "chunked")
     if mode == "memory":
@@ -171,7 +172,7 @@ def run_bench(args) -> dict:
             except ContextTooLong as e:
                 raise ValueError(f"workload request {i}: {e}") from None
 
-    args.bytes_per_token = bpt = kv_bytes_per_token(model, torch.device(device))
+    args.bytes_per_token = bpt = kv_bytes_per_token(model, torch.device(device), args.kv_cache_dtype)
     budget_mib = args.kv_memory if args.kv_memory is not None else args.slots * max_len * bpt / MIB
     results: dict[str, dict] = {}                      # at equal KV memory (the headline)
     equal_slots: dict[str, dict] = {}                  # at equal slots
@@ -189,14 +190,14 @@ def run_bench(args) -> dict:
         warm_up(model, ckpt, device)
         progress.done()
         progress.start("solo")
-        outputs["solo"], results["solo"] = bench_solo(model, reqs[:args.solo_sample])
+        outputs["solo"], results["solo"] = bench_solo(model, reqs[:args.solo_sample], args.kv_cache_dtype)
         progress.done(f"{results['solo']['tok_s']:.0f} tok/s")
         for (path, mode), stage in zip(runs, stages[1:]):
             progress.start(stage)
             kw = path_settings(path, mode, args, budget_mib, max_len)
             seqs, blocks = concurrency(kw, bpt)
             if path == "static":
-                res, fig = run_static(model, reqs, kw["batch"])
+                res, fig = run_static(model, reqs, kw["batch"], kv_cache_dtype=args.kv_cache_dtype)
             else:
                 res, fig = run_continuous(model, reqs, **kw)
             fig.update(seqs=seqs, kv_blocks=blocks)
@@ -215,14 +216,16 @@ def run_bench(args) -> dict:
                 equal_slots["transformers"]["seqs"] = args.batch
                 progress.done(f"{equal_slots['transformers']['tok_s']:.0f} tok/s")
         progress.start("decode-step anatomy")
-        anatomy = decode_anatomy(model, slots=args.slots)
-        anatomy_chunked = decode_anatomy(model, slots=args.slots, kv="chunked") if "chunked" in kvs else None
+        kv_dtype = args.kv_cache_dtype
+        anatomy = decode_anatomy(model, slots=args.slots, kv_cache_dtype=kv_dtype)
+        anatomy_chunked = (decode_anatomy(model, slots=args.slots, kv="chunked", kv_cache_dtype=kv_dtype)
+                           if "chunked" in kvs else None)
         wide = min(args.max_num_seqs, len(reqs))
-        anatomy_wide = (decode_anatomy(model, slots=wide, kv="chunked")
+        anatomy_wide = (decode_anatomy(model, slots=wide, kv="chunked", kv_cache_dtype=kv_dtype)
                         if "chunked" in kvs and wide != args.slots else None)
         graph = None
         if device == "cuda":                       # eager vs CUDA-graph decode step (issue 7)
-            graph = decode_anatomy(model, slots=args.slots, cuda_graph=True)
+            graph = decode_anatomy(model, slots=args.slots, cuda_graph=True, kv_cache_dtype=kv_dtype)
         limit_gflops = peak_gflops(device)
         progress.done(f"{anatomy['step_ms']:.2f} ms per decode step")
     if tmp is not None:
@@ -250,6 +253,7 @@ def run_bench(args) -> dict:
         "model": {"name": model_name, "params": model.num_params(), "config": model.cfg.__dict__},
         "workload": wl_desc, "slots": args.slots, "batch": args.batch,
         "memory": {"kv_memory_mib": budget_mib, "max_len": max_len, "bytes_per_token": bpt,
+                   "kv_cache_dtype": str(kv_cache_dtype(device, args.kv_cache_dtype)).removeprefix("torch."),
                    "max_num_seqs": args.max_num_seqs, "block_size": BLOCK_SIZE,
                    "rows": min(args.max_num_seqs, rows_for_budget(budget_mib, max_len, bpt)),
                    "blocks": int(budget_mib * MIB // (BLOCK_SIZE * bpt))},
@@ -305,6 +309,7 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--no-transformers", action="store_true", help="skip the transformers comparison")
     b.add_argument("--seed", type=int, default=0)
     add_policy_arg(b)
+    add_kv_dtype_arg(b)
     b.add_argument("--json", metavar="OUT", help="also write the figures as JSON")
     b.set_defaults(fn=_cmd_bench)
 

@@ -18,7 +18,7 @@
 typedef struct {                       /* one layer's weights */
     const float *input_norm, *post_attention_norm;        /* RMSNorm weights, (d,) */
     const float *qkv, *o, *gate_up, *down;                /* packed by pack_linear_weight */
-    float *k_pool, *v_pool;                               /* this layer's pool, (tokens, Hkv, D) */
+    void *k_pool, *v_pool;                                /* this layer's pool, (tokens, Hkv, D) */
 } LayerWeights;
 
 typedef struct {                       /* one forward's shapes, positions and scratch, for every layer */
@@ -31,6 +31,7 @@ typedef struct {                       /* one forward's shapes, positions and sc
     int64_t table_width, block_size;
     float *h, *qkv, *attn, *gate_up, *act;                /* scratch: (tokens, d / q+k+v / H*D / 2F / F) */
     int threads;
+    int kv_bf16;                                          /* the pool's element: 1 bfloat16, 0 float32 */
 } LayerStep;
 
 /* y = the layer applied to x (both (tokens, d), distinct). Returns the attention's code: 0 on
@@ -41,10 +42,10 @@ int decoder_layer(const LayerWeights *w, const LayerStep *s, const float *x, flo
     rms_norm(x, d, w->input_norm, s->h, d, T, d, s->eps);
     linear_packed(s->h, d, T, d, w->qkv, row, s->qkv, row, NULL, 0, s->threads);
     rope_inplace(s->qkv, row, T, s->H + s->Hkv, s->D, s->pos, s->cos, s->sin);
-    kv_store(s->qkv + nq, s->qkv + nq + nkv, row, T, nkv, s->write, w->k_pool, w->v_pool);
+    kv_store(s->qkv + nq, s->qkv + nq + nkv, row, T, nkv, s->write, w->k_pool, w->v_pool, s->kv_bf16);
     const int rc = paged_decode_attention(s->qkv, row, s->D, w->k_pool, w->v_pool, s->tables, s->table_width,
                                           s->row_table, s->lens, s->attn, nq, s->D, T, s->H, s->Hkv, s->D,
-                                          s->block_size, s->scale, s->threads);
+                                          s->block_size, s->scale, s->threads, s->kv_bf16);
     if (rc) return rc;
     linear_packed(s->attn, nq, T, nq, w->o, d, y, d, x, d, s->threads);                 /* y = x + o(attn) */
     rms_norm(y, d, w->post_attention_norm, s->h, d, T, d, s->eps);

@@ -1,4 +1,5 @@
-/* Attention that reads a paged KV pool in place (CPU, float32), one query token per row.
+/* Attention that reads a paged KV pool in place (CPU; float32 queries, a float32 or bfloat16
+ * pool), one query token per row.
  *
  * Each row is one query token (every head) attending its own sequence's first `lens[r]`
  * positions, found through its block table: no gather into a dense window first (the PyTorch
@@ -25,41 +26,50 @@
 #include "kernels.h"
 #include "simd.h"
 
-static inline float dot(const float *a, const float *b, int64_t D) {
+/* q . k over D, k a pool row of float32 or (bf16) bfloat16, widened as it is read. */
+static inline __attribute__((always_inline))
+float dot(const float *a, const void *k, int64_t D, const int bf16) {
+    const float *bf = k;
+    const uint16_t *bh = k;
     if (D % 16 == 0) {
         v8 a0 = {0}, a1 = {0};                                   /* two chains: FMA latency */
         for (int64_t d = 0; d < D; d += 16) {
-            a0 += load8(a + d) * load8(b + d);
-            a1 += load8(a + d + 8) * load8(b + d + 8);
+            a0 += load8(a + d) * (bf16 ? load8_bf16(bh + d) : load8(bf + d));
+            a1 += load8(a + d + 8) * (bf16 ? load8_bf16(bh + d + 8) : load8(bf + d + 8));
         }
         return hsum8(a0 + a1);
     }
     float acc = 0.f;
-    for (int64_t d = 0; d < D; ++d) acc += a[d] * b[d];
+    for (int64_t d = 0; d < D; ++d) acc += a[d] * (bf16 ? bf16_to_float(bh[d]) : bf[d]);
     return acc;
 }
 
-static inline void axpy(float *y, float a, const float *x, int64_t D) {
+/* y += a x over D, x a pool row as in dot. */
+static inline __attribute__((always_inline))
+void axpy(float *y, float a, const void *x, int64_t D, const int bf16) {
+    const float *xf = x;
+    const uint16_t *xh = x;
     if (D % 8 == 0) {
         const v8 av = (v8){0} + a;
-        for (int64_t d = 0; d < D; d += 8) store8(y + d, load8(y + d) + av * load8(x + d));
+        for (int64_t d = 0; d < D; d += 8)
+            store8(y + d, load8(y + d) + av * (bf16 ? load8_bf16(xh + d) : load8(xf + d)));
         return;
     }
-    for (int64_t d = 0; d < D; ++d) y[d] += a * x[d];
+    for (int64_t d = 0; d < D; ++d) y[d] += a * (bf16 ? bf16_to_float(xh[d]) : xf[d]);
 }
 
-/* Start loading token t's row (`row` floats) of a block that is read next: called once per token
+/* Start loading token t's row (`row` bytes) of a block that is read next: called once per token
  * of the block being worked on, so the requests for the next block spread over the current one's
  * work and it is in cache when its turn comes (the pool is far larger than the caches, its blocks
  * are scattered, and the hardware prefetcher does not cross from one block to the next). */
-static inline void prefetch_row(const float *block, int64_t t, int64_t row) {
-    const char *p = (const char *)(block + t * row);
-    for (int64_t c = 0; c < row * (int64_t)sizeof(float); c += 64) __builtin_prefetch(p + c);
+static inline void prefetch_row(const char *block, int64_t t, int64_t row) {
+    const char *p = block + t * row;
+    for (int64_t c = 0; c < row; c += 64) __builtin_prefetch(p + c);
 }
 
 typedef struct {
     const float *q;            /* query (row, head, d) at q[row*q_row + head*q_head + d] */
-    const float *k, *v;        /* this layer's pool, token-major: (tokens, Hkv, D), contiguous */
+    const char *k, *v;         /* this layer's pool, token-major: (tokens, Hkv, D), contiguous */
     const int64_t *tables;     /* block ids, (n_tables, table_width) */
     const int64_t *row_table;  /* row r reads table row_table[r]; NULL: table r */
     const int64_t *lens;       /* positions each row attends (its context, this token included) */
@@ -70,23 +80,25 @@ typedef struct {
 } Args;
 
 /* One row: scores (H, L) for every query head, softmax, weighted values. Inlined with D a
- * constant for the common head sizes, so the loops over D unroll. */
+ * constant for the common head sizes and bf16 (the pool's element: 1 bfloat16, 0 float32), so
+ * the loops over D unroll and each pool type gets its own loop. */
 static inline __attribute__((always_inline))
-void attend_row(const Args *a, int64_t r, int64_t D, float *scores) {
+void attend_row(const Args *a, int64_t r, int64_t D, float *scores, const int bf16) {
     const int64_t H = a->H, Hkv = a->Hkv, g = H / Hkv, bs = a->block_size, L = a->lens[r];
+    const int64_t elem = bf16 ? 2 : 4, row = Hkv * D * elem, block = bs * row;   /* bytes */
     const int64_t *table = a->tables + (a->row_table ? a->row_table[r] : r) * a->table_width;
     const float *q = a->q + r * a->q_row;
     float *o = a->out + r * a->o_row;
     for (int64_t t0 = 0, b = 0; t0 < L; t0 += bs, ++b) {           /* keys, block by block */
         const int64_t n = L - t0 < bs ? L - t0 : bs;
-        const float *kb = a->k + table[b] * bs * Hkv * D;
-        const float *next = t0 + bs < L ? a->k + table[b + 1] * bs * Hkv * D   /* then the first values */
-                                        : a->v + table[0] * bs * Hkv * D;
+        const char *kb = a->k + table[b] * block;
+        const char *next = t0 + bs < L ? a->k + table[b + 1] * block    /* then the first values */
+                                       : a->v + table[0] * block;
         for (int64_t t = 0; t < n; ++t) {
-            prefetch_row(next, t, Hkv * D);
+            prefetch_row(next, t, row);
             for (int64_t h = 0, i = 0; h < Hkv; ++h)              /* i = h * g + j: no division */
                 for (int64_t j = 0; j < g; ++j, ++i)
-                    scores[i * L + t0 + t] = a->scale * dot(q + i * a->q_head, kb + (t * Hkv + h) * D, D);
+                    scores[i * L + t0 + t] = a->scale * dot(q + i * a->q_head, kb + t * row + h * D * elem, D, bf16);
         }
     }
     for (int64_t i = 0; i < H; ++i) {                                 /* softmax, per query head */
@@ -102,13 +114,13 @@ void attend_row(const Args *a, int64_t r, int64_t D, float *scores) {
     }
     for (int64_t t0 = 0, b = 0; t0 < L; t0 += bs, ++b) {           /* values, block by block */
         const int64_t n = L - t0 < bs ? L - t0 : bs;
-        const float *vb = a->v + table[b] * bs * Hkv * D;
-        const float *next = t0 + bs < L ? a->v + table[b + 1] * bs * Hkv * D : NULL;
+        const char *vb = a->v + table[b] * block;
+        const char *next = t0 + bs < L ? a->v + table[b + 1] * block : NULL;
         for (int64_t t = 0; t < n; ++t) {
-            if (next) prefetch_row(next, t, Hkv * D);
+            if (next) prefetch_row(next, t, row);
             for (int64_t h = 0, i = 0; h < Hkv; ++h)
                 for (int64_t j = 0; j < g; ++j, ++i)
-                    axpy(o + i * a->o_head, scores[i * L + t0 + t], vb + (t * Hkv + h) * D, D);
+                    axpy(o + i * a->o_head, scores[i * L + t0 + t], vb + t * row + h * D * elem, D, bf16);
         }
     }
 }
@@ -116,14 +128,14 @@ void attend_row(const Args *a, int64_t r, int64_t D, float *scores) {
 /* Returns 0 on success, 1 if scratch memory for the scores could not be allocated, 3 for a head
  * layout it cannot run. */
 int paged_decode_attention(const float *q, int64_t q_row, int64_t q_head,
-                           const float *k, const float *v,
+                           const void *k, const void *v,
                            const int64_t *tables, int64_t table_width, const int64_t *row_table,
                            const int64_t *lens,
                            float *out, int64_t o_row, int64_t o_head,
                            int64_t rows, int64_t H, int64_t Hkv, int64_t D, int64_t block_size,
-                           float scale, int threads) {
+                           float scale, int threads, int kv_bf16) {
     if (Hkv <= 0 || H % Hkv || D <= 0 || block_size <= 0 || threads < 1) return 3;
-    const Args a = {q, k, v, tables, row_table, lens, out, q_row, q_head, o_row, o_head, H, Hkv, D, block_size,
+    const Args a = {q, (const char *)k, (const char *)v, tables, row_table, lens, out, q_row, q_head, o_row, o_head, H, Hkv, D, block_size,
                     table_width, scale};
     int64_t longest = 1;
     for (int64_t r = 0; r < rows; ++r) longest = lens[r] > longest ? lens[r] : longest;
@@ -138,10 +150,18 @@ int paged_decode_attention(const float *q, int64_t q_row, int64_t q_head,
                 failed = 1;
                 continue;
             }
-            switch (D) {                                  /* a constant D: unrolled loops */
-                case 64: attend_row(&a, r, 64, scores); break;
-                case 128: attend_row(&a, r, 128, scores); break;
-                default: attend_row(&a, r, D, scores);
+            if (kv_bf16) {
+                switch (D) {                              /* a constant D: unrolled loops */
+                    case 64: attend_row(&a, r, 64, scores, 1); break;
+                    case 128: attend_row(&a, r, 128, scores, 1); break;
+                    default: attend_row(&a, r, D, scores, 1);
+                }
+            } else {
+                switch (D) {
+                    case 64: attend_row(&a, r, 64, scores, 0); break;
+                    case 128: attend_row(&a, r, 128, scores, 0); break;
+                    default: attend_row(&a, r, D, scores, 0);
+                }
             }
         }
         free(scores);

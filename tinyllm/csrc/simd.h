@@ -11,6 +11,32 @@ static inline v8 load8(const float *p) { v8 r; memcpy(&r, p, sizeof r); return r
 static inline void store8(float *p, v8 x) { memcpy(p, &x, sizeof x); }
 static inline float hsum8(v8 x) { return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7])); }
 
+/* bfloat16, a K/V pool's 16-bit option: the upper half of a float32 (same exponent range, 8 bits
+ * of mantissa). Widening is exact (a shift); narrowing rounds to nearest even, NaN to 0xFFFF,
+ * bit for bit as PyTorch's .to(torch.bfloat16), so the C and PyTorch paths store the same pool. */
+typedef uint16_t u16x8 __attribute__((vector_size(16)));
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+static inline v8 load8_bf16(const uint16_t *p) {
+    u16x8 h;
+    memcpy(&h, p, sizeof h);
+    const u32x8 w = __builtin_convertvector(h, u32x8) << 16;
+    v8 r;
+    memcpy(&r, &w, sizeof r);
+    return r;
+}
+static inline float bf16_to_float(uint16_t h) {
+    const uint32_t w = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &w, sizeof f);
+    return f;
+}
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0xffff;              /* NaN: what PyTorch CPU writes */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 /* e^x for x <= 0 (a score minus its row's max): 2^n e^r with |r| <= ln2/2 and a degree-6 Taylor
  * polynomial (relative error ~1e-7, float's own precision), inlined (libm's expf is one call per
  * score). Below -87 (where e^x is under float's smallest normal) it is 0: the clamp keeps the

@@ -110,16 +110,17 @@ def check_settings(cfg: ModelConfig, n_slots: int, max_len: int | None, kv: str,
 
 
 def make_cache(model: Transformer, n_slots: int, max_len: int, kv: str, block_size: int, kv_blocks: int | None,
-               cuda_graph, buckets: tuple[int, ...] | None) -> tuple[SlotKVCache | PagedKVCache, object]:
-    """The engine's cache and its CUDA-graph decoder (None without one); see ContinuousEngine."""
+               cuda_graph, buckets: tuple[int, ...] | None,
+               dtype: torch.dtype) -> tuple[SlotKVCache | PagedKVCache, object]:
+    """The engine's cache (K/V in ``dtype``) and its CUDA-graph decoder (None without one); see
+    ContinuousEngine."""
     cfg, device = model.cfg, next(model.parameters()).device
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     decoder = None
     if cuda_graph is not False and not isinstance(cuda_graph, bool):   # a SlotGraphDecoder
         decoder, cache = cuda_graph, cuda_graph.slots
-        if cache.n_slots != n_slots or cache.max_len != max_len or any(cache.active):
-            raise ValueError(f"decoder cache has {cache.n_slots} slots of {cache.max_len} "
-                             f"(active: {sum(cache.active)}); need {n_slots} idle slots of {max_len}")
+        if cache.n_slots != n_slots or cache.max_len != max_len or any(cache.active) or cache.k.dtype != dtype:
+            raise ValueError(f"decoder cache has {cache.n_slots} slots of {cache.max_len} in {cache.k.dtype} "
+                             f"(active: {sum(cache.active)}); need {n_slots} idle slots of {max_len} in {dtype}")
     elif kv == "slots":
         cache = SlotKVCache(cfg.n_layers, n_slots, cfg.n_kv_heads, cfg.head_dim, max_len, dtype, device)
     else:

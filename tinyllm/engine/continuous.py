@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from tinyllm.engine.build import check_settings, make_cache, make_scheduler, resolve_concurrency
+from tinyllm.engine import forward
 from tinyllm.engine.forward import ModelRunner, Prefilled, kv_bytes_per_token
 from tinyllm.engine.heap import freeze_startup_heap
 from tinyllm.engine.policy import WaitingQueue, waiting_queue
@@ -53,6 +54,9 @@ class ContinuousEngine:
     slots of max_len as it buys (at most max_num_seqs), kv="paged" a pool of as many blocks as
     it buys, run by up to max_num_seqs sequences (default DEFAULT_MAX_NUM_SEQS). Without it,
     n_slots (the older name of max_num_seqs) slots, and kv_blocks for the pool.
+    kv_cache_dtype: the caches' element type (forward.KV_CACHE_DTYPES, vLLM's name): "auto" (the
+    model's, float32 on CPU), "float32", or "bfloat16" (half the memory per token, so twice the
+    sequences a budget buys, at bfloat16's precision).
     kv="slots": SlotKVCache, every slot reserves max_len positions.
     kv="paged": PagedKVCache with kv_blocks blocks of block_size tokens (default: the same
     memory as the slot cache). When a decode step needs a block and none is free, the newest
@@ -79,17 +83,22 @@ class ContinuousEngine:
                  cuda_graph=False, buckets: tuple[int, ...] | None = None,
                  chunked_prefill: bool = False, max_batched_tokens: int | None = None,
                  prefix_cache: bool | None = None, scheduling_policy: str = "fcfs",
-                 kv_memory_mib: float | None = None, max_num_seqs: int | None = None):
+                 kv_memory_mib: float | None = None, max_num_seqs: int | None = None,
+                 kv_cache_dtype: str = "auto"):
         freeze_startup_heap()                        # no full-GC pauses mid-run (heap.py)
         model.eval()
-        bytes_per_token = kv_bytes_per_token(model, next(model.parameters()).device)
+        device = next(model.parameters()).device
+        kv_dtype = forward.kv_cache_dtype(device, kv_cache_dtype)        # (a ValueError names the choices)
+        bytes_per_token = kv_bytes_per_token(model, device, kv_cache_dtype)
         n_slots, kv_blocks = resolve_concurrency(
             n_slots, max_num_seqs, kv_memory_mib, kv_blocks, kv, model.cfg.max_seq_len if max_len is None else max_len,
             block_size, bytes_per_token, max_batched_tokens if chunked_prefill else None)
         max_len, prefix_cache, budget = check_settings(model.cfg, n_slots, max_len, kv, cuda_graph, chunked_prefill,
                                                        max_batched_tokens, prefix_cache)
         self.model = model
-        self.device = device = next(model.parameters()).device
+        self.device = device
+        self.kv_cache_dtype = kv_cache_dtype                 # as asked ("auto" too); the caches' own: slots.k.dtype
+        self._kv_dtype_name = str(kv_dtype).removeprefix("torch.")
         self.n_slots = n_slots                               # the cap on running sequences (max_num_seqs)
         self.kv_memory_mib = kv_memory_mib                   # the budget it came from, if one was set
         self.max_num_seqs = max_num_seqs                     # the cap asked for with it (None: the default)
@@ -97,7 +106,8 @@ class ContinuousEngine:
         self.sampling = Sampling(temperature, top_k, top_p)    # the default for every request
         self.generator = generator
         self.kv_kind = kv
-        self.slots, self.decoder = make_cache(model, n_slots, max_len, kv, block_size, kv_blocks, cuda_graph, buckets)
+        self.slots, self.decoder = make_cache(model, n_slots, max_len, kv, block_size, kv_blocks, cuda_graph, buckets,
+                                              kv_dtype)
         self.runner = ModelRunner(model, self.slots, self.decoder)
         self.chunked_prefill = chunked_prefill
         self.scheduler: Scheduler = make_scheduler(self.slots, chunked_prefill, prefix_cache, budget)
@@ -527,7 +537,7 @@ class ContinuousEngine:
             for s, q in enumerate(self._slot_seq))
         reqs = tuple(q.snapshot_view() for q in self._seqs.values())
         kv = KVView(self.kv_kind, slots.reserved_tokens(), slots.allocated_tokens(), slots.used_tokens(),
-                    self.stats.kv_bytes_per_token)
+                    self.stats.kv_bytes_per_token, dtype=self._kv_dtype_name)
         if self.kv_kind == "paged":
             owner_slot = slots.block_owners()
             owners = tuple(self._slot_seq[o].rid if o is not None and self._slot_seq[o] is not None else None
@@ -535,7 +545,7 @@ class ContinuousEngine:
             kv = KVView(kv.kind, kv.reserved_tokens, kv.allocated_tokens, kv.used_tokens, kv.bytes_per_token,
                         slots.block_size, slots.n_blocks, slots.num_free_blocks(), owners, tuple(slots.ref),
                         tuple(k is not None for k in slots.block_key) if self.prefix_cache else (),
-                        slots.cached_free_blocks())
+                        slots.cached_free_blocks(), kv.dtype)
         st = self.stats
         counters = Counters(
             steps=self._steps, decode_steps=st.decode_steps, prefills=self._prefills,
@@ -605,12 +615,12 @@ def run_continuous(model: Transformer, requests: list[Request], n_slots: int | N
                    buckets: tuple[int, ...] | None = None, chunked_prefill: bool = False,
                    max_batched_tokens: int | None = None, prefix_cache: bool | None = None,
                    scheduling_policy: str = "fcfs", kv_memory_mib: float | None = None,
-                   max_num_seqs: int | None = None) -> tuple[list[Result], dict]:
+                   max_num_seqs: int | None = None, kv_cache_dtype: str = "auto") -> tuple[list[Result], dict]:
     """Offline continuous batching: every request queued at t=0, run to completion.
     A thin wrapper over ContinuousEngine; see it for kv / cuda_graph / kv_memory_mib."""
     eng = ContinuousEngine(model, n_slots, max_len, temperature, top_k, top_p, generator,
                            kv, block_size, kv_blocks, cuda_graph, buckets, chunked_prefill, max_batched_tokens,
-                           prefix_cache, scheduling_policy, kv_memory_mib, max_num_seqs)
+                           prefix_cache, scheduling_policy, kv_memory_mib, max_num_seqs, kv_cache_dtype)
     t0 = time.perf_counter()
     rids = [eng.add_request(r) for r in requests]
     while eng.has_work():

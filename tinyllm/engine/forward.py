@@ -29,23 +29,40 @@ from tinyllm.kv.paged import PagedKVCache
 from tinyllm.kv.ragged import RaggedAttention, index_tensor
 from tinyllm.model.device import autocast
 from tinyllm.model.transformer import Transformer
+from tinyllm.request import KV_CACHE_DTYPES
 
 
-def kv_bytes_per_token(model: Transformer, device: torch.device) -> int:
-    elem = 2 if device.type == "cuda" else 4          # bf16 under autocast, else fp32
+def kv_cache_dtype(device: torch.device | str, name: str = "auto") -> torch.dtype:
+    """The element type of the K/V caches for ``name`` (vLLM's ``kv_cache_dtype``): "auto" is what
+    the model computes K/V in (bfloat16 under CUDA's autocast, float32 on CPU); "bfloat16" on a
+    float32 CPU model halves the KV memory (twice the sequences a budget buys) and the bytes each
+    attention reads, at bfloat16's precision (8 bits of mantissa: greedy text can then differ from
+    float32's, but never between a request run alone and in a batch); "float32" keeps full
+    precision (on CUDA too, at twice the memory)."""
+    if name not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, got {name!r}")
+    if name == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def kv_bytes_per_token(model: Transformer, device: torch.device, kv_dtype: str = "auto") -> int:
+    """Bytes of K/V one token holds in every layer's cache, at ``kv_dtype`` (a KV_CACHE_DTYPES name)."""
+    elem = kv_cache_dtype(device, kv_dtype).itemsize
     return sum(layer.self_attn.cache_bytes_per_token(elem) for layer in model.layers)
 
 
 @torch.no_grad()
 def prefill_padded(model: Transformer, prompts: list[list[int]], max_len: int,
-                   pad_id: int = 0) -> tuple[Tensor, KVCache, list[int]]:
+                   pad_id: int = 0, kv_dtype: torch.dtype | None = None) -> tuple[Tensor, KVCache, list[int]]:
     """Left-pad prompts to one length, run one prefill. Returns last-position logits (B, V),
-    the filled cache (pos = padded length) and each row's pad count."""
+    the filled cache (pos = padded length, its K/V kept in ``kv_dtype``, None: as computed) and
+    each row's pad count."""
     device = next(model.parameters()).device
     L = max(len(p) for p in prompts)
     pad = [L - len(p) for p in prompts]
     idx = torch.tensor([[pad_id] * n + list(p) for n, p in zip(pad, prompts)], device=device)
-    cache = KVCache(model.cfg.n_layers, max_len, pad_lens=torch.tensor(pad, device=device))
+    cache = KVCache(model.cfg.n_layers, max_len, pad_lens=torch.tensor(pad, device=device), dtype=kv_dtype)
     with autocast(device):
         logits, _ = model(idx, cache=cache)
     return logits[:, -1], cache, pad
@@ -78,7 +95,8 @@ class ModelRunner:
 
     def prefill(self, items: list[Item]) -> Prefilled:
         contexts = [seq.context() for seq, _, _ in items]
-        return Prefilled(*prefill_padded(self.model, contexts, max_len=max(len(c) for c in contexts)))
+        return Prefilled(*prefill_padded(self.model, contexts, max_len=max(len(c) for c in contexts),
+                                         kv_dtype=self.cache.k.dtype))
 
     def decode(self) -> Tensor:
         """Every slot's next-token logits (S, V), from ``last_tok`` (the engine keeps it current)."""

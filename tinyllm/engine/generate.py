@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import torch
 
+from tinyllm.engine.forward import kv_cache_dtype as kv_cache_dtype_of
 from tinyllm.engine.sampler import sample_next
 from tinyllm.kv.dense import KVCache
 from tinyllm.model.device import autocast
@@ -18,24 +19,27 @@ from tinyllm.request import check_fits
 
 def generate(model: Transformer, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, eos_id: int | None = None,
-             generator: torch.Generator | None = None) -> list[int]:
+             generator: torch.Generator | None = None, kv_cache_dtype: str = "auto") -> list[int]:
     """One request alone: prefill, then one token at a time. Returns the generated tokens
-    (EOS included if produced)."""
-    return list(generate_stream(model, prompt, max_new_tokens, temperature, top_k, top_p, eos_id, generator))
+    (EOS included if produced). ``kv_cache_dtype``: its K/V kept as an engine's would be
+    (forward.kv_cache_dtype), the reference for an engine with that setting."""
+    return list(generate_stream(model, prompt, max_new_tokens, temperature, top_k, top_p, eos_id, generator,
+                                kv_cache_dtype))
 
 
 @torch.no_grad()
 def generate_stream(model: Transformer, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
                     top_k: int | None = None, top_p: float | None = None, eos_id: int | None = None,
-                    generator: torch.Generator | None = None) -> Iterator[int]:
+                    generator: torch.Generator | None = None, kv_cache_dtype: str = "auto") -> Iterator[int]:
     """Like ``generate`` but yields each token as soon as it is chosen."""
+    device = next(model.parameters()).device
+    kv_dtype = kv_cache_dtype_of(device, kv_cache_dtype)
     if not prompt:
         raise ValueError("prompt must hold at least one token")
     check_fits(len(prompt), max_new_tokens, model.cfg.max_seq_len, "the model's max_seq_len")
     total = len(prompt) + max_new_tokens
     model.eval()
-    device = next(model.parameters()).device
-    cache = KVCache(model.cfg.n_layers, total)
+    cache = KVCache(model.cfg.n_layers, total, dtype=kv_dtype)
     idx = torch.tensor([prompt], device=device)
     for _ in range(max_new_tokens):
         with autocast(device):

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tinyllm.engine.forward import kv_bytes_per_token, prefill_padded
+from tinyllm.engine.forward import kv_cache_dtype as kv_cache_dtype_of
 from tinyllm.engine.heap import freeze_startup_heap
 from tinyllm.engine.sampler import sample_next
 from tinyllm.engine.sequence import Event, is_done
@@ -42,12 +43,12 @@ from tinyllm.request import ContextTooLong, Request, Result, Sampling, check_fit
 @torch.no_grad()
 def run_static(model: Transformer, requests: list[Request], batch_size: int,
                temperature: float = 0.0, top_k=None, top_p=None, generator=None,
-               ) -> tuple[list[Result], dict]:
+               kv_cache_dtype: str = "auto") -> tuple[list[Result], dict]:
     """Static batching: B requests at a time, each batch decoded until its longest row is done.
     Runs ``StaticBatcher`` to the end: every request arrives at t=0."""
     if any(r.sampling is not None for r in requests):
         raise ValueError("run_static uses one sampling setting; per-request sampling needs ContinuousEngine")
-    eng = StaticBatcher(model, batch_size, temperature, top_k, top_p, generator)
+    eng = StaticBatcher(model, batch_size, temperature, top_k, top_p, generator, kv_cache_dtype=kv_cache_dtype)
     t0 = time.perf_counter()
     rids = [eng.add_request(r, arrival=0.0) for r in requests]
     while eng.has_work():
@@ -80,7 +81,8 @@ class StaticBatcher:
     """Static batching, stepwise (see the module docstring). Not thread-safe."""
 
     def __init__(self, model: Transformer, batch_size: int, temperature: float = 0.0, top_k=None, top_p=None,
-                 generator=None, clock: Callable[[], float] | None = None, batch_timeout_s: float = 0.0):
+                 generator=None, clock: Callable[[], float] | None = None, batch_timeout_s: float = 0.0,
+                 kv_cache_dtype: str = "auto"):
         freeze_startup_heap()                        # no full-GC pauses mid-run (heap.py)
         if not is_int(batch_size) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
@@ -92,7 +94,8 @@ class StaticBatcher:
         self.batch_timeout_s = batch_timeout_s
         self.more_coming = False                         # a caller replaying arrivals sets this
         self._pick = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
-        self.stats = Stats(kv_bytes_per_token=kv_bytes_per_token(model, self.device))
+        self.kv_dtype = kv_cache_dtype_of(self.device, kv_cache_dtype)   # the batch cache's K/V (ContinuousEngine's)
+        self.stats = Stats(kv_bytes_per_token=kv_bytes_per_token(model, self.device, kv_cache_dtype))
         self.results: dict[int, Result] = {}
         self.first_s: dict[int, float] = {}              # rid -> when its first token came (this clock)
         self.steps = 0                                   # forward passes: prefills + decode steps
@@ -168,7 +171,8 @@ class StaticBatcher:
         except ContextTooLong as e:
             self.queue.extendleft(reversed(batch))
             raise ContextTooLong(f"batch at request {batch[0].rid} (prompts left-padded to {L}): {e}") from None
-        self._logits, self._cache, _ = prefill_padded(self.model, [p.req.prompt for p in batch], L + new_max)
+        self._logits, self._cache, _ = prefill_padded(self.model, [p.req.prompt for p in batch], L + new_max,
+                                                      kv_dtype=self.kv_dtype)
         self.batch = batch
         self._row_cap = L + new_max
         self.capacity = len(batch) * self._row_cap

@@ -19,11 +19,17 @@ class KVCache:
 
     Row b's first ``pad_lens[b]`` positions are padding: they are masked out as keys, and the
     row's RoPE positions start at 0 at its first real token, so a padded row computes exactly
-    what it would alone. (A pad query attends to itself only, to keep its softmax finite.)"""
+    what it would alone. (A pad query attends to itself only, to keep its softmax finite.)
 
-    def __init__(self, n_layers: int, max_len: int, pad_lens: Tensor | None = None):
+    ``dtype``: what the K/V is kept in (None: as the model computes it). A prefill for a bfloat16
+    slot cache or pool keeps its K/V in bfloat16 too, so its prompt tokens attend the same rounded
+    K/V as a prompt run through the pool in chunks would."""
+
+    def __init__(self, n_layers: int, max_len: int, pad_lens: Tensor | None = None,
+                 dtype: torch.dtype | None = None):
         self.max_len = max_len
         self.pad_lens = pad_lens
+        self.dtype = dtype
         self.pos = 0                               # positions filled so far (padding included)
         self.k: list[Tensor | None] = [None] * n_layers
         self.v: list[Tensor | None] = [None] * n_layers
@@ -45,12 +51,13 @@ class KVCache:
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if self.k[layer] is None:
             B, H, _, D = k.shape
-            self.k[layer] = k.new_zeros(B, H, self.max_len, D)
-            self.v[layer] = v.new_zeros(B, H, self.max_len, D)
+            self.k[layer] = k.new_zeros(B, H, self.max_len, D, dtype=self.dtype or k.dtype)
+            self.v[layer] = v.new_zeros(B, H, self.max_len, D, dtype=self.dtype or v.dtype)
         end = self.pos + k.size(2)
-        self.k[layer][:, :, self.pos:end] = k
+        self.k[layer][:, :, self.pos:end] = k                  # (rounded to the cache's dtype)
         self.v[layer][:, :, self.pos:end] = v
-        return grouped_attention(q, self.k[layer][:, :, :end], self.v[layer][:, :, :end], self._mask)
+        keys, vals = self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+        return grouped_attention(q, keys.to(q.dtype), vals.to(q.dtype), self._mask)
 
     def end(self, n_new: int) -> None:
         self.pos += n_new

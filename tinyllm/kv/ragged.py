@@ -81,7 +81,7 @@ class RaggedAttention:
         table each token reads (None when every item is one token). None where it cannot run
         (not CPU float32, no compiler). Built once per step, shared by every layer."""
         pool, items = self.pool, self.items
-        if not items or pool.device.type != "cpu" or pool.k.dtype != torch.float32 or native.library() is None:
+        if not items or pool.device.type != "cpu" or pool.k.dtype not in native.POOL_DTYPES or native.library() is None:
             return None
         bs, scratch, tables = pool.block_size, pool.scratch, pool.tables
         need = [(start + n + bs - 1) // bs for _, start, n in items]

@@ -165,10 +165,11 @@ class CLayers:
         if plan is None:
             return None
         pool = cache.pool
-        if (pool.k.size(0) < len(blocks) or pool.k.dtype != torch.float32 or pool.v.dtype != torch.float32
+        if (pool.k.size(0) < len(blocks) or pool.k.dtype not in native.POOL_DTYPES or pool.v.dtype != pool.k.dtype
                 or pool.k.shape != pool.v.shape or not (pool.k.is_contiguous() and pool.v.is_contiguous())):
             return None
-        k0, v0, layer_bytes = pool.k.data_ptr(), pool.v.data_ptr(), pool.k.stride(0) * 4   # (no views: ~5 us each)
+        k0, v0 = pool.k.data_ptr(), pool.v.data_ptr()
+        layer_bytes = pool.k.stride(0) * pool.k.element_size()                 # (no views: ~5 us each)
         layers = [_layer(b, i, k0 + i * layer_bytes, v0 + i * layer_bytes) for i, b in enumerate(blocks)]
         if any(layer is None for layer in layers):
             return None
@@ -200,7 +201,7 @@ class CLayers:
             T, d, H, Hkv, D, F, layers[0].eps, D ** -0.5,
             pos.data_ptr(), cos.data_ptr(), sin.data_ptr(), write.data_ptr(), tables.data_ptr(),
             None if row_table is None else row_table.data_ptr(), lens.data_ptr(),
-            tables.size(1), pool.block_size, *buffers, torch.get_num_threads())
+            tables.size(1), pool.block_size, *buffers, torch.get_num_threads(), pool.k.dtype == torch.bfloat16)
         weights = (native.LayerWeights * len(layers))(*(layer.weights for layer in layers))
         return cls(weights, step, norm_w, norm.eps,
                    [pos, cos, sin, write, tables, lens, row_table, pool.k, pool.v, scratch, layers])

@@ -69,7 +69,7 @@ def make_header(snap: EngineSnapshot, model: str, tokenizer: str, settings: dict
                        "max_batched_tokens": snap.max_batched_tokens, "policy": snap.policy,
                        "kv": {"kind": kv.kind, "reserved_tokens": kv.reserved_tokens,
                               "bytes_per_token": kv.bytes_per_token, "block_size": kv.block_size,
-                              "n_blocks": kv.n_blocks, "cached_flags": bool(kv.block_cached)}}}
+                              "n_blocks": kv.n_blocks, "cached_flags": bool(kv.block_cached), "dtype": kv.dtype}}}
 
 
 def check_header(header, where: str) -> None:
@@ -95,7 +95,7 @@ def blank_snapshot(header: dict) -> EngineSnapshot:
     n = k["n_blocks"] or 0
     flags = (False,) * n if k.get("cached_flags", True) else ()     # no prefix cache: no per-block flags
     kv = KVView(k["kind"], k["reserved_tokens"], 0, 0, k["bytes_per_token"], k["block_size"], k["n_blocks"],
-                n if k["kind"] == "paged" else None, (None,) * n, (0,) * n, flags, 0)
+                n if k["kind"] == "paged" else None, (None,) * n, (0,) * n, flags, 0, str(k.get("dtype", "")))
     slots = tuple(SlotView(i, None, 0, e["max_len"]) for i in range(e["n_slots"]))
     return EngineSnapshot(0.0, e["n_slots"], e["max_len"], slots, (), (), kv, Counters(), e["max_batched_tokens"],
                           e.get("policy", "fcfs"))

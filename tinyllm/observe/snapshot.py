@@ -123,6 +123,7 @@ class KVView:
     block_refs: tuple[int, ...] = ()           # paged: per block, how many requests hold it (shared > 1)
     block_cached: tuple[bool, ...] = ()        # paged: per block, holds a cached prefix (revivable when free)
     cached_free_blocks: int = 0                # free blocks that still hold a cached prefix
+    dtype: str = ""                            # the K/V element type ("float32", "bfloat16"; "": not known)
 
     def mib(self, tokens: int) -> float:
         return tokens * self.bytes_per_token / 2**20

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from tinyllm.engine import Request, kv_bytes_per_token
+from tinyllm.engine.forward import kv_cache_dtype as kv_cache_dtype_of
 from tinyllm.engine.build import MIB, resolve_concurrency
 from tinyllm.engine.static import StaticBatcher
 from tinyllm.race.clock import LaneClock
@@ -54,7 +55,7 @@ def build_race(model, workload: Workload, slots: int, max_len: int, block_size: 
                kv_blocks: int | None = None, max_batched_tokens: int | None = None,
                batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S, lanes: tuple[str | LaneSpec, ...] = LANES,
                step_cost_s: float | None = None, seed: int = 0, kv_memory_mib: float | None = None,
-               max_num_seqs: int | None = None) -> Race:
+               max_num_seqs: int | None = None, kv_cache_dtype: str = "auto") -> Race:
     """The lanes on ``workload`` (sorted by arrival here; request ids follow that order in every
     lane). ``lanes``: lane kinds (``LANES``) or ``LaneSpec``s, each with its own settings (the
     what-if: ``race/spec.py``); the other arguments are every lane's defaults. ``step_cost_s``: a
@@ -65,7 +66,9 @@ def build_race(model, workload: Workload, slots: int, max_len: int, block_size: 
     memory, as ``tinyllm bench``'s headline table. Static batching and the slot cache get the rows
     of ``max_len`` the budget buys, the paged lanes the blocks it buys, run by up to
     ``max_num_seqs`` sequences (default 64); ``slots`` is then unused, a lane's ``slots=`` caps
-    its sequences. The arithmetic and its refusals are the engine's (engine/build.py)."""
+    its sequences. The arithmetic and its refusals are the engine's (engine/build.py).
+    ``kv_cache_dtype`` (--kv-cache-dtype; a lane's ``kv_dtype=`` overrides it): every lane's KV
+    element type; at bfloat16 a budget buys twice the tokens."""
     specs = [lane if isinstance(lane, LaneSpec) else LaneSpec(lane, lane) for lane in lanes]
     unknown = [s.label for s in specs if s.kind not in LANES]
     if unknown or not specs:
@@ -82,16 +85,17 @@ def build_race(model, workload: Workload, slots: int, max_len: int, block_size: 
         if bad is not None:
             raise ValueError(f"a request's prompt has token id {bad}, outside the model's vocabulary "
                              f"[0, {model.cfg.vocab_size}): recorded with another model?")
-    bpt = kv_bytes_per_token(model, next(model.parameters()).device)
+    kv_cache_dtype_of(next(model.parameters()).device, kv_cache_dtype)      # a ValueError names the choices
     plain = all(s.label == s.kind for s in specs) and len({s.kind for s in specs}) == len(specs)
     built: list[Lane] = []
     for i, spec in enumerate(specs):
         mib = spec.kv_mib if spec.kv_mib is not None else kv_memory_mib
         where = "kv_mib" if spec.kv_mib is not None else "--kv-memory"
+        dtype = spec.kv_dtype or kv_cache_dtype
         try:
             built.append(_build_lane(model, workload, spec, f"lane{i}" if not plain else spec.kind, slots, max_len,
                                      block_size, kv_blocks, max_batched_tokens, batch_timeout_s, arrivals,
-                                     step_cost_s, seed, mib, max_num_seqs, bpt))
+                                     step_cost_s, seed, mib, max_num_seqs, dtype))
         except ValueError as e:
             msg = str(e)
             for name, opt in (("kv_memory_mib", where), ("max_num_seqs", "--max-num-seqs"), ("max_len", "--max-len")):
@@ -104,8 +108,10 @@ def build_race(model, workload: Workload, slots: int, max_len: int, block_size: 
 def _build_lane(model, workload: Workload, spec: LaneSpec, key: str, slots: int, max_len: int, block_size: int,
                 kv_blocks: int | None, max_batched_tokens: int | None, batch_timeout_s: float, arrivals: bool,
                 step_cost_s: float | None, seed: int, mib: float | None, max_num_seqs: int | None,
-                bpt: int) -> Lane:
-    """One lane of build_race (see it); ``mib``: its KV memory budget, if it has one."""
+                kv_dtype: str) -> Lane:
+    """One lane of build_race (see it); ``mib``: its KV memory budget, if it has one; ``kv_dtype``:
+    its KV cache's element type."""
+    bpt = kv_bytes_per_token(model, next(model.parameters()).device, kv_dtype)
     title = LANE_TITLES[spec.kind] if spec.label == spec.kind else spec.label
     budget = spec.budget or max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
     clock = LaneClock(step_cost_s)
@@ -124,11 +130,12 @@ def _build_lane(model, workload: Workload, spec: LaneSpec, key: str, slots: int,
             check_static_batches(sizes, n, model.cfg.max_seq_len)
         else:                                            # its rows hold max_len: a padded row must fit one
             check_static_batches(sizes, n, max_len, "max_len (the row a KV budget reserves)")
-        eng = StaticBatcher(model, n, generator=gen, clock=clock.now, batch_timeout_s=batch_timeout_s)
+        eng = StaticBatcher(model, n, generator=gen, clock=clock.now, batch_timeout_s=batch_timeout_s,
+                            kv_cache_dtype=kv_dtype)
         lane: Lane = StaticLane(key, title, "", clock, workload, eng)
         lane.seqs, lane.kv_mib = n, n * max_len * bpt / MIB
     else:
-        kw = dict(max_len=max_len, generator=gen, scheduling_policy=spec.policy)
+        kw = dict(max_len=max_len, generator=gen, scheduling_policy=spec.policy, kv_cache_dtype=kv_dtype)
         if mib is not None:
             kw.update(kv_memory_mib=mib, max_num_seqs=cap)
         paged = dict(block_size=spec.block_size or block_size,

@@ -7,6 +7,7 @@ or a scheduling policy, meaning a token-budget lane with that policy) or ``key=v
     policy=fcfs|priority|shortest-first|fair   budget=N (tokens per step)   slots=N
     block=N (tokens per KV block)   blocks=N (KV pool size)   prefix=on|off   chunked=on|off
     kv=slots|paged (a continuous lane's cache)   kv_mib=MiB (the lane's KV memory budget)
+    kv_dtype=auto|float32|bfloat16 (the lane's KV cache element type; bfloat16: twice the tokens a MiB holds)
 
 With a KV memory budget (``kv_mib=``, or the race's ``--kv-memory`` for every lane) the budget
 sizes the lane: static batching and the slot cache get the rows of max_len it buys, a paged lane
@@ -24,10 +25,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tinyllm.request import SCHEDULING_POLICIES
+from tinyllm.request import KV_CACHE_DTYPES, SCHEDULING_POLICIES
 
 KINDS = ("static", "continuous", "chunked")
-KEYS = ("policy", "budget", "slots", "block", "blocks", "prefix", "chunked", "kv", "kv_mib")
+KEYS = ("policy", "budget", "slots", "block", "blocks", "prefix", "chunked", "kv", "kv_mib", "kv_dtype")
 DEFAULT_LANES = KINDS
 
 
@@ -47,6 +48,7 @@ class LaneSpec:
     prefix_cache: bool | None = None      # None: on for a chunked lane
     kv: str | None = None                 # continuous lanes: "slots" (default) or "paged"
     kv_mib: float | None = None           # the lane's KV memory budget (None: the race's --kv-memory)
+    kv_dtype: str | None = None           # the lane's KV cache dtype (None: the race's --kv-cache-dtype)
 
     def describe(self) -> str:
         """Every setting that differs from the race's defaults, for the lane's subtitle."""
@@ -57,6 +59,8 @@ class LaneSpec:
                 parts.append(f"{name} {v}")
         if self.kv_mib is not None:
             parts.append(f"KV {self.kv_mib:g} MiB")
+        if self.kv_dtype is not None:
+            parts.append(f"KV {self.kv_dtype}")
         if self.prefix_cache is not None:
             parts.append(f"prefix cache {'on' if self.prefix_cache else 'off'}")
         return ", ".join(parts)
@@ -109,6 +113,10 @@ def parse_lane(text: str) -> LaneSpec:
             fields[{"block": "block_size", "blocks": "kv_blocks"}.get(key, key)] = _int(label, key, v)
         elif key == "kv_mib":
             fields["kv_mib"] = _mib(label, key, v)
+        elif key == "kv_dtype":
+            if v not in KV_CACHE_DTYPES:
+                raise LaneSpecError(f"lane {label!r}: kv_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {v!r}")
+            fields["kv_dtype"] = v
         elif key == "prefix":
             fields["prefix_cache"] = _switch(label, key, v)
         elif key == "chunked":
@@ -120,8 +128,8 @@ def parse_lane(text: str) -> LaneSpec:
         else:
             raise LaneSpecError(f"lane {label!r}: unknown setting {key!r}; settings: {', '.join(KEYS)}")
     kind = kind or "chunked"
-    if kind == "static" and set(fields) - {"slots", "kv_mib"}:
-        raise LaneSpecError(f"lane {label!r}: static batching takes only slots= (its batch size) and kv_mib=")
+    if kind == "static" and set(fields) - {"slots", "kv_mib", "kv_dtype"}:
+        raise LaneSpecError(f"lane {label!r}: static batching takes only slots= (its batch size), kv_mib= and kv_dtype=")
     if "kv_mib" in fields and "kv_blocks" in fields:
         raise LaneSpecError(f"lane {label!r}: kv_mib sizes the KV pool: drop blocks=")
     if kind == "chunked" and fields.get("kv") == "slots":

@@ -112,17 +112,18 @@ class ServeMetrics:
                                                "request here: its generated tokens).", m, buckets=tokens,
                                                registry=r).labels(model_name)
         self._cache_info = Gauge("vllm:cache_config_info", "Information of the KV cache configuration (value 1).",
-                                 m + ["block_size", "num_gpu_blocks", "enable_prefix_caching"], registry=r)
+                                 m + ["block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype"],
+                                 registry=r)
         self._reqs: dict[int, _Times] = {}
 
     def set_cache_config(self, engine) -> None:
         """``vllm:cache_config_info``: the pool's block size and block count (a slot cache counts
-        as one block of max_len per slot)."""
+        as one block of max_len per slot), and the KV cache dtype as configured (vLLM's "auto" too)."""
         slots = engine.slots
         block_size = getattr(slots, "block_size", engine.max_len)
         n_blocks = getattr(slots, "n_blocks", engine.n_slots)
         self._cache_info.labels(self.model_name, str(block_size), str(n_blocks),
-                                str(bool(engine.prefix_cache))).set(1)
+                                str(bool(engine.prefix_cache)), getattr(engine, "kv_cache_dtype", "auto")).set(1)
         self._gauges(engine)
 
     def render(self) -> bytes:

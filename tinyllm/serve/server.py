@@ -36,10 +36,11 @@ def model_name_for(model_dir: str | None) -> str:
 def build_engine(model: Any, slots: int = 8, max_len: int | None = None, kv_blocks: int | None = None,
                  block_size: int = 16, max_batched_tokens: int | None = None, prefix_cache: bool = True,
                  seed: int = 0, scheduling_policy: str = "fcfs", kv_memory_mib: float | None = None,
-                 max_num_seqs: int | None = None):
+                 max_num_seqs: int | None = None, kv_cache_dtype: str = "auto"):
     """The server's ContinuousEngine: paged KV + chunked prefill (+ prefix cache). With
     ``kv_memory_mib`` the budget sizes the pool and up to ``max_num_seqs`` requests run (``slots``
-    unused). Raises ValueError with a user-facing message for bad settings."""
+    unused); ``kv_cache_dtype`` the pool's element type (ContinuousEngine). Raises ValueError with
+    a user-facing message for bad settings."""
     import torch
 
     from tinyllm.engine import ContinuousEngine
@@ -48,7 +49,7 @@ def build_engine(model: Any, slots: int = 8, max_len: int | None = None, kv_bloc
                             kv_blocks=kv_blocks, kv_memory_mib=kv_memory_mib, max_num_seqs=max_num_seqs,
                             chunked_prefill=True, max_batched_tokens=max_batched_tokens,
                             prefix_cache=prefix_cache, generator=torch.Generator(device=device).manual_seed(seed),
-                            scheduling_policy=scheduling_policy)
+                            scheduling_policy=scheduling_policy, kv_cache_dtype=kv_cache_dtype)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -121,7 +122,8 @@ def run_server(engine: Any, tokenizer: Any, model_name: str, sock: socket.socket
     def ready() -> None:
         e = engine
         print(f"tinyllm serve: {model_name} on {url}  (OpenAI API at {url}/v1; {e.n_slots} slots, max_len "
-              f"{e.max_len}, {e.slots.n_blocks} KV blocks of {e.slots.block_size}, prefix cache "
+              f"{e.max_len}, {e.slots.n_blocks} KV blocks of {e.slots.block_size} "
+              f"({str(e.slots.k.dtype).removeprefix('torch.')}), prefix cache "
               f"{'on' if e.prefix_cache else 'off'}; Ctrl+C stops)", flush=True)
 
     server = make_server(app, ready)

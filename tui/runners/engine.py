@@ -302,6 +302,7 @@ class EngineSpec:
     scheduling_policy: str = "fcfs"    # the waiting queue's order (tinyllm/engine/policy.py)
     kv_memory_mib: float | None = None  # --kv-memory: the KV budget sizes the cache (slots is then unused)
     max_num_seqs: int | None = None    # with a budget: the cap on running requests (None: the engine's default)
+    kv_cache_dtype: str = "auto"       # --kv-cache-dtype: the KV cache's element type (ContinuousEngine)
 
     def build(self):
         """Load the checkpoint and build the engine: (ContinuousEngine, Tokenizer). Raises
@@ -320,7 +321,8 @@ class EngineSpec:
                                   max_num_seqs=self.max_num_seqs,
                                   kv_blocks=self.kv_blocks, chunked_prefill=self.chunked_prefill,
                                   max_batched_tokens=self.max_batched_tokens, prefix_cache=self.prefix_cache,
-                                  scheduling_policy=self.scheduling_policy, generator=torch.Generator(device=device).manual_seed(self.seed))
+                                  scheduling_policy=self.scheduling_policy, kv_cache_dtype=self.kv_cache_dtype,
+                                  generator=torch.Generator(device=device).manual_seed(self.seed))
         return engine, tok
 
     def open_recorder(self, engine):

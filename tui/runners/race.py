@@ -141,6 +141,7 @@ class RaceSpec:
     warm_up: bool = True
     kv_memory_mib: float | None = None   # --kv-memory: every lane at this KV budget (slots then unused)
     max_num_seqs: int | None = None      # with a budget: the cap on running sequences (default 64)
+    kv_cache_dtype: str = "auto"         # --kv-cache-dtype: every lane's KV element type (a lane's kv_dtype= its own)
 
     def make_race(self, model):
         """A fresh race on ``model`` (in whichever process owns the model)."""
@@ -149,7 +150,7 @@ class RaceSpec:
         work = [(t, Request(list(ids), new, priority=prio, tenant=tenant)) for t, ids, new, prio, tenant in self.workload]
         return build_race(model, work, self.slots, self.max_len, self.block_size, self.kv_blocks,
                           self.max_batched_tokens, self.batch_timeout_s, self.lanes, self.step_cost_s, self.seed,
-                          self.kv_memory_mib, self.max_num_seqs)
+                          self.kv_memory_mib, self.max_num_seqs, self.kv_cache_dtype)
 
     def build(self):
         """(model, device) in the engine process: threads, weights, warm-up. CheckpointError or

@@ -75,7 +75,8 @@ class KVPanel(Widget):
         line3.append(f"{duration(percentile(lat, .5) if lat else None)}/{duration(percentile(lat, .95) if lat else None)}",
                      style="bold")
         mib = Text(f"{kv.mib(kv.used_tokens):.1f} / {kv.mib(kv.allocated_tokens):.1f} / "
-                   f"{kv.mib(kv.reserved_tokens):.1f} MiB used / claimed / reserved", style="dim")
+                   f"{kv.mib(kv.reserved_tokens):.1f} MiB used / claimed / reserved"
+                   + (f" · {kv.dtype}" if kv.dtype else ""), style="dim")
         if self.app.has_class("-short"):               # 80x24: one bar of the three, figures by priority
             pct = (lambda xs, q: duration(percentile(xs, q)) if xs else "—")
             figures = [(f"tok/s {f.tokens_per_s:.0f} ", "bold", 0), (f"TTFT {pct(ttft, .5)}/{pct(ttft, .95)} ", "bold", 0),
