@@ -17,7 +17,7 @@ from tinyllm.engine.generate import generate
 from tinyllm.kv.ragged import RaggedAttention
 from tinyllm.observe.recording import blank_snapshot, make_header
 from tinyllm.race.spec import LaneSpecError, parse_lane
-from tests.helpers import check_invariants, mixed_workload, random_model, with_early_eos
+from tests.helpers import check_invariants, mixed_workload, with_early_eos
 
 needs_kernels = pytest.mark.skipif(native.library() is None, reason="no C compiler: the kernels are not built")
 BF16 = "bfloat16"
