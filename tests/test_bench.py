@@ -23,8 +23,7 @@ from tinyllm.engine import continuous, sampler
 TINY = "layers=1,d_model=32,heads=2,kv_heads=1,vocab=64,d_ff=64,max_seq_len=256"
 
 
-@pytest.fixture(scope="module")
-def tiny_bench(tmp_path_factory) -> tuple[str, str, dict]:
+def run_tiny(tmp_path_factory, *extra: str) -> tuple[str, str, dict]:
     """(stdout, stderr, the JSON report) of one tiny piped bench run."""
     out_json = tmp_path_factory.mktemp("bench") / "report.json"
     out, err = io.StringIO(), io.StringIO()
@@ -33,11 +32,16 @@ def tiny_bench(tmp_path_factory) -> tuple[str, str, dict]:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             rc = cli.main(["bench", "--random-model", TINY, "--requests", "4", "--solo-sample", "1",
                            "--no-transformers", "--slots", "2", "--batch", "2", "--threads", "1",
-                           "--device", "cpu", "--json", str(out_json)])
+                           "--device", "cpu", "--json", str(out_json), *extra])
     finally:
         torch.set_num_threads(threads)                     # --threads sets it for the whole process
     assert rc == 0, err.getvalue()
     return out.getvalue(), err.getvalue(), json.loads(out_json.read_text())
+
+
+@pytest.fixture(scope="module")
+def tiny_bench(tmp_path_factory) -> tuple[str, str, dict]:
+    return run_tiny(tmp_path_factory)
 
 
 def render(report: dict, width: int) -> str:
@@ -104,6 +108,21 @@ def test_headline_compares_paths_at_equal_kv_memory(tiny_bench):
         assert paths[p]["peak_active"] == 4 > slots[p]["peak_active"]           # all 4 requests at once
         assert paths[p]["kv_reserved_mib"] == pytest.approx(m["kv_memory_mib"])
     assert "At equal KV memory" in out and report["tinyllm_paths_agree"]
+
+
+def test_a_bfloat16_cache_buys_twice_the_blocks_and_every_path_still_agrees(tiny_bench, tmp_path_factory):
+    """--kv-cache-dtype bfloat16 at the float32 run's budget: half the bytes per token, twice the
+    blocks and rows it buys, every path (and solo, with the same setting) greedy-equal, and the
+    header saying which dtype."""
+    _, _, fp32 = tiny_bench
+    mib = fp32["memory"]["kv_memory_mib"]
+    out, _, report = run_tiny(tmp_path_factory, "--kv-cache-dtype", "bfloat16", "--kv-memory", f"{mib!r}")
+    m, m32 = report["memory"], fp32["memory"]
+    assert (m32["kv_cache_dtype"], m["kv_cache_dtype"]) == ("float32", "bfloat16")
+    assert 2 * m["bytes_per_token"] == m32["bytes_per_token"] and m["kv_memory_mib"] == mib
+    assert m["blocks"] == 2 * m32["blocks"] and m["rows"] == 2 * m32["rows"]
+    assert report["paths"]["static"]["seqs"] == 4 and report["tinyllm_paths_agree"]
+    assert "bfloat16 K/V" in out and "float32 K/V" in render(fp32, 400)
 
 
 @pytest.mark.parametrize("width", [80, 120, 400])
