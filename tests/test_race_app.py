@@ -365,8 +365,8 @@ def test_a_budget_too_small_for_the_lanes_says_so_before_the_race_starts():
     assert [len(v.rows) for v in frame.lanes] == [0, 0, 0] and "0.5 MiB of KV memory" in frame.lanes[0].detail
 
 
-@pytest.mark.parametrize("cap", [None, 24])
-async def test_r_in_an_app_started_at_a_kv_budget_races_every_lane_at_that_budget(cap):
+@pytest.mark.parametrize("cap, kv_dtype", [(None, "auto"), (24, "bfloat16")])
+async def test_r_in_an_app_started_at_a_kv_budget_races_every_lane_at_that_budget(cap, kv_dtype):
     import torch
 
     from tinyllm.engine import ContinuousEngine, Sampling
@@ -375,7 +375,7 @@ async def test_r_in_an_app_started_at_a_kv_budget_races_every_lane_at_that_budge
     from tui.runners.engine import EngineRunner
     model, tok = bundled()
     eng = ContinuousEngine(model, None, 128, kv="paged", block_size=8, kv_memory_mib=6.0, chunked_prefill=True,
-                           max_num_seqs=cap, generator=torch.Generator().manual_seed(0))
+                           max_num_seqs=cap, generator=torch.Generator().manual_seed(0), kv_cache_dtype=kv_dtype)
     app = TinyLLMApp(EngineRunner(eng, tok, paused=True), tok, model_name="test",
                      settings=RequestSettings(Sampling(), 12))
     _watch(app)
@@ -384,7 +384,9 @@ async def test_r_in_an_app_started_at_a_kv_budget_races_every_lane_at_that_budge
         await pilot.press("r")
         await until(pilot, lambda: isinstance(app.screen, RaceScreen))
         race = app.screen.runner
-        # the race's context is 512: 6 MiB buys 2 rows of 512 x 6,144 bytes; the paged lane its blocks
-        assert [(v.seqs, v.kv_mib) for v in race.frame.lanes] == [(2, 6.0), (2, 6.0), (cap or 64, 6.0)]
+        # the race's context is 512: 6 MiB buys 2 rows of 512 x 6,144 bytes (4 of 3,072 at the app's
+        # bfloat16); the paged lane its blocks
+        rows = 2 if kv_dtype == "auto" else 4
+        assert [(v.seqs, v.kv_mib) for v in race.frame.lanes] == [(rows, 6.0), (rows, 6.0), (cap or 64, 6.0)]
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, RaceScreen))

@@ -347,10 +347,10 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor | None:
     return out
 
 
-def _plain(*ts: Tensor) -> bool:
-    """CPU float32 tensors autograd is not recording: what the small kernels take."""
+def _plain(*ts: Tensor, dtypes: tuple[torch.dtype, ...] = (torch.float32,)) -> bool:
+    """CPU tensors of ``dtypes`` (float32) autograd is not recording: what the small kernels take."""
     grad = torch.is_grad_enabled()
-    return all(t.is_cpu and t.dtype == torch.float32 and not (grad and t.requires_grad)
+    return all(t.is_cpu and t.dtype in dtypes and not (grad and t.requires_grad)
                and t.layout == torch.strided and not t._is_zerotensor() for t in ts)   # real memory to read
 
 
@@ -388,8 +388,8 @@ def kv_store(k: Tensor, v: Tensor, write: Tensor, k_pool: Tensor, v_pool: Tensor
     cannot run (the caller copies with PyTorch). ``bounds_checked``: these write rows were
     range-checked against a pool as large already (every layer of a step shares them)."""
     lib = library()
-    if (lib is None or not _plain(k, v) or k_pool.dtype not in POOL_DTYPES or v_pool.dtype != k_pool.dtype
-            or not (k_pool.is_cpu and v_pool.is_cpu)):
+    if (lib is None or not _plain(k, v) or not _plain(k_pool, v_pool, dtypes=POOL_DTYPES)
+            or v_pool.dtype != k_pool.dtype):
         return False
     T = k.size(0)
     if (k.dim() != 3 or k.shape != v.shape or k.stride() != v.stride() or k.shape[1:] != k_pool.shape[1:]

@@ -12,8 +12,10 @@ static inline void store8(float *p, v8 x) { memcpy(p, &x, sizeof x); }
 static inline float hsum8(v8 x) { return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7])); }
 
 /* bfloat16, a K/V pool's 16-bit option: the upper half of a float32 (same exponent range, 8 bits
- * of mantissa). Widening is exact (a shift); narrowing rounds to nearest even, NaN to 0xFFFF,
- * bit for bit as PyTorch's .to(torch.bfloat16), so the C and PyTorch paths store the same pool. */
+ * of mantissa). Widening is exact (a shift); narrowing rounds to nearest even, bit for bit as
+ * PyTorch's .to(torch.bfloat16) (c10's round_to_nearest_even), so the C and PyTorch paths store
+ * the same pool. A NaN stays a NaN: 0xFFFF, what PyTorch's vectorized CPU conversion writes (its
+ * scalar one, on a tensor's last few elements, writes 0x7FC0). */
 typedef uint16_t u16x8 __attribute__((vector_size(16)));
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
 static inline v8 load8_bf16(const uint16_t *p) {
@@ -33,7 +35,7 @@ static inline float bf16_to_float(uint16_t h) {
 static inline uint16_t float_to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0xffff;              /* NaN: what PyTorch CPU writes */
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0xffff;              /* NaN */
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 

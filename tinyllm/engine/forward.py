@@ -37,8 +37,9 @@ def kv_cache_dtype(device: torch.device | str, name: str = "auto") -> torch.dtyp
     the model computes K/V in (bfloat16 under CUDA's autocast, float32 on CPU); "bfloat16" on a
     float32 CPU model halves the KV memory (twice the sequences a budget buys) and the bytes each
     attention reads, at bfloat16's precision (8 bits of mantissa: greedy text can then differ from
-    float32's, but never between a request run alone and in a batch); "float32" keeps full
-    precision (on CUDA too, at twice the memory)."""
+    float32's, but never between a request run alone and in a batch); "float32" keeps a float32
+    CPU model's full precision (on CUDA the model computes K/V in bfloat16 under autocast, so a
+    float32 cache there only holds the same values in twice the memory)."""
     if name not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, got {name!r}")
     if name == "auto":

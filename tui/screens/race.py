@@ -394,7 +394,8 @@ def open_race(app) -> None:
                     budget if budget and budget >= snap.n_slots else None, DEFAULT_BATCH_TIMEOUT_S,
                     device=None if spec is None else spec.device, threads=runner.threads or None,
                     kv_memory_mib=kv_mib,
-                    max_num_seqs=getattr(engine if engine is not None else spec, "max_num_seqs", None) if kv_mib else None)
+                    max_num_seqs=getattr(engine if engine is not None else spec, "max_num_seqs", None) if kv_mib else None,
+                    kv_cache_dtype=getattr(engine if engine is not None else spec, "kv_cache_dtype", "auto"))   # the app's
     was_paused = runner.frame.paused
     runner.send(SetPaused(True))
     try:
