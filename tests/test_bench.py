@@ -134,3 +134,18 @@ def test_chart_bars_start_in_one_column(tiny_bench, width):
     bars = lines[i + 1:i + 1 + len(paths)]
     assert [b.split()[0] for b in bars] == paths
     assert len({b.index("█") for b in bars}) == 1
+
+
+def test_agreement_enforces_every_path_and_at_bfloat16_the_token_budget_paths():
+    from tinyllm.bench.run import BF16_NOTE, agreement
+    a, b, c = [1, 2], [3, 4], [5, 6]
+    same = {"solo": [a], "static (memory)": [a, b], "continuous-slots (memory)": [a, b],
+            "continuous-chunked (memory)": [a, b], "continuous-chunked-nocache (slots)": [a, b], "transformers": [a, c]}
+    assert agreement(same, False) == ({**{k: 1.0 for k in same}, "transformers": 0.5}, True, None)
+    assert agreement(same, True)[1:] == (True, None)
+    slots_off = {**same, "continuous-slots (memory)": [a, c]}           # a PyTorch-attention path differs
+    assert agreement(slots_off, False)[1:] == (False, None)
+    assert agreement(slots_off, True)[1:] == (True, BF16_NOTE)
+    chunked_off = {**slots_off, "continuous-chunked (memory)": [c, b]}  # a token-budget path differs from another
+    agree, ok, _ = agreement(chunked_off, True)
+    assert not ok and agree["continuous-chunked (memory)"] == 0.5

@@ -2,8 +2,11 @@
 token, so a KV budget buys twice the tokens, and half the bytes attention reads. Checked: the C
 kernels store exactly what PyTorch's ``.to(torch.bfloat16)`` stores and attend what PyTorch
 attends on the widened pool; every path (static, slots, paged, chunked) gives each request
-what ``generate`` gives it alone with the same setting, at 64+ sequences and under preemption;
-the budget arithmetic; the refusals; and the snapshot, recording and metrics saying which it is."""
+what ``generate`` gives it alone with the same setting (on these short runs: rounding can turn
+the float noise between PyTorch's attention and the kernel into a bfloat16 step, so long runs
+of different paths may part), and the token-budget engine gives a request the same tokens alone
+or batched however long it runs, at 64+ sequences and under preemption; the budget arithmetic;
+the refusals; and the snapshot, recording and metrics saying which it is."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from tinyllm.engine.generate import generate
 from tinyllm.kv.ragged import RaggedAttention
 from tinyllm.observe.recording import blank_snapshot, make_header
 from tinyllm.race.spec import LaneSpecError, parse_lane
-from tests.helpers import check_invariants, mixed_workload, with_early_eos
+from tests.helpers import check_invariants, mixed_workload, random_model, with_early_eos
 
 needs_kernels = pytest.mark.skipif(native.library() is None, reason="no C compiler: the kernels are not built")
 BF16 = "bfloat16"
@@ -161,6 +164,20 @@ def test_64_plus_sequences_on_what_a_bfloat16_budget_buys(model):
                                 max_num_seqs=96, chunked_prefill=True, max_batched_tokens=4096, kv_cache_dtype=BF16)
     assert stats["peak_active"] == 96 and stats["preemptions"] == 0
     assert [r.tokens for r in res] == [generate(model, r.prompt, r.max_new_tokens, kv_cache_dtype=BF16) for r in reqs]
+
+
+@needs_kernels
+def test_the_token_budget_engine_gives_a_long_run_the_same_tokens_alone_or_batched():
+    """The C kernels compute each token the same way whatever shares its step, so the bfloat16
+    rounding of its K/V is the same too: 12 requests of up to 120 tokens, batched on a small pool
+    (preempted and recomputed) and each alone."""
+    model = random_model(seed=5, max_seq_len=192)
+    reqs = mixed_workload(12, seed=5, max_prompt=50, max_new=120, eos_ids=(None,))
+    kw = dict(max_len=192, kv="paged", block_size=8, chunked_prefill=True, max_batched_tokens=64,
+              kv_cache_dtype=BF16)
+    res, stats = run_continuous(model, reqs, n_slots=12, kv_blocks=60, **kw)
+    assert stats["preemptions"] > 0
+    assert [r.tokens for r in res] == [run_continuous(model, [r], n_slots=1, **kw)[0][0].tokens for r in reqs]
 
 
 @pytest.mark.parametrize("bad", ["fp8", "float16", "bf16", "", None, torch.bfloat16, ["bfloat16"]])

@@ -115,6 +115,8 @@ def print_report(console: Console, report: dict) -> None:
                   f"{m['max_num_seqs']} sequences (max_num_seqs) in them, preempting when the pool runs out.")
     for t in path_tables(console, report):
         console.print(t)
+    if report.get("agreement_note"):
+        console.print(f"[yellow]note:[/] {report['agreement_note']} (the \"greedy =\" column)")
     name_w = max(map(len, paths))              # every bar starts in the same column, whatever the names
     width = max(10, min(40, console.width - name_w - 12))
     top = max(s["tok_s"] for s in paths.values())

@@ -56,7 +56,8 @@ class ContinuousEngine:
     n_slots (the older name of max_num_seqs) slots, and kv_blocks for the pool.
     kv_cache_dtype: the caches' element type (forward.KV_CACHE_DTYPES, vLLM's name): "auto" (the
     model's, float32 on CPU), "float32", or "bfloat16" (half the memory per token, so twice the
-    sequences a budget buys, at bfloat16's precision).
+    sequences a budget buys, at bfloat16's precision; see forward.kv_cache_dtype for what stays
+    the same alone and batched).
     kv="slots": SlotKVCache, every slot reserves max_len positions.
     kv="paged": PagedKVCache with kv_blocks blocks of block_size tokens (default: the same
     memory as the slot cache). When a decode step needs a block and none is free, the newest

@@ -37,7 +37,10 @@ def kv_cache_dtype(device: torch.device | str, name: str = "auto") -> torch.dtyp
     the model computes K/V in (bfloat16 under CUDA's autocast, float32 on CPU); "bfloat16" on a
     float32 CPU model halves the KV memory (twice the sequences a budget buys) and the bytes each
     attention reads, at bfloat16's precision (8 bits of mantissa: greedy text can then differ from
-    float32's, but never between a request run alone and in a batch); "float32" keeps a float32
+    float32's). On the C kernels (the token-budget engine on CPU) a request still gets the same
+    tokens alone or in any batch; on PyTorch's attention (static batching, the slot cache, a padded
+    prefill, CUDA) the float noise between batch shapes, harmless at float32, can round a K/V value
+    to the next bfloat16 step, so a long greedy run may pick another token. "float32" keeps a float32
     CPU model's full precision (on CUDA the model computes K/V in bfloat16 under autocast, so a
     float32 cache there only holds the same values in twice the memory)."""
     if name not in KV_CACHE_DTYPES:
