@@ -11,6 +11,7 @@ from tui.runners.interface import Frame
 from tui.widgets.block_map import BlockMap
 from tui.widgets.event_log import EventLog
 from tui.widgets.kv_panel import KVPanel
+from tui.widgets.style import dtype_tag
 from tui.widgets.request_list import RequestList
 from tui.widgets.request_pane import RequestPane
 from tui.widgets.slot_grid import SlotGrid
@@ -42,7 +43,10 @@ def check_panels(app: TinyLLMApp, frame: Frame | None = None) -> Frame:
                 assert f"#{sv.rid}" in text, f"slot {sv.slot} holds #{sv.rid}, the grid does not say so"
         kv = app.query_one(KVPanel)
         assert kv.frame is not None and kv.frame.snapshot == snap, "the KV panel shows another snapshot"
-        if not app.has_class("-short"):
+        if app.has_class("-short"):                  # 80x24: the one bar names a dtype other than float32
+            tag = dtype_tag(snap.kv)
+            assert not tag or kv.render().plain.split("\n", 1)[0].endswith(f" tok {tag}")
+        else:
             mib_line = kv.render().plain.split("\n", 1)[0]
             assert f"{snap.kv.mib(snap.kv.reserved_tokens):.1f} MiB used / claimed / reserved" in mib_line, mib_line
             assert not snap.kv.dtype or mib_line.endswith(f" · {snap.kv.dtype}"), mib_line

@@ -117,7 +117,7 @@ def vllm_app(url: str, new: int = 10) -> TinyLLMApp:
 def test_real_vllm_metrics_parse_into_figures():
     s = parse(METRICS)
     f = MetricsWindow().add(s)
-    assert f.model == "shakespeare" and f.block_size == 128 and f.num_blocks == 1365
+    assert f.model == "shakespeare" and f.block_size == 128 and f.num_blocks == 1365 and f.cache_dtype == "auto"
     assert 0 <= f.kv_usage <= 1 and f.running == 0 and f.waiting == 0
     assert f.ttft[0] is not None and 0 < f.ttft[0] <= f.ttft[1]
     with pytest.raises(MetricsError, match="no vllm: metrics"):

@@ -265,7 +265,8 @@ class VllmRunner:
         blocks = fig.num_blocks or 0
         reserved = blocks * (fig.block_size or 0)
         kv = KVView("paged", reserved, round(fig.kv_usage * reserved), 0, 0, fig.block_size, blocks or None,
-                    blocks - round(fig.kv_usage * blocks) if blocks else None)
+                    blocks - round(fig.kv_usage * blocks) if blocks else None,
+                    dtype="" if fig.cache_dtype == "auto" else fig.cache_dtype)    # auto: the model's, not said
         snap = EngineSnapshot(self.now(), 0, self.max_len, (), views, (), kv,
                               Counters(steps=self._tick(), preemptions=int(fig.preemptions)))
         with self._lock:

@@ -115,6 +115,7 @@ class ServerFigures:
     block_size: int | None = None
     num_blocks: int | None = None
     window_s: float = 0.0
+    cache_dtype: str = ""                       # as the server was configured ("auto", "fp8", ...)
 
 
 class MetricsWindow:
@@ -153,7 +154,8 @@ class MetricsWindow:
             prompt_tps=delta("prompt_tokens") / dt if dt > 0 else 0.0,
             generation_tps=delta("generation_tokens") / dt if dt > 0 else 0.0,
             ttft=quantiles("ttft"), itl=quantiles("itl"), e2e=quantiles("e2e"),
-            block_size=_int(s.info.get("block_size")), num_blocks=_int(s.info.get("num_gpu_blocks")), window_s=dt)
+            block_size=_int(s.info.get("block_size")), num_blocks=_int(s.info.get("num_gpu_blocks")), window_s=dt,
+            cache_dtype=s.info.get("cache_dtype", ""))
 
 
 def _int(v: str | None) -> int | None:

@@ -41,7 +41,8 @@ HOW_TO_READ = "\n".join((          # paragraphs: the screen wraps them to its wi
     "Fair: every lane runs in ONE engine process, one forward pass at a time, the lane furthest behind on its own "
     "clock going next; a lane's clock counts only its own steps (and skips idle time before an arrival), so "
     "tokens/s, TTFT and latency are that scheduler's, not whoever got the CPU. Greedy, no stop at end-of-text: "
-    "every lane makes exactly the same tokens, as `tinyllm bench` does.",
+    "every lane makes exactly the same tokens, as `tinyllm bench` does (as many tokens, their text parting late "
+    "in a long run, where a lane keeps bfloat16 K/V).",
     "Cells: slot or batch row, #request, a bar of its tokens so far out of its max_new_tokens, and that count; "
     "'wasted' = static batching: finished, still computed until its batch's longest row is done; '▸' and a cyan "
     "bar = prompt still being prefilled in chunks; '✓ done' = finished in the latest step. KV: the context "

@@ -8,7 +8,7 @@ from textual.widget import Widget
 from tinyllm.observe.stats import percentile
 from tui.runners.interface import Frame
 from tui.widgets.status import fit_fields
-from tui.widgets.style import STATE_STYLES, bar, duration
+from tui.widgets.style import STATE_STYLES, bar, dtype_tag, duration
 
 
 class KVPanel(Widget):
@@ -91,7 +91,7 @@ class KVPanel(Widget):
         """█ used, ▒ allocated but not yet used, ░ reserved: the three KV figures in one line (the
         panel's title says which is which at this size)."""
         kv = self.frame.snapshot.kv
-        nums = f" {kv.used_tokens}/{kv.allocated_tokens}/{kv.reserved_tokens} tok"
+        nums = f" {kv.used_tokens}/{kv.allocated_tokens}/{kv.reserved_tokens} tok" + (f" {dtype_tag(kv)}" * bool(dtype_tag(kv)))
         w = max(3, width - len(nums) - 3)
         total = max(1, kv.reserved_tokens)
         used = round(w * kv.used_tokens / total)

@@ -11,6 +11,7 @@ from rich.cells import cell_len
 from rich.text import Text
 
 from tui.runners.interface import Frame
+from tui.widgets.style import dtype_tag
 
 
 def status_fields(f: Frame, runner, model_name: str, recording: Path | None = None) -> list[tuple[str, str, int]]:
@@ -34,13 +35,13 @@ def status_fields(f: Frame, runner, model_name: str, recording: Path | None = No
             return out + [(f" · {f.status} (showing the last state)", "bold red", 1)]
         budget = f.snapshot.max_batched_tokens
         return out + [(f" · {f.snapshot.n_slots} slots", "dim", 3),
-                      (f" · {f.snapshot.kv.kind} KV", "dim", 5), (f" · {f.snapshot.policy}", "bold", 3),
+                      (f" · {kv_label(f.snapshot.kv)}", "dim", 5), (f" · {f.snapshot.policy}", "bold", 3),
                       (f" · {'chunked ≤' + str(budget) + ' tok/step' if budget else 'prefill+decode'}", "dim", 4)]
     if runner.mode == "replay":
         return [(" ⏸ REPLAY " if f.paused else " ▶ REPLAY ", "bold reverse magenta", 0),
                 (f" step {steps} of {runner.last_step}", "bold", 0),
                 (f" · {runner.path.name}", "bold", 2), (f" · {model_name}", "bold", 4),
-                (f" · {f.snapshot.kv.kind} KV", "dim", 5), (f" · {f.snapshot.policy}", "bold", 3),
+                (f" · {kv_label(f.snapshot.kv)}", "dim", 5), (f" · {f.snapshot.policy}", "bold", 3),
                 (f" · {speed(f)}", "dim", 3),
                 (" · read-only", "dim", 6)]
     budget = f.snapshot.max_batched_tokens
@@ -52,11 +53,16 @@ def status_fields(f: Frame, runner, model_name: str, recording: Path | None = No
     if f.pending_arrivals:
         out.append((f" · {f.pending_arrivals} arriving", "yellow", 1))
     return out + [(f" · delay {f.step_delay_ms} ms/step", "dim", 2), (f" · {model_name}", "bold", 3),
-                  (f" · {f.snapshot.kv.kind} KV", "bold", 5),
+                  (f" · {kv_label(f.snapshot.kv)}", "bold", 5),
                   (f" · {f.snapshot.policy}", "bold", 4 if f.snapshot.policy == "fcfs" else 2),   # news: not default
                   (f" · {'chunked ≤' + str(budget) + ' tok/step' if budget else 'prefill+decode'}", "bold", 4),
                   (f" · {runner.device}", "dim", 6),
                   (f" · {n} thread{'s' if n != 1 else ''}" if n else " · ? threads", "dim", 7)]
+
+
+def kv_label(kv) -> str:
+    """``paged KV``, with the element type where it is not float32 (``paged KV bf16``)."""
+    return f"{kv.kind} KV {dtype_tag(kv)}".rstrip()
 
 
 def speed(f: Frame) -> str:
