@@ -11,7 +11,7 @@ from tui.runners.interface import Frame
 from tui.widgets.block_map import BlockMap
 from tui.widgets.event_log import EventLog
 from tui.widgets.kv_panel import KVPanel
-from tui.widgets.style import dtype_tag
+from tui.widgets.style import dtype_short, dtype_tag
 from tui.widgets.request_list import RequestList
 from tui.widgets.request_pane import RequestPane
 from tui.widgets.slot_grid import SlotGrid
@@ -49,7 +49,7 @@ def check_panels(app: TinyLLMApp, frame: Frame | None = None) -> Frame:
         else:
             mib_line = kv.render().plain.split("\n", 1)[0]
             assert f"{snap.kv.mib(snap.kv.reserved_tokens):.1f} MiB used / claimed / reserved" in mib_line, mib_line
-            assert not snap.kv.dtype or mib_line.endswith(f" · {snap.kv.dtype}"), mib_line
+            assert not snap.kv.dtype or mib_line.endswith(f" · {dtype_short(snap.kv.dtype)}"), mib_line
         if snap.kv.kind == "paged":
             blocks = app.query_one(BlockMap)
             assert blocks.snapshot == snap

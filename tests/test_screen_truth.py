@@ -321,5 +321,6 @@ async def test_an_engine_process_sized_by_kv_memory_retitles_the_slots_and_block
         snap = check_panels(app).snapshot
         assert (snap.n_slots, snap.kv.n_blocks) == (12, 24 * 2 ** 20 // (16 * bytes_per_token))
         assert snap.kv.dtype == {"auto": "float32"}.get(kv_dtype, kv_dtype)
-        assert app.query_one(KVPanel).render().plain.split("\n", 1)[0].endswith(f"· {snap.kv.dtype}")
+        assert app.query_one(KVPanel).render().plain.split("\n", 1)[0].endswith(
+            "· " + {"auto": "fp32", "bfloat16": "bf16"}[kv_dtype])
         assert app.query_one("#slots").border_title == "Slots (12 × 512 tokens)"

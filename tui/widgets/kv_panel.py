@@ -8,7 +8,7 @@ from textual.widget import Widget
 from tinyllm.observe.stats import percentile
 from tui.runners.interface import Frame
 from tui.widgets.status import fit_fields
-from tui.widgets.style import STATE_STYLES, bar, dtype_tag, duration
+from tui.widgets.style import STATE_STYLES, bar, dtype_short, dtype_tag, duration
 
 
 class KVPanel(Widget):
@@ -76,7 +76,7 @@ class KVPanel(Widget):
                      style="bold")
         mib = Text(f"{kv.mib(kv.used_tokens):.1f} / {kv.mib(kv.allocated_tokens):.1f} / "
                    f"{kv.mib(kv.reserved_tokens):.1f} MiB used / claimed / reserved"
-                   + (f" · {kv.dtype}" if kv.dtype else ""), style="dim")
+                   + (f" · {dtype_short(kv.dtype)}" if kv.dtype else ""), style="dim")
         if self.app.has_class("-short"):               # 80x24: one bar of the three, figures by priority
             pct = (lambda xs, q: duration(percentile(xs, q)) if xs else "—")
             figures = [(f"tok/s {f.tokens_per_s:.0f} ", "bold", 0), (f"TTFT {pct(ttft, .5)}/{pct(ttft, .95)} ", "bold", 0),

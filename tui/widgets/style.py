@@ -73,7 +73,12 @@ def duration(seconds: float | None) -> str:
     return f"{m}m{s:02d}s" if m < 60 else f"{m // 60}h{m % 60:02d}m"
 
 
+def dtype_short(name: str) -> str:
+    """A K/V element type as the screen writes it: ``fp32``, ``bf16`` (others as given)."""
+    return {"float32": "fp32", "bfloat16": "bf16"}.get(name, name)
+
+
 def dtype_tag(kv) -> str:
     """The K/V element type where it is not float32 (``bf16``), for the places too narrow to say
     it always: the status line and the 80x24 KV bar; "" for float32 or unknown."""
-    return "" if kv.dtype in ("", "float32") else {"bfloat16": "bf16"}.get(kv.dtype, kv.dtype)
+    return "" if kv.dtype in ("", "float32") else dtype_short(kv.dtype)
