@@ -29,7 +29,8 @@ Blocks (paged KV only): one square per KV block, coloured like the request that 
   '▣' = shared by several requests (a cached prefix in use); '○' = free but still holding a cached
   prefix (the next prompt that starts with it revives it; evicted oldest first when room is needed).
 KV: used/reserved = real tokens vs memory held; alloc/reserved (paged) = blocks claimed;
-  used/alloc = how much of what requests claimed they really use.
+  used/alloc = how much of what requests claimed they really use; fp32 / bf16 = what each K/V
+  value is kept in (--kv-cache-dtype bfloat16: half the bytes, twice the tokens a MiB holds).
 Requests: every request, finished and aborted ones too. Highlight one to show it on the right.
 States: queued (waiting for a slot), running (in a slot), preempted (evicted for lack of blocks,
   will be recomputed), finished, aborted.
