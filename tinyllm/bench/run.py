@@ -154,6 +154,8 @@ def agreement(outputs: dict[str, list[list[int]]], bf16_on_cpu: bool) -> tuple[d
         return agree, ok, None
     exact = [run for run in outputs if run.startswith("continuous-chunked")]
     return agree, all(outputs[run] == outputs[exact[0]] for run in exact), BF16_NOTE
+
+
 def run_bench(args) -> dict:
     from rich.console import Console
 

@@ -1,6 +1,6 @@
 /* A step's new K and V rows into a layer of the paged pool, CPU; float32 in, the pool float32 or
- * bfloat16 (rounded to nearest even as PyTorch's .to(torch.bfloat16) rounds: simd.h): both in one call (two
- * PyTorch index_copy_ calls cost ~40 us each at decode sizes, almost all of it dispatch). */
+ * bfloat16 (rounded to nearest even as PyTorch's .to(torch.bfloat16) rounds: simd.h): both in one
+ * call (two PyTorch index_copy_ calls cost ~40 us each at decode sizes, almost all of it dispatch). */
 #include <stdint.h>
 #include <string.h>
 
