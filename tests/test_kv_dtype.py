@@ -188,11 +188,18 @@ def test_an_unknown_kv_cache_dtype_is_refused_naming_the_choices(model, bad):
         generate(model, [1, 2], 2, kv_cache_dtype=bad)
 
 
+def test_the_command_line_takes_the_short_names_too():
+    from tinyllm.args import kv_dtype_arg
+    assert [kv_dtype_arg(s) for s in ("auto", "float32", "bfloat16", "fp32", "bf16")] == \
+        ["auto", "float32", BF16, "float32", BF16]
+
+
 def test_a_lane_takes_its_own_kv_dtype_and_refuses_a_bad_one():
     assert parse_lane("fcfs kv_dtype=bfloat16").kv_dtype == BF16
     assert parse_lane("static kv_dtype=float32").kv_dtype == "float32"
+    assert parse_lane("fcfs kv_dtype=bf16").kv_dtype == BF16 and parse_lane("fcfs kv_dtype=fp32").kv_dtype == "float32"
     assert "KV bfloat16" in parse_lane("fcfs kv_dtype=bfloat16").describe()
-    with pytest.raises(LaneSpecError, match=r"kv_dtype must be one of auto, float32, bfloat16, got 'fp8'"):
+    with pytest.raises(LaneSpecError, match=r"kv_dtype must be one of auto, float32, bfloat16 \(fp32, bf16\), got 'fp8'"):
         parse_lane("fcfs kv_dtype=fp8")
 
 

@@ -67,6 +67,26 @@ def test_every_lane_gets_what_the_same_memory_buys(model):
     assert race.lanes[0].engine.batch_size == 4 and race.lanes[1].engine.slots.n_slots == 4
 
 
+def test_a_bfloat16_lane_gets_twice_what_the_same_memory_buys_and_says_bf16(model):
+    """kv_dtype=bfloat16 (or the race's --kv-cache-dtype): half the bytes per token, so the same
+    MiB buys twice the rows and blocks, every request still runs to the end, and the lane's
+    capacity names the dtype (why the same MiB runs more)."""
+    mib = budget_of(model, 4)
+    lanes = parse_lanes(["static", "static kv_dtype=bf16", "chunked", "chunked kv_dtype=bfloat16", "continuous"])
+    race = build_race(model, short_work(), 99, MAX_LEN, block_size=BLOCK, lanes=lanes, step_cost_s=0.01,
+                      kv_memory_mib=mib)
+    assert [(lane.seqs, lane.kv_blocks) for lane in race.lanes] == [(4, None), (8, None), (64, 32), (64, 64), (4, None)]
+    assert [v.kv_dtype for v in race.views()] == ["float32", "bfloat16", "float32", "bfloat16", "float32"]
+    assert race.views()[1].capacity == capacity(8, mib, "bfloat16") == f"8 seqs · {capacity(8, mib)[9:]} bf16"
+    assert race.views()[0].capacity == capacity(4, mib)
+    run(race)
+    assert all(v.done == v.total == 16 for v in race.views())
+    every = build_race(model, short_work(), 99, MAX_LEN, block_size=BLOCK, lanes=parse_lanes(["static", "chunked"]),
+                       step_cost_s=0.01, kv_memory_mib=mib, kv_cache_dtype="bfloat16")
+    assert [(lane.seqs, lane.kv_blocks, lane.kv_dtype) for lane in every.lanes] == [(8, None, "bfloat16"),
+                                                                                   (64, 64, "bfloat16")]
+
+
 def test_max_num_seqs_caps_every_lane_at_a_budget(model):
     race = build_race(model, short_work(), 99, MAX_LEN, block_size=BLOCK, step_cost_s=0.01,
                       kv_memory_mib=budget_of(model, 4), max_num_seqs=3)

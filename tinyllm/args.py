@@ -66,10 +66,18 @@ def add_policy_arg(p: argparse.ArgumentParser) -> None:
                         "lower first, may preempt; fair: shares the token budget between tenants)")
 
 
+def kv_dtype_arg(s: str) -> str:
+    """--kv-cache-dtype: auto, float32 or bfloat16 (fp32, bf16: the screen's short names)."""
+    from tinyllm.request import kv_dtype_name
+    name = kv_dtype_name(s)
+    if name is None:
+        raise argparse.ArgumentTypeError(f"expected auto, float32 or bfloat16 (fp32, bf16), got {s!r}")
+    return name
+
+
 def add_kv_dtype_arg(p: argparse.ArgumentParser) -> None:
     """``--kv-cache-dtype`` (vLLM's option name), the same for the app, bench, race and server."""
-    from tinyllm.request import KV_CACHE_DTYPES
-    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto", metavar="DTYPE",
+    p.add_argument("--kv-cache-dtype", type=kv_dtype_arg, default="auto", metavar="DTYPE",
                    help="the KV cache's element type: auto (the model's: float32 on CPU), float32, or bfloat16 "
                         "(half the KV memory per token: twice the sequences a --kv-memory budget buys, half the "
                         "bytes attention reads; greedy text can differ from float32's)")

@@ -20,6 +20,14 @@ DEFAULT_MAX_BATCHED_TOKENS = 256      # the token-budget scheduler's default bud
 DEFAULT_MAX_NUM_SEQS = 64             # the default cap on running sequences (vLLM's max_num_seqs)
 SCHEDULING_POLICIES = ("fcfs", "priority", "shortest-first", "fair")   # engine/policy.py: one class each
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")   # vLLM's kv_cache_dtype, those that apply (engine/forward.py)
+KV_DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32"}   # the screen's short names, accepted where users type
+
+
+def kv_dtype_name(text: str) -> str | None:
+    """A K/V dtype as a user typed it (a KV_CACHE_DTYPES name or a short one), canonical; None if
+    it is neither."""
+    name = KV_DTYPE_ALIASES.get(text, text)
+    return name if name in KV_CACHE_DTYPES else None
 GREEDY_BELOW = 1e-5                   # a temperature below this is greedy (vLLM's _SAMPLING_EPS)
 
 

@@ -116,7 +116,7 @@ def print_report(console: Console, report: dict) -> None:
     for t in path_tables(console, report):
         console.print(t)
     if report.get("agreement_note"):
-        console.print(f"[yellow]note:[/] {report['agreement_note']} (the \"greedy =\" column)")
+        console.print(f"[yellow]note:[/] {report['agreement_note']}")
     name_w = max(map(len, paths))              # every bar starts in the same column, whatever the names
     width = max(10, min(40, console.width - name_w - 12))
     top = max(s["tok_s"] for s in paths.values())

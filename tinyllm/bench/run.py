@@ -133,8 +133,9 @@ def concurrency(settings: dict, bytes_per_token: int) -> tuple[int, int | None]:
 
 # -- the command ----------------------------------------------------------------------------------
 BF16_NOTE = ("at bfloat16 K/V the paths on PyTorch's attention (static, slots, paged's prefill, solo generate) "
-             "can pick other tokens late in a run: rounding turns float noise into bfloat16 steps; the "
-             "token-budget paths agree with each other")
+             "can pick other tokens late in a run (rounding turns float noise into bfloat16 steps), so the "
+             "\"greedy =\" column, each path against static, is below 100%; the token-budget paths were "
+             "checked to agree with each other")
 
 
 def agreement(outputs: dict[str, list[list[int]]], bf16_on_cpu: bool) -> tuple[dict[str, float], bool, str | None]:

@@ -39,6 +39,7 @@ class Lane:
         self.token_times: dict[int, list[float]] = {}   # rid -> when each of its tokens came (this clock)
         self._outcomes: tuple[RequestOutcome, ...] = ()
         self.seqs, self.kv_mib, self.kv_blocks = 0, None, None   # what it can run, its KV memory (build_race)
+        self.kv_dtype = ""                                          # its K/V element type (build_race)
 
     # -- what a subclass provides ---------------------------------------------------------------
     def _add(self, req: Request, arrival: float) -> int:
@@ -150,7 +151,7 @@ class Lane:
                         self.total, tokens, self.total_tokens, self.clock.now(),
                         percentile(ttft, 0.5) if ttft else None, st.decode_steps, st.computed_rows,
                         st.useful_rows, kv_used, kv_reserved, note, self.result(), tuple(self.trace), self.kind,
-                        self._outcomes, self.seqs, self.kv_mib, self.kv_blocks)
+                        self._outcomes, self.seqs, self.kv_mib, self.kv_blocks, self.kv_dtype)
 
 
 class StaticLane(Lane):

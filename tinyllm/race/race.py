@@ -96,6 +96,7 @@ def build_race(model, workload: Workload, slots: int, max_len: int, block_size: 
             built.append(_build_lane(model, workload, spec, f"lane{i}" if not plain else spec.kind, slots, max_len,
                                      block_size, kv_blocks, max_batched_tokens, batch_timeout_s, arrivals,
                                      step_cost_s, seed, mib, max_num_seqs, dtype))
+            built[-1].kv_dtype = str(kv_cache_dtype_of(next(model.parameters()).device, dtype)).removeprefix("torch.")
         except ValueError as e:
             msg = str(e)
             for name, opt in (("kv_memory_mib", where), ("max_num_seqs", "--max-num-seqs"), ("max_len", "--max-len")):

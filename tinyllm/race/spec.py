@@ -7,7 +7,7 @@ or a scheduling policy, meaning a token-budget lane with that policy) or ``key=v
     policy=fcfs|priority|shortest-first|fair   budget=N (tokens per step)   slots=N
     block=N (tokens per KV block)   blocks=N (KV pool size)   prefix=on|off   chunked=on|off
     kv=slots|paged (a continuous lane's cache)   kv_mib=MiB (the lane's KV memory budget)
-    kv_dtype=auto|float32|bfloat16 (the lane's KV cache element type; bfloat16: twice the tokens a MiB holds)
+    kv_dtype=auto|float32|bfloat16 (fp32, bf16; the lane's KV cache element type; bfloat16: twice the tokens a MiB holds)
 
 With a KV memory budget (``kv_mib=``, or the race's ``--kv-memory`` for every lane) the budget
 sizes the lane: static batching and the slot cache get the rows of max_len it buys, a paged lane
@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tinyllm.request import KV_CACHE_DTYPES, SCHEDULING_POLICIES
+from tinyllm.request import KV_CACHE_DTYPES, SCHEDULING_POLICIES, kv_dtype_name
 
 KINDS = ("static", "continuous", "chunked")
 KEYS = ("policy", "budget", "slots", "block", "blocks", "prefix", "chunked", "kv", "kv_mib", "kv_dtype")
@@ -114,9 +114,10 @@ def parse_lane(text: str) -> LaneSpec:
         elif key == "kv_mib":
             fields["kv_mib"] = _mib(label, key, v)
         elif key == "kv_dtype":
-            if v not in KV_CACHE_DTYPES:
-                raise LaneSpecError(f"lane {label!r}: kv_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {v!r}")
-            fields["kv_dtype"] = v
+            if kv_dtype_name(v) is None:
+                raise LaneSpecError(f"lane {label!r}: kv_dtype must be one of {', '.join(KV_CACHE_DTYPES)} "
+                                    f"(fp32, bf16), got {v!r}")
+            fields["kv_dtype"] = kv_dtype_name(v)
         elif key == "prefix":
             fields["prefix_cache"] = _switch(label, key, v)
         elif key == "chunked":

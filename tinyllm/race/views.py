@@ -30,11 +30,13 @@ def mib(x: float) -> str:
     return f"{x:.0f} MiB" if x >= 10 else f"{x:.3g} MiB"
 
 
-def capacity(seqs: int, kv_mib: float | None) -> str:
+def capacity(seqs: int, kv_mib: float | None, kv_dtype: str = "") -> str:
     """How many sequences the lane can run at once and the KV memory it holds: ``64 seqs · 32
-    MiB``. Unknown (0 / None, while loading): ``?``."""
+    MiB``, ``· 32 MiB bf16`` where its K/V is not float32 (the same MiB then holds twice the
+    tokens). Unknown (0 / None, while loading): ``?``."""
     n = f"{seqs} seq{'s' if seqs != 1 else ''}" if seqs else "? seqs"
-    return f"{n} · {'? MiB' if kv_mib is None else mib(kv_mib)}"
+    tag = {"bfloat16": " bf16"}.get(kv_dtype, "")
+    return f"{n} · {'? MiB' if kv_mib is None else mib(kv_mib)}{tag}"
 
 
 @dataclass(frozen=True)
@@ -91,11 +93,12 @@ class LaneView:
     seqs: int = 0                 # sequences it can run at once: batch size, slots, max_num_seqs (0: not known yet)
     kv_mib: float | None = None   # the KV memory it holds (static: rows of max_len), None: not known yet
     kv_blocks: int | None = None  # paged lanes: the pool's blocks
+    kv_dtype: str = ""            # its K/V element type ("float32", "bfloat16"; "": not known yet)
 
     @property
     def capacity(self) -> str:
         """``64 seqs · 32 MiB``: why a lane at the same memory runs more (or fewer) requests."""
-        return capacity(self.seqs, self.kv_mib)
+        return capacity(self.seqs, self.kv_mib, self.kv_dtype)
 
     @property
     def finished(self) -> bool:
