@@ -37,10 +37,16 @@ def check_panels(app: TinyLLMApp, frame: Frame | None = None) -> Frame:
         grid = app.query_one(SlotGrid)
         assert grid.snapshot == snap, "the slot grid shows another snapshot"
         assert grid.border_title == f"Slots ({snap.n_slots} × {snap.max_len} tokens)", grid.border_title
-        text = grid.render().plain
-        for sv in snap.slots:
+        text, shown = grid.render().plain, grid.shown()
+        for sv in snap.slots[:shown]:
             if sv.rid is not None:
                 assert f"#{sv.rid}" in text, f"slot {sv.slot} holds #{sv.rid}, the grid does not say so"
+        hidden = snap.slots[shown:]                       # a panel too short: its last row counts them
+        if hidden:
+            held = sum(sv.rid is not None for sv in hidden)
+            last = text.rsplit("\n", 1)[-1]
+            assert last.startswith(f"+{len(hidden)} more slot{'s' if len(hidden) != 1 else ''}: {held} held"), last
+            assert len(last) <= grid.size.width, last
         kv = app.query_one(KVPanel)
         assert kv.frame is not None and kv.frame.snapshot == snap, "the KV panel shows another snapshot"
         if app.has_class("-short"):                  # 80x24: the one bar names a dtype other than float32

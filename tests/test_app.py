@@ -13,7 +13,7 @@ from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
 from tinyllm.workload import bundled_workloads
 from tui.app import TinyLLMApp
-from tui.runners.interface import SetDelay, SetPaused, StepOnce
+from tui.runners.interface import SetDelay, SetPaused, StepOnce, Submit
 from tui.screens.race import RaceScreen
 from tui.runners.engine import EngineRunner
 from tui.screens.modals import GotoStep, HelpScreen, PromptPicker, SettingsScreen
@@ -510,6 +510,34 @@ async def test_engine_exception_is_shown_and_the_app_stays_usable():
         assert app.runner.paused
         await step(pilot, 3)                                          # still usable
         assert len(app.runner.frame.snapshot.request(rid).tokens) >= 3
+
+
+async def test_slots_the_panel_cannot_draw_are_counted_on_its_last_row():
+    """64 slots need 22 rows of 3 at 120 columns, the panel has 10: the last says what the 37 it
+    cannot draw hold, and the requests seated in them are counted there (the grid used to cut them
+    off unsaid); at 160x48 the same."""
+    from tests.screen_check import check_panels
+    app = make_app(kv="paged", slots=64, max_len=64, new=30, budget=256)
+    async with app.run_test(size=(120, 40)) as pilot:
+        for i in range(40):
+            app.runner.send(Submit(f"{i}:", RequestSettings(Sampling(), 30)))
+        await until(pilot, lambda: len(app.runner.frame.snapshot.requests) == 40, what="the 40 requests")
+        await step(pilot, 2)
+        snap = app.runner.frame.snapshot
+        grid = app.query_one(SlotGrid)
+        assert grid.size == (56, 10) and grid.shown() == 9 * 3          # 3 cells a row, the last row: the rest
+        held = sum(sv.rid is not None for sv in snap.slots[27:])
+        assert held == 13 and grid.render().plain.endswith("\n+37 more slots: 13 held, 24 free")   # (56 wide: no hint)
+        assert grid.render().plain.count("\n") == 9
+        check_panels(app)
+        await pilot.resize_terminal(160, 48)
+        await pilot.pause()
+        check_panels(app)
+        assert grid.shown() < 64 and "more slots" in grid.render().plain
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        check_panels(app)
+        assert grid.render().plain.rsplit("\n", 1)[-1].endswith(" free")      # no room for the hint
 
 
 @pytest.mark.parametrize("flag", [None, ("finish", 123), ("preempt", 123), ("abort", 7), ("admit", 5)])

@@ -19,7 +19,9 @@ CELL_W = 18
 class SlotGrid(Widget):
     """Cells like ``03 #12 ██████░░ 140`` (slot, request, context fill, context tokens). A free
     slot is dim; a slot that changed in the latest step is flagged (+ admitted, ✓ finished,
-    ⇣ preempt, ✗ aborted). Each cell is exactly CELL_W wide, so the grid stays aligned."""
+    ⇣ preempt, ✗ aborted). Each cell is exactly CELL_W wide, so the grid stays aligned. When the
+    panel has fewer rows than the slots need, its last row says what the slots it cannot draw
+    hold (``+24 more slots: 20 running, 4 free``) instead of cutting them off unsaid."""
 
     DEFAULT_CSS = "SlotGrid { height: auto; min-height: 1; }"
 
@@ -42,6 +44,27 @@ class SlotGrid(Widget):
         n = self.snapshot.n_slots if self.snapshot else 1
         return -(-n // self._per_row(width))
 
+    def shown(self) -> int:
+        """How many slots are drawn as cells: all of them, or those before the last row the panel
+        has, which then summarises the rest."""
+        n = len(self.snapshot.slots) if self.snapshot else 0
+        per_row, rows = self._per_row(self.size.width), self.size.height
+        return n if rows <= 0 or -(-n // per_row) <= rows else (rows - 1) * per_row
+
+    def more(self) -> str:
+        """The summary of the slots not drawn, as much of it as the width takes ("" when every
+        slot is drawn)."""
+        hidden = self.snapshot.slots[self.shown():] if self.snapshot else ()
+        if not hidden:
+            return ""
+        held = sum(sv.rid is not None for sv in hidden)
+        head = f"+{len(hidden)} more slot{'s' if len(hidden) != 1 else ''}: {held} held"
+        for text in (f"{head}, {len(hidden) - held} free (a taller terminal shows them)",
+                     f"{head}, {len(hidden) - held} free"):
+            if len(text) <= self.size.width:
+                return text
+        return head
+
     def render_line(self, y: int) -> Strip:
         """Line API: one row of cells, straight to segments (no Rich layout pass: this widget
         changes every frame while the engine runs)."""
@@ -50,22 +73,26 @@ class SlotGrid(Widget):
         base = self.rich_style
         if snap is None:
             return Strip([Segment("starting…", base)]).crop_extend(0, width, base)
-        per_row = self._per_row(width)
+        per_row, shown = self._per_row(width), self.shown()
+        if y * per_row >= shown and shown < len(snap.slots):
+            return Strip([Segment(self.more(), on(base, DIM))] if y * per_row == shown else []).crop_extend(0, width, base)
         segments = [Segment(text, on(base, style))
-                    for sv in snap.slots[y * per_row:(y + 1) * per_row] for text, style in self._cell(sv)]
+                    for sv in snap.slots[y * per_row:min(shown, (y + 1) * per_row)] for text, style in self._cell(sv)]
         return Strip(segments).crop_extend(0, width, base)
 
-    def render(self) -> Text:                         # plain text of the grid (tests, copy-out)
+    def render(self) -> Text:                         # plain text of the grid as drawn (tests, copy-out)
         snap = self.snapshot
         if snap is None:
             return Text("starting…", style="dim")
-        per_row = self._per_row(self.size.width)
+        per_row, shown = self._per_row(self.size.width), self.shown()
         out = Text(no_wrap=True, overflow="crop")
-        for i, sv in enumerate(snap.slots):
+        for i, sv in enumerate(snap.slots[:shown]):
             if i and i % per_row == 0:
                 out.append("\n")
             for text, style in self._cell(sv):
                 out.append(text, style)
+        if shown < len(snap.slots):
+            out.append("\n" + self.more(), style="dim")
         return out
 
     def _cell(self, sv) -> list[tuple[str, Style]]:
