@@ -537,7 +537,7 @@ async def test_slots_the_panel_cannot_draw_are_counted_on_its_last_row():
         await pilot.resize_terminal(80, 24)
         await pilot.pause()
         check_panels(app)
-        assert grid.render().plain.rsplit("\n", 1)[-1].endswith(" free")      # no room for the hint
+        assert grid.render().plain.rsplit("\n", 1)[-1].endswith(" free")
 
 
 @pytest.mark.parametrize("flag", [None, ("finish", 123), ("preempt", 123), ("abort", 7), ("admit", 5)])

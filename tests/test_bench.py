@@ -137,7 +137,7 @@ def test_chart_bars_start_in_one_column(tiny_bench, width):
 
 
 def test_agreement_enforces_every_path_and_at_bfloat16_the_token_budget_paths():
-    from tinyllm.bench.run import BF16_NOTE, agreement
+    from tinyllm.bench.run import BF16_NOTE, CHECKED, UNCHECKED, agreement
     a, b, c = [1, 2], [3, 4], [5, 6]
     same = {"solo": [a], "static (memory)": [a, b], "continuous-slots (memory)": [a, b],
             "continuous-chunked (memory)": [a, b], "continuous-chunked-nocache (slots)": [a, b], "transformers": [a, c]}
@@ -145,7 +145,10 @@ def test_agreement_enforces_every_path_and_at_bfloat16_the_token_budget_paths():
     assert agreement(same, True)[1:] == (True, None)
     slots_off = {**same, "continuous-slots (memory)": [a, c]}           # a PyTorch-attention path differs
     assert agreement(slots_off, False)[1:] == (False, None)
-    assert agreement(slots_off, True)[1:] == (True, BF16_NOTE)
+    assert agreement(slots_off, True)[1:] == (True, BF16_NOTE + CHECKED)
     chunked_off = {**slots_off, "continuous-chunked (memory)": [c, b]}  # a token-budget path differs from another
-    agree, ok, _ = agreement(chunked_off, True)
-    assert not ok and agree["continuous-chunked (memory)"] == 0.5
+    agree, ok, note = agreement(chunked_off, True)
+    assert not ok and note is None and agree["continuous-chunked (memory)"] == 0.5
+    one_chunked = {k: v for k, v in slots_off.items() if k != "continuous-chunked-nocache (slots)"}
+    assert agreement(one_chunked, True)[1:] == (True, BF16_NOTE + UNCHECKED)     # nothing to check it against
+    assert agreement(one_chunked, False)[1] is False

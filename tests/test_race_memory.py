@@ -157,8 +157,8 @@ def test_tinyllm_whatif_at_equal_memory_prints_each_lanes_sequences_and_memory(t
     text = capsys.readouterr().out
     assert "2 seqs · 0.75 MiB" in text and "64 seqs · 0.75 MiB" in text
     doc = json.loads(out.read_text())
-    assert [(lane["seqs"], lane["kv_mib"], lane["kv_blocks"]) for lane in doc["lanes"]] == \
-        [(2, 0.75, None), (2, 0.75, None), (64, 0.75, 8)]
+    assert [(lane["seqs"], lane["kv_mib"], lane["kv_blocks"], lane["kv_dtype"]) for lane in doc["lanes"]] == \
+        [(2, 0.75, None, "float32"), (2, 0.75, None, "float32"), (64, 0.75, 8, "float32")]
     assert doc["lanes"][2]["decode_steps"] < doc["lanes"][1]["decode_steps"]    # all 6 at once, not 2 by 2
 
 

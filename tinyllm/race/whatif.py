@@ -147,6 +147,7 @@ def to_json(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...], source: s
         "exact": "tokens, steps, admission order, preemptions, steps waited per reason",
         "clock_dependent": "every *_s figure (each lane's own clock: its compute time only)",
         "lanes": [{"name": v.title, "detail": v.detail, "seqs": v.seqs, "kv_mib": v.kv_mib, "kv_blocks": v.kv_blocks,
+                   "kv_dtype": v.kv_dtype,
                    **({} if v.result is None else vars(v.result)),
                    "groups": group_figures(rows, i, by)} for i, v in enumerate(lanes)],
         "group_by": by,

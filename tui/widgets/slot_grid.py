@@ -21,7 +21,7 @@ class SlotGrid(Widget):
     slot is dim; a slot that changed in the latest step is flagged (+ admitted, ✓ finished,
     ⇣ preempt, ✗ aborted). Each cell is exactly CELL_W wide, so the grid stays aligned. When the
     panel has fewer rows than the slots need, its last row says what the slots it cannot draw
-    hold (``+24 more slots: 20 running, 4 free``) instead of cutting them off unsaid."""
+    hold (``+24 more slots: 20 held, 4 free``) instead of cutting them off unsaid."""
 
     DEFAULT_CSS = "SlotGrid { height: auto; min-height: 1; }"
 
@@ -53,17 +53,14 @@ class SlotGrid(Widget):
 
     def more(self) -> str:
         """The summary of the slots not drawn, as much of it as the width takes ("" when every
-        slot is drawn)."""
+        slot is drawn). (The panel's height is fixed by the layout: a wider one shows more.)"""
         hidden = self.snapshot.slots[self.shown():] if self.snapshot else ()
         if not hidden:
             return ""
         held = sum(sv.rid is not None for sv in hidden)
         head = f"+{len(hidden)} more slot{'s' if len(hidden) != 1 else ''}: {held} held"
-        for text in (f"{head}, {len(hidden) - held} free (a taller terminal shows them)",
-                     f"{head}, {len(hidden) - held} free"):
-            if len(text) <= self.size.width:
-                return text
-        return head
+        full = f"{head}, {len(hidden) - held} free"
+        return full if len(full) <= self.size.width else head
 
     def render_line(self, y: int) -> Strip:
         """Line API: one row of cells, straight to segments (no Rich layout pass: this widget
@@ -92,7 +89,7 @@ class SlotGrid(Widget):
             for text, style in self._cell(sv):
                 out.append(text, style)
         if shown < len(snap.slots):
-            out.append("\n" + self.more(), style="dim")
+            out.append(("\n" if shown else "") + self.more(), style="dim")
         return out
 
     def _cell(self, sv) -> list[tuple[str, Style]]:
