@@ -643,3 +643,14 @@ def test_linear_reads_strided_input_and_leaves_what_it_cannot_run_to_pytorch():
     assert native.linear(x, packed.transpose(1, 2).contiguous().transpose(1, 2), 24) is None
     assert native.linear(x, packed, 24, add=torch.randn(10, 23)) is None
     assert native.pack_linear(w.double()) is None and native.pack_linear(torch.randn(3)) is None
+
+
+def test_an_engine_builds_the_kernels_when_it_is_made_not_in_its_first_step(monkeypatch):
+    """A first build takes seconds: made with the engine (the app's LOADING, the server's start-up),
+    it does not land in the first request's TTFT."""
+    from tests.helpers import random_model
+    from tinyllm.engine import ContinuousEngine
+    calls = []
+    monkeypatch.setattr(native, "library", lambda: calls.append(1))
+    ContinuousEngine(random_model(), 2, 64)
+    assert calls

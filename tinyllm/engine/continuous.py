@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from tinyllm.engine.build import check_settings, make_cache, make_scheduler, resolve_concurrency
+from tinyllm import native
 from tinyllm.engine import forward
 from tinyllm.engine.forward import ModelRunner, Prefilled, kv_bytes_per_token
 from tinyllm.engine.heap import freeze_startup_heap
@@ -89,6 +90,8 @@ class ContinuousEngine:
         freeze_startup_heap()                        # no full-GC pauses mid-run (heap.py)
         model.eval()
         device = next(model.parameters()).device
+        if device.type == "cpu":
+            native.library()        # the C kernels built now (a first build takes seconds), not in a first TTFT
         kv_dtype = forward.kv_cache_dtype(device, kv_cache_dtype)        # (a ValueError names the choices)
         bytes_per_token = kv_bytes_per_token(model, device, kv_cache_dtype)
         n_slots, kv_blocks = resolve_concurrency(
