@@ -153,3 +153,21 @@ def test_tinyllm_whatif_refuses_a_broken_recording_in_one_line(tmp_path, capsys)
 def test_a_recordings_arrivals_start_at_zero():
     arrivals, _ = requests_from_recording(RECORDING)
     assert min(t for t, _ in arrivals) == 0.0
+
+
+def test_max_new_tokens_that_no_request_takes_is_said_to_be_unused(tmp_path):
+    """--max-new-tokens fills workload lines without their own max_new_tokens; given where every
+    request has its own (a new user read it as a cap), the command says it is unused."""
+    enc = lambda text: [ord(c) % 200 + 1 for c in text]                 # noqa: E731  (no tokenizer needed)
+    own, mixed = tmp_path / "own.jsonl", tmp_path / "mixed.jsonl"
+    own.write_text('{"prompt": "a", "max_new_tokens": 5}\n{"prompt": "b", "max_new_tokens": 7}\n')
+    mixed.write_text('{"prompt": "a", "max_new_tokens": 5}\n{"prompt": "b"}\n')
+    arrivals, warning = load_arrivals(str(own), enc, 64, 16, asked_new=True)
+    assert [r.max_new_tokens for _, r in arrivals] == [5, 7]
+    assert warning == ("--max-new-tokens 16 is unused: every request of own.jsonl sets its own (it fills only "
+                       "workload lines without max_new_tokens)")
+    assert load_arrivals(str(own), enc, 64, 16)[1] is None                 # not asked: nothing to say
+    arrivals, warning = load_arrivals(str(mixed), enc, 64, 16, asked_new=True)
+    assert [r.max_new_tokens for _, r in arrivals] == [5, 16] and warning is None
+    recording = Path(__file__).parent / "data" / "preemption-run.jsonl"
+    assert "--max-new-tokens 16 is unused" in load_arrivals(str(recording), enc, 512, 16, asked_new=True)[1]

@@ -153,7 +153,8 @@ def cmd_whatif(args) -> None:
     torch.set_num_threads(args.threads)
     model, tok = load_model(args)
     try:
-        arrivals, warning = load_arrivals(args.source, tok.encode, args.max_len, args.max_new_tokens)
+        arrivals, warning = load_arrivals(args.source, tok.encode, args.max_len, args.max_new_tokens or 64,
+                                          asked_new=args.max_new_tokens is not None)
         race = build_race(model, arrivals, args.slots, args.max_len, args.block_size, args.kv_blocks,
                           args.max_batched_tokens, lanes=lanes, step_cost_s=args.step_cost,
                           kv_memory_mib=args.kv_memory, max_num_seqs=args.max_num_seqs,
@@ -321,8 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with a KV budget: the cap on each lane's running sequences (default 64)")
     wi.add_argument("--max-batched-tokens", type=positive_int, default=None, metavar="N",
                     help="every chunked lane's default token budget per step (256)")
-    wi.add_argument("--max-new-tokens", type=positive_int, default=64, metavar="N",
-                    help="a workload line without max_new_tokens (64)")
+    wi.add_argument("--max-new-tokens", type=positive_int, default=None, metavar="N",
+                    help="for a workload line without max_new_tokens (64; not a cap: a line's own wins)")
     wi.add_argument("--step-cost", type=non_negative_float, default=None, metavar="S",
                     help="charge every step exactly S seconds instead of measuring it (times become exact)")
     wi.add_argument("--rows", type=positive_int, default=20, metavar="N", help="requests shown, most changed first (20)")

@@ -66,19 +66,26 @@ def is_recording(path: str | Path) -> bool:
     return f'"format":"{FORMAT}"' in first.replace(" ", "")
 
 
-def load_arrivals(source: str, encode, max_len: int, default_new: int) -> tuple[Arrivals, str | None]:
+def load_arrivals(source: str, encode, max_len: int, default_new: int,
+                  asked_new: bool = False) -> tuple[Arrivals, str | None]:
     """The requests of a recording or a workload (a file, or a bundled workload's name), as
-    (arrival_s, Request); and a warning to show (a recording cut off). RecordingError /
-    WorkloadError / ContextTooLong say what is wrong."""
+    (arrival_s, Request); and a warning to show (a recording cut off; ``asked_new``: the user gave
+    ``default_new`` and no request takes it). RecordingError / WorkloadError / ContextTooLong say
+    what is wrong."""
     from tinyllm.workload import load_workload, resolve_workload, tokenize_checked
+    unused = (f"--max-new-tokens {default_new} is unused: every request of {Path(source).name} sets its own "
+              f"(it fills only workload lines without max_new_tokens)")
     path = Path(source).expanduser()
     if path.exists() and is_recording(path):
-        return requests_from_recording(path)
+        arrivals, warning = requests_from_recording(path)
+        return arrivals, "; ".join(w for w in (warning, unused if asked_new else None) if w) or None
     path = resolve_workload(source)
     items = load_workload(path)
     ids = tokenize_checked(items, path, encode, max_len, default_new)
+    takes = any(not it.max_new_tokens for it in items)
     return [(it.arrival_s, Request(i, it.max_new_tokens or default_new, priority=it.priority or 0,
-                                   tenant=it.tenant or "")) for it, i in zip(items, ids)], None
+                                   tenant=it.tenant or "")) for it, i in zip(items, ids)], \
+        unused if asked_new and not takes else None
 
 
 @dataclass(frozen=True)
