@@ -20,14 +20,20 @@ DEFAULT_MAX_BATCHED_TOKENS = 256      # the token-budget scheduler's default bud
 DEFAULT_MAX_NUM_SEQS = 64             # the default cap on running sequences (vLLM's max_num_seqs)
 SCHEDULING_POLICIES = ("fcfs", "priority", "shortest-first", "fair")   # engine/policy.py: one class each
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")   # vLLM's kv_cache_dtype, those that apply (engine/forward.py)
-KV_DTYPE_ALIASES = {"bf16": "bfloat16", "fp32": "float32"}   # the screen's short names, accepted where users type
+KV_DTYPE_SHORT = {"float32": "fp32", "bfloat16": "bf16"}   # how the screen writes them; accepted as typed
 
 
 def kv_dtype_name(text: str) -> str | None:
     """A K/V dtype as a user typed it (a KV_CACHE_DTYPES name or a short one), canonical; None if
     it is neither."""
-    name = KV_DTYPE_ALIASES.get(text, text)
+    name = {short: full for full, short in KV_DTYPE_SHORT.items()}.get(text, text)
     return name if name in KV_CACHE_DTYPES else None
+
+
+def kv_dtype_tag(name: str) -> str:
+    """A K/V element type's short name where it is not float32 (``bf16``), for the places that say
+    it only then (the status line, the 80x24 KV bar, a race lane's title); "" for float32 or unknown."""
+    return "" if name in ("", "float32") else KV_DTYPE_SHORT.get(name, name)
 GREEDY_BELOW = 1e-5                   # a temperature below this is greedy (vLLM's _SAMPLING_EPS)
 
 

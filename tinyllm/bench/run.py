@@ -25,7 +25,7 @@ from tinyllm import native
 from tinyllm.model.device import resolve_device
 from tinyllm.engine import (DEFAULT_MAX_BATCHED_TOKENS, Request, kv_bytes_per_token, percentile, run_continuous,
                             run_static)
-from tinyllm.engine.forward import kv_cache_dtype
+from tinyllm.engine.forward import kv_cache_dtype, kv_cache_dtype_name
 from tinyllm.engine.generate import generate
 from tinyllm.args import add_kv_dtype_arg, add_policy_arg
 from tinyllm.engine.build import MIB, resolve_concurrency, rows_for_budget
@@ -276,7 +276,7 @@ def run_bench(args) -> dict:
         "model": {"name": model_name, "params": model.num_params(), "config": model.cfg.__dict__},
         "workload": wl_desc, "slots": args.slots, "batch": args.batch,
         "memory": {"kv_memory_mib": budget_mib, "max_len": max_len, "bytes_per_token": bpt,
-                   "kv_cache_dtype": str(kv_cache_dtype(device, args.kv_cache_dtype)).removeprefix("torch."),
+                   "kv_cache_dtype": kv_cache_dtype_name(device, args.kv_cache_dtype),
                    "max_num_seqs": args.max_num_seqs, "block_size": BLOCK_SIZE,
                    "rows": min(args.max_num_seqs, rows_for_budget(budget_mib, max_len, bpt)),
                    "blocks": int(budget_mib * MIB // (BLOCK_SIZE * bpt))},

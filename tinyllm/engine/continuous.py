@@ -102,7 +102,7 @@ class ContinuousEngine:
         self.model = model
         self.device = device
         self.kv_cache_dtype = kv_cache_dtype                 # as asked ("auto" too); the caches' own: slots.k.dtype
-        self._kv_dtype_name = str(kv_dtype).removeprefix("torch.")
+        self._kv_dtype_name = forward.kv_cache_dtype_name(device, kv_cache_dtype)
         self.n_slots = n_slots                               # the cap on running sequences (max_num_seqs)
         self.kv_memory_mib = kv_memory_mib                   # the budget it came from, if one was set
         self.max_num_seqs = max_num_seqs                     # the cap asked for with it (None: the default)

@@ -50,6 +50,11 @@ def kv_cache_dtype(device: torch.device | str, name: str = "auto") -> torch.dtyp
     return getattr(torch, name)
 
 
+def kv_cache_dtype_name(device: torch.device | str, name: str = "auto") -> str:
+    """``kv_cache_dtype`` resolved, as a name: "float32", "bfloat16" (what snapshots and reports say)."""
+    return str(kv_cache_dtype(device, name)).removeprefix("torch.")
+
+
 def kv_bytes_per_token(model: Transformer, device: torch.device, kv_dtype: str = "auto") -> int:
     """Bytes of K/V one token holds in every layer's cache, at ``kv_dtype`` (a KV_CACHE_DTYPES name)."""
     elem = kv_cache_dtype(device, kv_dtype).itemsize

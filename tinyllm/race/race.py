@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from tinyllm.engine import Request, kv_bytes_per_token
-from tinyllm.engine.forward import kv_cache_dtype as kv_cache_dtype_of
+from tinyllm.engine.forward import kv_cache_dtype_name
 from tinyllm.engine.build import MIB, resolve_concurrency
 from tinyllm.engine.static import StaticBatcher
 from tinyllm.race.clock import LaneClock
@@ -85,7 +85,7 @@ def build_race(model, workload: Workload, slots: int, max_len: int, block_size: 
         if bad is not None:
             raise ValueError(f"a request's prompt has token id {bad}, outside the model's vocabulary "
                              f"[0, {model.cfg.vocab_size}): recorded with another model?")
-    kv_cache_dtype_of(next(model.parameters()).device, kv_cache_dtype)      # a ValueError names the choices
+    kv_cache_dtype_name(next(model.parameters()).device, kv_cache_dtype)    # a ValueError names the choices
     plain = all(s.label == s.kind for s in specs) and len({s.kind for s in specs}) == len(specs)
     built: list[Lane] = []
     for i, spec in enumerate(specs):
@@ -96,7 +96,7 @@ def build_race(model, workload: Workload, slots: int, max_len: int, block_size: 
             built.append(_build_lane(model, workload, spec, f"lane{i}" if not plain else spec.kind, slots, max_len,
                                      block_size, kv_blocks, max_batched_tokens, batch_timeout_s, arrivals,
                                      step_cost_s, seed, mib, max_num_seqs, dtype))
-            built[-1].kv_dtype = str(kv_cache_dtype_of(next(model.parameters()).device, dtype)).removeprefix("torch.")
+            built[-1].kv_dtype = kv_cache_dtype_name(next(model.parameters()).device, dtype)
         except ValueError as e:
             msg = str(e)
             for name, opt in (("kv_memory_mib", where), ("max_num_seqs", "--max-num-seqs"), ("max_len", "--max-len")):

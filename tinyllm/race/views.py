@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tinyllm.request import kv_dtype_tag
+
 LANES = ("static", "continuous", "chunked")          # every lane, in the order they are shown
 LANE_TITLES = {
     "static": "static batching",
@@ -35,8 +37,8 @@ def capacity(seqs: int, kv_mib: float | None, kv_dtype: str = "") -> str:
     MiB``, ``· 32 MiB bf16`` where its K/V is not float32 (the same MiB then holds twice the
     tokens). Unknown (0 / None, while loading): ``?``."""
     n = f"{seqs} seq{'s' if seqs != 1 else ''}" if seqs else "? seqs"
-    tag = {"bfloat16": " bf16"}.get(kv_dtype, "")
-    return f"{n} · {'? MiB' if kv_mib is None else mib(kv_mib)}{tag}"
+    tag = kv_dtype_tag(kv_dtype)
+    return f"{n} · {'? MiB' if kv_mib is None else mib(kv_mib)}{' ' + tag if tag else ''}"
 
 
 @dataclass(frozen=True)

@@ -120,10 +120,11 @@ def run_server(engine: Any, tokenizer: Any, model_name: str, sock: socket.socket
     url = url_of(sock)
 
     def ready() -> None:
+        from tinyllm.engine.forward import kv_cache_dtype_name
         e = engine
         print(f"tinyllm serve: {model_name} on {url}  (OpenAI API at {url}/v1; {e.n_slots} slots, max_len "
               f"{e.max_len}, {e.slots.n_blocks} KV blocks of {e.slots.block_size} "
-              f"({str(e.slots.k.dtype).removeprefix('torch.')}), prefix cache "
+              f"({kv_cache_dtype_name(e.device, e.kv_cache_dtype)}), prefix cache "
               f"{'on' if e.prefix_cache else 'off'}; Ctrl+C stops)", flush=True)
 
     server = make_server(app, ready)

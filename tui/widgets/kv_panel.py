@@ -91,7 +91,8 @@ class KVPanel(Widget):
         """█ used, ▒ allocated but not yet used, ░ reserved: the three KV figures in one line (the
         panel's title says which is which at this size)."""
         kv = self.frame.snapshot.kv
-        nums = f" {kv.used_tokens}/{kv.allocated_tokens}/{kv.reserved_tokens} tok" + (f" {dtype_tag(kv)}" * bool(dtype_tag(kv)))
+        tag = dtype_tag(kv)
+        nums = f" {kv.used_tokens}/{kv.allocated_tokens}/{kv.reserved_tokens} tok{' ' + tag if tag else ''}"
         w = max(3, width - len(nums) - 3)
         total = max(1, kv.reserved_tokens)
         used = round(w * kv.used_tokens / total)

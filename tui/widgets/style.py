@@ -8,6 +8,8 @@ from functools import lru_cache
 
 from rich.style import Style
 
+from tinyllm.request import KV_DTYPE_SHORT, kv_dtype_tag
+
 STATE_COLOURS = {
     "queued": "#c08a00",
     "running": "#2a9d4a",
@@ -75,10 +77,9 @@ def duration(seconds: float | None) -> str:
 
 def dtype_short(name: str) -> str:
     """A K/V element type as the screen writes it: ``fp32``, ``bf16`` (others as given)."""
-    return {"float32": "fp32", "bfloat16": "bf16"}.get(name, name)
+    return KV_DTYPE_SHORT.get(name, name)
 
 
 def dtype_tag(kv) -> str:
-    """The K/V element type where it is not float32 (``bf16``), for the places too narrow to say
-    it always: the status line and the 80x24 KV bar; "" for float32 or unknown."""
-    return "" if kv.dtype in ("", "float32") else dtype_short(kv.dtype)
+    """A KVView's element type where it is not float32 (``bf16``; request.kv_dtype_tag)."""
+    return kv_dtype_tag(kv.dtype)
