@@ -39,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from array import array
 from pathlib import Path
 
 import torch
@@ -173,6 +174,8 @@ def load(path: Path) -> ctypes.CDLL:
     lib.decoder_layers.restype = ctypes.c_int
     lib.first_outside.argtypes = [ptr, i64, i64, i64]
     lib.first_outside.restype = i64
+    lib.ragged_rows.argtypes = [ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr]
+    lib.ragged_rows.restype = i64
     for name in ("rms_norm", "rope_inplace", "kv_store", "argmax_rows", "silu_mul", "linear_packed",
                  "pack_linear_weight"):
         getattr(lib, name).restype = None
@@ -412,6 +415,32 @@ def argmax(x: Tensor) -> Tensor | None:
         return None
     out = torch.empty(x.size(0), 1, dtype=torch.int64)
     lib.argmax_rows(x.data_ptr(), x.stride(0), x.size(0), x.size(1), out.data_ptr())
+    return out
+
+
+def ragged_rows(items: list[tuple[int, int, int]], tables: Tensor, block_size: int, total: int) -> Tensor | None:
+    """A ragged step's rows (``ragged_rows.c``): ``items`` (slot, start, n), ``total`` their n's sum,
+    ``tables`` (slots, width) int64 block ids, each slot's table in its row. (4, total) int64:
+    each token's position, pool row to write, length to attend (position + 1) and table (its
+    slot); None where the library cannot run. A ValueError names an item out of the tables'
+    range. The block ids are not checked (the kernels' callers check the rows and tables)."""
+    lib = library()
+    if (lib is None or not items or tables.dtype != torch.int64 or tables.dim() != 2 or not tables.is_cpu
+            or not tables.is_contiguous()):
+        return None
+    slots, starts, ns = (array("q", column) for column in zip(*items))
+    out = torch.empty(4, total, dtype=torch.int64)
+    at = out.data_ptr()
+    bad = lib.ragged_rows(slots.buffer_info()[0], starts.buffer_info()[0], ns.buffer_info()[0], len(items),
+                          tables.data_ptr(), tables.size(0), tables.size(1), block_size, total,
+                          at, at + 8 * total, at + 16 * total, at + 24 * total)
+    if bad:
+        if bad > len(items):
+            raise ValueError(f"ragged items hold more than {total} tokens")
+        slot, start, n = items[bad - 1]
+        raise ValueError(f"ragged item {bad - 1} (slot {slot}, positions {start}..{start + n - 1}) is outside "
+                         f"the block tables: slots 0..{tables.size(0) - 1}, positions "
+                         f"0..{tables.size(1) * block_size - 1}, at least one token")
     return out
 
 

@@ -47,6 +47,13 @@ class BlockPool:
         self.n_blocks, self.block_size = n_blocks, block_size
         self.max_blocks = math.ceil(max_len / block_size)
         self.tables: list[list[int]] = [[] for _ in range(n_slots)]
+        # The same tables as one flat row of ``table_width`` block ids per slot, past a table's end
+        # ``n_blocks`` (no block: the paged cache's scratch block), kept in step by ``_append`` and
+        # ``release``: the C kernels read a step's tables here in place (``PagedKVCache.table_rows``)
+        # instead of the step copying them out of the lists. (Wider than max_blocks by one where
+        # max_len is a whole number of blocks: ``occupy`` holds room for the position after a context.)
+        self.table_width = self.blocks_for(max_len + 1)
+        self.table_array = array("q", [n_blocks]) * (n_slots * self.table_width)
         self.ref = [0] * n_blocks                            # block → how many slots' tables hold it
         self._free: list[int] = list(range(n_blocks))        # a heap: lowest id first (easy to read)
         self.prefix_cache = False                            # set by the engine (chunked prefill only)
@@ -131,7 +138,7 @@ class BlockPool:
         self.activate(dst)
         for b in self.tables[src][:full]:
             self.ref[b] += 1
-            self.tables[dst].append(b)
+            self._append(dst, b)
         self.slot_keys[dst] = list(self.slot_keys[src][:full])
         self.lens[dst] = self.lens[src]
         if not partial:
@@ -166,7 +173,7 @@ class BlockPool:
             if self.ref[b] == 0:
                 del self._lru[b]                              # revived: keeps its key
             self.ref[b] += 1
-            self.tables[slot].append(b)
+            self._append(slot, b)
             self.slot_keys[slot].append(self.block_key[b])
         self.lens[slot] = len(blocks) * self.block_size
         self._dirty = True
@@ -210,6 +217,8 @@ class BlockPool:
                 else:
                     heapq.heappush(self._free, b)
         self.tables[slot] = []
+        w = self.table_width
+        self.table_array[slot * w:(slot + 1) * w] = array("q", [self.n_blocks]) * w
         self.slot_keys[slot] = []
         self.active[slot] = False
         self.lens[slot] = 0
@@ -273,5 +282,13 @@ class BlockPool:
                 del self.cached[self.block_key[b]]
                 self.block_key[b] = self.block_tokens[b] = None
             self.ref[b] = 1
-            self.tables[slot].append(b)
+            self._append(slot, b)
         self._dirty = True
+
+    def _append(self, slot: int, b: int) -> None:
+        """Block ``b`` joins the end of the slot's table (the list and its row in ``table_array``)."""
+        table = self.tables[slot]
+        if len(table) >= self.table_width:               # (never: a context fits max_len; the row's edge)
+            raise RuntimeError(f"slot {slot}'s block table would outgrow max_len ({self.max_len} tokens)")
+        self.table_array[slot * self.table_width + len(table)] = b
+        table.append(b)

@@ -48,6 +48,9 @@ class PagedKVCache(BlockPool):
         self.k = torch.zeros(shape, dtype=dtype, device=self.device)
         self.v = torch.zeros(shape, dtype=dtype, device=self.device)
         self._workspace = (torch.empty(0, dtype=dtype, device=self.device),) * 2
+        # the block tables as a (n_slots, table_width) tensor over BlockPool.table_array (the same
+        # memory, kept current by the pool): what the C kernels read a step's tables from
+        self.table_rows = torch.frombuffer(self.table_array, dtype=torch.int64).view(n_slots, self.table_width)
 
     def workspace(self, tokens: int) -> tuple[Tensor, Tensor]:
         """Two flat buffers (K, V), each big enough for ``tokens`` tokens of one layer, that
