@@ -177,10 +177,13 @@ def test_ranges_the_c_trusts_are_checked_first(model):
     cfg = model.cfg
     pool = filled_pool(LENS, 4, hkv=cfg.n_kv_heads, d=cfg.head_dim, seed=2, layers=cfg.n_layers)
     attn = RaggedAttention(pool, [(0, 0, 1), (1, 6, 1)])
-    tables, lens, row_table = attn._native
+    tables, lens, row_table = attn._native                             # (the pool's own tables)
+    assert tables.data_ptr() == pool.table_rows.data_ptr() and row_table.tolist() == [0, 1]
+    kept = int(tables[1, 0])
     tables[1, 0] = pool.k.size(1) // pool.block_size                  # one past the last block (scratch)
     with torch.no_grad(), pytest.raises(ValueError, match="block ids in 0.."):
         model(torch.tensor([[1, 2]]), cache=attn)
+    tables[1, 0] = kept
     attn = RaggedAttention(pool, [(0, 0, 1)])
     attn._pos[0] = model.rope_cos.size(0)
     with torch.no_grad(), pytest.raises(ValueError, match="rotary positions must be in"):

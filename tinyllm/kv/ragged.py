@@ -52,21 +52,26 @@ class RaggedAttention:
         one-token chunk: it sees exactly what a decode would). The slots' block tables must
         already cover ``start + n`` tokens."""
         self.pool, self.items = pool, items
-        dev, bs, tables = pool.device, pool.block_size, pool.tables
         self.n_decode = next((i for i, (_, _, n) in enumerate(items) if n != 1), len(items))
-        pos, write = [], []
-        for slot, start, n in items:
-            table = tables[slot]
-            if n == 1:                                   # a decode (most items): no inner loop
-                pos.append(start)
-                write.append(table[start // bs] * bs + start % bs)
-            else:
-                pos += range(start, start + n)
-                write += [table[p // bs] * bs + p % bs for p in range(start, start + n)]
-        self.total = len(pos)
-        self._pos = index_tensor(pos, dev)
-        self._write = index_tensor(write, dev)
-        self._native = self._native_plan()
+        self.total = sum(n for _, _, n in items)
+        rows = self._native_plan()
+        if rows is not None:                             # the C kernels': the rows built in C
+            self._pos, self._write, lens, row_table = rows
+            self._native: tuple[Tensor, Tensor, Tensor] | None = (pool.table_rows, lens, row_table)
+        else:
+            dev, bs, tables = pool.device, pool.block_size, pool.tables
+            pos, write = [], []
+            for slot, start, n in items:
+                table = tables[slot]
+                if n == 1:                               # a decode (most items): no inner loop
+                    pos.append(start)
+                    write.append(table[start // bs] * bs + start % bs)
+                else:
+                    pos += range(start, start + n)
+                    write += [table[p // bs] * bs + p % bs for p in range(start, start + n)]
+            self._pos = index_tensor(pos, dev)
+            self._write = index_tensor(write, dev)
+            self._native = None
         # the PyTorch path's plans, made at its first layer (the kernel needs none of them)
         self._chunks: list[tuple[Tensor, int, Tensor]] | None = None
         self._decode: list[tuple[Tensor, Tensor, int, Tensor]] | None = None
@@ -74,28 +79,18 @@ class RaggedAttention:
         self._bounds_checked = False                   # the kernel's tables and lens range-checked
         self._write_checked = False                    # the write rows range-checked
 
-    def _native_plan(self) -> tuple[Tensor, Tensor, Tensor | None] | None:
+    def _native_plan(self) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
         """What the C kernel (``tinyllm/native.py``) needs to attend every token of the step in
-        one call, reading the pool in place: each item's block table (items, widest), each
-        token's length (its position + 1: a chunk's tokens are causal from its start) and which
-        table each token reads (None when every item is one token). None where it cannot run
-        (not CPU float32, no compiler). Built once per step, shared by every layer."""
-        pool, items = self.pool, self.items
-        if not items or pool.device.type != "cpu" or pool.k.dtype not in native.POOL_DTYPES or native.library() is None:
+        one call, reading the pool in place, with the tokens' positions and write rows: per
+        token, its position, pool row, length (its position + 1: a chunk's tokens are causal
+        from its start) and table, the tables being the pool's own (``table_rows``: its slot's
+        row). None where it cannot run (not CPU, a pool dtype it does not read, no compiler).
+        Built once per step, in C, shared by every layer."""
+        pool = self.pool
+        if not self.items or pool.device.type != "cpu" or pool.k.dtype not in native.POOL_DTYPES:
             return None
-        bs, scratch, tables = pool.block_size, pool.scratch, pool.tables
-        need = [(start + n + bs - 1) // bs for _, start, n in items]
-        width = max(need)
-        flat: list[int] = []                             # the tables row after row, padded to width
-        for (slot, _, _), nb in zip(items, need):
-            table = tables[slot]
-            flat += table if len(table) == nb else table[:nb]
-            if nb < width:
-                flat += [scratch] * (width - nb)
-        row_table = None
-        if self.total != len(items):
-            row_table = index_tensor([i for i, (_, _, n) in enumerate(items) for _ in range(n)])
-        return index_tensor(flat).view(len(items), width), self._pos + 1, row_table
+        rows = native.ragged_rows(self.items, pool.table_rows, pool.block_size, self.total)
+        return None if rows is None else tuple(rows)
 
     def _decode_plan(self) -> list[tuple[Tensor, Tensor, int, Tensor]]:
         """The decode rows in groups of similar length, each (rows, block ids, window W, additive
