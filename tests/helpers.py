@@ -71,6 +71,10 @@ def check_invariants(eng: ContinuousEngine) -> None:
                 assert not table, f"idle slot {s} holds blocks {table}"
         for b in range(slots.n_blocks):
             assert slots.ref[b] == held.get(b, 0), f"block {b}: ref {slots.ref[b]} but held by {held.get(b, 0)}"
+        w = slots.table_width                             # the flat copy the C kernels read: the same tables
+        for s, table in enumerate(slots.tables):
+            row = slots.table_rows[s].tolist()
+            assert row == table + [slots.n_blocks] * (w - len(table)), f"slot {s}: table_rows {row} != {table}"
         free, lru = set(slots._free), set(slots._lru)
         assert free.isdisjoint(held) and lru.isdisjoint(held) and free.isdisjoint(lru)
         assert len(held) + len(free) + len(lru) == slots.n_blocks == len(held) + slots.num_free_blocks()

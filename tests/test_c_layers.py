@@ -172,25 +172,30 @@ def test_taken_only_where_every_op_runs_on_the_kernels(monkeypatch):
 
 
 def test_ranges_the_c_trusts_are_checked_first(model):
-    """A block id past the pool, or a position past the rotary tables: a ValueError before any
-    layer runs, never a read out of bounds."""
+    """A block id past the pool in a table a step reads, an item past the tables, or a position
+    past the rotary tables: a ValueError before any layer runs, never a read out of bounds."""
     cfg = model.cfg
     pool = filled_pool(LENS, 4, hkv=cfg.n_kv_heads, d=cfg.head_dim, seed=2, layers=cfg.n_layers)
     attn = RaggedAttention(pool, [(0, 0, 1), (1, 6, 1)])
     tables, lens, row_table = attn._native                             # (the pool's own tables)
     assert tables.data_ptr() == pool.table_rows.data_ptr() and row_table.tolist() == [0, 1]
+    assert lens.tolist() == [1, 7] and attn._pos.tolist() == [0, 6]
+    assert attn._write.tolist() == [pool.tables[0][0] * 4, pool.tables[1][1] * 4 + 2]
     kept = int(tables[1, 0])
     tables[1, 0] = pool.k.size(1) // pool.block_size                  # one past the last block (scratch)
-    with torch.no_grad(), pytest.raises(ValueError, match="block ids in 0.."):
-        model(torch.tensor([[1, 2]]), cache=attn)
+    with pytest.raises(ValueError, match=r"ragged item 1 \(slot 1, positions 6..6\): its block table does not hold"):
+        RaggedAttention(pool, [(0, 0, 1), (1, 6, 1)])
     tables[1, 0] = kept
+    past = len(pool.tables[0]) * pool.block_size                      # the first position slot 0 has no block for
+    with pytest.raises(ValueError, match="its block table does not hold"):
+        RaggedAttention(pool, [(0, past, 1)])
+    width = pool.table_width * pool.block_size
+    for item in [(len(pool.tables), 0, 1), (0, width, 1), (0, width - 1, 2), (0, -1, 1), (0, 0, 0)]:
+        with pytest.raises(ValueError, match="is outside the block tables"):
+            RaggedAttention(pool, [item])
     attn = RaggedAttention(pool, [(0, 0, 1)])
     attn._pos[0] = model.rope_cos.size(0)
     with torch.no_grad(), pytest.raises(ValueError, match="rotary positions must be in"):
-        model(torch.tensor([[1]]), cache=attn)
-    attn = RaggedAttention(pool, [(0, 0, 1)])
-    attn._write[0] = pool.k.size(1)                                    # one past the pool's last row
-    with torch.no_grad(), pytest.raises(ValueError, match="KV write rows must be in"):
         model(torch.tensor([[1]]), cache=attn)
 
 
@@ -268,3 +273,48 @@ def test_hooks_and_autocast_send_the_forward_op_by_op(where):
             handle.remove()
     assert not in_c
     assert where == "autocast" or fired
+
+
+@pytest.mark.parametrize("change", ["one norm's eps", "hook", "layer index", "weight in place"])
+def test_layers_kept_between_forwards_see_a_change(change):
+    """Over the same pool the layers' C array is kept from one forward to the next (``_Frame``);
+    a change between two forwards (a norm's eps, a hook, a layer's index, a weight changed in
+    place) is seen at the next one: its logits are op by op's, in C again only for the weight
+    (repacked, a new array)."""
+    from tests.helpers import random_model
+    model = random_model(seed=3)
+    cfg = model.cfg
+    pool = filled_pool(LENS, 4, hkv=cfg.n_kv_heads, d=cfg.head_dim, seed=1, layers=cfg.n_layers)
+    items = [(slot, n - 1, 1) for slot, n in enumerate(LENS[:-1])]
+    tokens = torch.tensor([[5 + i for i in range(len(items))]])
+    real = CLayers.plan.__func__
+
+    def forward(in_c: bool = True):
+        plans = []
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(CLayers, "plan", classmethod(lambda cls, *a: plans.append(real(cls, *a) if in_c else None)
+                                                    or plans[-1]))
+            with torch.no_grad():
+                logits, _ = model(tokens, cache=RaggedAttention(pool, items))
+        return logits, plans[0]
+
+    _, first = forward()
+    _, second = forward()
+    assert first is not None and second is not None and second.weights is first.weights
+    fired = []
+    block = model.layers[1]
+    if change == "one norm's eps":
+        block.post_attention_layernorm.eps = 0.5
+    elif change == "hook":
+        block.mlp.register_forward_hook(lambda *a: fired.append(1))
+    elif change == "layer index":
+        block.self_attn.layer_idx = 0
+    else:
+        with torch.no_grad():
+            block.mlp.down_proj.weight.mul_(1.5)
+    got, plan = forward()
+    want, _ = forward(in_c=False)
+    assert torch.equal(got, want)
+    assert (plan is not None) == (change == "weight in place")
+    assert plan is None or plan.weights is not first.weights
+    assert fired == ([1, 1] if change == "hook" else [])

@@ -654,3 +654,25 @@ def test_an_engine_builds_the_kernels_when_it_is_made_not_in_its_first_step(monk
     monkeypatch.setattr(native, "library", lambda: calls.append(1))
     ContinuousEngine(random_model(), 2, 64)
     assert calls
+
+
+@needs_kernel
+def test_a_steps_rows_built_in_c_are_the_ones_python_builds(monkeypatch):
+    """ragged_rows.c against the Python loop it replaced (the path without a compiler): every
+    token's position and pool row, for decodes and chunks, one-token chunks, a chunk across block
+    edges; lengths are positions + 1 and each token reads its own slot's row of the pool's tables."""
+    from tests.test_ragged_attention import filled_pool
+    from tinyllm.kv.ragged import RaggedAttention
+    lens = [1, 7, 16, 17, 40, 63, 30]
+    pool = filled_pool(lens, 4, d=16, seed=5)
+    items = [(0, 0, 1), (3, 16, 1), (4, 39, 1), (1, 3, 1), (5, 10, 23), (6, 0, 30), (2, 15, 1)]
+    monkeypatch.setattr(native, "ENABLED", False)
+    python = RaggedAttention(pool, items)
+    monkeypatch.setattr(native, "ENABLED", True)
+    c = RaggedAttention(pool, items)
+    assert python._native is None and c._native is not None
+    assert c._pos.tolist() == python._pos.tolist() and c._write.tolist() == python._write.tolist()
+    tables, lens_, row_table = c._native
+    assert lens_.tolist() == [p + 1 for p in c._pos.tolist()]
+    assert row_table.tolist() == [slot for slot, _, n in items for _ in range(n)]
+    assert tables is pool.table_rows and c.total == python.total == sum(n for _, _, n in items)

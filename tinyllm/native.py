@@ -174,7 +174,7 @@ def load(path: Path) -> ctypes.CDLL:
     lib.decoder_layers.restype = ctypes.c_int
     lib.first_outside.argtypes = [ptr, i64, i64, i64]
     lib.first_outside.restype = i64
-    lib.ragged_rows.argtypes = [ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, ptr, ptr, ptr, ptr]
+    lib.ragged_rows.argtypes = [ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr]
     lib.ragged_rows.restype = i64
     for name in ("rms_norm", "rope_inplace", "kv_store", "argmax_rows", "silu_mul", "linear_packed",
                  "pack_linear_weight"):
@@ -255,15 +255,6 @@ def check_arguments(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, lens: Tenso
 
 
 _ATTENTION_NEEDS = "paged decode attention needs "
-
-
-def check_plan_ranges(tables: Tensor, lens: Tensor, row_table: Tensor | None, n_blocks: int,
-                      block_size: int) -> None:
-    """A ValueError if an attention plan (shapes already right) is out of range: what
-    ``decoder_layers`` checks once a step, as ``check_arguments`` does for each call."""
-    problems = plan_range_problems(tables, lens, row_table, n_blocks, block_size)
-    if problems:
-        raise ValueError(_ATTENTION_NEEDS + "; ".join(problems))
 
 
 def plan_range_problems(tables: Tensor, lens: Tensor, row_table: Tensor | None, n_blocks: int,
@@ -418,12 +409,14 @@ def argmax(x: Tensor) -> Tensor | None:
     return out
 
 
-def ragged_rows(items: list[tuple[int, int, int]], tables: Tensor, block_size: int, total: int) -> Tensor | None:
+def ragged_rows(items: list[tuple[int, int, int]], tables: Tensor, block_size: int, n_blocks: int,
+                total: int) -> Tensor | None:
     """A ragged step's rows (``ragged_rows.c``): ``items`` (slot, start, n), ``total`` their n's sum,
-    ``tables`` (slots, width) int64 block ids, each slot's table in its row. (4, total) int64:
-    each token's position, pool row to write, length to attend (position + 1) and table (its
-    slot); None where the library cannot run. A ValueError names an item out of the tables'
-    range. The block ids are not checked (the kernels' callers check the rows and tables)."""
+    ``tables`` (slots, width) int64 block ids, each slot's table in its row (past its end: any
+    id outside 0..n_blocks-1), over a pool of ``n_blocks`` blocks. (4, total) int64: each token's position, pool row to write, length to
+    attend (position + 1) and table (its slot); None where the library cannot run. Range-checked
+    as it is built (every block id a token reads or writes is in the pool): a ValueError names an
+    item out of the tables or a block id out of the pool, so the kernels may trust what it returns."""
     lib = library()
     if (lib is None or not items or tables.dtype != torch.int64 or tables.dim() != 2 or not tables.is_cpu
             or not tables.is_contiguous()):
@@ -432,12 +425,16 @@ def ragged_rows(items: list[tuple[int, int, int]], tables: Tensor, block_size: i
     out = torch.empty(4, total, dtype=torch.int64)
     at = out.data_ptr()
     bad = lib.ragged_rows(slots.buffer_info()[0], starts.buffer_info()[0], ns.buffer_info()[0], len(items),
-                          tables.data_ptr(), tables.size(0), tables.size(1), block_size, total,
+                          tables.data_ptr(), tables.size(0), tables.size(1), block_size, n_blocks, total,
                           at, at + 8 * total, at + 16 * total, at + 24 * total)
     if bad:
+        slot, start, n = items[abs(bad) - 1] if abs(bad) <= len(items) else items[-1]
+        if bad < 0:
+            raise ValueError(f"ragged item {-bad - 1} (slot {slot}, positions {start}..{start + n - 1}): its block "
+                             f"table does not hold one of the pool's blocks (0..{n_blocks - 1}) for each of positions "
+                             f"0..{start + n - 1}: {tables[slot].tolist()}")
         if bad > len(items):
             raise ValueError(f"ragged items hold more than {total} tokens")
-        slot, start, n = items[bad - 1]
         raise ValueError(f"ragged item {bad - 1} (slot {slot}, positions {start}..{start + n - 1}) is outside "
                          f"the block tables: slots 0..{tables.size(0) - 1}, positions "
                          f"0..{tables.size(1) * block_size - 1}, at least one token")

@@ -24,7 +24,7 @@ void silu_mul(const float *x, int64_t x_row, int64_t rows, int64_t F, float *y);
 void argmax_rows(const float *x, int64_t x_row, int64_t rows, int64_t cols, int64_t *out);
 int64_t first_outside(const int64_t *x, int64_t n, int64_t lo, int64_t hi);
 int64_t ragged_rows(const int64_t *slot, const int64_t *start, const int64_t *n, int64_t items,
-                    const int64_t *tables, int64_t n_tables, int64_t width, int64_t block_size, int64_t total,
-                    int64_t *pos, int64_t *write, int64_t *lens, int64_t *row_table);
+                    const int64_t *tables, int64_t n_tables, int64_t width, int64_t block_size, int64_t n_blocks,
+                    int64_t total, int64_t *pos, int64_t *write, int64_t *lens, int64_t *row_table);
 
 #endif

@@ -5,23 +5,27 @@
  * row of `tables`). Built in Python, a loop over every token with a table lookup each, this was
  * ~0.3 ms of a 64-row step with the caches cold after the weights went through.
  *
- * Returns 0, or i + 1 for the first item that is out of range (slot past the tables, start < 0,
- * n < 1, a position past the table's width, more tokens than `total`): nothing past the tables
- * is read. The block ids themselves are not checked here; the caller checks the write rows and
- * the tables before a kernel uses them, as for any plan. */
+ * Checked, since the kernels trust what it writes: each item in range (its slot one of the
+ * tables, start >= 0, n >= 1, its positions within the table's width, no more tokens than
+ * `total`), and every block id its tokens read or write (its table's first ceil((start+n) /
+ * block_size) entries) one of the pool's `n_blocks`; so every write row is in the pool, every
+ * length within the table, every table row one of the tables. Returns 0; i + 1 for item i out of
+ * range; -(i + 1) for a block id of item i outside the pool. Nothing past the tables is read. */
 #include <stdint.h>
 
 #include "kernels.h"
 
 int64_t ragged_rows(const int64_t *slot, const int64_t *start, const int64_t *n, int64_t items,
-                    const int64_t *tables, int64_t n_tables, int64_t width, int64_t block_size, int64_t total,
-                    int64_t *pos, int64_t *write, int64_t *lens, int64_t *row_table) {
+                    const int64_t *tables, int64_t n_tables, int64_t width, int64_t block_size, int64_t n_blocks,
+                    int64_t total, int64_t *pos, int64_t *write, int64_t *lens, int64_t *row_table) {
     int64_t r = 0;
     for (int64_t i = 0; i < items; ++i) {
         const int64_t s = slot[i], a = start[i], c = n[i];
         if (s < 0 || s >= n_tables || a < 0 || c < 1 || a > width * block_size - c || c > total - r)
             return i + 1;
         const int64_t *table = tables + s * width;
+        for (int64_t b = 0; b < (a + c + block_size - 1) / block_size; ++b)
+            if (table[b] < 0 || table[b] >= n_blocks) return -(i + 1);
         for (int64_t p = a; p < a + c; ++p, ++r) {
             pos[r] = p;
             write[r] = table[p / block_size] * block_size + p % block_size;

@@ -55,7 +55,7 @@ class RaggedAttention:
         self.n_decode = next((i for i, (_, _, n) in enumerate(items) if n != 1), len(items))
         self.total = sum(n for _, _, n in items)
         rows = self._native_plan()
-        if rows is not None:                             # the C kernels': the rows built in C
+        if rows is not None:                             # the C kernels': the rows built (and checked) in C
             self._pos, self._write, lens, row_table = rows
             self._native: tuple[Tensor, Tensor, Tensor] | None = (pool.table_rows, lens, row_table)
         else:
@@ -76,8 +76,8 @@ class RaggedAttention:
         self._chunks: list[tuple[Tensor, int, Tensor]] | None = None
         self._decode: list[tuple[Tensor, Tensor, int, Tensor]] | None = None
         self._window = 0                               # tokens the PyTorch path gathers at once
-        self._bounds_checked = False                   # the kernel's tables and lens range-checked
-        self._write_checked = False                    # the write rows range-checked
+        self._bounds_checked = self._native is not None   # the kernel's tables and lens range-checked
+        self._write_checked = self._native is not None    # the write rows range-checked
 
     def _native_plan(self) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
         """What the C kernel (``tinyllm/native.py``) needs to attend every token of the step in
@@ -85,11 +85,11 @@ class RaggedAttention:
         token, its position, pool row, length (its position + 1: a chunk's tokens are causal
         from its start) and table, the tables being the pool's own (``table_rows``: its slot's
         row). None where it cannot run (not CPU, a pool dtype it does not read, no compiler).
-        Built once per step, in C, shared by every layer."""
+        Built once per step, in C, range-checked as it is built, shared by every layer."""
         pool = self.pool
         if not self.items or pool.device.type != "cpu" or pool.k.dtype not in native.POOL_DTYPES:
             return None
-        rows = native.ragged_rows(self.items, pool.table_rows, pool.block_size, self.total)
+        rows = native.ragged_rows(self.items, pool.table_rows, pool.block_size, pool.n_blocks, self.total)
         return None if rows is None else tuple(rows)
 
     def _decode_plan(self) -> list[tuple[Tensor, Tensor, int, Tensor]]:
@@ -127,19 +127,11 @@ class RaggedAttention:
         return blocks, L, mask
 
     def native_attention(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None] | None:
-        """What ``csrc/decoder_layer.c`` needs to store and attend every layer's tokens in C, with
-        its ranges checked (once a step: every layer shares them): each token's pool row, then
-        the kernel's tables, lens and row_table (``_native_plan``). None where the kernel cannot
-        run (the model then runs its layers one op at a time)."""
-        if self._native is None:
-            return None
-        if not (self._write_checked and self._bounds_checked):
-            tables, lens, row_table = self._native
-            pool = self.pool
-            native.check_range(self._write, pool.k.size(1), "KV write rows")
-            native.check_plan_ranges(tables, lens, row_table, pool.k.size(1) // pool.block_size, pool.block_size)
-            self._write_checked = self._bounds_checked = True
-        return (self._write, *self._native)
+        """What ``csrc/decoder_layer.c`` needs to store and attend every layer's tokens in C, its
+        ranges checked (as ``_native_plan`` built them): each token's pool row, then the kernel's
+        tables, lens and row_table. None where the kernel cannot run (the model then runs its
+        layers one op at a time)."""
+        return None if self._native is None else (self._write, *self._native)
 
     # -- AttentionCache protocol ----------------------------------------------------------------
     def begin(self, batch: int, n_new: int) -> Tensor:

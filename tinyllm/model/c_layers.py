@@ -21,7 +21,10 @@ reused while nothing they came from changed: the same modules, their weights the
 the same versions and addresses (what ``Linear`` repacks on), the same eps, no bias, the same pool
 layer. On this machine each ``module.attribute`` lookup costs ~1.5 us, and re-reading every
 layer's weights took ~0.8 ms a forward, so the parts are read through the modules' own
-dictionaries.
+dictionaries. The layers together (their C array, the shapes checked across them) are kept too,
+by the blocks' container (``_Frame``), while the same blocks run over the same pool: each forward
+then checks each layer is ``still`` what it was, and builds only what changes from step to step
+(the positions, the attention plan, the scratch).
 """
 
 from __future__ import annotations
@@ -40,36 +43,43 @@ from tinyllm import native
 class _Layer:
     """One block's LayerWeights, the tensors they point into, and what they were made from."""
 
-    def __init__(self, parts: tuple[nn.Module, ...], seen: list[tuple[Tensor, int, int]], where: tuple[int, int, int],
-                 weights: native.LayerWeights, widths: tuple[int, ...], eps: float, keep: list[Tensor]):
+    def __init__(self, block: nn.Module, parts: tuple[nn.Module, ...], seen: list[tuple[Tensor, int, int]],
+                 where: tuple[int, int, int], weights: native.LayerWeights, widths: tuple[int, ...], eps: float,
+                 keep: list[Tensor]):
         self.parts, self.seen, self.where = parts, seen, where   # parts: the block's modules but itself
         self.weights, self.widths, self.eps, self._keep = weights, widths, eps, keep
+        attn, mlp, qkv, o, gate_up, down, norm1, norm2 = parts
+        # what ``still`` looks at, gathered once: every module's hook dicts (a hook is added to
+        # them in place), the three dicts naming the parts, the six holding weights
+        self._hooks = tuple(h for m in (block, *parts) for h in (m._forward_hooks, m._forward_pre_hooks))
+        self._named = (block._modules, attn._modules, mlp._modules)
+        self._params = tuple(m._parameters for m in (qkv, o, gate_up, down, norm1, norm2))
+        self.attention = (attn.n_heads, attn.n_kv_heads, attn.head_dim, attn.layer_idx)
 
     def still(self, block: nn.Module, where: tuple[int, int, int]) -> bool:
         """Made from what ``block`` holds now, for the same pool layer: the same modules in the same
-        places, of the same classes, without hooks; their weights the same tensors at the same
-        versions and addresses, no bias, the same eps. (~5 us a layer: a step asks for each.)"""
-        attn, mlp, qkv, o, gate_up, down, norm1, norm2 = parts = self.parts
+        places, without hooks, the attention's heads and layer index as they were; their weights the
+        same tensors at the same versions and addresses, no bias, the same eps. (A step asks for
+        each layer: ~40 us a layer with the caches cold, so as few Python steps as it can.)"""
+        if where != self.where or any(self._hooks):
+            return False
+        attn, mlp, qkv, o, gate_up, down, norm1, norm2 = self.parts
+        mods, at, mm = self._named
+        if not (block._modules is mods and attn._modules is at and mlp._modules is mm):
+            return False
         try:
-            mods, at, mm = block._modules, attn._modules, mlp._modules
             if not (mods["self_attn"] is attn and mods["mlp"] is mlp and mods["input_layernorm"] is norm1
                     and mods["post_attention_layernorm"] is norm2 and at["qkv_proj"] is qkv and at["o_proj"] is o
                     and mm["gate_up_proj"] is gate_up and mm["down_proj"] is down):
                 return False
         except KeyError:
             return False
-        if (where != self.where or type(block) is not _kinds()[0] or block._forward_hooks
-                or block._forward_pre_hooks or tuple(map(type, parts)) != _kinds()[1:]):
-            return False
-        for m in parts:
-            if m._forward_hooks or m._forward_pre_hooks:
-                return False
-        for m, (w, version, ptr) in zip((qkv, o, gate_up, down, norm1, norm2), self.seen):
-            params = m._parameters
+        for params, (w, version, ptr) in zip(self._params, self.seen):
             now = params["weight"]
             if now is not w or now._version != version or now.data_ptr() != ptr or params.get("bias") is not None:
                 return False
-        return norm1.eps == self.eps and norm2.eps == self.eps
+        return (norm1.eps == self.eps and norm2.eps == self.eps
+                and (attn.n_heads, attn.n_kv_heads, attn.head_dim, attn.layer_idx) == self.attention)
 
 
 _layers: weakref.WeakKeyDictionary[nn.Module, _Layer] = weakref.WeakKeyDictionary()
@@ -129,13 +139,71 @@ def _layer(block: nn.Module, index: int, k: int, v: int) -> _Layer | None:
     # can take that address and match); not the pool (the same address means the same layer), nor
     # the block itself (the cache's key: held, it would never be collected)
     weights = [m._parameters["weight"] for m in (*linears, *norms)]
-    layer = _Layer(modules[1:], [(w, w._version, w.data_ptr()) for w in weights], where,
+    layer = _Layer(block, modules[1:], [(w, w._version, w.data_ptr()) for w in weights], where,
                    native.LayerWeights(*(n.weight.data_ptr() for n in norms),
                                        *(w.data_ptr() for w, _ in packed), k, v),
                    (*(x for w, n_out in packed for x in (n_out, w.size(1))), d), norms[0].eps,
                    [n.weight for n in norms] + [w for w, _ in packed] + [lin._packed_src for lin in linears])
     _layers[block] = layer
     return layer
+
+
+class _Frame:
+    """The layers of one forward's plan, kept for the next ones: each layer's ``_Layer``, the C
+    array of their weights and the shapes checked across them. Valid while the same blocks run
+    over the same pool and every layer is ``still`` what it was made from (checked each forward:
+    building the array and checking the shapes again cost ~0.2 ms a step, with the caches cold)."""
+
+    def __init__(self, blocks: list[nn.Module], where: tuple[int, int, int], layers: list[_Layer],
+                 dims: tuple[int, int, int, int, float]):
+        # blocks: held (the key is their container, so the frame goes with the model)
+        self.blocks, self.where, self.layers, self.dims = blocks, where, layers, dims   # dims: H, Hkv, D, F, eps
+        self.width = layers[0].widths[-1]                 # the model's (the norms')
+        self.weights = (native.LayerWeights * len(layers))(*(layer.weights for layer in layers))
+
+    def still(self, blocks: Sequence[nn.Module], where: tuple[int, int, int]) -> bool:
+        if where != self.where or len(blocks) != len(self.blocks):
+            return False
+        k0, v0, layer_bytes = where
+        for i, (block, was, layer) in enumerate(zip(blocks, self.blocks, self.layers)):
+            if block is not was or not layer.still(block, (i, k0 + i * layer_bytes, v0 + i * layer_bytes)):
+                return False
+        return True
+
+
+_frames: weakref.WeakKeyDictionary[nn.Module, _Frame] = weakref.WeakKeyDictionary()
+
+
+def _frame(blocks: Sequence[nn.Module], pool) -> _Frame | None:
+    """The layers of ``blocks`` over the pool's layers (one each, in order), checked to share one
+    shape and one eps, each at its own pool layer; kept (by the blocks' container) while they
+    are ``still`` what they were. None where a layer would not run on the kernels."""
+    k0, v0 = pool.k.data_ptr(), pool.v.data_ptr()
+    layer_bytes = pool.k.stride(0) * pool.k.element_size()                 # (no views: ~5 us each)
+    where = (k0, v0, layer_bytes)
+    try:
+        kept = _frames.get(blocks)
+    except TypeError:                              # a plain list: not weakly referable, not kept
+        kept = None
+    if kept is not None and kept.still(blocks, where):
+        return kept
+    layers = [_layer(b, i, k0 + i * layer_bytes, v0 + i * layer_bytes) for i, b in enumerate(blocks)]
+    if any(layer is None for layer in layers):
+        return None
+    attn = layers[0].parts[0]                            # (blocks[i].self_attn, checked by _layer)
+    H, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
+    F, d = layers[0].widths[7], layers[0].widths[-1]     # the down projection's input width; the model's
+    widths = ((H + 2 * Hkv) * D, d, d, H * D, 2 * F, d, d, F, d)   # (rows, K) of qkv, o, gate_up, down; norms
+    if any(layer.widths != widths or layer.eps != layers[0].eps for layer in layers):
+        return None
+    if any(layer.attention != (H, Hkv, D, i) for i, layer in enumerate(layers)):   # each at its own pool layer
+        return None
+    frame = _Frame(list(blocks), where, layers, (H, Hkv, D, F, layers[0].eps))
+    try:
+        _frames[blocks] = frame
+    except TypeError:
+        pass
+    return frame
 
 
 class CLayers:
@@ -168,22 +236,12 @@ class CLayers:
         if (pool.k.size(0) < len(blocks) or pool.k.dtype not in native.POOL_DTYPES or pool.v.dtype != pool.k.dtype
                 or pool.k.shape != pool.v.shape or not (pool.k.is_contiguous() and pool.v.is_contiguous())):
             return None
-        k0, v0 = pool.k.data_ptr(), pool.v.data_ptr()
-        layer_bytes = pool.k.stride(0) * pool.k.element_size()                 # (no views: ~5 us each)
-        layers = [_layer(b, i, k0 + i * layer_bytes, v0 + i * layer_bytes) for i, b in enumerate(blocks)]
-        if any(layer is None for layer in layers):
+        frame = _frame(blocks, pool)
+        if frame is None:
             return None
-        attn = layers[0].parts[0]                            # (blocks[i].self_attn, checked by _layer)
-        H, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
-        F = layers[0].widths[7]                              # the down projection's input width
-        widths = ((H + 2 * Hkv) * D, d, d, H * D, 2 * F, d, d, F, d)   # (rows, K) of qkv, o, gate_up, down; norms
-        if pool.k.shape[2:] != (Hkv, D) or any(layer.widths != widths or layer.eps != layers[0].eps
-                                               for layer in layers):
+        weights, (H, Hkv, D, F, eps) = frame.weights, frame.dims
+        if frame.width != d or pool.k.shape[2:] != (Hkv, D):
             return None
-        for i, layer in enumerate(layers):         # every layer's attention shaped alike, at its own pool layer
-            a = layer.parts[0]
-            if (a.n_heads, a.n_kv_heads, a.head_dim, a.layer_idx) != (H, Hkv, D, i):
-                return None
         pos, cos, sin = rotary.checked_tables()
         if (pos.shape != (1, T) or pos.dtype != torch.int64 or not (pos.is_cpu and pos.is_contiguous())
                 or cos.shape != sin.shape or cos.dim() != 2 or cos.size(1) != D or D % 2
@@ -198,13 +256,12 @@ class CLayers:
             buffers.append(at)
             at += T * width * 4
         step = native.LayerStep(
-            T, d, H, Hkv, D, F, layers[0].eps, D ** -0.5,
+            T, d, H, Hkv, D, F, eps, D ** -0.5,
             pos.data_ptr(), cos.data_ptr(), sin.data_ptr(), write.data_ptr(), tables.data_ptr(),
             None if row_table is None else row_table.data_ptr(), lens.data_ptr(),
             tables.size(1), pool.block_size, *buffers, torch.get_num_threads(), pool.k.dtype == torch.bfloat16)
-        weights = (native.LayerWeights * len(layers))(*(layer.weights for layer in layers))
         return cls(weights, step, norm_w, norm.eps,
-                   [pos, cos, sin, write, tables, lens, row_table, pool.k, pool.v, scratch, layers])
+                   [pos, cos, sin, write, tables, lens, row_table, pool.k, pool.v, scratch, frame])
 
     def run(self, x: Tensor) -> Tensor:
         """Every layer over ``x`` (the embedding's output, (1, T, d), only read), then the final
