@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from tinyllm.engine import ContinuousEngine, Request, kv_bytes_per_token, run_continuous
+from tinyllm.engine import ContinuousEngine, kv_bytes_per_token, run_continuous
 from tinyllm.engine.build import MIB, rows_for_budget
 from tinyllm.engine.generate import generate
 from tinyllm.request import DEFAULT_MAX_NUM_SEQS

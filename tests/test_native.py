@@ -8,7 +8,6 @@ Where this machine has no C compiler the kernel tests skip, saying so; the fallb
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 
 import pytest
 import torch
@@ -16,7 +15,6 @@ import torch
 from tests.helpers import mixed_workload, solo_outputs, with_early_eos
 from tinyllm.engine import run_continuous
 from tinyllm import native
-from tinyllm.request import Sampling
 
 needs_kernel = pytest.mark.skipif(native.library() is None, reason=f"no native kernel here: {native.why_not}")
 

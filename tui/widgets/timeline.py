@@ -186,6 +186,6 @@ class TimelinePanel(Widget, can_focus=True):
         return Strip(segs).crop_extend(0, width, base)
 
     def render(self) -> Text:                         # plain text (tests, copy-out)
-        width, height = self.size.width or 80, self.size.height or 10
+        height = self.size.height or 10
         lines = ["".join(s.text for s in self.render_line(y)) for y in range(height)]
         return Text("\n".join(line.rstrip() for line in lines))
