@@ -101,11 +101,14 @@ def step_parts(eng: ContinuousEngine) -> Iterator[dict[str, float]]:
 
 @torch.no_grad()
 def decode_anatomy(model: Transformer, slots: int = 16, ctx: int = 96, n: int = 40, kv: str = "slots",
-                   cuda_graph: bool = False, kv_cache_dtype: str = "auto") -> dict:
+                   cuda_graph: bool = False, kv_cache_dtype: str = "auto", rounds: int = 4) -> dict:
     """Where one decode step with every slot active goes (with cuda_graph: the graph-replayed step;
     kv="chunked": the token-budget scheduler's step, all rows decoding, one ragged forward), as the
     mean of ``n`` steps: forward + sampling + other = step, where other (scheduling, KV
-    bookkeeping, Python) is the remainder of the same steps."""
+    bookkeeping, Python) is the remainder of the same steps. The steps and the matmul-only time
+    they are set against are measured in turns (``rounds`` times n / rounds steps, then the
+    matmuls), so the drift of a noisy machine (±30% from minute to minute on this project's)
+    falls on both alike."""
     vocab = model.cfg.vocab_size
     chunked = kv == "chunked"
     eng = ContinuousEngine(model, slots, max_len=min(model.cfg.max_seq_len, ctx + n + 8),
@@ -119,16 +122,18 @@ def decode_anatomy(model: Transformer, slots: int = 16, ctx: int = 96, n: int = 
     assert sum(eng.slots.active) == slots
     eng.step()                                                    # a first decode step, not counted
     sync = torch.cuda.synchronize if eng.device.type == "cuda" else (lambda: None)
-    step_s = 0.0
+    rounds = max(1, min(rounds, n))
+    step_s = mm_s = 0.0
     with step_parts(eng) as parts:
-        for _ in range(n):
-            sync()
-            t = time.perf_counter()
-            eng.step()
-            sync()
-            step_s += time.perf_counter() - t
+        for r in range(rounds):
+            for _ in range(n * (r + 1) // rounds - n * r // rounds):   # n steps in all
+                sync()
+                t = time.perf_counter()
+                eng.step()
+                sync()
+                step_s += time.perf_counter() - t
+            mm_s += matmul_only_s(model, slots, n=max(1, 200 // rounds)) / rounds
     step_s, fwd_s, sample_s = step_s / n, parts["forward"] / n, parts["sampling"] / n
-    mm_s = matmul_only_s(model, slots)
     return {"active_rows": slots, "context": ctx, "steps": n, "step_ms": step_s * 1e3, "forward_ms": fwd_s * 1e3,
             "sampling_ms": sample_s * 1e3, "other_ms": max(0.0, step_s - fwd_s - sample_s) * 1e3,
             "matmul_only_ms": mm_s * 1e3, "step_over_matmul": step_s / mm_s,
