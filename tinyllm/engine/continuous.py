@@ -298,17 +298,19 @@ class ContinuousEngine:
                 ran[seq.rid] = ran.get(seq.rid, 0) + n
             waits.update(plan.waits)
             events += self._run(plan)
-        for child in self._pending_forks():
+        forks = self._pending_forks()
+        for child in forks:
             waits[child.rid] = "queue", f"a fork of #{child.fork_of}: waits for its prompt to be computed"
         self._batch = tuple(ran.items())
-        self._explain(ran, waits)
+        self._explain(ran, waits, forks)
         return events
 
-    def _explain(self, ran: dict[int, int], waits: dict[int, tuple[str, str]]) -> None:
-        """Each request in hand that computed nothing this step keeps the scheduler's reason
-        (``seq.wait``, counted in ``seq.waited``); a "waiting" lifecycle event marks each change
-        of reason, so timelines, recordings and traces show why, step by step."""
-        for seq in [*self._running, *self.waiting, *self._pending_forks()]:
+    def _explain(self, ran: dict[int, int], waits: dict[int, tuple[str, str]], forks: list[Sequence]) -> None:
+        """Each request in hand (``forks``: the samples waiting for their parent's prompt) that
+        computed nothing this step keeps the scheduler's reason (``seq.wait``, counted in
+        ``seq.waited``); a "waiting" lifecycle event marks each change of reason, so timelines,
+        recordings and traces show why, step by step."""
+        for seq in [*self._running, *self.waiting, *forks]:
             ran_now = seq.rid in ran or seq.rid in self._forked
             why = None if ran_now else waits.get(seq.rid, ("queue", "waiting for the scheduler"))
             if why is not None:

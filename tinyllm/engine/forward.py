@@ -118,8 +118,9 @@ class ModelRunner:
     def mixed(self, items: list[Item]) -> Tensor:
         """The model over ``items`` as one ragged batch; logits (S, V) at the positions that
         sample (each item whose context is then complete), in batch order."""
-        flat, sample_at = [], []
+        flat, sample_at, rows = [], [], []
         for seq, start, n in items:
+            rows.append((seq.slot, start, n))
             prompt, out = seq.req.prompt, seq.out
             P = len(prompt)
             if n == 1:                                    # a decode: one token, no copy of the context
@@ -128,7 +129,7 @@ class ModelRunner:
                 flat += [*prompt[start:start + n], *out[max(0, start - P):max(0, start + n - P)]]
             if start + n == P + len(out):                 # context complete: its last logits sample
                 sample_at.append(len(flat) - 1)
-        attn = RaggedAttention(self.cache, [(seq.slot, start, n) for seq, start, n in items])
+        attn = RaggedAttention(self.cache, rows)
         idx = index_tensor(flat, self.device)[None]
         at = None if len(sample_at) == len(flat) else index_tensor(sample_at, self.device)   # None: every token
         with autocast(self.device):

@@ -124,6 +124,7 @@ class TokenBudgetScheduler:
                 waiting.charge(seq, 1)
                 scheduled.add(seq.rid)
                 budget -= 1
+        decodes = len(plan.items)                           # (they stay first: one-token items)
         blocked: tuple[str, str] | None = None              # why the head of the queue waits
         while True:
             for seq in live:                                             # 2. prefills in progress
@@ -172,7 +173,7 @@ class TokenBudgetScheduler:
             self._preempt(live[-1], live, plan, free_slots, "out of KV blocks: every running request "
                           "was mid-prefill and the pool was full; the newest made way")
             short = True
-        plan.items.sort(key=lambda item: item[2] != 1)                   # one-token items first
+        plan.items[decodes:] = sorted(plan.items[decodes:], key=lambda item: item[2] != 1)   # one-token items first
         self._explain(live, scheduled, waiting, blocked, budget, plan)
         return plan
 
