@@ -68,8 +68,8 @@ def ragged_forward(model, whole_layers: bool, items=None, monkeypatch=None, seed
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("batch", ["decodes", "decodes+chunk", "chunk"])
 def test_layers_in_c_give_the_same_bits_as_op_by_op(normed, head_dim, threads, batch):
-    """Logits and the K/V written to the pool, bit for bit, on one and two threads; with and
-    without a prefill chunk (the kernel's row_table); head_dim 16 and 64."""
+    """Logits and the K/V written to the pool, bit for bit, on one and two threads; decodes alone,
+    with a prefill chunk (several rows reading one table), a chunk alone; head_dim 16 and 64."""
     model = normed[head_dim]
     torch.set_num_threads(threads)
     items = {"decodes": [(slot, n - 1, 1) for slot, n in enumerate(LENS[:-1])],
@@ -182,7 +182,7 @@ def test_ranges_the_c_trusts_are_checked_first(model):
     assert lens.tolist() == [1, 7] and attn._pos.tolist() == [0, 6]
     assert attn._write.tolist() == [pool.tables[0][0] * 4, pool.tables[1][1] * 4 + 2]
     kept = int(tables[1, 0])
-    tables[1, 0] = pool.k.size(1) // pool.block_size                  # one past the last block (scratch)
+    tables[1, 0] = pool.n_blocks                                      # the scratch block: no block of the pool's
     with pytest.raises(ValueError, match=r"ragged item 1 \(slot 1, positions 6..6\): its block table does not hold"):
         RaggedAttention(pool, [(0, 0, 1), (1, 6, 1)])
     tables[1, 0] = kept
@@ -275,12 +275,13 @@ def test_hooks_and_autocast_send_the_forward_op_by_op(where):
     assert where == "autocast" or fired
 
 
-@pytest.mark.parametrize("change", ["one norm's eps", "hook", "layer index", "weight in place"])
+@pytest.mark.parametrize("change", ["one norm's eps", "hook", "layer index", "weight in place", "parametrization"])
 def test_layers_kept_between_forwards_see_a_change(change):
     """Over the same pool the layers' C array is kept from one forward to the next (``_Frame``);
     a change between two forwards (a norm's eps, a hook, a layer's index, a weight changed in
-    place) is seen at the next one: its logits are op by op's, in C again only for the weight
-    (repacked, a new array)."""
+    place, a parametrization: its module's class swapped, its weight no longer a parameter) is
+    seen at the next one: its logits are op by op's, in C again only for the weight (repacked, a
+    new array)."""
     from tests.helpers import random_model
     model = random_model(seed=3)
     cfg = model.cfg
@@ -309,6 +310,8 @@ def test_layers_kept_between_forwards_see_a_change(change):
         block.mlp.register_forward_hook(lambda *a: fired.append(1))
     elif change == "layer index":
         block.self_attn.layer_idx = 0
+    elif change == "parametrization":
+        torch.nn.utils.parametrize.register_parametrization(block.mlp.down_proj, "weight", nn.Identity())
     else:
         with torch.no_grad():
             block.mlp.down_proj.weight.mul_(1.5)

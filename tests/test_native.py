@@ -129,7 +129,7 @@ def test_a_ragged_batch_of_decodes_and_chunks_runs_on_the_kernel():
     T = sum(n for _, _, n in items)
     q = torch.randn(1, H, T, 64)
     out = attn.attend(0, q, pool.k[0, attn._write].transpose(0, 1)[None], pool.v[0, attn._write].transpose(0, 1)[None])
-    assert attn._native is not None and attn._native[2] is not None
+    assert attn._native is not None and attn._native[2].tolist() == [slot for slot, _, n in items for _ in range(n)]
     assert attn._decode is None and attn._chunks is None
     col = 0
     for slot, start, n in items:
@@ -674,3 +674,9 @@ def test_a_steps_rows_built_in_c_are_the_ones_python_builds(monkeypatch):
     assert lens_.tolist() == [p + 1 for p in c._pos.tolist()]
     assert row_table.tolist() == [slot for slot, _, n in items for _ in range(n)]
     assert tables is pool.table_rows and c.total == python.total == sum(n for _, _, n in items)
+    with pytest.raises(ValueError, match="ragged items hold 3 tokens, not the 2 given"):
+        native.ragged_rows([(0, 0, 1), (1, 0, 2)], pool.table_rows, pool.block_size, pool.n_blocks, 2)
+    with pytest.raises(ValueError, match="ragged items hold 3 tokens, not the 4 given"):
+        native.ragged_rows([(0, 0, 1), (1, 0, 2)], pool.table_rows, pool.block_size, pool.n_blocks, 4)
+    with pytest.raises(ValueError, match="block_size >= 1"):
+        native.ragged_rows([(0, 0, 1)], pool.table_rows, 0, pool.n_blocks, 1)

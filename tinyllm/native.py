@@ -11,6 +11,8 @@
 - ``linear`` (``linear.c``): the model's matmuls from a weight packed once (``pack_linear``):
   oneDNN's packed linear costs ~50 us a call before any arithmetic, and the C one gives a row the
   same bits in any batch (greedy == solo holds).
+- ``ragged_rows`` (``ragged_rows.c``): a ragged step's per-token positions, pool rows, lengths
+  and tables, built and range-checked in one pass (it was a Python loop over every token).
 - ``decoder_layers`` (``decoder_layer.c``): every decoder layer of a ragged step and the final
   norm, the kernels above called in the model's order from C (``model/c_layers.py`` fills its arguments): the same
   bits as calling them one by one, without the Python between them.
@@ -411,33 +413,38 @@ def argmax(x: Tensor) -> Tensor | None:
 
 def ragged_rows(items: list[tuple[int, int, int]], tables: Tensor, block_size: int, n_blocks: int,
                 total: int) -> Tensor | None:
-    """A ragged step's rows (``ragged_rows.c``): ``items`` (slot, start, n), ``total`` their n's sum,
-    ``tables`` (slots, width) int64 block ids, each slot's table in its row (past its end: any
-    id outside 0..n_blocks-1), over a pool of ``n_blocks`` blocks. (4, total) int64: each token's position, pool row to write, length to
-    attend (position + 1) and table (its slot); None where the library cannot run. Range-checked
-    as it is built (every block id a token reads or writes is in the pool): a ValueError names an
-    item out of the tables or a block id out of the pool, so the kernels may trust what it returns."""
+    """A ragged step's rows (``ragged_rows.c``): ``items`` (slot, start, n), ``total`` their n's
+    sum, ``tables`` (slots, width) int64 block ids, each slot's table in its row (past its end:
+    any id outside 0..n_blocks-1), over a pool of ``n_blocks`` blocks. (4, total) int64: each
+    token's position, pool row to write, length to attend (position + 1) and table (its slot);
+    None where the library cannot run. Range-checked as it is built (every block id a token reads
+    or writes is in the pool): a ValueError names what is wrong, so the kernels may trust what
+    it returns."""
     lib = library()
     if (lib is None or not items or tables.dtype != torch.int64 or tables.dim() != 2 or not tables.is_cpu
             or not tables.is_contiguous()):
         return None
+    if block_size < 1 or n_blocks < 1 or tables.size(1) * block_size >= 2 ** 62:
+        raise ValueError(f"ragged rows need block_size >= 1 and n_blocks >= 1 (tables of width {tables.size(1)}), "
+                         f"got {block_size} and {n_blocks}")
     slots, starts, ns = (array("q", column) for column in zip(*items))
     out = torch.empty(4, total, dtype=torch.int64)
     at = out.data_ptr()
     bad = lib.ragged_rows(slots.buffer_info()[0], starts.buffer_info()[0], ns.buffer_info()[0], len(items),
                           tables.data_ptr(), tables.size(0), tables.size(1), block_size, n_blocks, total,
                           at, at + 8 * total, at + 16 * total, at + 24 * total)
+    if bad > len(items):
+        raise ValueError(f"ragged items hold {sum(ns)} tokens, not the {total} given")
     if bad:
-        slot, start, n = items[abs(bad) - 1] if abs(bad) <= len(items) else items[-1]
+        i = abs(bad) - 1
+        slot, start, n = items[i]
         if bad < 0:
-            raise ValueError(f"ragged item {-bad - 1} (slot {slot}, positions {start}..{start + n - 1}): its block "
-                             f"table does not hold one of the pool's blocks (0..{n_blocks - 1}) for each of positions "
+            raise ValueError(f"ragged item {i} (slot {slot}, positions {start}..{start + n - 1}): its block table "
+                             f"does not hold one of the pool's blocks (0..{n_blocks - 1}) for each of positions "
                              f"0..{start + n - 1}: {tables[slot].tolist()}")
-        if bad > len(items):
-            raise ValueError(f"ragged items hold more than {total} tokens")
-        raise ValueError(f"ragged item {bad - 1} (slot {slot}, positions {start}..{start + n - 1}) is outside "
-                         f"the block tables: slots 0..{tables.size(0) - 1}, positions "
-                         f"0..{tables.size(1) * block_size - 1}, at least one token")
+        raise ValueError(f"ragged item {i} (slot {slot}, positions {start}..{start + n - 1}) is outside the block "
+                         f"tables: slots 0..{tables.size(0) - 1}, positions 0..{tables.size(1) * block_size - 1}, "
+                         f"at least one token")
     return out
 
 

@@ -8,7 +8,7 @@
  * What it saves is the Python between them: a dozen wrapper calls, views and allocations a layer,
  * ~2 ms of a d256 model's step (4 layers) on this project's machine (docs/speed.md).
  * tinyllm/model/c_layers.py fills the two structs and checks what the kernels trust, once per
- * forward.
+ * forward (the attention's index ranges: as kv/ragged.py builds them, in ragged_rows.c).
  */
 #include <stddef.h>
 #include <stdint.h>

@@ -10,7 +10,9 @@
  * `total`), and every block id its tokens read or write (its table's first ceil((start+n) /
  * block_size) entries) one of the pool's `n_blocks`; so every write row is in the pool, every
  * length within the table, every table row one of the tables. Returns 0; i + 1 for item i out of
- * range; -(i + 1) for a block id of item i outside the pool. Nothing past the tables is read. */
+ * the tables' range; -(i + 1) for item i's table lacking a pool block for a position it reads;
+ * items + 1 when the items' tokens are not `total`. Nothing past the tables or the outputs is
+ * touched. */
 #include <stdint.h>
 
 #include "kernels.h"
@@ -21,8 +23,8 @@ int64_t ragged_rows(const int64_t *slot, const int64_t *start, const int64_t *n,
     int64_t r = 0;
     for (int64_t i = 0; i < items; ++i) {
         const int64_t s = slot[i], a = start[i], c = n[i];
-        if (s < 0 || s >= n_tables || a < 0 || c < 1 || a > width * block_size - c || c > total - r)
-            return i + 1;
+        if (s < 0 || s >= n_tables || a < 0 || c < 1 || a > width * block_size - c) return i + 1;
+        if (c > total - r) return items + 1;
         const int64_t *table = tables + s * width;
         for (int64_t b = 0; b < (a + c + block_size - 1) / block_size; ++b)
             if (table[b] < 0 || table[b] >= n_blocks) return -(i + 1);

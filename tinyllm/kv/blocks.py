@@ -41,8 +41,9 @@ class BlockPool:
     tokens slot ``s`` holds (for the token-budget scheduler: tokens computed so far)."""
 
     def __init__(self, n_slots: int, n_blocks: int, block_size: int, max_len: int):
-        if n_blocks < 1 or block_size < 1:
-            raise ValueError(f"PagedKVCache needs n_blocks >= 1 and block_size >= 1, got {n_blocks}, {block_size}")
+        if n_blocks < 1 or block_size < 1 or n_slots < 1 or max_len < 1:
+            raise ValueError(f"PagedKVCache needs n_blocks, block_size, n_slots and max_len >= 1, got {n_blocks}, "
+                             f"{block_size}, {n_slots}, {max_len}")
         self.n_slots, self.max_len = n_slots, max_len
         self.n_blocks, self.block_size = n_blocks, block_size
         self.max_blocks = math.ceil(max_len / block_size)

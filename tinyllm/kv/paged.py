@@ -49,7 +49,8 @@ class PagedKVCache(BlockPool):
         self.v = torch.zeros(shape, dtype=dtype, device=self.device)
         self._workspace = (torch.empty(0, dtype=dtype, device=self.device),) * 2
         # the block tables as a (n_slots, table_width) tensor over BlockPool.table_array (the same
-        # memory, kept current by the pool): what the C kernels read a step's tables from
+        # memory, kept current by the pool): what the C kernels read a step's tables from. Written
+        # only through BlockPool (a step's rows were checked against it when they were built)
         self.table_rows = torch.frombuffer(self.table_array, dtype=torch.int64).view(n_slots, self.table_width)
 
     def workspace(self, tokens: int) -> tuple[Tensor, Tensor]:

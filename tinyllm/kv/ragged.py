@@ -89,7 +89,9 @@ class RaggedAttention:
         pool = self.pool
         if not self.items or pool.device.type != "cpu" or pool.k.dtype not in native.POOL_DTYPES:
             return None
-        rows = native.ragged_rows(self.items, pool.table_rows, pool.block_size, pool.n_blocks, self.total)
+        # (the pool's real blocks only: past a table's end it holds n_blocks, the scratch block)
+        n_blocks = min(pool.n_blocks, pool.k.size(1) // pool.block_size)
+        rows = native.ragged_rows(self.items, pool.table_rows, pool.block_size, n_blocks, self.total)
         return None if rows is None else tuple(rows)
 
     def _decode_plan(self) -> list[tuple[Tensor, Tensor, int, Tensor]]:
@@ -126,7 +128,7 @@ class RaggedAttention:
         mask = (torch.arange(L, device=dev)[None, :] <= q_pos[:, None])[None, None]
         return blocks, L, mask
 
-    def native_attention(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None] | None:
+    def native_attention(self) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor] | None:
         """What ``csrc/decoder_layer.c`` needs to store and attend every layer's tokens in C, its
         ranges checked (as ``_native_plan`` built them): each token's pool row, then the kernel's
         tables, lens and row_table. None where the kernel cannot run (the model then runs its

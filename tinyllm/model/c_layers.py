@@ -12,9 +12,10 @@ between them cost several times what it costs warm.)
 It applies where every op of the layer would have run on the kernels anyway: CPU float32 without
 autograd or autocast, exactly ``transformer.Block``'s modules (no subclass, no hooks), the packed
 C linear layers without bias, and the paged pool's ragged batch (``kv.ragged.RaggedAttention``,
-the token-budget engine's forward). ``CLayers.plan`` checks that, and the sizes and index ranges
-the C reads by, once per forward, and answers None otherwise (the model then loops over its
-blocks as before).
+the token-budget engine's forward). ``CLayers.plan`` checks that, the sizes the C reads by and
+the rotary positions, once per forward, and answers None otherwise (the model then loops over its
+blocks as before); the attention's index ranges (write rows, tables, lengths) were checked as the
+ragged batch built them (``csrc/ragged_rows.c``).
 
 A layer's weights (pointers to its packed matrices, norms and pool) are kept between forwards and
 reused while nothing they came from changed: the same modules, their weights the same tensors at
@@ -54,14 +55,16 @@ class _Layer:
         self._hooks = tuple(h for m in (block, *parts) for h in (m._forward_hooks, m._forward_pre_hooks))
         self._named = (block._modules, attn._modules, mlp._modules)
         self._params = tuple(m._parameters for m in (qkv, o, gate_up, down, norm1, norm2))
+        self._modules = (block, *parts)
         self.attention = (attn.n_heads, attn.n_kv_heads, attn.head_dim, attn.layer_idx)
 
     def still(self, block: nn.Module, where: tuple[int, int, int]) -> bool:
         """Made from what ``block`` holds now, for the same pool layer: the same modules in the same
-        places, without hooks, the attention's heads and layer index as they were; their weights the
-        same tensors at the same versions and addresses, no bias, the same eps. (A step asks for
-        each layer: ~40 us a layer with the caches cold, so as few Python steps as it can.)"""
-        if where != self.where or any(self._hooks):
+        places, of the same classes (a parametrization, say, swaps a module's class), without
+        hooks, the attention's heads and layer index as they were; their weights the same tensors
+        at the same versions and addresses, no bias, the same eps. (A step asks for each layer:
+        ~40 us a layer with the caches cold, so as few Python steps as it can.)"""
+        if where != self.where or any(self._hooks) or tuple(map(type, self._modules)) != _kinds():
             return False
         attn, mlp, qkv, o, gate_up, down, norm1, norm2 = self.parts
         mods, at, mm = self._named
@@ -75,7 +78,7 @@ class _Layer:
         except KeyError:
             return False
         for params, (w, version, ptr) in zip(self._params, self.seen):
-            now = params["weight"]
+            now = params.get("weight")
             if now is not w or now._version != version or now.data_ptr() != ptr or params.get("bias") is not None:
                 return False
         return (norm1.eps == self.eps and norm2.eps == self.eps
@@ -121,8 +124,10 @@ def _layer(block: nn.Module, index: int, k: int, v: int) -> _Layer | None:
     a hook wants to see it run."""
     where = (index, k, v)
     cached = _layers.get(block)
-    if cached is not None and cached.still(block, where):
-        return cached
+    if cached is not None:
+        if cached.still(block, where):
+            return cached
+        del _layers[block]                         # (not kept: it holds the old weights' packed copies)
     parts = _parts(block)
     if parts is None:
         return None
@@ -185,8 +190,10 @@ def _frame(blocks: Sequence[nn.Module], pool) -> _Frame | None:
         kept = _frames.get(blocks)
     except TypeError:                              # a plain list: not weakly referable, not kept
         kept = None
-    if kept is not None and kept.still(blocks, where):
-        return kept
+    if kept is not None:
+        if kept.still(blocks, where):
+            return kept
+        del _frames[blocks]                        # (not kept: it holds the old blocks and their weights)
     layers = [_layer(b, i, k0 + i * layer_bytes, v0 + i * layer_bytes) for i, b in enumerate(blocks)]
     if any(layer is None for layer in layers):
         return None
@@ -258,7 +265,7 @@ class CLayers:
         step = native.LayerStep(
             T, d, H, Hkv, D, F, eps, D ** -0.5,
             pos.data_ptr(), cos.data_ptr(), sin.data_ptr(), write.data_ptr(), tables.data_ptr(),
-            None if row_table is None else row_table.data_ptr(), lens.data_ptr(),
+            row_table.data_ptr(), lens.data_ptr(),
             tables.size(1), pool.block_size, *buffers, torch.get_num_threads(), pool.k.dtype == torch.bfloat16)
         return cls(weights, step, norm_w, norm.eps,
                    [pos, cos, sin, write, tables, lens, row_table, pool.k, pool.v, scratch, frame])
