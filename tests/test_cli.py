@@ -50,6 +50,16 @@ BAD_INPUT = [
     (("bench", "--kv-cache-dtype", "fp8"), "argument --kv-cache-dtype: expected auto, float32 or bfloat16 (fp32, bf16), got 'fp8'"),
     (("serve", "--kv-cache-dtype", "float16"), "argument --kv-cache-dtype: expected auto, float32 or bfloat16"),
     (("whatif", "shakespeare_openings", "--lanes", "fcfs", "fcfs kv_dtype=half"), "kv_dtype must be one of auto, float32, bfloat16 (fp32, bf16), got 'half'"),
+    # said before anything runs, not as a traceback at the end (a new user's finds)
+    (("bench", "--random-model", "--no-transformers", "--requests", "1", "--kv-memory", "1e9"),
+     "--kv-memory: a KV cache of 1,000,000,000 MiB is more than the"),
+    (("bench", "--random-model", "--requests", "1", "--max-num-seqs", "300"),
+     "--max-batched-tokens 256 is less than the 300 sequences the token-budget paths may run"),
+    (("bench", "--json", "/nonexistent/dir/b.json"), "argument --json: cannot write /nonexistent/dir/b.json: no folder"),
+    (("whatif", "shakespeare_openings", "--json", "/nonexistent/x.json"), "cannot write /nonexistent/x.json"),
+    (("serve", "--kv-memory", "1e9"), "--kv-memory: a KV cache of 1,000,000,000 MiB is more than the"),
+    (("serve", "--kv-memory", "8", "--max-num-seqs", "1000"),
+     "the token budget per step (--max-batched-tokens, 256) is less than the 1000 sequences that may run"),
 ]
 
 # Every bad command line of BAD_INPUT through the CLI's main() in one child process (a process

@@ -135,3 +135,15 @@ def test_random_schedules_at_64_plus_sequences_keep_the_invariants_and_equal_sol
     for rid, r in added.items():
         if rid in eng.results:
             assert eng.results[rid].tokens == _solo_cached(tuple(r.prompt), r.max_new_tokens, r.eos_id), rid
+
+
+@pytest.mark.parametrize("kv", ["slots", "paged"])
+def test_a_cache_larger_than_free_memory_is_refused_before_it_is_allocated(model, kv):
+    """A budget (or a pool of blocks) no machine has free: a ValueError that says so, not an
+    allocator's traceback from deep inside PyTorch (or a machine pushed into swap)."""
+    with pytest.raises(ValueError, match=r"kv_memory_mib: a KV cache of 1,000,000,000 MiB is more than the [\d,]+ MiB "
+                                         r"of memory free on cpu"):
+        ContinuousEngine(model, max_len=64, kv=kv, kv_memory_mib=1e9)
+    if kv == "paged":
+        with pytest.raises(ValueError, match="kv_memory_mib / kv_blocks: a KV cache of .* MiB is more than"):
+            ContinuousEngine(model, 2, max_len=64, kv="paged", kv_blocks=10 ** 12)

@@ -6,6 +6,7 @@ Every user error is one line on stderr and exit code 2 (``EXIT_USAGE``), never a
 from __future__ import annotations
 
 import argparse
+import os
 
 EXIT_USAGE = 2
 
@@ -17,6 +18,22 @@ class UsageError(Exception):
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:                  # argparse prints usage + 2 lines by default
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+# The engine's parameter names and the command-line options that set them (the same on the app,
+# the server and the race): an engine's refusal is reworded with the options a user typed.
+ENGINE_OPTIONS = (("kv_memory_mib", "--kv-memory"), ("max_num_seqs", "--max-num-seqs"), ("n_slots", "--slots"),
+                  ("max_len", "--max-len"), ("kv_blocks", "--kv-blocks"), ("block_size", "--block-size"),
+                  ("max_batched_tokens", "--max-batched-tokens"))
+
+
+def option_names(message: str, *first: tuple[str, str]) -> str:
+    """``message`` (an engine's ValueError) on one line, with its parameter names as the options
+    that set them; ``first``: (name, option) pairs that take precedence (a race lane's kv_mib=)."""
+    message = " ".join(message.split())
+    for name, option in (*first, *ENGINE_OPTIONS):
+        message = message.replace(name, option)
+    return message
 
 
 def checked(s: str, kind, ok, expected: str):
@@ -45,6 +62,19 @@ def non_negative_float(s: str) -> float:
 
 def unit_interval(s: str) -> float:
     return checked(s, float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+
+
+def output_path(s: str) -> str:
+    """A file to write at the end of a run (--json, --perfetto): its folder must exist and be
+    writable now, so a long run never ends in a traceback for a typo in the path."""
+    if not s or os.path.isdir(s):
+        raise argparse.ArgumentTypeError(f"expected a file to write, got {s!r}" + (" (a folder)" if s else ""))
+    folder = os.path.dirname(os.path.abspath(os.path.expanduser(s)))
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"cannot write {s}: no folder {folder}")
+    if not os.access(folder, os.W_OK) or (os.path.exists(s) and not os.access(s, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"cannot write {s}: permission denied")
+    return s
 
 
 def port_number(s: str) -> int:

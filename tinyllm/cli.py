@@ -12,8 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from tinyllm.args import (EXIT_USAGE, OneLineParser, UsageError, non_negative_float, port_number, positive_float,
-                          add_kv_dtype_arg, add_policy_arg, positive_int, unit_interval)
+from tinyllm.args import (EXIT_USAGE, OneLineParser, UsageError, non_negative_float, option_names, output_path,
+                          port_number, positive_float, add_kv_dtype_arg, add_policy_arg, positive_int, unit_interval)
 
 
 def default_work_dir() -> Path:
@@ -238,12 +238,7 @@ def cmd_serve(args) -> None:
                               scheduling_policy=args.scheduling_policy, kv_memory_mib=args.kv_memory,
                               max_num_seqs=args.max_num_seqs, kv_cache_dtype=args.kv_cache_dtype)
     except ValueError as e:                               # the engine names its parameters; say the options
-        msg = " ".join(str(e).split())
-        for name, opt in (("kv_memory_mib", "--kv-memory"), ("max_num_seqs", "--max-num-seqs"),
-                          ("n_slots", "--slots"), ("max_len", "--max-len"), ("kv_blocks", "--kv-blocks"),
-                          ("block_size", "--block-size"), ("max_batched_tokens", "--max-batched-tokens")):
-            msg = msg.replace(name, opt)
-        raise UsageError(msg) from None
+        raise UsageError(option_names(str(e))) from None
     try:
         sock = bind(args.host, args.port)
     except OSError as e:
@@ -293,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tr = sub.add_parser("trace", help="summarise a tinyllm-tui --record file, or export it for Perfetto")
     tr.add_argument("recording", metavar="RUN.jsonl", help="a file written by tinyllm-tui --record")
-    tr.add_argument("--perfetto", metavar="OUT.json", default=None,
+    tr.add_argument("--perfetto", type=output_path, metavar="OUT.json", default=None,
                     help="write Chrome trace event JSON (ui.perfetto.dev, chrome://tracing)")
     tr.set_defaults(fn=cmd_trace)
 
@@ -307,7 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help='one argument per lane: a policy, a lane kind, and/or key=value settings, e.g. '
                          '--lanes fcfs priority "fair budget=64" (keys: policy, budget, slots, block, blocks, '
                          'prefix, chunked, kv, kv_mib: the lane\'s own KV memory in MiB, kv_dtype: its KV cache dtype)')
-    wi.add_argument("--json", metavar="OUT.json", default=None, help="also write the comparison as JSON")
+    wi.add_argument("--json", type=output_path, metavar="OUT.json", default=None,
+                    help="also write the comparison as JSON")
     wi.add_argument("--slots", type=positive_int, default=8, metavar="N", help="every lane's default slots (8)")
     wi.add_argument("--max-len", type=positive_int, default=512, metavar="N", help="tokens per request (512)")
     wi.add_argument("--block-size", type=positive_int, default=16, metavar="N", help="tokens per KV block (16)")

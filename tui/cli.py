@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tinyllm.args import add_kv_dtype_arg, add_policy_arg, check_device
+from tinyllm.args import add_kv_dtype_arg, add_policy_arg, check_device, option_names
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT_WORKLOAD, check_static_batches
 from tinyllm.race.views import LANES
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, Sampling, check_fits
@@ -166,7 +166,7 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
     except CheckpointError as e:
         parser.error(f"--model: {e}")
     except Exception as e:                                # noqa: BLE001 - e.g. CUDA errors with --engine-thread
-        parser.error(" ".join(str(e).split()) if isinstance(e, (ValueError, EngineStartError))
+        parser.error(option_names(str(e)) if isinstance(e, (ValueError, EngineStartError))
                      else f"the engine could not start: {type(e).__name__}: {' '.join(str(e).split())}")
     name = path.name if a.model else "bundled Shakespeare"
     return TinyLLMApp(runner, tok, model_name=name, settings=RequestSettings(sampling, a.max_new_tokens),
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     app = build_app(argv)
     app.run()
     if app.startup_error is not None:
-        build_parser().error(app.startup_error)          # one line on stderr, exit 2
+        build_parser().error(option_names(app.startup_error))   # one line on stderr, exit 2
     if getattr(app, "recording", None) is not None:
         steps = app.runner.frame.snapshot.counters.steps
         print(f"tinyllm-tui: recorded {steps} steps to {app.recording.resolve()} "

@@ -28,7 +28,7 @@ from tinyllm.engine import (DEFAULT_MAX_BATCHED_TOKENS, Request, kv_bytes_per_to
 from tinyllm.engine.forward import kv_cache_dtype, kv_cache_dtype_name
 from tinyllm.engine.generate import generate
 from tinyllm.args import add_kv_dtype_arg, add_policy_arg
-from tinyllm.engine.build import MIB, resolve_concurrency, rows_for_budget
+from tinyllm.engine.build import MIB, check_budget_covers, check_kv_fits, resolve_concurrency, rows_for_budget
 from tinyllm.model.config import default_kv_blocks
 from tinyllm.request import DEFAULT_MAX_NUM_SEQS, ContextTooLong, check_fits
 from tinyllm.workload import resolve_workload
@@ -204,6 +204,15 @@ def run_bench(args) -> dict:
 
     args.bytes_per_token = bpt = kv_bytes_per_token(model, torch.device(device), args.kv_cache_dtype)
     budget_mib = args.kv_memory if args.kv_memory is not None else args.slots * max_len * bpt / MIB
+    check_kv_fits(budget_mib, device, "--kv-memory")      # before anything runs: each path allocates it
+    if args.kv in ("chunked", "chunked-nocache", "all"):
+        try:
+            check_budget_covers(args.max_batched_tokens, max(args.max_num_seqs, args.slots))
+        except ValueError:
+            raise ValueError(f"--max-batched-tokens {args.max_batched_tokens} is less than the "
+                             f"{max(args.max_num_seqs, args.slots)} sequences the token-budget paths may run "
+                             f"(--max-num-seqs {args.max_num_seqs}, --slots {args.slots}): every running request "
+                             f"decodes one token per step, so the budget must cover them all") from None
     results: dict[str, dict] = {}                      # at equal KV memory (the headline)
     equal_slots: dict[str, dict] = {}                  # at equal slots
     outputs: dict[str, list[list[int]]] = {}
@@ -300,7 +309,7 @@ def run_bench(args) -> dict:
 
 
 def add_bench_parser(sub) -> None:
-    from tinyllm.args import positive_float, positive_int
+    from tinyllm.args import output_path, positive_float, positive_int
     b = sub.add_parser("bench", help="compare solo, static, continuous (slots/paged) and transformers")
     src = b.add_mutually_exclusive_group()
     src.add_argument("--model", metavar="DIR", help="checkpoint directory (default: the bundled model)")
@@ -334,7 +343,7 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--seed", type=int, default=0)
     add_policy_arg(b)
     add_kv_dtype_arg(b)
-    b.add_argument("--json", metavar="OUT", help="also write the figures as JSON")
+    b.add_argument("--json", type=output_path, metavar="OUT", help="also write the figures as JSON")
     b.set_defaults(fn=_cmd_bench)
 
 

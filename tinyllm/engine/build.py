@@ -9,6 +9,8 @@ follow real use, and runs as many sequences as those blocks allow, up to ``max_n
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from tinyllm.engine.admission import AdmissionScheduler
@@ -32,6 +34,46 @@ def rows_for_budget(kv_memory_mib: float, max_len: int, bytes_per_token: int) ->
                          f"max_len {max_len} tokens x {bytes_per_token:,} bytes = {row_mib:.2f} MiB "
                          f"(raise the budget or lower max_len)")
     return rows
+
+
+def free_memory_mib(device: torch.device) -> float | None:
+    """Memory a KV cache could take on ``device`` now, in MiB: CUDA's free device memory, or the
+    system's available memory (Linux's MemAvailable); None where it cannot be told."""
+    if device.type == "cuda":
+        try:
+            return torch.cuda.mem_get_info(device)[0] / MIB
+        except (RuntimeError, AssertionError):
+            return None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / MIB
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_kv_fits(mib: float, device: torch.device | str, what: str = "kv_memory_mib") -> None:
+    """Refuse a KV cache of ``mib`` MiB (``what`` set it) that this device's free memory cannot
+    hold, before anything is allocated: an allocation of that size would fail (a traceback from
+    deep inside PyTorch) or push the machine into swap."""
+    free = free_memory_mib(torch.device(device))
+    if free is not None and mib > free:
+        raise ValueError(f"{what}: a KV cache of {mib:,.0f} MiB is more than the {free:,.0f} MiB of memory free on "
+                         f"{torch.device(device).type} (lower it)")
+
+
+def check_budget_covers(budget: int | None, seqs: int) -> None:
+    """The token-budget scheduler decodes every running sequence each step: its budget per step
+    must cover the most sequences that can run."""
+    if not is_int(budget) or budget < seqs:
+        raise ValueError(f"the token budget per step (max_batched_tokens, {budget!r}) is less than the {seqs} "
+                         f"sequences that may run (n_slots / max_num_seqs): every running request decodes one "
+                         f"token per step, so the budget must cover them all")
 
 
 def blocks_for_budget(kv_memory_mib: float, max_len: int, block_size: int, bytes_per_token: int) -> int:
@@ -103,9 +145,8 @@ def check_settings(cfg: ModelConfig, n_slots: int, max_len: int | None, kv: str,
     if prefix_cache and not chunked_prefill:
         raise ValueError("prefix_cache needs chunked_prefill=True (the token-budget scheduler looks prefixes up)")
     budget = DEFAULT_MAX_BATCHED_TOKENS if max_batched_tokens is None else max_batched_tokens
-    if chunked_prefill and (not is_int(budget) or budget < n_slots):
-        raise ValueError(f"max_batched_tokens must be an integer >= n_slots ({n_slots}: every running "
-                         f"request decodes each step), got {max_batched_tokens!r}")
+    if chunked_prefill:
+        check_budget_covers(budget, n_slots)
     return max_len, prefix_cache, budget
 
 
@@ -121,16 +162,26 @@ def make_cache(model: Transformer, n_slots: int, max_len: int, kv: str, block_si
         if cache.n_slots != n_slots or cache.max_len != max_len or any(cache.active) or cache.k.dtype != dtype:
             raise ValueError(f"decoder cache has {cache.n_slots} slots of {cache.max_len} in {cache.k.dtype} "
                              f"(active: {sum(cache.active)}); need {n_slots} idle slots of {max_len} in {dtype}")
-    elif kv == "slots":
-        cache = SlotKVCache(cfg.n_layers, n_slots, cfg.n_kv_heads, cfg.head_dim, max_len, dtype, device)
     else:
-        if not is_int(block_size) or block_size < 1:
-            raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
-        n_blocks = default_kv_blocks(n_slots, max_len, block_size) if kv_blocks is None else kv_blocks
-        if not is_int(n_blocks) or n_blocks < 1:
-            raise ValueError(f"kv_blocks must be an integer >= 1, got {kv_blocks!r}")
-        cache = PagedKVCache(cfg.n_layers, n_slots, cfg.n_kv_heads, cfg.head_dim, n_blocks,
-                             block_size, max_len, dtype, device)
+        token_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * dtype.itemsize      # K and V, every layer
+        if kv == "slots":
+            check_kv_fits(n_slots * max_len * token_bytes / MIB, device, "n_slots x max_len")
+        else:
+            if not is_int(block_size) or block_size < 1:
+                raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
+            n_blocks = default_kv_blocks(n_slots, max_len, block_size) if kv_blocks is None else kv_blocks
+            if not is_int(n_blocks) or n_blocks < 1:
+                raise ValueError(f"kv_blocks must be an integer >= 1, got {kv_blocks!r}")
+            check_kv_fits((n_blocks + 1) * block_size * token_bytes / MIB, device, "kv_memory_mib / kv_blocks")
+        try:
+            if kv == "slots":
+                cache = SlotKVCache(cfg.n_layers, n_slots, cfg.n_kv_heads, cfg.head_dim, max_len, dtype, device)
+            else:
+                cache = PagedKVCache(cfg.n_layers, n_slots, cfg.n_kv_heads, cfg.head_dim, n_blocks,
+                                     block_size, max_len, dtype, device)
+        except (RuntimeError, MemoryError) as e:          # (the free memory said yes, the allocator no)
+            raise ValueError(f"the KV cache could not be allocated on {device.type}: "
+                             f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
     if cuda_graph is True:
         from tinyllm.kv.cuda_graph import SlotGraphDecoder
         decoder = SlotGraphDecoder(model, cache, buckets=buckets)

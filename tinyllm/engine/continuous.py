@@ -19,7 +19,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from tinyllm.engine.build import check_settings, make_cache, make_scheduler, resolve_concurrency
+from tinyllm.engine.build import check_kv_fits, check_settings, make_cache, make_scheduler, resolve_concurrency
 from tinyllm import native
 from tinyllm.engine import forward
 from tinyllm.engine.forward import ModelRunner, Prefilled, kv_bytes_per_token
@@ -99,6 +99,8 @@ class ContinuousEngine:
             block_size, bytes_per_token, max_batched_tokens if chunked_prefill else None)
         max_len, prefix_cache, budget = check_settings(model.cfg, n_slots, max_len, kv, cuda_graph, chunked_prefill,
                                                        max_batched_tokens, prefix_cache)
+        if kv_memory_mib is not None:
+            check_kv_fits(kv_memory_mib, device)          # (what the budget asks for, before it is allocated)
         self.model = model
         self.device = device
         self.kv_cache_dtype = kv_cache_dtype                 # as asked ("auto" too); the caches' own: slots.k.dtype

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from tinyllm.args import option_names
 from tinyllm.engine import Request, kv_bytes_per_token
 from tinyllm.engine.forward import kv_cache_dtype_name
 from tinyllm.engine.build import MIB, resolve_concurrency
@@ -98,11 +99,8 @@ def build_race(model, workload: Workload, slots: int, max_len: int, block_size: 
                                      step_cost_s, seed, mib, max_num_seqs, dtype))
             built[-1].kv_dtype = kv_cache_dtype_name(next(model.parameters()).device, dtype)
         except ValueError as e:
-            msg = str(e)
-            for name, opt in (("kv_memory_mib", where), ("max_num_seqs", "--max-num-seqs"), ("max_len", "--max-len")):
-                msg = msg.replace(name, opt)
             raise (ContextTooLong if isinstance(e, ContextTooLong) else ValueError)(
-                f"lane {spec.label!r}: {msg}") from None
+                f"lane {spec.label!r}: {option_names(str(e), ('kv_memory_mib', where))}") from None
     return Race(built)
 
 
