@@ -181,7 +181,8 @@ class RaceScreen(LiveView, Screen):
     LanePanel { border: round $primary 50%; border-title-color: $text; border-title-style: bold; padding: 0 1; }
     RaceScreen.-short LanePanel { border: none; border-top: round $primary 50%; padding: 0; }
     #finish { height: auto; padding: 0 1; }
-    #track { display: none; padding: 0 1; margin-bottom: 1; }
+    #track { display: none; padding: 0 1; }
+    RaceScreen.-wide #track { margin-bottom: 1; }
     RaceScreen.-track #track { display: block; }
     RaceScreen.-short #finish { padding: 0; }
     #race-legend { height: auto; color: $text-muted; padding: 0 1; }
@@ -224,8 +225,22 @@ class RaceScreen(LiveView, Screen):
         self.set_class(width >= WIDE, "-wide")
         short = height < 34 or width < 100
         self.set_class(short, "-short")
-        self.set_class(width >= WIDE or (short and height >= 28), "-track")     # where it fits
         self.refresh_from_runner(force=True)
+
+    def _track_fits(self, f: RaceFrame) -> bool:
+        """Whether the chart of tokens over time has room: side by side lanes, or a short screen's
+        one-line lanes, leave it room from 28 lines; else it shows where the lines the lanes,
+        the status, the finish table (once shown) and the legend leave free hold it (a tall
+        screen with lanes one above the other: 120 x 40 had 13 free lines and no chart)."""
+        width, height = self.size
+        if width >= WIDE or (self.has_class("-short") and height >= 28):
+            return True
+        lanes = self.query_one("#lanes")
+        if not lanes.outer_size.height:                   # not laid out yet: as it was
+            return self.has_class("-track")
+        used = 1 + sum(self.query_one(q).outer_size.height for q in ("#race-status", "#race-legend"))   # + footer
+        used += lanes.outer_size.height + (self.query_one("#finish").outer_size.height if f.done else 0)
+        return height - used >= RaceTrack.height_for(len(f.lanes))
 
     def _loop(self) -> None:
         worker = get_current_worker()
@@ -253,6 +268,7 @@ class RaceScreen(LiveView, Screen):
         tallest = max((len(p.lines(p.content_region.width)) for p in panels), default=0) if wide else 0
         for panel in panels:
             panel.pad_to(tallest)
+        self.set_class(self._track_fits(f), "-track")
         if self.has_class("-track"):
             self.query_one("#track", RaceTrack).show(f.lanes)
         finish = self.query_one("#finish", FinishLine)

@@ -52,13 +52,21 @@ class RaceTrack(Widget):
             self.refresh(layout=resized)
 
     def get_content_height(self, container, viewport, width: int) -> int:
-        return 1 + BAND * len(self.lanes) + 1
+        return self.height_for(len(self.lanes))
+
+    @staticmethod
+    def height_for(lanes: int) -> int:
+        """Its lines for ``lanes`` lanes: a title, a band each, the time axis."""
+        return 1 + BAND * lanes + 1
 
     def render(self) -> Text:
         width = max(10, self.size.width - LABEL_W)
         end = max((v.trace[-1][0] for v in self.lanes), default=0.0)
         out = Text(no_wrap=True, overflow="crop")
-        out.append("tokens over each lane's own clock (the steeper, the faster; a band stops where its lane finished)\n", "bold")
+        title = "tokens over each lane's own clock (the steeper, the faster; a band stops where its lane finished)"
+        if len(title) > self.size.width - 2:
+            title = "tokens over each lane's own clock (steeper: faster)"
+        out.append(title + "\n", "bold")
         for i, v in enumerate(self.lanes):
             style = Style(color=COLOURS.get(v.key) or PALETTE[i % len(PALETTE)])
             levels = []
