@@ -108,6 +108,10 @@ def test_headline_compares_paths_at_equal_kv_memory(tiny_bench):
         assert paths[p]["peak_active"] == 4 > slots[p]["peak_active"]           # all 4 requests at once
         assert paths[p]["kv_reserved_mib"] == pytest.approx(m["kv_memory_mib"])
     assert "At equal KV memory" in out and report["tinyllm_paths_agree"]
+    header = " ".join(out[out.index("At equal KV memory"):].split("\n\n")[0].split())
+    assert (f"static and continuous-slots are sized for max_len {m['max_len']} per row: 2 rows; static batching "
+            f"then holds only each batch's padded length" in header)
+    assert paths["static"]["kv_reserved_mib"] < m["kv_memory_mib"]                # (what that column says)
 
 
 def test_a_bfloat16_cache_buys_twice_the_blocks_and_every_path_still_agrees(tiny_bench, tmp_path_factory):

@@ -58,6 +58,10 @@ BAD_INPUT = [
     (("bench", "--json", "/nonexistent/dir/b.json"), "argument --json: cannot write /nonexistent/dir/b.json: no folder"),
     (("whatif", "shakespeare_openings", "--json", "/nonexistent/x.json"), "cannot write /nonexistent/x.json"),
     (("serve", "--kv-memory", "1e9"), "--kv-memory: a KV cache of 1,000,000,000 MiB is more than the"),
+    (("bench", "--random-model", "--requests", "1", "--workload", "nosuch"),
+     "not a bundled workload (bundled: "),
+    (("bench", "--random-model", "--requests", "1", "--kv-memory", "0.01"),
+     "--kv-memory 0.01 MiB is too small for one request: a row reserves max_len 512 tokens"),
     (("serve", "--kv-memory", "8", "--max-num-seqs", "1000"),
      "the token budget per step (--max-batched-tokens, 256) is less than the 1000 sequences that may run"),
 ]

@@ -29,9 +29,11 @@ ENGINE_OPTIONS = (("kv_memory_mib", "--kv-memory"), ("max_num_seqs", "--max-num-
 
 def option_names(message: str, *first: tuple[str, str]) -> str:
     """``message`` (an engine's ValueError) on one line, with its parameter names as the options
-    that set them; ``first``: (name, option) pairs that take precedence (a race lane's kv_mib=)."""
+    that set them; ``first``: (name, option) pairs instead of the usual ones (a race lane's kv_mib=;
+    a command without that option keeps the name)."""
     message = " ".join(message.split())
-    for name, option in (*first, *ENGINE_OPTIONS):
+    named = {name for name, _ in first}
+    for name, option in (*first, *(pair for pair in ENGINE_OPTIONS if pair[0] not in named)):
         message = message.replace(name, option)
     return message
 

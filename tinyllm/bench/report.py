@@ -109,10 +109,15 @@ def print_report(console: Console, report: dict) -> None:
                   f"{report['workload']}, {report['slots']} slots / batch {report['batch']}, "
                   f"{report['machine']['device']} × {report['machine']['torch_threads']} threads")
     m = report["memory"]
+    by_rows = [p for p in ("static", "continuous-slots") if p in paths]
+    paged = [p for p in paths if p.startswith("continuous-") and p != "continuous-slots"]
+    rows = (f"{' and '.join(by_rows)} {'are' if len(by_rows) > 1 else 'is'} sized for max_len {m['max_len']} "
+            f"per row: {m['rows']} rows" + ("; static batching then holds only each batch's padded length (its "
+                                            "KV reserved column)" if "static" in by_rows else ""))
+    pool = (f"the paged paths get {m['blocks']} blocks of {m['block_size']} and run up to {m['max_num_seqs']} sequences "
+            f"(max_num_seqs) in them, preempting when the pool runs out" if paged else "")
     console.print(f"[bold]At equal KV memory: {m['kv_memory_mib']:.1f} MiB per path[/] ({m['bytes_per_token']:,} bytes "
-                  f"per token, {m.get('kv_cache_dtype', 'float32')} K/V): static and continuous-slots reserve max_len {m['max_len']} per row, so they get "
-                  f"{m['rows']} rows; the paged paths get {m['blocks']} blocks of {m['block_size']} and run up to "
-                  f"{m['max_num_seqs']} sequences (max_num_seqs) in them, preempting when the pool runs out.")
+                  f"per token, {m.get('kv_cache_dtype', 'float32')} K/V): " + "; ".join(x for x in (rows, pool) if x) + ".")
     for t in path_tables(console, report):
         console.print(t)
     if report.get("agreement_note"):

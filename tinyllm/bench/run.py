@@ -31,7 +31,7 @@ from tinyllm.args import add_kv_dtype_arg, add_policy_arg
 from tinyllm.engine.build import MIB, check_budget_covers, check_kv_fits, resolve_concurrency, rows_for_budget
 from tinyllm.model.config import default_kv_blocks
 from tinyllm.request import DEFAULT_MAX_NUM_SEQS, ContextTooLong, check_fits
-from tinyllm.workload import resolve_workload
+from tinyllm.workload import WorkloadError, resolve_workload
 from tinyllm.bench.anatomy import decode_anatomy, peak_gflops
 from tinyllm.bench.report import WIDE_CONSOLE, BenchProgress, print_report
 from tinyllm.bench.workloads import (LONG_TAIL, LONG_TAIL_CAPS, SHARED_PREFIX, default_workload, long_tail_cap,
@@ -132,6 +132,11 @@ def concurrency(settings: dict, bytes_per_token: int) -> tuple[int, int | None]:
 
 
 # -- the command ----------------------------------------------------------------------------------
+def _n(count: int, noun: str) -> str:
+    """'1 request', '8 requests'."""
+    return f"{count} {noun}{'s' * (count != 1)}"
+
+
 BF16_NOTE = ("at bfloat16 K/V the paths on PyTorch's attention (static, slots, paged's prefill, solo generate) "
              "can pick other tokens late in a run (rounding turns float noise into bfloat16 steps), so the "
              "\"greedy =\" column, each path against static, is below 100%")
@@ -185,17 +190,22 @@ def run_bench(args) -> dict:
     if args.workload and long_tail_cap(args.workload):
         cap = long_tail_cap(args.workload)
         reqs = long_tail_workload(args.requests, model.cfg.vocab_size, cap, seed=args.seed)
-        wl_desc = (f"long-tail: {args.requests} requests, prompts 112..128, new ~ exponential (mean 128) capped "
+        wl_desc = (f"long-tail: {_n(args.requests, 'request')}, prompts 112..128, new ~ exponential (mean 128) capped "
                    f"at {cap}, EOS ignored, greedy, seed {args.seed}")
     elif args.workload == SHARED_PREFIX:
         reqs = shared_prefix_workload(args.requests, model.cfg.vocab_size, seed=args.seed)
-        wl_desc = f"{args.requests} requests, a shared 192-token prefix + 8..64 own tokens, new 8..128, greedy"
+        wl_desc = f"{_n(args.requests, 'request')}, a shared 192-token prefix + 8..64 own tokens, new 8..128, greedy"
     elif args.workload:
-        reqs = workload_from_file(resolve_workload(args.workload), tok.encode, 64, max_len)
+        try:
+            path = resolve_workload(args.workload)
+        except WorkloadError as e:                        # the bench's own seeded workloads are names too
+            raise ValueError(f"--workload {e}; or the bench's own: {SHARED_PREFIX}, {LONG_TAIL}[-CAP] "
+                             f"(CAP {' / '.join(map(str, LONG_TAIL_CAPS))})") from None
+        reqs = workload_from_file(path, tok.encode, 64, max_len)
         wl_desc = f"{args.workload} ({len(reqs)} requests, greedy)"
     else:
         reqs = default_workload(args.requests, model.cfg.vocab_size, seed=args.seed)
-        wl_desc = f"{args.requests} requests, prompts 8..64, new 8..128, greedy, seed {args.seed}"
+        wl_desc = f"{_n(args.requests, 'request')}, prompts 8..64, new 8..128, greedy, seed {args.seed}"
         for i, r in enumerate(reqs):
             try:
                 check_fits(len(r.prompt), r.max_new_tokens, max_len, "the bench's context")
@@ -349,8 +359,9 @@ def add_bench_parser(sub) -> None:
 
 def _cmd_bench(args) -> None:
     from tinyllm.model.checkpoint import CheckpointError
-    from tinyllm.args import UsageError
+    from tinyllm.args import UsageError, option_names
     try:
         run_bench(args)
     except (ValueError, CheckpointError) as e:
-        raise UsageError(str(e)) from None
+        raise UsageError(option_names(str(e), *((name, name) for name in ("max_len", "kv_blocks", "block_size")))
+                         ) from None                       # (the bench has no such options: their names stay)

@@ -83,7 +83,7 @@ def blocks_for_budget(kv_memory_mib: float, max_len: int, block_size: int, bytes
     need = -(-max_len // block_size)
     if blocks < need:
         raise ValueError(f"kv_memory_mib {kv_memory_mib:g} MiB is too small for one request: its pool holds "
-                         f"{blocks} blocks of {block_size} tokens, one request of max_len {max_len} needs {need} "
+                         f"{blocks} block{'s' * (blocks != 1)} of {block_size} tokens, one request of max_len {max_len} needs {need} "
                          f"({need * block_size * bytes_per_token / MIB:.2f} MiB; raise the budget or lower max_len)")
     return blocks
 
