@@ -390,3 +390,26 @@ async def test_r_in_an_app_started_at_a_kv_budget_races_every_lane_at_that_budge
         assert [(v.seqs, v.kv_mib) for v in race.frame.lanes] == [(rows, 6.0), (rows, 6.0), (cap or 64, 6.0)]
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, RaceScreen))
+
+
+async def test_a_lane_grows_with_its_lines_at_80x24():
+    """A lane's panel takes the lines its frame needs, frame after frame: one that gains a line
+    (a note of what it waits for, more busy rows than a line of cells) grows, so its progress bar
+    and figures stay on screen (its height once stayed what an earlier frame gave it, and the bar
+    was cut off), and one that loses it shrinks back."""
+    from dataclasses import replace
+    app = race_app(small_work(n=40, cap=24), slots=4, kv_memory_mib=6.0)
+    async with app.run_test(size=(80, 24)) as pilot:
+        panel = pilot.app.screen.query_one("#lane-chunked", LanePanel)
+        await step_to(pilot, 3)
+        plain = panel.view
+        noted = replace(plain, note="waits for a full batch: 2/8")
+        heights = []
+        for view in (plain, noted, plain, noted):          # frames in turn, nothing else redrawn
+            panel.show(view, compact=True)
+            await pilot.pause(0.05)
+            want = panel.lines(panel.content_region.width)
+            assert panel.content_region.height == len(want)
+            assert "done" in "".join(str(line) for line in want)           # the progress bar is there
+            heights.append(panel.content_region.height)
+        assert heights[1] == heights[0] + 1 == heights[3] and heights[2] == heights[0]

@@ -72,14 +72,17 @@ class LanePanel(Widget):
         self.view: LaneView | None = None
         self.compact = False
         self.min_lines = 0            # side by side, every lane is as tall as the tallest
+        self._height = 0              # the content height the layout last gave it
 
     def show(self, view: LaneView, compact: bool) -> None:
         if view != self.view or compact != self.compact:
-            resized = self.view is None or compact != self.compact or view.finished != self.view.finished
             self.view, self.compact = view, compact
             self.border_title = self._title(view)
             self.border_subtitle = self._subtitle(view)
-            self.refresh(layout=resized)
+            width = self.content_region.width
+            # a new line count needs a new height (a lane whose busy rows grow past a line of cells
+            # kept its old height and lost its progress bar)
+            self.refresh(layout=not width or max(1, self.min_lines, len(self.lines(width))) != self._height)
 
     @staticmethod
     def _title(v: LaneView) -> str:
@@ -157,7 +160,8 @@ class LanePanel(Widget):
             self.refresh(layout=True)
 
     def get_content_height(self, container, viewport, width: int) -> int:
-        return max(1, self.min_lines, len(self.lines(width)))
+        self._height = max(1, self.min_lines, len(self.lines(width)))
+        return self._height
 
     def render(self) -> Text:
         if self.view is None:
