@@ -119,9 +119,10 @@ class FinishLine(Widget):
         return Group(*parts, table, Text(""), request_lanes(self.lanes, row, max(40, self.size.width - 2)))
 
     def _lanes_table(self) -> Table:
-        """tinyllm bench's columns, one row per lane; then, where the width allows, each lane's
-        sequences and KV memory (``64 · 32 MiB``: at equal memory, why the paged lanes win), its
-        place, and its tokens/s against static batching."""
+        """tinyllm bench's columns, one row per lane; then, where the width allows, its tokens/s
+        against static batching (the race's point), each lane's sequences and KV memory (``64 ·
+        32 MiB``: at equal memory, why the paged lanes win; the lanes' titles say it too), and
+        its place."""
         base = next((v.result.tok_s for v in self.lanes if v.kind == "static"), None)
         order = sorted(self.lanes, key=lambda v: v.result.wall_s)
         t = Table(box=None, padding=(0, 1), title_justify="left", title_style="bold", expand=False,
@@ -142,7 +143,7 @@ class FinishLine(Widget):
         def width(c: str) -> int:
             return max(len(c), *(len(row[c]) for row in rows)) + 2
         used = sum(map(width, cols))
-        for c in ("seqs · KV", "place", "× static"):     # what fits, most telling first
+        for c in ("× static", "seqs · KV", "place"):     # what fits, most telling first
             if (c != "× static" or base) and (c != "seqs · KV" or any(row[c] for row in rows)) \
                     and used + width(c) <= self.size.width:
                 cols.append(c)
