@@ -36,7 +36,9 @@ def check_panels(app: TinyLLMApp, frame: Frame | None = None) -> Frame:
     if not app.metrics_only:
         grid = app.query_one(SlotGrid)
         assert grid.snapshot == snap, "the slot grid shows another snapshot"
-        assert grid.border_title == f"Slots ({snap.n_slots} × {snap.max_len} tokens)", grid.border_title
+        want = (f"Slots ({snap.n_slots}, up to {snap.max_len} tokens each)" if snap.kv.kind == "paged"
+                else f"Slots ({snap.n_slots} × {snap.max_len} tokens)")
+        assert grid.border_title == want, grid.border_title
         text, shown = grid.render().plain, grid.shown()
         for sv in snap.slots[:shown]:
             if sv.rid is not None:

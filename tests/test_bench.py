@@ -149,7 +149,8 @@ def test_agreement_enforces_every_path_and_at_bfloat16_the_token_budget_paths():
     assert agreement(same, True)[1:] == (True, None)
     slots_off = {**same, "continuous-slots (memory)": [a, c]}           # a PyTorch-attention path differs
     assert agreement(slots_off, False)[1:] == (False, None)
-    assert agreement(slots_off, True)[1:] == (True, BF16_NOTE + CHECKED)
+    assert agreement(slots_off, True)[1:] == (True, BF16_NOTE + CHECKED.format(
+        ", ".join(run for run in slots_off if run.startswith("continuous-chunked"))))
     chunked_off = {**slots_off, "continuous-chunked (memory)": [c, b]}  # a token-budget path differs from another
     agree, ok, note = agreement(chunked_off, True)
     assert not ok and note is None and agree["continuous-chunked (memory)"] == 0.5

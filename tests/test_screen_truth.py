@@ -305,7 +305,7 @@ async def test_an_engine_process_sized_by_kv_memory_retitles_the_slots_and_block
     """The app's first frame is the loading one, sized from --slots (8); the engine process sizes
     its cache from --kv-memory only once the model is read (12 sequences, 256 blocks here, twice
     as many at bfloat16). The panels' titles must follow the snapshot (they once kept the loading
-    frame's "Slots (8 × ...)"), and the KV panel says which dtype the cache holds."""
+    frame's "Slots (8, ...)"), and the KV panel says which dtype the cache holds."""
     from tinyllm.model.checkpoint import default_model_dir
     from tui.runners.child import ChildRunner
     from tui.runners.engine import EngineSpec
@@ -323,4 +323,4 @@ async def test_an_engine_process_sized_by_kv_memory_retitles_the_slots_and_block
         assert snap.kv.dtype == {"auto": "float32"}.get(kv_dtype, kv_dtype)
         assert app.query_one(KVPanel).render().plain.split("\n", 1)[0].endswith(
             "· " + {"auto": "fp32", "bfloat16": "bf16"}[kv_dtype])
-        assert app.query_one("#slots").border_title == "Slots (12 × 512 tokens)"
+        assert app.query_one("#slots").border_title == "Slots (12, up to 512 tokens each)"

@@ -361,7 +361,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:                                             # said by the command's own parser: "tinyllm bench: ..."
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        commands.choices[args.cmd].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         args.fn(args)
     except UsageError as e:

@@ -33,7 +33,7 @@ from tui.widgets.kv_panel import KVPanel
 from tui.widgets.request_pane import RequestPane
 from tui.widgets.request_list import RequestList
 from tui.widgets.selection import RequestSelected
-from tui.widgets.slot_grid import SlotGrid
+from tui.widgets.slot_grid import SlotGrid, slots_title
 from tui.widgets.status import fit_fields, scrubber, status_fields
 from tui.widgets.event_log import EventLog
 from tui.widgets.text_line import TextLine
@@ -226,7 +226,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         """The slot grid's and block map's sizes, from the snapshot shown: the first frame may be
         the loading one (an engine process sizes its cache from --kv-memory only once the model
         is read), so every frame checks them."""
-        titles = ((self.query_one("#slots"), f"Slots ({snap.n_slots} × {snap.max_len} tokens)"),
+        titles = ((self.query_one("#slots"), slots_title(snap)),
                   (self.query_one("#blocks"), f"KV blocks ({snap.kv.n_blocks} × {snap.kv.block_size} tokens)"
                    if snap.kv.kind == "paged" else None))
         for widget, title in titles:

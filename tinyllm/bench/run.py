@@ -140,7 +140,7 @@ def _n(count: int, noun: str) -> str:
 BF16_NOTE = ("at bfloat16 K/V the paths on PyTorch's attention (static, slots, paged's prefill, solo generate) "
              "can pick other tokens late in a run (rounding turns float noise into bfloat16 steps), so the "
              "\"greedy =\" column, each path against static, is below 100%")
-CHECKED = "; the token-budget paths were checked to agree with each other"
+CHECKED = "; its token-budget runs were checked to agree with each other: {}"
 UNCHECKED = "; fewer than two token-budget runs here, so no path's tokens were checked (--kv chunked or all)"
 
 
@@ -164,7 +164,7 @@ def agreement(outputs: dict[str, list[list[int]]], bf16_on_cpu: bool) -> tuple[d
         return agree, True, BF16_NOTE + UNCHECKED
     if not all(outputs[run] == outputs[exact[0]] for run in exact):
         return agree, False, None
-    return agree, True, BF16_NOTE + CHECKED
+    return agree, True, BF16_NOTE + CHECKED.format(", ".join(exact))
 
 
 def run_bench(args) -> dict:

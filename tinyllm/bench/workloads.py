@@ -90,8 +90,15 @@ def random_checkpoint(spec: str, out: Path, seed: int = 0) -> Path:
     from tokenizers import Tokenizer, models
     s = parse_spec(spec)
     torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=s["vocab"], d_model=s["d_model"], n_layers=s["layers"], n_heads=s["heads"],
-                      n_kv_heads=s["kv_heads"], d_ff=s["d_ff"], max_seq_len=s["max_seq_len"])
+    fields = dict(vocab_size="vocab", d_model="d_model", n_layers="layers", n_heads="heads", n_kv_heads="kv_heads",
+                  d_ff="d_ff", max_seq_len="max_seq_len")
+    try:
+        cfg = ModelConfig(**{field: s[key] for field, key in fields.items()})
+    except ValueError as e:                               # said in the spec's own keys
+        msg = str(e)
+        for field, key in fields.items():
+            msg = msg.replace(f"ModelConfig.{field}", key)
+        raise ValueError(f"--random-model: {msg}") from None
     model = Transformer(cfg)
     with torch.no_grad():                    # spread logits: greedy ties between paths are then negligible
         for p in model.parameters():

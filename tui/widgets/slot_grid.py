@@ -14,6 +14,14 @@ from tui.widgets.style import DIM, PLAIN, STATE_STYLES, bar, on, rid_style
 CELL_W = 18
 
 
+def slots_title(snap: EngineSnapshot) -> str:
+    """The panel's title: the slot cache reserves max_len tokens per slot (``8 × 512 tokens``);
+    the paged pool's slots hold only the blocks they use, up to max_len each (its KV panel says
+    how many tokens the pool holds)."""
+    if snap.kv.kind == "paged":
+        return f"Slots ({snap.n_slots}, up to {snap.max_len} tokens each)"
+    return f"Slots ({snap.n_slots} × {snap.max_len} tokens)"
+
 
 
 class SlotGrid(Widget):
