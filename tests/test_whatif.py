@@ -116,6 +116,7 @@ def test_tinyllm_whatif_prints_the_comparison_and_writes_json(tmp_path, capsys):
                          "--step-cost", "0.01", "--json", str(out), "--max-len", "256"]) == 0
     text = capsys.readouterr().out
     assert "per request, most changed first" in text and "A = fcfs" in text and "C = budget=32 blocks=24" in text
+    assert ("A waited" in text) == ("waited: the reason" in text)     # the legend explains only columns shown
     doc = json.loads(out.read_text())
     assert [lane["name"] for lane in doc["lanes"]] == ["fcfs", "shortest-first", "budget=32 blocks=24"]
     assert len(doc["requests"]) == len(requests_from_recording(RECORDING)[0])

@@ -43,7 +43,7 @@ def requests_table(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...], li
               caption_justify="left", caption_style="dim",
               title=f"per request, most changed first ({min(limit, len(rows))} of {len(rows)})",
               caption="  ".join(f"{letter(i)} = {v.title}" for i, v in enumerate(lanes))
-              + "; waited: the reason it waited most steps for, NP = preempted N times")
+              + ("" if narrow else "; waited: the reason it waited most steps for, NP = preempted N times"))
     t.add_column("#", justify="right", no_wrap=True)
     t.add_column("who", no_wrap=True)
     for i in range(len(lanes)):
