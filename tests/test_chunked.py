@@ -149,8 +149,10 @@ def test_prefill_tokens_computed(model, workload):
 
 @pytest.mark.parametrize("kwargs, msg", [
     (dict(kv="slots", chunked_prefill=True), "chunked_prefill needs kv='paged'"),
-    (dict(kv="paged", chunked_prefill=True, max_batched_tokens=3), "max_batched_tokens must be an integer >= n_slots"),
-    (dict(kv="paged", chunked_prefill=True, max_batched_tokens=8.5), "max_batched_tokens must be an integer"),
+    (dict(kv="paged", chunked_prefill=True, max_batched_tokens=3),
+     "the token budget per step (max_batched_tokens, 3) is less than the 4 sequences that may run"),
+    (dict(kv="paged", chunked_prefill=True, max_batched_tokens=8.5),
+     "max_batched_tokens (the token budget per step) must be an integer >= 1, got 8.5"),
     (dict(kv="paged", chunked_prefill="yes"), "chunked_prefill must be True or False"),
 ])
 def test_bad_scheduler_options_say_what_is_allowed(model, kwargs, msg):

@@ -70,7 +70,9 @@ def check_kv_fits(mib: float, device: torch.device | str, what: str = "kv_memory
 def check_budget_covers(budget: int | None, seqs: int) -> None:
     """The token-budget scheduler decodes every running sequence each step: its budget per step
     must cover the most sequences that can run."""
-    if not is_int(budget) or budget < seqs:
+    if not is_int(budget) or budget < 1:
+        raise ValueError(f"max_batched_tokens (the token budget per step) must be an integer >= 1, got {budget!r}")
+    if budget < seqs:
         raise ValueError(f"the token budget per step (max_batched_tokens, {budget!r}) is less than the {seqs} "
                          f"sequences that may run (n_slots / max_num_seqs): every running request decodes one "
                          f"token per step, so the budget must cover them all")
