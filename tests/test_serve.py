@@ -594,7 +594,19 @@ def test_nonstreaming_client_that_disconnects_is_aborted(server):
             done.set()
     t = threading.Thread(target=post)
     t.start()
+    # Once it has a token, the engine is held still between two steps (a call into its thread)
+    # until the client has hung up: on a fast machine 400 tokens took less than the client's
+    # 1.5 s, and the request finished instead (this must not depend on the machine's speed).
+    deadline = time.monotonic() + 30
+    while not any(v.tokens for v in engine_call(server, lambda e: e.snapshot().requests)[n_before:]):
+        assert time.monotonic() < deadline, "the request never produced a token"
+        time.sleep(0.01)
+    hung_up = threading.Event()
+    holder = threading.Thread(target=lambda: engine_call(server, lambda e: hung_up.wait(30)))
+    holder.start()
     assert done.wait(30)
+    hung_up.set()
+    holder.join(30)
     t.join(5)
     wait_idle(server, timeout=15)
     assert_nothing_held(server)
