@@ -252,6 +252,7 @@ WORK_HELP = "$XDG_CACHE_HOME/tinyllm, else ~/.cache/tinyllm"
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="tinyllm", description="A small, readable LLM inference engine.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=OneLineParser)
+    p.set_defaults(commands=sub.choices)                  # each command's own parser (main's errors)
 
     g = sub.add_parser("generate", help="stream a continuation of PROMPT")
     g.add_argument("prompt", metavar="PROMPT")
@@ -363,8 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:                                             # said by the command's own parser: "tinyllm bench: ..."
-        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        commands.choices[args.cmd].error(f"unrecognized arguments: {' '.join(extra)}")
+        args.commands[args.cmd].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         args.fn(args)
     except UsageError as e:

@@ -55,7 +55,6 @@ class _Layer:
         self._hooks = tuple(h for m in (block, *parts) for h in (m._forward_hooks, m._forward_pre_hooks))
         self._named = (block._modules, attn._modules, mlp._modules)
         self._params = tuple(m._parameters for m in (qkv, o, gate_up, down, norm1, norm2))
-        self._modules = (block, *parts)
         self.attention = (attn.n_heads, attn.n_kv_heads, attn.head_dim, attn.layer_idx)
 
     def still(self, block: nn.Module, where: tuple[int, int, int]) -> bool:
@@ -64,7 +63,7 @@ class _Layer:
         hooks, the attention's heads and layer index as they were; their weights the same tensors
         at the same versions and addresses, no bias, the same eps. (A step asks for each layer:
         ~40 us a layer with the caches cold, so as few Python steps as it can.)"""
-        if where != self.where or any(self._hooks) or tuple(map(type, self._modules)) != _kinds():
+        if where != self.where or any(self._hooks) or (type(block), *map(type, self.parts)) != _kinds():
             return False
         attn, mlp, qkv, o, gate_up, down, norm1, norm2 = self.parts
         mods, at, mm = self._named
