@@ -583,10 +583,12 @@ def test_pack_linear_lays_the_weight_out_in_16_column_panels_zero_past_n():
 
 
 @needs_kernel
-@pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13, 96, 97, 200])
-@pytest.mark.parametrize("n,k", [(16, 64), (40, 7), (1, 384), (33, 1)])
+@pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 11, 12, 13, 25, 96, 97, 200])
+@pytest.mark.parametrize("n,k", [(16, 64), (40, 7), (1, 384), (33, 1), (24, 16), (64, 32)])
 def test_linear_matches_f_linear(m, n, k):
-    """Every tile height (1..6 rows), row blocks past 96, panels cut short (n not a multiple of 16)."""
+    """Every tile height (1..6 rows on AVX2, 1..12 on AVX-512), row blocks past 96, panels cut
+    short (n not a multiple of 16), panels taken in pairs (AVX-512) with a single one left over,
+    a pair whose second panel is cut short."""
     torch.set_num_threads(2)
     w, packed = packed_weight(n, k, seed=m)
     x = torch.randn(m, k)
@@ -596,7 +598,8 @@ def test_linear_matches_f_linear(m, n, k):
 @needs_kernel
 def test_a_rows_result_is_the_same_bits_in_any_batch_on_any_thread_count():
     """What greedy == solo rests on: each output a sum over k in order, whatever rows share the
-    call (its tile of 6, its block of 96) and however the panels are split across threads."""
+    call (its tile of 6 or 12 rows, one or two panels, its block of 96) and however the panels are
+    split across threads."""
     w, packed = packed_weight(100, 384)
     x = torch.randn(203, 384)
     try:
