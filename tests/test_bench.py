@@ -66,6 +66,25 @@ def test_step_anatomy_parts_add_up_to_the_step(tiny_bench):
     assert continuous.sample_batch is sampler.sample_batch   # the timing wrappers are gone afterwards
 
 
+def test_step_is_set_against_the_faster_of_its_kernel_and_pytorchs_gemm(tiny_bench):
+    """The floor is the faster of the step's own matmul kernel and PyTorch's GEMM on the same
+    shapes: on a machine where our kernel was the slower, the ratio against it alone hid the gap."""
+    out, _, report = tiny_bench
+    for key in ("decode_step", "decode_step_chunked", "decode_step_chunked_wide"):
+        a = report[key]
+        assert a["matmul_only_ms"] > 0 and a["library_matmul_ms"] > 0
+        assert a["matmul_floor_ms"] == min(a["matmul_only_ms"], a["library_matmul_ms"])
+        assert a["step_over_matmul"] == pytest.approx(a["step_ms"] / a["matmul_floor_ms"], rel=1e-9)
+    printed = re.findall(r"matmuls alone: ([\d.]+) ms \([\d.]+ GFLOP/s\), through PyTorch's GEMM ([\d.]+) ms "
+                         r"→ step = ([\d.]+)x the faster matmul-only time", out)
+    assert len(printed) == 3, out
+    a = report["decode_step"]
+    assert printed[0] == (f"{a['matmul_only_ms']:.2f}", f"{a['library_matmul_ms']:.2f}", f"{a['step_over_matmul']:.2f}")
+    older = {k: v for k, v in a.items() if k not in ("library_matmul_ms", "matmul_floor_ms")}
+    assert "PyTorch's GEMM" not in render({**report, "decode_step": older, "decode_step_chunked": None,
+                                           "decode_step_chunked_wide": None}, 200)   # a report from before
+
+
 def test_piped_bench_reports_progress_on_stderr_and_keeps_stdout_the_report(tiny_bench):
     out, err, report = tiny_bench
     for path in report["paths"]:

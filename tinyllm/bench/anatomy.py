@@ -1,6 +1,7 @@
 """A decode step taken apart: model forward + sampling + the rest (scheduling, KV bookkeeping,
 Python), all timed inside the same steps (so the parts add up to the step), against the time the
-same rows' matmuls alone take on this machine (the practical limit)."""
+same rows' matmuls alone take on this machine (the practical limit): through the step's own
+kernel and through PyTorch's GEMM, the faster of the two being the floor."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
+import torch.nn.functional as F
 
 from tinyllm.engine import ContinuousEngine, Request
 from tinyllm.engine import continuous
@@ -28,17 +30,23 @@ def _timeit(fn, n: int) -> float:
 
 
 @torch.no_grad()
-def matmul_only_s(model: Transformer, rows: int, n: int = 200) -> float:
+def matmul_only_s(model: Transformer, rows: int, n: int = 200, library: bool = False) -> float:
     """Time of just the decode step's weight matmuls for ``rows`` rows: every Linear (lm_head
     too) called on its own, so through the same kernel the step uses (on CPU, the packed weights
-    of model/linear.py: the C kernel, or oneDNN without a compiler)."""
+    of model/linear.py: the C kernel, or oneDNN without a compiler). ``library``: the same
+    matmuls through PyTorch's own GEMM instead (``F.linear`` on the weight: MKL or oneDNN on
+    CPU), the other candidate for the floor: our kernel's time alone would let a slow kernel
+    make the rest of the step look small."""
     device = next(model.parameters()).device
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     xs = {m.in_features: torch.randn(rows, m.in_features, device=device) for m in linears}
 
     def run():
         for m in linears:
-            m(xs[m.in_features])
+            if library:
+                F.linear(xs[m.in_features], m.weight)
+            else:
+                m(xs[m.in_features])
         if device.type == "cuda":
             torch.cuda.synchronize()
     return _timeit(run, n)
@@ -123,7 +131,7 @@ def decode_anatomy(model: Transformer, slots: int = 16, ctx: int = 96, n: int = 
     eng.step()                                                    # a first decode step, not counted
     sync = torch.cuda.synchronize if eng.device.type == "cuda" else (lambda: None)
     rounds = max(1, min(rounds, n))
-    step_s = mm_s = 0.0
+    step_s = mm_s = lib_s = 0.0
     with step_parts(eng) as parts:
         for r in range(rounds):
             for _ in range(n * (r + 1) // rounds - n * r // rounds):   # n steps in all
@@ -133,9 +141,12 @@ def decode_anatomy(model: Transformer, slots: int = 16, ctx: int = 96, n: int = 
                 sync()
                 step_s += time.perf_counter() - t
             mm_s += matmul_only_s(model, slots, n=max(1, 200 // rounds)) / rounds
+            lib_s += matmul_only_s(model, slots, n=max(1, 200 // rounds), library=True) / rounds
     step_s, fwd_s, sample_s = step_s / n, parts["forward"] / n, parts["sampling"] / n
+    floor_s = min(mm_s, lib_s)
     return {"active_rows": slots, "context": ctx, "steps": n, "step_ms": step_s * 1e3, "forward_ms": fwd_s * 1e3,
             "sampling_ms": sample_s * 1e3, "other_ms": max(0.0, step_s - fwd_s - sample_s) * 1e3,
-            "matmul_only_ms": mm_s * 1e3, "step_over_matmul": step_s / mm_s,
+            "matmul_only_ms": mm_s * 1e3, "library_matmul_ms": lib_s * 1e3, "matmul_floor_ms": floor_s * 1e3,
+            "step_over_matmul": step_s / floor_s,
             "matmul_gflops": 2 * slots * sum(m.weight.numel() for m in model.modules()
                                              if isinstance(m, torch.nn.Linear)) / mm_s / 1e9}

@@ -103,6 +103,12 @@ def path_tables(console: Console, report: dict, table: str = "paths") -> list[Ta
     return [_table(cells, g) for g in groups]
 
 
+def _library_matmul(anatomy: dict) -> str:
+    """The same matmuls through PyTorch's GEMM, where the report has them (older reports do not)."""
+    ms = anatomy.get("library_matmul_ms")
+    return f", through PyTorch's GEMM {ms:.2f} ms" if ms is not None else ""
+
+
 def print_report(console: Console, report: dict) -> None:
     paths = report["paths"]
     console.print(f"[bold]tinyllm bench[/] — {report['model']['name']} ({report['model']['params'] / 1e6:.1f}M params), "
@@ -143,7 +149,8 @@ def print_report(console: Console, report: dict) -> None:
             f"[bold]{what}, {a['active_rows']} active rows, context ~{a['context']}[/]: {a['step_ms']:.2f} ms = "
             f"forward {a['forward_ms']:.2f} + sampling {a['sampling_ms']:.2f} + other {a['other_ms']:.2f} ms "
             f"(mean of {a['steps']} steps); the same rows' matmuls alone: {a['matmul_only_ms']:.2f} ms "
-            f"({a['matmul_gflops']:.1f} GFLOP/s) → step = {a['step_over_matmul']:.2f}x the matmul-only time.")
+            f"({a['matmul_gflops']:.1f} GFLOP/s){_library_matmul(a)} → step = {a['step_over_matmul']:.2f}x the "
+            f"faster matmul-only time.")
     console.print("(forward: the model call; sampling: choosing each row's next token; other: the rest of the "
                   "same steps — scheduling, KV bookkeeping, Python.)")
     console.print(f"Peak 1024² matmul: {report['machine']['peak_matmul_gflops_1024']:.0f} GFLOP/s. CPU "
