@@ -9,7 +9,9 @@
  * decode or prefill, is computed the same way, whatever the chunking. A row is one work item:
  * its keys are read once, block by block, in memory order (a token's K for every KV head is one
  * contiguous run in the token-major pool), for all query heads (GQA: g query heads share a KV
- * head); then its values once, the same way. At decode sizes the arithmetic is small; what costs
+ * head); then its values, the same way, per query head with its weighted sum held in registers
+ * (it was added into the output in memory token by token: 1.15-1.2x the whole kernel's time at 64
+ * rows on an AVX-512 Xeon, the same bits). At decode sizes the arithmetic is small; what costs
  * is reading the pool from memory, so the loops follow the memory, and each block's successor is
  * requested while it is worked on (1.2-1.3x at 64 rows of the d256 model; docs/speed.md).
  *
@@ -26,7 +28,36 @@
 #include "kernels.h"
 #include "simd.h"
 
-/* q . k over D, k a pool row of float32 or (bf16) bfloat16, widened as it is read. */
+/* The widest vector the compiler targets: 16 floats with AVX-512, else 8 (AVX, SSE, NEON). */
+#if defined(__AVX512F__)
+#define VW 16
+#else
+#define VW 8
+#endif
+typedef float vf __attribute__((vector_size(VW * 4)));
+typedef uint16_t vh __attribute__((vector_size(VW * 2)));
+typedef uint32_t vu __attribute__((vector_size(VW * 4)));
+static inline vf loadv(const float *p) { vf r; memcpy(&r, p, sizeof r); return r; }
+/* w in every lane, by initializer: `(vf){0} + w` would add 0.f first (an instruction per use) */
+static inline vf splat(float w) {
+#if VW == 16
+    return (vf){w, w, w, w, w, w, w, w, w, w, w, w, w, w, w, w};
+#else
+    return (vf){w, w, w, w, w, w, w, w};
+#endif
+}
+static inline void storev(float *p, vf x) { memcpy(p, &x, sizeof x); }
+static inline vf loadv_bf16(const uint16_t *p) {
+    vh h;
+    memcpy(&h, p, sizeof h);
+    const vu w = __builtin_convertvector(h, vu) << 16;
+    vf r;
+    memcpy(&r, &w, sizeof r);
+    return r;
+}
+/* q . k over D, k a pool row of float32 or (bf16) bfloat16, widened as it is read. In vectors
+ * of 8 on every machine, AVX-512 too: sums over 16 lanes rounded differently enough that a
+ * greedy run against the PyTorch path (tests/test_kv_dtype.py) picked another token. */
 static inline __attribute__((always_inline))
 float dot(const float *a, const void *k, int64_t D, const int bf16) {
     const float *bf = k;
@@ -42,20 +73,6 @@ float dot(const float *a, const void *k, int64_t D, const int bf16) {
     float acc = 0.f;
     for (int64_t d = 0; d < D; ++d) acc += a[d] * (bf16 ? bf16_to_float(bh[d]) : bf[d]);
     return acc;
-}
-
-/* y += a x over D, x a pool row as in dot. */
-static inline __attribute__((always_inline))
-void axpy(float *y, float a, const void *x, int64_t D, const int bf16) {
-    const float *xf = x;
-    const uint16_t *xh = x;
-    if (D % 8 == 0) {
-        const v8 av = (v8){0} + a;
-        for (int64_t d = 0; d < D; d += 8)
-            store8(y + d, load8(y + d) + av * (bf16 ? load8_bf16(xh + d) : load8(xf + d)));
-        return;
-    }
-    for (int64_t d = 0; d < D; ++d) y[d] += a * (bf16 ? bf16_to_float(xh[d]) : xf[d]);
 }
 
 /* Start loading token t's row (`row` bytes) of a block that is read next: called once per token
@@ -78,6 +95,43 @@ typedef struct {
     int64_t H, Hkv, D, block_size, table_width;
     float scale;
 } Args;
+
+/* out (D) = sum over the row's L positions of p[t] times KV head h's value at t: the sum kept
+ * in registers across all positions (D a constant: the loops unroll), each position's value read
+ * through the table, block by block, the next block's requested meanwhile (as the keys are).
+ * Each query head of a group reads its values again (from cache: the first head brought them in). Where D is not a multiple of the vector, the sum is
+ * kept in `out` itself. Either way out[d] = fma(p[t], v[t][d], ...) from t = 0 up, from zero. */
+static inline __attribute__((always_inline))
+void weigh_values(const Args *a, const int64_t *table, const float *p, int64_t L, int64_t h, float *out,
+                  int64_t D, const int bf16) {
+    const int64_t bs = a->block_size, elem = bf16 ? 2 : 4, row = a->Hkv * D * elem, block = bs * row;
+    if (D % VW == 0 && D <= 8 * VW) {
+        vf acc[8] = {{0}};
+        for (int64_t t0 = 0, b = 0; t0 < L; t0 += bs, ++b) {
+            const int64_t n = L - t0 < bs ? L - t0 : bs;
+            const char *vb = a->v + table[b] * block + h * D * elem;
+            const char *next = t0 + bs < L ? a->v + table[b + 1] * block + h * D * elem : NULL;
+            for (int64_t t = 0; t < n; ++t) {
+                const vf wv = splat(p[t0 + t]);
+                const char *x = vb + t * row;
+                for (int64_t d = 0; d < D / VW; ++d)
+                    acc[d] += wv * (bf16 ? loadv_bf16((const uint16_t *)x + d * VW) : loadv((const float *)x + d * VW));
+            }
+        }
+        for (int64_t d = 0; d < D / VW; ++d) storev(out + d * VW, acc[d]);
+        return;
+    }
+    memset(out, 0, sizeof(float) * (size_t)D);
+    for (int64_t t0 = 0, b = 0; t0 < L; t0 += bs, ++b) {
+        const int64_t n = L - t0 < bs ? L - t0 : bs;
+        const char *vb = a->v + table[b] * block + h * D * elem;
+        for (int64_t t = 0; t < n; ++t) {
+            const float *xf = (const float *)(vb + t * row);
+            const uint16_t *xh = (const uint16_t *)(vb + t * row);
+            for (int64_t d = 0; d < D; ++d) out[d] += p[t0 + t] * (bf16 ? bf16_to_float(xh[d]) : xf[d]);
+        }
+    }
+}
 
 /* One row: scores (H, L) for every query head, softmax, weighted values. Inlined with D a
  * constant for the common head sizes and bf16 (the pool's element: 1 bfloat16, 0 float32), so
@@ -110,19 +164,10 @@ void attend_row(const Args *a, int64_t r, int64_t D, float *scores, const int bf
         const float inv = 1.f / sum;
 #pragma omp simd
         for (int64_t t = 0; t < L; ++t) s[t] *= inv;
-        memset(o + i * a->o_head, 0, sizeof(float) * (size_t)D);
     }
-    for (int64_t t0 = 0, b = 0; t0 < L; t0 += bs, ++b) {           /* values, block by block */
-        const int64_t n = L - t0 < bs ? L - t0 : bs;
-        const char *vb = a->v + table[b] * block;
-        const char *next = t0 + bs < L ? a->v + table[b + 1] * block : NULL;
-        for (int64_t t = 0; t < n; ++t) {
-            if (next) prefetch_row(next, t, row);
-            for (int64_t h = 0, i = 0; h < Hkv; ++h)
-                for (int64_t j = 0; j < g; ++j, ++i)
-                    axpy(o + i * a->o_head, scores[i * L + t0 + t], vb + t * row + h * D * elem, D, bf16);
-        }
-    }
+    for (int64_t h = 0, i = 0; h < Hkv; ++h)                          /* values */
+        for (int64_t j = 0; j < g; ++j, ++i)
+            weigh_values(a, table, scores + i * L, L, h, o + i * a->o_head, D, bf16);
 }
 
 /* Returns 0 on success, 1 if scratch memory for the scores could not be allocated, 3 for a head
