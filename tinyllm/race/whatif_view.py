@@ -8,14 +8,9 @@ from rich.text import Text
 
 from tinyllm.race.views import LaneView, RequestOutcome
 from tinyllm.race.whatif import RequestRow, group_figures, grouping
+from tinyllm.units import duration
 
 WAIT_SHORT = {"queue": "queue", "slots": "slots", "pool": "KV", "budget": "budget", "preempted": "recompute"}
-
-
-def secs(s: float | None) -> str:
-    if s is None:
-        return "—"
-    return f"{s * 1000:.0f}ms" if s < 1 else f"{s:.2f}s"
 
 
 def why(o: RequestOutcome) -> str:
@@ -60,7 +55,7 @@ def requests_table(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...], li
             if o is None:
                 cells += [Text("—")] * (2 if narrow else 3)
                 continue
-            cells += [Text(secs(o.ttft_s)), Text(secs(o.e2e_s))] + ([] if narrow else [Text(why(o), style="dim")])
+            cells += [Text(duration(o.ttft_s)), Text(duration(o.e2e_s))] + ([] if narrow else [Text(why(o), style="dim")])
         style = "green" if row.change < -0.05 else "red" if row.change > 0.05 else "dim"
         cells.append(Text(f"{row.change:+.0%}", style=style))
         t.add_row(*cells)
@@ -81,8 +76,8 @@ def groups_table(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...]) -> T
         for v, f in zip(lanes, figures):
             g = f.get(name)
             if g is not None:
-                t.add_row(name, short_name(v, 24), str(g["requests"]), secs(g["ttft_p50_s"]), secs(g["ttft_p95_s"]),
-                          secs(g["e2e_p95_s"]), str(g["preemptions"]))
+                t.add_row(name, short_name(v, 24), str(g["requests"]), duration(g["ttft_p50_s"]), duration(g["ttft_p95_s"]),
+                          duration(g["e2e_p95_s"]), str(g["preemptions"]))
     return t
 
 
@@ -100,7 +95,7 @@ def lanes_table(lanes: tuple[LaneView, ...]) -> Table:
         name = Text(short_name(v, 30))
         if v.kv_mib is not None:                          # what it can run at once, at what KV memory
             name.append("\n" + v.capacity, style="dim")
-        t.add_row(name, f"{r.tok_s:.0f}", secs(r.ttft_p50_s), secs(r.ttft_p95_s), secs(r.latency_p95_s),
+        t.add_row(name, f"{r.tok_s:.0f}", duration(r.ttft_p50_s), duration(r.ttft_p95_s), duration(r.latency_p95_s),
                   f"{r.decode_steps:,}", str(pre))
     return t
 
@@ -119,7 +114,7 @@ def request_lanes(lanes: tuple[LaneView, ...], row: RequestRow, width: int) -> T
     end = max((b for s in spans for _, _, b in s), default=start + 1e-9)
     scale = cols / max(1e-9, end - start)
     t = Text(no_wrap=True, overflow="crop")
-    t.append(f"#{row.rid} across the lanes, arrival → {secs(end - start)} (each lane's clock):  ", style="bold")
+    t.append(f"#{row.rid} across the lanes, arrival → {duration(end - start)} (each lane's clock):  ", style="bold")
     for phase, (glyph, colour) in PHASE_GLYPHS.items():
         t.append(glyph, style=colour)
         t.append(f" {phase}  ", style="dim")

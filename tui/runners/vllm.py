@@ -22,6 +22,7 @@ import httpx
 
 from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, RequestView
 from tinyllm.observe.timeline import Timeline
+from tinyllm.units import duration
 from tui.runners.interface import LOG_LINES, Abort, AbortAll, Frame, LoadWorkload, LogEntry, Submit
 from tui.runners.attach import RETRY_S, api_error, completion_body, hang_up, send_workload, why
 from tui.runners.vllm_metrics import MetricsError, MetricsWindow, ServerFigures, parse
@@ -207,7 +208,7 @@ class VllmRunner:
         if first:
             self._event("admitted", rid)
             self._event("prefill", rid, reason=f"0..{len(v.prompt)} of {len(v.prompt)}")
-            self._note("admit", f"#{rid} first token after {self._views[rid].ttft_s * 1000:.0f} ms", rid)
+            self._note("admit", f"#{rid} first token after {duration(self._views[rid].ttft_s)}", rid)
 
     def _usage(self, rid: int, usage: dict) -> None:
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0

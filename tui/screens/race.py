@@ -27,8 +27,9 @@ from tui.runners.child import ChildRunner
 from tui.screens.live import FramePacer, LiveView
 from tui.runners.race import RaceFrame, RaceSpec, Restart, race_workload
 from tui.screens.modals import HelpScreen
-from tui.widgets.lane_panel import LanePanel, secs
+from tui.widgets.lane_panel import LanePanel
 from tui.widgets.race_track import RaceTrack
+from tui.widgets.style import duration
 from tui.widgets.text_line import TextLine
 
 WIDE = 150                      # columns from which the lanes stand side by side
@@ -133,8 +134,8 @@ class FinishLine(Widget):
             rows.append({"lane": SHORT_NAMES.get(v.key, v.title), "place": f"{order.index(v) + 1}",
                          "tok/s": f"{r.tok_s:.0f}", "× static": f"{r.tok_s / base:.2f}x" if base else "",
                          "seqs · KV": "" if v.kv_mib is None else f"{v.seqs} · {mib(v.kv_mib)}",
-                         "TTFT p50": secs(r.ttft_p50_s), "TTFT p95": secs(r.ttft_p95_s),
-                         "latency p95": secs(r.latency_p95_s), "row util": f"{r.row_util:.0%}",
+                         "TTFT p50": duration(r.ttft_p50_s), "TTFT p95": duration(r.ttft_p95_s),
+                         "latency p95": duration(r.latency_p95_s), "row util": f"{r.row_util:.0%}",
                          "KV used": f"{r.kv_used_mean:.0%}", "steps": f"{r.decode_steps:,}"})
         order_of = ["lane", "place", "tok/s", "× static", "seqs · KV", "TTFT p50", "TTFT p95", "latency p95",
                     "row util", "KV used", "steps"]
@@ -309,7 +310,8 @@ class RaceScreen(LiveView, Screen):
         n = self.runner.threads
         threads = f"{n} thread{'s' if n != 1 else ''}" if n else "? threads"
         total = f.lanes[0].total if f.lanes else 0
-        t.append(f" step {f.turns}" + (f" ({f.last_lane})" if f.last_lane and not f.done else ""), style="bold")
+        steps = f" {f.turns} step{'s' if f.turns != 1 else ''}, all lanes"     # (each lane's own: its panel)
+        t.append(steps + (f" · last: {f.last_lane}" if f.last_lane and not f.done else ""), style="bold")
         t.append(f" · {self.workload} · {total} requests · greedy · {self.model_name} · {self.runner.device} · "
                  f"{threads} · delay {f.step_delay_ms} ms/step", style="dim")
         return t

@@ -13,7 +13,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from tinyllm.race.views import LaneView, RowView
-from tui.widgets.style import DIM, STATE_STYLES, bar, rid_style
+from tui.widgets.style import DIM, STATE_STYLES, bar, duration, rid_style
 
 CELL_W = 18                     # "03 #12  █████ 140 " like the app's slot grid
 SMALL_W = 9                     # " 12 ████ " when room is short
@@ -29,10 +29,6 @@ def _pairs(pairs: list[tuple[str, str]]) -> Text:
         t.append(f"{label} ", DIM)
         t.append(f"{val}  ", BOLD)
     return t
-
-
-def secs(x: float | None) -> str:
-    return "—" if x is None else (f"{x * 1000:.0f} ms" if x < 1 else f"{x:.2f} s")
 
 
 def cell(i: int, row: RowView, small: bool) -> list[tuple[str, Style]]:
@@ -92,7 +88,7 @@ class LanePanel(Widget):
 
     @staticmethod
     def _subtitle(v: LaneView) -> str:
-        return f"✓ finished at {secs(v.result.wall_s)}" if v.finished else ""
+        return f"✓ finished at {duration(v.result.wall_s)}" if v.finished else ""
 
     def _grid(self, width: int) -> list[Text]:
         """The rows, full cells; small ones when full cells would take more than MAX_LINES (2
@@ -135,12 +131,12 @@ class LanePanel(Widget):
             return []
         frac = v.tokens / max(1, v.total_tokens)
         progress = Text(no_wrap=True, overflow="ellipsis")
-        tail = f" {frac:4.0%}  done {v.done}/{v.total}  clock {secs(v.clock_s)}"
+        tail = f" {frac:4.0%}  done {v.done}/{v.total}  clock {duration(v.clock_s)}"
         progress.append(bar(frac, max(4, min(40, width - len(tail) - 1))),
                         STATE_STYLES["finished" if v.finished else "running"])
         progress.append(tail, BOLD)
         kv = v.kv_used / v.kv_reserved if v.kv_reserved else 0.0
-        speed = [("TTFT p50", secs(v.ttft_p50_s)), ("rows used", f"{v.row_util:.0%}"), ("steps", f"{v.decode_steps:,}")]
+        speed = [("TTFT p50", duration(v.ttft_p50_s)), ("rows used", f"{v.row_util:.0%}"), ("steps", f"{v.decode_steps:,}")]
         load = [("KV", f"{bar(kv, 6)} {kv:.0%}"), *((("queue", str(v.queued)),) if v.queued else ()),
                 *((("arriving", str(v.arriving)),) if v.arriving else ())]
         if self.compact:

@@ -9,6 +9,7 @@ from functools import lru_cache
 from rich.style import Style
 
 from tinyllm.request import KV_DTYPE_SHORT, kv_dtype_tag
+from tinyllm.units import duration  # noqa: F401  (the screen's panels import it from here)
 
 STATE_COLOURS = {
     "queued": "#c08a00",
@@ -59,20 +60,6 @@ def bar(frac: float, width: int, full: str = "█", empty: str = "░") -> str:
     partial = " ▏▎▍▌▋▊▉"[rem] if rem and n_full < width else ""
     s = full * n_full + partial
     return s + empty * (width - len(s))
-
-
-def duration(seconds: float | None) -> str:
-    """One format for every duration on screen, at most 6 cells: 67ms, 1.23s, 12.3s, 2m05s."""
-    if seconds is None:
-        return "—"
-    if seconds < 1:
-        return f"{seconds * 1000:.0f}ms"
-    if seconds < 10:
-        return f"{seconds:.2f}s"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    m, s = divmod(round(seconds), 60)
-    return f"{m}m{s:02d}s" if m < 60 else f"{m // 60}h{m % 60:02d}m"
 
 
 def dtype_short(name: str) -> str:
