@@ -11,13 +11,16 @@ import contextlib
 import io
 import json
 import re
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 from rich.console import Console
 
 from tinyllm import cli
-from tinyllm.bench import COLUMNS, print_report
+from tinyllm.bench import COLUMNS, print_report, quiet
 from tinyllm.engine import continuous, sampler
 
 TINY = "layers=1,d_model=32,heads=2,kv_heads=1,vocab=64,d_ff=64,max_seq_len=256"
@@ -176,3 +179,40 @@ def test_agreement_enforces_every_path_and_at_bfloat16_the_token_budget_paths():
     one_chunked = {k: v for k, v in slots_off.items() if k != "continuous-chunked-nocache (slots)"}
     assert agreement(one_chunked, True)[1:] == (True, BF16_NOTE + UNCHECKED)     # nothing to check it against
     assert agreement(one_chunked, False)[1] is False
+
+
+def test_others_share_is_the_machines_busy_time_less_this_processs_own():
+    before = quiet.Reading(wall=100.0, busy=500.0, own=10.0, cores=2)
+    after = quiet.Reading(wall=110.0, busy=518.0, own=18.0, cores=2)       # 18 busy core-s, 8 of them ours
+    assert quiet.others_share(before, after) == pytest.approx(10 / 20)
+    assert quiet.others_share(before, quiet.Reading(110.0, 508.0, 18.0, 2)) == 0.0   # ticks' rounding: not < 0
+    assert quiet.others_share(before, quiet.Reading(110.0, None, 18.0, 2)) is None   # not Linux: not measured
+    assert quiet.others_share(before, before) is None                                 # no time passed
+
+
+@pytest.mark.skipif(quiet.read().busy is None, reason="no /proc/stat here")
+def test_a_process_spinning_beside_the_bench_is_seen():
+    """A child spinning on one core while we sleep: its CPU time is the others' (measured before
+    it ends, so it is not yet counted as this process's children's)."""
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 30: pass"])
+    try:
+        time.sleep(0.3)                                   # (it starts)
+        before = quiet.read()
+        time.sleep(1.0)
+        share = quiet.others_share(before, quiet.read())
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert share is not None and share >= 0.6 / before.cores, share
+
+
+def test_the_report_says_when_other_processes_kept_the_machine_busy(tiny_bench):
+    _, _, report = tiny_bench
+    assert "others_cpu_share" in report["machine"]
+    busy = {**report, "machine": {**report["machine"], "others_cpu_share": 0.47, "cpu_count": 2}}
+    out = render(busy, 200)
+    assert "Other processes kept 47% of this machine's 2 cores busy during the run" in out
+    assert out.index("Other processes") < out.index("tok/s")              # before the figures it doubts
+    for share in (0.05, None):
+        assert "Other processes" not in render({**report, "machine": {**report["machine"], "others_cpu_share": share}},
+                                               200)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tinyllm import native
 from tinyllm.model.checkpoint import default_model_dir, load_checkpoint
 
 DATA = Path(__file__).parent / "data"
@@ -35,7 +36,10 @@ def test_info_reports_the_bundled_model():
     model, _ = load_checkpoint()
     assert f"{model.num_params():,}" in r.stdout and "KV bytes per token" in r.stdout
     bpt = sum(2 * b.self_attn.n_kv_heads * b.self_attn.head_dim for b in model.layers)    # K and V, every layer
-    assert f"{4 * bpt:,} (cpu)" in r.stdout and f"{2 * bpt:,} at" in r.stdout and "bfloat16" in r.stdout
+    assert f"{4 * bpt:,} (float32, the default on cpu)" in r.stdout and f"{2 * bpt:,} at" in r.stdout
+    assert "--kv-cache-dtype bfloat16" in r.stdout
+    says = "C kernels (csrc/" if native.library() is not None else f"PyTorch: {native.why_not}"
+    assert says in r.stdout                                      # which kernels this machine runs
 
 
 BAD_INPUT = [

@@ -82,7 +82,9 @@ def cmd_generate(args) -> None:
 def cmd_info(args) -> None:
     from rich.console import Console
     from rich.table import Table
+    from tinyllm import native
     from tinyllm.engine import kv_bytes_per_token
+    from tinyllm.engine.forward import kv_cache_dtype_name
     model, tok = load_model(args)
     cfg = model.cfg
     device = next(model.parameters()).device
@@ -95,8 +97,10 @@ def cmd_info(args) -> None:
             ("tied embeddings", str(cfg.tie_embeddings)),
             ("vocab (model / tokenizer)", f"{cfg.vocab_size} / {tok.vocab_size}"),
             ("end-of-text id", str(tok.eos_id)),
-            ("KV bytes per token", f"{kv_bytes_per_token(model, device):,} ({device.type}); "
-                                   f"{kv_bytes_per_token(model, device, 'bfloat16'):,} at --kv-cache-dtype bfloat16")]
+            ("KV bytes per token", f"{kv_bytes_per_token(model, device):,} ({kv_cache_dtype_name(device)}, the "
+                                   f"default on {device.type}); {kv_bytes_per_token(model, device, 'bfloat16'):,} "
+                                   f"at --kv-cache-dtype bfloat16"),
+            ("kernels", native.describe() if device.type == "cpu" else f"PyTorch ({device.type}: the C kernels are for CPU)")]
     for k, v in rows:
         t.add_row(k, v)
     Console().print(t)

@@ -4,6 +4,7 @@
     workloads.py  the seeded workloads and --random-model checkpoints
     anatomy.py    a decode step taken apart, against the matmul floor
     report.py     progress, tables and chart
+    quiet.py      how busy other processes kept the machine during a run
 """
 
 from tinyllm.bench.report import COLUMNS, print_report

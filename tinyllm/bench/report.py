@@ -7,6 +7,9 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from tinyllm.bench.quiet import warning
+from tinyllm.units import duration
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
@@ -69,8 +72,8 @@ def path_cells(report: dict, table: str = "paths") -> dict[str, dict[str, str]]:
         return "—" if x is None else fmt.format(x)
     return {name: dict(zip(COLUMNS, (
         f(s["tok_s"], "{:.0f}"), f(s["tok_s"] / static, "{:.2f}x"), f(s.get("seqs"), "{}"),
-        f(s.get("ttft_p50_s"), "{:.2f}s"),
-        f(s.get("ttft_p95_s"), "{:.2f}s"), f(s.get("latency_p95_s"), "{:.2f}s"), f(s.get("row_util"), "{:.0%}"),
+        duration(s.get("ttft_p50_s")),
+        duration(s.get("ttft_p95_s")), duration(s.get("latency_p95_s")), f(s.get("row_util"), "{:.0%}"),
         f(s.get("kv_reserved_mib"), "{:.1f}"), f(s.get("kv_used_mib_mean"), "{:.1f}"), f(s.get("kv_used_mean"), "{:.0%}"),
         f(s.get("kv_alloc_used_mean"), "{:.0%}"), f(s.get("preemptions"), "{}"),
         f(s.get("prefill_tokens_computed"), "{:,}"), f(s["tok_s"] * flop_per_tok / peak if peak else None, "{:.1%}"),
@@ -114,6 +117,9 @@ def print_report(console: Console, report: dict) -> None:
     console.print(f"[bold]tinyllm bench[/] — {report['model']['name']} ({report['model']['params'] / 1e6:.1f}M params), "
                   f"{report['workload']}, {report['slots']} slots / batch {report['batch']}, "
                   f"{report['machine']['device']} × {report['machine']['torch_threads']} threads")
+    busy = warning(report["machine"].get("others_cpu_share"), report["machine"]["cpu_count"] or 1)
+    if busy:                                              # before any figure it casts doubt on
+        console.print(f"[bold yellow]{busy}[/]")
     m = report["memory"]
     by_rows = [p for p in ("static", "continuous-slots") if p in paths]
     paged = [p for p in paths if p.startswith("continuous-") and p != "continuous-slots"]

@@ -32,6 +32,7 @@ from tinyllm.engine.build import MIB, check_budget_covers, check_kv_fits, resolv
 from tinyllm.model.config import default_kv_blocks
 from tinyllm.request import DEFAULT_MAX_NUM_SEQS, ContextTooLong, check_fits
 from tinyllm.workload import WorkloadError, resolve_workload
+from tinyllm.bench import quiet
 from tinyllm.bench.anatomy import decode_anatomy, peak_gflops
 from tinyllm.bench.report import WIDE_CONSOLE, BenchProgress, print_report
 from tinyllm.bench.workloads import (LONG_TAIL, LONG_TAIL_CAPS, SHARED_PREFIX, default_workload, long_tail_cap,
@@ -234,6 +235,7 @@ def run_bench(args) -> dict:
              != concurrency(path_settings(p, "memory", args, budget_mib, max_len), bpt)]
     stages = ["solo"] + [p if m == "memory" else f"{p} at {args.slots} slots" for p, m in runs]
     stages += [] if args.no_transformers else ["transformers"]
+    started = quiet.read()                             # how busy the rest of the machine keeps it
     with BenchProgress(console, len(stages) + 2, lines=not sys.stdout.isatty()) as progress:
         progress.start("warm-up")
         warm_up(model, ckpt, device)
@@ -277,6 +279,7 @@ def run_bench(args) -> dict:
             graph = decode_anatomy(model, slots=args.slots, cuda_graph=True, kv_cache_dtype=kv_dtype)
         limit_gflops = peak_gflops(device)
         progress.done(f"{anatomy['step_ms']:.2f} ms per decode step")
+    busy_elsewhere = quiet.others_share(started, quiet.read())
     if tmp is not None:
         tmp.cleanup()
 
@@ -291,7 +294,7 @@ def run_bench(args) -> dict:
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": device,
                     "torch": torch.__version__, "peak_matmul_gflops_1024": limit_gflops,
-                    "paged_decode_attention": native.describe()},
+                    "paged_decode_attention": native.describe(), "others_cpu_share": busy_elsewhere},
         "model": {"name": model_name, "params": model.num_params(), "config": model.cfg.__dict__},
         "workload": wl_desc, "slots": args.slots, "batch": args.batch,
         "memory": {"kv_memory_mib": budget_mib, "max_len": max_len, "bytes_per_token": bpt,
