@@ -18,6 +18,7 @@ from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_NEW
 from tinyllm.race.spec import LaneSpec
 from tinyllm.race.views import LANES, LaneView, lane_detail, mib, waiting_lane
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS
+from tinyllm.units import duration
 from tui.runners.loop import CommandLoop
 from tui.runners.interface import (LogEntry, SetPaused, StepOnce,
                           TogglePaused)
@@ -102,7 +103,7 @@ class RaceRunner(CommandLoop):
         if lane is not None and lane.key not in self._finished and not lane.has_work():
             self._finished.add(lane.key)
             place = len(self._finished)
-            self._add_log("finish", f"{lane.title} finished {_ordinal(place)}: {lane.clock.elapsed:.2f} s of its clock")
+            self._add_log("finish", f"{lane.title} finished {_ordinal(place)}: {duration(lane.clock.elapsed)} of its clock")
 
     def _add_log(self, kind: str, text: str) -> None:
         self._log_seq += 1

@@ -28,12 +28,11 @@ from tui.screens.live import FramePacer, LiveView
 from tui.runners.race import RaceFrame, RaceSpec, Restart, race_workload
 from tui.screens.modals import HelpScreen
 from tui.widgets.lane_panel import LanePanel
-from tui.widgets.race_track import RaceTrack
+from tui.widgets.race_track import NAMES, RaceTrack, lane_name
 from tui.widgets.style import duration
 from tui.widgets.text_line import TextLine
 
 WIDE = 150                      # columns from which the lanes stand side by side
-SHORT_NAMES = {"static": "static", "continuous": "continuous", "chunked": "budget+cache"}
 HOW_TO_READ = "\n".join((          # paragraphs: the screen wraps them to its width
     "The same requests on the same model, three ways. Static batching runs batches of B requests, each until its "
     "longest row is done; continuous batching refills a slot as soon as its request ends; the token-budget "
@@ -102,7 +101,7 @@ class FinishLine(Widget):
     @staticmethod
     def comparing_lanes(lanes: tuple[LaneView, ...]) -> bool:
         """A what-if (lanes with their own settings, all done): the per-request comparison shows."""
-        return bool(lanes) and any(v.key not in SHORT_NAMES for v in lanes) and all(v.outcomes for v in lanes)
+        return bool(lanes) and any(v.key not in NAMES for v in lanes) and all(v.outcomes for v in lanes)
 
     rows = 12                                         # requests shown in the comparison, most changed first
     selected = 0                                      # the comparison's row whose lanes show below it
@@ -131,7 +130,7 @@ class FinishLine(Widget):
         rows = []
         for v in self.lanes:
             r = v.result
-            rows.append({"lane": SHORT_NAMES.get(v.key, v.title), "place": f"{order.index(v) + 1}",
+            rows.append({"lane": lane_name(v), "place": f"{order.index(v) + 1}",
                          "tok/s": f"{r.tok_s:.0f}", "× static": f"{r.tok_s / base:.2f}x" if base else "",
                          "seqs · KV": "" if v.kv_mib is None else f"{v.seqs} · {mib(v.kv_mib)}",
                          "TTFT p50": duration(r.ttft_p50_s), "TTFT p95": duration(r.ttft_p95_s),
@@ -311,7 +310,8 @@ class RaceScreen(LiveView, Screen):
         threads = f"{n} thread{'s' if n != 1 else ''}" if n else "? threads"
         total = f.lanes[0].total if f.lanes else 0
         steps = f" {f.turns} step{'s' if f.turns != 1 else ''}, all lanes"     # (each lane's own: its panel)
-        t.append(steps + (f" · last: {f.last_lane}" if f.last_lane and not f.done else ""), style="bold")
+        last = next((lane_name(v) for v in f.lanes if v.key == f.last_lane), f.last_lane)
+        t.append(steps + (f" · last: {last}" if last and not f.done else ""), style="bold")
         t.append(f" · {self.workload} · {total} requests · greedy · {self.model_name} · {self.runner.device} · "
                  f"{threads} · delay {f.step_delay_ms} ms/step", style="dim")
         return t

@@ -15,7 +15,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from tinyllm.race.views import LaneView
-from tui.widgets.style import DIM, STATE_COLOURS
+from tui.widgets.style import DIM, STATE_COLOURS, duration
 
 BAND = 2                        # lines per lane: 16 levels with eighth blocks
 LABEL_W = 14
@@ -23,6 +23,11 @@ BLOCKS = " ▁▂▃▄▅▆▇█"
 COLOURS = {"static": STATE_COLOURS["queued"], "continuous": STATE_COLOURS["finished"],
            "chunked": STATE_COLOURS["running"]}
 NAMES = {"static": "static", "continuous": "continuous", "chunked": "budget+cache"}
+
+
+def lane_name(v: LaneView) -> str:
+    """A lane's short name, as the chart labels it (and the race's status names the last to step)."""
+    return NAMES.get(v.key, v.title)
 PALETTE = ("#4363d8", "#f58231", "#3cb44b", "#911eb4", "#1fa8b8", "#e6194b")   # what-if lanes, in order
 
 
@@ -73,14 +78,14 @@ class RaceTrack(Widget):
             for c in range(width):
                 n = tokens_at(v.trace, end * (c + 1) / width) if end > 0 else None
                 levels.append(None if n is None else round(BAND * 8 * n / max(1, v.total_tokens)))
-            done = (f"✓ {v.result.wall_s:.2f} s" if v.finished
+            done = (f"✓ {duration(v.result.wall_s)}" if v.finished
                     else f"{v.tokens / max(1, v.total_tokens):.0%}")
             for row in range(BAND):
-                label = NAMES.get(v.key, v.title) if row == 0 else f"  {done}"
+                label = lane_name(v) if row == 0 else f"  {done}"
                 out.append(f"{label:<{LABEL_W - 1}} ", style if row == 0 else DIM)
                 floor = (BAND - 1 - row) * 8
                 out.append("".join(" " if lv is None else BLOCKS[max(0, min(8, lv - floor))] for lv in levels), style)
                 out.append("\n")
-        axis = f"0 s{'':{max(1, width - 3 - len(f'{end:.2f} s'))}}{end:.2f} s"
+        axis = f"0s{'':{max(1, width - 2 - len(duration(end)))}}{duration(end)}"
         out.append(" " * LABEL_W + axis, DIM)
         return out
