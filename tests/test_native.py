@@ -60,7 +60,8 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: torch.T
 
 
 @needs_kernel
-@pytest.mark.parametrize("D", [64, 128, 32, 24, 20])        # unrolled 64/128; vector dot (32); vector axpy only (24); scalar (20)
+@pytest.mark.parametrize("D", [64, 128, 32, 24, 20, 256])   # dot: unrolled 64/128, vectors (32), scalar (24, 20);
+                                                            # values: in registers (up to 8 vectors), in memory (256)
 @pytest.mark.parametrize("heads", [(4, 2), (6, 2), (3, 3), (8, 1)])
 @pytest.mark.parametrize("bs", [1, 4, 16])
 def test_each_row_attends_exactly_its_own_positions(D, heads, bs):
@@ -623,9 +624,10 @@ def test_linear_adds_a_residual_with_the_bits_of_adding_it_afterwards():
     assert torch.equal(native.linear(x, packed, 48, add=strided), strided + native.linear(x, packed, 48))
     x_strided = torch.randn(32, 2, 9).permute(1, 2, 0)
     assert torch.equal(native.linear(x_strided, packed, 48, add=res), res + native.linear(x_strided, packed, 48))
-    w, packed = packed_weight(40, 32)                                   # the last panel holds 8 of 16 columns
-    x, res = torch.randn(13, 32), torch.randn(13, 40)
-    assert torch.equal(native.linear(x, packed, 40, add=res), res + native.linear(x, packed, 40))
+    for n in (40, 24, 56):               # a last panel of 8 columns: alone (40), or second of a pair (24, 56)
+        w, packed = packed_weight(n, 32)
+        x, res = torch.randn(13, 32), torch.randn(13, n)
+        assert torch.equal(native.linear(x, packed, n, add=res), res + native.linear(x, packed, n))
 
 
 @needs_kernel

@@ -23,6 +23,7 @@ from tui.runners.engine import EngineRunner
 from tui.screens.modals import SettingsScreen
 from tinyllm.request import RequestSettings
 from tui.widgets.kv_panel import KVPanel
+from tinyllm import units
 from tui.widgets.style import duration
 from tui.widgets.request_list import RequestList
 from tui.widgets.slot_grid import SlotGrid
@@ -241,6 +242,18 @@ def test_one_duration_format():
     assert [duration(x) for x in (None, 0.0674, 1.234, 12.34, 125, 4000)] == \
         ["—", "67ms", "1.23s", "12.3s", "2m05s", "1h06m"]
     assert all(len(duration(x)) <= 6 for x in (0.9994, 9.996, 59.96, 3599, 359999))
+    # the unit is chosen after rounding: never "1000ms" or "60.0s"; no figure can raise
+    assert [duration(x) for x in (0.9994, 0.9996, 9.996, 59.96)] == ["999ms", "1.00s", "10.0s", "1m00s"]
+    assert [duration(x) for x in (float("nan"), float("inf"), -0.005)] == ["—", "—", "-5ms"]
+    assert duration is units.duration                 # the bench, the race and what-if write the same
+
+
+def test_the_bench_race_and_whatif_use_the_one_duration_format():
+    from tinyllm.bench import report
+    from tinyllm.race import whatif_view
+    from tui.widgets import lane_panel, race_track
+    for module in (report, whatif_view, lane_panel, race_track):
+        assert module.duration is units.duration, module.__name__
 
 
 async def test_list_pane_and_counters_say_durations_alike():

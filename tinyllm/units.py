@@ -4,16 +4,21 @@ TTFT reads the same wherever it is shown (it was `0.01s` in the bench, `24 ms` i
 
 from __future__ import annotations
 
+import math
+
 
 def duration(seconds: float | None) -> str:
-    """At most 6 cells: 67ms, 1.23s, 12.3s, 2m05s, 1h02m; None is "—"."""
-    if seconds is None:
+    """At most 6 cells: 67ms, 1.23s, 12.3s, 2m05s, 1h02m; "—" for None or a value that is not a
+    finite number (a screen never raises over a figure). Each unit is chosen after rounding, so
+    0.9996 s is 1.00s, not 1000ms."""
+    if seconds is None or not math.isfinite(seconds):
         return "—"
-    if seconds < 1:
-        return f"{seconds * 1000:.0f}ms"
-    if seconds < 10:
-        return f"{seconds:.2f}s"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
+    sign, seconds = ("-", -seconds) if seconds < 0 else ("", seconds)
+    if round(seconds * 1000) < 1000:
+        return f"{sign}{seconds * 1000:.0f}ms"
+    if round(seconds, 2) < 10:
+        return f"{sign}{seconds:.2f}s"
+    if round(seconds, 1) < 60:
+        return f"{sign}{seconds:.1f}s"
     m, s = divmod(round(seconds), 60)
-    return f"{m}m{s:02d}s" if m < 60 else f"{m // 60}h{m % 60:02d}m"
+    return f"{sign}{m}m{s:02d}s" if m < 60 else f"{sign}{m // 60}h{m % 60:02d}m"

@@ -8,7 +8,6 @@ elsewhere nothing is measured and nothing is said."""
 from __future__ import annotations
 
 import os
-import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,10 @@ def _machine_busy_s() -> float | None:
 
 
 def read() -> Reading:
+    try:
+        import resource                                   # (not on Windows: nothing measured there)
+    except ImportError:
+        return Reading(time.monotonic(), None, 0.0, os.cpu_count() or 1)
     own = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
               for f in ("ru_utime", "ru_stime"))
     return Reading(time.monotonic(), _machine_busy_s(), own, os.cpu_count() or 1)

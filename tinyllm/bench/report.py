@@ -156,7 +156,7 @@ def print_report(console: Console, report: dict) -> None:
             f"forward {a['forward_ms']:.2f} + sampling {a['sampling_ms']:.2f} + other {a['other_ms']:.2f} ms "
             f"(mean of {a['steps']} steps); the same rows' matmuls alone: {a['matmul_only_ms']:.2f} ms "
             f"({a['matmul_gflops']:.1f} GFLOP/s){_library_matmul(a)} → step = {a['step_over_matmul']:.2f}x the "
-            f"faster matmul-only time.")
+            f"{'faster ' if a.get('library_matmul_ms') is not None else ''}matmul-only time.")
     console.print("(forward: the model call; sampling: choosing each row's next token; other: the rest of the "
                   "same steps — scheduling, KV bookkeeping, Python.)")
     console.print(f"Peak 1024² matmul: {report['machine']['peak_matmul_gflops_1024']:.0f} GFLOP/s. CPU "

@@ -96,22 +96,31 @@ typedef struct {
     float scale;
 } Args;
 
-/* out (D) = sum over the row's L positions of p[t] times KV head h's value at t: the sum kept
- * in registers across all positions (D a constant: the loops unroll), each position's value read
- * through the table, block by block, the next block's requested meanwhile (as the keys are).
- * Each query head of a group reads its values again (from cache: the first head brought them in). Where D is not a multiple of the vector, the sum is
- * kept in `out` itself. Either way out[d] = fma(p[t], v[t][d], ...) from t = 0 up, from zero. */
+/* Start loading `bytes` at p (a value row of a block read next). */
+static inline void prefetch_span(const char *p, int64_t bytes) {
+    for (int64_t c = 0; c < bytes; c += 64) __builtin_prefetch(p + c);
+}
+
+/* out (D) = sum over the row's L positions of p[t] times KV head h's value at t, each position's
+ * value read through the table, block by block. Where D is a multiple of the vector and at most 8
+ * of them (64 floats on AVX2, 128 on AVX-512) the sum stays in registers across all positions (D
+ * a constant: the loops unroll); otherwise it is added into `out` position by position, in vectors
+ * of 8 where D allows. Either way out[d] = fma(p[t], v[t][d], ...) from t = 0 up, from zero: the
+ * same bits. The group's `first` query head requests each next block meanwhile (as the keys are);
+ * the others read the values again from cache. */
 static inline __attribute__((always_inline))
 void weigh_values(const Args *a, const int64_t *table, const float *p, int64_t L, int64_t h, float *out,
-                  int64_t D, const int bf16) {
+                  int64_t D, const int bf16, const int first) {
     const int64_t bs = a->block_size, elem = bf16 ? 2 : 4, row = a->Hkv * D * elem, block = bs * row;
+    const int64_t head = h * D * elem;                               /* this KV head's offset in a row */
     if (D % VW == 0 && D <= 8 * VW) {
         vf acc[8] = {{0}};
         for (int64_t t0 = 0, b = 0; t0 < L; t0 += bs, ++b) {
             const int64_t n = L - t0 < bs ? L - t0 : bs;
-            const char *vb = a->v + table[b] * block + h * D * elem;
-            const char *next = t0 + bs < L ? a->v + table[b + 1] * block + h * D * elem : NULL;
+            const char *vb = a->v + table[b] * block + head;
+            const char *next = first && t0 + bs < L ? a->v + table[b + 1] * block + head : NULL;
             for (int64_t t = 0; t < n; ++t) {
+                if (next) prefetch_span(next + t * row, D * elem);
                 const vf wv = splat(p[t0 + t]);
                 const char *x = vb + t * row;
                 for (int64_t d = 0; d < D / VW; ++d)
@@ -124,11 +133,20 @@ void weigh_values(const Args *a, const int64_t *table, const float *p, int64_t L
     memset(out, 0, sizeof(float) * (size_t)D);
     for (int64_t t0 = 0, b = 0; t0 < L; t0 += bs, ++b) {
         const int64_t n = L - t0 < bs ? L - t0 : bs;
-        const char *vb = a->v + table[b] * block + h * D * elem;
+        const char *vb = a->v + table[b] * block + head;
+        const char *next = first && t0 + bs < L ? a->v + table[b + 1] * block + head : NULL;
         for (int64_t t = 0; t < n; ++t) {
+            if (next) prefetch_span(next + t * row, D * elem);
+            const float w = p[t0 + t];
             const float *xf = (const float *)(vb + t * row);
             const uint16_t *xh = (const uint16_t *)(vb + t * row);
-            for (int64_t d = 0; d < D; ++d) out[d] += p[t0 + t] * (bf16 ? bf16_to_float(xh[d]) : xf[d]);
+            int64_t d = 0;
+            if (D % 8 == 0) {
+                const v8 w8 = {w, w, w, w, w, w, w, w};
+                for (; d < D; d += 8)
+                    store8(out + d, load8(out + d) + w8 * (bf16 ? load8_bf16(xh + d) : load8(xf + d)));
+            }
+            for (; d < D; ++d) out[d] += w * (bf16 ? bf16_to_float(xh[d]) : xf[d]);
         }
     }
 }
@@ -167,7 +185,7 @@ void attend_row(const Args *a, int64_t r, int64_t D, float *scores, const int bf
     }
     for (int64_t h = 0, i = 0; h < Hkv; ++h)                          /* values */
         for (int64_t j = 0; j < g; ++j, ++i)
-            weigh_values(a, table, scores + i * L, L, h, o + i * a->o_head, D, bf16);
+            weigh_values(a, table, scores + i * L, L, h, o + i * a->o_head, D, bf16, j == 0);
 }
 
 /* Returns 0 on success, 1 if scratch memory for the scores could not be allocated, 3 for a head
