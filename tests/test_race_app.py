@@ -23,6 +23,7 @@ from tui.runners.race import RaceRunner, RaceSpec, race_workload
 from tui.screens.modals import HelpScreen
 from tui.screens.race import FinishLine, RaceScreen
 from tui.widgets.lane_panel import LanePanel
+from tui.widgets.race_track import RaceTrack
 
 from tests.test_app import _watch, bundled, make_app, no_unexpected_errors, until  # noqa: F401
 
@@ -413,3 +414,26 @@ async def test_a_lane_grows_with_its_lines_at_80x24():
             assert "done" in "".join(str(line) for line in want)           # the progress bar is there
             heights.append(panel.content_region.height)
         assert heights[1] == heights[0] + 1 == heights[3] and heights[2] == heights[0]
+
+
+async def test_at_the_finish_the_chart_shows_only_where_the_finish_table_leaves_it_room():
+    """At 80x24 the app's race kept its chart at the finish (its room was reckoned before the finish
+    table had a height: the finish frame, drawn once, left a screen that scrolled, the legend cut
+    off; seen in tmux, where frames come from the race's process). Here, one slot a lane: the
+    chart fits beside the lanes mid-race, not beside the lanes and the finish table, and the
+    finished screen does not scroll."""
+    app = race_app(small_work(n=3, cap=12), slots=1)
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = pilot.app.screen
+        await step_to(pilot, 4)
+        await pilot.pause(0.1)
+        assert screen.query_one("#track").display           # mid-race: room for it
+        await step_to(pilot, 10_000)                        # to the finish; no redraw forced after it
+        await until(pilot, lambda: screen.query_one("#finish", FinishLine).lanes, what="the finish table")
+        await pilot.pause(0.2)
+        assert screen.max_scroll_y == 0, "the finished race scrolls"
+        legend = screen.query_one("#race-legend")
+        assert legend.region.height and legend.region.bottom <= screen.size.height - 1    # above the footer
+        used = sum(screen.query_one(q).outer_size.height for q in ("#race-status", "#lanes", "#finish", "#race-legend"))
+        assert not screen.query_one("#track").display and 24 - 1 - used < RaceTrack.height_for(3)
+

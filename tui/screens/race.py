@@ -240,8 +240,14 @@ class RaceScreen(LiveView, Screen):
         if not lanes.outer_size.height:                   # not laid out yet: as it was
             return self.has_class("-track")
         used = 1 + sum(self.query_one(q).outer_size.height for q in ("#race-status", "#race-legend"))   # + footer
-        used += lanes.outer_size.height + (self.query_one("#finish").outer_size.height if f.done else 0)
+        finish = self.query_one("#finish", FinishLine)     # (its own count: at the finish it is not laid out yet)
+        used += lanes.outer_size.height + (finish.get_content_height(None, None, width) if f.done else 0)
         return height - used >= RaceTrack.height_for(len(f.lanes))
+
+    def _place_track(self, f: RaceFrame) -> None:
+        self.set_class(self._track_fits(f), "-track")
+        if self.has_class("-track"):
+            self.query_one("#track", RaceTrack).show(f.lanes)
 
     def _loop(self) -> None:
         worker = get_current_worker()
@@ -269,15 +275,14 @@ class RaceScreen(LiveView, Screen):
         tallest = max((len(p.lines(p.content_region.width)) for p in panels), default=0) if wide else 0
         for panel in panels:
             panel.pad_to(tallest)
-        self.set_class(self._track_fits(f), "-track")
-        if self.has_class("-track"):
-            self.query_one("#track", RaceTrack).show(f.lanes)
         finish = self.query_one("#finish", FinishLine)
         if f.done and not finish.display and finish.comparing_lanes(f.lanes):
             self.call_after_refresh(finish.scroll_visible, animate=False)    # the comparison is the news
         finish.display = f.done
         if f.done:
             finish.show(f.lanes)
+        self._place_track(f)                                 # (after the finish table: it takes lines)
+        self.call_after_refresh(self._place_track, f)        # again once the lanes have this frame's heights
         legend = self._legend(not self.has_class("-wide"))
         if legend != self._legend_shown:
             self._legend_shown = legend
