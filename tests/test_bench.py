@@ -216,3 +216,15 @@ def test_the_report_says_when_other_processes_kept_the_machine_busy(tiny_bench):
     for share in (0.05, None):
         assert "Other processes" not in render({**report, "machine": {**report["machine"], "others_cpu_share": share}},
                                                200)
+
+
+def test_a_busy_core_under_a_thread_of_the_run_is_named_as_the_cause():
+    """One core of two kept busy ran a 2-thread bench ~10x slower (each step waits for its thread
+    on the busy core): the warning says so and names the fix; with threads to spare it does not."""
+    said = quiet.warning(0.42, 2, threads=2)
+    assert "This run's 2 threads outnumbered the ~1.2 cores left free" in said and "--threads 1" in said
+    assert "many times too low" in said
+    for threads in (1, None):
+        assert "outnumbered" not in quiet.warning(0.42, 2, threads) and "quiet machine" in quiet.warning(0.42, 2, threads)
+    assert "outnumbered" not in quiet.warning(0.2, 16, threads=2)          # 12.8 cores free
+    assert quiet.warning(0.1, 2, threads=2) is None

@@ -1,4 +1,4 @@
-"""How the tools write a duration: one format for the app, the race, what-if and the bench, so a
+"""How the tools write a duration (and a count): one format for the app, the race, what-if and the bench, so a
 TTFT reads the same wherever it is shown (it was `0.01s` in the bench, `24 ms` in a race lane and
 `24ms` in the app). No torch."""
 
@@ -22,3 +22,8 @@ def duration(seconds: float | None) -> str:
         return f"{sign}{seconds:.1f}s"
     m, s = divmod(round(seconds), 60)
     return f"{sign}{m}m{s:02d}s" if m < 60 else f"{sign}{m // 60}h{m % 60:02d}m"
+
+
+def count(n: int, noun: str) -> str:
+    """'1 request', '8 requests'."""
+    return f"{n} {noun}{'s' * (n != 1)}"

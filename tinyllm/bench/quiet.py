@@ -57,10 +57,17 @@ def others_share(before: Reading, after: Reading) -> float | None:
     return min(1.0, max(0.0, others / (wall * after.cores)))
 
 
-def warning(share: float | None, cores: int) -> str | None:
-    """What the report says of a busy machine, or None for a quiet one (or one not measured)."""
+def warning(share: float | None, cores: int, threads: int | None = None) -> str | None:
+    """What the report says of a busy machine, or None for a quiet one (or one not measured).
+    Where the run's threads outnumber the cores the others left free, it says that this, not the
+    paths, is what slowed it: each step's threads wait for the slowest, on a busy core."""
     if share is None or share < BUSY_SHARE:
         return None
-    return (f"Other processes kept {share:.0%} of this machine's {cores} cores busy during the run: each path "
-            f"was slowed by a different amount, so these figures can contradict each other. Run it again on a "
-            f"quiet machine to compare paths.")
+    said = (f"Other processes kept {share:.0%} of this machine's {cores} cores busy during the run: each path "
+            f"was slowed by a different amount, so these figures can contradict each other.")
+    free = cores * (1 - share)
+    if threads and threads > 1 and threads > free + 0.25:
+        return (f"{said} This run's {threads} threads outnumbered the ~{free:.1f} cores left free: every step "
+                f"waits for its slowest thread, on a busy core, so every figure may be many times too low; "
+                f"--threads {max(1, int(free + 0.25))} leaves the busy cores alone.")
+    return f"{said} Run it again on a quiet machine to compare paths."

@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING
 
 from tinyllm.bench.quiet import warning
-from tinyllm.units import duration
+from tinyllm.units import count, duration
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -116,8 +116,9 @@ def print_report(console: Console, report: dict) -> None:
     paths = report["paths"]
     console.print(f"[bold]tinyllm bench[/] — {report['model']['name']} ({report['model']['params'] / 1e6:.1f}M params), "
                   f"{report['workload']}, {report['slots']} slots / batch {report['batch']}, "
-                  f"{report['machine']['device']} × {report['machine']['torch_threads']} threads")
-    busy = warning(report["machine"].get("others_cpu_share"), report["machine"]["cpu_count"] or 1)
+                  f"{report['machine']['device']} × {count(report['machine']['torch_threads'], 'thread')}")
+    busy = warning(report["machine"].get("others_cpu_share"), report["machine"]["cpu_count"] or 1,
+                   report["machine"].get("torch_threads"))
     if busy:                                              # before any figure it casts doubt on
         console.print(f"[bold yellow]{busy}[/]")
     m = report["memory"]

@@ -33,6 +33,7 @@ from tinyllm.model.config import default_kv_blocks
 from tinyllm.request import DEFAULT_MAX_NUM_SEQS, ContextTooLong, check_fits
 from tinyllm.workload import WorkloadError, resolve_workload
 from tinyllm.bench import quiet
+from tinyllm.units import count
 from tinyllm.bench.anatomy import decode_anatomy, peak_gflops
 from tinyllm.bench.report import WIDE_CONSOLE, BenchProgress, print_report
 from tinyllm.bench.workloads import (LONG_TAIL, LONG_TAIL_CAPS, SHARED_PREFIX, default_workload, long_tail_cap,
@@ -133,11 +134,6 @@ def concurrency(settings: dict, bytes_per_token: int) -> tuple[int, int | None]:
 
 
 # -- the command ----------------------------------------------------------------------------------
-def _n(count: int, noun: str) -> str:
-    """'1 request', '8 requests'."""
-    return f"{count} {noun}{'s' * (count != 1)}"
-
-
 BF16_NOTE = ("at bfloat16 K/V the paths on PyTorch's attention (static, slots, paged's prefill, solo generate) "
              "can pick other tokens late in a run (rounding turns float noise into bfloat16 steps), so the "
              "\"greedy =\" column, each path against static, is below 100%")
@@ -191,11 +187,11 @@ def run_bench(args) -> dict:
     if args.workload and long_tail_cap(args.workload):
         cap = long_tail_cap(args.workload)
         reqs = long_tail_workload(args.requests, model.cfg.vocab_size, cap, seed=args.seed)
-        wl_desc = (f"long-tail: {_n(args.requests, 'request')}, prompts 112..128, new ~ exponential (mean 128) capped "
+        wl_desc = (f"long-tail: {count(args.requests, 'request')}, prompts 112..128, new ~ exponential (mean 128) capped "
                    f"at {cap}, EOS ignored, greedy, seed {args.seed}")
     elif args.workload == SHARED_PREFIX:
         reqs = shared_prefix_workload(args.requests, model.cfg.vocab_size, seed=args.seed)
-        wl_desc = f"{_n(args.requests, 'request')}, a shared 192-token prefix + 8..64 own tokens, new 8..128, greedy"
+        wl_desc = f"{count(args.requests, 'request')}, a shared 192-token prefix + 8..64 own tokens, new 8..128, greedy"
     elif args.workload:
         try:
             path = resolve_workload(args.workload)
@@ -206,7 +202,7 @@ def run_bench(args) -> dict:
         wl_desc = f"{args.workload} ({len(reqs)} requests, greedy)"
     else:
         reqs = default_workload(args.requests, model.cfg.vocab_size, seed=args.seed)
-        wl_desc = f"{_n(args.requests, 'request')}, prompts 8..64, new 8..128, greedy, seed {args.seed}"
+        wl_desc = f"{count(args.requests, 'request')}, prompts 8..64, new 8..128, greedy, seed {args.seed}"
         for i, r in enumerate(reqs):
             try:
                 check_fits(len(r.prompt), r.max_new_tokens, max_len, "the bench's context")
@@ -312,7 +308,7 @@ def run_bench(args) -> dict:
     print_report(console, report)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2, default=float) + "\n")
-        console.print(f"wrote {args.json}")
+        print(f"wrote {args.json}", file=sys.stderr)          # stdout stays the report alone
     if not tinyllm_ok:
         raise RuntimeError(f"greedy outputs disagree between tinyllm paths (the share of requests equal to "
                            f"static's, per run): {agree}")
