@@ -30,6 +30,7 @@ from tui.screens.modals import HelpScreen
 from tui.widgets.lane_panel import LanePanel
 from tui.widgets.race_track import NAMES, RaceTrack, lane_name
 from tui.widgets.style import duration
+from tui.widgets.status import fit_fields
 from tui.widgets.text_line import TextLine
 
 WIDE = 150                      # columns from which the lanes stand side by side
@@ -42,7 +43,8 @@ HOW_TO_READ = "\n".join((          # paragraphs: the screen wraps them to its wi
     "clock going next; a lane's clock counts only its own steps (and skips idle time before an arrival), so "
     "tokens/s, TTFT and latency are that scheduler's, not whoever got the CPU. Greedy, no stop at end-of-text: "
     "every lane makes exactly the same tokens, as `tinyllm bench` does (as many tokens, their text parting late "
-    "in a long run, where a lane keeps bfloat16 K/V).",
+    "in a long run, where a lane keeps bfloat16 K/V). The status line counts every lane's forward passes together "
+    "(a static batch's prefill included); a lane's 'steps' are its decode steps, as tinyllm bench counts them.",
     "Cells: slot or batch row, #request, a bar of its tokens so far out of its max_new_tokens, and that count; "
     "'wasted' = static batching: finished, still computed until its batch's longest row is done; '▸' and a cyan "
     "bar = prompt still being prefilled in chunks; '✓ done' = finished in the latest step. KV: the context "
@@ -119,10 +121,11 @@ class FinishLine(Widget):
         return Group(*parts, table, Text(""), request_lanes(self.lanes, row, max(40, self.size.width - 2)))
 
     def _lanes_table(self) -> Table:
-        """tinyllm bench's columns, one row per lane; then, where the width allows, its tokens/s
-        against static batching (the race's point), each lane's sequences and KV memory (``64 ·
-        32 MiB``: at equal memory, why the paged lanes win; the lanes' titles say it too), and
-        its place."""
+        """tinyllm bench's columns, one row per lane: its tokens/s and against static batching (the
+        race's point) always; then, as the width allows, most telling first, TTFT p50, latency p95,
+        row use, the mean share of its KV memory in use (a lane's bar says the share now), steps,
+        TTFT p95, its sequences and KV memory (``64 · 32 MiB``: at equal memory, why the paged
+        lanes win; the lanes' titles say it too), and its place."""
         base = next((v.result.tok_s for v in self.lanes if v.kind == "static"), None)
         order = sorted(self.lanes, key=lambda v: v.result.wall_s)
         t = Table(box=None, padding=(0, 1), title_justify="left", title_style="bold", expand=False,
@@ -135,18 +138,17 @@ class FinishLine(Widget):
                          "seqs · KV": "" if v.kv_mib is None else f"{v.seqs} · {mib(v.kv_mib)}",
                          "TTFT p50": duration(r.ttft_p50_s), "TTFT p95": duration(r.ttft_p95_s),
                          "latency p95": duration(r.latency_p95_s), "row util": f"{r.row_util:.0%}",
-                         "KV used": f"{r.kv_used_mean:.0%}", "steps": f"{r.decode_steps:,}"})
+                         "KV mean": f"{r.kv_used_mean:.0%}", "steps": f"{r.decode_steps:,}"})
         order_of = ["lane", "place", "tok/s", "× static", "seqs · KV", "TTFT p50", "TTFT p95", "latency p95",
-                    "row util", "KV used", "steps"]
-        cols = [c for c in order_of if c not in ("place", "× static", "seqs · KV")]
+                    "row util", "KV mean", "steps"]
+        cols = ["lane", "tok/s"] + (["× static"] if base else [])
 
         def width(c: str) -> int:
             return max(len(c), *(len(row[c]) for row in rows)) + 2
         used = sum(map(width, cols))
-        for c in ("× static", "seqs · KV", "place"):     # what fits, most telling first
-            if (c != "× static" or base) and (c != "seqs · KV" or any(row[c] for row in rows)) \
-                    and used + width(c) <= self.size.width:
-                cols.append(c)
+        for c in ("TTFT p50", "latency p95", "row util", "KV mean", "steps", "TTFT p95", "seqs · KV", "place"):
+            if (c != "seqs · KV" or any(row[c] for row in rows)) and used + width(c) <= self.size.width:
+                cols.append(c)                          # what fits, most telling first
                 used += width(c)
         cols.sort(key=order_of.index)
         for c in cols:
@@ -299,27 +301,32 @@ class RaceScreen(LiveView, Screen):
         return HOW_TO_READ
 
     def _status(self, f: RaceFrame) -> Text:
-        t = Text(no_wrap=True, overflow="ellipsis")
+        """The status line, fitted to the screen as the app's is: whole fields give way, those of
+        least use first (the state and the pass count stay at any width)."""
         if f.status == "loading":
+            t = Text(no_wrap=True, overflow="ellipsis")
             t.append(" ⧗ LOADING ", style="bold reverse cyan")
             t.append(f" race · {self.workload} · the engine process is importing torch, reading the weights and "
                      f"warming up…", style="bold")
             return t
         if f.done:
-            t.append(" ✓ FINISHED ", style="bold reverse blue")
+            state = (" ✓ FINISHED ", "bold reverse blue")
         elif f.paused:
-            t.append(" ⏸ PAUSED ", style="bold reverse yellow")
+            state = (" ⏸ PAUSED ", "bold reverse yellow")
         else:
-            t.append(" ▶ RACE ", style="bold reverse green")
+            state = (" ▶ RACE ", "bold reverse green")
         n = self.runner.threads
-        threads = f"{n} thread{'s' if n != 1 else ''}" if n else "? threads"
         total = f.lanes[0].total if f.lanes else 0
-        steps = f" {f.turns} step{'s' if f.turns != 1 else ''}, all lanes"     # (each lane's own: its panel)
         last = next((lane_name(v) for v in f.lanes if v.key == f.last_lane), f.last_lane)
-        t.append(steps + (f" · last: {last}" if last and not f.done else ""), style="bold")
-        t.append(f" · {self.workload} · {total} requests · greedy · {self.model_name} · {self.runner.device} · "
-                 f"{threads} · delay {f.step_delay_ms} ms/step", style="dim")
-        return t
+        passes = f" {f.turns:,} forward pass{'es' if f.turns != 1 else ''}, all lanes"   # each lane's steps: its panel
+        fields = [(*state, 0), (passes, "bold", 0)]
+        if last and not f.done:
+            fields.append((f" · last: {last}", "bold", 2))
+        for text, rank in ((self.workload, 1), (f"{total} requests", 3), ("greedy", 6), (self.model_name, 4),
+                           (self.runner.device, 5), (f"{n} thread{'s' if n != 1 else ''}" if n else "? threads", 5),
+                           (f"delay {f.step_delay_ms} ms/step", 3)):
+            fields.append((f" · {text}", "dim", rank))
+        return fit_fields(fields, max(20, self.size.width))
 
     def _failed(self, e: Exception) -> None:
         """The race process could not start: leave with its one-line reason (exit code 2 when
