@@ -156,6 +156,8 @@ def test_tinyllm_whatif_at_equal_memory_prints_each_lanes_sequences_and_memory(t
                          "--kv-memory", "0.75", "--step-cost", "0.01", "--json", str(out), "--max-len", "64"]) == 0
     text = capsys.readouterr().out
     assert "2 seqs · 0.75 MiB" in text and "64 seqs · 0.75 MiB" in text
+    rows = {line.split()[0]: line for line in text.splitlines()[:5] if line.strip()}
+    assert "64 seqs · 0.75 MiB" in rows["token"] and "2 seqs · 0.75 MiB" in rows["static"]   # on its lane's row
     doc = json.loads(out.read_text())
     assert [(lane["seqs"], lane["kv_mib"], lane["kv_blocks"], lane["kv_dtype"]) for lane in doc["lanes"]] == \
         [(2, 0.75, None, "float32"), (2, 0.75, None, "float32"), (64, 0.75, 8, "float32")]

@@ -144,6 +144,7 @@ def cmd_whatif(args) -> None:
     from tinyllm.race.race import build_race
     from tinyllm.race.spec import LaneSpecError, check_memory_options, parse_lanes
     from tinyllm.race.whatif import compare, load_arrivals, to_json
+    from tinyllm.bench.report import stdout_console
     from tinyllm.race.whatif_view import groups_table, lanes_table, request_lanes, requests_table
     from tinyllm.workload import WorkloadError
     try:
@@ -177,14 +178,14 @@ def cmd_whatif(args) -> None:
             pass
     views = race.views()
     rows = compare(views)
-    out = Console()
+    out = stdout_console()                                        # piped: wide, as the bench's
     out.print(lanes_table(views))
     groups = groups_table(views, rows)
     if groups is not None:
         out.print(groups)
     out.print(requests_table(views, rows, args.rows, narrow=out.width < 24 + 22 * len(views)))
     if rows:
-        out.print(request_lanes(views, rows[0], out.width))
+        out.print(request_lanes(views, rows[0], min(out.width, 160)))   # (a step a cell: not 400 of them)
     if args.json:
         try:
             Path(args.json).write_text(json.dumps(to_json(views, rows, args.source), indent=1), encoding="utf-8")

@@ -15,6 +15,13 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 WIDE_CONSOLE = 400          # columns when stdout is not a terminal: wide enough for every figure
+
+
+def stdout_console() -> Console:
+    """The report's console: the terminal's width, or piped (CI, `| tee`, a file) wide enough that
+    no column is dropped or folded (the bench and what-if alike)."""
+    from rich.console import Console
+    return Console() if sys.stdout.isatty() else Console(width=WIDE_CONSOLE)
 COLUMNS = ("tok/s", "x static", "seqs", "TTFT p50", "TTFT p95", "latency p95", "row util", "KV reserved MiB",
            "KV used MiB", "KV used mean", "used/alloc", "preempt", "prefill tok", "roofline", "greedy =")
 

@@ -35,7 +35,7 @@ from tinyllm.workload import WorkloadError, resolve_workload
 from tinyllm.bench import quiet
 from tinyllm.units import count
 from tinyllm.bench.anatomy import decode_anatomy, peak_gflops
-from tinyllm.bench.report import WIDE_CONSOLE, BenchProgress, print_report
+from tinyllm.bench.report import BenchProgress, print_report, stdout_console
 from tinyllm.bench.workloads import (LONG_TAIL, LONG_TAIL_CAPS, SHARED_PREFIX, default_workload, long_tail_cap,
                                      long_tail_workload, random_checkpoint, shared_prefix_workload,
                                      workload_from_file)
@@ -165,13 +165,11 @@ def agreement(outputs: dict[str, list[list[int]]], bf16_on_cpu: bool) -> tuple[d
 
 
 def run_bench(args) -> dict:
-    from rich.console import Console
-
     from tinyllm.model.checkpoint import default_model_dir, load_checkpoint
 
     # Piped or redirected (CI, `| tee`), rich would squeeze the table to 80 columns and cut every
     # figure; there, print at the width the content needs instead.
-    console = Console() if sys.stdout.isatty() else Console(width=WIDE_CONSOLE)
+    console = stdout_console()
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     tmp = None

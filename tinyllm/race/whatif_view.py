@@ -82,21 +82,24 @@ def groups_table(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...]) -> T
 
 
 def lanes_table(lanes: tuple[LaneView, ...]) -> Table:
-    """One row per lane: tinyllm bench's columns, on each lane's own clock; under the lane's
-    name, the sequences it can run at once and its KV memory (``64 seqs · 32 MiB``)."""
+    """One row per lane: tinyllm bench's columns, on each lane's own clock, and where the lanes
+    are sized by memory the sequences each can run at once and its KV memory (``64 seqs · 32
+    MiB``, as its title in the race says it; it was a second line under each name, which read as
+    a lane of its own)."""
     t = Table(box=None, padding=(0, 1), title_justify="left", title_style="bold", expand=False,
               title="lanes (each lane's own clock)")
     t.add_column("lane", no_wrap=False, min_width=12)     # the column that gives way on a narrow terminal
+    sized = any(v.kv_mib is not None for v in lanes)
+    if sized:
+        t.add_column("seqs · KV", justify="right", no_wrap=True)
     for c in ("tok/s", "TTFT p50", "TTFT p95", "latency p95", "steps", "preempted"):
         t.add_column(c, justify="right", no_wrap=True)
     for v in lanes:
         r = v.result
         pre = sum(o.preemptions for o in v.outcomes)
-        name = Text(short_name(v, 30))
-        if v.kv_mib is not None:                          # what it can run at once, at what KV memory
-            name.append("\n" + v.capacity, style="dim")
-        t.add_row(name, f"{r.tok_s:.0f}", duration(r.ttft_p50_s), duration(r.ttft_p95_s), duration(r.latency_p95_s),
-                  f"{r.decode_steps:,}", str(pre))
+        kv = ([] if not sized else ["—" if v.kv_mib is None else v.capacity])
+        t.add_row(Text(short_name(v, 30)), *kv, f"{r.tok_s:.0f}", duration(r.ttft_p50_s), duration(r.ttft_p95_s),
+                  duration(r.latency_p95_s), f"{r.decode_steps:,}", str(pre))
     return t
 
 
