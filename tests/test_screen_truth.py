@@ -8,6 +8,7 @@ restart, aborting other clients' requests) are in test_attach.py."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -337,3 +338,30 @@ async def test_an_engine_process_sized_by_kv_memory_retitles_the_slots_and_block
         assert app.query_one(KVPanel).render().plain.split("\n", 1)[0].endswith(
             "· " + {"auto": "fp32", "bfloat16": "bf16"}[kv_dtype])
         assert app.query_one("#slots").border_title == "Slots (12, up to 512 tokens each)"
+
+
+async def test_the_status_line_says_idle_when_nothing_runs_or_waits():
+    """The finished app said `▶ RUNNING` with nothing to run: unpaused, it says `● IDLE` when
+    no request runs, waits or is due to arrive, and `▶ RUNNING` while one does."""
+    from dataclasses import replace
+
+    from tui.widgets.status import status_fields
+    app = paged_app(new=6)
+    async with app.run_test(size=(120, 40)) as pilot:
+        def state() -> str:
+            return status_fields(replace(app.runner.frame, paused=False), app.runner, "m", None)[0][0]
+        assert state() == " ● IDLE "                         # nothing submitted yet
+        await submit(pilot, "ROMEO:")
+        await step(pilot, 1)
+        assert app.runner.frame.snapshot.num_requests_running == 1 and state() == " ▶ RUNNING "
+        await step(pilot, 20)                                # to its end (6 new tokens)
+        assert app.runner.frame.snapshot.counters.finished == 1 and state() == " ● IDLE "
+        assert app.query_one("#status").text.plain.startswith(" ⏸ PAUSED ")   # paused says so first
+        from tui.widgets.request_pane import header_text
+        v, now = app.runner.frame.snapshot.request(0), app.runner.frame.snapshot.time_s
+        full = header_text(v, now).plain
+        assert "TTFT " in full and "slot" in full
+        for width in range(len(full) - 1, 19, -1):          # narrower: whole fields go, none is cut
+            line = header_text(v, now, width).plain
+            assert len(line) <= width and line.startswith("#0 finished") and "6/6 tok" in line
+            assert ("TTFT" in line) == bool(re.search(r"TTFT \d+(ms|\.\d+s)", line))

@@ -13,30 +13,30 @@ from tinyllm.observe.accounting import Accounting
 from tinyllm.observe.snapshot import RequestView
 from tui.runners.interface import Frame
 from tui.widgets.style import CACHED, EVENT_STYLES, STATE_STYLES, duration, rid_style
+from tui.widgets.status import fit_fields
 from tui.widgets.text_line import TextLine
 
 
-def header_text(v: RequestView, now: float) -> Text:
-    h = Text(no_wrap=True, overflow="ellipsis")
-    h.append(f"#{v.rid} ", style=rid_style(v.rid))
-    h.append(v.state, style=STATE_STYLES[v.state])
-    h.append(f"  slot {v.slot if v.slot is not None else '—'}", style="dim")
-    h.append(f"  {v.sampling.describe()}")
+def header_text(v: RequestView, now: float, width: int = 10_000) -> Text:
+    """The request's one-line header, fitted to ``width``: whole fields give way, those of least
+    use first (it was cut mid-field: `8/8 tok  TTFT` without its value)."""
+    fields = [(f"#{v.rid} ", rid_style(v.rid), 0), (v.state, STATE_STYLES[v.state], 0),
+              (f"  slot {v.slot if v.slot is not None else '—'}", "dim", 3), (f"  {v.sampling.describe()}", "", 4)]
     if v.priority:
-        h.append(f"  prio {v.priority}")
+        fields.append((f"  prio {v.priority}", "", 3))
     if v.tenant:
-        h.append(f"  tenant {v.tenant}")
-    h.append(f"  {len(v.tokens)}/{v.max_new_tokens} tok")
+        fields.append((f"  tenant {v.tenant}", "", 3))
+    fields.append((f"  {len(v.tokens)}/{v.max_new_tokens} tok", "", 0))
     if v.ttft_s is not None:
-        h.append(f"  TTFT {duration(v.ttft_s)}")
+        fields.append((f"  TTFT {duration(v.ttft_s)}", "", 1))
     tps = v.tokens_per_s(now)
     if tps is not None:
-        h.append(f"  {tps:.1f} tok/s")
+        fields.append((f"  {tps:.1f} tok/s", "", 2))
     if v.cached_tokens:
-        h.append(f"  {v.cached_tokens} cached", style=CACHED)
+        fields.append((f"  {v.cached_tokens} cached", CACHED, 2))
     if v.preemptions:
-        h.append(f"  preempted {v.preemptions}×", style=STATE_STYLES["preempted"])
-    return h
+        fields.append((f"  preempted {v.preemptions}×", STATE_STYLES["preempted"], 1))
+    return fit_fields(fields, width)
 
 
 def accounting_text(v: RequestView) -> Text | None:
@@ -130,12 +130,12 @@ class RequestPane(VerticalScroll):
         batch = frame.snapshot.batch
         step_line = step_text(v, batch, frame.snapshot.counters.steps)
         choices = frame.choices.get(rid)
-        key = (rid, v, text, step_line.plain, choices)
+        key = (rid, v, text, step_line.plain, choices, self.size.width)
         if key == self._shown:
             return
         follow = self.scroll_y >= self.max_scroll_y - 1 or rid != self.rid
         self.rid, self._shown = rid, key
-        self.query_one("#pane-header").set(header_text(v, frame.snapshot.time_s))
+        self.query_one("#pane-header").set(header_text(v, frame.snapshot.time_s, max(20, self.size.width - 2)))
         body = Text()
         body.append(prompt, style="dim")
         body.append(text)

@@ -46,8 +46,15 @@ def status_fields(f: Frame, runner, model_name: str, recording: Path | None = No
                 (" · read-only", "dim", 6)]
     budget = f.snapshot.max_batched_tokens
     n = runner.threads
-    out = [(" ⏸ PAUSED " if f.paused else " ▶ RUNNING ", "bold reverse yellow" if f.paused else "bold reverse green", 0),
-           (f" step {steps}", "bold", 0)]
+    snap = f.snapshot
+    idle = not (snap.num_requests_running or snap.num_requests_waiting or f.pending_arrivals)
+    if f.paused:
+        state = (" ⏸ PAUSED ", "bold reverse yellow")
+    elif idle:                                  # nothing to run: the engine waits for a request
+        state = (" ● IDLE ", "bold reverse blue")
+    else:
+        state = (" ▶ RUNNING ", "bold reverse green")
+    out = [(*state, 0), (f" step {steps}", "bold", 0)]
     if recording is not None:
         out.append((f" · ● REC {recording.name}", "bold red", 1))
     if f.pending_arrivals:
