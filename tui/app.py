@@ -144,7 +144,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self._cache_titles(snap)
         if snap.kv.kind != "paged":
             self.query_one("#blocks", BlockMap).display = False
-        self.query_one("#tps").border_title = "tokens/s (last 30 s)"
+        self.query_one("#tps").border_title = "tokens/s (last 30 s of steps)"   # engine time: idle adds none
         self.query_one("#kv").border_title = "KV cache & counters"
         self.query_one("#requests").border_title = "Requests"
         self.query_one("#timeline").border_title = "Timeline (t: requests, z/Z: zoom)"
