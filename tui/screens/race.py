@@ -347,7 +347,8 @@ class RaceScreen(LiveView, Screen):
         return True
 
     def action_help(self) -> None:
-        self.app.push_screen(HelpScreen(self.BINDINGS, "tinyllm-tui race — keys", ("How to read the race", HOW_TO_READ), ()))
+        keys = [b for b in self.BINDINGS if self.check_action(b.action, ())]   # only the keys that work here
+        self.app.push_screen(HelpScreen(keys, "tinyllm-tui race — keys", ("How to read the race", HOW_TO_READ), ()))
 
     def action_request(self, delta: int) -> None:
         """What-if finish line: show the next / previous request's lanes."""
