@@ -201,6 +201,7 @@ class RaceScreen(LiveView, Screen):
         self._pacer = FramePacer()
         self._publish_s = 0.0
         self._shown = -1
+        self._drawn: RaceFrame | None = None      # the frame last drawn (the track is placed again after layout)
         self._seen_log = 0
         self._legend_shown = ""
         self.frames_drawn = 0
@@ -246,7 +247,9 @@ class RaceScreen(LiveView, Screen):
         used += lanes.outer_size.height + (finish.get_content_height(None, None, width) if f.done else 0)
         return height - used >= RaceTrack.height_for(len(f.lanes))
 
-    def _place_track(self, f: RaceFrame) -> None:
+    def _place_track(self, f: RaceFrame | None) -> None:
+        if f is None or not self.is_attached:
+            return
         self.set_class(self._track_fits(f), "-track")
         if self.has_class("-track"):
             self.query_one("#track", RaceTrack).show(f.lanes)
@@ -266,7 +269,7 @@ class RaceScreen(LiveView, Screen):
         f: RaceFrame = self.runner.frame
         if not (force or self._pacer.due()) or (f.seq == self._shown and not force):
             return
-        self._shown = f.seq
+        self._shown, self._drawn = f.seq, f
         self.frames_drawn += 1
         short = self.has_class("-short")
         self.query_one("#race-status", TextLine).set(self._status(f))
@@ -284,7 +287,7 @@ class RaceScreen(LiveView, Screen):
         if f.done:
             finish.show(f.lanes)
         self._place_track(f)                                 # (after the finish table: it takes lines)
-        self.call_after_refresh(self._place_track, f)        # again once the lanes have this frame's heights
+        self.call_after_refresh(lambda: self._place_track(self._drawn))   # again once the lanes have their heights
         legend = self._legend(not self.has_class("-wide"))
         if legend != self._legend_shown:
             self._legend_shown = legend
