@@ -39,11 +39,10 @@
 #define ROW_BLOCK 96    /* rows of x per pass over the panels */
 
 #if defined(__AVX512F__)
-#define MR_MAX 12       /* rows per tile */
-typedef float v16 __attribute__((vector_size(64)));
+#define MR_MAX 12       /* rows per tile; vf (simd.h) is 16 floats here */
 
 /* y[0..ncols) = acc (+ add[0..ncols)): a whole panel's columns, or the last panel's few. */
-static inline void put(float *y, v16 acc, int64_t ncols, const float *add) {
+static inline void put(float *y, vf acc, int64_t ncols, const float *add) {
     if (!add && ncols == NR) {
         memcpy(y, &acc, sizeof acc);
         return;
@@ -61,14 +60,12 @@ static inline __attribute__((always_inline))
 void tile(const float *x, int64_t x_row, const float *panel, int64_t K, float *y, int64_t y_row,
           int64_t ncols, const float *add, int64_t add_row, const int MR, const int NP) {
     const float *panel1 = panel + (NP > 1 ? K * NR : 0);
-#define DECLARE(i) v16 acc##i = {0}, accb##i = {0}; const float *x##i = x + (i < MR ? i : 0) * x_row;
+#define DECLARE(i) vf acc##i = {0}, accb##i = {0}; const float *x##i = x + (i < MR ? i : 0) * x_row;
     EACH_ROW(DECLARE)
     for (int64_t k = 0; k < K; ++k) {
-        v16 b0, b1;
-        memcpy(&b0, panel + k * NR, sizeof b0);
-        if (NP > 1) memcpy(&b1, panel1 + k * NR, sizeof b1);
+        const vf b0 = loadv(panel + k * NR), b1 = NP > 1 ? loadv(panel1 + k * NR) : b0;
 #define MULTIPLY(i) if (i < MR) { const float s = x##i[k]; \
-                                  const v16 a = {s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}; \
+                                  const vf a = splat(s); \
                                   acc##i += a * b0; if (NP > 1) accb##i += a * b1; }
         EACH_ROW(MULTIPLY)
     }

@@ -28,33 +28,6 @@
 #include "kernels.h"
 #include "simd.h"
 
-/* The widest vector the compiler targets: 16 floats with AVX-512, else 8 (AVX, SSE, NEON). */
-#if defined(__AVX512F__)
-#define VW 16
-#else
-#define VW 8
-#endif
-typedef float vf __attribute__((vector_size(VW * 4)));
-typedef uint16_t vh __attribute__((vector_size(VW * 2)));
-typedef uint32_t vu __attribute__((vector_size(VW * 4)));
-static inline vf loadv(const float *p) { vf r; memcpy(&r, p, sizeof r); return r; }
-/* w in every lane, by initializer: `(vf){0} + w` would add 0.f first (an instruction per use) */
-static inline vf splat(float w) {
-#if VW == 16
-    return (vf){w, w, w, w, w, w, w, w, w, w, w, w, w, w, w, w};
-#else
-    return (vf){w, w, w, w, w, w, w, w};
-#endif
-}
-static inline void storev(float *p, vf x) { memcpy(p, &x, sizeof x); }
-static inline vf loadv_bf16(const uint16_t *p) {
-    vh h;
-    memcpy(&h, p, sizeof h);
-    const vu w = __builtin_convertvector(h, vu) << 16;
-    vf r;
-    memcpy(&r, &w, sizeof r);
-    return r;
-}
 /* q . k over D, k a pool row of float32 or (bf16) bfloat16, widened as it is read. In vectors
  * of 8 on every machine, AVX-512 too: sums over 16 lanes rounded differently enough that a
  * greedy run against the PyTorch path (tests/test_kv_dtype.py) picked another token. */
@@ -113,24 +86,10 @@ void weigh_values(const Args *a, const int64_t *table, const float *p, int64_t L
                   int64_t D, const int bf16, const int first) {
     const int64_t bs = a->block_size, elem = bf16 ? 2 : 4, row = a->Hkv * D * elem, block = bs * row;
     const int64_t head = h * D * elem;                               /* this KV head's offset in a row */
-    if (D % VW == 0 && D <= 8 * VW) {
-        vf acc[8] = {{0}};
-        for (int64_t t0 = 0, b = 0; t0 < L; t0 += bs, ++b) {
-            const int64_t n = L - t0 < bs ? L - t0 : bs;
-            const char *vb = a->v + table[b] * block + head;
-            const char *next = first && t0 + bs < L ? a->v + table[b + 1] * block + head : NULL;
-            for (int64_t t = 0; t < n; ++t) {
-                if (next) prefetch_span(next + t * row, D * elem);
-                const vf wv = splat(p[t0 + t]);
-                const char *x = vb + t * row;
-                for (int64_t d = 0; d < D / VW; ++d)
-                    acc[d] += wv * (bf16 ? loadv_bf16((const uint16_t *)x + d * VW) : loadv((const float *)x + d * VW));
-            }
-        }
-        for (int64_t d = 0; d < D / VW; ++d) storev(out + d * VW, acc[d]);
-        return;
-    }
-    memset(out, 0, sizeof(float) * (size_t)D);
+    const int regs = D % VW == 0 && D <= 8 * VW;                      /* (D a constant: decided when compiled) */
+    vf acc[8] = {{0}};
+    if (!regs)
+        memset(out, 0, sizeof(float) * (size_t)D);
     for (int64_t t0 = 0, b = 0; t0 < L; t0 += bs, ++b) {
         const int64_t n = L - t0 < bs ? L - t0 : bs;
         const char *vb = a->v + table[b] * block + head;
@@ -140,6 +99,12 @@ void weigh_values(const Args *a, const int64_t *table, const float *p, int64_t L
             const float w = p[t0 + t];
             const float *xf = (const float *)(vb + t * row);
             const uint16_t *xh = (const uint16_t *)(vb + t * row);
+            if (regs) {
+                const vf wv = splat(w);
+                for (int64_t d = 0; d < D / VW; ++d)
+                    acc[d] += wv * (bf16 ? loadv_bf16(xh + d * VW) : loadv(xf + d * VW));
+                continue;
+            }
             int64_t d = 0;
             if (D % 8 == 0) {
                 const v8 w8 = {w, w, w, w, w, w, w, w};
@@ -149,6 +114,8 @@ void weigh_values(const Args *a, const int64_t *table, const float *p, int64_t L
             for (; d < D; ++d) out[d] += w * (bf16 ? bf16_to_float(xh[d]) : xf[d]);
         }
     }
+    if (regs)
+        for (int64_t d = 0; d < D / VW; ++d) storev(out + d * VW, acc[d]);
 }
 
 /* One row: scores (H, L) for every query head, softmax, weighted values. Inlined with D a

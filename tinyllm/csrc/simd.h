@@ -1,4 +1,4 @@
-/* Shared by the C kernels (tinyllm/csrc): 8-float vectors and an inlined exp. */
+/* Shared by the C kernels (tinyllm/csrc): 8-float vectors, the widest the CPU has, and an inlined exp. */
 #ifndef TINYLLM_SIMD_H
 #define TINYLLM_SIMD_H
 #include <math.h>
@@ -18,14 +18,38 @@ static inline float hsum8(v8 x) { return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2
  * scalar one, on a tensor's last few elements, writes 0x7FC0). */
 typedef uint16_t u16x8 __attribute__((vector_size(16)));
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
-static inline v8 load8_bf16(const uint16_t *p) {
-    u16x8 h;
-    memcpy(&h, p, sizeof h);
-    const u32x8 w = __builtin_convertvector(h, u32x8) << 16;
-    v8 r;
-    memcpy(&r, &w, sizeof r);
-    return r;
+/* NAME(p): the vector VEC of bfloat16s at p, widened (HALF: as many uint16, WORD: as many uint32). */
+#define BF16_LOADER(NAME, VEC, HALF, WORD)                                   \
+    static inline VEC NAME(const uint16_t *p) {                              \
+        HALF h;                                                              \
+        memcpy(&h, p, sizeof h);                                             \
+        const WORD w = __builtin_convertvector(h, WORD) << 16;               \
+        VEC r;                                                               \
+        memcpy(&r, &w, sizeof r);                                            \
+        return r;                                                            \
+    }
+BF16_LOADER(load8_bf16, v8, u16x8, u32x8)
+
+/* The widest vector the compiler targets: 16 floats with AVX-512, else 8 (AVX, SSE, NEON). */
+#if defined(__AVX512F__)
+#define VW 16
+#else
+#define VW 8
+#endif
+typedef float vf __attribute__((vector_size(VW * 4)));
+typedef uint16_t vh __attribute__((vector_size(VW * 2)));
+typedef uint32_t vu __attribute__((vector_size(VW * 4)));
+static inline vf loadv(const float *p) { vf r; memcpy(&r, p, sizeof r); return r; }
+static inline void storev(float *p, vf x) { memcpy(p, &x, sizeof x); }
+/* w in every lane, by initializer: `(vf){0} + w` would add 0.f first (an instruction per use) */
+static inline vf splat(float w) {
+#if VW == 16
+    return (vf){w, w, w, w, w, w, w, w, w, w, w, w, w, w, w, w};
+#else
+    return (vf){w, w, w, w, w, w, w, w};
+#endif
 }
+BF16_LOADER(loadv_bf16, vf, vh, vu)
 static inline float bf16_to_float(uint16_t h) {
     const uint32_t w = (uint32_t)h << 16;
     float f;
