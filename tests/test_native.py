@@ -61,7 +61,7 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: torch.T
 
 @needs_kernel
 @pytest.mark.parametrize("D", [64, 128, 32, 24, 20, 256])   # dot: unrolled 64/128, vectors (32), scalar (24, 20);
-                                                            # values: in registers (up to 8 vectors), in memory (256)
+                                                            # values: in registers, in memory (24, 20; 256 on AVX2)
 @pytest.mark.parametrize("heads", [(4, 2), (6, 2), (3, 3), (8, 1)])
 @pytest.mark.parametrize("bs", [1, 4, 16])
 def test_each_row_attends_exactly_its_own_positions(D, heads, bs):
@@ -74,6 +74,33 @@ def test_each_row_attends_exactly_its_own_positions(D, heads, bs):
     out = native.decode_attention(q, k, v, tables, torch.tensor(lens), bs)
     assert out.shape == (H, len(lens), D)
     torch.testing.assert_close(out.double(), reference(q, k, v, tables, lens, bs), rtol=2e-5, atol=2e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("D", [64, 128, 32])
+def test_the_same_bits_however_positions_and_heads_are_grouped(D):
+    """The kernel sums keys eight positions at a time within a block (a transposed horizontal
+    sum) and a group's query heads' values together, as many as the registers hold: each score
+    and each output is still the same sum in the same order. So the same K/V in blocks of 16
+    (eight at a time) and of 1 (one by one), and 8 query heads sharing one KV head against each
+    head alone, give identical bits."""
+    H, lens = 8, [100, 37, 8, 1, 16, 23]
+    torch.manual_seed(D)
+    q = torch.randn(H, len(lens), D)
+    dense_k, dense_v = torch.randn(len(lens), max(lens), 1, D), torch.randn(len(lens), max(lens), 1, D)
+    outs = {}
+    for bs in (16, 1):
+        tables, n_blocks = scattered_tables(lens, bs, seed=bs)
+        k, v = pool(n_blocks, bs, 1, D), pool(n_blocks, bs, 1, D)
+        for r, L in enumerate(lens):                                   # the same K/V, laid out in bs-blocks
+            for p in range(L):
+                at = int(tables[r, p // bs]) * bs + p % bs
+                k[at], v[at] = dense_k[r, p], dense_v[r, p]
+        outs[bs] = native.decode_attention(q, k, v, tables, torch.tensor(lens), bs)
+        alone = torch.cat([native.decode_attention(q[h:h + 1], k, v, tables, torch.tensor(lens), bs)
+                           for h in range(H)])
+        assert torch.equal(outs[bs], alone)
+    assert torch.equal(outs[16], outs[1])
 
 
 @needs_kernel
