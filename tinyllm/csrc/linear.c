@@ -29,8 +29,9 @@
 
 /* GCC's -O3 (the library's level) takes ~3 s on this file (it tries to vectorize and version the
  * inlined tiles' loops over k, which are already vector code) and gains nothing measurable over
- * -O2 here, which takes ~0.2 s for the six AVX2 tiles and ~1.3 s for the 24 AVX-512 ones (12
- * heights x one or two panels): the kernels build on first use, so the build time counts. */
+ * -O2 here, which takes ~0.2 s for the AVX2 tiles and ~1.6 s for the 26 AVX-512 ones (12 heights
+ * x one or two panels, and the full height again with requests ahead; 24 took ~1.3 s): the
+ * kernels build on first use, so the build time counts. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("O2")
 #endif
