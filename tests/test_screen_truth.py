@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from tinyllm.engine import ContinuousEngine, Sampling
-from tui.app import DETAILS_S, TinyLLMApp
+from tui.app import TinyLLMApp
 from tui.runners.frames import FrameRecorder
-from tui.runners.interface import SeekStep, StepBack, StepOnce, Submit
+from tui.runners.interface import SeekStep, SetPaused, StepBack, StepOnce, Submit
 from tui.runners.engine import EngineRunner
 from tui.screens.modals import SettingsScreen
 from tinyllm.request import RequestSettings
@@ -31,7 +31,7 @@ from tui.widgets.slot_grid import SlotGrid
 from tui.widgets.timeline import TimelinePanel
 
 from tests.screen_check import check_panels
-from tests.test_app import _watch, bundled, no_unexpected_errors, step, submit, until  # noqa: F401
+from tests.test_app import _watch, bundled, has_work, no_unexpected_errors, step, submit, until  # noqa: F401
 from tests.test_app_replay import replay_app
 
 
@@ -54,22 +54,36 @@ def paged_app(slots: int = 8, kv_blocks: int = 256, new: int = 40, paused: bool 
 
 
 async def test_the_last_frame_is_drawn_whole_when_the_engine_goes_idle():
-    """The detail throttle (list, pane, timeline at <= 5 Hz) may delay the last frame of a run,
-    never drop it: an idle engine sends no later frame, and its screen must be its final state."""
+    """An idle engine sends no later frame: the app's own tick draws the last one of a run,
+    every panel, and the screen is the run's final state."""
     app = paged_app(paused=False)
     async with app.run_test(size=(120, 40)) as pilot:
         rid = await submit(pilot, "café ПРИВЕТ 日本語 🎭 — «naïve»:")
-        app._details_at = float("inf")                    # the list and pane are throttled ...
-        grid = app.query_one(SlotGrid)
         await ticks_until(pilot, lambda: app.runner.frame.snapshot.request(rid).state == "finished"
-                          and grid.snapshot is app.runner.frame.snapshot, what="the app's tick to see the end")
-        last = app.runner.frame
-        app._details_at = time.perf_counter() + DETAILS_S     # ... as the last frame arrived
-        await ticks_until(pilot, lambda: app._details_frame is last, timeout=5,    # (the run may have ended
-                          what="the last frame's details (the throttle dropped it)")  # before the throttle was set)
+                          and app._details_frame is app.runner.frame, what="the app's tick to draw the end")
         assert "finished" in app.query_one(RequestList).row_text(rid)
-        assert app.runner.frame is last                       # nothing newer came: the tick drew it
         check_panels(app)
+
+
+async def test_every_panel_shows_the_same_step_while_the_engine_runs_flat_out():
+    """No step delay, every frame the pacer allows: each draw is one frame in every panel. (The
+    request list and pane once refreshed at <= 5 Hz while the grid and counters kept up, so a
+    fast run showed a request 10-25 steps behind its slot.) Checked at each newly drawn frame
+    while the run lasts, however many a machine's speed allows."""
+    app = paged_app(slots=4, new=200, paused=True)
+    async with app.run_test(size=(120, 40)) as pilot:
+        for text in ("ROMEO:", "JULIET:\nO Romeo", "HAMLET:", "KING:", "NURSE:", "LEAR:"):
+            await submit(pilot, text)
+        app.runner.send(SetPaused(False))
+        checked, seen = 0, app.frames_drawn
+        while has_work(app.runner.frame) and checked < 30:
+            await ticks_until(pilot, lambda: app.frames_drawn > seen or not has_work(app.runner.frame),
+                              what="the app's tick to draw a frame")
+            if app.frames_drawn > seen:
+                seen = app.frames_drawn
+                check_panels(app)
+                checked += 1
+        assert checked >= 1
 
 
 @pytest.fixture(scope="module")

@@ -42,8 +42,7 @@ from tui.widgets.prefix_cache_map import PrefixCacheMap
 from tui.widgets.timeline import TimelinePanel
 
 DEFAULT_THREADS = 1         # torch threads in the engine process: robust beside a busy core (README)
-REFRESH_HZ = 20             # at most; FramePacer lowers it when drawing costs the engine too much
-DETAILS_S = 0.2             # running flat out, the request list and the pane text refresh at <= 5 Hz
+REFRESH_HZ = 20             # at most; FramePacer lowers it (to 5 Hz) when drawing costs the engine too much
 
 
 class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
@@ -103,8 +102,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self.startup_error: str | None = None     # set when the engine could not start; main() prints it
         self.selected: int | None = None
         self._shown_seq = -1                     # the frame every panel has drawn (a loading frame has seq 0)
-        self._fast_seq = -1                      # the frame the cheap panels have drawn
-        self._details_frame: Frame | None = None  # the frame the list, pane and timeline show
+        self._details_frame: Frame | None = None  # that frame (the list, pane and timeline keep showing it)
         self._placed: tuple = ()                   # (selection, rows) the list's cursor was last put on
         self._follow_after: int | None = None     # a prompt was sent: select the first request newer than this
         self._last_log: LogEntry | None = None   # the newest event-log entry shown
@@ -112,7 +110,6 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self._pacer = FramePacer(max_hz=REFRESH_HZ)
         self._publish_s = 0.0
         self.frames_drawn = 0
-        self._details_at = 0.0
 
     # -- layout ----------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -192,7 +189,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
             self.query_one("#kv").border_title = "KV █used ▒alloc ░reserved · counters" if short else "KV cache & counters"
         except NoMatches:                                 # not composed yet, or shutting down
             return
-        self._shown_seq = self._fast_seq = -1
+        self._shown_seq = -1
         self.call_after_refresh(self.refresh_from_runner, True)
 
     def _engine_loop(self) -> None:
@@ -201,26 +198,22 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
 
     # -- the paced refresh ---------------------------------------------------------------------
     def refresh_from_runner(self, force: bool = False) -> None:
-        """Draw the runner's newest frame. This is the one place that decides what a frame
-        draws, and when. The pacer and the detail throttle only *delay* a draw: a frame counts
-        as shown once every panel has drawn it, and the tick keeps running while the engine is
-        idle, so the last frame of a run (after which an idle engine sends none) is always drawn
-        whole, at most DETAILS_S later."""
+        """Draw the runner's newest frame, every panel from it: the one place that decides what a
+        frame draws, and when. Every panel shows the same step at every moment (the request list
+        and pane once trailed the slot grid by up to 0.2 s, 10-25 steps of a fast run, and the
+        screen contradicted itself); the pacer keeps the whole draw's cost down instead, from 20
+        frames a second to 5. The tick keeps running while the engine is idle, so the last frame
+        of a run (after which an idle engine sends none) is always drawn."""
         if self.runner.start_error is not None and self.startup_error is None:
             self._engine_failed(self.runner.start_error)
             return
         frame = self.runner.frame
         if frame.seq == self._shown_seq or not (force or self._pacer.due()):
             return
-        now = time.perf_counter()
-        if frame.seq != self._fast_seq:                   # cheap panels: every frame the pacer allows
-            self._fast_seq = frame.seq
-            self.frames_drawn += 1
-            self._draw_fast(frame)
-        if force or frame.paused or frame.step_delay_ms >= 50 or now >= self._details_at:
-            self._details_at = now + DETAILS_S            # running flat out: text panels at <= 5 Hz
-            self._shown_seq = frame.seq
-            self._draw_details(frame)
+        self._shown_seq = frame.seq
+        self.frames_drawn += 1
+        self._draw_state(frame)
+        self._draw_details(frame)
 
     def _cache_titles(self, snap) -> None:
         """The slot grid's and block map's sizes, from the snapshot shown: the first frame may be
@@ -233,8 +226,8 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
             if title is not None and widget.border_title != title:
                 widget.border_title = title
 
-    def _draw_fast(self, frame: Frame) -> None:
-        """Status, slots, blocks, KV and counters, sparkline, scrubber, log: all cheap."""
+    def _draw_state(self, frame: Frame) -> None:
+        """Status, slots, blocks, KV and counters, sparkline, scrubber, log: the engine's state."""
         self._update_flags(frame)
         self.query_one("#status", TextLine).set(self._status_text(frame))
         if self.metrics_only:
