@@ -218,6 +218,8 @@ def test_timeline_snapshot(snap_compare, size):
 @pytest.mark.parametrize("argv, message", [
     (["--replay", "nope.jsonl"], "--replay: nope.jsonl: cannot read it"),
     (["--replay", str(RECORDING), "--record", "x.jsonl"], "cannot be used together"),
+    (["--replay", str(RECORDING), "--attach", "127.0.0.1:9"], "--replay and --attach cannot be used together"),
+    (["--attach", "htp://127.0.0.1:9"], "--attach htp://127.0.0.1:9: a server's address is http://HOST:PORT"),
     (["--record", "/no/such/dir/run.jsonl"], "the directory /no/such/dir does not exist"),
     (["--record", "/"], "is a directory"),
 ])

@@ -125,7 +125,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
                 yield RequestList(id="requests")
                 yield TimelinePanel(id="timeline")
             with Vertical(id="right"):
-                yield RequestPane(id="pane")
+                yield RequestPane(prompts=not self.replay, id="pane")
                 yield EventLog(id="log")
         if self.replay:
             yield TextLine(id="scrubber")

@@ -119,6 +119,9 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
     if a.scheduling_policy != "fcfs" and (a.replay is not None or a.attach is not None):
         parser.error("--scheduling-policy applies to the app's own engine (a replay shows the recorded one; "
                      "a server has its own: tinyllm serve --scheduling-policy)")
+    if a.replay is not None and a.attach is not None:
+        parser.error("--replay and --attach cannot be used together: a replay shows a recorded run, "
+                     "--attach a live server")
     if a.replay is not None:
         return replay_app(parser, a)
     if a.attach is not None:
@@ -221,6 +224,9 @@ def attach_app(parser, a) -> TinyLLMApp:
         except CheckpointError as e:
             parser.error(f"--model: {e}")
     url = a.attach if "://" in a.attach else f"http://{a.attach}"
+    if url.split("://", 1)[0].lower() not in ("http", "https"):
+        parser.error(f"--attach {a.attach}: a server's address is http://HOST:PORT or https://HOST:PORT "
+                     "(or HOST:PORT)")
     kv_events = kv_events_subscriber(parser, a.kv_events) if a.kv_events is not None else None
     try:
         runner = AttachRunner(url).start()

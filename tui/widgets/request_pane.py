@@ -85,7 +85,9 @@ def choices_text(choices: tuple[tuple[str, float], ...]) -> Text:
     return t
 
 
-NO_REQUEST = "No request selected. Type a prompt below and press Enter."
+NO_REQUEST = "No request selected."
+HINT = {True: "Pick one in the Requests list (↑/↓), or press i, type a prompt and press Enter.",
+        False: "Pick one in the Requests list (↑/↓)."}   # (a replay has no prompt to type)
 
 
 class RequestPane(VerticalScroll):
@@ -95,8 +97,9 @@ class RequestPane(VerticalScroll):
     RequestPane > #pane-body { height: auto; }
     """
 
-    def __init__(self, **kw):
+    def __init__(self, prompts: bool = True, **kw):
         super().__init__(**kw)
+        self._hint = Text(HINT[prompts], style="dim")    # under "No request selected.": it wraps
         self.rid: int | None = None
         self._shown: tuple | None = None
         self._plain = ""
@@ -105,7 +108,7 @@ class RequestPane(VerticalScroll):
         header = TextLine(id="pane-header")
         header.text = Text(NO_REQUEST, style="dim")
         yield header
-        yield Static("", id="pane-body", markup=False)
+        yield Static(self._hint, id="pane-body", markup=False)
 
     @property
     def body_text(self) -> str:
@@ -123,7 +126,7 @@ class RequestPane(VerticalScroll):
                 self.rid, self._shown, self._plain = rid, key, ""
                 self.query_one("#pane-header").set(
                     Text(NO_REQUEST if rid is None else f"#{rid} {missing}", style="dim"))
-                self.query_one("#pane-body", Static).update("")
+                self.query_one("#pane-body", Static).update(self._hint if rid is None else "")
             return
         prompt = frame.prompts.get(rid, "")
         text = frame.texts.get(rid, "")
