@@ -469,6 +469,7 @@ async def test_help_screen_lists_every_key():
                            ("-", "Faster: -step delay"), ("f9 / ctrl+x", "Abort"), ("ctrl+k", "Abort all"),
                            ("o", "Load prompts"), ("s", "Settings")]:
             assert rows[keys] == what
+        assert not any(what.startswith("Replay:") for what in rows.values())      # a replay's keys only there
         await pilot.press("escape")
 
 

@@ -245,3 +245,24 @@ def test_the_committed_recording_still_reads():
     assert header["version"] == 1 and warning is None and records
     r = ReplayRunner(RECORDING)
     assert r.last_step == records[-1][1]["step"] and r.event_steps(("preempted",))
+
+
+async def test_replay_goes_to_its_start_and_end_and_its_help_lists_only_what_works():
+    """< and > jump to the recording's first and last step (Home / End move in the request
+    list); the help lists the replay's keys and none of those a replay turns off."""
+    app = replay_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        last = app.runner.last_step
+        await pilot.press("greater_than_sign")
+        await until(pilot, lambda: app.runner.frame.snapshot.counters.steps == last, what="the last step")
+        await pilot.press("less_than_sign")
+        await until(pilot, lambda: app.runner.frame.snapshot.counters.steps == 0, what="step 0")
+        await pilot.press("f1")
+        await until(pilot, lambda: isinstance(app.screen, HelpScreen))
+        rows = dict(app.screen.rows())
+        assert rows["<"] == "Replay: go to the start" and rows[">"] == "Replay: go to the end"
+        assert rows["g"] == "Replay: go to a step"
+        offered = set(rows.values())
+        for off in ("Abort", "Abort all", "Settings", "Load prompts", "Type a prompt", "Clear the prefix cache",
+                    "Race: static vs continuous batching", "submit the prompt in the input"):
+            assert off not in offered, off

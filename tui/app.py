@@ -76,6 +76,8 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         Binding("Z", "zoom_in", "Timeline: fewer steps per column", show=False),
         Binding("b,comma", "step_back", "Replay: one step back", show=False),
         Binding("g", "goto_step", "Replay: go to a step", show=False),
+        Binding("less_than_sign", "replay_start", "Replay: go to the start", show=False),
+        Binding("greater_than_sign", "replay_end", "Replay: go to the end", show=False),
         Binding("right_square_bracket", "next_event", "Replay: the selected request's next event", show=False),
         Binding("left_square_bracket", "prev_event", "Replay: its previous event", show=False),
         Binding("i,slash,enter", "focus_input", "Type a prompt", show=False),
@@ -344,7 +346,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self.select(event.rid)
 
     READ_ONLY = {"abort_selected", "abort_all", "clear_prefix_cache", "load_prompts", "settings", "focus_input", "race"}
-    REPLAY_ONLY = {"step_back", "goto_step", "next_event", "prev_event"}
+    REPLAY_ONLY = {"step_back", "goto_step", "replay_start", "replay_end", "next_event", "prev_event"}
     SERVER_PACED = {"toggle_pause", "step_once", "slower", "faster", "clear_prefix_cache"}
 
     def check_action(self, action: str, parameters) -> bool | None:
@@ -356,11 +358,15 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         if (isinstance(self.screen, ModalScreen) and not isinstance(self.screen, HelpScreen)
                 and action not in ("quit", "help")):
             return False                                  # a dialog is open: its keys, not ours
+        return self._applies(action)
+
+    def _applies(self, action: str) -> bool:
+        """Whether ``action`` means anything in this mode (a replay, a server, a local engine):
+        the keys check it, and the help lists only what it allows."""
         if action in (self.READ_ONLY if self.replay else self.REPLAY_ONLY):
             return False
-        if self.remote and (action in self.SERVER_PACED or (action == "load_prompts" and self.tokenizer is None)):
-            return False
-        return True
+        return not (self.remote and (action in self.SERVER_PACED
+                                     or (action == "load_prompts" and self.tokenizer is None)))
 
     def _show_timeline(self, frame: Frame) -> None:
         timeline = self.query_one("#timeline", TimelinePanel)
@@ -421,7 +427,9 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
             self.pop_screen()
         else:
             self._close_help()
-            self.push_screen(HelpScreen(self.BINDINGS))
+            keys = [b for b in self.BINDINGS if self._applies(b.action)]
+            self.push_screen(HelpScreen(keys, extra=() if self.replay else
+                                        (("enter", "submit the prompt in the input"),)))
 
     def _close_help(self) -> None:
         """A dialog opened from the help screen replaces it instead of stacking on it."""

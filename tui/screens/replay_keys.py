@@ -1,6 +1,6 @@
-"""The replay's own keys (a recording played back): one step back, go to a step, and the
-selected request's next / previous admission, preemption, abort or end. A mixin of the app,
-whose ``check_action`` turns them off for a live engine or a server."""
+"""The replay's own keys (a recording played back): one step back, go to a step, to the start
+or the end, and the selected request's next / previous admission, preemption, abort or end. A
+mixin of the app, whose ``check_action`` turns them off for a live engine or a server."""
 
 from __future__ import annotations
 
@@ -13,6 +13,12 @@ class ReplayKeys:
 
     def action_step_back(self) -> None:
         self.runner.send(StepBack())
+
+    def action_replay_start(self) -> None:
+        self.runner.send(SeekStep(0))
+
+    def action_replay_end(self) -> None:
+        self.runner.send(SeekStep(self.runner.last_step))
 
     def action_goto_step(self) -> None:
         self._close_help()
