@@ -594,6 +594,8 @@ EFFECTS = {
     # replay only (tests/test_app_replay.py presses them there; a live app has them off)
     "step_back": lambda app, was: app.runner.frame.snapshot.counters.steps < was.step,
     "goto_step": lambda app, was: isinstance(app.screen, GotoStep),
+    "replay_start": lambda app, was: app.runner.frame.snapshot.counters.steps == 0 < was.step,
+    "replay_end": lambda app, was: app.runner.frame.snapshot.counters.steps == app.runner.last_step > was.step,
     "next_event": lambda app, was: app.runner.frame.snapshot.counters.steps > was.step or _noted(app, was, "has no"),
     "prev_event": lambda app, was: app.runner.frame.snapshot.counters.steps < was.step or _noted(app, was, "has no"),
     "race": lambda app, was: isinstance(app.screen, RaceScreen),    # escape closes it (tests/test_race_app.py)

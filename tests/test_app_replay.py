@@ -266,3 +266,33 @@ async def test_replay_goes_to_its_start_and_end_and_its_help_lists_only_what_wor
         for off in ("Abort", "Abort all", "Settings", "Load prompts", "Type a prompt", "Clear the prefix cache",
                     "Race: static vs continuous batching", "submit the prompt in the input"):
             assert off not in offered, off
+
+
+def test_tokens_per_s_follows_a_burst_after_idle_time():
+    """A replay's (and an attached server's) tokens/s is the last second of engine time, frame by
+    frame; a gap of a second or more (an idle engine sends no frames) starts it afresh, so a new
+    burst's rate is not spread over the idle time before it (it read 0 for a second while
+    requests ran), and a restarted server's clock starts it afresh too."""
+    from types import SimpleNamespace
+    from tui.runners.frames import FrameBuilder
+
+    class Rates(FrameBuilder):
+        now = SimpleNamespace(time_s=0.0, counters=SimpleNamespace(generated_tokens=0))
+
+        @property
+        def snapshot(self):
+            return self.now
+
+    b = Rates(read_recording(RECORDING)[0])
+
+    def frame(t: float, n: int) -> float:
+        b.now = SimpleNamespace(time_s=t, counters=SimpleNamespace(generated_tokens=n))
+        b._derive_rates()
+        return b.x["tps"]
+    for i in range(41):                                   # 2 s at 200 tokens/s, a frame every 50 ms
+        tps = frame(i * 0.05, i * 10)
+    assert tps == pytest.approx(200)
+    assert frame(5.0, 400) == 0                           # the first frame after 3 s idle: no span yet
+    assert frame(5.05, 410) == pytest.approx(200)         # not 10 tokens over 3 idle seconds
+    assert frame(5.10, 420) == pytest.approx(200)
+    assert frame(0.05, 10) == 0 and frame(0.10, 30) == pytest.approx(400)   # a restarted server's clock

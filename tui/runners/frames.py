@@ -23,6 +23,7 @@ from tinyllm.observe.timeline import Timeline
 from tui.runners.interface import LOG_LINES, Frame, LogEntry, lifecycle_log
 
 TPS_POINT_S = 0.25          # the tokens/s sparkline gets a point per this much engine time
+RATE_S = 1.0                # tokens/s: over the last this much engine time
 
 
 def tokenizer_id(model_dir: str | Path) -> str:
@@ -103,7 +104,7 @@ class FrameBuilder:
         self.x: dict = {"paused": False, "delay": 0, "pending": 0, "tps": 0.0, "step_ms": 0.0, "steps_behind": 0}
         self.tps_history: deque[float] = deque(maxlen=120)
         self._tps_at = 0.0
-        self._rate: tuple[float, int, float] | None = None
+        self._points: deque[tuple[float, int]] = deque()   # (engine time, tokens generated), the rate's window
         self.step = 0
 
     @property
@@ -137,15 +138,24 @@ class FrameBuilder:
         self._derive_rates()
 
     def _derive_rates(self) -> None:
-        """Tokens/s from the engine clock and counters (not recorded: it follows from them)."""
+        """Tokens/s from the engine clock and counters (not recorded: it follows from them), over
+        the last RATE_S of engine time, frame by frame. A gap of RATE_S or more between frames
+        (an idle engine sends none) starts the window afresh: the tokens of a new burst are not
+        spread over the idle time before it (the counter read 0 for a second while requests
+        ran)."""
         snap = self.snapshot
         t, n = snap.time_s, snap.counters.generated_tokens
-        if self._rate is None or t < self._rate[0]:
-            self._rate = (t, n, 0.0)
-        t0, n0, tps = self._rate
-        if t - t0 >= 1.0:
-            tps = (n - n0) / (t - t0)
-            self._rate = (t, n, tps)
+        pts = self._points
+        if pts and (t < pts[-1][0] or n < pts[-1][1] or t - pts[-1][0] >= RATE_S):
+            pts.clear()                                   # a gap, or another engine (a restarted server)
+        if t < self._tps_at:                              # another engine's clock: points from its start
+            self._tps_at = t
+        if not pts or t > pts[-1][0]:
+            pts.append((t, n))
+        while len(pts) > 2 and pts[1][0] <= t - RATE_S:   # the newest point at or before the window's start
+            pts.popleft()
+        t0, n0 = pts[0]
+        tps = (n - n0) / (t - t0) if t > t0 else 0.0
         self.x["tps"] = tps
         if t - self._tps_at >= TPS_POINT_S:
             self.tps_history.append(tps)
@@ -173,6 +183,7 @@ class FrameBuilder:
         b.texts, b.prompts, b.x = dict(self.texts), dict(self.prompts), dict(self.x)
         b.log = deque(self.log, maxlen=LOG_LINES)
         b.tps_history = deque(self.tps_history, maxlen=120)
+        b._points = deque(self._points)
         b.timeline = Timeline()
         b.timeline._tracks = dict(self.timeline._tracks)
         return b
