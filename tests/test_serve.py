@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +29,7 @@ from tinyllm.engine import ContinuousEngine, Request
 from tinyllm.engine.generate import generate
 from tinyllm.serve import EngineLoop, RequestFailed, RequestRejected, ServerThread, build_engine, create_app
 from tinyllm.serve.protocol import DEFAULT_MAX_TOKENS
+from tinyllm.serve.tokenization import max_token_bytes
 from tinyllm.model.tokenizer import Tokenizer
 from tests.helpers import SERVED_MODEL, check_invariants, random_model, serve_in_thread
 
@@ -332,6 +335,7 @@ def test_bad_requests_get_400_and_the_server_goes_on(client, solo):
         err = r.json()["error"]
         assert set(err) == {"message", "type", "param", "code"} and err["message"], (body, err)
         assert err["type"] == "invalid_request_error" and err["param"] == param, (body, err)
+        assert not re.search(r"\b(None|True|False)\b", err["message"]), err     # JSON's words, not Python's
     for method, path, status in (("GET", "/v1/nope", 404), ("POST", "/v2/completions", 404),
                                  ("GET", "/v1/completions", 405)):
         r = client.request(method, path)
@@ -353,8 +357,8 @@ FUZZ = [
     ("/v1/completions", b'{"prompt": "\\udfff"}', "prompt", "not valid Unicode"),
     ("/v1/completions", b'{"prompt": ["ok \\ud800"]}', "prompt", "not valid Unicode"),
     ("/v1/completions", b'{"prompt": "x", "model": "\\udfff"}', "model", "not valid Unicode"),
-    ("/v1/completions", b'{"prompt": "x", "temperature": NaN}', "temperature", "finite"),
-    ("/v1/completions", b'{"prompt": "x", "temperature": -Infinity}', "temperature", "finite"),
+    ("/v1/completions", b'{"prompt": "x", "temperature": NaN}', "temperature", "finite, got NaN"),
+    ("/v1/completions", b'{"prompt": "x", "temperature": -Infinity}', "temperature", "finite, got -Infinity"),
     ("/v1/completions", b'{"prompt": "x", "top_p": NaN}', "top_p", "(0, 1]"),
     ("/v1/completions", b'{"prompt": "x", "top_p": Infinity}', "top_p", "(0, 1]"),
     ("/v1/completions", b'{"prompt": "x", "top_k": NaN}', "top_k", "integer"),
@@ -383,6 +387,118 @@ def test_fuzzed_bodies_get_a_400_that_says_what_and_where(client, route, raw, pa
     if says == "nested too deep":
         assert "line 1 column" in err["message"]                    # where
     assert client.get("/health").status_code == 200
+
+
+# A user trial's messages: each says what is allowed, and quotes the value as the JSON sent.
+MESSAGES = [  # (body, param, message)
+    ({"top_k": -5}, "top_k", "top_k must be an integer >= 1, or 0 / -1 / null for no limit, got -5"),
+    ({"logprobs": True}, "logprobs", "logprobs must be an integer from 0 to 20 or null, got true"),
+    ({"top_p": 0}, "top_p", "top_p must be a number in (0, 1] or null (off), got 0"),
+    ({"stop": ["a"] * 17}, "stop", 'stop takes at most 16 strings of at most 256 characters each, got ["a", "a", '
+                                   '"a", "a", "a", "a", "a", "a", "a", "a", "a", "...'),       # cut to 60 characters
+    ({"echo": True}, "echo", "echo is not supported by this server: leave it out or send false, got true"),
+    ({"best_of": 2}, "best_of", "best_of is not supported by this server (it returns all n samples, it does not "
+                                "pick the best of several): leave it out or send 1, got 2"),
+    ({"min_tokens": 17}, "min_tokens", "min_tokens must be an integer from 0 to max_tokens (16), got 17"),
+    ({"priority": True}, "priority", "priority must be an integer in (-2147483648, 2147483648) (lower runs first), "
+                                     "got true"),
+]
+
+
+@pytest.mark.parametrize("body, param, message", MESSAGES, ids=[m[1] for m in MESSAGES])
+def test_messages_say_what_is_allowed_in_json_terms(client, body, param, message):
+    r = client.post("/v1/completions", json={"prompt": "x", **body})
+    err = r.json()["error"]
+    assert r.status_code == 400 and (err["param"], err["message"]) == (param, message), err
+
+
+def test_top_k_zero_and_minus_one_mean_no_limit(client, solo):
+    want = solo(PROMPTS[1], 4)
+    for top_k in (0, -1, None):
+        assert complete(client, prompt=PROMPTS[1], max_tokens=4, top_k=top_k,
+                        return_token_ids=True)["choices"][0]["token_ids"] == want, top_k
+
+
+def test_a_prompt_too_long_for_the_context_is_refused_before_tokenizing(client, model_tok, monkeypatch):
+    """Tokenizing megabytes takes seconds: a text with more bytes than the context's tokens could
+    cover (each at most the vocabulary's longest token) is refused without it."""
+    _, tok = model_tok
+    real, seen = tok.encode, []
+    monkeypatch.setattr(tok, "encode", lambda text, *a, **k: seen.append(len(text)) or real(text, *a, **k))
+    huge, most = "a" * 100_000, max_token_bytes(tok)
+    assert most is not None and len(huge) > most * 512
+    at_least = -(-len(huge) // most)
+    r = client.post("/v1/completions", json={"prompt": huge})
+    err = r.json()["error"]
+    assert r.status_code == 400 and (err["param"], err["code"]) == ("prompt", "context_length_exceeded"), err
+    assert err["message"] == (f"This model's maximum context length is 512 tokens. However, you requested at least "
+                              f"{at_least + 16} tokens (at least {at_least} in your prompt; 16 for the completion). "
+                              "Please reduce your prompt or max_tokens.")
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": huge}]})
+    err = r.json()["error"]
+    assert r.status_code == 400 and (err["param"], err["code"]) == ("messages", "context_length_exceeded"), err
+    assert seen == []                                            # neither was tokenized
+    r = client.post("/v1/completions", json={"prompt": "a b " * 400})    # within the bound: tokenized, counted
+    assert r.status_code == 400 and "at least" not in r.json()["error"]["message"] and seen == [1600]
+
+
+def test_tokenizing_runs_off_the_event_loop(server, model_tok, monkeypatch):
+    """While one prompt is being tokenized, the server answers others (a long prompt used to
+    stall /health for seconds)."""
+    _, tok = model_tok
+    real, entered, gate = tok.encode, threading.Event(), threading.Event()
+
+    def held(text, *a, **k):
+        if text == "HELD:\n":
+            entered.set()
+            assert gate.wait(30)
+        return real(text, *a, **k)
+    monkeypatch.setattr(tok, "encode", held)
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(httpx.post, server.url + "/v1/completions", json={"prompt": "HELD:\n", "max_tokens": 2},
+                        timeout=TIMEOUT)
+        try:
+            assert entered.wait(30)
+            assert httpx.get(server.url + "/health", timeout=5).status_code == 200   # while it tokenizes
+        finally:
+            gate.set()
+        assert fut.result().status_code == 200
+
+
+def test_max_token_bytes_only_where_it_bounds_every_tokenization(model_tok):
+    from tokenizers import Tokenizer as HF, models, normalizers, pre_tokenizers
+
+    def bpe(**kw) -> HF:
+        return HF(models.BPE(vocab={"a": 0, "b": 1, "ab": 2, "<unk>": 3}, merges=[("a", "b")], **kw))
+    assert max_token_bytes(model_tok[1]) == max(len(t.encode()) for t in model_tok[1].hf.get_vocab())
+    llama2 = bpe(byte_fallback=True)                              # Llama 2's shape: spaces become "\u2581"
+    llama2.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    assert max_token_bytes(Tokenizer(llama2)) == 5
+    dropping = bpe(byte_fallback=True)
+    dropping.pre_tokenizer = pre_tokenizers.Whitespace()         # spaces vanish: no bound
+    for tok in (bpe(), bpe(unk_token="<unk>", fuse_unk=True), dropping):   # unknowns dropped / fused; spaces
+        assert max_token_bytes(Tokenizer(tok)) is None
+
+
+def test_a_pool_smaller_than_the_context_names_what_to_reduce(model_tok):
+    """An engine whose pool holds less than max_len (the CLI refuses one; an embedder may build
+    it): the 400 says so, and names max_tokens when the prompt alone fits."""
+    model, tok = model_tok
+    engine = ContinuousEngine(model, 2, None, kv="paged", block_size=16, kv_blocks=3, chunked_prefill=True)
+    with ServerThread(create_app(EngineLoop(engine), tok, MODEL)) as s, \
+            httpx.Client(base_url=s.url, timeout=TIMEOUT) as c:
+        for body, param, reduce in (({"prompt": [1] * 40, "max_tokens": 16}, "max_tokens", "max_tokens"),
+                                    ({"prompt": [1] * 48, "max_tokens": 1}, "prompt", "your prompt")):
+            err = c.post("/v1/completions", json=body).json()["error"]
+            n = len(body["prompt"])
+            assert (err["param"], err["code"]) == (param, "context_length_exceeded"), err
+            assert err["message"] == (f"This server's KV cache holds at most 48 tokens for one request. However, you "
+                                      f"requested {n + body['max_tokens']} tokens ({n} in your prompt; "
+                                      f"{body['max_tokens']} for the completion). Please reduce {reduce}.")
+        err = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                   "max_tokens": 100}).json()["error"]
+        assert (err["param"], err["code"]) == ("max_tokens", "context_length_exceeded"), err
+        assert complete(c, prompt=[1] * 40, max_tokens=8)["usage"]["completion_tokens"] == 8
 
 
 def test_brackets_inside_text_are_not_nesting(client):
@@ -580,7 +696,7 @@ async def test_clients_that_disconnect_mid_stream_free_everything(server, client
     assert metric(m, "vllm:num_requests_running") == 0 and metric(m, "vllm:kv_cache_usage_perc") == 0
 
 
-def test_nonstreaming_client_that_disconnects_is_aborted(server):
+def test_nonstreaming_client_that_disconnects_is_aborted(server, caplog):
     n_before = len(engine_call(server, lambda e: e.snapshot().requests))
     body = {"model": MODEL, "prompt": PROMPTS[1], "max_tokens": 400, "temperature": 0, "ignore_eos": True}
     done = threading.Event()
@@ -612,6 +728,8 @@ def test_nonstreaming_client_that_disconnects_is_aborted(server):
     assert_nothing_held(server)
     views = engine_call(server, lambda e: e.snapshot().requests)[n_before:]
     assert len(views) == 1 and views[0].state == "aborted" and 0 < len(views[0].tokens) < 400
+    gc.collect()                                 # asyncio says "never retrieved" when such a future is freed
+    assert "never retrieved" not in caplog.text, caplog.text
 
 
 # -- the engine loop alone ---------------------------------------------------------------------------
@@ -709,6 +827,8 @@ def test_cli_serve_prints_url_serves_and_stops_on_ctrl_c():
 @pytest.mark.parametrize("args, says", [(["--port", "70000"], "--port"), (["--slots", "0"], "--slots"),
                                         (["--max-len", "9999"], "--max-len"),
                                         (["--served-model-name", " "], "--served-model-name"),
+                                        (["--kv-blocks", "1"], "--kv-blocks 1 is too small for one request: "
+                                                               "the pool holds 1 block of 16 tokens"),
                                         (["--host", "192.0.2.1"], "cannot listen")])
 def test_cli_serve_bad_options_are_one_line_exit_2(args, says, capsys):
     from tinyllm.cli import main

@@ -71,8 +71,10 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text``; ``add_special_tokens`` runs the tokenizer's post-processor
-        (e.g. a Llama BOS), as vLLM's /tokenize does by default."""
-        return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+        (e.g. a Llama BOS), as vLLM's /tokenize does by default. Through ``encode_batch``, the same
+        ids: it lets go of Python's lock while it works (``encode`` holds it: a server tokenizing a
+        long text in a worker thread stopped answering anyone else for seconds)."""
+        return self.hf.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)

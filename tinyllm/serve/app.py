@@ -1,8 +1,9 @@
 """The ASGI app: OpenAI's completions, chat completions and models routes, vLLM's tokenize and
 detokenize, health, Prometheus metrics.
 
-Handlers run in the asyncio event loop and never touch the engine: they tokenize, validate,
-submit to the EngineLoop and await their request's tokens. Every error a client can cause is a
+Handlers run in the asyncio event loop and never touch the engine: they tokenize (in a worker
+thread, as a long text takes seconds; a prompt text too long to fit however it tokenizes is
+refused before that), validate, submit to the EngineLoop and await their request's tokens. Every error a client can cause is a
 400 in OpenAI's JSON shape (unknown routes: 404, same shape); the engine thread only ever sees
 requests that passed these checks, and even a request it refuses is answered, not raised.
 
@@ -44,7 +45,7 @@ from tinyllm.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from tinyllm.serve.protocol import ApiError, api_key_tenant
 from tinyllm.serve.reader import OutputReader
 from tinyllm.serve.stream import add_stream_route
-from tinyllm.serve.tokenization import parse_detokenize, parse_tokenize, tokenize_response
+from tinyllm.serve.tokenization import max_token_bytes, parse_detokenize, parse_tokenize, tokenize_response
 
 log = logging.getLogger("tinyllm.serve")
 REQUEST_ID_HEADER = "x-tinyllm-request-id"      # the engine's id for the request (its row in the viewers)
@@ -60,6 +61,7 @@ def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
     engine = engine_loop.engine
     vocab_size, max_len = engine.model.cfg.vocab_size, engine.max_len
     room = min(max_len, engine.slots.reserved_tokens())    # the most context one request can hold
+    token_bytes = max_token_bytes(tokenizer)                # None: no bound, every prompt is tokenized
     if metrics is None:
         metrics = ServeMetrics(model_name, max_len)
         engine_loop.add_step_hook(metrics.on_step)
@@ -125,8 +127,12 @@ def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
         except ClientDisconnect:                           # gone before the body arrived: nothing to do
             return Response(status_code=499)
         p = protocol.parse_completion(protocol.load_json(raw), model_name)
-        ids = list(p.prompt_ids) if p.prompt_ids is not None else tokenizer.encode(p.prompt_text)
-        protocol.check_prompt(ids, p.max_tokens, vocab_size, max_len)
+        if p.prompt_ids is not None:
+            ids = list(p.prompt_ids)
+        else:
+            protocol.check_text_fits(p.prompt_text, token_bytes, p.max_tokens, max_len, room)
+            ids = await asyncio.to_thread(tokenizer.encode, p.prompt_text)
+        protocol.check_prompt(ids, p.max_tokens, vocab_size, max_len, room)
         return await _serve(request, p, ids, protocol.CompletionShape)
 
     def render_chat(messages, add_generation_prompt: bool) -> str:
@@ -142,11 +148,13 @@ def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
         except ClientDisconnect:
             return Response(status_code=499)
         p = parse_chat(protocol.load_json(raw), model_name)
-        ids = tokenizer.encode(render_chat(p.messages, p.add_generation_prompt))
-        # no max_tokens: what the context leaves (as OpenAI and vLLM), within what one request may hold
-        max_tokens = p.max_tokens if p.max_tokens is not None else max(1, room - len(ids))
+        text = render_chat(p.messages, p.add_generation_prompt)
         try:
-            protocol.check_prompt(ids, max_tokens, vocab_size, max_len)
+            protocol.check_text_fits(text, token_bytes, p.max_tokens or 1, max_len, room)
+            ids = await asyncio.to_thread(tokenizer.encode, text)
+            # no max_tokens: what the context leaves (as OpenAI and vLLM), within what one request may hold
+            max_tokens = p.max_tokens if p.max_tokens is not None else max(1, room - len(ids))
+            protocol.check_prompt(ids, max_tokens, vocab_size, max_len, room)
         except ApiError as e:
             e.param = "messages" if e.param == "prompt" else e.param
             raise
@@ -159,12 +167,13 @@ def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
         except ClientDisconnect:
             return Response(status_code=499)
         t = parse_tokenize(protocol.load_json(raw), model_name)
-        if t.prompt is not None:
-            ids = tokenizer.encode(t.prompt, t.add_special_tokens)
-        else:
-            ids = tokenizer.encode(render_chat(t.messages, t.add_generation_prompt), t.add_special_tokens)
-        strs = [tokenizer.token_text(i) for i in ids] if t.return_token_strs else None
-        return JSONResponse(tokenize_response(ids, max_len, strs))
+        text = t.prompt if t.prompt is not None else render_chat(t.messages, t.add_generation_prompt)
+
+        def work() -> dict:                                # off the event loop: the text may be long
+            ids = tokenizer.encode(text, t.add_special_tokens)
+            strs = [tokenizer.token_text(i) for i in ids] if t.return_token_strs else None
+            return tokenize_response(ids, max_len, strs)
+        return JSONResponse(await asyncio.to_thread(work))
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Response:
@@ -173,7 +182,7 @@ def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
         except ClientDisconnect:
             return Response(status_code=499)
         ids = parse_detokenize(protocol.load_json(raw), model_name, tokenizer.vocab_size)
-        return JSONResponse({"prompt": tokenizer.decode(ids)})
+        return JSONResponse({"prompt": await asyncio.to_thread(tokenizer.decode, ids)})
 
     async def _serve(request: Request, p: protocol.GenerationParams, ids: list[int], shape) -> Response:
         """Submit a validated request and answer it in ``shape`` (completions' or chat's)."""
@@ -183,7 +192,7 @@ def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
                                 min_tokens=p.min_tokens, logprobs=p.logprobs, priority=p.priority,
                                 tenant=p.tenant or api_key_tenant(request.headers.get("authorization")))
         except SamplingError as e:                         # e.g. chat's min_tokens above what the context leaves
-            raise ApiError(str(e), e.field, "invalid_value") from None
+            raise protocol.request_error(e, e.field) from None
         bad = next((t for t in p.stop_token_ids if t >= vocab_size), None)
         if bad is not None:
             raise ApiError(f"stop token id {bad} is outside the model's vocabulary [0, {vocab_size})",
@@ -218,6 +227,12 @@ async def _wait_disconnect(receive: Receive) -> None:
     """Return when the client has gone (the request body was read already)."""
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    """Read a finished future's outcome, so asyncio does not log it as "never retrieved"."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _close(handles: list[RequestHandle]) -> None:
@@ -259,7 +274,8 @@ async def _complete(request: Request, handles: list[RequestHandle], tokenizer, p
     finally:
         gone.cancel()
         if not work.done():
-            work.cancel()
+            work.cancel()                                  # it ends with a CancelledError nobody awaits:
+            work.add_done_callback(_retrieve)              # read it, or asyncio logs "never retrieved"
             _close(handles)                                # client gone (or we were cancelled): abort
     if not work.done() or work.cancelled():
         return Response(status_code=499)                   # nobody reads it

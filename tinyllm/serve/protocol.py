@@ -135,9 +135,24 @@ def _at(text: str, pos: int | None, field: str | None) -> str:
 
 
 def brief(v: Any, limit: int = 60) -> str:
-    """repr(v), cut to ``limit`` characters: an error message quotes what the client sent, not all of it."""
-    r = repr(v)
+    """``v`` as the JSON the client sent (``null``, ``true``, ``0``, ``["a", ...``), cut to ``limit``
+    characters: an error message quotes what the client sent, in its terms, not all of it."""
+    if isinstance(v, (str, list, tuple)):
+        v = v[:limit]                                     # longer is cut below anyway: do not encode it all
+    r = json.dumps(v, default=repr)                       # ASCII-escaped: a lone surrogate stays printable
     return r if len(r) <= limit else r[:limit - 3] + "..."
+
+
+def request_error(e: ValueError, field: str, body: dict | None = None, code: str = "invalid_value") -> ApiError:
+    """A refusal by tinyllm.request's checks (worded for Python callers, ending ", got VALUE") as a
+    JSON client reads it: null for None, and the value as the client sent it (``body[field]``:
+    ``0``, not the ``0.0`` the server made of it; ``true``, not ``True``)."""
+    head, got, value = str(e).rpartition(", got ")
+    if not got:
+        head, value = value, ""
+    if body is not None and field in body:
+        value = brief(body[field])
+    return ApiError(re.sub(r"\bNone\b", "null", head) + (f", got {value}" if got else ""), field, code)
 
 
 def _text(s: str, param: str) -> str:
@@ -179,13 +194,13 @@ class CompletionParams(GenerationParams):
     prompt_ids: tuple[int, ...] | None
 
 
-# Known OpenAI fields this server does not implement: each is accepted only at its no-op value.
+# Known OpenAI fields this server does not implement: each is accepted only at its no-op value
+# (or left out). Chat's refusals: tools would need a template and a parser for tool calls.
+_NO_OP = {"best_of": 1, "echo": False, "suffix": "", "logit_bias": {}, "tools": [], "tool_choice": "none",
+          "response_format": {"type": "text"}, "continue_final_message": False}
 _UNSUPPORTED = ("best_of", "echo", "suffix", "logit_bias")
-# chat's names for the same refusals: logprobs is a boolean there (false = off), top_logprobs its count;
-# tools would need a template and a parser for tool calls.
-_UNSUPPORTED_CHAT = tuple(n for n in _UNSUPPORTED if n not in ("best_of", "echo", "suffix")) + (
-    "tools", "tool_choice", "response_format", "continue_final_message")
-_WHY = {"best_of": "this server returns all n samples (n), it does not pick the best of several"}
+_UNSUPPORTED_CHAT = ("logit_bias", "tools", "tool_choice", "response_format", "continue_final_message")
+_WHY = {"best_of": " (it returns all n samples, it does not pick the best of several)"}
 
 
 def _type_name(v: Any) -> str:
@@ -215,22 +230,13 @@ def _bool(body: dict, name: str, where: str | None = None) -> bool:
     return v
 
 
-def _is_no_op(name: str, v: Any) -> bool:
-    """An unsupported field left at the value that changes nothing."""
-    if v is None:
-        return True
-    if name in ("n", "best_of"):
-        return is_int(v) and v == 1
-    if name in ("presence_penalty", "frequency_penalty"):
-        return not isinstance(v, bool) and isinstance(v, (int, float)) and v == 0
-    if name in ("logprobs", "continue_final_message"):       # chat's logprobs is a boolean
-        return v is False
-    if name == "top_logprobs":
-        return is_int(v) and v == 0
-    if name == "response_format":
-        return v == {"type": "text"}
-    return {"echo": v is False, "stop": v in ("", []), "suffix": v == "", "logit_bias": v == {}, "tools": v == [],
-            "tool_choice": v == "none"}.get(name, False)
+def _check_unsupported(body: dict, names: tuple[str, ...]) -> None:
+    """Refuse an unsupported field set to anything but its no-op value (same JSON type: true is not 1)."""
+    for name in names:
+        v, no_op = body.get(name), _NO_OP[name]
+        if v is not None and not (type(v) is type(no_op) and v == no_op):
+            raise ApiError(f"{name} is not supported by this server{_WHY.get(name, '')}: leave it out or send "
+                           f"{brief(no_op)}, got {brief(v)}", name, "unsupported_parameter")
 
 
 def parse_prompt(p: Any) -> str | tuple[int, ...]:
@@ -312,18 +318,21 @@ def parse_generation(body: dict, served_model: str, chat: bool = False) -> dict[
     temperature = _number(body, "temperature")
     temperature = DEFAULT_TEMPERATURE if temperature is None else temperature
     if isinstance(temperature, float) and not math.isfinite(temperature):
-        raise ApiError(f"temperature must be finite, got {temperature}", "temperature", "invalid_value")
+        raise ApiError(f"temperature must be finite, got {brief(body['temperature'])}", "temperature",
+                       "invalid_value")
     top_p = _number(body, "top_p")
     top_k = body.get("top_k")
-    if top_k is not None and is_int(top_k) and top_k in (0, -1):
-        top_k = None                                      # vLLM's "off"
     if top_k is not None and not is_int(top_k):
         raise ApiError(f"top_k must be an integer, got {_type_name(top_k)}", "top_k", "invalid_type")
+    if top_k is not None and top_k < -1:                  # vLLM's convention: 0 and -1 are "off" too
+        raise ApiError(f"top_k must be an integer >= 1, or 0 / -1 / null for no limit, got {brief(top_k)}",
+                       "top_k", "invalid_value")
     try:
-        sampling = Sampling(temperature, top_k, top_p, **_sampling_extras(body))   # its error names the field
+        sampling = Sampling(temperature, None if top_k in (0, -1) else top_k, top_p,
+                            **_sampling_extras(body))     # its error names the field
         stops = _stop_fields(body, max_tokens, chat)
     except SamplingError as e:
-        raise ApiError(str(e), e.field, "invalid_value") from None
+        raise request_error(e, e.field, body) from None
     stream = _bool(body, "stream")
     opts = body.get("stream_options")
     include_usage = False
@@ -334,11 +343,7 @@ def parse_generation(body: dict, served_model: str, chat: bool = False) -> dict[
             raise ApiError(f"stream_options must be an object, got {_type_name(opts)}", "stream_options",
                            "invalid_type")
         include_usage = _bool(opts, "include_usage", "stream_options.include_usage")
-    for name in _UNSUPPORTED_CHAT if chat else _UNSUPPORTED:
-        v = body.get(name)
-        if not _is_no_op(name, v):
-            why = _WHY.get(name, "not supported by this server")
-            raise ApiError(f"{name}={brief(v)} is not supported: {why}", name, "unsupported_parameter")
+    _check_unsupported(body, _UNSUPPORTED_CHAT if chat else _UNSUPPORTED)
     return dict(model=model, max_tokens=max_tokens, sampling=sampling, stream=stream, include_usage=include_usage,
                 ignore_eos=_bool(body, "ignore_eos"), return_token_ids=_bool(body, "return_token_ids"),
                 priority=_priority(body), tenant=tenant_of(body.get("user"), "user"), n=_n(body), **stops)
@@ -364,7 +369,7 @@ def _priority(body: dict) -> int:
     try:
         return check_priority(v)
     except ValueError as e:
-        raise ApiError(str(e), "priority", "invalid_value" if is_int(v) else "invalid_type") from None
+        raise request_error(e, "priority", body, "invalid_value" if is_int(v) else "invalid_type") from None
 
 
 def api_key_tenant(authorization: str | None) -> str:
@@ -430,22 +435,44 @@ def _stop_fields(body: dict, max_tokens: int | None, chat: bool) -> dict[str, An
     return dict(stop=stop, stop_token_ids=tuple(ids), min_tokens=min_tokens, logprobs=logprobs)
 
 
-def check_prompt(ids: list[int] | tuple[int, ...], max_tokens: int, vocab_size: int, max_len: int) -> None:
-    """The prompt fits the vocabulary and the server's context (the engine re-checks on
-    add_request, the pool's size included). Raises ApiError."""
+def check_prompt(ids: list[int] | tuple[int, ...], max_tokens: int, vocab_size: int, max_len: int,
+                 room: int | None = None) -> None:
+    """The prompt fits the vocabulary and one request's context (``check_context``; ``room``
+    defaults to ``max_len``). The engine re-checks on add_request. Raises ApiError."""
     if not ids:
         raise ApiError("prompt is empty: it encodes to no tokens", "prompt", "invalid_value")
     bad = next((t for t in ids if t >= vocab_size), None)
     if bad is not None:
         raise ApiError(f"prompt token id {bad} is outside the model's vocabulary [0, {vocab_size})", "prompt",
                        "invalid_value")
+    check_context(len(ids), max_tokens, max_len, max_len if room is None else room)
+
+
+def check_text_fits(text: str, token_bytes: int | None, max_tokens: int, max_len: int, room: int) -> None:
+    """Refuse a prompt text too long to fit however it tokenizes, before tokenizing it (megabytes
+    take seconds): no token covers more than ``token_bytes`` bytes of text (None: no such bound
+    is known, nothing to check), so the prompt is at least bytes / token_bytes tokens."""
+    if token_bytes is not None:
+        at_least = -(-len(text.encode("utf-8")) // token_bytes)
+        check_context(at_least, max_tokens, max_len, room, at_least=True)
+
+
+def check_context(prompt_tokens: int, max_tokens: int, max_len: int, room: int, at_least: bool = False) -> None:
+    """prompt + max_tokens fit the model's context (tinyllm.request's ``check_fits``) and what the
+    KV pool holds for one request (``room``; the engine would refuse more). ``at_least``: the
+    prompt's count is a lower bound (not tokenized). Raises ApiError (context_length_exceeded)."""
+    at = "at least " if at_least else ""
+    asked = (f"you requested {at}{prompt_tokens + max_tokens} tokens ({at}{prompt_tokens} in your prompt; "
+             f"{max_tokens} for the completion)")
     try:
-        check_fits(len(ids), max_tokens, max_len, "the server's context")
+        check_fits(prompt_tokens, max_tokens, max_len, "the server's context")
     except ContextTooLong:
-        raise ApiError(f"This model's maximum context length is {max_len} tokens. However, you requested "
-                       f"{len(ids) + max_tokens} tokens ({len(ids)} in your prompt; {max_tokens} for the "
-                       "completion). Please reduce your prompt or max_tokens.", "prompt",
-                       "context_length_exceeded") from None
+        raise ApiError(f"This model's maximum context length is {max_len} tokens. However, {asked}. Please "
+                       "reduce your prompt or max_tokens.", "prompt", "context_length_exceeded") from None
+    if prompt_tokens + max_tokens > room:                 # the pool is the limit: name what to reduce
+        param, what = ("max_tokens", "max_tokens") if prompt_tokens < room else ("prompt", "your prompt")
+        raise ApiError(f"This server's KV cache holds at most {room} tokens for one request. However, {asked}. "
+                       f"Please reduce {what}.", param, "context_length_exceeded")
 
 
 # -- responses --------------------------------------------------------------------------------

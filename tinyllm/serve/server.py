@@ -40,16 +40,33 @@ def build_engine(model: Any, slots: int = 8, max_len: int | None = None, kv_bloc
     """The server's ContinuousEngine: paged KV + chunked prefill (+ prefix cache). With
     ``kv_memory_mib`` the budget sizes the pool and up to ``max_num_seqs`` requests run (``slots``
     unused); ``kv_cache_dtype`` the pool's element type (ContinuousEngine). Raises ValueError with
-    a user-facing message for bad settings."""
+    a user-facing message for bad settings, a pool too small for one request of max_len included."""
     import torch
 
     from tinyllm.engine import ContinuousEngine
     device = next(model.parameters()).device
-    return ContinuousEngine(model, None if kv_memory_mib else slots, max_len, kv="paged", block_size=block_size,
-                            kv_blocks=kv_blocks, kv_memory_mib=kv_memory_mib, max_num_seqs=max_num_seqs,
-                            chunked_prefill=True, max_batched_tokens=max_batched_tokens,
-                            prefix_cache=prefix_cache, generator=torch.Generator(device=device).manual_seed(seed),
-                            scheduling_policy=scheduling_policy, kv_cache_dtype=kv_cache_dtype)
+    engine = ContinuousEngine(model, None if kv_memory_mib else slots, max_len, kv="paged", block_size=block_size,
+                              kv_blocks=kv_blocks, kv_memory_mib=kv_memory_mib, max_num_seqs=max_num_seqs,
+                              chunked_prefill=True, max_batched_tokens=max_batched_tokens,
+                              prefix_cache=prefix_cache, generator=torch.Generator(device=device).manual_seed(seed),
+                              scheduling_policy=scheduling_policy, kv_cache_dtype=kv_cache_dtype)
+    check_pool_holds_one_request(engine)
+    return engine
+
+
+def check_pool_holds_one_request(engine: Any) -> None:
+    """A server whose paged pool cannot hold one request of max_len tokens would refuse most
+    requests at once, so it is refused at startup: the rule a KV budget already follows
+    (``kv_memory_mib``, engine/build.py) and vLLM's (a KV cache below max_model_len), applied to
+    an explicit kv_blocks (the engine itself allows small pools: tests and the app use them)."""
+    pool, max_len = engine.slots, engine.max_len
+    need = pool.blocks_for(max_len)
+    if pool.n_blocks < need:
+        n = pool.n_blocks
+        raise ValueError(f"kv_blocks {n} is too small for one request: the pool holds {n} block{'s' * (n != 1)} "
+                         f"of {pool.block_size} tokens ({pool.reserved_tokens()} tokens), one request of max_len "
+                         f"{max_len} needs {need} (raise kv_blocks to {need} or lower max_len to "
+                         f"{pool.reserved_tokens()})")
 
 
 def bind(host: str, port: int) -> socket.socket:
