@@ -418,3 +418,35 @@ def test_an_abort_crossing_a_closed_keep_alive_connection_is_sent_again(failures
     assert sent == [{"rid": 7}] * min(failures + 1, 2)
     lost = "abort #7 failed: RemoteProtocolError: Server disconnected without sending a response."
     assert errors == ([] if failures == 1 else [lost])
+
+
+def test_the_state_stream_shows_the_text_a_client_got_cut_at_its_stop_string(server):
+    """A viewer sees a request's text as its client did: cut before the stop string that ended
+    it (the engine works on tokens; the handler matched the stop and kept the tokens up to it,
+    whose text runs past it), nothing held back once it ended."""
+    greedy = {"prompt": "ROMEO:\n", "max_tokens": 30, "temperature": 0, "ignore_eos": True}
+    full = httpx.post(server.url + "/v1/completions", json=greedy, timeout=60).json()["choices"][0]["text"]
+    stop = full[len(full) // 2:len(full) // 2 + 3]
+    texts: dict[int, str] = {}
+    ended: set[int] = set()
+    started = threading.Event()
+
+    def watch() -> None:
+        with httpx.stream("GET", server.url + "/v1/tinyllm/stream", timeout=60) as r:
+            for line in r.iter_lines():
+                started.set()
+                rec = json.loads(line)
+                for rid, t in rec.get("text", {}).items():
+                    texts[int(rid)] = texts.get(int(rid), "") + t
+                ended.update(e[1] for e in rec.get("life", ()) if e[0] == "finished")
+    threading.Thread(target=watch, daemon=True).start()
+    assert started.wait(30)
+    r = httpx.post(server.url + "/v1/completions", json={**greedy, "stop": [stop]}, timeout=60)
+    rid = int(r.headers["x-tinyllm-request-id"])
+    got = r.json()["choices"][0]
+    assert got["finish_reason"] == "stop" and got["text"] == full[:full.find(stop)]
+    end = time.monotonic() + 30
+    while rid not in ended:
+        assert time.monotonic() < end, "the stream did not say the request finished"
+        time.sleep(0.01)
+    assert texts[rid] == got["text"]

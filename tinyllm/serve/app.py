@@ -198,7 +198,7 @@ def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
             raise ApiError(f"stop token id {bad} is outside the model's vocabulary [0, {vocab_size})",
                            "stop_token_ids", "invalid_value")
         try:
-            handles = engine_loop.submit_samples(req, p.n)  # n > 1: one prompt, n samples (forks)
+            handles = engine_loop.submit_samples(req, p.n, p.stop)   # n > 1: one prompt, n samples (forks)
         except EngineLoopStopped as e:
             raise ApiError(str(e), None, None, 503, "server_error") from None
         try:

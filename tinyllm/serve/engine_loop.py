@@ -120,6 +120,7 @@ class RequestHandle:
     _cached_tokens: int = 0            # engine-thread side: the latest admission's prefix-cache hit
     _times: RequestTimes = field(default_factory=RequestTimes)   # engine-thread side: its phase boundaries
     _stopping: bool = False            # engine-thread side: finished by its handler (a stop string)
+    stops: tuple[str, ...] = ()        # its stop strings (its handler matches them; viewers apply them too)
 
     async def accepted(self) -> int:
         """Wait until the engine queued the request; its id. Raises RequestRejected."""
@@ -179,6 +180,7 @@ class EngineLoop:
         self._hook_errors: dict[int, int] = {}
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[int, RequestHandle] = {}          # engine thread only: rid → unfinished handle
+        self._stop_strings: dict[int, tuple[tuple[str, ...], int]] = {}   # engine thread: rid → (stops, min_tokens)
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._stopping = False
         self._steps = 0
@@ -211,11 +213,12 @@ class EngineLoop:
         ``handle.accepted()`` and ``handle.next_output()``. Raises EngineLoopStopped."""
         return self.submit_samples(request, 1)[0]
 
-    def submit_samples(self, request: Request, n: int) -> list[RequestHandle]:
+    def submit_samples(self, request: Request, n: int, stops: tuple[str, ...] = ()) -> list[RequestHandle]:
         """Queue ``n`` samples of ``request`` (OpenAI's ``n``; the engine's ``add_forks``: the
-        prompt computed once), one handle each, accepted or rejected together."""
+        prompt computed once), one handle each, accepted or rejected together. ``stops``: the
+        stop strings its handler matches (the engine works on tokens), for ``stop_strings``."""
         loop = asyncio.get_running_loop()
-        handles = [RequestHandle(request, self, loop) for _ in range(n)]
+        handles = [RequestHandle(request, self, loop, stops=tuple(stops)) for _ in range(n)]
         with self._lock:
             if not self.alive:
                 raise EngineLoopStopped("the engine loop is not running")
@@ -317,6 +320,8 @@ class EngineLoop:
             for h, rid in zip(hs, rids):
                 h.rid = rid                                 # the handler reads rid from _Accepted
                 self._live[rid] = h
+                if h.stops:
+                    self._stop_strings[rid] = h.stops, req.min_tokens
             self._post([(h, _Accepted(rid)) for h, rid in zip(hs, rids)])
         elif cmd[0] == "abort":
             h = cmd[1]
@@ -386,6 +391,11 @@ class EngineLoop:
                     if h.rid is not None and self._live.pop(h.rid, None) is not None:
                         self.engine.abort(h.rid)
 
+    def stop_strings(self, rid: int) -> tuple[tuple[str, ...], int]:
+        """Request ``rid``'s stop strings and min_tokens (engine thread, from a step hook: until
+        the hooks have seen it end), so a viewer shows the text its client got (tinyllm.stops)."""
+        return self._stop_strings.get(rid, ((), 0))
+
     def _run_hooks(self, events: list, lifecycle: list[LifecycleEvent]) -> None:
         for hook in self._hooks:
             try:
@@ -394,6 +404,9 @@ class EngineLoop:
                 n = self._hook_errors[id(hook)] = self._hook_errors.get(id(hook), 0) + 1
                 if n == 1:
                     log.exception("step hook %r failed (further failures are counted, not logged)", hook)
+        for ev in lifecycle:
+            if ev.kind in ("finished", "aborted", "failed"):
+                self._stop_strings.pop(ev.rid, None)
 
     def _fail_all(self, why: str) -> None:
         posts = []

@@ -11,7 +11,8 @@ what happened to each viewer's pending box; each viewer encodes
 its own delta in the event loop, at its own pace (a slow viewer gets fewer, larger records,
 never a backlog of snapshots). A viewer that joins late gets the whole current state (its
 encoder starts from a blank snapshot), every past lifecycle event (for the timeline) and every
-text so far.
+text so far. A request's text is the one its client got: cut before the stop string its handler
+matched (the same ``tinyllm.stops.StopText``, fed the request's stop strings by the EngineLoop).
 
 ``POST /v1/tinyllm/abort`` ``{"rid": N}`` aborts any request (an operator's abort; a client
 aborts its own by closing its stream).
@@ -23,7 +24,7 @@ import asyncio
 import json
 import threading
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
@@ -32,6 +33,7 @@ from tinyllm.observe.recording import SnapshotEncoder, encode_event, make_header
 from tinyllm.request import is_int
 from tinyllm.serve.engine_loop import EngineLoop
 from tinyllm.serve.protocol import ApiError, brief, load_json
+from tinyllm.stops import StopText
 from tinyllm.observe.snapshot import EngineSnapshot, LifecycleEvent
 
 HEARTBEAT_S = 5.0             # an idle stream still sends a line this often (proxies, dead peers)
@@ -57,8 +59,10 @@ class _Viewer:
 class StateFeed:
     """The step hook that feeds every viewer (see the module docstring)."""
 
-    def __init__(self, tokenizer: Any, model_name: str, settings: dict[str, Any]):
+    def __init__(self, tokenizer: Any, model_name: str, settings: dict[str, Any],
+                 stop_strings: Callable[[int], tuple[tuple[str, ...], int]] = lambda rid: ((), 0)):
         self.tok, self.model_name, self.settings = tokenizer, model_name, settings
+        self.stop_strings = stop_strings                # rid → (stop strings, min_tokens): its client's text
         self._lock = threading.Lock()
         self._viewers: list[_Viewer] = []
         self._events: deque[LifecycleEvent] = deque(maxlen=MAX_EVENTS)
@@ -77,18 +81,21 @@ class StateFeed:
                 prompt = list(snap.request(ev.rid).prompt)
                 new_prompts[ev.rid] = self._prompts[ev.rid] = self.tok.decode(prompt, skip_special_tokens=True)
                 self._texts[ev.rid] = ""
-                self._streams[ev.rid] = self.tok.stream(skip_special_tokens=True)
+                stops, min_tokens = self.stop_strings(ev.rid)   # the text its client gets: cut at a stop
+                self._streams[ev.rid] = StopText(self.tok.stream(skip_special_tokens=True), stops, min_tokens)
         text: dict[int, str] = {}
+
+        def add(rid: int, piece: str) -> None:
+            if piece:
+                text[rid] = text.get(rid, "") + piece
+                self._texts[rid] += piece
         for ev in token_events:
             stream = self._streams.get(ev.rid)
             if stream is not None:
-                piece = stream.step(ev.token)
-                if piece:
-                    text[ev.rid] = text.get(ev.rid, "") + piece
-                    self._texts[ev.rid] += piece
+                add(ev.rid, stream.step(ev.token))
         for ev in lifecycle:                              # after its last token's text
-            if ev.kind in ("finished", "aborted", "failed"):
-                self._streams.pop(ev.rid, None)
+            if ev.kind in ("finished", "aborted", "failed") and (stream := self._streams.pop(ev.rid, None)):
+                add(ev.rid, stream.flush())               # the tail held back in case a stop began there
         self._calls += 1
         if self._calls % PRUNE_EVERY == 0:                # texts of requests the engine forgot
             live = {v.rid for v in engine.snapshot().requests}
@@ -193,7 +200,7 @@ def add_stream_route(app: Any, engine_loop: EngineLoop, tokenizer: Any = None, m
                      settings: dict[str, Any] | None = None) -> StateFeed:
     """Register ``GET /v1/tinyllm/stream`` and ``POST /v1/tinyllm/abort`` on ``app`` (a FastAPI
     app) and the feed's step hook on ``engine_loop`` (before it starts)."""
-    feed = StateFeed(tokenizer, model_name, settings or {})
+    feed = StateFeed(tokenizer, model_name, settings or {}, engine_loop.stop_strings)
     engine_loop.add_step_hook(feed.on_step)
 
     @app.get("/v1/tinyllm/stream")
