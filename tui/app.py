@@ -43,6 +43,8 @@ from tui.widgets.timeline import TimelinePanel
 
 DEFAULT_THREADS = 1         # torch threads in the engine process: robust beside a busy core (README)
 REFRESH_HZ = 20             # at most; FramePacer lowers it (to 5 Hz) when drawing costs the engine too much
+FLAT_OUT_S = 0.125          # running flat out (no step delay), a frame at most this often: the whole
+                            # frame each time held key presses back (p95 45-75 ms at 11-14 frames/s)
 
 
 class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
@@ -112,6 +114,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self._pacer = FramePacer(max_hz=REFRESH_HZ)
         self._publish_s = 0.0
         self.frames_drawn = 0
+        self._next_flat_out = 0.0                 # running flat out: no frame drawn before this
 
     # -- layout ----------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -203,15 +206,20 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         """Draw the runner's newest frame, every panel from it: the one place that decides what a
         frame draws, and when. Every panel shows the same step at every moment (the request list
         and pane once trailed the slot grid by up to 0.2 s, 10-25 steps of a fast run, and the
-        screen contradicted itself); the pacer keeps the whole draw's cost down instead, from 20
-        frames a second to 5. The tick keeps running while the engine is idle, so the last frame
-        of a run (after which an idle engine sends none) is always drawn."""
+        screen contradicted itself). The pacer keeps the drawing's cost down (20 frames a second
+        to 5), and running flat out a frame comes at most every FLAT_OUT_S. The tick keeps running
+        while the engine is idle, so the last frame of a run (after which an idle engine sends
+        none) is always drawn, at most FLAT_OUT_S later."""
         if self.runner.start_error is not None and self.startup_error is None:
             self._engine_failed(self.runner.start_error)
             return
         frame = self.runner.frame
         if frame.seq == self._shown_seq or not (force or self._pacer.due()):
             return
+        now = time.perf_counter()
+        if not (force or frame.paused or frame.step_delay_ms >= 50 or now >= self._next_flat_out):
+            return
+        self._next_flat_out = now + FLAT_OUT_S
         self._shown_seq = frame.seq
         self.frames_drawn += 1
         self._draw_state(frame)
