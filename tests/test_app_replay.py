@@ -264,7 +264,7 @@ async def test_replay_goes_to_its_start_and_end_and_its_help_lists_only_what_wor
         assert rows["g"] == "Replay: go to a step"
         offered = set(rows.values())
         for off in ("Abort", "Abort all", "Settings", "Load prompts", "Type a prompt", "Clear the prefix cache",
-                    "Race: static vs continuous batching", "submit the prompt in the input"):
+                    "Race: static vs continuous batching", "submit the prompt in the input", "Leave the input"):
             assert off not in offered, off
 
 

@@ -353,7 +353,8 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         """↑/↓, Home/End or a click in the list or the timeline."""
         self.select(event.rid)
 
-    READ_ONLY = {"abort_selected", "abort_all", "clear_prefix_cache", "load_prompts", "settings", "focus_input", "race"}
+    READ_ONLY = {"abort_selected", "abort_all", "clear_prefix_cache", "load_prompts", "settings", "focus_input",
+                 "leave_input", "race"}
     REPLAY_ONLY = {"step_back", "goto_step", "replay_start", "replay_end", "next_event", "prev_event"}
     SERVER_PACED = {"toggle_pause", "step_once", "slower", "faster", "clear_prefix_cache"}
 
