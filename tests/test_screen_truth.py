@@ -379,3 +379,16 @@ async def test_the_status_line_says_idle_when_nothing_runs_or_waits():
             line = header_text(v, now, width).plain
             assert len(line) <= width and line.startswith("#0 finished") and "6/6 tok" in line
             assert ("TTFT" in line) == bool(re.search(r"TTFT \d+(ms|\.\d+s)", line))
+
+
+async def test_an_idle_engine_shows_no_rate():
+    """Once nothing runs or waits, the counters say tok/s 0: the last frame's rate (the last
+    seconds of the run) stayed on screen beside '● IDLE'."""
+    app = paged_app(paused=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        rid = await submit(pilot, "ROMEO:")
+        await ticks_until(pilot, lambda: app.runner.frame.snapshot.request(rid).state == "finished"
+                          and app._details_frame is app.runner.frame, what="the run's end drawn")
+        assert app.runner.frame.tokens_per_s > 0                  # the runner's rate over the last seconds
+        assert "tok/s 0 " in app.query_one(KVPanel).render().plain + " "
+        check_panels(app)

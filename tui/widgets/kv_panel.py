@@ -61,9 +61,11 @@ class KVPanel(Widget):
             line1.append(f"{label if wide else short} ", style="dim")
             line1.append(f"{n}", style=STATE_STYLES[state])
             line1.append(sep)
+        busy = f.snapshot.num_requests_running or f.snapshot.num_requests_waiting
+        tps = f.tokens_per_s if busy else 0.0          # nothing running or waiting: nothing generated now
         line2 = Text()
         hits = (("prefix hit", f"{c.prefix_hits / c.prefix_queries:.0%}"),) if c.prefix_queries else ()
-        for label, val in (("steps", f"{c.decode_steps:,}"), ("tok/s", f"{f.tokens_per_s:.0f}"),
+        for label, val in (("steps", f"{c.decode_steps:,}"), ("tok/s", f"{tps:.0f}"),
                            ("rows used", f"{util:.0%}"), *hits, ("step", f"{f.step_ms:.1f}ms")):
             line2.append(f"{label} ", style="dim")
             line2.append(val + sep, style="bold")
@@ -79,7 +81,7 @@ class KVPanel(Widget):
                    + (f" · {dtype_short(kv.dtype)}" if kv.dtype else ""), style="dim")
         if self.app.has_class("-short"):               # 80x24: one bar of the three, figures by priority
             pct = (lambda xs, q: duration(percentile(xs, q)) if xs else "—")
-            figures = [(f"tok/s {f.tokens_per_s:.0f} ", "bold", 0), (f"TTFT {pct(ttft, .5)}/{pct(ttft, .95)} ", "bold", 0),
+            figures = [(f"tok/s {tps:.0f} ", "bold", 0), (f"TTFT {pct(ttft, .5)}/{pct(ttft, .95)} ", "bold", 0),
                        (f"lat {pct(lat, .5)}/{pct(lat, .95)} ", "bold", 1), (f"rows {util:.0%} ", "dim", 2),
                        *([(f"hit {c.prefix_hits / c.prefix_queries:.0%} ", "dim", 3)] if c.prefix_queries else []),
                        (f"steps {c.decode_steps:,} ", "dim", 4), (f"step {f.step_ms:.1f}ms", "dim", 5)]
