@@ -270,14 +270,14 @@ async def test_replay_goes_to_its_start_and_end_and_its_help_lists_only_what_wor
 
 def test_tokens_per_s_follows_a_burst_after_idle_time():
     """A replay's (and an attached server's) tokens/s is the last second of engine time, frame by
-    frame; a gap of a second or more (an idle engine sends no frames) starts it afresh, so a new
-    burst's rate is not spread over the idle time before it (it read 0 for a second while
-    requests ran), and a restarted server's clock starts it afresh too."""
+    frame. The first frame after an idle one starts it afresh, so a new burst's rate is not spread
+    over the idle time before it (it read 0 for a second while requests ran); slow steps, frames
+    more than a second apart, keep their rate; a restarted server's clock starts it afresh too."""
     from types import SimpleNamespace
     from tui.runners.frames import FrameBuilder
 
     class Rates(FrameBuilder):
-        now = SimpleNamespace(time_s=0.0, counters=SimpleNamespace(generated_tokens=0))
+        now = None
 
         @property
         def snapshot(self):
@@ -285,14 +285,19 @@ def test_tokens_per_s_follows_a_burst_after_idle_time():
 
     b = Rates(read_recording(RECORDING)[0])
 
-    def frame(t: float, n: int) -> float:
-        b.now = SimpleNamespace(time_s=t, counters=SimpleNamespace(generated_tokens=n))
+    def frame(t: float, n: int, running: int = 1) -> float:
+        b.now = SimpleNamespace(time_s=t, counters=SimpleNamespace(generated_tokens=n),
+                                num_requests_running=running, num_requests_waiting=0)
         b._derive_rates()
         return b.x["tps"]
     for i in range(41):                                   # 2 s at 200 tokens/s, a frame every 50 ms
         tps = frame(i * 0.05, i * 10)
     assert tps == pytest.approx(200)
-    assert frame(5.0, 400) == 0                           # the first frame after 3 s idle: no span yet
-    assert frame(5.05, 410) == pytest.approx(200)         # not 10 tokens over 3 idle seconds
-    assert frame(5.10, 420) == pytest.approx(200)
+    frame(2.05, 410, running=0)                           # the run ends: idle
+    assert frame(5.0, 410) == 0                           # 3 s later a burst: no span yet
+    assert frame(5.05, 420) == pytest.approx(200)         # not 10 tokens over 3 idle seconds
+    assert frame(5.10, 430) == pytest.approx(200)
+    for k in range(1, 4):                                 # slow steps: 30 tokens every 1.5 s
+        tps = frame(5.10 + 1.5 * k, 430 + 30 * k)
+    assert tps == pytest.approx(20)
     assert frame(0.05, 10) == 0 and frame(0.10, 30) == pytest.approx(400)   # a restarted server's clock

@@ -470,6 +470,8 @@ def check_context(prompt_tokens: int, max_tokens: int, max_len: int, room: int, 
         raise ApiError(f"This model's maximum context length is {max_len} tokens. However, {asked}. Please "
                        "reduce your prompt or max_tokens.", "prompt", "context_length_exceeded") from None
     if prompt_tokens + max_tokens > room:                 # the pool is the limit: name what to reduce
+        if at_least and prompt_tokens < room:             # a bound from the bytes: the tokenized count decides
+            return
         param, what = ("max_tokens", "max_tokens") if prompt_tokens < room else ("prompt", "your prompt")
         raise ApiError(f"This server's KV cache holds at most {room} tokens for one request. However, {asked}. "
                        f"Please reduce {what}.", param, "context_length_exceeded")

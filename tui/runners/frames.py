@@ -105,6 +105,7 @@ class FrameBuilder:
         self.tps_history: deque[float] = deque(maxlen=120)
         self._tps_at = 0.0
         self._points: deque[tuple[float, int]] = deque()   # (engine time, tokens generated), the rate's window
+        self._was_idle = True                             # the last frame had nothing running or waiting
         self.step = 0
 
     @property
@@ -139,15 +140,16 @@ class FrameBuilder:
 
     def _derive_rates(self) -> None:
         """Tokens/s from the engine clock and counters (not recorded: it follows from them), over
-        the last RATE_S of engine time, frame by frame. A gap of RATE_S or more between frames
-        (an idle engine sends none) starts the window afresh: the tokens of a new burst are not
-        spread over the idle time before it (the counter read 0 for a second while requests
-        ran)."""
+        the last RATE_S of engine time, frame by frame. The first frame after an idle one starts
+        the window afresh: a new burst's tokens are not spread over the idle time before it (the
+        counter read 0 for a second while requests ran); slow steps (a big model, a step delay)
+        keep their window, however far apart their frames."""
         snap = self.snapshot
         t, n = snap.time_s, snap.counters.generated_tokens
         pts = self._points
-        if pts and (t < pts[-1][0] or n < pts[-1][1] or t - pts[-1][0] >= RATE_S):
-            pts.clear()                                   # a gap, or another engine (a restarted server)
+        if pts and (self._was_idle or t < pts[-1][0] or n < pts[-1][1]):
+            pts.clear()                                   # after idle time, or another engine (a restart)
+        self._was_idle = not (snap.num_requests_running or snap.num_requests_waiting)
         if t < self._tps_at:                              # another engine's clock: points from its start
             self._tps_at = t
         if not pts or t > pts[-1][0]:

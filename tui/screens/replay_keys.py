@@ -15,7 +15,8 @@ class ReplayKeys:
         self.runner.send(StepBack())
 
     def action_replay_start(self) -> None:
-        self.runner.send(SeekStep(0))
+        steps = self.runner.steps                         # a server's stream saved mid-run starts past 0
+        self.runner.send(SeekStep(steps[0] if steps else 0))
 
     def action_replay_end(self) -> None:
         self.runner.send(SeekStep(self.runner.last_step))
