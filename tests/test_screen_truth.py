@@ -27,7 +27,6 @@ from tui.widgets.kv_panel import KVPanel
 from tinyllm import units
 from tui.widgets.style import duration
 from tui.widgets.request_list import RequestList
-from tui.widgets.slot_grid import SlotGrid
 from tui.widgets.timeline import TimelinePanel
 
 from tests.screen_check import check_panels
