@@ -77,15 +77,17 @@ def test_each_row_attends_exactly_its_own_positions(D, heads, bs):
 
 
 @needs_kernel
-@pytest.mark.parametrize("D", [64, 128, 32])
-def test_the_same_bits_however_positions_and_heads_are_grouped(D):
+@pytest.mark.parametrize("D", [64, 128, 32, 256])
+@pytest.mark.parametrize("H", [8, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_the_same_bits_however_positions_and_heads_are_grouped(D, H, dtype):
     """The kernel sums keys eight positions at a time within a block (a transposed horizontal
     sum) and a group's query heads' values together, as many as the registers hold: each score
     and each output is still the same sum in the same order. So the same K/V in blocks of 16
-    (eight at a time) and of 1 (one by one), and 8 query heads sharing one KV head against each
-    head alone, give identical bits."""
-    H, lens = 8, [100, 37, 8, 1, 16, 23]
-    torch.manual_seed(D)
+    (eight at a time) and of 1 (one by one), and H query heads sharing one KV head against each
+    head alone, give identical bits, for either pool element."""
+    lens = [100, 37, 8, 1, 16, 23]
+    torch.manual_seed(D + H)
     q = torch.randn(H, len(lens), D)
     dense_k, dense_v = torch.randn(len(lens), max(lens), 1, D), torch.randn(len(lens), max(lens), 1, D)
     outs = {}
@@ -96,6 +98,7 @@ def test_the_same_bits_however_positions_and_heads_are_grouped(D):
             for p in range(L):
                 at = int(tables[r, p // bs]) * bs + p % bs
                 k[at], v[at] = dense_k[r, p], dense_v[r, p]
+        k, v = k.to(dtype), v.to(dtype)
         outs[bs] = native.decode_attention(q, k, v, tables, torch.tensor(lens), bs)
         alone = torch.cat([native.decode_attention(q[h:h + 1], k, v, tables, torch.tensor(lens), bs)
                            for h in range(H)])
