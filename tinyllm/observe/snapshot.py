@@ -171,6 +171,11 @@ class EngineSnapshot:
         return len(self.queue)
 
     @property
+    def busy(self) -> bool:
+        """A request runs or waits: the engine has work in hand (else it is idle, generating nothing)."""
+        return bool(self.num_requests_running or self.num_requests_waiting)
+
+    @property
     def kv_cache_usage_perc(self) -> float:
         """Fraction of the cache claimed by requests (vLLM's meaning), 0..1."""
         return self.kv.allocated_tokens / max(1, self.kv.reserved_tokens)

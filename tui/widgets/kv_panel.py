@@ -61,8 +61,7 @@ class KVPanel(Widget):
             line1.append(f"{label if wide else short} ", style="dim")
             line1.append(f"{n}", style=STATE_STYLES[state])
             line1.append(sep)
-        busy = f.snapshot.num_requests_running or f.snapshot.num_requests_waiting
-        tps = f.tokens_per_s if busy else 0.0          # nothing running or waiting: nothing generated now
+        tps = f.tokens_per_s if f.snapshot.busy else 0.0   # nothing running or waiting: nothing generated now
         line2 = Text()
         hits = (("prefix hit", f"{c.prefix_hits / c.prefix_queries:.0%}"),) if c.prefix_queries else ()
         for label, val in (("steps", f"{c.decode_steps:,}"), ("tok/s", f"{tps:.0f}"),

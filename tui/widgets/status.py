@@ -47,7 +47,7 @@ def status_fields(f: Frame, runner, model_name: str, recording: Path | None = No
     budget = f.snapshot.max_batched_tokens
     n = runner.threads
     snap = f.snapshot
-    idle = not (snap.num_requests_running or snap.num_requests_waiting or f.pending_arrivals)
+    idle = not (snap.busy or f.pending_arrivals)
     if f.paused:
         state = (" ⏸ PAUSED ", "bold reverse yellow")
     elif idle:                                  # nothing to run: the engine waits for a request
