@@ -11,6 +11,10 @@
  * elements, contiguous); the same for V. */
 void kv_store(const float *k, const float *v, int64_t src_row, int64_t tokens, int64_t row,
               const int64_t *write, void *k_pool, void *v_pool, int kv_bf16) {
+/* Tokens split across threads from 4096 elements (each token writes its own pool row): the pool's
+ * rows are cold, so a 64-row step's stores wait on memory (0.067 -> 0.05 ms d256, 0.13 -> 0.1 ms
+ * bundled). */
+#pragma omp parallel for if (tokens * row > 4096) schedule(static)
     for (int64_t t = 0; t < tokens; ++t) {
         if (kv_bf16) {
             uint16_t *kd = (uint16_t *)k_pool + write[t] * row, *vd = (uint16_t *)v_pool + write[t] * row;

@@ -18,7 +18,9 @@
 void rope_inplace(float *x, int64_t x_row, int64_t tokens, int64_t heads, int64_t D,
                   const int64_t *pos, const float *cos, const float *sin) {
     const int64_t half = D / 2;
-#pragma omp parallel for if (tokens * heads * D > 262144) schedule(static)
+/* Tokens split across threads from 8192 elements (a 64-row step's RoPE 0.033 -> 0.025 ms on the
+ * d256 model, 0.066 -> 0.048 on the bundled one). */
+#pragma omp parallel for if (tokens * heads * D > 8192) schedule(static)
     for (int64_t t = 0; t < tokens; ++t) {
         const float *c = cos + pos[t] * D, *s = sin + pos[t] * D;
         for (int64_t h = 0; h < heads; ++h) {
