@@ -109,31 +109,38 @@ def step_parts(eng: ContinuousEngine) -> Iterator[dict[str, float]]:
 
 @torch.no_grad()
 def decode_anatomy(model: Transformer, slots: int = 16, ctx: int = 96, n: int = 40, kv: str = "slots",
-                   cuda_graph: bool = False, kv_cache_dtype: str = "auto", rounds: int = 4) -> dict:
+                   cuda_graph: bool = False, kv_cache_dtype: str = "auto", rounds: int = 4, warm: int = 3) -> dict:
     """Where one decode step with every slot active goes (with cuda_graph: the graph-replayed step;
     kv="chunked": the token-budget scheduler's step, all rows decoding, one ragged forward), as the
     mean of ``n`` steps: forward + sampling + other = step, where other (scheduling, KV
     bookkeeping, Python) is the remainder of the same steps. The steps and the matmul-only time
     they are set against are measured in turns (``rounds`` times n / rounds steps, then the
     matmuls), so the drift of a noisy machine (±30% from minute to minute on this project's)
-    falls on both alike."""
+    falls on both alike. Each turn starts untimed, since a server's steps follow one another:
+    ``warm`` steps before a round's timed ones (the first steps after the matmul passes, their
+    K/V pushed out of the caches, ran 1.2-1.8x a steady step, easing over about three:
+    docs/speed.md), one call before each matmul timing (``_timeit``)."""
     vocab = model.cfg.vocab_size
     chunked = kv == "chunked"
-    eng = ContinuousEngine(model, slots, max_len=min(model.cfg.max_seq_len, ctx + n + 8),
+    rounds, warm = max(1, min(rounds, n)), max(1, warm)
+    steps = n + rounds * warm                                     # timed and untimed decode steps
+    eng = ContinuousEngine(model, slots, max_len=min(model.cfg.max_seq_len, ctx + steps + 8),
                            kv="paged" if chunked else kv, cuda_graph=cuda_graph, chunked_prefill=chunked,
                            max_batched_tokens=max(slots, ctx * slots) if chunked else None,
                            kv_cache_dtype=kv_cache_dtype)
     rng = random.Random(1)
     for _ in range(slots):
-        eng.add_request(Request([rng.randrange(1, vocab) for _ in range(ctx)], n + 4))
+        eng.add_request(Request([rng.randrange(1, vocab) for _ in range(ctx)], steps + 4))
     eng.step()                                                    # admit (and prefill) everyone
     assert sum(eng.slots.active) == slots
-    eng.step()                                                    # a first decode step, not counted
     sync = torch.cuda.synchronize if eng.device.type == "cuda" else (lambda: None)
-    rounds = max(1, min(rounds, n))
     step_s = mm_s = lib_s = 0.0
     with step_parts(eng) as parts:
         for r in range(rounds):
+            before = dict(parts)
+            for _ in range(warm):
+                eng.step()
+            parts.update(before)                                  # (the warm steps' parts not counted)
             for _ in range(n * (r + 1) // rounds - n * r // rounds):   # n steps in all
                 sync()
                 t = time.perf_counter()
