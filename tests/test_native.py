@@ -353,6 +353,31 @@ def test_another_cpu_gets_its_own_build(monkeypatch, tmp_path):
     assert len(list((tmp_path / "kernels").glob("*.so"))) == 2
 
 
+@needs_kernel
+@pytest.mark.skipif(not native._torch_uses_libgomp(), reason="no -fopenmp build is tried here (PyTorch is not on libgomp)")
+def test_a_build_that_does_not_load_is_not_kept_the_next_flags_are_tried(monkeypatch, tmp_path):
+    """clang takes -fopenmp and compiles calls into its own runtime (libomp), which the library
+    then lacks: it built, but "undefined symbol: __kmpc_..." at load, and the engine ran on
+    PyTorch. A compiler like that here: whatever it builds with -fopenmp needs a symbol nothing
+    defines. The build without -fopenmp is the one kept, and it runs."""
+    missing = tmp_path / "missing.c"
+    missing.write_text("extern void no_such_runtime(void);\nvoid tinyllm_needs_it(void) { no_such_runtime(); }\n")
+    cc = tmp_path / "cc"
+    cc.write_text('#!/bin/sh\ncase " $* " in *" -fopenmp "*) exec gcc "$@" ' + str(missing) + ' ;; esac\n'
+                  'exec gcc "$@"\n')
+    cc.chmod(0o755)
+    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setattr(native, "_tried", False)
+    monkeypatch.setenv("TINYLLM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "_compiler", lambda: str(cc))
+    lib = native.library()
+    assert lib is not None, native.why_not
+    assert not hasattr(lib, "tinyllm_needs_it")                     # the -fopenmp build was not kept
+    x = torch.randn(3, 50)
+    assert torch.equal(native.argmax(x), x.argmax(dim=-1, keepdim=True))
+
+
+
 
 # -- RMSNorm (csrc/rms_norm.c) ------------------------------------------------------------------
 

@@ -112,7 +112,10 @@ def _build(cc: str, csrc: Path = CSRC) -> Path:
     """The shared library for the sources in ``csrc`` (another tree's, for an A/B: scripts/step_ab.py),
     this compiler and CPU, built unless cached. Written to a
     temporary name and renamed, so processes building at once (test workers) never load a
-    half-written file. Tries -march=native and OpenMP first, then without either."""
+    half-written file. Tries -march=native and OpenMP first, then without either; a build counts
+    once it loads (clang takes -fopenmp and compiles calls into its own OpenMP runtime, libomp,
+    which the library then lacks: "undefined symbol: __kmpc_..." at load, where the serial build
+    runs)."""
     sources = sorted(csrc.glob("*.c"))
     src = b"".join(p.read_bytes() for p in sorted(csrc.glob("*.[ch]")))
     openmp = ["-fopenmp"] if _torch_uses_libgomp() else []
@@ -129,10 +132,16 @@ def _build(cc: str, csrc: Path = CSRC) -> Path:
         for extra in ([*openmp, *native], openmp, native, []) if openmp else (native, []):
             r = subprocess.run([cc, *FLAGS, *extra, "-I", str(csrc), "-o", tmp, *map(str, sources), "-lm"],
                                capture_output=True, text=True, errors="replace", timeout=120)
-            if r.returncode == 0:
-                os.replace(tmp, out)
-                return out
-            errors = r.stderr.strip()[-400:]
+            if r.returncode != 0:
+                errors = r.stderr.strip()[-400:]
+                continue
+            try:
+                ctypes.CDLL(tmp)                     # (a library that fails to load is not kept loaded)
+            except OSError as e:
+                errors = f"built with {' '.join(extra) or 'no extra flags'} but does not load: {e}"[-400:]
+                continue
+            os.replace(tmp, out)
+            return out
         raise RuntimeError(f"{cc} failed: {errors}")
     finally:
         if os.path.exists(tmp):

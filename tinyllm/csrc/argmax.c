@@ -25,7 +25,9 @@ void argmax_rows(const float *x, int64_t x_row, int64_t rows, int64_t n, int64_t
         if (nan) {
             while (xr[at] == xr[at]) ++at;
         } else {                     /* the first chunk of 64 holding top, compared in vectors, */
-            at = n - 1;              /* then scanned (a scalar search cost 2x the max pass)     */
+                                     /* then scanned (a scalar search cost 2x the max pass).    */
+            at = 0;                  /* No value equals top only in a row of -inf under clang:  */
+                                     /* its max reduction starts from -FLT_MAX, not -inf        */
             for (int64_t c = 0; c < n; c += 64) {
                 const int64_t end = c + 64 < n ? c + 64 : n;
                 int hit = 0;
