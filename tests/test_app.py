@@ -203,6 +203,28 @@ async def test_invalid_setting_is_explained_and_nothing_changes():
         assert app.runner.frame.snapshot.requests == ()
 
 
+async def test_tab_moves_between_the_settings_fields():
+    """Tab / Shift+Tab move from field to field (the app refused every action of its own while a
+    dialog was open, and Textual's focus_next with them: whatever was typed went to temperature);
+    the app's own keys stay off in the dialog (s types an s)."""
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("f2")
+        await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        assert app.focused.id == "temperature"
+        await pilot.press("tab")
+        assert app.focused.id == "top_k"
+        await pilot.press("tab", "tab")
+        assert app.focused.id == "max_new"
+        await pilot.press("shift+tab")
+        assert app.focused.id == "top_p"
+        await pilot.press("shift+tab", "7", "s")                  # s: a letter in a field, not the settings key
+        assert app.screen.query_one("#top_k").value == "7s" and app.screen.query_one("#temperature").value == "0"
+        await pilot.press("backspace", "enter")
+        await until(pilot, lambda: not isinstance(app.screen, SettingsScreen))
+        assert app.settings.sampling.top_k == 7
+
+
 async def test_stop_strings_and_seed_from_the_settings_dialog():
     """The dialog's stop list and seed reach the request: its text ends before the stop string
     (matched on the text by tinyllm.stops, the engine told at once: finished, slot free)."""

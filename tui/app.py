@@ -362,12 +362,17 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         """A replay changes nothing (no abort, no prompts, no settings); only a replay moves back
         in time; a server paces itself (no pause, step or speed from a viewer). Keys that do not
         apply are off, and hidden from the footer."""
-        if any(getattr(screen, "owns_keys", False) for screen in self.screen_stack) and action != "quit":
-            return False                                  # the race (and its help) has keys of its own
-        if (isinstance(self.screen, ModalScreen) and not isinstance(self.screen, HelpScreen)
-                and action not in ("quit", "help")):
-            return False                                  # a dialog is open: its keys, not ours
+        if action in self._own_actions():                 # (not Textual's: Tab's focus_next moves in a dialog)
+            if any(getattr(screen, "owns_keys", False) for screen in self.screen_stack) and action != "quit":
+                return False                              # the race (and its help) has keys of its own
+            if (isinstance(self.screen, ModalScreen) and not isinstance(self.screen, HelpScreen)
+                    and action not in ("quit", "help")):
+                return False                              # a dialog is open: its keys, not ours
         return self._applies(action)
+
+    @classmethod
+    def _own_actions(cls) -> frozenset[str]:
+        return frozenset(b.action for b in cls.BINDINGS)
 
     def _applies(self, action: str) -> bool:
         """Whether ``action`` means anything in this mode (a replay, a server, a local engine):
