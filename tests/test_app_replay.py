@@ -77,6 +77,7 @@ async def test_a_run_recorded_in_the_app_replays_frame_for_frame(tmp_path):
             got, want = app.runner.frame, seen[s]
             assert got.snapshot == want.snapshot, f"step {s}"
             assert (got.texts, got.prompts, got.log, got.tracks) == (want.texts, want.prompts, want.log, want.tracks)
+            assert (got.tokens_per_s, got.tps_history) == (want.tokens_per_s, want.tps_history), f"step {s}"
         status = app.query_one("#status").text.plain
         assert "REPLAY" in status and f"step {max(seen)} of {max(seen)}" in status
 
@@ -274,22 +275,13 @@ def test_tokens_per_s_follows_a_burst_after_idle_time():
     over the idle time before it (it read 0 for a second while requests ran); slow steps, frames
     more than a second apart, keep their rate; a restarted server's clock starts it afresh too."""
     from types import SimpleNamespace
-    from tui.runners.frames import FrameBuilder
+    from tui.runners.rate import TokenRate
 
-    class Rates(FrameBuilder):
-        now = None
-
-        @property
-        def snapshot(self):
-            return self.now
-
-    b = Rates(read_recording(RECORDING)[0])
+    rate = TokenRate()
 
     def frame(t: float, n: int, running: int = 1) -> float:
-        b.now = SimpleNamespace(time_s=t, counters=SimpleNamespace(generated_tokens=n),
-                                num_requests_running=running, num_requests_waiting=0)
-        b._derive_rates()
-        return b.x["tps"]
+        return rate.update(SimpleNamespace(time_s=t, counters=SimpleNamespace(generated_tokens=n),
+                                           num_requests_running=running, num_requests_waiting=0))
     for i in range(41):                                   # 2 s at 200 tokens/s, a frame every 50 ms
         tps = frame(i * 0.05, i * 10)
     assert tps == pytest.approx(200)

@@ -28,6 +28,7 @@ from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, RequestSettings
 from tinyllm.stops import StopText
 from tinyllm.workload import WorkItem
 from tui.runners.loop import CommandLoop
+from tui.runners.rate import TokenRate
 from tui.runners.interface import (LOG_LINES, lifecycle_log, Abort, AbortAll, ClearPrefixCache, Frame, LoadWorkload, LogEntry,
                           SetPaused, StepOnce, Submit, TogglePaused)
 
@@ -66,9 +67,7 @@ class EngineRunner(CommandLoop):
         self._pending: list[_Pending] = []
         self._clock = 0.0                      # workload clock: runs only while not paused
         self._clock_mark: float | None = None
-        self._rate: deque[tuple[float, int]] = deque()
-        self._tps_hist: deque[float] = deque(maxlen=120)
-        self._last_hist = 0.0
+        self._rate = TokenRate()                           # as a replay of this run derives it
         self._step_ms = 0.0
         self._seq = 0
         self.steps_done = 0
@@ -198,7 +197,6 @@ class EngineRunner(CommandLoop):
                     self._texts[ev.rid] += stream.flush()
                 elif stream.stopped:                          # a stop string: it ends here, in this step
                     self.engine.finish(ev.rid, stream.tokens)
-        self._rate.append((time.perf_counter(), len(events)))
         self._note_changes()
 
     def _alternatives(self, lp) -> tuple[tuple[str, float], ...]:
@@ -210,6 +208,7 @@ class EngineRunner(CommandLoop):
     def _note_changes(self) -> None:
         """Take a fresh snapshot for the next frame and log what the engine says happened."""
         self._snap = self.engine.snapshot()
+        self._rate.update(self._snap)
         events = self.engine.pop_lifecycle()
         self._timeline.feed(events)
         for ev in events:
@@ -243,24 +242,11 @@ class EngineRunner(CommandLoop):
         """Errors go to the log; the UI notifies for each new 'error' entry it sees."""
         self._add_log("error", msg)
 
-    def _tokens_per_s(self) -> float:
-        now = time.perf_counter()
-        while self._rate and self._rate[0][0] < now - 2.0:
-            self._rate.popleft()
-        if not self._rate:
-            return 0.0
-        span = max(0.25, now - self._rate[0][0])
-        tps = sum(n for _, n in self._rate) / span
-        if now - self._last_hist >= 0.25:
-            self._tps_hist.append(tps)
-            self._last_hist = now
-        return tps
-
     def _make_frame(self) -> Frame:
         self._seq += 1
         return Frame(self._seq, self._snap, dict(self._prompts), dict(self._texts), tuple(self._log),
-                     self.paused, self.step_delay_ms, len(self._pending), self._tokens_per_s(),
-                     tuple(self._tps_hist), self._step_ms, self.steps_done, tracks=self._timeline.tracks(),
+                     self.paused, self.step_delay_ms, len(self._pending), self._rate.tps,
+                     tuple(self._rate.history), self._step_ms, self.steps_done, tracks=self._timeline.tracks(),
                      choices=dict(self._choices))
 
     def _set_paused(self, paused: bool) -> None:

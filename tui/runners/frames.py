@@ -21,9 +21,8 @@ from tinyllm.observe.recording import (RecordingWriter, SnapshotDecoder, Snapsho
 from tinyllm.observe.snapshot import EngineSnapshot, LifecycleEvent
 from tinyllm.observe.timeline import Timeline
 from tui.runners.interface import LOG_LINES, Frame, LogEntry, lifecycle_log
+from tui.runners.rate import TokenRate
 
-TPS_POINT_S = 0.25          # the tokens/s sparkline gets a point per this much engine time
-RATE_S = 1.0                # tokens/s: over the last this much engine time
 
 
 def tokenizer_id(model_dir: str | Path) -> str:
@@ -101,11 +100,8 @@ class FrameBuilder:
         self.prompts: dict[int, str] = {}
         self.log: deque[LogEntry] = deque(maxlen=LOG_LINES)
         self.timeline = Timeline()
-        self.x: dict = {"paused": False, "delay": 0, "pending": 0, "tps": 0.0, "step_ms": 0.0, "steps_behind": 0}
-        self.tps_history: deque[float] = deque(maxlen=120)
-        self._tps_at = 0.0
-        self._points: deque[tuple[float, int]] = deque()   # (engine time, tokens generated), the rate's window
-        self._was_idle = True                             # the last frame had nothing running or waiting
+        self.x: dict = {"paused": False, "delay": 0, "pending": 0, "step_ms": 0.0, "steps_behind": 0}
+        self.rate = TokenRate()                           # (derived: not in the file)
         self.step = 0
 
     @property
@@ -136,32 +132,7 @@ class FrameBuilder:
             for row in x.get("log", ()):
                 self.log.append(LogEntry(*row))
             self.x.update((k, v) for k, v in x.items() if k != "log")
-        self._derive_rates()
-
-    def _derive_rates(self) -> None:
-        """Tokens/s from the engine clock and counters (not recorded: it follows from them), over
-        the last RATE_S of engine time, frame by frame. The first frame after an idle one starts
-        the window afresh: a new burst's tokens are not spread over the idle time before it (the
-        counter read 0 for a second while requests ran); slow steps (a big model, a step delay)
-        keep their window, however far apart their frames."""
-        snap = self.snapshot
-        t, n = snap.time_s, snap.counters.generated_tokens
-        pts = self._points
-        if pts and (self._was_idle or t < pts[-1][0] or n < pts[-1][1]):
-            pts.clear()                                   # after idle time, or another engine (a restart)
-        self._was_idle = not (snap.num_requests_running or snap.num_requests_waiting)
-        if t < self._tps_at:                              # another engine's clock: points from its start
-            self._tps_at = t
-        if not pts or t > pts[-1][0]:
-            pts.append((t, n))
-        while len(pts) > 2 and pts[1][0] <= t - RATE_S:   # the newest point at or before the window's start
-            pts.popleft()
-        t0, n0 = pts[0]
-        tps = (n - n0) / (t - t0) if t > t0 else 0.0
-        self.x["tps"] = tps
-        if t - self._tps_at >= TPS_POINT_S:
-            self.tps_history.append(tps)
-            self._tps_at = t
+        self.rate.update(self.snapshot)
 
     def _log_from(self, events: list[LifecycleEvent]) -> None:
         for ev in events:
@@ -174,7 +145,7 @@ class FrameBuilder:
     def frame(self, seq: int, paused: bool, delay_ms: int) -> Frame:
         x = self.x
         return Frame(seq, self.snapshot, dict(self.prompts), dict(self.texts), tuple(self.log), paused, delay_ms,
-                     int(x.get("pending", 0)), float(x.get("tps", 0.0)), tuple(self.tps_history),
+                     int(x.get("pending", 0)), self.rate.tps, tuple(self.rate.history),
                      float(x.get("step_ms", 0.0)), self.step - int(x.get("steps_behind", 0)), "ready",
                      self.timeline.tracks())
 
@@ -184,8 +155,7 @@ class FrameBuilder:
         b._dec = SnapshotDecoder(self.header, self._dec.snapshot)
         b.texts, b.prompts, b.x = dict(self.texts), dict(self.prompts), dict(self.x)
         b.log = deque(self.log, maxlen=LOG_LINES)
-        b.tps_history = deque(self.tps_history, maxlen=120)
-        b._points = deque(self._points)
+        b.rate = self.rate.copy()
         b.timeline = Timeline()
         b.timeline._tracks = dict(self.timeline._tracks)
         return b
