@@ -318,6 +318,37 @@ async def test_pause_means_no_steps_and_step_once_is_one_step():
         assert app.runner.steps_done == n
 
 
+async def test_step_once_with_only_arrivals_to_come_brings_the_next_one():
+    """Paused, nothing queued or running, a workload's next request due in 30 s: a step press
+    brings it in and steps (each press logged "nothing to do" while the workload's clock crept
+    0.05 s a press: ~600 presses); with nothing left at all, "nothing to do" is said once."""
+    from tinyllm.workload import WorkItem
+    from tui.runners.interface import LoadWorkload
+    app = make_app(new=3)
+    async with app.run_test(size=(120, 40)) as pilot:
+        items = (WorkItem("ROMEO:\n", arrival_s=0.0), WorkItem("JULIET:\n", arrival_s=30.0))
+        tokens = tuple(tuple(app.tokenizer.encode(it.prompt)) for it in items)
+        app.runner.send(LoadWorkload("two", items, tokens, app.settings))
+        await until(pilot, lambda: len(app.runner.frame.snapshot.requests) == 1)   # the first, due at once
+        while app.runner.frame.snapshot.requests[0].state != "finished":   # it runs and finishes
+            await step(pilot)
+        frame = app.runner.frame
+        assert [r.state for r in frame.snapshot.requests] == ["finished"] and frame.pending_arrivals == 1
+        done = app.runner.steps_done
+        app.runner.send(StepOnce())
+        await until(pilot, lambda: app.runner.steps_done == done + 1)
+        frame = app.runner.frame
+        assert frame.pending_arrivals == 0 and len(frame.snapshot.requests) == 2
+        assert frame.snapshot.requests[1].state == "running"
+        assert any("next arrival was 29." in e.text and e.text.endswith("it arrives now") for e in frame.log)
+        await step(pilot, 10)
+        for _ in range(3):
+            app.runner.send(StepOnce())
+        await until(pilot, lambda: app.runner.frame.log[-1].text.startswith("step: nothing to do"))
+        await pilot.pause(0.2)
+        assert sum(e.text.startswith("step: nothing to do") for e in app.runner.frame.log) == 1
+
+
 async def test_step_delay_keys_change_delay():
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:

@@ -118,13 +118,18 @@ class EngineRunner(CommandLoop):
             elif isinstance(cmd, StepOnce):
                 if self.paused:
                     self._clock += 0.05                       # the workload clock moves one tick
+                    if not eng.has_work() and self._pending and self._pending[0].due_s > self._clock:
+                        ahead = self._pending[0].due_s - self._clock   # nothing to run till the next
+                        self._clock = self._pending[0].due_s           # arrival: go to it (one press
+                        self._add_log("info", f"step: nothing ran; the workload's next arrival "   # a step)
+                                              f"was {ahead:.2f} s ahead: it arrives now")
                     self._release_arrivals()
                     if eng.has_work():
                         eng.hold_clock(False)                 # the step's own time counts
                         self._step()
                         eng.hold_clock(True)
-                    else:
-                        self._add_log("info", "step: nothing to do (no queued or running requests)")
+                    elif not self._log or not self._log[-1].text.startswith("step: nothing to do"):   # said once
+                        self._add_log("info", "step: nothing to do (no queued or running requests, no arrivals to come)")
             elif isinstance(cmd, ClearPrefixCache):
                 if not eng.prefix_cache:
                     self._add_log("info", "prefix caching is off (--no-prefix-cache, or no chunked prefill): "
