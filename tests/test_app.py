@@ -161,6 +161,26 @@ async def test_submit_streams_engine_text_into_pane_and_grid():
         assert app.runner.frame.texts[rid] == app.tokenizer.decode(list(v.tokens), skip_special_tokens=True)
 
 
+async def test_the_pane_keeps_its_header_in_view_over_a_long_text():
+    """A text longer than the pane scrolls under its header: the header (which request, its
+    state, tokens, TTFT) stays on the pane's first row while the text follows the newest token
+    (it scrolled away with the text: the pane showed text without saying whose)."""
+    app = make_app(new=160, slots=1, max_len=256)
+    async with app.run_test(size=(80, 24)) as pilot:
+        rid = await submit(pilot, "ROMEO:\n")
+        await step(pilot, 120)
+        frame = app.runner.frame
+        await until(pilot, lambda: app._shown_seq == frame.seq)
+        await pilot.pause()
+        pane = app.query_one(RequestPane)
+        scroll = pane.query_one("#pane-scroll")
+        assert scroll.max_scroll_y > 0 and scroll.scroll_y == scroll.max_scroll_y   # long, and following
+        top = pane.content_region
+        widget, _ = app.screen.get_widget_at(top.x, top.y)
+        assert widget is pane.query_one("#pane-header")
+        header = pane.query_one("#pane-header").text.plain
+        assert header.startswith(f"#{rid} running") and f"{len(frame.snapshot.request(rid).tokens)}/160 tok" in header
+
 async def test_two_requests_keep_their_own_sampling():
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:

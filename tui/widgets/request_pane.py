@@ -6,7 +6,7 @@ generated text shows literally."""
 from __future__ import annotations
 
 from rich.text import Text
-from textual.containers import VerticalScroll
+from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Static
 
 from tinyllm.observe.accounting import Accounting
@@ -90,11 +90,14 @@ HINT = {True: "Pick one in the Requests list (↑/↓), or press i, type a promp
         False: "Pick one in the Requests list (↑/↓)."}   # (a replay has no prompt to type)
 
 
-class RequestPane(VerticalScroll):
+class RequestPane(Vertical):
+    """The selected request: its header line, always in view (it scrolled away with a long
+    text), over its prompt and text, which follow the newest token unless scrolled back."""
     DEFAULT_CSS = """
     RequestPane { height: 1fr; }
     RequestPane > #pane-header { height: 1; }
-    RequestPane > #pane-body { height: auto; }
+    RequestPane > #pane-scroll { height: 1fr; }
+    RequestPane #pane-body { height: auto; }
     """
 
     def __init__(self, prompts: bool = True, **kw):
@@ -108,7 +111,8 @@ class RequestPane(VerticalScroll):
         header = TextLine(id="pane-header")
         header.text = Text(NO_REQUEST, style="dim")
         yield header
-        yield Static(self._hint, id="pane-body", markup=False)
+        with VerticalScroll(id="pane-scroll"):
+            yield Static(self._hint, id="pane-body", markup=False)
 
     @property
     def body_text(self) -> str:
@@ -136,7 +140,8 @@ class RequestPane(VerticalScroll):
         key = (rid, v, text, step_line.plain, choices, self.size.width)
         if key == self._shown:
             return
-        follow = self.scroll_y >= self.max_scroll_y - 1 or rid != self.rid
+        scroll = self.query_one("#pane-scroll", VerticalScroll)
+        follow = scroll.scroll_y >= scroll.max_scroll_y - 1 or rid != self.rid
         self.rid, self._shown = rid, key
         self.query_one("#pane-header").set(header_text(v, frame.snapshot.time_s, max(20, self.size.width - 2)))
         body = Text()
@@ -158,4 +163,4 @@ class RequestPane(VerticalScroll):
         self._plain = prompt + text
         self.query_one("#pane-body", Static).update(body)
         if follow:
-            self.call_after_refresh(self.scroll_end, animate=False)
+            self.call_after_refresh(scroll.scroll_end, animate=False)
