@@ -613,6 +613,27 @@ async def test_slots_the_panel_cannot_draw_are_counted_on_its_last_row():
         check_panels(app)
         assert grid.render().plain.rsplit("\n", 1)[-1].endswith(" free")
 
+async def test_the_selected_request_stays_in_view_when_the_terminal_shrinks():
+    """Selected near the end of a long list at 160x48, then 80x24: the list scrolls to keep the
+    selected row in view (it showed rows above it, the selection hidden until a key moved it)."""
+    app = make_app(slots=3)
+    async with app.run_test(size=(160, 48)) as pilot:
+        for i in range(40):
+            app.runner.send(Submit(f"{i}:", RequestSettings(Sampling(), 12)))
+        await until(pilot, lambda: len(app.runner.frame.snapshot.requests) == 40, what="the 40 requests")
+        lst = app.query_one(RequestList)
+        await until(pilot, lambda: lst.row_count == 40, what="the list's 40 rows")
+        app.select(lst.rids[-3])
+        await pilot.pause()
+        for size in ((80, 24), (100, 30), (80, 24)):
+            await pilot.resize_terminal(*size)
+            await pilot.pause()
+            await pilot.pause()
+            top, visible = int(lst.scroll_offset.y), lst.scrollable_content_region.height - 1
+            assert visible < 40 and top <= lst.cursor < top + visible, (size, top, visible, lst.cursor)
+        assert lst.selected_rid() == lst.rids[-3] == app.selected
+
+
 
 @pytest.mark.parametrize("flag", [None, ("finish", 123), ("preempt", 123), ("abort", 7), ("admit", 5)])
 def test_every_slot_cell_is_the_same_width(flag):

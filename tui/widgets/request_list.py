@@ -251,6 +251,11 @@ class RequestList(ScrollView, can_focus=True):
         if announce:
             self.post_message(RequestSelected(self._rids[row]))
 
+    def on_resize(self, event: events.Resize) -> None:
+        """The selected row stays in view when the list gets shorter (a smaller terminal)."""
+        if self.cursor is not None:
+            self.call_after_refresh(self._move_cursor, self.cursor, False)
+
     def action_move(self, delta: int) -> None:
         if self.cursor is None:                      # no row selected: start from an end
             self._move_cursor(0 if delta > 0 else len(self._rids) - 1)
