@@ -543,6 +543,7 @@ async def test_help_screen_lists_every_key():
                            ("o", "Load prompts"), ("s", "Settings")]:
             assert rows[keys] == what
         assert not any(what.startswith("Replay:") for what in rows.values())      # a replay's keys only there
+        assert rows["↑ / ↓ · PgUp / PgDn · Home / End"].startswith("select a request")   # the list's own keys
         await pilot.press("escape")
 
 

@@ -442,8 +442,9 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         else:
             self._close_help()
             keys = [b for b in self.BINDINGS if self._applies(b.action)]
-            self.push_screen(HelpScreen(keys, extra=() if self.replay else
-                                        (("enter", "submit the prompt in the input"),)))
+            move = ("↑ / ↓ · PgUp / PgDn · Home / End", "select a request (Requests list or timeline)")
+            self.push_screen(HelpScreen(keys, extra=(move,) if self.replay else
+                                        (move, ("enter", "submit the prompt in the input"))))
 
     def _close_help(self) -> None:
         """A dialog opened from the help screen replaces it instead of stacking on it."""

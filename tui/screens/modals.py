@@ -40,15 +40,17 @@ Timeline (t): one row per request, one column per engine step (z / Z: more / few
   column), the newest step on the right. '░' yellow = queued; '▓' cyan = a prefill chunk computed
   in that step ('░' cyan: admitted, waiting for its next chunk); '◆' = admitted with a prefix-cache
   hit; '━' green = decoding; 'P' = preempted, then '┄' = waiting to be recomputed; '✓' finished,
-  '✗' aborted, '!' failed. A column of several steps shows the most telling of them.
+  '✗' aborted, '!' failed. Waiting, and why (the scheduler's reason): 's' = no free slot, 'k' = the
+  KV pool is full, 'b' = the step's token budget is used up. A column of several steps shows the
+  most telling of them.
 Replay (tinyllm-tui --replay FILE): the same screen as it was at any step of a recording. space
   plays / pauses, n / . one step on, b / , one back, g goes to a step, ] / [ to the selected
   request's next / previous admission, preemption or end; + / - set the speed. The scrubber line
   at the bottom shows where you are ('P' marks steps with preemptions, 'x' with aborts).
 Attached (tinyllm-tui --attach URL): to tinyllm serve, every panel is the server's engine (all
-  clients' requests); typed prompts go to its /v1/completions; x aborts any request. To a vLLM
-  server, its /metrics replace the slot and KV panels, and the list shows this app's requests.
-  The server paces itself: pause, step and speed are off."""
+  clients' requests); typed prompts go to its /v1/completions; x aborts this app's requests, and
+  another client's after a yes. To a vLLM server, its /metrics replace the slot and KV panels,
+  and the list shows this app's requests. The server paces itself: pause, step and speed are off."""
 
 
 class HelpScreen(ModalScreen[None]):
