@@ -293,3 +293,22 @@ def test_tokens_per_s_follows_a_burst_after_idle_time():
         tps = frame(5.10 + 1.5 * k, 430 + 30 * k)
     assert tps == pytest.approx(20)
     assert frame(0.05, 10) == 0 and frame(0.10, 30) == pytest.approx(400)   # a restarted server's clock
+
+
+def test_the_scrubbers_marks_stay_put_wherever_the_replay_is():
+    """The marks (P: preemptions, x: aborts) sit at the same cells at every step: the bar's
+    width followed the step number's digits (step 0 against step 165), so they moved."""
+    from types import SimpleNamespace
+    from tui.widgets.status import scrubber
+    runner = SimpleNamespace(last_step=734, event_steps=lambda kinds: {"preempted": [9, 170, 171, 400, 733],
+                                                                        "aborted": [52]}[kinds[0]])
+
+    def bar(now: int) -> str:
+        f = SimpleNamespace(paused=True, step_delay_ms=0, snapshot=SimpleNamespace(counters=SimpleNamespace(steps=now)))
+        line = scrubber(f, runner, 120, None).plain
+        assert len(line) == 120
+        return line
+    lines = [bar(now) for now in (0, 7, 165, 734)]
+    here = {line.index("●") for line in lines}                      # (the cursor covers a mark)
+    marks = [frozenset(i for i, c in enumerate(line) if c in "Px") - here for line in lines]
+    assert len(marks[0]) >= 2 and len(set(marks)) == 1

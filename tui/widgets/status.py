@@ -82,7 +82,8 @@ def scrubber(f: Frame, runner, width: int, selected: int | None) -> Text:
     last, now = max(1, r.last_step), f.snapshot.counters.steps
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append(" ⏸ " if f.paused else " ▶ ", style="bold")
-    t.append(f"step {now}/{r.last_step} ", style="bold")
+    t.append(f"step {now:>{len(str(r.last_step))}}/{r.last_step} ", style="bold")   # one width: the bar's
+                                                                     # cells, and its marks, never move
     sel = f"#{selected}" if selected is not None else "the selected request"
     keys = f" {speed(f)} · space play · n/b step · g go to · ]/[ events of {sel}"
     if width < 2 * len(keys):
