@@ -206,7 +206,9 @@ async def test_two_viewers_see_the_same_engine(server):
 
 
 async def follow(pilot, cond, what: str, timeout: float = 30.0) -> int:
-    """Wait for ``cond``, drawing and checking every panel at each new frame on the way."""
+    """Wait for ``cond``, drawing and checking every panel at each new frame on the way; it
+    holds once the frame it holds on is the one drawn (a frame published after the draw waits
+    for its own: the panels were a frame behind the runner's status)."""
     app, seen, checked = pilot.app, -1, 0
     end = time.monotonic() + timeout
     while True:
@@ -217,7 +219,7 @@ async def follow(pilot, cond, what: str, timeout: float = 30.0) -> int:
             await pilot.pause()
             check_panels(app, frame)
             checked += 1
-        if cond():
+        if app.runner.frame.seq == seen and cond():
             return checked
         assert time.monotonic() < end, f"timed out waiting for {what}"
         await pilot.pause(0.02)
@@ -247,6 +249,46 @@ async def test_a_server_that_goes_away_is_shown_and_the_viewer_reconnects():
             assert any("reconnected" in e.text for e in app.runner.frame.log)
         finally:
             s.stop()
+
+
+@pytest.mark.expect_errors("not sent")
+async def test_a_prompt_typed_while_disconnected_stays_in_the_input():
+    """Enter while the server is away sends nothing and keeps the text (it was cleared, then
+    failed with a raw ConnectError: the prompt was lost); the status keeps the server's address
+    and counts down to the next try, with no separator left alone."""
+    s = start_server()
+    app = attach_app(s.url)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await follow(pilot, lambda: app.runner.frame.status == "ready", "the connection")
+        s.stop()
+        await follow(pilot, lambda: "retry in" in app.runner.frame.status, "the countdown")
+        status = app.query_one("#status").text.plain
+        assert status.startswith(" ✗ DISCONNECTED  tinyllm serve at " + s.url) and "  ·" not in status
+        assert "retry in" in status and "last state shown" in status
+        await pilot.press("i")
+        app.query_one("#prompt").value = "ROMEO:"
+        await pilot.press("enter")
+        await until(pilot, lambda: app.notified)
+        assert [(sev, title) for sev, title, _ in app.notified] == [("error", "not sent")]
+        assert s.url in app.notified[0][2] and app.query_one("#prompt").value == "ROMEO:"
+        await pilot.pause(0.2)
+        assert not any("request failed" in e.text for e in app.runner.frame.log)
+
+
+def test_the_disconnected_status_line_gives_way_without_a_separator_alone():
+    """Narrow, the address gives way before the countdown; what follows the badge never starts
+    with a separator of its own."""
+    from types import SimpleNamespace
+    from tui.widgets.status import fit_fields, status_fields
+    snap = SimpleNamespace(counters=SimpleNamespace(steps=148))
+    frame = SimpleNamespace(status="disconnected: retry in 3 s", snapshot=snap)
+    runner = SimpleNamespace(mode="attach", kind="tinyllm serve", url="http://127.0.0.1:8765")
+    fields = status_fields(frame, runner, "shakespeare")
+    wide = fit_fields(fields, 200).plain
+    assert wide.startswith(" ✗ DISCONNECTED  tinyllm serve at http://127.0.0.1:8765 · shakespeare · step 148 · retry in 3 s")
+    for width in (30, 40, 60, 80):
+        line = fit_fields(fields, width).plain
+        assert "step 148" in line and "  ·" not in line and "DISCONNECTED · " not in line, (width, line)
 
 
 def test_the_state_stream_is_a_recording_that_replays(server, tmp_path):
@@ -450,3 +492,93 @@ def test_the_state_stream_shows_the_text_a_client_got_cut_at_its_stop_string(ser
         assert time.monotonic() < end, "the stream did not say the request finished"
         time.sleep(0.01)
     assert texts[rid] == got["text"]
+
+
+def refusing_viewer(url: str = "http://tinyllm.test") -> AttachRunner:
+    """A viewer whose every connection is refused, as with no server listening (no network used)."""
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+    return AttachRunner(url, client=httpx.Client(transport=httpx.MockTransport(refuse)))
+
+
+def test_a_disconnected_viewer_counts_down_to_each_try(monkeypatch):
+    """The status says when the next try is, as each second passes (it once read "retrying in 5 s"
+    for the whole wait), and "retrying…" while it tries. On a clock of its own, no sleeping, that
+    moves a microsecond at each reading (as a real one does between two)."""
+    import tui.runners.attach as attach
+    from types import SimpleNamespace
+    clock = [0.0]
+
+    def now() -> float:
+        clock[0] += 1e-6
+        return clock[0]
+
+    class Clocked(threading.Event):
+        def wait(self, timeout=None):
+            clock[0] += timeout
+            if clock[0] >= 13:
+                self.set()
+            return self.is_set()
+    monkeypatch.setattr(attach, "time", SimpleNamespace(monotonic=now))
+    viewer = refusing_viewer()
+    viewer._stop = Clocked()
+    seen: list[str] = []
+    publish = viewer._publish
+
+    def record(detail: str = "") -> None:
+        publish(detail)
+        if not seen or seen[-1] != viewer.frame.status:
+            seen.append(viewer.frame.status)
+    monkeypatch.setattr(viewer, "_publish", record)
+    viewer.run()
+    down = [s.removeprefix("disconnected: ") for s in seen]
+    assert down == ["disconnected", "retrying…",                                   # 0.5 s
+                    "retry in 1 s", "retrying…",
+                    "retry in 2 s", "retry in 1 s", "retrying…",
+                    "retry in 4 s", "retry in 3 s", "retry in 2 s", "retry in 1 s", "retrying…",
+                    "retry in 5 s", "retry in 4 s", "retry in 3 s", "retry in 2 s", "retry in 1 s", "retrying…",
+                    "retry in 5 s"], seen
+
+
+def test_a_prompt_the_server_never_got_or_lost_mid_stream_says_so():
+    """No server: the error says which prompt was not sent and why, in words (it once read
+    "request failed: ConnectError: [Errno 111] Connection refused"); a stream cut off names
+    its request and says its state on screen is the server's last report."""
+    viewer = refusing_viewer()
+    viewer._complete(Submit("ROMEO:\nO", RequestSettings(Sampling(), 8)))
+    assert [(e.kind, e.text) for e in viewer._log] == [("error", '"ROMEO:\\nO" not sent: the server at '
+                                                        "http://tinyllm.test is not reachable (Connection refused); "
+                                                        "retrying the connection, send it again once the status "
+                                                        "says ATTACHED")]
+
+    class CutOff(httpx.SyncByteStream):
+        def __iter__(self):
+            yield b'data: {"choices": [{"text": "O"}]}\n\n'
+            raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+    viewer = AttachRunner("http://tinyllm.test", client=httpx.Client(transport=httpx.MockTransport(
+        lambda request: httpx.Response(200, headers={"x-tinyllm-request-id": "3"}, stream=CutOff()))))
+    viewer._complete(Submit("ROMEO:", RequestSettings(Sampling(), 8)))
+    assert [e.text for e in viewer._log] == ["#3: the connection to http://tinyllm.test was lost mid-stream (peer "
+                                             "closed connection without sending complete message body); its state "
+                                             "is the server's last report"]
+
+
+async def test_a_server_stopping_mid_stream_shows_our_request_ended_not_running():
+    """Ctrl+C on the server while our request streams: the viewer's last state is the server's
+    last word, which ends the request (it once stayed "running", run 1, beside an event saying
+    the server was shutting down)."""
+    s = slow_server()
+    app = long_app(s.url)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await submit(pilot, "HAMLET:\n")
+        await until(pilot, lambda: len(app.runner.ours()) == 1 and app.runner.frame.snapshot.requests
+                    and app.runner.frame.snapshot.requests[0].state == "running", what="ours running")
+        rid = next(iter(app.runner.ours()))
+        s.stop()
+        await follow(pilot, lambda: app.runner.frame.status.startswith("disconnected")
+                     and any(e.text == f"#{rid}: the server is shutting down" for e in app.runner.frame.log),
+                     "the disconnect")
+        snap = app.runner.frame.snapshot
+        assert snap.request(rid).state == "aborted" and snap.num_requests_running == 0
+        assert any(e.text.startswith(f"#{rid} aborted after") for e in app.runner.frame.log)
+        assert not [e.text for e in app.runner.frame.log if e.kind == "error"]

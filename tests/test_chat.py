@@ -237,7 +237,7 @@ def test_same_sampling_surface_on_both_routes():
             try:
                 p = parse({**b, **extra}, MODEL)
                 results.append({f: getattr(p, f) for f in GenerationParams.__dataclass_fields__
-                                if f != "max_tokens"})
+                                if f not in ("max_tokens", "max_tokens_field")})    # chat's default differs
             except ApiError as e:
                 results.append(("error", e.param))
         assert results[0] == results[1], (b, results)
@@ -278,7 +278,7 @@ BAD_CHAT = [
     ({"messages": [{"role": "user", "content": "hi", "name": 5}]}, "messages[0].name", "must be a string"),
     ({"messages": [{"role": "user", "content": [[[[["deep"]]]]]}]}, "messages[0].content[0]", "object"),
     ({"messages": CHAT, "max_completion_tokens": -1}, "max_completion_tokens", "at least 1"),
-    ({"messages": CHAT, "max_tokens": 500}, "messages", "maximum context length"),
+    ({"messages": CHAT, "max_tokens": 500}, "max_tokens", "maximum context length"),
     ({"messages": CHAT, "logprobs": 2}, "logprobs", "boolean"),
     ({"messages": CHAT, "top_logprobs": 3}, "top_logprobs", "needs logprobs: true"),
     ({"messages": CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "from 0 to 20"),
@@ -297,6 +297,18 @@ def test_bad_chat_bodies_get_a_400_that_says_what(client, body, param, says):
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
     assert err["param"] == param and says in err["message"], err
+
+
+@pytest.mark.parametrize("field", ["max_completion_tokens", "max_tokens"])
+def test_a_completion_budget_too_long_names_its_field_and_the_real_prompt_count(client, model_tok, field):
+    """A short chat with a huge budget: the 400 counts the prompt (not a lower bound from its
+    bytes) and names the field the client used, as param and as what to reduce."""
+    n = len(model_tok[1].encode(rendered(CHAT)))
+    err = client.post("/v1/chat/completions", json={"messages": CHAT, field: 99999999}).json()["error"]
+    assert (err["param"], err["code"]) == (field, "context_length_exceeded"), err
+    assert err["message"] == (f"This model's maximum context length is 512 tokens. However, you requested "
+                              f"{n + 99999999} tokens ({n} in your prompt; 99999999 for the completion). "
+                              f"Please reduce {field}.")
 
 
 @pytest.mark.parametrize("raw, param, says", [

@@ -202,3 +202,75 @@ def test_shipped_checkpoint_loads_in_transformers_with_equal_logits():
     assert cfg["architectures"] == ["LlamaForCausalLM"]
     size = sum(f.stat().st_size for f in default_model_dir().iterdir())
     assert size <= 25 * 2**20
+
+
+# -- tinyllm-tui: refused before the UI starts (one line on stderr, exit 2, no screen drawn) ------------
+def tui(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+
+
+def assert_refused_before_the_ui(r: subprocess.CompletedProcess, message: str) -> None:
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "\x1b" not in r.stderr      # no screen was drawn
+
+
+def test_tui_record_never_overwrites_a_recording(tmp_path):
+    run = tmp_path / "run.jsonl"
+    run.write_bytes((DATA / "preemption-run.jsonl").read_bytes())
+    before = run.read_bytes()
+    r = tui("--record", str(run))
+    assert_refused_before_the_ui(r, f"--record {run}: the file exists ({len(before):,} bytes) and would be "
+                                    f"overwritten; choose another name or remove it")
+    assert run.read_bytes() == before
+
+
+@pytest.mark.parametrize("blocks, says", [
+    ("1", "--kv-blocks 1 is too small for one request: the pool holds 1 block of 16 tokens (16 tokens), one "
+          "request of --max-len 512 needs 32 (raise --kv-blocks to 32 or lower --max-len to 16)"),
+    ("31", "--kv-blocks 31 is too small for one request: the pool holds 31 blocks of 16 tokens (496 tokens)"),
+])
+def test_tui_kv_blocks_too_few_for_one_request_are_refused_as_serve_does(blocks, says):
+    assert_refused_before_the_ui(tui("--kv-blocks", blocks), says)
+
+
+def test_tui_max_len_beyond_the_model_is_refused_before_the_ui():
+    assert_refused_before_the_ui(tui("--max-len", "99999"), "--max-len 99999 is more than the model's context (512)")
+
+
+REPLAY = ("--replay", str(DATA / "preemption-run.jsonl"))
+WHY_REPLAY = "does not apply to --replay (a replay shows the recorded run: no model, no engine, no new requests)"
+WHY_ATTACH = "does not apply to --attach (the server runs its own engine, at its own settings and pace)"
+WHY_RACE = "does not apply to --race (the race is greedy, and each request's max_new_tokens comes from its workload)"
+
+
+@pytest.mark.parametrize("args, message", [
+    ((*REPLAY, "--slots", "4"), f"--slots {WHY_REPLAY}"),
+    ((*REPLAY, "--model", "/nonexistent"), f"--model {WHY_REPLAY}"),
+    ((*REPLAY, "--temperature", "5"), f"--temperature {WHY_REPLAY}"),
+    ((*REPLAY, "--no-prefix-cache"), f"--no-prefix-cache {WHY_REPLAY}"),
+    ((*REPLAY, "--kv-events", "tcp://127.0.0.1:5557"), f"--kv-events {WHY_REPLAY}"),
+    ((*REPLAY, "--slots", "8"), f"--slots {WHY_REPLAY}"),                 # typed, even at its default value
+    (("--race", "--temperature", "5"), f"--temperature {WHY_RACE}"),
+    (("--race", "--kv-events", "tcp://127.0.0.1:5557"), "--kv-events does not apply to --race (it draws a vLLM "
+                                                        "server's prefix cache: --attach)"),
+    (("--attach", "127.0.0.1:9", "--slots", "3"), f"--slots {WHY_ATTACH}"),
+    (("--attach", "127.0.0.1:9", "--paused"), f"--paused {WHY_ATTACH}"),
+])
+def test_tui_an_option_its_mode_does_not_use_is_refused(args, message):
+    assert_refused_before_the_ui(tui(*args), message)
+
+
+@pytest.mark.parametrize("mode, argv", [
+    ("--replay", ["--replay", "r.jsonl", "--paused", "--step-delay", "5", "--web", "--port", "9000"]),
+    ("--attach", ["--attach", "h:1", "--kv-events", "tcp://h:2", "--model", "m", "--prompts", "burst",
+                  "--temperature", "0", "--top-k", "3", "--top-p", "0.5", "--max-new-tokens", "9"]),
+    ("--race", ["--race", "burst", "--lanes", "static", "chunked", "--batch-timeout", "1", "--model", "m",
+                "--device", "cpu", "--slots", "4", "--kv-memory", "8", "--max-num-seqs", "4", "--max-len", "64",
+                "--max-batched-tokens", "64", "--threads", "1", "--block-size", "8", "--kv-blocks", "9", "--seed", "1",
+                "--kv-cache-dtype", "bf16", "--paused", "--step-delay", "5", "--engine-thread"]),
+])
+def test_tui_the_options_a_mode_uses_are_not_refused(mode, argv):
+    from tui.cli import build_parser, parse, refuse_unused
+    parser = build_parser()
+    refuse_unused(parser, parse(parser, argv), mode)            # no SystemExit

@@ -291,7 +291,7 @@ def test_a_race_process_that_cannot_start_says_why_in_one_line():
     try:
         loop.join(120)
         assert not loop.is_alive(), "the race process neither failed nor reported"
-        assert "but the pool has only 1 blocks" in str(runner.start_error)
+        assert "but the pool has only 1 block (" in str(runner.start_error)
         assert "\n" not in str(runner.start_error)
     finally:
         runner.stop()

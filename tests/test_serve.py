@@ -282,7 +282,8 @@ BAD = [  # (body, param)
     ({"prompt": [1, -2]}, "prompt"),
     ({"prompt": [1, True]}, "prompt"),
     ({"prompt": [1, 4096]}, "prompt"),                       # outside the vocabulary
-    ({"prompt": [1] * 500, "max_tokens": 16}, "prompt"),     # 516 > the 512-token context
+    ({"prompt": [1] * 500, "max_tokens": 16}, "max_tokens"),  # 516 > the 512-token context: the prompt fits
+    ({"prompt": [1] * 512, "max_tokens": 1}, "prompt"),       # the prompt alone does not
     ({"prompt": "x", "model": "gpt-4"}, "model"),
     ({"prompt": "x", "model": 3}, "model"),
     ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
@@ -433,13 +434,30 @@ def test_a_prompt_too_long_for_the_context_is_refused_before_tokenizing(client, 
     assert r.status_code == 400 and (err["param"], err["code"]) == ("prompt", "context_length_exceeded"), err
     assert err["message"] == (f"This model's maximum context length is 512 tokens. However, you requested at least "
                               f"{at_least + 16} tokens (at least {at_least} in your prompt; 16 for the completion). "
-                              "Please reduce your prompt or max_tokens.")
+                              "Please reduce your prompt.")
     r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": huge}]})
     err = r.json()["error"]
     assert r.status_code == 400 and (err["param"], err["code"]) == ("messages", "context_length_exceeded"), err
+    assert err["message"].endswith(f"However, your prompt has at least {at_least} tokens, which leaves no room for "
+                                   f"the completion. Please reduce your prompt.")     # no max_tokens sent: none named
     assert seen == []                                            # neither was tokenized
     r = client.post("/v1/completions", json={"prompt": "a b " * 400})    # within the bound: tokenized, counted
     assert r.status_code == 400 and "at least" not in r.json()["error"]["message"] and seen == [1600]
+
+
+@pytest.mark.parametrize("prompt", ["Hello there", [1, 2, 3]], ids=["text", "token ids"])
+def test_a_completion_budget_too_long_names_max_tokens_and_the_real_prompt_count(client, model_tok, prompt):
+    """A short prompt with a huge max_tokens: the 400 names max_tokens (param and what to reduce)
+    and gives the prompt's real token count, not a lower bound from its bytes."""
+    n = len(model_tok[1].encode(prompt)) if isinstance(prompt, str) else len(prompt)
+    err = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 99999999}).json()["error"]
+    assert (err["param"], err["code"]) == ("max_tokens", "context_length_exceeded"), err
+    assert err["message"] == (f"This model's maximum context length is 512 tokens. However, you requested "
+                              f"{n + 99999999} tokens ({n} in your prompt; 99999999 for the completion). "
+                              "Please reduce max_tokens.")
+    huge = "a" * 100_000                                          # too long on its own, and so is the budget
+    err = client.post("/v1/completions", json={"prompt": huge, "max_tokens": 99999999}).json()["error"]
+    assert err["param"] == "prompt" and err["message"].endswith("Please reduce your prompt and max_tokens."), err
 
 
 def test_tokenizing_runs_off_the_event_loop(server, model_tok, monkeypatch):

@@ -328,7 +328,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         if not self.replay:                               # a replay's errors were seen when they happened
             for e in entries:
                 if e.kind == "error":
-                    self.notify(e.text, title="engine", severity="error", timeout=8)
+                    self.notify(e.text, title="server" if self.remote else "engine", severity="error", timeout=8)
 
     def _status_text(self, f: Frame) -> Text:
         """The status line, fitted to the screen: fields of least use give way first (the mode

@@ -100,6 +100,42 @@ def scheduler_choice(parser, kv: str | None, chunked: bool | None, budget: int |
     return kv, chunked
 
 
+def parse(parser, argv: list[str] | None):
+    """The options, plus ``given``: the dests the command line set. The same parse again, over a
+    namespace that already holds a marker for each, keeps the marker where nothing was typed (an
+    option left at its default is not given, one typed at its default value is)."""
+    a = parser.parse_args(argv)
+    unset = object()
+    typed = parser.parse_args(argv, argparse.Namespace(**dict.fromkeys(vars(a), unset)))
+    a.given = {dest for dest, value in vars(typed).items() if value is not unset}
+    return a
+
+
+# What each mode besides the local engine uses, by dest, and why the rest does not apply: any
+# other option given with it is refused (one line, exit 2), never silently ignored. (The modes'
+# own refusals, with reasons of their own, come first; --web, --host and --port go with any mode.)
+MODE_USES = {
+    "--replay": ("a replay shows the recorded run: no model, no engine, no new requests",
+                 {"replay", "paused", "step_delay"}),
+    "--attach": ("the server runs its own engine, at its own settings and pace",
+                 {"attach", "kv_events", "model", "prompts", "temperature", "top_k", "top_p", "max_new_tokens"}),
+    "--race": ("the race is greedy, and each request's max_new_tokens comes from its workload",
+               {"race", "lanes", "batch_timeout", "model", "device", "slots", "kv_memory", "max_num_seqs", "max_len",
+                "max_batched_tokens", "threads", "block_size", "kv_blocks", "seed", "kv_cache_dtype", "paused",
+                "step_delay", "engine_thread"}),
+}
+ANY_MODE = {"web", "host", "port"}
+
+
+def refuse_unused(parser, a, mode: str) -> None:
+    """Refuse the first option given on the command line that ``mode`` does not use."""
+    why, uses = MODE_USES[mode]
+    for dest in vars(a):                                  # in --help's order
+        if dest in a.given and dest not in uses | ANY_MODE:
+            flag = "--" + ("no-" if getattr(a, dest) is False else "") + dest.replace("_", "-")
+            parser.error(f"{flag} does not apply to {mode} ({why})")
+
+
 def build_app(argv: list[str] | None = None) -> TinyLLMApp:
     """Parse arguments, check them, start the engine; SystemExit(2) with one line on bad input.
 
@@ -111,7 +147,7 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
     from tinyllm.workload import WorkloadError, resolve_workload
 
     parser = build_parser()
-    a = parser.parse_args(argv)
+    a = parse(parser, argv)
     if not 0 <= a.step_delay <= MAX_DELAY_MS:
         parser.error(f"--step-delay must be in [0, {MAX_DELAY_MS}] ms, got {a.step_delay}")
     if (race := race_app(parser, a)) is not None:
@@ -132,6 +168,7 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
         check_writable(parser, a.record)
     path, cfg, tok = model_config(parser, a)
     max_len = a.max_len or cfg.max_seq_len
+    check_max_len(parser, max_len, cfg)
     try:
         check_fits(1, a.max_new_tokens, max_len, "--max-len")
     except ContextTooLong:
@@ -154,6 +191,8 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
         parser.error("--max-num-seqs goes with --kv-memory (without a budget, --slots is the cap)")
     if a.prefix_cache and not chunked:
         parser.error("--prefix-cache needs chunked prefill (the token-budget scheduler on --kv paged)")
+    if kv == "paged" and a.kv_blocks is not None:
+        check_pool(parser, a.kv_blocks, a.block_size, max_len)
     spec = EngineSpec(str(path), a.device, a.slots, max_len, kv, a.block_size, a.kv_blocks, a.seed,
                       threads=a.threads, chunked_prefill=chunked, max_batched_tokens=a.max_batched_tokens,
                       prefix_cache=a.prefix_cache, record=a.record, scheduling_policy=a.scheduling_policy,
@@ -188,8 +227,25 @@ def model_config(parser, a):
     return path, cfg, tok
 
 
+def check_max_len(parser, max_len: int, cfg) -> None:
+    """--max-len: at most the model's context (the engine's rule, said before the screen is up)."""
+    if max_len > cfg.max_seq_len:
+        parser.error(f"--max-len {max_len} is more than the model's context ({cfg.max_seq_len})")
+
+
+def check_pool(parser, kv_blocks: int, block_size: int, max_len: int) -> None:
+    """--kv-blocks: a pool that cannot hold one request of --max-len would refuse most prompts, so
+    it is refused now, by tinyllm serve's own rule (plain Python: no torch, no server imports)."""
+    from tinyllm.kv.blocks import check_pool_holds_one_request
+    try:
+        check_pool_holds_one_request(kv_blocks, block_size, max_len)
+    except ValueError as e:
+        parser.error(option_names(str(e)))
+
+
 def check_writable(parser, path: str) -> None:
-    """--record: say now, before the screen is up, if the file cannot be written."""
+    """--record: say now, before the screen is up, if the file cannot be written, or if writing
+    it would overwrite a recording (an empty file is fair game: nothing to lose)."""
     import os
     p = Path(path)
     if p.is_dir():
@@ -199,6 +255,9 @@ def check_writable(parser, path: str) -> None:
         parser.error(f"--record {path}: the directory {parent} does not exist")
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         parser.error(f"--record {path}: not writable")
+    if p.exists() and p.stat().st_size > 0:
+        parser.error(f"--record {path}: the file exists ({p.stat().st_size:,} bytes) and would be overwritten; "
+                     f"choose another name or remove it")
 
 
 def attach_app(parser, a) -> TinyLLMApp:
@@ -210,6 +269,7 @@ def attach_app(parser, a) -> TinyLLMApp:
     from tui.runners.vllm import VllmRunner
     if a.record is not None:
         parser.error("--record records a local engine; to record a server: curl -N URL/v1/tinyllm/stream > run.jsonl")
+    refuse_unused(parser, a, "--attach")
     if a.prompts is not None and not a.model:
         parser.error("--prompts with --attach needs --model DIR: its tokenizer checks the prompt file "
                      "(F3 loads prompt files the same way)")
@@ -273,6 +333,7 @@ def replay_app(parser, a) -> TinyLLMApp:
     from tui.runners.replay import ReplayRunner
     if a.record is not None:
         parser.error("--record and --replay cannot be used together (a replay changes nothing to record)")
+    refuse_unused(parser, a, "--replay")
     try:
         runner = ReplayRunner(a.replay, paused=a.paused, step_delay_ms=a.step_delay)
     except RecordingError as e:
@@ -299,7 +360,7 @@ def serve_if_asked(argv: list[str] | None) -> int | None:
     None (the caller runs the app in this terminal), after refusing --host / --port."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
-    a = parser.parse_args(argv)
+    a = parse(parser, argv)
     if not a.web:
         for flag, value in (("--host", a.host), ("--port", a.port)):
             if value is not None:
@@ -384,13 +445,14 @@ def race_spec(parser, a):
                              ("--scheduling-policy", None if a.scheduling_policy == "fcfs" else a.scheduling_policy,
                               "each lane has its own: --lanes fcfs priority ..."),
                              ("--[no-]chunked-prefill", a.chunked_prefill, "the third lane is the chunked one"),
-                             ("--[no-]prefix-cache", a.prefix_cache, "the chunked lane caches prefixes")):
+                             ("--[no-]prefix-cache", a.prefix_cache, "the chunked lane caches prefixes"),
+                             ("--kv-events", a.kv_events, "it draws a vLLM server's prefix cache: --attach")):
         if value is not None:
             parser.error(f"{flag} does not apply to --race ({why})")
+    refuse_unused(parser, a, "--race")
     path, cfg, tok = model_config(parser, a)
     max_len = a.max_len or min(cfg.max_seq_len, DEFAULT_MAX_LEN)
-    if max_len > cfg.max_seq_len:
-        parser.error(f"--max-len {max_len} is more than the model's context ({cfg.max_seq_len})")
+    check_max_len(parser, max_len, cfg)
     from tinyllm.observe.recording import RecordingError
     from tinyllm.race.spec import LaneSpecError, check_memory_options, parse_lanes
     from tinyllm.race.whatif import is_recording, requests_from_recording

@@ -36,6 +36,20 @@ def prefix_key(parent: bytes | None, tokens: tuple[int, ...]) -> bytes:
     h.update(array("q", tokens).tobytes())
     return h.digest()
 
+def check_pool_holds_one_request(n_blocks: int, block_size: int, max_len: int) -> None:
+    """ValueError unless a pool of ``n_blocks`` blocks holds one request of ``max_len`` tokens.
+    A server or app whose paged pool could not would refuse most requests at once, so both refuse
+    it at startup: the rule a KV budget already follows (``kv_memory_mib``, engine/build.py) and
+    vLLM's (a KV cache below max_model_len), applied to an explicit kv_blocks (the engine itself
+    allows small pools: tests use them)."""
+    need = -(-max_len // block_size)
+    if n_blocks < need:
+        tokens = n_blocks * block_size
+        raise ValueError(f"kv_blocks {n_blocks} is too small for one request: the pool holds {n_blocks} "
+                         f"block{'s' * (n_blocks != 1)} of {block_size} tokens ({tokens} tokens), one request of "
+                         f"max_len {max_len} needs {need} (raise kv_blocks to {need} or lower max_len to {tokens})")
+
+
 class BlockPool:
     """``n_blocks`` blocks of ``block_size`` tokens shared by ``n_slots`` slots. ``lens[s]``: the
     tokens slot ``s`` holds (for the token-budget scheduler: tokens computed so far)."""
@@ -80,8 +94,9 @@ class BlockPool:
         """Refuse a request that could not fit the whole pool even alone."""
         need = self.blocks_for(total_tokens)
         if need > self.n_blocks:
+            n = self.n_blocks
             raise ValueError(f"{total_tokens} tokens need {need} blocks of {self.block_size}, "
-                             f"but the pool has only {self.n_blocks} blocks ({self.n_blocks * self.block_size} tokens)")
+                             f"but the pool has only {n} block{'s' * (n != 1)} ({n * self.block_size} tokens)")
 
     def can_admit(self, context_lens: list[int]) -> bool:
         """Enough free blocks for every context plus the position its first decode writes."""

@@ -130,9 +130,9 @@ def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
         if p.prompt_ids is not None:
             ids = list(p.prompt_ids)
         else:
-            protocol.check_text_fits(p.prompt_text, token_bytes, p.max_tokens, max_len, room)
+            protocol.check_text_fits(p.prompt_text, token_bytes, p.max_tokens, max_len, room, p.max_tokens_field)
             ids = await asyncio.to_thread(tokenizer.encode, p.prompt_text)
-        protocol.check_prompt(ids, p.max_tokens, vocab_size, max_len, room)
+        protocol.check_prompt(ids, p.max_tokens, vocab_size, max_len, room, p.max_tokens_field)
         return await _serve(request, p, ids, protocol.CompletionShape)
 
     def render_chat(messages, add_generation_prompt: bool) -> str:
@@ -150,11 +150,11 @@ def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
         p = parse_chat(protocol.load_json(raw), model_name)
         text = render_chat(p.messages, p.add_generation_prompt)
         try:
-            protocol.check_text_fits(text, token_bytes, p.max_tokens or 1, max_len, room)
+            protocol.check_text_fits(text, token_bytes, p.max_tokens or 1, max_len, room, p.max_tokens_field)
             ids = await asyncio.to_thread(tokenizer.encode, text)
             # no max_tokens: what the context leaves (as OpenAI and vLLM), within what one request may hold
             max_tokens = p.max_tokens if p.max_tokens is not None else max(1, room - len(ids))
-            protocol.check_prompt(ids, max_tokens, vocab_size, max_len, room)
+            protocol.check_prompt(ids, max_tokens, vocab_size, max_len, room, p.max_tokens_field)
         except ApiError as e:
             e.param = "messages" if e.param == "prompt" else e.param
             raise

@@ -33,8 +33,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tinyllm.request import (MAX_LOGPROBS, MAX_N, TENANT_MAX_CHARS, ContextTooLong, Sampling, SamplingError, TokenLogprob,
-                             check_fits, check_priority, check_stop, check_token_stops, is_int)
+from tinyllm.request import (MAX_LOGPROBS, MAX_N, TENANT_MAX_CHARS, Sampling, SamplingError, TokenLogprob,
+                             check_priority, check_stop, check_token_stops, is_int)
 
 DEFAULT_MAX_TOKENS = 16                 # OpenAI's default for completions
 DEFAULT_TEMPERATURE = 1.0               # OpenAI's default
@@ -173,6 +173,7 @@ class GenerationParams:
     added here (and there) works on both at once."""
     model: str
     max_tokens: int | None              # None (chat only): whatever the context leaves
+    max_tokens_field: str | None = "max_tokens"   # the field max_tokens came in (errors name it); None: not sent (chat)
     sampling: Sampling
     stream: bool = False
     include_usage: bool = False
@@ -293,18 +294,19 @@ def parse_model(body: dict, served_model: str) -> str:
     return model
 
 
-def _max_tokens(body: dict, chat: bool) -> int | None:
-    """``max_tokens`` (chat: or OpenAI's newer ``max_completion_tokens``); the default is 16 for
-    completions (OpenAI's), None for chat (what the context leaves, as OpenAI and vLLM)."""
+def _max_tokens(body: dict, chat: bool) -> tuple[int | None, str | None]:
+    """``max_tokens`` (chat: or OpenAI's newer ``max_completion_tokens``) and the field's name, so
+    a later error names the field the client used; the default is 16 for completions (OpenAI's),
+    None for chat (what the context leaves, as OpenAI and vLLM: no field to name)."""
     name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = body.get(name)
     if max_tokens is None:
-        return None if chat else DEFAULT_MAX_TOKENS
+        return (None, None) if chat else (DEFAULT_MAX_TOKENS, name)
     if not is_int(max_tokens):
         raise ApiError(f"{name} must be an integer, got {_type_name(max_tokens)}", name, "invalid_type")
     if max_tokens < 1:
         raise ApiError(f"{name} must be at least 1, got {brief(max_tokens)}", name, "invalid_value")
-    return max_tokens
+    return max_tokens, name
 
 
 def parse_generation(body: dict, served_model: str, chat: bool = False) -> dict[str, Any]:
@@ -314,7 +316,7 @@ def parse_generation(body: dict, served_model: str, chat: bool = False) -> dict[
     surface. Where the routes' shapes differ (``logprobs``: an integer on completions, a boolean
     plus ``top_logprobs`` on chat) ``chat`` says which shape to read."""
     model = parse_model(body, served_model)
-    max_tokens = _max_tokens(body, chat)
+    max_tokens, max_tokens_field = _max_tokens(body, chat)
     temperature = _number(body, "temperature")
     temperature = DEFAULT_TEMPERATURE if temperature is None else temperature
     if isinstance(temperature, float) and not math.isfinite(temperature):
@@ -344,7 +346,8 @@ def parse_generation(body: dict, served_model: str, chat: bool = False) -> dict[
                            "invalid_type")
         include_usage = _bool(opts, "include_usage", "stream_options.include_usage")
     _check_unsupported(body, _UNSUPPORTED_CHAT if chat else _UNSUPPORTED)
-    return dict(model=model, max_tokens=max_tokens, sampling=sampling, stream=stream, include_usage=include_usage,
+    return dict(model=model, max_tokens=max_tokens, max_tokens_field=max_tokens_field, sampling=sampling,
+                stream=stream, include_usage=include_usage,
                 ignore_eos=_bool(body, "ignore_eos"), return_token_ids=_bool(body, "return_token_ids"),
                 priority=_priority(body), tenant=tenant_of(body.get("user"), "user"), n=_n(body), **stops)
 
@@ -436,7 +439,7 @@ def _stop_fields(body: dict, max_tokens: int | None, chat: bool) -> dict[str, An
 
 
 def check_prompt(ids: list[int] | tuple[int, ...], max_tokens: int, vocab_size: int, max_len: int,
-                 room: int | None = None) -> None:
+                 room: int | None = None, field: str | None = "max_tokens") -> None:
     """The prompt fits the vocabulary and one request's context (``check_context``; ``room``
     defaults to ``max_len``). The engine re-checks on add_request. Raises ApiError."""
     if not ids:
@@ -445,36 +448,44 @@ def check_prompt(ids: list[int] | tuple[int, ...], max_tokens: int, vocab_size: 
     if bad is not None:
         raise ApiError(f"prompt token id {bad} is outside the model's vocabulary [0, {vocab_size})", "prompt",
                        "invalid_value")
-    check_context(len(ids), max_tokens, max_len, max_len if room is None else room)
+    check_context(len(ids), max_tokens, max_len, max_len if room is None else room, field=field)
 
 
-def check_text_fits(text: str, token_bytes: int | None, max_tokens: int, max_len: int, room: int) -> None:
+def check_text_fits(text: str, token_bytes: int | None, max_tokens: int, max_len: int, room: int,
+                    field: str | None = "max_tokens") -> None:
     """Refuse a prompt text too long to fit however it tokenizes, before tokenizing it (megabytes
     take seconds): no token covers more than ``token_bytes`` bytes of text (None: no such bound
     is known, nothing to check), so the prompt is at least bytes / token_bytes tokens."""
     if token_bytes is not None:
         at_least = -(-len(text.encode("utf-8")) // token_bytes)
-        check_context(at_least, max_tokens, max_len, room, at_least=True)
+        check_context(at_least, max_tokens, max_len, room, at_least=True, field=field)
 
 
-def check_context(prompt_tokens: int, max_tokens: int, max_len: int, room: int, at_least: bool = False) -> None:
-    """prompt + max_tokens fit the model's context (tinyllm.request's ``check_fits``) and what the
-    KV pool holds for one request (``room``; the engine would refuse more). ``at_least``: the
-    prompt's count is a lower bound (not tokenized). Raises ApiError (context_length_exceeded)."""
+def check_context(prompt_tokens: int, max_tokens: int, max_len: int, room: int, at_least: bool = False,
+                  field: str | None = "max_tokens") -> None:
+    """prompt + max_tokens fit the model's context (tinyllm.request's ``check_fits`` rule) and what
+    the KV pool holds for one request (``room``; the engine would refuse more). ``at_least``: the
+    prompt's count is a lower bound (not tokenized), so only a prompt too long on its own is
+    refused here; otherwise the tokenized count decides, and the 400 gives the real count.
+    ``field``: the completion budget's field as the client sent it (None: the server chose the
+    budget); the 400's ``param`` is the prompt when it alone does not fit, else that field.
+    Raises ApiError (context_length_exceeded)."""
     at = "at least " if at_least else ""
-    asked = (f"you requested {at}{prompt_tokens + max_tokens} tokens ({at}{prompt_tokens} in your prompt; "
-             f"{max_tokens} for the completion)")
-    try:
-        check_fits(prompt_tokens, max_tokens, max_len, "the server's context")
-    except ContextTooLong:
-        raise ApiError(f"This model's maximum context length is {max_len} tokens. However, {asked}. Please "
-                       "reduce your prompt or max_tokens.", "prompt", "context_length_exceeded") from None
-    if prompt_tokens + max_tokens > room:                 # the pool is the limit: name what to reduce
-        if at_least and prompt_tokens < room:             # a bound from the bytes: the tokenized count decides
-            return
-        param, what = ("max_tokens", "max_tokens") if prompt_tokens < room else ("prompt", "your prompt")
-        raise ApiError(f"This server's KV cache holds at most {room} tokens for one request. However, {asked}. "
-                       f"Please reduce {what}.", param, "context_length_exceeded")
+    for limit, holds in ((max_len, f"This model's maximum context length is {max_len} tokens"),
+                         (room, f"This server's KV cache holds at most {room} tokens for one request")):
+        if prompt_tokens + max_tokens <= limit:
+            continue
+        prompt_fits = prompt_tokens < limit               # with at least one completion token
+        if at_least and prompt_fits:
+            continue                                      # a bound from the bytes: tokenize, then count
+        if field is None:                                 # the server's own budget: only the prompt is at fault
+            asked = f"your prompt has {at}{prompt_tokens} tokens, which leaves no room for the completion"
+        else:
+            asked = (f"you requested {at}{prompt_tokens + max_tokens} tokens ({at}{prompt_tokens} in your prompt; "
+                     f"{max_tokens} for the completion)")
+        also = f" and {field}" if field and max_tokens >= limit else ""   # too long on its own, too
+        raise ApiError(f"{holds}. However, {asked}. Please reduce {field if prompt_fits else 'your prompt' + also}.",
+                       field if prompt_fits else "prompt", "context_length_exceeded")
 
 
 # -- responses --------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import uvicorn
 
+from tinyllm.kv.blocks import check_pool_holds_one_request
 from tinyllm.serve.app import create_app
 from tinyllm.serve.engine_loop import EngineLoop, StepHook
 
@@ -50,23 +51,8 @@ def build_engine(model: Any, slots: int = 8, max_len: int | None = None, kv_bloc
                               chunked_prefill=True, max_batched_tokens=max_batched_tokens,
                               prefix_cache=prefix_cache, generator=torch.Generator(device=device).manual_seed(seed),
                               scheduling_policy=scheduling_policy, kv_cache_dtype=kv_cache_dtype)
-    check_pool_holds_one_request(engine)
+    check_pool_holds_one_request(engine.slots.n_blocks, engine.slots.block_size, engine.max_len)
     return engine
-
-
-def check_pool_holds_one_request(engine: Any) -> None:
-    """A server whose paged pool cannot hold one request of max_len tokens would refuse most
-    requests at once, so it is refused at startup: the rule a KV budget already follows
-    (``kv_memory_mib``, engine/build.py) and vLLM's (a KV cache below max_model_len), applied to
-    an explicit kv_blocks (the engine itself allows small pools: tests and the app use them)."""
-    pool, max_len = engine.slots, engine.max_len
-    need = pool.blocks_for(max_len)
-    if pool.n_blocks < need:
-        n = pool.n_blocks
-        raise ValueError(f"kv_blocks {n} is too small for one request: the pool holds {n} block{'s' * (n != 1)} "
-                         f"of {pool.block_size} tokens ({pool.reserved_tokens()} tokens), one request of max_len "
-                         f"{max_len} needs {need} (raise kv_blocks to {need} or lower max_len to "
-                         f"{pool.reserved_tokens()})")
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -92,8 +78,9 @@ def url_of(sock: socket.socket) -> str:
 class _Server(uvicorn.Server):
     """uvicorn's server, with a callback once it is really listening (after the lifespan
     startup that starts the engine thread), and the engine loop stopped as shutdown begins: its
-    unfinished requests end at once (streams get an error event and [DONE]), so uvicorn's wait
-    for open connections is short instead of the whole graceful timeout."""
+    unfinished requests end at once (streams get an error event and [DONE]; viewers a last record
+    with them aborted, so no viewer is left showing them running), so uvicorn's wait for open
+    connections is short instead of the whole graceful timeout."""
 
     def __init__(self, config: uvicorn.Config, on_ready: Callable[[], None] | None = None):
         super().__init__(config)
@@ -112,12 +99,12 @@ class _Server(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         state = getattr(self.config.app, "state", None)
+        engine_loop = getattr(state, "engine_loop", None)
+        if engine_loop is not None:                       # first: the requests it ends reach the viewers
+            await asyncio.to_thread(engine_loop.stop)
         feed = getattr(state, "feed", None)
         if feed is not None:
             feed.close()                                  # viewers' streams end now, not at the timeout
-        engine_loop = getattr(state, "engine_loop", None)
-        if engine_loop is not None:
-            await asyncio.to_thread(engine_loop.stop)
         await super().shutdown(sockets)
 
 

@@ -52,7 +52,8 @@ class _Viewer:
         self.events: list[LifecycleEvent] = []
         self.text: dict[int, str] = {}
         self.prompt: dict[int, str] = {}
-        self.dropped = False
+        self.dropped = False                            # too slow: cut off
+        self.closing = False                            # the server stops: send what is pending, then end
         self.waits: dict[str, int] = {}                 # the wait counts last sent
 
 
@@ -135,11 +136,12 @@ class StateFeed:
         return v, make_header(snap, self.model_name, "server", self.settings)
 
     def close(self) -> None:
-        """End every viewer's stream (the server is shutting down). Any thread."""
+        """End every viewer's stream after its pending record (the server is shutting down: that
+        record holds the requests the engine loop's stop ended). Any thread."""
         with self._lock:
             viewers, self._viewers = self._viewers, []
         for v in viewers:
-            v.dropped = True
+            v.closing = True
             try:
                 v.loop.call_soon_threadsafe(v.wake.set)
             except RuntimeError:
@@ -169,7 +171,9 @@ async def _records(feed: StateFeed, engine_loop: EngineLoop, request: Request):
     encoder = SnapshotEncoder(header)
     try:
         yield _line(header)
-        while not viewer.dropped and engine_loop.alive:
+        while not viewer.dropped:
+            # the last record once the engine thread is gone (its stop ran the hooks: read before take)
+            closing = viewer.closing or not engine_loop.thread.is_alive()
             snap, events, text, prompt = feed.take(viewer)
             rec: dict[str, Any] = {"step": snap.counters.steps}
             delta = encoder.encode(snap)
@@ -186,6 +190,8 @@ async def _records(feed: StateFeed, engine_loop: EngineLoop, request: Request):
             if text:
                 rec["text"] = text
             yield _line(rec)                               # (a heartbeat when nothing changed)
+            if closing:
+                return
             try:
                 await asyncio.wait_for(viewer.wake.wait(), HEARTBEAT_S)
             except asyncio.TimeoutError:

@@ -7,13 +7,17 @@ here go to ``/v1/completions`` (streaming); aborting one of ours closes its stre
 aborts a request whose client went away), aborting another client's request asks
 ``/v1/tinyllm/abort``. Pause, step and speed belong to the server, not to a viewer.
 
-A server that goes away or answers garbage gives a "disconnected, retrying" status and the app
-reconnects with backoff; the last state stays on screen meanwhile. No torch here.
+A server that goes away or answers garbage gives a "disconnected" status that counts down to the
+next try, and the app reconnects with backoff; the last state stays on screen meanwhile (a server
+that stops cleanly first sends its requests' end, so that state shows none of them running). No
+torch here.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 import socket
 import threading
 import time
@@ -64,6 +68,16 @@ def why(e: Exception) -> str:
     if isinstance(e, ValueError):                       # ours: a whole sentence already
         return " ".join(str(e).split())
     return " ".join(f"{type(e).__name__}: {e}".split()) if str(e) else type(e).__name__
+
+
+def reason(e: Exception) -> str:
+    """A network error's own words, without the errno (``[Errno 111] Connection refused``)."""
+    return re.sub(r"^\[Errno -?\d+\] ", "", str(e)) or type(e).__name__
+
+
+def quoted(prompt: str, most: int = 40) -> str:
+    """A prompt in a message, on one line and cut to ``most`` characters."""
+    return json.dumps(prompt if len(prompt) <= most else prompt[:most - 1] + "…", ensure_ascii=False)
 
 
 def send_workload(cmd: LoadWorkload, submit: Callable[[Submit], None], stop: threading.Event) -> None:
@@ -175,6 +189,8 @@ class AttachRunner:
         while not (self._stop.is_set() or cancelled()):
             try:
                 if self._stream is None:
+                    if self.status == "disconnected":
+                        self._publish("retrying…")          # (a connect may take its whole timeout)
                     self._stream = self._open()
                     tries = 0
                     if self._stop.is_set():                 # stop() came while connecting
@@ -186,9 +202,20 @@ class AttachRunner:
                     break
                 wait = RETRY_S[min(tries, len(RETRY_S) - 1)]
                 tries += 1
-                self._disconnected(why(e), wait)
-                self._stop.wait(wait)
+                self._disconnected(why(e))
+                self._count_down(wait)
         self._close_stream()
+
+    def _count_down(self, wait: float) -> None:
+        """Wait ``wait`` s before the next try, the status saying how long is left: republished
+        as each second passes, so the screen never shows a wait that is over (the half-second
+        wait, and the try itself: "retrying…")."""
+        end = time.monotonic() + wait
+        while (left := end - time.monotonic()) > 0.01:
+            whole = math.ceil(left - 0.01)                # the second it is in (a wait may end a hair early)
+            self._publish(f"retry in {whole} s" if left > 0.9 else "retrying…")
+            if self._stop.wait(left - whole + 1):
+                return
 
     # -- the stream ---------------------------------------------------------------------------------
     def _open(self):
@@ -239,12 +266,11 @@ class AttachRunner:
         if stream is not None:
             hang_up(stream[0])                            # wakes a thread blocked reading it
 
-    def _disconnected(self, why: str, retry_s: float) -> None:
+    def _disconnected(self, why: str) -> None:
         first = self.status != "disconnected"
         self.status = "disconnected"
         if first:
             self._note("info", f"disconnected from {self.url} ({why}); retrying")
-        self._publish(f"retrying in {retry_s:g} s")
 
     # -- frames -------------------------------------------------------------------------------------
     def _empty_frame(self) -> Frame:
@@ -298,7 +324,19 @@ class AttachRunner:
             with self._lock:
                 aborted_here = rid in self._closed                # _abort closed it under us
             if not (self._stop.is_set() or aborted_here):
-                self._note("error", f"request failed: {type(e).__name__}: {e}")
+                self._note("error", self._failed(cmd, rid, e))
+
+    def _failed(self, cmd: Submit, rid: int | None, e: Exception) -> str:
+        """Why a request of ours failed. One that never reached the server quotes its prompt (the
+        app cleared its input on sending); one cut off names its request, whose last state the
+        screen keeps until the app reconnects."""
+        if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
+            return (f"{quoted(cmd.prompt)} not sent: the server at {self.url} is not reachable ({reason(e)}); "
+                    f"retrying the connection, send it again once the status says ATTACHED")
+        if rid is not None and isinstance(e, httpx.TransportError):
+            return (f"#{rid}: the connection to {self.url} was lost mid-stream ({reason(e)}); its state is the "
+                    f"server's last report")
+        return f"request failed: {type(e).__name__}: {e}"
 
     def _abort(self, rid: int) -> None:
         with self._lock:

@@ -27,6 +27,11 @@ class RequestKeys:
         if not text.strip():
             self.notify("Type some text first: the model continues it.", severity="warning")
             return
+        if self.remote and self.runner.frame.status.startswith("disconnected"):   # kept in the input
+            self.notify(f"the server at {self.runner.url} is not reachable; the app is reconnecting (the prompt "
+                        "stays in the input: Enter sends it once the status says ATTACHED)",
+                        title="not sent", severity="error", timeout=8)
+            return
         ids = None
         if self.tokenizer is not None:                    # attached without one: the server checks
             ids = self.tokenizer.encode(text)

@@ -26,13 +26,14 @@ def status_fields(f: Frame, runner, model_name: str, recording: Path | None = No
         r = runner
         down = f.status.startswith("disconnected")
         out = [(" ✗ DISCONNECTED " if down else " ⇄ ATTACHED ", "bold reverse red" if down else "bold reverse blue", 0),
-               (f" {r.kind} at {r.url}", "bold", 2), (f" · {model_name}", "bold", 4)]
+               (f" {r.kind} at {r.url}", "bold", 1 if down else 2), (f" · {model_name}", "bold", 4)]
+        gone = [(f" · {f.status.removeprefix('disconnected: ')} · last state shown", "bold red", 2)] * down
         if runner.mode == "metrics":                         # a "step" here is a second since attach
-            return out + [(f" · {f.status} (showing the last state)", "bold red", 1)] * down + [
-                (f" · metrics every {r.poll_s:g} s", "dim", 3), (" · this app's requests stream below", "dim", 5)]
+            return out + gone + [(f" · metrics every {r.poll_s:g} s", "dim", 3),
+                                 (" · this app's requests stream below", "dim", 5)]
         out.append((f" · step {steps}", "bold", 0))
         if down:
-            return out + [(f" · {f.status} (showing the last state)", "bold red", 1)]
+            return out + gone
         budget = f.snapshot.max_batched_tokens
         return out + [(f" · {f.snapshot.n_slots} slots", "dim", 3),
                       (f" · {kv_label(f.snapshot.kv)}", "dim", 5), (f" · {f.snapshot.policy}", "bold", 3),
@@ -114,6 +115,8 @@ def fit_fields(fields: list[tuple[str, str, int]], width: int) -> Text:
             break
         keep = [f for f in keep if f[2] != rank]
     t = Text(no_wrap=True, overflow="ellipsis")
-    for text, style, _ in keep:
+    for i, (text, style, _) in enumerate(keep):
+        if i == 1 and text.startswith(" · ") and keep[0][0].endswith(" "):   # the field between them gave
+            text = text[3:]                                                    # way: no separator alone
         t.append(text, style=style)
     return t
