@@ -27,6 +27,7 @@ from tui.app import TinyLLMApp
 from tui.cli import build_app
 from tinyllm.request import RequestSettings
 from tui.runners.vllm_metrics import MetricsError, MetricsWindow, Scrape, parse, quantile
+from tui.runners.interface import Submit
 from tui.runners.vllm import VllmRunner
 from tui.widgets.server_panel import ServerPanel
 
@@ -195,9 +196,83 @@ async def test_garbage_metrics_show_disconnected_then_recover(fake):
         fake.garbage = True
         await until(pilot, lambda: app.runner.frame.status.startswith("disconnected"))
         await until(pilot, lambda: "DISCONNECTED" in app.query_one("#status").text.plain)
+        await until(pilot, lambda: "retry in" in app.query_one("#status").text.plain, what="the countdown")
         fake.garbage = False
         await until(pilot, lambda: app.runner.frame.status == "ready", timeout=30)
         assert any("reconnected" in e.text for e in app.runner.frame.log)
+
+
+def refusing_vllm(url: str = "http://vllm.test", transport=None) -> VllmRunner:
+    """A vLLM runner (not started) whose every connection is refused, as with no server listening."""
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+    return VllmRunner(url, client=httpx.Client(transport=transport or httpx.MockTransport(refuse)))
+
+
+def test_a_disconnected_vllm_viewer_counts_down_to_each_try(monkeypatch):
+    """As tinyllm serve's viewer (tests/test_attach.py, whose countdown this runner shares): the
+    status says when the next try is as each second passes (it read "retrying in 5 s" for the
+    whole wait). On a clock of its own, no sleeping, moving a microsecond at each reading."""
+    import tui.runners.attach as attach
+    from types import SimpleNamespace
+    clock = [0.0]
+
+    def now() -> float:
+        clock[0] += 1e-6
+        return clock[0]
+
+    class Clocked(threading.Event):
+        def wait(self, timeout=None):
+            clock[0] += timeout
+            if clock[0] >= 13:
+                self.set()
+            return self.is_set()
+    monkeypatch.setattr(attach, "time", SimpleNamespace(monotonic=now))
+    viewer = refusing_vllm()
+    viewer._stop = Clocked()
+    seen: list[str] = []
+    publish = viewer._publish
+
+    def record(detail: str = "") -> None:
+        publish(detail)
+        if not seen or seen[-1] != viewer.frame.status:
+            seen.append(viewer.frame.status)
+    monkeypatch.setattr(viewer, "_publish", record)
+    viewer.run()
+    down = [s.removeprefix("disconnected: ") for s in seen]
+    assert down == ["disconnected", "retrying…",                                   # 0.5 s
+                    "retry in 1 s", "retrying…",
+                    "retry in 2 s", "retry in 1 s", "retrying…",
+                    "retry in 4 s", "retry in 3 s", "retry in 2 s", "retry in 1 s", "retrying…",
+                    "retry in 5 s", "retry in 4 s", "retry in 3 s", "retry in 2 s", "retry in 1 s", "retrying…",
+                    "retry in 5 s"], seen
+    (note,) = [e.text for e in viewer.frame.log]                               # one note, not one per try
+    assert note.startswith("disconnected from http://vllm.test (cannot connect") and note.endswith("; retrying")
+
+
+def test_a_prompt_vllm_never_got_or_lost_mid_stream_says_so():
+    """In tinyllm serve's viewer's words (it once read "request failed: ConnectError: [Errno 111]
+    Connection refused"): a prompt not sent is quoted; a stream cut off says its text is what came."""
+    viewer = refusing_vllm()
+    cmd = Submit("ROMEO:\nO", RequestSettings(Sampling(), 8))
+    viewer._complete(viewer._new_request(cmd), cmd)
+    not_sent = ('"ROMEO:\\nO" not sent: the server at http://vllm.test is not reachable (Connection refused); '
+                "retrying the connection, send it again once the status says ATTACHED")
+    assert viewer.frame.snapshot.requests[0].error == not_sent
+    assert [(e.kind, e.text) for e in viewer.frame.log][-1] == ("error", f"#0: {not_sent}")
+
+    class CutOff(httpx.SyncByteStream):
+        def __iter__(self):
+            yield b'data: {"choices": [{"text": "O"}]}\n\n'
+            raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+    viewer = refusing_vllm(transport=httpx.MockTransport(lambda request: httpx.Response(200, stream=CutOff())))
+    cmd = Submit("ROMEO:", RequestSettings(Sampling(), 8))
+    viewer._complete(viewer._new_request(cmd), cmd)
+    v = viewer.frame.snapshot.requests[0]
+    assert v.state == "failed" and viewer.frame.texts[0] == "O"
+    assert [e.text for e in viewer.frame.log][-1] == ("#0: the connection to http://vllm.test was lost mid-stream "
+                                                      "(peer closed connection without sending complete message "
+                                                      "body); its text is what arrived before")
 
 
 def test_attach_picks_vllm_when_there_is_no_tinyllm_stream(fake):

@@ -234,6 +234,14 @@ def test_tui_kv_blocks_too_few_for_one_request_are_refused_as_serve_does(blocks,
     assert_refused_before_the_ui(tui("--kv-blocks", blocks), says)
 
 
+@pytest.mark.parametrize("args, says", [
+    (("--kv", "slots", "--kv-blocks", "64"), "--kv-blocks goes with --kv paged (the slot cache has no blocks"),
+    (("--kv", "slots", "--block-size", "16"), "--block-size goes with --kv paged (the slot cache has no blocks"),
+])
+def test_tui_block_options_with_the_slot_cache_are_refused_not_ignored(args, says):
+    assert_refused_before_the_ui(tui(*args), says)
+
+
 def test_tui_max_len_beyond_the_model_is_refused_before_the_ui():
     assert_refused_before_the_ui(tui("--max-len", "99999"), "--max-len 99999 is more than the model's context (512)")
 

@@ -160,6 +160,36 @@ async def test_r_in_the_app_opens_the_race_on_its_model_and_escape_comes_back():
         assert race._stop.is_set()
 
 
+async def test_r_races_the_workload_the_app_loaded_and_says_which():
+    """`r` once raced mixed_lengths whatever the app had loaded, and nothing said so."""
+    app = make_app(max_len=512, prompts_file=resolve_workload("shared_prefix"))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await until(pilot, lambda: app.runner.frame.snapshot.requests, what="the app to load its prompts")
+        app.query_one("#requests").focus()
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, RaceScreen))
+        race = app.screen.runner
+        assert race.frame.lanes[0].total == 8                          # shared_prefix's, not mixed_lengths' 16
+        status = app.screen.query_one("#race-status")
+        await until(pilot, lambda: "shared_prefix (loaded in the app)" in status.text.plain, what="the status line")
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, RaceScreen))
+
+
+async def test_r_with_no_prompts_loaded_says_it_races_the_default():
+    app = make_app()
+    async with app.run_test(size=(160, 40)) as pilot:
+        app.query_one("#requests").focus()
+        await pilot.press("r")
+        await until(pilot, lambda: isinstance(app.screen, RaceScreen))
+        assert app.screen.runner.frame.lanes[0].total == 16
+        status = app.screen.query_one("#race-status")
+        await until(pilot, lambda: "mixed_lengths (the race's default: no prompts loaded)" in status.text.plain,
+                    what="the status line")
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, RaceScreen))
+
+
 def _snap_app(turns: int | None):
     app = race_app(small_work(n=8, cap=24), slots=4)
 
@@ -210,6 +240,12 @@ def _too_long_together(tmp_path) -> str:
     (["--race", "--kv-memory", "8", "--lanes", "static", "chunked blocks=9"],
      "lane 'chunked blocks=9': blocks= sizes the pool, and so does --kv-memory: give one"),
     (["--race", "--kv-memory", "8", "--max-num-seqs", "300"], "its token budget 256 is less than its 300 sequences"),
+    # the race's own per-request rule, before the UI (it once came up, then closed with this)
+    (["--race", "--kv-blocks", "1"], "lane 'chunked': 223 tokens need 14 blocks of 16, but the pool has only 1 block "
+                                     "(16 tokens): raise --kv-blocks to 14"),
+    (["--race", "--lanes", "static", "continuous kv=paged block=8 blocks=27"],
+     "lane 'continuous kv=paged block=8 blocks=27': 223 tokens need 28 blocks of 8, but the pool has only 27 blocks "
+     "(216 tokens): raise its blocks= to 28"),
 ])
 def test_race_options_are_checked_in_one_line(argv, message, tmp_path, capsys):
     argv = [a.replace("{long}", _too_long_together(tmp_path)) for a in argv]
@@ -217,6 +253,13 @@ def test_race_options_are_checked_in_one_line(argv, message, tmp_path, capsys):
         build_app(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_race_kv_blocks_that_hold_the_longest_request_are_accepted():
+    """The check above is the race's rule, no stricter: 14 blocks of 16 hold mixed_lengths' 223 tokens."""
+    from tui.cli import build_parser, parse, race_spec
+    parser = build_parser()
+    assert race_spec(parser, parse(parser, ["--race", "--kv-blocks", "14"])).kv_blocks == 14
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -13,8 +13,8 @@ from tinyllm.cli import main as tinyllm_main
 from tinyllm.engine import Request
 from tinyllm.engine.generate import generate
 from tinyllm.race.race import build_race
-from tinyllm.race.spec import LaneSpec, LaneSpecError, parse_lanes
-from tinyllm.race.whatif import compare, load_arrivals, requests_from_recording, to_json
+from tinyllm.race.spec import LaneSpec, LaneSpecError, on_recording, parse_lanes
+from tinyllm.race.whatif import compare, load_arrivals, recorded_settings, requests_from_recording, to_json
 from tinyllm.workload import resolve_workload
 from tests.helpers import random_model
 
@@ -43,6 +43,7 @@ def test_lanes_parse_from_policies_kinds_and_settings():
     (["continuous budget=8"], "budget and prefix need chunked prefill"),
     (["fcfs", "fcfs"], "two lanes are both 'fcfs'"),
     ([""], "an empty lane"),
+    (["fcfs"], "a race needs at least two lanes, got 1"),
 ])
 def test_a_bad_lane_says_which_lane_and_what_is_allowed(lanes, message):
     with pytest.raises(LaneSpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -126,6 +127,7 @@ def test_tinyllm_whatif_prints_the_comparison_and_writes_json(tmp_path, capsys):
 @pytest.mark.parametrize("args, message", [
     (["--lanes", "lifo"], "--lanes: lane 'lifo'"),
     (["--lanes", "fcfs", "budget=x"], "budget must be an integer >= 1"),
+    (["--lanes", "fcfs"], "--lanes: a race needs at least two lanes, got 1"),     # as tinyllm-tui --race says
 ])
 def test_tinyllm_whatif_refuses_a_bad_lane_in_one_line(args, message, capsys):
     assert tinyllm_main(["whatif", str(RECORDING), *args]) == 2
@@ -134,7 +136,7 @@ def test_tinyllm_whatif_refuses_a_bad_lane_in_one_line(args, message, capsys):
 
 
 def test_tinyllm_whatif_refuses_a_missing_source(capsys):
-    assert tinyllm_main(["whatif", "no-such-run.jsonl", "--lanes", "fcfs"]) == 2
+    assert tinyllm_main(["whatif", "no-such-run.jsonl", "--lanes", "fcfs", "priority"]) == 2
     assert "no such file, and not a bundled workload" in capsys.readouterr().err
 
 
@@ -146,7 +148,7 @@ def test_tinyllm_whatif_refuses_a_broken_recording_in_one_line(tmp_path, capsys)
     header = RECORDING.read_text(encoding="utf-8").splitlines()[0]
     bad = tmp_path / "bad.jsonl"
     bad.write_text(header + '\n{"step": 1, "snap": {"r": {"0": {"prompt": [1, 2]}}}}\n', encoding="utf-8")
-    assert tinyllm_main(["whatif", str(bad), "--lanes", "fcfs"]) == 2
+    assert tinyllm_main(["whatif", str(bad), "--lanes", "fcfs", "priority"]) == 2
     err = capsys.readouterr().err
     assert f"{bad}:2: not a snapshot delta" in err and "Traceback" not in err
 
@@ -172,3 +174,65 @@ def test_max_new_tokens_that_no_request_takes_is_said_to_be_unused(tmp_path):
     assert [r.max_new_tokens for _, r in arrivals] == [5, 16] and warning is None
     recording = Path(__file__).parent / "data" / "preemption-run.jsonl"
     assert "--max-new-tokens 16 is unused" in load_arrivals(str(recording), enc, 512, 16, asked_new=True)[1]
+
+
+def recorded_preemptions(path: Path) -> int:
+    return sum(ev[0] == "preempted" for line in path.read_text(encoding="utf-8").splitlines()[1:]
+               for ev in json.loads(line).get("life", []))
+
+
+def test_a_lane_on_a_recording_starts_from_the_recorded_engine_and_changes_only_its_own_settings():
+    """The fixture: 3 slots, paged, 16 blocks of 16, token budget 32, prefix cache; written before
+    headers said the policy and KV dtype, so a lane that takes them is told the default it gets."""
+    rec = recorded_settings(RECORDING)
+    assert rec.max_len == 256 and rec.kind == "chunked"
+    lanes, notes = on_recording(parse_lanes(["fcfs", "fcfs blocks=24", "continuous", "static", "continuous kv=slots",
+                                             "chunked kv_mib=2", "priority slots=2"]), rec)
+    fcfs, bigger, cont, static, slot_kv, sized, prio = lanes
+    assert (fcfs.kind, fcfs.slots, fcfs.block_size, fcfs.kv_blocks, fcfs.budget, fcfs.prefix_cache) == \
+        ("chunked", 3, 16, 16, 32, True)
+    assert "as recorded: token budget, budget 32, slots 3, block 16, blocks 16, prefix cache on" in fcfs.describe()
+    assert bigger.kv_blocks == 24 and bigger.slots == 3 and "blocks" not in bigger.recorded
+    assert bigger.describe().startswith("blocks 24; as recorded:")
+    assert (cont.kind, cont.kv, cont.kv_blocks, cont.budget) == ("continuous", "paged", 16, None)
+    assert (static.kind, static.slots) == ("static", 3)
+    assert (slot_kv.kind, slot_kv.kv, slot_kv.kv_blocks, slot_kv.slots) == ("continuous", "slots", None, 3)
+    assert (sized.kv_mib, sized.slots, sized.kv_blocks) == (2.0, None, None)     # its budget sizes it
+    assert (prio.policy, prio.slots, prio.kv_blocks) == ("priority", 2, 16)
+    assert notes == [("the recording does not say its KV cache dtype: lanes that do not set it use "
+                      "--kv-cache-dtype auto"),
+                     "the recording does not say its scheduling policy: lanes that do not set it use fcfs"]
+    assert recorded_settings(resolve_workload("batch_and_chat")) is None            # a workload: no settings
+
+
+def test_tinyllm_whatif_lane_a_is_the_recorded_run_and_options_win_over_the_recording(tmp_path, capsys):
+    """Lane ``fcfs`` makes the recording's preemptions at its pool; ``blocks=`` changes only the
+    pool; an option (--kv-blocks) sets every lane that does not set its own."""
+    out = tmp_path / "w.json"
+    assert tinyllm_main(["whatif", str(RECORDING), "--lanes", "fcfs", "fcfs blocks=64", "--step-cost", "0.01",
+                         "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("as recorded, unless a lane or an option says otherwise: token budget, budget 32, "
+                           "slots 3, block 16, blocks 16, kv paged, prefix cache on, max_len 256")
+    recorded, bigger = json.loads(out.read_text())["lanes"]
+    assert (recorded["kv_blocks"], recorded["seqs"], bigger["kv_blocks"], bigger["seqs"]) == (16, 3, 64, 3)
+    preempted = [sum(r["lanes"][name]["preemptions"] for r in json.loads(out.read_text())["requests"])
+                 for name in ("fcfs", "fcfs blocks=64")]
+    assert preempted[0] == recorded_preemptions(RECORDING) > preempted[1]
+    assert tinyllm_main(["whatif", str(RECORDING), "--lanes", "fcfs", "fcfs blocks=64", "--step-cost", "0.01",
+                         "--kv-blocks", "40", "--json", str(out)]) == 0
+    assert [lane["kv_blocks"] for lane in json.loads(out.read_text())["lanes"]] == [40, 64]
+
+
+def test_a_lane_naming_no_kind_takes_the_recorded_scheduler_unless_its_settings_need_chunked_prefill():
+    from tinyllm.race.whatif import settings_from_header
+    header = {"engine": {"n_slots": 4, "max_len": 128, "max_batched_tokens": None, "policy": "priority",
+                         "kv": {"kind": "slots", "reserved_tokens": 512, "bytes_per_token": 8, "block_size": 16,
+                                "n_blocks": None, "cached_flags": False, "dtype": "bfloat16"}}}
+    lanes, notes = on_recording(parse_lanes(["fcfs", "budget=8", "blocks=20"]), settings_from_header(header))
+    assert notes == []
+    assert [(s.kind, s.kv, s.policy, s.slots, s.kv_dtype, s.kv_blocks) for s in lanes] == [
+        ("continuous", "slots", "fcfs", 4, "bfloat16", None),
+        ("chunked", None, "priority", 4, "bfloat16", None),
+        ("continuous", "paged", "priority", 4, "bfloat16", 20)]
+    assert "as recorded: continuous batching, policy priority" in lanes[2].describe()

@@ -142,8 +142,8 @@ def cmd_whatif(args) -> None:
 
     from tinyllm.observe.recording import RecordingError
     from tinyllm.race.race import build_race
-    from tinyllm.race.spec import LaneSpecError, check_memory_options, parse_lanes
-    from tinyllm.race.whatif import compare, load_arrivals, to_json
+    from tinyllm.race.spec import LaneSpecError, check_memory_options, on_recording, parse_lanes
+    from tinyllm.race.whatif import compare, load_arrivals, recorded_settings, to_json
     from tinyllm.bench.report import stdout_console
     from tinyllm.race.whatif_view import groups_table, lanes_table, request_lanes, requests_table
     from tinyllm.workload import WorkloadError
@@ -155,12 +155,24 @@ def cmd_whatif(args) -> None:
         check_memory_options(lanes, args.kv_memory, args.kv_blocks, args.max_num_seqs)
     except LaneSpecError as e:
         raise UsageError(str(e)) from None
+    try:
+        recorded = recorded_settings(args.source)              # None: a workload, no settings of its own
+    except RecordingError as e:
+        raise UsageError(str(e)) from None
+    notes: list[str] = []
+    if recorded is not None:                                   # an option given wins over the recording
+        given = {"slots": args.slots, "block_size": args.block_size, "kv_blocks": args.kv_blocks,
+                 "budget": args.max_batched_tokens, "kv_dtype": None if args.kv_cache_dtype == "auto" else 1}
+        recorded = recorded.without([k for k, v in given.items() if v is not None]
+                                    + (["slots", "kv_blocks"] if args.kv_memory else []))
+        lanes, notes = on_recording(lanes, recorded)
+    max_len = args.max_len or (recorded.max_len if recorded else 512)
     torch.set_num_threads(args.threads)
     model, tok = load_model(args)
     try:
-        arrivals, warning = load_arrivals(args.source, tok.encode, args.max_len, args.max_new_tokens or 64,
+        arrivals, warning = load_arrivals(args.source, tok.encode, max_len, args.max_new_tokens or 64,
                                           asked_new=args.max_new_tokens is not None)
-        race = build_race(model, arrivals, args.slots, args.max_len, args.block_size, args.kv_blocks,
+        race = build_race(model, arrivals, args.slots or 8, max_len, args.block_size or 16, args.kv_blocks,
                           args.max_batched_tokens, lanes=lanes, step_cost_s=args.step_cost,
                           kv_memory_mib=args.kv_memory, max_num_seqs=args.max_num_seqs,
                           kv_cache_dtype=args.kv_cache_dtype)
@@ -170,8 +182,8 @@ def cmd_whatif(args) -> None:
         what = f"--kv-memory {args.kv_memory:g} MiB" if args.kv_memory else "the lanes' kv_mib="
         raise UsageError(f"cannot allocate the KV memory {what} asks for (every lane allocates its own): "
                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'out of memory'}") from None
-    if warning:
-        print(f"tinyllm whatif: warning: {warning}", file=sys.stderr)
+    for w in filter(None, [warning, *notes]):
+        print(f"tinyllm whatif: warning: {w}", file=sys.stderr)
     err = Console(stderr=True)
     with err.status(f"running {len(arrivals)} requests in {len(lanes)} lanes…"):
         while race.step() is not None:
@@ -179,6 +191,8 @@ def cmd_whatif(args) -> None:
     views = race.views()
     rows = compare(views)
     out = stdout_console()                                        # piped: wide, as the bench's
+    if recorded is not None:
+        out.print(f"as recorded, unless a lane or an option says otherwise: {recorded.describe()}", highlight=False)
     out.print(lanes_table(views))
     groups = groups_table(views, rows)
     if groups is not None:
@@ -305,16 +319,21 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a recording (tinyllm-tui --record, or a server's /v1/tinyllm/stream saved with curl -N), "
                          "a workload file, or a bundled workload's name")
     wi.add_argument("--lanes", nargs="+", required=True, metavar="LANE",
-                    help='one argument per lane: a policy, a lane kind, and/or key=value settings, e.g. '
-                         '--lanes fcfs priority "fair budget=64" (keys: policy, budget, slots, block, blocks, '
-                         'prefix, chunked, kv, kv_mib: the lane\'s own KV memory in MiB, kv_dtype: its KV cache dtype)')
+                    help='at least two lanes, one argument each: a policy, a lane kind, and/or key=value settings, '
+                         'e.g. --lanes fcfs priority "fair budget=64" (keys: policy, budget, slots, block, blocks, '
+                         'prefix, chunked, kv, kv_mib: the lane\'s own KV memory in MiB, kv_dtype: its KV cache dtype). '
+                         'On a recording, a lane runs at the recorded engine\'s settings except those it (or an '
+                         'option) sets: --lanes fcfs "fcfs blocks=96" is the recorded run and one with 96 blocks')
     wi.add_argument("--json", type=output_path, metavar="OUT.json", default=None,
                     help="also write the comparison as JSON")
-    wi.add_argument("--slots", type=positive_int, default=8, metavar="N", help="every lane's default slots (8)")
-    wi.add_argument("--max-len", type=positive_int, default=512, metavar="N", help="tokens per request (512)")
-    wi.add_argument("--block-size", type=positive_int, default=16, metavar="N", help="tokens per KV block (16)")
+    wi.add_argument("--slots", type=positive_int, default=None, metavar="N",
+                    help="every lane's default slots (8; a recording: its own)")
+    wi.add_argument("--max-len", type=positive_int, default=None, metavar="N",
+                    help="tokens per request (512; a recording: its own)")
+    wi.add_argument("--block-size", type=positive_int, default=None, metavar="N",
+                    help="tokens per KV block (16; a recording: its own)")
     wi.add_argument("--kv-blocks", type=positive_int, default=None, metavar="N",
-                    help="KV pool size in blocks (default: slots x max-len tokens' worth)")
+                    help="KV pool size in blocks (default: slots x max-len tokens' worth; a recording: its own)")
     wi.add_argument("--kv-memory", type=positive_float, default=None, metavar="MiB",
                     help="every lane at this KV memory (a lane's kv_mib= overrides it), as tinyllm bench's "
                          "headline: static batching and slot KV get the rows of --max-len it buys, the paged "

@@ -102,6 +102,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self.max_len = snap.max_len
         self.settings = settings or RequestSettings(Sampling(), min(100, self.max_len - 1))
         self.prompts_file = prompts_file
+        self.workload: Path | None = None        # the prompt file loaded last (--prompts or F3): what `r` races
         self.recording = recording                # --record FILE: shown in the status line, named at exit
         self.startup_error: str | None = None     # set when the engine could not start; main() prints it
         self.selected: int | None = None
@@ -386,6 +387,12 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         timeline = self.query_one("#timeline", TimelinePanel)
         if timeline.display:
             timeline.show(frame.tracks, frame.snapshot.counters.steps, self.selected)
+
+    def _submit_workload(self, loaded) -> None:
+        """Load it, and remember its file: the race (`r`) races the workload the app has loaded."""
+        if loaded is not None:
+            self.workload = loaded.path
+        super()._submit_workload(loaded)
 
     def action_race(self) -> None:
         from tui.screens.race import open_race

@@ -185,6 +185,10 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
         except WorkloadError as e:
             parser.error(f"--prompts: {e}")
     kv, chunked = scheduler_choice(parser, a.kv, a.chunked_prefill, a.max_batched_tokens, a.slots)
+    for flag, dest in (("--kv-blocks", "kv_blocks"), ("--block-size", "block_size")):
+        if kv == "slots" and dest in a.given:
+            parser.error(f"{flag} goes with --kv paged (the slot cache has no blocks: each slot holds --max-len "
+                         f"tokens)")
     if a.kv_memory is not None and a.kv_blocks is not None:
         parser.error("--kv-memory sizes the KV pool: drop --kv-blocks")
     if a.max_num_seqs is not None and a.kv_memory is None:
@@ -492,10 +496,30 @@ def race_spec(parser, a):
                                      lane.slots or a.slots, cfg.max_seq_len)
     except (WorkloadError, ContextTooLong, RecordingError) as e:
         parser.error(f"--race: {e}")
+    check_lane_pools(parser, a, lanes, work, max_len)
     timeout = DEFAULT_BATCH_TIMEOUT_S if a.batch_timeout is None else a.batch_timeout
     return RaceSpec(str(path), work, name, a.slots, max_len, a.block_size,
                     a.kv_blocks, a.max_batched_tokens, timeout, lanes, a.device, a.threads, a.seed,
                     kv_memory_mib=a.kv_memory, max_num_seqs=a.max_num_seqs, kv_cache_dtype=a.kv_cache_dtype)
+
+
+def check_lane_pools(parser, a, lanes, work, max_len: int) -> None:
+    """A paged lane's pool of --kv-blocks (or its blocks=) must hold each request alone: the rule
+    the race applies per request once the model is loaded (``BlockPool.check_fits``), said here
+    before the UI starts instead of closing it. (No pool under a KV budget: it buys its blocks.)"""
+    from tinyllm.kv.blocks import BlockPool
+    longest = max(len(ids) + new for _, ids, new, _, _ in work)
+    for lane in lanes:
+        paged = lane.kind == "chunked" or (lane.kind == "continuous" and lane.kv == "paged")
+        blocks = lane.kv_blocks or a.kv_blocks
+        if not paged or blocks is None or lane.kv_mib is not None or a.kv_memory is not None:
+            continue
+        pool = BlockPool(1, blocks, lane.block_size or a.block_size, max_len)
+        try:
+            pool.check_fits(longest)
+        except ValueError as e:
+            parser.error(f"lane {lane.label!r}: {e}: raise {'its blocks=' if lane.kv_blocks else '--kv-blocks'} "
+                         f"to {pool.blocks_for(longest)}")
 
 
 if __name__ == "__main__":

@@ -155,6 +155,6 @@ def _build_lane(model, workload: Workload, spec: LaneSpec, key: str, slots: int,
         lane.kv_blocks = getattr(cache, "n_blocks", None)
         n = lane.seqs
     lane.detail = lane_detail(spec.kind, n, batch_timeout_s, budget, arrivals)
-    if spec.label != spec.kind and spec.describe():
+    if (spec.label != spec.kind or spec.recorded) and spec.describe():
         lane.detail = f"{lane.detail}; {spec.describe()}"
     return lane

@@ -23,13 +23,14 @@ before the engine process starts, so a typo is a one-line error.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tinyllm.request import KV_CACHE_DTYPES, SCHEDULING_POLICIES, kv_dtype_name
 
 KINDS = ("static", "continuous", "chunked")
 KEYS = ("policy", "budget", "slots", "block", "blocks", "prefix", "chunked", "kv", "kv_mib", "kv_dtype")
 DEFAULT_LANES = KINDS
+KIND_WORDS = {"static": "static batching", "continuous": "continuous batching", "chunked": "token budget"}
 
 
 class LaneSpecError(ValueError):
@@ -50,20 +51,34 @@ class LaneSpec:
     kv_mib: float | None = None           # the lane's KV memory budget (None: the race's --kv-memory)
     kv_dtype: str | None = None           # the lane's KV cache dtype (None: the race's --kv-cache-dtype)
 
+    recorded: tuple[str, ...] = ()        # the fields taken from a recording (on_recording), "kind" included
+
     def describe(self) -> str:
-        """Every setting that differs from the race's defaults, for the lane's subtitle."""
-        parts = [f"policy {self.policy}"] if self.policy != "fcfs" else []
-        for name, v in (("budget", self.budget), ("slots", self.slots), ("block", self.block_size),
-                        ("blocks", self.kv_blocks), ("kv", self.kv)):
-            if v is not None:
-                parts.append(f"{name} {v}")
-        if self.kv_mib is not None:
-            parts.append(f"KV {self.kv_mib:g} MiB")
-        if self.kv_dtype is not None:
-            parts.append(f"KV {self.kv_dtype}")
-        if self.prefix_cache is not None:
-            parts.append(f"prefix cache {'on' if self.prefix_cache else 'off'}")
-        return ", ".join(parts)
+        """Every setting that differs from the race's defaults, for the lane's subtitle; those taken
+        from a recording after "as recorded:" (the lane's label says only its own)."""
+        own = {k: v for k, v in vars(self).items() if k not in self.recorded}
+        rec = [KIND_WORDS[self.kind]] if "kind" in self.recorded else []
+        rec += setting_words({k: getattr(self, k) for k in self.recorded})
+        said = ", ".join(setting_words(own, skip_fcfs=True))
+        return "; ".join(filter(None, [said, rec and f"as recorded: {', '.join(rec)}"]))
+
+
+def setting_words(fields: dict, skip_fcfs: bool = False) -> list[str]:
+    """LaneSpec fields as a lane's subtitle says them (``blocks 48``, ``prefix cache on``)."""
+    parts = []
+    if fields.get("policy") is not None and not (skip_fcfs and fields["policy"] == "fcfs"):
+        parts.append(f"policy {fields['policy']}")
+    for name, key in (("budget", "budget"), ("slots", "slots"), ("block", "block_size"), ("blocks", "kv_blocks"),
+                      ("kv", "kv")):
+        if fields.get(key) is not None:
+            parts.append(f"{name} {fields[key]}")
+    if fields.get("kv_mib") is not None:
+        parts.append(f"KV {fields['kv_mib']:g} MiB")
+    if fields.get("kv_dtype") is not None:
+        parts.append(f"KV {fields['kv_dtype']}")
+    if fields.get("prefix_cache") is not None:
+        parts.append(f"prefix cache {'on' if fields['prefix_cache'] else 'off'}")
+    return parts
 
 
 def _int(lane: str, key: str, v: str) -> int:
@@ -93,6 +108,12 @@ def parse_lane(text: str) -> LaneSpec:
     label = " ".join(text.replace(",", " ").split())
     if not label:
         raise LaneSpecError("an empty lane: give a lane kind, a policy, or key=value settings")
+    kind, fields = _read(label)
+    return _checked(label, kind or "chunked", fields)
+
+
+def _read(label: str) -> tuple[str | None, dict]:
+    """The lane's own words: its kind (None: not said) and LaneSpec fields."""
     kind, fields = None, {}
     for word in label.split():
         key, eq, v = word.partition("=")
@@ -128,7 +149,11 @@ def parse_lane(text: str) -> LaneSpec:
             fields["kv"] = v
         else:
             raise LaneSpecError(f"lane {label!r}: unknown setting {key!r}; settings: {', '.join(KEYS)}")
-    kind = kind or "chunked"
+    return kind, fields
+
+
+def _checked(label: str, kind: str, fields: dict, recorded: tuple[str, ...] = ()) -> LaneSpec:
+    """The lane, once its settings go together."""
     if kind == "static" and set(fields) - {"slots", "kv_mib", "kv_dtype"}:
         raise LaneSpecError(f"lane {label!r}: static batching takes only slots= (its batch size), kv_mib= and kv_dtype=")
     if "kv_mib" in fields and "kv_blocks" in fields:
@@ -139,11 +164,11 @@ def parse_lane(text: str) -> LaneSpec:
         raise LaneSpecError(f"lane {label!r}: budget and prefix need chunked prefill (chunked=on)")
     if kind == "continuous" and fields.get("kv") != "paged" and ("block_size" in fields or "kv_blocks" in fields):
         raise LaneSpecError(f"lane {label!r}: block and blocks need the paged KV cache (kv=paged)")
-    return LaneSpec(label, kind, **fields)
+    return LaneSpec(label, kind, **fields, recorded=recorded)
 
 
 def parse_lanes(args: list[str] | tuple[str, ...] | None) -> tuple[LaneSpec, ...]:
-    """Every lane, in the order given (None: the three default lanes). At least one; labels unique."""
+    """Every lane, in the order given (None: the three default lanes). At least two; labels unique."""
     if not args:
         return tuple(LaneSpec(k, k) for k in DEFAULT_LANES)
     if len(args) == 1 and "," in args[0] and "=" not in args[0]:
@@ -154,7 +179,59 @@ def parse_lanes(args: list[str] | tuple[str, ...] | None) -> tuple[LaneSpec, ...
         if lane.label in seen:
             raise LaneSpecError(f"two lanes are both {lane.label!r}: give each lane different settings")
         seen.add(lane.label)
+    if len(lanes) < 2:                  # lanes compare with each other: a recording's own run is not one
+        raise LaneSpecError(f"a race needs at least two lanes, got {len(lanes)}")
     return lanes
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A recording's engine settings as lane settings: what a lane on its requests runs at unless
+    it says otherwise (``on_recording``)."""
+    kind: str                             # "chunked" (the token-budget scheduler) or "continuous"
+    fields: dict                          # LaneSpec field -> the recorded value
+    max_len: int
+    missing: dict                         # LaneSpec field -> (what it is, today's default): not in the header
+
+    def without(self, names) -> Recorded:
+        """Less the fields an option of the command sets for every lane (it wins over the recording)."""
+        names = set(names)
+        return replace(self, fields={k: v for k, v in self.fields.items() if k not in names},
+                       missing={k: v for k, v in self.missing.items() if k not in names})
+
+    def describe(self) -> str:
+        return ", ".join([KIND_WORDS[self.kind], *setting_words(self.fields), f"max_len {self.max_len}"])
+
+
+# The recorded fields each kind of lane takes (block and blocks: only on the paged cache).
+TAKES = {"static": ("slots", "kv_dtype"),
+         "continuous": ("kv", "slots", "policy", "kv_dtype", "block_size", "kv_blocks"),
+         "chunked": ("slots", "policy", "kv_dtype", "budget", "prefix_cache", "block_size", "kv_blocks")}
+
+
+def on_recording(lanes: tuple[LaneSpec, ...], rec: Recorded) -> tuple[tuple[LaneSpec, ...], list[str]]:
+    """The lanes at the recording's settings, each lane's own winning, so a lane that says only
+    ``fcfs`` re-runs the recorded engine; and a note per recorded setting the header lacks that a
+    lane falls back on today's default for. A lane that names no kind takes the recorded one,
+    unless its own settings need chunked prefill (budget=, prefix=)."""
+    out, fallbacks = [], {}
+    for lane in lanes:
+        kind, own = _read(lane.label)
+        taken = () if kind else ("kind",)
+        if kind is None:
+            kind = "chunked" if {"budget", "prefix_cache"} & set(own) else rec.kind
+        if kind == "continuous" and "kv" not in own and {"block_size", "kv_blocks"} & set(own):
+            own["kv"] = "paged"                           # its blocks say so
+        paged = kind == "chunked" or own.get("kv", rec.fields.get("kv")) == "paged"
+        sized = "kv_mib" in own                           # its own KV budget sizes it
+        wants = [k for k in TAKES[kind] if k not in own and not (sized and k in ("slots", "kv_blocks"))
+                 and (paged or k not in ("block_size", "kv_blocks"))]
+        taken += tuple(k for k in wants if k in rec.fields)
+        fallbacks.update((k, rec.missing[k]) for k in wants if k in rec.missing)
+        out.append(_checked(lane.label, kind, {**{k: rec.fields[k] for k in taken if k != "kind"}, **own}, taken))
+    notes = [f"the recording does not say its {what}: lanes that do not set it use {default}"
+             for what, default in fallbacks.values()]
+    return tuple(out), notes
 
 
 def check_memory_options(lanes: tuple[LaneSpec, ...], kv_memory_mib: float | None, kv_blocks: int | None,

@@ -16,13 +16,15 @@ No torch here: the comparison is plain data the app and ``tinyllm whatif`` both 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from tinyllm.observe.recording import BAD_RECORD, RecordingError, SnapshotDecoder, read_recording
 from tinyllm.observe.stats import percentile
+from tinyllm.race.spec import Recorded
 from tinyllm.race.views import LaneView, RequestOutcome
-from tinyllm.request import Request
+from tinyllm.request import SCHEDULING_POLICIES, Request, kv_dtype_name
 
 Arrivals = list[tuple[float, Request]]
 
@@ -53,6 +55,52 @@ def requests_from_recording(path: str | Path) -> tuple[Arrivals, str | None]:
             new = v.max_new_tokens
         out.append((round(v.arrival_s - start, 6), Request(list(v.prompt), max(1, new), priority=v.priority, tenant=v.tenant)))
     return out, warning
+
+
+def recorded_settings(source: str | Path) -> Recorded | None:
+    """The engine settings a recording ran at, from its header (None: ``source`` is not a
+    recording); RecordingError for a header this version cannot read."""
+    from tinyllm.observe.recording import _open, check_header
+    path = Path(source).expanduser()
+    if not (path.is_file() and is_recording(path)):
+        return None
+    try:
+        with _open(path, "r") as f:
+            header = json.loads(f.readline())
+    except (OSError, UnicodeDecodeError, EOFError, ValueError):
+        header = None
+    check_header(header, f"{path}:1")
+    return settings_from_header(header)
+
+
+def settings_from_header(header: dict) -> Recorded:
+    """The header's "engine" part (what the engine resolved: a KV budget's blocks and sequences
+    included) as lane settings; its "settings" (the options as given) for what an older header
+    lacks; what neither says is ``missing``, with the default a lane then runs at."""
+    e, given = header["engine"], header.get("settings") or {}
+    k = e["kv"]
+    kind = "continuous" if e["max_batched_tokens"] is None else "chunked"
+    fields: dict = {"kv": k["kind"], "slots": e["n_slots"]}
+    missing = {}
+    if k["kind"] == "paged":
+        fields.update(block_size=k["block_size"], kv_blocks=k["n_blocks"])
+    if kind == "chunked":
+        fields["budget"] = e["max_batched_tokens"]
+        if "cached_flags" in k or "prefix_cache" in given:               # the app's None: on with chunked prefill
+            fields["prefix_cache"] = k.get("cached_flags", given.get("prefix_cache")) is not False
+        else:
+            missing["prefix_cache"] = ("prefix cache setting", "prefix=on")
+    policy = e.get("policy", given.get("scheduling_policy"))
+    if policy in SCHEDULING_POLICIES:
+        fields["policy"] = policy
+    else:
+        missing["policy"] = ("scheduling policy", "fcfs")
+    dtype = kv_dtype_name(str(k.get("dtype") or given.get("kv_cache_dtype") or "auto"))
+    if dtype not in (None, "auto"):
+        fields["kv_dtype"] = dtype
+    else:
+        missing["kv_dtype"] = ("KV cache dtype", "--kv-cache-dtype auto")
+    return Recorded(kind, fields, e["max_len"], missing)
 
 
 def is_recording(path: str | Path) -> bool:

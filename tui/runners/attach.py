@@ -112,7 +112,44 @@ def api_error(r: httpx.Response) -> str:
         return f"HTTP {r.status_code}"
 
 
-class AttachRunner:
+class ServerLink:
+    """What both server runners (``AttachRunner``, ``tui.runners.vllm.VllmRunner``) say when the
+    server goes away, in the same words: the "disconnected" note, the countdown to the next try,
+    and why a request of ours failed. Uses the runner's ``url``, ``status``, ``_stop``, ``_note``
+    and ``_publish``."""
+    LOST_STATE = "its state is the server's last report"      # a request cut off mid-stream, on screen
+
+    def _count_down(self, wait: float) -> None:
+        """Wait ``wait`` s before the next try, the status saying how long is left: republished
+        as each second passes, so the screen never shows a wait that is over (the half-second
+        wait, and the try itself: "retrying…")."""
+        end = time.monotonic() + wait
+        while (left := end - time.monotonic()) > 0.01:
+            whole = math.ceil(left - 0.01)                # the second it is in (a wait may end a hair early)
+            self._publish(f"retry in {whole} s" if left > 0.9 else "retrying…")
+            if self._stop.wait(left - whole + 1):
+                return
+
+    def _disconnected(self, why: str) -> None:
+        first = self.status != "disconnected"
+        self.status = "disconnected"
+        if first:
+            self._note("info", f"disconnected from {self.url} ({why}); retrying")
+
+    def _failed(self, cmd: Submit, rid: int | None, e: Exception) -> str:
+        """Why a request of ours failed. One that never reached the server quotes its prompt (the
+        app cleared its input on sending); one cut off names its request, whose last state the
+        screen keeps until the app reconnects."""
+        if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
+            return (f"{quoted(cmd.prompt)} not sent: the server at {self.url} is not reachable ({reason(e)}); "
+                    f"retrying the connection, send it again once the status says ATTACHED")
+        if rid is not None and isinstance(e, httpx.TransportError):
+            return (f"#{rid}: the connection to {self.url} was lost mid-stream ({reason(e)}); "
+                    f"{self.LOST_STATE}")
+        return f"request failed: {type(e).__name__}: {e}"
+
+
+class AttachRunner(ServerLink):
     """A ``tinyllm serve`` as the app's runner (messages.Runner); see the module docstring."""
     mode = "attach"                       # interface.Runner: a tinyllm serve, every panel
     kind = "tinyllm serve"
@@ -206,17 +243,6 @@ class AttachRunner:
                 self._count_down(wait)
         self._close_stream()
 
-    def _count_down(self, wait: float) -> None:
-        """Wait ``wait`` s before the next try, the status saying how long is left: republished
-        as each second passes, so the screen never shows a wait that is over (the half-second
-        wait, and the try itself: "retrying…")."""
-        end = time.monotonic() + wait
-        while (left := end - time.monotonic()) > 0.01:
-            whole = math.ceil(left - 0.01)                # the second it is in (a wait may end a hair early)
-            self._publish(f"retry in {whole} s" if left > 0.9 else "retrying…")
-            if self._stop.wait(left - whole + 1):
-                return
-
     # -- the stream ---------------------------------------------------------------------------------
     def _open(self):
         """GET the stream, read its header and first record: (response, line iterator)."""
@@ -265,12 +291,6 @@ class AttachRunner:
             stream, self._stream = self._stream, None
         if stream is not None:
             hang_up(stream[0])                            # wakes a thread blocked reading it
-
-    def _disconnected(self, why: str) -> None:
-        first = self.status != "disconnected"
-        self.status = "disconnected"
-        if first:
-            self._note("info", f"disconnected from {self.url} ({why}); retrying")
 
     # -- frames -------------------------------------------------------------------------------------
     def _empty_frame(self) -> Frame:
@@ -325,18 +345,6 @@ class AttachRunner:
                 aborted_here = rid in self._closed                # _abort closed it under us
             if not (self._stop.is_set() or aborted_here):
                 self._note("error", self._failed(cmd, rid, e))
-
-    def _failed(self, cmd: Submit, rid: int | None, e: Exception) -> str:
-        """Why a request of ours failed. One that never reached the server quotes its prompt (the
-        app cleared its input on sending); one cut off names its request, whose last state the
-        screen keeps until the app reconnects."""
-        if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
-            return (f"{quoted(cmd.prompt)} not sent: the server at {self.url} is not reachable ({reason(e)}); "
-                    f"retrying the connection, send it again once the status says ATTACHED")
-        if rid is not None and isinstance(e, httpx.TransportError):
-            return (f"#{rid}: the connection to {self.url} was lost mid-stream ({reason(e)}); its state is the "
-                    f"server's last report")
-        return f"request failed: {type(e).__name__}: {e}"
 
     def _abort(self, rid: int) -> None:
         with self._lock:

@@ -24,7 +24,7 @@ from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, Lifecycle
 from tinyllm.observe.timeline import Timeline
 from tinyllm.units import duration
 from tui.runners.interface import LOG_LINES, Abort, AbortAll, Frame, LoadWorkload, LogEntry, Submit
-from tui.runners.attach import RETRY_S, api_error, completion_body, hang_up, send_workload, why
+from tui.runners.attach import RETRY_S, ServerLink, api_error, completion_body, hang_up, send_workload, why
 from tui.runners.vllm_metrics import MetricsError, MetricsWindow, ServerFigures, parse
 
 if TYPE_CHECKING:                      # pyzmq and msgspec load only with --kv-events
@@ -34,8 +34,10 @@ POLL_S = 0.5
 UNKNOWN_MAX_LEN = 1 << 20    # a server that does not say its context length: let it refuse long prompts
 
 
-class VllmRunner:
-    """messages.Runner over a vLLM server's API and metrics (see the module docstring)."""
+class VllmRunner(ServerLink):
+    """messages.Runner over a vLLM server's API and metrics (see the module docstring); it says
+    what AttachRunner says when the server goes away (ServerLink)."""
+    LOST_STATE = "its text is what arrived before"
     mode = "metrics"                      # interface.Runner: a vLLM server, its metrics
     kind = "vLLM"
     device = "remote"
@@ -117,24 +119,24 @@ class VllmRunner:
             self._abort(rid, quiet=True)
 
     def run(self, cancelled: Callable[[], bool] = lambda: False) -> None:
-        """Poll /metrics; on failure say so and retry with backoff."""
+        """Poll /metrics; on failure say so and retry with backoff, counting down to each try."""
         tries = 0
         while not (self._stop.is_set() or cancelled()):
             try:
+                if self.status == "disconnected":
+                    self._publish("retrying…")              # (a scrape may take its whole timeout)
                 self._scrape()
                 if self.status != "ready":
                     self.status = "ready"
                     self._note("info", f"reconnected to {self.url}")
                 tries = 0
-                wait = self.poll_s
             except (httpx.HTTPError, MetricsError) as e:
                 wait = RETRY_S[min(tries, len(RETRY_S) - 1)]
                 tries += 1
-                if self.status != "disconnected":
-                    self.status = "disconnected"
-                    self._note("info", f"lost {self.url}/metrics ({why(e)}); retrying")
-                self._publish(f"retrying in {wait:g} s")
-            self._stop.wait(wait)
+                self._disconnected(why(e))
+                self._count_down(wait)
+                continue
+            self._stop.wait(self.poll_s)
 
     # -- metrics --------------------------------------------------------------------------------------
     def _scrape(self) -> None:
@@ -192,7 +194,8 @@ class VllmRunner:
             if rid in self._closed:
                 self._end(rid, "aborted", "")
             elif not self._stop.is_set():
-                self._end(rid, "failed", f"request failed: {why(e)}")
+                streaming = rid in self._streams                 # (cut off mid-stream, not unsent)
+                self._end(rid, "failed", self._failed(cmd, rid if streaming else None, e).removeprefix(f"#{rid}: "))
         finally:
             with self._lock:
                 self._streams.pop(rid, None)

@@ -398,9 +398,11 @@ class RaceApp(App):
 
 # -- the main app's `r` key -----------------------------------------------------------------------
 def open_race(app) -> None:
-    """Open the race over the main app, on its model, with the default workload and the app's
-    slot count (or, started with --kv-memory, its KV budget: every lane at that memory). The app's own engine is paused meanwhile (it would take CPU from the lanes) and
-    resumed afterwards if it was running."""
+    """Open the race over the main app, on its model, with the workload the app loaded last
+    (--prompts or F3; none: the race's default, and its status line says which) and the app's
+    slot count (or, started with --kv-memory, its KV budget: every lane at that memory). The app's
+    own engine is paused meanwhile (it would take CPU from the lanes) and resumed afterwards if it
+    was running."""
     from tinyllm.workload import WorkloadError, resolve_workload
     runner = app.runner
     snap = runner.frame.snapshot
@@ -418,15 +420,20 @@ def open_race(app) -> None:
         model_dir = spec.model_dir
         max_seq_len = load_config_and_tokenizer(Path(model_dir))[0].max_seq_len
     max_len = min(max_seq_len, DEFAULT_MAX_LEN)
+    loaded = getattr(app, "workload", None)
+    if loaded is not None:
+        name = f"{loaded.name.removesuffix('.jsonl')} (loaded in the app)"
+    else:
+        name = f"{DEFAULT_WORKLOAD} (the race's default: no prompts loaded)"
     try:
-        path = resolve_workload(DEFAULT_WORKLOAD)
+        path = loaded or resolve_workload(DEFAULT_WORKLOAD)
         work = race_workload(path, app.tokenizer.encode, max_len)
     except WorkloadError as e:
         app.notify(str(e), title="the race could not start", severity="error", timeout=10)
         return
     budget = snap.max_batched_tokens
     kv_mib = getattr(engine if engine is not None else spec, "kv_memory_mib", None)   # the app's --kv-memory
-    race = RaceSpec(model_dir, work, DEFAULT_WORKLOAD, snap.n_slots, max_len, snap.kv.block_size or 16, None,
+    race = RaceSpec(model_dir, work, name, snap.n_slots, max_len, snap.kv.block_size or 16, None,
                     budget if budget and budget >= snap.n_slots else None, DEFAULT_BATCH_TIMEOUT_S,
                     device=None if spec is None else spec.device, threads=runner.threads or None,
                     kv_memory_mib=kv_mib,
@@ -448,5 +455,5 @@ def open_race(app) -> None:
     def back(_=None) -> None:
         if not was_paused:
             runner.send(SetPaused(False))
-    app.push_screen(RaceScreen(race_runner, workload=DEFAULT_WORKLOAD, model_name=app.model_name, standalone=False),
+    app.push_screen(RaceScreen(race_runner, workload=name, model_name=app.model_name, standalone=False),
                     back)
