@@ -146,7 +146,7 @@ class ServerLink:
         if rid is not None and isinstance(e, httpx.TransportError):
             return (f"#{rid}: the connection to {self.url} was lost mid-stream ({reason(e)}); "
                     f"{self.LOST_STATE}")
-        return f"request failed: {type(e).__name__}: {e}"
+        return f"request failed: {why(e)}"
 
 
 class AttachRunner(ServerLink):
