@@ -262,6 +262,28 @@ def test_race_kv_blocks_that_hold_the_longest_request_are_accepted():
     assert race_spec(parser, parse(parser, ["--race", "--kv-blocks", "14"])).kv_blocks == 14
 
 
+RECORDING = str(Path(__file__).parent / "data" / "preemption-run.jsonl")   # slots 3, 16 blocks of 16, budget 32
+
+
+def test_race_on_a_recording_starts_every_lane_from_the_recorded_engine_as_whatif_does():
+    """--race RUN.jsonl: a lane that says only fcfs re-runs the recorded engine (its small pool, that
+    preempts), a lane's own settings and the options typed win, max_len is the recording's."""
+    from tui.cli import build_parser, parse, race_spec
+    parser = build_parser()
+    notes: list[str] = []
+    spec = race_spec(parser, parse(parser, ["--race", RECORDING, "--lanes", "fcfs", "fcfs blocks=96"]), notes)
+    a, b = spec.lanes
+    assert (a.kind, a.slots, a.block_size, a.kv_blocks, a.budget, a.prefix_cache) == ("chunked", 3, 16, 16, 32, True)
+    assert (b.kind, b.slots, b.block_size, b.kv_blocks, b.budget) == ("chunked", 3, 16, 96, 32)
+    assert spec.max_len == 256
+    assert notes[0].startswith("as recorded, unless a lane or an option says otherwise: ") and "blocks 16" in notes[0]
+    typed = race_spec(parser, parse(parser, ["--race", RECORDING, "--lanes", "fcfs", "fcfs blocks=96",
+                                             "--kv-blocks", "64", "--slots", "2", "--max-len", "300"]))
+    a, b = typed.lanes
+    assert (a.kv_blocks, a.slots, typed.kv_blocks, typed.slots, typed.max_len) == (None, None, 64, 2, 300)
+    assert (a.block_size, a.budget, b.kv_blocks) == (16, 32, 96)        # what no option set: still the recording's
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--host", "0.0.0.0"], "--host applies to --web only"),
     (["--port", "8080"], "--port applies to --web only"),

@@ -142,7 +142,7 @@ def cmd_whatif(args) -> None:
 
     from tinyllm.observe.recording import RecordingError
     from tinyllm.race.race import build_race
-    from tinyllm.race.spec import LaneSpecError, check_memory_options, on_recording, parse_lanes
+    from tinyllm.race.spec import LaneSpecError, check_memory_options, on_recording, parse_lanes, set_by_options
     from tinyllm.race.whatif import compare, load_arrivals, recorded_settings, to_json
     from tinyllm.bench.report import stdout_console
     from tinyllm.race.whatif_view import groups_table, lanes_table, request_lanes, requests_table
@@ -161,10 +161,7 @@ def cmd_whatif(args) -> None:
         raise UsageError(str(e)) from None
     notes: list[str] = []
     if recorded is not None:                                   # an option given wins over the recording
-        given = {"slots": args.slots, "block_size": args.block_size, "kv_blocks": args.kv_blocks,
-                 "budget": args.max_batched_tokens, "kv_dtype": None if args.kv_cache_dtype == "auto" else 1}
-        recorded = recorded.without([k for k, v in given.items() if v is not None]
-                                    + (["slots", "kv_blocks"] if args.kv_memory else []))
+        recorded = recorded.without(set_by_options(vars(args)))
         lanes, notes = on_recording(lanes, recorded)
     max_len = args.max_len or (recorded.max_len if recorded else 512)
     torch.set_num_threads(args.threads)

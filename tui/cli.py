@@ -423,7 +423,10 @@ def race_app(parser, a):
                 parser.error(f"{flag} applies to --race only")
         return None
     from tui.screens.race import RaceApp                  # (the race's modules load only for a race)
-    spec = race_spec(parser, a)
+    notes: list[str] = []
+    spec = race_spec(parser, a, notes)
+    for note in notes:                                    # (each lane's panel says what it took, too)
+        print(f"tinyllm-tui --race: {note}", file=sys.stderr)
     if a.engine_thread:
         from tui.runners.race import RaceRunner
         try:
@@ -437,9 +440,11 @@ def race_app(parser, a):
     return RaceApp(runner, workload=spec.name, model_name=name)
 
 
-def race_spec(parser, a):
+def race_spec(parser, a, notes: list[str] | None = None):
+    """Check every race option (no torch, no process) and return the spec the race is built from.
+    On a recording every lane starts from its recorded engine settings, a lane's own and the options
+    given winning (``tinyllm whatif``'s rule); ``notes`` (a list) gets the lines that say so."""
     from tui.runners.race import RaceSpec, race_workload
-    """Check every race option (no torch, no process) and return the spec the race is built from."""
     from tinyllm.workload import WorkloadError, resolve_workload
     for flag, value, why in (("--replay", a.replay, "a race runs a model"),
                              ("--attach", getattr(a, "attach", None), "a race runs a model here"),
@@ -455,21 +460,30 @@ def race_spec(parser, a):
             parser.error(f"{flag} does not apply to --race ({why})")
     refuse_unused(parser, a, "--race")
     path, cfg, tok = model_config(parser, a)
-    max_len = a.max_len or min(cfg.max_seq_len, DEFAULT_MAX_LEN)
-    check_max_len(parser, max_len, cfg)
     from tinyllm.observe.recording import RecordingError
-    from tinyllm.race.spec import LaneSpecError, check_memory_options, parse_lanes
-    from tinyllm.race.whatif import is_recording, requests_from_recording
+    from tinyllm.race.spec import LaneSpecError, check_memory_options, on_recording, parse_lanes, set_by_options
+    from tinyllm.race.whatif import recorded_settings, requests_from_recording
     try:
-        lanes = parse_lanes(a.lanes)
+        lanes = parse_lanes(a.lanes)                      # (at least two lanes: it refuses one)
     except LaneSpecError as e:
         parser.error(f"--lanes: {e}")
-    if len(lanes) < 2:
-        parser.error(f"--lanes: a race needs at least two lanes, got {len(lanes)}")
     try:
         check_memory_options(lanes, a.kv_memory, a.kv_blocks, a.max_num_seqs)
     except LaneSpecError as e:
         parser.error(str(e))
+    try:
+        recorded = recorded_settings(a.race)              # None: a workload, no settings of its own
+    except RecordingError as e:
+        parser.error(f"--race: {e}")
+    warnings: list[str] = []
+    if recorded is not None:                              # an option given wins over the recording
+        recorded = recorded.without(set_by_options({dest: getattr(a, dest) for dest in a.given}))
+        try:
+            lanes, warnings = on_recording(lanes, recorded)
+        except LaneSpecError as e:
+            parser.error(f"--lanes: {e}")
+    max_len = a.max_len or (recorded.max_len if recorded else min(cfg.max_seq_len, DEFAULT_MAX_LEN))
+    check_max_len(parser, max_len, cfg)
     for lane in lanes:
         budget = lane.budget or a.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
         sized = lane.kv_mib is not None or a.kv_memory is not None      # a KV budget: the cap is max_num_seqs
@@ -480,7 +494,7 @@ def race_spec(parser, a):
                          f"so the budget must cover them all")
     try:
         source = Path(a.race).expanduser()
-        if source.is_file() and is_recording(source):
+        if recorded is not None:
             arrivals, _ = requests_from_recording(source)
             work = tuple((t, tuple(r.prompt), r.max_new_tokens, r.priority, r.tenant) for t, r in arrivals)
             name = source.name
@@ -497,6 +511,9 @@ def race_spec(parser, a):
     except (WorkloadError, ContextTooLong, RecordingError) as e:
         parser.error(f"--race: {e}")
     check_lane_pools(parser, a, lanes, work, max_len)
+    if notes is not None and recorded is not None:
+        notes.append(f"as recorded, unless a lane or an option says otherwise: {recorded.describe()}")
+        notes.extend(f"warning: {w}" for w in warnings)
     timeout = DEFAULT_BATCH_TIMEOUT_S if a.batch_timeout is None else a.batch_timeout
     return RaceSpec(str(path), work, name, a.slots, max_len, a.block_size,
                     a.kv_blocks, a.max_batched_tokens, timeout, lanes, a.device, a.threads, a.seed,

@@ -203,6 +203,19 @@ class Recorded:
         return ", ".join([KIND_WORDS[self.kind], *setting_words(self.fields), f"max_len {self.max_len}"])
 
 
+# The commands' options that set a recorded engine setting for every lane (option dest -> the
+# Recorded fields it sets): given, each wins over the recording (tinyllm whatif and --race alike).
+OPTION_FIELDS = {"slots": ("slots",), "block_size": ("block_size",), "kv_blocks": ("kv_blocks",),
+                 "max_batched_tokens": ("budget",), "kv_cache_dtype": ("kv_dtype",),
+                 "kv_memory": ("slots", "kv_blocks")}
+
+
+def set_by_options(given: dict) -> list[str]:
+    """The Recorded fields the options in ``given`` (dest -> value) set; None and "auto" set none."""
+    return [f for dest, v in given.items() if dest in OPTION_FIELDS and v not in (None, "auto")
+            for f in OPTION_FIELDS[dest]]
+
+
 # The recorded fields each kind of lane takes (block and blocks: only on the paged cache).
 TAKES = {"static": ("slots", "kv_dtype"),
          "continuous": ("kv", "slots", "policy", "kv_dtype", "block_size", "kv_blocks"),
