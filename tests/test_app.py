@@ -243,6 +243,13 @@ async def test_tab_moves_between_the_settings_fields():
         await pilot.press("backspace", "enter")
         await until(pilot, lambda: not isinstance(app.screen, SettingsScreen))
         assert app.settings.sampling.top_k == 7
+        await pilot.press("f2")                                   # keys in one burst (a paste, a fast typist)
+        await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        from textual import events
+        for key, char in (("tab", "\t"), ("tab", "\t"), ("0", "0"), ("full_stop", "."), ("5", "5")):
+            app.post_message(events.Key(key, char))              # (pilot.press waits after each key)
+        await until(pilot, lambda: app.focused.id == "top_p" and app.focused.value.endswith("0.5"))
+        assert app.screen.query_one("#top_k").value == "7"        # the keys after each Tab went past it
 
 
 async def test_stop_strings_and_seed_from_the_settings_dialog():
@@ -613,6 +620,24 @@ async def test_slots_the_panel_cannot_draw_are_counted_on_its_last_row():
         await pilot.pause()
         check_panels(app)
         assert grid.render().plain.rsplit("\n", 1)[-1].endswith(" free")
+
+async def test_the_sampling_shows_whole_in_the_pane_and_never_cut_mid_value_in_the_list():
+    """T=0.8 k=20 p=0.95: the pane's header has room for it at 160 columns (it dropped it with
+    cells to spare), the list's 13-cell column keeps whole words and says it left some out (it
+    showed `p=` without its value)."""
+    from dataclasses import replace as with_
+    app = make_app(new=8)
+    async with app.run_test(size=(160, 48)) as pilot:
+        app.settings = with_(app.settings, sampling=Sampling(temperature=0.8, top_k=20, top_p=0.95))
+        rid = await submit(pilot, "ROMEO:\n")
+        await step(pilot, 3)
+        frame = app.runner.frame
+        await until(pilot, lambda: app._shown_seq == frame.seq)
+        header = app.query_one("#pane-header").text.plain
+        assert header.startswith(f"#{rid} running  slot ") and "  T=0.8 k=20 p=0.95  " in header
+        row = app.query_one(RequestList).row_text(rid)
+        assert " T=0.8 k=20… " in row and "p=" not in row
+
 
 async def test_the_selected_request_stays_in_view_when_the_terminal_shrinks():
     """Selected near the end of a long list at 160x48, then 80x24: the list scrolls to keep the

@@ -289,6 +289,8 @@ def test_the_disconnected_status_line_gives_way_without_a_separator_alone():
     for width in (30, 40, 60, 80):
         line = fit_fields(fields, width).plain
         assert "step 148" in line and "  ·" not in line and "DISCONNECTED · " not in line, (width, line)
+    assert "retry in 3 s · last state shown" in fit_fields(fields, 80).plain        # before the address
+    assert "127.0.0.1:8765" in fit_fields(fields, 100).plain
 
 
 def test_the_state_stream_is_a_recording_that_replays(server, tmp_path):

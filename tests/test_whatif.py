@@ -236,3 +236,17 @@ def test_a_lane_naming_no_kind_takes_the_recorded_scheduler_unless_its_settings_
         ("chunked", None, "priority", 4, "bfloat16", None),
         ("continuous", "paged", "priority", 4, "bfloat16", 20)]
     assert "as recorded: continuous batching, policy priority" in lanes[2].describe()
+
+
+def test_a_recording_without_requests_is_refused_in_one_line(tmp_path, capsys):
+    """Recorded and quit at once (or a server's stream cut before any request): whatif and the
+    race say so (the race crashed on max() of nothing, whatif printed that as its error)."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(Path(RECORDING).read_text().splitlines()[0] + "\n")           # its header only
+    assert tinyllm_main(["whatif", str(empty), "--lanes", "fcfs", "priority"]) == 2
+    assert "the recording holds no requests" in capsys.readouterr().err
+    from tui.cli import build_parser, parse, race_spec
+    parser = build_parser()
+    with pytest.raises(SystemExit) as e:
+        race_spec(parser, parse(parser, ["--race", str(empty), "--lanes", "fcfs", "priority"]))
+    assert e.value.code == 2 and "the recording holds no requests" in capsys.readouterr().err

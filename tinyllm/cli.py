@@ -161,7 +161,8 @@ def cmd_whatif(args) -> None:
         raise UsageError(str(e)) from None
     notes: list[str] = []
     if recorded is not None:                                   # an option given wins over the recording
-        recorded = recorded.without(set_by_options(vars(args)))
+        typed = {**vars(args), "kv_cache_dtype": None if args.kv_cache_dtype == "auto" else args.kv_cache_dtype}
+        recorded = recorded.without(set_by_options(typed))     # (auto: the default, not told from a typed one)
         lanes, notes = on_recording(lanes, recorded)
     max_len = args.max_len or (recorded.max_len if recorded else 512)
     torch.set_num_threads(args.threads)

@@ -120,7 +120,10 @@ def _build(cc: str, csrc: Path = CSRC) -> Path:
     src = b"".join(p.read_bytes() for p in sorted(csrc.glob("*.[ch]")))
     openmp = ["-fopenmp"] if _torch_uses_libgomp() else []
     native = ["-march=native"] if platform.machine() in ("x86_64", "AMD64") else ["-mcpu=native"]
-    key = hashlib.sha256(src + " ".join([cc, *FLAGS, *openmp, _machine_id(cc)]).encode())
+    # Linux: a symbol left undefined fails the link, not a later process's load (the load check
+    # below passes where the building process happens to hold the runtime already)
+    defs = ["-Wl,-z,defs"] if sys.platform.startswith("linux") else []
+    key = hashlib.sha256(src + " ".join([cc, *FLAGS, *defs, *openmp, _machine_id(cc)]).encode())
     out = cache_dir() / f"tinyllm-{key.hexdigest()[:16]}.so"
     if out.exists():
         return out
@@ -130,7 +133,7 @@ def _build(cc: str, csrc: Path = CSRC) -> Path:
     try:
         errors = ""
         for extra in ([*openmp, *native], openmp, native, []) if openmp else (native, []):
-            r = subprocess.run([cc, *FLAGS, *extra, "-I", str(csrc), "-o", tmp, *map(str, sources), "-lm"],
+            r = subprocess.run([cc, *FLAGS, *defs, *extra, "-I", str(csrc), "-o", tmp, *map(str, sources), "-lm"],
                                capture_output=True, text=True, errors="replace", timeout=120)
             if r.returncode != 0:
                 errors = r.stderr.strip()[-400:]

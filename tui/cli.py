@@ -379,6 +379,9 @@ def check_session(parser, a) -> None:
     model, a prompt file, the race's options. Anything else a tab's app reports itself."""
     from tinyllm.model.config import CheckpointError, default_model_dir, load_config_and_tokenizer
     from tinyllm.workload import WorkloadError, resolve_workload
+    if a.record is not None:                              # every tab would record to the one file
+        parser.error("--record with --web: each browser tab runs its own app; record from a terminal "
+                     "(tinyllm-tui --record FILE)")
     if a.replay is not None or a.attach is not None:
         return                                            # no model: the tab's app checks its own file / server
     if a.race is not None:
@@ -525,7 +528,7 @@ def check_lane_pools(parser, a, lanes, work, max_len: int) -> None:
     the race applies per request once the model is loaded (``BlockPool.check_fits``), said here
     before the UI starts instead of closing it. (No pool under a KV budget: it buys its blocks.)"""
     from tinyllm.kv.blocks import BlockPool
-    longest = max(len(ids) + new for _, ids, new, _, _ in work)
+    longest = max((len(ids) + new for _, ids, new, _, _ in work), default=0)
     for lane in lanes:
         paged = lane.kind == "chunked" or (lane.kind == "continuous" and lane.kv == "paged")
         blocks = lane.kv_blocks or a.kv_blocks

@@ -211,9 +211,9 @@ OPTION_FIELDS = {"slots": ("slots",), "block_size": ("block_size",), "kv_blocks"
 
 
 def set_by_options(given: dict) -> list[str]:
-    """The Recorded fields the options in ``given`` (dest -> value) set; None and "auto" set none."""
-    return [f for dest, v in given.items() if dest in OPTION_FIELDS and v not in (None, "auto")
-            for f in OPTION_FIELDS[dest]]
+    """The Recorded fields the options in ``given`` (dest -> value: those typed; None: not given)
+    set."""
+    return [f for dest, v in given.items() if dest in OPTION_FIELDS and v is not None for f in OPTION_FIELDS[dest]]
 
 
 # The recorded fields each kind of lane takes (block and blocks: only on the paged cache).

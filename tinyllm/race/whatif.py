@@ -44,6 +44,8 @@ def requests_from_recording(path: str | Path) -> tuple[Arrivals, str | None]:
                                      f"({type(e).__name__}: {e})") from None
             for v in snap.requests:
                 views[v.rid] = v                           # the latest view (forgotten ones kept)
+    if not views:                                          # (quit at once, or a stream cut before any request)
+        raise RecordingError(f"{path}: the recording holds no requests: nothing to run again")
     out = []
     start = min((v.arrival_s for v in views.values()), default=0.0)   # a server's clock may be at 3600 s
     for v in sorted(views.values(), key=lambda v: (v.arrival_s, v.rid)):

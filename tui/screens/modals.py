@@ -97,7 +97,11 @@ def pretty_keys(keys: str) -> str:
 
 class SettingsScreen(ModalScreen["RequestSettings | None"]):
     """Validated fields; a wrong value is explained here and nothing is applied."""
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    BINDINGS = [Binding("escape", "cancel", "Cancel"),
+                # priority: the focus moves before the next key is handed out (as a field's
+                # binding, keys typed right after Tab, or pasted, went to the field it left)
+                Binding("tab", "app.focus_next", "Next field", show=False, priority=True),
+                Binding("shift+tab", "app.focus_previous", "Previous field", show=False, priority=True)]
 
     def __init__(self, current: RequestSettings, max_new_limit: int, engine: str = ""):
         """``engine``: the engine's own settings (scheduler, KV), shown read-only: they are fixed

@@ -31,6 +31,7 @@ from tui.widgets.style import CACHED, PLAIN, STATE_STYLES, duration, on, rid_sty
 COLUMNS = (("#", 4), ("state", 9), ("slot", 4), ("sampling", 13), ("tokens", 7), ("cached", 6), ("TTFT", 6),
            ("tok/s", 5), ("text", 0))
 TEXT_MIN = 16
+SAMPLING_W = dict(COLUMNS)["sampling"]
 DROP_ORDER = (3, 6, 5, 7)       # narrow: drop sampling, TTFT, cached, then tok/s (the pane shows them)
 
 Cells = tuple[tuple[str, Style], ...]
@@ -47,6 +48,19 @@ def tail(text: str, n: int) -> str:
     while cell_len(flat) > n - 1:                                      # wide characters
         flat = flat[1:]
     return "…" + flat
+
+
+def whole_words(text: str, width: int) -> str:
+    """The words of ``text`` that fit ``width`` cells, and "…" where some were left out (a cell
+    cut mid-value, ``p=`` without its number, said something false)."""
+    if cell_len(text) <= width:
+        return text
+    kept = ""
+    for word in text.split():
+        if cell_len(f"{kept} {word}".strip()) > width - 1:
+            break
+        kept = f"{kept} {word}".strip()
+    return kept + "…"
 
 
 def fit(text: str, width: int) -> str:
@@ -167,7 +181,7 @@ class RequestList(ScrollView, can_focus=True):
         tps = v.tokens_per_s(now)
         ttft = v.ttft_s
         return ((str(v.rid), rid_style(v.rid)), (v.state, STATE_STYLES[v.state]),
-                ("—" if v.slot is None else str(v.slot), PLAIN), (v.sampling.describe(), PLAIN),
+                ("—" if v.slot is None else str(v.slot), PLAIN), (whole_words(v.sampling.describe(), SAMPLING_W), PLAIN),
                 (f"{len(v.tokens)}/{v.max_new_tokens}", PLAIN),
                 (str(v.cached_tokens) if v.cached_tokens else "—", CACHED if v.cached_tokens else PLAIN),
                 (duration(ttft), PLAIN),
@@ -253,8 +267,11 @@ class RequestList(ScrollView, can_focus=True):
 
     def on_resize(self, event: events.Resize) -> None:
         """The selected row stays in view when the list gets shorter (a smaller terminal)."""
-        if self.cursor is not None:
-            self.call_after_refresh(self._move_cursor, self.cursor, False)
+        self.call_after_refresh(self._cursor_into_view)
+
+    def _cursor_into_view(self) -> None:
+        if self.cursor is not None:                  # (read now: a frame may have moved it since)
+            self._move_cursor(self.cursor, announce=False)
 
     def action_move(self, delta: int) -> None:
         if self.cursor is None:                      # no row selected: start from an end

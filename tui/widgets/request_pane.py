@@ -143,7 +143,7 @@ class RequestPane(Vertical):
         scroll = self.query_one("#pane-scroll", VerticalScroll)
         follow = scroll.scroll_y >= scroll.max_scroll_y - 1 or rid != self.rid
         self.rid, self._shown = rid, key
-        self.query_one("#pane-header").set(header_text(v, frame.snapshot.time_s, max(20, self.size.width - 2)))
+        self.query_one("#pane-header").set(header_text(v, frame.snapshot.time_s, max(20, self.size.width)))
         body = Text()
         body.append(prompt, style="dim")
         body.append(text)

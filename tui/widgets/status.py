@@ -26,8 +26,8 @@ def status_fields(f: Frame, runner, model_name: str, recording: Path | None = No
         r = runner
         down = f.status.startswith("disconnected")
         out = [(" ✗ DISCONNECTED " if down else " ⇄ ATTACHED ", "bold reverse red" if down else "bold reverse blue", 0),
-               (f" {r.kind} at {r.url}", "bold", 1 if down else 2), (f" · {model_name}", "bold", 4)]
-        gone = [(f" · {f.status.removeprefix('disconnected: ')} · last state shown", "bold red", 2)] * down
+               (f" {r.kind} at {r.url}", "bold", 2), (f" · {model_name}", "bold", 4)]
+        gone = [(f" · {f.status.removeprefix('disconnected: ')} · last state shown", "bold red", 1)] * down
         if runner.mode == "metrics":                         # a "step" here is a second since attach
             return out + gone + [(f" · metrics every {r.poll_s:g} s", "dim", 3),
                                  (" · this app's requests stream below", "dim", 5)]
