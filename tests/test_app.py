@@ -271,6 +271,8 @@ async def test_stop_strings_and_seed_from_the_settings_dialog():
         await pilot.click("#apply")
         await until(pilot, lambda: not isinstance(app.screen, SettingsScreen))
         assert app.settings.stop == ("never", stop) and app.settings.sampling.seed == 5
+        shown = str(app.query_one("#next-settings").render())                     # the next-request line says it
+        assert "stop=never|" + stop.replace("\n", "\\n") in shown
         b = await submit(pilot, "ROMEO:\n")
         await step(pilot, 30)
         v = app.runner.frame.snapshot.request(b)

@@ -151,8 +151,11 @@ class RequestSettings:
         check_token_stops(self.stop_token_ids, self.min_tokens, self.max_new_tokens, self.logprobs)
 
     def describe(self) -> str:
-        """``T=0.8 k=— p=— new=120 eos=on``: the app's next-request line."""
-        who = "".join([f" prio={self.priority}" if self.priority else "", f" tenant={self.tenant}" if self.tenant else "",
+        """``T=0.8 k=— p=— new=120 eos=on``: the app's next-request line (its stop strings as the
+        settings dialog writes them, ``stop=the|\\n``, when it has any)."""
+        from tinyllm.stops import format_stop_list          # (stops is the text side; no cycle at import)
+        who = "".join([f" stop={format_stop_list(self.stop)}" if self.stop else "",
+                       f" prio={self.priority}" if self.priority else "", f" tenant={self.tenant}" if self.tenant else "",
                        f" n={self.n}" if self.n > 1 else ""])
         return f"{self.sampling.describe(full=True)} new={self.max_new_tokens} eos={'on' if self.stop_at_eos else 'off'}{who}"
 

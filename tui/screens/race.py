@@ -35,7 +35,8 @@ from tui.widgets.text_line import TextLine
 
 WIDE = 150                      # columns from which the lanes stand side by side
 HOW_TO_READ = "\n".join((          # paragraphs: the screen wraps them to its width
-    "The same requests on the same model, three ways. Static batching runs batches of B requests, each until its "
+    "The same requests on the same model, one lane per scheduler (three by default). Static batching runs "
+    "batches of B requests, each until its "
     "longest row is done; continuous batching refills a slot as soon as its request ends; the token-budget "
     "scheduler also splits prompts into chunks, packs every step with up to its token budget, and serves repeated "
     "prompt prefixes from cached KV blocks.",
