@@ -503,10 +503,12 @@ def refusing_viewer(url: str = "http://tinyllm.test") -> AttachRunner:
     return AttachRunner(url, client=httpx.Client(transport=httpx.MockTransport(refuse)))
 
 
-def test_a_disconnected_viewer_counts_down_to_each_try(monkeypatch):
-    """The status says when the next try is, as each second passes (it once read "retrying in 5 s"
-    for the whole wait), and "retrying…" while it tries. On a clock of its own, no sleeping, that
-    moves a microsecond at each reading (as a real one does between two)."""
+def counts_down(monkeypatch, viewer) -> None:
+    """Run ``viewer`` (a server viewer whose server refuses every connection) for 13 s of a clock
+    of its own, no sleeping, that moves a microsecond at each reading (as a real one does between
+    two), and check its status says when the next try is as each second passes, and "retrying…"
+    while it tries. Both viewers share the countdown (attach.ServerLink): tests/test_attach_vllm.py
+    runs this on the vLLM one."""
     import tui.runners.attach as attach
     from types import SimpleNamespace
     clock = [0.0]
@@ -522,7 +524,6 @@ def test_a_disconnected_viewer_counts_down_to_each_try(monkeypatch):
                 self.set()
             return self.is_set()
     monkeypatch.setattr(attach, "time", SimpleNamespace(monotonic=now))
-    viewer = refusing_viewer()
     viewer._stop = Clocked()
     seen: list[str] = []
     publish = viewer._publish
@@ -540,6 +541,12 @@ def test_a_disconnected_viewer_counts_down_to_each_try(monkeypatch):
                     "retry in 4 s", "retry in 3 s", "retry in 2 s", "retry in 1 s", "retrying…",
                     "retry in 5 s", "retry in 4 s", "retry in 3 s", "retry in 2 s", "retry in 1 s", "retrying…",
                     "retry in 5 s"], seen
+
+
+def test_a_disconnected_viewer_counts_down_to_each_try(monkeypatch):
+    """The status says when the next try is, as each second passes (it once read "retrying in 5 s"
+    for the whole wait), and "retrying…" while it tries."""
+    counts_down(monkeypatch, refusing_viewer())
 
 
 def test_a_prompt_the_server_never_got_or_lost_mid_stream_says_so():

@@ -212,40 +212,10 @@ def refusing_vllm(url: str = "http://vllm.test", transport=None) -> VllmRunner:
 def test_a_disconnected_vllm_viewer_counts_down_to_each_try(monkeypatch):
     """As tinyllm serve's viewer (tests/test_attach.py, whose countdown this runner shares): the
     status says when the next try is as each second passes (it read "retrying in 5 s" for the
-    whole wait). On a clock of its own, no sleeping, moving a microsecond at each reading."""
-    import tui.runners.attach as attach
-    from types import SimpleNamespace
-    clock = [0.0]
-
-    def now() -> float:
-        clock[0] += 1e-6
-        return clock[0]
-
-    class Clocked(threading.Event):
-        def wait(self, timeout=None):
-            clock[0] += timeout
-            if clock[0] >= 13:
-                self.set()
-            return self.is_set()
-    monkeypatch.setattr(attach, "time", SimpleNamespace(monotonic=now))
+    whole wait)."""
+    from tests.test_attach import counts_down
     viewer = refusing_vllm()
-    viewer._stop = Clocked()
-    seen: list[str] = []
-    publish = viewer._publish
-
-    def record(detail: str = "") -> None:
-        publish(detail)
-        if not seen or seen[-1] != viewer.frame.status:
-            seen.append(viewer.frame.status)
-    monkeypatch.setattr(viewer, "_publish", record)
-    viewer.run()
-    down = [s.removeprefix("disconnected: ") for s in seen]
-    assert down == ["disconnected", "retrying…",                                   # 0.5 s
-                    "retry in 1 s", "retrying…",
-                    "retry in 2 s", "retry in 1 s", "retrying…",
-                    "retry in 4 s", "retry in 3 s", "retry in 2 s", "retry in 1 s", "retrying…",
-                    "retry in 5 s", "retry in 4 s", "retry in 3 s", "retry in 2 s", "retry in 1 s", "retrying…",
-                    "retry in 5 s"], seen
+    counts_down(monkeypatch, viewer)
     (note,) = [e.text for e in viewer.frame.log]                               # one note, not one per try
     assert note.startswith("disconnected from http://vllm.test (cannot connect") and note.endswith("; retrying")
 
