@@ -331,10 +331,55 @@ def test_operator_abort_checks_its_input(server, body, status):
 
 def test_attach_to_nothing_or_to_a_non_tinyllm_server_is_one_line(capsys):
     with pytest.raises(SystemExit) as e:
-        build_app(["--attach", "127.0.0.1:9"])                         # nothing listens on port 9
+        build_app(["--attach", "127.0.0.1:9", "--wait", "0"])          # nothing listens on port 9
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "--attach http://127.0.0.1:9: cannot connect" in err and len(err.strip().splitlines()) == 1
+    assert "--attach http://127.0.0.1:9: cannot connect (Connection refused); is the server running?" in err
+    assert "--wait S waits for one that is starting" in err and len(err.strip().splitlines()) == 1
+
+
+def test_attach_waits_for_a_server_that_is_not_listening_yet_then_gives_up(capsys):
+    """A vLLM server listens only once its model is loaded (a minute here): the app waits, saying
+    so on stderr, and gives up after --wait seconds with one line."""
+    t = time.monotonic()
+    with pytest.raises(SystemExit) as e:
+        build_app(["--attach", "127.0.0.1:9", "--wait", "0.3"])
+    assert e.value.code == 2 and time.monotonic() - t >= 0.3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("tinyllm-tui: waiting for a server at http://127.0.0.1:9 (Connection refused): ")
+    assert err[0].endswith("s left, Ctrl+C to stop") and len(err) == 2          # said once on a pipe
+    assert "--attach http://127.0.0.1:9: cannot connect (Connection refused) after waiting 0.3 s" in err[1]
+
+
+def test_attach_connects_once_the_server_it_waits_for_listens(monkeypatch):
+    """The server starts only after the app said it is waiting (no sleep decides the order); the
+    app then attaches to it as to one that was there all along."""
+    import io
+    import socket
+    with socket.socket() as s:                                          # a free port, nothing on it
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    waiting = threading.Event()
+
+    class Stderr(io.StringIO):
+        def write(self, text: str) -> int:
+            if "waiting for a server" in text:
+                waiting.set()
+            return super().write(text)
+    monkeypatch.setattr("sys.stderr", Stderr())
+    servers = []
+    starter = threading.Thread(target=lambda: waiting.wait(60) and servers.append(start_server(port)), daemon=True)
+    starter.start()
+    try:
+        app = build_app(["--attach", f"127.0.0.1:{port}", "--wait", "120"])
+        assert isinstance(app.runner, AttachRunner) and app.runner.status != "disconnected"
+        assert app.runner.frame.snapshot.n_slots == 3                 # the server's own grid (start_server's)
+        app.runner.stop()
+    finally:
+        starter.join(60)
+        for server in servers:
+            server.stop()
+    assert waiting.is_set() and servers
 
 
 def test_a_long_running_server_forgets_old_requests_and_viewers_follow(monkeypatch):

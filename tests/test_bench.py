@@ -88,6 +88,35 @@ def test_step_is_set_against_the_faster_of_its_kernel_and_pytorchs_gemm(tiny_ben
                                            "decode_step_chunked_wide": None}, 200)   # a report from before
 
 
+def test_step_is_also_set_against_the_kv_its_attention_must_read(tiny_bench):
+    """The matmuls are not the step's only floor: each decoding row reads its whole context's K/V.
+    The bench counts those bytes (every row in lockstep from the same prompt length, so the count
+    is known: bytes per token x rows x the mean context over the timed steps) and sets the step
+    against matmuls + that read at the machine's measured read rate."""
+    out, _, report = tiny_bench
+    bpt = report["memory"]["bytes_per_token"]
+    for key in ("decode_step", "decode_step_chunked", "decode_step_chunked_wide"):
+        a = report[key]
+        rounds, warm, n = 4, 3, a["steps"]              # decode_anatomy's defaults
+        before = [1 + warm * (r + 1) + i for r in range(rounds)                  # steps taken before each
+                  for i in range(n * r // rounds, n * (r + 1) // rounds)]        # timed one (1: admission)
+        first = 2 if key == "decode_step" else 1       # tokens the admission step leaves: the slot engine's
+        contexts = [a["context"] + first + k - 1 for k in before]   # prefills, then decodes every row
+        assert a["kv_read_mb"] == pytest.approx(bpt * a["active_rows"] * sum(contexts) / n / 1e6, rel=1e-9)
+        assert a["read_gbps"] > 0
+        assert a["kv_read_floor_ms"] == pytest.approx(a["kv_read_mb"] / a["read_gbps"], rel=1e-9)
+        assert a["step_over_matmul_and_kv"] == pytest.approx(
+            a["step_ms"] / (a["matmul_floor_ms"] + a["kv_read_floor_ms"]), rel=1e-9)
+    printed = re.findall(r"Its attention reads ([\d.]+) MB of K/V: ≥ ([\d.]+) ms at the (\d+) GB/s this machine "
+                         r"reads a buffer that size → step = ([\d.]+)x matmuls \+ K/V read\.", out)
+    a = report["decode_step"]
+    assert len(printed) == 3 and printed[0] == (f"{a['kv_read_mb']:.1f}", f"{a['kv_read_floor_ms']:.2f}",
+                                                f"{a['read_gbps']:.0f}", f"{a['step_over_matmul_and_kv']:.2f}")
+    older = {k: v for k, v in a.items() if not k.startswith(("kv_read", "read_gbps", "step_over_matmul_and"))}
+    assert "K/V read" not in render({**report, "decode_step": older, "decode_step_chunked": None,
+                                     "decode_step_chunked_wide": None}, 200)   # a report from before
+
+
 def test_piped_bench_reports_progress_on_stderr_and_keeps_stdout_the_report(tiny_bench):
     out, err, report = tiny_bench
     for path in report["paths"]:

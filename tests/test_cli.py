@@ -259,6 +259,9 @@ WHY_RACE = "does not apply to --race (the race is greedy, and each request's max
     ((*REPLAY, "--no-prefix-cache"), f"--no-prefix-cache {WHY_REPLAY}"),
     ((*REPLAY, "--kv-events", "tcp://127.0.0.1:5557"), f"--kv-events {WHY_REPLAY}"),
     ((*REPLAY, "--slots", "8"), f"--slots {WHY_REPLAY}"),                 # typed, even at its default value
+    ((*REPLAY, "--wait", "5"), f"--wait {WHY_REPLAY}"),
+    (("--race", "--wait", "5"), f"--wait {WHY_RACE}"),
+    (("--wait", "5"), "--wait applies to --attach (how long to wait for the server to listen)"),
     (("--race", "--temperature", "5"), f"--temperature {WHY_RACE}"),
     (("--race", "--kv-events", "tcp://127.0.0.1:5557"), "--kv-events does not apply to --race (it draws a vLLM "
                                                         "server's prefix cache: --attach)"),
@@ -271,7 +274,7 @@ def test_tui_an_option_its_mode_does_not_use_is_refused(args, message):
 
 @pytest.mark.parametrize("mode, argv", [
     ("--replay", ["--replay", "r.jsonl", "--paused", "--step-delay", "5", "--web", "--port", "9000"]),
-    ("--attach", ["--attach", "h:1", "--kv-events", "tcp://h:2", "--model", "m", "--prompts", "burst",
+    ("--attach", ["--attach", "h:1", "--wait", "0", "--kv-events", "tcp://h:2", "--model", "m", "--prompts", "burst",
                   "--temperature", "0", "--top-k", "3", "--top-p", "0.5", "--max-new-tokens", "9"]),
     ("--race", ["--race", "burst", "--lanes", "static", "chunked", "--batch-timeout", "1", "--model", "m",
                 "--device", "cpu", "--slots", "4", "--kv-memory", "8", "--max-num-seqs", "4", "--max-len", "64",

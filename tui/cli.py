@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tinyllm.args import add_kv_dtype_arg, add_policy_arg, check_device, option_names
+from tinyllm.args import add_kv_dtype_arg, add_policy_arg, check_device, non_negative_float, option_names
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT_WORKLOAD, check_static_batches
 from tinyllm.race.views import LANES
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, Sampling, check_fits
@@ -23,6 +23,8 @@ from tui.runners.interface import MAX_DELAY_MS
 from tui.screens.modals import read_workload
 from tinyllm.request import RequestSettings
 from tui import web
+
+ATTACH_WAIT_S = 60.0        # --attach: how long to wait for a server to listen (vLLM-CPU loads in ~30-60 s)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --attach to a vLLM server: subscribe to its KV-cache events (vLLM's --kv-events-config "
                         "endpoint, e.g. tcp://127.0.0.1:5557) and draw its prefix cache live "
                         "(needs the vllm-events extra: msgspec, pyzmq)")
+    p.add_argument("--wait", type=non_negative_float, default=ATTACH_WAIT_S, metavar="S",
+                   help=f"with --attach: how long to wait for a server that is not listening yet, e.g. still "
+                        f"loading its model (default {ATTACH_WAIT_S:g} s; 0: do not wait)")
     add_race_args(p)
     web.add_web_args(p)
     p.add_argument("--engine-thread", action="store_true",
@@ -118,7 +123,7 @@ MODE_USES = {
     "--replay": ("a replay shows the recorded run: no model, no engine, no new requests",
                  {"replay", "paused", "step_delay"}),
     "--attach": ("the server runs its own engine, at its own settings and pace",
-                 {"attach", "kv_events", "model", "prompts", "temperature", "top_k", "top_p", "max_new_tokens"}),
+                 {"attach", "kv_events", "wait", "model", "prompts", "temperature", "top_k", "top_p", "max_new_tokens"}),
     "--race": ("the race is greedy, and each request's max_new_tokens comes from its workload",
                {"race", "lanes", "batch_timeout", "model", "device", "slots", "kv_memory", "max_num_seqs", "max_len",
                 "max_batched_tokens", "threads", "block_size", "kv_blocks", "seed", "kv_cache_dtype", "paused",
@@ -164,6 +169,8 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
         return attach_app(parser, a)
     if a.kv_events is not None:
         parser.error("--kv-events applies to --attach (a vLLM server's KV-cache events)")
+    if "wait" in a.given:
+        parser.error("--wait applies to --attach (how long to wait for the server to listen)")
     if a.record is not None:
         check_writable(parser, a.record)
     path, cfg, tok = model_config(parser, a)
@@ -292,6 +299,7 @@ def attach_app(parser, a) -> TinyLLMApp:
         parser.error(f"--attach {a.attach}: a server's address is http://HOST:PORT or https://HOST:PORT "
                      "(or HOST:PORT)")
     kv_events = kv_events_subscriber(parser, a.kv_events) if a.kv_events is not None else None
+    wait_for_server(parser, url, a.wait)
     try:
         runner = AttachRunner(url).start()
     except ConnectionError as e:
@@ -315,6 +323,38 @@ def attach_app(parser, a) -> TinyLLMApp:
             parser.error(f"--prompts: {e}")
     return TinyLLMApp(runner, tok, model_name=runner.model_name, settings=RequestSettings(sampling, a.max_new_tokens),
                       prompts_file=prompts)
+
+
+def wait_for_server(parser, url: str, wait_s: float) -> None:
+    """Return once something listens at ``url``, saying on stderr what it waits for (a vLLM server
+    takes a minute to load before it listens; so may tinyllm serve on a big checkpoint); after
+    ``wait_s`` seconds, one line and exit 2. Ctrl+C stops the wait (main says so)."""
+    import math
+    import time
+    from tui.runners.attach import not_listening
+    deadline = time.monotonic() + wait_s
+    tty, told = sys.stderr.isatty(), False
+    while True:
+        try:
+            why = not_listening(url, timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+        except ValueError as e:
+            parser.error(f"--attach {url}: {e}")
+        if why is None:
+            if told and tty:
+                print(file=sys.stderr)                    # keep the last "waiting" line, end it
+            return
+        left = deadline - time.monotonic()
+        if left <= 0:
+            if told and tty:
+                print(file=sys.stderr)
+            waited = f" after waiting {wait_s:g} s" if wait_s else ""
+            parser.error(f"--attach {url}: cannot connect ({why}){waited}; is the server running? tinyllm serve "
+                         f"prints its URL" + ("" if wait_s else "; --wait S waits for one that is starting"))
+        if tty or not told:                               # a terminal: one line, rewritten; a pipe: said once
+            line = f"tinyllm-tui: waiting for a server at {url} ({why}): {math.ceil(left)} s left, Ctrl+C to stop"
+            print(f"\r{line}  " if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
+            told = True
+        time.sleep(min(1.0, max(0.0, left)))
 
 
 def kv_events_subscriber(parser, endpoint: str):
@@ -348,7 +388,11 @@ def replay_app(parser, a) -> TinyLLMApp:
 def main(argv: list[str] | None = None) -> int:
     if (code := serve_if_asked(argv)) is not None:   # --web: the app in a browser, one process per tab
         return code
-    app = build_app(argv)
+    try:
+        app = build_app(argv)
+    except KeyboardInterrupt:                             # Ctrl+C while waiting for a server or loading
+        print("\ntinyllm-tui: stopped before the app started", file=sys.stderr)
+        return 130
     app.run()
     if app.startup_error is not None:
         build_parser().error(option_names(app.startup_error))   # one line on stderr, exit 2

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from tinyllm.engine import ContinuousEngine, Request
 from tinyllm.engine import continuous
+from tinyllm.engine.forward import kv_bytes_per_token
 from tinyllm.model.transformer import Transformer
 
 
@@ -50,6 +51,14 @@ def matmul_only_s(model: Transformer, rows: int, n: int = 200, library: bool = F
         if device.type == "cuda":
             torch.cuda.synchronize()
     return _timeit(run, n)
+
+
+def read_gbps(nbytes: int, device: torch.device, n: int = 10) -> float:
+    """GB/s at which this machine reads ``nbytes`` once (a sum over a float32 buffer that size, on
+    PyTorch's threads): the rate a step's attention could read its K/V at, at best. Repeated reads
+    of one buffer may find part of it in a cache, so this errs fast, and the K/V floor low."""
+    buf = torch.ones(max(1024, nbytes // 4), device=device)
+    return buf.numel() * 4 / _timeit(buf.sum, n) / 1e9
 
 
 def peak_gflops(device: str, size: int = 1024, n: int = 20) -> float:
@@ -119,7 +128,13 @@ def decode_anatomy(model: Transformer, slots: int = 16, ctx: int = 96, n: int = 
     falls on both alike. Each turn starts untimed, since a server's steps follow one another:
     ``warm`` steps before a round's timed ones (the first steps after the matmul passes, their
     K/V pushed out of the caches, ran 1.2-1.8x a steady step, easing over about three:
-    docs/speed.md), one call before each matmul timing (``_timeit``)."""
+    docs/speed.md), one call before each matmul timing (``_timeit``).
+
+    The matmuls are not the step's only floor: its attention reads every row's K/V once, bytes no
+    kernel can skip. ``kv_read_mb`` is what a timed step reads (the rows' contexts at least: the
+    slot path's dense attention may read more), ``kv_read_floor_ms`` that at the rate this machine
+    reads a buffer that size (``read_gbps``), and ``step_over_matmul_and_kv`` the step against
+    both floors added: what is left above 1 is the kernels' and Python's own."""
     vocab = model.cfg.vocab_size
     chunked = kv == "chunked"
     rounds, warm = max(1, min(rounds, n)), max(1, warm)
@@ -134,7 +149,8 @@ def decode_anatomy(model: Transformer, slots: int = 16, ctx: int = 96, n: int = 
     eng.step()                                                    # admit (and prefill) everyone
     assert sum(eng.slots.active) == slots
     sync = torch.cuda.synchronize if eng.device.type == "cuda" else (lambda: None)
-    step_s = mm_s = lib_s = 0.0
+    bytes_per_token = kv_bytes_per_token(model, eng.device, kv_cache_dtype)
+    step_s = mm_s = lib_s = kv_bytes = gbps = 0.0
     with step_parts(eng) as parts:
         for r in range(rounds):
             before = dict(parts)
@@ -142,6 +158,7 @@ def decode_anatomy(model: Transformer, slots: int = 16, ctx: int = 96, n: int = 
                 eng.step()
             parts.update(before)                                  # (the warm steps' parts not counted)
             for _ in range(n * (r + 1) // rounds - n * r // rounds):   # n steps in all
+                kv_bytes += bytes_per_token * sum(seq.context_len() for seq in eng._running)
                 sync()
                 t = time.perf_counter()
                 eng.step()
@@ -149,11 +166,16 @@ def decode_anatomy(model: Transformer, slots: int = 16, ctx: int = 96, n: int = 
                 step_s += time.perf_counter() - t
             mm_s += matmul_only_s(model, slots, n=max(1, 200 // rounds)) / rounds
             lib_s += matmul_only_s(model, slots, n=max(1, 200 // rounds), library=True) / rounds
+            gbps += read_gbps(bytes_per_token * sum(seq.context_len() for seq in eng._running), eng.device) / rounds
     step_s, fwd_s, sample_s = step_s / n, parts["forward"] / n, parts["sampling"] / n
     floor_s = min(mm_s, lib_s)
+    kv_step = kv_bytes / n                                        # K/V bytes a timed step's attention reads
+    kv_floor_s = kv_step / (gbps * 1e9)                           # at the rounds' mean read rate
     return {"active_rows": slots, "context": ctx, "steps": n, "step_ms": step_s * 1e3, "forward_ms": fwd_s * 1e3,
             "sampling_ms": sample_s * 1e3, "other_ms": max(0.0, step_s - fwd_s - sample_s) * 1e3,
             "matmul_only_ms": mm_s * 1e3, "library_matmul_ms": lib_s * 1e3, "matmul_floor_ms": floor_s * 1e3,
             "step_over_matmul": step_s / floor_s,
+            "kv_read_mb": kv_step / 1e6, "read_gbps": gbps, "kv_read_floor_ms": kv_floor_s * 1e3,
+            "step_over_matmul_and_kv": step_s / (floor_s + kv_floor_s),
             "matmul_gflops": 2 * slots * sum(m.weight.numel() for m in model.modules()
                                              if isinstance(m, torch.nn.Linear)) / mm_s / 1e9}

@@ -119,6 +119,15 @@ def _library_matmul(anatomy: dict) -> str:
     return f", through PyTorch's GEMM {ms:.2f} ms" if ms is not None else ""
 
 
+def _kv_read(anatomy: dict) -> str:
+    """The attention's own floor, the K/V it must read, where the report has it (older ones do not)."""
+    if anatomy.get("kv_read_floor_ms") is None:
+        return ""
+    return (f" Its attention reads {anatomy['kv_read_mb']:.1f} MB of K/V: ≥ {anatomy['kv_read_floor_ms']:.2f} ms at "
+            f"the {anatomy['read_gbps']:.0f} GB/s this machine reads a buffer that size → step = "
+            f"{anatomy['step_over_matmul_and_kv']:.2f}x matmuls + K/V read.")
+
+
 def print_report(console: Console, report: dict) -> None:
     paths = report["paths"]
     console.print(f"[bold]tinyllm bench[/] — {report['model']['name']} ({report['model']['params'] / 1e6:.1f}M params), "
@@ -164,7 +173,7 @@ def print_report(console: Console, report: dict) -> None:
             f"forward {a['forward_ms']:.2f} + sampling {a['sampling_ms']:.2f} + other {a['other_ms']:.2f} ms "
             f"(mean of {a['steps']} steps); the same rows' matmuls alone: {a['matmul_only_ms']:.2f} ms "
             f"({a['matmul_gflops']:.1f} GFLOP/s){_library_matmul(a)} → step = {a['step_over_matmul']:.2f}x the "
-            f"{'faster ' if a.get('library_matmul_ms') is not None else ''}matmul-only time.")
+            f"{'faster ' if a.get('library_matmul_ms') is not None else ''}matmul-only time.{_kv_read(a)}")
     console.print("(forward: the model call; sampling: choosing each row's next token; other: the rest of the "
                   "same steps — scheduling, KV bookkeeping, Python.)")
     console.print(f"Peak 1024² matmul: {report['machine']['peak_matmul_gflops_1024']:.0f} GFLOP/s. CPU "

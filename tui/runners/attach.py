@@ -75,6 +75,21 @@ def reason(e: Exception) -> str:
     return re.sub(r"^\[Errno -?\d+\] ", "", str(e)) or type(e).__name__
 
 
+def not_listening(url: str, timeout: float = 2.0) -> str | None:
+    """Why nothing accepts connections at ``url``'s host and port yet (the socket's own words:
+    "Connection refused"), or None once something does. A host name that does not resolve is a
+    ValueError: no wait brings it up."""
+    u = httpx.URL(url)
+    port = u.port or (443 if u.scheme == "https" else 80)
+    try:
+        socket.create_connection((u.host, port), timeout=timeout).close()
+    except socket.gaierror as e:
+        raise ValueError(f"cannot resolve the host {u.host!r} ({reason(e)})") from None
+    except OSError as e:
+        return reason(e)
+    return None
+
+
 def quoted(prompt: str, most: int = 40) -> str:
     """A prompt in a message, on one line and cut to ``most`` characters."""
     return json.dumps(prompt if len(prompt) <= most else prompt[:most - 1] + "…", ensure_ascii=False)
