@@ -243,6 +243,11 @@ def _too_long_together(tmp_path) -> str:
     # the race's own per-request rule, before the UI (it once came up, then closed with this)
     (["--race", "--kv-blocks", "1"], "lane 'chunked': 223 tokens need 14 blocks of 16, but the pool has only 1 block "
                                      "(16 tokens): raise --kv-blocks to 14"),
+    (["--race", "--lanes", "static", "continuous", "--kv-blocks", "1"],     # no lane has blocks: was ignored
+     "--kv-blocks sizes the paged lanes' KV pool, and no lane here is paged ('static', 'continuous': static "
+     "batching and slot KV hold --max-len tokens per row): drop it, or add a lane such as chunked or "
+     "\"continuous kv=paged\""),
+    (["--race", "--lanes", "static", "continuous", "--block-size", "8"], "--block-size sizes the paged lanes' KV pool"),
     (["--race", "--lanes", "static", "continuous kv=paged block=8 blocks=27"],
      "lane 'continuous kv=paged block=8 blocks=27': 223 tokens need 28 blocks of 8, but the pool has only 27 blocks "
      "(216 tokens): raise its blocks= to 28"),

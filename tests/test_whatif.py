@@ -135,6 +135,15 @@ def test_tinyllm_whatif_refuses_a_bad_lane_in_one_line(args, message, capsys):
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+def test_tinyllm_whatif_refuses_pool_options_no_lane_uses(capsys):
+    """On a workload, static and slot-KV lanes have no blocks: --kv-blocks was ignored. (On this
+    recording, made on --kv paged, a continuous lane takes the recorded paged KV, and uses it.)"""
+    assert tinyllm_main(["whatif", "burst", "--lanes", "static", "continuous", "--kv-blocks", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "--kv-blocks sizes the paged lanes' KV pool, and no lane here is paged ('static', 'continuous':" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_tinyllm_whatif_refuses_a_missing_source(capsys):
     assert tinyllm_main(["whatif", "no-such-run.jsonl", "--lanes", "fcfs", "priority"]) == 2
     assert "no such file, and not a bundled workload" in capsys.readouterr().err

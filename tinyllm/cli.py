@@ -142,7 +142,8 @@ def cmd_whatif(args) -> None:
 
     from tinyllm.observe.recording import RecordingError
     from tinyllm.race.race import build_race
-    from tinyllm.race.spec import LaneSpecError, check_memory_options, on_recording, parse_lanes, set_by_options
+    from tinyllm.race.spec import (LaneSpecError, check_memory_options, check_pool_options_used, on_recording,
+                                   parse_lanes, set_by_options)
     from tinyllm.race.whatif import compare, load_arrivals, recorded_settings, to_json
     from tinyllm.bench.report import stdout_console
     from tinyllm.race.whatif_view import groups_table, lanes_table, request_lanes, requests_table
@@ -164,6 +165,10 @@ def cmd_whatif(args) -> None:
         typed = {**vars(args), "kv_cache_dtype": None if args.kv_cache_dtype == "auto" else args.kv_cache_dtype}
         recorded = recorded.without(set_by_options(typed))     # (auto: the default, not told from a typed one)
         lanes, notes = on_recording(lanes, recorded)
+    try:
+        check_pool_options_used(lanes, args.kv_blocks, args.block_size)
+    except LaneSpecError as e:
+        raise UsageError(str(e)) from None
     max_len = args.max_len or (recorded.max_len if recorded else 512)
     torch.set_num_threads(args.threads)
     model, tok = load_model(args)

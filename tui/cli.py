@@ -508,7 +508,8 @@ def race_spec(parser, a, notes: list[str] | None = None):
     refuse_unused(parser, a, "--race")
     path, cfg, tok = model_config(parser, a)
     from tinyllm.observe.recording import RecordingError
-    from tinyllm.race.spec import LaneSpecError, check_memory_options, on_recording, parse_lanes, set_by_options
+    from tinyllm.race.spec import (LaneSpecError, check_memory_options, check_pool_options_used, on_recording,
+                                   parse_lanes, set_by_options)
     from tinyllm.race.whatif import recorded_settings, requests_from_recording
     try:
         lanes = parse_lanes(a.lanes)                      # (at least two lanes: it refuses one)
@@ -529,6 +530,10 @@ def race_spec(parser, a, notes: list[str] | None = None):
             lanes, warnings = on_recording(lanes, recorded)
         except LaneSpecError as e:
             parser.error(f"--lanes: {e}")
+    try:
+        check_pool_options_used(lanes, a.kv_blocks, a.block_size if "block_size" in a.given else None)
+    except LaneSpecError as e:
+        parser.error(str(e))
     max_len = a.max_len or (recorded.max_len if recorded else min(cfg.max_seq_len, DEFAULT_MAX_LEN))
     check_max_len(parser, max_len, cfg)
     for lane in lanes:

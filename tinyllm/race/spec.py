@@ -247,6 +247,20 @@ def on_recording(lanes: tuple[LaneSpec, ...], rec: Recorded) -> tuple[tuple[Lane
     return tuple(out), notes
 
 
+def check_pool_options_used(lanes: tuple[LaneSpec, ...], kv_blocks: int | None, block_size: int | None) -> None:
+    """--kv-blocks and --block-size size the paged lanes' pools: with no paged lane (static
+    batching, slot KV) they would be ignored, so LaneSpecError refuses them. Asked once the lanes'
+    kinds are final (on a recording, after ``on_recording``)."""
+    if any(lane.kind == "chunked" or lane.kv == "paged" for lane in lanes):
+        return
+    for flag, value in (("--kv-blocks", kv_blocks), ("--block-size", block_size)):
+        if value is not None:
+            raise LaneSpecError(f"{flag} sizes the paged lanes' KV pool, and no lane here is paged ("
+                                f"{', '.join(repr(lane.label) for lane in lanes)}: static batching and slot KV hold "
+                                f"--max-len tokens per row): drop it, or add a lane such as chunked or "
+                                f"\"continuous kv=paged\"")
+
+
 def check_memory_options(lanes: tuple[LaneSpec, ...], kv_memory_mib: float | None, kv_blocks: int | None,
                          max_num_seqs: int | None) -> None:
     """The race's --kv-memory / --kv-blocks / --max-num-seqs against its lanes (the app and
