@@ -400,8 +400,9 @@ class RaceApp(App):
 # -- the main app's `r` key -----------------------------------------------------------------------
 def open_race(app) -> None:
     """Open the race over the main app, on its model, with the workload the app loaded last
-    (--prompts or F3; none: the race's default, and its status line says which) and the app's
-    slot count (or, started with --kv-memory, its KV budget: every lane at that memory). The app's
+    (--prompts or F3; none: the race's default, and its status line says which), the app's slot
+    count, --max-len and paged pool (--kv-blocks, --block-size) or, started with --kv-memory, its
+    KV budget (every lane at that memory). The app's
     own engine is paused meanwhile (it would take CPU from the lanes) and resumed afterwards if it
     was running."""
     from tinyllm.workload import WorkloadError, resolve_workload
@@ -420,21 +421,31 @@ def open_race(app) -> None:
         from tinyllm.model.config import load_config_and_tokenizer
         model_dir = spec.model_dir
         max_seq_len = load_config_and_tokenizer(Path(model_dir))[0].max_seq_len
-    max_len = min(max_seq_len, DEFAULT_MAX_LEN)
+    default_len = min(max_seq_len, DEFAULT_MAX_LEN)
+    own_len = 0 < snap.max_len < default_len                # the app's --max-len, where it set a shorter one
     loaded = getattr(app, "workload", None)
     if loaded is not None:
         name = f"{loaded.name.removesuffix('.jsonl')} (loaded in the app)"
     else:
         name = f"{DEFAULT_WORKLOAD} (the race's default: no prompts loaded)"
-    try:
-        path = loaded or resolve_workload(DEFAULT_WORKLOAD)
-        work = race_workload(path, app.tokenizer.encode, max_len)
-    except WorkloadError as e:
-        app.notify(str(e), title="the race could not start", severity="error", timeout=10)
+    path = loaded or resolve_workload(DEFAULT_WORKLOAD)
+    work = None
+    for max_len in ([snap.max_len] if own_len else []) + [default_len]:   # the app's length, if its requests fit
+        try:
+            work = race_workload(path, app.tokenizer.encode, max_len)
+            break
+        except WorkloadError as e:
+            why = str(e)
+    if work is None:
+        app.notify(why, title="the race could not start", severity="error", timeout=10)
         return
+    if own_len and max_len != snap.max_len:
+        name += f"; at max_len {max_len}: its requests do not fit the app's {snap.max_len}"
     budget = snap.max_batched_tokens
     kv_mib = getattr(engine if engine is not None else spec, "kv_memory_mib", None)   # the app's --kv-memory
-    race = RaceSpec(model_dir, work, name, snap.n_slots, max_len, snap.kv.block_size or 16, None,
+    same_len = max_len == snap.max_len                    # (its pool was sized for the app's length)
+    blocks = snap.kv.n_blocks if snap.kv.kind == "paged" and same_len and not kv_mib else None   # --kv-blocks
+    race = RaceSpec(model_dir, work, name, snap.n_slots, max_len, snap.kv.block_size or 16, blocks,
                     budget if budget and budget >= snap.n_slots else None, DEFAULT_BATCH_TIMEOUT_S,
                     device=None if spec is None else spec.device, threads=runner.threads or None,
                     kv_memory_mib=kv_mib,
