@@ -92,6 +92,33 @@ async def test_a_race_run_to_the_finish_agrees_with_the_headless_paths():
         assert "FINISHED" in app.screen.query_one("#race-status").text.plain
 
 
+async def test_the_finish_line_counts_preemptions_where_a_lane_preempted():
+    """A pool of 6 blocks of 8 for 3 sequences of up to 22 tokens: the chunked lane preempts, as
+    the same requests do headless on that pool; the finish line had no column that said so."""
+    work = small_work()
+    app = race_app(work, kv_blocks=6)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await step_to(pilot, 10_000)
+        frame = app.runner.frame
+        model, _ = bundled()
+        reqs = [Request(list(ids), new) for _, ids, new, _, _ in work]
+        want = run_continuous(model, reqs, SLOTS, max_len=MAX_LEN, kv="paged", block_size=BLOCK, kv_blocks=6,
+                              chunked_prefill=True, max_batched_tokens=BUDGET)[1]["preemptions"]
+        results = {v.key: v.result for v in frame.lanes}
+        assert want > 0 and results["chunked"].preemptions == want
+        assert results["static"].preemptions == results["continuous"].preemptions == 0
+        table = plain(app, app.screen.query_one(FinishLine)).splitlines()
+        header = next(line.split() for line in table if "tok/s" in line)
+        column = header.index("preempted") - len(header)                # counted from the right
+        for key, name in (("static", "static"), ("continuous", "continuous"), ("chunked", "budget+cache")):
+            row = next(line.split() for line in table if line.split()[:1] == [name])
+            assert row[column] == f"{results[key].preemptions:,}"
+    app = race_app(work)                                                  # no lane preempts: no column
+    async with app.run_test(size=(160, 40)) as pilot:
+        await step_to(pilot, 10_000)
+        assert "preempted" not in plain(app, app.screen.query_one(FinishLine))
+
+
 async def test_race_keys_pause_step_speed_restart_and_help():
     app = race_app(small_work())
     r = app.runner

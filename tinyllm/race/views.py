@@ -66,6 +66,7 @@ class LaneResult:
     computed_rows: int
     useful_rows: int
     prefill_tokens: int
+    preemptions: int = 0          # requests sent back to the queue to free KV (paged lanes only)
 
 
 @dataclass(frozen=True)

@@ -124,7 +124,8 @@ class FinishLine(Widget):
     def _lanes_table(self) -> Table:
         """tinyllm bench's columns, one row per lane: its tokens/s and against static batching (the
         race's point) always; then, as the width allows, most telling first, TTFT p50, latency p95,
-        row use, the mean share of its KV memory in use (a lane's bar says the share now), steps,
+        row use, the mean share of its KV memory in use (a lane's bar says the share now), its
+        preemptions (where a lane preempted: a pool too small for its sequences), steps,
         TTFT p95, its sequences and KV memory (``64 · 32 MiB``: at equal memory, why the paged
         lanes win; the lanes' titles say it too), and its place."""
         base = next((v.result.tok_s for v in self.lanes if v.kind == "static"), None)
@@ -139,16 +140,20 @@ class FinishLine(Widget):
                          "seqs · KV": "" if v.kv_mib is None else f"{v.seqs} · {mib(v.kv_mib)}",
                          "TTFT p50": duration(r.ttft_p50_s), "TTFT p95": duration(r.ttft_p95_s),
                          "latency p95": duration(r.latency_p95_s), "row util": f"{r.row_util:.0%}",
-                         "KV mean": f"{r.kv_used_mean:.0%}", "steps": f"{r.decode_steps:,}"})
+                         "KV mean": f"{r.kv_used_mean:.0%}", "steps": f"{r.decode_steps:,}",
+                         "preempted": f"{r.preemptions:,}"})
         order_of = ["lane", "place", "tok/s", "× static", "seqs · KV", "TTFT p50", "TTFT p95", "latency p95",
-                    "row util", "KV mean", "steps"]
+                    "row util", "KV mean", "preempted", "steps"]
         cols = ["lane", "tok/s"] + (["× static"] if base else [])
 
         def width(c: str) -> int:
             return max(len(c), *(len(row[c]) for row in rows)) + 2
         used = sum(map(width, cols))
-        for c in ("TTFT p50", "latency p95", "row util", "KV mean", "steps", "TTFT p95", "seqs · KV", "place"):
-            if (c != "seqs · KV" or any(row[c] for row in rows)) and used + width(c) <= self.size.width:
+        preempted = any(v.result.preemptions for v in self.lanes)          # shown where a lane preempted
+        for c in ("TTFT p50", "latency p95", "row util", "KV mean", "preempted", "steps", "TTFT p95", "seqs · KV",
+                  "place"):
+            shown = any(row[c] for row in rows) if c == "seqs · KV" else preempted if c == "preempted" else True
+            if shown and used + width(c) <= self.size.width:
                 cols.append(c)                          # what fits, most telling first
                 used += width(c)
         cols.sort(key=order_of.index)
