@@ -204,6 +204,35 @@ async def test_timeline_panel_draws_each_request_life():
         await until(pilot, lambda: app.query_one("#requests").display and not tl.display)
 
 
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)])
+async def test_the_timeline_key_names_the_cells_on_screen_whole(size):
+    """The key to every glyph (~110 columns) sat on one line and was cut off at 120 columns
+    (`░queued s:no slot k:KV full b:`): it names the glyphs the chart shows now, each whole,
+    wrapped onto the lines the width needs (F1 lists them all)."""
+    from tui.widgets.timeline import LEGEND
+    app = replay_app()
+    async with app.run_test(size=size) as pilot:
+        await goto(pilot, 70)
+        await pilot.press("t")
+        tl = app.query_one("#timeline", TimelinePanel)
+        await until(pilot, lambda: tl.display and tl.tracks)
+        await pilot.pause(0.1)
+        lines = tl.render().plain.splitlines()
+        first_row = next(i for i, line in enumerate(lines) if line.lstrip().startswith("#"))
+        key, rows = " ".join(lines[:first_row]), lines[first_row:]
+        chart = "".join(line.split(" ", 1)[1] if " " in line.lstrip() else "" for line in (r.lstrip() for r in rows))
+        assert key.startswith("steps ") and first_row <= 3
+        named = [glyph + name in key for (glyph, _, _), name in LEGEND]
+        for ((glyph, _, _), name), said in zip(LEGEND, named):
+            assert not said or glyph in chart, (glyph, name, key)   # only what is on screen, each whole
+        cut = key.endswith(" …")                                      # (a short panel: the rest in F1)
+        missing = [i for i, ((glyph, _, _), _) in enumerate(LEGEND) if glyph in chart and not named[i]]
+        assert (not missing) if not cut else (missing and min(missing) > max(i for i, s in enumerate(named) if s)), (key, missing)
+        assert cut == (size == (80, 24)) and "s:no slot" not in key  # nothing in this run waited for a slot
+        assert "P:preempted" in key or cut
+        assert all(len(line) <= tl.size.width for line in lines[:first_row])
+
+
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)])
 def test_timeline_snapshot(snap_compare, size):
     app = replay_app()

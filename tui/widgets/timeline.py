@@ -42,7 +42,7 @@ WAIT_CELLS = {"queue": QUEUED,
               "preempted": WAIT_RECOMPUTE}
 LEGEND = ((QUEUED, "queued"), (WAIT_CELLS["slots"], ":no slot"), (WAIT_CELLS["pool"], ":KV full"),
           (WAIT_CELLS["budget"], ":budget"), (PREFILL, "prefill"), (CACHED_ADMIT, "cache hit"), (DECODE, "decode"),
-          (PREEMPT, "preempted"), (WAIT_RECOMPUTE, "to recompute"), (ENDS["finished"], "done"),
+          (PREEMPT, ":preempted"), (WAIT_RECOMPUTE, "to recompute"), (ENDS["finished"], "done"),
           (ENDS["aborted"], "aborted"))
 
 
@@ -126,10 +126,9 @@ class TimelinePanel(Widget, can_focus=True):
         return True
 
     # -- layout ---------------------------------------------------------------------------------
-    def _rows(self, height: int) -> list[Track]:
-        """The newest tracks that fit, the selected one kept; oldest on top."""
-        n = max(0, height - 1)
-        if n == 0 or not self.tracks:
+    def _tracks_in(self, n: int) -> list[Track]:
+        """The newest ``n`` tracks, the selected one kept; oldest on top."""
+        if n <= 0 or not self.tracks:
             return []
         rows = list(self.tracks[-n:])
         if self.selected is not None and all(t.rid != self.selected for t in rows):
@@ -146,30 +145,56 @@ class TimelinePanel(Widget, can_focus=True):
         first = last - cols * self.per_col + 1
         return label, first, last
 
-    def _header(self, width: int) -> list[Segment]:
+    def _header(self, width: int, height: int) -> list[list[Segment]]:
+        """The window's steps, then the key to the cells on screen now (the whole key is ~110
+        columns: it was cut off at 120; F1 lists every glyph), on as many lines as the width needs,
+        at most a quarter of the panel's (and three); "…" ends one with no room for the rest."""
         label, first, last = self._window(width)
         base = self.rich_style
         u = self.unit
-        head = (f"{u}s {max(first, 0)}–{last} · {self.per_col} {u}{'s' if self.per_col > 1 else ''}/col  " if u == "step"
-                else f"{max(first, 0)}–{last} {u} · {self.per_col} {u}/col  ")
-        segs = [Segment(head, on(base, DIM))]
-        for (glyph, style, _), name in LEGEND:
-            segs += [Segment(glyph, on(base, style)), Segment(f"{name} ", on(base, DIM))]
-        return segs
+        head = (f"{u}s {max(first, 0)}–{last} · {self.per_col} {u}{'s' if self.per_col > 1 else ''}/col" if u == "step"
+                else f"{max(first, 0)}–{last} {u} · {self.per_col} {u}/col")
+        shown = {c for t in self._tracks_in(max(0, height - 1))
+                 for c in paint(t, first, last, self.per_col, self.now_step) if c is not None}
+        items = [[Segment(glyph, on(base, style)), Segment(name, on(base, DIM))]
+                 for (glyph, style, _), name in LEGEND if (glyph, style, _) in shown]
+        lines: list[list[Segment]] = [[Segment(head, on(base, DIM))]]
+        most = max(1, min(3, height // 4))
+        for i, item in enumerate(items):
+            size = sum(len(seg.text) for seg in item)
+            while True:
+                gap = (2 if len(lines) == 1 else 1) if lines[-1] else 0
+                room = width - (2 if len(lines) == most and i < len(items) - 1 else 0)   # (for " …")
+                if sum(len(seg.text) for seg in lines[-1]) + gap + size <= room:
+                    lines[-1] += [Segment(" " * gap, on(base, DIM))] + item
+                    break
+                if len(lines) == most:                    # no room for the rest: say so (F1 has them all)
+                    lines[-1].append(Segment(" …", on(base, DIM)))
+                    return lines
+                lines.append([])
+        return lines
+
+    def _layout(self, width: int, height: int) -> tuple[list[list[Segment]], list[Track]]:
+        """(header lines, rows) as drawn now: worked out once per change, not once per line."""
+        key = (self.tracks, self.now_step, self.selected, self.zoom, width, height, self.rich_style)
+        if getattr(self, "_laid_out", (None,))[0] != key:
+            header = self._header(width, height)
+            self._laid_out = (key, (header, self._tracks_in(max(0, height - len(header)))))
+        return self._laid_out[1]
 
     def render_line(self, y: int) -> Strip:
-        width, base = self.size.width, self.rich_style
+        width, height, base = self.size.width, self.size.height, self.rich_style
         if not self.tracks:
             if y == 0:
                 return Strip([Segment("no requests yet: each will get a row here", on(base, DIM))]).crop_extend(
                     0, width, base)
             return Strip.blank(width, base)
-        if y == 0:
-            return Strip(self._header(width)).crop_extend(0, width, base)
-        rows = self._rows(self.size.height)
-        if y - 1 >= len(rows):
+        header, rows = self._layout(width, height)
+        if y < len(header):
+            return Strip(header[y]).crop_extend(0, width, base)
+        if y - len(header) >= len(rows):
             return Strip.blank(width, base)
-        t = rows[y - 1]
+        t = rows[y - len(header)]
         label, first, last = self._window(width)
         sel = t.rid == self.selected
         segs = [Segment(f"#{t.rid}".rjust(label - 1) + " ", on(base, Style(bold=True, reverse=sel)))]
