@@ -150,6 +150,16 @@ async def test_the_event_log_says_when_a_request_starts_waiting_for_the_pool():
         assert v.wait == "pool"
         log = [e.text for e in app.query_one(EventLog).lines]
         assert f"#{b} waits: {v.wait_detail}" in log
+        await pilot.resize_terminal(100, 40)                # narrower than the line: it wraps, whole
+        line = f"{0:>6} #{b} waits: {v.wait_detail}"                # (the step column, then its text)
+        await until(pilot, lambda: 0 < app.query_one(EventLog).content_region.width < len(line), what="the resize")
+        await pilot.pause()
+        log = app.query_one(EventLog)
+        options = app.console.options.update_width(log.content_region.width)
+        drawn = app.console.render_lines(log.render(), options, pad=False)    # as the screen draws it
+        shown = " ".join("".join(seg.text for seg in line).strip() for line in drawn).split()
+        shown = " ".join(shown)
+        assert f"#{b} waits: {v.wait_detail}" in shown and "…" not in shown
 
 
 SLOTS = 1
