@@ -350,6 +350,24 @@ def test_race_on_a_recording_starts_every_lane_from_the_recorded_engine_as_whati
     assert (a.block_size, a.budget, b.kv_blocks) == (16, 32, 96)        # what no option set: still the recording's
 
 
+def test_a_block_size_other_than_the_recordings_keeps_its_pools_memory():
+    """`--race RUN.jsonl --block-size 8` (or a lane's block=8) on a run of 16 blocks of 16 took
+    16 blocks of 8: half the memory, a different question. The lanes keep the recorded 256 tokens."""
+    from tui.cli import build_parser, parse, race_spec
+    parser = build_parser()
+    notes: list[str] = []
+    spec = race_spec(parser, parse(parser, ["--race", RECORDING, "--lanes", "fcfs", "fcfs block=32",
+                                            "fcfs block=8 blocks=40"]), notes)
+    a, b, c = spec.lanes
+    assert (a.block_size, a.kv_blocks) == (16, 16)                     # the recording's own
+    assert (b.block_size, b.kv_blocks) == (32, 8)                      # 256 tokens in blocks of 32
+    assert (c.block_size, c.kv_blocks) == (8, 40)                      # its own blocks= win
+    assert "warning: lane 'fcfs block=32' runs the recorded pool's 256 tokens in 8 blocks of 32" in notes
+    typed = race_spec(parser, parse(parser, ["--race", RECORDING, "--lanes", "fcfs", "priority", "--block-size", "8"]))
+    assert [(lane.block_size, lane.kv_blocks) for lane in typed.lanes] == [(None, 32), (None, 32)]
+    assert typed.block_size == 8
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--host", "0.0.0.0"], "--host applies to --web only"),
     (["--port", "8080"], "--port applies to --web only"),

@@ -164,7 +164,7 @@ def cmd_whatif(args) -> None:
     if recorded is not None:                                   # an option given wins over the recording
         typed = {**vars(args), "kv_cache_dtype": None if args.kv_cache_dtype == "auto" else args.kv_cache_dtype}
         recorded = recorded.without(set_by_options(typed))     # (auto: the default, not told from a typed one)
-        lanes, notes = on_recording(lanes, recorded)
+        lanes, notes = on_recording(lanes, recorded, args.block_size)
     try:
         check_pool_options_used(lanes, args.kv_blocks, args.block_size)
     except LaneSpecError as e:

@@ -527,7 +527,7 @@ def race_spec(parser, a, notes: list[str] | None = None):
     if recorded is not None:                              # an option given wins over the recording
         recorded = recorded.without(set_by_options({dest: getattr(a, dest) for dest in a.given}))
         try:
-            lanes, warnings = on_recording(lanes, recorded)
+            lanes, warnings = on_recording(lanes, recorded, a.block_size if "block_size" in a.given else None)
         except LaneSpecError as e:
             parser.error(f"--lanes: {e}")
     try:

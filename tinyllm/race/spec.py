@@ -192,6 +192,7 @@ class Recorded:
     fields: dict                          # LaneSpec field -> the recorded value
     max_len: int
     missing: dict                         # LaneSpec field -> (what it is, today's default): not in the header
+    pool_tokens: int | None = None        # the paged pool's tokens (blocks x block size): kept if block size changes
 
     def without(self, names) -> Recorded:
         """Less the fields an option of the command sets for every lane (it wins over the recording)."""
@@ -222,12 +223,16 @@ TAKES = {"static": ("slots", "kv_dtype"),
          "chunked": ("slots", "policy", "kv_dtype", "budget", "prefix_cache", "block_size", "kv_blocks")}
 
 
-def on_recording(lanes: tuple[LaneSpec, ...], rec: Recorded) -> tuple[tuple[LaneSpec, ...], list[str]]:
+def on_recording(lanes: tuple[LaneSpec, ...], rec: Recorded,
+                 block_size: int | None = None) -> tuple[tuple[LaneSpec, ...], list[str]]:
     """The lanes at the recording's settings, each lane's own winning, so a lane that says only
     ``fcfs`` re-runs the recorded engine; and a note per recorded setting the header lacks that a
     lane falls back on today's default for. A lane that names no kind takes the recorded one,
-    unless its own settings need chunked prefill (budget=, prefix=)."""
-    out, fallbacks = [], {}
+    unless its own settings need chunked prefill (budget=, prefix=). A lane whose block size
+    differs from the recording's (its block=, or ``block_size``: the command's --block-size) and
+    takes the recorded pool gets that pool's memory, not its block count: "what if the blocks
+    were 8 tokens" asks about the same KV memory, in finer blocks (a note says so)."""
+    out, fallbacks, resized = [], {}, []
     for lane in lanes:
         kind, own = _read(lane.label)
         taken = () if kind else ("kind",)
@@ -241,10 +246,16 @@ def on_recording(lanes: tuple[LaneSpec, ...], rec: Recorded) -> tuple[tuple[Lane
                  and (paged or k not in ("block_size", "kv_blocks"))]
         taken += tuple(k for k in wants if k in rec.fields)
         fallbacks.update((k, rec.missing[k]) for k in wants if k in rec.missing)
-        out.append(_checked(lane.label, kind, {**{k: rec.fields[k] for k in taken if k != "kind"}, **own}, taken))
+        fields = {**{k: rec.fields[k] for k in taken if k != "kind"}, **own}
+        size = fields.get("block_size") or block_size
+        if "kv_blocks" in taken and rec.pool_tokens and size and size * fields["kv_blocks"] != rec.pool_tokens:
+            fields["kv_blocks"] = max(1, rec.pool_tokens // size)
+            resized.append(f"lane {lane.label!r} runs the recorded pool's {rec.pool_tokens:,} tokens in "
+                           f"{fields['kv_blocks']:,} blocks of {size}")
+        out.append(_checked(lane.label, kind, fields, taken))
     notes = [f"the recording does not say its {what}: lanes that do not set it use {default}"
              for what, default in fallbacks.values()]
-    return tuple(out), notes
+    return tuple(out), notes + resized
 
 
 def check_pool_options_used(lanes: tuple[LaneSpec, ...], kv_blocks: int | None, block_size: int | None) -> None:

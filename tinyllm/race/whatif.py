@@ -102,7 +102,8 @@ def settings_from_header(header: dict) -> Recorded:
         fields["kv_dtype"] = dtype
     else:
         missing["kv_dtype"] = ("KV cache dtype", "--kv-cache-dtype auto")
-    return Recorded(kind, fields, e["max_len"], missing)
+    pool = fields["kv_blocks"] * fields["block_size"] if k["kind"] == "paged" else None
+    return Recorded(kind, fields, e["max_len"], missing, pool)
 
 
 def is_recording(path: str | Path) -> bool:
