@@ -503,6 +503,23 @@ async def test_at_equal_kv_memory_each_lane_shows_its_sequences_and_memory():
         assert not app.notified
 
 
+@pytest.mark.parametrize("lanes", [("fcfs", "chunked"), ("static", "static slots=4"), ("priority", "chunked"),
+                                   ("chunked", "fcfs budget=64")])
+def test_a_lane_named_by_its_kind_beside_one_with_settings_loads_and_races(lanes):
+    """`--race --lanes fcfs chunked` died before the screen came up (KeyError: 'lane1'): the loading
+    frame looked up a title for the lanes' keys, which are lane0, lane1 once one lane has settings.
+    The loading frame and the race's own frame now name each lane alike."""
+    from tui.cli import build_parser, parse, race_spec
+    parser = build_parser()
+    spec = race_spec(parser, parse(parser, ["--race", "--lanes", *lanes]))
+    loading = spec.loading_frame()
+    model, _ = bundled()
+    race = spec.make_race(model)
+    assert [v.title for v in loading.lanes] == [lane.title for lane in race.lanes]
+    named = {"static": "static batching", "chunked": "token budget + prefix cache"}
+    assert [v.title for v in loading.lanes] == [named.get(label, label) for label in lanes]
+
+
 def test_a_budget_too_small_for_the_lanes_says_so_before_the_race_starts():
     """Whether a budget holds one request depends on the model: the race (in the engine process)
     refuses it with the engine's words, naming the option; the app prints that one line."""

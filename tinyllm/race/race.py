@@ -23,7 +23,7 @@ from tinyllm.race.clock import LaneClock
 from tinyllm.race.lanes import ContinuousLane, Lane, StaticLane, Workload
 from tinyllm.race.spec import LaneSpec
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, check_static_batches
-from tinyllm.race.views import LANE_TITLES, LANES, LaneView, lane_detail
+from tinyllm.race.views import LANES, LaneView, lane_detail, lane_title
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, check_fits
 
 
@@ -111,7 +111,7 @@ def _build_lane(model, workload: Workload, spec: LaneSpec, key: str, slots: int,
     """One lane of build_race (see it); ``mib``: its KV memory budget, if it has one; ``kv_dtype``:
     its KV cache's element type."""
     bpt = kv_bytes_per_token(model, next(model.parameters()).device, kv_dtype)
-    title = LANE_TITLES[spec.kind] if spec.label == spec.kind else spec.label
+    title = lane_title(spec.label, spec.kind)
     budget = spec.budget or max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
     clock = LaneClock(step_cost_s)
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)

@@ -129,6 +129,11 @@ class RequestOutcome:
     tenant: str = ""
 
 
+def lane_title(label: str, kind: str) -> str:
+    """A lane's title: the kind's own name for a lane that says only its kind, else its label."""
+    return LANE_TITLES[kind] if label == kind else label
+
+
 def waiting_lane(key: str, detail: str, rows: int, total: int, total_tokens: int, title: str | None = None,
                  kind: str = "") -> LaneView:
     """A lane before its first step (free rows, nothing done): what the app shows while loading.

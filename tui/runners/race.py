@@ -16,7 +16,7 @@ from typing import Callable
 
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_NEW
 from tinyllm.race.spec import LaneSpec
-from tinyllm.race.views import LANES, LaneView, lane_detail, mib, waiting_lane
+from tinyllm.race.views import LANES, LaneView, lane_detail, lane_title, mib, waiting_lane
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS
 from tinyllm.units import duration
 from tui.runners.loop import CommandLoop
@@ -203,7 +203,7 @@ class RaceSpec:
                       if budget_mib is not None else lane_detail(s.kind, n, self.batch_timeout_s, s.budget or budget,
                                                                 arrivals))
             lanes.append(waiting_lane(s.kind if plain else f"lane{i}", detail, n, len(self.workload), total,
-                                      None if s.label == s.kind else s.label, s.kind))
+                                      lane_title(s.label, s.kind), s.kind))
         return RaceFrame(0, tuple(lanes), False, 0, 0, None, (), status="loading")
 
 
