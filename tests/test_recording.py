@@ -322,6 +322,26 @@ def test_trace_command_writes_perfetto_json_and_refuses_a_bad_file(tmp_path, cap
     assert f"{bad}:1: not a tinyllm recording" in capsys.readouterr().err
 
 
+def test_trace_and_whatif_never_write_over_the_recording_they_read_and_compress_a_gz(tmp_path, capsys):
+    """`tinyllm trace run.jsonl --perfetto run.jsonl` printed "wrote run.jsonl" over the recording
+    (and whatif's --json did the same); a --perfetto file named .gz held plain JSON."""
+    import gzip
+
+    from tinyllm.cli import main
+    path = tmp_path / "run.jsonl"
+    record_run(path, "paged-tight")
+    before = path.read_bytes()
+    for argv in (["trace", str(path), "--perfetto", str(path)],
+                 ["whatif", str(path), "--lanes", "fcfs", "priority", "--json", str(tmp_path / "." / "run.jsonl")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"is the file this command reads ({path}): writing it would replace it; give another file" in err
+        assert path.read_bytes() == before
+    out = tmp_path / "trace.json.gz"
+    assert main(["trace", str(path), "--perfetto", str(out)]) == 0
+    assert json.loads(gzip.decompress(out.read_bytes()))["traceEvents"]
+
+
 def test_a_header_without_engine_settings_is_refused(tmp_path):
     p = tmp_path / "bad.jsonl"
     p.write_text('{"format": "tinyllm-recording", "version": 1, "engine": {}}\n')

@@ -140,7 +140,7 @@ def cmd_whatif(args) -> None:
     import torch
     from rich.console import Console
 
-    from tinyllm.observe.recording import RecordingError
+    from tinyllm.observe.recording import RecordingError, write_text
     from tinyllm.race.race import build_race
     from tinyllm.race.spec import (LaneSpecError, check_memory_options, check_pool_options_used, on_recording,
                                    parse_lanes, set_by_options)
@@ -148,6 +148,7 @@ def cmd_whatif(args) -> None:
     from tinyllm.bench.report import stdout_console
     from tinyllm.race.whatif_view import groups_table, lanes_table, request_lanes, requests_table
     from tinyllm.workload import WorkloadError
+    refuse_writing_over("--json", args.json, args.source)
     try:
         lanes = parse_lanes(args.lanes)
     except LaneSpecError as e:
@@ -205,15 +206,26 @@ def cmd_whatif(args) -> None:
         out.print(request_lanes(views, rows[0], min(out.width, 160)))   # (a step a cell: not 400 of them)
     if args.json:
         try:
-            Path(args.json).write_text(json.dumps(to_json(views, rows, args.source), indent=1), encoding="utf-8")
+            write_text(args.json, json.dumps(to_json(views, rows, args.source), indent=1))
         except OSError as e:
             raise UsageError(f"--json {args.json}: cannot write it: {e.strerror or e}") from None
         print(f"wrote {args.json}", file=sys.stderr)
 
 
+def refuse_writing_over(flag: str, out: str | None, source: str) -> None:
+    """An output that is the very file the command reads would replace it (a recording lost):
+    refused before the work starts."""
+    if out and os.path.exists(out) and os.path.exists(source) and os.path.samefile(out, source):
+        raise UsageError(f"{flag} {out} is the file this command reads ({source}): writing it would replace it; "
+                         f"give another file")
+
+
 def cmd_trace(args) -> None:
     """A recording (tinyllm-tui --record) as a summary, or as a Perfetto / Chrome trace."""
     import json
+
+    from tinyllm.observe.recording import write_text
+    refuse_writing_over("--perfetto", args.perfetto, args.recording)
 
     from tinyllm.observe.recording import BAD_RECORD, RecordingError, read_recording
     from tinyllm.observe.trace import perfetto_trace
@@ -235,7 +247,7 @@ def cmd_trace(args) -> None:
           f"{kinds.count('preempted')} preemptions · {kinds.count('aborted')} aborts")
     if args.perfetto:
         try:
-            Path(args.perfetto).write_text(json.dumps(trace), encoding="utf-8")
+            write_text(args.perfetto, json.dumps(trace))
         except OSError as e:
             raise UsageError(f"--perfetto {args.perfetto}: cannot write it: {e.strerror or e}") from None
         print(f"wrote {args.perfetto}: {len(evs)} trace events; open it in ui.perfetto.dev or chrome://tracing")

@@ -305,7 +305,8 @@ def run_bench(args) -> dict:
     }
     print_report(console, report)
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2, default=float) + "\n")
+        from tinyllm.observe.recording import write_text
+        write_text(args.json, json.dumps(report, indent=2, default=float) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)          # stdout stays the report alone
     if not tinyllm_ok:
         raise RuntimeError(f"greedy outputs disagree between tinyllm paths (the share of requests equal to "

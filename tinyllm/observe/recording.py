@@ -287,10 +287,19 @@ def _apply_queue(old: tuple[int, ...], q) -> tuple[int, ...]:
 
 
 # -- files ------------------------------------------------------------------------------------------
-def _open(path: Path, mode: str) -> TextIO:
+def open_text(path: Path, mode: str) -> TextIO:
+    """A text file, gzip-compressed when its name ends in .gz (recordings, and the reports and
+    traces the commands write)."""
+    path = Path(path)
     if path.suffix == ".gz":
         return gzip.open(path, mode + "t", encoding="utf-8")
     return open(path, mode, encoding="utf-8")
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """A report or trace a command was asked for, compressed when its name ends in .gz."""
+    with open_text(Path(path), "w") as f:
+        f.write(text)
 
 
 def _dumps(obj) -> str:
@@ -302,7 +311,7 @@ class RecordingWriter:
 
     def __init__(self, path: str | Path, header: dict):
         self.path = Path(path)
-        self._f: TextIO = _open(self.path, "w")
+        self._f: TextIO = open_text(self.path, "w")
         self._f.write(_dumps(header) + "\n")
         self._f.flush()
         self._flushed = time.monotonic()
@@ -334,7 +343,7 @@ def read_recording(path: str | Path) -> tuple[dict, list[tuple[int, dict]], str 
     lines: list[str] = []
     cut_off = False
     try:
-        with _open(path, "r") as f:
+        with open_text(path, "r") as f:
             try:
                 for line in f:
                     lines.append(line)

@@ -62,12 +62,12 @@ def requests_from_recording(path: str | Path) -> tuple[Arrivals, str | None]:
 def recorded_settings(source: str | Path) -> Recorded | None:
     """The engine settings a recording ran at, from its header (None: ``source`` is not a
     recording); RecordingError for a header this version cannot read."""
-    from tinyllm.observe.recording import _open, check_header
+    from tinyllm.observe.recording import open_text, check_header
     path = Path(source).expanduser()
     if not (path.is_file() and is_recording(path)):
         return None
     try:
-        with _open(path, "r") as f:
+        with open_text(path, "r") as f:
             header = json.loads(f.readline())
     except (OSError, UnicodeDecodeError, EOFError, ValueError):
         header = None
@@ -108,9 +108,9 @@ def settings_from_header(header: dict) -> Recorded:
 
 def is_recording(path: str | Path) -> bool:
     """Whether ``path`` starts like a tinyllm recording (a header line), not a workload file."""
-    from tinyllm.observe.recording import FORMAT, _open
+    from tinyllm.observe.recording import FORMAT, open_text
     try:
-        with _open(Path(path), "r") as f:
+        with open_text(Path(path), "r") as f:
             first = f.readline(1 << 16)
     except (OSError, UnicodeDecodeError, EOFError):
         return False
