@@ -215,6 +215,16 @@ def assert_refused_before_the_ui(r: subprocess.CompletedProcess, message: str) -
     assert len(r.stderr.strip().splitlines()) == 1 and "\x1b" not in r.stderr      # no screen was drawn
 
 
+def test_tui_without_a_terminal_says_so_instead_of_spinning(tmp_path):
+    """`tinyllm-tui --prompts burst </dev/null >out.txt` drew into the file and spun a core on the
+    closed stdin for as long as it ran; its engine process must not outlive the refusal either."""
+    r = tui("--record", str(tmp_path / "run.jsonl"))                      # good arguments, no terminal
+    assert_refused_before_the_ui(r, "the app draws in a terminal and its stdin is not one (redirected?); run it "
+                                    "in a terminal, or in a browser with --web")
+    r = tui("--race", "--lanes", "static", "nope")                        # the arguments' own errors come first
+    assert_refused_before_the_ui(r, "'nope' is neither a lane kind")
+
+
 def test_tui_record_never_overwrites_a_recording(tmp_path):
     run = tmp_path / "run.jsonl"
     run.write_bytes((DATA / "preemption-run.jsonl").read_bytes())

@@ -316,6 +316,7 @@ async def test_record_shows_in_the_status_line_and_says_where_the_file_went(tmp_
     def run(self, *a, **kw):                                     # instead of a terminal: Pilot, then exit
         made["app"] = self
     monkeypatch.setattr(TinyLLMApp, "run", run)
+    monkeypatch.setattr(cli, "not_a_terminal", lambda: None)    # (pytest's stdin is none)
     assert cli.main(["--record", str(path), "--engine-thread", "--paused"]) == 0
     out = capsys.readouterr().out
     assert f"recorded 0 steps to {path.resolve()}" in out and f"--replay {path}" in out

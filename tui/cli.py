@@ -9,6 +9,7 @@ a recording (--replay), a server (--attach), or the race (--race).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -393,6 +394,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:                             # Ctrl+C while waiting for a server or loading
         print("\ntinyllm-tui: stopped before the app started", file=sys.stderr)
         return 130
+    if (which := not_a_terminal()) is not None:          # (after the arguments' checks: they say more)
+        app.runner.stop()
+        build_parser().error(f"the app draws in a terminal and its {which} is not one (redirected?); run it in a "
+                             f"terminal, or in a browser with --web")
     app.run()
     if app.startup_error is not None:
         build_parser().error(option_names(app.startup_error))   # one line on stderr, exit 2
@@ -401,6 +406,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tinyllm-tui: recorded {steps} steps to {app.recording.resolve()} "
               f"(tinyllm-tui --replay {app.recording}; tinyllm trace {app.recording})")
     return app.return_code or 0
+
+
+def not_a_terminal() -> str | None:
+    """Which of stdin / stdout is not a terminal (Textual would spin a core reading a closed
+    stdin, and draw escape codes into a file), or None. A --web tab's app runs under
+    textual-serve's driver, which needs none."""
+    if os.environ.get("TEXTUAL_DRIVER"):
+        return None
+    for name, stream in (("stdin", sys.stdin), ("stdout", sys.stdout)):
+        if stream is None or not stream.isatty():
+            return name
+    return None
 
 
 def serve_if_asked(argv: list[str] | None) -> int | None:
