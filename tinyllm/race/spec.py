@@ -114,9 +114,14 @@ def parse_lane(text: str) -> LaneSpec:
 
 def _read(label: str) -> tuple[str | None, dict]:
     """The lane's own words: its kind (None: not said) and LaneSpec fields."""
-    kind, fields = None, {}
+    kind, fields, said = None, {}, set()
     for word in label.split():
         key, eq, v = word.partition("=")
+        name = "kind" if not eq and word in KINDS else "policy" if not eq and word in SCHEDULING_POLICIES else key
+        if name in said:                                  # "fcfs priority": the last one won, silently
+            raise LaneSpecError(f"lane {label!r}: {'its kind' if name == 'kind' else name} is given twice; "
+                                f"a lane has one (give each its own lane)")
+        said.add({"block": "block_size", "blocks": "kv_blocks"}.get(name, name))
         if not eq:
             if word in KINDS:
                 kind = word
