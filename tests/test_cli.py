@@ -215,6 +215,15 @@ def assert_refused_before_the_ui(r: subprocess.CompletedProcess, message: str) -
     assert len(r.stderr.strip().splitlines()) == 1 and "\x1b" not in r.stderr      # no screen was drawn
 
 
+@pytest.mark.parametrize("path, message", [
+    ("/proc/run.jsonl", "--record /proc/run.jsonl: cannot write it ("),     # access() says yes; open() says no
+    ("", "--record needs a file name, e.g. --record run.jsonl"),
+])
+def test_tui_record_to_a_file_it_cannot_create_is_refused_before_the_ui(path, message):
+    assert_refused_before_the_ui(tui("--record", path), message)
+    assert not Path("/proc/run.jsonl").exists()
+
+
 def test_tui_without_a_terminal_says_so_instead_of_spinning(tmp_path):
     """`tinyllm-tui --prompts burst </dev/null >out.txt` drew into the file and spun a core on the
     closed stdin for as long as it ran; its engine process must not outlive the refusal either."""

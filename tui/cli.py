@@ -258,8 +258,9 @@ def check_pool(parser, kv_blocks: int, block_size: int, max_len: int) -> None:
 def check_writable(parser, path: str) -> None:
     """--record: say now, before the screen is up, if the file cannot be written, or if writing
     it would overwrite a recording (an empty file is fair game: nothing to lose)."""
-    import os
     p = Path(path)
+    if not path.strip():
+        parser.error("--record needs a file name, e.g. --record run.jsonl")
     if p.is_dir():
         parser.error(f"--record {path}: is a directory; give a file name, e.g. {p / 'run.jsonl'}")
     parent = p.parent if str(p.parent) else Path(".")
@@ -270,6 +271,13 @@ def check_writable(parser, path: str) -> None:
     if p.exists() and p.stat().st_size > 0:
         parser.error(f"--record {path}: the file exists ({p.stat().st_size:,} bytes) and would be overwritten; "
                      f"choose another name or remove it")
+    existed = p.exists()
+    try:                                                  # what access() cannot tell (/proc, a full disk, ...)
+        open(p, "a").close()
+        if not existed:
+            p.unlink()
+    except OSError as e:
+        parser.error(f"--record {path}: cannot write it ({e.strerror or e})")
 
 
 def attach_app(parser, a) -> TinyLLMApp:
