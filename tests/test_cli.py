@@ -152,10 +152,34 @@ def test_tui_broken_weights_are_reported_by_the_engine_process(tmp_path):
     for f in default_model_dir().iterdir():
         (d / f.name).write_bytes(f.read_bytes())
     (d / "model.safetensors").write_bytes(b"junk")
-    r = subprocess.run([sys.executable, "-m", "tui.cli", "--model", str(d)], capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 2 and "--model:" in r.stderr and "cannot read safetensors" in r.stderr
-    assert "Traceback" not in r.stderr
+    code, err = run_in_a_terminal([sys.executable, "-m", "tui.cli", "--model", str(d)], timeout=120)
+    assert code == 2 and "--model:" in err and "cannot read safetensors" in err
+    assert "Traceback" not in err
+
+
+def run_in_a_terminal(argv: list[str], timeout: float) -> tuple[int, str]:
+    """(exit status, stderr) of the app run with a pseudo-terminal for stdin and stdout (it refuses
+    to start without one), whatever it draws read and dropped so it never blocks on a full pty."""
+    import os
+    import pty
+    import threading
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=subprocess.PIPE, text=True)
+    os.close(slave)
+
+    def drain() -> None:
+        try:
+            while os.read(master, 65536):
+                pass
+        except OSError:                                   # the app exited: the pty closed
+            pass
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+        os.close(master)
+    return proc.returncode, err
 
 
 @pytest.mark.parametrize("args, message", [
@@ -222,6 +246,15 @@ def assert_refused_before_the_ui(r: subprocess.CompletedProcess, message: str) -
 def test_tui_record_to_a_file_it_cannot_create_is_refused_before_the_ui(path, message):
     assert_refused_before_the_ui(tui("--record", path), message)
     assert not Path("/proc/run.jsonl").exists()
+
+
+def test_slots_beside_a_kv_budget_is_refused_everywhere(capsys):
+    """`--slots 4 --kv-memory 8` ran 64 sequences (the budget's cap): --slots was ignored."""
+    want = "--slots is the number of sequences without a KV budget: with --kv-memory the budget sizes the cache"
+    assert_refused_before_the_ui(tui("--slots", "4", "--kv-memory", "8"), want)
+    from tinyllm.cli import main
+    assert main(["serve", "--slots", "4", "--kv-memory", "8"]) == 2
+    assert want in capsys.readouterr().err
 
 
 def test_tui_without_a_terminal_says_so_instead_of_spinning(tmp_path):

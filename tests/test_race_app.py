@@ -300,6 +300,8 @@ def _too_long_together(tmp_path) -> str:
     (["--race", "--kv-memory", "nan"], "argument --kv-memory: expected a finite number > 0, got nan"),
     (["--race", "--kv-memory", "8", "--kv-blocks", "9"], "--kv-memory sizes every lane's KV: drop --kv-blocks"),
     (["--race", "--max-num-seqs", "9"], "--max-num-seqs goes with --kv-memory (or a lane's kv_mib=)"),
+    (["--race", "--slots", "4", "--kv-memory", "8"], "--slots is the number of sequences without a KV budget: with "
+                                                     "--kv-memory the budget sizes the cache and --max-num-seqs caps"),
     (["--race", "--lanes", "static", "chunked kv_mib=-2"], "lane 'chunked kv_mib=-2': kv_mib must be a number of "
                                                            "MiB > 0, got '-2'"),
     (["--race", "--kv-memory", "8", "--lanes", "static", "chunked blocks=9"],

@@ -128,6 +128,7 @@ def test_tinyllm_whatif_prints_the_comparison_and_writes_json(tmp_path, capsys):
     (["--lanes", "lifo"], "--lanes: lane 'lifo'"),
     (["--lanes", "fcfs", "budget=x"], "budget must be an integer >= 1"),
     (["--lanes", "fcfs"], "--lanes: a race needs at least two lanes, got 1"),     # as tinyllm-tui --race says
+    (["--lanes", "fcfs", "priority", "--slots", "4", "--kv-memory", "8"], "--slots is the number of sequences without"),
 ])
 def test_tinyllm_whatif_refuses_a_bad_lane_in_one_line(args, message, capsys):
     assert tinyllm_main(["whatif", str(RECORDING), *args]) == 2

@@ -49,6 +49,11 @@ def checked(s: str, kind, ok, expected: str):
     return v
 
 
+# --slots beside --kv-memory was ignored (the budget sizes the cache): every command refuses it in these words.
+SLOTS_WITH_KV_MEMORY = ("--slots is the number of sequences without a KV budget: with --kv-memory the budget sizes "
+                        "the cache and --max-num-seqs caps the running sequences (default 64); drop --slots")
+
+
 def positive_int(s: str) -> int:
     return checked(s, int, lambda v: v >= 1, "an integer >= 1")
 

@@ -12,8 +12,9 @@ import os
 import sys
 from pathlib import Path
 
-from tinyllm.args import (EXIT_USAGE, OneLineParser, UsageError, non_negative_float, option_names, output_path,
-                          port_number, positive_float, add_kv_dtype_arg, add_policy_arg, positive_int, unit_interval)
+from tinyllm.args import (EXIT_USAGE, SLOTS_WITH_KV_MEMORY, OneLineParser, UsageError, add_kv_dtype_arg,
+                          add_policy_arg, non_negative_float, option_names, output_path, port_number, positive_float,
+                          positive_int, unit_interval)
 
 
 def default_work_dir() -> Path:
@@ -157,6 +158,8 @@ def cmd_whatif(args) -> None:
         check_memory_options(lanes, args.kv_memory, args.kv_blocks, args.max_num_seqs)
     except LaneSpecError as e:
         raise UsageError(str(e)) from None
+    if args.kv_memory is not None and args.slots is not None:
+        raise UsageError(SLOTS_WITH_KV_MEMORY + " (a lane's slots= caps that lane)")
     try:
         recorded = recorded_settings(args.source)              # None: a workload, no settings of its own
     except RecordingError as e:
@@ -265,9 +268,11 @@ def cmd_serve(args) -> None:
     import torch
     from tinyllm.serve.server import bind, build_engine, model_name_for, run_server
     torch.set_num_threads(args.threads)
+    if args.kv_memory is not None and args.slots is not None:
+        raise UsageError(SLOTS_WITH_KV_MEMORY)
     model, tok = load_model(args)
     try:
-        engine = build_engine(model, args.slots, args.max_len, args.kv_blocks, args.block_size,
+        engine = build_engine(model, args.slots or 8, args.max_len, args.kv_blocks, args.block_size,
                               args.max_batched_tokens, args.prefix_cache,
                               scheduling_policy=args.scheduling_policy, kv_memory_mib=args.kv_memory,
                               max_num_seqs=args.max_num_seqs, kv_cache_dtype=args.kv_cache_dtype)
@@ -374,7 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--served-model-name", default=None, metavar="NAME",
                     help="the model id clients send and /v1/models lists (default: the model directory's "
                          "name, or tinyllm-shakespeare)")
-    sv.add_argument("--slots", type=positive_int, default=8, metavar="N", help="requests decoded together (default 8)")
+    sv.add_argument("--slots", type=positive_int, default=None, metavar="N",
+                    help="requests decoded together (default 8; with --kv-memory: --max-num-seqs)")
     sv.add_argument("--kv-memory", type=positive_float, default=None, metavar="MiB",
                     help="the KV memory budget, instead of --slots: the pool gets the blocks it buys, "
                          "run by up to --max-num-seqs requests (vLLM's way)")

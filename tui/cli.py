@@ -13,7 +13,8 @@ import os
 import sys
 from pathlib import Path
 
-from tinyllm.args import add_kv_dtype_arg, add_policy_arg, check_device, non_negative_float, option_names
+from tinyllm.args import (SLOTS_WITH_KV_MEMORY, add_kv_dtype_arg, add_policy_arg, check_device, non_negative_float,
+                          option_names)
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT_WORKLOAD, check_static_batches
 from tinyllm.race.views import LANES
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, Sampling, check_fits
@@ -199,6 +200,8 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
                          f"tokens)")
     if a.kv_memory is not None and a.kv_blocks is not None:
         parser.error("--kv-memory sizes the KV pool: drop --kv-blocks")
+    if a.kv_memory is not None and "slots" in a.given:
+        parser.error(SLOTS_WITH_KV_MEMORY)
     if a.max_num_seqs is not None and a.kv_memory is None:
         parser.error("--max-num-seqs goes with --kv-memory (without a budget, --slots is the cap)")
     if a.prefix_cache and not chunked:
@@ -544,6 +547,8 @@ def race_spec(parser, a, notes: list[str] | None = None):
         check_memory_options(lanes, a.kv_memory, a.kv_blocks, a.max_num_seqs)
     except LaneSpecError as e:
         parser.error(str(e))
+    if a.kv_memory is not None and "slots" in a.given:
+        parser.error(SLOTS_WITH_KV_MEMORY + " (a lane's slots= caps that lane)")
     try:
         recorded = recorded_settings(a.race)              # None: a workload, no settings of its own
     except RecordingError as e:
