@@ -13,8 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from tinyllm.args import (SLOTS_WITH_KV_MEMORY, add_kv_dtype_arg, add_policy_arg, check_device, non_negative_float,
-                          option_names)
+from tinyllm.args import SLOTS_WITH_KV_MEMORY, add_kv_dtype_arg, add_policy_arg, check_device, option_names
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT_WORKLOAD, check_static_batches
 from tinyllm.race.views import LANES
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, Sampling, check_fits
