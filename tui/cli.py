@@ -591,6 +591,12 @@ def race_spec(parser, a, notes: list[str] | None = None):
                                      lane.slots or a.slots, cfg.max_seq_len)
     except (WorkloadError, ContextTooLong, RecordingError) as e:
         parser.error(f"--race: {e}")
+    if a.batch_timeout is not None:                       # (it was accepted, and ignored, where it means nothing)
+        if not any(lane.kind == "static" for lane in lanes):
+            parser.error("--batch-timeout is static batching's wait for a full batch, and no lane here is static")
+        if not any(w[0] > 0 for w in work):
+            parser.error(f"--batch-timeout: every request of {name} arrives at once, so no batch waits for one; "
+                         f"it applies to a workload with arrival times (e.g. poisson_arrivals)")
     check_lane_pools(parser, a, lanes, work, max_len)
     if notes is not None and recorded is not None:
         notes.append(f"as recorded, unless a lane or an option says otherwise: {recorded.describe()}")
