@@ -136,6 +136,23 @@ def test_tinyllm_whatif_refuses_a_bad_lane_in_one_line(args, message, capsys):
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+def test_a_workload_lines_n_samples_are_n_requests_in_whatif_and_the_race(tmp_path, capsys):
+    """{"n": 4} ran as one request in the race and whatif: 2 requests and 50 tokens, not 5 and 110."""
+    from tinyllm.model.checkpoint import load_checkpoint
+    from tinyllm.race.whatif import load_arrivals
+    from tui.runners.race import race_workload
+    wl = tmp_path / "n.jsonl"
+    wl.write_text('{"prompt": "ROMEO:\\n", "max_new_tokens": 20, "n": 4}\n{"prompt": "JULIET:", "max_new_tokens": 30}\n')
+    _, tok = load_checkpoint(None)
+    arrivals, _ = load_arrivals(str(wl), tok.encode, 256, 64)
+    assert [r.max_new_tokens for _, r in arrivals] == [20, 20, 20, 20, 30]
+    assert [w[2] for w in race_workload(wl, tok.encode, 256)] == [20, 20, 20, 20, 30]
+    out = tmp_path / "w.json"
+    assert tinyllm_main(["whatif", str(wl), "--lanes", "static", "chunked", "--step-cost", "0.01",
+                         "--json", str(out)]) == 0
+    assert {lane["useful_tokens"] for lane in json.loads(out.read_text())["lanes"]} == {110}
+
+
 def test_tinyllm_whatif_refuses_pool_options_no_lane_uses(capsys):
     """On a workload, static and slot-KV lanes have no blocks: --kv-blocks was ignored. (On this
     recording, made on --kv paged, a continuous lane takes the recorded paged KV, and uses it.)"""

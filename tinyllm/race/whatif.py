@@ -135,8 +135,8 @@ def load_arrivals(source: str, encode, max_len: int, default_new: int,
     ids = tokenize_checked(items, path, encode, max_len, default_new)
     takes = any(not it.max_new_tokens for it in items)
     return [(it.arrival_s, Request(i, it.max_new_tokens or default_new, priority=it.priority or 0,
-                                   tenant=it.tenant or "")) for it, i in zip(items, ids)], \
-        unused if asked_new and not takes else None
+                                   tenant=it.tenant or "")) for it, i in zip(items, ids) for _ in range(it.n or 1)], \
+        unused if asked_new and not takes else None                 # (a line's n samples: n requests)
 
 
 @dataclass(frozen=True)
