@@ -119,6 +119,35 @@ async def test_the_finish_line_counts_preemptions_where_a_lane_preempted():
         assert "preempted" not in plain(app, app.screen.query_one(FinishLine))
 
 
+async def test_with_arrivals_the_finish_line_ranks_by_latency_and_shows_each_lanes_compute():
+    """Requests arriving over time: every lane's clock runs to about the last arrival, so tok/s is
+    the rate they came at in every lane and the place (by finishing time) was noise that put the
+    lane with the lowest latency last. The place is by latency p95 now, and busy (the clock less
+    its waits for arrivals) says what each lane computed."""
+    work = small_work(n=6, arrivals=(0.0, 0.3, 0.6, 0.9, 1.2, 1.5))
+    from tinyllm.units import duration
+    app = race_app(work)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await step_to(pilot, 10_000)
+        lanes = app.runner.frame.lanes
+        for v in lanes:
+            steps = round(v.result.busy_s / 0.01)                         # the fixed-cost clock: 10 ms a step
+            assert 0 < v.result.busy_s < v.result.wall_s and v.result.busy_s == pytest.approx(steps * 0.01)
+        text = plain(app, app.screen.query_one(FinishLine))
+        assert "requests arrived over time" in text and "the place is by latency p95" in " ".join(text.split())
+        table = text.splitlines()
+        assert next(line.split() for line in table if line.split()[:1] == ["lane"])[1] == "place"
+        by_latency = sorted(lanes, key=lambda v: v.result.latency_p95_s)
+        names = {"static": "static", "continuous": "continuous", "chunked": "budget+cache"}
+        for v in lanes:
+            row = next(line.split() for line in table if line.split()[:1] == [names[v.key]])
+            assert row[1] == str(by_latency.index(v) + 1) and duration(v.result.busy_s) in row
+    app = race_app(small_work())                                          # all at once: no busy column
+    async with app.run_test(size=(160, 40)) as pilot:
+        await step_to(pilot, 10_000)
+        assert "busy" not in plain(app, app.screen.query_one(FinishLine))
+
+
 async def test_race_keys_pause_step_speed_restart_and_help():
     app = race_app(small_work())
     r = app.runner

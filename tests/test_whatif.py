@@ -153,6 +153,19 @@ def test_a_workload_lines_n_samples_are_n_requests_in_whatif_and_the_race(tmp_pa
     assert {lane["useful_tokens"] for lane in json.loads(out.read_text())["lanes"]} == {110}
 
 
+def test_whatif_with_arrivals_says_tok_s_is_the_arrival_rate_and_shows_each_lanes_compute(tmp_path, capsys):
+    """Over arrivals every lane's clock runs to about the last one: tok/s was the same in every lane
+    and the JSON said the clocks were compute only. The table says why and adds busy (compute)."""
+    out = tmp_path / "w.json"
+    assert tinyllm_main(["whatif", "poisson_arrivals", "--lanes", "static", "chunked", "--step-cost", "0.01",
+                         "--json", str(out)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "requests arrived over time, so tok/s is about the rate they came at: compare latency; busy = compute" in text
+    doc = json.loads(out.read_text())
+    assert all(0 < lane["busy_s"] < lane["wall_s"] for lane in doc["lanes"])
+    assert "busy_s leaves them out" in doc["clock_dependent"]
+
+
 def test_tinyllm_whatif_refuses_pool_options_no_lane_uses(capsys):
     """On a workload, static and slot-KV lanes have no blocks: --kv-blocks was ignored. (On this
     recording, made on --kv paged, a continuous lane takes the recorded paged KV, and uses it.)"""

@@ -19,6 +19,7 @@ class LaneClock:
     def __init__(self, step_cost_s: float | None = None):
         self.step_cost_s = step_cost_s          # None: measure each step with perf_counter
         self.elapsed = 0.0
+        self.idle = 0.0                         # of elapsed: waiting for arrivals (skip_to), no compute
         self._started: float | None = None
 
     def now(self) -> float:
@@ -41,4 +42,5 @@ class LaneClock:
 
     def skip_to(self, t: float) -> None:
         """Idle until ``t`` (the next arrival): no compute, no real waiting."""
+        self.idle += max(0.0, t - self.elapsed)
         self.elapsed = max(self.elapsed, t)

@@ -110,7 +110,8 @@ class Lane:
             self._result = LaneResult(s["wall_s"], s["useful_tokens"], s["tok_s"], s["ttft_p50_s"],
                                       s["ttft_p95_s"], s["latency_p95_s"], s["row_util"], s["kv_used_mean"],
                                       s["decode_steps"], stats.computed_rows, stats.useful_rows,
-                                      s["prefill_tokens_computed"], stats.preemptions)
+                                      s["prefill_tokens_computed"], stats.preemptions,
+                                      self.clock.elapsed - self.clock.idle)
             self._outcomes = tuple(self._outcome(rid, first, end, self.token_times.get(rid, []))
                                    for rid, first, end in sorted(self._finished()))
         return self._result

@@ -67,6 +67,7 @@ class LaneResult:
     useful_rows: int
     prefill_tokens: int
     preemptions: int = 0          # requests sent back to the queue to free KV (paged lanes only)
+    busy_s: float = 0.0           # of wall_s, the lane's compute: without its idle waits for arrivals
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,12 @@ class RequestOutcome:
     new_tokens: int = 0
     priority: int = 0
     tenant: str = ""
+
+
+def idled(lanes) -> bool:
+    """Whether a finished lane waited for arrivals: its clock then runs to about the last one, so
+    every lane's tok/s is about the offered load, and latency tells the lanes apart."""
+    return any(v.result is not None and v.result.wall_s - v.result.busy_s > 1e-6 for v in lanes)
 
 
 def lane_title(label: str, kind: str) -> str:

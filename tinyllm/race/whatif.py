@@ -203,7 +203,8 @@ def to_json(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...], source: s
     return {
         "source": source,
         "exact": "tokens, steps, admission order, preemptions, steps waited per reason",
-        "clock_dependent": "every *_s figure (each lane's own clock: its compute time only)",
+        "clock_dependent": "every *_s figure, on each lane's own clock: its compute time, plus in wall_s the idle "
+                           "waits for arrivals (busy_s leaves them out)",
         "lanes": [{"name": v.title, "detail": v.detail, "seqs": v.seqs, "kv_mib": v.kv_mib, "kv_blocks": v.kv_blocks,
                    "kv_dtype": v.kv_dtype,
                    **({} if v.result is None else vars(v.result)),

@@ -18,7 +18,7 @@ from textual.widgets import Footer, Static
 from textual.worker import get_current_worker
 
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT_WORKLOAD
-from tinyllm.race.views import LaneView, mib
+from tinyllm.race.views import LaneView, idled, mib
 from tinyllm.race.whatif import compare
 from tinyllm.race.whatif_view import groups_table, request_lanes, requests_table
 from tinyllm.request import ContextTooLong
@@ -124,18 +124,23 @@ class FinishLine(Widget):
     def _lanes_table(self) -> Table:
         """tinyllm bench's columns, one row per lane: its tokens/s and against static batching (the
         race's point) always; then, as the width allows, most telling first, TTFT p50, latency p95,
-        row use, the mean share of its KV memory in use (a lane's bar says the share now), its
+        its compute time where requests arrived over time (``busy``: its clock less its waits for
+        arrivals; the place is then by latency p95, since every clock ran to the last arrival), row use, the mean share of its KV memory in use (a lane's bar says the share now), its
         preemptions (where a lane preempted: a pool too small for its sequences), steps,
         TTFT p95, its sequences and KV memory (``64 · 32 MiB``: at equal memory, why the paged
         lanes win; the lanes' titles say it too), and its place."""
+        arrivals = idled(self.lanes)                      # every lane's clock runs to about the last arrival
         base = next((v.result.tok_s for v in self.lanes if v.kind == "static"), None)
-        order = sorted(self.lanes, key=lambda v: v.result.wall_s)
+        order = sorted(self.lanes, key=lambda v: v.result.latency_p95_s if arrivals else v.result.wall_s)
         t = Table(box=None, padding=(0, 1), title_justify="left", title_style="bold", expand=False,
-                  title="finish line (each lane's own clock)")
+                  title="finish line (each lane's own clock" + ("; requests arrived over time, so every lane's "
+                                                               "tok/s is about the rate they came at: the place "
+                                                               "is by latency p95, busy = compute)" if arrivals
+                                                               else ")"))
         rows = []
         for v in self.lanes:
             r = v.result
-            rows.append({"lane": lane_name(v), "place": f"{order.index(v) + 1}",
+            rows.append({"lane": lane_name(v), "place": f"{order.index(v) + 1}", "busy": duration(r.busy_s),
                          "tok/s": f"{r.tok_s:.0f}", "× static": f"{r.tok_s / base:.2f}x" if base else "",
                          "seqs · KV": "" if v.kv_mib is None else f"{v.seqs} · {mib(v.kv_mib)}",
                          "TTFT p50": duration(r.ttft_p50_s), "TTFT p95": duration(r.ttft_p95_s),
@@ -143,16 +148,19 @@ class FinishLine(Widget):
                          "KV mean": f"{r.kv_used_mean:.0%}", "steps": f"{r.decode_steps:,}",
                          "preempted": f"{r.preemptions:,}"})
         order_of = ["lane", "place", "tok/s", "× static", "seqs · KV", "TTFT p50", "TTFT p95", "latency p95",
-                    "row util", "KV mean", "preempted", "steps"]
+                    "busy", "row util", "KV mean", "preempted", "steps"]
         cols = ["lane", "tok/s"] + (["× static"] if base else [])
 
         def width(c: str) -> int:
             return max(len(c), *(len(row[c]) for row in rows)) + 2
         used = sum(map(width, cols))
         preempted = any(v.result.preemptions for v in self.lanes)          # shown where a lane preempted
-        for c in ("TTFT p50", "latency p95", "row util", "KV mean", "preempted", "steps", "TTFT p95", "seqs · KV",
-                  "place"):
-            shown = any(row[c] for row in rows) if c == "seqs · KV" else preempted if c == "preempted" else True
+        telling = ("TTFT p50", "latency p95", "busy", "row util", "KV mean", "preempted", "steps", "TTFT p95",
+                   "seqs · KV", "place")
+        if arrivals:                                      # the place is by latency then: it says the most
+            telling = ("place",) + telling[:-1]
+        for c in telling:
+            shown = {"seqs · KV": any(row[c] for row in rows), "preempted": preempted, "busy": arrivals}.get(c, True)
             if shown and used + width(c) <= self.size.width:
                 cols.append(c)                          # what fits, most telling first
                 used += width(c)
