@@ -19,7 +19,7 @@ from tui.cli import build_app
 from tui.runners.interface import SetPaused, StepOnce
 from tui.screens.race import RaceApp
 from tui.runners.child import ChildRunner
-from tui.runners.race import RaceRunner, RaceSpec, race_workload
+from tui.runners.race import RaceRunner, RaceSpec, Restart, race_workload
 from tui.screens.modals import HelpScreen
 from tui.screens.race import FinishLine, RaceScreen
 from tui.widgets.lane_panel import LanePanel
@@ -146,6 +146,51 @@ async def test_with_arrivals_the_finish_line_ranks_by_latency_and_shows_each_lan
     async with app.run_test(size=(160, 40)) as pilot:
         await step_to(pilot, 10_000)
         assert "busy" not in plain(app, app.screen.query_one(FinishLine))
+
+
+def test_steps_timed_after_a_pause_are_counted_and_the_finish_line_says_so(monkeypatch):
+    """--step-delay 50 ran the same race at 2-2.5x lower tok/s: a step after a pause finds its
+    caches cold and its lane's clock (real time) reads high. The runner counts such steps (those
+    more than COLD_GAP_S after the previous one, on a measured clock) and a restart starts over."""
+    import tui.runners.race as race_runner
+
+    class Clock:                                                       # time as the test says it passes
+        t = 0.0
+
+        @classmethod
+        def perf_counter(cls) -> float:
+            return cls.t
+    monkeypatch.setattr(race_runner, "time", Clock)
+    model, _ = bundled()
+    spec = RaceSpec(str(default_model_dir()), small_work(n=2, cap=4), "mini", slots=2, max_len=MAX_LEN,
+                    block_size=BLOCK, max_batched_tokens=BUDGET, step_cost_s=None, warm_up=False)
+    runner = RaceRunner(lambda: spec.make_race(model), paused=True, device="cpu", threads=1)
+    for gap in (0.0, 0.001, 0.001, 1.0, 0.5, 0.001):                  # two steps after a pause
+        Clock.t += gap
+        runner._step()
+    assert runner._make_frame().cold_steps == 2
+    runner._apply(Restart())
+    runner._step()
+    assert runner._make_frame().cold_steps == 0
+    fixed = RaceRunner(lambda: RaceSpec(str(default_model_dir()), small_work(n=2, cap=4), "mini", slots=2,
+                                        max_len=MAX_LEN, step_cost_s=0.01, warm_up=False).make_race(model),
+                       paused=True, device="cpu", threads=1)
+    for gap in (0.0, 1.0, 1.0):                                        # a fixed-cost clock reads no time
+        Clock.t += gap
+        fixed._step()
+    assert fixed._make_frame().cold_steps == 0
+
+
+async def test_the_finish_line_says_when_steps_ran_after_pauses():
+    app = race_app(small_work(n=2, cap=4))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await step_to(pilot, 10_000)
+        finish = app.screen.query_one(FinishLine)
+        assert "after a pause" not in plain(app, finish)
+        finish.show(app.runner.frame.lanes, 7)
+        await pilot.pause()
+        text = " ".join(plain(app, finish).split())
+        assert "7 of ~" in text and "steps ran after a pause (slow motion or stepped by hand)" in text
 
 
 async def test_race_keys_pause_step_speed_restart_and_help():

@@ -9,6 +9,7 @@ tests and ``--engine-thread``), so the app can import this module for its types.
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, replace
@@ -26,6 +27,9 @@ from tui.runners.interface import (LogEntry, SetPaused, StepOnce,
 RACE_LOG_LINES = 50                      # a few lines per lane: the race screen shows the newest
 
 
+COLD_GAP_S = 0.02        # a step this long after the previous one (a step delay, a step by hand) finds cold caches
+
+
 @dataclass(frozen=True)
 class Restart:
     """Run the race again from the start (the same requests, fresh lanes)."""
@@ -41,6 +45,7 @@ class RaceFrame:
     last_lane: str | None            # the lane that made the latest step
     log: tuple[LogEntry, ...]
     status: str = "ready"            # "loading" until the lanes are built (engine process)
+    cold_steps: int = 0              # measured steps taken after a pause (slow motion, by hand): they run slow
 
     @property
     def done(self) -> bool:
@@ -64,6 +69,8 @@ class RaceRunner(CommandLoop):
         self._log: deque[LogEntry] = deque(maxlen=RACE_LOG_LINES)
         self._log_seq = self._seq = 0
         self._finished: set[str] = set()
+        self._last_step_end: float | None = None
+        self._cold = 0
         self._frame = self._make_frame()
 
     @property
@@ -90,9 +97,13 @@ class RaceRunner(CommandLoop):
         elif isinstance(cmd, Restart):
             self.race = self.make_race()
             self._finished.clear()
+            self._last_step_end, self._cold = None, 0
             self._add_log("info", "the race starts again")
 
     def _step(self) -> None:
+        start = time.perf_counter()
+        if self._last_step_end is not None and start - self._last_step_end > COLD_GAP_S and self._measured():
+            self._cold += 1                       # after a pause its caches are cold: its clock reads high
         try:
             lane = self.race.step()
         except Exception as e:
@@ -100,10 +111,15 @@ class RaceRunner(CommandLoop):
             self.paused = True
             self._add_log("error", f"a race step failed: {type(e).__name__}: {e}; race paused")
             return
+        self._last_step_end = time.perf_counter()
         if lane is not None and lane.key not in self._finished and not lane.has_work():
             self._finished.add(lane.key)
             place = len(self._finished)
             self._add_log("finish", f"{lane.title} finished {_ordinal(place)}: {duration(lane.clock.elapsed)} of its clock")
+
+    def _measured(self) -> bool:
+        """Whether the lanes' clocks time real steps (not a fixed cost per step)."""
+        return any(lane.clock.step_cost_s is None for lane in self.race.lanes)
 
     def _add_log(self, kind: str, text: str) -> None:
         self._log_seq += 1
@@ -112,7 +128,7 @@ class RaceRunner(CommandLoop):
     def _make_frame(self) -> RaceFrame:
         self._seq += 1
         return RaceFrame(self._seq, self.race.views(), self.paused, self.step_delay_ms, self.race.turns,
-                         self.race.last, tuple(self._log))
+                         self.race.last, tuple(self._log), cold_steps=self._cold)
 
 
 def _ordinal(n: int) -> str:

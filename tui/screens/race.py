@@ -74,9 +74,11 @@ class FinishLine(Widget):
         super().__init__(**kw)
         self.lanes: tuple[LaneView, ...] = ()
 
-    def show(self, lanes: tuple[LaneView, ...]) -> None:
-        if lanes != self.lanes:
-            self.lanes = lanes
+    cold_steps = 0                                    # steps timed after a pause (RaceFrame.cold_steps)
+
+    def show(self, lanes: tuple[LaneView, ...], cold_steps: int = 0) -> None:
+        if (lanes, cold_steps) != (self.lanes, self.cold_steps):
+            self.lanes, self.cold_steps = lanes, cold_steps
             self.refresh(layout=True)
 
     def get_content_height(self, container, viewport, width: int) -> int:
@@ -132,11 +134,15 @@ class FinishLine(Widget):
         arrivals = idled(self.lanes)                      # every lane's clock runs to about the last arrival
         base = next((v.result.tok_s for v in self.lanes if v.kind == "static"), None)
         order = sorted(self.lanes, key=lambda v: v.result.latency_p95_s if arrivals else v.result.wall_s)
+        slow = sum(v.decode_steps for v in self.lanes) or 1
+        cold = (f"; {self.cold_steps:,} of ~{slow:,} steps ran after a pause (slow motion or stepped by hand), "
+                f"whose caches had gone cold: their clocks read high, r at full speed for flat-out figures"
+                if self.cold_steps else "")
         t = Table(box=None, padding=(0, 1), title_justify="left", title_style="bold", expand=False,
                   title="finish line (each lane's own clock" + ("; requests arrived over time, so every lane's "
                                                                "tok/s is about the rate they came at: the place "
-                                                               "is by latency p95, busy = compute)" if arrivals
-                                                               else ")"))
+                                                               "is by latency p95, busy = compute" if arrivals
+                                                               else "") + cold + ")")
         rows = []
         for v in self.lanes:
             r = v.result
@@ -299,7 +305,7 @@ class RaceScreen(LiveView, Screen):
             self.call_after_refresh(finish.scroll_visible, animate=False)    # the comparison is the news
         finish.display = f.done
         if f.done:
-            finish.show(f.lanes)
+            finish.show(f.lanes, f.cold_steps)
         self._place_track(f)                                 # (after the finish table: it takes lines)
         self.call_after_refresh(lambda: self._place_track(self._drawn))   # again once the lanes have their heights
         legend = self._legend(not self.has_class("-wide"))
