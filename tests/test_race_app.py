@@ -366,7 +366,8 @@ def _too_long_together(tmp_path) -> str:
     (["--race", "--kv", "paged"], "--kv does not apply to --race"),
     (["--race", "--no-prefix-cache"], "--[no-]prefix-cache does not apply to --race"),
     (["--race", "burst", "--prompts", "burst"], "--prompts does not apply to --race (give the workload to --race)"),
-    (["--race", "--slots", "8", "--max-batched-tokens", "4"], "its token budget 4 is less than its 8 slots"),
+    (["--race", "--slots", "8", "--max-batched-tokens", "4"], "the chunked lane: its token budget 4 is less than "
+                                                               "its 8 slots"),     # (no --lanes given: not "--lanes")
     (["--race", "--batch-timeout", "-1"], "expected a finite number >= 0"),
     (["--race", "--lanes", "fcfs", "priority", "--batch-timeout", "5"],
      "--batch-timeout is static batching's wait for a full batch, and no lane here is static"),
@@ -431,6 +432,14 @@ def test_race_on_a_recording_starts_every_lane_from_the_recorded_engine_as_whati
     a, b = typed.lanes
     assert (a.kv_blocks, a.slots, typed.kv_blocks, typed.slots, typed.max_len) == (None, None, 64, 2, 300)
     assert (a.block_size, a.budget, b.kv_blocks) == (16, 32, 96)        # what no option set: still the recording's
+
+
+def test_a_recordings_request_too_long_for_max_len_is_named(capsys):
+    from tui.cli import build_parser, parse, race_spec
+    parser = build_parser()
+    with pytest.raises(SystemExit):
+        race_spec(parser, parse(parser, ["--race", RECORDING, "--max-len", "64"]))
+    assert "--race: the request arriving at 0.00 s (#0 in arrival order): prompt is " in capsys.readouterr().err
 
 
 def test_a_block_size_other_than_the_recordings_keeps_its_pools_memory():

@@ -570,7 +570,8 @@ def race_spec(parser, a, notes: list[str] | None = None):
         sized = lane.kv_mib is not None or a.kv_memory is not None      # a KV budget: the cap is max_num_seqs
         n = lane.slots or (a.max_num_seqs if sized else a.slots)
         if lane.kind == "chunked" and n and budget < n:
-            parser.error(f"--lanes {lane.label!r}: its token budget {budget} is less than its {n} "
+            which = f"--lanes {lane.label!r}" if a.lanes is not None else f"the {lane.label} lane"
+            parser.error(f"{which}: its token budget {budget} is less than its {n} "
                          f"{'sequences' if sized else 'slots'}: every running request decodes one token per step, "
                          f"so the budget must cover them all")
     try:
@@ -579,8 +580,12 @@ def race_spec(parser, a, notes: list[str] | None = None):
             arrivals, _ = requests_from_recording(source)
             work = tuple((t, tuple(r.prompt), r.max_new_tokens, r.priority, r.tenant) for t, r in arrivals)
             name = source.name
-            for t, ids, new, _, _ in work:
-                check_fits(len(ids), new, max_len, "--max-len")
+            for i, (t, ids, new, _, _) in enumerate(work):
+                try:
+                    check_fits(len(ids), new, max_len, "--max-len")
+                except ContextTooLong as e:                   # say which request
+                    raise ContextTooLong(f"the request arriving at {t:.2f} s (#{i} in arrival order): "
+                                         f"{e}") from None
         else:
             wl_path = resolve_workload(a.race)
             work = race_workload(wl_path, tok.encode, max_len)

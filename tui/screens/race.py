@@ -40,12 +40,13 @@ HOW_TO_READ = "\n".join((          # paragraphs: the screen wraps them to its wi
     "longest row is done; continuous batching refills a slot as soon as its request ends; the token-budget "
     "scheduler also splits prompts into chunks, packs every step with up to its token budget, and serves repeated "
     "prompt prefixes from cached KV blocks.",
-    "Fair: every lane runs in ONE engine process, one forward pass at a time, the lane furthest behind on its own "
+    "Fair: every lane runs in ONE engine process, one step at a time, the lane furthest behind on its own "
     "clock going next; a lane's clock counts only its own steps (and skips idle time before an arrival), so "
     "tokens/s, TTFT and latency are that scheduler's, not whoever got the CPU. Greedy, no stop at end-of-text: "
     "every lane makes exactly the same tokens, as `tinyllm bench` does (as many tokens, their text parting late "
-    "in a long run, where a lane keeps bfloat16 K/V). The status line counts every lane's forward passes together "
-    "(a static batch's prefill included); a lane's 'steps' are its decode steps, as tinyllm bench counts them.",
+    "in a long run, where a lane keeps bfloat16 K/V). The status line counts every lane's steps together "
+    "(a static batch's prefill is one; a slot engine's step prefills its newcomers and decodes its rows); a "
+    "lane's 'steps' are its decode steps, as tinyllm bench counts them.",
     "Cells: slot or batch row, #request, a bar of its tokens so far out of its max_new_tokens, and that count; "
     "'wasted' = static batching: finished, still computed until its batch's longest row is done; '▸' and a cyan "
     "bar = prompt still being prefilled in chunks; '✓ done' = finished in the latest step. KV: the context "
@@ -341,7 +342,7 @@ class RaceScreen(LiveView, Screen):
         n = self.runner.threads
         total = f.lanes[0].total if f.lanes else 0
         last = next((lane_name(v) for v in f.lanes if v.key == f.last_lane), f.last_lane)
-        passes = f" {f.turns:,} forward pass{'es' if f.turns != 1 else ''}, all lanes"   # each lane's steps: its panel
+        passes = f" {f.turns:,} step{'s' if f.turns != 1 else ''}, all lanes"   # each lane's steps: its panel
         fields = [(*state, 0), (passes, "bold", 0)]
         if last and not f.done:
             fields.append((f" · last: {last}", "bold", 2))
