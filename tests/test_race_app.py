@@ -181,6 +181,19 @@ def test_steps_timed_after_a_pause_are_counted_and_the_finish_line_says_so(monke
     assert fixed._make_frame().cold_steps == 0
 
 
+async def test_the_finish_line_says_a_bfloat16_lanes_memory_as_its_title_does():
+    """The title said `4 seqs · 6 MiB bf16`, the finish line `4 · 6 MiB`: the same memory holding
+    twice the tokens, unsaid."""
+    from tinyllm.race.spec import parse_lanes
+    app = race_app(small_work(n=4, cap=4), lanes=parse_lanes(["static kv_mib=6", "chunked kv_mib=6 kv_dtype=bf16"]))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await step_to(pilot, 10_000)
+        lanes = {v.kind: v for v in app.runner.frame.lanes}
+        text = plain(app, app.screen.query_one(FinishLine))
+        assert f"{lanes['chunked'].seqs} · 6 MiB bf16" in text and f"{lanes['static'].seqs} · 6 MiB " in text
+        assert "bf16" in lanes["chunked"].capacity and "bf16" not in lanes["static"].capacity
+
+
 async def test_the_finish_line_says_when_steps_ran_after_pauses():
     app = race_app(small_work(n=2, cap=4))
     async with app.run_test(size=(160, 40)) as pilot:

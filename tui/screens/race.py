@@ -19,6 +19,7 @@ from textual.worker import get_current_worker
 
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT_WORKLOAD
 from tinyllm.race.views import LaneView, idled, mib
+from tinyllm.request import kv_dtype_tag
 from tinyllm.race.whatif import compare
 from tinyllm.race.whatif_view import groups_table, request_lanes, requests_table
 from tinyllm.request import ContextTooLong
@@ -149,7 +150,8 @@ class FinishLine(Widget):
             r = v.result
             rows.append({"lane": lane_name(v), "place": f"{order.index(v) + 1}", "busy": duration(r.busy_s),
                          "tok/s": f"{r.tok_s:.0f}", "× static": f"{r.tok_s / base:.2f}x" if base else "",
-                         "seqs · KV": "" if v.kv_mib is None else f"{v.seqs} · {mib(v.kv_mib)}",
+                         "seqs · KV": "" if v.kv_mib is None else " ".join(filter(None, (
+                             f"{v.seqs} · {mib(v.kv_mib)}", kv_dtype_tag(v.kv_dtype)))),   # (as its title: bf16)
                          "TTFT p50": duration(r.ttft_p50_s), "TTFT p95": duration(r.ttft_p95_s),
                          "latency p95": duration(r.latency_p95_s), "row util": f"{r.row_util:.0%}",
                          "KV mean": f"{r.kv_used_mean:.0%}", "steps": f"{r.decode_steps:,}",
