@@ -226,7 +226,9 @@ async def test_the_timeline_key_names_the_cells_on_screen_whole(size):
         for ((glyph, _, _), name), said in zip(LEGEND, named):
             assert not said or glyph in chart, (glyph, name, key)   # only what is on screen, each whole
         cut = key.endswith(" …")                                      # (a short panel: the rest in F1)
-        missing = [i for i, ((glyph, _, _), _) in enumerate(LEGEND) if glyph in chart and not named[i]]
+        glyphs = [glyph for (glyph, _, _), _ in LEGEND]             # ░ is two cells (queued, between chunks) in
+        missing = [i for i, g in enumerate(glyphs)                    # two colours: plain text cannot tell them
+                   if glyphs.count(g) == 1 and g in chart and not named[i]]
         assert (not missing) if not cut else (missing and min(missing) > max(i for i, s in enumerate(named) if s)), (key, missing)
         assert cut == (size == (80, 24)) and "s:no slot" not in key  # nothing in this run waited for a slot
         assert "P:preempted" in key or cut

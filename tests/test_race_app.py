@@ -148,36 +148,32 @@ async def test_with_arrivals_the_finish_line_ranks_by_latency_and_shows_each_lan
         assert "busy" not in plain(app, app.screen.query_one(FinishLine))
 
 
-def test_steps_timed_after_a_pause_are_counted_and_the_finish_line_says_so(monkeypatch):
+def test_steps_timed_after_a_pause_are_counted_and_the_finish_line_says_so():
     """--step-delay 50 ran the same race at 2-2.5x lower tok/s: a step after a pause finds its
-    caches cold and its lane's clock (real time) reads high. The runner counts such steps (those
-    more than COLD_GAP_S after the previous one, on a measured clock) and a restart starts over."""
-    import tui.runners.race as race_runner
-
-    class Clock:                                                       # time as the test says it passes
-        t = 0.0
-
-        @classmethod
-        def perf_counter(cls) -> float:
-            return cls.t
-    monkeypatch.setattr(race_runner, "time", Clock)
+    caches cold and its lane's clock (real time) reads high. The runner counts such steps on a
+    measured clock: each step by hand, the first after a resume, every step with a step delay;
+    a restart starts over, and a fixed-cost clock counts none."""
     model, _ = bundled()
-    spec = RaceSpec(str(default_model_dir()), small_work(n=2, cap=4), "mini", slots=2, max_len=MAX_LEN,
-                    block_size=BLOCK, max_batched_tokens=BUDGET, step_cost_s=None, warm_up=False)
-    runner = RaceRunner(lambda: spec.make_race(model), paused=True, device="cpu", threads=1)
-    for gap in (0.0, 0.001, 0.001, 1.0, 0.5, 0.001):                  # two steps after a pause
-        Clock.t += gap
-        runner._step()
-    assert runner._make_frame().cold_steps == 2
-    runner._apply(Restart())
-    runner._step()
-    assert runner._make_frame().cold_steps == 0
-    fixed = RaceRunner(lambda: RaceSpec(str(default_model_dir()), small_work(n=2, cap=4), "mini", slots=2,
-                                        max_len=MAX_LEN, step_cost_s=0.01, warm_up=False).make_race(model),
-                       paused=True, device="cpu", threads=1)
-    for gap in (0.0, 1.0, 1.0):                                        # a fixed-cost clock reads no time
-        Clock.t += gap
-        fixed._step()
+
+    def runner(step_cost_s):
+        spec = RaceSpec(str(default_model_dir()), small_work(n=2, cap=4), "mini", slots=2, max_len=MAX_LEN,
+                        block_size=BLOCK, max_batched_tokens=BUDGET, step_cost_s=step_cost_s, warm_up=False)
+        return RaceRunner(lambda: spec.make_race(model), paused=True, device="cpu", threads=1)
+    r = runner(None)
+    r._apply(StepOnce())
+    r._apply(StepOnce())                                               # two by hand
+    r._apply(SetPaused(False))
+    r._step()                                                          # the first after resuming
+    r._step()                                                          # flat out: warm
+    r.step_delay_ms = 50
+    r._step()                                                          # slow motion
+    assert r._make_frame().cold_steps == 4 and r._make_frame().turns == 5
+    r._apply(Restart())
+    r.step_delay_ms = 0
+    r._step()
+    assert r._make_frame().cold_steps == 0
+    fixed = runner(0.01)
+    fixed._apply(StepOnce())
     assert fixed._make_frame().cold_steps == 0
 
 
@@ -200,10 +196,13 @@ async def test_the_finish_line_says_when_steps_ran_after_pauses():
         await step_to(pilot, 10_000)
         finish = app.screen.query_one(FinishLine)
         assert "after a pause" not in plain(app, finish)
-        finish.show(app.runner.frame.lanes, 7)
+        finish.show(app.runner.frame.lanes, 7, app.runner.frame.turns)
         await pilot.pause()
         text = " ".join(plain(app, finish).split())
-        assert "7 of ~" in text and "steps ran after a pause (slow motion or stepped by hand)" in text
+        assert f"7 of its {app.runner.frame.turns:,} steps ran after a pause (slow motion or stepped by hand)" in text
+        options = app.console.options.update_width(finish.size.width)
+        drawn = len(app.console.render_lines(finish.render(), options, pad=False))
+        assert finish.size.height >= drawn                             # the wrapped title costs no lane row
 
 
 async def test_race_keys_pause_step_speed_restart_and_help():
@@ -373,6 +372,9 @@ def _too_long_together(tmp_path) -> str:
     (["--race", "--lanes", "static continuous", "chunked"], "lane 'static continuous': its kind is given twice"),
     (["--race", "--lanes", "fcfs policy=fair", "chunked"], "lane 'fcfs policy=fair': policy is given twice"),
     (["--race", "--lanes", "budget=8 budget=9", "chunked"], "lane 'budget=8 budget=9': budget is given twice"),
+    (["--race", "--lanes", "chunked block=8 block=16", "static"], "lane 'chunked block=8 block=16': block is given twice"),
+    (["--race", "--lanes", "blocks=40 blocks=50", "static"], "lane 'blocks=40 blocks=50': blocks is given twice"),
+    (["--race", "--lanes", "static chunked=on", "fcfs"], "lane 'static chunked=on': its kind is given twice"),
     (["--race", "--scheduling-policy", "fair"], "--scheduling-policy does not apply to --race (each lane has its own"),
     (["--batch-timeout", "1"], "--batch-timeout applies to --race only"),
     (["--lanes", "static,chunked"], "--lanes applies to --race only"),
@@ -462,8 +464,10 @@ def test_a_block_size_other_than_the_recordings_keeps_its_pools_memory():
     parser = build_parser()
     notes: list[str] = []
     spec = race_spec(parser, parse(parser, ["--race", RECORDING, "--lanes", "fcfs", "fcfs block=32",
-                                            "fcfs block=8 blocks=40"]), notes)
-    a, b, c = spec.lanes
+                                            "fcfs block=8 blocks=40", "fcfs block=48"]), notes)
+    a, b, c, d = spec.lanes
+    assert (d.block_size, d.kv_blocks) == (48, 6)                      # never less memory than recorded
+    assert "warning: lane 'fcfs block=48' runs the recorded pool's 256 tokens in 6 blocks of 48 (288 tokens)" in notes
     assert (a.block_size, a.kv_blocks) == (16, 16)                     # the recording's own
     assert (b.block_size, b.kv_blocks) == (32, 8)                      # 256 tokens in blocks of 32
     assert (c.block_size, c.kv_blocks) == (8, 40)                      # its own blocks= win

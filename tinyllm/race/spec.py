@@ -117,11 +117,13 @@ def _read(label: str) -> tuple[str | None, dict]:
     kind, fields, said = None, {}, set()
     for word in label.split():
         key, eq, v = word.partition("=")
-        name = "kind" if not eq and word in KINDS else "policy" if not eq and word in SCHEDULING_POLICIES else key
+        name = ("kind" if (not eq and word in KINDS) or key == "chunked"       # (chunked=on|off sets the kind)
+                else "policy" if not eq and word in SCHEDULING_POLICIES
+                else {"block": "block_size", "blocks": "kv_blocks"}.get(key, key))
         if name in said:                                  # "fcfs priority": the last one won, silently
-            raise LaneSpecError(f"lane {label!r}: {'its kind' if name == 'kind' else name} is given twice; "
-                                f"a lane has one (give each its own lane)")
-        said.add({"block": "block_size", "blocks": "kv_blocks"}.get(name, name))
+            raise LaneSpecError(f"lane {label!r}: {'its kind' if name == 'kind' else key if eq else name} is given "
+                                f"twice; a lane has one (give each its own lane)")
+        said.add(name)
         if not eq:
             if word in KINDS:
                 kind = word
@@ -254,9 +256,11 @@ def on_recording(lanes: tuple[LaneSpec, ...], rec: Recorded,
         fields = {**{k: rec.fields[k] for k in taken if k != "kind"}, **own}
         size = fields.get("block_size") or block_size
         if "kv_blocks" in taken and rec.pool_tokens and size and size * fields["kv_blocks"] != rec.pool_tokens:
-            fields["kv_blocks"] = max(1, rec.pool_tokens // size)
+            fields["kv_blocks"] = -(-rec.pool_tokens // size)          # at least the recorded memory
+            held = fields["kv_blocks"] * size
             resized.append(f"lane {lane.label!r} runs the recorded pool's {rec.pool_tokens:,} tokens in "
-                           f"{fields['kv_blocks']:,} blocks of {size}")
+                           f"{fields['kv_blocks']:,} blocks of {size}" + (f" ({held:,} tokens)" if held != rec.pool_tokens
+                                                                          else ""))
         out.append(_checked(lane.label, kind, fields, taken))
     notes = [f"the recording does not say its {what}: lanes that do not set it use {default}"
              for what, default in fallbacks.values()]

@@ -131,9 +131,13 @@ class RequestOutcome:
 
 
 def idled(lanes) -> bool:
-    """Whether a finished lane waited for arrivals: its clock then runs to about the last one, so
-    every lane's tok/s is about the offered load, and latency tells the lanes apart."""
-    return any(v.result is not None and v.result.wall_s - v.result.busy_s > 1e-6 for v in lanes)
+    """Whether the finished lanes kept up with requests arriving over time: each waited for
+    arrivals and their clocks ended within 10% of each other (about the last arrival), so every
+    lane's tok/s is about the offered load, and latency tells them apart. (Lanes that fell behind
+    end far apart: their tok/s differ, and say so.)"""
+    done = [v.result for v in lanes if v.result is not None]
+    return (len(done) == len(lanes) > 0 and all(r.wall_s - r.busy_s > 1e-6 for r in done)
+            and max(r.wall_s for r in done) <= 1.1 * min(r.wall_s for r in done))
 
 
 def lane_title(label: str, kind: str) -> str:

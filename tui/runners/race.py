@@ -9,7 +9,6 @@ tests and ``--engine-thread``), so the app can import this module for its types.
 
 from __future__ import annotations
 
-import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, replace
@@ -25,9 +24,6 @@ from tui.runners.interface import (LogEntry, SetPaused, StepOnce,
                           TogglePaused)
 
 RACE_LOG_LINES = 50                      # a few lines per lane: the race screen shows the newest
-
-
-COLD_GAP_S = 0.02        # a step this long after the previous one (a step delay, a step by hand) finds cold caches
 
 
 @dataclass(frozen=True)
@@ -69,7 +65,7 @@ class RaceRunner(CommandLoop):
         self._log: deque[LogEntry] = deque(maxlen=RACE_LOG_LINES)
         self._log_seq = self._seq = 0
         self._finished: set[str] = set()
-        self._last_step_end: float | None = None
+        self._after_pause = False                 # the next step follows a pause (resumed, or a step by hand)
         self._cold = 0
         self._frame = self._make_frame()
 
@@ -86,24 +82,27 @@ class RaceRunner(CommandLoop):
 
     def _apply(self, cmd) -> None:
         if isinstance(cmd, (SetPaused, TogglePaused)):
+            was = self.paused
             self.paused = cmd.paused if isinstance(cmd, SetPaused) else not self.paused
+            self._after_pause |= was and not self.paused
         elif isinstance(cmd, StepOnce):
             if not self.paused:
                 return
             if self.race.done():
                 self._add_log("info", "the race is over: r runs it again")
             else:
+                self._after_pause = True
                 self._step()
         elif isinstance(cmd, Restart):
             self.race = self.make_race()
             self._finished.clear()
-            self._last_step_end, self._cold = None, 0
+            self._after_pause, self._cold = False, 0
             self._add_log("info", "the race starts again")
 
     def _step(self) -> None:
-        start = time.perf_counter()
-        if self._last_step_end is not None and start - self._last_step_end > COLD_GAP_S and self._measured():
+        if (self._after_pause or self.step_delay_ms > 0) and self._measured():
             self._cold += 1                       # after a pause its caches are cold: its clock reads high
+        self._after_pause = False
         try:
             lane = self.race.step()
         except Exception as e:
@@ -111,7 +110,6 @@ class RaceRunner(CommandLoop):
             self.paused = True
             self._add_log("error", f"a race step failed: {type(e).__name__}: {e}; race paused")
             return
-        self._last_step_end = time.perf_counter()
         if lane is not None and lane.key not in self._finished and not lane.has_work():
             self._finished.add(lane.key)
             place = len(self._finished)

@@ -77,14 +77,18 @@ class FinishLine(Widget):
         self.lanes: tuple[LaneView, ...] = ()
 
     cold_steps = 0                                    # steps timed after a pause (RaceFrame.cold_steps)
+    turns = 0                                         # the race's steps, all lanes (RaceFrame.turns)
 
-    def show(self, lanes: tuple[LaneView, ...], cold_steps: int = 0) -> None:
-        if (lanes, cold_steps) != (self.lanes, self.cold_steps):
-            self.lanes, self.cold_steps = lanes, cold_steps
+    def show(self, lanes: tuple[LaneView, ...], cold_steps: int = 0, turns: int = 0) -> None:
+        if (lanes, cold_steps, turns) != (self.lanes, self.cold_steps, self.turns):
+            self.lanes, self.cold_steps, self.turns = lanes, cold_steps, turns
             self.refresh(layout=True)
 
     def get_content_height(self, container, viewport, width: int) -> int:
-        n = len(self.lanes) + 2
+        if not self.lanes or any(v.result is None for v in self.lanes):
+            return len(self.lanes) + 2
+        options = self.app.console.options.update_width(max(1, width))
+        n = len(self.app.console.render_lines(self._lanes_table(width), options, pad=False))   # (its title wraps)
         if self.comparing:
             rows = compare(self.lanes)
             groups = groups_table(self.lanes, rows)
@@ -114,7 +118,7 @@ class FinishLine(Widget):
     selected = 0                                      # the comparison's row whose lanes show below it
 
     def render(self) -> Group | Table:
-        lanes = self._lanes_table()
+        lanes = self._lanes_table(self.size.width)
         if not self.comparing:
             return lanes
         rows = compare(self.lanes)
@@ -125,19 +129,20 @@ class FinishLine(Widget):
                                selected=row.rid)
         return Group(*parts, table, Text(""), request_lanes(self.lanes, row, max(40, self.size.width - 2)))
 
-    def _lanes_table(self) -> Table:
+    def _lanes_table(self, width: int) -> Table:
         """tinyllm bench's columns, one row per lane: its tokens/s and against static batching (the
         race's point) always; then, as the width allows, most telling first, TTFT p50, latency p95,
         its compute time where requests arrived over time (``busy``: its clock less its waits for
-        arrivals; the place is then by latency p95, since every clock ran to the last arrival), row use, the mean share of its KV memory in use (a lane's bar says the share now), its
+        arrivals; the place is then by latency p95, since every clock ran to the last arrival), row
+        use, the mean share of its KV memory in use (a lane's bar says the share now), its
         preemptions (where a lane preempted: a pool too small for its sequences), steps,
         TTFT p95, its sequences and KV memory (``64 · 32 MiB``: at equal memory, why the paged
         lanes win; the lanes' titles say it too), and its place."""
         arrivals = idled(self.lanes)                      # every lane's clock runs to about the last arrival
         base = next((v.result.tok_s for v in self.lanes if v.kind == "static"), None)
         order = sorted(self.lanes, key=lambda v: v.result.latency_p95_s if arrivals else v.result.wall_s)
-        slow = sum(v.decode_steps for v in self.lanes) or 1
-        cold = (f"; {self.cold_steps:,} of ~{slow:,} steps ran after a pause (slow motion or stepped by hand), "
+        cold = (f"; {self.cold_steps:,} of its {max(self.turns, self.cold_steps):,} steps ran after a pause (slow "
+                f"motion or stepped by hand), "
                 f"whose caches had gone cold: their clocks read high, r at full speed for flat-out figures"
                 if self.cold_steps else "")
         t = Table(box=None, padding=(0, 1), title_justify="left", title_style="bold", expand=False,
@@ -160,6 +165,8 @@ class FinishLine(Widget):
                     "busy", "row util", "KV mean", "preempted", "steps"]
         cols = ["lane", "tok/s"] + (["× static"] if base else [])
 
+        room = width
+
         def width(c: str) -> int:
             return max(len(c), *(len(row[c]) for row in rows)) + 2
         used = sum(map(width, cols))
@@ -170,7 +177,7 @@ class FinishLine(Widget):
             telling = ("place",) + telling[:-1]
         for c in telling:
             shown = {"seqs · KV": any(row[c] for row in rows), "preempted": preempted, "busy": arrivals}.get(c, True)
-            if shown and used + width(c) <= self.size.width:
+            if shown and used + width(c) <= room:
                 cols.append(c)                          # what fits, most telling first
                 used += width(c)
         cols.sort(key=order_of.index)
@@ -308,7 +315,7 @@ class RaceScreen(LiveView, Screen):
             self.call_after_refresh(finish.scroll_visible, animate=False)    # the comparison is the news
         finish.display = f.done
         if f.done:
-            finish.show(f.lanes, f.cold_steps)
+            finish.show(f.lanes, f.cold_steps, f.turns)
         self._place_track(f)                                 # (after the finish table: it takes lines)
         self.call_after_refresh(lambda: self._place_track(self._drawn))   # again once the lanes have their heights
         legend = self._legend(not self.has_class("-wide"))
@@ -423,10 +430,10 @@ class RaceApp(App):
 def open_race(app) -> None:
     """Open the race over the main app, on its model, with the workload the app loaded last
     (--prompts or F3; none: the race's default, and its status line says which), the app's slot
-    count, --max-len and paged pool (--kv-blocks, --block-size) or, started with --kv-memory, its
-    KV budget (every lane at that memory). The app's
-    own engine is paused meanwhile (it would take CPU from the lanes) and resumed afterwards if it
-    was running."""
+    count, --max-len (up to the race's 512; a shorter one the workload does not fit: 512) and paged
+    pool (--kv-blocks, --block-size) or, started with --kv-memory, its KV budget (every lane at that
+    memory); a max_len other than the app's is said in the status line. The app's own engine is
+    paused meanwhile (it would take CPU from the lanes) and resumed afterwards if it was running."""
     from tinyllm.workload import WorkloadError, resolve_workload
     runner = app.runner
     snap = runner.frame.snapshot
@@ -450,23 +457,23 @@ def open_race(app) -> None:
         name = f"{loaded.name.removesuffix('.jsonl')} (loaded in the app)"
     else:
         name = f"{DEFAULT_WORKLOAD} (the race's default: no prompts loaded)"
-    path = loaded or resolve_workload(DEFAULT_WORKLOAD)
-    work = None
+    work, why = None, ""
     for max_len in ([snap.max_len] if own_len else []) + [default_len]:   # the app's length, if its requests fit
         try:
-            work = race_workload(path, app.tokenizer.encode, max_len)
+            work = race_workload(loaded or resolve_workload(DEFAULT_WORKLOAD), app.tokenizer.encode, max_len)
             break
         except WorkloadError as e:
             why = str(e)
     if work is None:
         app.notify(why, title="the race could not start", severity="error", timeout=10)
         return
-    if own_len and max_len != snap.max_len:
-        name += f"; at max_len {max_len}: its requests do not fit the app's {snap.max_len}"
+    if max_len != snap.max_len:                           # said: the lanes' rows hold max_len tokens each
+        name += (f"; at max_len {max_len}: its requests do not fit the app's {snap.max_len}" if own_len
+                 else f"; at the race's max_len {max_len} (the app's is {snap.max_len})")
     budget = snap.max_batched_tokens
     kv_mib = getattr(engine if engine is not None else spec, "kv_memory_mib", None)   # the app's --kv-memory
-    same_len = max_len == snap.max_len                    # (its pool was sized for the app's length)
-    blocks = snap.kv.n_blocks if snap.kv.kind == "paged" and same_len and not kv_mib else None   # --kv-blocks
+    fits = max_len <= snap.max_len                        # (a pool that holds one request of the app's holds one)
+    blocks = snap.kv.n_blocks if snap.kv.kind == "paged" and fits and not kv_mib else None   # --kv-blocks
     race = RaceSpec(model_dir, work, name, snap.n_slots, max_len, snap.kv.block_size or 16, blocks,
                     budget if budget and budget >= snap.n_slots else None, DEFAULT_BATCH_TIMEOUT_S,
                     device=None if spec is None else spec.device, threads=runner.threads or None,

@@ -41,9 +41,9 @@ WAIT_CELLS = {"queue": QUEUED,
               "budget": ("b", Style(color=STATE_COLOURS["prefill"], bold=True), 3.5),
               "preempted": WAIT_RECOMPUTE}
 LEGEND = ((QUEUED, "queued"), (WAIT_CELLS["slots"], ":no slot"), (WAIT_CELLS["pool"], ":KV full"),
-          (WAIT_CELLS["budget"], ":budget"), (PREFILL, "prefill"), (CACHED_ADMIT, "cache hit"), (DECODE, "decode"),
-          (PREEMPT, ":preempted"), (WAIT_RECOMPUTE, "to recompute"), (ENDS["finished"], "done"),
-          (ENDS["aborted"], "aborted"))
+          (WAIT_CELLS["budget"], ":budget"), (PREFILL, "prefill"), (PREFILL_WAIT, "between chunks"),
+          (CACHED_ADMIT, "cache hit"), (DECODE, "decode"), (PREEMPT, ":preempted"), (WAIT_RECOMPUTE, "to recompute"),
+          (ENDS["finished"], "done"), (ENDS["aborted"], "aborted"), (ENDS["failed"], ":failed"))
 
 
 def paint(track: Track, first: int, last: int, per_col: int, now_step: int) -> list[tuple | None]:
@@ -146,6 +146,14 @@ class TimelinePanel(Widget, can_focus=True):
         return label, first, last
 
     def _header(self, width: int, height: int) -> list[list[Segment]]:
+        """The header over the rows it leaves room for: worked out over the most rows there can be,
+        then again over those it leaves (a glyph only an oldest row had is not named)."""
+        header = self._header_over(width, height, self._tracks_in(max(0, height - 1)))
+        if len(header) > 1:
+            header = self._header_over(width, height, self._tracks_in(max(0, height - len(header))))
+        return header
+
+    def _header_over(self, width: int, height: int, rows: list[Track]) -> list[list[Segment]]:
         """The window's steps, then the key to the cells on screen now (the whole key is ~110
         columns: it was cut off at 120; F1 lists every glyph), on as many lines as the width needs,
         at most a quarter of the panel's (and three); "…" ends one with no room for the rest."""
@@ -154,8 +162,7 @@ class TimelinePanel(Widget, can_focus=True):
         u = self.unit
         head = (f"{u}s {max(first, 0)}–{last} · {self.per_col} {u}{'s' if self.per_col > 1 else ''}/col" if u == "step"
                 else f"{max(first, 0)}–{last} {u} · {self.per_col} {u}/col")
-        shown = {c for t in self._tracks_in(max(0, height - 1))
-                 for c in paint(t, first, last, self.per_col, self.now_step) if c is not None}
+        shown = {c for t in rows for c in paint(t, first, last, self.per_col, self.now_step) if c is not None}
         items = [[Segment(glyph, on(base, style)), Segment(name, on(base, DIM))]
                  for (glyph, style, _), name in LEGEND if (glyph, style, _) in shown]
         lines: list[list[Segment]] = [[Segment(head, on(base, DIM))]]
