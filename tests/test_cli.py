@@ -260,9 +260,12 @@ def test_slots_beside_a_kv_budget_is_refused_everywhere(capsys):
 def test_tui_without_a_terminal_says_so_instead_of_spinning(tmp_path):
     """`tinyllm-tui --prompts burst </dev/null >out.txt` drew into the file and spun a core on the
     closed stdin for as long as it ran; its engine process must not outlive the refusal either."""
-    r = tui("--record", str(tmp_path / "run.jsonl"))                      # good arguments, no terminal
-    assert_refused_before_the_ui(r, "the app draws in a terminal and its stdin is not one (redirected?); run it "
-                                    "in a terminal, or in a browser with --web")
+    for extra in ((), ("--engine-thread",)):                             # good arguments, no terminal
+        r = tui("--record", str(tmp_path / "run.jsonl"), *extra)
+        assert_refused_before_the_ui(r, "the app draws in a terminal and its stdin is not one (redirected?); run "
+                                        "it in a terminal, or in a browser with --web")
+        assert not (tmp_path / "run.jsonl").exists()                   # refused before any work: no recording
+    assert_refused_before_the_ui(tui("--replay", str(DATA / "preemption-run.jsonl")), "its stdin is not one")
     r = tui("--race", "--lanes", "static", "nope")                        # the arguments' own errors come first
     assert_refused_before_the_ui(r, "'nope' is neither a lane kind")
 

@@ -142,7 +142,7 @@ def refuse_unused(parser, a, mode: str) -> None:
             parser.error(f"{flag} does not apply to {mode} ({why})")
 
 
-def build_app(argv: list[str] | None = None) -> TinyLLMApp:
+def build_app(argv: list[str] | None = None, require_terminal: bool = False) -> TinyLLMApp:
     """Parse arguments, check them, start the engine; SystemExit(2) with one line on bad input.
 
     Everything the user can get wrong is checked here, before the screen takes over, without
@@ -154,6 +154,7 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
 
     parser = build_parser()
     a = parse(parser, argv)
+    a.require_terminal = require_terminal                 # (main: once the arguments are checked, before any work)
     if not 0 <= a.step_delay <= MAX_DELAY_MS:
         parser.error(f"--step-delay must be in [0, {MAX_DELAY_MS}] ms, got {a.step_delay}")
     if (race := race_app(parser, a)) is not None:
@@ -207,6 +208,7 @@ def build_app(argv: list[str] | None = None) -> TinyLLMApp:
         parser.error("--prefix-cache needs chunked prefill (the token-budget scheduler on --kv paged)")
     if kv == "paged" and a.kv_blocks is not None:
         check_pool(parser, a.kv_blocks, a.block_size, max_len)
+    check_terminal(parser, a)
     spec = EngineSpec(str(path), a.device, a.slots, max_len, kv, a.block_size, a.kv_blocks, a.seed,
                       threads=a.threads, chunked_prefill=chunked, max_batched_tokens=a.max_batched_tokens,
                       prefix_cache=a.prefix_cache, record=a.record, scheduling_policy=a.scheduling_policy,
@@ -310,6 +312,7 @@ def attach_app(parser, a) -> TinyLLMApp:
         parser.error(f"--attach {a.attach}: a server's address is http://HOST:PORT or https://HOST:PORT "
                      "(or HOST:PORT)")
     kv_events = kv_events_subscriber(parser, a.kv_events) if a.kv_events is not None else None
+    check_terminal(parser, a)
     wait_for_server(parser, url, a.wait)
     try:
         runner = AttachRunner(url).start()
@@ -393,6 +396,7 @@ def replay_app(parser, a) -> TinyLLMApp:
         runner = ReplayRunner(a.replay, paused=a.paused, step_delay_ms=a.step_delay)
     except RecordingError as e:
         parser.error(f"--replay: {e}")
+    check_terminal(parser, a)                             # (after the recording's own checks: a read, no work)
     return TinyLLMApp(runner, None, model_name=str(runner.header.get("model", "?")))
 
 
@@ -400,14 +404,10 @@ def main(argv: list[str] | None = None) -> int:
     if (code := serve_if_asked(argv)) is not None:   # --web: the app in a browser, one process per tab
         return code
     try:
-        app = build_app(argv)
+        app = build_app(argv, require_terminal=True)
     except KeyboardInterrupt:                             # Ctrl+C while waiting for a server or loading
         print("\ntinyllm-tui: stopped before the app started", file=sys.stderr)
         return 130
-    if (which := not_a_terminal()) is not None:          # (after the arguments' checks: they say more)
-        app.runner.stop()
-        build_parser().error(f"the app draws in a terminal and its {which} is not one (redirected?); run it in a "
-                             f"terminal, or in a browser with --web")
     app.run()
     if app.startup_error is not None:
         build_parser().error(option_names(app.startup_error))   # one line on stderr, exit 2
@@ -416,6 +416,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tinyllm-tui: recorded {steps} steps to {app.recording.resolve()} "
               f"(tinyllm-tui --replay {app.recording}; tinyllm trace {app.recording})")
     return app.return_code or 0
+
+
+def check_terminal(parser, a) -> None:
+    """Refuse, in one line, to go on without a terminal (where the caller is main: tests build
+    apps without one). Called once the arguments are checked, before an engine starts, a
+    recording is opened or a server is waited for."""
+    if getattr(a, "require_terminal", False) and (which := not_a_terminal()) is not None:
+        parser.error(f"the app draws in a terminal and its {which} is not one (redirected?); run it in a "
+                     f"terminal, or in a browser with --web")
 
 
 def not_a_terminal() -> str | None:
@@ -501,6 +510,7 @@ def race_app(parser, a):
     spec = race_spec(parser, a, notes)
     for note in notes:                                    # (each lane's panel says what it took, too)
         print(f"tinyllm-tui --race: {note}", file=sys.stderr)
+    check_terminal(parser, a)
     if a.engine_thread:
         from tui.runners.race import RaceRunner
         try:
