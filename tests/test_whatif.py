@@ -160,7 +160,8 @@ def test_whatif_with_arrivals_says_tok_s_is_the_arrival_rate_and_shows_each_lane
     assert tinyllm_main(["whatif", "poisson_arrivals", "--lanes", "static", "chunked", "--step-cost", "0.01",
                          "--json", str(out)]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "requests arrived over time, so tok/s is about the rate they came at: compare latency; busy = compute" in text
+    assert "requests arrived over time, so every lane's tok/s is about the rate they came at: compare latency; " \
+           "busy = compute" in text
     doc = json.loads(out.read_text())
     assert all(0 < lane["busy_s"] < lane["wall_s"] for lane in doc["lanes"])
     assert "busy_s leaves them out" in doc["clock_dependent"]

@@ -357,8 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     wi.add_argument("--kv-memory", type=positive_float, default=None, metavar="MiB",
                     help="every lane at this KV memory (a lane's kv_mib= overrides it), as tinyllm bench's "
                          "headline: static batching and slot KV get the rows of --max-len it buys, the paged "
-                         "lanes the blocks it buys, run by up to --max-num-seqs; --slots is then unused, a "
-                         "lane's slots= caps its sequences, blocks= and --kv-blocks are refused")
+                         "lanes the blocks it buys, run by up to --max-num-seqs; a lane's slots= caps its "
+                         "sequences; --slots, blocks= and --kv-blocks are refused")
     wi.add_argument("--max-num-seqs", type=positive_int, default=None, metavar="N",
                     help="with a KV budget: the cap on each lane's running sequences (default 64)")
     wi.add_argument("--max-batched-tokens", type=positive_int, default=None, metavar="N",

@@ -151,6 +151,12 @@ def load_workload(path: str | Path) -> list[WorkItem]:
     return items
 
 
+def samples(items: list[WorkItem], ids: list[list[int]]):
+    """(item, its token ids) once per request it makes: a line with ``n`` samples makes n (the race
+    and tinyllm whatif run each as its own request; they once ran one, its work lost)."""
+    return ((it, i) for it, i in zip(items, ids) for _ in range(it.n or 1))
+
+
 def tokenize_checked(items: list[WorkItem], path: str | Path, encode, max_len: int,
                      default_new: int) -> list[list[int]]:
     """Tokenize every prompt and check it fits ``max_len`` with its max_new_tokens; returns the ids."""

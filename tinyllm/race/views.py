@@ -130,6 +130,11 @@ class RequestOutcome:
     tenant: str = ""
 
 
+# What a finish table says where the lanes kept up with arrivals (idled): why tok/s ties, what to read.
+ARRIVALS_NOTE = ("requests arrived over time, so every lane's tok/s is about the rate they came at: compare "
+                 "latency; busy = compute")
+
+
 def idled(lanes) -> bool:
     """Whether the finished lanes kept up with requests arriving over time: each waited for
     arrivals and their clocks ended within 10% of each other (about the last arrival), so every

@@ -123,7 +123,7 @@ def load_arrivals(source: str, encode, max_len: int, default_new: int,
     (arrival_s, Request); and a warning to show (a recording cut off; ``asked_new``: the user gave
     ``default_new`` and no request takes it). RecordingError / WorkloadError / ContextTooLong say
     what is wrong."""
-    from tinyllm.workload import load_workload, resolve_workload, tokenize_checked
+    from tinyllm.workload import load_workload, resolve_workload, samples, tokenize_checked
     unused = (f"--max-new-tokens {default_new} is unused: every request of {Path(source).name} sets its own "
               f"(it fills only workload lines without max_new_tokens)")
     path = Path(source).expanduser()
@@ -135,8 +135,8 @@ def load_arrivals(source: str, encode, max_len: int, default_new: int,
     ids = tokenize_checked(items, path, encode, max_len, default_new)
     takes = any(not it.max_new_tokens for it in items)
     return [(it.arrival_s, Request(i, it.max_new_tokens or default_new, priority=it.priority or 0,
-                                   tenant=it.tenant or "")) for it, i in zip(items, ids) for _ in range(it.n or 1)], \
-        unused if asked_new and not takes else None                 # (a line's n samples: n requests)
+                                   tenant=it.tenant or "")) for it, i in samples(items, ids)], \
+        unused if asked_new and not takes else None
 
 
 @dataclass(frozen=True)

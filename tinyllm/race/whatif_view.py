@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
-from tinyllm.race.views import LaneView, RequestOutcome, idled
+from tinyllm.race.views import ARRIVALS_NOTE, LaneView, RequestOutcome, idled
 from tinyllm.race.whatif import RequestRow, group_figures, grouping
 from tinyllm.units import duration
 
@@ -88,9 +88,7 @@ def lanes_table(lanes: tuple[LaneView, ...]) -> Table:
     a lane of its own)."""
     busy = idled(lanes)                                   # arrivals: every clock ran to about the last one
     t = Table(box=None, padding=(0, 1), title_justify="left", title_style="bold", expand=False,
-              title="lanes (each lane's own clock" + ("; requests arrived over time, so tok/s is about the rate "
-                                                      "they came at: compare latency; busy = compute)" if busy
-                                                      else ")"))
+              title="lanes (each lane's own clock" + (f"; {ARRIVALS_NOTE}" if busy else "") + ")")
     t.add_column("lane", no_wrap=False, min_width=12)     # the column that gives way on a narrow terminal
     sized = any(v.kv_mib is not None for v in lanes)
     if sized:
@@ -99,10 +97,10 @@ def lanes_table(lanes: tuple[LaneView, ...]) -> Table:
         t.add_column(c, justify="right", no_wrap=True)
     for v in lanes:
         r = v.result
-        pre = sum(o.preemptions for o in v.outcomes)
         kv = ([] if not sized else ["—" if v.kv_mib is None else v.capacity])
         t.add_row(Text(short_name(v, 30)), *kv, f"{r.tok_s:.0f}", duration(r.ttft_p50_s), duration(r.ttft_p95_s),
-                  duration(r.latency_p95_s), *([duration(r.busy_s)] if busy else []), f"{r.decode_steps:,}", str(pre))
+                  duration(r.latency_p95_s), *([duration(r.busy_s)] if busy else []), f"{r.decode_steps:,}",
+                  f"{r.preemptions:,}")
     return t
 
 

@@ -236,8 +236,8 @@ def race_workload(path, encode, max_len: int, default_new: int = DEFAULT_NEW) ->
     """A workload file as (arrival_s, token ids, max_new_tokens, priority, tenant): sampling
     settings and end-of-text are left out (the race is greedy and makes every token, as tinyllm
     bench); a line with ``n`` samples is n requests (it was one: its work lost)."""
-    from tinyllm.workload import load_workload, tokenize_checked
+    from tinyllm.workload import load_workload, samples, tokenize_checked
     items = load_workload(path)
     ids = tokenize_checked(items, path, encode, max_len, default_new)
     return tuple((it.arrival_s, tuple(i), it.max_new_tokens or default_new, it.priority or 0, it.tenant or "")
-                 for it, i in zip(items, ids) for _ in range(it.n or 1))
+                 for it, i in samples(items, ids))

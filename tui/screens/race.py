@@ -18,7 +18,7 @@ from textual.widgets import Footer, Static
 from textual.worker import get_current_worker
 
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT_WORKLOAD
-from tinyllm.race.views import LaneView, idled, mib
+from tinyllm.race.views import ARRIVALS_NOTE, LaneView, idled, mib
 from tinyllm.request import kv_dtype_tag
 from tinyllm.race.whatif import compare
 from tinyllm.race.whatif_view import groups_table, request_lanes, requests_table
@@ -146,10 +146,8 @@ class FinishLine(Widget):
                 f"whose caches had gone cold: their clocks read high, r at full speed for flat-out figures"
                 if self.cold_steps else "")
         t = Table(box=None, padding=(0, 1), title_justify="left", title_style="bold", expand=False,
-                  title="finish line (each lane's own clock" + ("; requests arrived over time, so every lane's "
-                                                               "tok/s is about the rate they came at: the place "
-                                                               "is by latency p95, busy = compute" if arrivals
-                                                               else "") + cold + ")")
+                  title="finish line (each lane's own clock"
+                        + (f"; {ARRIVALS_NOTE}; the place is by latency p95" if arrivals else "") + cold + ")")
         rows = []
         for v in self.lanes:
             r = v.result
