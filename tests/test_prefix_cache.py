@@ -222,3 +222,25 @@ def test_random_schedules_over_shared_prefixes_keep_refcounts_exact(n_slots, blo
     for rid, res in eng.results.items():
         assert res.tokens == _solo(tuple(added[rid]), len(res.tokens)) or res.tokens == _solo(
             tuple(added[rid]), eng._seqs[rid].req.max_new_tokens), f"request {rid} differs from solo"
+
+
+def test_cached_tokens_is_the_prompts_first_hit_however_often_a_request_is_recomputed(model):
+    """OpenAI's usage.prompt_tokens_details.cached_tokens counts prompt tokens: a request preempted
+    and recomputed from the cache once reported its whole context (224 cached for a 5-token
+    prompt). The view keeps the first admission's prompt hit; each admission's event still says
+    what the cache served of the context then (a recompute's hit is the scheduler's news)."""
+    eng = engine(model, n_slots=4, kv_blocks=14, budget=64)
+    reqs = [Request([7, 8, 9, 10, 11], 40) for _ in range(5)]      # one prompt: later ones hit the cache
+    events = []
+    rids = [eng.add_request(r) for r in reqs]
+    while eng.has_work():
+        eng.step()
+        events += eng.pop_lifecycle()
+        check_invariants(eng)
+    views = {v.rid: v for v in eng.snapshot().requests}
+    assert any(v.preemptions for v in views.values()), "the pool should force a preemption"
+    recomputes = [e for e in events if e.kind == "admitted" and "recompute" in e.reason]
+    assert recomputes and max(e.cached for e in recomputes) > 5         # the recompute hit its context
+    for rid in rids:
+        first = next(e for e in events if e.kind == "admitted" and e.rid == rid)
+        assert views[rid].cached_tokens == first.cached <= len(reqs[0].prompt)

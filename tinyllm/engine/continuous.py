@@ -461,7 +461,8 @@ class ContinuousEngine:
                 left.append(child)
                 continue
             self.slots.fork(parent.slot, free[0])
-            child.computed, child.cached_tokens = parent.computed, parent.cached_tokens
+            child.computed, child.cached_tokens, child.admit_cached = (parent.computed, parent.cached_tokens,
+                                                                       parent.admit_cached)
             self._seat(child, free[0], parent.computed, f"{FORK_OF}{parent.rid}")
             self._forked.add(child.rid)
             seated.append(child)
@@ -529,7 +530,7 @@ class ContinuousEngine:
             seq.admitted = self.now()
         self._just_admitted.add(slot)
         again = f"recompute after {seq.preemptions} preemption(s)" if seq.preemptions else ""
-        self._note("admitted", seq, slot, tokens, why or again, seq.cached_tokens)
+        self._note("admitted", seq, slot, tokens, why or again, seq.admit_cached)
 
     def snapshot(self) -> EngineSnapshot:
         """Plain immutable state for viewers. O(slots + blocks + requests); unchanged requests

@@ -85,8 +85,8 @@ class Scheduler(Protocol):
         planned, so a later pass sees the outcome of the earlier ones (``running`` is the
         engine's live list: in admission order, newest last). A scheduler pops what it admits
         from ``waiting``, claims and releases slots and blocks in the pool's bookkeeping, and
-        sets ``slot`` / ``computed`` / ``cached_tokens`` of what it admits; the engine does the
-        rest from the plan (states, lifecycle events, requeueing the preempted)."""
+        sets ``slot`` / ``computed`` / ``admit_cached`` (and ``cached_tokens``, once) of what it
+        admits; the engine does the rest from the plan (states, lifecycle events, requeueing the preempted)."""
         ...
 
 
@@ -157,7 +157,9 @@ class TokenBudgetScheduler:
                 pool.activate(slot)
                 pool.take_prefix(slot, hit)
                 pool.try_grow(slot, cached + n)
-                seq.slot, seq.computed, seq.cached_tokens = slot, cached, cached
+                seq.slot, seq.computed, seq.admit_cached = slot, cached, cached
+                if seq.admitted is None:                  # OpenAI's cached_tokens: the prompt's, once (after a
+                    seq.cached_tokens = cached            # preemption the context holds its output too)
                 plan.prefix_queries += len(context)
                 plan.prefix_hits += cached
                 live.append(seq)

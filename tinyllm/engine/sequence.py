@@ -51,7 +51,8 @@ class Sequence:
     preemptions: int = 0
     error: str | None = None
     computed: int = 0                      # chunked prefill: context tokens whose K/V is in the pool
-    cached_tokens: int = 0                 # of its context at its latest admission, served by the prefix cache
+    cached_tokens: int = 0                 # of its prompt, served by the prefix cache at its first admission
+    admit_cached: int = 0                  # of its context, served by the cache at its latest (a recompute's too)
     prefilled: bool = False                # chunked prefill: sampled since its last (re)admission
     wait: tuple[str, str] | None = None    # why it computed nothing in the latest step: (code, detail)
     waited: dict[str, int] = field(default_factory=dict)   # steps spent waiting, per reason code

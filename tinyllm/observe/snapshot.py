@@ -83,7 +83,7 @@ class RequestView:
     finish_s: float | None        # finished or aborted
     preemptions: int
     error: str | None = None      # failed: why the engine gave up on this request
-    cached_tokens: int = 0        # context tokens served by the prefix cache at its latest admission
+    cached_tokens: int = 0        # prompt tokens served by the prefix cache at its first admission (OpenAI's)
                                   # (the prompt's, like OpenAI usage's cached_tokens; after a
                                   # preemption, generated tokens can be among them)
     priority: int = 0             # the request's priority (the "priority" policy: lower first)

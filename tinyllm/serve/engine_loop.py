@@ -98,7 +98,7 @@ class Output:
     """What a request produced since the handler last asked (one or more steps' tokens)."""
     tokens: tuple[int, ...]
     finish_reason: str | None = None   # set on the request's last output
-    cached_tokens: int = 0             # prompt tokens the prefix cache served (at its latest admission)
+    cached_tokens: int = 0             # prompt tokens the prefix cache served (at its first admission)
     accounting: Accounting | None = None   # set on the request's last output
     logprobs: tuple[TokenLogprob, ...] = ()   # one per token, for a request that asked for logprobs
 
@@ -117,7 +117,8 @@ class RequestHandle:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     rid: int | None = None
     ended: bool = False                # event-loop side: finished, failed, rejected or closed
-    _cached_tokens: int = 0            # engine-thread side: the latest admission's prefix-cache hit
+    _cached_tokens: int = 0            # engine-thread side: the first admission's prefix-cache hit
+    _admitted_once: bool = False
     _times: RequestTimes = field(default_factory=RequestTimes)   # engine-thread side: its phase boundaries
     _stopping: bool = False            # engine-thread side: finished by its handler (a stop string)
     stops: tuple[str, ...] = ()        # its stop strings (its handler matches them; viewers apply them too)
@@ -355,7 +356,8 @@ class EngineLoop:
                 continue
             h._times.on_event(ev)
             if ev.kind == "admitted":
-                h._cached_tokens = ev.cached
+                if not h._admitted_once:                    # usage's cached_tokens: the prompt's, at the first
+                    h._cached_tokens, h._admitted_once = ev.cached, True   # (a recompute's counts its output)
             elif ev.kind == "failed":
                 del self._live[ev.rid]
                 posts.append((h, _Failed(ev.reason or "the engine failed this request")))
