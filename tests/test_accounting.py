@@ -20,7 +20,7 @@ OLD_RECORDING = Path(__file__).parent / "data" / "preemption-run.jsonl"
 def view(**kw) -> RequestView:
     base = dict(rid=3, state="finished", slot=None, prompt=(1, 2), tokens=(5, 6, 7), max_new_tokens=3,
                 sampling=Sampling(), eos_id=None, arrival_s=1.0, first_token_s=1.75, finish_s=3.0, preemptions=1,
-                cached_tokens=32, admitted_s=1.5)
+                cached_tokens=16, admitted_s=1.5)
     return RequestView(**{**base, **kw})
 
 
@@ -29,7 +29,7 @@ def test_phases_follow_the_lifecycle_events():
     for kind, at, cached in (("queued", 1.0, 0), ("admitted", 1.5, 16), ("first_token", 1.75, 0),
                              ("preempted", 2.0, 0), ("admitted", 2.5, 32), ("finished", 3.0, 0)):
         t.on_event(LifecycleEvent(kind, 0, 0, at, cached=cached))
-    assert t.accounting() == Accounting(500.0, 250.0, 1250.0, 2000.0, 1, 32)     # the first admission counts
+    assert t.accounting() == Accounting(500.0, 250.0, 1250.0, 2000.0, 1, 16)     # the first admission counts
     assert Accounting.of_view(view(), 99.0) == t.accounting()                      # the pane's view: the same
 
 
@@ -45,7 +45,7 @@ def test_pane_text_shows_each_phase_once_it_ended():
     prefilling = accounting_text(view(state="running", first_token_s=None, finish_s=None)).plain
     assert "queue 500ms" in prefilling and "prefill" not in prefilling and "decode" not in prefilling
     done = accounting_text(view()).plain
-    assert "queue 500ms · prefill 250ms · decode 1.25s · total 2.00s · preempted 1× · 32 cached" in done
+    assert "queue 500ms · prefill 250ms · decode 1.25s · total 2.00s · preempted 1× · 16 cached" in done
 
 
 def test_old_recordings_without_admission_times_still_replay():

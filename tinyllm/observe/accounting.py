@@ -62,16 +62,15 @@ class RequestTimes:
     first_token: float | None = None
     end: float | None = None               # finished (its last token), aborted or failed
     preemptions: int = 0
-    cached_tokens: int = 0                 # at its latest admission
+    cached_tokens: int = 0                 # of its prompt, at its first admission (OpenAI's usage)
 
     def on_event(self, ev: "LifecycleEvent") -> None:
         kind = ev.kind
         if kind == "queued":
             self.arrival = ev.time_s
         elif kind == "admitted":
-            if self.admitted is None:
-                self.admitted = ev.time_s
-            self.cached_tokens = ev.cached
+            if self.admitted is None:              # (a recompute's hit counts its output too)
+                self.admitted, self.cached_tokens = ev.time_s, ev.cached
         elif kind == "first_token":
             self.first_token = ev.time_s
         elif kind == "preempted":

@@ -118,7 +118,6 @@ class RequestHandle:
     rid: int | None = None
     ended: bool = False                # event-loop side: finished, failed, rejected or closed
     _cached_tokens: int = 0            # engine-thread side: the first admission's prefix-cache hit
-    _admitted_once: bool = False
     _times: RequestTimes = field(default_factory=RequestTimes)   # engine-thread side: its phase boundaries
     _stopping: bool = False            # engine-thread side: finished by its handler (a stop string)
     stops: tuple[str, ...] = ()        # its stop strings (its handler matches them; viewers apply them too)
@@ -356,8 +355,7 @@ class EngineLoop:
                 continue
             h._times.on_event(ev)
             if ev.kind == "admitted":
-                if not h._admitted_once:                    # usage's cached_tokens: the prompt's, at the first
-                    h._cached_tokens, h._admitted_once = ev.cached, True   # (a recompute's counts its output)
+                h._cached_tokens = h._times.cached_tokens     # the prompt's, at the first admission
             elif ev.kind == "failed":
                 del self._live[ev.rid]
                 posts.append((h, _Failed(ev.reason or "the engine failed this request")))
