@@ -13,6 +13,7 @@ import time
 import httpx
 import pytest
 
+from tinyllm.engine import Request
 from tinyllm.engine.generate import generate
 from tinyllm.observe.recording import read_recording
 from tinyllm.request import Sampling
@@ -327,6 +328,30 @@ def test_operator_abort_checks_its_input(server, body, status):
         assert r.json()["error"]["param"] == "rid"
     else:
         assert r.json() == {"rid": 99, "aborted": False}
+
+
+@pytest.mark.parametrize("body", [{"rids": []}, {"rids": "1"}, {"rids": [1, "x"]}, {"rids": [True]}])
+def test_operator_abort_of_several_checks_its_input(server, body):
+    r = httpx.post(server.url + "/v1/tinyllm/abort", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "rids"
+
+
+def test_abort_all_from_a_viewer_is_one_call_that_ends_them_in_the_same_step(server):
+    """^k aborted other clients' requests one POST at a time: 8 of them ran on for ~80 steps.
+    Now one POST {"rids": [...]}: the engine ends them all in one call, between two steps."""
+    sent = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, json={"rids": sent[-1]["rids"], "aborted": [True] * len(sent[-1]["rids"])})
+    viewer = AttachRunner("http://tinyllm.test", client=httpx.Client(transport=httpx.MockTransport(handler)))
+    viewer._abort_all([4, 5, 6])
+    assert sent == [{"rids": [4, 5, 6]}] and not [e for e in viewer._log if e.kind == "error"]
+    rids = [server.engine_loop.call(lambda e: e.add_request(Request([5, 6, 7], 200))) for _ in range(3)]
+    r = httpx.post(server.url + "/v1/tinyllm/abort", json={"rids": [*rids, 999]}, timeout=30)
+    assert r.status_code == 200 and r.json() == {"rids": [*rids, 999], "aborted": [True, True, True, False]}
+    snap = engine_snapshot(server)
+    assert [snap.request(rid).state for rid in rids] == ["aborted"] * 3
 
 
 def test_attach_to_nothing_or_to_a_non_tinyllm_server_is_one_line(capsys):

@@ -14,7 +14,7 @@ encoder starts from a blank snapshot), every past lifecycle event (for the timel
 text so far. A request's text is the one its client got: cut before the stop string its handler
 matched (the same ``tinyllm.stops.StopText``, fed the request's stop strings by the EngineLoop).
 
-``POST /v1/tinyllm/abort`` ``{"rid": N}`` aborts any request (an operator's abort; a client
+``POST /v1/tinyllm/abort`` ``{"rid": N}`` (or ``{"rids": [...]}``, all in the same step) aborts any request (an operator's abort; a client
 aborts its own by closing its stream).
 """
 
@@ -202,6 +202,9 @@ async def _records(feed: StateFeed, engine_loop: EngineLoop, request: Request):
         feed.unsubscribe(viewer)
 
 
+MAX_ABORT_RIDS = 10_000          # POST /v1/tinyllm/abort {"rids": [...]}: at most this many at once
+
+
 def add_stream_route(app: Any, engine_loop: EngineLoop, tokenizer: Any = None, model_name: str = "model",
                      settings: dict[str, Any] | None = None) -> StateFeed:
     """Register ``GET /v1/tinyllm/stream`` and ``POST /v1/tinyllm/abort`` on ``app`` (a FastAPI
@@ -217,6 +220,14 @@ def add_stream_route(app: Any, engine_loop: EngineLoop, tokenizer: Any = None, m
     @app.post("/v1/tinyllm/abort")
     async def abort(request: Request) -> JSONResponse:
         body = load_json(await request.body())
+        if isinstance(body, dict) and "rids" in body:     # several, in one engine call: the same step
+            rids = body["rids"]
+            if (not isinstance(rids, list) or not rids or len(rids) > MAX_ABORT_RIDS
+                    or not all(is_int(r) for r in rids)):
+                raise ApiError(f'"rids" must be a list of 1..{MAX_ABORT_RIDS} request ids (integers), got '
+                               f'{brief(rids)}', "rids", "invalid_type")
+            done = await engine_loop.call_async(lambda eng: [engine_loop.abort_rid(r) for r in rids])
+            return JSONResponse({"rids": rids, "aborted": done})
         rid = body.get("rid") if isinstance(body, dict) else None
         if not is_int(rid):
             raise ApiError(f'"rid" must be a request id (an integer), got {brief(rid)}', "rid", "invalid_type")

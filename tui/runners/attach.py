@@ -204,7 +204,7 @@ class AttachRunner(ServerLink):
             if cmd.ours_only:
                 mine = self.ours()
                 active = [rid for rid in active if rid in mine]
-            threading.Thread(target=lambda: [self._abort(r) for r in active], daemon=True).start()
+            threading.Thread(target=self._abort_all, args=(active,), daemon=True).start()
         elif isinstance(cmd, LoadWorkload):
             self._note("info", f"loaded {cmd.name}: {len(cmd.items)} requests, sent at their arrival times")
             threading.Thread(target=send_workload, args=(cmd, self.send, self._stop), daemon=True,
@@ -378,12 +378,31 @@ class AttachRunner(ServerLink):
         except (httpx.HTTPError, ValueError) as e:
             self._note("error", f"abort #{rid} failed: {type(e).__name__}: {e}")
 
-    def _post_abort(self, rid: int) -> httpx.Response:
+    def _abort_all(self, rids: list[int]) -> None:
+        """Abort ``rids`` in one call, so the server ends them all in the same step (one call
+        each let them run on for tens of steps, one abort a round trip): this app's streams hung
+        up first, every rid then asked for at once."""
+        if not rids:
+            return
+        with self._lock:
+            ours = [rid for rid in rids if rid in self._ours]
+            mine = [self._ours.pop(rid) for rid in ours]
+            self._closed.update(ours)
+        for r in mine:
+            hang_up(r)
+        try:
+            r = self._post_abort(rids)
+            if r.status_code != 200:
+                self._note("error", f"abort of {len(rids)} requests refused: {api_error(r)}")
+        except (httpx.HTTPError, ValueError) as e:
+            self._note("error", f"abort of {len(rids)} requests failed: {type(e).__name__}: {e}")
+
+    def _post_abort(self, rid: int | list[int]) -> httpx.Response:
         """The abort request, sent once more if the pooled connection it went out on had just been
         closed by the server (uvicorn closes a keep-alive connection idle for 5 s; a request that
         crosses the close gets no response: seen on a busy machine). Aborting twice is harmless:
         the second answers aborted=false."""
-        url, body = f"{self.url}/v1/tinyllm/abort", {"rid": rid}
+        url, body = f"{self.url}/v1/tinyllm/abort", ({"rids": rid} if isinstance(rid, list) else {"rid": rid})
         try:
             return self.http.post(url, json=body)
         except httpx.RemoteProtocolError:
