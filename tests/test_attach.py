@@ -252,6 +252,24 @@ async def test_a_server_that_goes_away_is_shown_and_the_viewer_reconnects():
             s.stop()
 
 
+@pytest.mark.expect_errors("request refused")
+async def test_a_prompt_the_server_refuses_comes_back_to_the_input(server):
+    """Attached without a tokenizer the server checks the prompt: one too long for its context
+    was refused and lost (the input is cleared on sending); it comes back, to be edited, as a
+    local app keeps it."""
+    app = attach_app(server.url)
+    long = "to be or not to be " * 120                                   # ~700 tokens; the server's context: 256
+    async with app.run_test(size=(120, 40)) as pilot:
+        await follow(pilot, lambda: app.runner.frame.status == "ready", "the connection")
+        app.query_one("#prompt").focus()
+        app.query_one("#prompt").value = long
+        await pilot.press("enter")
+        await until(pilot, lambda: app.query_one("#prompt").value == long, what="the prompt back in the input")
+        await until(pilot, lambda: app.notified)
+        assert any("request refused" in text and "context" in text for _, _, text in app.notified)
+        assert not app.runner.frame.snapshot.requests                   # nothing ran
+
+
 @pytest.mark.expect_errors("not sent")
 async def test_a_prompt_typed_while_disconnected_stays_in_the_input():
     """Enter while the server is away sends nothing and keeps the text (it was cleared, then

@@ -214,6 +214,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         if self.runner.start_error is not None and self.startup_error is None:
             self._engine_failed(self.runner.start_error)
             return
+        self._take_back_refused()
         frame = self.runner.frame
         if frame.seq == self._shown_seq or not (force or self._pacer.due()):
             return
@@ -225,6 +226,16 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self.frames_drawn += 1
         self._draw_state(frame)
         self._draw_details(frame)
+
+    def _take_back_refused(self) -> None:
+        """A prompt the server refused goes back into the input, if that is empty, to be edited
+        (the input was cleared on sending; a local engine's app checks before sending and keeps
+        it there)."""
+        refused = getattr(self.runner, "take_refused", None)
+        for text in refused() if refused is not None else ():
+            box = self.query_one("#prompt", Input)
+            if not box.value:
+                box.value = text
 
     def _cache_titles(self, snap) -> None:
         """The slot grid's and block map's sizes, from the snapshot shown: the first frame may be

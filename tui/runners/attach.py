@@ -145,6 +145,16 @@ class ServerLink:
             if self._stop.wait(left - whole + 1):
                 return
 
+    def _refused(self, cmd: Submit) -> None:
+        """The server refused a prompt of ours (a 400: too long for its context, ...): it goes back
+        to the app (``take_refused``), whose input was cleared on sending, to be edited."""
+        self.__dict__.setdefault("_refused_prompts", []).append(cmd.prompt)
+
+    def take_refused(self) -> list[str]:
+        """The prompts refused since the last call (the app puts one back into an empty input)."""
+        taken, self._refused_prompts = self.__dict__.get("_refused_prompts", []), []
+        return taken
+
     def _disconnected(self, why: str) -> None:
         first = self.status != "disconnected"
         self.status = "disconnected"
@@ -341,6 +351,8 @@ class AttachRunner(ServerLink):
             with self.http.stream("POST", f"{self.url}/v1/completions", json=completion_body(cmd)) as r:
                 if r.status_code != 200:
                     r.read()
+                    if r.status_code == 400:
+                        self._refused(cmd)
                     self._note("error", f"request refused: {api_error(r)}")
                     return
                 rid = int(r.headers.get("x-tinyllm-request-id", -1))

@@ -172,6 +172,8 @@ class VllmRunner(ServerLink):
             with self.http.stream("POST", f"{self.url}/v1/completions", json=body) as r:
                 if r.status_code != 200:
                     r.read()
+                    if r.status_code == 400:
+                        self._refused(cmd)
                     self._end(rid, "failed", f"request refused: {api_error(r)}")
                     return
                 with self._lock:
