@@ -901,3 +901,13 @@ async def test_prefix_cache_is_visible_and_clearable():
         await until(pilot, lambda: app.runner.frame.snapshot.kv.cached_free_blocks == 0)
         assert any(e.text.startswith("prefix cache cleared") for e in app.runner.frame.log)
         assert a != b
+
+
+def test_a_loaded_workload_says_its_requests_and_the_sequences_their_samples_make():
+    """F3 on a file with one line asking n=3 said `loaded n3.jsonl: 1 requests` and ran three."""
+    from tui.runners.interface import LoadWorkload
+    from tinyllm.workload import WorkItem
+    one = LoadWorkload("n3.jsonl", (WorkItem("ROMEO:", n=3),), ((1, 2),), RequestSettings(Sampling(), 8))
+    assert one.loaded() == "loaded n3.jsonl: 1 request (3 sequences with their samples)"
+    two = LoadWorkload("b.jsonl", (WorkItem("A"), WorkItem("B")), ((1,), (2,)), RequestSettings(Sampling(), 8))
+    assert two.loaded() == "loaded b.jsonl: 2 requests"

@@ -216,7 +216,7 @@ class AttachRunner(ServerLink):
                 active = [rid for rid in active if rid in mine]
             threading.Thread(target=self._abort_all, args=(active,), daemon=True).start()
         elif isinstance(cmd, LoadWorkload):
-            self._note("info", f"loaded {cmd.name}: {len(cmd.items)} requests, sent at their arrival times")
+            self._note("info", f"{cmd.loaded()}, sent at their arrival times")
             threading.Thread(target=send_workload, args=(cmd, self.send, self._stop), daemon=True,
                              name="workload").start()
         # pause, step, speed, cache: the server's own business (the app has those keys off)

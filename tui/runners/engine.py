@@ -95,7 +95,7 @@ class EngineRunner(CommandLoop):
                 for it, toks in zip(cmd.items, cmd.tokens):
                     self._pending.append(_Pending(self._clock + it.arrival_s, it, toks, cmd.defaults))
                 self._pending.sort(key=lambda p: p.due_s)
-                self._add_log("info", f"loaded {cmd.name}: {len(cmd.items)} requests")
+                self._add_log("info", cmd.loaded())
             elif isinstance(cmd, Abort):
                 if eng.abort(cmd.rid):
                     self._note_changes()

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 from tinyllm.request import RequestSettings
 from tinyllm.observe.snapshot import FORK_OF, EngineSnapshot, LifecycleEvent
 from tinyllm.observe.timeline import Track
+from tinyllm.units import count
 from tinyllm.workload import WorkItem
 
 if TYPE_CHECKING:
@@ -36,6 +37,13 @@ class LoadWorkload:
     items: tuple[WorkItem, ...]
     tokens: tuple[tuple[int, ...], ...]
     defaults: RequestSettings                # for what a line of the file leaves out
+
+    def loaded(self) -> str:
+        """The log line: its lines, and the requests they make where a line asks for n samples."""
+        lines = count(len(self.items), "request")
+        made = sum(it.n or 1 for it in self.items)
+        return f"loaded {self.name}: {lines}" + (f" ({made} sequences with their samples)" if made != len(self.items)
+                                                  else "")
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,7 @@ class VllmRunner(ServerLink):
             for rid in list(self._streams):
                 self._abort(rid)
         elif isinstance(cmd, LoadWorkload):
-            self._note("info", f"loaded {cmd.name}: {len(cmd.items)} requests, sent at their arrival times")
+            self._note("info", f"{cmd.loaded()}, sent at their arrival times")
             threading.Thread(target=send_workload, args=(cmd, self.send, self._stop), daemon=True,
                              name="workload").start()
 
