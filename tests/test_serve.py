@@ -403,7 +403,23 @@ MESSAGES = [  # (body, param, message)
     ({"min_tokens": 17}, "min_tokens", "min_tokens must be an integer from 0 to max_tokens (16), got 17"),
     ({"priority": True}, "priority", "priority must be an integer in (-2147483648, 2147483648) (lower runs first), "
                                      "got true"),
+    # a field no route knows was ignored: a typo ran at the default (OpenAI refuses it)
+    ({"max_token": 5}, "max_token", "unrecognized request argument \"max_token\": did you mean 'max_tokens'?"),
+    ({"messages": []}, "messages", "unrecognized request argument \"messages\": messages goes to /v1/chat/completions"),
+    ({"foo": 1}, "foo", "unrecognized request argument \"foo\": this route takes best_of, echo, frequency_penalty, "
+                        "ignore_eos, logit_bias, logprobs, max_tokens, min_p, min_tokens, model, n, presence_penalty, "
+                        "priority, prompt, repetition_penalty, return_token_ids, seed, stop, stop_token_ids, stream, "
+                        "stream_options, suffix, temperature, top_k, top_p, user"),
 ]
+
+
+def test_an_unknown_field_is_refused_with_what_the_route_takes(client):
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "prompt": "x"})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "prompt" and err["code"] == "unrecognized_parameter"
+    assert err["message"] == 'unrecognized request argument "prompt": prompt goes to /v1/completions'
+    for ignored in ({"metadata": {"k": "v"}}, {"store": False}, {"user": "u"}):       # OpenAI's bookkeeping: taken
+        assert client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1, **ignored}).status_code == 200
 
 
 @pytest.mark.parametrize("body, param, message", MESSAGES, ids=[m[1] for m in MESSAGES])

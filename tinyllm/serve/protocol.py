@@ -23,6 +23,7 @@ a ``\\udfff`` escape stand alone; the tokenizer and the response encoder do not)
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
@@ -204,6 +205,31 @@ _UNSUPPORTED_CHAT = ("logit_bias", "tools", "tool_choice", "response_format", "c
 _WHY = {"best_of": " (it returns all n samples, it does not pick the best of several)"}
 
 
+# Every field a request may carry: what the parsers read, the unimplemented ones (refused unless at
+# their no-op value), and OpenAI's bookkeeping fields, which change nothing here. Anything else is
+# refused, as OpenAI does ("Unrecognized request argument"): `max_token` ran at the default 16.
+_SHARED_FIELDS = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
+                            "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids",
+                            "min_tokens", "logprobs", "n", "stream", "stream_options", "ignore_eos",
+                            "return_token_ids", "priority", "user", "metadata", "store", "service_tier"})
+_FIELDS = {False: _SHARED_FIELDS | {"prompt", *_UNSUPPORTED},
+           True: _SHARED_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "add_generation_prompt",
+                                   "chat_template", "parallel_tool_calls", *_UNSUPPORTED_CHAT}}
+
+
+def _check_fields(body: dict, chat: bool) -> None:
+    """A field this route does not know is a 400 naming it (and the known one it looks like)."""
+    known = _FIELDS[chat]
+    for name in body:
+        if name not in known:
+            near = difflib.get_close_matches(str(name), sorted(known), n=1, cutoff=0.6)
+            other = {"messages": "/v1/chat/completions", "prompt": "/v1/completions"}.get(name)
+            hint = (f"{name} goes to {other}" if other else f"did you mean {near[0]!r}?" if near else
+                    f"this route takes {', '.join(sorted(known - {'metadata', 'store', 'service_tier'}))}")
+            raise ApiError(f"unrecognized request argument {brief(name)}: {hint}", str(name)[:64],
+                           "unrecognized_parameter")
+
+
 def _type_name(v: Any) -> str:
     return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
             type(None): "null"}.get(type(v), type(v).__name__)
@@ -315,6 +341,7 @@ def parse_generation(body: dict, served_model: str, chat: bool = False) -> dict[
     The one place these are parsed, so completions and chat accept exactly the same sampling
     surface. Where the routes' shapes differ (``logprobs``: an integer on completions, a boolean
     plus ``top_logprobs`` on chat) ``chat`` says which shape to read."""
+    _check_fields(body, chat)
     model = parse_model(body, served_model)
     max_tokens, max_tokens_field = _max_tokens(body, chat)
     temperature = _number(body, "temperature")
