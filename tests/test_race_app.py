@@ -303,18 +303,24 @@ async def test_r_with_no_prompts_loaded_says_it_races_the_default():
         await until(pilot, lambda: not isinstance(app.screen, RaceScreen))
 
 
+async def _race_from_r(pilot) -> dict:
+    """Press r in the app; once the race has made a step, its lanes by key."""
+    app = pilot.app
+    app.query_one("#requests").focus()
+    await pilot.press("r")
+    await until(pilot, lambda: isinstance(app.screen, RaceScreen))
+    race = app.screen.runner
+    await until(pilot, lambda: race.frame.turns >= 1, what="the race to run")
+    return {v.key: v for v in race.frame.lanes}
+
+
 async def test_r_races_at_the_apps_max_len_and_pool_where_its_requests_fit():
     """`r` once raced at 512 tokens and the race's own pool whatever the app ran: an app started
     with --max-len 256 --kv-blocks 40 (to watch preemption) got a race with 3 x 512 / 8 = 192
     blocks. A max_len the workload does not fit falls back to the race's, and the status says so."""
     app = make_app(kv="paged", slots=3, max_len=256, kv_blocks=40)        # (blocks of 8)
     async with app.run_test(size=(160, 40)) as pilot:
-        app.query_one("#requests").focus()
-        await pilot.press("r")
-        await until(pilot, lambda: isinstance(app.screen, RaceScreen))
-        race = app.screen.runner
-        await until(pilot, lambda: race.frame.turns >= 1, what="the race to run")
-        lanes = {v.key: v for v in race.frame.lanes}
+        lanes = await _race_from_r(pilot)
         assert lanes["chunked"].kv_blocks == 40
         assert lanes["continuous"].kv_reserved == 3 * 256                 # its slots of the app's max_len
         status = app.screen.query_one("#race-status").text.plain
@@ -323,12 +329,7 @@ async def test_r_races_at_the_apps_max_len_and_pool_where_its_requests_fit():
         await until(pilot, lambda: not isinstance(app.screen, RaceScreen))
     app = make_app(kv="paged", slots=3, max_len=128, kv_blocks=40)        # mixed_lengths needs 223 tokens
     async with app.run_test(size=(160, 40)) as pilot:
-        app.query_one("#requests").focus()
-        await pilot.press("r")
-        await until(pilot, lambda: isinstance(app.screen, RaceScreen))
-        race = app.screen.runner
-        await until(pilot, lambda: race.frame.turns >= 1, what="the race to run")
-        lanes = {v.key: v for v in race.frame.lanes}
+        lanes = await _race_from_r(pilot)
         assert lanes["continuous"].kv_reserved == 3 * 512 and lanes["chunked"].kv_blocks == 3 * 512 // 8
         status = app.screen.query_one("#race-status")
         await until(pilot, lambda: "at max_len 512: its requests do not fit the app's 128" in status.text.plain,

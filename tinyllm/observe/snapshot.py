@@ -83,9 +83,8 @@ class RequestView:
     finish_s: float | None        # finished or aborted
     preemptions: int
     error: str | None = None      # failed: why the engine gave up on this request
-    cached_tokens: int = 0        # prompt tokens served by the prefix cache at its first admission (OpenAI's)
-                                  # (the prompt's, like OpenAI usage's cached_tokens; after a
-                                  # preemption, generated tokens can be among them)
+    cached_tokens: int = 0        # prompt tokens served by the prefix cache at its first admission, as
+                                  # OpenAI usage's cached_tokens (a recompute's hit: its "admitted" event)
     priority: int = 0             # the request's priority (the "priority" policy: lower first)
     tenant: str = ""              # the request's tenant (the "fair" policy)
     wait: str = ""                # why it computed nothing in the latest step (WAIT_REASONS code; "" = it ran)

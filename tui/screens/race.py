@@ -163,11 +163,9 @@ class FinishLine(Widget):
                     "busy", "row util", "KV mean", "preempted", "steps"]
         cols = ["lane", "tok/s"] + (["× static"] if base else [])
 
-        room = width
-
-        def width(c: str) -> int:
+        def col_width(c: str) -> int:
             return max(len(c), *(len(row[c]) for row in rows)) + 2
-        used = sum(map(width, cols))
+        used = sum(map(col_width, cols))
         preempted = any(v.result.preemptions for v in self.lanes)          # shown where a lane preempted
         telling = ("TTFT p50", "latency p95", "busy", "row util", "KV mean", "preempted", "steps", "TTFT p95",
                    "seqs · KV", "place")
@@ -175,9 +173,9 @@ class FinishLine(Widget):
             telling = ("place",) + telling[:-1]
         for c in telling:
             shown = {"seqs · KV": any(row[c] for row in rows), "preempted": preempted, "busy": arrivals}.get(c, True)
-            if shown and used + width(c) <= room:
+            if shown and used + col_width(c) <= width:
                 cols.append(c)                          # what fits, most telling first
-                used += width(c)
+                used += col_width(c)
         cols.sort(key=order_of.index)
         for c in cols:
             t.add_column(c, justify="left" if c == "lane" else "right", no_wrap=True)
