@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from tinyllm.bench.workloads import LONG_TAIL_CAPS, long_tail_workload
-from tinyllm.engine.generate import generate
+from tinyllm.engine.solo import generate
 from tinyllm.model.checkpoint import load_checkpoint
 
 OPENERS = ("ROMEO.\n", "JULIET.\n", "HAMLET.\n", "KING LEAR.\n", "OTHELLO.\n", "PORTIA.\n", "MACBETH.\n",

@@ -8,7 +8,7 @@ import random
 import torch
 
 from tinyllm.engine import ContinuousEngine, Request
-from tinyllm.engine.generate import generate
+from tinyllm.engine.solo import generate
 from tinyllm.model.config import ModelConfig
 from tinyllm.model.transformer import Transformer
 

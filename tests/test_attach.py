@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tinyllm.engine import Request
-from tinyllm.engine.generate import generate
+from tinyllm.engine.solo import generate
 from tinyllm.observe.recording import read_recording
 from tinyllm.request import Sampling
 from tinyllm.serve import EngineLoop, ServerThread, build_engine, create_app

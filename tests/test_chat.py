@@ -13,7 +13,7 @@ import json
 import httpx
 import pytest
 
-from tinyllm.engine.generate import generate
+from tinyllm.engine.solo import generate
 from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.model.config import BUNDLED_MODEL
 from tinyllm.model.train import PLAY_CHAT_TEMPLATE

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tinyllm.model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from tinyllm.engine.generate import generate
+from tinyllm.engine.solo import generate
 from tests.helpers import random_model
 
 transformers = pytest.importorskip("transformers")

@@ -13,7 +13,7 @@ from tinyllm.engine import ContinuousEngine, Request, run_continuous, run_static
 from tests.helpers import (check_invariants, mixed_workload, random_model, run_random_ops, solo_outputs,
                            with_early_eos)
 from tests.test_paged import op  # noqa: F401  (also loads the shared hypothesis profile)
-from tinyllm.engine.generate import generate
+from tinyllm.engine.solo import generate
 
 
 @pytest.fixture(scope="module")

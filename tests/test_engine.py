@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tinyllm.engine import ContinuousEngine, Request, Sampling, run_continuous, run_static
-from tinyllm.engine.generate import generate
+from tinyllm.engine.solo import generate
 from tinyllm.engine.sampler import sample_next
 from tests.helpers import (check_invariants, mixed_workload, run_checked, solo_outputs,
                            with_early_eos)

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import event, given, settings, strategies as st
 
 from tinyllm.engine import ContinuousEngine, Request
-from tinyllm.engine.generate import generate
+from tinyllm.engine.solo import generate
 from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.request import SEED_MAX, SEED_MIN, Sampling, fork_sampling
 from tests.helpers import SERVED_MODEL, check_invariants, random_model, serve_in_thread

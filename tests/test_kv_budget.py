@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 from tinyllm.engine import ContinuousEngine, kv_bytes_per_token, run_continuous
 from tinyllm.engine.build import MIB, rows_for_budget
-from tinyllm.engine.generate import generate
+from tinyllm.engine.solo import generate
 from tinyllm.request import DEFAULT_MAX_NUM_SEQS
 from tests.helpers import (check_invariants, mixed_workload, random_model, run_random_ops, solo_outputs,
                            with_early_eos)
@@ -92,8 +92,9 @@ def test_greedy_equals_solo_with_64_plus_sequences_on_what_the_budget_buys(model
     reqs, solo = wide_workload
     chunked = dict(chunked_prefill=True, max_batched_tokens=512) if kind == "chunked" else {}
     tokens = 64 * 128 if kind == "slots" else 6000
-    res, stats = run_continuous(model, reqs, kv="slots" if kind == "slots" else "paged", block_size=8,
-                                kv_memory_mib=budget_of(model, tokens), max_num_seqs=96, **chunked)
+    layout = dict(kv="slots") if kind == "slots" else dict(kv="paged", block_size=8)   # (blocks: paged only)
+    res, stats = run_continuous(model, reqs, **layout, kv_memory_mib=budget_of(model, tokens), max_num_seqs=96,
+                                **chunked)
     assert [r.tokens for r in res] == solo
     assert stats["peak_active"] >= 64 and stats["kv_allocated_at_end"] == 0
 

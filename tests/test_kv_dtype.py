@@ -16,7 +16,7 @@ import torch
 from tinyllm import native
 from tinyllm.engine import ContinuousEngine, Request, kv_bytes_per_token, run_continuous, run_static
 from tinyllm.engine.build import MIB
-from tinyllm.engine.generate import generate
+from tinyllm.engine.solo import generate
 from tinyllm.kv.ragged import RaggedAttention
 from tinyllm.observe.recording import blank_snapshot, make_header
 from tinyllm.race.spec import LaneSpecError, parse_lane

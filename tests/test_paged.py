@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tinyllm.engine import ContinuousEngine, Request, Sampling, run_continuous
-from tinyllm.engine.generate import generate
+from tinyllm.engine.solo import generate
 from tests.helpers import (check_invariants, mixed_workload, random_model, run_checked, run_random_ops, solo_outputs,
                            with_early_eos)
 

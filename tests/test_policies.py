@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tinyllm.engine import ContinuousEngine, Request
-from tinyllm.engine.generate import generate
+from tinyllm.engine.solo import generate
 from tinyllm.engine.policy import FairQueue, waiting_queue
 from tinyllm.engine.sequence import Sequence
 from tinyllm.observe.snapshot import WAIT_REASONS

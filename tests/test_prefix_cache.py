@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from tinyllm.engine import ContinuousEngine, Request
-from tinyllm.engine.generate import generate
+from tinyllm.engine.solo import generate
 from tinyllm.kv.paged import prefix_key
 from tests.helpers import check_invariants, random_model, solo_outputs
 from tests.test_paged import op  # noqa: F401  (loads the shared hypothesis profile)

@@ -15,7 +15,7 @@ from tests.helpers import random_model
 from tinyllm.cli import main as tinyllm_main
 from tinyllm.engine import Request, kv_bytes_per_token
 from tinyllm.engine.build import MIB, blocks_for_budget, rows_for_budget
-from tinyllm.engine.generate import generate
+from tinyllm.engine.solo import generate
 from tinyllm.race.race import build_race
 from tinyllm.race.spec import LaneSpecError, check_memory_options, parse_lanes
 from tinyllm.race.views import capacity

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.engine import ContinuousEngine, Request
-from tinyllm.engine.generate import generate
+from tinyllm.engine.solo import generate
 from tinyllm.serve import EngineLoop, RequestFailed, RequestRejected, ServerThread, build_engine, create_app
 from tinyllm.serve.protocol import DEFAULT_MAX_TOKENS
 from tinyllm.serve.tokenization import max_token_bytes

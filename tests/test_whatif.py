@@ -11,7 +11,7 @@ import pytest
 
 from tinyllm.cli import main as tinyllm_main
 from tinyllm.engine import Request
-from tinyllm.engine.generate import generate
+from tinyllm.engine.solo import generate
 from tinyllm.race.race import build_race
 from tinyllm.race.spec import LaneSpec, LaneSpecError, on_recording, parse_lanes
 from tinyllm.race.whatif import compare, load_arrivals, recorded_settings, requests_from_recording, to_json

@@ -1,0 +1,33 @@
+"""tinyllm: a small, readable LLM inference engine, and the tools that watch its scheduler.
+
+The names below are loaded on first use, so ``import tinyllm`` stays light (the terminal app
+imports parts of this package and must not load torch)::
+
+    from tinyllm import ContinuousEngine, EngineConfig, Request, generate, load_checkpoint
+"""
+
+_EXPORTS = {
+    "EngineConfig": "tinyllm.config",
+    "ContinuousEngine": "tinyllm.engine.continuous",
+    "run_continuous": "tinyllm.engine.continuous",
+    "run_static": "tinyllm.engine.static",
+    "Request": "tinyllm.request",
+    "Result": "tinyllm.request",
+    "Sampling": "tinyllm.request",
+    "generate": "tinyllm.engine.solo",
+    "load_checkpoint": "tinyllm.model.checkpoint",
+    "Transformer": "tinyllm.model.transformer",
+    "Tokenizer": "tinyllm.model.tokenizer",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'tinyllm' has no attribute {name!r}")
+    import importlib
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

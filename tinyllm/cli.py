@@ -55,7 +55,7 @@ def load_model(args):
 def cmd_generate(args) -> None:
     import torch
     from tinyllm.engine import Sampling
-    from tinyllm.engine.generate import generate_stream
+    from tinyllm.engine.solo import generate_stream
     try:
         Sampling(args.temperature, args.top_k, args.top_p)
     except ValueError as e:

@@ -26,9 +26,10 @@ from tinyllm.model.device import resolve_device
 from tinyllm.engine import (DEFAULT_MAX_BATCHED_TOKENS, Request, kv_bytes_per_token, percentile, run_continuous,
                             run_static)
 from tinyllm.engine.forward import kv_cache_dtype, kv_cache_dtype_name
-from tinyllm.engine.generate import generate
+from tinyllm.engine.solo import generate
 from tinyllm.args import add_kv_dtype_arg, add_policy_arg
-from tinyllm.engine.build import MIB, check_budget_covers, check_kv_fits, resolve_concurrency, rows_for_budget
+from tinyllm.engine.build import (MIB, check_budget_covers, check_kv_fits, engine_config, resolve_concurrency,
+                                  rows_for_budget)
 from tinyllm.model.config import default_kv_blocks
 from tinyllm.request import DEFAULT_MAX_NUM_SEQS, ContextTooLong, check_fits
 from tinyllm.workload import WorkloadError, resolve_workload
@@ -125,9 +126,9 @@ def concurrency(settings: dict, bytes_per_token: int) -> tuple[int, int | None]:
     """(rows or sequences at most, paged blocks or None): two settings that agree run alike."""
     if "batch" in settings:
         return settings["batch"], None
-    n, blocks = resolve_concurrency(settings.get("n_slots"), settings.get("max_num_seqs"),
-                                    settings.get("kv_memory_mib"), None, settings["kv"], settings["max_len"],
-                                    BLOCK_SIZE, bytes_per_token, settings.get("max_batched_tokens"))
+    config, _ = engine_config(None, settings.get("n_slots"), None,
+                              {k: v for k, v in settings.items() if k != "n_slots"})
+    n, blocks = resolve_concurrency(config, settings["max_len"], bytes_per_token)
     if settings["kv"] == "paged" and blocks is None:
         blocks = default_kv_blocks(n, settings["max_len"], BLOCK_SIZE)
     return n, blocks
@@ -269,7 +270,7 @@ def run_bench(args) -> dict:
         anatomy_wide = (decode_anatomy(model, slots=wide, kv="chunked", kv_cache_dtype=kv_dtype)
                         if "chunked" in kvs and wide != args.slots else None)
         graph = None
-        if device == "cuda":                       # eager vs CUDA-graph decode step (issue 7)
+        if torch.device(device).type == "cuda":    # eager vs CUDA-graph decode step (issue 7)
             graph = decode_anatomy(model, slots=args.slots, cuda_graph=True, kv_cache_dtype=kv_dtype)
         limit_gflops = peak_gflops(device)
         progress.done(f"{anatomy['step_ms']:.2f} ms per decode step")

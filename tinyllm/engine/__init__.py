@@ -12,16 +12,17 @@
                    (the baseline, runs it to the end)
     sampler.py     the one sampler: every row of a batch in one vectorised pass (penalties, min_p,
                    seeds, bans before min_tokens, logprobs), per-row failure
-    generate.py    one request alone: the reference every batched path must equal
+    solo.py        generate(): one request alone, the reference every batched path must equal
 """
 
 from tinyllm.engine.continuous import DEFAULT_MAX_BATCHED_TOKENS, ContinuousEngine, run_continuous
 from tinyllm.engine.forward import kv_bytes_per_token, prefill_padded
 from tinyllm.engine.sequence import Event, Sequence
+from tinyllm.engine.solo import generate, generate_stream
 from tinyllm.engine.static import StaticBatcher, run_static
 from tinyllm.observe.stats import Stats, percentile
 from tinyllm.request import ContextTooLong, Request, Result, Sampling, check_fits
 
 __all__ = ["DEFAULT_MAX_BATCHED_TOKENS", "ContextTooLong", "ContinuousEngine", "Event", "Request", "Result",
-           "Sampling", "Sequence", "StaticBatcher", "Stats", "check_fits", "kv_bytes_per_token", "percentile", "prefill_padded",
+           "Sampling", "Sequence", "generate", "generate_stream", "StaticBatcher", "Stats", "check_fits", "kv_bytes_per_token", "percentile", "prefill_padded",
            "run_continuous", "run_static"]

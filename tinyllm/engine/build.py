@@ -13,13 +13,14 @@ import os
 
 import torch
 
+from tinyllm.config import EngineConfig
 from tinyllm.engine.admission import AdmissionScheduler
 from tinyllm.engine.scheduler import Scheduler, TokenBudgetScheduler
 from tinyllm.kv.dense import SlotKVCache
 from tinyllm.kv.paged import PagedKVCache
 from tinyllm.model.config import ModelConfig, default_kv_blocks
 from tinyllm.model.transformer import Transformer
-from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, is_int
+from tinyllm.request import is_int
 
 MIB = 2 ** 20
 
@@ -90,110 +91,96 @@ def blocks_for_budget(kv_memory_mib: float, max_len: int, block_size: int, bytes
     return blocks
 
 
-def resolve_concurrency(n_slots: int | None, max_num_seqs: int | None, kv_memory_mib: float | None,
-                        kv_blocks: int | None, kv: str, max_len: int, block_size: int, bytes_per_token: int,
-                        max_batched_tokens: int | None = None) -> tuple[int, int | None]:
-    """(slots, paged pool blocks or None for the default) from what the caller set. ``n_slots``
-    is the older name of ``max_num_seqs`` (the cap on running sequences). With a KV budget the
-    slot cache gets the rows it buys (at most the cap) and the paged pool the blocks it buys, run
-    by up to ``max_num_seqs`` sequences (default DEFAULT_MAX_NUM_SEQS, at most the token budget:
-    every running sequence decodes each step)."""
-    for name, x in (("n_slots", n_slots), ("max_num_seqs", max_num_seqs)):
-        if x is not None and (not is_int(x) or x < 1):
-            raise ValueError(f"{name} must be an integer >= 1, got {x!r}")
-    if n_slots is not None and max_num_seqs is not None and n_slots != max_num_seqs:
-        raise ValueError(f"n_slots ({n_slots}) and max_num_seqs ({max_num_seqs}) name the same cap; give one")
-    cap = n_slots if n_slots is not None else max_num_seqs
-    if kv_memory_mib is None:
-        if cap is None:
-            raise ValueError("give kv_memory_mib (the KV memory budget) or n_slots / max_num_seqs")
-        return cap, kv_blocks
-    if isinstance(kv_memory_mib, bool) or not isinstance(kv_memory_mib, (int, float)) or not kv_memory_mib > 0:
-        raise ValueError(f"kv_memory_mib must be a number of MiB > 0, got {kv_memory_mib!r}")
-    if kv_blocks is not None:
-        raise ValueError("give kv_memory_mib or kv_blocks, not both (the budget sizes the pool)")
-    if cap is None:
-        cap = DEFAULT_MAX_NUM_SEQS
-        if max_batched_tokens is not None and is_int(max_batched_tokens) and max_batched_tokens >= 1:
-            cap = min(cap, max_batched_tokens)
-    if not is_int(max_len) or max_len < 1 or not is_int(block_size) or block_size < 1:
-        return cap, None                  # check_settings / make_cache say what is wrong with them
-    if kv == "paged":
-        return cap, blocks_for_budget(kv_memory_mib, max_len, block_size, bytes_per_token)
-    return min(cap, rows_for_budget(kv_memory_mib, max_len, bytes_per_token)), None
-
-
-def check_settings(cfg: ModelConfig, n_slots: int, max_len: int | None, kv: str, cuda_graph, chunked_prefill: bool,
-                   max_batched_tokens: int | None, prefix_cache: bool | None) -> tuple[int, bool, int]:
-    """Refuse bad engine settings with a clear message; returns (max_len, prefix_cache, token
-    budget) with their defaults filled in."""
-    if not is_int(n_slots) or n_slots < 1:
+def engine_config(config: EngineConfig | None, n_slots: int | None, max_len: int | None,
+                  settings: dict) -> tuple[EngineConfig, object]:
+    """The EngineConfig that ContinuousEngine's arguments describe, and the CUDA-graph decoder
+    passed as ``cuda_graph`` (None if none was). The seed's keywords build a config;
+    ``n_slots`` is the seed's name of ``max_num_seqs``; keywords replace a given config's."""
+    unknown = sorted(set(settings) - set(EngineConfig.settings()))
+    if unknown:
+        raise TypeError(f"ContinuousEngine got unknown setting(s) {', '.join(unknown)}; "
+                        f"the settings are EngineConfig's: {', '.join(EngineConfig.settings())}")
+    if n_slots is not None and (not is_int(n_slots) or n_slots < 1):
         raise ValueError(f"n_slots must be an integer >= 1, got {n_slots!r}")
+    cap = settings.get("max_num_seqs")
+    if n_slots is not None and cap is not None and n_slots != cap:
+        raise ValueError(f"n_slots ({n_slots}) and max_num_seqs ({cap}) name the same cap; give one")
+    if n_slots is not None:
+        settings["max_num_seqs"] = n_slots
+    if max_len is not None:
+        settings["max_len"] = max_len
+    decoder = settings.get("cuda_graph")
+    if decoder is not None and not isinstance(decoder, bool):          # a SlotGraphDecoder to reuse
+        settings["cuda_graph"] = True
+    else:
+        decoder = None
+    if config is None:
+        if settings.get("max_num_seqs") is None and settings.get("kv_memory_mib") is None:
+            raise ValueError("give kv_memory_mib (the KV memory budget) or n_slots / max_num_seqs "
+                             "(or config=EngineConfig(...), whose defaults need neither)")
+        return EngineConfig(**settings), decoder
+    if not isinstance(config, EngineConfig):
+        raise ValueError(f"config must be an EngineConfig, got {type(config).__name__}")
+    return (config.replace(**settings) if settings else config), decoder
+
+
+def check_max_len(cfg: ModelConfig, max_len: int | None) -> int:
+    """``max_len`` against the model's context (None: the whole context)."""
     max_len = cfg.max_seq_len if max_len is None else max_len
     if not is_int(max_len) or not 2 <= max_len <= cfg.max_seq_len:
         raise ValueError(f"max_len must be an integer in [2, {cfg.max_seq_len}] "
                          f"(the model's max_seq_len), got {max_len!r}")
-    if kv not in ("slots", "paged"):
-        raise ValueError(f"kv must be 'slots' or 'paged', got {kv!r}")
-    if cuda_graph is not False and kv != "slots":
-        raise ValueError("cuda_graph supports kv='slots' only (paged: not yet)")
-    if not isinstance(chunked_prefill, bool):
-        raise ValueError(f"chunked_prefill must be True or False, got {chunked_prefill!r}")
-    if chunked_prefill and kv != "paged":
-        raise ValueError("chunked_prefill needs kv='paged' (the token-budget scheduler allocates blocks)")
-    prefix_cache = chunked_prefill if prefix_cache is None else prefix_cache
-    if not isinstance(prefix_cache, bool):
-        raise ValueError(f"prefix_cache must be True, False or None (on with chunked prefill), got {prefix_cache!r}")
-    if prefix_cache and not chunked_prefill:
-        raise ValueError("prefix_cache needs chunked_prefill=True (the token-budget scheduler looks prefixes up)")
-    budget = DEFAULT_MAX_BATCHED_TOKENS if max_batched_tokens is None else max_batched_tokens
-    if chunked_prefill:
-        check_budget_covers(budget, n_slots)
-    return max_len, prefix_cache, budget
+    return max_len
 
 
-def make_cache(model: Transformer, n_slots: int, max_len: int, kv: str, block_size: int, kv_blocks: int | None,
-               cuda_graph, buckets: tuple[int, ...] | None,
-               dtype: torch.dtype) -> tuple[SlotKVCache | PagedKVCache, object]:
-    """The engine's cache (K/V in ``dtype``) and its CUDA-graph decoder (None without one); see
-    ContinuousEngine."""
+def resolve_concurrency(config: EngineConfig, max_len: int, bytes_per_token: int) -> tuple[int, int | None]:
+    """(slots, paged pool blocks or None for the default). With a KV budget the slot cache gets
+    the rows it buys (at most the cap) and the paged pool the blocks it buys, run by up to
+    ``config.seqs_cap`` sequences."""
+    cap = config.seqs_cap
+    if config.kv_memory_mib is None:
+        return cap, config.kv_blocks
+    if config.kv == "paged":
+        return cap, blocks_for_budget(config.kv_memory_mib, max_len, config.block_size, bytes_per_token)
+    return min(cap, rows_for_budget(config.kv_memory_mib, max_len, bytes_per_token)), None
+
+
+def make_cache(model: Transformer, config: EngineConfig, n_slots: int, max_len: int, kv_blocks: int | None,
+               dtype: torch.dtype, decoder=None) -> tuple[SlotKVCache | PagedKVCache, object]:
+    """The engine's cache (K/V in ``dtype``) and its CUDA-graph decoder (None without one;
+    ``decoder``: one to reuse, with its cache); see ContinuousEngine."""
     cfg, device = model.cfg, next(model.parameters()).device
-    decoder = None
-    if cuda_graph is not False and not isinstance(cuda_graph, bool):   # a SlotGraphDecoder
-        decoder, cache = cuda_graph, cuda_graph.slots
+    if decoder is not None:
+        cache = decoder.slots
         if cache.n_slots != n_slots or cache.max_len != max_len or any(cache.active) or cache.k.dtype != dtype:
             raise ValueError(f"decoder cache has {cache.n_slots} slots of {cache.max_len} in {cache.k.dtype} "
                              f"(active: {sum(cache.active)}); need {n_slots} idle slots of {max_len} in {dtype}")
+        return cache, decoder
+    token_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * dtype.itemsize      # K and V, every layer
+    block_size = config.block_size
+    if config.kv == "slots":
+        check_kv_fits(n_slots * max_len * token_bytes / MIB, device, "n_slots x max_len")
     else:
-        token_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * dtype.itemsize      # K and V, every layer
-        if kv == "slots":
-            check_kv_fits(n_slots * max_len * token_bytes / MIB, device, "n_slots x max_len")
+        n_blocks = default_kv_blocks(n_slots, max_len, block_size) if kv_blocks is None else kv_blocks
+        check_kv_fits((n_blocks + 1) * block_size * token_bytes / MIB, device, "kv_memory_mib / kv_blocks")
+    try:
+        if config.kv == "slots":
+            cache = SlotKVCache(cfg.n_layers, n_slots, cfg.n_kv_heads, cfg.head_dim, max_len, dtype, device)
         else:
-            if not is_int(block_size) or block_size < 1:
-                raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
-            n_blocks = default_kv_blocks(n_slots, max_len, block_size) if kv_blocks is None else kv_blocks
-            if not is_int(n_blocks) or n_blocks < 1:
-                raise ValueError(f"kv_blocks must be an integer >= 1, got {kv_blocks!r}")
-            check_kv_fits((n_blocks + 1) * block_size * token_bytes / MIB, device, "kv_memory_mib / kv_blocks")
-        try:
-            if kv == "slots":
-                cache = SlotKVCache(cfg.n_layers, n_slots, cfg.n_kv_heads, cfg.head_dim, max_len, dtype, device)
-            else:
-                cache = PagedKVCache(cfg.n_layers, n_slots, cfg.n_kv_heads, cfg.head_dim, n_blocks,
-                                     block_size, max_len, dtype, device)
-        except (RuntimeError, MemoryError) as e:          # (the free memory said yes, the allocator no)
-            raise ValueError(f"the KV cache could not be allocated on {device.type}: "
-                             f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
-    if cuda_graph is True:
+            cache = PagedKVCache(cfg.n_layers, n_slots, cfg.n_kv_heads, cfg.head_dim, n_blocks,
+                                 block_size, max_len, dtype, device)
+    except (RuntimeError, MemoryError) as e:          # (the free memory said yes, the allocator no)
+        raise ValueError(f"the KV cache could not be allocated on {device.type}: "
+                         f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
+    if config.cuda_graph:
         from tinyllm.kv.cuda_graph import SlotGraphDecoder
-        decoder = SlotGraphDecoder(model, cache, buckets=buckets)
+        decoder = SlotGraphDecoder(model, cache, buckets=config.buckets)
     return cache, decoder
 
 
-def make_scheduler(cache: SlotKVCache | PagedKVCache, chunked_prefill: bool, prefix_cache: bool,
-                   max_batched_tokens: int) -> Scheduler:
+def make_scheduler(cache: SlotKVCache | PagedKVCache, config: EngineConfig) -> Scheduler:
     """The token-budget scheduler (with the pool's prefix cache on or off), or the seed's."""
-    if not chunked_prefill:
+    if not config.chunked_prefill:
         return AdmissionScheduler(cache)
-    cache.prefix_cache = prefix_cache
-    return TokenBudgetScheduler(cache, max_batched_tokens)
+    cache.prefix_cache = config.prefix_caching
+    return TokenBudgetScheduler(cache, config.budget)

@@ -19,7 +19,9 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from tinyllm.engine.build import check_kv_fits, check_settings, make_cache, make_scheduler, resolve_concurrency
+from tinyllm.config import EngineConfig
+from tinyllm.engine.build import (check_budget_covers, check_kv_fits, check_max_len, engine_config, make_cache,
+                                   make_scheduler, resolve_concurrency)
 from tinyllm import native
 from tinyllm.engine import forward
 from tinyllm.engine.forward import ModelRunner, Prefilled, kv_bytes_per_token
@@ -51,27 +53,15 @@ class ContinuousEngine:
     stream. ``finish(rid, keep)`` ends a request whose stop string a detokenizing caller found.
     Not thread-safe: call add_request / step / abort / finish from one thread.
 
-    kv_memory_mib (the KV memory budget, what users set; build.py): kv="slots" gets as many
-    slots of max_len as it buys (at most max_num_seqs), kv="paged" a pool of as many blocks as
-    it buys, run by up to max_num_seqs sequences (default DEFAULT_MAX_NUM_SEQS). Without it,
-    n_slots (the older name of max_num_seqs) slots, and kv_blocks for the pool.
-    kv_cache_dtype: the caches' element type (forward.KV_CACHE_DTYPES, vLLM's name): "auto" (the
-    model's, float32 on CPU), "float32", or "bfloat16" (half the memory per token, so twice the
-    sequences a budget buys, at bfloat16's precision; see forward.kv_cache_dtype for what stays
-    the same alone and batched).
-    kv="slots": SlotKVCache, every slot reserves max_len positions.
-    kv="paged": PagedKVCache with kv_blocks blocks of block_size tokens (default: the same
-    memory as the slot cache). When a decode step needs a block and none is free, the newest
-    running request is preempted and later recomputed from prompt + generated tokens.
-    cuda_graph (CUDA, kv="slots" only): the decode step is replayed as a CUDA graph per
-    attention-window bucket (cuda_graph.SlotGraphDecoder); True builds one, or pass a decoder
-    to reuse its cache and captured graphs.
-    scheduling_policy: the waiting queue's order and the choice of whom to preempt (policy.py:
-    fcfs, priority, shortest-first, fair). Every request that computes nothing in a step carries
-    the scheduler's reason in its view (``wait``); ``snapshot().batch`` is the step's batch.
-    chunked_prefill (kv="paged" only): the token-budget scheduler, with at most
-    max_batched_tokens tokens per step (default DEFAULT_MAX_BATCHED_TOKENS; at least n_slots,
-    so every running request decodes every step).
+    Settings: ``config`` (an EngineConfig: tinyllm/config.py says what each setting means), or
+    the same settings as keywords (``kv="paged", chunked_prefill=True, ...``), or both (the
+    keywords replace the config's). ``n_slots`` is the seed's name of ``max_num_seqs``;
+    ``cuda_graph`` may be a SlotGraphDecoder, to reuse its cache and captured graphs. With a KV
+    memory budget, kv="slots" gets the slots of max_len it buys (at most max_num_seqs) and
+    kv="paged" the blocks it buys (build.py). Paged: when a step needs a block and none is free,
+    the policy's victim (by default the newest running request) is preempted and later
+    recomputed from prompt + generated tokens. Every request that computes nothing in a step
+    carries the scheduler's reason in its view (``wait``); ``snapshot().batch`` is the step's batch.
 
     One bad request never stops the others: a request whose admission or sampling fails ends
     in state "failed" (its slot freed, the reason in its view and a "failed" lifecycle event);
@@ -80,48 +70,45 @@ class ContinuousEngine:
     """
 
     def __init__(self, model: Transformer, n_slots: int | None = None, max_len: int | None = None,
-                 temperature: float = 0.0, top_k=None, top_p=None, generator=None,
-                 kv: str = "slots", block_size: int = 16, kv_blocks: int | None = None,
-                 cuda_graph=False, buckets: tuple[int, ...] | None = None,
-                 chunked_prefill: bool = False, max_batched_tokens: int | None = None,
-                 prefix_cache: bool | None = None, scheduling_policy: str = "fcfs",
-                 kv_memory_mib: float | None = None, max_num_seqs: int | None = None,
-                 kv_cache_dtype: str = "auto"):
+                 temperature: float = 0.0, top_k=None, top_p=None, generator=None, *,
+                 config: EngineConfig | None = None, **settings):
+        config, decoder = engine_config(config, n_slots, max_len, settings)
         freeze_startup_heap()                        # no full-GC pauses mid-run (heap.py)
         model.eval()
         device = next(model.parameters()).device
         if device.type == "cpu":
             native.library()        # the C kernels built now (a first build takes seconds), not in a first TTFT
-        kv_dtype = forward.kv_cache_dtype(device, kv_cache_dtype)        # (a ValueError names the choices)
-        bytes_per_token = kv_bytes_per_token(model, device, kv_cache_dtype)
-        n_slots, kv_blocks = resolve_concurrency(
-            n_slots, max_num_seqs, kv_memory_mib, kv_blocks, kv, model.cfg.max_seq_len if max_len is None else max_len,
-            block_size, bytes_per_token, max_batched_tokens if chunked_prefill else None)
-        max_len, prefix_cache, budget = check_settings(model.cfg, n_slots, max_len, kv, cuda_graph, chunked_prefill,
-                                                       max_batched_tokens, prefix_cache)
-        if kv_memory_mib is not None:
-            check_kv_fits(kv_memory_mib, device)          # (what the budget asks for, before it is allocated)
+        kv_dtype = forward.kv_cache_dtype(device, config.kv_cache_dtype)
+        bytes_per_token = kv_bytes_per_token(model, device, config.kv_cache_dtype)
+        max_len = check_max_len(model.cfg, config.max_len)
+        n_slots, kv_blocks = resolve_concurrency(config, max_len, bytes_per_token)
+        if config.chunked_prefill:
+            check_budget_covers(config.budget, n_slots)
+        if config.kv_memory_mib is not None:
+            check_kv_fits(config.kv_memory_mib, device)          # (what the budget asks for, before it is allocated)
+        self.config = config                                 # as given; the resolved sizes are below
         self.model = model
         self.device = device
-        self.kv_cache_dtype = kv_cache_dtype                 # as asked ("auto" too); the caches' own: slots.k.dtype
-        self._kv_dtype_name = forward.kv_cache_dtype_name(device, kv_cache_dtype)
+        self.kv_cache_dtype = config.kv_cache_dtype          # as asked ("auto" too); the caches' own: slots.k.dtype
+        self._kv_dtype_name = forward.kv_cache_dtype_name(device, config.kv_cache_dtype)
         self.n_slots = n_slots                               # the cap on running sequences (max_num_seqs)
-        self.kv_memory_mib = kv_memory_mib                   # the budget it came from, if one was set
-        self.max_num_seqs = max_num_seqs                     # the cap asked for with it (None: the default)
+        self.kv_memory_mib = config.kv_memory_mib            # the budget it came from, if one was set
+        self.max_num_seqs = config.max_num_seqs              # the cap asked for (None: the default)
         self.max_len = max_len
         self.sampling = Sampling(temperature, top_k, top_p)    # the default for every request
+        if generator is None and config.seed is not None:
+            generator = torch.Generator(device=device).manual_seed(config.seed)
         self.generator = generator
-        self.kv_kind = kv
-        self.slots, self.decoder = make_cache(model, n_slots, max_len, kv, block_size, kv_blocks, cuda_graph, buckets,
-                                              kv_dtype)
+        self.kv_kind = config.kv
+        self.slots, self.decoder = make_cache(model, config, n_slots, max_len, kv_blocks, kv_dtype, decoder)
         self.runner = ModelRunner(model, self.slots, self.decoder)
-        self.chunked_prefill = chunked_prefill
-        self.scheduler: Scheduler = make_scheduler(self.slots, chunked_prefill, prefix_cache, budget)
-        self.waiting: WaitingQueue = waiting_queue(scheduling_policy)
-        self.policy = scheduling_policy
-        self.prefix_cache = prefix_cache
+        self.chunked_prefill = config.chunked_prefill
+        self.scheduler: Scheduler = make_scheduler(self.slots, config)
+        self.waiting: WaitingQueue = waiting_queue(config.scheduling_policy)
+        self.policy = config.scheduling_policy
+        self.prefix_cache = config.prefix_caching
         self._prefix_queries = self._prefix_hits = 0
-        self.max_batched_tokens = budget if chunked_prefill else None
+        self.max_batched_tokens = config.budget if config.chunked_prefill else None
         self._running: list[Sequence] = []              # holding a slot, in admission order (newest last)
         self.stats = Stats(kv_bytes_per_token=bytes_per_token,
                            kv_reserved_tokens=self.slots.reserved_tokens())
@@ -619,17 +606,11 @@ class ContinuousEngine:
 @torch.no_grad()
 def run_continuous(model: Transformer, requests: list[Request], n_slots: int | None = None,
                    max_len: int | None = None, temperature: float = 0.0, top_k=None,
-                   top_p=None, generator=None, kv: str = "slots", block_size: int = 16,
-                   kv_blocks: int | None = None, cuda_graph=False,
-                   buckets: tuple[int, ...] | None = None, chunked_prefill: bool = False,
-                   max_batched_tokens: int | None = None, prefix_cache: bool | None = None,
-                   scheduling_policy: str = "fcfs", kv_memory_mib: float | None = None,
-                   max_num_seqs: int | None = None, kv_cache_dtype: str = "auto") -> tuple[list[Result], dict]:
+                   top_p=None, generator=None, *, config: EngineConfig | None = None,
+                   **settings) -> tuple[list[Result], dict]:
     """Offline continuous batching: every request queued at t=0, run to completion.
-    A thin wrapper over ContinuousEngine; see it for kv / cuda_graph / kv_memory_mib."""
-    eng = ContinuousEngine(model, n_slots, max_len, temperature, top_k, top_p, generator,
-                           kv, block_size, kv_blocks, cuda_graph, buckets, chunked_prefill, max_batched_tokens,
-                           prefix_cache, scheduling_policy, kv_memory_mib, max_num_seqs, kv_cache_dtype)
+    A thin wrapper over ContinuousEngine (the same arguments; ``settings``: EngineConfig's)."""
+    eng = ContinuousEngine(model, n_slots, max_len, temperature, top_k, top_p, generator, config=config, **settings)
     t0 = time.perf_counter()
     rids = [eng.add_request(r) for r in requests]
     while eng.has_work():

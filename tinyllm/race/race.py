@@ -17,6 +17,7 @@ import torch
 from tinyllm.args import option_names
 from tinyllm.engine import Request, kv_bytes_per_token
 from tinyllm.engine.forward import kv_cache_dtype_name
+from tinyllm.config import EngineConfig
 from tinyllm.engine.build import MIB, resolve_concurrency
 from tinyllm.engine.static import StaticBatcher
 from tinyllm.race.clock import LaneClock
@@ -123,7 +124,7 @@ def _build_lane(model, workload: Workload, spec: LaneSpec, key: str, slots: int,
     if spec.kind == "static":
         n = spec.slots or slots
         if mib is not None:                              # the slot cache's rows: the same arithmetic
-            n, _ = resolve_concurrency(cap, None, mib, None, "slots", max_len, block_size, bpt)
+            n, _ = resolve_concurrency(EngineConfig(max_num_seqs=cap, kv_memory_mib=mib), max_len, bpt)
         sizes = [(len(r.prompt), r.max_new_tokens) for _, r in workload]
         if mib is None:
             check_static_batches(sizes, n, model.cfg.max_seq_len)

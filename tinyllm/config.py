@@ -1,0 +1,210 @@
+"""One engine config: every setting of a ContinuousEngine, in one frozen, keyword-only dataclass.
+
+Where a setting is spelled once: its field here (name, default, what it means, its check), its
+command-line option in ``tinyllm/args.py`` (``add_engine_args`` / ``EngineConfig.from_args``),
+and the code that reads it. A race lane, a what-if point or a tuning candidate is
+``config.replace(...)`` of the run's config.
+
+Checked here, once, is everything that can be checked without a model (types, ranges, settings
+that need one another); what needs the model (``max_len`` against its context, the KV budget
+turned into slots or blocks, the device's free memory) is checked when an engine is built
+(``tinyllm/engine/build.py``). Every refusal is a one-line ValueError naming the setting and
+what is allowed. No torch: the app and every command line import this.
+
+Names follow vLLM where vLLM has the setting (``max_num_seqs``, ``max_num_batched_tokens`` is
+``max_batched_tokens`` here, ``enable_prefix_caching`` is ``prefix_cache``,
+``scheduling_policy``, ``kv_cache_dtype``, ``block_size``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from tinyllm.request import (DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, KV_CACHE_DTYPES,
+                             SCHEDULING_POLICIES, is_int)
+
+DEFAULT_SLOTS = 8            # the cap on running sequences without a KV budget (each holds a slot)
+DEFAULT_BLOCK_SIZE = 16      # tokens per KV block (paged)
+DEFAULT_THREADS = 2          # torch CPU threads for a command's engine
+
+
+class KVLayout(str, enum.Enum):
+    """How the KV cache is stored: a slot of ``max_len`` per sequence, or a pool of blocks."""
+    SLOTS = "slots"
+    PAGED = "paged"
+
+
+def _positive_int(name: str, x: Any, allow_none: bool = True) -> None:
+    if (x is None and allow_none) or (is_int(x) and x >= 1):
+        return
+    raise ValueError(f"{name} must be an integer >= 1, got {x!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """Every engine setting. ``EngineConfig()`` is the seed's engine: 8 slots of the model's
+    context, the seed's scheduler (a padded prefill of newcomers, then a decode of every slot).
+    ``EngineConfig.best()`` is the engine's best path: paged KV, the token budget with chunked
+    prefill, prefix caching."""
+
+    kv: str = KVLayout.SLOTS.value
+    """"slots" (every sequence reserves ``max_len`` tokens) or "paged" (blocks follow real use)."""
+    max_num_seqs: int | None = None
+    """The cap on running sequences (the slot count). None: ``DEFAULT_SLOTS`` without a KV
+    budget, ``DEFAULT_MAX_NUM_SEQS`` with one (at most the token budget)."""
+    max_len: int | None = None
+    """Tokens per sequence, prompt and output (None: the model's context)."""
+    kv_memory_mib: float | None = None
+    """The KV memory budget in MiB: sizes the cache (slots: rows of max_len; paged: blocks).
+    Excludes ``kv_blocks``."""
+    kv_blocks: int | None = None
+    """Paged: the pool's blocks (None: the same memory as ``max_num_seqs`` slots of max_len)."""
+    block_size: int = DEFAULT_BLOCK_SIZE
+    """Paged: tokens per block."""
+    chunked_prefill: bool = False
+    """Paged: the token-budget scheduler (decodes and prefill chunks in one ragged pass)."""
+    max_batched_tokens: int | None = None
+    """With chunked prefill: tokens per step (None: ``DEFAULT_MAX_BATCHED_TOKENS``)."""
+    prefix_cache: bool | None = None
+    """With chunked prefill: reuse cached prompt prefixes (None: on with chunked prefill)."""
+    scheduling_policy: str = "fcfs"
+    """The waiting queue's order and whom to preempt: ``SCHEDULING_POLICIES``."""
+    kv_cache_dtype: str = "auto"
+    """The KV cache's element type: auto (the model's), float32, bfloat16."""
+    cuda_graph: bool = False
+    """CUDA, slots only: replay the decode step as a CUDA graph per attention-window bucket."""
+    buckets: tuple[int, ...] | None = None
+    """With cuda_graph: the attention-window buckets captured (None: the decoder's default)."""
+    device: str | None = None
+    """Where a command builds its model: cpu, cuda, cuda:N (None: cuda when available)."""
+    threads: int | None = None
+    """torch CPU threads for a command's engine (None: torch's default)."""
+    seed: int | None = None
+    """The seed of the generator unseeded requests share (None: torch's global generator)."""
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """Not a setting: room for a caller's own bookkeeping; never read by the engine."""
+
+    def __post_init__(self) -> None:
+        if self.kv not in (KVLayout.SLOTS.value, KVLayout.PAGED.value):
+            raise ValueError(f"kv must be 'slots' or 'paged', got {self.kv!r}")
+        _positive_int("max_num_seqs", self.max_num_seqs)
+        if self.max_len is not None and (not is_int(self.max_len) or self.max_len < 2):
+            raise ValueError(f"max_len must be an integer >= 2, got {self.max_len!r}")
+        mib = self.kv_memory_mib
+        if mib is not None and (isinstance(mib, bool) or not isinstance(mib, (int, float))
+                                or not 0 < mib < float("inf")):
+            raise ValueError(f"kv_memory_mib must be a number of MiB > 0, got {mib!r}")
+        _positive_int("kv_blocks", self.kv_blocks)
+        _positive_int("block_size", self.block_size, allow_none=False)
+        if mib is not None and self.kv_blocks is not None:
+            raise ValueError("give kv_memory_mib or kv_blocks, not both (the budget sizes the pool)")
+        if self.kv != KVLayout.PAGED.value:             # settings of a block pool, refused for slots
+            if self.kv_blocks is not None:
+                raise ValueError("kv_blocks needs kv='paged' (the slot cache has no blocks)")
+            if self.block_size != DEFAULT_BLOCK_SIZE:
+                raise ValueError(f"block_size needs kv='paged' (the slot cache has no blocks), got {self.block_size}")
+            if self.chunked_prefill is True:
+                raise ValueError("chunked_prefill needs kv='paged' (the token-budget scheduler allocates blocks)")
+        if not isinstance(self.chunked_prefill, bool):
+            raise ValueError(f"chunked_prefill must be True or False, got {self.chunked_prefill!r}")
+        if self.max_batched_tokens is not None and not self.chunked_prefill:
+            raise ValueError("max_batched_tokens is the token-budget scheduler's: it needs chunked_prefill=True")
+        if self.max_batched_tokens is not None and (not is_int(self.max_batched_tokens) or self.max_batched_tokens < 1):
+            raise ValueError(f"max_batched_tokens (the token budget per step) must be an integer >= 1, "
+                             f"got {self.max_batched_tokens!r}")
+        if self.prefix_cache is not None and not isinstance(self.prefix_cache, bool):
+            raise ValueError(f"prefix_cache must be True, False or None (on with chunked prefill), got {self.prefix_cache!r}")
+        if self.prefix_cache and not self.chunked_prefill:
+            raise ValueError("prefix_cache needs chunked_prefill=True (the token-budget scheduler looks prefixes up)")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                             f"got {self.scheduling_policy!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:      # (command lines take fp32/bf16 too: args.py)
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, "
+                             f"got {self.kv_cache_dtype!r}")
+        if not isinstance(self.cuda_graph, bool):
+            raise ValueError(f"cuda_graph must be True or False, got {self.cuda_graph!r}")
+        if self.cuda_graph and self.kv != KVLayout.SLOTS.value:
+            raise ValueError("cuda_graph supports kv='slots' only (paged: not yet)")
+        if self.buckets is not None and not self.cuda_graph:
+            raise ValueError("buckets are cuda_graph's attention windows: give cuda_graph=True with them")
+        device = self.device
+        if device is not None and (not isinstance(device, str)
+                                   or not (device in ("cpu", "cuda") or device.startswith("cuda:"))):
+            raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}")
+        _positive_int("threads", self.threads)
+        if self.seed is not None and not is_int(self.seed):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+
+    # -- derived values ----------------------------------------------------------------------
+    @property
+    def budget(self) -> int:
+        """The token budget per step (the default filled in)."""
+        return DEFAULT_MAX_BATCHED_TOKENS if self.max_batched_tokens is None else self.max_batched_tokens
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether prefixes are cached (the default filled in: on with chunked prefill)."""
+        return self.chunked_prefill if self.prefix_cache is None else self.prefix_cache
+
+    @property
+    def seqs_cap(self) -> int:
+        """The cap on running sequences, its default filled in (before a budget buys fewer)."""
+        if self.max_num_seqs is not None:
+            return self.max_num_seqs
+        if self.kv_memory_mib is None:
+            return DEFAULT_SLOTS
+        cap = DEFAULT_MAX_NUM_SEQS
+        return min(cap, self.budget) if self.chunked_prefill else cap
+
+    @property
+    def scheduler_name(self) -> str:
+        """Which scheduler plans: "token budget" (chunked prefill) or "prefill then decode"."""
+        return "token budget" if self.chunked_prefill else "prefill then decode"
+
+    # -- variations --------------------------------------------------------------------------
+    def replace(self, **changes: Any) -> EngineConfig:
+        """A copy with ``changes`` (checked again): a race lane, a what-if point."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def best(cls, **changes: Any) -> EngineConfig:
+        """The engine's best path: paged KV, the token budget with chunked prefill, prefix caching."""
+        return cls(**{"kv": "paged", "chunked_prefill": True, **changes})
+
+    @classmethod
+    def settings(cls) -> tuple[str, ...]:
+        """The names of the settings (every field but ``extra``)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "extra")
+
+    def changed(self) -> dict[str, Any]:
+        """The settings that differ from the defaults, by name (what a title or a report shows)."""
+        base = EngineConfig()
+        return {name: getattr(self, name) for name in self.settings() if getattr(self, name) != getattr(base, name)}
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every setting as plain JSON values (recordings, reports)."""
+        out = {name: getattr(self, name) for name in self.settings()}
+        out["buckets"] = list(self.buckets) if self.buckets is not None else None
+        return out
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> EngineConfig:
+        """The config ``as_dict`` wrote; an unknown name is refused, naming the settings."""
+        unknown = sorted(set(values) - set(cls.settings()))
+        if unknown:
+            raise ValueError(f"unknown engine setting(s) {', '.join(unknown)}; "
+                             f"the settings are {', '.join(cls.settings())}")
+        values = dict(values)
+        if values.get("buckets") is not None:
+            values["buckets"] = tuple(values["buckets"])
+        return cls(**values)
+
+    @classmethod
+    def from_args(cls, args: Any, **overrides: Any) -> EngineConfig:
+        """The config a command line asked for (options added by ``tinyllm.args.add_engine_args``)."""
+        from tinyllm.args import engine_settings_from_args
+        return cls(**{**engine_settings_from_args(args), **overrides})
