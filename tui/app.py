@@ -35,6 +35,7 @@ from tui.widgets.request_list import RequestList
 from tui.widgets.selection import RequestSelected
 from tui.widgets.slot_grid import SlotGrid, slots_title
 from tui.widgets.status import fit_fields, scrubber, status_fields
+from tui.widgets.deferred import deferred, guarded
 from tui.widgets.event_log import EventLog
 from tui.widgets.text_line import TextLine
 from tui.widgets.server_panel import ServerPanel
@@ -180,7 +181,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self.run_worker(self._engine_loop, thread=True, name="engine", exit_on_error=False)
         self._tick()
         if self.prompts_file is not None:
-            self.call_after_refresh(self._load_path, self.prompts_file)
+            self.call_after_refresh(guarded(self, self._load_path), self.prompts_file)
         self.refresh_from_runner(force=True)
 
     def on_resize(self, event) -> None:
@@ -203,6 +204,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self.runner.run(cancelled=lambda: worker.is_cancelled)
 
     # -- the paced refresh ---------------------------------------------------------------------
+    @deferred                                 # a timer's, or after a resize: nothing once the app is leaving
     def refresh_from_runner(self, force: bool = False) -> None:
         """Draw the runner's newest frame, every panel from it: the one place that decides what a
         frame draws, and when. Every panel shows the same step at every moment (the request list
@@ -361,6 +363,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self._show_pane(frame)
         self._show_timeline(frame)
 
+    @deferred                                 # a message the list posted: the app may be leaving by now
     def on_request_selected(self, event: RequestSelected) -> None:
         """↑/↓, Home/End or a click in the list or the timeline."""
         self.select(event.rid)

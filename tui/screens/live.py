@@ -14,9 +14,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from textual.css.query import NoMatches
-
 from tui.runners.interface import MAX_DELAY_MS, SetDelay, SetPublishInterval, StepOnce, TogglePaused
+from tui.widgets.deferred import deferred
 
 
 class FramePacer:
@@ -53,14 +52,12 @@ class LiveView:
     Textual App or Screen with ``runner``, ``_pacer`` (a FramePacer), ``_publish_s`` and its own
     ``refresh_from_runner``."""
 
+    @deferred                                 # a timer's: nothing once the view is leaving
     def _tick(self) -> None:
         """Draw if due, then sleep until the pacer's next frame (no wake-ups in between: on a
         small machine each one takes a core from the engine). The runner publishes at that
         rate too."""
-        try:
-            self.refresh_from_runner()
-        except NoMatches:                     # the screen is gone: shutting down
-            return
+        self.refresh_from_runner()
         interval = self._pacer.interval
         if abs(interval - self._publish_s) > 0.2 * self._publish_s:
             self._publish_s = interval

@@ -32,6 +32,7 @@ from tui.widgets.lane_panel import LanePanel
 from tui.widgets.race_track import NAMES, RaceTrack, lane_name
 from tui.widgets.style import duration
 from tui.widgets.status import fit_fields
+from tui.widgets.deferred import deferred, guarded
 from tui.widgets.text_line import TextLine
 
 WIDE = 150                      # columns from which the lanes stand side by side
@@ -273,12 +274,17 @@ class RaceScreen(LiveView, Screen):
         used += lanes.outer_size.height + (finish.get_content_height(None, None, width) if f.done else 0)
         return height - used >= RaceTrack.height_for(len(f.lanes))
 
+    @deferred                                 # (also queued with call_after_refresh: the screen may have gone)
     def _place_track(self, f: RaceFrame | None) -> None:
-        if f is None or not self.is_attached:
+        if f is None:
             return
         self.set_class(self._track_fits(f), "-track")
         if self.has_class("-track"):
             self.query_one("#track", RaceTrack).show(f.lanes)
+
+    def _place_drawn(self) -> None:
+        """Place the chart for the frame drawn last (not the one of when this was queued)."""
+        self._place_track(self._drawn)
 
     def _loop(self) -> None:
         worker = get_current_worker()
@@ -288,6 +294,7 @@ class RaceScreen(LiveView, Screen):
         self.runner.stop()
 
     # -- drawing ---------------------------------------------------------------------------------
+    @deferred                                 # a timer's tick, a resize, a test: nothing once the screen is leaving
     def refresh_from_runner(self, force: bool = False) -> None:
         if self.runner.start_error is not None and self.startup_error is None:
             self._failed(self.runner.start_error)
@@ -308,12 +315,12 @@ class RaceScreen(LiveView, Screen):
             panel.pad_to(tallest)
         finish = self.query_one("#finish", FinishLine)
         if f.done and not finish.display and finish.comparing_lanes(f.lanes):
-            self.call_after_refresh(finish.scroll_visible, animate=False)    # the comparison is the news
+            self.call_after_refresh(guarded(finish, finish.scroll_visible), animate=False)   # the comparison is the news
         finish.display = f.done
         if f.done:
             finish.show(f.lanes, f.cold_steps, f.turns)
         self._place_track(f)                                 # (after the finish table: it takes lines)
-        self.call_after_refresh(lambda: self._place_track(self._drawn))   # again once the lanes have their heights
+        self.call_after_refresh(self._place_drawn)         # again once the lanes have their heights
         legend = self._legend(not self.has_class("-wide"))
         if legend != self._legend_shown:
             self._legend_shown = legend
@@ -383,7 +390,7 @@ class RaceScreen(LiveView, Screen):
         """What-if finish line: show the next / previous request's lanes."""
         finish = self.query_one("#finish", FinishLine)
         if finish.move(delta):
-            self.call_after_refresh(finish.scroll_visible, animate=False)
+            self.call_after_refresh(guarded(finish, finish.scroll_visible), animate=False)
         else:
             self.notify("\\[ and ] pick a request in a what-if's comparison, once every lane has finished",
                         timeout=3)

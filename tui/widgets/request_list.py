@@ -24,6 +24,7 @@ from textual.strip import Strip
 
 from tinyllm.observe.snapshot import RequestView
 from tui.runners.interface import Frame
+from tui.widgets.deferred import deferred
 from tui.widgets.selection import SELECT_BINDINGS, RequestSelected
 from tui.widgets.style import CACHED, PLAIN, STATE_STYLES, duration, on, rid_style
 
@@ -269,6 +270,7 @@ class RequestList(ScrollView, can_focus=True):
         """The selected row stays in view when the list gets shorter (a smaller terminal)."""
         self.call_after_refresh(self._cursor_into_view)
 
+    @deferred                                 # queued after a resize: the list may have gone by then
     def _cursor_into_view(self) -> None:
         if self.cursor is not None:                  # (read now: a frame may have moved it since)
             self._move_cursor(self.cursor, announce=False)

@@ -12,6 +12,7 @@ from textual.widgets import Static
 from tinyllm.observe.accounting import Accounting
 from tinyllm.observe.snapshot import RequestView
 from tui.runners.interface import Frame
+from tui.widgets.deferred import guarded
 from tui.widgets.style import CACHED, EVENT_STYLES, STATE_STYLES, duration, rid_style
 from tui.widgets.status import fit_fields
 from tui.widgets.text_line import TextLine
@@ -163,4 +164,4 @@ class RequestPane(Vertical):
         self._plain = prompt + text
         self.query_one("#pane-body", Static).update(body)
         if follow:
-            self.call_after_refresh(scroll.scroll_end, animate=False)
+            self.call_after_refresh(guarded(scroll, scroll.scroll_end), animate=False)
