@@ -21,7 +21,9 @@ def model():
 def engine(model, kv, n_slots=2, **kw):
     if kv == "chunked":
         kw.update(chunked_prefill=True, max_batched_tokens=max(n_slots, 6))
-    return ContinuousEngine(model, n_slots, kv="paged" if kv == "chunked" else kv, block_size=4, **kw)
+    if kv != "slots":
+        kw.update(block_size=4)                                  # (a block pool's setting: paged only)
+    return ContinuousEngine(model, n_slots, kv="paged" if kv == "chunked" else kv, **kw)
 
 
 @pytest.mark.parametrize("kv", KVS)

@@ -120,6 +120,27 @@ def test_priority_preempts_the_lower_priority_decode_not_the_higher_one(model):
     assert eng.results[high].tokens == generate(model, [2] * 6, 10)
 
 
+@pytest.mark.parametrize("policy, victim", [("priority", "low"), ("fcfs", "newest")])
+def test_the_prefill_then_decode_scheduler_preempts_the_policys_victim(model, policy, victim):
+    """One preemption rule for both schedulers: without chunked prefill the pool running short
+    asks the policy too. The low-priority request is admitted last (the newest), so fcfs evicts
+    it; then admitted first, where priority still evicts it and fcfs evicts the newest."""
+    for low_first in (False, True):
+        eng = ContinuousEngine(model, 2, max_len=24, kv="paged", block_size=4, kv_blocks=5, scheduling_policy=policy)
+        first = eng.add_request(Request([1] * 6, 12, priority=1 if low_first else 0))
+        eng.step()
+        second = eng.add_request(Request([2] * 6, 12, priority=0 if low_first else 1))
+        low, newest = (first if low_first else second), second
+        pre = []
+        while eng.has_work():
+            eng.step()
+            pre += [e.rid for e in eng.pop_lifecycle() if e.kind == "preempted"]
+            check_invariants(eng)
+        assert pre and pre[0] == (low if victim == "low" else newest), (policy, low_first, pre)
+        assert eng.results[first].tokens == generate(model, [1] * 6, 12)
+        assert eng.results[second].tokens == generate(model, [2] * 6, 12)
+
+
 def test_an_unknown_policy_is_refused_by_name(model):
     with pytest.raises(ValueError, match="scheduling policy must be one of fcfs, priority, shortest-first, fair"):
         ContinuousEngine(model, 2, scheduling_policy="lifo")

@@ -29,8 +29,8 @@ COMPARED = ("snapshot", "texts", "prompts", "log", "tracks", "steps_done")
 
 CONFIGS = {   # kv, chunked prefill, KV blocks (tight: preemptions), prefix cache
     "slots": dict(kv="slots"),
-    "paged-tight": dict(kv="paged", kv_blocks=10),
-    "chunked-tight-prefix": dict(kv="paged", kv_blocks=12, chunked_prefill=True, max_batched_tokens=16),
+    "paged-tight": dict(kv="paged", block_size=8, kv_blocks=10),
+    "chunked-tight-prefix": dict(kv="paged", block_size=8, kv_blocks=12, chunked_prefill=True, max_batched_tokens=16),
 }
 
 
@@ -38,7 +38,7 @@ def record_run(path, config: str, aborts=(3,), n: int = 6, new: int = 24, forget
     """Drive a runner step by step (as the app does when paused) with a recorder; return the
     live frames by step. Prompts share a prefix (cache hits) and grow (chunks); some abort."""
     model, tok = bundled()
-    eng = ContinuousEngine(model, 3, 128, block_size=8, generator=torch.Generator().manual_seed(0), **CONFIGS[config])
+    eng = ContinuousEngine(model, 3, 128, generator=torch.Generator().manual_seed(0), **CONFIGS[config])
     rec = FrameRecorder(path, eng.snapshot(), "bundled", "nowhere", {"config": config})
     r = EngineRunner(eng, tok, paused=True, recorder=rec)
     for i in range(n):

@@ -16,6 +16,13 @@ class UsageError(Exception):
 
 
 class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, and which takes only whole option names:
+    argparse's prefix matching read ``--slo`` as ``--slots`` and refused it with a message about slots."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:                  # argparse prints usage + 2 lines by default
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 

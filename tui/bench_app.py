@@ -15,7 +15,6 @@ before its two app runs, as this kind of machine drifts by ±15% from minute to 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import resource
 import statistics
@@ -26,6 +25,7 @@ from pathlib import Path
 import torch
 from textual import events
 
+from tinyllm.args import OneLineParser
 from tinyllm.bench import default_workload, random_checkpoint
 from tinyllm.model.checkpoint import default_model_dir, load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling, percentile, run_continuous
@@ -100,7 +100,7 @@ async def in_app(runner, tok, reqs, keys: int, key_gap: float) -> tuple[float, l
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m tui.bench_app", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m tui.bench_app", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", metavar="DIR")
     p.add_argument("--random-model", nargs="?", const="", metavar="SPEC")
     p.add_argument("--requests", type=int, default=64)

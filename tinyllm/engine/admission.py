@@ -6,9 +6,10 @@ Each step has two passes, each planned after the engine committed the one before
    hold their whole context (plus the position their first decode writes), all in one
    left-padded prefill that also samples their first token;
 2. a decode of every running sequence: one token each, in one batch (the slot cache computes all
-   its slots, an idle one a throwaway row; the paged pool only its running sequences). On the paged cache a slot whose next position needs a block when none is
-   free makes the pool evict the newest running request (``BlockPool.reserve_step``); the
-   engine requeues it, to be recomputed later from prompt + generated tokens.
+   its slots, an idle one a throwaway row; the paged pool only its running sequences). On the paged cache a slot whose next position
+   needs a block when none is free makes the pool evict the policy's victim (the same rule as
+   the token-budget scheduler's: ``WaitingQueue.victim``; fcfs: the newest); the engine
+   requeues it, to be recomputed later from prompt + generated tokens.
 
 The decode is planned after the admissions commit because what they freed counts: a newcomer
 that finished (or failed) on its first token gave its blocks back before anyone is preempted.
@@ -36,7 +37,7 @@ class AdmissionScheduler:
             admit = self.admissions(waiting)
             if admit.items or admit.waits:
                 yield admit
-        decode = self.decode(running)
+        decode = self.decode(running, waiting)
         for seq, _, n in decode.items:
             waiting.charge(seq, n)
         yield decode
@@ -62,14 +63,20 @@ class AdmissionScheduler:
                 "queue", f"behind {i} earlier request{'s' * (i != 1)} in {waiting.name} order")
         return plan
 
-    def decode(self, running: list[Sequence]) -> StepPlan:
-        """One token for every running sequence, in slot order, once the pool has room for it."""
+    def decode(self, running: list[Sequence], waiting: WaitingQueue) -> StepPlan:
+        """One token for every running sequence, in slot order, once the pool has room for it.
+        Paged: while blocks are short, the policy's victim is preempted (``waiting.victim``:
+        the token-budget scheduler's rule too; fcfs picks the newest, priority the lowest)."""
         pool = self.pool
-        evicted = pool.reserve_step()                   # paged: out of blocks -> the newest go
         holder = {q.slot: q for q in running}
+
+        def victim(slots: list[int]) -> int:               # slots: the active ones, admission order
+            return waiting.victim([holder[s] for s in slots]).slot
+
+        evicted = pool.reserve_step(victim)
         live = [s for s in range(pool.n_slots) if pool.active[s]]
         plan = StepPlan("decode", [(holder[s], pool.lens[s], 1) for s in live],
                         preempted=[holder[s] for s in evicted])
         for q in plan.preempted:
-            plan.waits[q.rid] = "preempted", "out of KV blocks: the newest running request made way"
+            plan.waits[q.rid] = "preempted", f"out of KV blocks: made way ({waiting.name}'s choice of whom to preempt)"
         return plan

@@ -5,7 +5,7 @@ free heap, and the prefix cache's keys. Plain Python, no tensors: a scheduler pl
 
 A slot's context lives in the blocks listed in its block table, in order; memory follows real
 use instead of reserving max_len per slot. When a decode step needs a new block and none is
-free, ``reserve_step`` evicts the newest running request (its blocks go back to the pool) and
+free, ``reserve_step`` evicts the scheduling policy's victim (its blocks go back to the pool) and
 tells the engine, which requeues it for recompute.
 
 Automatic prefix caching (``prefix_cache=True``, used by the token-budget scheduler): a full
@@ -24,6 +24,7 @@ import heapq
 import math
 from array import array
 from collections import OrderedDict
+from collections.abc import Callable
 from itertools import compress
 
 
@@ -240,18 +241,20 @@ class BlockPool:
         self.lens[slot] = 0
         self._dirty = True
 
-    def reserve_step(self) -> list[int]:
-        """Make sure every active slot has room for the token this step writes. Evicts the newest
-        running requests while blocks are short; returns the evicted slots (already released)."""
+    def reserve_step(self, victim: Callable[[list[int]], int] | None = None) -> list[int]:
+        """Make sure every active slot has room for the token this step writes. While blocks are
+        short, evicts ``victim(active slots, in admission order)`` (the scheduling policy's
+        choice; default the newest); returns the evicted slots (already released)."""
         evicted: list[int] = []
         while True:
             needy = [s for s in range(self.n_slots)
                      if self.active[s] and self.lens[s] >= len(self.tables[s]) * self.block_size]
             if len(needy) <= self.num_free_blocks():
                 break
-            victim = max((s for s in range(self.n_slots) if self.active[s]), key=lambda s: self._order[s])
-            self.release(victim)
-            evicted.append(victim)
+            active = sorted((s for s in range(self.n_slots) if self.active[s]), key=lambda s: self._order[s])
+            out = victim(active) if victim is not None else active[-1]
+            self.release(out)
+            evicted.append(out)
         for s in needy:
             self._grow(s, len(self.tables[s]) + 1)
         return evicted

@@ -119,7 +119,7 @@ class SlotKVCache:
         self.lens[slot] = 0
         self._sync_lens()
 
-    def reserve_step(self) -> list[int]:
+    def reserve_step(self, victim=None) -> list[int]:
         """Room for one more token per active slot. Slots never run out: nothing to preempt."""
         return []
 
