@@ -67,7 +67,7 @@ def peak_gflops(device: str, size: int = 1024, n: int = 20) -> float:
 
     def run():
         torch.mm(a, b)
-        if device == "cuda":
+        if torch.device(device).type == "cuda":
             torch.cuda.synchronize()
     return 2 * size ** 3 / _timeit(run, n) / 1e9
 
