@@ -3,10 +3,15 @@
 The names below are loaded on first use, so ``import tinyllm`` stays light (the terminal app
 imports parts of this package and must not load torch)::
 
-    from tinyllm import ContinuousEngine, EngineConfig, Request, generate, load_checkpoint
+    from tinyllm import LLM, SamplingParams
+    print(LLM().generate("ROMEO:\\n", SamplingParams(max_tokens=40))[0].text)
+
+and the step API: ``ContinuousEngine``, ``EngineConfig``, ``Request``, ``generate``, ``load_checkpoint``.
 """
 
 _EXPORTS = {
+    "LLM": "tinyllm.llm",
+    "SamplingParams": "tinyllm.llm",
     "EngineConfig": "tinyllm.config",
     "ContinuousEngine": "tinyllm.engine.continuous",
     "run_continuous": "tinyllm.engine.continuous",

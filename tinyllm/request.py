@@ -305,6 +305,13 @@ def _short(x) -> str:
 
 @dataclass
 class Result:
-    tokens: list[int]          # generated tokens only (EOS included if it was produced)
-    ttft_s: float              # arrival → first generated token
-    latency_s: float           # arrival → last generated token
+    """How a request ended: every request the engine took ends with one (``engine.results``),
+    finished, aborted or failed."""
+    tokens: list[int]          # generated tokens (EOS included if it was produced)
+    ttft_s: float              # arrival → first generated token (nan: none was)
+    latency_s: float           # arrival → its end
+    rid: int = -1              # the engine's request id
+    state: str = "finished"    # finished, aborted or failed
+    finish_reason: str = "length"   # finished: eos, stop, length; else "abort" or "error"
+    error: str | None = None   # failed: why
+    logprobs: tuple[TokenLogprob, ...] = ()   # with Request(logprobs=k): one per token

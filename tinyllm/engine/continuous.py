@@ -13,6 +13,7 @@ Correctness: under greedy decoding each request's tokens equal its solo ``genera
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 
@@ -31,7 +32,7 @@ from tinyllm.engine.sampler import Row, Sampled, sample_batch
 from tinyllm.engine.scheduler import Scheduler, StepPlan
 from tinyllm.engine.sequence import Event, Sequence, finish_reason
 from tinyllm.model.transformer import Transformer
-from tinyllm.observe.snapshot import FORK_OF, Counters, EngineSnapshot, KVView, LifecycleEvent, SlotView
+from tinyllm.observe.snapshot import ENDED_STATES, FORK_OF, RequestState, Counters, EngineSnapshot, KVView, LifecycleEvent, SlotView
 from tinyllm.observe.stats import Stats
 from tinyllm.request import (DEFAULT_MAX_BATCHED_TOKENS, MAX_N, Request, Result, Sampling, SamplingError, check_fits,
                              fork_sampling, is_int)
@@ -112,7 +113,7 @@ class ContinuousEngine:
         self._running: list[Sequence] = []              # holding a slot, in admission order (newest last)
         self.stats = Stats(kv_bytes_per_token=bytes_per_token,
                            kv_reserved_tokens=self.slots.reserved_tokens())
-        self.results: dict[int, Result] = {}              # finished, until the caller pops them
+        self.results: dict[int, Result] = {}              # every ended request, until the caller pops it
         self._seqs: dict[int, Sequence] = {}                  # every request, kept for snapshots
         self._next_rid = 0                                    # (until forget_ended drops old ones)
         self._slot_seq: list[Sequence | None] = [None] * n_slots
@@ -121,6 +122,7 @@ class ContinuousEngine:
         self._batch: tuple[tuple[int, int], ...] = ()         # the latest step's (rid, tokens)
         self._lifecycle: list[LifecycleEvent] = []     # since the last pop_lifecycle()
         self._steps = self._prefills = self._generated = 0
+        self._first_arrival: float | None = None              # engine time of the first request (stats)
         self._finished = self._aborted = self._failed = 0
         self._t0 = time.perf_counter()
         self._held_at: float | None = None                    # hold_clock: when the clock stopped
@@ -199,6 +201,8 @@ class ContinuousEngine:
         rid = self._next_rid
         self._next_rid += 1
         seq = Sequence(rid, req, req.sampling or self.sampling, self.now())
+        if self._first_arrival is None:
+            self._first_arrival = seq.arrival
         self._seqs[rid] = seq
         return seq
 
@@ -217,7 +221,7 @@ class ContinuousEngine:
         """Drop an unfinished request (e.g. its client went away), freeing its slot.
         Returns False if it is unknown (any non-id included) or already ended. No Result is kept."""
         seq = self._seqs.get(rid) if is_int(rid) else None
-        if seq is None or seq.state in ("finished", "aborted", "failed"):
+        if seq is None or seq.state in ENDED_STATES:
             return False
         if seq in self.waiting:
             self.waiting.remove(seq)
@@ -225,9 +229,11 @@ class ContinuousEngine:
         slot = seq.slot
         if slot is not None:
             self._free_slot(seq)
-        seq.end("aborted", self.now())
+        seq.end(RequestState.ABORTED, self.now())
+        self._ended_result(seq, "abort")
         self._aborted += 1
         self._note("aborted", seq, slot, len(seq.out))
+        self._update_stats()
         return True
 
     def finish(self, rid: int, keep: int | None = None) -> bool:
@@ -236,7 +242,7 @@ class ContinuousEngine:
         ``keep`` tokens stay (None: all); its slot and blocks are freed at once. Returns False
         if it is unknown or already ended."""
         seq = self._seqs.get(rid) if is_int(rid) else None
-        if seq is None or seq.state in ("finished", "aborted", "failed"):
+        if seq is None or seq.state in ENDED_STATES:
             return False
         if seq in self.waiting:
             self.waiting.remove(seq)
@@ -244,6 +250,7 @@ class ContinuousEngine:
         if keep is not None:
             del seq.out[max(0, keep):], seq.logprobs[max(0, keep):]
         self._finished_now(seq, self.now(), "stop")
+        self._update_stats()
         return True
 
     def waited(self, rid: int) -> dict[str, int]:
@@ -260,7 +267,7 @@ class ContinuousEngine:
         """Drop all but the newest ``keep`` ended (finished, aborted, failed) requests, and their
         unclaimed results: a long-running server would otherwise keep every request it ever
         served, and each snapshot would list them all. Returns how many were dropped."""
-        ended = [rid for rid, q in self._seqs.items() if q.state in ("finished", "aborted", "failed")]
+        ended = [rid for rid, q in self._seqs.items() if q.state in ENDED_STATES]
         drop = ended[:max(0, len(ended) - keep)]
         for rid in drop:
             del self._seqs[rid]
@@ -292,7 +299,18 @@ class ContinuousEngine:
             waits[child.rid] = "queue", f"a fork of #{child.fork_of}: waits for its prompt to be computed"
         self._batch = tuple(ran.items())
         self._explain(ran, waits, forks)
+        self._update_stats()
         return events
+
+    def _update_stats(self) -> None:
+        """``stats`` as of this step, however the engine is driven (a step loop, run_continuous,
+        a server): engine time since the first request arrived, prefix-cache counters, and the
+        KV allocated now (0 once every request has ended: the leak check)."""
+        st = self.stats
+        st.prefix_cache_queries, st.prefix_cache_hits = self._prefix_queries, self._prefix_hits
+        st.kv_allocated_at_end = self.slots.allocated_tokens()
+        if self._first_arrival is not None:
+            st.wall_s = self.now() - self._first_arrival
 
     def _explain(self, ran: dict[int, int], waits: dict[int, tuple[str, str]], forks: list[Sequence]) -> None:
         """Each request in hand (``forks``: the samples waiting for their parent's prompt) that
@@ -571,14 +589,22 @@ class ContinuousEngine:
     def _finished_now(self, seq: Sequence, now: float, why: str) -> None:
         """``seq`` ends finished (``why``: eos, stop, length): its Result kept, its slot freed."""
         first = seq.first_token if seq.first_token is not None else now
-        self.results[seq.rid] = Result(list(seq.out), first - seq.arrival, now - seq.arrival)
+        self.results[seq.rid] = Result(list(seq.out), first - seq.arrival, now - seq.arrival, seq.rid, "finished",
+                                       why, None, tuple(seq.logprobs))
         self.stats.useful_tokens += len(seq.out)
         self._finished += 1
         slot = seq.slot
         if slot is not None:
             self._free_slot(seq)
-        seq.end("finished", now)
+        seq.end(RequestState.FINISHED, now)
         self._note("finished", seq, slot, len(seq.out), why)
+
+    def _ended_result(self, seq: Sequence, reason: str) -> None:
+        """An aborted or failed request's Result: what it generated, how it ended, when."""
+        end = seq.finish if seq.finish is not None else self.now()
+        ttft = seq.first_token - seq.arrival if seq.first_token is not None else math.nan
+        self.results[seq.rid] = Result(list(seq.out), ttft, end - seq.arrival, seq.rid, seq.state, reason,
+                                       seq.error, tuple(seq.logprobs))
 
     def _fail(self, seq: Sequence, why: str) -> None:
         """Give up on one request (its slot freed, the reason kept); the others go on."""
@@ -587,7 +613,8 @@ class ContinuousEngine:
         if slot is not None:
             self._free_slot(seq)
         seq.error = why
-        seq.end("failed", self.now())
+        seq.end(RequestState.FAILED, self.now())
+        self._ended_result(seq, "error")
         self._failed += 1
         self._note("failed", seq, slot, len(seq.out), why)
 
@@ -616,9 +643,7 @@ def run_continuous(model: Transformer, requests: list[Request], n_slots: int | N
     while eng.has_work():
         eng.step()
     st = eng.stats
-    st.kv_allocated_at_end = eng.slots.allocated_tokens()
-    st.prefix_cache_queries, st.prefix_cache_hits = eng._prefix_queries, eng._prefix_hits
-    st.wall_s = time.perf_counter() - t0
+    st.wall_s = time.perf_counter() - t0              # (the whole call: adding the requests too)
     failed = [v for v in eng.snapshot().requests if v.state == "failed"]
     if failed:
         raise RuntimeError(f"request {failed[0].rid} failed: {failed[0].error}")

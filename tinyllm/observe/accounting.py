@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tinyllm.observe.snapshot import ENDED_STATES
+
 if TYPE_CHECKING:
     from tinyllm.observe.snapshot import LifecycleEvent, RequestView
 
@@ -75,7 +77,7 @@ class RequestTimes:
             self.first_token = ev.time_s
         elif kind == "preempted":
             self.preemptions += 1
-        elif kind in ("finished", "aborted", "failed"):
+        elif kind in ENDED_STATES:
             self.end = ev.time_s
 
     def accounting(self) -> Accounting:

@@ -8,14 +8,40 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tinyllm.request import Sampling
 
-REQUEST_STATES = ("queued", "running", "preempted", "finished", "aborted", "failed")
-LIFECYCLE_KINDS = ("queued", "admitted", "prefill", "first_token", "preempted", "finished", "aborted", "failed",
-                   "waiting")
+
+
+class RequestState(StrEnum):
+    """Where a request is (a StrEnum: equal to, and written as, its value)."""
+    QUEUED = "queued"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+    FAILED = "failed"
+
+
+class Lifecycle(StrEnum):
+    """What happened to a request (a LifecycleEvent's kind)."""
+    QUEUED = "queued"
+    ADMITTED = "admitted"
+    PREFILL = "prefill"
+    FIRST_TOKEN = "first_token"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+    FAILED = "failed"
+    WAITING = "waiting"
+
+
+REQUEST_STATES = tuple(RequestState)
+LIFECYCLE_KINDS = tuple(Lifecycle)
+ENDED_STATES = frozenset({RequestState.FINISHED, RequestState.ABORTED, RequestState.FAILED})   # how a request ends
 # The reason of a sample's "queued" and "admitted" events when it forks off another's prompt (n > 1):
 # FORK_OF + the parent's id. Viewers read forks from it (event log, timeline).
 FORK_OF = "fork of #"

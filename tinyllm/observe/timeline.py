@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable
 
-from tinyllm.observe.snapshot import FORK_OF, LifecycleEvent
+from tinyllm.observe.snapshot import ENDED_STATES, FORK_OF, LifecycleEvent
 
 PHASES = ("queued", "prefill", "decode", "preempted")   # what a span can be
-ENDS = ("finished", "aborted", "failed")                # how a track can end
+ENDS = tuple(ENDED_STATES)                             # how a track can end
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from typing import Any, Callable, Protocol, TypeVar
 from tinyllm.request import ContextTooLong, Request, TokenLogprob
 from tinyllm.observe.accounting import Accounting, RequestTimes
 from tinyllm.observe.snapshot import LifecycleEvent
+from tinyllm.observe.snapshot import ENDED_STATES
 
 log = logging.getLogger("tinyllm.serve")
 T = TypeVar("T")
@@ -358,9 +359,11 @@ class EngineLoop:
                 h._cached_tokens = h._times.cached_tokens     # the prompt's, at the first admission
             elif ev.kind == "failed":
                 del self._live[ev.rid]
+                self.engine.results.pop(ev.rid, None)         # (its Result: the handler is told below)
                 posts.append((h, _Failed(ev.reason or "the engine failed this request")))
             elif ev.kind == "aborted":
                 del self._live[ev.rid]
+                self.engine.results.pop(ev.rid, None)
             elif ev.kind == "finished" and h._stopping:
                 del self._live[ev.rid]
                 self.engine.results.pop(ev.rid, None)
@@ -405,7 +408,7 @@ class EngineLoop:
                 if n == 1:
                     log.exception("step hook %r failed (further failures are counted, not logged)", hook)
         for ev in lifecycle:
-            if ev.kind in ("finished", "aborted", "failed"):
+            if ev.kind in ENDED_STATES:
                 self._stop_strings.pop(ev.rid, None)
 
     def _fail_all(self, why: str) -> None:

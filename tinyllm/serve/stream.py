@@ -35,6 +35,7 @@ from tinyllm.serve.engine_loop import EngineLoop
 from tinyllm.serve.protocol import ApiError, brief, load_json
 from tinyllm.stops import StopText
 from tinyllm.observe.snapshot import EngineSnapshot, LifecycleEvent
+from tinyllm.observe.snapshot import ENDED_STATES
 
 HEARTBEAT_S = 5.0             # an idle stream still sends a line this often (proxies, dead peers)
 MAX_EVENTS = 100_000          # lifecycle history kept for viewers that join late
@@ -95,7 +96,7 @@ class StateFeed:
             if stream is not None:
                 add(ev.rid, stream.step(ev.token))
         for ev in lifecycle:                              # after its last token's text
-            if ev.kind in ("finished", "aborted", "failed") and (stream := self._streams.pop(ev.rid, None)):
+            if ev.kind in ENDED_STATES and (stream := self._streams.pop(ev.rid, None)):
                 add(ev.rid, stream.flush())               # the tail held back in case a stop began there
         self._calls += 1
         if self._calls % PRUNE_EVERY == 0:                # texts of requests the engine forgot

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable
 
 import httpx
 
-from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, RequestView
+from tinyllm.observe.snapshot import ENDED_STATES, Counters, EngineSnapshot, KVView, LifecycleEvent, RequestView
 from tinyllm.observe.timeline import Timeline
 from tinyllm.units import duration
 from tui.runners.interface import LOG_LINES, Abort, AbortAll, Frame, LoadWorkload, LogEntry, Submit
@@ -225,7 +225,7 @@ class VllmRunner(ServerLink):
     def _end(self, rid: int, state: str, why_: str) -> None:
         with self._lock:
             v = self._views[rid]
-            if v.state in ("finished", "aborted", "failed"):
+            if v.state in ENDED_STATES:
                 return
             self._views[rid] = replace(v, state=state, finish_s=self.now(), error=why_ if state == "failed" else None)
         self._event(state, rid, len(v.tokens), why_)
