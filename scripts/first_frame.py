@@ -30,8 +30,14 @@ def one_run(cmd: list[str], cols: int = 120, rows: int = 36, timeout: float = 60
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, close_fds=True,
-                            env={**os.environ, "TERM": "xterm-256color", "COLUMNS": str(cols), "LINES": str(rows)})
+    proc = subprocess.Popen(
+        cmd,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        close_fds=True,
+        env={**os.environ, "TERM": "xterm-256color", "COLUMNS": str(cols), "LINES": str(rows)},
+    )
     os.close(slave)
     seen = b""
     first = ready = None
@@ -52,7 +58,7 @@ def one_run(cmd: list[str], cols: int = 120, rows: int = 36, timeout: float = 60
             if first is not None and (b"RUNNING" in text or b"PAUSED" in text):
                 ready = now
     finally:
-        os.write(master, b"\x11")                      # ctrl+q: quit
+        os.write(master, b"\x11")  # ctrl+q: quit
         try:
             proc.wait(5)
         except subprocess.TimeoutExpired:
@@ -75,8 +81,10 @@ def main() -> None:
         firsts.append(first)
         readies.append(ready)
         print(f"run {i + 1}: first frame {first:.2f} s, engine ready {ready:.2f} s", flush=True)
-    print(f"median of {a.repeat}: first frame {statistics.median(firsts):.2f} s, "
-          f"engine ready {statistics.median(readies):.2f} s ({' '.join(a.args) or 'default settings'})")
+    print(
+        f"median of {a.repeat}: first frame {statistics.median(firsts):.2f} s, "
+        f"engine ready {statistics.median(readies):.2f} s ({' '.join(a.args) or 'default settings'})"
+    )
 
 
 if __name__ == "__main__":

@@ -18,8 +18,16 @@ from tinyllm.bench.workloads import LONG_TAIL_CAPS, long_tail_workload
 from tinyllm.engine.solo import generate
 from tinyllm.model.checkpoint import load_checkpoint
 
-OPENERS = ("ROMEO.\n", "JULIET.\n", "HAMLET.\n", "KING LEAR.\n", "OTHELLO.\n", "PORTIA.\n", "MACBETH.\n",
-           "FIRST CITIZEN.\n")
+OPENERS = (
+    "ROMEO.\n",
+    "JULIET.\n",
+    "HAMLET.\n",
+    "KING LEAR.\n",
+    "OTHELLO.\n",
+    "PORTIA.\n",
+    "MACBETH.\n",
+    "FIRST CITIZEN.\n",
+)
 
 
 def main() -> None:
@@ -37,7 +45,7 @@ def main() -> None:
         ids = ids + generate(model, ids, 126 - len(ids), temperature=0.8, top_k=40, generator=gen)
         text = tok.decode(ids)
         n = len(tok.encode(text))
-        assert n <= 128, n            # static batching pads a batch to its longest prompt: 128 + the cap 384 fits 512
+        assert n <= 128, n  # static batching pads a batch to its longest prompt: 128 + the cap 384 fits 512
         lines.append(json.dumps({"prompt": text, "max_new_tokens": new, "temperature": 0, "stop_at_eos": False}))
     Path(a.out).write_text("\n".join(lines) + "\n")
     print(f"wrote {a.out}: {len(lines)} prompts, {sum(lengths)} output tokens in all")

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 
-from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
+from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.request import RequestSettings
 from tinyllm.workload import bundled_workloads, load_workload
+from tui.runners.engine import EngineRunner
 from tui.runners.frames import FrameRecorder
 from tui.runners.interface import StepOnce
-from tui.runners.engine import EngineRunner
 
 
 def main() -> None:
@@ -45,8 +45,10 @@ def main() -> None:
     size = out.stat().st_size
     packed = len(gzip.compress(out.read_bytes()))
     lines = sum(1 for _ in out.open())
-    print(f"{n} requests x {new} new tokens: {eng.steps} steps, {lines - 1} records in {time.perf_counter() - t:.0f} s; "
-          f"{size / 2**20:.2f} MiB ({size / eng.steps:.0f} B/step), gzip {packed / 2**20:.2f} MiB")
+    print(
+        f"{n} requests x {new} new tokens: {eng.steps} steps, {lines - 1} records in {time.perf_counter() - t:.0f} s; "
+        f"{size / 2**20:.2f} MiB ({size / eng.steps:.0f} B/step), gzip {packed / 2**20:.2f} MiB"
+    )
 
 
 if __name__ == "__main__":

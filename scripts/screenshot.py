@@ -12,22 +12,35 @@ from pathlib import Path
 
 import torch
 
-from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
+from tinyllm.model.checkpoint import load_checkpoint
+from tinyllm.request import RequestSettings
 from tinyllm.workload import bundled_workloads
 from tui.app import TinyLLMApp
-from tui.runners.interface import StepOnce
 from tui.runners.engine import EngineRunner
-from tinyllm.request import RequestSettings
+from tui.runners.interface import StepOnce
 
 
 async def main(width: int, height: int, out: Path) -> None:
     model, tok = load_checkpoint()
-    eng = ContinuousEngine(model, 6, 512, kv="paged", block_size=16, kv_blocks=40,
-                           generator=torch.Generator().manual_seed(0), chunked_prefill=True, max_batched_tokens=24)
-    app = TinyLLMApp(EngineRunner(eng, tok, paused=True), tok, model_name="bundled Shakespeare",
-                     settings=RequestSettings(Sampling(0.8, top_k=50), 120),
-                     prompts_file=bundled_workloads()["mixed_lengths"])
+    eng = ContinuousEngine(
+        model,
+        6,
+        512,
+        kv="paged",
+        block_size=16,
+        kv_blocks=40,
+        generator=torch.Generator().manual_seed(0),
+        chunked_prefill=True,
+        max_batched_tokens=24,
+    )
+    app = TinyLLMApp(
+        EngineRunner(eng, tok, paused=True),
+        tok,
+        model_name="bundled Shakespeare",
+        settings=RequestSettings(Sampling(0.8, top_k=50), 120),
+        prompts_file=bundled_workloads()["mixed_lengths"],
+    )
     async with app.run_test(size=(width, height)) as pilot:
         while len(app.runner.frame.snapshot.requests) < 16:
             await pilot.pause(0.05)

@@ -33,9 +33,14 @@ def main() -> None:
     src.add_argument("--random-model", nargs="?", const="", metavar="SPEC", help="the bench's seeded random Llama")
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--slots", type=int, default=16, help="max_num_seqs (default 16, as the bench)")
-    p.add_argument("--kv-memory", type=float, default=None, metavar="MiB",
-                   help="vLLM's KV cache size (kv_cache_memory_bytes), to compare at tinyllm's --kv-memory; "
-                        "default: VLLM_CPU_KVCACHE_SPACE (1 GiB here)")
+    p.add_argument(
+        "--kv-memory",
+        type=float,
+        default=None,
+        metavar="MiB",
+        help="vLLM's KV cache size (kv_cache_memory_bytes), to compare at tinyllm's --kv-memory; "
+        "default: VLLM_CPU_KVCACHE_SPACE (1 GiB here)",
+    )
     p.add_argument("--block-size", type=int, default=None, help="vLLM's KV block size (CPU: a multiple of 32)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=2)
@@ -45,6 +50,7 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     import torch
+
     torch.set_num_threads(a.threads)
     from vllm import LLM, SamplingParams
 
@@ -62,15 +68,23 @@ def main() -> None:
     t0 = time.perf_counter()
     extra = {}
     if a.kv_memory is not None:
-        extra["kv_cache_memory_bytes"] = int(a.kv_memory * 2 ** 20)
+        extra["kv_cache_memory_bytes"] = int(a.kv_memory * 2**20)
     if a.block_size is not None:
         extra["block_size"] = a.block_size
-    llm = LLM(model=str(ckpt), skip_tokenizer_init=True, max_num_seqs=a.slots, dtype="float32",
-              max_model_len=min(cfg.max_seq_len, 512), seed=a.seed, **extra)
+    llm = LLM(
+        model=str(ckpt),
+        skip_tokenizer_init=True,
+        max_num_seqs=a.slots,
+        dtype="float32",
+        max_model_len=min(cfg.max_seq_len, 512),
+        seed=a.seed,
+        **extra,
+    )
     prompts = [{"prompt_token_ids": list(r.prompt)} for r in reqs]
-    params = [SamplingParams(temperature=0.0, max_tokens=r.max_new_tokens, ignore_eos=True, detokenize=False)
-              for r in reqs]
-    llm.generate(prompts[:4], params[:4], use_tqdm=False)            # warm-up
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=r.max_new_tokens, ignore_eos=True, detokenize=False) for r in reqs
+    ]
+    llm.generate(prompts[:4], params[:4], use_tqdm=False)  # warm-up
     warm_s = time.perf_counter() - t0
     runs, outputs = [], None
     for _ in range(a.repeat):
@@ -81,9 +95,18 @@ def main() -> None:
         runs.append(n / wall)
         outputs = [list(o.outputs[0].token_ids) for o in outs]
         print(f"vLLM {n} tokens in {wall:.2f} s: {n / wall:.0f} tok/s", flush=True)
-    report = {"engine": "vllm-cpu", "model": str(a.model or a.random_model or "bundled"), "requests": a.requests,
-              "max_num_seqs": a.slots, "kv_memory_mib": a.kv_memory, "threads": a.threads, "warmup_s": warm_s, "tok_s_runs": runs,
-              "tok_s_median": statistics.median(runs), "outputs": outputs}
+    report = {
+        "engine": "vllm-cpu",
+        "model": str(a.model or a.random_model or "bundled"),
+        "requests": a.requests,
+        "max_num_seqs": a.slots,
+        "kv_memory_mib": a.kv_memory,
+        "threads": a.threads,
+        "warmup_s": warm_s,
+        "tok_s_runs": runs,
+        "tok_s_median": statistics.median(runs),
+        "outputs": outputs,
+    }
     print(f"vLLM median {report['tok_s_median']:.0f} tok/s over {a.repeat} runs (start-up + warm-up {warm_s:.0f} s)")
     if a.json:
         Path(a.json).write_text(json.dumps(report) + "\n")

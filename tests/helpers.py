@@ -12,16 +12,32 @@ from tinyllm.engine.solo import generate
 from tinyllm.model.config import ModelConfig
 from tinyllm.model.transformer import Transformer
 
-SERVED_MODEL = "tinyllm-shakespeare"          # the model name the test servers serve under
+SERVED_MODEL = "tinyllm-shakespeare"  # the model name the test servers serve under
 
 
-def random_model(seed: int = 0, vocab: int = 256, d_model: int = 64, n_layers: int = 2, n_heads: int = 4,
-                 n_kv_heads: int = 2, max_seq_len: int = 128, tie: bool = True) -> Transformer:
+def random_model(
+    seed: int = 0,
+    vocab: int = 256,
+    d_model: int = 64,
+    n_layers: int = 2,
+    n_heads: int = 4,
+    n_kv_heads: int = 2,
+    max_seq_len: int = 128,
+    tie: bool = True,
+) -> Transformer:
     """A random model with spread-out logits (std 0.3 weights), so greedy ties are vanishingly rare
     and 'batched == solo' compares real choices, not float noise between near-equal logits."""
     torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=vocab, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                      n_kv_heads=n_kv_heads, d_ff=2 * d_model, max_seq_len=max_seq_len, tie_embeddings=tie)
+    cfg = ModelConfig(
+        vocab_size=vocab,
+        d_model=d_model,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        d_ff=2 * d_model,
+        max_seq_len=max_seq_len,
+        tie_embeddings=tie,
+    )
     m = Transformer(cfg)
     with torch.no_grad():
         for p in m.parameters():
@@ -30,12 +46,19 @@ def random_model(seed: int = 0, vocab: int = 256, d_model: int = 64, n_layers: i
     return m.eval()
 
 
-def mixed_workload(n: int = 24, seed: int = 0, vocab: int = 256, max_prompt: int = 60, max_new: int = 40,
-                   eos_ids=(None, None, 5, 17)) -> list[Request]:
+def mixed_workload(
+    n: int = 24, seed: int = 0, vocab: int = 256, max_prompt: int = 60, max_new: int = 40, eos_ids=(None, None, 5, 17)
+) -> list[Request]:
     """Prompt lengths 1..max_prompt, max_new_tokens 1..max_new, some with an EOS that may fire early."""
     rng = random.Random(seed)
-    return [Request([rng.randrange(vocab) for _ in range(rng.randint(1, max_prompt))],
-                    rng.randint(1, max_new), eos_id=rng.choice(eos_ids)) for _ in range(n)]
+    return [
+        Request(
+            [rng.randrange(vocab) for _ in range(rng.randint(1, max_prompt))],
+            rng.randint(1, max_new),
+            eos_id=rng.choice(eos_ids),
+        )
+        for _ in range(n)
+    ]
 
 
 def solo_outputs(model: Transformer, reqs: list[Request]) -> list[list[int]]:
@@ -51,17 +74,17 @@ def check_invariants(eng: ContinuousEngine) -> None:
         if holder is not None:
             assert holder.slot == s and holder.state == "running"
     assert slots.allocated_tokens() >= slots.used_tokens()
-    if eng.kv_kind == "paged":                       # each block held by r tables counted once
+    if eng.kv_kind == "paged":  # each block held by r tables counted once
         once = sum(n for n, a in zip(slots.lens, slots.active) if a)
         assert slots.used_tokens() == once - sum(r - 1 for r in slots.ref if r > 1) * slots.block_size
     assert slots.used_tokens() <= slots.reserved_tokens()
     if eng.kv_kind == "paged":
-        held: dict[int, int] = {}                         # block → tables holding it
+        held: dict[int, int] = {}  # block → tables holding it
         for s, table in enumerate(slots.tables):
             assert len(set(table)) == len(table), f"slot {s} holds a block twice: {table}"
             for b in table:
                 held[b] = held.get(b, 0) + 1
-        for s, table in enumerate(slots.tables):          # only full blocks are ever shared: nobody writes them
+        for s, table in enumerate(slots.tables):  # only full blocks are ever shared: nobody writes them
             for i, b in enumerate(table):
                 if held[b] > 1:
                     assert slots.lens[s] >= (i + 1) * slots.block_size, f"shared block {b} not full in slot {s}"
@@ -71,7 +94,7 @@ def check_invariants(eng: ContinuousEngine) -> None:
                 assert not table, f"idle slot {s} holds blocks {table}"
         for b in range(slots.n_blocks):
             assert slots.ref[b] == held.get(b, 0), f"block {b}: ref {slots.ref[b]} but held by {held.get(b, 0)}"
-        w = slots.table_width                             # the flat copy the C kernels read: the same tables
+        w = slots.table_width  # the flat copy the C kernels read: the same tables
         for s, table in enumerate(slots.tables):
             row = slots.table_rows[s].tolist()
             assert row == table + [slots.n_blocks] * (w - len(table)), f"slot {s}: table_rows {row} != {table}"
@@ -82,7 +105,7 @@ def check_invariants(eng: ContinuousEngine) -> None:
             assert slots.block_key[b] == key
         assert all(slots.block_key[b] is not None for b in lru)
         assert sum(k is not None for k in slots.block_key) == len(slots.cached)
-        if not slots.prefix_cache:                        # then only the samples of one prompt (n > 1) share
+        if not slots.prefix_cache:  # then only the samples of one prompt (n > 1) share
             assert not slots.cached and not lru
             assert max(slots.ref, default=0) <= 1 or any(q.fork_of is not None for q in eng._seqs.values())
 
@@ -129,8 +152,15 @@ def run_random_ops(eng: ContinuousEngine, ops, max_len: int, checked_step) -> tu
                 req = Request(prompt, new, eos_id=eos)
                 added[eng.add_request(req)] = req
             else:
-                req = Request(prompt, new, eos_id=eos, sampling=p["sampling"], stop_token_ids=p["stop_token_ids"],
-                              min_tokens=min(p["min_tokens"], new), logprobs=p["logprobs"])
+                req = Request(
+                    prompt,
+                    new,
+                    eos_id=eos,
+                    sampling=p["sampling"],
+                    stop_token_ids=p["stop_token_ids"],
+                    min_tokens=min(p["min_tokens"], new),
+                    logprobs=p["logprobs"],
+                )
                 special[eng.add_request(req)] = req
         elif o[0] == "abort":
             if eng.abort(o[1]):
@@ -151,7 +181,7 @@ def run_random_ops(eng: ContinuousEngine, ops, max_len: int, checked_step) -> tu
         toks = eng.results[rid].tokens
         stops = req.stop_ids()
         assert 1 <= len(toks) <= req.max_new_tokens
-        assert not any(t in stops for t in toks[:req.min_tokens]), f"request {rid}: a stop id before min_tokens"
+        assert not any(t in stops for t in toks[: req.min_tokens]), f"request {rid}: a stop id before min_tokens"
         assert not any(t in stops for t in toks[:-1]), f"request {rid}: went on after a stop id"
         assert len(toks) == req.max_new_tokens or toks[-1] in stops, f"request {rid} ended early"
         if req.logprobs is not None:
@@ -163,6 +193,8 @@ def run_random_ops(eng: ContinuousEngine, ops, max_len: int, checked_step) -> tu
 def serve_in_thread(model: Transformer, tokenizer, slots: int, port: int = 0, **engine):
     """A started ``tinyllm serve`` in this process (``build_engine(model, slots=, **engine)``), on
     ``port`` (0: any free one), serving as ``SERVED_MODEL``: a ``ServerThread``; the caller stops it."""
-    from tinyllm.serve import EngineLoop, ServerThread, build_engine, create_app    # (FastAPI: only where served)
-    return ServerThread(create_app(EngineLoop(build_engine(model, slots=slots, **engine)), tokenizer, SERVED_MODEL),
-                        port=port).start()
+    from tinyllm.serve import EngineLoop, ServerThread, build_engine, create_app  # (FastAPI: only where served)
+
+    return ServerThread(
+        create_app(EngineLoop(build_engine(model, slots=slots, **engine)), tokenizer, SERVED_MODEL), port=port
+    ).start()

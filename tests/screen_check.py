@@ -11,10 +11,10 @@ from tui.runners.interface import Frame
 from tui.widgets.block_map import BlockMap
 from tui.widgets.event_log import EventLog
 from tui.widgets.kv_panel import KVPanel
-from tui.widgets.style import dtype_short, dtype_tag
 from tui.widgets.request_list import RequestList
 from tui.widgets.request_pane import RequestPane
 from tui.widgets.slot_grid import SlotGrid
+from tui.widgets.style import dtype_short, dtype_tag
 from tui.widgets.timeline import TimelinePanel
 
 
@@ -36,14 +36,17 @@ def check_panels(app: TinyLLMApp, frame: Frame | None = None) -> Frame:
     if not app.metrics_only:
         grid = app.query_one(SlotGrid)
         assert grid.snapshot == snap, "the slot grid shows another snapshot"
-        want = (f"Slots ({snap.n_slots}, up to {snap.max_len} tokens each)" if snap.kv.kind == "paged"
-                else f"Slots ({snap.n_slots} × {snap.max_len} tokens)")
+        want = (
+            f"Slots ({snap.n_slots}, up to {snap.max_len} tokens each)"
+            if snap.kv.kind == "paged"
+            else f"Slots ({snap.n_slots} × {snap.max_len} tokens)"
+        )
         assert grid.border_title == want, grid.border_title
         text, shown = grid.render().plain, grid.shown()
         for sv in snap.slots[:shown]:
             if sv.rid is not None:
                 assert f"#{sv.rid}" in text, f"slot {sv.slot} holds #{sv.rid}, the grid does not say so"
-        hidden = snap.slots[shown:]                       # a panel too short: its last row counts them
+        hidden = snap.slots[shown:]  # a panel too short: its last row counts them
         if hidden:
             held = sum(sv.rid is not None for sv in hidden)
             last = text.rsplit("\n", 1)[-1]
@@ -51,7 +54,7 @@ def check_panels(app: TinyLLMApp, frame: Frame | None = None) -> Frame:
             assert len(last) <= grid.size.width, last
         kv = app.query_one(KVPanel)
         assert kv.frame is not None and kv.frame.snapshot == snap, "the KV panel shows another snapshot"
-        if app.has_class("-short"):                  # 80x24: the one bar names a dtype other than float32
+        if app.has_class("-short"):  # 80x24: the one bar names a dtype other than float32
             tag = dtype_tag(snap.kv)
             assert not tag or kv.render().plain.split("\n", 1)[0].endswith(f" tok {tag}")
         else:
@@ -71,8 +74,9 @@ def check_panels(app: TinyLLMApp, frame: Frame | None = None) -> Frame:
             assert blocks.render().plain.startswith(f"{owned}/{snap.kv.n_blocks} owned")
 
     rows = app.query_one(RequestList)
-    assert rows.rids == tuple(v.rid for v in snap.requests), \
+    assert rows.rids == tuple(v.rid for v in snap.requests), (
         f"the list has {rows.rids}, the snapshot {tuple(v.rid for v in snap.requests)}"
+    )
     for v in snap.requests:
         line = rows.row_text(v.rid)
         assert v.state in line, f"#{v.rid} is {v.state}, its row says {line!r}"
@@ -90,7 +94,7 @@ def check_panels(app: TinyLLMApp, frame: Frame | None = None) -> Frame:
         assert f"{len(v.tokens)}/{v.max_new_tokens} tok" in header, header
         assert pane.body_text == frame.prompts.get(v.rid, "") + frame.texts.get(v.rid, "")
         body = pane.query_one("#pane-body").render().plain
-        if v.state in ("queued", "preempted", "running") and steps:           # the step's batch, or why not
+        if v.state in ("queued", "preempted", "running") and steps:  # the step's batch, or why not
             mine = dict(snap.batch).get(v.rid)
             if mine is not None:
                 assert f"step {steps}: in the batch, {mine} token" in body, body[-200:]
@@ -104,6 +108,6 @@ def check_panels(app: TinyLLMApp, frame: Frame | None = None) -> Frame:
 
     log = app.query_one(EventLog)
     shown = [e.seq for e in log.lines]
-    want = [e.seq for e in frame.log][-len(shown):] if shown else []
+    want = [e.seq for e in frame.log][-len(shown) :] if shown else []
     assert shown == want and (shown or not frame.log), "the event log is not the frame's"
     return frame

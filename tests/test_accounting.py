@@ -7,35 +7,55 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.test_app import make_app, step, submit
 from tinyllm.engine import Sampling
 from tinyllm.observe.accounting import Accounting, RequestTimes
 from tinyllm.observe.recording import SnapshotDecoder, read_recording
 from tinyllm.observe.snapshot import LifecycleEvent, RequestView
 from tui.widgets.request_pane import RequestPane, accounting_text
-from tests.test_app import make_app, step, submit
 
 OLD_RECORDING = Path(__file__).parent / "data" / "preemption-run.jsonl"
 
 
 def view(**kw) -> RequestView:
-    base = dict(rid=3, state="finished", slot=None, prompt=(1, 2), tokens=(5, 6, 7), max_new_tokens=3,
-                sampling=Sampling(), eos_id=None, arrival_s=1.0, first_token_s=1.75, finish_s=3.0, preemptions=1,
-                cached_tokens=16, admitted_s=1.5)
+    base = dict(
+        rid=3,
+        state="finished",
+        slot=None,
+        prompt=(1, 2),
+        tokens=(5, 6, 7),
+        max_new_tokens=3,
+        sampling=Sampling(),
+        eos_id=None,
+        arrival_s=1.0,
+        first_token_s=1.75,
+        finish_s=3.0,
+        preemptions=1,
+        cached_tokens=16,
+        admitted_s=1.5,
+    )
     return RequestView(**{**base, **kw})
 
 
 def test_phases_follow_the_lifecycle_events():
     t = RequestTimes()
-    for kind, at, cached in (("queued", 1.0, 0), ("admitted", 1.5, 16), ("first_token", 1.75, 0),
-                             ("preempted", 2.0, 0), ("admitted", 2.5, 32), ("finished", 3.0, 0)):
+    for kind, at, cached in (
+        ("queued", 1.0, 0),
+        ("admitted", 1.5, 16),
+        ("first_token", 1.75, 0),
+        ("preempted", 2.0, 0),
+        ("admitted", 2.5, 32),
+        ("finished", 3.0, 0),
+    ):
         t.on_event(LifecycleEvent(kind, 0, 0, at, cached=cached))
-    assert t.accounting() == Accounting(500.0, 250.0, 1250.0, 2000.0, 1, 16)     # the first admission counts
-    assert Accounting.of_view(view(), 99.0) == t.accounting()                      # the pane's view: the same
+    assert t.accounting() == Accounting(500.0, 250.0, 1250.0, 2000.0, 1, 16)  # the first admission counts
+    assert Accounting.of_view(view(), 99.0) == t.accounting()  # the pane's view: the same
 
 
 def test_running_and_queued_views_count_up_to_now():
-    assert Accounting.of_view(view(state="queued", admitted_s=None, first_token_s=None, finish_s=None,
-                                   preemptions=0, cached_tokens=0), 1.25) == Accounting(250.0, None, None, 250.0, 0, 0)
+    assert Accounting.of_view(
+        view(state="queued", admitted_s=None, first_token_s=None, finish_s=None, preemptions=0, cached_tokens=0), 1.25
+    ) == Accounting(250.0, None, None, 250.0, 0, 0)
     running = Accounting.of_view(view(state="running", finish_s=None), 2.0)
     assert (running.queue_ms, running.prefill_ms, running.decode_ms) == (500.0, 250.0, 250.0)
 
@@ -54,7 +74,7 @@ def test_old_recordings_without_admission_times_still_replay():
     for _, rec in records[:40]:
         snap = dec.apply(rec["snap"])
     assert snap.requests and all(v.admitted_s is None for v in snap.requests)
-    assert all(accounting_text(v) is None for v in snap.requests)        # nothing made up
+    assert all(accounting_text(v) is None for v in snap.requests)  # nothing made up
 
 
 async def test_the_pane_shows_a_finished_requests_accounting():
@@ -68,4 +88,4 @@ async def test_the_pane_shows_a_finished_requests_accounting():
         text = str(getattr(body, "plain", body))
         want = accounting_text(v).plain.strip()
         assert want.startswith("── queue") and "total" in want and want in text
-        assert app.query_one(RequestPane).body_text == "ROMEO:\n" + app.runner.frame.texts[rid]   # text only
+        assert app.query_one(RequestPane).body_text == "ROMEO:\n" + app.runner.frame.texts[rid]  # text only

@@ -9,29 +9,26 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import replace
 
 import httpx
 import pytest
 
-from tinyllm.engine import Request
-from tinyllm.engine.solo import generate
-from tinyllm.observe.recording import read_recording
-from tinyllm.request import Sampling
-from tinyllm.serve import EngineLoop, ServerThread, build_engine, create_app
-from dataclasses import replace
-
-from tui.app import TinyLLMApp
-from tui.cli import build_app
-from tui.runners.attach import AttachRunner
-from tui.runners.replay import ReplayRunner
-from tui.runners.interface import Abort, Submit
-from tui.screens.modals import Confirm
-from tinyllm.request import RequestSettings
-from tui.widgets.request_list import RequestList
-
 from tests.helpers import SERVED_MODEL, serve_in_thread
 from tests.screen_check import check_panels
 from tests.test_app import _watch, bundled, no_unexpected_errors, submit, until  # noqa: F401
+from tinyllm.engine import Request
+from tinyllm.engine.solo import generate
+from tinyllm.observe.recording import read_recording
+from tinyllm.request import RequestSettings, Sampling
+from tinyllm.serve import EngineLoop, ServerThread, build_engine, create_app
+from tui.app import TinyLLMApp
+from tui.cli import build_app
+from tui.runners.attach import AttachRunner
+from tui.runners.interface import Abort, Submit
+from tui.runners.replay import ReplayRunner
+from tui.screens.modals import Confirm
+from tui.widgets.request_list import RequestList
 
 MODEL = SERVED_MODEL
 
@@ -67,28 +64,28 @@ def server():
     s.stop()
 
 
-
-
 async def test_attached_app_streams_a_typed_prompt_and_sees_the_servers_state(server):
     model, tok = bundled()
     app = attach_app(server.url)
     async with app.run_test(size=(120, 40)) as pilot:
         await submit(pilot, "ROMEO:\n")
         await until(pilot, lambda: app.runner.frame.snapshot.counters.finished == 1, what="the completion")
-        await until(pilot, lambda: state(app.runner.frame.snapshot) == state(engine_snapshot(server)), what="the last state")
+        await until(
+            pilot, lambda: state(app.runner.frame.snapshot) == state(engine_snapshot(server)), what="the last state"
+        )
         frame = app.runner.frame
         view = frame.snapshot.requests[0]
         want = generate(model, tok.encode("ROMEO:\n"), 16, eos_id=tok.eos_id)
-        assert list(view.tokens) == want                               # greedy, as solo generate()
+        assert list(view.tokens) == want  # greedy, as solo generate()
         assert frame.texts[0] == tok.decode(want, skip_special_tokens=True) and frame.prompts[0] == "ROMEO:\n"
         assert [t.end for t in frame.tracks] == ["finished"]
         status = app.query_one("#status").text.plain
         assert "ATTACHED" in status and server.url in status
         assert any("#0 admitted to slot" in e.text for e in frame.log)
         for action in ("toggle_pause", "step_once", "slower", "faster", "clear_prefix_cache", "step_back"):
-            assert app.check_action(action, ()) is False                # the server paces itself
+            assert app.check_action(action, ()) is False  # the server paces itself
         app.query_one("#requests").focus()
-        await pilot.press("space", "n", "plus")                         # off: nothing happens, no error
+        await pilot.press("space", "n", "plus")  # off: nothing happens, no error
         await pilot.pause(0.1)
 
 
@@ -109,22 +106,29 @@ def slow():
 
 
 def long_app(url: str) -> TinyLLMApp:
-    app = TinyLLMApp(AttachRunner(url).start(), None, model_name=MODEL,
-                     settings=RequestSettings(Sampling(), 200, stop_at_eos=False))
+    app = TinyLLMApp(
+        AttachRunner(url).start(), None, model_name=MODEL, settings=RequestSettings(Sampling(), 200, stop_at_eos=False)
+    )
     _watch(app)
     return app
 
 
 def other_client(url: str, prompt: str = "KING:") -> threading.Thread:
     """Another client's long streaming request (it ends when aborted or when the server stops)."""
+
     def run() -> None:
         try:
-            with httpx.stream("POST", url + "/v1/completions", timeout=60,
-                              json={"prompt": prompt, "max_tokens": 200, "ignore_eos": True, "stream": True}) as r:
+            with httpx.stream(
+                "POST",
+                url + "/v1/completions",
+                timeout=60,
+                json={"prompt": prompt, "max_tokens": 200, "ignore_eos": True, "stream": True},
+            ) as r:
                 for _ in r.iter_lines():
                     pass
         except httpx.HTTPError:
             pass
+
     t = threading.Thread(target=run, daemon=True)
     t.start()
     return t
@@ -136,8 +140,11 @@ async def ours_and_another(pilot) -> tuple[int, int]:
     await submit(pilot, "HAMLET:\n")
     other_client(app.runner.url)
     await until(pilot, lambda: len(app.runner.frame.snapshot.requests) == 2)
-    await until(pilot, lambda: all(v.state == "running" for v in app.runner.frame.snapshot.requests)
-                and len(app.runner.ours()) == 1, what="both running")
+    await until(
+        pilot,
+        lambda: all(v.state == "running" for v in app.runner.frame.snapshot.requests) and len(app.runner.ours()) == 1,
+        what="both running",
+    )
     ours = next(iter(app.runner.ours()))
     return ours, next(v.rid for v in app.runner.frame.snapshot.requests if v.rid != ours)
 
@@ -232,14 +239,17 @@ async def test_a_server_that_goes_away_is_shown_and_the_viewer_reconnects():
     s = start_server()
     port = int(s.url.rsplit(":", 1)[1])
     for prompt in ("JULIET:", "ROMEO:"):
-        assert httpx.post(s.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 6}, timeout=60).status_code == 200
+        assert (
+            httpx.post(s.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 6}, timeout=60).status_code
+            == 200
+        )
     app = attach_app(s.url)
     async with app.run_test(size=(120, 40)) as pilot:
         await follow(pilot, lambda: app.query_one(RequestList).rids == (0, 1), "the old server's requests")
         s.stop()
         await follow(pilot, lambda: "DISCONNECTED" in app.query_one("#status").text.plain, "the disconnect")
-        assert app.query_one(RequestList).rids == (0, 1)                # the last state, said to be so
-        s = start_server(port)                                          # back on the same address
+        assert app.query_one(RequestList).rids == (0, 1)  # the last state, said to be so
+        s = start_server(port)  # back on the same address
         try:
             await follow(pilot, lambda: app.runner.frame.status == "ready", "the reconnect")
             assert app.query_one(RequestList).rids == () and app.selected is None
@@ -258,7 +268,7 @@ async def test_a_prompt_the_server_refuses_comes_back_to_the_input(server):
     was refused and lost (the input is cleared on sending); it comes back, to be edited, as a
     local app keeps it."""
     app = attach_app(server.url)
-    long = "to be or not to be " * 120                                   # ~700 tokens; the server's context: 256
+    long = "to be or not to be " * 120  # ~700 tokens; the server's context: 256
     async with app.run_test(size=(120, 40)) as pilot:
         await follow(pilot, lambda: app.runner.frame.status == "ready", "the connection")
         app.query_one("#prompt").focus()
@@ -267,7 +277,7 @@ async def test_a_prompt_the_server_refuses_comes_back_to_the_input(server):
         await until(pilot, lambda: app.query_one("#prompt").value == long, what="the prompt back in the input")
         await until(pilot, lambda: app.notified)
         assert any("request refused" in text and "context" in text for _, _, text in app.notified)
-        assert not app.runner.frame.snapshot.requests                   # nothing ran
+        assert not app.runner.frame.snapshot.requests  # nothing ran
 
 
 @pytest.mark.expect_errors("not sent")
@@ -298,17 +308,21 @@ def test_the_disconnected_status_line_gives_way_without_a_separator_alone():
     """Narrow, the address gives way before the countdown; what follows the badge never starts
     with a separator of its own."""
     from types import SimpleNamespace
+
     from tui.widgets.status import fit_fields, status_fields
+
     snap = SimpleNamespace(counters=SimpleNamespace(steps=148))
     frame = SimpleNamespace(status="disconnected: retry in 3 s", snapshot=snap)
     runner = SimpleNamespace(mode="attach", kind="tinyllm serve", url="http://127.0.0.1:8765")
     fields = status_fields(frame, runner, "shakespeare")
     wide = fit_fields(fields, 200).plain
-    assert wide.startswith(" ✗ DISCONNECTED  tinyllm serve at http://127.0.0.1:8765 · shakespeare · step 148 · retry in 3 s")
+    assert wide.startswith(
+        " ✗ DISCONNECTED  tinyllm serve at http://127.0.0.1:8765 · shakespeare · step 148 · retry in 3 s"
+    )
     for width in (30, 40, 60, 80):
         line = fit_fields(fields, width).plain
         assert "step 148" in line and "  ·" not in line and "DISCONNECTED · " not in line, (width, line)
-    assert "retry in 3 s · last state shown" in fit_fields(fields, 80).plain        # before the address
+    assert "retry in 3 s · last state shown" in fit_fields(fields, 80).plain  # before the address
     assert "127.0.0.1:8765" in fit_fields(fields, 100).plain
 
 
@@ -324,16 +338,20 @@ def test_the_state_stream_is_a_recording_that_replays(server, tmp_path):
                 rec = json.loads(line)
                 if rec.get("snap", {}).get("c") and any(e[0] == "finished" for e in rec.get("life", ())):
                     return
+
     t = threading.Thread(target=watch, daemon=True)
     t.start()
     time.sleep(0.3)
-    assert httpx.post(server.url + "/v1/completions", json={"prompt": "ROMEO:", "max_tokens": 10}, timeout=60).is_success
+    assert httpx.post(
+        server.url + "/v1/completions", json={"prompt": "ROMEO:", "max_tokens": 10}, timeout=60
+    ).is_success
     t.join(30)
     path.write_text("\n".join(lines) + "\n")
     header, records, warning = read_recording(path)
     assert header["model"] == MODEL and warning is None and header["settings"]["kv"] == "paged"
     replay = ReplayRunner(path, paused=True)
     from tui.runners.interface import SeekStep
+
     replay.apply(SeekStep(replay.last_step))
     assert state(replay.frame.snapshot) == state(engine_snapshot(server))
 
@@ -362,6 +380,7 @@ def test_abort_all_from_a_viewer_is_one_call_that_ends_them_in_the_same_step(ser
     def handler(request: httpx.Request) -> httpx.Response:
         sent.append(json.loads(request.content))
         return httpx.Response(200, json={"rids": sent[-1]["rids"], "aborted": [True] * len(sent[-1]["rids"])})
+
     viewer = AttachRunner("http://tinyllm.test", client=httpx.Client(transport=httpx.MockTransport(handler)))
     viewer._abort_all([4, 5, 6])
     assert sent == [{"rids": [4, 5, 6]}] and not [e for e in viewer._log if e.kind == "error"]
@@ -374,7 +393,7 @@ def test_abort_all_from_a_viewer_is_one_call_that_ends_them_in_the_same_step(ser
 
 def test_attach_to_nothing_or_to_a_non_tinyllm_server_is_one_line(capsys):
     with pytest.raises(SystemExit) as e:
-        build_app(["--attach", "127.0.0.1:9", "--wait", "0"])          # nothing listens on port 9
+        build_app(["--attach", "127.0.0.1:9", "--wait", "0"])  # nothing listens on port 9
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--attach http://127.0.0.1:9: cannot connect (Connection refused); is the server running?" in err
@@ -390,7 +409,7 @@ def test_attach_waits_for_a_server_that_is_not_listening_yet_then_gives_up(capsy
     assert e.value.code == 2 and time.monotonic() - t >= 0.3
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0].startswith("tinyllm-tui: waiting for a server at http://127.0.0.1:9 (Connection refused): ")
-    assert err[0].endswith("s left, Ctrl+C to stop") and len(err) == 2          # said once on a pipe
+    assert err[0].endswith("s left, Ctrl+C to stop") and len(err) == 2  # said once on a pipe
     assert "--attach http://127.0.0.1:9: cannot connect (Connection refused) after waiting 0.3 s" in err[1]
 
 
@@ -399,7 +418,8 @@ def test_attach_connects_once_the_server_it_waits_for_listens(monkeypatch):
     app then attaches to it as to one that was there all along."""
     import io
     import socket
-    with socket.socket() as s:                                          # a free port, nothing on it
+
+    with socket.socket() as s:  # a free port, nothing on it
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     waiting = threading.Event()
@@ -409,6 +429,7 @@ def test_attach_connects_once_the_server_it_waits_for_listens(monkeypatch):
             if "waiting for a server" in text:
                 waiting.set()
             return super().write(text)
+
     monkeypatch.setattr("sys.stderr", Stderr())
     servers = []
     starter = threading.Thread(target=lambda: waiting.wait(60) and servers.append(start_server(port)), daemon=True)
@@ -416,7 +437,7 @@ def test_attach_connects_once_the_server_it_waits_for_listens(monkeypatch):
     try:
         app = build_app(["--attach", f"127.0.0.1:{port}", "--wait", "120"])
         assert isinstance(app.runner, AttachRunner) and app.runner.status != "disconnected"
-        assert app.runner.frame.snapshot.n_slots == 3                 # the server's own grid (start_server's)
+        assert app.runner.frame.snapshot.n_slots == 3  # the server's own grid (start_server's)
         app.runner.stop()
     finally:
         starter.join(60)
@@ -429,6 +450,7 @@ def test_a_long_running_server_forgets_old_requests_and_viewers_follow(monkeypat
     """The server keeps the newest KEEP_ENDED ended requests (memory stays flat); a viewer's
     rebuilt state drops the forgotten ones too, and still equals the engine's."""
     import tinyllm.serve.engine_loop as engine_loop
+
     monkeypatch.setattr(engine_loop, "KEEP_ENDED", 2)
     monkeypatch.setattr(engine_loop, "FORGET_EVERY", 1)
     s = start_server()
@@ -437,8 +459,9 @@ def test_a_long_running_server_forgets_old_requests_and_viewers_follow(monkeypat
     t.start()
     try:
         for i in range(6):
-            assert httpx.post(s.url + "/v1/completions", json={"prompt": f"Line {i}:", "max_tokens": 4},
-                              timeout=60).is_success
+            assert httpx.post(
+                s.url + "/v1/completions", json={"prompt": f"Line {i}:", "max_tokens": 4}, timeout=60
+            ).is_success
         assert httpx.post(s.url + "/v1/completions", json={"prompt": "Last:", "max_tokens": 8}, timeout=60).is_success
         want = state(engine_snapshot(s))
         assert [v.rid for v in want.requests] == [5, 6]
@@ -461,6 +484,7 @@ def test_a_server_streaming_garbage_is_shown_as_disconnected_not_a_crash():
     from starlette.routing import Route
 
     from tinyllm.observe.recording import make_header
+
     model, tok = bundled()
     header = make_header(engine_snapshot_of(build_engine(model, slots=2, max_len=64)), MODEL, "x", {})
 
@@ -468,11 +492,19 @@ def test_a_server_streaming_garbage_is_shown_as_disconnected_not_a_crash():
         async def lines():
             yield json.dumps(header) + "\n"
             yield '{"step": 0}\n'
-            yield '{"step": 1, "snap": {"r": []}}\n'              # JSON, but not a snapshot delta
+            yield '{"step": 1, "snap": {"r": []}}\n'  # JSON, but not a snapshot delta
+
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
-    server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/v1/tinyllm/stream", stream)]),
-                                           host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            Starlette(routes=[Route("/v1/tinyllm/stream", stream)]),
+            host="127.0.0.1",
+            port=0,
+            log_level="warning",
+            lifespan="off",
+        )
+    )
     t = threading.Thread(target=server.run, daemon=True)
     t.start()
     while not server.started:
@@ -507,8 +539,10 @@ def test_aborting_our_queued_request_reaches_the_server_at_once():
     vt = threading.Thread(target=viewer.run, daemon=True)
     vt.start()
     try:
+
         def busy():
             httpx.post(s.url + "/v1/completions", json={"prompt": "KING:", "max_tokens": 200}, timeout=60)
+
         threading.Thread(target=busy, daemon=True).start()
         deadline = time.monotonic() + 20
         while engine_snapshot(s).num_requests_running == 0 and time.monotonic() < deadline:
@@ -522,10 +556,10 @@ def test_aborting_our_queued_request_reaches_the_server_at_once():
         while engine_snapshot(s).request(1).state == "queued" and time.monotonic() < deadline:
             time.sleep(0.02)
         assert engine_snapshot(s).request(1).state == "aborted"
-        assert engine_snapshot(s).request(0).state == "running"           # the other one goes on
+        assert engine_snapshot(s).request(0).state == "running"  # the other one goes on
         while viewer.frame.snapshot.request(1).state != "aborted" and time.monotonic() < deadline + 2:
             time.sleep(0.02)
-        assert viewer.frame.snapshot.request(1).state == "aborted"       # shown at once, no heartbeat wait
+        assert viewer.frame.snapshot.request(1).state == "aborted"  # shown at once, no heartbeat wait
     finally:
         viewer.stop()
         s.stop()
@@ -558,7 +592,7 @@ def test_the_state_stream_shows_the_text_a_client_got_cut_at_its_stop_string(ser
     whose text runs past it), nothing held back once it ended."""
     greedy = {"prompt": "ROMEO:\n", "max_tokens": 30, "temperature": 0, "ignore_eos": True}
     full = httpx.post(server.url + "/v1/completions", json=greedy, timeout=60).json()["choices"][0]["text"]
-    stop = full[len(full) // 2:len(full) // 2 + 3]
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
     texts: dict[int, str] = {}
     ended: set[int] = set()
     started = threading.Event()
@@ -571,12 +605,13 @@ def test_the_state_stream_shows_the_text_a_client_got_cut_at_its_stop_string(ser
                 for rid, t in rec.get("text", {}).items():
                     texts[int(rid)] = texts.get(int(rid), "") + t
                 ended.update(e[1] for e in rec.get("life", ()) if e[0] == "finished")
+
     threading.Thread(target=watch, daemon=True).start()
     assert started.wait(30)
     r = httpx.post(server.url + "/v1/completions", json={**greedy, "stop": [stop]}, timeout=60)
     rid = int(r.headers["x-tinyllm-request-id"])
     got = r.json()["choices"][0]
-    assert got["finish_reason"] == "stop" and got["text"] == full[:full.find(stop)]
+    assert got["finish_reason"] == "stop" and got["text"] == full[: full.find(stop)]
     end = time.monotonic() + 30
     while rid not in ended:
         assert time.monotonic() < end, "the stream did not say the request finished"
@@ -586,8 +621,10 @@ def test_the_state_stream_shows_the_text_a_client_got_cut_at_its_stop_string(ser
 
 def refusing_viewer(url: str = "http://tinyllm.test") -> AttachRunner:
     """A viewer whose every connection is refused, as with no server listening (no network used)."""
+
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
     return AttachRunner(url, client=httpx.Client(transport=httpx.MockTransport(refuse)))
 
 
@@ -597,8 +634,10 @@ def counts_down(monkeypatch, viewer) -> None:
     two), and check its status says when the next try is as each second passes, and "retrying…"
     while it tries. Both viewers share the countdown (attach.ServerLink): tests/test_attach_vllm.py
     runs this on the vLLM one."""
-    import tui.runners.attach as attach
     from types import SimpleNamespace
+
+    import tui.runners.attach as attach
+
     clock = [0.0]
 
     def now() -> float:
@@ -611,6 +650,7 @@ def counts_down(monkeypatch, viewer) -> None:
             if clock[0] >= 13:
                 self.set()
             return self.is_set()
+
     monkeypatch.setattr(attach, "time", SimpleNamespace(monotonic=now))
     viewer._stop = Clocked()
     seen: list[str] = []
@@ -620,15 +660,31 @@ def counts_down(monkeypatch, viewer) -> None:
         publish(detail)
         if not seen or seen[-1] != viewer.frame.status:
             seen.append(viewer.frame.status)
+
     monkeypatch.setattr(viewer, "_publish", record)
     viewer.run()
     down = [s.removeprefix("disconnected: ") for s in seen]
-    assert down == ["disconnected", "retrying…",                                   # 0.5 s
-                    "retry in 1 s", "retrying…",
-                    "retry in 2 s", "retry in 1 s", "retrying…",
-                    "retry in 4 s", "retry in 3 s", "retry in 2 s", "retry in 1 s", "retrying…",
-                    "retry in 5 s", "retry in 4 s", "retry in 3 s", "retry in 2 s", "retry in 1 s", "retrying…",
-                    "retry in 5 s"], seen
+    assert down == [
+        "disconnected",
+        "retrying…",  # 0.5 s
+        "retry in 1 s",
+        "retrying…",
+        "retry in 2 s",
+        "retry in 1 s",
+        "retrying…",
+        "retry in 4 s",
+        "retry in 3 s",
+        "retry in 2 s",
+        "retry in 1 s",
+        "retrying…",
+        "retry in 5 s",
+        "retry in 4 s",
+        "retry in 3 s",
+        "retry in 2 s",
+        "retry in 1 s",
+        "retrying…",
+        "retry in 5 s",
+    ], seen
 
 
 def test_a_disconnected_viewer_counts_down_to_each_try(monkeypatch):
@@ -643,21 +699,35 @@ def test_a_prompt_the_server_never_got_or_lost_mid_stream_says_so():
     its request and says its state on screen is the server's last report."""
     viewer = refusing_viewer()
     viewer._complete(Submit("ROMEO:\nO", RequestSettings(Sampling(), 8)))
-    assert [(e.kind, e.text) for e in viewer._log] == [("error", '"ROMEO:\\nO" not sent: the server at '
-                                                        "http://tinyllm.test is not reachable (Connection refused); "
-                                                        "retrying the connection, send it again once the status "
-                                                        "says ATTACHED")]
+    assert [(e.kind, e.text) for e in viewer._log] == [
+        (
+            "error",
+            '"ROMEO:\\nO" not sent: the server at '
+            "http://tinyllm.test is not reachable (Connection refused); "
+            "retrying the connection, send it again once the status "
+            "says ATTACHED",
+        )
+    ]
 
     class CutOff(httpx.SyncByteStream):
         def __iter__(self):
             yield b'data: {"choices": [{"text": "O"}]}\n\n'
             raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
-    viewer = AttachRunner("http://tinyllm.test", client=httpx.Client(transport=httpx.MockTransport(
-        lambda request: httpx.Response(200, headers={"x-tinyllm-request-id": "3"}, stream=CutOff()))))
+
+    viewer = AttachRunner(
+        "http://tinyllm.test",
+        client=httpx.Client(
+            transport=httpx.MockTransport(
+                lambda request: httpx.Response(200, headers={"x-tinyllm-request-id": "3"}, stream=CutOff())
+            )
+        ),
+    )
     viewer._complete(Submit("ROMEO:", RequestSettings(Sampling(), 8)))
-    assert [e.text for e in viewer._log] == ["#3: the connection to http://tinyllm.test was lost mid-stream (peer "
-                                             "closed connection without sending complete message body); its state "
-                                             "is the server's last report"]
+    assert [e.text for e in viewer._log] == [
+        "#3: the connection to http://tinyllm.test was lost mid-stream (peer "
+        "closed connection without sending complete message body); its state "
+        "is the server's last report"
+    ]
 
 
 async def test_a_server_stopping_mid_stream_shows_our_request_ended_not_running():
@@ -668,13 +738,25 @@ async def test_a_server_stopping_mid_stream_shows_our_request_ended_not_running(
     app = long_app(s.url)
     async with app.run_test(size=(120, 40)) as pilot:
         await submit(pilot, "HAMLET:\n")
-        await until(pilot, lambda: len(app.runner.ours()) == 1 and app.runner.frame.snapshot.requests
-                    and app.runner.frame.snapshot.requests[0].state == "running", what="ours running")
+        await until(
+            pilot,
+            lambda: (
+                len(app.runner.ours()) == 1
+                and app.runner.frame.snapshot.requests
+                and app.runner.frame.snapshot.requests[0].state == "running"
+            ),
+            what="ours running",
+        )
         rid = next(iter(app.runner.ours()))
         s.stop()
-        await follow(pilot, lambda: app.runner.frame.status.startswith("disconnected")
-                     and any(e.text == f"#{rid}: the server is shutting down" for e in app.runner.frame.log),
-                     "the disconnect")
+        await follow(
+            pilot,
+            lambda: (
+                app.runner.frame.status.startswith("disconnected")
+                and any(e.text == f"#{rid}: the server is shutting down" for e in app.runner.frame.log)
+            ),
+            "the disconnect",
+        )
         snap = app.runner.frame.snapshot
         assert snap.request(rid).state == "aborted" and snap.num_requests_running == 0
         assert any(e.text.startswith(f"#{rid} aborted after") for e in app.runner.frame.log)

@@ -22,16 +22,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
-from tinyllm.request import Sampling
+from tests.test_app import _watch, no_unexpected_errors, submit, until  # noqa: F401
+from tinyllm.request import RequestSettings, Sampling
 from tui.app import TinyLLMApp
 from tui.cli import build_app
-from tinyllm.request import RequestSettings
-from tui.runners.vllm_metrics import MetricsError, MetricsWindow, Scrape, parse, quantile
 from tui.runners.interface import Submit
 from tui.runners.vllm import VllmRunner
+from tui.runners.vllm_metrics import MetricsError, MetricsWindow, Scrape, parse, quantile
 from tui.widgets.server_panel import ServerPanel
-
-from tests.test_app import _watch, no_unexpected_errors, submit, until  # noqa: F401
 
 METRICS = (Path(__file__).parent / "data" / "vllm-metrics.txt").read_text()
 WORDS = ["But", " soft", ",", " what", " light", " through", " yonder", " window", " breaks", "?"]
@@ -50,22 +48,36 @@ class FakeVllm:
 
     def app(self) -> Starlette:
         async def models(request: Request):
-            return JSONResponse({"object": "list", "data": [{"id": "shakespeare", "object": "model",
-                                                             "max_model_len": 512}]})
+            return JSONResponse(
+                {"object": "list", "data": [{"id": "shakespeare", "object": "model", "max_model_len": 512}]}
+            )
 
         async def metrics(request: Request):
             if self.garbage:
                 return PlainTextResponse("<html>502 bad gateway</html>")
-            text = re.sub(r"^(vllm:num_preemptions_total\{[^}]*\}) ([0-9.e+]+)$",
-                          lambda m: f"{m[1]} {float(m[2]) + self.preemptions}", METRICS, flags=re.M)
+            text = re.sub(
+                r"^(vllm:num_preemptions_total\{[^}]*\}) ([0-9.e+]+)$",
+                lambda m: f"{m[1]} {float(m[2]) + self.preemptions}",
+                METRICS,
+                flags=re.M,
+            )
             return PlainTextResponse(text)
 
         async def completions(request: Request):
             body = await request.json()
             self.bodies.append(body)
             if body.get("max_tokens", 16) > 500:
-                return JSONResponse({"error": {"message": "This model's maximum context length is 512 tokens.",
-                                               "type": "BadRequestError", "param": None, "code": 400}}, 400)
+                return JSONResponse(
+                    {
+                        "error": {
+                            "message": "This model's maximum context length is 512 tokens.",
+                            "type": "BadRequestError",
+                            "param": None,
+                            "code": 400,
+                        }
+                    },
+                    400,
+                )
 
             async def events():
                 n = body.get("max_tokens", 16)
@@ -73,21 +85,36 @@ class FakeVllm:
                     for i in range(n):
                         await asyncio.sleep(0.2 if self.slow else 0.002)
                         last = i == n - 1
-                        chunk = {"id": "cmpl-1", "object": "text_completion", "model": "shakespeare",
-                                 "choices": [{"index": 0, "text": WORDS[i % len(WORDS)],
-                                              "finish_reason": "length" if last else None}]}
+                        chunk = {
+                            "id": "cmpl-1",
+                            "object": "text_completion",
+                            "model": "shakespeare",
+                            "choices": [
+                                {"index": 0, "text": WORDS[i % len(WORDS)], "finish_reason": "length" if last else None}
+                            ],
+                        }
                         yield f"data: {json.dumps(chunk)}\n\n"
-                    usage = {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3,
-                             "prompt_tokens_details": {"cached_tokens": 2}}
+                    usage = {
+                        "prompt_tokens": 3,
+                        "completion_tokens": n,
+                        "total_tokens": n + 3,
+                        "prompt_tokens_details": {"cached_tokens": 2},
+                    }
                     yield f"data: {json.dumps({'id': 'cmpl-1', 'choices': [], 'usage': usage})}\n\n"
                     yield "data: [DONE]\n\n"
                 except asyncio.CancelledError:
                     self.disconnected += 1
                     raise
+
             return StreamingResponse(events(), media_type="text/event-stream")
 
-        return Starlette(routes=[Route("/v1/models", models), Route("/metrics", metrics),
-                                 Route("/v1/completions", completions, methods=["POST"])])
+        return Starlette(
+            routes=[
+                Route("/v1/models", models),
+                Route("/metrics", metrics),
+                Route("/v1/completions", completions, methods=["POST"]),
+            ]
+        )
 
 
 @pytest.fixture
@@ -112,8 +139,6 @@ def vllm_app(url: str, new: int = 10) -> TinyLLMApp:
     return app
 
 
-
-
 # -- the metrics ----------------------------------------------------------------------------------
 def test_real_vllm_metrics_parse_into_figures():
     s = parse(METRICS)
@@ -129,7 +154,7 @@ def test_real_vllm_metrics_parse_into_figures():
 
 def test_histogram_quantiles_interpolate_inside_buckets():
     b = ((0.1, 2.0), (0.5, 6.0), (1.0, 8.0), (float("inf"), 8.0))
-    assert quantile(0.5, b) == pytest.approx(0.1 + 0.4 * (4 - 2) / 4)      # rank 4 in (0.1, 0.5]
+    assert quantile(0.5, b) == pytest.approx(0.1 + 0.4 * (4 - 2) / 4)  # rank 4 in (0.1, 0.5]
     assert quantile(0.25, b) == pytest.approx(0.1)
     assert quantile(1.0, b) == pytest.approx(1.0)
     assert quantile(0.5, ((1.0, 0.0), (float("inf"), 0.0))) is None
@@ -137,13 +162,18 @@ def test_histogram_quantiles_interpolate_inside_buckets():
 
 def test_rates_and_quantiles_are_over_the_window_not_the_lifetime():
     def scrape(at, gen, ttft_counts):
-        return Scrape(at, {}, {"vllm:generation_tokens": gen},
-                      {"vllm:time_to_first_token_seconds": tuple(zip((0.1, 1.0, float("inf")), ttft_counts))})
+        return Scrape(
+            at,
+            {},
+            {"vllm:generation_tokens": gen},
+            {"vllm:time_to_first_token_seconds": tuple(zip((0.1, 1.0, float("inf")), ttft_counts))},
+        )
+
     w = MetricsWindow(window_s=10)
-    w.add(scrape(0.0, 1000, (100, 100, 100)))                 # a lifetime of fast first tokens
-    f = w.add(scrape(2.0, 1100, (100, 110, 110)))             # now: 10 slow ones
+    w.add(scrape(0.0, 1000, (100, 100, 100)))  # a lifetime of fast first tokens
+    f = w.add(scrape(2.0, 1100, (100, 110, 110)))  # now: 10 slow ones
     assert f.generation_tps == pytest.approx(50.0)
-    assert 0.1 < f.ttft[0] <= 1.0                              # the window's, not the lifetime's
+    assert 0.1 < f.ttft[0] <= 1.0  # the window's, not the lifetime's
 
 
 # -- the app --------------------------------------------------------------------------------------
@@ -164,7 +194,7 @@ async def test_attached_to_vllm_shows_metrics_and_streams_its_own_requests(fake)
         assert "1365 blocks × 128 tokens" in text and "TTFT p50/p95" in text and "tinyllm serve streams them" in text
         status = app.query_one("#status").text.plain
         assert "ATTACHED" in status and "vLLM" in status and "shakespeare" in status
-        fake.preemptions = 3                                   # the server preempts: the log says so
+        fake.preemptions = 3  # the server preempts: the log says so
         await until(pilot, lambda: any("preempted 3" in e.text for e in app.runner.frame.log))
         assert app.check_action("toggle_pause", ()) is False and app.check_action("abort_selected", ()) is True
 
@@ -204,8 +234,10 @@ async def test_garbage_metrics_show_disconnected_then_recover(fake):
 
 def refusing_vllm(url: str = "http://vllm.test", transport=None) -> VllmRunner:
     """A vLLM runner (not started) whose every connection is refused, as with no server listening."""
+
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+
     return VllmRunner(url, client=httpx.Client(transport=transport or httpx.MockTransport(refuse)))
 
 
@@ -214,9 +246,10 @@ def test_a_disconnected_vllm_viewer_counts_down_to_each_try(monkeypatch):
     status says when the next try is as each second passes (it read "retrying in 5 s" for the
     whole wait)."""
     from tests.test_attach import counts_down
+
     viewer = refusing_vllm()
     counts_down(monkeypatch, viewer)
-    (note,) = [e.text for e in viewer.frame.log]                               # one note, not one per try
+    (note,) = [e.text for e in viewer.frame.log]  # one note, not one per try
     assert note.startswith("disconnected from http://vllm.test (cannot connect") and note.endswith("; retrying")
 
 
@@ -226,8 +259,10 @@ def test_a_prompt_vllm_never_got_or_lost_mid_stream_says_so():
     viewer = refusing_vllm()
     cmd = Submit("ROMEO:\nO", RequestSettings(Sampling(), 8))
     viewer._complete(viewer._new_request(cmd), cmd)
-    not_sent = ('"ROMEO:\\nO" not sent: the server at http://vllm.test is not reachable (Connection refused); '
-                "retrying the connection, send it again once the status says ATTACHED")
+    not_sent = (
+        '"ROMEO:\\nO" not sent: the server at http://vllm.test is not reachable (Connection refused); '
+        "retrying the connection, send it again once the status says ATTACHED"
+    )
     assert viewer.frame.snapshot.requests[0].error == not_sent
     assert [(e.kind, e.text) for e in viewer.frame.log][-1] == ("error", f"#0: {not_sent}")
 
@@ -235,14 +270,17 @@ def test_a_prompt_vllm_never_got_or_lost_mid_stream_says_so():
         def __iter__(self):
             yield b'data: {"choices": [{"text": "O"}]}\n\n'
             raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+
     viewer = refusing_vllm(transport=httpx.MockTransport(lambda request: httpx.Response(200, stream=CutOff())))
     cmd = Submit("ROMEO:", RequestSettings(Sampling(), 8))
     viewer._complete(viewer._new_request(cmd), cmd)
     v = viewer.frame.snapshot.requests[0]
     assert v.state == "failed" and viewer.frame.texts[0] == "O"
-    assert [e.text for e in viewer.frame.log][-1] == ("#0: the connection to http://vllm.test was lost mid-stream "
-                                                      "(peer closed connection without sending complete message "
-                                                      "body); its text is what arrived before")
+    assert [e.text for e in viewer.frame.log][-1] == (
+        "#0: the connection to http://vllm.test was lost mid-stream "
+        "(peer closed connection without sending complete message "
+        "body); its text is what arrived before"
+    )
 
 
 def test_attach_picks_vllm_when_there_is_no_tinyllm_stream(fake):
@@ -259,7 +297,7 @@ async def test_attached_to_a_real_vllm_server():
     app = vllm_app(url, new=40)
     async with app.run_test(size=(120, 40)) as pilot:
         await submit(pilot, "ROMEO:")
-        app.settings = RequestSettings(Sampling(), 400, stop_at_eos=False)   # cannot end before the abort
+        app.settings = RequestSettings(Sampling(), 400, stop_at_eos=False)  # cannot end before the abort
         await submit(pilot, "JULIET:")
         await until(pilot, lambda: app.runner.frame.server.running >= 1, what="vLLM to report running requests")
         await until(pilot, lambda: app.runner.frame.snapshot.requests[1].state == "running", what="#1 streaming")

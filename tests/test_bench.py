@@ -33,11 +33,31 @@ def run_tiny(tmp_path_factory, *extra: str) -> tuple[str, str, dict]:
     threads = torch.get_num_threads()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = cli.main(["bench", "--random-model", TINY, "--requests", "4", "--solo-sample", "1",
-                           "--no-transformers", "--slots", "2", "--batch", "2", "--threads", "1",
-                           "--device", "cpu", "--json", str(out_json), *extra])
+            rc = cli.main(
+                [
+                    "bench",
+                    "--random-model",
+                    TINY,
+                    "--requests",
+                    "4",
+                    "--solo-sample",
+                    "1",
+                    "--no-transformers",
+                    "--slots",
+                    "2",
+                    "--batch",
+                    "2",
+                    "--threads",
+                    "1",
+                    "--device",
+                    "cpu",
+                    "--json",
+                    str(out_json),
+                    *extra,
+                ]
+            )
     finally:
-        torch.set_num_threads(threads)                     # --threads sets it for the whole process
+        torch.set_num_threads(threads)  # --threads sets it for the whole process
     assert rc == 0, err.getvalue()
     return out.getvalue(), err.getvalue(), json.loads(out_json.read_text())
 
@@ -57,16 +77,16 @@ def test_step_anatomy_parts_add_up_to_the_step(tiny_bench):
     """It printed `115.72 ms = forward 248.61 + …`: the parts were timed on other calls than the
     step. Now they are timed inside the same steps and `other` is the remainder."""
     out, _, report = tiny_bench
-    keys = ("decode_step", "decode_step_chunked", "decode_step_chunked_wide")   # wide: at max_num_seqs rows
+    keys = ("decode_step", "decode_step_chunked", "decode_step_chunked_wide")  # wide: at max_num_seqs rows
     for key in keys:
         a = report[key]
-        assert a["forward_ms"] > 0 and a["sampling_ms"] > 0 and a["other_ms"] >= 0   # both parts were seen
+        assert a["forward_ms"] > 0 and a["sampling_ms"] > 0 and a["other_ms"] >= 0  # both parts were seen
         assert a["forward_ms"] + a["sampling_ms"] + a["other_ms"] == pytest.approx(a["step_ms"], rel=1e-9)
     printed = re.findall(r"([\d.]+) ms = forward ([\d.]+) \+ sampling ([\d.]+) \+ other ([\d.]+) ms", out)
     assert len(printed) == len(keys)
-    for step, *parts in printed:                           # three parts rounded to 0.01 each
+    for step, *parts in printed:  # three parts rounded to 0.01 each
         assert abs(sum(map(float, parts)) - float(step)) <= 0.015 + 1e-9
-    assert continuous.sample_batch is sampler.sample_batch   # the timing wrappers are gone afterwards
+    assert continuous.sample_batch is sampler.sample_batch  # the timing wrappers are gone afterwards
 
 
 def test_step_is_set_against_the_faster_of_its_kernel_and_pytorchs_gemm(tiny_bench):
@@ -78,14 +98,18 @@ def test_step_is_set_against_the_faster_of_its_kernel_and_pytorchs_gemm(tiny_ben
         assert a["matmul_only_ms"] > 0 and a["library_matmul_ms"] > 0
         assert a["matmul_floor_ms"] == min(a["matmul_only_ms"], a["library_matmul_ms"])
         assert a["step_over_matmul"] == pytest.approx(a["step_ms"] / a["matmul_floor_ms"], rel=1e-9)
-    printed = re.findall(r"matmuls alone: ([\d.]+) ms \([\d.]+ GFLOP/s\), through PyTorch's GEMM ([\d.]+) ms "
-                         r"→ step = ([\d.]+)x the faster matmul-only time", out)
+    printed = re.findall(
+        r"matmuls alone: ([\d.]+) ms \([\d.]+ GFLOP/s\), through PyTorch's GEMM ([\d.]+) ms "
+        r"→ step = ([\d.]+)x the faster matmul-only time",
+        out,
+    )
     assert len(printed) == 3, out
     a = report["decode_step"]
     assert printed[0] == (f"{a['matmul_only_ms']:.2f}", f"{a['library_matmul_ms']:.2f}", f"{a['step_over_matmul']:.2f}")
     older = {k: v for k, v in a.items() if k not in ("library_matmul_ms", "matmul_floor_ms")}
-    assert "PyTorch's GEMM" not in render({**report, "decode_step": older, "decode_step_chunked": None,
-                                           "decode_step_chunked_wide": None}, 200)   # a report from before
+    assert "PyTorch's GEMM" not in render(
+        {**report, "decode_step": older, "decode_step_chunked": None, "decode_step_chunked_wide": None}, 200
+    )  # a report from before
 
 
 def test_step_is_also_set_against_the_kv_its_attention_must_read(tiny_bench):
@@ -97,24 +121,36 @@ def test_step_is_also_set_against_the_kv_its_attention_must_read(tiny_bench):
     bpt = report["memory"]["bytes_per_token"]
     for key in ("decode_step", "decode_step_chunked", "decode_step_chunked_wide"):
         a = report[key]
-        rounds, warm, n = 4, 3, a["steps"]              # decode_anatomy's defaults
-        before = [1 + warm * (r + 1) + i for r in range(rounds)                  # steps taken before each
-                  for i in range(n * r // rounds, n * (r + 1) // rounds)]        # timed one (1: admission)
-        first = 2 if key == "decode_step" else 1       # tokens the admission step leaves: the slot engine's
-        contexts = [a["context"] + first + k - 1 for k in before]   # prefills, then decodes every row
+        rounds, warm, n = 4, 3, a["steps"]  # decode_anatomy's defaults
+        before = [
+            1 + warm * (r + 1) + i
+            for r in range(rounds)  # steps taken before each
+            for i in range(n * r // rounds, n * (r + 1) // rounds)
+        ]  # timed one (1: admission)
+        first = 2 if key == "decode_step" else 1  # tokens the admission step leaves: the slot engine's
+        contexts = [a["context"] + first + k - 1 for k in before]  # prefills, then decodes every row
         assert a["kv_read_mb"] == pytest.approx(bpt * a["active_rows"] * sum(contexts) / n / 1e6, rel=1e-9)
         assert a["read_gbps"] > 0
         assert a["kv_read_floor_ms"] == pytest.approx(a["kv_read_mb"] / a["read_gbps"], rel=1e-9)
         assert a["step_over_matmul_and_kv"] == pytest.approx(
-            a["step_ms"] / (a["matmul_floor_ms"] + a["kv_read_floor_ms"]), rel=1e-9)
-    printed = re.findall(r"Its attention reads ([\d.]+) MB of K/V: ≥ ([\d.]+) ms at the (\d+) GB/s this machine "
-                         r"reads a buffer that size → step = ([\d.]+)x matmuls \+ K/V read\.", out)
+            a["step_ms"] / (a["matmul_floor_ms"] + a["kv_read_floor_ms"]), rel=1e-9
+        )
+    printed = re.findall(
+        r"Its attention reads ([\d.]+) MB of K/V: ≥ ([\d.]+) ms at the (\d+) GB/s this machine "
+        r"reads a buffer that size → step = ([\d.]+)x matmuls \+ K/V read\.",
+        out,
+    )
     a = report["decode_step"]
-    assert len(printed) == 3 and printed[0] == (f"{a['kv_read_mb']:.1f}", f"{a['kv_read_floor_ms']:.2f}",
-                                                f"{a['read_gbps']:.0f}", f"{a['step_over_matmul_and_kv']:.2f}")
+    assert len(printed) == 3 and printed[0] == (
+        f"{a['kv_read_mb']:.1f}",
+        f"{a['kv_read_floor_ms']:.2f}",
+        f"{a['read_gbps']:.0f}",
+        f"{a['step_over_matmul_and_kv']:.2f}",
+    )
     older = {k: v for k, v in a.items() if not k.startswith(("kv_read", "read_gbps", "step_over_matmul_and"))}
-    assert "K/V read" not in render({**report, "decode_step": older, "decode_step_chunked": None,
-                                     "decode_step_chunked_wide": None}, 200)   # a report from before
+    assert "K/V read" not in render(
+        {**report, "decode_step": older, "decode_step_chunked": None, "decode_step_chunked_wide": None}, 200
+    )  # a report from before
 
 
 def test_piped_bench_reports_progress_on_stderr_and_keeps_stdout_the_report(tiny_bench):
@@ -133,14 +169,14 @@ def test_tables_show_every_path_name_and_column_whole(tiny_bench, width):
     fit now go to a further table, each led by the whole names."""
     text = render(tiny_bench[2], width)
     assert "…" not in text and max(map(len, text.splitlines())) <= width
-    memory, slots = text.split("At equal slots")                          # the two tables' sections
+    memory, slots = text.split("At equal slots")  # the two tables' sections
     for section, table in ((memory, "paths"), (slots, "paths_equal_slots")):
         lines = section.splitlines()
         headers = [[c.strip() for c in line.strip("┃").split("┃")] for line in lines if line.startswith("┃")]
         rows = [[c.strip() for c in line.strip("│").split("│")] for line in lines if line.startswith("│")]
-        assert sorted(c for h in headers for c in h[1:]) == sorted(COLUMNS)   # every column once, whole
+        assert sorted(c for h in headers for c in h[1:]) == sorted(COLUMNS)  # every column once, whole
         for name in tiny_bench[2][table]:
-            assert sum(r[0] == name for r in rows) == len(headers)            # its whole name in every table
+            assert sum(r[0] == name for r in rows) == len(headers)  # its whole name in every table
 
 
 def test_headline_compares_paths_at_equal_kv_memory(tiny_bench):
@@ -155,14 +191,16 @@ def test_headline_compares_paths_at_equal_kv_memory(tiny_bench):
     assert paths["static"]["seqs"] == paths["continuous-slots"]["seqs"] == 2
     for p in ("continuous-paged", "continuous-chunked", "continuous-chunked-nocache"):
         assert paths[p]["seqs"] == m["max_num_seqs"] and paths[p]["kv_blocks"] == m["blocks"]
-        assert slots[p]["seqs"] == 2 and slots[p]["kv_blocks"] == m["blocks"]    # same memory, 2 slots
-        assert paths[p]["peak_active"] == 4 > slots[p]["peak_active"]           # all 4 requests at once
+        assert slots[p]["seqs"] == 2 and slots[p]["kv_blocks"] == m["blocks"]  # same memory, 2 slots
+        assert paths[p]["peak_active"] == 4 > slots[p]["peak_active"]  # all 4 requests at once
         assert paths[p]["kv_reserved_mib"] == pytest.approx(m["kv_memory_mib"])
     assert "At equal KV memory" in out and report["tinyllm_paths_agree"]
-    header = " ".join(out[out.index("At equal KV memory"):].split("\n\n")[0].split())
-    assert (f"static and continuous-slots are sized for max_len {m['max_len']} per row: 2 rows; static batching "
-            f"then holds only each batch's padded length" in header)
-    assert paths["static"]["kv_reserved_mib"] < m["kv_memory_mib"]                # (what that column says)
+    header = " ".join(out[out.index("At equal KV memory") :].split("\n\n")[0].split())
+    assert (
+        f"static and continuous-slots are sized for max_len {m['max_len']} per row: 2 rows; static batching "
+        f"then holds only each batch's padded length" in header
+    )
+    assert paths["static"]["kv_reserved_mib"] < m["kv_memory_mib"]  # (what that column says)
 
 
 def test_a_bfloat16_cache_buys_twice_the_blocks_and_every_path_still_agrees(tiny_bench, tmp_path_factory):
@@ -186,37 +224,46 @@ def test_chart_bars_start_in_one_column(tiny_bench, width):
     paths = list(tiny_bench[2]["paths"])
     lines = render(tiny_bench[2], width).splitlines()
     i = next(i for i, line in enumerate(lines) if line.startswith("tokens/s per path"))
-    bars = lines[i + 1:i + 1 + len(paths)]
+    bars = lines[i + 1 : i + 1 + len(paths)]
     assert [b.split()[0] for b in bars] == paths
     assert len({b.index("█") for b in bars}) == 1
 
 
 def test_agreement_enforces_every_path_and_at_bfloat16_the_token_budget_paths():
     from tinyllm.bench.run import BF16_NOTE, CHECKED, UNCHECKED, agreement
+
     a, b, c = [1, 2], [3, 4], [5, 6]
-    same = {"solo": [a], "static (memory)": [a, b], "continuous-slots (memory)": [a, b],
-            "continuous-chunked (memory)": [a, b], "continuous-chunked-nocache (slots)": [a, b], "transformers": [a, c]}
+    same = {
+        "solo": [a],
+        "static (memory)": [a, b],
+        "continuous-slots (memory)": [a, b],
+        "continuous-chunked (memory)": [a, b],
+        "continuous-chunked-nocache (slots)": [a, b],
+        "transformers": [a, c],
+    }
     assert agreement(same, False) == ({**{k: 1.0 for k in same}, "transformers": 0.5}, True, None)
     assert agreement(same, True)[1:] == (True, None)
-    slots_off = {**same, "continuous-slots (memory)": [a, c]}           # a PyTorch-attention path differs
+    slots_off = {**same, "continuous-slots (memory)": [a, c]}  # a PyTorch-attention path differs
     assert agreement(slots_off, False)[1:] == (False, None)
-    assert agreement(slots_off, True)[1:] == (True, BF16_NOTE + CHECKED.format(
-        ", ".join(run for run in slots_off if run.startswith("continuous-chunked"))))
+    assert agreement(slots_off, True)[1:] == (
+        True,
+        BF16_NOTE + CHECKED.format(", ".join(run for run in slots_off if run.startswith("continuous-chunked"))),
+    )
     chunked_off = {**slots_off, "continuous-chunked (memory)": [c, b]}  # a token-budget path differs from another
     agree, ok, note = agreement(chunked_off, True)
     assert not ok and note is None and agree["continuous-chunked (memory)"] == 0.5
     one_chunked = {k: v for k, v in slots_off.items() if k != "continuous-chunked-nocache (slots)"}
-    assert agreement(one_chunked, True)[1:] == (True, BF16_NOTE + UNCHECKED)     # nothing to check it against
+    assert agreement(one_chunked, True)[1:] == (True, BF16_NOTE + UNCHECKED)  # nothing to check it against
     assert agreement(one_chunked, False)[1] is False
 
 
 def test_others_share_is_the_machines_busy_time_less_this_processs_own():
     before = quiet.Reading(wall=100.0, busy=500.0, own=10.0, cores=2)
-    after = quiet.Reading(wall=110.0, busy=518.0, own=18.0, cores=2)       # 18 busy core-s, 8 of them ours
+    after = quiet.Reading(wall=110.0, busy=518.0, own=18.0, cores=2)  # 18 busy core-s, 8 of them ours
     assert quiet.others_share(before, after) == pytest.approx(10 / 20)
-    assert quiet.others_share(before, quiet.Reading(110.0, 508.0, 18.0, 2)) == 0.0   # ticks' rounding: not < 0
-    assert quiet.others_share(before, quiet.Reading(110.0, None, 18.0, 2)) is None   # not Linux: not measured
-    assert quiet.others_share(before, before) is None                                 # no time passed
+    assert quiet.others_share(before, quiet.Reading(110.0, 508.0, 18.0, 2)) == 0.0  # ticks' rounding: not < 0
+    assert quiet.others_share(before, quiet.Reading(110.0, None, 18.0, 2)) is None  # not Linux: not measured
+    assert quiet.others_share(before, before) is None  # no time passed
 
 
 @pytest.mark.skipif(quiet.read().busy is None, reason="no /proc/stat here")
@@ -225,7 +272,7 @@ def test_a_process_spinning_beside_the_bench_is_seen():
     it ends, so it is not yet counted as this process's children's)."""
     spinner = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 30: pass"])
     try:
-        time.sleep(0.3)                                   # (it starts)
+        time.sleep(0.3)  # (it starts)
         before = quiet.read()
         time.sleep(1.0)
         share = quiet.others_share(before, quiet.read())
@@ -241,10 +288,11 @@ def test_the_report_says_when_other_processes_kept_the_machine_busy(tiny_bench):
     busy = {**report, "machine": {**report["machine"], "others_cpu_share": 0.47, "cpu_count": 2}}
     out = render(busy, 200)
     assert "Other processes kept 47% of this machine's 2 cores busy during the run" in out
-    assert out.index("Other processes") < out.index("tok/s")              # before the figures it doubts
+    assert out.index("Other processes") < out.index("tok/s")  # before the figures it doubts
     for share in (0.05, None):
-        assert "Other processes" not in render({**report, "machine": {**report["machine"], "others_cpu_share": share}},
-                                               200)
+        assert "Other processes" not in render(
+            {**report, "machine": {**report["machine"], "others_cpu_share": share}}, 200
+        )
 
 
 def test_a_busy_core_under_a_thread_of_the_run_is_named_as_the_cause():
@@ -254,6 +302,8 @@ def test_a_busy_core_under_a_thread_of_the_run_is_named_as_the_cause():
     assert "This run's 2 threads outnumbered the ~1.2 cores left free" in said and "--threads 1" in said
     assert "many times too low" in said
     for threads in (1, None):
-        assert "outnumbered" not in quiet.warning(0.42, 2, threads) and "quiet machine" in quiet.warning(0.42, 2, threads)
-    assert "outnumbered" not in quiet.warning(0.2, 16, threads=2)          # 12.8 cores free
+        assert "outnumbered" not in quiet.warning(0.42, 2, threads) and "quiet machine" in quiet.warning(
+            0.42, 2, threads
+        )
+    assert "outnumbered" not in quiet.warning(0.2, 16, threads=2)  # 12.8 cores free
     assert quiet.warning(0.1, 2, threads=2) is None

@@ -25,6 +25,7 @@ def model_with_random_norms(head_dim: int = 16, seed: int = 0):
     reading one norm's weight for the other's would pass unseen), ``head_dim`` 16 or 64 (the
     attention kernel's generic path, and its unrolled D=64 one)."""
     from tests.helpers import random_model
+
     model = random_model(seed=seed, d_model=4 * head_dim)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -53,6 +54,7 @@ def ragged_forward(model, whole_layers: bool, items=None, monkeypatch=None, seed
         p = real(cls, *a) if whole_layers else None
         plans.append(p)
         return p
+
     mp = monkeypatch or pytest.MonkeyPatch()
     mp.setattr(CLayers, "plan", classmethod(plan))
     try:
@@ -72,8 +74,11 @@ def test_layers_in_c_give_the_same_bits_as_op_by_op(normed, head_dim, threads, b
     with a prefill chunk (several rows reading one table), a chunk alone; head_dim 16 and 64."""
     model = normed[head_dim]
     torch.set_num_threads(threads)
-    items = {"decodes": [(slot, n - 1, 1) for slot, n in enumerate(LENS[:-1])],
-             "decodes+chunk": None, "chunk": [(6, 0, 25)]}[batch]
+    items = {
+        "decodes": [(slot, n - 1, 1) for slot, n in enumerate(LENS[:-1])],
+        "decodes+chunk": None,
+        "chunk": [(6, 0, 25)],
+    }[batch]
     c_logits, c_k, c_v, in_c = ragged_forward(model, True, items)
     py_logits, py_k, py_v, _ = ragged_forward(model, False, items)
     assert in_c
@@ -86,16 +91,17 @@ def test_odd_and_even_layer_counts_give_the_same_bits(n_layers):
     """The layers take turns writing two buffers: the final norm's output ends in one or the other
     by the count's parity. The embedding's output is only read (a hook may hold it)."""
     from tests.helpers import random_model
+
     model = random_model(seed=n_layers, n_layers=n_layers)
     with torch.no_grad():
-        model.norm.weight.uniform_(0.5, 1.5)                        # a final norm that shows
+        model.norm.weight.uniform_(0.5, 1.5)  # a final norm that shows
     held = []
     model.embed_tokens.register_forward_hook(lambda m, args, out: held.append((out, out.clone())))
     c_logits, c_k, c_v, in_c = ragged_forward(model, True)
     py_logits, py_k, py_v, _ = ragged_forward(model, False)
     assert in_c and torch.equal(c_logits, py_logits)
     assert torch.equal(c_k, py_k) and torch.equal(c_v, py_v)
-    assert torch.equal(*held[0])                                  # the embedding's output as it was
+    assert torch.equal(*held[0])  # the embedding's output as it was
 
 
 def test_the_final_norm_runs_in_c_only_as_the_model_has_it(monkeypatch):
@@ -103,6 +109,7 @@ def test_the_final_norm_runs_in_c_only_as_the_model_has_it(monkeypatch):
     sends the forward op by op; a changed norm weight or eps shows in the logits."""
     from tests.helpers import random_model
     from tinyllm.model.transformer import RMSNorm
+
     model = random_model(seed=5)
     with torch.no_grad():
         model.norm.weight.uniform_(0.5, 1.5)
@@ -116,6 +123,7 @@ def test_the_final_norm_runs_in_c_only_as_the_model_has_it(monkeypatch):
     class Scaled(RMSNorm):
         def forward(self, x):
             return 2 * super().forward(x)
+
     scaled = Scaled(model.cfg.d_model, model.norm.eps)
     scaled.load_state_dict(model.norm.state_dict())
     plain, model.norm = model.norm, scaled
@@ -134,10 +142,11 @@ def test_changed_weights_are_picked_up():
     """The layer weights kept between forwards are rebuilt when a weight is updated in place, or
     replaced by another tensor: the logits follow the model's weights as op by op."""
     from tests.helpers import random_model
-    model = random_model()                                   # its own: this test changes the weights
+
+    model = random_model()  # its own: this test changes the weights
     before, *_ = ragged_forward(model, True)
     with torch.no_grad():
-        model.layers[0].mlp.down_proj.weight.mul_(2.0)                         # in place
+        model.layers[0].mlp.down_proj.weight.mul_(2.0)  # in place
     model.layers[1].input_layernorm.weight = nn.Parameter(torch.full((model.cfg.d_model,), 0.5))
     model.layers[1].self_attn.o_proj.weight = nn.Parameter(model.layers[1].self_attn.o_proj.weight * -1)
     after, *_, in_c = ragged_forward(model, True)
@@ -150,25 +159,27 @@ def test_taken_only_where_every_op_runs_on_the_kernels(monkeypatch):
     that is not the paged pool's ragged batch, float64: each answers None (the model then runs op
     by op)."""
     from tests.helpers import random_model
-    model = random_model()                                   # its own: this test repacks a layer
+
+    model = random_model()  # its own: this test repacks a layer
     cfg = model.cfg
     pool = filled_pool(LENS, 4, hkv=cfg.n_kv_heads, d=cfg.head_dim, seed=1, layers=cfg.n_layers)
     attn = RaggedAttention(pool, [(0, 0, 1)])
     x = torch.randn(1, 1, cfg.d_model)
     from tinyllm.model.transformer import Rotary
+
     rotary = Rotary(attn.begin(1, 1), model.rope_cos, model.rope_sin)
     with torch.no_grad():
         assert CLayers.plan(model.layers, model.norm, x, rotary, attn) is not None
-        assert CLayers.plan(model.layers, model.norm, x, rotary, object()) is None                # no paged pool
+        assert CLayers.plan(model.layers, model.norm, x, rotary, object()) is None  # no paged pool
         assert CLayers.plan(model.layers, model.norm, x.double(), rotary, attn) is None
         handle = model.layers[1].register_forward_hook(lambda *a: None)
         assert CLayers.plan(model.layers, model.norm, x, rotary, attn) is None
         handle.remove()
-        monkeypatch.setattr(native, "pack_linear", lambda w: None)      # as without a compiler: oneDNN packs
-        model.layers[0].mlp.gate_up_proj.weight.mul_(1.0)              # changed: repacked at the next plan
+        monkeypatch.setattr(native, "pack_linear", lambda w: None)  # as without a compiler: oneDNN packs
+        model.layers[0].mlp.gate_up_proj.weight.mul_(1.0)  # changed: repacked at the next plan
         assert CLayers.plan(model.layers, model.norm, x, rotary, attn) is None
         assert model.layers[0].mlp.gate_up_proj._packed_by != "c"
-    assert CLayers.plan(model.layers, model.norm, x, rotary, attn) is None                       # grad mode on
+    assert CLayers.plan(model.layers, model.norm, x, rotary, attn) is None  # grad mode on
 
 
 def test_ranges_the_c_trusts_are_checked_first(model):
@@ -177,16 +188,16 @@ def test_ranges_the_c_trusts_are_checked_first(model):
     cfg = model.cfg
     pool = filled_pool(LENS, 4, hkv=cfg.n_kv_heads, d=cfg.head_dim, seed=2, layers=cfg.n_layers)
     attn = RaggedAttention(pool, [(0, 0, 1), (1, 6, 1)])
-    tables, lens, row_table = attn._native                             # (the pool's own tables)
+    tables, lens, row_table = attn._native  # (the pool's own tables)
     assert tables.data_ptr() == pool.table_rows.data_ptr() and row_table.tolist() == [0, 1]
     assert lens.tolist() == [1, 7] and attn._pos.tolist() == [0, 6]
     assert attn._write.tolist() == [pool.tables[0][0] * 4, pool.tables[1][1] * 4 + 2]
     kept = int(tables[1, 0])
-    tables[1, 0] = pool.n_blocks                                      # the scratch block: no block of the pool's
+    tables[1, 0] = pool.n_blocks  # the scratch block: no block of the pool's
     with pytest.raises(ValueError, match=r"ragged item 1 \(slot 1, positions 6..6\): its block table does not hold"):
         RaggedAttention(pool, [(0, 0, 1), (1, 6, 1)])
     tables[1, 0] = kept
-    past = len(pool.tables[0]) * pool.block_size                      # the first position slot 0 has no block for
+    past = len(pool.tables[0]) * pool.block_size  # the first position slot 0 has no block for
     with pytest.raises(ValueError, match="its block table does not hold"):
         RaggedAttention(pool, [(0, past, 1)])
     width = pool.table_width * pool.block_size
@@ -202,10 +213,11 @@ def test_ranges_the_c_trusts_are_checked_first(model):
 def changed_model(change: str):
     """A model with one thing about its layers changed after a first forward on the C path."""
     from tests.helpers import random_model
+
     model = random_model(seed=3)
-    ragged_forward(model, True)                              # the layers' C weights kept
+    ragged_forward(model, True)  # the layers' C weights kept
     block = model.layers[1]
-    if change == "one norm's eps":                           # the layer takes one eps: op by op
+    if change == "one norm's eps":  # the layer takes one eps: op by op
         block.post_attention_layernorm.eps = 0.5
     elif change == "every eps":
         for b in model.layers:
@@ -215,9 +227,12 @@ def changed_model(change: str):
     elif change == "replaced mlp":
         from tinyllm.model.transformer import MLP
 
-        class GeluMLP(MLP):                                   # the same parts, computed otherwise
+        class GeluMLP(MLP):  # the same parts, computed otherwise
             def forward(self, x, residual):
-                return residual + self.down_proj(torch.nn.functional.gelu(self.gate_up_proj(x)[..., :self.down_proj.in_features]))
+                return residual + self.down_proj(
+                    torch.nn.functional.gelu(self.gate_up_proj(x)[..., : self.down_proj.in_features])
+                )
+
         mlp = GeluMLP(model.cfg)
         mlp.load_state_dict(block.mlp.state_dict())
         block.mlp = mlp
@@ -254,6 +269,7 @@ def test_hooks_and_autocast_send_the_forward_op_by_op(where):
     """A hook wants to see its module run (on the block, on a part of it, or on every module),
     autocast wants its dtype: the C path declines, and the hooks fire."""
     from tests.helpers import random_model
+
     model = random_model(seed=4)
     fired = []
     if where == "block pre-hook":
@@ -283,6 +299,7 @@ def test_layers_kept_between_forwards_see_a_change(change):
     seen at the next one: its logits are op by op's, in C again only for the weight (repacked, a
     new array)."""
     from tests.helpers import random_model
+
     model = random_model(seed=3)
     cfg = model.cfg
     pool = filled_pool(LENS, 4, hkv=cfg.n_kv_heads, d=cfg.head_dim, seed=1, layers=cfg.n_layers)
@@ -293,8 +310,9 @@ def test_layers_kept_between_forwards_see_a_change(change):
     def forward(in_c: bool = True):
         plans = []
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(CLayers, "plan", classmethod(lambda cls, *a: plans.append(real(cls, *a) if in_c else None)
-                                                    or plans[-1]))
+            mp.setattr(
+                CLayers, "plan", classmethod(lambda cls, *a: plans.append(real(cls, *a) if in_c else None) or plans[-1])
+            )
             with torch.no_grad():
                 logits, _ = model(tokens, cache=RaggedAttention(pool, items))
         return logits, plans[0]

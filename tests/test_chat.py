@@ -13,21 +13,20 @@ import json
 import httpx
 import pytest
 
+from tests.helpers import SERVED_MODEL, check_invariants, serve_in_thread
 from tinyllm.engine.solo import generate
 from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.model.config import BUNDLED_MODEL
 from tinyllm.model.train import PLAY_CHAT_TEMPLATE
-from tinyllm.serve import EngineLoop, ServerThread, build_engine, create_app
 from tinyllm.request import TokenLogprob
+from tinyllm.serve import EngineLoop, ServerThread, build_engine, create_app
 from tinyllm.serve.chat import ChatShape, chat_logprobs, parse_chat
 from tinyllm.serve.chat_template import ChatTemplateError, render
 from tinyllm.serve.protocol import ApiError, GenerationParams, parse_completion
-from tests.helpers import SERVED_MODEL, check_invariants, serve_in_thread
 
 MODEL = SERVED_MODEL
 TIMEOUT = httpx.Timeout(60.0)
-CHAT = [{"role": "system", "content": "A street in Verona."},
-        {"role": "user", "content": "Who goes there?"}]
+CHAT = [{"role": "system", "content": "A street in Verona."}, {"role": "user", "content": "Who goes there?"}]
 ACCOUNTING_KEYS = {"queue_ms", "prefill_ms", "decode_ms", "e2e_ms", "preemptions", "cached_tokens"}
 
 
@@ -59,7 +58,7 @@ def solo(model_tok, prompt: str, n: int) -> list[int]:
 
 
 def sse(r) -> list:
-    out = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    out = [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
     return [x if x == "[DONE]" else json.loads(x) for x in out]
 
 
@@ -74,7 +73,7 @@ def check_accounting(acc: dict, usage: dict) -> None:
 # -- the template ---------------------------------------------------------------------------------
 def test_bundled_template_is_a_play_script(model_tok):
     _, tok = model_tok
-    assert tok.chat_template == PLAY_CHAT_TEMPLATE          # shipped in tokenizer_config.json
+    assert tok.chat_template == PLAY_CHAT_TEMPLATE  # shipped in tokenizer_config.json
     assert rendered(CHAT) == "SYSTEM:\nA street in Verona.\n\nUSER:\nWho goes there?\n\nASSISTANT:\n"
     assert rendered([{"role": "user", "content": "Hi", "name": "Romeo"}], False) == "ROMEO:\nHi\n\n"
 
@@ -84,12 +83,16 @@ def test_template_sources_a_checkpoint_can_have(tmp_path):
     beside it; and a retrained bundled tokenizer keeps the play template."""
     from tinyllm.model.tokenizer import Tokenizer
     from tinyllm.model.train import train_tokenizer
+
     train_tokenizer(["ROMEO:\nHello there, good friend.\n"] * 5, 300, tmp_path)
     assert Tokenizer.from_dir(tmp_path).chat_template == PLAY_CHAT_TEMPLATE
     cfg = tmp_path / "tokenizer_config.json"
     meta = json.loads(cfg.read_text())
-    cfg.write_text(json.dumps({**meta, "chat_template": [{"name": "tool_use", "template": "T"},
-                                                          {"name": "default", "template": "D"}]}))
+    cfg.write_text(
+        json.dumps(
+            {**meta, "chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]}
+        )
+    )
     assert Tokenizer.from_dir(tmp_path).chat_template == "D"
     cfg.write_text(json.dumps({k: v for k, v in meta.items() if k != "chat_template"}))
     assert Tokenizer.from_dir(tmp_path).chat_template is None
@@ -98,11 +101,13 @@ def test_template_sources_a_checkpoint_can_have(tmp_path):
     assert tok.chat_template == "J" and tok.special_tokens["eos_token"] == "<|endoftext|>"
 
 
-LLAMA3ISH = ("{{ bos_token }}{% for m in messages %}{% if m['role'] not in ['user', 'assistant', 'system'] %}"
-             "{{ raise_exception('bad role ' + m['role']) }}{% endif %}"
-             "{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n' + m['content'] | trim + '<|eot_id|>' }}"
-             "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
-             "{% endif %}{{ messages | tojson }}")
+LLAMA3ISH = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] not in ['user', 'assistant', 'system'] %}"
+    "{{ raise_exception('bad role ' + m['role']) }}{% endif %}"
+    "{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n' + m['content'] | trim + '<|eot_id|>' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
+    "{% endif %}{{ messages | tojson }}"
+)
 
 
 @pytest.mark.parametrize("template", [PLAY_CHAT_TEMPLATE, LLAMA3ISH], ids=["play", "llama3ish"])
@@ -111,6 +116,7 @@ def test_render_equals_transformers_apply_chat_template(template, agp):
     """The same environment as transformers: trim_blocks/lstrip_blocks, tojson keeping non-ASCII,
     the special tokens as variables."""
     from transformers import AutoTokenizer
+
     hf = AutoTokenizer.from_pretrained(str(BUNDLED_MODEL))
     msgs = [*CHAT, {"role": "assistant", "content": "  Ay, ’tis I.  "}, {"role": "user", "content": "Où?"}]
     want = hf.apply_chat_template(msgs, chat_template=template, tokenize=False, add_generation_prompt=agp)
@@ -118,14 +124,17 @@ def test_render_equals_transformers_apply_chat_template(template, agp):
     assert got == want and "Où" in got
 
 
-@pytest.mark.parametrize("template, says", [
-    (None, "no chat template"),
-    ("{% for m in messages %}", "does not compile"),
-    ("{{ raise_exception('only user turns') }}", "refused these messages: only user turns"),
-    ("{{ messages.__class__.__mro__[1].__subclasses__() }}", "failed on these messages"),     # the sandbox
-    ("{% set x = messages.append(1) %}", "failed on these messages"),                          # immutable
-    ("{{ messages[0]['content'] | int + 'x' }}", "failed on these messages"),
-])
+@pytest.mark.parametrize(
+    "template, says",
+    [
+        (None, "no chat template"),
+        ("{% for m in messages %}", "does not compile"),
+        ("{{ raise_exception('only user turns') }}", "refused these messages: only user turns"),
+        ("{{ messages.__class__.__mro__[1].__subclasses__() }}", "failed on these messages"),  # the sandbox
+        ("{% set x = messages.append(1) %}", "failed on these messages"),  # immutable
+        ("{{ messages[0]['content'] | int + 'x' }}", "failed on these messages"),
+    ],
+)
 def test_template_failures_are_a_template_error(template, says):
     with pytest.raises(ChatTemplateError, match=says.replace("(", r"\(")):
         render(template, CHAT)
@@ -135,8 +144,10 @@ def test_template_failures_are_a_template_error(template, says):
 def test_chat_equals_solo_generate_of_the_rendered_prompt(client, model_tok):
     _, tok = model_tok
     want = solo(model_tok, rendered(CHAT), 12)
-    r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": CHAT, "max_tokens": 12,
-                                                   "temperature": 0, "return_token_ids": True})
+    r = client.post(
+        "/v1/chat/completions",
+        json={"model": MODEL, "messages": CHAT, "max_tokens": 12, "temperature": 0, "return_token_ids": True},
+    )
     assert r.status_code == 200, r.text
     out = r.json()
     assert out["object"] == "chat.completion" and out["id"].startswith("chatcmpl-") and out["model"] == MODEL
@@ -152,10 +163,15 @@ def test_chat_equals_solo_generate_of_the_rendered_prompt(client, model_tok):
 def test_chat_stream_opens_with_the_role_and_ends_with_usage_and_accounting(client, model_tok):
     _, tok = model_tok
     msgs = [{"role": "user", "content": [{"type": "text", "text": "Speak."}, {"type": "text", "text": "Now!"}]}]
-    prompt = rendered([{"role": "user", "content": "Speak.\nNow!"}])           # text parts joined by newlines
+    prompt = rendered([{"role": "user", "content": "Speak.\nNow!"}])  # text parts joined by newlines
     want = solo(model_tok, prompt, 10)
-    body = {"messages": msgs, "max_tokens": 10, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "messages": msgs,
+        "max_tokens": 10,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with client.stream("POST", "/v1/chat/completions", json=body) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         events = sse(r)
@@ -163,18 +179,20 @@ def test_chat_stream_opens_with_the_role_and_ends_with_usage_and_accounting(clie
     opening, *chunks, last = events[:-1]
     assert opening["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert all(e["object"] == "chat.completion.chunk" and e["id"] == opening["id"] for e in events[:-1])
-    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == \
-        tok.decode(want, skip_special_tokens=True)
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == tok.decode(
+        want, skip_special_tokens=True
+    )
     assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "length"
     assert last["choices"] == [] and last["usage"]["completion_tokens"] == len(want)
     assert last["usage"]["prompt_tokens"] == len(tok.encode(prompt))
     check_accounting(last["tinyllm"], last["usage"])
-    assert chunks[-1]["tinyllm"] == last["tinyllm"]                 # the finishing chunk carries it too
+    assert chunks[-1]["tinyllm"] == last["tinyllm"]  # the finishing chunk carries it too
     assert all("tinyllm" not in c for c in [opening, *chunks[:-1]])
 
 
 def test_openai_client_chat_streaming_and_not(server, model_tok):
     import openai
+
     _, tok = model_tok
     oa = openai.OpenAI(base_url=server.url + "/v1", api_key="x", timeout=60, max_retries=0)
     msgs = [{"role": "user", "content": "What light through yonder window breaks?"}]
@@ -184,8 +202,14 @@ def test_openai_client_chat_streaming_and_not(server, model_tok):
     assert out.usage.completion_tokens == 8 and out.usage.prompt_tokens_details.cached_tokens >= 0
     check_accounting(out.model_extra["tinyllm"], out.usage.model_dump())
     text, usage = [], None
-    for c in oa.chat.completions.create(model=MODEL, messages=msgs, max_completion_tokens=8, temperature=0,
-                                        stream=True, stream_options={"include_usage": True}):
+    for c in oa.chat.completions.create(
+        model=MODEL,
+        messages=msgs,
+        max_completion_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    ):
         text += [ch.delta.content or "" for ch in c.choices]
         usage = c.usage or usage
     assert "".join(text) == want and usage.completion_tokens == 8
@@ -195,17 +219,20 @@ def test_openai_client_chat_logprobs_streaming_and_not(server, model_tok):
     """Chat's logprobs shape (logprobs: true + top_logprobs), greedy: each token's text joins to
     the content, and the chosen token is its own best alternative."""
     import openai
+
     oa = openai.OpenAI(base_url=server.url + "/v1", api_key="x", timeout=60, max_retries=0)
     msgs = [{"role": "user", "content": "Good morrow."}]
-    out = oa.chat.completions.create(model=MODEL, messages=msgs, max_tokens=6, temperature=0, logprobs=True,
-                                     top_logprobs=2)
+    out = oa.chat.completions.create(
+        model=MODEL, messages=msgs, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2
+    )
     content = out.choices[0].logprobs.content
     assert len(content) == 6 and "".join(c.token for c in content) == out.choices[0].message.content
     assert all(len(c.top_logprobs) == 2 and c.top_logprobs[0].token == c.token and c.logprob <= 0 for c in content)
     assert all(bytes(c.bytes).decode() == c.token for c in content)
     streamed = []
-    for ch in oa.chat.completions.create(model=MODEL, messages=msgs, max_tokens=6, temperature=0, logprobs=True,
-                                         top_logprobs=2, stream=True):
+    for ch in oa.chat.completions.create(
+        model=MODEL, messages=msgs, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2, stream=True
+    ):
         if ch.choices and ch.choices[0].logprobs is not None:
             streamed += ch.choices[0].logprobs.content
     assert [(c.token, c.logprob) for c in streamed] == [(c.token, c.logprob) for c in content]
@@ -215,29 +242,49 @@ def test_openai_client_chat_logprobs_streaming_and_not(server, model_tok):
 
 def test_chat_without_max_tokens_may_use_what_the_context_leaves(client, model_tok):
     _, tok = model_tok
-    r = client.post("/v1/chat/completions", json={"messages": CHAT, "temperature": 0, "ignore_eos": True,
-                                                   "stream": True})
+    r = client.post(
+        "/v1/chat/completions", json={"messages": CHAT, "temperature": 0, "ignore_eos": True, "stream": True}
+    )
     n = sum(1 for e in sse(r)[:-1] if e["choices"][0]["delta"].get("content") is not None) - 1
-    assert n > 100                                  # far past completions' default of 16 (one chunk per token)
+    assert n > 100  # far past completions' default of 16 (one chunk per token)
 
 
 def test_same_sampling_surface_on_both_routes():
     """parse_generation is the one parser: a sampling body either works on both routes, with the
     same settings, or is refused by both, naming the same field (logprobs' shapes differ, so it is
     left out)."""
-    bodies = [{}, {"temperature": 0.5, "top_p": 0.9, "top_k": 7}, {"temperature": -1}, {"top_p": 2},
-              {"top_k": "x"}, {"max_tokens": 0}, {"stream": "yes"}, {"stream_options": {"include_usage": True}},
-              {"stream": True, "stream_options": {"include_usage": True}}, {"seed": 3}, {"stop": ["\n"]},
-              {"presence_penalty": 0.5}, {"frequency_penalty": 0.1}, {"n": 2}, {"logit_bias": {"1": 2}},
-              {"ignore_eos": 1}, {"model": "nope"}, {"max_tokens": 5, "min_p": 0.1, "repetition_penalty": 1.1,
-                                                     "stop_token_ids": [3], "min_tokens": 2}]
+    bodies = [
+        {},
+        {"temperature": 0.5, "top_p": 0.9, "top_k": 7},
+        {"temperature": -1},
+        {"top_p": 2},
+        {"top_k": "x"},
+        {"max_tokens": 0},
+        {"stream": "yes"},
+        {"stream_options": {"include_usage": True}},
+        {"stream": True, "stream_options": {"include_usage": True}},
+        {"seed": 3},
+        {"stop": ["\n"]},
+        {"presence_penalty": 0.5},
+        {"frequency_penalty": 0.1},
+        {"n": 2},
+        {"logit_bias": {"1": 2}},
+        {"ignore_eos": 1},
+        {"model": "nope"},
+        {"max_tokens": 5, "min_p": 0.1, "repetition_penalty": 1.1, "stop_token_ids": [3], "min_tokens": 2},
+    ]
     for b in bodies:
         results = []
         for parse, extra in ((parse_completion, {"prompt": "x"}), (parse_chat, {"messages": CHAT})):
             try:
                 p = parse({**b, **extra}, MODEL)
-                results.append({f: getattr(p, f) for f in GenerationParams.__dataclass_fields__
-                                if f not in ("max_tokens", "max_tokens_field")})    # chat's default differs
+                results.append(
+                    {
+                        f: getattr(p, f)
+                        for f in GenerationParams.__dataclass_fields__
+                        if f not in ("max_tokens", "max_tokens_field")
+                    }
+                )  # chat's default differs
             except ApiError as e:
                 results.append(("error", e.param))
         assert results[0] == results[1], (b, results)
@@ -252,8 +299,12 @@ def test_chat_logprobs_shape(model_tok):
     assert entry["token"] == tok.token_text(a) and entry["logprob"] == -0.5
     assert bytes(entry["bytes"]).decode() == tok.token_text(a)
     assert [t["token"] for t in entry["top_logprobs"]] == [tok.token_text(a), tok.token_text(b)]
-    assert chat_logprobs([TokenLogprob(a, float("-inf"), ((c, float("-inf")),))], tok.token_text, 1)[
-        "content"][0]["top_logprobs"][0]["logprob"] == -9999.0                # JSON-safe, as vLLM
+    assert (
+        chat_logprobs([TokenLogprob(a, float("-inf"), ((c, float("-inf")),))], tok.token_text, 1)["content"][0][
+            "top_logprobs"
+        ][0]["logprob"]
+        == -9999.0
+    )  # JSON-safe, as vLLM
     ch = ChatShape.chunk("id", 0, MODEL, "x", None, False, logprobs=obj)
     assert ch["choices"][0]["logprobs"] == obj and ch["choices"][0]["delta"] == {"content": "x"}
 
@@ -270,11 +321,17 @@ BAD_CHAT = [
     ({"messages": [{"role": "user"}]}, "messages[0].content", "missing"),
     ({"messages": [{"role": "user", "content": 7}]}, "messages[0].content", "string or a list of text parts"),
     ({"messages": [{"role": "user", "content": {"text": "x"}}]}, "messages[0].content", "string or a list"),
-    ({"messages": [{"role": "user", "content": ["x"]}]}, "messages[0].content[0]", "\"type\": \"text\""),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-     "messages[0].content[0].type", "text only"),
-    ({"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]}, "messages[0].content[0].text",
-     "must be a string"),
+    ({"messages": [{"role": "user", "content": ["x"]}]}, "messages[0].content[0]", '"type": "text"'),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        "messages[0].content[0].type",
+        "text only",
+    ),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]},
+        "messages[0].content[0].text",
+        "must be a string",
+    ),
     ({"messages": [{"role": "user", "content": "hi", "name": 5}]}, "messages[0].name", "must be a string"),
     ({"messages": [{"role": "user", "content": [[[[["deep"]]]]]}]}, "messages[0].content[0]", "object"),
     ({"messages": CHAT, "max_completion_tokens": -1}, "max_completion_tokens", "at least 1"),
@@ -306,20 +363,31 @@ def test_a_completion_budget_too_long_names_its_field_and_the_real_prompt_count(
     n = len(model_tok[1].encode(rendered(CHAT)))
     err = client.post("/v1/chat/completions", json={"messages": CHAT, field: 99999999}).json()["error"]
     assert (err["param"], err["code"]) == (field, "context_length_exceeded"), err
-    assert err["message"] == (f"This model's maximum context length is 512 tokens. However, you requested "
-                              f"{n + 99999999} tokens ({n} in your prompt; 99999999 for the completion). "
-                              f"Please reduce {field}.")
+    assert err["message"] == (
+        f"This model's maximum context length is 512 tokens. However, you requested "
+        f"{n + 99999999} tokens ({n} in your prompt; 99999999 for the completion). "
+        f"Please reduce {field}."
+    )
 
 
-@pytest.mark.parametrize("raw, param, says", [
-    (b'{"messages": [{"role": "user", "content": ' + b"[" * 200 + b"]" * 200 + b"}]}", "messages",
-     "nested too deep"),
-    (b'{"messages": [{"role": "user", "content": "\\udfff"}]}', "messages[0].content", "not valid Unicode"),
-    (b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}]}',
-     "messages[0].content[0].text", "not valid Unicode"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', "temperature", "finite"),
-    (b"[" * 5000 + b"]" * 5000, None, "nested too deep"),
-])
+@pytest.mark.parametrize(
+    "raw, param, says",
+    [
+        (
+            b'{"messages": [{"role": "user", "content": ' + b"[" * 200 + b"]" * 200 + b"}]}",
+            "messages",
+            "nested too deep",
+        ),
+        (b'{"messages": [{"role": "user", "content": "\\udfff"}]}', "messages[0].content", "not valid Unicode"),
+        (
+            b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\\ud800"}]}]}',
+            "messages[0].content[0].text",
+            "not valid Unicode",
+        ),
+        (b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', "temperature", "finite"),
+        (b"[" * 5000 + b"]" * 5000, None, "nested too deep"),
+    ],
+)
 def test_fuzzed_chat_bodies_get_a_400(client, raw, param, says):
     r = client.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text[:300]
@@ -337,6 +405,7 @@ def templateless(model_tok):
     def start(template):
         t = replace_template(tok, template)
         return serve_in_thread(model, t, slots=2)
+
     servers = []
     yield lambda template: servers.append(start(template)) or servers[-1]
     for s in servers:
@@ -345,12 +414,18 @@ def templateless(model_tok):
 
 def replace_template(tok, template):
     from tinyllm.model.tokenizer import Tokenizer
+
     return Tokenizer(tok.hf, tok.eos_id, tok.bos_id, template, tok.special_tokens)
 
 
-@pytest.mark.parametrize("template, says", [(None, "no chat template"),
-                                             ("{{ raise_exception('no system turns') }}", "no system turns"),
-                                             ("{% if %}", "does not compile")])
+@pytest.mark.parametrize(
+    "template, says",
+    [
+        (None, "no chat template"),
+        ("{{ raise_exception('no system turns') }}", "no system turns"),
+        ("{% if %}", "does not compile"),
+    ],
+)
 def test_a_checkpoint_without_a_usable_template_answers_400(templateless, template, says):
     s = templateless(template)
     for path, body in (("/v1/chat/completions", {"messages": CHAT}), ("/tokenize", {"messages": CHAT})):
@@ -359,7 +434,7 @@ def test_a_checkpoint_without_a_usable_template_answers_400(templateless, templa
         err = r.json()["error"]
         assert err["param"] == "messages" and err["code"] == "invalid_chat_template" and says in err["message"]
     r = httpx.post(s.url + "/v1/completions", json={"prompt": "ROMEO:\n", "max_tokens": 2}, timeout=TIMEOUT)
-    assert r.status_code == 200                                           # completions still serve
+    assert r.status_code == 200  # completions still serve
 
 
 # -- tokenize / detokenize ------------------------------------------------------------------------
@@ -381,22 +456,25 @@ def test_tokenize_and_detokenize_in_vllms_shapes(client, server, model_tok):
     assert client.post("/detokenize", json={"tokens": []}).json() == {"prompt": ""}
 
 
-@pytest.mark.parametrize("path, body, param", [
-    ("/tokenize", {}, "messages"),
-    ("/tokenize", {"prompt": "x", "messages": CHAT}, "prompt"),
-    ("/tokenize", {"prompt": 5}, "prompt"),
-    ("/tokenize", {"prompt": "x", "add_special_tokens": "no"}, "add_special_tokens"),
-    ("/tokenize", {"messages": [{"role": "user"}]}, "messages[0].content"),
-    ("/tokenize", {"prompt": "x", "model": "other"}, "model"),
-    ("/tokenize", [1], None),
-    ("/tokenize", {"messages": CHAT, "continue_final_message": True}, "continue_final_message"),
-    ("/detokenize", {}, "tokens"),
-    ("/detokenize", {"tokens": "1 2"}, "tokens"),
-    ("/detokenize", {"tokens": [1, -1]}, "tokens"),
-    ("/detokenize", {"tokens": [1, 10**9]}, "tokens"),
-    ("/detokenize", {"tokens": [1.5]}, "tokens"),
-    ("/detokenize", {"tokens": [True]}, "tokens"),
-])
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        ("/tokenize", {}, "messages"),
+        ("/tokenize", {"prompt": "x", "messages": CHAT}, "prompt"),
+        ("/tokenize", {"prompt": 5}, "prompt"),
+        ("/tokenize", {"prompt": "x", "add_special_tokens": "no"}, "add_special_tokens"),
+        ("/tokenize", {"messages": [{"role": "user"}]}, "messages[0].content"),
+        ("/tokenize", {"prompt": "x", "model": "other"}, "model"),
+        ("/tokenize", [1], None),
+        ("/tokenize", {"messages": CHAT, "continue_final_message": True}, "continue_final_message"),
+        ("/detokenize", {}, "tokens"),
+        ("/detokenize", {"tokens": "1 2"}, "tokens"),
+        ("/detokenize", {"tokens": [1, -1]}, "tokens"),
+        ("/detokenize", {"tokens": [1, 10**9]}, "tokens"),
+        ("/detokenize", {"tokens": [1.5]}, "tokens"),
+        ("/detokenize", {"tokens": [True]}, "tokens"),
+    ],
+)
 def test_bad_tokenize_bodies_get_a_400(client, path, body, param):
     r = client.post(path, json=body)
     assert r.status_code == 400, r.text
@@ -412,13 +490,18 @@ def test_preemptions_and_cached_tokens_are_accounted_per_request(model_tok):
     engine = build_engine(model, slots=4, max_len=160, kv_blocks=12, block_size=16)
     with ServerThread(create_app(EngineLoop(engine), tok, MODEL)) as s:
         import concurrent.futures as cf
+
         prompts = [f"{name}:\n" for name in ("ROMEO", "JULIET", "HAMLET", "OTHELLO")]
 
         def ask(p):
-            r = httpx.post(s.url + "/v1/completions", json={"prompt": p, "max_tokens": 100, "ignore_eos": True,
-                                                             "temperature": 0}, timeout=TIMEOUT)
+            r = httpx.post(
+                s.url + "/v1/completions",
+                json={"prompt": p, "max_tokens": 100, "ignore_eos": True, "temperature": 0},
+                timeout=TIMEOUT,
+            )
             assert r.status_code == 200, r.text
             return r.json()
+
         with cf.ThreadPoolExecutor(4) as ex:
             outs = list(ex.map(ask, prompts))
         for o in outs:

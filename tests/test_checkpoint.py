@@ -8,9 +8,9 @@ import shutil
 import pytest
 import torch
 
-from tinyllm.model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from tinyllm.engine.solo import generate
 from tests.helpers import random_model
+from tinyllm.engine.solo import generate
+from tinyllm.model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
@@ -18,6 +18,7 @@ transformers = pytest.importorskip("transformers")
 def write_tokenizer(path, vocab: int) -> None:
     """A word-level tokenizer with ``vocab`` entries (enough for the loader's vocab check)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
+
     tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab)}, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(path / "tokenizer.json"))
@@ -26,20 +27,32 @@ def write_tokenizer(path, vocab: int) -> None:
 def hf_llama(tmp_path, *, n_heads=4, n_kv_heads=2, tie=False, theta=10000.0, vocab=128, seed=0):
     torch.manual_seed(seed)
     cfg = transformers.LlamaConfig(
-        vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=n_heads, num_key_value_heads=n_kv_heads, max_position_embeddings=96,
-        rope_theta=theta, tie_word_embeddings=tie, rms_norm_eps=1e-6, initializer_range=0.2)
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=n_heads,
+        num_key_value_heads=n_kv_heads,
+        max_position_embeddings=96,
+        rope_theta=theta,
+        tie_word_embeddings=tie,
+        rms_norm_eps=1e-6,
+        initializer_range=0.2,
+    )
     hf = transformers.LlamaForCausalLM(cfg).eval()
     hf.save_pretrained(tmp_path, safe_serialization=True)
     write_tokenizer(tmp_path, vocab)
     return hf
 
 
-@pytest.mark.parametrize("n_heads, n_kv_heads, tie, theta", [
-    (4, 2, False, 10000.0),      # GQA, untied
-    (4, 4, True, 10000.0),       # MHA, tied
-    (4, 1, True, 500000.0),      # MQA, non-default rope theta
-])
+@pytest.mark.parametrize(
+    "n_heads, n_kv_heads, tie, theta",
+    [
+        (4, 2, False, 10000.0),  # GQA, untied
+        (4, 4, True, 10000.0),  # MHA, tied
+        (4, 1, True, 500000.0),  # MQA, non-default rope theta
+    ],
+)
 def test_logits_and_greedy_match_transformers(tmp_path, n_heads, n_kv_heads, tie, theta):
     hf = hf_llama(tmp_path, n_heads=n_heads, n_kv_heads=n_kv_heads, tie=tie, theta=theta)
     model, tok = load_checkpoint(tmp_path)
@@ -52,8 +65,14 @@ def test_logits_and_greedy_match_transformers(tmp_path, n_heads, n_kv_heads, tie
     assert (ours - theirs).abs().max().item() < 1e-4
     prompt = idx[0, :12].tolist()
     with torch.no_grad():
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False, min_new_tokens=30,
-                          pad_token_id=0, eos_token_id=None)[0, len(prompt):].tolist()
+        ref = hf.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=30,
+            do_sample=False,
+            min_new_tokens=30,
+            pad_token_id=0,
+            eos_token_id=None,
+        )[0, len(prompt) :].tolist()
     assert generate(model, prompt, 30) == ref
 
 
@@ -83,6 +102,7 @@ def test_sharded_checkpoint_loads(tmp_path):
 
 # -- errors -------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def good_dir(tmp_path):
     hf_llama(tmp_path / "ckpt")
@@ -95,22 +115,31 @@ def edit_config(d, **changes):
     (d / "config.json").write_text(json.dumps(cfg))
 
 
-@pytest.mark.parametrize("breakage, message", [
-    (lambda d: shutil.rmtree(d), "not a directory"),
-    (lambda d: (d / "config.json").unlink(), "no config.json"),
-    (lambda d: (d / "config.json").write_text("{not json"), "invalid JSON"),
-    (lambda d: (d / "tokenizer.json").unlink(), "no tokenizer.json"),
-    (lambda d: (d / "tokenizer.json").write_text("garbage"), "not a valid tokenizers file"),
-    (lambda d: (d / "model.safetensors").unlink(), "no model.safetensors"),
-    (lambda d: (d / "model.safetensors").write_bytes(b"\x00" * 64), "cannot read safetensors"),
-    (lambda d: edit_config(d, architectures=["MistralForCausalLM"], model_type="mistral"), "unsupported architecture"),
-    (lambda d: edit_config(d, hidden_act="gelu"), "unsupported hidden_act"),
-    (lambda d: edit_config(d, attention_bias=True), "attention_bias"),
-    (lambda d: edit_config(d, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}), "rope scaling 'yarn'"),
-    (lambda d: edit_config(d, intermediate_size=100), "has shape"),
-    (lambda d: edit_config(d, num_hidden_layers=3), "missing"),
-    (lambda d: edit_config(d, vocab_size=64), "tokenizer has 128 tokens"),
-])
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        (lambda d: shutil.rmtree(d), "not a directory"),
+        (lambda d: (d / "config.json").unlink(), "no config.json"),
+        (lambda d: (d / "config.json").write_text("{not json"), "invalid JSON"),
+        (lambda d: (d / "tokenizer.json").unlink(), "no tokenizer.json"),
+        (lambda d: (d / "tokenizer.json").write_text("garbage"), "not a valid tokenizers file"),
+        (lambda d: (d / "model.safetensors").unlink(), "no model.safetensors"),
+        (lambda d: (d / "model.safetensors").write_bytes(b"\x00" * 64), "cannot read safetensors"),
+        (
+            lambda d: edit_config(d, architectures=["MistralForCausalLM"], model_type="mistral"),
+            "unsupported architecture",
+        ),
+        (lambda d: edit_config(d, hidden_act="gelu"), "unsupported hidden_act"),
+        (lambda d: edit_config(d, attention_bias=True), "attention_bias"),
+        (
+            lambda d: edit_config(d, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}),
+            "rope scaling 'yarn'",
+        ),
+        (lambda d: edit_config(d, intermediate_size=100), "has shape"),
+        (lambda d: edit_config(d, num_hidden_layers=3), "missing"),
+        (lambda d: edit_config(d, vocab_size=64), "tokenizer has 128 tokens"),
+    ],
+)
 def test_broken_checkpoints_give_specific_errors(good_dir, breakage, message):
     breakage(good_dir)
     with pytest.raises(CheckpointError, match=message):

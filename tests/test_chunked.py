@@ -7,12 +7,12 @@ from __future__ import annotations
 import functools
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from tinyllm.engine import ContinuousEngine, Request, run_continuous, run_static
-from tests.helpers import (check_invariants, mixed_workload, random_model, run_random_ops, solo_outputs,
-                           with_early_eos)
+from tests.helpers import check_invariants, mixed_workload, random_model, run_random_ops, solo_outputs, with_early_eos
 from tests.test_paged import op  # noqa: F401  (also loads the shared hypothesis profile)
+from tinyllm.engine import ContinuousEngine, Request, run_continuous, run_static
 from tinyllm.engine.solo import generate
 
 
@@ -23,8 +23,16 @@ def workload(model):
 
 
 def chunked(model, n_slots, budget, block_size=8, kv_blocks=None, max_len=None):
-    return ContinuousEngine(model, n_slots, max_len, kv="paged", block_size=block_size, kv_blocks=kv_blocks,
-                            chunked_prefill=True, max_batched_tokens=budget)
+    return ContinuousEngine(
+        model,
+        n_slots,
+        max_len,
+        kv="paged",
+        block_size=block_size,
+        kv_blocks=kv_blocks,
+        chunked_prefill=True,
+        max_batched_tokens=budget,
+    )
 
 
 def check_chunked(eng: ContinuousEngine) -> None:
@@ -60,14 +68,15 @@ def run_steps(eng: ContinuousEngine, reqs: list[Request]) -> tuple[list[list[int
     return [eng.results.pop(r).tokens for r in rids], events
 
 
-@pytest.mark.parametrize("n_slots, budget, block_size", [(1, 1, 4), (4, 7, 4), (4, 7, 16), (6, 64, 1),
-                                                         (6, 64, 8), (8, 512, 16)])
+@pytest.mark.parametrize(
+    "n_slots, budget, block_size", [(1, 1, 4), (4, 7, 4), (4, 7, 16), (6, 64, 1), (6, 64, 8), (8, 512, 16)]
+)
 def test_every_budget_and_block_size_equals_solo(model, workload, n_slots, budget, block_size):
     reqs, solo = workload
     out, events = run_steps(chunked(model, n_slots, budget, block_size), reqs)
     assert out == solo
     chunks = [e for e in events if e.kind == "prefill"]
-    if budget < 60:                                       # the longest prompts needed several chunks
+    if budget < 60:  # the longest prompts needed several chunks
         assert any(not e.reason.endswith(f"of {e.reason.split('..')[1].split()[0]}") for e in chunks)
 
 
@@ -87,8 +96,9 @@ def _preempted_mid_prefill(events) -> bool:
 
 
 @pytest.mark.parametrize("budget, block_size, kv_blocks", [(8, 4, 30), (16, 4, 24), (64, 8, 12), (7, 2, 60)])
-def test_tight_pools_preempt_mid_prefill_and_mid_decode_and_still_equal_solo(model, workload, budget,
-                                                                            block_size, kv_blocks):
+def test_tight_pools_preempt_mid_prefill_and_mid_decode_and_still_equal_solo(
+    model, workload, budget, block_size, kv_blocks
+):
     reqs, solo = workload
     eng = chunked(model, 6, budget, block_size, kv_blocks)
     out, events = run_steps(eng, reqs)
@@ -109,15 +119,21 @@ def test_some_tight_pool_preempts_a_request_mid_prefill(model, workload):
 @pytest.mark.parametrize("stage", ["queued", "mid_prefill", "decoding"])
 def test_abort_at_every_stage_frees_everything_and_spares_the_others(model, stage):
     others = [Request([5, 6, 7], 12), Request([9, 10, 11, 12], 10)]
-    victim = Request(list(range(1, 57)), 20)            # 56 prompt tokens: many chunks at budget 8
+    victim = Request(list(range(1, 57)), 20)  # 56 prompt tokens: many chunks at budget 8
     eng = chunked(model, 3 if stage != "queued" else 2, 8, 4)
     rids = [eng.add_request(r) for r in others]
     vid = eng.add_request(victim)
     for _ in range(60):
         v = eng._seqs[vid]
-        if (stage == "queued" and v.state == "queued"
-                or stage == "mid_prefill" and v.state == "running" and 0 < v.computed < 56
-                or stage == "decoding" and len(v.out) >= 2):
+        if (
+            stage == "queued"
+            and v.state == "queued"
+            or stage == "mid_prefill"
+            and v.state == "running"
+            and 0 < v.computed < 56
+            or stage == "decoding"
+            and len(v.out) >= 2
+        ):
             break
         eng.step()
         check_chunked(eng)
@@ -136,25 +152,33 @@ def test_prefill_tokens_computed(model, workload):
     reqs, _ = workload
     _, s = run_continuous(model, reqs, 4, kv="paged", chunked_prefill=True, max_batched_tokens=16)
     assert s["preemptions"] == 0 and s["prefill_tokens_computed"] == sum(len(r.prompt) for r in reqs)
-    _, s = run_continuous(model, reqs, 4, kv="paged", kv_blocks=14, block_size=8, chunked_prefill=True,
-                          max_batched_tokens=16)
+    _, s = run_continuous(
+        model, reqs, 4, kv="paged", kv_blocks=14, block_size=8, chunked_prefill=True, max_batched_tokens=16
+    )
     assert s["preemptions"] > 0 and s["prefill_tokens_computed"] > sum(len(r.prompt) for r in reqs)
     _, s = run_continuous(model, reqs, 4)
     assert s["prefill_tokens_computed"] == sum(len(r.prompt) for r in reqs)
     plain = [Request(r.prompt, r.max_new_tokens) for r in reqs[:8]]
-    _, s = run_static(model, plain, 4)                  # left-padded: the padding is computed too
-    pads = sum(max(len(r.prompt) for r in plain[i:i + 4]) * 4 for i in (0, 4))
+    _, s = run_static(model, plain, 4)  # left-padded: the padding is computed too
+    pads = sum(max(len(r.prompt) for r in plain[i : i + 4]) * 4 for i in (0, 4))
     assert s["prefill_tokens_computed"] == pads
 
 
-@pytest.mark.parametrize("kwargs, msg", [
-    (dict(kv="slots", chunked_prefill=True), "chunked_prefill needs kv='paged'"),
-    (dict(kv="paged", chunked_prefill=True, max_batched_tokens=3),
-     "the token budget per step (max_batched_tokens, 3) is less than the 4 sequences that may run"),
-    (dict(kv="paged", chunked_prefill=True, max_batched_tokens=8.5),
-     "max_batched_tokens (the token budget per step) must be an integer >= 1, got 8.5"),
-    (dict(kv="paged", chunked_prefill="yes"), "chunked_prefill must be True or False"),
-])
+@pytest.mark.parametrize(
+    "kwargs, msg",
+    [
+        (dict(kv="slots", chunked_prefill=True), "chunked_prefill needs kv='paged'"),
+        (
+            dict(kv="paged", chunked_prefill=True, max_batched_tokens=3),
+            "the token budget per step (max_batched_tokens, 3) is less than the 4 sequences that may run",
+        ),
+        (
+            dict(kv="paged", chunked_prefill=True, max_batched_tokens=8.5),
+            "max_batched_tokens (the token budget per step) must be an integer >= 1, got 8.5",
+        ),
+        (dict(kv="paged", chunked_prefill="yes"), "chunked_prefill must be True or False"),
+    ],
+)
 def test_bad_scheduler_options_say_what_is_allowed(model, kwargs, msg):
     with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace(")", r"\)")):
         ContinuousEngine(model, 4, **kwargs)
@@ -163,27 +187,37 @@ def test_bad_scheduler_options_say_what_is_allowed(model, kwargs, msg):
 _small = random_model(seed=1, vocab=48, d_model=32, n_layers=1, max_seq_len=64)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _solo_cached(prompt: tuple, new: int, eos) -> list[int]:
     return generate(_small, list(prompt), new, eos_id=eos)
 
 
-@given(n_slots=st.integers(1, 5), block_size=st.integers(1, 16), spare_blocks=st.integers(0, 6),
-       extra_budget=st.sampled_from([0, 1, 6, 30, 200]), ops=st.lists(op, max_size=25))
+@given(
+    n_slots=st.integers(1, 5),
+    block_size=st.integers(1, 16),
+    spare_blocks=st.integers(0, 6),
+    extra_budget=st.sampled_from([0, 1, 6, 30, 200]),
+    ops=st.lists(op, max_size=25),
+)
 def test_random_schedules_keep_the_schedulers_invariants(n_slots, block_size, spare_blocks, extra_budget, ops):
     max_len = 56
-    eng = chunked(_small, n_slots, n_slots + extra_budget, block_size, -(-max_len // block_size) + spare_blocks,
-                  max_len=max_len)
+    eng = chunked(
+        _small, n_slots, n_slots + extra_budget, block_size, -(-max_len // block_size) + spare_blocks, max_len=max_len
+    )
 
     def checked_step(eng):
         tokens_before = {s.rid: s.computed for s in eng._running}
         eng.step()
         check_chunked(eng)
-        assert sum(max(0, s.computed - tokens_before.get(s.rid, s.cached_tokens)) for s in eng._running) \
+        assert (
+            sum(max(0, s.computed - tokens_before.get(s.rid, s.cached_tokens)) for s in eng._running)
             <= eng.max_batched_tokens
+        )
+
     added, _ = run_random_ops(eng, ops, max_len, checked_step)
     assert eng.slots.allocated_tokens() == 0 and not eng._running
     for rid, r in added.items():
         if rid in eng.results:
-            assert eng.results[rid].tokens == _solo_cached(tuple(r.prompt), r.max_new_tokens, r.eos_id), \
+            assert eng.results[rid].tokens == _solo_cached(tuple(r.prompt), r.max_new_tokens, r.eos_id), (
                 f"request {rid} differs"
+            )

@@ -35,11 +35,11 @@ def test_info_reports_the_bundled_model():
     assert r.returncode == 0, r.stderr
     model, _ = load_checkpoint()
     assert f"{model.num_params():,}" in r.stdout and "KV bytes per token" in r.stdout
-    bpt = sum(2 * b.self_attn.n_kv_heads * b.self_attn.head_dim for b in model.layers)    # K and V, every layer
+    bpt = sum(2 * b.self_attn.n_kv_heads * b.self_attn.head_dim for b in model.layers)  # K and V, every layer
     assert f"{4 * bpt:,} (float32, the default on cpu)" in r.stdout and f"{2 * bpt:,} at" in r.stdout
     assert "--kv-cache-dtype bfloat16" in r.stdout
     says = "C kernels (csrc/" if native.library() is not None else f"PyTorch: {native.why_not}"
-    assert says in r.stdout                                      # which kernels this machine runs
+    assert says in r.stdout  # which kernels this machine runs
 
 
 BAD_INPUT = [
@@ -51,23 +51,39 @@ BAD_INPUT = [
     (("generate", "ROMEO " * 600), "the model's context is 512 tokens"),
     (("info", "--model", str(DATA)), "no config.json"),
     (("frobnicate",), "invalid choice"),
-    (("bench", "--kv-cache-dtype", "fp8"), "argument --kv-cache-dtype: expected auto, float32 or bfloat16 (fp32, bf16), got 'fp8'"),
+    (
+        ("bench", "--kv-cache-dtype", "fp8"),
+        "argument --kv-cache-dtype: expected auto, float32 or bfloat16 (fp32, bf16), got 'fp8'",
+    ),
     (("serve", "--kv-cache-dtype", "float16"), "argument --kv-cache-dtype: expected auto, float32 or bfloat16"),
-    (("whatif", "shakespeare_openings", "--lanes", "fcfs", "fcfs kv_dtype=half"), "kv_dtype must be one of auto, float32, bfloat16 (fp32, bf16), got 'half'"),
+    (
+        ("whatif", "shakespeare_openings", "--lanes", "fcfs", "fcfs kv_dtype=half"),
+        "kv_dtype must be one of auto, float32, bfloat16 (fp32, bf16), got 'half'",
+    ),
     # said before anything runs, not as a traceback at the end (a new user's finds)
-    (("bench", "--random-model", "--no-transformers", "--requests", "1", "--kv-memory", "1e9"),
-     "--kv-memory: a KV cache of 1,000,000,000 MiB is more than the"),
-    (("bench", "--random-model", "--requests", "1", "--max-num-seqs", "300"),
-     "--max-batched-tokens 256 is less than the 300 sequences the token-budget paths may run"),
-    (("bench", "--json", "/nonexistent/dir/b.json"), "argument --json: cannot write /nonexistent/dir/b.json: no folder"),
+    (
+        ("bench", "--random-model", "--no-transformers", "--requests", "1", "--kv-memory", "1e9"),
+        "--kv-memory: a KV cache of 1,000,000,000 MiB is more than the",
+    ),
+    (
+        ("bench", "--random-model", "--requests", "1", "--max-num-seqs", "300"),
+        "--max-batched-tokens 256 is less than the 300 sequences the token-budget paths may run",
+    ),
+    (
+        ("bench", "--json", "/nonexistent/dir/b.json"),
+        "argument --json: cannot write /nonexistent/dir/b.json: no folder",
+    ),
     (("whatif", "shakespeare_openings", "--json", "/nonexistent/x.json"), "cannot write /nonexistent/x.json"),
     (("serve", "--kv-memory", "1e9"), "--kv-memory: a KV cache of 1,000,000,000 MiB is more than the"),
-    (("bench", "--random-model", "--requests", "1", "--workload", "nosuch"),
-     "not a bundled workload (bundled: "),
-    (("bench", "--random-model", "--requests", "1", "--kv-memory", "0.01"),
-     "--kv-memory 0.01 MiB is too small for one request: a row reserves max_len 512 tokens"),
-    (("serve", "--kv-memory", "8", "--max-num-seqs", "1000"),
-     "the token budget per step (--max-batched-tokens, 256) is less than the 1000 sequences that may run"),
+    (("bench", "--random-model", "--requests", "1", "--workload", "nosuch"), "not a bundled workload (bundled: "),
+    (
+        ("bench", "--random-model", "--requests", "1", "--kv-memory", "0.01"),
+        "--kv-memory 0.01 MiB is too small for one request: a row reserves max_len 512 tokens",
+    ),
+    (
+        ("serve", "--kv-memory", "8", "--max-num-seqs", "1000"),
+        "the token budget per step (--max-batched-tokens, 256) is less than the 1000 sequences that may run",
+    ),
 ]
 
 # Every bad command line of BAD_INPUT through the CLI's main() in one child process (a process
@@ -95,8 +111,9 @@ print(json.dumps(runs))
 @pytest.fixture(scope="module")
 def bad_input_runs() -> dict[tuple[str, ...], tuple[int, str]]:
     argvs = [list(args) for args, _ in BAD_INPUT]
-    r = subprocess.run([sys.executable, "-c", _RUN_EACH, json.dumps(argvs)], capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", _RUN_EACH, json.dumps(argvs)], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr
     return {args: (rc, err) for (args, _), (rc, err) in zip(BAD_INPUT, json.loads(r.stdout))}
 
@@ -129,15 +146,34 @@ def test_broken_model_dir_is_exit_2(tmp_path):
 def test_bench_output_keeps_every_figure_whole_when_piped():
     """Piped (as in CI), rich used to squeeze the table to 80 columns: `tok…`, `0.…`."""
     from tinyllm.bench import COLUMNS
-    r = tinyllm("bench", "--random-model", "layers=1,d_model=32,heads=2,kv_heads=1,vocab=64,d_ff=64,max_seq_len=256",
-                "--requests", "4", "--solo-sample", "1", "--no-transformers", "--slots", "2", "--batch", "2")
+
+    r = tinyllm(
+        "bench",
+        "--random-model",
+        "layers=1,d_model=32,heads=2,kv_heads=1,vocab=64,d_ff=64,max_seq_len=256",
+        "--requests",
+        "4",
+        "--solo-sample",
+        "1",
+        "--no-transformers",
+        "--slots",
+        "2",
+        "--batch",
+        "2",
+    )
     assert r.returncode == 0, r.stderr
     assert "…" not in r.stdout
     header = next(line for line in r.stdout.splitlines() if "path" in line and "tok/s" in line)
     for col in COLUMNS:
         assert col in header
-    for path in ("solo", "static", "continuous-slots", "continuous-paged", "continuous-chunked",
-                 "continuous-chunked-nocache"):
+    for path in (
+        "solo",
+        "static",
+        "continuous-slots",
+        "continuous-paged",
+        "continuous-chunked",
+        "continuous-chunked-nocache",
+    ):
         row = next(line for line in r.stdout.splitlines() if line.startswith(f"│ {path} "))
         cells = [c.strip() for c in row.strip("│").split("│")]
         assert len(cells) == len(COLUMNS) + 1 and cells[0] == path and cells[-1] == "100%"
@@ -163,6 +199,7 @@ def run_in_a_terminal(argv: list[str], timeout: float) -> tuple[int, str]:
     import os
     import pty
     import threading
+
     master, slave = pty.openpty()
     proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=subprocess.PIPE, text=True)
     os.close(slave)
@@ -171,8 +208,9 @@ def run_in_a_terminal(argv: list[str], timeout: float) -> tuple[int, str]:
         try:
             while os.read(master, 65536):
                 pass
-        except OSError:                                   # the app exited: the pty closed
+        except OSError:  # the app exited: the pty closed
             pass
+
     threading.Thread(target=drain, daemon=True).start()
     try:
         _, err = proc.communicate(timeout=timeout)
@@ -182,14 +220,20 @@ def run_in_a_terminal(argv: list[str], timeout: float) -> tuple[int, str]:
     return proc.returncode, err
 
 
-@pytest.mark.parametrize("args, message", [
-    (("--kv", "slots", "--chunked-prefill"), "--chunked-prefill needs --kv paged"),
-    (("--no-chunked-prefill", "--max-batched-tokens", "64"), "--max-batched-tokens applies to chunked prefill only"),
-    (("--slots", "16", "--max-batched-tokens", "8"), "--max-batched-tokens 8 is less than --slots 16"),
-    (("--threads", "0"), "expected an integer >= 1"),
-    (("--no-chunked-prefill", "--prefix-cache"), "--prefix-cache needs chunked prefill"),
-    (("--prompts", "no_such_workload"), "not a bundled workload (bundled: batch_and_chat, burst,"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--kv", "slots", "--chunked-prefill"), "--chunked-prefill needs --kv paged"),
+        (
+            ("--no-chunked-prefill", "--max-batched-tokens", "64"),
+            "--max-batched-tokens applies to chunked prefill only",
+        ),
+        (("--slots", "16", "--max-batched-tokens", "8"), "--max-batched-tokens 8 is less than --slots 16"),
+        (("--threads", "0"), "expected an integer >= 1"),
+        (("--no-chunked-prefill", "--prefix-cache"), "--prefix-cache needs chunked prefill"),
+        (("--prompts", "no_such_workload"), "not a bundled workload (bundled: batch_and_chat, burst,"),
+    ],
+)
 def test_tui_scheduler_flags_are_checked_before_the_ui(args, message):
     r = subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and message in r.stderr, r.stderr
@@ -199,17 +243,25 @@ def test_tui_scheduler_flags_are_checked_before_the_ui(args, message):
 def test_tui_bad_arguments_exit_2_before_the_ui():
     r = subprocess.run([sys.executable, "-m", "tui.cli", "--slots", "0"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "expected an integer >= 1" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "tui.cli", "--kv-cache-dtype", "fp8"], capture_output=True, text=True,
-                       timeout=60)
-    assert r.returncode == 2 and "--kv-cache-dtype: expected auto, float32 or bfloat16 (fp32, bf16), got 'fp8'" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "tui.cli", "--prompts", str(DATA / "heldout_julius_caesar.txt")],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "tui.cli", "--kv-cache-dtype", "fp8"], capture_output=True, text=True, timeout=60
+    )
+    assert (
+        r.returncode == 2 and "--kv-cache-dtype: expected auto, float32 or bfloat16 (fp32, bf16), got 'fp8'" in r.stderr
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "tui.cli", "--prompts", str(DATA / "heldout_julius_caesar.txt")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "heldout_julius_caesar.txt:1: invalid JSON" in r.stderr
 
 
 def test_shipped_checkpoint_is_trained():
     """Held-out text the model never saw (a slice of Julius Caesar) scores well below 2 nats/char."""
     from tinyllm.model.train import eval_text
+
     model, tok = load_checkpoint()
     npc = eval_text(model, tok, [(DATA / "heldout_julius_caesar.txt").read_text()])
     assert npc < 2.0
@@ -230,19 +282,23 @@ def test_shipped_checkpoint_loads_in_transformers_with_equal_logits():
 
 # -- tinyllm-tui: refused before the UI starts (one line on stderr, exit 2, no screen drawn) ------------
 def tui(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True, timeout=60,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+    )
 
 
 def assert_refused_before_the_ui(r: subprocess.CompletedProcess, message: str) -> None:
     assert r.returncode == 2 and message in r.stderr, r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1 and "\x1b" not in r.stderr      # no screen was drawn
+    assert len(r.stderr.strip().splitlines()) == 1 and "\x1b" not in r.stderr  # no screen was drawn
 
 
-@pytest.mark.parametrize("path, message", [
-    ("/proc/run.jsonl", "--record /proc/run.jsonl: cannot write it ("),     # access() says yes; open() says no
-    ("", "--record needs a file name, e.g. --record run.jsonl"),
-])
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("/proc/run.jsonl", "--record /proc/run.jsonl: cannot write it ("),  # access() says yes; open() says no
+        ("", "--record needs a file name, e.g. --record run.jsonl"),
+    ],
+)
 def test_tui_record_to_a_file_it_cannot_create_is_refused_before_the_ui(path, message):
     assert_refused_before_the_ui(tui("--record", path), message)
     assert not Path("/proc/run.jsonl").exists()
@@ -253,6 +309,7 @@ def test_slots_beside_a_kv_budget_is_refused_everywhere(capsys):
     want = "--slots is the number of sequences without a KV budget: with --kv-memory the budget sizes the cache"
     assert_refused_before_the_ui(tui("--slots", "4", "--kv-memory", "8"), want)
     from tinyllm.cli import main
+
     assert main(["serve", "--slots", "4", "--kv-memory", "8"]) == 2
     assert want in capsys.readouterr().err
 
@@ -260,13 +317,16 @@ def test_slots_beside_a_kv_budget_is_refused_everywhere(capsys):
 def test_tui_without_a_terminal_says_so_instead_of_spinning(tmp_path):
     """`tinyllm-tui --prompts burst </dev/null >out.txt` drew into the file and spun a core on the
     closed stdin for as long as it ran; its engine process must not outlive the refusal either."""
-    for extra in ((), ("--engine-thread",)):                             # good arguments, no terminal
+    for extra in ((), ("--engine-thread",)):  # good arguments, no terminal
         r = tui("--record", str(tmp_path / "run.jsonl"), *extra)
-        assert_refused_before_the_ui(r, "the app draws in a terminal and its stdin is not one (redirected?); run "
-                                        "it in a terminal, or in a browser with --web")
-        assert not (tmp_path / "run.jsonl").exists()                   # refused before any work: no recording
+        assert_refused_before_the_ui(
+            r,
+            "the app draws in a terminal and its stdin is not one (redirected?); run "
+            "it in a terminal, or in a browser with --web",
+        )
+        assert not (tmp_path / "run.jsonl").exists()  # refused before any work: no recording
     assert_refused_before_the_ui(tui("--replay", str(DATA / "preemption-run.jsonl")), "its stdin is not one")
-    r = tui("--race", "--lanes", "static", "nope")                        # the arguments' own errors come first
+    r = tui("--race", "--lanes", "static", "nope")  # the arguments' own errors come first
     assert_refused_before_the_ui(r, "'nope' is neither a lane kind")
 
 
@@ -275,24 +335,36 @@ def test_tui_record_never_overwrites_a_recording(tmp_path):
     run.write_bytes((DATA / "preemption-run.jsonl").read_bytes())
     before = run.read_bytes()
     r = tui("--record", str(run))
-    assert_refused_before_the_ui(r, f"--record {run}: the file exists ({len(before):,} bytes) and would be "
-                                    f"overwritten; choose another name or remove it")
+    assert_refused_before_the_ui(
+        r,
+        f"--record {run}: the file exists ({len(before):,} bytes) and would be "
+        f"overwritten; choose another name or remove it",
+    )
     assert run.read_bytes() == before
 
 
-@pytest.mark.parametrize("blocks, says", [
-    ("1", "--kv-blocks 1 is too small for one request: the pool holds 1 block of 16 tokens (16 tokens), one "
-          "request of --max-len 512 needs 32 (raise --kv-blocks to 32 or lower --max-len to 16)"),
-    ("31", "--kv-blocks 31 is too small for one request: the pool holds 31 blocks of 16 tokens (496 tokens)"),
-])
+@pytest.mark.parametrize(
+    "blocks, says",
+    [
+        (
+            "1",
+            "--kv-blocks 1 is too small for one request: the pool holds 1 block of 16 tokens (16 tokens), one "
+            "request of --max-len 512 needs 32 (raise --kv-blocks to 32 or lower --max-len to 16)",
+        ),
+        ("31", "--kv-blocks 31 is too small for one request: the pool holds 31 blocks of 16 tokens (496 tokens)"),
+    ],
+)
 def test_tui_kv_blocks_too_few_for_one_request_are_refused_as_serve_does(blocks, says):
     assert_refused_before_the_ui(tui("--kv-blocks", blocks), says)
 
 
-@pytest.mark.parametrize("args, says", [
-    (("--kv", "slots", "--kv-blocks", "64"), "--kv-blocks goes with --kv paged (the slot cache has no blocks"),
-    (("--kv", "slots", "--block-size", "16"), "--block-size goes with --kv paged (the slot cache has no blocks"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (("--kv", "slots", "--kv-blocks", "64"), "--kv-blocks goes with --kv paged (the slot cache has no blocks"),
+        (("--kv", "slots", "--block-size", "16"), "--block-size goes with --kv paged (the slot cache has no blocks"),
+    ],
+)
 def test_tui_block_options_with_the_slot_cache_are_refused_not_ignored(args, says):
     assert_refused_before_the_ui(tui(*args), says)
 
@@ -307,36 +379,102 @@ WHY_ATTACH = "does not apply to --attach (the server runs its own engine, at its
 WHY_RACE = "does not apply to --race (the race is greedy, and each request's max_new_tokens comes from its workload)"
 
 
-@pytest.mark.parametrize("args, message", [
-    ((*REPLAY, "--slots", "4"), f"--slots {WHY_REPLAY}"),
-    ((*REPLAY, "--model", "/nonexistent"), f"--model {WHY_REPLAY}"),
-    ((*REPLAY, "--temperature", "5"), f"--temperature {WHY_REPLAY}"),
-    ((*REPLAY, "--no-prefix-cache"), f"--no-prefix-cache {WHY_REPLAY}"),
-    ((*REPLAY, "--kv-events", "tcp://127.0.0.1:5557"), f"--kv-events {WHY_REPLAY}"),
-    ((*REPLAY, "--slots", "8"), f"--slots {WHY_REPLAY}"),                 # typed, even at its default value
-    ((*REPLAY, "--wait", "5"), f"--wait {WHY_REPLAY}"),
-    (("--race", "--wait", "5"), f"--wait {WHY_RACE}"),
-    (("--wait", "5"), "--wait applies to --attach (how long to wait for the server to listen)"),
-    (("--race", "--temperature", "5"), f"--temperature {WHY_RACE}"),
-    (("--race", "--kv-events", "tcp://127.0.0.1:5557"), "--kv-events does not apply to --race (it draws a vLLM "
-                                                        "server's prefix cache: --attach)"),
-    (("--attach", "127.0.0.1:9", "--slots", "3"), f"--slots {WHY_ATTACH}"),
-    (("--attach", "127.0.0.1:9", "--paused"), f"--paused {WHY_ATTACH}"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((*REPLAY, "--slots", "4"), f"--slots {WHY_REPLAY}"),
+        ((*REPLAY, "--model", "/nonexistent"), f"--model {WHY_REPLAY}"),
+        ((*REPLAY, "--temperature", "5"), f"--temperature {WHY_REPLAY}"),
+        ((*REPLAY, "--no-prefix-cache"), f"--no-prefix-cache {WHY_REPLAY}"),
+        ((*REPLAY, "--kv-events", "tcp://127.0.0.1:5557"), f"--kv-events {WHY_REPLAY}"),
+        ((*REPLAY, "--slots", "8"), f"--slots {WHY_REPLAY}"),  # typed, even at its default value
+        ((*REPLAY, "--wait", "5"), f"--wait {WHY_REPLAY}"),
+        (("--race", "--wait", "5"), f"--wait {WHY_RACE}"),
+        (("--wait", "5"), "--wait applies to --attach (how long to wait for the server to listen)"),
+        (("--race", "--temperature", "5"), f"--temperature {WHY_RACE}"),
+        (
+            ("--race", "--kv-events", "tcp://127.0.0.1:5557"),
+            "--kv-events does not apply to --race (it draws a vLLM server's prefix cache: --attach)",
+        ),
+        (("--attach", "127.0.0.1:9", "--slots", "3"), f"--slots {WHY_ATTACH}"),
+        (("--attach", "127.0.0.1:9", "--paused"), f"--paused {WHY_ATTACH}"),
+    ],
+)
 def test_tui_an_option_its_mode_does_not_use_is_refused(args, message):
     assert_refused_before_the_ui(tui(*args), message)
 
 
-@pytest.mark.parametrize("mode, argv", [
-    ("--replay", ["--replay", "r.jsonl", "--paused", "--step-delay", "5", "--web", "--port", "9000"]),
-    ("--attach", ["--attach", "h:1", "--wait", "0", "--kv-events", "tcp://h:2", "--model", "m", "--prompts", "burst",
-                  "--temperature", "0", "--top-k", "3", "--top-p", "0.5", "--max-new-tokens", "9"]),
-    ("--race", ["--race", "burst", "--lanes", "static", "chunked", "--batch-timeout", "1", "--model", "m",
-                "--device", "cpu", "--slots", "4", "--kv-memory", "8", "--max-num-seqs", "4", "--max-len", "64",
-                "--max-batched-tokens", "64", "--threads", "1", "--block-size", "8", "--kv-blocks", "9", "--seed", "1",
-                "--kv-cache-dtype", "bf16", "--paused", "--step-delay", "5", "--engine-thread"]),
-])
+@pytest.mark.parametrize(
+    "mode, argv",
+    [
+        ("--replay", ["--replay", "r.jsonl", "--paused", "--step-delay", "5", "--web", "--port", "9000"]),
+        (
+            "--attach",
+            [
+                "--attach",
+                "h:1",
+                "--wait",
+                "0",
+                "--kv-events",
+                "tcp://h:2",
+                "--model",
+                "m",
+                "--prompts",
+                "burst",
+                "--temperature",
+                "0",
+                "--top-k",
+                "3",
+                "--top-p",
+                "0.5",
+                "--max-new-tokens",
+                "9",
+            ],
+        ),
+        (
+            "--race",
+            [
+                "--race",
+                "burst",
+                "--lanes",
+                "static",
+                "chunked",
+                "--batch-timeout",
+                "1",
+                "--model",
+                "m",
+                "--device",
+                "cpu",
+                "--slots",
+                "4",
+                "--kv-memory",
+                "8",
+                "--max-num-seqs",
+                "4",
+                "--max-len",
+                "64",
+                "--max-batched-tokens",
+                "64",
+                "--threads",
+                "1",
+                "--block-size",
+                "8",
+                "--kv-blocks",
+                "9",
+                "--seed",
+                "1",
+                "--kv-cache-dtype",
+                "bf16",
+                "--paused",
+                "--step-delay",
+                "5",
+                "--engine-thread",
+            ],
+        ),
+    ],
+)
 def test_tui_the_options_a_mode_uses_are_not_refused(mode, argv):
     from tui.cli import build_parser, parse, refuse_unused
+
     parser = build_parser()
-    refuse_unused(parser, parse(parser, argv), mode)            # no SystemExit
+    refuse_unused(parser, parse(parser, argv), mode)  # no SystemExit

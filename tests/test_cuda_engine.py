@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import mixed_workload, random_model, run_checked, with_early_eos
 from tinyllm.engine import ContinuousEngine, kv_bytes_per_token
 from tinyllm.engine.sampler import Row, sample_batch, seeded_uniforms
 from tinyllm.engine.solo import generate
 from tinyllm.model.device import autocast, full_precision, is_cuda
 from tinyllm.request import Sampling
-from tests.helpers import mixed_workload, random_model, run_checked, with_early_eos
 
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = {
@@ -67,8 +67,9 @@ def workload(cuda_model):
 
 def solo(model, reqs, kv_cache_dtype: str = "auto", fp32: bool = False) -> list[list[int]]:
     with full_precision() if fp32 else contextlib.nullcontext():
-        return [generate(model, r.prompt, r.max_new_tokens, eos_id=r.eos_id, kv_cache_dtype=kv_cache_dtype)
-                for r in reqs]
+        return [
+            generate(model, r.prompt, r.max_new_tokens, eos_id=r.eos_id, kv_cache_dtype=kv_cache_dtype) for r in reqs
+        ]
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +92,7 @@ def run_engine(model, reqs, kind: str, **kw) -> tuple[list[list[int]], Continuou
     assert is_cuda(eng.slots.k.device)
     tokens = run_checked(eng, reqs)
     if kind == "chunked-tiny-pool":
-        assert eng.stats.preemptions > 0                          # preempted and recomputed on the GPU too
+        assert eng.stats.preemptions > 0  # preempted and recomputed on the GPU too
     return tokens, eng
 
 
@@ -145,7 +146,7 @@ V = 512
 
 @pytest.mark.cuda
 def test_seeded_uniforms_on_cuda_are_the_cpus_bit_for_bit():
-    seeds = torch.tensor([0, 1, -1, 2**63 - 1, -2**63, 12345, 42, 42])
+    seeds = torch.tensor([0, 1, -1, 2**63 - 1, -(2**63), 12345, 42, 42])
     pos = torch.tensor([0, 5, 1000, 7, 3, 10**6, 2, 3])
     assert torch.equal(seeded_uniforms(seeds.cuda(), pos.cuda()).cpu(), seeded_uniforms(seeds, pos))
 
@@ -157,12 +158,17 @@ def test_a_seeded_row_draws_the_same_token_on_cuda_alone_or_in_any_batch():
     g = torch.Generator().manual_seed(0)
     logits = (torch.randn(8, V, generator=g) * 3).cuda()
     others = (torch.randn(63, V, generator=g) * 3).cuda()
-    settings = [Sampling(1.0, seed=1), Sampling(0.7, top_k=40, seed=2), Sampling(1.3, top_p=0.9, seed=3),
-                Sampling(0.9, min_p=0.05, seed=4), Sampling(1.0, top_k=300, top_p=0.95, seed=5)]
+    settings = [
+        Sampling(1.0, seed=1),
+        Sampling(0.7, top_k=40, seed=2),
+        Sampling(1.3, top_p=0.9, seed=3),
+        Sampling(0.9, min_p=0.05, seed=4),
+        Sampling(1.0, top_k=300, top_p=0.95, seed=5),
+    ]
     filler = [Row(Sampling(0.8)), Row(Sampling(0)), Row(Sampling(1.0, top_k=2, seed=9)), Row(Sampling(1.0, top_p=0.5))]
     for i, s in enumerate(settings):
         for out in [(), (1,), (4, 4, 4, 4, 4)]:
-            row, x = Row(s, output=out), logits[i:i + 1]
+            row, x = Row(s, output=out), logits[i : i + 1]
             solo = sample_batch(x, [row])
             assert not solo.failed
             alone = int(solo.tokens)
@@ -170,7 +176,7 @@ def test_a_seeded_row_draws_the_same_token_on_cuda_alone_or_in_any_batch():
                 at = n // 2
                 rows = [filler[j % len(filler)] for j in range(n - 1)]
                 rows.insert(at, row)
-                batch = torch.cat([others[:at], x, others[at:n - 1]])
+                batch = torch.cat([others[:at], x, others[at : n - 1]])
                 got = sample_batch(batch, rows, torch.Generator("cuda").manual_seed(n))
                 assert not got.failed and int(got.tokens[at]) == alone, (s, out, n)
 
@@ -192,15 +198,37 @@ def test_the_bench_runs_its_cuda_branch_end_to_end_on_an_indexed_device(tmp_path
     CUDA-graph decode step is measured and every path agrees (float32, so agreement is exact)."""
     from tinyllm import cli
     from tinyllm.bench import run as bench_run
+
     monkeypatch.setattr(bench_run, "resolve_device", lambda requested: "cuda:0")
     out_json = tmp_path / "report.json"
     out, err = io.StringIO(), io.StringIO()
     threads = torch.get_num_threads()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), full_precision():
-            rc = cli.main(["bench", "--random-model", TINY, "--requests", "4", "--solo-sample", "1",
-                           "--no-transformers", "--slots", "2", "--batch", "2", "--threads", "1",
-                           "--device", "cuda", "--kv-cache-dtype", "float32", "--json", str(out_json)])
+            rc = cli.main(
+                [
+                    "bench",
+                    "--random-model",
+                    TINY,
+                    "--requests",
+                    "4",
+                    "--solo-sample",
+                    "1",
+                    "--no-transformers",
+                    "--slots",
+                    "2",
+                    "--batch",
+                    "2",
+                    "--threads",
+                    "1",
+                    "--device",
+                    "cuda",
+                    "--kv-cache-dtype",
+                    "float32",
+                    "--json",
+                    str(out_json),
+                ]
+            )
     finally:
         torch.set_num_threads(threads)
     assert rc == 0, err.getvalue()

@@ -13,12 +13,12 @@ import contextlib
 import pytest
 import torch
 
+from tests.helpers import mixed_workload, random_model, solo_outputs
 from tinyllm.engine import ContinuousEngine, Request, run_continuous
 from tinyllm.engine.solo import generate
 from tinyllm.kv.cuda_graph import SlotGraphDecoder, capturing, check_buckets, default_buckets
 from tinyllm.kv.dense import SlotKVCache
 from tinyllm.model.device import autocast, full_precision
-from tests.helpers import mixed_workload, random_model, solo_outputs
 
 
 def slot_cache(model, n_slots: int = 3, max_len: int = 64, dtype=torch.float32, device="cpu") -> SlotKVCache:
@@ -41,9 +41,15 @@ def test_graphs_with_paged_kv_are_refused():
 def test_buckets_are_integers_in_one_to_max_len_and_cover_it():
     assert check_buckets(None, 300) == default_buckets(300) == (64, 128, 256, 300)
     assert check_buckets((64, 16, 64, 32), 64) == (16, 32, 64)
-    for bad, why in [((0, 64), "got 0"), ((32, 65), "got 65"), ((-1, 64), "got -1"), ((True, 64), "got True"),
-                     ((16.0, 64), "got 16.0"), ((16, 32), "must cover max_len 64; largest is 32"),
-                     ((), "must not be empty")]:
+    for bad, why in [
+        ((0, 64), "got 0"),
+        ((32, 65), "got 65"),
+        ((-1, 64), "got -1"),
+        ((True, 64), "got True"),
+        ((16.0, 64), "got 16.0"),
+        ((16, 32), "must cover max_len 64; largest is 32"),
+        ((), "must not be empty"),
+    ]:
         with pytest.raises(ValueError, match=why.replace(".", r"\.")):
             check_buckets(bad, 64)
 
@@ -76,7 +82,7 @@ def test_capture_leaves_the_host_state_alone(model):
         for _ in range(3):
             model(tok, cache=s)
             assert s._window == 32
-        assert s.lens[:2] == [8, 12]                                 # each pass's cache.end ran
+        assert s.lens[:2] == [8, 12]  # each pass's cache.end ran
         assert s._lens_t.tolist() == [5, 9, 0]
     assert s.lens == [5, 9, 0] and s.active == [True, True, False]
     assert s._lens_t.tolist() == [5, 9, 0]
@@ -110,7 +116,7 @@ def test_a_full_slot_is_the_eager_paths_value_error_not_stop_iteration(model):
     with pytest.raises(ValueError) as graph:
         fake_decoder(s).step(tok)
     assert str(graph.value) == str(eager.value) == "SlotKVCache: a slot is full (64 of max_len 64)"
-    assert s.lens == [0, 64]                                          # nothing advanced
+    assert s.lens == [0, 64]  # nothing advanced
     with pytest.raises(ValueError, match="no bucket covers an attention window of 65"):
         fake_decoder(s).bucket_for(65)
     assert [fake_decoder(s).bucket_for(w) for w in (1, 64)] == [64, 64]
@@ -161,7 +167,7 @@ def test_each_replayed_step_is_the_eager_step_within_the_precisions_noise(precis
         eng = ContinuousEngine(model, 4, 128, cuda_graph=True, buckets=(8, 16, 32, 64, 128), **kw)
         for r in reqs:
             eng.add_request(r)
-        eng.step()                                                  # admit and prefill all four
+        eng.step()  # admit and prefill all four
         for _ in range(40):
             active = [i for i, a in enumerate(eng.slots.active) if a]
             assert len(active) == 4

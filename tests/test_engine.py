@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers import check_invariants, mixed_workload, run_checked, solo_outputs, with_early_eos
 from tinyllm.engine import ContinuousEngine, Request, Sampling, run_continuous, run_static
-from tinyllm.engine.solo import generate
 from tinyllm.engine.sampler import sample_next
-from tests.helpers import (check_invariants, mixed_workload, run_checked, solo_outputs,
-                           with_early_eos)
+from tinyllm.engine.solo import generate
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +28,7 @@ def test_static_equals_solo(model, workload):
     results, summary = run_static(model, reqs, batch_size=4)
     assert [r.tokens for r in results] == solo
     assert summary["useful_tokens"] == sum(map(len, solo))
-    assert summary["row_util"] < 1.0                       # static batching wastes rows
+    assert summary["row_util"] < 1.0  # static batching wastes rows
 
 
 @pytest.mark.parametrize("n_slots", [4, 7])
@@ -54,7 +53,7 @@ def test_requests_arriving_while_others_decode(model, workload):
     rids = {}
     for i, r in enumerate(reqs):
         rids[eng.add_request(r)] = i
-        eng.step()                                          # one arrival per step
+        eng.step()  # one arrival per step
         check_invariants(eng)
     while eng.has_work():
         eng.step()
@@ -79,6 +78,7 @@ def test_events_stream_every_token(model, workload):
 
 # -- sampling -----------------------------------------------------------------------------
 
+
 def test_sample_next_greedy_top_k_1_and_tiny_top_p_equal_argmax():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(16, 50, generator=g) * 3
@@ -101,13 +101,18 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     g = torch.Generator().manual_seed(2)
     drawn = {int(sample_next(logits, 1.0, top_p=0.7, generator=g)) for _ in range(300)}
-    assert drawn == {0, 1}                                   # 0.5 < 0.7 <= 0.5 + 0.3
+    assert drawn == {0, 1}  # 0.5 < 0.7 <= 0.5 + 0.3
 
 
 def test_mixed_sampling_in_one_engine(model, workload):
     reqs, solo = workload
-    settings = [None, Sampling(0.9, top_k=8), Sampling(1.2, top_p=0.5), Sampling(0.7, top_k=1),
-                Sampling(1.0, top_p=1e-9)]
+    settings = [
+        None,
+        Sampling(0.9, top_k=8),
+        Sampling(1.2, top_p=0.5),
+        Sampling(0.7, top_k=1),
+        Sampling(1.0, top_p=1e-9),
+    ]
     mixed = [Request(r.prompt, r.max_new_tokens, r.eos_id, settings[i % len(settings)]) for i, r in enumerate(reqs)]
 
     def run(seed):
@@ -118,9 +123,9 @@ def test_mixed_sampling_in_one_engine(model, workload):
     for i, (r, o) in enumerate(zip(mixed, out)):
         if r.sampling is None or r.sampling.top_k == 1 or (r.sampling.top_p or 1) < 1e-6:
             assert o == solo[i], f"request {i} ({r.sampling}) should be greedy"
-    assert run(123) == out                                     # a fixed generator reproduces
+    assert run(123) == out  # a fixed generator reproduces
     sampled = [i for i, r in enumerate(mixed) if r.sampling and r.sampling.top_k == 8 and len(solo[i]) > 5]
-    assert any(out[i] != solo[i] for i in sampled)             # temperature really samples
+    assert any(out[i] != solo[i] for i in sampled)  # temperature really samples
 
 
 def test_top_k_respected_inside_the_engine(model):
@@ -129,7 +134,7 @@ def test_top_k_respected_inside_the_engine(model):
     k = 3
     eng = ContinuousEngine(model, 2, generator=torch.Generator().manual_seed(5))
     eng.add_request(Request(prompt, 30, sampling=Sampling(1.5, top_k=k)))
-    eng.add_request(Request([7, 7, 7], 30))                   # a greedy neighbour in the batch
+    eng.add_request(Request([7, 7, 7], 30))  # a greedy neighbour in the batch
     while eng.has_work():
         eng.step()
     toks = eng.results[0].tokens
@@ -139,6 +144,7 @@ def test_top_k_respected_inside_the_engine(model):
 
 
 # -- abort --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kv", ["slots", "paged"])
 def test_abort_queued_and_running(model, workload, kv):
@@ -170,6 +176,7 @@ def test_abort_queued_and_running(model, workload, kv):
 
 # -- snapshot -----------------------------------------------------------------------------
 
+
 def test_snapshot_tracks_states_and_kv(model, workload):
     reqs, solo = workload
     eng = ContinuousEngine(model, 2)
@@ -185,11 +192,11 @@ def test_snapshot_tracks_states_and_kv(model, workload):
     for rid, sv in held.items():
         rv = snap.request(rid)
         assert rv.state == "running" and rv.slot == sv.slot
-        assert sv.context_len == len(rv.prompt) + len(rv.tokens) - 1    # last token not yet fed back
-        assert list(rv.tokens) == solo[rid][:len(rv.tokens)]
+        assert sv.context_len == len(rv.prompt) + len(rv.tokens) - 1  # last token not yet fed back
+        assert list(rv.tokens) == solo[rid][: len(rv.tokens)]
     assert snap.kv.used_tokens == sum(s.context_len for s in snap.slots)
     assert snap.kv.reserved_tokens == 2 * eng.max_len
-    assert snap0.requests[0].tokens == ()                               # old snapshots are not mutated
+    assert snap0.requests[0].tokens == ()  # old snapshots are not mutated
     while eng.has_work():
         eng.step()
     end = eng.snapshot()
@@ -201,22 +208,37 @@ def test_snapshot_tracks_states_and_kv(model, workload):
 
 # -- bad input ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(temperature=-0.1), "temperature"), (dict(temperature=float("nan")), "temperature"),
-    (dict(temperature=float("inf")), "temperature"), (dict(temperature="hot"), "temperature"),
-    (dict(top_k=0), "top_k"), (dict(top_k=2.5), "top_k"),
-    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(top_p=-1), "top_p"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(temperature=-0.1), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(temperature=float("inf")), "temperature"),
+        (dict(temperature="hot"), "temperature"),
+        (dict(top_k=0), "top_k"),
+        (dict(top_k=2.5), "top_k"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_p=-1), "top_p"),
+    ],
+)
 def test_bad_sampling_names_field_and_range(kwargs, field):
     with pytest.raises(ValueError, match=field) as e:
         Sampling(**kwargs)
     assert any(s in str(e.value) for s in (">= 0", ">= 1", "(0, 1]"))
 
 
-@pytest.mark.parametrize("args, field", [
-    (([], 5), "prompt"), (([1, -2], 5), "prompt"), (([1, 2], 0), "max_new_tokens"),
-    (([1, 2], 2.0), "max_new_tokens"), (([1], 3, -1), "eos_id"),
-])
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        (([], 5), "prompt"),
+        (([1, -2], 5), "prompt"),
+        (([1, 2], 0), "max_new_tokens"),
+        (([1, 2], 2.0), "max_new_tokens"),
+        (([1], 3, -1), "eos_id"),
+    ],
+)
 def test_bad_request_names_field(args, field):
     with pytest.raises(ValueError, match=field):
         Request(*args)
@@ -224,19 +246,26 @@ def test_bad_request_names_field(args, field):
 
 def test_prompt_that_cannot_fit_is_refused_at_add(model):
     eng = ContinuousEngine(model, 2, max_len=64)
-    with pytest.raises(ValueError, match=r"prompt is 60 tokens \+ max_new_tokens 10 = 70, more than the slot's max_len of 64 tokens"):
+    with pytest.raises(
+        ValueError, match=r"prompt is 60 tokens \+ max_new_tokens 10 = 70, more than the slot's max_len of 64 tokens"
+    ):
         eng.add_request(Request([1] * 60, 10))
     with pytest.raises(ValueError, match="outside the model's vocabulary"):
         eng.add_request(Request([1, 999], 3))
     assert not eng.has_work() and eng.snapshot().requests == ()
 
 
-@pytest.mark.parametrize("kwargs, msg", [
-    (dict(n_slots=0), "n_slots"), (dict(n_slots=2, max_len=10_000), "max_len"),
-    (dict(n_slots=2, kv="disk"), "kv must be"), (dict(n_slots=2, kv="paged", block_size=0), "block_size"),
-    (dict(n_slots=2, kv="paged", kv_blocks=0), "kv_blocks"),
-    (dict(n_slots=2, kv="paged", cuda_graph=True), "cuda_graph supports kv='slots' only"),
-])
+@pytest.mark.parametrize(
+    "kwargs, msg",
+    [
+        (dict(n_slots=0), "n_slots"),
+        (dict(n_slots=2, max_len=10_000), "max_len"),
+        (dict(n_slots=2, kv="disk"), "kv must be"),
+        (dict(n_slots=2, kv="paged", block_size=0), "block_size"),
+        (dict(n_slots=2, kv="paged", kv_blocks=0), "kv_blocks"),
+        (dict(n_slots=2, kv="paged", cuda_graph=True), "cuda_graph supports kv='slots' only"),
+    ],
+)
 def test_bad_engine_arguments(model, kwargs, msg):
     with pytest.raises(ValueError, match=msg):
         ContinuousEngine(model, **kwargs)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from tests.helpers import check_invariants, mixed_workload, random_model, run_checked, solo_outputs
+from tinyllm.engine import ContinuousEngine, Request, Sampling, run_continuous
 from tinyllm.observe.snapshot import WAIT_REASONS
 
-from tinyllm.engine import ContinuousEngine, Request, Sampling, run_continuous
-from tests.helpers import check_invariants, mixed_workload, random_model, run_checked, solo_outputs
-
-KVS = ["slots", "paged", "chunked"]          # chunked: the token-budget scheduler on the paged cache
+KVS = ["slots", "paged", "chunked"]  # chunked: the token-budget scheduler on the paged cache
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +21,7 @@ def engine(model, kv, n_slots=2, **kw):
     if kv == "chunked":
         kw.update(chunked_prefill=True, max_batched_tokens=max(n_slots, 6))
     if kv != "slots":
-        kw.update(block_size=4)                                  # (a block pool's setting: paged only)
+        kw.update(block_size=4)  # (a block pool's setting: paged only)
     return ContinuousEngine(model, n_slots, kv="paged" if kv == "chunked" else kv, **kw)
 
 
@@ -46,7 +45,7 @@ def test_changing_the_callers_prompt_after_add_changes_nothing(model, kv, change
     rid = eng.add_request(req)
     other = eng.add_request(Request([9, 8, 7], 6))
     if change == "too_long":
-        prompt.extend([1] * 200)           # would overflow the slot / the whole pool
+        prompt.extend([1] * 200)  # would overflow the slot / the whole pool
     elif change == "out_of_vocab":
         prompt[0] = 10_000
     elif change == "negative":
@@ -92,6 +91,7 @@ def poisoned(poison: int):
         if idx.size(1) > 1 and (idx == poison).any():
             raise RuntimeError(f"simulated failure on token {poison}")
         return forward(idx, cache=cache, **kw)
+
     m.forward = checked
     return m
 
@@ -115,10 +115,10 @@ def test_a_request_that_breaks_admission_fails_alone(model, kv):
     kinds = [e.kind for e in eng.pop_lifecycle() if e.rid == rids[1]]
     assert kinds == (["queued", "admitted", "failed"] if kv == "chunked" else ["queued", "failed"])
     assert eng.snapshot().counters.failed == 1 and eng.slots.allocated_tokens() == 0
-    assert eng.abort(rids[1]) is False                  # already ended
+    assert eng.abort(rids[1]) is False  # already ended
 
 
-BROKEN = Sampling(1.0, top_k=13)              # the setting the sampler below fails on
+BROKEN = Sampling(1.0, top_k=13)  # the setting the sampler below fails on
 
 
 @pytest.fixture
@@ -127,6 +127,7 @@ def broken_sampler(monkeypatch):
     to overflow), so the failure is injected, for the unforeseen: NaN logits in the BROKEN rows
     (the vectorised sampler must fail those rows alone)."""
     from tinyllm.engine import sampler
+
     real = sampler._sample
 
     def _sample(logits, rows, generator):
@@ -135,6 +136,7 @@ def broken_sampler(monkeypatch):
             if r.sampling == BROKEN:
                 logits[i] = float("nan")
         return real(logits, rows, generator)
+
     monkeypatch.setattr(sampler, "_sample", _sample)
 
 
@@ -173,7 +175,7 @@ def test_lifecycle_events_tell_each_requests_story(model):
     for rid, req in zip(rids, reqs):
         mine = [e for e in events if e.rid == rid]
         assert [e.kind for e in mine].count("first_token") == 1
-        prefills = [e for e in mine if e.kind == "prefill"]       # the whole context, once per admission
+        prefills = [e for e in mine if e.kind == "prefill"]  # the whole context, once per admission
         assert len(prefills) == [e.kind for e in mine].count("admitted")
         assert all(e.prefill_span()[0] == 0 and e.prefill_span()[1] == e.prefill_span()[2] for e in prefills)
         assert all(e.reason.split(":")[0] in WAIT_REASONS for e in mine if e.kind == "waiting" and e.reason)
@@ -181,9 +183,13 @@ def test_lifecycle_events_tell_each_requests_story(model):
         kinds = [e.kind for e in mine]
         assert kinds[0] == "queued" and kinds[-1] == "finished" and kinds[1] == "admitted"
         assert kinds.count("admitted") == kinds.count("preempted") + 1
-        for prev, nxt in zip(kinds, kinds[1:]):               # admitted and preempted alternate
-            assert (prev, nxt) in {("queued", "admitted"), ("admitted", "preempted"), ("preempted", "admitted"),
-                                   ("admitted", "finished")}
+        for prev, nxt in zip(kinds, kinds[1:]):  # admitted and preempted alternate
+            assert (prev, nxt) in {
+                ("queued", "admitted"),
+                ("admitted", "preempted"),
+                ("preempted", "admitted"),
+                ("admitted", "finished"),
+            }
         fin = mine[-1]
         assert fin.tokens == len(eng.results[rid].tokens) and fin.reason in ("eos", "length")
         for e in mine:

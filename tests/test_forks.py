@@ -16,23 +16,40 @@ import json
 
 import httpx
 import pytest
-from hypothesis import event, given, settings, strategies as st
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
+from tests.helpers import SERVED_MODEL, check_invariants, random_model, serve_in_thread
+from tests.test_chunked import check_chunked
+from tests.test_paged import op  # noqa: F401  (loads the shared hypothesis profile)
 from tinyllm.engine import ContinuousEngine, Request
 from tinyllm.engine.solo import generate
 from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.request import SEED_MAX, SEED_MIN, Sampling, fork_sampling
-from tests.helpers import SERVED_MODEL, check_invariants, random_model, serve_in_thread
-from tests.test_chunked import check_chunked
-from tests.test_paged import op  # noqa: F401  (loads the shared hypothesis profile)
 
-PROMPT = list(range(1, 21))            # 20 tokens: 2 full blocks of 8 and a partial one
+PROMPT = list(range(1, 21))  # 20 tokens: 2 full blocks of 8 and a partial one
 
 
-def engine(model, n_slots: int = 4, block_size: int = 8, kv_blocks: int | None = None, budget: int = 64,
-           prefix_cache: bool = True, max_len: int | None = None) -> ContinuousEngine:
-    return ContinuousEngine(model, n_slots, max_len, kv="paged", block_size=block_size, kv_blocks=kv_blocks,
-                            chunked_prefill=True, max_batched_tokens=budget, prefix_cache=prefix_cache)
+def engine(
+    model,
+    n_slots: int = 4,
+    block_size: int = 8,
+    kv_blocks: int | None = None,
+    budget: int = 64,
+    prefix_cache: bool = True,
+    max_len: int | None = None,
+) -> ContinuousEngine:
+    return ContinuousEngine(
+        model,
+        n_slots,
+        max_len,
+        kv="paged",
+        block_size=block_size,
+        kv_blocks=kv_blocks,
+        chunked_prefill=True,
+        max_batched_tokens=budget,
+        prefix_cache=prefix_cache,
+    )
 
 
 def run(eng: ContinuousEngine, on_step=None) -> None:
@@ -54,12 +71,12 @@ def solo(model, req: Request, **kw) -> list[int]:
 
 # -- the engine ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("prefix_cache", [True, False])
-@pytest.mark.parametrize("prompt_len", [20, 16])        # a partial last block (copied), and none
+@pytest.mark.parametrize("prompt_len", [20, 16])  # a partial last block (copied), and none
 def test_the_prompt_is_prefilled_once_and_its_full_blocks_are_shared(model, prefix_cache, prompt_len):
     eng = engine(model, prefix_cache=prefix_cache)
     prompt = PROMPT[:prompt_len]
     rids = eng.add_forks(Request(prompt, 6, sampling=Sampling(1.0, seed=3)), 4)
-    assert len(rids) == 4 and len(eng.waiting) == 1          # only the parent is queued
+    assert len(rids) == 4 and len(eng.waiting) == 1  # only the parent is queued
     seen = []
 
     def at_fork(eng):
@@ -67,10 +84,11 @@ def test_the_prompt_is_prefilled_once_and_its_full_blocks_are_shared(model, pref
             tables = [eng.slots.tables[eng._seqs[r].slot] for r in rids]
             full = prompt_len // 8
             seen.append(tables)
-            for b in tables[0][:full]:                         # the prompt's full blocks: one copy, 4 refs
+            for b in tables[0][:full]:  # the prompt's full blocks: one copy, 4 refs
                 assert eng.slots.ref[b] == 4 and all(t[:full] == tables[0][:full] for t in tables)
             partial = [t[full] for t in tables if len(t) > full]
-            assert len(set(partial)) == len(partial)           # the partial block: each its own copy
+            assert len(set(partial)) == len(partial)  # the partial block: each its own copy
+
     run(eng, at_fork)
     assert seen, "the samples never ran side by side"
     assert eng.stats.prefill_tokens == prompt_len
@@ -83,13 +101,16 @@ def test_the_fork_shows_in_the_event_log_and_the_timeline(model):
     """A sample's admission says whose fork it is; its track decodes from the step after."""
     from tinyllm.observe.timeline import Timeline
     from tui.runners.interface import lifecycle_log
+
     eng = engine(model)
     rids = eng.add_forks(Request(PROMPT, 4), 2)
     run(eng)
     events = eng.pop_lifecycle()
     fork = next(e for e in events if e.kind == "admitted" and e.rid == rids[1])
-    assert lifecycle_log(fork) == ("admit", f"#{rids[1]} admitted to slot {fork.slot} as a fork of #{rids[0]}, "
-                                            "sharing its prompt's blocks")
+    assert lifecycle_log(fork) == (
+        "admit",
+        f"#{rids[1]} admitted to slot {fork.slot} as a fork of #{rids[0]}, sharing its prompt's blocks",
+    )
     tl = Timeline()
     tl.feed(events)
     parent, child = tl.track(rids[0]), tl.track(rids[1])
@@ -126,7 +147,8 @@ def test_other_schedulers_run_n_independent_requests(model):
         check_invariants(eng)
     assert eng.stats.prefill_tokens == 3 * len(PROMPT)
     assert [eng.results[r].tokens for r in rids] == [
-        solo(model, Request(PROMPT, 8, sampling=Sampling(1.0, seed=5 + i))) for i in range(3)]
+        solo(model, Request(PROMPT, 8, sampling=Sampling(1.0, seed=5 + i))) for i in range(3)
+    ]
 
 
 def test_seeds_wrap_within_int64_and_bad_n_is_refused(model):
@@ -137,7 +159,7 @@ def test_seeds_wrap_within_int64_and_bad_n_is_refused(model):
         with pytest.raises(ValueError, match="n must be an integer from 1 to 16"):
             eng.add_forks(Request(PROMPT, 4), n)
     with pytest.raises(ValueError):
-        eng.add_forks(Request(PROMPT, 500), 2)               # too long: nothing is queued
+        eng.add_forks(Request(PROMPT, 500), 2)  # too long: nothing is queued
     assert not eng.has_work() and not eng._seqs
 
 
@@ -155,7 +177,8 @@ def test_samples_without_a_slot_or_block_fall_back_to_ordinary_requests(model, n
     assert len(forked) == (n_slots - 1 if kv_blocks is None else 0)
     assert {e.rid for e in admitted} == set(rids)
     assert [eng.results[r].tokens for r in rids] == [
-        solo(model, Request(PROMPT, new, sampling=Sampling(1.0, seed=9 + i))) for i in range(4)]
+        solo(model, Request(PROMPT, new, sampling=Sampling(1.0, seed=9 + i))) for i in range(4)
+    ]
 
 
 @pytest.mark.parametrize("stage", ["queued", "mid_prefill"])
@@ -164,7 +187,7 @@ def test_aborting_the_parent_before_its_fork_hands_the_samples_to_the_next(model
     (from the start: budget 8, so the parent was mid-prefill), the other samples fork off it."""
     eng = engine(model, n_slots=4, budget=8, prefix_cache=False)
     if stage == "queued":
-        eng.add_request(Request(list(range(30, 40)), 2))      # ahead of it, takes the step's budget
+        eng.add_request(Request(list(range(30, 40)), 2))  # ahead of it, takes the step's budget
     rids = eng.add_forks(Request(PROMPT, 6, sampling=Sampling(1.0, seed=20)), 3)
     eng.step()
     parent = eng._seqs[rids[0]]
@@ -176,7 +199,8 @@ def test_aborting_the_parent_before_its_fork_hands_the_samples_to_the_next(model
     run(eng)
     assert rids[0] not in eng.results
     assert [eng.results[r].tokens for r in rids[1:]] == [
-        solo(model, Request(PROMPT, 6, sampling=Sampling(1.0, seed=20 + i))) for i in (1, 2)]
+        solo(model, Request(PROMPT, 6, sampling=Sampling(1.0, seed=20 + i))) for i in (1, 2)
+    ]
     admitted = {e.rid: e.reason for e in eng.pop_lifecycle() if e.kind == "admitted"}
     assert admitted[rids[2]] == f"fork of #{rids[1]}"
 
@@ -187,7 +211,7 @@ def test_aborting_waiting_samples_and_all_of_them_leaves_nothing(model):
     eng.step()
     assert eng.abort(rids[2]) and not eng.abort(rids[2])
     assert [c.rid for c in eng._seqs[rids[0]].forks] == [rids[1], rids[3]]
-    assert eng.load() == (2, 1)                                # the two still waiting for the prompt
+    assert eng.load() == (2, 1)  # the two still waiting for the prompt
     for r in (rids[0], rids[1], rids[3]):
         assert eng.abort(r)
         check_chunked(eng)
@@ -201,26 +225,26 @@ def test_finish_and_failure_of_a_parent_before_its_fork_hand_the_samples_on(mode
     rids = eng.add_forks(Request(PROMPT, 5), 3)
     eng.step()
     if end == "finish":
-        assert eng.finish(rids[0], 0)                          # e.g. a stop string at once
+        assert eng.finish(rids[0], 0)  # e.g. a stop string at once
     else:
-        eng._fail(eng._seqs[rids[0]], "a failed forward")      # (what _isolated does to a culprit)
+        eng._fail(eng._seqs[rids[0]], "a failed forward")  # (what _isolated does to a culprit)
     run(eng)
     assert (rids[0] in eng.results) == (end == "finish")
     want = generate(model, PROMPT, 5)
     assert [eng.results[r].tokens for r in rids[1:]] == [want, want]
-    assert eng.stats.prefill_tokens == len(PROMPT)             # the parent's first block came from the cache
+    assert eng.stats.prefill_tokens == len(PROMPT)  # the parent's first block came from the cache
 
 
 # -- random schedules --------------------------------------------------------------------------------
 _small = random_model(seed=1, vocab=48, d_model=32, n_layers=1, max_seq_len=64)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _solo_greedy(prompt: tuple, new: int, eos) -> list[int]:
     return generate(_small, list(prompt), new, eos_id=eos)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _solo_seeded(prompt: tuple, new: int, eos, seed: int) -> list[int]:
     eng = ContinuousEngine(_small, 1, 56, kv="paged", block_size=8, chunked_prefill=True, max_batched_tokens=64)
     rid = eng.add_request(Request(list(prompt), new, eos_id=eos, sampling=Sampling(1.0, seed=seed)))
@@ -229,26 +253,53 @@ def _solo_seeded(prompt: tuple, new: int, eos, seed: int) -> list[int]:
     return eng.results[rid].tokens
 
 
-fork_op = st.tuples(st.just("fork"), st.lists(st.integers(0, 47), min_size=1, max_size=30), st.integers(1, 24),
-                    st.one_of(st.none(), st.integers(0, 47)), st.integers(1, 5), st.booleans())
-fork_ops = st.one_of(fork_op, st.tuples(st.just("add"), st.lists(st.integers(0, 47), min_size=1, max_size=30),
-                                        st.integers(1, 24), st.one_of(st.none(), st.integers(0, 47))),
-                     st.tuples(st.just("abort"), st.integers(0, 60)), st.tuples(st.just("finish"), st.integers(0, 60)),
-                     st.tuples(st.just("step"), st.integers(1, 4)))
+fork_op = st.tuples(
+    st.just("fork"),
+    st.lists(st.integers(0, 47), min_size=1, max_size=30),
+    st.integers(1, 24),
+    st.one_of(st.none(), st.integers(0, 47)),
+    st.integers(1, 5),
+    st.booleans(),
+)
+fork_ops = st.one_of(
+    fork_op,
+    st.tuples(
+        st.just("add"),
+        st.lists(st.integers(0, 47), min_size=1, max_size=30),
+        st.integers(1, 24),
+        st.one_of(st.none(), st.integers(0, 47)),
+    ),
+    st.tuples(st.just("abort"), st.integers(0, 60)),
+    st.tuples(st.just("finish"), st.integers(0, 60)),
+    st.tuples(st.just("step"), st.integers(1, 4)),
+)
 
 
 @settings(max_examples=100)
-@given(n_slots=st.integers(1, 5), block_size=st.integers(1, 16), spare_blocks=st.integers(0, 6),
-       extra_budget=st.sampled_from([0, 1, 6, 30, 200]), prefix_cache=st.booleans(),
-       ops=st.lists(fork_ops, max_size=20))
-def test_random_schedules_with_forks_keep_the_invariants(n_slots, block_size, spare_blocks, extra_budget,
-                                                         prefix_cache, ops):
+@given(
+    n_slots=st.integers(1, 5),
+    block_size=st.integers(1, 16),
+    spare_blocks=st.integers(0, 6),
+    extra_budget=st.sampled_from([0, 1, 6, 30, 200]),
+    prefix_cache=st.booleans(),
+    ops=st.lists(fork_ops, max_size=20),
+)
+def test_random_schedules_with_forks_keep_the_invariants(
+    n_slots, block_size, spare_blocks, extra_budget, prefix_cache, ops
+):
     """Forks mixed into random adds, aborts, finishes and steps: the invariants after every step,
     nothing held at the end, every greedy sample equal to solo, every seeded one to its seeded
     solo run."""
     max_len = 56
-    eng = engine(_small, n_slots, block_size, -(-max_len // block_size) + spare_blocks, n_slots + extra_budget,
-                 prefix_cache, max_len)
+    eng = engine(
+        _small,
+        n_slots,
+        block_size,
+        -(-max_len // block_size) + spare_blocks,
+        n_slots + extra_budget,
+        prefix_cache,
+        max_len,
+    )
     want: dict[int, list[int]] = {}
     aborted: set[int] = set()
     for o in ops:
@@ -264,7 +315,7 @@ def test_random_schedules_with_forks_keep_the_invariants(n_slots, block_size, sp
         elif o[0] == "abort":
             if eng.abort(o[1]):
                 aborted.add(o[1])
-        elif o[0] == "finish":                            # a stop string: its tokens so far, cut
+        elif o[0] == "finish":  # a stop string: its tokens so far, cut
             if eng.finish(o[1]):
                 want.pop(o[1], None)
         else:
@@ -299,6 +350,7 @@ def server(model_tok):
 def _idle_and_empty(server) -> None:
     """No request left, no block held, the invariants hold (read in the engine's thread)."""
     import time
+
     loop = server.engine_loop
     for _ in range(200):
         if not loop.call(lambda e: e.has_work()):
@@ -308,11 +360,13 @@ def _idle_and_empty(server) -> None:
     def check(e):
         check_invariants(e)
         return e.slots.allocated_tokens(), e.has_work()
+
     assert loop.call(check) == (0, False)
 
 
 def _oa(server):
     import openai
+
     return openai.OpenAI(base_url=server.url + "/v1", api_key="x", timeout=60, max_retries=0)
 
 
@@ -336,15 +390,16 @@ def test_openai_client_completions_n_streaming_and_not(server, model_tok):
     assert texts == solo_texts and finished == {0, 1, 2}
     assert usage.prompt_tokens == prompt_tokens and usage.completion_tokens == 36
     _idle_and_empty(server)
-    lines = httpx.get(server.url + "/metrics").text.splitlines()     # forks looked nothing up in the cache
+    lines = httpx.get(server.url + "/metrics").text.splitlines()  # forks looked nothing up in the cache
     queries = next(float(x.split()[-1]) for x in lines if x.startswith("vllm:prefix_cache_queries_total"))
     assert queries == server.engine_loop.call(lambda e: e.snapshot().counters.prefix_queries)
 
 
 def test_openai_client_chat_n_streaming_and_not(server):
     oa = _oa(server)
-    kw = dict(model=MODEL, messages=[{"role": "user", "content": "Good morrow."}], max_tokens=10, temperature=0.8,
-              seed=5)
+    kw = dict(
+        model=MODEL, messages=[{"role": "user", "content": "Good morrow."}], max_tokens=10, temperature=0.8, seed=5
+    )
     r = oa.chat.completions.create(**kw, n=2)
     assert [c.index for c in r.choices] == [0, 1] and all(c.message.role == "assistant" for c in r.choices)
     solo_texts = [oa.chat.completions.create(**{**kw, "seed": 5 + i}).choices[0].message.content for i in range(2)]
@@ -363,8 +418,15 @@ def test_openai_client_chat_n_streaming_and_not(server):
 def test_n_with_stop_strings_logprobs_and_greedy(server):
     """Each choice has its own stop-string reader and logprobs; greedy choices are identical."""
     with httpx.Client(base_url=server.url, timeout=60) as c:
-        body = {"model": MODEL, "prompt": "HAMLET:\nTo be, or not", "max_tokens": 16, "temperature": 0, "n": 3,
-                "logprobs": 1, "stop": [" the"]}
+        body = {
+            "model": MODEL,
+            "prompt": "HAMLET:\nTo be, or not",
+            "max_tokens": 16,
+            "temperature": 0,
+            "n": 3,
+            "logprobs": 1,
+            "stop": [" the"],
+        }
         r = c.post("/v1/completions", json=body).json()
         one = c.post("/v1/completions", json={**body, "n": 1}).json()["choices"][0]
         assert [ch["text"] for ch in r["choices"]] == [one["text"]] * 3
@@ -374,14 +436,16 @@ def test_n_with_stop_strings_logprobs_and_greedy(server):
     _idle_and_empty(server)
 
 
-@pytest.mark.parametrize("route, extra", [("/v1/completions", {"prompt": "x"}),
-                                          ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})])
+@pytest.mark.parametrize(
+    "route, extra",
+    [("/v1/completions", {"prompt": "x"}), ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})],
+)
 def test_bad_n_is_a_400_naming_n(server, route, extra):
     with httpx.Client(base_url=server.url, timeout=60) as c:
         for n in (0, 17, "x", 1.5, True, -1):
             r = c.post(route, json={"model": MODEL, **extra, "n": n})
             assert r.status_code == 400 and r.json()["error"]["param"] == "n", (n, r.text)
-        if route == "/v1/completions":                     # (chat has no best_of)
+        if route == "/v1/completions":  # (chat has no best_of)
             r = c.post(route, json={"model": MODEL, **extra, "best_of": 3})
             assert r.status_code == 400 and r.json()["error"]["param"] == "best_of"
 
@@ -409,16 +473,29 @@ async def test_the_app_sends_n_samples_as_forks_and_the_block_map_shows_them_sha
     """A prompt file's (or the app's) n: one prompt, n requests, the prompt's full blocks shared."""
     import torch
 
+    from tests.screen_check import check_panels
+    from tests.test_app import _watch, bundled, step, submit, until  # noqa: F401
     from tinyllm.request import RequestSettings, Sampling
     from tui.app import TinyLLMApp
     from tui.runners.engine import EngineRunner
-    from tests.screen_check import check_panels
-    from tests.test_app import _watch, bundled, step, submit, until  # noqa: F401
+
     model, tok = bundled()
-    eng = ContinuousEngine(model, 4, 128, kv="paged", block_size=4, chunked_prefill=True, max_batched_tokens=64,
-                           generator=torch.Generator().manual_seed(0))
-    app = TinyLLMApp(EngineRunner(eng, tok, paused=True), tok, model_name="test",
-                     settings=RequestSettings(Sampling(temperature=0.8, seed=7), 6, n=3))
+    eng = ContinuousEngine(
+        model,
+        4,
+        128,
+        kv="paged",
+        block_size=4,
+        chunked_prefill=True,
+        max_batched_tokens=64,
+        generator=torch.Generator().manual_seed(0),
+    )
+    app = TinyLLMApp(
+        EngineRunner(eng, tok, paused=True),
+        tok,
+        model_name="test",
+        settings=RequestSettings(Sampling(temperature=0.8, seed=7), 6, n=3),
+    )
     _watch(app)
     async with app.run_test(size=(120, 40)) as pilot:
         await submit(pilot, "ROMEO:\nWhat light through yonder window breaks?\n")
@@ -426,7 +503,7 @@ async def test_the_app_sends_n_samples_as_forks_and_the_block_map_shows_them_sha
         await step(pilot, 1)
         snap = app.runner.frame.snapshot
         assert [v.state for v in snap.requests] == ["running"] * 3
-        assert max(snap.kv.block_refs) == 3                 # the prompt's full blocks, shared by all three
+        assert max(snap.kv.block_refs) == 3  # the prompt's full blocks, shared by all three
         assert snap.counters.prefill_tokens == len(snap.requests[0].prompt)
         app.refresh_from_runner(force=True)
         await pilot.pause()

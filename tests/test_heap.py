@@ -6,8 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tinyllm.engine import ContinuousEngine
-from tinyllm.engine import heap
+from tinyllm.engine import ContinuousEngine, heap
 from tinyllm.engine.static import StaticBatcher
 
 SCRIPT = """

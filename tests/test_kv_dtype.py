@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers import check_invariants, mixed_workload, random_model, with_early_eos
 from tinyllm import native
 from tinyllm.engine import ContinuousEngine, Request, kv_bytes_per_token, run_continuous, run_static
 from tinyllm.engine.build import MIB
@@ -20,7 +21,6 @@ from tinyllm.engine.solo import generate
 from tinyllm.kv.ragged import RaggedAttention
 from tinyllm.observe.recording import blank_snapshot, make_header
 from tinyllm.race.spec import LaneSpecError, parse_lane
-from tests.helpers import check_invariants, mixed_workload, random_model, with_early_eos
 
 needs_kernels = pytest.mark.skipif(native.library() is None, reason="no C compiler: the kernels are not built")
 BF16 = "bfloat16"
@@ -35,10 +35,25 @@ def test_the_kv_store_rounds_as_pytorch_does_bit_for_bit():
     """Ties to even, signed zeros, subnormals, infinities, NaN and values past bfloat16's largest
     finite (rounding to inf) land on the same 16 bits as ``.to(torch.bfloat16)``."""
     torch.manual_seed(0)
-    special = torch.tensor([0.0, -0.0, 1e-40, -1e-40, 1e-45, float("inf"), -float("inf"), float("nan"),
-                            3.3961e38, -3.3961e38, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, 1.0 + 2 ** -8 + 2 ** -20])
+    special = torch.tensor(
+        [
+            0.0,
+            -0.0,
+            1e-40,
+            -1e-40,
+            1e-45,
+            float("inf"),
+            -float("inf"),
+            float("nan"),
+            3.3961e38,
+            -3.3961e38,
+            1.0 + 2**-8,
+            1.0 + 3 * 2**-8,
+            1.0 + 2**-8 + 2**-20,
+        ]
+    )
     x = torch.cat([special, torch.randn(4000) * torch.logspace(-30, 30, 4000)])
-    x = x[: x.numel() // 8 * 8].view(-1, 2, 4)                     # (tokens, Hkv, D)
+    x = x[: x.numel() // 8 * 8].view(-1, 2, 4)  # (tokens, Hkv, D)
     k, v = x, -x
     write = torch.randperm(x.size(0) + 7)[: x.size(0)]
     kp = torch.zeros(x.size(0) + 7, 2, 4, dtype=torch.bfloat16)
@@ -46,13 +61,13 @@ def test_the_kv_store_rounds_as_pytorch_does_bit_for_bit():
     assert native.kv_store(k, v, write, kp, vp)
     ref_k, ref_v = torch.zeros_like(kp), torch.zeros_like(vp)
     ref_k[write], ref_v[write] = k.to(torch.bfloat16), v.to(torch.bfloat16)
-    nan = ref_k.isnan()                                 # (PyTorch's NaN bits depend on where it lies)
+    nan = ref_k.isnan()  # (PyTorch's NaN bits depend on where it lies)
     assert nan.sum() == 1 and torch.equal(nan, kp.isnan()) and torch.equal(ref_v.isnan(), vp.isnan())
     assert torch.equal(bits(kp)[~nan], bits(ref_k)[~nan]) and torch.equal(bits(vp)[~nan], bits(ref_v)[~nan])
 
 
 @needs_kernels
-@pytest.mark.parametrize("D", [64, 16, 12])                         # unrolled, vector, and scalar loops
+@pytest.mark.parametrize("D", [64, 16, 12])  # unrolled, vector, and scalar loops
 def test_attention_over_a_bfloat16_pool_matches_pytorch_on_the_widened_pool(D):
     torch.manual_seed(1)
     bs, H, Hkv, n_blocks = 4, 4, 2, 12
@@ -64,9 +79,9 @@ def test_attention_over_a_bfloat16_pool_matches_pytorch_on_the_widened_pool(D):
     out = native.decode_attention(q, kp, vp, tables, lens, bs)
     for r in range(3):
         idx = torch.cat([torch.arange(b * bs, (b + 1) * bs) for b in tables[r].tolist()])[: int(lens[r])]
-        keys = kp[idx].float().repeat_interleave(H // Hkv, 1).transpose(0, 1)    # (H, L, D)
+        keys = kp[idx].float().repeat_interleave(H // Hkv, 1).transpose(0, 1)  # (H, L, D)
         vals = vp[idx].float().repeat_interleave(H // Hkv, 1).transpose(0, 1)
-        ref = torch.softmax(q[:, r:r + 1] @ keys.transpose(1, 2) * D ** -0.5, -1) @ vals
+        ref = torch.softmax(q[:, r : r + 1] @ keys.transpose(1, 2) * D**-0.5, -1) @ vals
         torch.testing.assert_close(out[:, r], ref[:, 0], atol=2e-6, rtol=1e-5)
 
 
@@ -75,11 +90,13 @@ def test_a_mixed_step_on_the_kernels_matches_pytorch_on_a_bfloat16_pool(model, m
     """The same ragged step (decodes and a prefill chunk) on the C layers and on PyTorch's path
     (every kernel off), from the same bfloat16 pool: the same K/V stored, logits equal to float
     noise."""
+
     def step(native_on: bool):
         monkeypatch.setattr(native, "ENABLED", native_on)
-        eng = ContinuousEngine(model, 4, 96, kv="paged", block_size=8, chunked_prefill=True, max_batched_tokens=40,
-                               kv_cache_dtype=BF16)
-        for i in range(3):                                          # 30-token prompts, 40 tokens a step
+        eng = ContinuousEngine(
+            model, 4, 96, kv="paged", block_size=8, chunked_prefill=True, max_batched_tokens=40, kv_cache_dtype=BF16
+        )
+        for i in range(3):  # 30-token prompts, 40 tokens a step
             eng.add_request(Request([(7 * i + 3 * j) % model.cfg.vocab_size for j in range(30)], 20))
         eng.step()
         eng.step()
@@ -93,12 +110,13 @@ def test_a_mixed_step_on_the_kernels_matches_pytorch_on_a_bfloat16_pool(model, m
         with torch.no_grad():
             logits, _ = model(toks, cache=attn)
         return logits, eng.slots.k.clone()
+
     on_logits, on_k = step(True)
     off_logits, off_k = step(False)
     monkeypatch.setattr(native, "ENABLED", True)
     assert on_k.dtype == torch.bfloat16
     torch.testing.assert_close(on_logits, off_logits, atol=1e-4, rtol=1e-4)
-    assert (bits(on_k) != bits(off_k)).float().mean() < 0.01      # the same rounding, up to K noise
+    assert (bits(on_k) != bits(off_k)).float().mean() < 0.01  # the same rounding, up to K noise
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +137,7 @@ def test_every_continuous_path_equals_solo_with_a_bfloat16_cache(model, workload
     if kind.startswith("chunked"):
         kw.update(chunked_prefill=True, max_batched_tokens=24)
     if kind == "chunked-tiny-pool":
-        kw.update(kv_blocks=40)                                     # preemption mid-prefill and mid-decode
+        kw.update(kv_blocks=40)  # preemption mid-prefill and mid-decode
     eng = ContinuousEngine(model, 6, 128, kv_cache_dtype=BF16, **kw)
     assert eng.slots.k.dtype == torch.bfloat16
     rids = [eng.add_request(r) for r in reqs]
@@ -136,8 +154,7 @@ def test_static_batching_equals_solo_with_a_bfloat16_cache(model, workload, solo
     reqs, _ = workload
     plain = [Request(r.prompt, r.max_new_tokens) for r in reqs]
     res, _ = run_static(model, plain, 5, kv_cache_dtype=BF16)
-    assert [r.tokens for r in res] == [generate(model, r.prompt, r.max_new_tokens, kv_cache_dtype=BF16)
-                                       for r in plain]
+    assert [r.tokens for r in res] == [generate(model, r.prompt, r.max_new_tokens, kv_cache_dtype=BF16) for r in plain]
 
 
 def test_bfloat16_rounding_is_really_applied(model, workload):
@@ -155,13 +172,32 @@ def test_64_plus_sequences_on_what_a_bfloat16_budget_buys(model):
     reqs = mixed_workload(96, seed=11, max_prompt=40, max_new=24, eos_ids=(None,))
     fp32_bpt = kv_bytes_per_token(model, torch.device("cpu"))
     assert kv_bytes_per_token(model, torch.device("cpu"), BF16) * 2 == fp32_bpt
-    mib = 96 * 64 * fp32_bpt / 2 / MIB                          # 96 x 64 tokens at bfloat16
+    mib = 96 * 64 * fp32_bpt / 2 / MIB  # 96 x 64 tokens at bfloat16
     eng32 = ContinuousEngine(model, max_len=64, kv="paged", block_size=8, kv_memory_mib=mib, max_num_seqs=96)
-    eng16 = ContinuousEngine(model, max_len=64, kv="paged", block_size=8, kv_memory_mib=mib, max_num_seqs=96,
-                             chunked_prefill=True, max_batched_tokens=4096, kv_cache_dtype=BF16)
+    eng16 = ContinuousEngine(
+        model,
+        max_len=64,
+        kv="paged",
+        block_size=8,
+        kv_memory_mib=mib,
+        max_num_seqs=96,
+        chunked_prefill=True,
+        max_batched_tokens=4096,
+        kv_cache_dtype=BF16,
+    )
     assert eng16.slots.n_blocks == 2 * eng32.slots.n_blocks == 96 * 64 // 8
-    res, stats = run_continuous(model, reqs, max_len=64, kv="paged", block_size=8, kv_memory_mib=mib,
-                                max_num_seqs=96, chunked_prefill=True, max_batched_tokens=4096, kv_cache_dtype=BF16)
+    res, stats = run_continuous(
+        model,
+        reqs,
+        max_len=64,
+        kv="paged",
+        block_size=8,
+        kv_memory_mib=mib,
+        max_num_seqs=96,
+        chunked_prefill=True,
+        max_batched_tokens=4096,
+        kv_cache_dtype=BF16,
+    )
     assert stats["peak_active"] == 96 and stats["preemptions"] == 0
     assert [r.tokens for r in res] == [generate(model, r.prompt, r.max_new_tokens, kv_cache_dtype=BF16) for r in reqs]
 
@@ -173,8 +209,7 @@ def test_the_token_budget_engine_gives_a_long_run_the_same_tokens_alone_or_batch
     (preempted and recomputed) and each alone."""
     model = random_model(seed=5, max_seq_len=192)
     reqs = mixed_workload(12, seed=5, max_prompt=50, max_new=120, eos_ids=(None,))
-    kw = dict(max_len=192, kv="paged", block_size=8, chunked_prefill=True, max_batched_tokens=64,
-              kv_cache_dtype=BF16)
+    kw = dict(max_len=192, kv="paged", block_size=8, chunked_prefill=True, max_batched_tokens=64, kv_cache_dtype=BF16)
     res, stats = run_continuous(model, reqs, n_slots=12, kv_blocks=60, **kw)
     assert stats["preemptions"] > 0
     assert [r.tokens for r in res] == [run_continuous(model, [r], n_slots=1, **kw)[0][0].tokens for r in reqs]
@@ -190,8 +225,14 @@ def test_an_unknown_kv_cache_dtype_is_refused_naming_the_choices(model, bad):
 
 def test_the_command_line_takes_the_short_names_too():
     from tinyllm.args import kv_dtype_arg
-    assert [kv_dtype_arg(s) for s in ("auto", "float32", "bfloat16", "fp32", "bf16")] == \
-        ["auto", "float32", BF16, "float32", BF16]
+
+    assert [kv_dtype_arg(s) for s in ("auto", "float32", "bfloat16", "fp32", "bf16")] == [
+        "auto",
+        "float32",
+        BF16,
+        "float32",
+        BF16,
+    ]
 
 
 def test_a_lane_takes_its_own_kv_dtype_and_refuses_a_bad_one():
@@ -199,7 +240,9 @@ def test_a_lane_takes_its_own_kv_dtype_and_refuses_a_bad_one():
     assert parse_lane("static kv_dtype=float32").kv_dtype == "float32"
     assert parse_lane("fcfs kv_dtype=bf16").kv_dtype == BF16 and parse_lane("fcfs kv_dtype=fp32").kv_dtype == "float32"
     assert "KV bfloat16" in parse_lane("fcfs kv_dtype=bfloat16").describe()
-    with pytest.raises(LaneSpecError, match=r"kv_dtype must be one of auto, float32, bfloat16 \(fp32, bf16\), got 'fp8'"):
+    with pytest.raises(
+        LaneSpecError, match=r"kv_dtype must be one of auto, float32, bfloat16 \(fp32, bf16\), got 'fp8'"
+    ):
         parse_lane("fcfs kv_dtype=fp8")
 
 
@@ -212,5 +255,5 @@ def test_the_snapshot_and_a_recording_say_which_dtype_the_cache_holds(model):
         assert blank_snapshot(header).kv.dtype == name
         assert eng.stats.kv_bytes_per_token == kv_bytes_per_token(model, torch.device("cpu"), dtype)
     old = make_header(snap, "m", "t", {})
-    del old["engine"]["kv"]["dtype"]                                   # a recording from before the field
+    del old["engine"]["kv"]["dtype"]  # a recording from before the field
     assert blank_snapshot(old).kv.dtype == ""

@@ -20,6 +20,8 @@ import pytest
 msgspec = pytest.importorskip("msgspec")
 zmq = pytest.importorskip("zmq")
 
+from tests.test_app import _watch, no_unexpected_errors, submit, until  # noqa: E402,F401
+from tests.test_attach_vllm import fake  # noqa: E402,F401
 from tinyllm.observe.kv_events import EVICTED_MARK_S, CacheBook, decode  # noqa: E402
 from tinyllm.request import RequestSettings, Sampling  # noqa: E402
 from tui.app import TinyLLMApp  # noqa: E402
@@ -27,9 +29,6 @@ from tui.cli import build_app  # noqa: E402
 from tui.runners.kv_subscriber import KVEventsSubscriber, check_endpoint  # noqa: E402
 from tui.runners.vllm import VllmRunner  # noqa: E402
 from tui.widgets.prefix_cache_map import PrefixCacheMap, layout  # noqa: E402
-
-from tests.test_app import _watch, no_unexpected_errors, submit, until  # noqa: E402,F401
-from tests.test_attach_vllm import fake  # noqa: E402,F401
 
 
 # -- vLLM 0.32.0's structures (vllm/distributed/kv_events.py), for encoding -----------------------
@@ -83,8 +82,16 @@ def h(n: int) -> bytes:
 
 def stored(hashes: list[int], parent: int | None, medium: str = "GPU", tokens: int | None = None) -> BlockStored:
     n = len(hashes) * BS if tokens is None else tokens
-    return BlockStored([h(x) for x in hashes], None if parent is None else h(parent), list(range(n)),
-                       BS if tokens is None else tokens, None, medium, None, group_idx=0)
+    return BlockStored(
+        [h(x) for x in hashes],
+        None if parent is None else h(parent),
+        list(range(n)),
+        BS if tokens is None else tokens,
+        None,
+        medium,
+        None,
+        group_idx=0,
+    )
 
 
 def removed(hashes: list[int], medium: str = "GPU") -> BlockRemoved:
@@ -110,7 +117,7 @@ class Publisher:
 
     def wait_subscribed(self, timeout_ms: int = 10_000) -> None:
         assert self.sock.poll(timeout_ms), "no subscriber came"
-        assert self.sock.recv() == b"\x01"                 # subscribe, to every topic
+        assert self.sock.recv() == b"\x01"  # subscribe, to every topic
 
     def raw(self, *frames: bytes) -> None:
         self.sock.send_multipart(frames)
@@ -151,12 +158,12 @@ def panel_text(view, width: int = 60, rows: int = 6) -> str:
 
 # -- the state and the panel, through a real socket ------------------------------------------------
 def test_chains_forks_duplicates_and_evictions_through_a_socket(sub, pub):
-    pub.send(stored([1, 2, 3], None))                       # a prompt of 3 full blocks
-    pub.send(stored([4, 5], 3), stored([6], 2))             # two continuations: 3 → 4 → 5, and 2 → 6
-    pub.send(stored([10, 11], None))                        # another prompt
-    pub.send(stored([1, 2], None), stored([10], None))      # the same tokens computed again: second copies
-    pub.send(removed([11]))                                 # evicted
-    pub.send(removed([1]))                                  # one copy of 1 goes; the other holds it
+    pub.send(stored([1, 2, 3], None))  # a prompt of 3 full blocks
+    pub.send(stored([4, 5], 3), stored([6], 2))  # two continuations: 3 → 4 → 5, and 2 → 6
+    pub.send(stored([10, 11], None))  # another prompt
+    pub.send(stored([1, 2], None), stored([10], None))  # the same tokens computed again: second copies
+    pub.send(removed([11]))  # evicted
+    pub.send(removed([1]))  # one copy of 1 goes; the other holds it
     wait_for(lambda: sub.view.batches == 6, "six batches")
     v = sub.view
     assert v.status == "receiving" and v.bad == 0 and v.missed == 0
@@ -168,7 +175,7 @@ def test_chains_forks_duplicates_and_evictions_through_a_socket(sub, pub):
     assert "7 blocks × 16 · 112 tok · 2 chains · ▣ 1 shared · ▤ 2 dup · ✕ 1 evicted" in text
     assert "receiving · 6 batches · 11 stored · 2 removed · 0 cleared" in text
     assert "■▣■■■╎■ ▤✕" in text
-    pub.send(removed([1]))                                  # the last copy of 1: now it is gone
+    pub.send(removed([1]))  # the last copy of 1: now it is gone
     wait_for(lambda: sub.view.batches == 7, "the last copy's removal")
     assert [(c.cells, c.partial) for c in sub.view.chains] == [("x", False), ("sbbb,b", True), ("dx", False)]
 
@@ -176,11 +183,11 @@ def test_chains_forks_duplicates_and_evictions_through_a_socket(sub, pub):
 def test_garbage_is_counted_never_fatal(sub, pub):
     pub.raw(b"just one frame")
     pub.raw(b"kv-events", b"\x00" * 8, b"\xc1 not msgpack")
-    pub.raw(b"kv-events", b"\x00" * 8, ENCODER.encode({"ts": 1.0, "events": []}))      # a map, not vLLM's array
+    pub.raw(b"kv-events", b"\x00" * 8, ENCODER.encode({"ts": 1.0, "events": []}))  # a map, not vLLM's array
     pub.raw(b"kv-events", b"\x00" * 8, ENCODER.encode([1.0, [{"type": "BlockExploded"}]]))
     pub.raw(b"kv-events", b"\x00" * 8, ENCODER.encode([1.0, [{"type": "BlockStored", "block_hashes": "x"}]]))
     wait_for(lambda: sub.view.bad == 5, "five bad messages")
-    pub.send(stored([1], None), seq=0)                     # and the next good batch still counts
+    pub.send(stored([1], None), seq=0)  # and the next good batch still counts
     wait_for(lambda: sub.view.blocks == 1, "a good batch after the garbage")
     assert sub.view.bad == 5 and "not a KV event batch" in sub.view.last_error
     assert "5 bad messages" in panel_text(sub.view) and sub._thread.is_alive()
@@ -188,10 +195,10 @@ def test_garbage_is_counted_never_fatal(sub, pub):
 
 def test_a_gap_counts_missed_batches_and_a_restart_clears(sub, pub):
     pub.send(stored([1, 2], None), seq=0)
-    pub.send(stored([3], 2), seq=4)                        # 1, 2 and 3 lost on the way
+    pub.send(stored([3], 2), seq=4)  # 1, 2 and 3 lost on the way
     wait_for(lambda: sub.view.batches == 2, "two batches")
     assert sub.view.missed == 3 and sub.view.blocks == 3
-    pub.send(stored([7], None), seq=0)                     # a restarted server: its cache starts empty
+    pub.send(stored([7], None), seq=0)  # a restarted server: its cache starts empty
     wait_for(lambda: sub.view.batches == 3, "the restarted server's batch")
     v = sub.view
     assert v.restarts == 1 and v.blocks == 1 and [c.cells for c in v.chains] == ["b"]
@@ -200,7 +207,7 @@ def test_a_gap_counts_missed_batches_and_a_restart_clears(sub, pub):
 
 def test_all_blocks_cleared_and_removed_blocks_we_never_saw(sub, pub):
     pub.send(stored([1, 2, 3], None), stored([4], 3))
-    pub.send(removed([99]))                                 # cached before we subscribed
+    pub.send(removed([99]))  # cached before we subscribed
     pub.send(AllBlocksCleared())
     wait_for(lambda: sub.view.batches == 3, "three batches")
     v = sub.view
@@ -210,10 +217,22 @@ def test_all_blocks_cleared_and_removed_blocks_we_never_saw(sub, pub):
 
 def test_partial_offloaded_and_orphaned_blocks():
     book = CacheBook("x")
-    book.apply(decode(ENCODER.encode(EventBatch(0.0, [stored([1, 2], None), stored([3], 2, tokens=5),
-                                                      stored([1], None, medium="CPU"),
-                                                      stored([20, 21], 19)]))))
-    book.apply(decode(ENCODER.encode(EventBatch(0.0, [removed([1])]))))   # 2's parent goes: 2, 3 are orphans
+    book.apply(
+        decode(
+            ENCODER.encode(
+                EventBatch(
+                    0.0,
+                    [
+                        stored([1, 2], None),
+                        stored([3], 2, tokens=5),
+                        stored([1], None, medium="CPU"),
+                        stored([20, 21], 19),
+                    ],
+                )
+            )
+        )
+    )
+    book.apply(decode(ENCODER.encode(EventBatch(0.0, [removed([1])]))))  # 2's parent goes: 2, 3 are orphans
     v = book.view("receiving")
     assert [(c.cells, c.partial) for c in v.chains] == [("x", False), ("bp", True), ("o", False), ("bb", True)]
     assert v.tokens == BS + 5 + BS + 2 * BS
@@ -231,7 +250,7 @@ def test_eviction_marks_fade():
 
 def test_a_big_cache_squeezes_but_every_block_stays_on_screen():
     book = CacheBook("x")
-    events = [stored(list(range(i * 100, i * 100 + 40)), None) for i in range(10)]     # 10 chains × 40 blocks
+    events = [stored(list(range(i * 100, i * 100 + 40)), None) for i in range(10)]  # 10 chains × 40 blocks
     book.apply(decode(ENCODER.encode(EventBatch(0.0, events))))
     v = book.view("receiving")
     per_cell, rows = layout(v.chains, 40, 4)
@@ -270,7 +289,7 @@ async def test_attached_app_draws_the_prefix_cache_live(fake, pub):
         pub.send(stored([1, 2, 3], None))
         pub.send(stored([4], 3), stored([5], 3))
         await until(pilot, lambda: app.runner.frame.kv_cache.batches == 2, what="the events in a frame")
-        assert panel.view == app.runner.frame.kv_cache            # the panel shows exactly the frame's view
+        assert panel.view == app.runner.frame.kv_cache  # the panel shows exactly the frame's view
         text = panel.render().plain
         assert "5 blocks × 16 · 80 tok" in text and "▣ 1 shared" in text and "■■▣■╎■" in text
         assert "no slot grid, block owners" in app.query_one("#server").render().plain
@@ -279,12 +298,14 @@ async def test_attached_app_draws_the_prefix_cache_live(fake, pub):
 
 
 def test_kv_events_flag_errors(fake, monkeypatch, capsys):
-    for argv, message in ((["--kv-events", "tcp://127.0.0.1:5557"], "applies to --attach"),
-                          (["--attach", fake.url, "--kv-events", "tcp://*:5557"], "connect to the host")):
+    for argv, message in (
+        (["--kv-events", "tcp://127.0.0.1:5557"], "applies to --attach"),
+        (["--attach", fake.url, "--kv-events", "tcp://*:5557"], "connect to the host"),
+    ):
         with pytest.raises(SystemExit) as e:
             build_app(argv)
         assert e.value.code == 2 and message in capsys.readouterr().err
-    monkeypatch.setitem(sys.modules, "zmq", None)                          # pyzmq not installed
+    monkeypatch.setitem(sys.modules, "zmq", None)  # pyzmq not installed
     monkeypatch.delitem(sys.modules, "tui.runners.kv_subscriber")
     with pytest.raises(SystemExit) as e:
         build_app(["--attach", fake.url, "--kv-events", "tcp://127.0.0.1:5557"])
@@ -294,21 +315,29 @@ def test_kv_events_flag_errors(fake, monkeypatch, capsys):
 
 # -- a real vLLM server ----------------------------------------------------------------------------
 @pytest.mark.vllm
-@pytest.mark.skipif(not (os.environ.get("VLLM_URL") and os.environ.get("VLLM_KV_EVENTS")),
-                    reason="set VLLM_URL and VLLM_KV_EVENTS to a running vLLM server and its events endpoint (README)")
+@pytest.mark.skipif(
+    not (os.environ.get("VLLM_URL") and os.environ.get("VLLM_KV_EVENTS")),
+    reason="set VLLM_URL and VLLM_KV_EVENTS to a running vLLM server and its events endpoint (README)",
+)
 async def test_a_real_vllm_servers_prefix_cache():
     """Two prompts with a long common prefix, one after the other: the second hits the first's
     cached blocks (vLLM's prefix_cache_hits counter moves) and its own blocks hang off the last
     shared one, a fork the panel draws as ▣."""
     url, endpoint = os.environ["VLLM_URL"], os.environ["VLLM_KV_EVENTS"]
     runner = VllmRunner(url, poll_s=0.2, kv_events=KVEventsSubscriber(endpoint)).start()
-    app = TinyLLMApp(runner, None, model_name=runner.model_name,
-                     settings=RequestSettings(Sampling(temperature=0.0), 64, stop_at_eos=False))
+    app = TinyLLMApp(
+        runner,
+        None,
+        model_name=runner.model_name,
+        settings=RequestSettings(Sampling(temperature=0.0), 64, stop_at_eos=False),
+    )
     _watch(app)
-    common = (f"[{time.time_ns()}]\n"                                   # new to the server, run after run
-              "KING RICHARD III:\nNow is the winter of our discontent made glorious summer by this sun of York;\n"
-              "And all the clouds that lour'd upon our house in the deep bosom of the ocean buried.\n"
-              "Now are our brows bound with victorious wreaths; our bruised arms hung up for monuments.\n")
+    common = (
+        f"[{time.time_ns()}]\n"  # new to the server, run after run
+        "KING RICHARD III:\nNow is the winter of our discontent made glorious summer by this sun of York;\n"
+        "And all the clouds that lour'd upon our house in the deep bosom of the ocean buried.\n"
+        "Now are our brows bound with victorious wreaths; our bruised arms hung up for monuments.\n"
+    )
     ids = httpx.post(f"{url}/tokenize", json={"model": runner.model_name, "prompt": common}).json()["tokens"]
     hits = prefix_hits(url)
     async with app.run_test(size=(120, 44)) as pilot:
@@ -323,16 +352,17 @@ async def test_a_real_vllm_servers_prefix_cache():
         await until(pilot, lambda: runner.frame.kv_cache.forks > 0, timeout=30, what="the fork")
         v = runner.frame.kv_cache
         assert v.bad == 0 and v.missed == 0
-        chain = next(c for c in v.chains if c.head_tokens and c.head_tokens == tuple(ids[:len(c.head_tokens)]))
-        shared = len(ids) // size                                       # the common prefix's full blocks
-        assert chain.cells[:shared] == "b" * (shared - 1) + "s"          # the fork is at its last one
-        assert len(chain.cells) >= (len(ids) + 64) // size + 1           # two continuations hang off it
+        chain = next(c for c in v.chains if c.head_tokens and c.head_tokens == tuple(ids[: len(c.head_tokens)]))
+        shared = len(ids) // size  # the common prefix's full blocks
+        assert chain.cells[:shared] == "b" * (shared - 1) + "s"  # the fork is at its last one
+        assert len(chain.cells) >= (len(ids) + 64) // size + 1  # two continuations hang off it
         text = app.query_one("#prefix", PrefixCacheMap).render().plain
         assert f"{v.blocks} blocks × {size}" in text and "▣" in text
-    assert prefix_hits(url) - hits >= shared * size                      # vLLM counted the hit too
+    assert prefix_hits(url) - hits >= shared * size  # vLLM counted the hit too
 
 
 def prefix_hits(url: str) -> float:
-    line = next(ln for ln in httpx.get(f"{url}/metrics").text.splitlines()
-                if ln.startswith("vllm:prefix_cache_hits_total"))
+    line = next(
+        ln for ln in httpx.get(f"{url}/metrics").text.splitlines() if ln.startswith("vllm:prefix_cache_hits_total")
+    )
     return float(line.rsplit(" ", 1)[1])

@@ -14,8 +14,10 @@ from tinyllm import native
 from tinyllm.model import linear
 from tinyllm.model.linear import Linear
 
-BACKENDS = [pytest.param("c", marks=pytest.mark.skipif(native.library() is None, reason="no C kernels here")),
-            pytest.param("onednn", marks=pytest.mark.skipif(not linear._ONEDNN, reason="no oneDNN in this torch"))]
+BACKENDS = [
+    pytest.param("c", marks=pytest.mark.skipif(native.library() is None, reason="no C kernels here")),
+    pytest.param("onednn", marks=pytest.mark.skipif(not linear._ONEDNN, reason="no oneDNN in this torch")),
+]
 
 
 @pytest.fixture(params=BACKENDS, autouse=True)
@@ -41,14 +43,14 @@ def test_packed_path_equals_f_linear_at_any_shape(shape, backend):
         out = m(x)
         res = torch.randn(out.shape)
         with_residual = m(x, add=res)
-    assert m._packed is not None and m._packed_by == backend      # the packed path ran, this one
+    assert m._packed is not None and m._packed_by == backend  # the packed path ran, this one
     torch.testing.assert_close(out, F.linear(x, m.weight), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(with_residual, res + F.linear(x, m.weight), rtol=1e-5, atol=1e-5)
 
 
 def test_a_non_contiguous_input_is_multiplied_as_its_values():
     m = layer()
-    x = torch.randn(48, 10).t()                                   # (10, 48), not contiguous
+    x = torch.randn(48, 10).t()  # (10, 48), not contiguous
     with torch.no_grad():
         torch.testing.assert_close(m(x), F.linear(x, m.weight), rtol=1e-5, atol=1e-5)
 
@@ -58,9 +60,9 @@ def test_a_weight_changed_in_place_replaced_or_loaded_is_repacked():
     x = torch.randn(4, 48)
     with torch.no_grad():
         m(x)
-        m.weight.mul_(2.0)                                        # an optimizer step, init, copy_
+        m.weight.mul_(2.0)  # an optimizer step, init, copy_
         torch.testing.assert_close(m(x), F.linear(x, m.weight), rtol=1e-5, atol=1e-5)
-        m.weight = torch.nn.Parameter(torch.randn(80, 48))         # a new tensor (tying, assign=True loads)
+        m.weight = torch.nn.Parameter(torch.randn(80, 48))  # a new tensor (tying, assign=True loads)
         torch.testing.assert_close(m(x), F.linear(x, m.weight), rtol=1e-5, atol=1e-5)
         m.load_state_dict(layer(seed=5).state_dict())
         torch.testing.assert_close(m(x), F.linear(x, layer(seed=5).weight), rtol=1e-5, atol=1e-5)
@@ -73,9 +75,9 @@ def test_a_weight_moved_or_cast_through_data_is_repacked_even_at_a_reused_addres
     for seed in range(6):
         m = layer(512, 4096, seed=seed)
         with torch.no_grad():
-            m(x)                                                      # packed from the fp32 weights
-        m.half().float()                                              # the freed fp32 storage may be reused
-        with torch.no_grad():                                         # (a stale pack is off by ~1e-3: fp16 rounding)
+            m(x)  # packed from the fp32 weights
+        m.half().float()  # the freed fp32 storage may be reused
+        with torch.no_grad():  # (a stale pack is off by ~1e-3: fp16 rounding)
             torch.testing.assert_close(m(x), F.linear(x, m.weight), rtol=1e-4, atol=1e-4)
 
 
@@ -90,7 +92,7 @@ def test_inference_mode_weights_take_f_linear():
 def test_autograd_and_autocast_take_f_linear_and_the_state_dict_is_unchanged():
     m = layer()
     x = torch.randn(4, 48)
-    out = m(x)                                                    # autograd on: trains as nn.Linear
+    out = m(x)  # autograd on: trains as nn.Linear
     out.sum().backward()
     assert m.weight.grad is not None and m._packed is None
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
@@ -105,6 +107,6 @@ def test_a_replaced_weight_of_another_width_gives_its_own_width():
     m = layer()
     x = torch.randn(3, 48)
     with torch.no_grad():
-        for rows in (90, 95, 81):                          # 90 and 95 need the same 6 panels as 96
+        for rows in (90, 95, 81):  # 90 and 95 need the same 6 panels as 96
             m.weight = torch.nn.Parameter(torch.randn(rows, 48))
             torch.testing.assert_close(m(x), F.linear(x, m.weight), rtol=1e-5, atol=1e-5)

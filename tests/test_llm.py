@@ -26,7 +26,7 @@ def test_text_in_text_out_equals_solo_generate_and_stops_at_the_checkpoints_eos(
     for g in out:
         ids = llm.tokenizer.encode(g.prompt)
         assert g.prompt_token_ids == tuple(ids)
-        solo = generate(llm.model, ids, 48, eos_id=0)            # generation_config.json: eos_token_id 0
+        solo = generate(llm.model, ids, 48, eos_id=0)  # generation_config.json: eos_token_id 0
         assert list(g.token_ids) == solo
         assert g.text == llm.tokenizer.decode(solo, skip_special_tokens=True)
         assert g.finish_reason == ("stop" if solo[-1] == 0 else "length")
@@ -38,7 +38,7 @@ def test_prompts_as_token_ids_numpy_and_torch_arrays(llm):
     by_list = [g.token_ids for g in llm.generate(ids, greedy(6))]
     assert [g.token_ids for g in llm.generate(np.array(ids), greedy(6))] == by_list
     assert [g.token_ids for g in llm.generate(torch.tensor(ids), greedy(6))] == by_list
-    assert llm.generate(np.array(ids[0]), greedy(6))[0].token_ids == by_list[0]      # 1-D: one prompt
+    assert llm.generate(np.array(ids[0]), greedy(6))[0].token_ids == by_list[0]  # 1-D: one prompt
     assert llm.generate(ids[1], greedy(6))[0].prompt is None
 
 
@@ -46,10 +46,10 @@ def test_a_stop_string_ends_the_request_in_the_engine_and_is_left_out(llm):
     full = llm.generate("ROMEO:\n", greedy(60))[0]
     stop = next(w for w in (",", " the", "\n") if w in full.text)
     cut = llm.generate("ROMEO:\n", greedy(60, stop=stop))[0]
-    assert cut.text == full.text[:full.text.index(stop)]
+    assert cut.text == full.text[: full.text.index(stop)]
     assert cut.finish_reason == "stop" and cut.outputs[0].stop_reason == stop
     assert len(cut.token_ids) < len(full.token_ids)
-    assert llm.engine.stats.kv_allocated_at_end == 0 or llm.engine.prefix_cache   # cached blocks are free
+    assert llm.engine.stats.kv_allocated_at_end == 0 or llm.engine.prefix_cache  # cached blocks are free
 
 
 def test_streaming_gives_the_same_text_piece_by_piece(llm):
@@ -74,7 +74,7 @@ def test_a_stream_closed_early_leaves_nothing_running(llm):
 def test_samples_seeds_and_logprobs(llm):
     s = SamplingParams(temperature=0.9, max_tokens=12, seed=7, n=3, logprobs=2)
     a, b = llm.generate("ROMEO:\n", s)[0], llm.generate("ROMEO:\n", s)[0]
-    assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]      # seeded: repeatable
+    assert [c.token_ids for c in a.outputs] == [c.token_ids for c in b.outputs]  # seeded: repeatable
     assert [c.index for c in a.outputs] == [0, 1, 2]
     for c in a.outputs:
         assert len(c.logprobs) == len(c.token_ids) and all(len(lp.top) == 2 for lp in c.logprobs)
@@ -94,20 +94,23 @@ def test_end_of_text_ends_a_request_unless_ignore_eos(llm):
         ignored = llm.generate("ROMEO:\n", greedy(30, ignore_eos=True))[0]
     finally:
         llm.eos_ids = saved
-    assert ended.token_ids == free.token_ids[:first + 1] and ended.finish_reason == "stop"
+    assert ended.token_ids == free.token_ids[: first + 1] and ended.finish_reason == "stop"
     assert ended.outputs[0].stop_reason == eos
     assert ignored.token_ids == free.token_ids and ignored.finish_reason == "length"
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(max_tokens=0), "max_tokens must be an integer >= 1, got 0"),
-    (dict(max_tokens=-1), "max_tokens must be an integer >= 1, got -1"),
-    (dict(top_k=-3), "top_k must be an integer >= 1, or 0 / -1"),
-    (dict(temperature=-1), "temperature must be a finite number >= 0"),
-    (dict(min_tokens=20, max_tokens=10), r"min_tokens must be an integer from 0 to max_tokens \(10\)"),
-    (dict(n=0), "n must be an integer from 1 to 16"),
-    (dict(ignore_eos="yes"), "ignore_eos must be True or False"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(max_tokens=0), "max_tokens must be an integer >= 1, got 0"),
+        (dict(max_tokens=-1), "max_tokens must be an integer >= 1, got -1"),
+        (dict(top_k=-3), "top_k must be an integer >= 1, or 0 / -1"),
+        (dict(temperature=-1), "temperature must be a finite number >= 0"),
+        (dict(min_tokens=20, max_tokens=10), r"min_tokens must be an integer from 0 to max_tokens \(10\)"),
+        (dict(n=0), "n must be an integer from 1 to 16"),
+        (dict(ignore_eos="yes"), "ignore_eos must be True or False"),
+    ],
+)
 def test_sampling_params_refuse_by_the_name_the_user_gave(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
@@ -134,7 +137,7 @@ def test_every_request_ends_with_a_result_and_the_engine_fills_its_own_stats():
     assert eng.abort(dropped)
     while eng.has_work():
         eng.step()
-    again = eng.add_request(Request([5, 6, 7] * 10, 4))      # the same prompt: its prefix is cached
+    again = eng.add_request(Request([5, 6, 7] * 10, 4))  # the same prompt: its prefix is cached
     while eng.has_work():
         eng.step()
     assert eng.results[again].tokens == eng.results[done].tokens[:4]
@@ -150,8 +153,18 @@ def test_every_request_ends_with_a_result_and_the_engine_fills_its_own_stats():
 
 def test_the_flat_exports():
     import tinyllm
-    for name in ("LLM", "SamplingParams", "EngineConfig", "generate", "load_checkpoint", "Transformer",
-                 "ContinuousEngine", "Request", "Result"):
+
+    for name in (
+        "LLM",
+        "SamplingParams",
+        "EngineConfig",
+        "generate",
+        "load_checkpoint",
+        "Transformer",
+        "ContinuousEngine",
+        "Request",
+        "Result",
+    ):
         assert getattr(tinyllm, name) is not None and name in dir(tinyllm)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
-        tinyllm.nope
+        _ = tinyllm.nope

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from tests.helpers import mixed_workload, solo_outputs, with_early_eos
-from tinyllm.engine import run_continuous
 from tinyllm import native
+from tinyllm.engine import run_continuous
 
 needs_kernel = pytest.mark.skipif(native.library() is None, reason=f"no native kernel here: {native.why_not}")
 
@@ -28,10 +28,10 @@ def scattered_tables(lens: list[int], bs: int, seed: int) -> tuple[torch.Tensor,
     ids = list(range(sum(need)))
     random.Random(seed).shuffle(ids)
     width = max(need) + 2
-    tables = torch.full((len(lens), width), sum(need), dtype=torch.long)   # the NaN pad block
+    tables = torch.full((len(lens), width), sum(need), dtype=torch.long)  # the NaN pad block
     at = 0
     for r, nb in enumerate(need):
-        tables[r, :nb] = torch.tensor(ids[at:at + nb])
+        tables[r, :nb] = torch.tensor(ids[at : at + nb])
         at += nb
     return tables, sum(need) + 1
 
@@ -40,28 +40,29 @@ def pool(n_blocks: int, bs: int, hkv: int, d: int) -> torch.Tensor:
     """Random K or V for n_blocks blocks, the last (the tables' padding) NaN; and tokens past a
     row's length inside its last block are random: read, they would change the result."""
     t = torch.randn(n_blocks * bs, hkv, d)
-    t[(n_blocks - 1) * bs:] = float("nan")
+    t[(n_blocks - 1) * bs :] = float("nan")
     return t
 
 
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: torch.Tensor, lens: list[int],
-              bs: int) -> torch.Tensor:
+def reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables: torch.Tensor, lens: list[int], bs: int
+) -> torch.Tensor:
     """(H, rows, D): each row's heads over its own positions, in float64."""
     H, rows, D = q.shape
     g = H // k.size(1)
     out = torch.empty(H, rows, D, dtype=torch.float64)
     for r, L in enumerate(lens):
         idx = torch.tensor([int(tables[r, p // bs]) * bs + p % bs for p in range(L)])
-        K, V = k[idx].double(), v[idx].double()                       # (L, Hkv, D)
+        K, V = k[idx].double(), v[idx].double()  # (L, Hkv, D)
         for h in range(H):
-            w = torch.softmax(K[:, h // g] @ q[h, r].double() * D ** -0.5, dim=0)
+            w = torch.softmax(K[:, h // g] @ q[h, r].double() * D**-0.5, dim=0)
             out[h, r] = w @ V[:, h // g]
     return out
 
 
 @needs_kernel
-@pytest.mark.parametrize("D", [64, 128, 32, 24, 20, 256])   # dot: unrolled 64/128, vectors (32), scalar (24, 20);
-                                                            # values: in registers, in memory (24, 20; 256 on AVX2)
+@pytest.mark.parametrize("D", [64, 128, 32, 24, 20, 256])  # dot: unrolled 64/128, vectors (32), scalar (24, 20);
+# values: in registers, in memory (24, 20; 256 on AVX2)
 @pytest.mark.parametrize("heads", [(4, 2), (6, 2), (3, 3), (8, 1)])
 @pytest.mark.parametrize("bs", [1, 4, 16])
 def test_each_row_attends_exactly_its_own_positions(D, heads, bs):
@@ -94,14 +95,15 @@ def test_the_same_bits_however_positions_and_heads_are_grouped(D, H, dtype):
     for bs in (16, 1):
         tables, n_blocks = scattered_tables(lens, bs, seed=bs)
         k, v = pool(n_blocks, bs, 1, D), pool(n_blocks, bs, 1, D)
-        for r, L in enumerate(lens):                                   # the same K/V, laid out in bs-blocks
+        for r, L in enumerate(lens):  # the same K/V, laid out in bs-blocks
             for p in range(L):
                 at = int(tables[r, p // bs]) * bs + p % bs
                 k[at], v[at] = dense_k[r, p], dense_v[r, p]
         k, v = k.to(dtype), v.to(dtype)
         outs[bs] = native.decode_attention(q, k, v, tables, torch.tensor(lens), bs)
-        alone = torch.cat([native.decode_attention(q[h:h + 1], k, v, tables, torch.tensor(lens), bs)
-                           for h in range(H)])
+        alone = torch.cat(
+            [native.decode_attention(q[h : h + 1], k, v, tables, torch.tensor(lens), bs) for h in range(H)]
+        )
         assert torch.equal(outs[bs], alone)
     assert torch.equal(outs[16], outs[1])
 
@@ -117,8 +119,8 @@ def test_threads_and_strided_queries_give_the_same_result(threads):
     tables, n_blocks = scattered_tables(lens, bs, seed=5)
     torch.manual_seed(1)
     k, v = pool(n_blocks, bs, Hkv, D), pool(n_blocks, bs, Hkv, D)
-    wide = torch.randn(len(lens), H + 3, D)                             # (rows, heads + others, D)
-    q = wide[:, 1:H + 1].transpose(0, 1)                                 # (H, rows, D), strided
+    wide = torch.randn(len(lens), H + 3, D)  # (rows, heads + others, D)
+    q = wide[:, 1 : H + 1].transpose(0, 1)  # (H, rows, D), strided
     out = native.decode_attention(q, k, v, tables, torch.tensor(lens), bs)
     torch.testing.assert_close(out.double(), reference(q, k, v, tables, lens, bs), rtol=2e-5, atol=2e-5)
     torch.set_num_threads(1)
@@ -134,10 +136,10 @@ def test_extreme_scores_stay_finite():
     tables, n_blocks = scattered_tables(lens, bs, seed=0)
     k = torch.zeros(n_blocks * bs, Hkv, D)
     v = torch.randn(n_blocks * bs, Hkv, D)
-    hot = int(tables[0, 1]) * bs + 2                                     # position 6
+    hot = int(tables[0, 1]) * bs + 2  # position 6
     k[hot] = 100.0
     q = torch.full((H, 1, D), 10.0)
-    q[1] = -10.0                                                         # head 1: position 6 scores lowest
+    q[1] = -10.0  # head 1: position 6 scores lowest
     out = native.decode_attention(q, k, v, tables, torch.tensor(lens), bs)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out[0, 0], v[hot, 0])
@@ -150,12 +152,14 @@ def test_a_ragged_batch_of_decodes_and_chunks_runs_on_the_kernel():
     """In the engine's RaggedAttention: every token, decode or chunk, goes to the kernel in one
     call (no PyTorch plan is made), and every token sees exactly its own positions (a chunk's
     tokens causal from its start)."""
-    from tests.test_ragged_attention import filled_pool, reference as one_row
+    from tests.test_ragged_attention import filled_pool
+    from tests.test_ragged_attention import reference as one_row
     from tinyllm.kv.ragged import RaggedAttention
+
     lens = [30, 9, 41, 20, 1]
     pool = filled_pool(lens, 4, d=64, seed=3)
     H = 4
-    items = [(0, 29, 1), (1, 8, 1), (4, 0, 1), (2, 41 - 12, 12), (3, 20 - 5, 5)]    # three decodes, two chunks
+    items = [(0, 29, 1), (1, 8, 1), (4, 0, 1), (2, 41 - 12, 12), (3, 20 - 5, 5)]  # three decodes, two chunks
     attn = RaggedAttention(pool, items)
     T = sum(n for _, _, n in items)
     q = torch.randn(1, H, T, 64)
@@ -165,7 +169,9 @@ def test_a_ragged_batch_of_decodes_and_chunks_runs_on_the_kernel():
     col = 0
     for slot, start, n in items:
         for j in range(n):
-            torch.testing.assert_close(out[0, :, col], one_row(pool, slot, q[0, :, col], start + j), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                out[0, :, col], one_row(pool, slot, q[0, :, col], start + j), rtol=1e-5, atol=1e-5
+            )
             col += 1
 
 
@@ -176,10 +182,11 @@ def test_a_prompt_computes_the_same_bits_whatever_its_chunking(model):
     leaves bit-identical K/V in the pool and gives the same logits for its last token."""
     from tinyllm.kv.paged import PagedKVCache
     from tinyllm.kv.ragged import RaggedAttention
+
     cfg, n = model.cfg, 40
-    with torch.no_grad():                         # the premise: this machine's matmul is per-row invariant
+    with torch.no_grad():  # the premise: this machine's matmul is per-row invariant
         x, lin = torch.randn(n, cfg.d_model), model.layers[0].self_attn.qkv_proj
-        if not all(torch.equal(lin(x[s:s + 7]), lin(x)[s:s + 7]) for s in range(0, n, 7)):
+        if not all(torch.equal(lin(x[s : s + 7]), lin(x)[s : s + 7]) for s in range(0, n, 7)):
             pytest.skip("this machine's matmul gives a row different bits in a different batch")
     prompt = [random.Random(i).randrange(cfg.vocab_size) for i in range(n)]
     results = []
@@ -188,7 +195,7 @@ def test_a_prompt_computes_the_same_bits_whatever_its_chunking(model):
         pool.occupy(0, n)
         with torch.no_grad():
             for start in range(0, n, chunk):
-                part = prompt[start:start + chunk]
+                part = prompt[start : start + chunk]
                 attn = RaggedAttention(pool, [(0, start, len(part))])
                 logits, _ = model(torch.tensor([part]), cache=attn, logits_at=torch.tensor([len(part) - 1]))
         rows = [pool.tables[0][p // 4] * 4 + p % 4 for p in range(n)]
@@ -229,23 +236,22 @@ def test_built_into_the_cache_once_and_reused(monkeypatch, tmp_path):
     assert native.library() is not None
     built = list(tmp_path.rglob("*.so"))
     assert len(built) == 1 and built[0].parent == tmp_path / "kernels"
-    assert sorted(p.name for p in (tmp_path / "kernels").iterdir()) == [built[0].name]   # no temporary left
+    assert sorted(p.name for p in (tmp_path / "kernels").iterdir()) == [built[0].name]  # no temporary left
     monkeypatch.setattr(native, "_tried", False)
-    monkeypatch.setattr(native, "_compiler", lambda: "false")      # a second process: loads, never rebuilds
+    monkeypatch.setattr(native, "_compiler", lambda: "false")  # a second process: loads, never rebuilds
     assert native.library() is not None
 
 
 @needs_kernel
 @pytest.mark.parametrize("threads", [1, 2])
 def test_engine_greedy_equals_solo_on_the_kernel(model, threads, monkeypatch):
-    torch.set_num_threads(threads)                      # (conftest sets one thread again before each test)
-    calls = []                                          # the attention alone, or inside a whole layer
+    torch.set_num_threads(threads)  # (conftest sets one thread again before each test)
+    calls = []  # the attention alone, or inside a whole layer
     for name in ("decode_attention", "decoder_layers"):
         real = getattr(native, name)
         monkeypatch.setattr(native, name, lambda *a, real=real, **kw: calls.append(1) or real(*a, **kw))
     reqs = with_early_eos(model, mixed_workload(16, seed=11))
-    res, stats = run_continuous(model, reqs, 8, kv="paged", block_size=4, chunked_prefill=True,
-                                max_batched_tokens=64)
+    res, stats = run_continuous(model, reqs, 8, kv="paged", block_size=4, chunked_prefill=True, max_batched_tokens=64)
     assert [r.tokens for r in res] == solo_outputs(model, reqs)
     assert stats["kv_allocated_at_end"] == 0
     assert len(calls) >= stats["decode_steps"], "the decode rows did not run on the kernel"
@@ -257,6 +263,7 @@ def test_kernel_and_pytorch_paths_give_the_same_logits(model, monkeypatch):
     of random K/V, once per decode attention: the logits agree to float precision."""
     from tests.test_ragged_attention import filled_pool
     from tinyllm.kv.ragged import RaggedAttention
+
     cfg = model.cfg
     lens = [1, 7, 16, 17, 40, 63, 30]
     pool = filled_pool(lens, 4, hkv=cfg.n_kv_heads, d=cfg.head_dim, seed=9, layers=cfg.n_layers)
@@ -276,8 +283,10 @@ def test_kernel_and_pytorch_paths_give_the_same_logits(model, monkeypatch):
 def test_a_plan_for_the_kernel_falls_back_when_a_layer_cannot_use_it():
     """The step planned for the kernel (CPU float32 pool), but a query that records autograd
     arrives: that layer runs PyTorch's path (built then), with the same values and a gradient."""
-    from tests.test_ragged_attention import filled_pool, reference as one_row
+    from tests.test_ragged_attention import filled_pool
+    from tests.test_ragged_attention import reference as one_row
     from tinyllm.kv.ragged import RaggedAttention
+
     lens = [12, 5, 30]
     pool = filled_pool(lens, 4, d=16, seed=2)
     items = [(slot, n - 1, 1) for slot, n in enumerate(lens)]
@@ -287,37 +296,48 @@ def test_a_plan_for_the_kernel_falls_back_when_a_layer_cannot_use_it():
     out = attn.attend(0, q, pool.k[0, attn._write].transpose(0, 1)[None], pool.v[0, attn._write].transpose(0, 1)[None])
     assert attn._decode is not None and out.grad_fn is not None
     for i, (slot, start, _) in enumerate(items):
-        torch.testing.assert_close(out[0, :, i].detach(), one_row(pool, slot, q[0, :, i].detach(), start), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            out[0, :, i].detach(), one_row(pool, slot, q[0, :, i].detach(), start), rtol=1e-5, atol=1e-5
+        )
 
 
 @needs_kernel
-@pytest.mark.parametrize("bad, message", [
-    (lambda a: {**a, "tables": a["tables"].int()}, "int64 tables"),
-    (lambda a: {**a, "lens": a["lens"].int()}, "int64 tables and lens"),
-    (lambda a: {**a, "tables": a["tables"] + 1000}, "block ids in 0.."),
-    (lambda a: {**a, "tables": a["tables"] - 1000}, "block ids in 0.."),
-    (lambda a: {**a, "lens": a["lens"] * 0}, "lens in 1.."),
-    (lambda a: {**a, "lens": a["lens"] + 1000}, "lens in 1.."),
-    (lambda a: {**a, "lens": a["lens"][:-1]}, "tables (3, width) and lens (3,)"),
-    (lambda a: {**a, "v": a["v"][:, :1].contiguous()}, "k, v of shape"),
-    (lambda a: {**a, "k": a["k"].double()}, "a float32 q and a float32 or bfloat16 k/v"),
-    (lambda a: {**a, "k": a["k"].bfloat16()}, "a float32 q and a float32 or bfloat16 k/v"),    # v float32
-    (lambda a: {**a, "q": a["q"].bfloat16()}, "a float32 q and a float32 or bfloat16 k/v"),
-    (lambda a: {**a, "k": a["k"][:, :, :8]}, "k, v of shape"),
-    (lambda a: {**a, "v": a["v"].transpose(0, 1).contiguous().transpose(0, 1)}, "contiguous"),
-    (lambda a: {**a, "row_table": torch.tensor([0, 1, 3])}, "row_table entries in 0..2"),
-    (lambda a: {**a, "row_table": torch.tensor([0, 1])}, "int64 row_table (3,)"),
-    (lambda a: {**a, "row_table": torch.tensor([0, 1, 2]).int()}, "int64 row_table (3,)"),
-    (lambda a: {**a, "tables": a["tables"][:0], "row_table": torch.tensor([0, 0, 0])}, "tables (n, width)"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (lambda a: {**a, "tables": a["tables"].int()}, "int64 tables"),
+        (lambda a: {**a, "lens": a["lens"].int()}, "int64 tables and lens"),
+        (lambda a: {**a, "tables": a["tables"] + 1000}, "block ids in 0.."),
+        (lambda a: {**a, "tables": a["tables"] - 1000}, "block ids in 0.."),
+        (lambda a: {**a, "lens": a["lens"] * 0}, "lens in 1.."),
+        (lambda a: {**a, "lens": a["lens"] + 1000}, "lens in 1.."),
+        (lambda a: {**a, "lens": a["lens"][:-1]}, "tables (3, width) and lens (3,)"),
+        (lambda a: {**a, "v": a["v"][:, :1].contiguous()}, "k, v of shape"),
+        (lambda a: {**a, "k": a["k"].double()}, "a float32 q and a float32 or bfloat16 k/v"),
+        (lambda a: {**a, "k": a["k"].bfloat16()}, "a float32 q and a float32 or bfloat16 k/v"),  # v float32
+        (lambda a: {**a, "q": a["q"].bfloat16()}, "a float32 q and a float32 or bfloat16 k/v"),
+        (lambda a: {**a, "k": a["k"][:, :, :8]}, "k, v of shape"),
+        (lambda a: {**a, "v": a["v"].transpose(0, 1).contiguous().transpose(0, 1)}, "contiguous"),
+        (lambda a: {**a, "row_table": torch.tensor([0, 1, 3])}, "row_table entries in 0..2"),
+        (lambda a: {**a, "row_table": torch.tensor([0, 1])}, "int64 row_table (3,)"),
+        (lambda a: {**a, "row_table": torch.tensor([0, 1, 2]).int()}, "int64 row_table (3,)"),
+        (lambda a: {**a, "tables": a["tables"][:0], "row_table": torch.tensor([0, 0, 0])}, "tables (n, width)"),
+    ],
+)
 def test_arguments_the_c_code_would_misread_are_refused(bad, message):
     """The C code reads raw pointers: every argument that would send it out of bounds (an int32
     table, a block id past the pool, a length past the table) is a ValueError instead."""
     lens = [5, 9, 3]
     tables, n_blocks = scattered_tables(lens, 4, seed=1)
-    args = {"q": torch.randn(4, 3, 16), "k": pool(n_blocks, 4, 2, 16), "v": pool(n_blocks, 4, 2, 16),
-            "tables": tables, "lens": torch.tensor(lens), "block_size": 4}
-    native.decode_attention(**args)                                         # as given: fine
+    args = {
+        "q": torch.randn(4, 3, 16),
+        "k": pool(n_blocks, 4, 2, 16),
+        "v": pool(n_blocks, 4, 2, 16),
+        "tables": tables,
+        "lens": torch.tensor(lens),
+        "block_size": 4,
+    }
+    native.decode_attention(**args)  # as given: fine
     with pytest.raises(ValueError, match="paged decode attention needs") as e:
         native.decode_attention(**bad(args))
     assert message in str(e.value)
@@ -354,7 +374,9 @@ def test_another_cpu_gets_its_own_build(monkeypatch, tmp_path):
 
 
 @needs_kernel
-@pytest.mark.skipif(not native._torch_uses_libgomp(), reason="no -fopenmp build is tried here (PyTorch is not on libgomp)")
+@pytest.mark.skipif(
+    not native._torch_uses_libgomp(), reason="no -fopenmp build is tried here (PyTorch is not on libgomp)"
+)
 def test_a_build_that_does_not_load_is_not_kept_the_next_flags_are_tried(monkeypatch, tmp_path):
     """clang takes -fopenmp and compiles calls into its own runtime (libomp), which the library
     then lacks: it built, but "undefined symbol: __kmpc_..." at load, and the engine ran on
@@ -363,8 +385,9 @@ def test_a_build_that_does_not_load_is_not_kept_the_next_flags_are_tried(monkeyp
     missing = tmp_path / "missing.c"
     missing.write_text("extern void no_such_runtime(void);\nvoid tinyllm_needs_it(void) { no_such_runtime(); }\n")
     cc = tmp_path / "cc"
-    cc.write_text('#!/bin/sh\ncase " $* " in *" -fopenmp "*) exec gcc "$@" ' + str(missing) + ' ;; esac\n'
-                  'exec gcc "$@"\n')
+    cc.write_text(
+        '#!/bin/sh\ncase " $* " in *" -fopenmp "*) exec gcc "$@" ' + str(missing) + ' ;; esac\nexec gcc "$@"\n'
+    )
     cc.chmod(0o755)
     monkeypatch.setattr(native, "_lib", None)
     monkeypatch.setattr(native, "_tried", False)
@@ -372,14 +395,13 @@ def test_a_build_that_does_not_load_is_not_kept_the_next_flags_are_tried(monkeyp
     monkeypatch.setattr(native, "_compiler", lambda: str(cc))
     lib = native.library()
     assert lib is not None, native.why_not
-    assert not hasattr(lib, "tinyllm_needs_it")                     # the -fopenmp build was not kept
+    assert not hasattr(lib, "tinyllm_needs_it")  # the -fopenmp build was not kept
     x = torch.randn(3, 50)
     assert torch.equal(native.argmax(x), x.argmax(dim=-1, keepdim=True))
 
 
-
-
 # -- RMSNorm (csrc/rms_norm.c) ------------------------------------------------------------------
+
 
 def torch_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * torch.nn.functional.rms_norm(x, (x.size(-1),), eps=eps)
@@ -402,12 +424,12 @@ def test_rms_norm_matches_pytorch(shape, scale):
 @needs_kernel
 def test_rms_norm_reads_strided_rows_and_leaves_its_input_alone():
     base = torch.randn(6, 10, 32)
-    x = base.transpose(0, 1)                                # (10, 6, 32): rows not in memory order
+    x = base.transpose(0, 1)  # (10, 6, 32): rows not in memory order
     keep = x.clone()
     w = torch.rand(32)
     torch.testing.assert_close(native.rms_norm(x, w, 1e-6), torch_rms_norm(x, w, 1e-6), rtol=2e-6, atol=1e-6)
     assert torch.equal(x, keep)
-    wide = torch.randn(4, 64)[:, ::2]                          # last dim strided: copied first
+    wide = torch.randn(4, 64)[:, ::2]  # last dim strided: copied first
     torch.testing.assert_close(native.rms_norm(wide, w, 1e-6), torch_rms_norm(wide, w, 1e-6), rtol=2e-6, atol=1e-6)
 
 
@@ -415,7 +437,7 @@ def test_rms_norm_reads_strided_rows_and_leaves_its_input_alone():
 def test_rms_norm_leaves_autograd_and_other_dtypes_to_pytorch():
     w = torch.nn.Parameter(torch.ones(8))
     x = torch.randn(3, 8)
-    assert native.rms_norm(x, w, 1e-5) is None                 # grad on: the weight records autograd
+    assert native.rms_norm(x, w, 1e-5) is None  # grad on: the weight records autograd
     with torch.no_grad():
         assert native.rms_norm(x, w, 1e-5) is not None
         assert native.rms_norm(x.bfloat16(), w.bfloat16(), 1e-5) is None
@@ -431,7 +453,7 @@ def test_the_model_norms_run_in_c_and_give_pytorchs_logits(model, monkeypatch):
     tokens = torch.tensor([[random.Random(i).randrange(model.cfg.vocab_size) for i in range(20)]])
     with torch.no_grad():
         ours, _ = model(tokens)
-        assert len(calls) == 2 * model.cfg.n_layers + 1         # two per block and the final norm
+        assert len(calls) == 2 * model.cfg.n_layers + 1  # two per block and the final norm
         monkeypatch.setattr(native, "ENABLED", False)
         theirs, _ = model(tokens)
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
@@ -439,13 +461,17 @@ def test_the_model_norms_run_in_c_and_give_pytorchs_logits(model, monkeypatch):
 
 # -- RoPE, K/V store, argmax (csrc/rope.c, kv_store.c, argmax.c) ----------------------------------
 
+
 @needs_kernel
-@pytest.mark.parametrize("B,T,heads,rotated,D", [(1, 64, 8, 6, 64), (2, 5, 3, 2, 128), (1, 1, 2, 1, 20),
-                                                   (3, 7, 4, 4, 2), (1, 2048, 8, 6, 32)])
+@pytest.mark.parametrize(
+    "B,T,heads,rotated,D",
+    [(1, 64, 8, 6, 64), (2, 5, 3, 2, 128), (1, 1, 2, 1, 20), (3, 7, 4, 4, 2), (1, 2048, 8, 6, 32)],
+)
 def test_rope_in_place_matches_pytorch_and_leaves_the_other_heads_alone(B, T, heads, rotated, D):
     """Each token at its own position (random, repeated, the table's last row); the heads past
     ``rotated`` (v) untouched; 2048 tokens x 6 heads x 32 runs on several threads."""
     from tinyllm.model.transformer import apply_rope, rope_tables
+
     torch.set_num_threads(2)
     torch.manual_seed(B * T + D)
     cos, sin = rope_tables(D, 512, 10000.0)
@@ -462,6 +488,7 @@ def test_rope_in_place_matches_pytorch_and_leaves_the_other_heads_alone(B, T, he
 @needs_kernel
 def test_rope_refuses_what_it_would_misread():
     from tinyllm.model.transformer import rope_tables
+
     cos, sin = rope_tables(16, 32, 10000.0)
     x, pos = torch.randn(1, 4, 3, 16), torch.arange(4)[None]
     with pytest.raises(ValueError, match=r"rotary positions must be in 0..31"):
@@ -470,17 +497,17 @@ def test_rope_refuses_what_it_would_misread():
         native.rope_(x, pos - 1, cos, sin, 2)
     keep = x.clone()
     wide = torch.randn(1, 4, 3, 32)
-    assert not native.rope_(wide[..., ::2], pos, cos, sin, 2)                   # head dim strided
-    assert not native.rope_(wide[..., :16], pos, cos, sin, 2)                     # heads 32 apart, D 16
-    assert not native.rope_(torch.randn(4, 3, 1, 16).permute(2, 0, 1, 3), pos, cos, sin, 2)    # tokens not row-major
-    overlapping = torch.randn(1, 1, 3, 16).expand(2, 4, 3, 16)                  # every token the same memory
+    assert not native.rope_(wide[..., ::2], pos, cos, sin, 2)  # head dim strided
+    assert not native.rope_(wide[..., :16], pos, cos, sin, 2)  # heads 32 apart, D 16
+    assert not native.rope_(torch.randn(4, 3, 1, 16).permute(2, 0, 1, 3), pos, cos, sin, 2)  # tokens not row-major
+    overlapping = torch.randn(1, 1, 3, 16).expand(2, 4, 3, 16)  # every token the same memory
     assert not native.rope_(overlapping, pos.expand(2, 4), cos, sin, 2)
     assert not native.rope_(x.double(), pos, cos.double(), sin.double(), 2)
     assert not native.rope_(x, pos.int(), cos, sin, 2)
     assert not native.rope_(x, pos, cos[:, :8], sin[:, :8], 2)
-    assert not native.rope_(x, pos, cos, sin, 4)                                 # more heads than it has
-    assert not native.rope_(torch.randn(1, 4, 3, 15), pos, cos[:, :15], sin[:, :15], 2)   # odd head size
-    assert not native.rope_(x.requires_grad_(), pos, cos, sin, 2)                # autograd: PyTorch's
+    assert not native.rope_(x, pos, cos, sin, 4)  # more heads than it has
+    assert not native.rope_(torch.randn(1, 4, 3, 15), pos, cos[:, :15], sin[:, :15], 2)  # odd head size
+    assert not native.rope_(x.requires_grad_(), pos, cos, sin, 2)  # autograd: PyTorch's
     assert torch.equal(x.detach(), keep)
 
 
@@ -488,8 +515,8 @@ def test_rope_refuses_what_it_would_misread():
 def test_kv_store_writes_each_token_to_its_row_and_nothing_else():
     pool_k, pool_v = torch.randn(40, 2, 8), torch.randn(40, 2, 8)
     before_k, before_v = pool_k.clone(), pool_v.clone()
-    qkv = torch.randn(5, 4 + 2 + 2, 8)                           # tokens' heads: q 4, k 2, v 2
-    k, v = qkv[:, 4:6], qkv[:, 6:8]                              # strided between tokens, like the model's
+    qkv = torch.randn(5, 4 + 2 + 2, 8)  # tokens' heads: q 4, k 2, v 2
+    k, v = qkv[:, 4:6], qkv[:, 6:8]  # strided between tokens, like the model's
     write = torch.tensor([39, 0, 17, 3, 22])
     assert native.kv_store(k, v, write, pool_k, pool_v)
     before_k[write], before_v[write] = k, v
@@ -498,9 +525,9 @@ def test_kv_store_writes_each_token_to_its_row_and_nothing_else():
         native.kv_store(k, v, torch.tensor([0, 1, 2, 3, 40]), pool_k, pool_v)
     assert torch.equal(pool_k, before_k)
     assert not native.kv_store(k, v, write.int(), pool_k, pool_v)
-    heads_apart = torch.randn(5, 2, 16)[:, :, :8]                                # a token's heads not contiguous
+    heads_apart = torch.randn(5, 2, 16)[:, :, :8]  # a token's heads not contiguous
     assert not native.kv_store(heads_apart, heads_apart, write, pool_k, pool_v)
-    assert not native.kv_store(k, v.contiguous(), write, pool_k, pool_v)          # k and v strided differently
+    assert not native.kv_store(k, v.contiguous(), write, pool_k, pool_v)  # k and v strided differently
     assert not native.kv_store(k, v, write, pool_k[:, :1], pool_v[:, :1])
     assert not native.kv_store(k, v, write[:4], pool_k, pool_v)
 
@@ -521,14 +548,14 @@ def test_argmax_on_many_rows_splits_them_over_threads_and_matches_pytorch():
 def test_argmax_matches_pytorch_on_ties_nan_and_infinities():
     torch.manual_seed(3)
     x = torch.randn(9, 4096)
-    x[1, 7] = x[1, 4000] = 50.0                                  # a tie: the first index
+    x[1, 7] = x[1, 4000] = 50.0  # a tie: the first index
     x[2, 100] = float("nan")
-    x[2, 5] = float("nan")                                        # NaN wins, the first one
-    x[3] = float("-inf")                                          # nothing finite: index 0
+    x[2, 5] = float("nan")  # NaN wins, the first one
+    x[3] = float("-inf")  # nothing finite: index 0
     x[4, 4095] = float("inf")
-    x[5, :] = 1.0                                                 # all equal
+    x[5, :] = 1.0  # all equal
     x[6, 0] = 99.0
-    for rows in (x, x[:, :1], x[:, 2:], x[::2]):                 # one column, offset and strided rows
+    for rows in (x, x[:, :1], x[:, 2:], x[::2]):  # one column, offset and strided rows
         torch.testing.assert_close(native.argmax(rows), rows.argmax(dim=-1, keepdim=True), rtol=0, atol=0)
     assert native.argmax(x.double()) is None and native.argmax(x[:, ::2]) is None
     assert native.argmax(x[:0]).shape == (0, 1)
@@ -561,8 +588,9 @@ def test_greedy_sampling_and_the_model_use_the_kernels(model, monkeypatch, whole
     by one; argmax and the vocabulary projection either way. A kernel is counted only when it ran
     (answered True or a tensor), not when it declined and PyTorch ran instead."""
     from tinyllm.model.c_layers import CLayers
+
     reqs = with_early_eos(model, mixed_workload(6, seed=5))
-    want = solo_outputs(model, reqs)                  # (before counting: solo runs op by op)
+    want = solo_outputs(model, reqs)  # (before counting: solo runs op by op)
     if not whole_layers:
         monkeypatch.setattr(CLayers, "plan", classmethod(lambda cls, *a: None))
     calls = {"rope_": 0, "kv_store": 0, "argmax": 0, "silu_mul": 0, "linear": 0, "decoder_layers": 0}
@@ -573,22 +601,22 @@ def test_greedy_sampling_and_the_model_use_the_kernels(model, monkeypatch, whole
             out = _real(*a, **kw)
             calls[_name] += out is not False and out is not None
             return out
+
         monkeypatch.setattr(native, name, counted)
-    res, stats = run_continuous(model, reqs, 4, kv="paged", block_size=4, chunked_prefill=True,
-                                max_batched_tokens=32)
+    res, stats = run_continuous(model, reqs, 4, kv="paged", block_size=4, chunked_prefill=True, max_batched_tokens=32)
     assert [r.tokens for r in res] == want
     per_layer = stats["decode_steps"] * model.cfg.n_layers
-    forwards = stats["decode_steps"]                          # (one ragged forward a step)
-    sampling_steps = max(len(r.tokens) for r in res)          # a step samples each of a request's tokens
+    forwards = stats["decode_steps"]  # (one ragged forward a step)
+    sampling_steps = max(len(r.tokens) for r in res)  # a step samples each of a request's tokens
     assert calls["argmax"] >= sampling_steps
     if whole_layers:
         assert calls["decoder_layers"] >= forwards
         assert calls["rope_"] == calls["kv_store"] == calls["silu_mul"] == 0
-        assert calls["linear"] >= sampling_steps                                    # lm_head
+        assert calls["linear"] >= sampling_steps  # lm_head
     else:
         assert calls["decoder_layers"] == 0
         assert calls["kv_store"] >= per_layer and calls["rope_"] >= per_layer and calls["silu_mul"] >= per_layer
-        assert calls["linear"] >= stats["decode_steps"] * (4 * model.cfg.n_layers + 1)    # qkv, o, gate/up, down; lm_head
+        assert calls["linear"] >= stats["decode_steps"] * (4 * model.cfg.n_layers + 1)  # qkv, o, gate/up, down; lm_head
 
 
 @needs_kernel
@@ -600,8 +628,8 @@ def test_silu_mul_matches_pytorch(shape):
     torch.manual_seed(shape[-1])
     x = torch.randn(shape) * 6
     flat = x.view(-1, shape[-1])
-    flat[:1, 0], flat[1:2, 0], flat[2:3, 0] = -200.0, 200.0, 0.0      # gates (column 0 is a gate)
-    flat[3:4, 0] = -1e30                                                # e^-1e30: exactly 0, silu -0
+    flat[:1, 0], flat[1:2, 0], flat[2:3, 0] = -200.0, 200.0, 0.0  # gates (column 0 is a gate)
+    flat[3:4, 0] = -1e30  # e^-1e30: exactly 0, silu -0
     gate, up = x.chunk(2, dim=-1)
     y = native.silu_mul(x)
     assert y is not None and y.shape == gate.shape and torch.isfinite(y).all()
@@ -612,15 +640,16 @@ def test_silu_mul_matches_pytorch(shape):
 
 @needs_kernel
 def test_silu_mul_reads_strided_input_and_leaves_the_rest_to_pytorch():
-    x = torch.randn(8, 2, 32).transpose(0, 1)                       # (2, 8, 32), not contiguous
+    x = torch.randn(8, 2, 32).transpose(0, 1)  # (2, 8, 32), not contiguous
     gate, up = x.chunk(2, dim=-1)
     torch.testing.assert_close(native.silu_mul(x), torch.nn.functional.silu(gate) * up, rtol=2e-6, atol=2e-6)
-    assert native.silu_mul(torch.randn(4, 7)) is None                # odd: not gate and up halves
+    assert native.silu_mul(torch.randn(4, 7)) is None  # odd: not gate and up halves
     assert native.silu_mul(x.double()) is None
     assert native.silu_mul(torch.randn(4, 8, requires_grad=True)) is None
 
 
 # -- linear layers (csrc/linear.c) ------------------------------------------------------------------
+
 
 def packed_weight(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     torch.manual_seed(seed)
@@ -662,8 +691,8 @@ def test_a_rows_result_is_the_same_bits_in_any_batch_on_any_thread_count():
         torch.set_num_threads(2)
         batch = native.linear(x, packed, 100)
         torch.set_num_threads(1)
-        alone = torch.cat([native.linear(x[i:i + 1], packed, 100) for i in range(203)])
-        odd = torch.cat([native.linear(x[i:i + 7], packed, 100) for i in range(0, 203, 7)])
+        alone = torch.cat([native.linear(x[i : i + 1], packed, 100) for i in range(203)])
+        odd = torch.cat([native.linear(x[i : i + 7], packed, 100) for i in range(0, 203, 7)])
     finally:
         torch.set_num_threads(2)
     assert torch.equal(batch, alone) and torch.equal(batch, odd)
@@ -675,11 +704,11 @@ def test_linear_adds_a_residual_with_the_bits_of_adding_it_afterwards():
     x, res = torch.randn(2, 9, 32), torch.randn(2, 9, 48)
     y = native.linear(x, packed, 48, add=res)
     assert y.shape == (2, 9, 48) and torch.equal(y, res + native.linear(x, packed, 48))
-    strided = torch.randn(48, 2, 9).permute(1, 2, 0)                    # (2, 9, 48), not contiguous
+    strided = torch.randn(48, 2, 9).permute(1, 2, 0)  # (2, 9, 48), not contiguous
     assert torch.equal(native.linear(x, packed, 48, add=strided), strided + native.linear(x, packed, 48))
     x_strided = torch.randn(32, 2, 9).permute(1, 2, 0)
     assert torch.equal(native.linear(x_strided, packed, 48, add=res), res + native.linear(x_strided, packed, 48))
-    for n in (40, 24, 56):               # a last panel of 8 columns: alone (40), or second of a pair (24, 56)
+    for n in (40, 24, 56):  # a last panel of 8 columns: alone (40), or second of a pair (24, 56)
         w, packed = packed_weight(n, 32)
         x, res = torch.randn(13, 32), torch.randn(13, n)
         assert torch.equal(native.linear(x, packed, n, add=res), res + native.linear(x, packed, n))
@@ -688,16 +717,16 @@ def test_linear_adds_a_residual_with_the_bits_of_adding_it_afterwards():
 @needs_kernel
 def test_linear_reads_strided_input_and_leaves_what_it_cannot_run_to_pytorch():
     w, packed = packed_weight(24, 16)
-    x = torch.randn(16, 10).t()                                         # (10, 16), not contiguous
+    x = torch.randn(16, 10).t()  # (10, 16), not contiguous
     torch.testing.assert_close(native.linear(x, packed, 24), x @ w.t(), rtol=1e-5, atol=1e-5)
     assert native.linear(torch.randn(0, 16), packed, 24).shape == (0, 24)
     assert native.linear(x.double(), packed, 24) is None
     assert native.linear(torch.randn(3, 16, requires_grad=True), packed, 24) is None
-    assert native.linear(torch.randn(3, 15), packed, 24) is None         # K is not the packed weight's
-    assert native.linear(x, packed, 40) is None                          # nor is N (40 needs 3 panels)
+    assert native.linear(torch.randn(3, 15), packed, 24) is None  # K is not the packed weight's
+    assert native.linear(x, packed, 40) is None  # nor is N (40 needs 3 panels)
     assert native.linear(x, packed[:, :, :8].contiguous(), 24) is None
-    assert native.linear(x, torch.zeros(1, 16, 16).expand(2, 16, 16), 24) is None   # no memory behind it
-    assert native.linear(torch._efficientzerotensor(5, 16), packed, 24) is None      # nor here (a null pointer)
+    assert native.linear(x, torch.zeros(1, 16, 16).expand(2, 16, 16), 24) is None  # no memory behind it
+    assert native.linear(torch._efficientzerotensor(5, 16), packed, 24) is None  # nor here (a null pointer)
     assert native.linear(x, packed.transpose(1, 2).contiguous().transpose(1, 2), 24) is None
     assert native.linear(x, packed, 24, add=torch.randn(10, 23)) is None
     assert native.pack_linear(w.double()) is None and native.pack_linear(torch.randn(3)) is None
@@ -708,6 +737,7 @@ def test_an_engine_builds_the_kernels_when_it_is_made_not_in_its_first_step(monk
     it does not land in the first request's TTFT."""
     from tests.helpers import random_model
     from tinyllm.engine import ContinuousEngine
+
     calls = []
     monkeypatch.setattr(native, "library", lambda: calls.append(1))
     ContinuousEngine(random_model(), 2, 64)
@@ -721,6 +751,7 @@ def test_a_steps_rows_built_in_c_are_the_ones_python_builds(monkeypatch):
     edges; lengths are positions + 1 and each token reads its own slot's row of the pool's tables."""
     from tests.test_ragged_attention import filled_pool
     from tinyllm.kv.ragged import RaggedAttention
+
     lens = [1, 7, 16, 17, 40, 63, 30]
     pool = filled_pool(lens, 4, d=16, seed=5)
     items = [(0, 0, 1), (3, 16, 1), (4, 39, 1), (1, 3, 1), (5, 10, 23), (6, 0, 30), (2, 15, 1)]

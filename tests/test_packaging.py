@@ -32,17 +32,19 @@ print(json.dumps({"package": tinyllm.__file__,
 def test_bundled_workloads_are_the_repos_prompts():
     assert REPO_PROMPTS, "prompts/ is empty"
     assert sorted(p.name for p in bundled_workloads().values()) == REPO_PROMPTS
-    for name, path in bundled_workloads().items():
+    for path in bundled_workloads().values():
         assert path.read_bytes() == (ROOT / "prompts" / path.name).read_bytes()
         assert load_workload(path)
 
 
 def test_resolve_accepts_names_paths_and_explains_the_rest(tmp_path):
     assert resolve_workload("burst") == resolve_workload("burst.jsonl") == bundled_workloads()["burst"]
-    mine = tmp_path / "burst.jsonl"                       # a real path wins over a bundled name
+    mine = tmp_path / "burst.jsonl"  # a real path wins over a bundled name
     mine.write_text('{"prompt": "x"}\n')
     assert resolve_workload(mine) == mine
-    with pytest.raises(WorkloadError, match=r"nope: no such file, and not a bundled workload \(bundled: batch_and_chat, burst,"):
+    with pytest.raises(
+        WorkloadError, match=r"nope: no such file, and not a bundled workload \(bundled: batch_and_chat, burst,"
+    ):
         resolve_workload("nope")
 
 
@@ -51,25 +53,31 @@ def test_wheel_installs_the_prompt_workloads(tmp_path):
     the workloads from there, far from the source tree. The wheel carries the C kernels'
     sources (tinyllm/native.py builds them on first use)."""
     wheels = tmp_path / "wheels"
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     (wheel,) = wheels.glob("tinyllm-*.whl")
     import zipfile
+
     shipped = set(zipfile.ZipFile(wheel).namelist())
     sources = {f"tinyllm/csrc/{p.name}" for p in (ROOT / "tinyllm" / "csrc").iterdir() if p.suffix in (".c", ".h")}
     assert sources and sources <= shipped, f"C kernel sources missing from the wheel: {sources - shipped}"
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
-    r = subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     r = subprocess.run([str(py), "-c", CHECK], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout)
-    assert got["package"].startswith(str(env_dir))            # the installed copy, not the repo
+    assert got["package"].startswith(str(env_dir))  # the installed copy, not the repo
     assert [n + ".jsonl" for n in got["names"]] == REPO_PROMPTS
     assert all(n > 0 for n in got["counts"].values())
     assert got["burst"] == got["burst_jsonl"] and got["burst"].startswith(str(env_dir))
-    assert not got["torch_imported"]                          # workloads load without torch
+    assert not got["torch_imported"]  # workloads load without torch

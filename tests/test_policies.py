@@ -8,16 +8,17 @@ import functools
 import os
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tinyllm.engine import ContinuousEngine, Request
-from tinyllm.engine.solo import generate
-from tinyllm.engine.policy import FairQueue, waiting_queue
-from tinyllm.engine.sequence import Sequence
-from tinyllm.observe.snapshot import WAIT_REASONS
-from tinyllm.request import SCHEDULING_POLICIES, Sampling
 from tests.helpers import check_invariants, mixed_workload, random_model, run_checked, solo_outputs
 from tests.test_paged import op  # noqa: F401  (loads the shared hypothesis profile)
+from tinyllm.engine import ContinuousEngine, Request
+from tinyllm.engine.policy import FairQueue, waiting_queue
+from tinyllm.engine.sequence import Sequence
+from tinyllm.engine.solo import generate
+from tinyllm.observe.snapshot import WAIT_REASONS
+from tinyllm.request import SCHEDULING_POLICIES, Sampling
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +27,12 @@ def model():
 
 
 def seq(rid: int, prompt: int = 4, new: int = 4, priority: int = 0, tenant: str = "", arrival: float | None = None):
-    return Sequence(rid, Request(list(range(1, prompt + 1)), new, priority=priority, tenant=tenant), Sampling(),
-                    float(rid) if arrival is None else arrival)
+    return Sequence(
+        rid,
+        Request(list(range(1, prompt + 1)), new, priority=priority, tenant=tenant),
+        Sampling(),
+        float(rid) if arrival is None else arrival,
+    )
 
 
 def drain(q) -> list[int]:
@@ -44,17 +49,17 @@ def test_fcfs_admits_in_arrival_order_and_a_preempted_request_goes_first():
         q.add(s)
     q.prepend(seq(9))
     assert [s.rid for s in q] == [9, 0, 1, 2] == drain(q)
-    assert waiting_queue("fcfs").victim([seq(0), seq(1), seq(2)]).rid == 2      # the newest admitted
+    assert waiting_queue("fcfs").victim([seq(0), seq(1), seq(2)]).rid == 2  # the newest admitted
 
 
 def test_priority_admits_lower_values_first_ties_by_arrival():
     q = waiting_queue("priority")
     for s in (seq(0, priority=5), seq(1, priority=-1), seq(2, priority=5), seq(3, priority=0)):
         q.add(s)
-    q.prepend(seq(4, priority=5, arrival=0.5))          # preempted: back at its priority's place, by arrival
+    q.prepend(seq(4, priority=5, arrival=0.5))  # preempted: back at its priority's place, by arrival
     assert [s.rid for s in q] == [1, 3, 0, 4, 2] == drain(q)
     running = [seq(0, priority=1), seq(1, priority=3), seq(2, priority=3)]
-    assert q.victim(running).rid == 2                   # the lowest priority, latest arrival among equals
+    assert q.victim(running).rid == 2  # the lowest priority, latest arrival among equals
     assert q.outranks(seq(7, priority=0), running[0]) and not q.outranks(seq(7, priority=1), running[0])
 
 
@@ -69,32 +74,33 @@ def test_fair_alternates_tenants_by_tokens_served_and_gives_no_credit_for_idling
     q = FairQueue()
     for i in range(4):
         q.add(seq(i, tenant="batch"))
-    q.charge(seq(0, tenant="batch"), 100)                # batch was served 100 tokens already
-    q.add(seq(10, tenant="chat"))                        # chat joins: lifted to the least backlogged (100)
+    q.charge(seq(0, tenant="batch"), 100)  # batch was served 100 tokens already
+    q.add(seq(10, tenant="chat"))  # chat joins: lifted to the least backlogged (100)
     assert q.served["chat"] == 100
-    assert q.pop().rid == 0                              # tie at 100: the earlier head goes first
+    assert q.pop().rid == 0  # tie at 100: the earlier head goes first
     q.charge(seq(0, tenant="batch"), 8)
-    assert q.pop().rid == 10                             # chat has 100 < 108
+    assert q.pop().rid == 10  # chat has 100 < 108
     q.charge(seq(10, tenant="chat"), 50)
-    assert [s.rid for s in q] == [1, 2, 3] == drain(q)   # only batch waits
-    q.add(seq(11, tenant="chat"))                        # chat idled meanwhile: no credit saved up
+    assert [s.rid for s in q] == [1, 2, 3] == drain(q)  # only batch waits
+    q.add(seq(11, tenant="chat"))  # chat idled meanwhile: no credit saved up
     assert q.served["chat"] == 150
 
 
 def test_fair_gives_no_credit_to_a_tenant_that_joins_an_empty_queue():
     q = FairQueue()
     q.add(seq(0, tenant="A"))
-    q.charge(q.pop(), 100_000)                           # A ran alone for a long time
-    q.add(seq(1, tenant="B"))                            # B arrives to an empty queue
+    q.charge(q.pop(), 100_000)  # A ran alone for a long time
+    q.add(seq(1, tenant="B"))  # B arrives to an empty queue
     q.add(seq(2, tenant="A"))
     assert q.served == {"A": 100_000, "B": 100_000}
-    assert [s.rid for s in q] == [1, 2]                  # level: the earlier head first
+    assert [s.rid for s in q] == [1, 2]  # level: the earlier head first
 
 
 def test_fair_shares_one_steps_free_slots_between_tenants():
     """Charged as planned: four free slots and two tenants waiting go two and two, not four to one."""
     from tinyllm.engine.scheduler import TokenBudgetScheduler
     from tinyllm.kv.blocks import BlockPool
+
     pool = BlockPool(n_slots=4, n_blocks=64, block_size=4, max_len=64)
     q = FairQueue()
     for i in range(8):
@@ -106,8 +112,18 @@ def test_fair_shares_one_steps_free_slots_between_tenants():
 def test_priority_preempts_the_lower_priority_decode_not_the_higher_one(model):
     """The pool runs short during the decodes: the victim is the lowest priority running request,
     even when it was admitted first (decodes are planned most important first)."""
-    eng = ContinuousEngine(model, 2, max_len=24, kv="paged", block_size=4, kv_blocks=4, chunked_prefill=True,
-                           max_batched_tokens=32, prefix_cache=False, scheduling_policy="priority")
+    eng = ContinuousEngine(
+        model,
+        2,
+        max_len=24,
+        kv="paged",
+        block_size=4,
+        kv_blocks=4,
+        chunked_prefill=True,
+        max_batched_tokens=32,
+        prefix_cache=False,
+        scheduling_policy="priority",
+    )
     low = eng.add_request(Request([1] * 6, 10, priority=1))
     eng.step()
     high = eng.add_request(Request([2] * 6, 10, priority=0))
@@ -147,8 +163,11 @@ def test_an_unknown_policy_is_refused_by_name(model):
 
 
 # -- the engine under each policy ---------------------------------------------------------------------
-CONFIGS = {"slots": dict(kv="slots"), "paged": dict(kv="paged", block_size=4, kv_blocks=14),
-           "chunked": dict(kv="paged", block_size=4, kv_blocks=14, chunked_prefill=True, max_batched_tokens=8)}
+CONFIGS = {
+    "slots": dict(kv="slots"),
+    "paged": dict(kv="paged", block_size=4, kv_blocks=14),
+    "chunked": dict(kv="paged", block_size=4, kv_blocks=14, chunked_prefill=True, max_batched_tokens=8),
+}
 
 
 @pytest.mark.parametrize("policy", SCHEDULING_POLICIES)
@@ -167,21 +186,38 @@ def order_of_admission(eng: ContinuousEngine) -> list[int]:
     return [e.rid for e in eng.pop_lifecycle() if e.kind == "admitted"]
 
 
-@pytest.mark.parametrize("policy, expected", [("fcfs", [0, 1, 2, 3]), ("priority", [3, 0, 2, 1]),
-                                              ("shortest-first", [2, 3, 0, 1])])
+@pytest.mark.parametrize(
+    "policy, expected", [("fcfs", [0, 1, 2, 3]), ("priority", [3, 0, 2, 1]), ("shortest-first", [2, 3, 0, 1])]
+)
 def test_one_slot_admits_in_the_policys_order(model, policy, expected):
-    eng = ContinuousEngine(model, 1, max_len=64, kv="paged", block_size=4, chunked_prefill=True,
-                           max_batched_tokens=32, scheduling_policy=policy)
+    eng = ContinuousEngine(
+        model,
+        1,
+        max_len=64,
+        kv="paged",
+        block_size=4,
+        chunked_prefill=True,
+        max_batched_tokens=32,
+        scheduling_policy=policy,
+    )
     eng.add_request(Request([1] * 8, 2, priority=1))
-    eng.add_request(Request([2] * 20, 9, priority=2))      # the longest job, lowest priority
+    eng.add_request(Request([2] * 20, 9, priority=2))  # the longest job, lowest priority
     eng.add_request(Request([3] * 4, 2, priority=1))
     eng.add_request(Request([4] * 6, 3, priority=0))
     assert order_of_admission(eng) == expected
 
 
 def test_priority_preempts_a_running_lower_priority_request_and_says_why(model):
-    eng = ContinuousEngine(model, 1, max_len=64, kv="paged", block_size=4, chunked_prefill=True,
-                           max_batched_tokens=32, scheduling_policy="priority")
+    eng = ContinuousEngine(
+        model,
+        1,
+        max_len=64,
+        kv="paged",
+        block_size=4,
+        chunked_prefill=True,
+        max_batched_tokens=32,
+        scheduling_policy="priority",
+    )
     low = eng.add_request(Request([1] * 8, 20, priority=5))
     eng.step()
     eng.step()
@@ -194,14 +230,22 @@ def test_priority_preempts_a_running_lower_priority_request_and_says_why(model):
     assert snap.request(high).state == "running" and snap.request(low).wait == "preempted"
     assert dict(snap.batch) == {high: 8}
     out = order_of_admission(eng)
-    assert out == [low]                                    # back in once the high one finished
+    assert out == [low]  # back in once the high one finished
     solo = generate(model, [1] * 8, 20)
-    assert eng.results[low].tokens == solo                 # recomputed: the same greedy tokens
+    assert eng.results[low].tokens == solo  # recomputed: the same greedy tokens
 
 
 def test_fcfs_never_preempts_for_a_newcomer(model):
-    eng = ContinuousEngine(model, 1, max_len=64, kv="paged", block_size=4, chunked_prefill=True,
-                           max_batched_tokens=32, scheduling_policy="fcfs")
+    eng = ContinuousEngine(
+        model,
+        1,
+        max_len=64,
+        kv="paged",
+        block_size=4,
+        chunked_prefill=True,
+        max_batched_tokens=32,
+        scheduling_policy="fcfs",
+    )
     eng.add_request(Request([1] * 8, 20, priority=5))
     eng.step()
     eng.add_request(Request([2] * 8, 3, priority=0))
@@ -210,7 +254,7 @@ def test_fcfs_never_preempts_for_a_newcomer(model):
     assert eng.stats.preemptions == 0
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _job(i: int) -> Request:
     return Request([1 + i % 50] * (4 + i % 9), 6 + i % 7, tenant="batch" if i < 30 else "chat")
 
@@ -218,8 +262,16 @@ def _job(i: int) -> Request:
 def served_gap(policy: str, model) -> tuple[int, int]:
     """Run 30 batch requests then 10 chat ones (all at t=0) on 2 slots; the largest gap between the
     two tenants' tokens served while both wait, and the bound the fair policy promises."""
-    eng = ContinuousEngine(model, 2, max_len=64, kv="paged", block_size=4, chunked_prefill=True,
-                           max_batched_tokens=16, scheduling_policy=policy)
+    eng = ContinuousEngine(
+        model,
+        2,
+        max_len=64,
+        kv="paged",
+        block_size=4,
+        chunked_prefill=True,
+        max_batched_tokens=16,
+        scheduling_policy=policy,
+    )
     reqs = [_job(i) for i in range(40)]
     for r in reqs:
         eng.add_request(r)
@@ -240,19 +292,31 @@ def test_fair_keeps_two_waiting_tenants_within_its_stated_bound_and_fcfs_does_no
     gap, bound = served_gap("fair", model)
     assert gap <= bound
     gap_fcfs, _ = served_gap("fcfs", model)
-    assert gap_fcfs > bound                                # the test can fail: fcfs serves batch first
+    assert gap_fcfs > bound  # the test can fail: fcfs serves batch first
 
 
 # -- why each request waits --------------------------------------------------------------------------
 def waits(eng: ContinuousEngine) -> dict[int, tuple[str, str]]:
-    return {v.rid: (v.wait, v.wait_detail) for v in eng.snapshot().requests if v.state not in
-            ("finished", "aborted", "failed")}
+    return {
+        v.rid: (v.wait, v.wait_detail)
+        for v in eng.snapshot().requests
+        if v.state not in ("finished", "aborted", "failed")
+    }
 
 
 def test_a_request_blocked_by_a_full_pool_says_so(model):
     # 5 blocks of 4 tokens; the first request holds all of them, the second needs 3 for its prompt.
-    eng = ContinuousEngine(model, 2, max_len=20, kv="paged", block_size=4, kv_blocks=5, chunked_prefill=True,
-                           max_batched_tokens=32, prefix_cache=False)
+    eng = ContinuousEngine(
+        model,
+        2,
+        max_len=20,
+        kv="paged",
+        block_size=4,
+        kv_blocks=5,
+        chunked_prefill=True,
+        max_batched_tokens=32,
+        prefix_cache=False,
+    )
     a = eng.add_request(Request([1] * 18, 2))
     b = eng.add_request(Request([2] * 10, 2))
     eng.step()
@@ -264,8 +328,7 @@ def test_a_request_blocked_by_a_full_pool_says_so(model):
 
 
 def test_a_request_blocked_by_the_budget_says_so_and_the_next_one_is_behind_it(model):
-    eng = ContinuousEngine(model, 3, max_len=64, kv="paged", block_size=4, chunked_prefill=True,
-                           max_batched_tokens=8)
+    eng = ContinuousEngine(model, 3, max_len=64, kv="paged", block_size=4, chunked_prefill=True, max_batched_tokens=8)
     a = eng.add_request(Request([1] * 20, 2))
     b = eng.add_request(Request([2] * 5, 2))
     c = eng.add_request(Request([3] * 5, 2))
@@ -274,7 +337,7 @@ def test_a_request_blocked_by_the_budget_says_so_and_the_next_one_is_behind_it(m
     assert w[a] == ("", "")
     assert w[b] == ("budget", "this step's token budget is used up (8/8 tokens)")
     assert w[c] == ("queue", "behind 1 earlier request in fcfs order")
-    eng.step()                                             # a still prefills: 8 more of its 20
+    eng.step()  # a still prefills: 8 more of its 20
     assert waits(eng)[b][0] == "budget"
     assert eng.snapshot().request(a).wait == ""
 
@@ -294,8 +357,17 @@ def test_a_request_blocked_by_busy_slots_says_so_in_both_schedulers(model):
 
 
 def test_a_preempted_request_says_why_and_the_trace_of_reasons_is_in_the_lifecycle(model):
-    eng = ContinuousEngine(model, 2, max_len=40, kv="paged", block_size=4, kv_blocks=10, chunked_prefill=True,
-                           max_batched_tokens=64, prefix_cache=False)
+    eng = ContinuousEngine(
+        model,
+        2,
+        max_len=40,
+        kv="paged",
+        block_size=4,
+        kv_blocks=10,
+        chunked_prefill=True,
+        max_batched_tokens=64,
+        prefix_cache=False,
+    )
     eng.add_request(Request([1] * 12, 20))
     eng.add_request(Request([2] * 12, 20))
     reasons = []
@@ -311,23 +383,41 @@ def test_a_preempted_request_says_why_and_the_trace_of_reasons_is_in_the_lifecyc
 _small = random_model(seed=1, vocab=48, d_model=32, n_layers=1, max_seq_len=64)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _solo(prompt: tuple, new: int) -> list[int]:
     return generate(_small, list(prompt), new)
 
 
-job = st.tuples(st.lists(st.integers(0, 47), min_size=1, max_size=24), st.integers(1, 16),
-                st.integers(-2, 2), st.sampled_from(["", "a", "b"]), st.integers(0, 3))
+job = st.tuples(
+    st.lists(st.integers(0, 47), min_size=1, max_size=24),
+    st.integers(1, 16),
+    st.integers(-2, 2),
+    st.sampled_from(["", "a", "b"]),
+    st.integers(0, 3),
+)
 
 
-@settings(max_examples=int(os.environ.get("TINYLLM_POLICY_EXAMPLES", "40")))   # (thorough: set it higher)
-@given(policy=st.sampled_from(SCHEDULING_POLICIES), chunked=st.booleans(), n_slots=st.integers(1, 4),
-       spare=st.integers(0, 5), jobs=st.lists(job, min_size=1, max_size=12))
+@settings(max_examples=int(os.environ.get("TINYLLM_POLICY_EXAMPLES", "40")))  # (thorough: set it higher)
+@given(
+    policy=st.sampled_from(SCHEDULING_POLICIES),
+    chunked=st.booleans(),
+    n_slots=st.integers(1, 4),
+    spare=st.integers(0, 5),
+    jobs=st.lists(job, min_size=1, max_size=12),
+)
 def test_random_arrivals_under_every_policy_keep_the_invariants(policy, chunked, n_slots, spare, jobs):
     max_len = 44
-    eng = ContinuousEngine(_small, n_slots, max_len, kv="paged", block_size=4, kv_blocks=11 + spare,
-                           chunked_prefill=chunked, max_batched_tokens=n_slots + 6 if chunked else None,
-                           scheduling_policy=policy)
+    eng = ContinuousEngine(
+        _small,
+        n_slots,
+        max_len,
+        kv="paged",
+        block_size=4,
+        kv_blocks=11 + spare,
+        chunked_prefill=chunked,
+        max_batched_tokens=n_slots + 6 if chunked else None,
+        scheduling_policy=policy,
+    )
     added = {}
     for prompt, new, prio, tenant, steps_before in jobs:
         for _ in range(steps_before):

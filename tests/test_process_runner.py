@@ -13,14 +13,14 @@ import time
 import pytest
 import torch
 
-from tinyllm.model.checkpoint import CheckpointError, default_model_dir, load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
+from tinyllm.model.checkpoint import CheckpointError, default_model_dir, load_checkpoint
 from tinyllm.request import RequestSettings
-from tui.screens.live import FramePacer
 from tui.runners.child import ChildRunner, EngineStartError
 from tui.runners.engine import EngineRunner, EngineSpec
 from tui.runners.frames import FrameDiffer, FrameMerger
 from tui.runners.interface import SetPaused, StepOnce, Submit
+from tui.screens.live import FramePacer
 
 
 def wait_for(cond, timeout: float = 60.0) -> None:
@@ -48,7 +48,7 @@ def test_deltas_rebuild_every_frame_exactly():
             break
         runner._apply(StepOnce())
     assert runner.frame.snapshot.counters.finished == 4
-    assert max(sizes) <= 4 and min(sizes[1:]) < 4          # unchanged requests are not resent
+    assert max(sizes) <= 4 and min(sizes[1:]) < 4  # unchanged requests are not resent
 
 
 @pytest.fixture
@@ -60,6 +60,7 @@ def proc():
         r = ChildRunner(spec, paused=True).start(timeout=120)
         runners.append(r)
         return r
+
     yield start
     for r in runners:
         r.stop()
@@ -90,6 +91,7 @@ def test_process_runner_generates_what_the_thread_runner_does(proc):
 def test_the_engine_process_records_what_the_app_received(proc, tmp_path):
     """--record: the child writes the run; replayed, its last frame is the app's last frame."""
     from tui.runners.replay import ReplayRunner
+
     path = tmp_path / "run.jsonl"
     runner = proc(record=str(path), kv="paged", chunked_prefill=True)
     t = threading.Thread(target=runner.run, daemon=True)
@@ -99,7 +101,7 @@ def test_the_engine_process_records_what_the_app_received(proc, tmp_path):
     wait_for(lambda: runner.frame.snapshot.counters.finished == 1 and runner.frame.texts.get(0))
     wait_for(lambda: runner.frame.paused is False and not runner.frame.snapshot.queue)
     last = runner.frame
-    runner.stop()                                          # the child closes the file as it exits
+    runner.stop()  # the child closes the file as it exits
     t.join(10)
     replay = ReplayRunner(path, paused=True)
     assert replay.header["settings"]["chunked_prefill"] is True and replay.header["model"] == default_model_dir().name
@@ -136,7 +138,7 @@ def test_a_killed_engine_process_is_reported_and_commands_are_dropped(proc):
     assert not t.is_alive()
     last = runner.frame.log[-1]
     assert last.kind == "error" and "exited unexpectedly" in last.text
-    runner.send(SetPaused(False))                      # no exception: the app stays usable
+    runner.send(SetPaused(False))  # no exception: the app stays usable
 
 
 def test_the_child_exits_when_the_app_stops(proc):
@@ -167,19 +169,21 @@ def drawn_per_second(pacer: FramePacer, clock: FakeClock, cost_s: float, seconds
 def test_pacer_keeps_full_rate_when_drawing_is_cheap_and_backs_off_when_not():
     clock = FakeClock()
     pacer = FramePacer(max_hz=20, min_hz=5, budget=0.10, cpu=lambda: clock.cpu, clock=lambda: clock.t)
-    assert drawn_per_second(pacer, clock, cost_s=0.001) == 20          # 2% of a core: no change
-    slow = drawn_per_second(pacer, clock, cost_s=0.012)                 # 24% at 20 Hz: must slow down
+    assert drawn_per_second(pacer, clock, cost_s=0.001) == 20  # 2% of a core: no change
+    slow = drawn_per_second(pacer, clock, cost_s=0.012)  # 24% at 20 Hz: must slow down
     assert 5 <= slow <= 10 and slow * 0.012 <= 0.10 * 1.3
-    assert drawn_per_second(pacer, clock, cost_s=0.1) == 5              # never below min_hz
-    assert drawn_per_second(pacer, clock, cost_s=0.0005) == 20          # and it recovers
+    assert drawn_per_second(pacer, clock, cost_s=0.1) == 5  # never below min_hz
+    assert drawn_per_second(pacer, clock, cost_s=0.0005) == 20  # and it recovers
 
 
 # -- starting without waiting (the app's way: screen first, engine second) ----------------------
 def test_the_app_side_imports_no_torch():
     """The first frame must not wait for torch: the app, its runner and widgets import without it."""
-    heavy = ("torch", "prometheus_client", "httpx")          # the last two: only when attached to a server
-    code = ("import sys, tui.cli, tui.runners.child, tui.screens.modals, tinyllm.model.config, tinyllm.workload; "
-            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r}))")
+    heavy = ("torch", "prometheus_client", "httpx")  # the last two: only when attached to a server
+    code = (
+        "import sys, tui.cli, tui.runners.child, tui.screens.modals, tinyllm.model.config, tinyllm.workload; "
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r}))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
@@ -196,12 +200,12 @@ def test_a_loading_runner_shows_the_layout_and_keeps_early_commands():
         assert f.status == "loading" and f.paused and runner.device == "?"
         assert f.snapshot.n_slots == 3 and all(s.free for s in f.snapshot.slots)
         assert f.snapshot.kv.n_blocks == 3 * 16 and f.snapshot.kv.free_blocks == 48
-        runner.send(Submit("ROMEO:\n", RequestSettings(Sampling(), 4, False)))       # before the engine exists
+        runner.send(Submit("ROMEO:\n", RequestSettings(Sampling(), 4, False)))  # before the engine exists
         runner.send(StepOnce())
         threading.Thread(target=runner.run, daemon=True).start()
         wait_for(lambda: runner.frame.snapshot.counters.steps == 1)
         assert runner.ready and runner.device == "cpu" and runner.frame.status == "ready"
-        assert len(runner.frame.snapshot.request(0).tokens) == 2      # admitted + one decode: in order
+        assert len(runner.frame.snapshot.request(0).tokens) == 2  # admitted + one decode: in order
     finally:
         runner.stop()
 
@@ -218,6 +222,6 @@ def test_a_start_error_without_waiting_is_kept_for_the_app(tmp_path):
     assert not t.is_alive()
     assert isinstance(runner.start_error, CheckpointError) and "safetensors" in str(runner.start_error)
     assert runner.frame.status == "failed"
-    assert not any(e.kind == "error" for e in runner.frame.log)    # the app reports it, once, as it exits
-    runner.send(StepOnce())                                         # dropped quietly
+    assert not any(e.kind == "error" for e in runner.frame.log)  # the app reports it, once, as it exits
+    runner.send(StepOnce())  # dropped quietly
     runner.stop()

@@ -45,13 +45,13 @@ def test_static_batcher_is_one_forward_pass_per_step_and_counts_wasted_rows(mode
         seen.append([(r.rid, r.done, r.generated) for r in eng.rows()])
     # batch 1 (max_new 2, 5, 3): prefill + 4 decodes; batch 2 (1, 4): prefill + 3 decodes
     assert eng.steps == 5 + 4
-    assert seen[1] == [(0, True, 2), (1, False, 2), (2, False, 2)]        # #0 done: still a row, wasted
+    assert seen[1] == [(0, True, 2), (1, False, 2), (2, False, 2)]  # #0 done: still a row, wasted
     assert seen[3] == [(0, True, 2), (1, False, 4), (2, True, 3)]
-    assert seen[4] == []                                                   # batch over, next not started
+    assert seen[4] == []  # batch over, next not started
     st = eng.stats
     assert st.decode_steps == 4 + 3
-    assert st.computed_rows == 3 * 4 + 2 * 3                               # every row of the batch, each step
-    assert st.useful_rows == (1 + 4 + 2) + (0 + 3)                         # rows still generating
+    assert st.computed_rows == 3 * 4 + 2 * 3  # every row of the batch, each step
+    assert st.useful_rows == (1 + 4 + 2) + (0 + 3)  # rows still generating
     assert [len(eng.results[i].tokens) for i in range(5)] == [2, 5, 3, 1, 4]
 
 
@@ -75,27 +75,29 @@ def test_static_batcher_waits_for_a_full_batch_or_the_timeout():
     eng.more_coming = True
     eng.add_request(Request([1, 2], 2), arrival=0.0)
     eng.add_request(Request([3], 2), arrival=0.2)
-    assert not eng.ready() and eng.deadline() == 1.0                      # 2 of 3, the oldest waited 0 s
+    assert not eng.ready() and eng.deadline() == 1.0  # 2 of 3, the oldest waited 0 s
     t["now"] = 0.99
     assert not eng.ready() and eng.step() == []
-    t["now"] = 1.0                                                        # the oldest has waited 1 s
+    t["now"] = 1.0  # the oldest has waited 1 s
     assert eng.ready()
     eng.step()
-    assert [r.rid for r in eng.rows()] == [0, 1]                          # a partial batch
+    assert [r.rid for r in eng.rows()] == [0, 1]  # a partial batch
     while eng.batch:
         eng.step()
-    for i in range(3):
+    for _ in range(3):
         eng.add_request(Request([5], 1), arrival=2.0)
-    assert eng.ready()                                                    # a full batch starts at once
+    assert eng.ready()  # a full batch starts at once
     eng.step()
     eng.add_request(Request([6], 1), arrival=3.0)
     eng.more_coming = False
-    assert eng.ready()                                                    # nothing more coming: no wait
+    assert eng.ready()  # nothing more coming: no wait
 
 
 def test_static_batch_too_long_together_is_refused_up_front():
-    check_static_batches([(10, 10), (20, 5)], 2, 30)                      # 20 + 10 fits 30
-    with pytest.raises(ContextTooLong, match=r"pads requests 1\.\.2 to 20 prompt tokens: prompt is 20 tokens \+ max_new_tokens 12"):
+    check_static_batches([(10, 10), (20, 5)], 2, 30)  # 20 + 10 fits 30
+    with pytest.raises(
+        ContextTooLong, match=r"pads requests 1\.\.2 to 20 prompt tokens: prompt is 20 tokens \+ max_new_tokens 12"
+    ):
         check_static_batches([(10, 10), (20, 5), (3, 12)], 2, 30)
 
 
@@ -111,13 +113,15 @@ def test_a_lane_clock_counts_only_its_own_steps(monkeypatch):
             inside = c.now()
             now["t"] += cost / 2
             return inside
+
         return run
-    assert c.timed(step(0.2)) == pytest.approx(0.1)                       # mid-step: the step so far
-    now["t"] += 5.0                                                       # other lanes' steps: not ours
+
+    assert c.timed(step(0.2)) == pytest.approx(0.1)  # mid-step: the step so far
+    now["t"] += 5.0  # other lanes' steps: not ours
     c.timed(step(0.3))
     assert c.elapsed == pytest.approx(0.5) and c.now() == pytest.approx(0.5)
-    c.skip_to(2.0)                                                        # idle until an arrival
-    c.skip_to(1.0)                                                        # never backwards
+    c.skip_to(2.0)  # idle until an arrival
+    c.skip_to(1.0)  # never backwards
     assert c.now() == 2.0
     fixed = LaneClock(step_cost_s=0.01)
     assert fixed.timed(lambda: fixed.now()) == 0.01 and fixed.elapsed == 0.01
@@ -125,10 +129,11 @@ def test_a_lane_clock_counts_only_its_own_steps(monkeypatch):
 
 def test_the_lane_furthest_behind_on_its_clock_steps_next(model):
     reqs = greedy(mixed_workload(8, seed=1, max_new=20))
-    race = build_race(model, [(0.0, r) for r in reqs], slots=4, max_len=128, step_cost_s=0.01,
-                      lanes=("continuous", "chunked"))
+    race = build_race(
+        model, [(0.0, r) for r in reqs], slots=4, max_len=128, step_cost_s=0.01, lanes=("continuous", "chunked")
+    )
     slow, fast = race.lanes
-    slow.clock.step_cost_s = 0.03                                          # its steps cost 3x more
+    slow.clock.step_cost_s = 0.03  # its steps cost 3x more
     order = []
     while fast.has_work() and slow.has_work():
         order.append(race.step().key)
@@ -140,23 +145,30 @@ def test_the_lane_furthest_behind_on_its_clock_steps_next(model):
 # -- the race against the headless paths ------------------------------------------------------------
 def test_race_figures_equal_run_static_and_run_continuous(model):
     reqs = greedy(mixed_workload(13, seed=5, max_new=30))
-    race = build_race(model, [(0.0, r) for r in reqs], slots=4, max_len=128, max_batched_tokens=16,
-                      block_size=8, step_cost_s=0.01)
+    race = build_race(
+        model, [(0.0, r) for r in reqs], slots=4, max_len=128, max_batched_tokens=16, block_size=8, step_cost_s=0.01
+    )
     run_race(race)
     static, cont, chunked = race.lanes
-    headless = {"static": run_static(model, reqs, 4),
-                "continuous": run_continuous(model, reqs, 4, max_len=128),
-                "chunked": run_continuous(model, reqs, 4, max_len=128, kv="paged", block_size=8,
-                                          chunked_prefill=True, max_batched_tokens=16)}
+    headless = {
+        "static": run_static(model, reqs, 4),
+        "continuous": run_continuous(model, reqs, 4, max_len=128),
+        "chunked": run_continuous(
+            model, reqs, 4, max_len=128, kv="paged", block_size=8, chunked_prefill=True, max_batched_tokens=16
+        ),
+    }
     for lane in race.lanes:
         results, summary = headless[lane.key]
         r = lane.result()
-        assert (r.decode_steps, r.row_util, r.useful_tokens) == (summary["decode_steps"], summary["row_util"],
-                                                                 summary["useful_tokens"]), lane.key
+        assert (r.decode_steps, r.row_util, r.useful_tokens) == (
+            summary["decode_steps"],
+            summary["row_util"],
+            summary["useful_tokens"],
+        ), lane.key
         assert r.kv_used_mean == pytest.approx(summary["kv_used_mean"]), lane.key
         assert r.prefill_tokens == summary["prefill_tokens_computed"], lane.key
         tokens = [lane.engine.results[i].tokens for i in range(len(reqs))]
-        assert tokens == [x.tokens for x in results], lane.key               # greedy: the same outputs
+        assert tokens == [x.tokens for x in results], lane.key  # greedy: the same outputs
     assert static.result().row_util < cont.result().row_util < chunked.result().row_util == 1.0
     assert static.result().decode_steps > cont.result().decode_steps
 
@@ -167,18 +179,18 @@ def test_arrivals_come_on_each_lanes_clock_and_ttft_counts_from_them(model):
     race = build_race(model, work, slots=4, max_len=128, step_cost_s=0.01, batch_timeout_s=0.5)
     seen_note = False
     while (lane := race.step()) is not None:
-        static_view = race.views()[0]                                    # what the screen shows meanwhile
+        static_view = race.views()[0]  # what the screen shows meanwhile
         seen_note |= static_view.note == "waits for a full batch: 2/4, or until 0.50 s"
         if lane.key != "static":
             assert lane.view().arriving == (1 if lane.clock.elapsed < 5.0 else 0)
     for lane in race.lanes:
         r = lane.result()
-        assert lane.clock.elapsed >= 5.0                                     # skipped to #2's arrival
-        assert r.ttft_p95_s < 1.0, lane.key                                  # not from t=0
+        assert lane.clock.elapsed >= 5.0  # skipped to #2's arrival
+        assert r.ttft_p95_s < 1.0, lane.key  # not from t=0
     static = race.lanes[0]
     # #0 and #1 waited for a full batch of 4 until the timeout (0.5 s of the static lane's clock)
     assert static.engine.first_s[0] == pytest.approx(0.51)
-    assert static.engine.first_s[2] == pytest.approx(5.01)                   # alone at once: nothing more to come
+    assert static.engine.first_s[2] == pytest.approx(5.01)  # alone at once: nothing more to come
     assert race.lanes[1].engine.snapshot().request(0).first_token_s == pytest.approx(0.01)
     assert seen_note
 

@@ -5,27 +5,24 @@ Uses test_app's helpers and its no-error guard (imported: every app a test makes
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from tinyllm.model.checkpoint import default_model_dir
+from tests.test_app import _watch, bundled, make_app, no_unexpected_errors, until  # noqa: F401
 from tinyllm.engine import Request, run_continuous, run_static
+from tinyllm.model.checkpoint import default_model_dir
 from tinyllm.workload import resolve_workload
 from tui.cli import build_app
-from tui.runners.interface import SetPaused, StepOnce
-from tui.screens.race import RaceApp
 from tui.runners.child import ChildRunner
+from tui.runners.interface import SetPaused, StepOnce
 from tui.runners.race import RaceRunner, RaceSpec, Restart, race_workload
 from tui.screens.modals import HelpScreen
-from tui.screens.race import FinishLine, RaceScreen
+from tui.screens.race import FinishLine, RaceApp, RaceScreen
 from tui.widgets.lane_panel import LanePanel
 from tui.widgets.race_track import RaceTrack
-
-from tests.test_app import _watch, bundled, make_app, no_unexpected_errors, until  # noqa: F401
 
 SLOTS, MAX_LEN, BLOCK, BUDGET = 3, 256, 8, 32
 
@@ -33,17 +30,35 @@ SLOTS, MAX_LEN, BLOCK, BUDGET = 3, 256, 8, 32
 def small_work(n: int = 6, cap: int = 16, arrivals: tuple[float, ...] | None = None):
     """The first ``n`` requests of the bundled mixed_lengths workload, at most ``cap`` new tokens."""
     work = race_workload(resolve_workload("mixed_lengths"), bundled()[1].encode, MAX_LEN)[:n]
-    return tuple((arrivals[i] if arrivals else 0.0, ids, min(new, cap), prio, tenant)
-                 for i, (_, ids, new, prio, tenant) in enumerate(work))
+    return tuple(
+        (arrivals[i] if arrivals else 0.0, ids, min(new, cap), prio, tenant)
+        for i, (_, ids, new, prio, tenant) in enumerate(work)
+    )
 
 
-def race_app(work, slots: int = SLOTS, paused: bool = True, step_cost_s: float | None = 0.01,
-             lanes: tuple | None = None, **spec_kw) -> RaceApp:
+def race_app(
+    work,
+    slots: int = SLOTS,
+    paused: bool = True,
+    step_cost_s: float | None = 0.01,
+    lanes: tuple | None = None,
+    **spec_kw,
+) -> RaceApp:
     """A race in a thread of the test (RaceRunner), paused, on a fixed-cost clock: deterministic."""
     model, _ = bundled()
-    spec = RaceSpec(str(default_model_dir()), work, "mini", slots=slots, max_len=MAX_LEN, block_size=BLOCK,
-                    max_batched_tokens=BUDGET, step_cost_s=step_cost_s, warm_up=False,
-                    **({} if lanes is None else {"lanes": lanes}), **spec_kw)
+    spec = RaceSpec(
+        str(default_model_dir()),
+        work,
+        "mini",
+        slots=slots,
+        max_len=MAX_LEN,
+        block_size=BLOCK,
+        max_batched_tokens=BUDGET,
+        step_cost_s=step_cost_s,
+        warm_up=False,
+        **({} if lanes is None else {"lanes": lanes}),
+        **spec_kw,
+    )
     runner = RaceRunner(lambda: spec.make_race(model), paused=paused, device="cpu", threads=1)
     app = RaceApp(runner, workload="mini", model_name="test")
     _watch(app)
@@ -75,10 +90,20 @@ async def test_a_race_run_to_the_finish_agrees_with_the_headless_paths():
         table = plain(app, app.screen.query_one(FinishLine)).splitlines()
         model, _ = bundled()
         reqs = [Request(list(ids), new) for _, ids, new, _, _ in work]
-        headless = {"static": run_static(model, reqs, SLOTS)[1],
-                    "continuous": run_continuous(model, reqs, SLOTS, max_len=MAX_LEN)[1],
-                    "chunked": run_continuous(model, reqs, SLOTS, max_len=MAX_LEN, kv="paged", block_size=BLOCK,
-                                              chunked_prefill=True, max_batched_tokens=BUDGET)[1]}
+        headless = {
+            "static": run_static(model, reqs, SLOTS)[1],
+            "continuous": run_continuous(model, reqs, SLOTS, max_len=MAX_LEN)[1],
+            "chunked": run_continuous(
+                model,
+                reqs,
+                SLOTS,
+                max_len=MAX_LEN,
+                kv="paged",
+                block_size=BLOCK,
+                chunked_prefill=True,
+                max_batched_tokens=BUDGET,
+            )[1],
+        }
         names = {"static": "static", "continuous": "continuous", "chunked": "budget+cache"}
         for lane in frame.lanes:
             want = headless[lane.key]
@@ -102,18 +127,27 @@ async def test_the_finish_line_counts_preemptions_where_a_lane_preempted():
         frame = app.runner.frame
         model, _ = bundled()
         reqs = [Request(list(ids), new) for _, ids, new, _, _ in work]
-        want = run_continuous(model, reqs, SLOTS, max_len=MAX_LEN, kv="paged", block_size=BLOCK, kv_blocks=6,
-                              chunked_prefill=True, max_batched_tokens=BUDGET)[1]["preemptions"]
+        want = run_continuous(
+            model,
+            reqs,
+            SLOTS,
+            max_len=MAX_LEN,
+            kv="paged",
+            block_size=BLOCK,
+            kv_blocks=6,
+            chunked_prefill=True,
+            max_batched_tokens=BUDGET,
+        )[1]["preemptions"]
         results = {v.key: v.result for v in frame.lanes}
         assert want > 0 and results["chunked"].preemptions == want
         assert results["static"].preemptions == results["continuous"].preemptions == 0
         table = plain(app, app.screen.query_one(FinishLine)).splitlines()
         header = next(line.split() for line in table if "tok/s" in line)
-        column = header.index("preempted") - len(header)                # counted from the right
+        column = header.index("preempted") - len(header)  # counted from the right
         for key, name in (("static", "static"), ("continuous", "continuous"), ("chunked", "budget+cache")):
             row = next(line.split() for line in table if line.split()[:1] == [name])
             assert row[column] == f"{results[key].preemptions:,}"
-    app = race_app(work)                                                  # no lane preempts: no column
+    app = race_app(work)  # no lane preempts: no column
     async with app.run_test(size=(160, 40)) as pilot:
         await step_to(pilot, 10_000)
         assert "preempted" not in plain(app, app.screen.query_one(FinishLine))
@@ -126,12 +160,13 @@ async def test_with_arrivals_the_finish_line_ranks_by_latency_and_shows_each_lan
     its waits for arrivals) says what each lane computed."""
     work = small_work(n=6, arrivals=(0.0, 0.3, 0.6, 0.9, 1.2, 1.5))
     from tinyllm.units import duration
+
     app = race_app(work)
     async with app.run_test(size=(160, 40)) as pilot:
         await step_to(pilot, 10_000)
         lanes = app.runner.frame.lanes
         for v in lanes:
-            steps = round(v.result.busy_s / 0.01)                         # the fixed-cost clock: 10 ms a step
+            steps = round(v.result.busy_s / 0.01)  # the fixed-cost clock: 10 ms a step
             assert 0 < v.result.busy_s < v.result.wall_s and v.result.busy_s == pytest.approx(steps * 0.01)
         text = plain(app, app.screen.query_one(FinishLine))
         assert "requests arrived over time" in text and "the place is by latency p95" in " ".join(text.split())
@@ -142,7 +177,7 @@ async def test_with_arrivals_the_finish_line_ranks_by_latency_and_shows_each_lan
         for v in lanes:
             row = next(line.split() for line in table if line.split()[:1] == [names[v.key]])
             assert row[1] == str(by_latency.index(v) + 1) and duration(v.result.busy_s) in row
-    app = race_app(small_work())                                          # all at once: no busy column
+    app = race_app(small_work())  # all at once: no busy column
     async with app.run_test(size=(160, 40)) as pilot:
         await step_to(pilot, 10_000)
         assert "busy" not in plain(app, app.screen.query_one(FinishLine))
@@ -156,17 +191,27 @@ def test_steps_timed_after_a_pause_are_counted_and_the_finish_line_says_so():
     model, _ = bundled()
 
     def runner(step_cost_s):
-        spec = RaceSpec(str(default_model_dir()), small_work(n=2, cap=4), "mini", slots=2, max_len=MAX_LEN,
-                        block_size=BLOCK, max_batched_tokens=BUDGET, step_cost_s=step_cost_s, warm_up=False)
+        spec = RaceSpec(
+            str(default_model_dir()),
+            small_work(n=2, cap=4),
+            "mini",
+            slots=2,
+            max_len=MAX_LEN,
+            block_size=BLOCK,
+            max_batched_tokens=BUDGET,
+            step_cost_s=step_cost_s,
+            warm_up=False,
+        )
         return RaceRunner(lambda: spec.make_race(model), paused=True, device="cpu", threads=1)
+
     r = runner(None)
     r._apply(StepOnce())
-    r._apply(StepOnce())                                               # two by hand
+    r._apply(StepOnce())  # two by hand
     r._apply(SetPaused(False))
-    r._step()                                                          # the first after resuming
-    r._step()                                                          # flat out: warm
+    r._step()  # the first after resuming
+    r._step()  # flat out: warm
     r.step_delay_ms = 50
-    r._step()                                                          # slow motion
+    r._step()  # slow motion
     assert r._make_frame().cold_steps == 4 and r._make_frame().turns == 5
     r._apply(Restart())
     r.step_delay_ms = 0
@@ -181,6 +226,7 @@ async def test_the_finish_line_says_a_bfloat16_lanes_memory_as_its_title_does():
     """The title said `4 seqs · 6 MiB bf16`, the finish line `4 · 6 MiB`: the same memory holding
     twice the tokens, unsaid."""
     from tinyllm.race.spec import parse_lanes
+
     app = race_app(small_work(n=4, cap=4), lanes=parse_lanes(["static kv_mib=6", "chunked kv_mib=6 kv_dtype=bf16"]))
     async with app.run_test(size=(160, 40)) as pilot:
         await step_to(pilot, 10_000)
@@ -202,7 +248,7 @@ async def test_the_finish_line_says_when_steps_ran_after_pauses():
         assert f"7 of its {app.runner.frame.turns:,} steps ran after a pause (slow motion or stepped by hand)" in text
         options = app.console.options.update_width(finish.size.width)
         drawn = len(app.console.render_lines(finish.render(), options, pad=False))
-        assert finish.size.height >= drawn                             # the wrapped title costs no lane row
+        assert finish.size.height >= drawn  # the wrapped title costs no lane row
 
 
 async def test_race_keys_pause_step_speed_restart_and_help():
@@ -214,22 +260,22 @@ async def test_race_keys_pause_step_speed_restart_and_help():
         await until(pilot, lambda: r.frame.step_delay_ms == 10)
         await pilot.press("minus")
         await until(pilot, lambda: r.frame.step_delay_ms == 5)
-        await pilot.press("space")                                   # runs on its own, slowly
+        await pilot.press("space")  # runs on its own, slowly
         await until(pilot, lambda: r.frame.turns >= 8)
-        await pilot.press("n")                                       # not while running: says so
+        await pilot.press("n")  # not while running: says so
         await until(pilot, lambda: any("works while paused" in m for _, _, m in app.notified))
         await pilot.press("space")
         await until(pilot, lambda: r.frame.paused)
         n = r.frame.turns
         time.sleep(0.2)
-        assert r.frame.turns == n                                     # paused: no steps
+        assert r.frame.turns == n  # paused: no steps
         await pilot.press("r")
         await until(pilot, lambda: r.frame.turns == 0 and not any(v.tokens for v in r.frame.lanes))
-        assert app.screen.check_action("back", ()) is False          # the whole app: no screen to go back to
+        assert app.screen.check_action("back", ()) is False  # the whole app: no screen to go back to
         await pilot.press("question_mark")
         await until(pilot, lambda: isinstance(app.screen, HelpScreen))
         assert ("r", "Run again") in app.screen.rows()
-        assert "Back to the app" not in [what for _, what in app.screen.rows()]   # (no app to go back to)
+        assert "Back to the app" not in [what for _, what in app.screen.rows()]  # (no app to go back to)
         await pilot.press("escape")
         await until(pilot, lambda: isinstance(app.screen, RaceScreen))
 
@@ -263,9 +309,9 @@ async def test_r_in_the_app_opens_the_race_on_its_model_and_escape_comes_back():
         await until(pilot, lambda: app.runner.paused, what="the app's engine to wait during the race")
         await until(pilot, lambda: race.frame.turns >= 3, what="the race to run")
         assert [v.key for v in race.frame.lanes] == ["static", "continuous", "chunked"]
-        assert race.frame.lanes[0].total == 16                       # the default workload, mixed_lengths
-        assert app.check_action("toggle_pause", ()) is False         # the app's keys are off meanwhile
-        await pilot.press("space")                                   # ... so space pauses the race
+        assert race.frame.lanes[0].total == 16  # the default workload, mixed_lengths
+        assert app.check_action("toggle_pause", ()) is False  # the app's keys are off meanwhile
+        await pilot.press("space")  # ... so space pauses the race
         await until(pilot, lambda: race.frame.paused)
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, RaceScreen))
@@ -282,7 +328,7 @@ async def test_r_races_the_workload_the_app_loaded_and_says_which():
         await pilot.press("r")
         await until(pilot, lambda: isinstance(app.screen, RaceScreen))
         race = app.screen.runner
-        assert race.frame.lanes[0].total == 8                          # shared_prefix's, not mixed_lengths' 16
+        assert race.frame.lanes[0].total == 8  # shared_prefix's, not mixed_lengths' 16
         status = app.screen.query_one("#race-status")
         await until(pilot, lambda: "shared_prefix (loaded in the app)" in status.text.plain, what="the status line")
         await pilot.press("escape")
@@ -297,8 +343,11 @@ async def test_r_with_no_prompts_loaded_says_it_races_the_default():
         await until(pilot, lambda: isinstance(app.screen, RaceScreen))
         assert app.screen.runner.frame.lanes[0].total == 16
         status = app.screen.query_one("#race-status")
-        await until(pilot, lambda: "mixed_lengths (the race's default: no prompts loaded)" in status.text.plain,
-                    what="the status line")
+        await until(
+            pilot,
+            lambda: "mixed_lengths (the race's default: no prompts loaded)" in status.text.plain,
+            what="the status line",
+        )
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, RaceScreen))
 
@@ -318,22 +367,25 @@ async def test_r_races_at_the_apps_max_len_and_pool_where_its_requests_fit():
     """`r` once raced at 512 tokens and the race's own pool whatever the app ran: an app started
     with --max-len 256 --kv-blocks 40 (to watch preemption) got a race with 3 x 512 / 8 = 192
     blocks. A max_len the workload does not fit falls back to the race's, and the status says so."""
-    app = make_app(kv="paged", slots=3, max_len=256, kv_blocks=40)        # (blocks of 8)
+    app = make_app(kv="paged", slots=3, max_len=256, kv_blocks=40)  # (blocks of 8)
     async with app.run_test(size=(160, 40)) as pilot:
         lanes = await _race_from_r(pilot)
         assert lanes["chunked"].kv_blocks == 40
-        assert lanes["continuous"].kv_reserved == 3 * 256                 # its slots of the app's max_len
+        assert lanes["continuous"].kv_reserved == 3 * 256  # its slots of the app's max_len
         status = app.screen.query_one("#race-status").text.plain
         assert "at max_len" not in status
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, RaceScreen))
-    app = make_app(kv="paged", slots=3, max_len=128, kv_blocks=40)        # mixed_lengths needs 223 tokens
+    app = make_app(kv="paged", slots=3, max_len=128, kv_blocks=40)  # mixed_lengths needs 223 tokens
     async with app.run_test(size=(160, 40)) as pilot:
         lanes = await _race_from_r(pilot)
         assert lanes["continuous"].kv_reserved == 3 * 512 and lanes["chunked"].kv_blocks == 3 * 512 // 8
         status = app.screen.query_one("#race-status")
-        await until(pilot, lambda: "at max_len 512: its requests do not fit the app's 128" in status.text.plain,
-                    what="the status line")
+        await until(
+            pilot,
+            lambda: "at max_len 512: its requests do not fit the app's 128" in status.text.plain,
+            what="the status line",
+        )
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, RaceScreen))
 
@@ -345,6 +397,7 @@ def _snap_app(turns: int | None):
         await step_to(pilot, turns if turns is not None else 10_000)
         pilot.app.refresh_from_runner(force=True)
         await pilot.pause(0.2)
+
     return app, run_before
 
 
@@ -359,60 +412,100 @@ def test_race_snapshot(snap_compare, size, when):
 def _too_long_together(tmp_path) -> str:
     """Each request fits alone; left-padded into one static batch they do not."""
     path = tmp_path / "long.jsonl"
-    path.write_text('{"prompt": "%s", "max_new_tokens": 10}\n{"prompt": "ROMEO:", "max_new_tokens": 300}\n'
-                    % ("word " * 250))
+    path.write_text(
+        '{"prompt": "%s", "max_new_tokens": 10}\n{"prompt": "ROMEO:", "max_new_tokens": 300}\n' % ("word " * 250)
+    )
     return str(path)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--race", "nope"], "--race: nope: no such file, and not a bundled workload"),
-    (["--race", "--lanes", "static"], "--lanes: a race needs at least two lanes, got 1"),
-    (["--race", "--lanes", "static,turbo"], "'turbo' is neither a lane kind (static, continuous, chunked) nor a policy"),
-    (["--race", "--lanes", "fcfs", "budget=x"], "lane 'budget=x': budget must be an integer >= 1, got 'x'"),
-    (["--race", "--lanes", "fcfs priority", "chunked"], "lane 'fcfs priority': policy is given twice; a lane has one"),
-    (["--race", "--lanes", "static continuous", "chunked"], "lane 'static continuous': its kind is given twice"),
-    (["--race", "--lanes", "fcfs policy=fair", "chunked"], "lane 'fcfs policy=fair': policy is given twice"),
-    (["--race", "--lanes", "budget=8 budget=9", "chunked"], "lane 'budget=8 budget=9': budget is given twice"),
-    (["--race", "--lanes", "chunked block=8 block=16", "static"], "lane 'chunked block=8 block=16': block is given twice"),
-    (["--race", "--lanes", "blocks=40 blocks=50", "static"], "lane 'blocks=40 blocks=50': blocks is given twice"),
-    (["--race", "--lanes", "static chunked=on", "fcfs"], "lane 'static chunked=on': its kind is given twice"),
-    (["--race", "--scheduling-policy", "fair"], "--scheduling-policy does not apply to --race (each lane has its own"),
-    (["--batch-timeout", "1"], "--batch-timeout applies to --race only"),
-    (["--lanes", "static,chunked"], "--lanes applies to --race only"),
-    (["--race", "--kv", "paged"], "--kv does not apply to --race"),
-    (["--race", "--no-prefix-cache"], "--[no-]prefix-cache does not apply to --race"),
-    (["--race", "burst", "--prompts", "burst"], "--prompts does not apply to --race (give the workload to --race)"),
-    (["--race", "--slots", "8", "--max-batched-tokens", "4"], "the chunked lane: its token budget 4 is less than "
-                                                               "its 8 slots"),     # (no --lanes given: not "--lanes")
-    (["--race", "--batch-timeout", "-1"], "expected a finite number >= 0"),
-    (["--race", "--lanes", "fcfs", "priority", "--batch-timeout", "5"],
-     "--batch-timeout is static batching's wait for a full batch, and no lane here is static"),
-    (["--race", "--batch-timeout", "5"], "--batch-timeout: every request of mixed_lengths arrives at once"),
-    (["--race", "--max-len", "4096"], "--max-len 4096 is more than the model's context"),
-    (["--race", "{long}"], "static batching pads requests 0..1 to"),
-    (["--race", "--kv-memory", "0"], "argument --kv-memory: expected a finite number > 0, got 0"),
-    (["--race", "--kv-memory", "nan"], "argument --kv-memory: expected a finite number > 0, got nan"),
-    (["--race", "--kv-memory", "8", "--kv-blocks", "9"], "--kv-memory sizes every lane's KV: drop --kv-blocks"),
-    (["--race", "--max-num-seqs", "9"], "--max-num-seqs goes with --kv-memory (or a lane's kv_mib=)"),
-    (["--race", "--slots", "4", "--kv-memory", "8"], "--slots is the number of sequences without a KV budget: with "
-                                                     "--kv-memory the budget sizes the cache and --max-num-seqs caps"),
-    (["--race", "--lanes", "static", "chunked kv_mib=-2"], "lane 'chunked kv_mib=-2': kv_mib must be a number of "
-                                                           "MiB > 0, got '-2'"),
-    (["--race", "--kv-memory", "8", "--lanes", "static", "chunked blocks=9"],
-     "lane 'chunked blocks=9': blocks= sizes the pool, and so does --kv-memory: give one"),
-    (["--race", "--kv-memory", "8", "--max-num-seqs", "300"], "its token budget 256 is less than its 300 sequences"),
-    # the race's own per-request rule, before the UI (it once came up, then closed with this)
-    (["--race", "--kv-blocks", "1"], "lane 'chunked': 223 tokens need 14 blocks of 16, but the pool has only 1 block "
-                                     "(16 tokens): raise --kv-blocks to 14"),
-    (["--race", "--lanes", "static", "continuous", "--kv-blocks", "1"],     # no lane has blocks: was ignored
-     "--kv-blocks sizes the paged lanes' KV pool, and no lane here is paged ('static', 'continuous': static "
-     "batching and slot KV hold --max-len tokens per row): drop it, or add a lane such as chunked or "
-     "\"continuous kv=paged\""),
-    (["--race", "--lanes", "static", "continuous", "--block-size", "8"], "--block-size sizes the paged lanes' KV pool"),
-    (["--race", "--lanes", "static", "continuous kv=paged block=8 blocks=27"],
-     "lane 'continuous kv=paged block=8 blocks=27': 223 tokens need 28 blocks of 8, but the pool has only 27 blocks "
-     "(216 tokens): raise its blocks= to 28"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--race", "nope"], "--race: nope: no such file, and not a bundled workload"),
+        (["--race", "--lanes", "static"], "--lanes: a race needs at least two lanes, got 1"),
+        (
+            ["--race", "--lanes", "static,turbo"],
+            "'turbo' is neither a lane kind (static, continuous, chunked) nor a policy",
+        ),
+        (["--race", "--lanes", "fcfs", "budget=x"], "lane 'budget=x': budget must be an integer >= 1, got 'x'"),
+        (
+            ["--race", "--lanes", "fcfs priority", "chunked"],
+            "lane 'fcfs priority': policy is given twice; a lane has one",
+        ),
+        (["--race", "--lanes", "static continuous", "chunked"], "lane 'static continuous': its kind is given twice"),
+        (["--race", "--lanes", "fcfs policy=fair", "chunked"], "lane 'fcfs policy=fair': policy is given twice"),
+        (["--race", "--lanes", "budget=8 budget=9", "chunked"], "lane 'budget=8 budget=9': budget is given twice"),
+        (
+            ["--race", "--lanes", "chunked block=8 block=16", "static"],
+            "lane 'chunked block=8 block=16': block is given twice",
+        ),
+        (["--race", "--lanes", "blocks=40 blocks=50", "static"], "lane 'blocks=40 blocks=50': blocks is given twice"),
+        (["--race", "--lanes", "static chunked=on", "fcfs"], "lane 'static chunked=on': its kind is given twice"),
+        (
+            ["--race", "--scheduling-policy", "fair"],
+            "--scheduling-policy does not apply to --race (each lane has its own",
+        ),
+        (["--batch-timeout", "1"], "--batch-timeout applies to --race only"),
+        (["--lanes", "static,chunked"], "--lanes applies to --race only"),
+        (["--race", "--kv", "paged"], "--kv does not apply to --race"),
+        (["--race", "--no-prefix-cache"], "--[no-]prefix-cache does not apply to --race"),
+        (["--race", "burst", "--prompts", "burst"], "--prompts does not apply to --race (give the workload to --race)"),
+        (
+            ["--race", "--slots", "8", "--max-batched-tokens", "4"],
+            "the chunked lane: its token budget 4 is less than its 8 slots",
+        ),  # (no --lanes given: not "--lanes")
+        (["--race", "--batch-timeout", "-1"], "expected a finite number >= 0"),
+        (
+            ["--race", "--lanes", "fcfs", "priority", "--batch-timeout", "5"],
+            "--batch-timeout is static batching's wait for a full batch, and no lane here is static",
+        ),
+        (["--race", "--batch-timeout", "5"], "--batch-timeout: every request of mixed_lengths arrives at once"),
+        (["--race", "--max-len", "4096"], "--max-len 4096 is more than the model's context"),
+        (["--race", "{long}"], "static batching pads requests 0..1 to"),
+        (["--race", "--kv-memory", "0"], "argument --kv-memory: expected a finite number > 0, got 0"),
+        (["--race", "--kv-memory", "nan"], "argument --kv-memory: expected a finite number > 0, got nan"),
+        (["--race", "--kv-memory", "8", "--kv-blocks", "9"], "--kv-memory sizes every lane's KV: drop --kv-blocks"),
+        (["--race", "--max-num-seqs", "9"], "--max-num-seqs goes with --kv-memory (or a lane's kv_mib=)"),
+        (
+            ["--race", "--slots", "4", "--kv-memory", "8"],
+            "--slots is the number of sequences without a KV budget: with "
+            "--kv-memory the budget sizes the cache and --max-num-seqs caps",
+        ),
+        (
+            ["--race", "--lanes", "static", "chunked kv_mib=-2"],
+            "lane 'chunked kv_mib=-2': kv_mib must be a number of MiB > 0, got '-2'",
+        ),
+        (
+            ["--race", "--kv-memory", "8", "--lanes", "static", "chunked blocks=9"],
+            "lane 'chunked blocks=9': blocks= sizes the pool, and so does --kv-memory: give one",
+        ),
+        (
+            ["--race", "--kv-memory", "8", "--max-num-seqs", "300"],
+            "its token budget 256 is less than its 300 sequences",
+        ),
+        # the race's own per-request rule, before the UI (it once came up, then closed with this)
+        (
+            ["--race", "--kv-blocks", "1"],
+            "lane 'chunked': 223 tokens need 14 blocks of 16, but the pool has only 1 block "
+            "(16 tokens): raise --kv-blocks to 14",
+        ),
+        (
+            ["--race", "--lanes", "static", "continuous", "--kv-blocks", "1"],  # no lane has blocks: was ignored
+            "--kv-blocks sizes the paged lanes' KV pool, and no lane here is paged ('static', 'continuous': static "
+            "batching and slot KV hold --max-len tokens per row): drop it, or add a lane such as chunked or "
+            '"continuous kv=paged"',
+        ),
+        (
+            ["--race", "--lanes", "static", "continuous", "--block-size", "8"],
+            "--block-size sizes the paged lanes' KV pool",
+        ),
+        (
+            ["--race", "--lanes", "static", "continuous kv=paged block=8 blocks=27"],
+            "lane 'continuous kv=paged block=8 blocks=27': 223 tokens need 28 blocks of 8, but the pool has only 27 blocks "
+            "(216 tokens): raise its blocks= to 28",
+        ),
+    ],
+)
 def test_race_options_are_checked_in_one_line(argv, message, tmp_path, capsys):
     argv = [a.replace("{long}", _too_long_together(tmp_path)) for a in argv]
     with pytest.raises(SystemExit) as e:
@@ -424,17 +517,19 @@ def test_race_options_are_checked_in_one_line(argv, message, tmp_path, capsys):
 def test_race_kv_blocks_that_hold_the_longest_request_are_accepted():
     """The check above is the race's rule, no stricter: 14 blocks of 16 hold mixed_lengths' 223 tokens."""
     from tui.cli import build_parser, parse, race_spec
+
     parser = build_parser()
     assert race_spec(parser, parse(parser, ["--race", "--kv-blocks", "14"])).kv_blocks == 14
 
 
-RECORDING = str(Path(__file__).parent / "data" / "preemption-run.jsonl")   # slots 3, 16 blocks of 16, budget 32
+RECORDING = str(Path(__file__).parent / "data" / "preemption-run.jsonl")  # slots 3, 16 blocks of 16, budget 32
 
 
 def test_race_on_a_recording_starts_every_lane_from_the_recorded_engine_as_whatif_does():
     """--race RUN.jsonl: a lane that says only fcfs re-runs the recorded engine (its small pool, that
     preempts), a lane's own settings and the options typed win, max_len is the recording's."""
     from tui.cli import build_parser, parse, race_spec
+
     parser = build_parser()
     notes: list[str] = []
     spec = race_spec(parser, parse(parser, ["--race", RECORDING, "--lanes", "fcfs", "fcfs blocks=96"]), notes)
@@ -443,15 +538,33 @@ def test_race_on_a_recording_starts_every_lane_from_the_recorded_engine_as_whati
     assert (b.kind, b.slots, b.block_size, b.kv_blocks, b.budget) == ("chunked", 3, 16, 96, 32)
     assert spec.max_len == 256
     assert notes[0].startswith("as recorded, unless a lane or an option says otherwise: ") and "blocks 16" in notes[0]
-    typed = race_spec(parser, parse(parser, ["--race", RECORDING, "--lanes", "fcfs", "fcfs blocks=96",
-                                             "--kv-blocks", "64", "--slots", "2", "--max-len", "300"]))
+    typed = race_spec(
+        parser,
+        parse(
+            parser,
+            [
+                "--race",
+                RECORDING,
+                "--lanes",
+                "fcfs",
+                "fcfs blocks=96",
+                "--kv-blocks",
+                "64",
+                "--slots",
+                "2",
+                "--max-len",
+                "300",
+            ],
+        ),
+    )
     a, b = typed.lanes
     assert (a.kv_blocks, a.slots, typed.kv_blocks, typed.slots, typed.max_len) == (None, None, 64, 2, 300)
-    assert (a.block_size, a.budget, b.kv_blocks) == (16, 32, 96)        # what no option set: still the recording's
+    assert (a.block_size, a.budget, b.kv_blocks) == (16, 32, 96)  # what no option set: still the recording's
 
 
 def test_a_recordings_request_too_long_for_max_len_is_named(capsys):
     from tui.cli import build_parser, parse, race_spec
+
     parser = build_parser()
     with pytest.raises(SystemExit):
         race_spec(parser, parse(parser, ["--race", RECORDING, "--max-len", "64"]))
@@ -462,32 +575,42 @@ def test_a_block_size_other_than_the_recordings_keeps_its_pools_memory():
     """`--race RUN.jsonl --block-size 8` (or a lane's block=8) on a run of 16 blocks of 16 took
     16 blocks of 8: half the memory, a different question. The lanes keep the recorded 256 tokens."""
     from tui.cli import build_parser, parse, race_spec
+
     parser = build_parser()
     notes: list[str] = []
-    spec = race_spec(parser, parse(parser, ["--race", RECORDING, "--lanes", "fcfs", "fcfs block=32",
-                                            "fcfs block=8 blocks=40", "fcfs block=48"]), notes)
+    spec = race_spec(
+        parser,
+        parse(
+            parser, ["--race", RECORDING, "--lanes", "fcfs", "fcfs block=32", "fcfs block=8 blocks=40", "fcfs block=48"]
+        ),
+        notes,
+    )
     a, b, c, d = spec.lanes
-    assert (d.block_size, d.kv_blocks) == (48, 6)                      # never less memory than recorded
+    assert (d.block_size, d.kv_blocks) == (48, 6)  # never less memory than recorded
     assert "warning: lane 'fcfs block=48' runs the recorded pool's 256 tokens in 6 blocks of 48 (288 tokens)" in notes
-    assert (a.block_size, a.kv_blocks) == (16, 16)                     # the recording's own
-    assert (b.block_size, b.kv_blocks) == (32, 8)                      # 256 tokens in blocks of 32
-    assert (c.block_size, c.kv_blocks) == (8, 40)                      # its own blocks= win
+    assert (a.block_size, a.kv_blocks) == (16, 16)  # the recording's own
+    assert (b.block_size, b.kv_blocks) == (32, 8)  # 256 tokens in blocks of 32
+    assert (c.block_size, c.kv_blocks) == (8, 40)  # its own blocks= win
     assert "warning: lane 'fcfs block=32' runs the recorded pool's 256 tokens in 8 blocks of 32" in notes
     typed = race_spec(parser, parse(parser, ["--race", RECORDING, "--lanes", "fcfs", "priority", "--block-size", "8"]))
     assert [(lane.block_size, lane.kv_blocks) for lane in typed.lanes] == [(None, 32), (None, 32)]
     assert typed.block_size == 8
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--host", "0.0.0.0"], "--host applies to --web only"),
-    (["--port", "8080"], "--port applies to --web only"),
-    (["--web", "--port", "0"], "expected a port number in 1..65535, got 0"),
-    (["--web", "--port", "99999"], "expected a port number in 1..65535, got 99999"),
-    (["--web", "--race", "nope"], "--race: nope: no such file"),
-    (["--web", "--model", "/nowhere"], "--model:"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--host", "0.0.0.0"], "--host applies to --web only"),
+        (["--port", "8080"], "--port applies to --web only"),
+        (["--web", "--port", "0"], "expected a port number in 1..65535, got 0"),
+        (["--web", "--port", "99999"], "expected a port number in 1..65535, got 99999"),
+        (["--web", "--race", "nope"], "--race: nope: no such file"),
+        (["--web", "--model", "/nowhere"], "--model:"),
+    ],
+)
 def test_web_options_are_checked_in_one_line(argv, message, capsys):
     from tui.cli import serve_if_asked
+
     with pytest.raises(SystemExit) as e:
         serve_if_asked(argv)
     err = capsys.readouterr().err
@@ -498,6 +621,7 @@ def test_a_web_port_in_use_is_one_line(capsys):
     import socket
 
     from tui.cli import serve_if_asked
+
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -511,24 +635,30 @@ def test_a_web_port_in_use_is_one_line(capsys):
 def test_the_web_sessions_run_the_same_options_without_the_web_ones():
     from tui.cli import serve_if_asked
     from tui.web import is_loopback, session_argv
-    assert session_argv(["--web", "--race", "burst", "--host", "0.0.0.0", "--port=9000", "--slots", "4"]) == \
-        ["--race", "burst", "--slots", "4"]
+
+    assert session_argv(["--web", "--race", "burst", "--host", "0.0.0.0", "--port=9000", "--slots", "4"]) == [
+        "--race",
+        "burst",
+        "--slots",
+        "4",
+    ]
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
     assert not is_loopback("0.0.0.0") and not is_loopback("example.org")
-    assert serve_if_asked(["--race"]) is None                       # no --web: the app runs in the terminal
+    assert serve_if_asked(["--race"]) is None  # no --web: the app runs in the terminal
 
 
 # -- the engine process -----------------------------------------------------------------------------
 def test_the_race_process_steps_the_lanes_and_stops_cleanly():
-    spec = RaceSpec(str(default_model_dir()), small_work(n=4, cap=8), "mini", slots=2, max_len=MAX_LEN,
-                    threads=2, warm_up=False)          # not the tests' 1 (conftest): the child must set it
+    spec = RaceSpec(
+        str(default_model_dir()), small_work(n=4, cap=8), "mini", slots=2, max_len=MAX_LEN, threads=2, warm_up=False
+    )  # not the tests' 1 (conftest): the child must set it
     runner = ChildRunner(spec, paused=True).start(wait=False)
-    assert runner.frame.status == "loading" and len(runner.frame.lanes) == 3      # the screen is up at once
+    assert runner.frame.status == "loading" and len(runner.frame.lanes) == 3  # the screen is up at once
     loop = threading.Thread(target=runner.run, daemon=True)
     loop.start()
     try:
-        for n in (1, 2, 3):
-            runner.send(StepOnce())                                   # sent while loading: kept, then applied
+        for _ in (1, 2, 3):
+            runner.send(StepOnce())  # sent while loading: kept, then applied
         deadline = time.monotonic() + 120
         while runner.frame.turns < 3:
             assert runner.start_error is None and time.monotonic() < deadline, runner.start_error
@@ -542,10 +672,19 @@ def test_the_race_process_steps_the_lanes_and_stops_cleanly():
 
 
 def test_a_race_process_that_cannot_start_says_why_in_one_line():
-    spec = RaceSpec(str(default_model_dir()), small_work(n=2, cap=8), "mini", slots=2, max_len=MAX_LEN,
-                    block_size=8, kv_blocks=1, threads=1, warm_up=False)
+    spec = RaceSpec(
+        str(default_model_dir()),
+        small_work(n=2, cap=8),
+        "mini",
+        slots=2,
+        max_len=MAX_LEN,
+        block_size=8,
+        kv_blocks=1,
+        threads=1,
+        warm_up=False,
+    )
     runner = ChildRunner(spec, paused=True).start(wait=False)
-    loop = threading.Thread(target=runner.run, daemon=True)          # returns once the child reports
+    loop = threading.Thread(target=runner.run, daemon=True)  # returns once the child reports
     loop.start()
     try:
         loop.join(120)
@@ -561,6 +700,7 @@ async def test_a_what_if_of_a_recording_reaches_the_finish_with_the_per_request_
     per-request table (what the comparison says), and [ / ] move the request whose lanes show."""
     from tinyllm.race.spec import parse_lanes
     from tinyllm.race.whatif import compare, requests_from_recording
+
     arrivals, _ = requests_from_recording(Path(__file__).parent / "data" / "preemption-run.jsonl")
     work = tuple((t, tuple(r.prompt), min(r.max_new_tokens, 12), r.priority, r.tenant) for t, r in arrivals)
     app = race_app(work, lanes=parse_lanes(["fcfs", "shortest-first", "budget=16 blocks=40"]))
@@ -592,8 +732,9 @@ async def test_at_equal_kv_memory_each_lane_shows_its_sequences_and_memory():
 
     from tinyllm.engine import kv_bytes_per_token
     from tinyllm.engine.build import MIB
+
     model, _ = bundled()
-    budget = 2 * MAX_LEN * kv_bytes_per_token(model, torch.device("cpu")) / MIB      # 3 MiB: two rows
+    budget = 2 * MAX_LEN * kv_bytes_per_token(model, torch.device("cpu")) / MIB  # 3 MiB: two rows
     app = race_app(small_work(n=6, cap=8), kv_memory_mib=budget)
     r = app.runner
     async with app.run_test(size=(80, 24)) as pilot:
@@ -603,7 +744,7 @@ async def test_at_equal_kv_memory_each_lane_shows_its_sequences_and_memory():
         assert panels["static"].border_title == "static batching · 2 seqs · 3 MiB"
         assert panels["chunked"].border_title == f"token budget + prefix cache · {BUDGET} seqs · 3 MiB"
         grid = panels["chunked"]._grid(panels["chunked"].content_region.width)
-        assert len(grid) == 2 and "+" in grid[-1].plain                        # 32 rows in two lines
+        assert len(grid) == 2 and "+" in grid[-1].plain  # 32 rows in two lines
         await step_to(pilot, 10_000)
         await pilot.resize_terminal(120, 40)
         await until(pilot, lambda: app.screen.query_one(FinishLine).size.width >= 100, what="the resize")
@@ -613,13 +754,15 @@ async def test_at_equal_kv_memory_each_lane_shows_its_sequences_and_memory():
         assert not app.notified
 
 
-@pytest.mark.parametrize("lanes", [("fcfs", "chunked"), ("static", "static slots=4"), ("priority", "chunked"),
-                                   ("chunked", "fcfs budget=64")])
+@pytest.mark.parametrize(
+    "lanes", [("fcfs", "chunked"), ("static", "static slots=4"), ("priority", "chunked"), ("chunked", "fcfs budget=64")]
+)
 def test_a_lane_named_by_its_kind_beside_one_with_settings_loads_and_races(lanes):
     """`--race --lanes fcfs chunked` died before the screen came up (KeyError: 'lane1'): the loading
     frame looked up a title for the lanes' keys, which are lane0, lane1 once one lane has settings.
     The loading frame and the race's own frame now name each lane alike."""
     from tui.cli import build_parser, parse, race_spec
+
     parser = build_parser()
     spec = race_spec(parser, parse(parser, ["--race", "--lanes", *lanes]))
     loading = spec.loading_frame()
@@ -634,12 +777,22 @@ def test_a_budget_too_small_for_the_lanes_says_so_before_the_race_starts():
     """Whether a budget holds one request depends on the model: the race (in the engine process)
     refuses it with the engine's words, naming the option; the app prints that one line."""
     model, _ = bundled()
-    spec = RaceSpec(str(default_model_dir()), small_work(n=2, cap=8), "mini", slots=2, max_len=MAX_LEN,
-                    warm_up=False, kv_memory_mib=0.5)
-    with pytest.raises(ValueError, match=r"lane 'static': --kv-memory 0.5 MiB is too small for one request: a row "
-                                         r"reserves --max-len 256 tokens x 6,144 bytes = 1.50 MiB"):
+    spec = RaceSpec(
+        str(default_model_dir()),
+        small_work(n=2, cap=8),
+        "mini",
+        slots=2,
+        max_len=MAX_LEN,
+        warm_up=False,
+        kv_memory_mib=0.5,
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"lane 'static': --kv-memory 0.5 MiB is too small for one request: a row "
+        r"reserves --max-len 256 tokens x 6,144 bytes = 1.50 MiB",
+    ):
         spec.make_race(model)
-    frame = spec.loading_frame()                                   # loading: rows not known yet
+    frame = spec.loading_frame()  # loading: rows not known yet
     assert [len(v.rows) for v in frame.lanes] == [0, 0, 0] and "0.5 MiB of KV memory" in frame.lanes[0].detail
 
 
@@ -651,11 +804,23 @@ async def test_r_in_an_app_started_at_a_kv_budget_races_every_lane_at_that_budge
     from tinyllm.request import RequestSettings
     from tui.app import TinyLLMApp
     from tui.runners.engine import EngineRunner
+
     model, tok = bundled()
-    eng = ContinuousEngine(model, None, 128, kv="paged", block_size=8, kv_memory_mib=6.0, chunked_prefill=True,
-                           max_num_seqs=cap, generator=torch.Generator().manual_seed(0), kv_cache_dtype=kv_dtype)
-    app = TinyLLMApp(EngineRunner(eng, tok, paused=True), tok, model_name="test",
-                     settings=RequestSettings(Sampling(), 12))
+    eng = ContinuousEngine(
+        model,
+        None,
+        128,
+        kv="paged",
+        block_size=8,
+        kv_memory_mib=6.0,
+        chunked_prefill=True,
+        max_num_seqs=cap,
+        generator=torch.Generator().manual_seed(0),
+        kv_cache_dtype=kv_dtype,
+    )
+    app = TinyLLMApp(
+        EngineRunner(eng, tok, paused=True), tok, model_name="test", settings=RequestSettings(Sampling(), 12)
+    )
     _watch(app)
     async with app.run_test(size=(120, 40)) as pilot:
         app.query_one("#requests").focus()
@@ -676,6 +841,7 @@ async def test_a_lane_grows_with_its_lines_at_80x24():
     and figures stay on screen (its height once stayed what an earlier frame gave it, and the bar
     was cut off), and one that loses it shrinks back."""
     from dataclasses import replace
+
     app = race_app(small_work(n=40, cap=24), slots=4, kv_memory_mib=6.0)
     async with app.run_test(size=(80, 24)) as pilot:
         panel = pilot.app.screen.query_one("#lane-chunked", LanePanel)
@@ -683,12 +849,12 @@ async def test_a_lane_grows_with_its_lines_at_80x24():
         plain = panel.view
         noted = replace(plain, note="waits for a full batch: 2/8")
         heights = []
-        for view in (plain, noted, plain, noted):          # frames in turn, nothing else redrawn
+        for view in (plain, noted, plain, noted):  # frames in turn, nothing else redrawn
             panel.show(view, compact=True)
             await pilot.pause(0.05)
             want = panel.lines(panel.content_region.width)
             assert panel.content_region.height == len(want)
-            assert "done" in "".join(str(line) for line in want)           # the progress bar is there
+            assert "done" in "".join(str(line) for line in want)  # the progress bar is there
             heights.append(panel.content_region.height)
         assert heights[1] == heights[0] + 1 == heights[3] and heights[2] == heights[0]
 
@@ -704,13 +870,12 @@ async def test_at_the_finish_the_chart_shows_only_where_the_finish_table_leaves_
         screen = pilot.app.screen
         await step_to(pilot, 4)
         await pilot.pause(0.1)
-        assert screen.query_one("#track").display           # mid-race: room for it
-        await step_to(pilot, 10_000)                        # to the finish; no redraw forced after it
+        assert screen.query_one("#track").display  # mid-race: room for it
+        await step_to(pilot, 10_000)  # to the finish; no redraw forced after it
         await until(pilot, lambda: screen.query_one("#finish", FinishLine).lanes, what="the finish table")
         await pilot.pause(0.2)
         assert screen.max_scroll_y == 0, "the finished race scrolls"
         legend = screen.query_one("#race-legend")
-        assert legend.region.height and legend.region.bottom <= screen.size.height - 1    # above the footer
+        assert legend.region.height and legend.region.bottom <= screen.size.height - 1  # above the footer
         used = sum(screen.query_one(q).outer_size.height for q in ("#race-status", "#lanes", "#finish", "#race-legend"))
         assert not screen.query_one("#track").display and 24 - 1 - used < RaceTrack.height_for(3)
-

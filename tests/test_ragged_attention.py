@@ -26,8 +26,9 @@ def _pytorch_attention(monkeypatch):
     monkeypatch.setattr(native, "ENABLED", False)
 
 
-def filled_pool(lens: list[int], block_size: int, hkv: int = 2, d: int = 8, seed: int = 0,
-                layers: int = 1) -> PagedKVCache:
+def filled_pool(
+    lens: list[int], block_size: int, hkv: int = 2, d: int = 8, seed: int = 0, layers: int = 1
+) -> PagedKVCache:
     """A pool (one layer unless told) whose slots hold ``lens`` tokens of random K/V, their blocks handed out
     in turns (so a sequence's blocks are not adjacent, as in a running engine)."""
     torch.manual_seed(seed)
@@ -51,7 +52,7 @@ def reference(pool: PagedKVCache, slot: int, q: torch.Tensor, upto: int) -> torc
     """Attention of q (H, D) over positions 0..upto of the slot, each read through its block table."""
     bs = pool.block_size
     rows = [pool.tables[slot][p // bs] * bs + p % bs for p in range(upto + 1)]
-    k = pool.k[0, rows].transpose(0, 1)[None]                 # (1, Hkv, L, D)
+    k = pool.k[0, rows].transpose(0, 1)[None]  # (1, Hkv, L, D)
     v = pool.v[0, rows].transpose(0, 1)[None]
     mask = torch.ones(1, 1, 1, upto + 1, dtype=torch.bool)
     return grouped_attention(q[None, :, None], k, v, mask)[0, :, 0]
@@ -64,15 +65,15 @@ def test_decode_rows_attend_exactly_their_own_positions_in_any_grouping(monkeypa
     lens = [1, 37, 5, 64, 16, 17, 2, 50, 33, 8]
     pool = filled_pool(lens, block_size)
     H, D = 4, pool.head_dim
-    items = [(slot, n - 1, 1) for slot, n in enumerate(lens)]          # each decodes its last position
+    items = [(slot, n - 1, 1) for slot, n in enumerate(lens)]  # each decodes its last position
     attn = RaggedAttention(pool, items)
     q = torch.randn(1, H, len(items), D)
-    k_new = pool.k[0, attn._write].transpose(0, 1)[None]                 # rewrite what is there: unchanged
+    k_new = pool.k[0, attn._write].transpose(0, 1)[None]  # rewrite what is there: unchanged
     v_new = pool.v[0, attn._write].transpose(0, 1)[None]
     out = attn.attend(0, q, k_new, v_new)
-    assert attn._native is None and attn._decode                      # the PyTorch path ran
+    assert attn._native is None and attn._decode  # the PyTorch path ran
     if group_tokens == 1:
-        assert len(attn._decode) == len(lens)                            # every row a group of its own
+        assert len(attn._decode) == len(lens)  # every row a group of its own
     assert out.shape == (1, H, len(items), D)
     for i, (slot, start, _) in enumerate(items):
         torch.testing.assert_close(out[0, :, i], reference(pool, slot, q[0, :, i], start), rtol=1e-5, atol=1e-5)
@@ -85,7 +86,7 @@ def test_decodes_and_a_prefill_chunk_share_one_batch_and_the_workspace(monkeypat
     lens = [30, 9, 41, 20]
     pool = filled_pool(lens, 4, seed=3)
     H, D = 4, pool.head_dim
-    items = [(0, 29, 1), (1, 8, 1), (2, 41 - 12, 12), (3, 20 - 5, 5)]     # two decodes, two chunks
+    items = [(0, 29, 1), (1, 8, 1), (2, 41 - 12, 12), (3, 20 - 5, 5)]  # two decodes, two chunks
     attn = RaggedAttention(pool, items)
     T = sum(n for _, _, n in items)
     q = torch.randn(1, H, T, D)
@@ -93,8 +94,9 @@ def test_decodes_and_a_prefill_chunk_share_one_batch_and_the_workspace(monkeypat
     col = 0
     for slot, start, n in items:
         for j in range(n):
-            torch.testing.assert_close(out[0, :, col], reference(pool, slot, q[0, :, col], start + j),
-                                       rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(
+                out[0, :, col], reference(pool, slot, q[0, :, col], start + j), rtol=1e-5, atol=1e-5
+            )
             col += 1
 
 
@@ -102,7 +104,6 @@ def test_decodes_and_a_prefill_chunk_share_one_batch_and_the_workspace(monkeypat
 def test_greedy_equals_solo_when_the_decode_rows_run_in_many_groups(model, monkeypatch, group_tokens):
     monkeypatch.setattr(ragged, "GROUP_TOKENS", group_tokens)
     reqs = with_early_eos(model, mixed_workload(16, seed=11))
-    res, stats = run_continuous(model, reqs, 8, kv="paged", block_size=4, chunked_prefill=True,
-                                max_batched_tokens=64)
+    res, stats = run_continuous(model, reqs, 8, kv="paged", block_size=4, chunked_prefill=True, max_batched_tokens=64)
     assert [r.tokens for r in res] == solo_outputs(model, reqs)
     assert stats["kv_allocated_at_end"] == 0

@@ -12,22 +12,21 @@ import json
 import pytest
 import torch
 
+from tests.test_app import bundled
 from tinyllm.engine import ContinuousEngine, Sampling
-from tinyllm.request import RequestSettings
 from tinyllm.observe.recording import FORMAT, VERSION, RecordingError, read_recording
 from tinyllm.observe.snapshot import LifecycleEvent
 from tinyllm.observe.timeline import build_tracks
 from tinyllm.observe.trace import perfetto_trace
+from tinyllm.request import RequestSettings
+from tui.runners.engine import EngineRunner
 from tui.runners.frames import FrameBuilder, FrameRecorder
 from tui.runners.interface import Abort, JumpEvent, SeekStep, StepBack, StepOnce, TogglePaused
 from tui.runners.replay import ReplayRunner
-from tui.runners.engine import EngineRunner
-
-from tests.test_app import bundled
 
 COMPARED = ("snapshot", "texts", "prompts", "log", "tracks", "steps_done")
 
-CONFIGS = {   # kv, chunked prefill, KV blocks (tight: preemptions), prefix cache
+CONFIGS = {  # kv, chunked prefill, KV blocks (tight: preemptions), prefix cache
     "slots": dict(kv="slots"),
     "paged-tight": dict(kv="paged", block_size=8, kv_blocks=10),
     "chunked-tight-prefix": dict(kv="paged", block_size=8, kv_blocks=12, chunked_prefill=True, max_batched_tokens=16),
@@ -42,22 +41,26 @@ def record_run(path, config: str, aborts=(3,), n: int = 6, new: int = 24, forget
     rec = FrameRecorder(path, eng.snapshot(), "bundled", "nowhere", {"config": config})
     r = EngineRunner(eng, tok, paused=True, recorder=rec)
     for i in range(n):
-        r._submit(f"ROMEO: speak {i}. " * (i + 1), None, RequestSettings(Sampling(temperature=0.7 if i % 2 else 0.0), new, True))
+        r._submit(
+            f"ROMEO: speak {i}. " * (i + 1),
+            None,
+            RequestSettings(Sampling(temperature=0.7 if i % 2 else 0.0), new, True),
+        )
     frames = {}
     while eng.has_work():
         r._apply(StepOnce())
         r._publish()
         step = eng.steps
         if step in aborts:
-            r._apply(Abort(step))                 # abort request #step (queued, prefilling or decoding)
+            r._apply(Abort(step))  # abort request #step (queued, prefilling or decoding)
             r._apply(StepOnce())
             r._publish()
         if forget_at is not None and eng.steps >= forget_at and eng.forget_ended(1):
-            r._note_changes()                     # as a server does: old ended requests leave snapshots
+            r._note_changes()  # as a server does: old ended requests leave snapshots
             r._publish()
         frames[eng.steps] = r.frame
     r.stop()
-    r.run()                                       # returns at once (stopped), closes the file
+    r.run()  # returns at once (stopped), closes the file
     return eng, frames
 
 
@@ -101,13 +104,14 @@ def test_forget_ended_keeps_the_newest_and_every_live_request():
     model, _ = bundled()
     eng = ContinuousEngine(model, 2, 64, generator=torch.Generator().manual_seed(0))
     from tinyllm.engine import Request
+
     rids = [eng.add_request(Request([1, 2, 3], 2 if i < 4 else 30)) for i in range(6)]
     while sum(v.state == "finished" for v in eng.snapshot().requests) < 4:
         eng.step()
     assert eng.forget_ended(keep=1) == 3
     left = [v.rid for v in eng.snapshot().requests]
     assert left == [3, 4, 5] and all(r not in eng.results for r in rids[:3])
-    assert eng.add_request(Request([1], 1)) == 6                 # ids keep growing, never reused
+    assert eng.add_request(Request([1], 1)) == 6  # ids keep growing, never reused
     while eng.has_work():
         eng.step()
     assert eng.forget_ended(keep=0) == 4 and eng.snapshot().requests == ()
@@ -129,18 +133,36 @@ def test_recording_is_small_and_gzip_works(tmp_path):
 
 
 def _header_line() -> str:
-    return json.dumps({"format": FORMAT, "version": VERSION, "engine": {
-        "n_slots": 1, "max_len": 8, "max_batched_tokens": None,
-        "kv": {"kind": "slots", "reserved_tokens": 8, "bytes_per_token": 1, "block_size": None, "n_blocks": None}}})
+    return json.dumps(
+        {
+            "format": FORMAT,
+            "version": VERSION,
+            "engine": {
+                "n_slots": 1,
+                "max_len": 8,
+                "max_batched_tokens": None,
+                "kv": {
+                    "kind": "slots",
+                    "reserved_tokens": 8,
+                    "bytes_per_token": 1,
+                    "block_size": None,
+                    "n_blocks": None,
+                },
+            },
+        }
+    )
 
 
-@pytest.mark.parametrize("content, message", [
-    ("", ":1: empty file"),
-    ("hello\n", ":1: not a tinyllm recording"),
-    ('{"format": "tinyllm-recording", "version": 99, "engine": {}}\n', "format version 99, newer than this"),
-    (_header_line() + '\n{"step": 1}\n{"step": oops}\n{"step": 2}\n', ":3: broken record"),
-    (_header_line() + '\n["not", "a", "record"]\n', ':2: a record must be a JSON object with an integer "step"'),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("", ":1: empty file"),
+        ("hello\n", ":1: not a tinyllm recording"),
+        ('{"format": "tinyllm-recording", "version": 99, "engine": {}}\n', "format version 99, newer than this"),
+        (_header_line() + '\n{"step": 1}\n{"step": oops}\n{"step": 2}\n', ":3: broken record"),
+        (_header_line() + '\n["not", "a", "record"]\n', ':2: a record must be a JSON object with an integer "step"'),
+    ],
+)
 def test_bad_recordings_are_refused_with_file_and_line(tmp_path, content, message):
     p = tmp_path / "bad.jsonl"
     p.write_text(content)
@@ -149,11 +171,14 @@ def test_bad_recordings_are_refused_with_file_and_line(tmp_path, content, messag
     assert str(e.value).startswith(str(p))
 
 
-@pytest.mark.parametrize("record, message", [
-    ('{"step": 1, "snap": {"s": {"0": {"zz": 1}}}}', ":2: a broken record (KeyError"),
-    ('{"step": 1, "snap": {"c": [1, 2]}}', ":2: a broken record (ValueError: counters"),
-    ('{"step": 5}\n{"step": 3}', ":3: step 3 comes after step 5"),
-])
+@pytest.mark.parametrize(
+    "record, message",
+    [
+        ('{"step": 1, "snap": {"s": {"0": {"zz": 1}}}}', ":2: a broken record (KeyError"),
+        ('{"step": 1, "snap": {"c": [1, 2]}}', ":2: a broken record (ValueError: counters"),
+        ('{"step": 5}\n{"step": 3}', ":3: step 3 comes after step 5"),
+    ],
+)
 def test_records_that_do_not_apply_are_refused_with_their_line(tmp_path, record, message):
     p = tmp_path / "bad.jsonl"
     p.write_text(_header_line() + "\n" + record + "\n")
@@ -165,7 +190,7 @@ def test_a_recording_cut_off_mid_line_replays_what_came_before(tmp_path):
     path = tmp_path / "run.jsonl"
     _, frames = record_run(path, "paged-tight")
     text = path.read_text()
-    path.write_text(text[:len(text) - 25])                 # killed while writing the last record
+    path.write_text(text[: len(text) - 25])  # killed while writing the last record
     r = ReplayRunner(path)
     assert r.warning and "cut off" in r.warning and f"{path}:" in r.warning
     assert 0 < r.last_step <= max(frames)
@@ -183,10 +208,10 @@ def test_replay_steps_back_and_forth_across_a_preemption_and_jumps(tmp_path):
     r.apply(StepOnce())
     assert r.frame.snapshot == frames[p].snapshot
     assert r.frame.snapshot.request(pre.rid).state == "preempted"
-    r.apply(StepBack())                                     # back across it
+    r.apply(StepBack())  # back across it
     assert r.frame.snapshot == before.snapshot and r.frame.texts == before.texts
     r.apply(SeekStep(r.last_step))
-    for s in range(r.last_step, 0, -1):                    # all the way back, one step at a time
+    for s in range(r.last_step, 0, -1):  # all the way back, one step at a time
         assert r.frame.snapshot == frames[s].snapshot, f"step {s}"
         r.apply(StepBack())
     # ] and [ land on the request's lifecycle moments, in order, and stop at the ends
@@ -196,7 +221,7 @@ def test_replay_steps_back_and_forth_across_a_preemption_and_jumps(tmp_path):
     for _ in range(len(moments) + 2):
         r.apply(JumpEvent(pre.rid, +1))
         seen.append(r.step)
-    assert seen[:len(moments)] == moments and seen[-1] == moments[-1]
+    assert seen[: len(moments)] == moments and seen[-1] == moments[-1]
     r.apply(JumpEvent(pre.rid, -1))
     assert r.step == moments[-2]
     assert any(k == "preempted" for _, k in r.events_of(pre.rid))
@@ -208,6 +233,7 @@ def test_replay_plays_to_the_end_and_stops(tmp_path):
     r = ReplayRunner(path, paused=True, step_delay_ms=0)
     r.apply(TogglePaused())
     import threading
+
     t = threading.Thread(target=r.run, daemon=True)
     t.start()
     t.join(timeout=0.1)
@@ -221,6 +247,7 @@ def test_replay_plays_to_the_end_and_stops(tmp_path):
 
 def _events(path) -> list[LifecycleEvent]:
     from tinyllm.observe.recording import decode_event
+
     _, records, _ = read_recording(path)
     return [decode_event(row) for _, rec in records for row in rec.get("life", ())]
 
@@ -231,37 +258,74 @@ def ev(kind, rid, step, t=None, slot=None, tokens=0, reason="", cached=0):
 
 
 def test_tracks_follow_a_chunked_life_with_a_preemption():
-    (t,) = build_tracks([
-        ev("queued", 0, 0), ev("admitted", 0, 2, slot=1, cached=16), ev("prefill", 0, 2, reason="16..32 of 40"),
-        ev("prefill", 0, 3, reason="32..40 of 40"), ev("first_token", 0, 3),
-        ev("preempted", 0, 6, slot=1), ev("admitted", 0, 9, slot=0),
-        ev("prefill", 0, 9, reason="0..43 of 43"), ev("finished", 0, 12, slot=0, reason="eos")])
+    (t,) = build_tracks(
+        [
+            ev("queued", 0, 0),
+            ev("admitted", 0, 2, slot=1, cached=16),
+            ev("prefill", 0, 2, reason="16..32 of 40"),
+            ev("prefill", 0, 3, reason="32..40 of 40"),
+            ev("first_token", 0, 3),
+            ev("preempted", 0, 6, slot=1),
+            ev("admitted", 0, 9, slot=0),
+            ev("prefill", 0, 9, reason="0..43 of 43"),
+            ev("finished", 0, 12, slot=0, reason="eos"),
+        ]
+    )
     phases = [(s.phase, s.start_step, s.end_step) for s in t.spans]
-    assert phases == [("queued", 0, 1), ("prefill", 2, 3), ("decode", 4, 5), ("preempted", 6, 8),
-                      ("prefill", 9, 9), ("decode", 10, 12)]
+    assert phases == [
+        ("queued", 0, 1),
+        ("prefill", 2, 3),
+        ("decode", 4, 5),
+        ("preempted", 6, 8),
+        ("prefill", 9, 9),
+        ("decode", 10, 12),
+    ]
     assert t.end == "finished" and t.end_step == 12 and t.slot is None
     assert t.admissions == ((2, 16), (9, 0)) and t.chunk_steps == (2, 3, 9) and t.preempt_steps == (6,)
     assert [t.phase_at(s, 12) for s in (0, 2, 4, 7, 9, 11, 13)] == [
-        "queued", "prefill", "decode", "preempted", "prefill", "decode", None]
+        "queued",
+        "prefill",
+        "decode",
+        "preempted",
+        "prefill",
+        "decode",
+        None,
+    ]
 
 
 def test_tracks_of_an_abort_while_queued_and_a_one_token_request():
-    a, b = build_tracks([ev("queued", 0, 0), ev("queued", 1, 0), ev("aborted", 0, 1),
-                         ev("admitted", 1, 1, slot=0), ev("prefill", 1, 1, reason="0..5 of 5"),
-                         ev("finished", 1, 1, slot=0, reason="length")])
+    a, b = build_tracks(
+        [
+            ev("queued", 0, 0),
+            ev("queued", 1, 0),
+            ev("aborted", 0, 1),
+            ev("admitted", 1, 1, slot=0),
+            ev("prefill", 1, 1, reason="0..5 of 5"),
+            ev("finished", 1, 1, slot=0, reason="length"),
+        ]
+    )
     assert [(s.phase, s.start_step, s.end_step) for s in a.spans] == [("queued", 0, 1)] and a.end == "aborted"
     assert [(s.phase, s.start_step, s.end_step) for s in b.spans] == [("queued", 0, 0), ("prefill", 1, 1)]
     assert b.end == "finished" and b.end_step == 1
 
 
 def test_timeline_cells_zoom_keeps_the_most_telling_state():
-    from tui.widgets.timeline import PREEMPT, ENDS, DECODE, paint
-    (t,) = build_tracks([ev("queued", 0, 0), ev("admitted", 0, 1, slot=0), ev("prefill", 0, 1, reason="0..4 of 4"),
-                         ev("preempted", 0, 5, slot=0), ev("admitted", 0, 7, slot=0),
-                         ev("prefill", 0, 7, reason="0..9 of 9"), ev("finished", 0, 9, slot=0)])
+    from tui.widgets.timeline import DECODE, ENDS, PREEMPT, paint
+
+    (t,) = build_tracks(
+        [
+            ev("queued", 0, 0),
+            ev("admitted", 0, 1, slot=0),
+            ev("prefill", 0, 1, reason="0..4 of 4"),
+            ev("preempted", 0, 5, slot=0),
+            ev("admitted", 0, 7, slot=0),
+            ev("prefill", 0, 7, reason="0..9 of 9"),
+            ev("finished", 0, 9, slot=0),
+        ]
+    )
     one = "".join(c[0] if c else " " for c in paint(t, 0, 11, 1, 11))
     assert one == "░▓━━━P┄▓━✓  "
-    four = paint(t, 0, 11, 4, 11)                           # steps 0-3, 4-7, 8-11
+    four = paint(t, 0, 11, 4, 11)  # steps 0-3, 4-7, 8-11
     assert [c[0] for c in four] == ["▓", PREEMPT[0], ENDS["finished"][0]]
     assert paint(t, 2, 3, 1, 11) == [DECODE, DECODE]
 
@@ -271,7 +335,7 @@ def test_perfetto_export_follows_the_trace_event_format(tmp_path):
     path = tmp_path / "run.jsonl"
     eng, frames = record_run(path, "chunked-tight-prefix")
     header, records, _ = read_recording(path)
-    trace = json.loads(json.dumps(perfetto_trace(header, [r for _, r in records])))   # plain JSON
+    trace = json.loads(json.dumps(perfetto_trace(header, [r for _, r in records])))  # plain JSON
     assert trace["displayTimeUnit"] == "ms"
     evs = trace["traceEvents"]
     assert {e["ph"] for e in evs} == {"M", "X", "C", "i"}
@@ -281,7 +345,7 @@ def test_perfetto_export_follows_the_trace_event_format(tmp_path):
             assert e["name"] in ("process_name", "thread_name", "process_sort_index", "thread_sort_index")
             assert set(e["args"]) <= {"name", "sort_index"}
         else:
-            assert isinstance(e["ts"], int) and e["ts"] >= 0             # whole microseconds
+            assert isinstance(e["ts"], int) and e["ts"] >= 0  # whole microseconds
         if e["ph"] == "X":
             assert isinstance(e["dur"], int) and e["dur"] >= 0 and isinstance(e["tid"], int)
         if e["ph"] == "C":
@@ -311,6 +375,7 @@ def test_perfetto_export_follows_the_trace_event_format(tmp_path):
 
 def test_trace_command_writes_perfetto_json_and_refuses_a_bad_file(tmp_path, capsys):
     from tinyllm.cli import main
+
     path, out = tmp_path / "run.jsonl", tmp_path / "out.json"
     record_run(path, "paged-tight")
     assert main(["trace", str(path), "--perfetto", str(out)]) == 0
@@ -328,11 +393,14 @@ def test_trace_and_whatif_never_write_over_the_recording_they_read_and_compress_
     import gzip
 
     from tinyllm.cli import main
+
     path = tmp_path / "run.jsonl"
     record_run(path, "paged-tight")
     before = path.read_bytes()
-    for argv in (["trace", str(path), "--perfetto", str(path)],
-                 ["whatif", str(path), "--lanes", "fcfs", "priority", "--json", str(tmp_path / "." / "run.jsonl")]):
+    for argv in (
+        ["trace", str(path), "--perfetto", str(path)],
+        ["whatif", str(path), "--lanes", "fcfs", "priority", "--json", str(tmp_path / "." / "run.jsonl")],
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert f"is the file this command reads ({path}): writing it would replace it; give another file" in err
@@ -351,6 +419,7 @@ def test_a_header_without_engine_settings_is_refused(tmp_path):
 
 def test_trace_refuses_a_record_of_the_wrong_shape(tmp_path, capsys):
     from tinyllm.cli import main
+
     p = tmp_path / "bad.jsonl"
     p.write_text(_header_line() + '\n{"step": 1, "snap": {"r": []}}\n')
     assert main(["trace", str(p)]) == 2
@@ -361,7 +430,7 @@ def test_a_gz_recording_cut_off_mid_write_replays_what_came_before(tmp_path):
     path = tmp_path / "run.jsonl.gz"
     _, frames = record_run(path, "paged-tight")
     data = path.read_bytes()
-    path.write_bytes(data[:len(data) * 2 // 3])                 # killed: the gzip stream ends early
+    path.write_bytes(data[: len(data) * 2 // 3])  # killed: the gzip stream ends early
     r = ReplayRunner(path)
     assert 0 < r.last_step < max(frames)
     assert r.warning is None or "cut off" in r.warning

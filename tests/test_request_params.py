@@ -8,14 +8,19 @@ import re
 
 import pytest
 
+from tests.helpers import check_invariants, random_model, run_checked
 from tinyllm.engine import ContinuousEngine, Request, Sampling
 from tinyllm.request import SamplingError
-from tests.helpers import check_invariants, random_model, run_checked
 
-SEEDED = [Sampling(1.0, seed=11), Sampling(0.8, top_k=20, seed=12), Sampling(1.2, top_p=0.9, seed=-5),
-          Sampling(1.0, min_p=0.05, seed=2**63 - 1), Sampling(1.0, repetition_penalty=1.3, seed=0),
-          Sampling(0.9, presence_penalty=0.7, frequency_penalty=0.4, seed=99)]
-HEADER = list(range(40, 60))                          # a shared prefix: 5 blocks of 4
+SEEDED = [
+    Sampling(1.0, seed=11),
+    Sampling(0.8, top_k=20, seed=12),
+    Sampling(1.2, top_p=0.9, seed=-5),
+    Sampling(1.0, min_p=0.05, seed=2**63 - 1),
+    Sampling(1.0, repetition_penalty=1.3, seed=0),
+    Sampling(0.9, presence_penalty=0.7, frequency_penalty=0.4, seed=99),
+]
+HEADER = list(range(40, 60))  # a shared prefix: 5 blocks of 4
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +29,17 @@ def model():
 
 
 def paged(model, n_slots=6, kv_blocks=None, block_size=4, prefix_cache=True):
-    return ContinuousEngine(model, n_slots, 128, kv="paged", block_size=block_size, kv_blocks=kv_blocks,
-                            chunked_prefill=True, max_batched_tokens=32, prefix_cache=prefix_cache)
+    return ContinuousEngine(
+        model,
+        n_slots,
+        128,
+        kv="paged",
+        block_size=block_size,
+        kv_blocks=kv_blocks,
+        chunked_prefill=True,
+        max_batched_tokens=32,
+        prefix_cache=prefix_cache,
+    )
 
 
 def seeded_requests() -> list[Request]:
@@ -47,11 +61,11 @@ def test_seeded_tokens_do_not_depend_on_the_batch(model):
     reqs = seeded_requests()
     solo = [run_checked(paged(model, prefix_cache=False), [r])[0] for r in reqs]
     assert len({tuple(s) for s in solo}) == len(solo)
-    batched = run_checked(paged(model), reqs + noise())[:len(reqs)]
-    eng = paged(model, n_slots=6, kv_blocks=30)                # tight pool: preempted and recomputed
+    batched = run_checked(paged(model), reqs + noise())[: len(reqs)]
+    eng = paged(model, n_slots=6, kv_blocks=30)  # tight pool: preempted and recomputed
     tight = run_checked(eng, noise()[:2] + reqs)[2:]
     assert eng.stats.preemptions >= 2
-    eng = paged(model)                                         # prefix cache: the header comes from cache
+    eng = paged(model)  # prefix cache: the header comes from cache
     warm = run_checked(eng, [Request(HEADER + [1, 3], 2)])
     rids = [eng.add_request(r) for r in reqs]
     while eng.has_work():
@@ -59,8 +73,10 @@ def test_seeded_tokens_do_not_depend_on_the_batch(model):
         check_invariants(eng)
     cached = [eng.results[r].tokens for r in rids]
     assert warm and all(eng.snapshot().request(r).cached_tokens >= 16 for r in rids)
-    counts = {name: divergences(got, solo) for name, got in
-              (("batched", batched), ("preempted", tight), ("prefix cache", cached))}
+    counts = {
+        name: divergences(got, solo)
+        for name, got in (("batched", batched), ("preempted", tight), ("prefix cache", cached))
+    }
     print("seeded divergences from solo:", counts)
     assert sum(counts.values()) <= 1, counts
 
@@ -82,7 +98,7 @@ def test_stop_token_ids_end_a_request_with_reason_stop(model):
     events = []
     while eng.has_work():
         events += eng.step()
-    assert eng.results[rid].tokens == free[:first + 1]
+    assert eng.results[rid].tokens == free[: first + 1]
     assert events[-1].done and events[-1].reason == "stop"
     fin = [e for e in eng.pop_lifecycle() if e.kind == "finished"]
     assert fin[0].reason == "stop"
@@ -99,7 +115,7 @@ def test_min_tokens_bans_eos_and_stop_ids_until_reached(model):
     assert eng.results[early].tokens == free[:3]
     out = eng.results[late].tokens
     assert len(out) >= 12 and eos not in out[:12] and stop not in out[:12]
-    assert out[:2] == free[:2]                              # the same until the first banned choice
+    assert out[:2] == free[:2]  # the same until the first banned choice
 
 
 def test_logprobs_only_for_requests_that_ask(model):
@@ -116,7 +132,7 @@ def test_logprobs_only_for_requests_that_ask(model):
         else:
             assert e.logprob is not None and e.logprob.token == e.token
             assert len(e.logprob.top) == (4 if e.rid == a else 0)
-        if e.rid == a:                                       # greedy: the chosen token is the top one
+        if e.rid == a:  # greedy: the chosen token is the top one
             assert e.logprob.top[0] == (e.token, e.logprob.logprob)
             assert [v for _, v in e.logprob.top] == sorted((v for _, v in e.logprob.top), reverse=True)
     assert len(eng._seqs[a].logprobs) == 8 and len(eng._seqs[c].logprobs) == 8 and not eng._seqs[b].logprobs
@@ -126,7 +142,7 @@ def test_finish_keeps_the_tokens_before_the_stop_and_frees_everything(model):
     eng = paged(model, n_slots=2)
     a = eng.add_request(Request([1, 2, 3], 40, logprobs=1))
     b = eng.add_request(Request([4, 5, 6], 40))
-    q = eng.add_request(Request([7, 8], 40))                 # queued: finish works there too
+    q = eng.add_request(Request([7, 8], 40))  # queued: finish works there too
     for _ in range(6):
         eng.step()
     assert eng.finish(a, keep=3) and eng.finish(q)
@@ -141,10 +157,18 @@ def test_finish_keeps_the_tokens_before_the_stop_and_frees_everything(model):
     assert len(eng.results[b].tokens) == 40 and eng.slots.allocated_tokens() == 0
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"stop_token_ids": [-1]}, "stop_token_ids"), ({"stop_token_ids": "7"}, "stop_token_ids"),
-    ({"min_tokens": 11}, "min_tokens"), ({"min_tokens": -1}, "min_tokens"), ({"logprobs": 21}, "logprobs"),
-    ({"logprobs": -1}, "logprobs"), ({"logprobs": True}, "logprobs")])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+        ({"stop_token_ids": "7"}, "stop_token_ids"),
+        ({"min_tokens": 11}, "min_tokens"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"logprobs": -1}, "logprobs"),
+        ({"logprobs": True}, "logprobs"),
+    ],
+)
 def test_bad_request_fields_name_the_field(kwargs, field):
     with pytest.raises(SamplingError) as e:
         Request([1, 2], 10, **kwargs)
@@ -159,22 +183,27 @@ def test_a_stop_token_id_outside_the_vocabulary_is_refused_at_add(model):
 def test_prompt_files_take_the_new_fields(tmp_path):
     from tinyllm.request import RequestSettings
     from tinyllm.workload import WorkloadError, load_workload, tokenize_checked
+
     f = tmp_path / "w.jsonl"
-    f.write_text('{"prompt": "a", "temperature": 0.7, "seed": 3, "min_p": 0.1, "repetition_penalty": 1.2, '
-                 '"stop": ["\\n\\n", "END"], "stop_token_ids": [4], "min_tokens": 2}\n{"prompt": "b"}\n')
+    f.write_text(
+        '{"prompt": "a", "temperature": 0.7, "seed": 3, "min_p": 0.1, "repetition_penalty": 1.2, '
+        '"stop": ["\\n\\n", "END"], "stop_token_ids": [4], "min_tokens": 2}\n{"prompt": "b"}\n'
+    )
     a, b = load_workload(f)
     defaults = RequestSettings(Sampling(0.5), 20, stop=("x",), min_tokens=1)
     sa, sb = a.settings(defaults), b.settings(defaults)
     assert sa.sampling == Sampling(0.7, min_p=0.1, repetition_penalty=1.2, seed=3)
     assert (sa.stop, sa.stop_token_ids, sa.min_tokens, sa.max_new_tokens) == (("\n\n", "END"), (4,), 2, 20)
-    assert sb == defaults                                       # what a line leaves out: the caller's
+    assert sb == defaults  # what a line leaves out: the caller's
     req = sa.request([1, 2], eos_id=0)
     assert (req.stop_token_ids, req.min_tokens, req.sampling.seed) == ((4,), 2, 3)
-    for line, says in (('{"prompt": "a", "seed": 1.5}', "seed must be an integer"),
-                       ('{"prompt": "a", "presence_penalty": 3}', "presence_penalty must be a number in [-2, 2]"),
-                       ('{"prompt": "a", "stop": [1]}', "stop must be a string or a list of strings"),
-                       ('{"prompt": "a", "max_new_tokens": 2, "min_tokens": 3}', "min_tokens must be"),
-                       ('{"prompt": "a", "stop_token_ids": [-4]}', "stop_token_ids must be")):
+    for line, says in (
+        ('{"prompt": "a", "seed": 1.5}', "seed must be an integer"),
+        ('{"prompt": "a", "presence_penalty": 3}', "presence_penalty must be a number in [-2, 2]"),
+        ('{"prompt": "a", "stop": [1]}', "stop must be a string or a list of strings"),
+        ('{"prompt": "a", "max_new_tokens": 2, "min_tokens": 3}', "min_tokens must be"),
+        ('{"prompt": "a", "stop_token_ids": [-4]}', "stop_token_ids must be"),
+    ):
         f.write_text(line + "\n")
         with pytest.raises(WorkloadError, match=rf"w.jsonl:1: {re.escape(says)}"):
             load_workload(f)
@@ -187,12 +216,36 @@ def test_an_attached_app_sends_the_new_fields_only_when_set():
     from tinyllm.request import RequestSettings
     from tui.runners.attach import completion_body
     from tui.runners.interface import Submit
+
     plain = completion_body(Submit("x", RequestSettings(Sampling(0.5), 10)))
     assert set(plain) == {"prompt", "max_tokens", "temperature", "stream"}
-    s = RequestSettings(Sampling(0.5, min_p=0.1, presence_penalty=-1, frequency_penalty=0.5, repetition_penalty=1.3,
-                                 seed=9), 10, stop=("\n\n",), stop_token_ids=(3,), min_tokens=2)
+    s = RequestSettings(
+        Sampling(0.5, min_p=0.1, presence_penalty=-1, frequency_penalty=0.5, repetition_penalty=1.3, seed=9),
+        10,
+        stop=("\n\n",),
+        stop_token_ids=(3,),
+        min_tokens=2,
+    )
     body = completion_body(Submit("x", s))
-    assert {k: body[k] for k in ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed",
-                                 "stop", "stop_token_ids", "min_tokens")} == {
-        "min_p": 0.1, "presence_penalty": -1, "frequency_penalty": 0.5, "repetition_penalty": 1.3, "seed": 9,
-        "stop": ["\n\n"], "stop_token_ids": [3], "min_tokens": 2}
+    assert {
+        k: body[k]
+        for k in (
+            "min_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+            "seed",
+            "stop",
+            "stop_token_ids",
+            "min_tokens",
+        )
+    } == {
+        "min_p": 0.1,
+        "presence_penalty": -1,
+        "frequency_penalty": 0.5,
+        "repetition_penalty": 1.3,
+        "seed": 9,
+        "stop": ["\n\n"],
+        "stop_token_ids": [3],
+        "min_tokens": 2,
+    }

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.helpers import mixed_workload, random_model, run_checked, solo_outputs, with_early_eos
 from tinyllm.engine import ContinuousEngine, Request
 from tinyllm.engine.admission import AdmissionScheduler
 from tinyllm.engine.policy import FCFSQueue, waiting_queue
@@ -18,10 +19,12 @@ from tinyllm.engine.scheduler import StepPlan, TokenBudgetScheduler
 from tinyllm.engine.sequence import Sequence
 from tinyllm.kv.blocks import BlockPool
 from tinyllm.request import Sampling
-from tests.helpers import mixed_workload, random_model, run_checked, solo_outputs, with_early_eos
 
-CONFIGS = {"slots": dict(kv="slots"), "paged": dict(kv="paged", block_size=4, kv_blocks=14),
-           "chunked": dict(kv="paged", block_size=4, kv_blocks=14, chunked_prefill=True, max_batched_tokens=8)}
+CONFIGS = {
+    "slots": dict(kv="slots"),
+    "paged": dict(kv="paged", block_size=4, kv_blocks=14),
+    "chunked": dict(kv="paged", block_size=4, kv_blocks=14, chunked_prefill=True, max_batched_tokens=8),
+}
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +57,15 @@ def test_both_schedulers_admit_through_the_one_policy_object(model, workload, ki
     reqs, solo = workload
     eng = ContinuousEngine(model, 3, max_len=64, **CONFIGS[kind])
     assert isinstance(eng.waiting, FCFSQueue) and isinstance(
-        eng.scheduler, TokenBudgetScheduler if kind == "chunked" else AdmissionScheduler)
+        eng.scheduler, TokenBudgetScheduler if kind == "chunked" else AdmissionScheduler
+    )
     eng.waiting = spy = SpyQueue()
     assert run_checked(eng, reqs) == solo
     assert spy.calls["add"] == len(reqs)
-    assert spy.calls["pop"] == len(reqs) + spy.calls.get("prepend", 0)   # every admission came from it
+    assert spy.calls["pop"] == len(reqs) + spy.calls.get("prepend", 0)  # every admission came from it
     assert spy.calls["peek"] >= spy.calls["pop"]
     if kind != "slots":
-        assert spy.calls.get("prepend", 0) == eng.stats.preemptions > 0    # the pool is small: it preempts
+        assert spy.calls.get("prepend", 0) == eng.stats.preemptions > 0  # the pool is small: it preempts
 
 
 def test_the_policy_is_chosen_by_name():
@@ -97,9 +101,9 @@ def test_the_token_budget_scheduler_plans_on_bookkeeping_alone():
 def test_the_seed_scheduler_plans_on_bookkeeping_alone():
     pool, waiting, (a, b, c) = waiting_pool(3, 6, 5, 3)
     plan = next(AdmissionScheduler(pool).plan([], waiting))
-    assert plan.kind == "prefill" and plan.slots == [0, 1]   # 2 + 2 blocks: c does not fit too
+    assert plan.kind == "prefill" and plan.slots == [0, 1]  # 2 + 2 blocks: c does not fit too
     assert [(q.rid, start, n) for q, start, n in plan.items] == [(0, 0, 6), (1, 0, 5)]
-    assert list(waiting) == [c] and not any(pool.active)      # slots are taken when the prefill commits
+    assert list(waiting) == [c] and not any(pool.active)  # slots are taken when the prefill commits
 
 
 def test_block_bookkeeping_needs_no_torch():

@@ -16,22 +16,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from tinyllm.engine import ContinuousEngine, Sampling
-from tui.app import TinyLLMApp
-from tui.runners.frames import FrameRecorder
-from tui.runners.interface import SeekStep, SetPaused, StepBack, StepOnce, Submit
-from tui.runners.engine import EngineRunner
-from tui.screens.modals import SettingsScreen
-from tinyllm.request import RequestSettings
-from tui.widgets.kv_panel import KVPanel
-from tinyllm import units
-from tui.widgets.style import duration
-from tui.widgets.request_list import RequestList
-from tui.widgets.timeline import TimelinePanel
-
 from tests.screen_check import check_panels
 from tests.test_app import _watch, bundled, has_work, no_unexpected_errors, step, submit, until  # noqa: F401
 from tests.test_app_replay import replay_app
+from tinyllm import units
+from tinyllm.engine import ContinuousEngine, Sampling
+from tinyllm.request import RequestSettings
+from tui.app import TinyLLMApp
+from tui.runners.engine import EngineRunner
+from tui.runners.frames import FrameRecorder
+from tui.runners.interface import SeekStep, SetPaused, StepBack, StepOnce, Submit
+from tui.screens.modals import SettingsScreen
+from tui.widgets.kv_panel import KVPanel
+from tui.widgets.request_list import RequestList
+from tui.widgets.style import duration
+from tui.widgets.timeline import TimelinePanel
 
 
 async def ticks_until(pilot, cond, timeout: float = 20.0, what: str = "the app") -> None:
@@ -44,10 +43,23 @@ async def ticks_until(pilot, cond, timeout: float = 20.0, what: str = "the app")
 
 def paged_app(slots: int = 8, kv_blocks: int = 256, new: int = 40, paused: bool = True) -> TinyLLMApp:
     model, tok = bundled()
-    eng = ContinuousEngine(model, slots, 512, kv="paged", block_size=16, kv_blocks=kv_blocks, chunked_prefill=True,
-                           max_batched_tokens=256, generator=torch.Generator().manual_seed(0))
-    app = TinyLLMApp(EngineRunner(eng, tok, paused=paused), tok, model_name="test",
-                     settings=RequestSettings(Sampling(temperature=0.0), new))
+    eng = ContinuousEngine(
+        model,
+        slots,
+        512,
+        kv="paged",
+        block_size=16,
+        kv_blocks=kv_blocks,
+        chunked_prefill=True,
+        max_batched_tokens=256,
+        generator=torch.Generator().manual_seed(0),
+    )
+    app = TinyLLMApp(
+        EngineRunner(eng, tok, paused=paused),
+        tok,
+        model_name="test",
+        settings=RequestSettings(Sampling(temperature=0.0), new),
+    )
     _watch(app)
     return app
 
@@ -58,8 +70,13 @@ async def test_the_last_frame_is_drawn_whole_when_the_engine_goes_idle():
     app = paged_app(paused=False)
     async with app.run_test(size=(120, 40)) as pilot:
         rid = await submit(pilot, "café ПРИВЕТ 日本語 🎭 — «naïve»:")
-        await ticks_until(pilot, lambda: app.runner.frame.snapshot.request(rid).state == "finished"
-                          and app._details_frame is app.runner.frame, what="the app's tick to draw the end")
+        await ticks_until(
+            pilot,
+            lambda: (
+                app.runner.frame.snapshot.request(rid).state == "finished" and app._details_frame is app.runner.frame
+            ),
+            what="the app's tick to draw the end",
+        )
         assert "finished" in app.query_one(RequestList).row_text(rid)
         check_panels(app)
 
@@ -76,8 +93,11 @@ async def test_every_panel_shows_the_same_step_while_the_engine_runs_flat_out():
         app.runner.send(SetPaused(False))
         checked, seen = 0, app.frames_drawn
         while has_work(app.runner.frame) and checked < 30:
-            await ticks_until(pilot, lambda: app.frames_drawn > seen or not has_work(app.runner.frame),
-                              what="the app's tick to draw a frame")
+            await ticks_until(
+                pilot,
+                lambda: app.frames_drawn > seen or not has_work(app.runner.frame),
+                what="the app's tick to draw a frame",
+            )
             if app.frames_drawn > seen:
                 seen = app.frames_drawn
                 check_panels(app)
@@ -91,8 +111,17 @@ def staggered_recording(tmp_path_factory) -> Path:
     at step 0), with a small pool so some are preempted; made by a runner driven by commands."""
     path = tmp_path_factory.mktemp("rec") / "staggered.jsonl"
     model, tok = bundled()
-    eng = ContinuousEngine(model, 2, 128, kv="paged", block_size=8, kv_blocks=9, chunked_prefill=True,
-                           max_batched_tokens=16, generator=torch.Generator().manual_seed(0))
+    eng = ContinuousEngine(
+        model,
+        2,
+        128,
+        kv="paged",
+        block_size=8,
+        kv_blocks=9,
+        chunked_prefill=True,
+        max_batched_tokens=16,
+        generator=torch.Generator().manual_seed(0),
+    )
     runner = EngineRunner(eng, tok, paused=True, recorder=FrameRecorder(path, eng.snapshot(), "shakespeare", "-", {}))
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
@@ -102,6 +131,7 @@ def staggered_recording(tmp_path_factory) -> Path:
         while not cond():
             assert time.monotonic() < end, "the runner did not get there"
             time.sleep(0.005)
+
     for i, text in enumerate(("ROMEO:", "JULIET:\nO Romeo", "HAMLET:\nTo be", "KING:", "NURSE:")):
         runner.send(Submit(text, RequestSettings(Sampling(temperature=0.0), 14)))
         wait(lambda: len(runner.frame.snapshot.requests) == i + 1)
@@ -137,7 +167,7 @@ async def test_every_frame_of_a_replay_back_and_forth(staggered_recording):
     """Step forward through the whole recording, then back to the start: each frame checked."""
     app = replay_app(staggered_recording)
     async with app.run_test(size=(120, 40)) as pilot:
-        app.action_toggle_timeline()                      # the timeline is checked too when shown
+        app.action_toggle_timeline()  # the timeline is checked too when shown
         seen = 0
         for cmd, done in ((StepOnce(), lambda s: s >= app.runner.last_step), (StepBack(), lambda s: s <= 1)):
             while not done(app.runner.frame.snapshot.counters.steps):
@@ -225,13 +255,15 @@ async def test_settings_errors_speak_the_dialogs_words():
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("f2")
         await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
-        for field, value, want in (("top_k", "0", "top_k must be a whole number >= 1, or blank for off, got '0'"),
-                                   ("top_k", "2.5", "top_k must be a whole number >= 1"),
-                                   ("temperature", "-1", "temperature must be a number >= 0 (0 = greedy)"),
-                                   ("max_new", "0", "max_new_tokens must be a whole number from 1 to")):
+        for field, value, want in (
+            ("top_k", "0", "top_k must be a whole number >= 1, or blank for off, got '0'"),
+            ("top_k", "2.5", "top_k must be a whole number >= 1"),
+            ("temperature", "-1", "temperature must be a number >= 0 (0 = greedy)"),
+            ("max_new", "0", "max_new_tokens must be a whole number from 1 to"),
+        ):
             app.screen.query_one(f"#{field}").value = value
             app.screen.query_one(f"#{field}").focus()
-            await pilot.press("enter")                          # Enter in a field applies
+            await pilot.press("enter")  # Enter in a field applies
             await pilot.pause()
             error = str(app.screen.query_one("#settings-error").render())
             assert want in error and "None" not in error, error
@@ -253,19 +285,26 @@ async def test_toasts_leave_the_next_request_settings_in_view():
 
 
 def test_one_duration_format():
-    assert [duration(x) for x in (None, 0.0674, 1.234, 12.34, 125, 4000)] == \
-        ["—", "67ms", "1.23s", "12.3s", "2m05s", "1h06m"]
+    assert [duration(x) for x in (None, 0.0674, 1.234, 12.34, 125, 4000)] == [
+        "—",
+        "67ms",
+        "1.23s",
+        "12.3s",
+        "2m05s",
+        "1h06m",
+    ]
     assert all(len(duration(x)) <= 6 for x in (0.9994, 9.996, 59.96, 3599, 359999))
     # the unit is chosen after rounding: never "1000ms" or "60.0s"; no figure can raise
     assert [duration(x) for x in (0.9994, 0.9996, 9.996, 59.96)] == ["999ms", "1.00s", "10.0s", "1m00s"]
     assert [duration(x) for x in (float("nan"), float("inf"), -0.005)] == ["—", "—", "-5ms"]
-    assert duration is units.duration                 # the bench, the race and what-if write the same
+    assert duration is units.duration  # the bench, the race and what-if write the same
 
 
 def test_the_bench_race_and_whatif_use_the_one_duration_format():
     from tinyllm.bench import report
     from tinyllm.race import whatif_view
     from tui.widgets import lane_panel, race_track
+
     for module in (report, whatif_view, lane_panel, race_track):
         assert module.duration is units.duration, module.__name__
 
@@ -300,23 +339,25 @@ async def test_ttft_of_a_request_sent_while_paused_counts_no_paused_time():
     async with app.run_test(size=(120, 40)) as pilot:
         rid = await submit(pilot, "ROMEO:")
         t0 = time.monotonic()
-        await pilot.pause(0.5)                                    # the user looks, paused
+        await pilot.pause(0.5)  # the user looks, paused
         await step(pilot, 2)
         paused_for = time.monotonic() - t0
         v = app.runner.frame.snapshot.request(rid)
         assert v.ttft_s is not None and v.ttft_s < paused_for - 0.4, (v.ttft_s, paused_for)
-        assert app.runner.engine.now() <= v.first_token_s + (time.monotonic() - t0)   # held again after the step
+        assert app.runner.engine.now() <= v.first_token_s + (time.monotonic() - t0)  # held again after the step
 
 
 async def test_record_shows_in_the_status_line_and_says_where_the_file_went(tmp_path, capsys, monkeypatch):
     from tui import cli
+
     path = tmp_path / "run.jsonl"
     made = {}
 
-    def run(self, *a, **kw):                                     # instead of a terminal: Pilot, then exit
+    def run(self, *a, **kw):  # instead of a terminal: Pilot, then exit
         made["app"] = self
+
     monkeypatch.setattr(TinyLLMApp, "run", run)
-    monkeypatch.setattr(cli, "not_a_terminal", lambda: None)    # (pytest's stdin is none)
+    monkeypatch.setattr(cli, "not_a_terminal", lambda: None)  # (pytest's stdin is none)
     assert cli.main(["--record", str(path), "--engine-thread", "--paused"]) == 0
     out = capsys.readouterr().out
     assert f"recorded 0 steps to {path.resolve()}" in out and f"--replay {path}" in out
@@ -328,8 +369,9 @@ async def test_record_shows_in_the_status_line_and_says_where_the_file_went(tmp_
 
 
 @pytest.mark.parametrize("kv_dtype, bytes_per_token", [("auto", 6144), ("bfloat16", 3072)])
-async def test_an_engine_process_sized_by_kv_memory_retitles_the_slots_and_blocks_once_loaded(kv_dtype,
-                                                                                             bytes_per_token):
+async def test_an_engine_process_sized_by_kv_memory_retitles_the_slots_and_blocks_once_loaded(
+    kv_dtype, bytes_per_token
+):
     """The app's first frame is the loading one, sized from --slots (8); the engine process sizes
     its cache from --kv-memory only once the model is read (12 sequences, 256 blocks here, twice
     as many at bfloat16). The panels' titles must follow the snapshot (they once kept the loading
@@ -337,9 +379,20 @@ async def test_an_engine_process_sized_by_kv_memory_retitles_the_slots_and_block
     from tinyllm.model.checkpoint import default_model_dir
     from tui.runners.child import ChildRunner
     from tui.runners.engine import EngineSpec
+
     model, tok = bundled()
-    spec = EngineSpec(str(default_model_dir()), "cpu", 8, 512, kv="paged", block_size=16, threads=1,
-                      kv_memory_mib=24.0, max_num_seqs=12, kv_cache_dtype=kv_dtype)
+    spec = EngineSpec(
+        str(default_model_dir()),
+        "cpu",
+        8,
+        512,
+        kv="paged",
+        block_size=16,
+        threads=1,
+        kv_memory_mib=24.0,
+        max_num_seqs=12,
+        kv_cache_dtype=kv_dtype,
+    )
     runner = ChildRunner(spec, paused=True).start(wait=False)
     app = TinyLLMApp(runner, tok, model_name="test", settings=RequestSettings(Sampling(), 4))
     _watch(app)
@@ -347,10 +400,14 @@ async def test_an_engine_process_sized_by_kv_memory_retitles_the_slots_and_block
         await until(pilot, lambda: app.runner.ready, timeout=120, what="the engine process to load")
         await until(pilot, lambda: app.runner.frame.snapshot.n_slots == 12)
         snap = check_panels(app).snapshot
-        assert (snap.n_slots, snap.kv.n_blocks) == (12, 24 * 2 ** 20 // (16 * bytes_per_token))
+        assert (snap.n_slots, snap.kv.n_blocks) == (12, 24 * 2**20 // (16 * bytes_per_token))
         assert snap.kv.dtype == {"auto": "float32"}.get(kv_dtype, kv_dtype)
-        assert app.query_one(KVPanel).render().plain.split("\n", 1)[0].endswith(
-            "· " + {"auto": "fp32", "bfloat16": "bf16"}[kv_dtype])
+        assert (
+            app.query_one(KVPanel)
+            .render()
+            .plain.split("\n", 1)[0]
+            .endswith("· " + {"auto": "fp32", "bfloat16": "bf16"}[kv_dtype])
+        )
         assert app.query_one("#slots").border_title == "Slots (12, up to 512 tokens each)"
 
 
@@ -360,22 +417,26 @@ async def test_the_status_line_says_idle_when_nothing_runs_or_waits():
     from dataclasses import replace
 
     from tui.widgets.status import status_fields
+
     app = paged_app(new=6)
     async with app.run_test(size=(120, 40)) as pilot:
+
         def state() -> str:
             return status_fields(replace(app.runner.frame, paused=False), app.runner, "m", None)[0][0]
-        assert state() == " ● IDLE "                         # nothing submitted yet
+
+        assert state() == " ● IDLE "  # nothing submitted yet
         await submit(pilot, "ROMEO:")
         await step(pilot, 1)
         assert app.runner.frame.snapshot.num_requests_running == 1 and state() == " ▶ RUNNING "
-        await step(pilot, 20)                                # to its end (6 new tokens)
+        await step(pilot, 20)  # to its end (6 new tokens)
         assert app.runner.frame.snapshot.counters.finished == 1 and state() == " ● IDLE "
-        assert app.query_one("#status").text.plain.startswith(" ⏸ PAUSED ")   # paused says so first
+        assert app.query_one("#status").text.plain.startswith(" ⏸ PAUSED ")  # paused says so first
         from tui.widgets.request_pane import header_text
+
         v, now = app.runner.frame.snapshot.request(0), app.runner.frame.snapshot.time_s
         full = header_text(v, now).plain
         assert "TTFT " in full and "slot" in full
-        for width in range(len(full) - 1, 19, -1):          # narrower: whole fields go, none is cut
+        for width in range(len(full) - 1, 19, -1):  # narrower: whole fields go, none is cut
             line = header_text(v, now, width).plain
             assert len(line) <= width and line.startswith("#0 finished") and "6/6 tok" in line
             assert ("TTFT" in line) == bool(re.search(r"TTFT \d+(ms|\.\d+s)", line))
@@ -387,8 +448,13 @@ async def test_an_idle_engine_shows_no_rate():
     app = paged_app(paused=False)
     async with app.run_test(size=(120, 40)) as pilot:
         rid = await submit(pilot, "ROMEO:")
-        await ticks_until(pilot, lambda: app.runner.frame.snapshot.request(rid).state == "finished"
-                          and app._details_frame is app.runner.frame, what="the run's end drawn")
-        assert app.runner.frame.tokens_per_s > 0                  # the runner's rate over the last seconds
+        await ticks_until(
+            pilot,
+            lambda: (
+                app.runner.frame.snapshot.request(rid).state == "finished" and app._details_frame is app.runner.frame
+            ),
+            what="the run's end drawn",
+        )
+        assert app.runner.frame.tokens_per_s > 0  # the runner's rate over the last seconds
         assert "tok/s 0 " in app.query_one(KVPanel).render().plain + " "
         check_panels(app)

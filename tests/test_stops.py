@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import random
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tinyllm.stops import StopMatcher, StopText, format_stop_list, parse_stop_list
 
@@ -31,14 +32,14 @@ def run(pieces: list[str], stops: list[str]) -> tuple[list[str], StopText]:
 def test_a_stop_split_across_tokens_is_found_and_excluded():
     out, s = run(["Hel", "lo EN", "D and more", " text"], ["END"])
     assert "".join(out) == "Hello " and s.stopped and s.tokens == 3
-    assert out == ["Hel", "lo ", "", ""]                      # "EN" was held back, never emitted
+    assert out == ["Hel", "lo ", "", ""]  # "EN" was held back, never emitted
 
 
 def test_the_earliest_stop_wins_and_held_text_comes_back_without_a_match():
     out, _ = run(["ab", "cd", "ef"], ["def", "bc"])
     assert "".join(out) == "a"
     out, s = run(["xx", "EN"], ["END"])
-    assert out == ["xx", "", "EN"] and not s.stopped             # flushed at the end
+    assert out == ["xx", "", "EN"] and not s.stopped  # flushed at the end
 
 
 def test_nothing_after_a_stop_is_emitted_and_tokens_counts_to_the_stop():
@@ -46,16 +47,19 @@ def test_nothing_after_a_stop_is_emitted_and_tokens_counts_to_the_stop():
     assert [s.step(0), s.step(1), s.step(2)] == ["a", "", ""] and s.tokens == 2 and s.flush() == ""
 
 
-@given(text=st.text("abAB\n", max_size=40), stops=st.lists(st.text("abAB\n", min_size=1, max_size=4), max_size=3),
-       seed=st.integers(0, 1000))
+@given(
+    text=st.text("abAB\n", max_size=40),
+    stops=st.lists(st.text("abAB\n", min_size=1, max_size=4), max_size=3),
+    seed=st.integers(0, 1000),
+)
 def test_any_split_emits_exactly_the_text_before_the_first_stop(text, stops, seed):
     """Property: however the text is cut into tokens, what is emitted is the text before the stop
     string that completes first (ties: the longer one), and nothing is taken back."""
     rng = random.Random(seed)
     cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(0, 8)))) if len(text) > 1 else []
     pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])] if text else []
-    hits = [(i + len(s), i) for s in stops if (i := text.find(s)) >= 0]     # the first to complete wins
-    want = text[:min(hits)[1]] if hits else text
+    hits = [(i + len(s), i) for s in stops if (i := text.find(s)) >= 0]  # the first to complete wins
+    want = text[: min(hits)[1]] if hits else text
     out, _ = run(pieces, stops)
     assert "".join(out) == want
 
@@ -70,4 +74,4 @@ def test_matcher_alone_and_the_dialogs_stop_list_round_trips():
 
 def test_stop_strings_are_looked_for_from_min_tokens_on():
     s = StopText(Pieces(["ab", "ab", "ab"]), ["ab"], min_tokens=2)
-    assert [s.step(0), s.step(1), s.step(2)] == ["ab", "", ""] and s.tokens == 2   # the first "ab" is kept
+    assert [s.step(0), s.step(1), s.step(2)] == ["ab", "", ""] and s.tokens == 2  # the first "ab" is kept

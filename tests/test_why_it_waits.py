@@ -12,20 +12,19 @@ import httpx
 import pytest
 import torch
 
+from tests.helpers import random_model
+from tests.screen_check import check_panels
+from tests.test_app import _watch, bundled, no_unexpected_errors, step, submit, until  # noqa: F401
 from tinyllm.engine import ContinuousEngine, Request
-from tinyllm.observe.recording import SnapshotDecoder, SnapshotEncoder, make_header
+from tinyllm.observe.recording import SnapshotDecoder, SnapshotEncoder, encode_event, make_header
 from tinyllm.observe.timeline import build_tracks
 from tinyllm.observe.trace import perfetto_trace
-from tinyllm.observe.recording import encode_event
 from tinyllm.request import RequestSettings, Sampling
 from tinyllm.serve import EngineLoop, ServerThread, build_engine, create_app
 from tui.app import TinyLLMApp
 from tui.runners.engine import EngineRunner
 from tui.widgets.event_log import EventLog
 from tui.widgets.timeline import WAIT_CELLS, paint
-from tests.helpers import random_model
-from tests.screen_check import check_panels
-from tests.test_app import _watch, bundled, no_unexpected_errors, step, submit, until  # noqa: F401
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +34,17 @@ def model():
 
 def tight_engine(model) -> ContinuousEngine:
     """5 blocks of 4 tokens: the first request holds them all, the second waits for the pool."""
-    return ContinuousEngine(model, 2, max_len=20, kv="paged", block_size=4, kv_blocks=5, chunked_prefill=True,
-                            max_batched_tokens=32, prefix_cache=False)
+    return ContinuousEngine(
+        model,
+        2,
+        max_len=20,
+        kv="paged",
+        block_size=4,
+        kv_blocks=5,
+        chunked_prefill=True,
+        max_batched_tokens=32,
+        prefix_cache=False,
+    )
 
 
 def test_the_timeline_shows_each_reason_with_its_own_glyph(model):
@@ -49,12 +57,12 @@ def test_the_timeline_shows_each_reason_with_its_own_glyph(model):
         events += eng.pop_lifecycle()
     track = next(t for t in build_tracks(events) if t.rid == b)
     pool = [(s, e) for s, e, code in track.wait_spans(eng.steps) if code == "pool"]
-    assert pool and pool[0][0] == 1                        # from its first step on
+    assert pool and pool[0][0] == 1  # from its first step on
     first, last = pool[0]
     cells = paint(track, 1, eng.steps, 1, eng.steps)
-    assert [c[0] for c in cells[first - 1:last]] == [WAIT_CELLS["pool"][0]] * (last - first + 1)
+    assert [c[0] for c in cells[first - 1 : last]] == [WAIT_CELLS["pool"][0]] * (last - first + 1)
     admitted = next(s for s, _ in track.admissions)
-    assert admitted == last + 1                            # it waited until the step it got in
+    assert admitted == last + 1  # it waited until the step it got in
 
 
 def record(eng: ContinuousEngine, steps: int | None = None) -> tuple[dict, list[dict]]:
@@ -64,8 +72,13 @@ def record(eng: ContinuousEngine, steps: int | None = None) -> tuple[dict, list[
     records = []
     while eng.has_work():
         eng.step()
-        records.append({"step": eng.steps, "snap": enc.encode(eng.snapshot()),
-                        "life": [encode_event(e) for e in eng.pop_lifecycle()]})
+        records.append(
+            {
+                "step": eng.steps,
+                "snap": enc.encode(eng.snapshot()),
+                "life": [encode_event(e) for e in eng.pop_lifecycle()],
+            }
+        )
     return header, records
 
 
@@ -82,8 +95,11 @@ def test_recordings_and_the_perfetto_export_carry_the_reasons_and_each_steps_bat
     dec = SnapshotDecoder(header)
     first = dec.apply(records[0]["snap"])
     v = first.request(b)
-    assert (v.wait, v.wait_detail) == (want.request(b).wait, want.request(b).wait_detail) == (
-        "pool", "KV pool full: needs 3 blocks, 0 free")
+    assert (
+        (v.wait, v.wait_detail)
+        == (want.request(b).wait, want.request(b).wait_detail)
+        == ("pool", "KV pool full: needs 3 blocks, 0 free")
+    )
     assert first.batch == want.batch == ((0, 18),)
     assert header["engine"]["policy"] == "fcfs"
     trace = perfetto_trace(header, records)["traceEvents"]
@@ -95,11 +111,21 @@ def test_recordings_and_the_perfetto_export_carry_the_reasons_and_each_steps_bat
 
 def waiting_app(policy: str = "fcfs") -> TinyLLMApp:
     model, tok = bundled()
-    eng = ContinuousEngine(model, 2, 128, kv="paged", block_size=8, kv_blocks=16, chunked_prefill=True,
-                           max_batched_tokens=16, generator=torch.Generator().manual_seed(0),
-                           scheduling_policy=policy)
-    app = TinyLLMApp(EngineRunner(eng, tok, paused=True), tok, model_name="test",
-                     settings=RequestSettings(Sampling(), 20))
+    eng = ContinuousEngine(
+        model,
+        2,
+        128,
+        kv="paged",
+        block_size=8,
+        kv_blocks=16,
+        chunked_prefill=True,
+        max_batched_tokens=16,
+        generator=torch.Generator().manual_seed(0),
+        scheduling_policy=policy,
+    )
+    app = TinyLLMApp(
+        EngineRunner(eng, tok, paused=True), tok, model_name="test", settings=RequestSettings(Sampling(), 20)
+    )
     _watch(app)
     return app
 
@@ -107,7 +133,7 @@ def waiting_app(policy: str = "fcfs") -> TinyLLMApp:
 async def test_the_pane_says_why_the_selected_request_waits_and_the_status_names_the_policy():
     app = waiting_app("shortest-first")
     async with app.run_test(size=(120, 40)) as pilot:
-        long = await submit(pilot, "ROMEO:\n" * 12)          # the longest job: both short ones go first
+        long = await submit(pilot, "ROMEO:\n" * 12)  # the longest job: both short ones go first
         await submit(pilot, "JULIET:\n")
         await submit(pilot, "HAMLET:\n")
         await step(pilot, 1)
@@ -118,7 +144,10 @@ async def test_the_pane_says_why_the_selected_request_waits_and_the_status_names
         assert "shortest-first" in app.query_one("#status").text.plain
         waiting = snap.request(long)
         assert (waiting.state, waiting.wait, waiting.wait_detail) == (
-            "queued", "slots", "all 2 slots busy (max running sequences: 2)")
+            "queued",
+            "slots",
+            "all 2 slots busy (max running sequences: 2)",
+        )
         app.select(waiting.rid)
         app.refresh_from_runner(force=True)
         await pilot.pause()
@@ -135,13 +164,24 @@ async def test_the_pane_says_why_the_selected_request_waits_and_the_status_names
 
 async def test_the_event_log_says_when_a_request_starts_waiting_for_the_pool():
     model, tok = bundled()
-    eng = ContinuousEngine(model, 2, 64, kv="paged", block_size=8, kv_blocks=7, chunked_prefill=True,
-                           max_batched_tokens=64, prefix_cache=False, generator=torch.Generator().manual_seed(0))
-    app = TinyLLMApp(EngineRunner(eng, tok, paused=True), tok, model_name="test",
-                     settings=RequestSettings(Sampling(), 1))
+    eng = ContinuousEngine(
+        model,
+        2,
+        64,
+        kv="paged",
+        block_size=8,
+        kv_blocks=7,
+        chunked_prefill=True,
+        max_batched_tokens=64,
+        prefix_cache=False,
+        generator=torch.Generator().manual_seed(0),
+    )
+    app = TinyLLMApp(
+        EngineRunner(eng, tok, paused=True), tok, model_name="test", settings=RequestSettings(Sampling(), 1)
+    )
     _watch(app)
     async with app.run_test(size=(120, 40)) as pilot:
-        await submit(pilot, "ROMEO:\n" * 11)                # 55 tokens: all 7 blocks of 8
+        await submit(pilot, "ROMEO:\n" * 11)  # 55 tokens: all 7 blocks of 8
         b = await submit(pilot, "JULIET:\n" * 4)
         await step(pilot, 1)
         app.refresh_from_runner(force=True)
@@ -150,13 +190,13 @@ async def test_the_event_log_says_when_a_request_starts_waiting_for_the_pool():
         assert v.wait == "pool"
         log = [e.text for e in app.query_one(EventLog).lines]
         assert f"#{b} waits: {v.wait_detail}" in log
-        await pilot.resize_terminal(100, 40)                # narrower than the line: it wraps, whole
-        line = f"{0:>6} #{b} waits: {v.wait_detail}"                # (the step column, then its text)
+        await pilot.resize_terminal(100, 40)  # narrower than the line: it wraps, whole
+        line = f"{0:>6} #{b} waits: {v.wait_detail}"  # (the step column, then its text)
         await until(pilot, lambda: 0 < app.query_one(EventLog).content_region.width < len(line), what="the resize")
         await pilot.pause()
         log = app.query_one(EventLog)
         options = app.console.options.update_width(log.content_region.width)
-        drawn = app.console.render_lines(log.render(), options, pad=False)    # as the screen draws it
+        drawn = app.console.render_lines(log.render(), options, pad=False)  # as the screen draws it
         shown = " ".join("".join(seg.text for seg in line).strip() for line in drawn).split()
         shown = " ".join(shown)
         assert f"#{b} waits: {v.wait_detail}" in shown and "…" not in shown
@@ -168,8 +208,9 @@ SLOTS = 1
 @pytest.fixture(scope="module")
 def server():
     model, tok = bundled()
-    s = ServerThread(create_app(EngineLoop(build_engine(model, slots=SLOTS, scheduling_policy="priority")), tok,
-                                "m")).start()
+    s = ServerThread(
+        create_app(EngineLoop(build_engine(model, slots=SLOTS, scheduling_policy="priority")), tok, "m")
+    ).start()
     yield s
     s.stop()
 
@@ -184,12 +225,14 @@ def test_the_server_takes_priority_and_user_and_counts_waits_in_its_stream(serve
                 seen.append(json.loads(line))
                 if done.is_set():
                     return
+
     t = threading.Thread(target=watch, daemon=True)
     t.start()
     time.sleep(0.3)
     body = {"prompt": "ROMEO:", "max_tokens": 30, "ignore_eos": True}
-    with concurrent_posts(server.url, [dict(body, priority=3, user="batch-job"), dict(body, priority=-1),
-                                       dict(body, priority=-1)]) as results:
+    with concurrent_posts(
+        server.url, [dict(body, priority=3, user="batch-job"), dict(body, priority=-1), dict(body, priority=-1)]
+    ) as results:
         assert all(r.status_code == 200 for r in results)
     done.set()
     t.join(10)
@@ -213,6 +256,7 @@ class concurrent_posts:
     def __enter__(self):
         def post(i, b):
             self.results[i] = httpx.post(self.url + "/v1/completions", json=b, timeout=120)
+
         ts = [threading.Thread(target=post, args=(i, b)) for i, b in enumerate(self.bodies)]
         for t in ts:
             t.start()
@@ -225,8 +269,14 @@ class concurrent_posts:
         return False
 
 
-@pytest.mark.parametrize("value, message", [("high", "priority must be an integer"), (2**40, "priority must be an integer in"),
-                                            (True, "priority must be an integer")])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("high", "priority must be an integer"),
+        (2**40, "priority must be an integer in"),
+        (True, "priority must be an integer"),
+    ],
+)
 def test_a_bad_priority_is_a_400_naming_it(server, value, message):
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "A", "max_tokens": 2, "priority": value}, timeout=30)
     assert r.status_code == 400
@@ -236,6 +286,7 @@ def test_a_bad_priority_is_a_400_naming_it(server, value, message):
 
 def test_a_long_or_odd_user_is_a_stable_tenant_and_an_api_key_is_one_too(server):
     from tinyllm.serve.protocol import api_key_tenant, tenant_of
+
     assert tenant_of("x" * 500, "user") == tenant_of("x" * 500, "user") != tenant_of("y" * 500, "user")
     assert len(tenant_of("x" * 500, "user")) <= 64 and tenant_of("a\nb", "user").startswith("user:")
     assert api_key_tenant("Bearer sk-123") == api_key_tenant("Bearer sk-123") != api_key_tenant("Bearer sk-456")

@@ -31,6 +31,7 @@ def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module 'tinyllm' has no attribute {name!r}")
     import importlib
+
     return getattr(importlib.import_module(_EXPORTS[name]), name)
 
 

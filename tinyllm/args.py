@@ -23,15 +23,21 @@ class OneLineParser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
-    def error(self, message: str) -> None:                  # argparse prints usage + 2 lines by default
+    def error(self, message: str) -> None:  # argparse prints usage + 2 lines by default
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
 # The engine's parameter names and the command-line options that set them (the same on the app,
 # the server and the race): an engine's refusal is reworded with the options a user typed.
-ENGINE_OPTIONS = (("kv_memory_mib", "--kv-memory"), ("max_num_seqs", "--max-num-seqs"), ("n_slots", "--slots"),
-                  ("max_len", "--max-len"), ("kv_blocks", "--kv-blocks"), ("block_size", "--block-size"),
-                  ("max_batched_tokens", "--max-batched-tokens"))
+ENGINE_OPTIONS = (
+    ("kv_memory_mib", "--kv-memory"),
+    ("max_num_seqs", "--max-num-seqs"),
+    ("n_slots", "--slots"),
+    ("max_len", "--max-len"),
+    ("kv_blocks", "--kv-blocks"),
+    ("block_size", "--block-size"),
+    ("max_batched_tokens", "--max-batched-tokens"),
+)
 
 
 def option_names(message: str, *first: tuple[str, str]) -> str:
@@ -57,8 +63,10 @@ def checked(s: str, kind, ok, expected: str):
 
 
 # --slots beside --kv-memory was ignored (the budget sizes the cache): every command refuses it in these words.
-SLOTS_WITH_KV_MEMORY = ("--slots is the number of sequences without a KV budget: with --kv-memory the budget sizes "
-                        "the cache and --max-num-seqs caps the running sequences (default 64); drop --slots")
+SLOTS_WITH_KV_MEMORY = (
+    "--slots is the number of sequences without a KV budget: with --kv-memory the budget sizes "
+    "the cache and --max-num-seqs caps the running sequences (default 64); drop --slots"
+)
 
 
 def positive_int(s: str) -> int:
@@ -105,14 +113,21 @@ def check_device(parser: argparse.ArgumentParser, device: str | None) -> None:
 def add_policy_arg(p: argparse.ArgumentParser) -> None:
     """``--scheduling-policy`` (vLLM's option name), the same for the app, bench and server."""
     from tinyllm.request import SCHEDULING_POLICIES
-    p.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs", metavar="POLICY",
-                   help=f"the waiting queue's order: {', '.join(SCHEDULING_POLICIES)} (default fcfs; priority: "
-                        "lower first, may preempt; fair: shares the token budget between tenants)")
+
+    p.add_argument(
+        "--scheduling-policy",
+        choices=SCHEDULING_POLICIES,
+        default="fcfs",
+        metavar="POLICY",
+        help=f"the waiting queue's order: {', '.join(SCHEDULING_POLICIES)} (default fcfs; priority: "
+        "lower first, may preempt; fair: shares the token budget between tenants)",
+    )
 
 
 def kv_dtype_arg(s: str) -> str:
     """--kv-cache-dtype: auto, float32 or bfloat16 (fp32, bf16: the screen's short names)."""
     from tinyllm.request import kv_dtype_name
+
     name = kv_dtype_name(s)
     if name is None:
         raise argparse.ArgumentTypeError(f"expected auto, float32 or bfloat16 (fp32, bf16), got {s!r}")
@@ -121,7 +136,12 @@ def kv_dtype_arg(s: str) -> str:
 
 def add_kv_dtype_arg(p: argparse.ArgumentParser) -> None:
     """``--kv-cache-dtype`` (vLLM's option name), the same for the app, bench, race and server."""
-    p.add_argument("--kv-cache-dtype", type=kv_dtype_arg, default="auto", metavar="DTYPE",
-                   help="the KV cache's element type: auto (the model's: float32 on CPU), float32, or bfloat16 "
-                        "(half the KV memory per token: twice the sequences a --kv-memory budget buys, half the "
-                        "bytes attention reads; greedy text can differ from float32's)")
+    p.add_argument(
+        "--kv-cache-dtype",
+        type=kv_dtype_arg,
+        default="auto",
+        metavar="DTYPE",
+        help="the KV cache's element type: auto (the model's: float32 on CPU), float32, or bfloat16 "
+        "(half the KV memory per token: twice the sequences a --kv-memory budget buys, half the "
+        "bytes attention reads; greedy text can differ from float32's)",
+    )

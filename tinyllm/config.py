@@ -23,16 +23,22 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from tinyllm.request import (DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, KV_CACHE_DTYPES,
-                             SCHEDULING_POLICIES, is_int)
+from tinyllm.request import (
+    DEFAULT_MAX_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    KV_CACHE_DTYPES,
+    SCHEDULING_POLICIES,
+    is_int,
+)
 
-DEFAULT_SLOTS = 8            # the cap on running sequences without a KV budget (each holds a slot)
-DEFAULT_BLOCK_SIZE = 16      # tokens per KV block (paged)
-DEFAULT_THREADS = 2          # torch CPU threads for a command's engine
+DEFAULT_SLOTS = 8  # the cap on running sequences without a KV budget (each holds a slot)
+DEFAULT_BLOCK_SIZE = 16  # tokens per KV block (paged)
+DEFAULT_THREADS = 2  # torch CPU threads for a command's engine
 
 
 class KVLayout(str, enum.Enum):
     """How the KV cache is stored: a slot of ``max_len`` per sequence, or a pool of blocks."""
+
     SLOTS = "slots"
     PAGED = "paged"
 
@@ -94,14 +100,15 @@ class EngineConfig:
         if self.max_len is not None and (not is_int(self.max_len) or self.max_len < 2):
             raise ValueError(f"max_len must be an integer >= 2, got {self.max_len!r}")
         mib = self.kv_memory_mib
-        if mib is not None and (isinstance(mib, bool) or not isinstance(mib, (int, float))
-                                or not 0 < mib < float("inf")):
+        if mib is not None and (
+            isinstance(mib, bool) or not isinstance(mib, (int, float)) or not 0 < mib < float("inf")
+        ):
             raise ValueError(f"kv_memory_mib must be a number of MiB > 0, got {mib!r}")
         _positive_int("kv_blocks", self.kv_blocks)
         _positive_int("block_size", self.block_size, allow_none=False)
         if mib is not None and self.kv_blocks is not None:
             raise ValueError("give kv_memory_mib or kv_blocks, not both (the budget sizes the pool)")
-        if self.kv != KVLayout.PAGED.value:             # settings of a block pool, refused for slots
+        if self.kv != KVLayout.PAGED.value:  # settings of a block pool, refused for slots
             if self.kv_blocks is not None:
                 raise ValueError("kv_blocks needs kv='paged' (the slot cache has no blocks)")
             if self.block_size != DEFAULT_BLOCK_SIZE:
@@ -113,18 +120,24 @@ class EngineConfig:
         if self.max_batched_tokens is not None and not self.chunked_prefill:
             raise ValueError("max_batched_tokens is the token-budget scheduler's: it needs chunked_prefill=True")
         if self.max_batched_tokens is not None and (not is_int(self.max_batched_tokens) or self.max_batched_tokens < 1):
-            raise ValueError(f"max_batched_tokens (the token budget per step) must be an integer >= 1, "
-                             f"got {self.max_batched_tokens!r}")
+            raise ValueError(
+                f"max_batched_tokens (the token budget per step) must be an integer >= 1, "
+                f"got {self.max_batched_tokens!r}"
+            )
         if self.prefix_cache is not None and not isinstance(self.prefix_cache, bool):
-            raise ValueError(f"prefix_cache must be True, False or None (on with chunked prefill), got {self.prefix_cache!r}")
+            raise ValueError(
+                f"prefix_cache must be True, False or None (on with chunked prefill), got {self.prefix_cache!r}"
+            )
         if self.prefix_cache and not self.chunked_prefill:
             raise ValueError("prefix_cache needs chunked_prefill=True (the token-budget scheduler looks prefixes up)")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
-            raise ValueError(f"scheduling policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
-                             f"got {self.scheduling_policy!r}")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:      # (command lines take fp32/bf16 too: args.py)
-            raise ValueError(f"kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, "
-                             f"got {self.kv_cache_dtype!r}")
+            raise ValueError(
+                f"scheduling policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {self.scheduling_policy!r}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:  # (command lines take fp32/bf16 too: args.py)
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, got {self.kv_cache_dtype!r}"
+            )
         if not isinstance(self.cuda_graph, bool):
             raise ValueError(f"cuda_graph must be True or False, got {self.cuda_graph!r}")
         if self.cuda_graph and self.kv != KVLayout.SLOTS.value:
@@ -132,8 +145,9 @@ class EngineConfig:
         if self.buckets is not None and not self.cuda_graph:
             raise ValueError("buckets are cuda_graph's attention windows: give cuda_graph=True with them")
         device = self.device
-        if device is not None and (not isinstance(device, str)
-                                   or not (device in ("cpu", "cuda") or device.startswith("cuda:"))):
+        if device is not None and (
+            not isinstance(device, str) or not (device in ("cpu", "cuda") or device.startswith("cuda:"))
+        ):
             raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}")
         _positive_int("threads", self.threads)
         if self.seed is not None and not is_int(self.seed):
@@ -196,8 +210,9 @@ class EngineConfig:
         """The config ``as_dict`` wrote; an unknown name is refused, naming the settings."""
         unknown = sorted(set(values) - set(cls.settings()))
         if unknown:
-            raise ValueError(f"unknown engine setting(s) {', '.join(unknown)}; "
-                             f"the settings are {', '.join(cls.settings())}")
+            raise ValueError(
+                f"unknown engine setting(s) {', '.join(unknown)}; the settings are {', '.join(cls.settings())}"
+            )
         values = dict(values)
         if values.get("buckets") is not None:
             values["buckets"] = tuple(values["buckets"])
@@ -207,4 +222,5 @@ class EngineConfig:
     def from_args(cls, args: Any, **overrides: Any) -> EngineConfig:
         """The config a command line asked for (options added by ``tinyllm.args.add_engine_args``)."""
         from tinyllm.args import engine_settings_from_args
+
         return cls(**{**engine_settings_from_args(args), **overrides})

@@ -23,12 +23,26 @@ from tinyllm.request import MAX_N, RequestSettings, Sampling, SamplingError, Tok
 from tinyllm.stops import StopText
 
 
-def SamplingParams(*, n: int = 1, max_tokens: int = 16, temperature: float = 1.0, top_p: float = 1.0,  # noqa: N802
-                   top_k: int = 0, min_p: float = 0.0, presence_penalty: float = 0.0,
-                   frequency_penalty: float = 0.0, repetition_penalty: float = 1.0, seed: int | None = None,
-                   stop: str | Sequence[str] = (), stop_token_ids: Sequence[int] = (), ignore_eos: bool = False,
-                   min_tokens: int = 0, logprobs: int | None = None, priority: int = 0,
-                   tenant: str = "") -> RequestSettings:
+def SamplingParams(
+    *,
+    n: int = 1,
+    max_tokens: int = 16,
+    temperature: float = 1.0,
+    top_p: float = 1.0,  # noqa: N802
+    top_k: int = 0,
+    min_p: float = 0.0,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    repetition_penalty: float = 1.0,
+    seed: int | None = None,
+    stop: str | Sequence[str] = (),
+    stop_token_ids: Sequence[int] = (),
+    ignore_eos: bool = False,
+    min_tokens: int = 0,
+    logprobs: int | None = None,
+    priority: int = 0,
+    tenant: str = "",
+) -> RequestSettings:
     """Every per-request setting, by vLLM's ``SamplingParams`` names and defaults (``max_tokens``
     16, ``temperature`` 1.0; ``top_k`` 0 or -1 and ``top_p`` 1.0 mean off). Returns the engine's
     one settings object, ``RequestSettings``, which the server, the app's settings dialog and
@@ -39,22 +53,32 @@ def SamplingParams(*, n: int = 1, max_tokens: int = 16, temperature: float = 1.0
         raise SamplingError("top_k", f"top_k must be an integer >= 1, or 0 / -1 for no limit, got {top_k!r}")
     if not isinstance(ignore_eos, bool):
         raise SamplingError("ignore_eos", f"ignore_eos must be True or False, got {ignore_eos!r}")
-    sampling = Sampling(temperature, top_k if top_k > 0 else None, None if top_p == 1.0 else top_p, min_p,
-                        presence_penalty, frequency_penalty, repetition_penalty, seed)
+    sampling = Sampling(
+        temperature,
+        top_k if top_k > 0 else None,
+        None if top_p == 1.0 else top_p,
+        min_p,
+        presence_penalty,
+        frequency_penalty,
+        repetition_penalty,
+        seed,
+    )
     stop_ids = tuple(stop_token_ids) if isinstance(stop_token_ids, (list, tuple)) else stop_token_ids
-    return RequestSettings(sampling, max_tokens, not ignore_eos, priority, tenant, stop, stop_ids, min_tokens,
-                           logprobs, n)
+    return RequestSettings(
+        sampling, max_tokens, not ignore_eos, priority, tenant, stop, stop_ids, min_tokens, logprobs, n
+    )
 
 
 @dataclass(frozen=True)
 class Completion:
     """One sample of a prompt (vLLM's ``CompletionOutput``)."""
-    index: int                                  # which of the prompt's n samples
-    text: str                                   # detokenized, stop string excluded
+
+    index: int  # which of the prompt's n samples
+    text: str  # detokenized, stop string excluded
     token_ids: tuple[int, ...]
-    finish_reason: str                          # "stop" (EOS, a stop token or string), "length", "abort", "error"
-    stop_reason: str | int | None = None        # the stop string or token id that ended it
-    logprobs: tuple[TokenLogprob, ...] | None = None   # with SamplingParams(logprobs=k)
+    finish_reason: str  # "stop" (EOS, a stop token or string), "length", "abort", "error"
+    stop_reason: str | int | None = None  # the stop string or token id that ended it
+    logprobs: tuple[TokenLogprob, ...] | None = None  # with SamplingParams(logprobs=k)
     ttft_s: float = float("nan")
     latency_s: float = float("nan")
 
@@ -63,7 +87,8 @@ class Completion:
 class Generation:
     """A prompt and its samples (vLLM's ``RequestOutput``); ``text``, ``token_ids``,
     ``finish_reason`` and ``logprobs`` are the first sample's."""
-    prompt: str | None                          # None when the prompt was given as token ids
+
+    prompt: str | None  # None when the prompt was given as token ids
     prompt_token_ids: tuple[int, ...]
     outputs: tuple[Completion, ...]
 
@@ -88,6 +113,7 @@ class Generation:
 class Delta:
     """A streamed piece: ``text`` new for sample ``index`` of prompt ``prompt``; the last piece
     of a sample carries its ``finish_reason``."""
+
     prompt: int
     index: int
     text: str
@@ -113,11 +139,19 @@ class LLM:
     settings: the engine's (EngineConfig; default ``EngineConfig.best()``: paged KV, the token
     budget with chunked prefill, prefix caching). Not thread-safe, as the engine."""
 
-    def __init__(self, model: Any = None, *, tokenizer: Any = None, device: str | None = None,
-                 config: EngineConfig | None = None, **settings: Any):
+    def __init__(
+        self,
+        model: Any = None,
+        *,
+        tokenizer: Any = None,
+        device: str | None = None,
+        config: EngineConfig | None = None,
+        **settings: Any,
+    ):
         from tinyllm.engine import ContinuousEngine
         from tinyllm.model.checkpoint import BUNDLED_MODEL, load_checkpoint
         from tinyllm.model.device import resolve_device
+
         config = (config or EngineConfig.best()).replace(**settings) if settings else (config or EngineConfig.best())
         if model is None or isinstance(model, (str, Path)):
             model_dir = Path(model) if model is not None else BUNDLED_MODEL
@@ -132,8 +166,9 @@ class LLM:
             self.eos_ids = (eos, *self.eos_ids)
         self.engine = ContinuousEngine(model, config=config)
 
-    def generate(self, prompts: Any, sampling: RequestSettings | Sequence[RequestSettings] | None = None, *,
-                 stream: bool = False) -> list[Generation] | Iterator[Delta]:
+    def generate(
+        self, prompts: Any, sampling: RequestSettings | Sequence[RequestSettings] | None = None, *, stream: bool = False
+    ) -> list[Generation] | Iterator[Delta]:
         """Generate for ``prompts``: a string, a list of strings, a list of token ids (one
         prompt), a list of such lists, or a NumPy / torch integer array (1-D: one prompt, 2-D:
         one per row). ``sampling``: one SamplingParams for all, or one per prompt (default
@@ -148,10 +183,11 @@ class LLM:
 
     # -- internals -------------------------------------------------------------------------
     def _prompts(self, prompts: Any) -> list[tuple[str | None, list[int]]]:
-        if hasattr(prompts, "tolist") and not isinstance(prompts, (str, list, tuple)):   # NumPy, torch
+        if hasattr(prompts, "tolist") and not isinstance(prompts, (str, list, tuple)):  # NumPy, torch
             prompts = prompts.tolist()
-        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
-                                        and all(is_int(t) for t in prompts)):
+        if isinstance(prompts, str) or (
+            isinstance(prompts, (list, tuple)) and prompts and all(is_int(t) for t in prompts)
+        ):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError(f"prompts must be a string, token ids, or a non-empty list of them, got {prompts!r:.60}")
@@ -169,8 +205,9 @@ class LLM:
             elif isinstance(p, (list, tuple)) and p and all(is_int(t) and t >= 0 for t in p):
                 out.append((None, list(p)))
             else:
-                raise ValueError(f"prompt {i} must be a string or a non-empty list of token ids (integers >= 0), "
-                                 f"got {p!r:.60}")
+                raise ValueError(
+                    f"prompt {i} must be a string or a non-empty list of token ids (integers >= 0), got {p!r:.60}"
+                )
         return out
 
     @staticmethod
@@ -179,8 +216,11 @@ class LLM:
             return [SamplingParams()] * n
         if isinstance(sampling, RequestSettings):
             return [sampling] * n
-        if isinstance(sampling, (list, tuple)) and len(sampling) == n and all(
-                isinstance(s, RequestSettings) for s in sampling):
+        if (
+            isinstance(sampling, (list, tuple))
+            and len(sampling) == n
+            and all(isinstance(s, RequestSettings) for s in sampling)
+        ):
             return list(sampling)
         raise ValueError(f"sampling must be one SamplingParams or one per prompt ({n}), got {sampling!r:.80}")
 
@@ -198,7 +238,7 @@ class LLM:
             for i, ((_, ids), s) in enumerate(zip(items, settings)):
                 extra = tuple(t for t in self.eos_ids[1:] if t not in s.stop_token_ids) if s.stop_at_eos else ()
                 req = s.request(ids, eos)
-                if extra:                          # the checkpoint's other end-of-text ids end it too
+                if extra:  # the checkpoint's other end-of-text ids end it too
                     req = replace(req, stop_token_ids=(*req.stop_token_ids, *extra))
                 try:
                     added = eng.add_forks(req, s.n) if s.n > 1 else [eng.add_request(req)]
@@ -212,7 +252,7 @@ class LLM:
                     if self.tokenizer is not None:
                         texts[rid] = StopText(self.tokenizer.stream(skip_special_tokens=True), s.stop, s.min_tokens)
             yield from self._step_until_ended(open_, texts, pieces, where)
-        finally:           # a bad prompt or a stream closed early: what was added ends, nothing left behind
+        finally:  # a bad prompt or a stream closed early: what was added ends, nothing left behind
             if open_:
                 for rid in open_:
                     eng.abort(rid)
@@ -231,13 +271,21 @@ class LLM:
                     stop_reason = r.tokens[-1]
                 reason = {"eos": "stop"}.get(r.finish_reason, r.finish_reason)
                 logprobs = r.logprobs if settings[len(out)].logprobs is not None else None
-                samples.append(Completion(j, "".join(pieces[rid]), tuple(r.tokens), reason, stop_reason, logprobs,
-                                          r.ttft_s, r.latency_s))
+                samples.append(
+                    Completion(
+                        j, "".join(pieces[rid]), tuple(r.tokens), reason, stop_reason, logprobs, r.ttft_s, r.latency_s
+                    )
+                )
             out.append(Generation(prompt, tuple(ids), tuple(samples)))
         yield out
 
-    def _step_until_ended(self, open_: set[int], texts: dict[int, StopText], pieces: dict[int, list[str]],
-                          where: dict[int, tuple[int, int]]) -> Iterator[Delta]:
+    def _step_until_ended(
+        self,
+        open_: set[int],
+        texts: dict[int, StopText],
+        pieces: dict[int, list[str]],
+        where: dict[int, tuple[int, int]],
+    ) -> Iterator[Delta]:
         """Step the engine until every request in ``open_`` has ended, yielding each new piece of
         text; a stop string found in a request's text ends it in the engine at once."""
         eng = self.engine
@@ -262,7 +310,7 @@ class LLM:
                     reason = "length" if ev.reason == "length" and not stopped else "stop"
                 if piece or done:
                     yield Delta(i, j, piece, ev.token, reason)
-            for rid in [r for r in open_ if r in eng.results]:          # aborted or failed elsewhere
+            for rid in [r for r in open_ if r in eng.results]:  # aborted or failed elsewhere
                 open_.discard(rid)
                 i, j = where[rid]
                 yield Delta(i, j, "", None, eng.results[rid].finish_reason)

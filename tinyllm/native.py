@@ -50,25 +50,32 @@ from torch import Tensor
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
-FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno",
-         "-fno-trapping-math",          # (no FP exceptions looked at: lets GCC vectorize exp's clamp)
-         "-ffp-contract=fast"]          # a*b+c fused wherever it appears (GCC's default; clang's fuses less):
-                                        # linear.c's row tiles of every height then round alike
+FLAGS = [
+    "-O3",
+    "-fPIC",
+    "-shared",
+    "-fopenmp-simd",
+    "-fno-math-errno",
+    "-fno-trapping-math",  # (no FP exceptions looked at: lets GCC vectorize exp's clamp)
+    "-ffp-contract=fast",
+]  # a*b+c fused wherever it appears (GCC's default; clang's fuses less):
+# linear.c's row tiles of every height then round alike
 
 # Read once (the hot path asks per layer); tests and scripts/attention_ab.py set it directly.
 ENABLED = os.environ.get("TINYLLM_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 _lib: ctypes.CDLL | None = None
 _tried = False
-why_not = ""                         # why the kernels are not in use (for the bench and the log)
+why_not = ""  # why the kernels are not in use (for the bench and the log)
 
 
 def cache_dir() -> Path:
     home = os.path.expanduser("~")
-    if home.startswith("~"):                         # no HOME and no passwd entry: not the working directory
+    if home.startswith("~"):  # no HOME and no passwd entry: not the working directory
         home = tempfile.gettempdir()
     root = os.environ.get("TINYLLM_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"), "tinyllm")
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"), "tinyllm"
+    )
     return Path(root) / "kernels"
 
 
@@ -95,14 +102,21 @@ def _machine_id(cc: str) -> str:
     home, a container image) then never hands a CPU code built for another: that would die with
     an illegal instruction, which no Python code can catch."""
     try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, errors="replace",
-                                 timeout=30).stdout.split("\n")[0]
+        version = subprocess.run(
+            [cc, "--version"], capture_output=True, text=True, errors="replace", timeout=30
+        ).stdout.split("\n")[0]
     except (OSError, subprocess.SubprocessError):
         version = "?"
     flags = ""
     try:
-        flags = next((line for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
-                      if line.startswith(("flags", "Features"))), "")
+        flags = next(
+            (
+                line
+                for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
+                if line.startswith(("flags", "Features"))
+            ),
+            "",
+        )
     except OSError:
         pass
     return " ".join([version, flags or platform.processor(), platform.machine(), sys.platform])
@@ -133,13 +147,18 @@ def _build(cc: str, csrc: Path = CSRC) -> Path:
     try:
         errors = ""
         for extra in ([*openmp, *native], openmp, native, []) if openmp else (native, []):
-            r = subprocess.run([cc, *FLAGS, *defs, *extra, "-I", str(csrc), "-o", tmp, *map(str, sources), "-lm"],
-                               capture_output=True, text=True, errors="replace", timeout=120)
+            r = subprocess.run(
+                [cc, *FLAGS, *defs, *extra, "-I", str(csrc), "-o", tmp, *map(str, sources), "-lm"],
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=120,
+            )
             if r.returncode != 0:
                 errors = r.stderr.strip()[-400:]
                 continue
             try:
-                ctypes.CDLL(tmp)                     # (a library that fails to load is not kept loaded)
+                ctypes.CDLL(tmp)  # (a library that fails to load is not kept loaded)
             except OSError as e:
                 errors = f"built with {' '.join(extra) or 'no extra flags'} but does not load: {e}"[-400:]
                 continue
@@ -153,26 +172,55 @@ def _build(cc: str, csrc: Path = CSRC) -> Path:
 
 class LayerWeights(ctypes.Structure):
     """``decoder_layer.c``'s LayerWeights: one layer's norm weights, packed linear weights and pool."""
-    _fields_ = [(name, ctypes.c_void_p) for name in
-                ("input_norm", "post_attention_norm", "qkv", "o", "gate_up", "down", "k_pool", "v_pool")]
+
+    _fields_ = [
+        (name, ctypes.c_void_p)
+        for name in ("input_norm", "post_attention_norm", "qkv", "o", "gate_up", "down", "k_pool", "v_pool")
+    ]
 
 
 class LayerStep(ctypes.Structure):
     """``decoder_layer.c``'s LayerStep: one forward's shapes, positions, attention plan and scratch."""
-    _fields_ = [*((name, ctypes.c_int64) for name in ("tokens", "d", "H", "Hkv", "D", "F")),
-                ("eps", ctypes.c_float), ("scale", ctypes.c_float),
-                *((name, ctypes.c_void_p) for name in ("pos", "cos", "sin", "write", "tables", "row_table", "lens")),
-                ("table_width", ctypes.c_int64), ("block_size", ctypes.c_int64),
-                *((name, ctypes.c_void_p) for name in ("h", "qkv", "attn", "gate_up", "act")),
-                ("threads", ctypes.c_int), ("kv_bf16", ctypes.c_int)]
+
+    _fields_ = [
+        *((name, ctypes.c_int64) for name in ("tokens", "d", "H", "Hkv", "D", "F")),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        *((name, ctypes.c_void_p) for name in ("pos", "cos", "sin", "write", "tables", "row_table", "lens")),
+        ("table_width", ctypes.c_int64),
+        ("block_size", ctypes.c_int64),
+        *((name, ctypes.c_void_p) for name in ("h", "qkv", "attn", "gate_up", "act")),
+        ("threads", ctypes.c_int),
+        ("kv_bf16", ctypes.c_int),
+    ]
 
 
 def load(path: Path) -> ctypes.CDLL:
     """A built library with its functions' C signatures declared (ctypes converts by them)."""
     lib = ctypes.CDLL(str(path))
     i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-    lib.paged_decode_attention.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, i64,
-                                           i64, i64, i64, i64, i64, f32, ctypes.c_int, ctypes.c_int]
+    lib.paged_decode_attention.argtypes = [
+        ptr,
+        i64,
+        i64,
+        ptr,
+        ptr,
+        ptr,
+        i64,
+        ptr,
+        ptr,
+        ptr,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        f32,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
     lib.paged_decode_attention.restype = ctypes.c_int
     lib.rms_norm.argtypes = [ptr, i64, ptr, ptr, i64, i64, i64, f32]
     lib.rope_inplace.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ptr]
@@ -181,17 +229,32 @@ def load(path: Path) -> ctypes.CDLL:
     lib.silu_mul.argtypes = [ptr, i64, i64, i64, ptr]
     lib.linear_packed.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64, ptr, i64, ctypes.c_int]
     lib.pack_linear_weight.argtypes = [ptr, i64, i64, ptr]
-    lib.decoder_layer.argtypes = [ctypes.POINTER(LayerWeights), ctypes.POINTER(LayerStep), ptr, ptr]   # (what
-    lib.decoder_layer.restype = ctypes.c_int        # older trees call: scripts/step_ab.py python@REF)
-    lib.decoder_layers.argtypes = [ctypes.POINTER(LayerWeights), i64, ctypes.POINTER(LayerStep), ptr, ptr, ptr, ptr,
-                                   f32]
+    lib.decoder_layer.argtypes = [ctypes.POINTER(LayerWeights), ctypes.POINTER(LayerStep), ptr, ptr]  # (what
+    lib.decoder_layer.restype = ctypes.c_int  # older trees call: scripts/step_ab.py python@REF)
+    lib.decoder_layers.argtypes = [
+        ctypes.POINTER(LayerWeights),
+        i64,
+        ctypes.POINTER(LayerStep),
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        f32,
+    ]
     lib.decoder_layers.restype = ctypes.c_int
     lib.first_outside.argtypes = [ptr, i64, i64, i64]
     lib.first_outside.restype = i64
     lib.ragged_rows.argtypes = [ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr]
     lib.ragged_rows.restype = i64
-    for name in ("rms_norm", "rope_inplace", "kv_store", "argmax_rows", "silu_mul", "linear_packed",
-                 "pack_linear_weight"):
+    for name in (
+        "rms_norm",
+        "rope_inplace",
+        "kv_store",
+        "argmax_rows",
+        "silu_mul",
+        "linear_packed",
+        "pack_linear_weight",
+    ):
         getattr(lib, name).restype = None
     return lib
 
@@ -212,7 +275,7 @@ def library() -> ctypes.CDLL | None:
     else:
         try:
             _lib = load(_build(cc))
-        except Exception as e:                     # whatever the toolchain does: PyTorch's path, said why
+        except Exception as e:  # whatever the toolchain does: PyTorch's path, said why
             why_not = f"build failed ({type(e).__name__}: {e})"
     if _lib is None:
         log.info("C kernels not in use, PyTorch runs instead: %s", why_not)
@@ -221,25 +284,40 @@ def library() -> ctypes.CDLL | None:
 
 def describe() -> str:
     """Which kernels a CPU float32 model runs (linear layers, attention, small ops), for the bench's report."""
-    return ("C kernels (csrc/: linear layers, attention, RoPE, RMSNorm, SwiGLU, K/V store, argmax; "
-            "the token-budget engine runs every decoder layer and the final norm in one call)"
-            if library() is not None
-            else f"PyTorch: {why_not}")
+    return (
+        "C kernels (csrc/: linear layers, attention, RoPE, RMSNorm, SwiGLU, K/V store, argmax; "
+        "the token-budget engine runs every decoder layer and the final norm in one call)"
+        if library() is not None
+        else f"PyTorch: {why_not}"
+    )
 
 
-POOL_DTYPES = (torch.float32, torch.bfloat16)     # the K/V pool element types the kernels read and write
+POOL_DTYPES = (torch.float32, torch.bfloat16)  # the K/V pool element types the kernels read and write
 
 
 def usable(q: Tensor, pool: Tensor) -> bool:
     """The kernel can run this attention: CPU, float32 query, a float32 or bfloat16 pool, not
     recording autograd (it has no backward)."""
-    return (q.device.type == "cpu" and pool.device.type == "cpu" and q.dtype == torch.float32
-            and pool.dtype in POOL_DTYPES and not (torch.is_grad_enabled() and q.requires_grad)
-            and library() is not None)
+    return (
+        q.device.type == "cpu"
+        and pool.device.type == "cpu"
+        and q.dtype == torch.float32
+        and pool.dtype in POOL_DTYPES
+        and not (torch.is_grad_enabled() and q.requires_grad)
+        and library() is not None
+    )
 
 
-def check_arguments(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, lens: Tensor, block_size: int,
-                    bounds: bool = True, row_table: Tensor | None = None) -> None:
+def check_arguments(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    tables: Tensor,
+    lens: Tensor,
+    block_size: int,
+    bounds: bool = True,
+    row_table: Tensor | None = None,
+) -> None:
     """Everything the C code trusts, checked here: it reads raw pointers, so a wrong dtype, shape
     or block id would read out of bounds (a crash, or silently wrong attention) instead of raising.
     ``bounds=False`` skips the lengths', block ids' and table numbers' ranges (reductions, ~30 us):
@@ -253,14 +331,22 @@ def check_arguments(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, lens: Tenso
     if tables.dtype != torch.int64 or lens.dtype != torch.int64:
         problems.append(f"int64 tables and lens (got {tables.dtype}, {lens.dtype})")
     if k.dim() != 3 or k.shape != v.shape or k.size(2) != D or H % k.size(1):
-        problems.append(f"k, v of shape (tokens, Hkv, {D}) with Hkv dividing {H} (got {tuple(k.shape)}, {tuple(v.shape)})")
+        problems.append(
+            f"k, v of shape (tokens, Hkv, {D}) with Hkv dividing {H} (got {tuple(k.shape)}, {tuple(v.shape)})"
+        )
     if not (k.is_contiguous() and v.is_contiguous() and tables.is_contiguous() and lens.is_contiguous()):
         problems.append("contiguous pool, tables and lens")
-    if row_table is not None and (row_table.dtype != torch.int64 or row_table.shape != (rows,)
-                                  or not (row_table.is_cpu and row_table.is_contiguous())):
+    if row_table is not None and (
+        row_table.dtype != torch.int64
+        or row_table.shape != (rows,)
+        or not (row_table.is_cpu and row_table.is_contiguous())
+    ):
         problems.append(f"a contiguous int64 row_table ({rows},) on the CPU")
-    elif (tables.dim() != 2 or (tables.size(0) != rows if row_table is None else rows and not tables.size(0))
-          or lens.shape != (rows,)):
+    elif (
+        tables.dim() != 2
+        or (tables.size(0) != rows if row_table is None else rows and not tables.size(0))
+        or lens.shape != (rows,)
+    ):
         problems.append(f"tables ({rows if row_table is None else 'n'}, width) and lens ({rows},)")
     elif rows and bounds:
         problems += plan_range_problems(tables, lens, row_table, k.size(0) // block_size, block_size)
@@ -271,8 +357,9 @@ def check_arguments(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, lens: Tenso
 _ATTENTION_NEEDS = "paged decode attention needs "
 
 
-def plan_range_problems(tables: Tensor, lens: Tensor, row_table: Tensor | None, n_blocks: int,
-                        block_size: int) -> list[str]:
+def plan_range_problems(
+    tables: Tensor, lens: Tensor, row_table: Tensor | None, n_blocks: int, block_size: int
+) -> list[str]:
     """What is out of range in an attention plan (non-empty, shapes already checked): lengths
     past the tables' width, block ids past the pool, table numbers past the tables."""
     if not in_range(lens, 1, tables.size(1) * block_size):
@@ -300,8 +387,16 @@ def in_range(ix: Tensor, lo: int, hi: int) -> bool:
     return not ix.numel() or (int(ix.min()) >= lo and int(ix.max()) <= hi)
 
 
-def decode_attention(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, lens: Tensor,
-                     block_size: int, bounds_checked: bool = False, row_table: Tensor | None = None) -> Tensor:
+def decode_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    tables: Tensor,
+    lens: Tensor,
+    block_size: int,
+    bounds_checked: bool = False,
+    row_table: Tensor | None = None,
+) -> Tensor:
     """Attention over a paged pool, read in place, one query token per row: a decode row, or one
     token of a prefill chunk (the chunk's tokens share their sequence's table, with lengths
     start+1 .. start+n: causal attention).
@@ -320,11 +415,28 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, lens: Tens
     if q.stride(-1) != 1:
         q = q.contiguous()
     out = torch.empty(rows, H, D, dtype=q.dtype, device=q.device)
-    rc = library().paged_decode_attention(q.data_ptr(), q.stride(1), q.stride(0), k.data_ptr(), v.data_ptr(),
-                  tables.data_ptr(), tables.size(1), None if row_table is None else row_table.data_ptr(),
-                  lens.data_ptr(),
-                  out.data_ptr(), out.stride(0), out.stride(1),
-                  rows, H, k.size(1), D, block_size, D ** -0.5, torch.get_num_threads(), k.dtype == torch.bfloat16)
+    rc = library().paged_decode_attention(
+        q.data_ptr(),
+        q.stride(1),
+        q.stride(0),
+        k.data_ptr(),
+        v.data_ptr(),
+        tables.data_ptr(),
+        tables.size(1),
+        None if row_table is None else row_table.data_ptr(),
+        lens.data_ptr(),
+        out.data_ptr(),
+        out.stride(0),
+        out.stride(1),
+        rows,
+        H,
+        k.size(1),
+        D,
+        block_size,
+        D**-0.5,
+        torch.get_num_threads(),
+        k.dtype == torch.bfloat16,
+    )
     _raise_for(rc)
     return out.transpose(0, 1)
 
@@ -332,8 +444,12 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, tables: Tensor, lens: Tens
 def _raise_for(rc: int) -> None:
     """The attention kernel's return code as an error (0: none)."""
     if rc != 0:
-        raise RuntimeError({1: "paged attention kernel: out of memory for its scores",
-                            3: "paged attention kernel: unsupported head layout"}.get(rc, f"kernel error {rc}"))
+        raise RuntimeError(
+            {
+                1: "paged attention kernel: out of memory for its scores",
+                3: "paged attention kernel: unsupported head layout",
+            }.get(rc, f"kernel error {rc}")
+        )
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor | None:
@@ -342,8 +458,13 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor | None:
     Called twice per layer and step: the checks are the cheap ones (~10 us here; each reshape,
     view or device object would add microseconds to a pass that itself takes a few)."""
     lib = library()
-    if (lib is None or not (x.is_cpu and weight.is_cpu) or x.dtype != torch.float32
-            or weight.dtype != torch.float32 or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+    if (
+        lib is None
+        or not (x.is_cpu and weight.is_cpu)
+        or x.dtype != torch.float32
+        or weight.dtype != torch.float32
+        or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+    ):
         return None
     D = x.shape[-1]
     if D == 0 or weight.shape != (D,) or not weight.is_contiguous():
@@ -358,12 +479,17 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor | None:
 def _plain(*ts: Tensor, dtypes: tuple[torch.dtype, ...] = (torch.float32,)) -> bool:
     """CPU tensors of ``dtypes`` (float32) autograd is not recording: what the small kernels take."""
     grad = torch.is_grad_enabled()
-    return all(t.is_cpu and t.dtype in dtypes and not (grad and t.requires_grad)
-               and t.layout == torch.strided and not t._is_zerotensor() for t in ts)   # real memory to read
+    return all(
+        t.is_cpu
+        and t.dtype in dtypes
+        and not (grad and t.requires_grad)
+        and t.layout == torch.strided
+        and not t._is_zerotensor()
+        for t in ts
+    )  # real memory to read
 
 
-def rope_(heads: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, n_rotated: int,
-          bounds_checked: bool = False) -> bool:
+def rope_(heads: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, n_rotated: int, bounds_checked: bool = False) -> bool:
     """The rotary embedding, in place, on the first ``n_rotated`` heads of each token of ``heads``
     (B, T, heads, D), head dim contiguous (the fused qkv projection's output viewed by head: q and
     k rotate, v does not); ``pos`` (B, T) int64 rows of the (max_len, D) tables ``cos``/``sin``.
@@ -373,42 +499,73 @@ def rope_(heads: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, n_rotated: int,
     if lib is None or heads.dim() != 4 or not _plain(heads, cos, sin):
         return False
     B, T, n_heads, D = heads.shape
-    if pos.dim() == 2 and not pos.is_contiguous():                  # e.g. arange(T).expand(B, T)
+    if pos.dim() == 2 and not pos.is_contiguous():  # e.g. arange(T).expand(B, T)
         pos = pos.contiguous()
-    if (D % 2 or not 0 <= n_rotated <= n_heads or heads.stride(3) != 1 or heads.stride(2) != D
-            or heads.stride(0) != T * heads.stride(1) or (B * T > 1 and heads.stride(1) < n_heads * D)
-            or pos.shape != (B, T) or pos.dtype != torch.int64
-            or not (pos.is_cpu and pos.is_contiguous() and cos.is_contiguous() and sin.is_contiguous())
-            or cos.dim() != 2 or cos.shape != sin.shape or cos.size(1) != D):
+    if (
+        D % 2
+        or not 0 <= n_rotated <= n_heads
+        or heads.stride(3) != 1
+        or heads.stride(2) != D
+        or heads.stride(0) != T * heads.stride(1)
+        or (B * T > 1 and heads.stride(1) < n_heads * D)
+        or pos.shape != (B, T)
+        or pos.dtype != torch.int64
+        or not (pos.is_cpu and pos.is_contiguous() and cos.is_contiguous() and sin.is_contiguous())
+        or cos.dim() != 2
+        or cos.shape != sin.shape
+        or cos.size(1) != D
+    ):
         return False
     if not bounds_checked and pos.numel():
         check_range(pos, cos.size(0), "rotary positions", " (max_seq_len)")
-    lib.rope_inplace(heads.data_ptr(), heads.stride(1), B * T, n_rotated, D, pos.data_ptr(),
-                     cos.data_ptr(), sin.data_ptr())
+    lib.rope_inplace(
+        heads.data_ptr(), heads.stride(1), B * T, n_rotated, D, pos.data_ptr(), cos.data_ptr(), sin.data_ptr()
+    )
     return True
 
 
-def kv_store(k: Tensor, v: Tensor, write: Tensor, k_pool: Tensor, v_pool: Tensor,
-             bounds_checked: bool = False) -> bool:
+def kv_store(k: Tensor, v: Tensor, write: Tensor, k_pool: Tensor, v_pool: Tensor, bounds_checked: bool = False) -> bool:
     """``k_pool[write] = k`` and ``v_pool[write] = v`` in one call: k, v (T, Hkv, D) float32 with each
     token's (Hkv, D) contiguous and the same strides; pools (rows, Hkv, D) contiguous, float32 or
     bfloat16 (rounded as ``.to(torch.bfloat16)`` rounds); write (T,) int64 pool rows. False where it
     cannot run (the caller copies with PyTorch). ``bounds_checked``: these write rows were
     range-checked against a pool as large already (every layer of a step shares them)."""
     lib = library()
-    if (lib is None or not _plain(k, v) or not _plain(k_pool, v_pool, dtypes=POOL_DTYPES)
-            or v_pool.dtype != k_pool.dtype):
+    if (
+        lib is None
+        or not _plain(k, v)
+        or not _plain(k_pool, v_pool, dtypes=POOL_DTYPES)
+        or v_pool.dtype != k_pool.dtype
+    ):
         return False
     T = k.size(0)
-    if (k.dim() != 3 or k.shape != v.shape or k.stride() != v.stride() or k.shape[1:] != k_pool.shape[1:]
-            or k_pool.shape != v_pool.shape or not (k_pool.is_contiguous() and v_pool.is_contiguous())
-            or k.stride(2) != 1 or k.stride(1) != k.size(2) or write.shape != (T,)
-            or write.dtype != torch.int64 or not (write.is_cpu and write.is_contiguous())):
+    if (
+        k.dim() != 3
+        or k.shape != v.shape
+        or k.stride() != v.stride()
+        or k.shape[1:] != k_pool.shape[1:]
+        or k_pool.shape != v_pool.shape
+        or not (k_pool.is_contiguous() and v_pool.is_contiguous())
+        or k.stride(2) != 1
+        or k.stride(1) != k.size(2)
+        or write.shape != (T,)
+        or write.dtype != torch.int64
+        or not (write.is_cpu and write.is_contiguous())
+    ):
         return False
     if not bounds_checked and T:
         check_range(write, k_pool.size(0), "KV write rows")
-    lib.kv_store(k.data_ptr(), v.data_ptr(), k.stride(0), T, k.size(1) * k.size(2), write.data_ptr(),
-                 k_pool.data_ptr(), v_pool.data_ptr(), k_pool.dtype == torch.bfloat16)
+    lib.kv_store(
+        k.data_ptr(),
+        v.data_ptr(),
+        k.stride(0),
+        T,
+        k.size(1) * k.size(2),
+        write.data_ptr(),
+        k_pool.data_ptr(),
+        v_pool.data_ptr(),
+        k_pool.dtype == torch.bfloat16,
+    )
     return True
 
 
@@ -423,8 +580,9 @@ def argmax(x: Tensor) -> Tensor | None:
     return out
 
 
-def ragged_rows(items: list[tuple[int, int, int]], tables: Tensor, block_size: int, n_blocks: int,
-                total: int) -> Tensor | None:
+def ragged_rows(
+    items: list[tuple[int, int, int]], tables: Tensor, block_size: int, n_blocks: int, total: int
+) -> Tensor | None:
     """A ragged step's rows (``ragged_rows.c``): ``items`` (slot, start, n), ``total`` their n's
     sum, ``tables`` (slots, width) int64 block ids, each slot's table in its row (past its end:
     any id outside 0..n_blocks-1), over a pool of ``n_blocks`` blocks. (4, total) int64: each
@@ -433,30 +591,55 @@ def ragged_rows(items: list[tuple[int, int, int]], tables: Tensor, block_size: i
     or writes is in the pool): a ValueError names what is wrong, so the kernels may trust what
     it returns."""
     lib = library()
-    if (lib is None or not items or tables.dtype != torch.int64 or tables.dim() != 2 or not tables.is_cpu
-            or not tables.is_contiguous()):
+    if (
+        lib is None
+        or not items
+        or tables.dtype != torch.int64
+        or tables.dim() != 2
+        or not tables.is_cpu
+        or not tables.is_contiguous()
+    ):
         return None
-    if block_size < 1 or n_blocks < 1 or tables.size(1) * block_size >= 2 ** 62:
-        raise ValueError(f"ragged rows need block_size >= 1 and n_blocks >= 1 (tables of width {tables.size(1)}), "
-                         f"got {block_size} and {n_blocks}")
+    if block_size < 1 or n_blocks < 1 or tables.size(1) * block_size >= 2**62:
+        raise ValueError(
+            f"ragged rows need block_size >= 1 and n_blocks >= 1 (tables of width {tables.size(1)}), "
+            f"got {block_size} and {n_blocks}"
+        )
     slots, starts, ns = (array("q", column) for column in zip(*items))
     out = torch.empty(4, total, dtype=torch.int64)
     at = out.data_ptr()
-    bad = lib.ragged_rows(slots.buffer_info()[0], starts.buffer_info()[0], ns.buffer_info()[0], len(items),
-                          tables.data_ptr(), tables.size(0), tables.size(1), block_size, n_blocks, total,
-                          at, at + 8 * total, at + 16 * total, at + 24 * total)
+    bad = lib.ragged_rows(
+        slots.buffer_info()[0],
+        starts.buffer_info()[0],
+        ns.buffer_info()[0],
+        len(items),
+        tables.data_ptr(),
+        tables.size(0),
+        tables.size(1),
+        block_size,
+        n_blocks,
+        total,
+        at,
+        at + 8 * total,
+        at + 16 * total,
+        at + 24 * total,
+    )
     if bad > len(items):
         raise ValueError(f"ragged items hold {sum(ns)} tokens, not the {total} given")
     if bad:
         i = abs(bad) - 1
         slot, start, n = items[i]
         if bad < 0:
-            raise ValueError(f"ragged item {i} (slot {slot}, positions {start}..{start + n - 1}): its block table "
-                             f"does not hold one of the pool's blocks (0..{n_blocks - 1}) for each of positions "
-                             f"0..{start + n - 1}: {tables[slot].tolist()}")
-        raise ValueError(f"ragged item {i} (slot {slot}, positions {start}..{start + n - 1}) is outside the block "
-                         f"tables: slots 0..{tables.size(0) - 1}, positions 0..{tables.size(1) * block_size - 1}, "
-                         f"at least one token")
+            raise ValueError(
+                f"ragged item {i} (slot {slot}, positions {start}..{start + n - 1}): its block table "
+                f"does not hold one of the pool's blocks (0..{n_blocks - 1}) for each of positions "
+                f"0..{start + n - 1}: {tables[slot].tolist()}"
+            )
+        raise ValueError(
+            f"ragged item {i} (slot {slot}, positions {start}..{start + n - 1}) is outside the block "
+            f"tables: slots 0..{tables.size(0) - 1}, positions 0..{tables.size(1) * block_size - 1}, "
+            f"at least one token"
+        )
     return out
 
 
@@ -475,7 +658,7 @@ def silu_mul(gate_up: Tensor) -> Tensor | None:
     return out
 
 
-PANEL = 16      # output columns per packed panel (linear.c's NR)
+PANEL = 16  # output columns per packed panel (linear.c's NR)
 
 
 def pack_linear(w: Tensor) -> Tensor | None:
@@ -501,8 +684,12 @@ def linear(x: Tensor, packed: Tensor, n_out: int, add: Tensor | None = None) -> 
     if lib is None or x.dim() < 1 or not _plain(x, packed):
         return None
     K = x.size(-1)
-    if (packed.dim() != 3 or packed.shape != (-(-n_out // PANEL), K, PANEL) or not packed.is_contiguous()
-            or (add is not None and (add.shape != (*x.shape[:-1], n_out) or not _plain(add)))):
+    if (
+        packed.dim() != 3
+        or packed.shape != (-(-n_out // PANEL), K, PANEL)
+        or not packed.is_contiguous()
+        or (add is not None and (add.shape != (*x.shape[:-1], n_out) or not _plain(add)))
+    ):
         return None
     if not x.is_contiguous():
         x = x.contiguous()
@@ -511,8 +698,19 @@ def linear(x: Tensor, packed: Tensor, n_out: int, add: Tensor | None = None) -> 
     M = math.prod(x.shape[:-1])
     out = torch.empty(*x.shape[:-1], n_out, dtype=torch.float32)
     if M and n_out:
-        lib.linear_packed(x.data_ptr(), K, M, K, packed.data_ptr(), n_out, out.data_ptr(), n_out,
-                          None if add is None else add.data_ptr(), n_out, torch.get_num_threads())
+        lib.linear_packed(
+            x.data_ptr(),
+            K,
+            M,
+            K,
+            packed.data_ptr(),
+            n_out,
+            out.data_ptr(),
+            n_out,
+            None if add is None else add.data_ptr(),
+            n_out,
+            torch.get_num_threads(),
+        )
     return out
 
 
@@ -521,7 +719,10 @@ def decoder_layers(weights: ctypes.Array, step: LayerStep, x: Tensor, norm: Tens
     then the final RMSNorm (``norm``, ``eps``), in one C call: a new tensor like x (x is only
     read). It trusts every pointer and size in ``weights`` and ``step``: ``model/c_layers.py``
     fills them from tensors it has checked (the one caller)."""
-    a, b = torch.empty_like(x), torch.empty_like(x)              # the layers take turns writing these
-    _raise_for(library().decoder_layers(weights, len(weights), ctypes.byref(step), x.data_ptr(), a.data_ptr(),
-                                        b.data_ptr(), norm.data_ptr(), eps))
+    a, b = torch.empty_like(x), torch.empty_like(x)  # the layers take turns writing these
+    _raise_for(
+        library().decoder_layers(
+            weights, len(weights), ctypes.byref(step), x.data_ptr(), a.data_ptr(), b.data_ptr(), norm.data_ptr(), eps
+        )
+    )
     return b if len(weights) % 2 else a

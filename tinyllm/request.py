@@ -16,11 +16,11 @@ def is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-DEFAULT_MAX_BATCHED_TOKENS = 256      # the token-budget scheduler's default budget per step
-DEFAULT_MAX_NUM_SEQS = 64             # the default cap on running sequences (vLLM's max_num_seqs)
-SCHEDULING_POLICIES = ("fcfs", "priority", "shortest-first", "fair")   # engine/policy.py: one class each
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")   # vLLM's kv_cache_dtype, those that apply (engine/forward.py)
-KV_DTYPE_SHORT = {"float32": "fp32", "bfloat16": "bf16"}   # how the screen writes them; accepted as typed
+DEFAULT_MAX_BATCHED_TOKENS = 256  # the token-budget scheduler's default budget per step
+DEFAULT_MAX_NUM_SEQS = 64  # the default cap on running sequences (vLLM's max_num_seqs)
+SCHEDULING_POLICIES = ("fcfs", "priority", "shortest-first", "fair")  # engine/policy.py: one class each
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")  # vLLM's kv_cache_dtype, those that apply (engine/forward.py)
+KV_DTYPE_SHORT = {"float32": "fp32", "bfloat16": "bf16"}  # how the screen writes them; accepted as typed
 
 
 def kv_dtype_name(text: str) -> str | None:
@@ -34,7 +34,9 @@ def kv_dtype_tag(name: str) -> str:
     """A K/V element type's short name where it is not float32 (``bf16``), for the places that say
     it only then (the status line, the 80x24 KV bar, a race lane's title); "" for float32 or unknown."""
     return "" if name in ("", "float32") else KV_DTYPE_SHORT.get(name, name)
-GREEDY_BELOW = 1e-5                   # a temperature below this is greedy (vLLM's _SAMPLING_EPS)
+
+
+GREEDY_BELOW = 1e-5  # a temperature below this is greedy (vLLM's _SAMPLING_EPS)
 
 
 def is_greedy(temperature: float) -> bool:
@@ -53,9 +55,11 @@ def check_fits(prompt_len: int, max_new_tokens: int, limit: int, limit_name: str
     ContextTooLong with the numbers and what to change."""
     need = prompt_len + max_new_tokens
     if need > limit:
-        raise ContextTooLong(f"prompt is {prompt_len} tokens + max_new_tokens {max_new_tokens} = {need}, "
-                             f"more than {limit_name} of {limit} tokens; shorten the prompt or lower "
-                             f"max_new_tokens")
+        raise ContextTooLong(
+            f"prompt is {prompt_len} tokens + max_new_tokens {max_new_tokens} = {need}, "
+            f"more than {limit_name} of {limit} tokens; shorten the prompt or lower "
+            f"max_new_tokens"
+        )
 
 
 class SamplingError(ValueError):
@@ -70,14 +74,15 @@ class SamplingError(ValueError):
 class Sampling:
     """How to pick tokens (the sampler's settings for one request; vLLM's meanings). Frozen:
     nothing changes a request's settings under it."""
-    temperature: float = 0.0             # 0 (or below GREEDY_BELOW) = greedy
+
+    temperature: float = 0.0  # 0 (or below GREEDY_BELOW) = greedy
     top_k: int | None = None
     top_p: float | None = None
-    min_p: float = 0.0                   # drop tokens below min_p x the top token's probability (0 = off)
-    presence_penalty: float = 0.0        # -2..2, subtracted once from each generated token's logit
-    frequency_penalty: float = 0.0       # -2..2, subtracted per occurrence in the output
-    repetition_penalty: float = 1.0      # > 0 (1 = off): prompt and output tokens' logits / (or x) it
-    seed: int | None = None              # its own random stream: draws independent of the batch
+    min_p: float = 0.0  # drop tokens below min_p x the top token's probability (0 = off)
+    presence_penalty: float = 0.0  # -2..2, subtracted once from each generated token's logit
+    frequency_penalty: float = 0.0  # -2..2, subtracted per occurrence in the output
+    repetition_penalty: float = 1.0  # > 0 (1 = off): prompt and output tokens' logits / (or x) it
+    seed: int | None = None  # its own random stream: draws independent of the batch
 
     def __post_init__(self):
         t = self.temperature
@@ -92,15 +97,18 @@ class Sampling:
             raise SamplingError("min_p", f"min_p must be a number in [0, 1] (0 = off), got {_short(self.min_p)}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not _number_in(getattr(self, name), -2.0, 2.0):
-                raise SamplingError(name, f"{name} must be a number in [-2, 2] (0 = off), got "
-                                          f"{_short(getattr(self, name))}")
+                raise SamplingError(
+                    name, f"{name} must be a number in [-2, 2] (0 = off), got {_short(getattr(self, name))}"
+                )
         r = self.repetition_penalty
         if not _number_in(r, 0.0, math.inf) or r == 0:
-            raise SamplingError("repetition_penalty", f"repetition_penalty must be a finite number > 0 (1 = off), "
-                                                      f"got {_short(r)}")
+            raise SamplingError(
+                "repetition_penalty", f"repetition_penalty must be a finite number > 0 (1 = off), got {_short(r)}"
+            )
         if self.seed is not None and (not is_int(self.seed) or not SEED_MIN <= self.seed <= SEED_MAX):
-            raise SamplingError("seed", f"seed must be an integer in [{SEED_MIN}, {SEED_MAX}] or None, "
-                                        f"got {_short(self.seed)}")
+            raise SamplingError(
+                "seed", f"seed must be an integer in [{SEED_MIN}, {SEED_MAX}] or None, got {_short(self.seed)}"
+            )
 
     @property
     def penalized(self) -> bool:
@@ -116,8 +124,12 @@ class Sampling:
         parts += [f"{name}={v or '—'}" for name, v in (("k", k), ("p", p)) if full or v is not None]
         if is_greedy(self.temperature) and not full:
             parts = ["greedy"]
-        extra = (("minp", self.min_p, 0.0), ("pres", self.presence_penalty, 0.0),
-                 ("freq", self.frequency_penalty, 0.0), ("rep", self.repetition_penalty, 1.0))
+        extra = (
+            ("minp", self.min_p, 0.0),
+            ("pres", self.presence_penalty, 0.0),
+            ("freq", self.frequency_penalty, 0.0),
+            ("rep", self.repetition_penalty, 1.0),
+        )
         parts += [f"{name}={v:g}" for name, v, off in extra if v != off]
         parts += [] if self.seed is None else [f"seed={self.seed}"]
         return " ".join(parts)
@@ -127,16 +139,17 @@ class Sampling:
 class RequestSettings:
     """Everything a request asks for besides its prompt, as ONE object that travels whole from
     the prompt line, a workload file or an HTTP body to the engine's ``Request``."""
+
     sampling: Sampling = field(default_factory=Sampling)
     max_new_tokens: int = 100
     stop_at_eos: bool = True
     priority: int = 0
     tenant: str = ""
-    stop: tuple[str, ...] = ()           # stop strings: matched on the text (tinyllm.stops), not by the engine
+    stop: tuple[str, ...] = ()  # stop strings: matched on the text (tinyllm.stops), not by the engine
     stop_token_ids: tuple[int, ...] = ()
     min_tokens: int = 0
     logprobs: int | None = None
-    n: int = 1                           # samples of the prompt (forks sharing its blocks: add_forks)
+    n: int = 1  # samples of the prompt (forks sharing its blocks: add_forks)
 
     def __post_init__(self):
         if not is_int(self.n) or not 1 <= self.n <= MAX_N:
@@ -153,32 +166,47 @@ class RequestSettings:
     def describe(self) -> str:
         """``T=0.8 k=— p=— new=120 eos=on``: the app's next-request line (its stop strings as the
         settings dialog writes them, ``stop=the|\\n``, when it has any)."""
-        from tinyllm.stops import format_stop_list          # (stops is the text side; no cycle at import)
-        who = "".join([f" stop={format_stop_list(self.stop)}" if self.stop else "",
-                       f" prio={self.priority}" if self.priority else "", f" tenant={self.tenant}" if self.tenant else "",
-                       f" n={self.n}" if self.n > 1 else ""])
+        from tinyllm.stops import format_stop_list  # (stops is the text side; no cycle at import)
+
+        who = "".join(
+            [
+                f" stop={format_stop_list(self.stop)}" if self.stop else "",
+                f" prio={self.priority}" if self.priority else "",
+                f" tenant={self.tenant}" if self.tenant else "",
+                f" n={self.n}" if self.n > 1 else "",
+            ]
+        )
         return f"{self.sampling.describe(full=True)} new={self.max_new_tokens} eos={'on' if self.stop_at_eos else 'off'}{who}"
 
     def request(self, prompt: list[int] | tuple[int, ...], eos_id: int | None) -> Request:
         """The engine's request for ``prompt`` (``eos_id``: the tokenizer's end of text)."""
-        return Request(prompt, self.max_new_tokens, eos_id if self.stop_at_eos else None, self.sampling,
-                       self.priority, self.tenant, stop_token_ids=tuple(self.stop_token_ids),
-                       min_tokens=self.min_tokens, logprobs=self.logprobs)
+        return Request(
+            prompt,
+            self.max_new_tokens,
+            eos_id if self.stop_at_eos else None,
+            self.sampling,
+            self.priority,
+            self.tenant,
+            stop_token_ids=tuple(self.stop_token_ids),
+            min_tokens=self.min_tokens,
+            logprobs=self.logprobs,
+        )
 
 
 @dataclass
 class Request:
     """What a caller asks for. The engine copies it on ``add_request`` (the prompt as a tuple),
     so changing the caller's list afterwards cannot bypass the checks made there."""
+
     prompt: list[int] | tuple[int, ...]
     max_new_tokens: int
     eos_id: int | None = None
-    sampling: Sampling | None = None     # ContinuousEngine only; None = the engine's settings
-    priority: int = 0                    # the "priority" policy: lower runs first (vLLM's meaning)
-    tenant: str = ""                     # the "fair" policy shares the token budget between tenants
+    sampling: Sampling | None = None  # ContinuousEngine only; None = the engine's settings
+    priority: int = 0  # the "priority" policy: lower runs first (vLLM's meaning)
+    tenant: str = ""  # the "fair" policy shares the token budget between tenants
     stop_token_ids: tuple[int, ...] = ()  # more token ids that end it (finish reason "stop")
-    min_tokens: int = 0                  # EOS and stop_token_ids cannot end it (nor be drawn) before this many
-    logprobs: int | None = None          # record each token's logprob and this many top alternatives
+    min_tokens: int = 0  # EOS and stop_token_ids cannot end it (nor be drawn) before this many
+    logprobs: int | None = None  # record each token's logprob and this many top alternatives
 
     def __post_init__(self):
         check_priority(self.priority)
@@ -208,9 +236,9 @@ class Request:
         return self.stop_token_ids if self.eos_id is None else (self.eos_id, *self.stop_token_ids)
 
 
-MAX_STOPS = 16                        # stop strings per request (OpenAI allows 4, vLLM any number)
+MAX_STOPS = 16  # stop strings per request (OpenAI allows 4, vLLM any number)
 MAX_STOP_CHARS = 256
-MAX_LOGPROBS = 20                     # top alternatives per token (vLLM's default max_logprobs)
+MAX_LOGPROBS = 20  # top alternatives per token (vLLM's default max_logprobs)
 
 
 def check_stop(stop) -> tuple[str, ...]:
@@ -221,59 +249,72 @@ def check_stop(stop) -> tuple[str, ...]:
         raise SamplingError("stop", f"stop must be a string or a list of strings, got {_short(stop)}")
     stops = tuple(x for x in stops if x)
     if len(stops) > MAX_STOPS or any(len(x) > MAX_STOP_CHARS for x in stops):
-        raise SamplingError("stop", f"stop takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} "
-                                    f"characters each, got {_short(stop)}")
+        raise SamplingError(
+            "stop",
+            f"stop takes at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} characters each, got {_short(stop)}",
+        )
     return stops
 
 
 def check_token_stops(stop_token_ids, min_tokens, max_new_tokens: int | None, logprobs) -> None:
     """stop_token_ids, min_tokens and logprobs are in range; SamplingError naming the field.
     ``max_new_tokens`` None: not known yet (min_tokens is checked against it later)."""
-    if (not isinstance(stop_token_ids, (list, tuple)) or len(stop_token_ids) > 1024
-            or not all(is_int(t) and t >= 0 for t in stop_token_ids)):
-        raise SamplingError("stop_token_ids", f"stop_token_ids must be a list of at most 1024 token ids "
-                                              f"(integers >= 0), got {_short(stop_token_ids)}")
+    if (
+        not isinstance(stop_token_ids, (list, tuple))
+        or len(stop_token_ids) > 1024
+        or not all(is_int(t) and t >= 0 for t in stop_token_ids)
+    ):
+        raise SamplingError(
+            "stop_token_ids",
+            f"stop_token_ids must be a list of at most 1024 token ids (integers >= 0), got {_short(stop_token_ids)}",
+        )
     most = max_new_tokens if is_int(max_new_tokens) else math.inf if max_new_tokens is None else 0
     if not is_int(min_tokens) or not 0 <= min_tokens <= most:
         limit = "" if max_new_tokens is None else f" ({max_new_tokens!r})"
-        raise SamplingError("min_tokens", f"min_tokens must be an integer from 0 to max_tokens{limit}, "
-                                          f"got {_short(min_tokens)}")
+        raise SamplingError(
+            "min_tokens", f"min_tokens must be an integer from 0 to max_tokens{limit}, got {_short(min_tokens)}"
+        )
     if logprobs is not None and (not is_int(logprobs) or not 0 <= logprobs <= MAX_LOGPROBS):
-        raise SamplingError("logprobs", f"logprobs must be an integer from 0 to {MAX_LOGPROBS} or None, "
-                                        f"got {_short(logprobs)}")
+        raise SamplingError(
+            "logprobs", f"logprobs must be an integer from 0 to {MAX_LOGPROBS} or None, got {_short(logprobs)}"
+        )
 
 
 @dataclass(frozen=True)
 class TokenLogprob:
     """A generated token's log-probability under the model (before temperature, penalties and
     cuts, as vLLM's default), and the ``top`` most likely tokens with theirs, best first."""
+
     token: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
 
 
-PRIORITY_LIMIT = 2**31                # |priority| below this: fits every JSON reader and metric label
+PRIORITY_LIMIT = 2**31  # |priority| below this: fits every JSON reader and metric label
 TENANT_MAX_CHARS = 64
 
 
 def check_priority(priority) -> int:
     """A request's priority: an integer, lower first (vLLM's ``priority``); ValueError otherwise."""
     if not is_int(priority) or not -PRIORITY_LIMIT < priority < PRIORITY_LIMIT:
-        raise ValueError(f"priority must be an integer in ({-PRIORITY_LIMIT}, {PRIORITY_LIMIT}) "
-                         f"(lower runs first), got {_short(priority)}")
+        raise ValueError(
+            f"priority must be an integer in ({-PRIORITY_LIMIT}, {PRIORITY_LIMIT}) "
+            f"(lower runs first), got {_short(priority)}"
+        )
     return priority
 
 
 def check_tenant(tenant) -> str:
     """A tenant name: up to TENANT_MAX_CHARS printable characters ("" = the default tenant)."""
     if not isinstance(tenant, str) or len(tenant) > TENANT_MAX_CHARS or not tenant.isprintable():
-        raise ValueError(f"tenant must be a string of at most {TENANT_MAX_CHARS} printable characters, "
-                         f"got {_short(tenant)}")
+        raise ValueError(
+            f"tenant must be a string of at most {TENANT_MAX_CHARS} printable characters, got {_short(tenant)}"
+        )
     return tenant
 
 
-SEED_MIN, SEED_MAX = -2**63, 2**63 - 1     # a seed fits an int64 (vLLM's range)
-MAX_N = 16                                  # samples of one prompt per request (n)
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # a seed fits an int64 (vLLM's range)
+MAX_N = 16  # samples of one prompt per request (n)
 
 
 def fork_sampling(sampling: Sampling, i: int) -> Sampling:
@@ -307,11 +348,12 @@ def _short(x) -> str:
 class Result:
     """How a request ended: every request the engine took ends with one (``engine.results``),
     finished, aborted or failed."""
-    tokens: list[int]          # generated tokens (EOS included if it was produced)
-    ttft_s: float              # arrival → first generated token (nan: none was)
-    latency_s: float           # arrival → its end
-    rid: int = -1              # the engine's request id
-    state: str = "finished"    # finished, aborted or failed
-    finish_reason: str = "length"   # finished: eos, stop, length; else "abort" or "error"
-    error: str | None = None   # failed: why
-    logprobs: tuple[TokenLogprob, ...] = ()   # with Request(logprobs=k): one per token
+
+    tokens: list[int]  # generated tokens (EOS included if it was produced)
+    ttft_s: float  # arrival → first generated token (nan: none was)
+    latency_s: float  # arrival → its end
+    rid: int = -1  # the engine's request id
+    state: str = "finished"  # finished, aborted or failed
+    finish_reason: str = "length"  # finished: eos, stop, length; else "abort" or "error"
+    error: str | None = None  # failed: why
+    logprobs: tuple[TokenLogprob, ...] = ()  # with Request(logprobs=k): one per token

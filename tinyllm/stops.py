@@ -11,7 +11,8 @@ blocks. Torch-free: the app's UI process imports it.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 
 class Detokenizer(Protocol):
@@ -25,7 +26,7 @@ class StopMatcher:
 
     def __init__(self, stops: Sequence[str]):
         self.stops = tuple(s for s in stops if s)
-        self.matched: str | None = None        # the stop string found (then nothing more is emitted)
+        self.matched: str | None = None  # the stop string found (then nothing more is emitted)
         self._held = ""
 
     def feed(self, piece: str) -> str:
@@ -34,13 +35,13 @@ class StopMatcher:
             return ""
         text = self._held + piece
         hits = [(i + len(s), i, s) for s in self.stops if (i := text.find(s)) >= 0]
-        if hits:                                   # the stop that completes first, as a stream sees it
-            _, at, self.matched = min(hits)        # (so the answer never depends on where tokens split)
+        if hits:  # the stop that completes first, as a stream sees it
+            _, at, self.matched = min(hits)  # (so the answer never depends on where tokens split)
             self._held = ""
             return text[:at]
         keep = self._open_tail(text)
-        self._held = text[len(text) - keep:] if keep else ""
-        return text[:len(text) - keep]
+        self._held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep]
 
     def flush(self) -> str:
         """The request ended without a match: what was held back is plain text after all."""
@@ -107,6 +108,8 @@ def parse_stop_list(text: str) -> tuple[str, ...]:
 
 def format_stop_list(stops: Sequence[str]) -> str:
     """``parse_stop_list``'s inverse: what the dialog shows for ``stops``."""
+
     def esc(s: str) -> str:
         return s.replace("\\", "\\\\").replace("|", "\\|").replace("\n", "\\n").replace("\t", "\\t")
+
     return "|".join(esc(s) for s in stops)

@@ -18,11 +18,29 @@ from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
-from tinyllm.request import (MAX_N, ContextTooLong, RequestSettings, Sampling, SamplingError, check_fits, check_priority,
-                             check_stop, check_tenant, check_token_stops)
+from tinyllm.request import (
+    MAX_N,
+    ContextTooLong,
+    RequestSettings,
+    Sampling,
+    SamplingError,
+    check_fits,
+    check_priority,
+    check_stop,
+    check_tenant,
+    check_token_stops,
+)
 
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty",
-                   "repetition_penalty", "seed")
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+)
 STOP_FIELDS = ("stop", "stop_token_ids", "min_tokens")
 SCHEDULING_FIELDS = ("priority", "tenant", "n")
 FIELDS = {"prompt", "max_new_tokens", "arrival_s", "stop_at_eos", *SAMPLING_FIELDS, *STOP_FIELDS, *SCHEDULING_FIELDS}
@@ -35,26 +53,39 @@ class WorkloadError(ValueError):
 @dataclass(frozen=True)
 class WorkItem:
     prompt: str
-    max_new_tokens: int | None = None      # None: the caller's default
-    sampling: Sampling | None = None       # None: the caller's default
+    max_new_tokens: int | None = None  # None: the caller's default
+    sampling: Sampling | None = None  # None: the caller's default
     arrival_s: float = 0.0
-    stop_at_eos: bool | None = None        # None: the caller's default
+    stop_at_eos: bool | None = None  # None: the caller's default
     line: int = 0
-    stop: tuple[str, ...] | None = None    # None: the caller's default (so are the two below)
+    stop: tuple[str, ...] | None = None  # None: the caller's default (so are the two below)
     stop_token_ids: tuple[int, ...] | None = None
     min_tokens: int | None = None
-    priority: int | None = None            # None: the caller's default (so is tenant)
+    priority: int | None = None  # None: the caller's default (so is tenant)
     tenant: str | None = None
-    n: int | None = None                   # samples of this prompt (forks sharing its blocks)
+    n: int | None = None  # samples of this prompt (forks sharing its blocks)
 
     def settings(self, defaults: RequestSettings) -> RequestSettings:
         """This line's settings: what it says, the caller's ``defaults`` for what it leaves out."""
-        mine = {k: v for k, v in (("stop", self.stop), ("stop_token_ids", self.stop_token_ids),
-                                  ("min_tokens", self.min_tokens), ("priority", self.priority),
-                                  ("tenant", self.tenant), ("n", self.n)) if v is not None}
-        return replace(defaults, sampling=self.sampling or defaults.sampling,
-                       max_new_tokens=self.max_new_tokens or defaults.max_new_tokens,
-                       stop_at_eos=defaults.stop_at_eos if self.stop_at_eos is None else self.stop_at_eos, **mine)
+        mine = {
+            k: v
+            for k, v in (
+                ("stop", self.stop),
+                ("stop_token_ids", self.stop_token_ids),
+                ("min_tokens", self.min_tokens),
+                ("priority", self.priority),
+                ("tenant", self.tenant),
+                ("n", self.n),
+            )
+            if v is not None
+        }
+        return replace(
+            defaults,
+            sampling=self.sampling or defaults.sampling,
+            max_new_tokens=self.max_new_tokens or defaults.max_new_tokens,
+            stop_at_eos=defaults.stop_at_eos if self.stop_at_eos is None else self.stop_at_eos,
+            **mine,
+        )
 
 
 def bundled_workloads() -> dict[str, Path]:
@@ -87,7 +118,7 @@ def _number(v) -> bool:
 
 def parse_line(obj, where: str) -> WorkItem:
     if not isinstance(obj, dict):
-        raise WorkloadError(f"{where}: expected a JSON object like {{\"prompt\": \"...\"}}, got {type(obj).__name__}")
+        raise WorkloadError(f'{where}: expected a JSON object like {{"prompt": "..."}}, got {type(obj).__name__}')
     unknown = sorted(set(obj) - FIELDS)
     if unknown:
         raise WorkloadError(f"{where}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(FIELDS))}")
@@ -117,9 +148,19 @@ def parse_line(obj, where: str) -> WorkItem:
             raise WorkloadError(f"{where}: n must be an integer from 1 to {MAX_N}, got {n!r}")
     except (SamplingError, ValueError) as e:
         raise WorkloadError(f"{where}: {e}") from None
-    return WorkItem(prompt, new, sampling, float(arrival), eos, stop=stop,
-                    stop_token_ids=None if stop_ids is None else tuple(stop_ids), min_tokens=obj.get("min_tokens"),
-                    priority=priority, tenant=tenant, n=n)
+    return WorkItem(
+        prompt,
+        new,
+        sampling,
+        float(arrival),
+        eos,
+        stop=stop,
+        stop_token_ids=None if stop_ids is None else tuple(stop_ids),
+        min_tokens=obj.get("min_tokens"),
+        priority=priority,
+        tenant=tenant,
+        n=n,
+    )
 
 
 def load_workload(path: str | Path) -> list[WorkItem]:
@@ -157,8 +198,9 @@ def samples(items: list[WorkItem], ids: list[list[int]]):
     return ((it, i) for it, i in zip(items, ids) for _ in range(it.n or 1))
 
 
-def tokenize_checked(items: list[WorkItem], path: str | Path, encode, max_len: int,
-                     default_new: int) -> list[list[int]]:
+def tokenize_checked(
+    items: list[WorkItem], path: str | Path, encode, max_len: int, default_new: int
+) -> list[list[int]]:
     """Tokenize every prompt and check it fits ``max_len`` with its max_new_tokens; returns the ids."""
     out = []
     for it in items:

@@ -13,8 +13,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from tinyllm.engine import ContinuousEngine, Request
-from tinyllm.engine import continuous
+from tinyllm.engine import ContinuousEngine, Request, continuous
 from tinyllm.engine.forward import kv_bytes_per_token
 from tinyllm.model.transformer import Transformer
 
@@ -50,6 +49,7 @@ def matmul_only_s(model: Transformer, rows: int, n: int = 200, library: bool = F
                 m(xs[m.in_features])
         if device.type == "cuda":
             torch.cuda.synchronize()
+
     return _timeit(run, n)
 
 
@@ -69,13 +69,14 @@ def peak_gflops(device: str, size: int = 1024, n: int = 20) -> float:
         torch.mm(a, b)
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize()
-    return 2 * size ** 3 / _timeit(run, n) / 1e9
+
+    return 2 * size**3 / _timeit(run, n) / 1e9
 
 
 @contextmanager
 def _wrapped(obj, name: str, wrap: Callable[[Callable], Callable]) -> Iterator[None]:
     """``obj.name`` replaced by ``wrap(obj.name)`` while inside, then put back as it was."""
-    own = name in vars(obj)                      # a module global, or a method looked up on the class
+    own = name in vars(obj)  # a module global, or a method looked up on the class
     orig = getattr(obj, name)
     setattr(obj, name, wrap(orig))
     try:
@@ -108,7 +109,9 @@ def step_parts(eng: ContinuousEngine) -> Iterator[dict[str, float]]:
                 finally:
                     sync()
                     spent[part] += time.perf_counter() - t
+
             return run
+
         return wrap
 
     forward = (eng.decoder, "step") if eng.decoder is not None else (eng.model, "forward")
@@ -117,8 +120,17 @@ def step_parts(eng: ContinuousEngine) -> Iterator[dict[str, float]]:
 
 
 @torch.no_grad()
-def decode_anatomy(model: Transformer, slots: int = 16, ctx: int = 96, n: int = 40, kv: str = "slots",
-                   cuda_graph: bool = False, kv_cache_dtype: str = "auto", rounds: int = 4, warm: int = 3) -> dict:
+def decode_anatomy(
+    model: Transformer,
+    slots: int = 16,
+    ctx: int = 96,
+    n: int = 40,
+    kv: str = "slots",
+    cuda_graph: bool = False,
+    kv_cache_dtype: str = "auto",
+    rounds: int = 4,
+    warm: int = 3,
+) -> dict:
     """Where one decode step with every slot active goes (with cuda_graph: the graph-replayed step;
     kv="chunked": the token-budget scheduler's step, all rows decoding, one ragged forward), as the
     mean of ``n`` steps: forward + sampling + other = step, where other (scheduling, KV
@@ -138,15 +150,21 @@ def decode_anatomy(model: Transformer, slots: int = 16, ctx: int = 96, n: int = 
     vocab = model.cfg.vocab_size
     chunked = kv == "chunked"
     rounds, warm = max(1, min(rounds, n)), max(1, warm)
-    steps = n + rounds * warm                                     # timed and untimed decode steps
-    eng = ContinuousEngine(model, slots, max_len=min(model.cfg.max_seq_len, ctx + steps + 8),
-                           kv="paged" if chunked else kv, cuda_graph=cuda_graph, chunked_prefill=chunked,
-                           max_batched_tokens=max(slots, ctx * slots) if chunked else None,
-                           kv_cache_dtype=kv_cache_dtype)
+    steps = n + rounds * warm  # timed and untimed decode steps
+    eng = ContinuousEngine(
+        model,
+        slots,
+        max_len=min(model.cfg.max_seq_len, ctx + steps + 8),
+        kv="paged" if chunked else kv,
+        cuda_graph=cuda_graph,
+        chunked_prefill=chunked,
+        max_batched_tokens=max(slots, ctx * slots) if chunked else None,
+        kv_cache_dtype=kv_cache_dtype,
+    )
     rng = random.Random(1)
     for _ in range(slots):
         eng.add_request(Request([rng.randrange(1, vocab) for _ in range(ctx)], steps + 4))
-    eng.step()                                                    # admit (and prefill) everyone
+    eng.step()  # admit (and prefill) everyone
     assert sum(eng.slots.active) == slots
     sync = torch.cuda.synchronize if eng.device.type == "cuda" else (lambda: None)
     bytes_per_token = kv_bytes_per_token(model, eng.device, kv_cache_dtype)
@@ -156,8 +174,8 @@ def decode_anatomy(model: Transformer, slots: int = 16, ctx: int = 96, n: int = 
             before = dict(parts)
             for _ in range(warm):
                 eng.step()
-            parts.update(before)                                  # (the warm steps' parts not counted)
-            for _ in range(n * (r + 1) // rounds - n * r // rounds):   # n steps in all
+            parts.update(before)  # (the warm steps' parts not counted)
+            for _ in range(n * (r + 1) // rounds - n * r // rounds):  # n steps in all
                 kv_bytes += bytes_per_token * sum(seq.context_len() for seq in eng._running)
                 sync()
                 t = time.perf_counter()
@@ -169,13 +187,27 @@ def decode_anatomy(model: Transformer, slots: int = 16, ctx: int = 96, n: int = 
             gbps += read_gbps(bytes_per_token * sum(seq.context_len() for seq in eng._running), eng.device) / rounds
     step_s, fwd_s, sample_s = step_s / n, parts["forward"] / n, parts["sampling"] / n
     floor_s = min(mm_s, lib_s)
-    kv_step = kv_bytes / n                                        # K/V bytes a timed step's attention reads
-    kv_floor_s = kv_step / (gbps * 1e9)                           # at the rounds' mean read rate
-    return {"active_rows": slots, "context": ctx, "steps": n, "step_ms": step_s * 1e3, "forward_ms": fwd_s * 1e3,
-            "sampling_ms": sample_s * 1e3, "other_ms": max(0.0, step_s - fwd_s - sample_s) * 1e3,
-            "matmul_only_ms": mm_s * 1e3, "library_matmul_ms": lib_s * 1e3, "matmul_floor_ms": floor_s * 1e3,
-            "step_over_matmul": step_s / floor_s,
-            "kv_read_mb": kv_step / 1e6, "read_gbps": gbps, "kv_read_floor_ms": kv_floor_s * 1e3,
-            "step_over_matmul_and_kv": step_s / (floor_s + kv_floor_s),
-            "matmul_gflops": 2 * slots * sum(m.weight.numel() for m in model.modules()
-                                             if isinstance(m, torch.nn.Linear)) / mm_s / 1e9}
+    kv_step = kv_bytes / n  # K/V bytes a timed step's attention reads
+    kv_floor_s = kv_step / (gbps * 1e9)  # at the rounds' mean read rate
+    return {
+        "active_rows": slots,
+        "context": ctx,
+        "steps": n,
+        "step_ms": step_s * 1e3,
+        "forward_ms": fwd_s * 1e3,
+        "sampling_ms": sample_s * 1e3,
+        "other_ms": max(0.0, step_s - fwd_s - sample_s) * 1e3,
+        "matmul_only_ms": mm_s * 1e3,
+        "library_matmul_ms": lib_s * 1e3,
+        "matmul_floor_ms": floor_s * 1e3,
+        "step_over_matmul": step_s / floor_s,
+        "kv_read_mb": kv_step / 1e6,
+        "read_gbps": gbps,
+        "kv_read_floor_ms": kv_floor_s * 1e3,
+        "step_over_matmul_and_kv": step_s / (floor_s + kv_floor_s),
+        "matmul_gflops": 2
+        * slots
+        * sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+        / mm_s
+        / 1e9,
+    }

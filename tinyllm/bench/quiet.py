@@ -12,15 +12,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-BUSY_SHARE = 0.15          # others' share of all cores above which the report warns
+BUSY_SHARE = 0.15  # others' share of all cores above which the report warns
 PROC_STAT = Path("/proc/stat")
 
 
 @dataclass(frozen=True)
 class Reading:
-    wall: float            # seconds (monotonic)
-    busy: float | None     # the machine's busy CPU seconds since boot (every core), or None unknown
-    own: float             # this process's CPU seconds (user + system, its children included)
+    wall: float  # seconds (monotonic)
+    busy: float | None  # the machine's busy CPU seconds since boot (every core), or None unknown
+    own: float  # this process's CPU seconds (user + system, its children included)
     cores: int
 
 
@@ -33,17 +33,20 @@ def _machine_busy_s() -> float | None:
         return None
     if fields[0] != "cpu" or len(ticks) < 5:
         return None
-    busy = sum(ticks[:8]) - ticks[3] - ticks[4]      # user nice system idle iowait irq softirq steal
+    busy = sum(ticks[:8]) - ticks[3] - ticks[4]  # user nice system idle iowait irq softirq steal
     return busy / os.sysconf("SC_CLK_TCK")
 
 
 def read() -> Reading:
     try:
-        import resource                                   # (not on Windows: nothing measured there)
+        import resource  # (not on Windows: nothing measured there)
     except ImportError:
         return Reading(time.monotonic(), None, 0.0, os.cpu_count() or 1)
-    own = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-              for f in ("ru_utime", "ru_stime"))
+    own = sum(
+        getattr(resource.getrusage(who), f)
+        for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+        for f in ("ru_utime", "ru_stime")
+    )
     return Reading(time.monotonic(), _machine_busy_s(), own, os.cpu_count() or 1)
 
 
@@ -63,11 +66,15 @@ def warning(share: float | None, cores: int, threads: int | None = None) -> str 
     paths, is what slowed it: each step's threads wait for the slowest, on a busy core."""
     if share is None or share < BUSY_SHARE:
         return None
-    said = (f"Other processes kept {share:.0%} of this machine's {cores} cores busy during the run: each path "
-            f"was slowed by a different amount, so these figures can contradict each other.")
+    said = (
+        f"Other processes kept {share:.0%} of this machine's {cores} cores busy during the run: each path "
+        f"was slowed by a different amount, so these figures can contradict each other."
+    )
     free = cores * (1 - share)
     if threads and threads > 1 and threads > free + 0.25:
-        return (f"{said} This run's {threads} threads outnumbered the ~{free:.1f} cores left free: every step "
-                f"waits for its slowest thread, on a busy core, so every figure may be many times too low; "
-                f"--threads {max(1, int(free + 0.25))} leaves the busy cores alone.")
+        return (
+            f"{said} This run's {threads} threads outnumbered the ~{free:.1f} cores left free: every step "
+            f"waits for its slowest thread, on a busy core, so every figure may be many times too low; "
+            f"--threads {max(1, int(free + 0.25))} leaves the busy cores alone."
+        )
     return f"{said} Run it again on a quiet machine to compare paths."

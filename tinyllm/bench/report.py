@@ -14,16 +14,34 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-WIDE_CONSOLE = 400          # columns when stdout is not a terminal: wide enough for every figure
+WIDE_CONSOLE = 400  # columns when stdout is not a terminal: wide enough for every figure
 
 
 def stdout_console() -> Console:
     """The report's console: the terminal's width, or piped (CI, `| tee`, a file) wide enough that
     no column is dropped or folded (the bench and what-if alike)."""
     from rich.console import Console
+
     return Console() if sys.stdout.isatty() else Console(width=WIDE_CONSOLE)
-COLUMNS = ("tok/s", "x static", "seqs", "TTFT p50", "TTFT p95", "latency p95", "row util", "KV reserved MiB",
-           "KV used MiB", "KV used mean", "used/alloc", "preempt", "prefill tok", "roofline", "greedy =")
+
+
+COLUMNS = (
+    "tok/s",
+    "x static",
+    "seqs",
+    "TTFT p50",
+    "TTFT p95",
+    "latency p95",
+    "row util",
+    "KV reserved MiB",
+    "KV used MiB",
+    "KV used mean",
+    "used/alloc",
+    "preempt",
+    "prefill tok",
+    "roofline",
+    "greedy =",
+)
 
 
 class BenchProgress:
@@ -36,9 +54,15 @@ class BenchProgress:
         self.bar = None
         if not lines:
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-            self.bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                                TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                                console=console, transient=True)
+
+            self.bar = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total}"),
+                TimeElapsedColumn(),
+                console=console,
+                transient=True,
+            )
             self.task = self.bar.add_task("", total=stages)
 
     def __enter__(self) -> BenchProgress:
@@ -77,19 +101,37 @@ def path_cells(report: dict, table: str = "paths") -> dict[str, dict[str, str]]:
 
     def f(x, fmt: str = "{:.2f}") -> str:
         return "—" if x is None else fmt.format(x)
-    return {name: dict(zip(COLUMNS, (
-        f(s["tok_s"], "{:.0f}"), f(s["tok_s"] / static, "{:.2f}x"), f(s.get("seqs"), "{}"),
-        duration(s.get("ttft_p50_s")),
-        duration(s.get("ttft_p95_s")), duration(s.get("latency_p95_s")), f(s.get("row_util"), "{:.0%}"),
-        f(s.get("kv_reserved_mib"), "{:.1f}"), f(s.get("kv_used_mib_mean"), "{:.1f}"), f(s.get("kv_used_mean"), "{:.0%}"),
-        f(s.get("kv_alloc_used_mean"), "{:.0%}"), f(s.get("preemptions"), "{}"),
-        f(s.get("prefill_tokens_computed"), "{:,}"), f(s["tok_s"] * flop_per_tok / peak if peak else None, "{:.1%}"),
-        f(s.get("greedy_agree"), "{:.0%}"))))
-        for name, s in report[table].items()}
+
+    return {
+        name: dict(
+            zip(
+                COLUMNS,
+                (
+                    f(s["tok_s"], "{:.0f}"),
+                    f(s["tok_s"] / static, "{:.2f}x"),
+                    f(s.get("seqs"), "{}"),
+                    duration(s.get("ttft_p50_s")),
+                    duration(s.get("ttft_p95_s")),
+                    duration(s.get("latency_p95_s")),
+                    f(s.get("row_util"), "{:.0%}"),
+                    f(s.get("kv_reserved_mib"), "{:.1f}"),
+                    f(s.get("kv_used_mib_mean"), "{:.1f}"),
+                    f(s.get("kv_used_mean"), "{:.0%}"),
+                    f(s.get("kv_alloc_used_mean"), "{:.0%}"),
+                    f(s.get("preemptions"), "{}"),
+                    f(s.get("prefill_tokens_computed"), "{:,}"),
+                    f(s["tok_s"] * flop_per_tok / peak if peak else None, "{:.1%}"),
+                    f(s.get("greedy_agree"), "{:.0%}"),
+                ),
+            )
+        )
+        for name, s in report[table].items()
+    }
 
 
 def _table(cells: dict[str, dict[str, str]], columns: list[str]) -> Table:
     from rich.table import Table
+
     t = Table()
     t.add_column("path", no_wrap=True, min_width=max(map(len, cells)))
     for col in columns:
@@ -123,35 +165,54 @@ def _kv_read(anatomy: dict) -> str:
     """The attention's own floor, the K/V it must read, where the report has it (older ones do not)."""
     if anatomy.get("kv_read_floor_ms") is None:
         return ""
-    return (f" Its attention reads {anatomy['kv_read_mb']:.1f} MB of K/V: ≥ {anatomy['kv_read_floor_ms']:.2f} ms at "
-            f"the {anatomy['read_gbps']:.0f} GB/s this machine reads a buffer that size → step = "
-            f"{anatomy['step_over_matmul_and_kv']:.2f}x matmuls + K/V read.")
+    return (
+        f" Its attention reads {anatomy['kv_read_mb']:.1f} MB of K/V: ≥ {anatomy['kv_read_floor_ms']:.2f} ms at "
+        f"the {anatomy['read_gbps']:.0f} GB/s this machine reads a buffer that size → step = "
+        f"{anatomy['step_over_matmul_and_kv']:.2f}x matmuls + K/V read."
+    )
 
 
 def print_report(console: Console, report: dict) -> None:
     paths = report["paths"]
-    console.print(f"[bold]tinyllm bench[/] — {report['model']['name']} ({report['model']['params'] / 1e6:.1f}M params), "
-                  f"{report['workload']}, {report['slots']} slots / batch {report['batch']}, "
-                  f"{report['machine']['device']} × {count(report['machine']['torch_threads'], 'thread')}")
-    busy = warning(report["machine"].get("others_cpu_share"), report["machine"]["cpu_count"] or 1,
-                   report["machine"].get("torch_threads"))
-    if busy:                                              # before any figure it casts doubt on
+    console.print(
+        f"[bold]tinyllm bench[/] — {report['model']['name']} ({report['model']['params'] / 1e6:.1f}M params), "
+        f"{report['workload']}, {report['slots']} slots / batch {report['batch']}, "
+        f"{report['machine']['device']} × {count(report['machine']['torch_threads'], 'thread')}"
+    )
+    busy = warning(
+        report["machine"].get("others_cpu_share"),
+        report["machine"]["cpu_count"] or 1,
+        report["machine"].get("torch_threads"),
+    )
+    if busy:  # before any figure it casts doubt on
         console.print(f"[bold yellow]{busy}[/]")
     m = report["memory"]
     by_rows = [p for p in ("static", "continuous-slots") if p in paths]
     paged = [p for p in paths if p.startswith("continuous-") and p != "continuous-slots"]
-    rows = (f"{' and '.join(by_rows)} {'are' if len(by_rows) > 1 else 'is'} sized for max_len {m['max_len']} "
-            f"per row: {m['rows']} rows" + ("; static batching then holds only each batch's padded length (its "
-                                            "KV reserved column)" if "static" in by_rows else ""))
-    pool = (f"the paged paths get {m['blocks']} blocks of {m['block_size']} and run up to {m['max_num_seqs']} sequences "
-            f"(max_num_seqs) in them, preempting when the pool runs out" if paged else "")
-    console.print(f"[bold]At equal KV memory: {m['kv_memory_mib']:.1f} MiB per path[/] ({m['bytes_per_token']:,} bytes "
-                  f"per token, {m.get('kv_cache_dtype', 'float32')} K/V): " + "; ".join(x for x in (rows, pool) if x) + ".")
+    rows = (
+        f"{' and '.join(by_rows)} {'are' if len(by_rows) > 1 else 'is'} sized for max_len {m['max_len']} "
+        f"per row: {m['rows']} rows"
+        + (
+            "; static batching then holds only each batch's padded length (its KV reserved column)"
+            if "static" in by_rows
+            else ""
+        )
+    )
+    pool = (
+        f"the paged paths get {m['blocks']} blocks of {m['block_size']} and run up to {m['max_num_seqs']} sequences "
+        f"(max_num_seqs) in them, preempting when the pool runs out"
+        if paged
+        else ""
+    )
+    console.print(
+        f"[bold]At equal KV memory: {m['kv_memory_mib']:.1f} MiB per path[/] ({m['bytes_per_token']:,} bytes "
+        f"per token, {m.get('kv_cache_dtype', 'float32')} K/V): " + "; ".join(x for x in (rows, pool) if x) + "."
+    )
     for t in path_tables(console, report):
         console.print(t)
     if report.get("agreement_note"):
         console.print(f"[yellow]note:[/] {report['agreement_note']}")
-    name_w = max(map(len, paths))              # every bar starts in the same column, whatever the names
+    name_w = max(map(len, paths))  # every bar starts in the same column, whatever the names
     width = max(10, min(40, console.width - name_w - 12))
     top = max(s["tok_s"] for s in paths.values())
     console.print("[bold]tokens/s per path[/]")
@@ -159,12 +220,17 @@ def print_report(console: Console, report: dict) -> None:
         n = max(1, round(width * s["tok_s"] / top)) if s["tok_s"] > 0 else 0
         console.print(f"  {name:<{name_w}}  {'█' * n}{' ' * (width - n)} {s['tok_s']:.0f}")
     if report.get("paths_equal_slots"):
-        console.print(f"[bold]At equal slots: {report['slots']} sequences per path[/] (static: batch "
-                      f"{report['batch']}; the paged pool as large as the slots' memory): the scheduler alone.")
+        console.print(
+            f"[bold]At equal slots: {report['slots']} sequences per path[/] (static: batch "
+            f"{report['batch']}; the paged pool as large as the slots' memory): the scheduler alone."
+        )
         for t in path_tables(console, report, "paths_equal_slots"):
             console.print(t)
-    for key, what in (("decode_step", "decode step (slot KV)"), ("decode_step_chunked", "chunked step, all decoding"),
-                      ("decode_step_chunked_wide", "chunked step, all decoding")):
+    for key, what in (
+        ("decode_step", "decode step (slot KV)"),
+        ("decode_step_chunked", "chunked step, all decoding"),
+        ("decode_step_chunked_wide", "chunked step, all decoding"),
+    ):
         a = report.get(key)
         if not a:
             continue
@@ -173,13 +239,20 @@ def print_report(console: Console, report: dict) -> None:
             f"forward {a['forward_ms']:.2f} + sampling {a['sampling_ms']:.2f} + other {a['other_ms']:.2f} ms "
             f"(mean of {a['steps']} steps); the same rows' matmuls alone: {a['matmul_only_ms']:.2f} ms "
             f"({a['matmul_gflops']:.1f} GFLOP/s){_library_matmul(a)} → step = {a['step_over_matmul']:.2f}x the "
-            f"{'faster ' if a.get('library_matmul_ms') is not None else ''}matmul-only time.{_kv_read(a)}")
-    console.print("(forward: the model call; sampling: choosing each row's next token; other: the rest of the "
-                  "same steps — scheduling, KV bookkeeping, Python.)")
-    console.print(f"Peak 1024² matmul: {report['machine']['peak_matmul_gflops_1024']:.0f} GFLOP/s. CPU "
-                  f"float32 kernels: {report['machine'].get('paged_decode_attention', 'not recorded')}.")
+            f"{'faster ' if a.get('library_matmul_ms') is not None else ''}matmul-only time.{_kv_read(a)}"
+        )
+    console.print(
+        "(forward: the model call; sampling: choosing each row's next token; other: the rest of the "
+        "same steps — scheduling, KV bookkeeping, Python.)"
+    )
+    console.print(
+        f"Peak 1024² matmul: {report['machine']['peak_matmul_gflops_1024']:.0f} GFLOP/s. CPU "
+        f"float32 kernels: {report['machine'].get('paged_decode_attention', 'not recorded')}."
+    )
     a = report["decode_step"]
     g = report.get("decode_step_cuda_graph")
     if g:
-        console.print(f"[bold]CUDA graph decode step[/]: {g['step_ms']:.2f} ms vs eager {a['step_ms']:.2f} ms "
-                      f"({a['step_ms'] / g['step_ms']:.2f}x)")
+        console.print(
+            f"[bold]CUDA graph decode step[/]: {g['step_ms']:.2f} ms vs eager {a['step_ms']:.2f} ms "
+            f"({a['step_ms'] / g['step_ms']:.2f}x)"
+        )

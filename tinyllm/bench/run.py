@@ -22,28 +22,47 @@ from typing import TYPE_CHECKING
 import torch
 
 from tinyllm import native
-from tinyllm.model.device import resolve_device
-from tinyllm.engine import (DEFAULT_MAX_BATCHED_TOKENS, Request, kv_bytes_per_token, percentile, run_continuous,
-                            run_static)
-from tinyllm.engine.forward import kv_cache_dtype, kv_cache_dtype_name
-from tinyllm.engine.solo import generate
 from tinyllm.args import add_kv_dtype_arg, add_policy_arg
-from tinyllm.engine.build import (MIB, check_budget_covers, check_kv_fits, engine_config, resolve_concurrency,
-                                  rows_for_budget)
-from tinyllm.model.config import default_kv_blocks
-from tinyllm.request import DEFAULT_MAX_NUM_SEQS, ContextTooLong, check_fits
-from tinyllm.workload import WorkloadError, resolve_workload
 from tinyllm.bench import quiet
-from tinyllm.units import count
 from tinyllm.bench.anatomy import decode_anatomy, peak_gflops
 from tinyllm.bench.report import BenchProgress, print_report, stdout_console
-from tinyllm.bench.workloads import (LONG_TAIL, LONG_TAIL_CAPS, SHARED_PREFIX, default_workload, long_tail_cap,
-                                     long_tail_workload, random_checkpoint, shared_prefix_workload,
-                                     workload_from_file)
+from tinyllm.bench.workloads import (
+    LONG_TAIL,
+    LONG_TAIL_CAPS,
+    SHARED_PREFIX,
+    default_workload,
+    long_tail_cap,
+    long_tail_workload,
+    random_checkpoint,
+    shared_prefix_workload,
+    workload_from_file,
+)
+from tinyllm.engine import (
+    DEFAULT_MAX_BATCHED_TOKENS,
+    Request,
+    kv_bytes_per_token,
+    percentile,
+    run_continuous,
+    run_static,
+)
+from tinyllm.engine.build import (
+    MIB,
+    check_budget_covers,
+    check_kv_fits,
+    engine_config,
+    resolve_concurrency,
+    rows_for_budget,
+)
+from tinyllm.engine.forward import kv_cache_dtype, kv_cache_dtype_name
+from tinyllm.engine.solo import generate
+from tinyllm.model.config import default_kv_blocks
+from tinyllm.model.device import resolve_device
+from tinyllm.request import DEFAULT_MAX_NUM_SEQS, ContextTooLong, check_fits
+from tinyllm.units import count
+from tinyllm.workload import WorkloadError, resolve_workload
 
 if TYPE_CHECKING:
     pass
-
 
 
 # -- the paths ------------------------------------------------------------------------------------
@@ -56,8 +75,14 @@ def bench_solo(model, reqs: list[Request], kv_cache_dtype: str = "auto") -> tupl
         lat.append(time.perf_counter() - t)
     wall = time.perf_counter() - t0
     toks = sum(map(len, outs))
-    return outs, {"requests": len(reqs), "wall_s": wall, "useful_tokens": toks, "tok_s": toks / wall,
-                  "latency_p95_s": percentile(sorted(lat), 0.95), "row_util": 1.0}
+    return outs, {
+        "requests": len(reqs),
+        "wall_s": wall,
+        "useful_tokens": toks,
+        "tok_s": toks / wall,
+        "latency_p95_s": percentile(sorted(lat), 0.95),
+        "row_util": 1.0,
+    }
 
 
 def bench_transformers(ckpt: Path, reqs: list[Request], batch: int, device: str) -> tuple[list[list[int]], dict] | None:
@@ -72,21 +97,33 @@ def bench_transformers(ckpt: Path, reqs: list[Request], batch: int, device: str)
     t0 = time.perf_counter()
     with torch.no_grad():
         for b0 in range(0, len(reqs), batch):
-            rs = reqs[b0:b0 + batch]
+            rs = reqs[b0 : b0 + batch]
             L = max(len(r.prompt) for r in rs)
             ids = torch.tensor([[0] * (L - len(r.prompt)) + r.prompt for r in rs], device=device)
             mask = torch.tensor([[0] * (L - len(r.prompt)) + [1] * len(r.prompt) for r in rs], device=device)
             new = max(r.max_new_tokens for r in rs)
-            gen = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                              do_sample=False, pad_token_id=0, eos_token_id=None)
+            gen = hf.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                pad_token_id=0,
+                eos_token_id=None,
+            )
             now = time.perf_counter() - t0
             for j, r in enumerate(rs):
-                outs.append(gen[j, L:L + r.max_new_tokens].tolist())
+                outs.append(gen[j, L : L + r.max_new_tokens].tolist())
                 lat.append(now)
     wall = time.perf_counter() - t0
     toks = sum(r.max_new_tokens for r in reqs)
-    return outs, {"requests": len(reqs), "wall_s": wall, "useful_tokens": toks, "tok_s": toks / wall,
-                  "latency_p95_s": percentile(sorted(lat), 0.95)}
+    return outs, {
+        "requests": len(reqs),
+        "wall_s": wall,
+        "useful_tokens": toks,
+        "tok_s": toks / wall,
+        "latency_p95_s": percentile(sorted(lat), 0.95),
+    }
 
 
 def warm_up(model, ckpt: Path | None, device: str) -> None:
@@ -99,7 +136,7 @@ def warm_up(model, ckpt: Path | None, device: str) -> None:
 
 
 # -- equal memory, equal slots ---------------------------------------------------------------------
-BLOCK_SIZE = 16                            # the paged paths' block size (the engine's default)
+BLOCK_SIZE = 16  # the paged paths' block size (the engine's default)
 
 
 def path_settings(path: str, mode: str, args, budget_mib: float, max_len: int) -> dict:
@@ -108,11 +145,18 @@ def path_settings(path: str, mode: str, args, budget_mib: float, max_len: int) -
     buys, run by up to --max-num-seqs sequences. "slots": every path at --slots rows (static at
     --batch), the paged pool as large as the slots' memory: the scheduler alone."""
     if path == "static":
-        return {"batch": args.batch} if mode == "slots" else {
-            "batch": min(args.max_num_seqs, rows_for_budget(budget_mib, max_len, args.bytes_per_token))}
+        return (
+            {"batch": args.batch}
+            if mode == "slots"
+            else {"batch": min(args.max_num_seqs, rows_for_budget(budget_mib, max_len, args.bytes_per_token))}
+        )
     kind = path.removeprefix("continuous-")
-    out: dict = dict(kv="paged" if kind != "slots" else "slots", max_len=max_len,
-                     scheduling_policy=args.scheduling_policy, kv_cache_dtype=args.kv_cache_dtype)
+    out: dict = dict(
+        kv="paged" if kind != "slots" else "slots",
+        max_len=max_len,
+        scheduling_policy=args.scheduling_policy,
+        kv_cache_dtype=args.kv_cache_dtype,
+    )
     if kind.startswith("chunked"):
         out.update(chunked_prefill=True, max_batched_tokens=args.max_batched_tokens, prefix_cache=kind == "chunked")
     if mode == "memory":
@@ -126,8 +170,9 @@ def concurrency(settings: dict, bytes_per_token: int) -> tuple[int, int | None]:
     """(rows or sequences at most, paged blocks or None): two settings that agree run alike."""
     if "batch" in settings:
         return settings["batch"], None
-    config, _ = engine_config(None, settings.get("n_slots"), None,
-                              {k: v for k, v in settings.items() if k != "n_slots"})
+    config, _ = engine_config(
+        None, settings.get("n_slots"), None, {k: v for k, v in settings.items() if k != "n_slots"}
+    )
     n, blocks = resolve_concurrency(config, settings["max_len"], bytes_per_token)
     if settings["kv"] == "paged" and blocks is None:
         blocks = default_kv_blocks(n, settings["max_len"], BLOCK_SIZE)
@@ -135,9 +180,11 @@ def concurrency(settings: dict, bytes_per_token: int) -> tuple[int, int | None]:
 
 
 # -- the command ----------------------------------------------------------------------------------
-BF16_NOTE = ("at bfloat16 K/V the paths on PyTorch's attention (static, slots, paged's prefill, solo generate) "
-             "can pick other tokens late in a run (rounding turns float noise into bfloat16 steps), so the "
-             "\"greedy =\" column, each path against static, is below 100%")
+BF16_NOTE = (
+    "at bfloat16 K/V the paths on PyTorch's attention (static, slots, paged's prefill, solo generate) "
+    "can pick other tokens late in a run (rounding turns float noise into bfloat16 steps), so the "
+    '"greedy =" column, each path against static, is below 100%'
+)
 CHECKED = "; its token-budget runs were checked to agree with each other: {}"
 UNCHECKED = "; fewer than two token-budget runs here, so no path's tokens were checked (--kv chunked or all)"
 
@@ -186,17 +233,21 @@ def run_bench(args) -> dict:
     if args.workload and long_tail_cap(args.workload):
         cap = long_tail_cap(args.workload)
         reqs = long_tail_workload(args.requests, model.cfg.vocab_size, cap, seed=args.seed)
-        wl_desc = (f"long-tail: {count(args.requests, 'request')}, prompts 112..128, new ~ exponential (mean 128) capped "
-                   f"at {cap}, EOS ignored, greedy, seed {args.seed}")
+        wl_desc = (
+            f"long-tail: {count(args.requests, 'request')}, prompts 112..128, new ~ exponential (mean 128) capped "
+            f"at {cap}, EOS ignored, greedy, seed {args.seed}"
+        )
     elif args.workload == SHARED_PREFIX:
         reqs = shared_prefix_workload(args.requests, model.cfg.vocab_size, seed=args.seed)
         wl_desc = f"{count(args.requests, 'request')}, a shared 192-token prefix + 8..64 own tokens, new 8..128, greedy"
     elif args.workload:
         try:
             path = resolve_workload(args.workload)
-        except WorkloadError as e:                        # the bench's own seeded workloads are names too
-            raise ValueError(f"--workload {e}; or the bench's own: {SHARED_PREFIX}, {LONG_TAIL}[-CAP] "
-                             f"(CAP {' / '.join(map(str, LONG_TAIL_CAPS))})") from None
+        except WorkloadError as e:  # the bench's own seeded workloads are names too
+            raise ValueError(
+                f"--workload {e}; or the bench's own: {SHARED_PREFIX}, {LONG_TAIL}[-CAP] "
+                f"(CAP {' / '.join(map(str, LONG_TAIL_CAPS))})"
+            ) from None
         reqs = workload_from_file(path, tok.encode, 64, max_len)
         wl_desc = f"{args.workload} ({len(reqs)} requests, greedy)"
     else:
@@ -210,33 +261,38 @@ def run_bench(args) -> dict:
 
     args.bytes_per_token = bpt = kv_bytes_per_token(model, torch.device(device), args.kv_cache_dtype)
     budget_mib = args.kv_memory if args.kv_memory is not None else args.slots * max_len * bpt / MIB
-    check_kv_fits(budget_mib, device, "--kv-memory")      # before anything runs: each path allocates it
+    check_kv_fits(budget_mib, device, "--kv-memory")  # before anything runs: each path allocates it
     if args.kv in ("chunked", "chunked-nocache", "all"):
         try:
             check_budget_covers(args.max_batched_tokens, max(args.max_num_seqs, args.slots))
         except ValueError:
-            raise ValueError(f"--max-batched-tokens {args.max_batched_tokens} is less than the "
-                             f"{max(args.max_num_seqs, args.slots)} sequences the token-budget paths may run "
-                             f"(--max-num-seqs {args.max_num_seqs}, --slots {args.slots}): every running request "
-                             f"decodes one token per step, so the budget must cover them all") from None
-    results: dict[str, dict] = {}                      # at equal KV memory (the headline)
-    equal_slots: dict[str, dict] = {}                  # at equal slots
+            raise ValueError(
+                f"--max-batched-tokens {args.max_batched_tokens} is less than the "
+                f"{max(args.max_num_seqs, args.slots)} sequences the token-budget paths may run "
+                f"(--max-num-seqs {args.max_num_seqs}, --slots {args.slots}): every running request "
+                f"decodes one token per step, so the budget must cover them all"
+            ) from None
+    results: dict[str, dict] = {}  # at equal KV memory (the headline)
+    equal_slots: dict[str, dict] = {}  # at equal slots
     outputs: dict[str, list[list[int]]] = {}
     kvs = ["slots", "paged", "chunked", "chunked-nocache"] if args.kv == "all" else [args.kv]
     tinyllm_paths = ["static"] + [f"continuous-{k}" for k in kvs]
     runs = [(p, "memory") for p in tinyllm_paths]
-    runs += [(p, "slots") for p in tinyllm_paths
-             if concurrency(path_settings(p, "slots", args, budget_mib, max_len), bpt)
-             != concurrency(path_settings(p, "memory", args, budget_mib, max_len), bpt)]
+    runs += [
+        (p, "slots")
+        for p in tinyllm_paths
+        if concurrency(path_settings(p, "slots", args, budget_mib, max_len), bpt)
+        != concurrency(path_settings(p, "memory", args, budget_mib, max_len), bpt)
+    ]
     stages = ["solo"] + [p if m == "memory" else f"{p} at {args.slots} slots" for p, m in runs]
     stages += [] if args.no_transformers else ["transformers"]
-    started = quiet.read()                             # how busy the rest of the machine keeps it
+    started = quiet.read()  # how busy the rest of the machine keeps it
     with BenchProgress(console, len(stages) + 2, lines=not sys.stdout.isatty()) as progress:
         progress.start("warm-up")
         warm_up(model, ckpt, device)
         progress.done()
         progress.start("solo")
-        outputs["solo"], results["solo"] = bench_solo(model, reqs[:args.solo_sample], args.kv_cache_dtype)
+        outputs["solo"], results["solo"] = bench_solo(model, reqs[: args.solo_sample], args.kv_cache_dtype)
         progress.done(f"{results['solo']['tok_s']:.0f} tok/s")
         for (path, mode), stage in zip(runs, stages[1:]):
             progress.start(stage)
@@ -250,7 +306,7 @@ def run_bench(args) -> dict:
             (results if mode == "memory" else equal_slots)[path] = fig
             outputs[f"{path} ({mode})"] = [r.tokens for r in res]
             progress.done(f"{fig['tok_s']:.0f} tok/s")
-        equal_slots = {p: equal_slots.get(p, results[p]) for p in tinyllm_paths}   # same settings: one run
+        equal_slots = {p: equal_slots.get(p, results[p]) for p in tinyllm_paths}  # same settings: one run
         if not args.no_transformers:
             progress.start("transformers")
             got = bench_transformers(ckpt, reqs, args.batch, device)
@@ -264,13 +320,17 @@ def run_bench(args) -> dict:
         progress.start("decode-step anatomy")
         kv_dtype = args.kv_cache_dtype
         anatomy = decode_anatomy(model, slots=args.slots, kv_cache_dtype=kv_dtype)
-        anatomy_chunked = (decode_anatomy(model, slots=args.slots, kv="chunked", kv_cache_dtype=kv_dtype)
-                           if "chunked" in kvs else None)
+        anatomy_chunked = (
+            decode_anatomy(model, slots=args.slots, kv="chunked", kv_cache_dtype=kv_dtype) if "chunked" in kvs else None
+        )
         wide = min(args.max_num_seqs, len(reqs))
-        anatomy_wide = (decode_anatomy(model, slots=wide, kv="chunked", kv_cache_dtype=kv_dtype)
-                        if "chunked" in kvs and wide != args.slots else None)
+        anatomy_wide = (
+            decode_anatomy(model, slots=wide, kv="chunked", kv_cache_dtype=kv_dtype)
+            if "chunked" in kvs and wide != args.slots
+            else None
+        )
         graph = None
-        if torch.device(device).type == "cuda":    # eager vs CUDA-graph decode step (issue 7)
+        if torch.device(device).type == "cuda":  # eager vs CUDA-graph decode step (issue 7)
             graph = decode_anatomy(model, slots=args.slots, cuda_graph=True, kv_cache_dtype=kv_dtype)
         limit_gflops = peak_gflops(device)
         progress.done(f"{anatomy['step_ms']:.2f} ms per decode step")
@@ -278,27 +338,45 @@ def run_bench(args) -> dict:
     if tmp is not None:
         tmp.cleanup()
 
-    agree, tinyllm_ok, note = agreement(outputs, kv_cache_dtype(device, args.kv_cache_dtype) == torch.bfloat16
-                                        and device == "cpu")
-    for table in (results, equal_slots):             # per path as printed: its run in that table
+    agree, tinyllm_ok, note = agreement(
+        outputs, kv_cache_dtype(device, args.kv_cache_dtype) == torch.bfloat16 and device == "cpu"
+    )
+    for table in (results, equal_slots):  # per path as printed: its run in that table
         for path, fig in table.items():
             runs_of = [agree[k] for k in (path, f"{path} (memory)", f"{path} (slots)") if k in agree]
             fig["greedy_agree"] = min(runs_of) if runs_of else None
 
     report = {
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": device,
-                    "torch": torch.__version__, "peak_matmul_gflops_1024": limit_gflops,
-                    "paged_decode_attention": native.describe(), "others_cpu_share": busy_elsewhere},
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "device": device,
+            "torch": torch.__version__,
+            "peak_matmul_gflops_1024": limit_gflops,
+            "paged_decode_attention": native.describe(),
+            "others_cpu_share": busy_elsewhere,
+        },
         "model": {"name": model_name, "params": model.num_params(), "config": model.cfg.__dict__},
-        "workload": wl_desc, "slots": args.slots, "batch": args.batch,
-        "memory": {"kv_memory_mib": budget_mib, "max_len": max_len, "bytes_per_token": bpt,
-                   "kv_cache_dtype": kv_cache_dtype_name(device, args.kv_cache_dtype),
-                   "max_num_seqs": args.max_num_seqs, "block_size": BLOCK_SIZE,
-                   "rows": min(args.max_num_seqs, rows_for_budget(budget_mib, max_len, bpt)),
-                   "blocks": int(budget_mib * MIB // (BLOCK_SIZE * bpt))},
-        "paths": results, "paths_equal_slots": equal_slots,
-        "greedy_agreement_vs_static": agree, "tinyllm_paths_agree": tinyllm_ok, "agreement_note": note,
+        "workload": wl_desc,
+        "slots": args.slots,
+        "batch": args.batch,
+        "memory": {
+            "kv_memory_mib": budget_mib,
+            "max_len": max_len,
+            "bytes_per_token": bpt,
+            "kv_cache_dtype": kv_cache_dtype_name(device, args.kv_cache_dtype),
+            "max_num_seqs": args.max_num_seqs,
+            "block_size": BLOCK_SIZE,
+            "rows": min(args.max_num_seqs, rows_for_budget(budget_mib, max_len, bpt)),
+            "blocks": int(budget_mib * MIB // (BLOCK_SIZE * bpt)),
+        },
+        "paths": results,
+        "paths_equal_slots": equal_slots,
+        "greedy_agreement_vs_static": agree,
+        "tinyllm_paths_agree": tinyllm_ok,
+        "agreement_note": note,
         "decode_step": anatomy,
         "decode_step_chunked": anatomy_chunked,
         "decode_step_chunked_wide": anatomy_wide,
@@ -307,44 +385,82 @@ def run_bench(args) -> dict:
     print_report(console, report)
     if args.json:
         from tinyllm.observe.recording import write_text
+
         write_text(args.json, json.dumps(report, indent=2, default=float) + "\n")
-        print(f"wrote {args.json}", file=sys.stderr)          # stdout stays the report alone
+        print(f"wrote {args.json}", file=sys.stderr)  # stdout stays the report alone
     if not tinyllm_ok:
-        raise RuntimeError(f"greedy outputs disagree between tinyllm paths (the share of requests equal to "
-                           f"static's, per run): {agree}")
+        raise RuntimeError(
+            f"greedy outputs disagree between tinyllm paths (the share of requests equal to static's, per run): {agree}"
+        )
     return report
-
-
 
 
 def add_bench_parser(sub) -> None:
     from tinyllm.args import output_path, positive_float, positive_int
+
     b = sub.add_parser("bench", help="compare solo, static, continuous (slots/paged) and transformers")
     src = b.add_mutually_exclusive_group()
     src.add_argument("--model", metavar="DIR", help="checkpoint directory (default: the bundled model)")
-    src.add_argument("--random-model", nargs="?", const="", metavar="SPEC",
-                     help="a seeded random Llama: e.g. layers=4,d_model=256,heads=4,kv_heads=2,vocab=4096 (the default)")
-    b.add_argument("--workload", metavar="FILE|NAME",
-                    help="a JSONL prompt file or a bundled workload's name (greedy, all at t=0), or "
-                         f"'{SHARED_PREFIX}': {{--requests}} requests sharing a 192-token prefix, or "
-                         f"'{LONG_TAIL}[-CAP]': ~128-token prompts, output lengths exponential (mean 128) "
-                         f"capped at CAP ({' / '.join(map(str, LONG_TAIL_CAPS))}, default {LONG_TAIL_CAPS[-1]}), EOS ignored")
-    b.add_argument("--requests", type=positive_int, default=64, metavar="N",
-                   help="seeded workload size (64): the default, shared-prefix and long-tail workloads")
-    b.add_argument("--kv-memory", type=positive_float, default=None, metavar="MiB",
-                   help="the KV memory budget every path gets in the headline table (default: what --slots "
-                        "slots of max_len reserve): static and slot KV get the rows of max_len it buys, "
-                        "the paged paths the blocks it buys")
-    b.add_argument("--max-num-seqs", type=positive_int, default=DEFAULT_MAX_NUM_SEQS, metavar="N",
-                   help=f"the cap on running sequences at equal memory (vLLM's name; default {DEFAULT_MAX_NUM_SEQS})")
-    b.add_argument("--slots", type=positive_int, default=16, metavar="N",
-                   help="every path's sequences in the equal-slots table (default 16)")
+    src.add_argument(
+        "--random-model",
+        nargs="?",
+        const="",
+        metavar="SPEC",
+        help="a seeded random Llama: e.g. layers=4,d_model=256,heads=4,kv_heads=2,vocab=4096 (the default)",
+    )
+    b.add_argument(
+        "--workload",
+        metavar="FILE|NAME",
+        help="a JSONL prompt file or a bundled workload's name (greedy, all at t=0), or "
+        f"'{SHARED_PREFIX}': {{--requests}} requests sharing a 192-token prefix, or "
+        f"'{LONG_TAIL}[-CAP]': ~128-token prompts, output lengths exponential (mean 128) "
+        f"capped at CAP ({' / '.join(map(str, LONG_TAIL_CAPS))}, default {LONG_TAIL_CAPS[-1]}), EOS ignored",
+    )
+    b.add_argument(
+        "--requests",
+        type=positive_int,
+        default=64,
+        metavar="N",
+        help="seeded workload size (64): the default, shared-prefix and long-tail workloads",
+    )
+    b.add_argument(
+        "--kv-memory",
+        type=positive_float,
+        default=None,
+        metavar="MiB",
+        help="the KV memory budget every path gets in the headline table (default: what --slots "
+        "slots of max_len reserve): static and slot KV get the rows of max_len it buys, "
+        "the paged paths the blocks it buys",
+    )
+    b.add_argument(
+        "--max-num-seqs",
+        type=positive_int,
+        default=DEFAULT_MAX_NUM_SEQS,
+        metavar="N",
+        help=f"the cap on running sequences at equal memory (vLLM's name; default {DEFAULT_MAX_NUM_SEQS})",
+    )
+    b.add_argument(
+        "--slots",
+        type=positive_int,
+        default=16,
+        metavar="N",
+        help="every path's sequences in the equal-slots table (default 16)",
+    )
     b.add_argument("--batch", type=positive_int, default=16, metavar="N", help="static / transformers batch size")
-    b.add_argument("--kv", choices=["slots", "paged", "chunked", "chunked-nocache", "all"], default="all",
-                   help="continuous path(s) to run: slot KV, paged KV, paged KV with the token-budget "
-                        "scheduler (chunked prefill) and prefix caching, the same without the cache, or all (default)")
-    b.add_argument("--max-batched-tokens", type=positive_int, default=DEFAULT_MAX_BATCHED_TOKENS, metavar="N",
-                   help=f"the chunked path's token budget per step (default {DEFAULT_MAX_BATCHED_TOKENS})")
+    b.add_argument(
+        "--kv",
+        choices=["slots", "paged", "chunked", "chunked-nocache", "all"],
+        default="all",
+        help="continuous path(s) to run: slot KV, paged KV, paged KV with the token-budget "
+        "scheduler (chunked prefill) and prefix caching, the same without the cache, or all (default)",
+    )
+    b.add_argument(
+        "--max-batched-tokens",
+        type=positive_int,
+        default=DEFAULT_MAX_BATCHED_TOKENS,
+        metavar="N",
+        help=f"the chunked path's token budget per step (default {DEFAULT_MAX_BATCHED_TOKENS})",
+    )
     b.add_argument("--device", choices=["cpu", "cuda"], default=None)
     b.add_argument("--threads", type=positive_int, default=2, metavar="N", help="torch CPU threads (default 2)")
     b.add_argument("--solo-sample", type=positive_int, default=8, metavar="N", help="requests run solo (default 8)")
@@ -357,10 +473,12 @@ def add_bench_parser(sub) -> None:
 
 
 def _cmd_bench(args) -> None:
-    from tinyllm.model.checkpoint import CheckpointError
     from tinyllm.args import UsageError, option_names
+    from tinyllm.model.checkpoint import CheckpointError
+
     try:
         run_bench(args)
     except (ValueError, CheckpointError) as e:
-        raise UsageError(option_names(str(e), *((name, name) for name in ("max_len", "kv_blocks", "block_size")))
-                         ) from None                       # (the bench has no such options: their names stay)
+        raise UsageError(
+            option_names(str(e), *((name, name) for name in ("max_len", "kv_blocks", "block_size")))
+        ) from None  # (the bench has no such options: their names stay)

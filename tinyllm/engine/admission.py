@@ -56,11 +56,14 @@ class AdmissionScheduler:
                 blocked = "pool", f"KV pool full: its context ({waiting.peek().context_len()} tokens) does not fit"
                 break
             batch.append(waiting.pop())
-            waiting.charge(batch[-1], batch[-1].context_len())   # as planned: the next pick sees it
-        plan = StepPlan("prefill", [(q, 0, q.context_len()) for q in batch], slots=free[:len(batch)])
+            waiting.charge(batch[-1], batch[-1].context_len())  # as planned: the next pick sees it
+        plan = StepPlan("prefill", [(q, 0, q.context_len()) for q in batch], slots=free[: len(batch)])
         for i, q in enumerate(waiting):
-            plan.waits[q.rid] = blocked if i == 0 and blocked else (
-                "queue", f"behind {i} earlier request{'s' * (i != 1)} in {waiting.name} order")
+            plan.waits[q.rid] = (
+                blocked
+                if i == 0 and blocked
+                else ("queue", f"behind {i} earlier request{'s' * (i != 1)} in {waiting.name} order")
+            )
         return plan
 
     def decode(self, running: list[Sequence], waiting: WaitingQueue) -> StepPlan:
@@ -70,13 +73,12 @@ class AdmissionScheduler:
         pool = self.pool
         holder = {q.slot: q for q in running}
 
-        def victim(slots: list[int]) -> int:               # slots: the active ones, admission order
+        def victim(slots: list[int]) -> int:  # slots: the active ones, admission order
             return waiting.victim([holder[s] for s in slots]).slot
 
         evicted = pool.reserve_step(victim)
         live = [s for s in range(pool.n_slots) if pool.active[s]]
-        plan = StepPlan("decode", [(holder[s], pool.lens[s], 1) for s in live],
-                        preempted=[holder[s] for s in evicted])
+        plan = StepPlan("decode", [(holder[s], pool.lens[s], 1) for s in live], preempted=[holder[s] for s in evicted])
         for q in plan.preempted:
             plan.waits[q.rid] = "preempted", f"out of KV blocks: made way ({waiting.name}'s choice of whom to preempt)"
         return plan

@@ -22,7 +22,7 @@ from tinyllm.model.config import ModelConfig, default_kv_blocks
 from tinyllm.model.transformer import Transformer
 from tinyllm.request import is_int
 
-MIB = 2 ** 20
+MIB = 2**20
 
 
 def rows_for_budget(kv_memory_mib: float, max_len: int, bytes_per_token: int) -> int:
@@ -31,9 +31,11 @@ def rows_for_budget(kv_memory_mib: float, max_len: int, bytes_per_token: int) ->
     row_mib = max_len * bytes_per_token / MIB
     rows = int(kv_memory_mib * MIB // (max_len * bytes_per_token))
     if rows < 1:
-        raise ValueError(f"kv_memory_mib {kv_memory_mib:g} MiB is too small for one request: a row reserves "
-                         f"max_len {max_len} tokens x {bytes_per_token:,} bytes = {row_mib:.2f} MiB "
-                         f"(raise the budget or lower max_len)")
+        raise ValueError(
+            f"kv_memory_mib {kv_memory_mib:g} MiB is too small for one request: a row reserves "
+            f"max_len {max_len} tokens x {bytes_per_token:,} bytes = {row_mib:.2f} MiB "
+            f"(raise the budget or lower max_len)"
+        )
     return rows
 
 
@@ -64,8 +66,10 @@ def check_kv_fits(mib: float, device: torch.device | str, what: str = "kv_memory
     deep inside PyTorch) or push the machine into swap."""
     free = free_memory_mib(torch.device(device))
     if free is not None and mib > free:
-        raise ValueError(f"{what}: a KV cache of {mib:,.0f} MiB is more than the {free:,.0f} MiB of memory free on "
-                         f"{torch.device(device).type} (lower it)")
+        raise ValueError(
+            f"{what}: a KV cache of {mib:,.0f} MiB is more than the {free:,.0f} MiB of memory free on "
+            f"{torch.device(device).type} (lower it)"
+        )
 
 
 def check_budget_covers(budget: int | None, seqs: int) -> None:
@@ -74,9 +78,11 @@ def check_budget_covers(budget: int | None, seqs: int) -> None:
     if not is_int(budget) or budget < 1:
         raise ValueError(f"max_batched_tokens (the token budget per step) must be an integer >= 1, got {budget!r}")
     if budget < seqs:
-        raise ValueError(f"the token budget per step (max_batched_tokens, {budget!r}) is less than the {seqs} "
-                         f"sequences that may run (n_slots / max_num_seqs): every running request decodes one "
-                         f"token per step, so the budget must cover them all")
+        raise ValueError(
+            f"the token budget per step (max_batched_tokens, {budget!r}) is less than the {seqs} "
+            f"sequences that may run (n_slots / max_num_seqs): every running request decodes one "
+            f"token per step, so the budget must cover them all"
+        )
 
 
 def blocks_for_budget(kv_memory_mib: float, max_len: int, block_size: int, bytes_per_token: int) -> int:
@@ -85,21 +91,26 @@ def blocks_for_budget(kv_memory_mib: float, max_len: int, block_size: int, bytes
     blocks = int(kv_memory_mib * MIB // (block_size * bytes_per_token))
     need = -(-max_len // block_size)
     if blocks < need:
-        raise ValueError(f"kv_memory_mib {kv_memory_mib:g} MiB is too small for one request: its pool holds "
-                         f"{blocks} block{'s' * (blocks != 1)} of {block_size} tokens, one request of max_len {max_len} needs {need} "
-                         f"({need * block_size * bytes_per_token / MIB:.2f} MiB; raise the budget or lower max_len)")
+        raise ValueError(
+            f"kv_memory_mib {kv_memory_mib:g} MiB is too small for one request: its pool holds "
+            f"{blocks} block{'s' * (blocks != 1)} of {block_size} tokens, one request of max_len {max_len} needs {need} "
+            f"({need * block_size * bytes_per_token / MIB:.2f} MiB; raise the budget or lower max_len)"
+        )
     return blocks
 
 
-def engine_config(config: EngineConfig | None, n_slots: int | None, max_len: int | None,
-                  settings: dict) -> tuple[EngineConfig, object]:
+def engine_config(
+    config: EngineConfig | None, n_slots: int | None, max_len: int | None, settings: dict
+) -> tuple[EngineConfig, object]:
     """The EngineConfig that ContinuousEngine's arguments describe, and the CUDA-graph decoder
     passed as ``cuda_graph`` (None if none was). The seed's keywords build a config;
     ``n_slots`` is the seed's name of ``max_num_seqs``; keywords replace a given config's."""
     unknown = sorted(set(settings) - set(EngineConfig.settings()))
     if unknown:
-        raise TypeError(f"ContinuousEngine got unknown setting(s) {', '.join(unknown)}; "
-                        f"the settings are EngineConfig's: {', '.join(EngineConfig.settings())}")
+        raise TypeError(
+            f"ContinuousEngine got unknown setting(s) {', '.join(unknown)}; "
+            f"the settings are EngineConfig's: {', '.join(EngineConfig.settings())}"
+        )
     if n_slots is not None and (not is_int(n_slots) or n_slots < 1):
         raise ValueError(f"n_slots must be an integer >= 1, got {n_slots!r}")
     cap = settings.get("max_num_seqs")
@@ -110,14 +121,16 @@ def engine_config(config: EngineConfig | None, n_slots: int | None, max_len: int
     if max_len is not None:
         settings["max_len"] = max_len
     decoder = settings.get("cuda_graph")
-    if decoder is not None and not isinstance(decoder, bool):          # a SlotGraphDecoder to reuse
+    if decoder is not None and not isinstance(decoder, bool):  # a SlotGraphDecoder to reuse
         settings["cuda_graph"] = True
     else:
         decoder = None
     if config is None:
         if settings.get("max_num_seqs") is None and settings.get("kv_memory_mib") is None:
-            raise ValueError("give kv_memory_mib (the KV memory budget) or n_slots / max_num_seqs "
-                             "(or config=EngineConfig(...), whose defaults need neither)")
+            raise ValueError(
+                "give kv_memory_mib (the KV memory budget) or n_slots / max_num_seqs "
+                "(or config=EngineConfig(...), whose defaults need neither)"
+            )
         return EngineConfig(**settings), decoder
     if not isinstance(config, EngineConfig):
         raise ValueError(f"config must be an EngineConfig, got {type(config).__name__}")
@@ -128,8 +141,9 @@ def check_max_len(cfg: ModelConfig, max_len: int | None) -> int:
     """``max_len`` against the model's context (None: the whole context)."""
     max_len = cfg.max_seq_len if max_len is None else max_len
     if not is_int(max_len) or not 2 <= max_len <= cfg.max_seq_len:
-        raise ValueError(f"max_len must be an integer in [2, {cfg.max_seq_len}] "
-                         f"(the model's max_seq_len), got {max_len!r}")
+        raise ValueError(
+            f"max_len must be an integer in [2, {cfg.max_seq_len}] (the model's max_seq_len), got {max_len!r}"
+        )
     return max_len
 
 
@@ -145,18 +159,27 @@ def resolve_concurrency(config: EngineConfig, max_len: int, bytes_per_token: int
     return min(cap, rows_for_budget(config.kv_memory_mib, max_len, bytes_per_token)), None
 
 
-def make_cache(model: Transformer, config: EngineConfig, n_slots: int, max_len: int, kv_blocks: int | None,
-               dtype: torch.dtype, decoder=None) -> tuple[SlotKVCache | PagedKVCache, object]:
+def make_cache(
+    model: Transformer,
+    config: EngineConfig,
+    n_slots: int,
+    max_len: int,
+    kv_blocks: int | None,
+    dtype: torch.dtype,
+    decoder=None,
+) -> tuple[SlotKVCache | PagedKVCache, object]:
     """The engine's cache (K/V in ``dtype``) and its CUDA-graph decoder (None without one;
     ``decoder``: one to reuse, with its cache); see ContinuousEngine."""
     cfg, device = model.cfg, next(model.parameters()).device
     if decoder is not None:
         cache = decoder.slots
         if cache.n_slots != n_slots or cache.max_len != max_len or any(cache.active) or cache.k.dtype != dtype:
-            raise ValueError(f"decoder cache has {cache.n_slots} slots of {cache.max_len} in {cache.k.dtype} "
-                             f"(active: {sum(cache.active)}); need {n_slots} idle slots of {max_len} in {dtype}")
+            raise ValueError(
+                f"decoder cache has {cache.n_slots} slots of {cache.max_len} in {cache.k.dtype} "
+                f"(active: {sum(cache.active)}); need {n_slots} idle slots of {max_len} in {dtype}"
+            )
         return cache, decoder
-    token_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * dtype.itemsize      # K and V, every layer
+    token_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * dtype.itemsize  # K and V, every layer
     block_size = config.block_size
     if config.kv == "slots":
         check_kv_fits(n_slots * max_len * token_bytes / MIB, device, "n_slots x max_len")
@@ -167,13 +190,17 @@ def make_cache(model: Transformer, config: EngineConfig, n_slots: int, max_len: 
         if config.kv == "slots":
             cache = SlotKVCache(cfg.n_layers, n_slots, cfg.n_kv_heads, cfg.head_dim, max_len, dtype, device)
         else:
-            cache = PagedKVCache(cfg.n_layers, n_slots, cfg.n_kv_heads, cfg.head_dim, n_blocks,
-                                 block_size, max_len, dtype, device)
-    except (RuntimeError, MemoryError) as e:          # (the free memory said yes, the allocator no)
-        raise ValueError(f"the KV cache could not be allocated on {device.type}: "
-                         f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}") from None
+            cache = PagedKVCache(
+                cfg.n_layers, n_slots, cfg.n_kv_heads, cfg.head_dim, n_blocks, block_size, max_len, dtype, device
+            )
+    except (RuntimeError, MemoryError) as e:  # (the free memory said yes, the allocator no)
+        raise ValueError(
+            f"the KV cache could not be allocated on {device.type}: "
+            f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        ) from None
     if config.cuda_graph:
         from tinyllm.kv.cuda_graph import SlotGraphDecoder
+
         decoder = SlotGraphDecoder(model, cache, buckets=config.buckets)
     return cache, decoder
 

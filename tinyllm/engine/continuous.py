@@ -20,11 +20,18 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from tinyllm.config import EngineConfig
-from tinyllm.engine.build import (check_budget_covers, check_kv_fits, check_max_len, engine_config, make_cache,
-                                   make_scheduler, resolve_concurrency)
 from tinyllm import native
+from tinyllm.config import EngineConfig
 from tinyllm.engine import forward
+from tinyllm.engine.build import (
+    check_budget_covers,
+    check_kv_fits,
+    check_max_len,
+    engine_config,
+    make_cache,
+    make_scheduler,
+    resolve_concurrency,
+)
 from tinyllm.engine.forward import ModelRunner, Prefilled, kv_bytes_per_token
 from tinyllm.engine.heap import freeze_startup_heap
 from tinyllm.engine.policy import WaitingQueue, waiting_queue
@@ -32,10 +39,28 @@ from tinyllm.engine.sampler import Row, Sampled, sample_batch
 from tinyllm.engine.scheduler import Scheduler, StepPlan
 from tinyllm.engine.sequence import Event, Sequence, finish_reason
 from tinyllm.model.transformer import Transformer
-from tinyllm.observe.snapshot import ENDED_STATES, FORK_OF, RequestState, Counters, EngineSnapshot, KVView, LifecycleEvent, SlotView
+from tinyllm.observe.snapshot import (
+    ENDED_STATES,
+    FORK_OF,
+    Counters,
+    EngineSnapshot,
+    KVView,
+    LifecycleEvent,
+    RequestState,
+    SlotView,
+)
 from tinyllm.observe.stats import Stats
-from tinyllm.request import (DEFAULT_MAX_BATCHED_TOKENS, MAX_N, Request, Result, Sampling, SamplingError, check_fits,
-                             fork_sampling, is_int)
+from tinyllm.request import (
+    DEFAULT_MAX_BATCHED_TOKENS,
+    MAX_N,
+    Request,
+    Result,
+    Sampling,
+    SamplingError,
+    check_fits,
+    fork_sampling,
+    is_int,
+)
 
 __all__ = ["DEFAULT_MAX_BATCHED_TOKENS", "ContinuousEngine", "run_continuous"]
 
@@ -70,15 +95,25 @@ class ContinuousEngine:
     (LifecycleEvents: queued, admitted, prefill, first_token, preempted, finished, aborted, failed).
     """
 
-    def __init__(self, model: Transformer, n_slots: int | None = None, max_len: int | None = None,
-                 temperature: float = 0.0, top_k=None, top_p=None, generator=None, *,
-                 config: EngineConfig | None = None, **settings):
+    def __init__(
+        self,
+        model: Transformer,
+        n_slots: int | None = None,
+        max_len: int | None = None,
+        temperature: float = 0.0,
+        top_k=None,
+        top_p=None,
+        generator=None,
+        *,
+        config: EngineConfig | None = None,
+        **settings,
+    ):
         config, decoder = engine_config(config, n_slots, max_len, settings)
-        freeze_startup_heap()                        # no full-GC pauses mid-run (heap.py)
+        freeze_startup_heap()  # no full-GC pauses mid-run (heap.py)
         model.eval()
         device = next(model.parameters()).device
         if device.type == "cpu":
-            native.library()        # the C kernels built now (a first build takes seconds), not in a first TTFT
+            native.library()  # the C kernels built now (a first build takes seconds), not in a first TTFT
         kv_dtype = forward.kv_cache_dtype(device, config.kv_cache_dtype)
         bytes_per_token = kv_bytes_per_token(model, device, config.kv_cache_dtype)
         max_len = check_max_len(model.cfg, config.max_len)
@@ -86,17 +121,17 @@ class ContinuousEngine:
         if config.chunked_prefill:
             check_budget_covers(config.budget, n_slots)
         if config.kv_memory_mib is not None:
-            check_kv_fits(config.kv_memory_mib, device)          # (what the budget asks for, before it is allocated)
-        self.config = config                                 # as given; the resolved sizes are below
+            check_kv_fits(config.kv_memory_mib, device)  # (what the budget asks for, before it is allocated)
+        self.config = config  # as given; the resolved sizes are below
         self.model = model
         self.device = device
-        self.kv_cache_dtype = config.kv_cache_dtype          # as asked ("auto" too); the caches' own: slots.k.dtype
+        self.kv_cache_dtype = config.kv_cache_dtype  # as asked ("auto" too); the caches' own: slots.k.dtype
         self._kv_dtype_name = forward.kv_cache_dtype_name(device, config.kv_cache_dtype)
-        self.n_slots = n_slots                               # the cap on running sequences (max_num_seqs)
-        self.kv_memory_mib = config.kv_memory_mib            # the budget it came from, if one was set
-        self.max_num_seqs = config.max_num_seqs              # the cap asked for (None: the default)
+        self.n_slots = n_slots  # the cap on running sequences (max_num_seqs)
+        self.kv_memory_mib = config.kv_memory_mib  # the budget it came from, if one was set
+        self.max_num_seqs = config.max_num_seqs  # the cap asked for (None: the default)
         self.max_len = max_len
-        self.sampling = Sampling(temperature, top_k, top_p)    # the default for every request
+        self.sampling = Sampling(temperature, top_k, top_p)  # the default for every request
         if generator is None and config.seed is not None:
             generator = torch.Generator(device=device).manual_seed(config.seed)
         self.generator = generator
@@ -110,23 +145,22 @@ class ContinuousEngine:
         self.prefix_cache = config.prefix_caching
         self._prefix_queries = self._prefix_hits = 0
         self.max_batched_tokens = config.budget if config.chunked_prefill else None
-        self._running: list[Sequence] = []              # holding a slot, in admission order (newest last)
-        self.stats = Stats(kv_bytes_per_token=bytes_per_token,
-                           kv_reserved_tokens=self.slots.reserved_tokens())
-        self.results: dict[int, Result] = {}              # every ended request, until the caller pops it
-        self._seqs: dict[int, Sequence] = {}                  # every request, kept for snapshots
-        self._next_rid = 0                                    # (until forget_ended drops old ones)
+        self._running: list[Sequence] = []  # holding a slot, in admission order (newest last)
+        self.stats = Stats(kv_bytes_per_token=bytes_per_token, kv_reserved_tokens=self.slots.reserved_tokens())
+        self.results: dict[int, Result] = {}  # every ended request, until the caller pops it
+        self._seqs: dict[int, Sequence] = {}  # every request, kept for snapshots
+        self._next_rid = 0  # (until forget_ended drops old ones)
         self._slot_seq: list[Sequence | None] = [None] * n_slots
         self._just_admitted: set[int] = set()
-        self._forked: set[int] = set()                       # rids forked off a parent in this step
-        self._batch: tuple[tuple[int, int], ...] = ()         # the latest step's (rid, tokens)
-        self._lifecycle: list[LifecycleEvent] = []     # since the last pop_lifecycle()
+        self._forked: set[int] = set()  # rids forked off a parent in this step
+        self._batch: tuple[tuple[int, int], ...] = ()  # the latest step's (rid, tokens)
+        self._lifecycle: list[LifecycleEvent] = []  # since the last pop_lifecycle()
         self._steps = self._prefills = self._generated = 0
-        self._first_arrival: float | None = None              # engine time of the first request (stats)
+        self._first_arrival: float | None = None  # engine time of the first request (stats)
         self._finished = self._aborted = self._failed = 0
         self._t0 = time.perf_counter()
-        self._held_at: float | None = None                    # hold_clock: when the clock stopped
-        self._held_s = 0.0                                    # time the clock stood still, in all
+        self._held_at: float | None = None  # hold_clock: when the clock stopped
+        self._held_s = 0.0  # time the clock stood still, in all
 
     # -- public API ------------------------------------------------------------
     def now(self) -> float:
@@ -175,7 +209,7 @@ class ContinuousEngine:
         if not self.chunked_prefill:
             return [self.add_request(r) for r in reqs]
         parent = self._new_seq(reqs[0])
-        children = [self._new_seq(r) for r in reqs[1:]]     # all checked before anything is queued
+        children = [self._new_seq(r) for r in reqs[1:]]  # all checked before anything is queued
         self.waiting.add(parent)
         self._note("queued", parent, tokens=len(parent.req.prompt))
         for child in children:
@@ -188,7 +222,7 @@ class ContinuousEngine:
         """The engine's record of a new request (checked, given an id), not yet queued."""
         if not isinstance(req, Request):
             raise ValueError(f"add_request needs a Request, got {type(req).__name__}")
-        req = req.frozen()                                # re-validated, prompt as a tuple
+        req = req.frozen()  # re-validated, prompt as a tuple
         vocab = self.model.cfg.vocab_size
         bad = next((t for t in req.prompt if t >= vocab), None)
         if bad is not None:
@@ -197,7 +231,7 @@ class ContinuousEngine:
         if bad is not None:
             raise SamplingError("stop_token_ids", f"stop token id {bad} is outside the model's vocabulary [0, {vocab})")
         check_fits(len(req.prompt), req.max_new_tokens, self.max_len, "the slot's max_len")
-        self.slots.check_fits(len(req.prompt) + req.max_new_tokens)   # paged: the whole pool, alone
+        self.slots.check_fits(len(req.prompt) + req.max_new_tokens)  # paged: the whole pool, alone
         rid = self._next_rid
         self._next_rid += 1
         seq = Sequence(rid, req, req.sampling or self.sampling, self.now())
@@ -248,7 +282,7 @@ class ContinuousEngine:
             self.waiting.remove(seq)
         self._unfork(seq)
         if keep is not None:
-            del seq.out[max(0, keep):], seq.logprobs[max(0, keep):]
+            del seq.out[max(0, keep) :], seq.logprobs[max(0, keep) :]
         self._finished_now(seq, self.now(), "stop")
         self._update_stats()
         return True
@@ -268,7 +302,7 @@ class ContinuousEngine:
         unclaimed results: a long-running server would otherwise keep every request it ever
         served, and each snapshot would list them all. Returns how many were dropped."""
         ended = [rid for rid, q in self._seqs.items() if q.state in ENDED_STATES]
-        drop = ended[:max(0, len(ended) - keep)]
+        drop = ended[: max(0, len(ended) - keep)]
         for rid in drop:
             del self._seqs[rid]
             self.results.pop(rid, None)
@@ -324,8 +358,8 @@ class ContinuousEngine:
                 seq.waited[why[0]] = seq.waited.get(why[0], 0) + 1
             if why != seq.wait:
                 code, was = why[0] if why else "", seq.wait[0] if seq.wait else ""
-                admitted = why is None and seq.slot in self._just_admitted    # "admitted" says it
-                if code != was and code != "preempted" and not admitted:     # "preempted" says it
+                admitted = why is None and seq.slot in self._just_admitted  # "admitted" says it
+                if code != was and code != "preempted" and not admitted:  # "preempted" says it
                     self._note("waiting", seq, seq.slot, 0, f"{code}: {why[1]}" if why else "")
                 seq.wait, seq.view = why, None
 
@@ -343,7 +377,7 @@ class ContinuousEngine:
             events = self._isolated(plan, "step failed")
             self._note_kv_use()
             return events
-        st.computed_rows += self.n_slots if self.runner.every_slot else len(plan.items)   # slots: idle ones too
+        st.computed_rows += self.n_slots if self.runner.every_slot else len(plan.items)  # slots: idle ones too
         st.useful_rows += len(plan.items)
         self._note_kv_use()
         return self._commit_decode(plan, self.runner(plan))
@@ -362,7 +396,7 @@ class ContinuousEngine:
         request that breaks it fails (``failure``: the reason's start); the others go on."""
         try:
             out = self.runner(plan)
-        except Exception as e:                            # noqa: BLE001 - isolate the culprit below
+        except Exception as e:  # noqa: BLE001 - isolate the culprit below
             if len(plan.items) == 1:
                 self._fail(plan.items[0][0], f"{failure}: {type(e).__name__}: {e}")
                 return []
@@ -374,11 +408,11 @@ class ContinuousEngine:
         for part in plan.alone():
             try:
                 out = self.runner(part)
-            except Exception as e:                        # noqa: BLE001 - this request alone fails
+            except Exception as e:  # noqa: BLE001 - this request alone fails
                 self._fail(part.items[0][0], f"{failure}: {type(e).__name__}: {e}")
                 continue
-            if part.kind == "prefill":                    # an admission commits at once; mixed
-                events += self._commit(part, out)         # items commit after all ran (as always)
+            if part.kind == "prefill":  # an admission commits at once; mixed
+                events += self._commit(part, out)  # items commit after all ran (as always)
             else:
                 ran.append((part, out))
         for part, out in ran:
@@ -401,7 +435,7 @@ class ContinuousEngine:
         events = []
         for i, ((seq, _, n), s, t) in enumerate(zip(plan.items, plan.slots, toks)):
             self._seat(seq, s, n)
-            self._note("prefill", seq, s, n, f"0..{n} of {n}")   # the whole context, in this one step
+            self._note("prefill", seq, s, n, f"0..{n} of {n}")  # the whole context, in this one step
             if i in failed:
                 self._fail(seq, failed[i])
             else:
@@ -425,7 +459,7 @@ class ContinuousEngine:
         self.stats.computed_rows += len(plan.items)
         self.stats.useful_rows += len(plan.items)
         pool, prefix_cache = self.slots, self.prefix_cache
-        for seq, start, n in plan.items:                  # (per item per step: kept lean)
+        for seq, start, n in plan.items:  # (per item per step: kept lean)
             done = seq.computed = start + n
             total = len(seq.req.prompt) + len(seq.out)
             if not seq.prefilled:
@@ -433,14 +467,14 @@ class ContinuousEngine:
                 self.stats.prefill_tokens += n
                 self._note("prefill", seq, seq.slot, n, f"{start}..{done} of {total}")
             if prefix_cache and done // pool.block_size > len(pool.slot_keys[seq.slot]):
-                pool.register_full(seq.slot, seq.context())   # newly full blocks join the cache
+                pool.register_full(seq.slot, seq.context())  # newly full blocks join the cache
             if done == total:
                 samplers.append(seq)
         if not samplers:
             return []
-        at = list(range(len(samplers)))                   # each sampler's logits row
+        at = list(range(len(samplers)))  # each sampler's logits row
         for i, seq in enumerate(list(samplers)):
-            if seq.forks:                                 # its prompt is computed: its samples fork off
+            if seq.forks:  # its prompt is computed: its samples fork off
                 forked = self._fork(seq)
                 samplers += forked
                 at += [i] * len(forked)
@@ -448,7 +482,7 @@ class ContinuousEngine:
             logits = logits[torch.tensor(at, device=logits.device)]
         sampled = sample_batch(logits, [q.row() for q in samplers], self.generator)
         for seq in samplers:
-            seq.prefilled = True                          # sampled since its (re)admission
+            seq.prefilled = True  # sampled since its (re)admission
         return self._emit(list(enumerate(samplers)), sampled)
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
@@ -466,8 +500,11 @@ class ContinuousEngine:
                 left.append(child)
                 continue
             self.slots.fork(parent.slot, free[0])
-            child.computed, child.cached_tokens, child.admit_cached = (parent.computed, parent.cached_tokens,
-                                                                       parent.admit_cached)
+            child.computed, child.cached_tokens, child.admit_cached = (
+                parent.computed,
+                parent.cached_tokens,
+                parent.admit_cached,
+            )
             self._seat(child, free[0], parent.computed, f"{FORK_OF}{parent.rid}")
             self._forked.add(child.rid)
             seated.append(child)
@@ -497,7 +534,7 @@ class ContinuousEngine:
         """Each (row, seq) gets row's sampled token, or fails if sampling that row failed."""
         toks = sampled.tokens.squeeze(-1).tolist()
         now = self.now()
-        if not sampled.failed:                            # (every step but a broken one)
+        if not sampled.failed:  # (every step but a broken one)
             record, logprobs = self._record, sampled.logprobs
             return [record(seq, toks[row], now, logprobs.get(row) if logprobs else None) for row, seq in rows]
         events = []
@@ -545,31 +582,77 @@ class ContinuousEngine:
         tables = slots.block_tables() if hasattr(slots, "block_tables") else [()] * self.n_slots
         chunked = self.chunked_prefill
         slot_views = tuple(
-            SlotView(s, q.rid if q is not None else None, lens[s] if q is not None else 0, self.max_len,
-                     tuple(tables[s]), s in self._just_admitted,
-                     q.remaining() if chunked and q is not None and not q.prefilled else 0)
-            for s, q in enumerate(self._slot_seq))
+            SlotView(
+                s,
+                q.rid if q is not None else None,
+                lens[s] if q is not None else 0,
+                self.max_len,
+                tuple(tables[s]),
+                s in self._just_admitted,
+                q.remaining() if chunked and q is not None and not q.prefilled else 0,
+            )
+            for s, q in enumerate(self._slot_seq)
+        )
         reqs = tuple(q.snapshot_view() for q in self._seqs.values())
-        kv = KVView(self.kv_kind, slots.reserved_tokens(), slots.allocated_tokens(), slots.used_tokens(),
-                    self.stats.kv_bytes_per_token, dtype=self._kv_dtype_name)
+        kv = KVView(
+            self.kv_kind,
+            slots.reserved_tokens(),
+            slots.allocated_tokens(),
+            slots.used_tokens(),
+            self.stats.kv_bytes_per_token,
+            dtype=self._kv_dtype_name,
+        )
         if self.kv_kind == "paged":
             owner_slot = slots.block_owners()
-            owners = tuple(self._slot_seq[o].rid if o is not None and self._slot_seq[o] is not None else None
-                           for o in owner_slot)
-            kv = KVView(kv.kind, kv.reserved_tokens, kv.allocated_tokens, kv.used_tokens, kv.bytes_per_token,
-                        slots.block_size, slots.n_blocks, slots.num_free_blocks(), owners, tuple(slots.ref),
-                        tuple(k is not None for k in slots.block_key) if self.prefix_cache else (),
-                        slots.cached_free_blocks(), kv.dtype)
+            owners = tuple(
+                self._slot_seq[o].rid if o is not None and self._slot_seq[o] is not None else None for o in owner_slot
+            )
+            kv = KVView(
+                kv.kind,
+                kv.reserved_tokens,
+                kv.allocated_tokens,
+                kv.used_tokens,
+                kv.bytes_per_token,
+                slots.block_size,
+                slots.n_blocks,
+                slots.num_free_blocks(),
+                owners,
+                tuple(slots.ref),
+                tuple(k is not None for k in slots.block_key) if self.prefix_cache else (),
+                slots.cached_free_blocks(),
+                kv.dtype,
+            )
         st = self.stats
         counters = Counters(
-            steps=self._steps, decode_steps=st.decode_steps, prefills=self._prefills,
-            prefill_tokens=self.stats.prefill_tokens, preemptions=st.preemptions, peak_active=st.peak_active,
-            useful_tokens=st.useful_tokens, generated_tokens=self._generated, finished=self._finished,
-            aborted=self._aborted, failed=self._failed, prefix_queries=self._prefix_queries,
-            prefix_hits=self._prefix_hits, computed_rows=st.computed_rows, useful_rows=st.useful_rows)
-        return EngineSnapshot(self.now(), self.n_slots, self.max_len, slot_views, reqs,
-                              tuple(q.rid for q in self.waiting), kv, counters, self.max_batched_tokens,
-                              self.policy, self._batch)
+            steps=self._steps,
+            decode_steps=st.decode_steps,
+            prefills=self._prefills,
+            prefill_tokens=self.stats.prefill_tokens,
+            preemptions=st.preemptions,
+            peak_active=st.peak_active,
+            useful_tokens=st.useful_tokens,
+            generated_tokens=self._generated,
+            finished=self._finished,
+            aborted=self._aborted,
+            failed=self._failed,
+            prefix_queries=self._prefix_queries,
+            prefix_hits=self._prefix_hits,
+            computed_rows=st.computed_rows,
+            useful_rows=st.useful_rows,
+        )
+        return EngineSnapshot(
+            self.now(),
+            self.n_slots,
+            self.max_len,
+            slot_views,
+            reqs,
+            tuple(q.rid for q in self.waiting),
+            kv,
+            counters,
+            self.max_batched_tokens,
+            self.policy,
+            self._batch,
+        )
 
     # -- internals -------------------------------------------------------------
     def _record(self, seq: Sequence, tok: int, now: float, lp=None) -> Event:
@@ -589,8 +672,9 @@ class ContinuousEngine:
     def _finished_now(self, seq: Sequence, now: float, why: str) -> None:
         """``seq`` ends finished (``why``: eos, stop, length): its Result kept, its slot freed."""
         first = seq.first_token if seq.first_token is not None else now
-        self.results[seq.rid] = Result(list(seq.out), first - seq.arrival, now - seq.arrival, seq.rid, "finished",
-                                       why, None, tuple(seq.logprobs))
+        self.results[seq.rid] = Result(
+            list(seq.out), first - seq.arrival, now - seq.arrival, seq.rid, "finished", why, None, tuple(seq.logprobs)
+        )
         self.stats.useful_tokens += len(seq.out)
         self._finished += 1
         slot = seq.slot
@@ -603,8 +687,9 @@ class ContinuousEngine:
         """An aborted or failed request's Result: what it generated, how it ended, when."""
         end = seq.finish if seq.finish is not None else self.now()
         ttft = seq.first_token - seq.arrival if seq.first_token is not None else math.nan
-        self.results[seq.rid] = Result(list(seq.out), ttft, end - seq.arrival, seq.rid, seq.state, reason,
-                                       seq.error, tuple(seq.logprobs))
+        self.results[seq.rid] = Result(
+            list(seq.out), ttft, end - seq.arrival, seq.rid, seq.state, reason, seq.error, tuple(seq.logprobs)
+        )
 
     def _fail(self, seq: Sequence, why: str) -> None:
         """Give up on one request (its slot freed, the reason kept); the others go on."""
@@ -618,8 +703,9 @@ class ContinuousEngine:
         self._failed += 1
         self._note("failed", seq, slot, len(seq.out), why)
 
-    def _note(self, kind: str, seq: Sequence, slot: int | None = None, tokens: int = 0, reason: str = "",
-              cached: int = 0) -> None:
+    def _note(
+        self, kind: str, seq: Sequence, slot: int | None = None, tokens: int = 0, reason: str = "", cached: int = 0
+    ) -> None:
         self._lifecycle.append(LifecycleEvent(kind, seq.rid, self._steps, self.now(), slot, tokens, reason, cached))
 
     def _free_slot(self, seq: Sequence) -> None:
@@ -631,10 +717,19 @@ class ContinuousEngine:
 
 
 @torch.no_grad()
-def run_continuous(model: Transformer, requests: list[Request], n_slots: int | None = None,
-                   max_len: int | None = None, temperature: float = 0.0, top_k=None,
-                   top_p=None, generator=None, *, config: EngineConfig | None = None,
-                   **settings) -> tuple[list[Result], dict]:
+def run_continuous(
+    model: Transformer,
+    requests: list[Request],
+    n_slots: int | None = None,
+    max_len: int | None = None,
+    temperature: float = 0.0,
+    top_k=None,
+    top_p=None,
+    generator=None,
+    *,
+    config: EngineConfig | None = None,
+    **settings,
+) -> tuple[list[Result], dict]:
     """Offline continuous batching: every request queued at t=0, run to completion.
     A thin wrapper over ContinuousEngine (the same arguments; ``settings``: EngineConfig's)."""
     eng = ContinuousEngine(model, n_slots, max_len, temperature, top_k, top_p, generator, config=config, **settings)
@@ -643,7 +738,7 @@ def run_continuous(model: Transformer, requests: list[Request], n_slots: int | N
     while eng.has_work():
         eng.step()
     st = eng.stats
-    st.wall_s = time.perf_counter() - t0              # (the whole call: adding the requests too)
+    st.wall_s = time.perf_counter() - t0  # (the whole call: adding the requests too)
     failed = [v for v in eng.snapshot().requests if v.state == "failed"]
     if failed:
         raise RuntimeError(f"request {failed[0].rid} failed: {failed[0].error}")

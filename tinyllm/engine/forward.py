@@ -62,8 +62,9 @@ def kv_bytes_per_token(model: Transformer, device: torch.device, kv_dtype: str =
 
 
 @torch.no_grad()
-def prefill_padded(model: Transformer, prompts: list[list[int]], max_len: int,
-                   pad_id: int = 0, kv_dtype: torch.dtype | None = None) -> tuple[Tensor, KVCache, list[int]]:
+def prefill_padded(
+    model: Transformer, prompts: list[list[int]], max_len: int, pad_id: int = 0, kv_dtype: torch.dtype | None = None
+) -> tuple[Tensor, KVCache, list[int]]:
     """Left-pad prompts to one length, run one prefill. Returns last-position logits (B, V),
     the filled cache (pos = padded length, its K/V kept in ``kv_dtype``, None: as computed) and
     each row's pad count."""
@@ -80,6 +81,7 @@ def prefill_padded(model: Transformer, prompts: list[list[int]], max_len: int,
 @dataclass
 class Prefilled:
     """A prefill pass's outcome: first-token logits (B, V) and the K/V for the slots."""
+
     logits: Tensor
     cache: KVCache
     pad: list[int]
@@ -90,10 +92,10 @@ class ModelRunner:
     decode and mixed passes into the cache, as any forward does) but no engine record."""
 
     def __init__(self, model: Transformer, cache: SlotKVCache | PagedKVCache, decoder=None):
-        self.model, self.cache, self.decoder = model, cache, decoder   # decoder: a SlotGraphDecoder
+        self.model, self.cache, self.decoder = model, cache, decoder  # decoder: a SlotGraphDecoder
         self.device = next(model.parameters()).device
-        self.last_tok = torch.zeros(cache.n_slots, 1, dtype=torch.long, device=self.device)   # decode input
-        self.every_slot = not isinstance(cache, PagedKVCache)    # a decode computes a row per slot
+        self.last_tok = torch.zeros(cache.n_slots, 1, dtype=torch.long, device=self.device)  # decode input
+        self.every_slot = not isinstance(cache, PagedKVCache)  # a decode computes a row per slot
 
     def __call__(self, plan: StepPlan) -> Tensor | Prefilled:
         if plan.kind == "decode":
@@ -104,15 +106,16 @@ class ModelRunner:
 
     def prefill(self, items: list[Item]) -> Prefilled:
         contexts = [seq.context() for seq, _, _ in items]
-        return Prefilled(*prefill_padded(self.model, contexts, max_len=max(len(c) for c in contexts),
-                                         kv_dtype=self.cache.k.dtype))
+        return Prefilled(
+            *prefill_padded(self.model, contexts, max_len=max(len(c) for c in contexts), kv_dtype=self.cache.k.dtype)
+        )
 
     def decode(self) -> Tensor:
         """Every slot's next-token logits (S, V), from ``last_tok`` (the engine keeps it current)."""
         if self.decoder is not None:
             return self.decoder.step(self.last_tok)[:, -1]
         with autocast(self.device):
-            logits, _ = self.model(self.last_tok, cache=self.cache)   # one token per slot
+            logits, _ = self.model(self.last_tok, cache=self.cache)  # one token per slot
         return logits[:, -1]
 
     def mixed(self, items: list[Item]) -> Tensor:
@@ -123,15 +126,15 @@ class ModelRunner:
             rows.append((seq.slot, start, n))
             prompt, out = seq.req.prompt, seq.out
             P = len(prompt)
-            if n == 1:                                    # a decode: one token, no copy of the context
+            if n == 1:  # a decode: one token, no copy of the context
                 flat.append(prompt[start] if start < P else out[start - P])
             else:
-                flat += [*prompt[start:start + n], *out[max(0, start - P):max(0, start + n - P)]]
-            if start + n == P + len(out):                 # context complete: its last logits sample
+                flat += [*prompt[start : start + n], *out[max(0, start - P) : max(0, start + n - P)]]
+            if start + n == P + len(out):  # context complete: its last logits sample
                 sample_at.append(len(flat) - 1)
         attn = RaggedAttention(self.cache, rows)
         idx = index_tensor(flat, self.device)[None]
-        at = None if len(sample_at) == len(flat) else index_tensor(sample_at, self.device)   # None: every token
+        at = None if len(sample_at) == len(flat) else index_tensor(sample_at, self.device)  # None: every token
         with autocast(self.device):
             logits, _ = self.model(idx, cache=attn, logits_at=at)
         return logits[0]

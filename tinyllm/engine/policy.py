@@ -39,6 +39,7 @@ from tinyllm.request import SCHEDULING_POLICIES
 
 class WaitingQueue(Protocol):
     """Requests waiting for a slot, next first. ``len()`` / truth: how many wait."""
+
     name: str
 
     def add(self, seq: Sequence) -> None:
@@ -105,7 +106,7 @@ class FCFSQueue:
         return running[-1]
 
     def running_order(self, running: list[Sequence]) -> list[Sequence]:
-        return list(running)                          # admission order: the newest goes first
+        return list(running)  # admission order: the newest goes first
 
     def outranks(self, seq: Sequence, running: Sequence) -> bool:
         return False
@@ -191,15 +192,14 @@ class FairQueue(FCFSQueue):
 
     def __init__(self) -> None:
         self._by_tenant: dict[str, deque[Sequence]] = {}
-        self.served: dict[str, int] = {}             # tenant -> tokens computed for it (lifted)
+        self.served: dict[str, int] = {}  # tenant -> tokens computed for it (lifted)
 
     def _next_tenant(self, served: dict[str, int]) -> str:
-        return min(self._by_tenant, key=lambda t: (served[t], self._by_tenant[t][0].arrival,
-                                                   self._by_tenant[t][0].rid))
+        return min(self._by_tenant, key=lambda t: (served[t], self._by_tenant[t][0].arrival, self._by_tenant[t][0].rid))
 
     def _join(self, seq: Sequence, front: bool) -> None:
         t = seq.req.tenant
-        if t not in self._by_tenant:                 # starts waiting: no credit for idle time
+        if t not in self._by_tenant:  # starts waiting: no credit for idle time
             waiting = [self.served[w] for w in self._by_tenant]
             # level with the least served of those waiting; with nobody waiting, with the most
             # served (the others ran meanwhile: idle time is not saved up)
@@ -258,8 +258,12 @@ class FairQueue(FCFSQueue):
 
 
 POLICIES: dict[str, type[FCFSQueue]] = {
-    "fcfs": FCFSQueue, "priority": PriorityQueue, "shortest-first": ShortestFirstQueue, "fair": FairQueue}
-assert tuple(POLICIES) == SCHEDULING_POLICIES      # the names, torch-free, live in request.py
+    "fcfs": FCFSQueue,
+    "priority": PriorityQueue,
+    "shortest-first": ShortestFirstQueue,
+    "fair": FairQueue,
+}
+assert tuple(POLICIES) == SCHEDULING_POLICIES  # the names, torch-free, live in request.py
 
 
 def check_policy(policy) -> str:

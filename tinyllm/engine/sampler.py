@@ -17,16 +17,15 @@ whose distribution is still not a distribution (NaN logits: the unforeseen) fail
 
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Sequence as Seq
 
 import torch
 from torch import Tensor
 
 from tinyllm import native
 from tinyllm.request import Sampling, TokenLogprob, is_greedy
-
 
 _F32_MAX = torch.finfo(torch.float32).max
 _F32_TINY = torch.finfo(torch.float32).tiny
@@ -36,11 +35,12 @@ _NEG_INF = float("-inf")
 @dataclass(frozen=True)
 class Row:
     """What the sampler needs of one row besides its logits."""
+
     sampling: Sampling
-    prompt: Seq[int] = ()                # read only when a penalty is on
-    output: Seq[int] = ()                # generated so far: penalties, and a seeded row's position
-    banned: tuple[int, ...] = ()         # may not be drawn now (EOS / stop ids before min_tokens)
-    logprobs: int | None = None          # report the chosen token's logprob and this many alternatives
+    prompt: Seq[int] = ()  # read only when a penalty is on
+    output: Seq[int] = ()  # generated so far: penalties, and a seeded row's position
+    banned: tuple[int, ...] = ()  # may not be drawn now (EOS / stop ids before min_tokens)
+    logprobs: int | None = None  # report the chosen token's logprob and this many alternatives
 
     @cached_property
     def argmax_only(self) -> bool:
@@ -54,13 +54,19 @@ class Row:
 class Sampled:
     """The batch's tokens (B, 1); rows whose sampling failed (row → why; their token is 0 and
     must not be used); logprobs of the rows that asked (row → TokenLogprob)."""
+
     tokens: Tensor
     failed: dict[int, str] = field(default_factory=dict)
     logprobs: dict[int, TokenLogprob] = field(default_factory=dict)
 
 
-def sample_next(logits: Tensor, temperature: float = 0.0, top_k: int | None = None,
-                top_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
+def sample_next(
+    logits: Tensor,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
     """Next token per row, every row with the same setting: logits (B, V) → (B, 1). A
     temperature below ``GREEDY_BELOW`` is greedy (argmax, no randomness used)."""
     s = Sampling(temperature, top_k, top_p)
@@ -82,14 +88,14 @@ def sample_batch(logits: Tensor, rows: list[Row], generator: torch.Generator | N
     ``generator`` (one call for all of them); an error no row can be blamed for fails them all."""
     try:
         return _sample(logits, rows, generator)
-    except Exception as e:                                # noqa: BLE001 - the caller fails these rows, goes on
+    except Exception as e:  # noqa: BLE001 - the caller fails these rows, goes on
         why = f"sampling failed: {type(e).__name__}: {e}"
         return Sampled(_zeros(logits), {i: why for i in range(len(rows))})
 
 
 def _sample(logits: Tensor, rows: list[Row], generator) -> Sampled:
     x = logits.float()
-    if all(r.argmax_only for r in rows):                  # (the common batch: one pass over the rows)
+    if all(r.argmax_only for r in rows):  # (the common batch: one pass over the rows)
         return Sampled(_argmax(x))
     dev = logits.device
     settings = [r.sampling for r in rows]
@@ -99,7 +105,7 @@ def _sample(logits: Tensor, rows: list[Row], generator) -> Sampled:
         x = _ban(x, rows)
     failed: dict[int, str] = {}
     drawn = [i for i, s in enumerate(settings) if not is_greedy(s.temperature)]
-    if len(drawn) == len(rows):                           # every row draws: no argmax, no copy of the logits
+    if len(drawn) == len(rows):  # every row draws: no argmax, no copy of the logits
         tokens, bad = _draw(x, rows, generator)
     else:
         tokens = _argmax(x)
@@ -130,20 +136,21 @@ def _penalize(x: Tensor, rows: list[Row]) -> Tensor:
     out_keys = _keys(v, dev, [r.output if r.sampling.penalized else () for r in rows])
     prompt_keys = _keys(v, dev, [r.prompt if r.sampling.repetition_penalty != 1 else () for r in rows])
     out_unique, out_counts = torch.unique(out_keys, return_counts=True)
-    keys = torch.unique(torch.cat([out_unique, prompt_keys]))           # every (row, token) seen, sorted
+    keys = torch.unique(torch.cat([out_unique, prompt_keys]))  # every (row, token) seen, sorted
     counts = torch.zeros(keys.numel(), dtype=torch.float32, device=dev)
     counts[torch.searchsorted(keys, out_unique)] = out_counts.float()
     row = keys // v
 
     def col(vals: list[float]) -> Tensor:
         return torch.tensor(vals, dtype=torch.float32, device=dev)[row]
+
     rep = col([min(max(r.sampling.repetition_penalty, _F32_TINY), _F32_MAX) for r in rows])
     flat = x.reshape(-1)
     seen = flat[keys]
     y = torch.where(seen > 0, seen / rep, seen * rep)
     y = y - col([r.sampling.frequency_penalty for r in rows]) * counts
     y = y - col([r.sampling.presence_penalty for r in rows]) * (counts > 0)
-    out = x.clamp(max=_F32_MAX).contiguous()             # -inf stays masked; +inf becomes the largest float
+    out = x.clamp(max=_F32_MAX).contiguous()  # -inf stays masked; +inf becomes the largest float
     out.view(-1)[keys] = torch.where(seen == _NEG_INF, _NEG_INF, y.clamp(-_F32_MAX, _F32_MAX))
     return out
 
@@ -195,7 +202,7 @@ def _draw(x: Tensor, rows: list[Row], generator) -> tuple[Tensor, Tensor]:
     u = _uniforms(rows, generator, dev)
     tok = torch.searchsorted(cdf, (u * total).clamp(min=0), right=True)
     ids = torch.arange(v, device=dev).expand(b, v)
-    last = torch.where(probs > 0, ids, 0).max(dim=-1, keepdim=True).values     # the last possible token
+    last = torch.where(probs > 0, ids, 0).max(dim=-1, keepdim=True).values  # the last possible token
     return torch.minimum(tok, last), bad
 
 
@@ -213,27 +220,26 @@ def _top_k_top_p(x: Tensor, s: list[Sampling]) -> Tensor:
     width = max([kk for kk in k if kk < v] + [min(v, _TOP_FIRST) if min(p) <= 1 else 1])
     kt = torch.tensor(k, device=x.device).unsqueeze(1)
     pt = torch.tensor(p, dtype=torch.float64, device=x.device).unsqueeze(1)
-    vals, order = torch.topk(x, width, dim=-1)                   # each row's `width` best, descending
-    whole = any(kk >= v for kk in k)                              # a row's probabilities over the vocabulary
+    vals, order = torch.topk(x, width, dim=-1)  # each row's `width` best, descending
+    whole = any(kk >= v for kk in k)  # a row's probabilities over the vocabulary
     n, wide = _cut_size(x, vals, order, kt, pt, whole)
-    last = vals.gather(-1, (n - 1).clamp(max=width - 1))           # each row's smallest kept logit
-    if bool(wide.any()):                                          # nuclei wider than the candidates
+    last = vals.gather(-1, (n - 1).clamp(max=width - 1))  # each row's smallest kept logit
+    if bool(wide.any()):  # nuclei wider than the candidates
         rows = wide.nonzero().flatten()
         full_vals, full_order = torch.sort(x[rows], dim=-1, descending=True)
         n[rows], _ = _cut_size(x[rows], full_vals, full_order, kt[rows], pt[rows], True)
         last[rows] = full_vals.gather(-1, n[rows] - 1)
     above, at = x > last, x == last
     keep = above | (at & (at.cumsum(dim=-1) <= n - above.sum(dim=-1, keepdim=True)))
-    keep.scatter_(-1, order[:, :1], True)                         # the most likely (a NaN row fails later)
-    keep |= (kt >= v) & (pt > 1)                                  # rows with neither cut keep everything
+    keep.scatter_(-1, order[:, :1], True)  # the most likely (a NaN row fails later)
+    keep |= (kt >= v) & (pt > 1)  # rows with neither cut keep everything
     return x.masked_fill(~keep, _NEG_INF)
 
 
-_TOP_FIRST = 256        # candidates a top_p row is first cut from (a nucleus wider than this: a sort)
+_TOP_FIRST = 256  # candidates a top_p row is first cut from (a nucleus wider than this: a sort)
 
 
-def _cut_size(x: Tensor, vals: Tensor, order: Tensor, kt: Tensor, pt: Tensor,
-              whole: bool) -> tuple[Tensor, Tensor]:
+def _cut_size(x: Tensor, vals: Tensor, order: Tensor, kt: Tensor, pt: Tensor, whole: bool) -> tuple[Tensor, Tensor]:
     """How many tokens each row keeps, from its best logits ``vals`` (descending, at ``order``):
     its top_k, and its top_p over the probabilities a sort of the whole row gives (a softmax over
     its top_k where it has one, else over the whole vocabulary); and which rows' top_p needs more
@@ -246,14 +252,14 @@ def _cut_size(x: Tensor, vals: Tensor, order: Tensor, kt: Tensor, pt: Tensor,
     if whole:
         probs = torch.where(kt < v, probs, torch.softmax(x, dim=-1).gather(-1, order))
     probs = probs.double()
-    before = torch.cumsum(probs, dim=-1) - probs          # mass of strictly more likely tokens
+    before = torch.cumsum(probs, dim=-1) - probs  # mass of strictly more likely tokens
     drop = (before >= pt) | (rank >= kt)
     drop[:, 0] = False
     wide = ((pt <= 1) & (kt > width) & (before[:, -1:] + probs[:, -1:] < pt)).squeeze(1)
     return (~drop).sum(dim=-1, keepdim=True), wide
 
 
-_MIX1, _MIX2, _GOLDEN = -0x40A7B892E31B1A47, -0x6B2FB644ECCEEE15, -0x61C8864680B583EB   # splitmix64's, as int64
+_MIX1, _MIX2, _GOLDEN = -0x40A7B892E31B1A47, -0x6B2FB644ECCEEE15, -0x61C8864680B583EB  # splitmix64's, as int64
 
 
 def _mix(z: Tensor) -> Tensor:
@@ -271,7 +277,7 @@ def seeded_uniforms(seeds: Tensor, positions: Tensor) -> Tensor:
     """A uniform in [0, 1) per (seed, position), float64: a counter-based generator, so a
     seeded row's draw at position n is the same whatever else runs and however often it is recomputed."""
     h = _mix(_mix(seeds + _GOLDEN) + positions * _GOLDEN)
-    return _shr(h, 11).double() * (2.0 ** -53)
+    return _shr(h, 11).double() * (2.0**-53)
 
 
 def _uniforms(rows: list[Row], generator, dev) -> Tensor:
@@ -302,8 +308,10 @@ def _logprobs(logits: Tensor, tokens: Tensor, rows: list[Row]) -> dict[int, Toke
     n = min(max(rows[i].logprobs for i in ask), lp.size(-1))
     top_v, top_i = torch.topk(lp, n, dim=-1) if n else (lp[:, :0], lp[:, :0].long())
     top_v, top_i, toks = top_v.tolist(), top_i.tolist(), tokens[ix].squeeze(1).tolist()
-    return {i: TokenLogprob(toks[j], chosen[j], tuple(zip(top_i[j][:rows[i].logprobs], top_v[j][:rows[i].logprobs])))
-            for j, i in enumerate(ask)}
+    return {
+        i: TokenLogprob(toks[j], chosen[j], tuple(zip(top_i[j][: rows[i].logprobs], top_v[j][: rows[i].logprobs])))
+        for j, i in enumerate(ask)
+    }
 
 
 def _zeros(logits: Tensor) -> Tensor:

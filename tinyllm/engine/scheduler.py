@@ -42,7 +42,7 @@ from tinyllm.engine.policy import WaitingQueue
 from tinyllm.engine.sequence import Sequence
 from tinyllm.kv.blocks import BlockPool
 
-Item = tuple[Sequence, int, int]      # (seq, start, n): the sequence computes context positions start..start+n-1
+Item = tuple[Sequence, int, int]  # (seq, start, n): the sequence computes context positions start..start+n-1
 
 
 @dataclass
@@ -54,15 +54,16 @@ class StepPlan:
     - "decode": one token for every running sequence (the seed's decode; on the slot cache idle
       slots compute a throwaway row too).
     """
+
     kind: Literal["mixed", "prefill", "decode"] = "mixed"
-    items: list[Item] = field(default_factory=list)          # batch order
-    admitted: list[Sequence] = field(default_factory=list)   # got a slot from the scheduler (seq.slot set)
-    slots: list[int] = field(default_factory=list)           # prefill: items[i] takes slots[i] if its prefill succeeds
+    items: list[Item] = field(default_factory=list)  # batch order
+    admitted: list[Sequence] = field(default_factory=list)  # got a slot from the scheduler (seq.slot set)
+    slots: list[int] = field(default_factory=list)  # prefill: items[i] takes slots[i] if its prefill succeeds
     preempted: list[Sequence] = field(default_factory=list)  # lost their slot and blocks (released), newest first
-    prefix_queries: int = 0          # context tokens looked up in the prefix cache (vLLM's meaning)
-    prefix_hits: int = 0             # of those, tokens served from cached blocks
-    waits: dict[int, tuple[str, str]] = field(default_factory=dict)   # rid -> (WAIT_REASONS code, detail):
-                                     # why each request that computes nothing this step waits
+    prefix_queries: int = 0  # context tokens looked up in the prefix cache (vLLM's meaning)
+    prefix_hits: int = 0  # of those, tokens served from cached blocks
+    waits: dict[int, tuple[str, str]] = field(default_factory=dict)  # rid -> (WAIT_REASONS code, detail):
+    # why each request that computes nothing this step waits
 
     @property
     def tokens(self) -> int:
@@ -105,17 +106,22 @@ class TokenBudgetScheduler:
         pool, plan = self.pool, StepPlan()
         free_slots = pool.free_slots()
         budget = self.max_batched_tokens
-        live = list(running)                               # running minus this step's victims
+        live = list(running)  # running minus this step's victims
         scheduled: set[int] = set()
-        self._make_room(live, waiting, plan, free_slots)    # 0. priority: push out lower priority
-        short = False                                       # preempted for want of blocks this step
-        for seq in waiting.running_order([s for s in running if s.remaining() == 1]):   # 1. decodes
-            if plan.preempted and seq in plan.preempted:   # (a list scan only after a preemption)
+        self._make_room(live, waiting, plan, free_slots)  # 0. priority: push out lower priority
+        short = False  # preempted for want of blocks this step
+        for seq in waiting.running_order([s for s in running if s.remaining() == 1]):  # 1. decodes
+            if plan.preempted and seq in plan.preempted:  # (a list scan only after a preemption)
                 continue
             while not pool.try_grow(seq.slot, seq.computed + 1):
-                victim = waiting.victim([s for s in live if s.rid not in scheduled])   # maybe seq
-                self._preempt(victim, live, plan, free_slots,
-                              f"out of KV blocks: #{seq.rid}'s next token needed a block, none free")
+                victim = waiting.victim([s for s in live if s.rid not in scheduled])  # maybe seq
+                self._preempt(
+                    victim,
+                    live,
+                    plan,
+                    free_slots,
+                    f"out of KV blocks: #{seq.rid}'s next token needed a block, none free",
+                )
                 short = True
                 if victim is seq:
                     break
@@ -124,10 +130,10 @@ class TokenBudgetScheduler:
                 waiting.charge(seq, 1)
                 scheduled.add(seq.rid)
                 budget -= 1
-        decodes = len(plan.items)                           # (they stay first: one-token items)
-        blocked: tuple[str, str] | None = None              # why the head of the queue waits
+        decodes = len(plan.items)  # (they stay first: one-token items)
+        blocked: tuple[str, str] | None = None  # why the head of the queue waits
         while True:
-            for seq in live:                                             # 2. prefills in progress
+            for seq in live:  # 2. prefills in progress
                 if budget <= 0:
                     break
                 if seq.rid in scheduled:
@@ -139,13 +145,13 @@ class TokenBudgetScheduler:
                     waiting.charge(seq, n)
                     scheduled.add(seq.rid)
                     budget -= n
-            while waiting:                                               # 3. admissions
+            while waiting:  # 3. admissions
                 blocked = self._blocked(free_slots, budget, short)
                 if blocked:
                     break
                 seq, slot = waiting.peek(), free_slots[0]
                 context = seq.context()
-                hit = pool.match_prefix(context)          # cached full blocks: not computed again
+                hit = pool.match_prefix(context)  # cached full blocks: not computed again
                 cached = len(hit) * pool.block_size
                 room = pool.room_fresh() - pool.free_blocks_taken_by(hit) * pool.block_size
                 n = min(len(context) - cached, budget, room)
@@ -158,24 +164,29 @@ class TokenBudgetScheduler:
                 pool.take_prefix(slot, hit)
                 pool.try_grow(slot, cached + n)
                 seq.slot, seq.computed, seq.admit_cached = slot, cached, cached
-                if seq.admitted is None:                  # OpenAI's cached_tokens: the prompt's, once (after a
-                    seq.cached_tokens = cached            # preemption the context holds its output too)
+                if seq.admitted is None:  # OpenAI's cached_tokens: the prompt's, once (after a
+                    seq.cached_tokens = cached  # preemption the context holds its output too)
                 plan.prefix_queries += len(context)
                 plan.prefix_hits += cached
                 live.append(seq)
                 plan.admitted.append(seq)
                 plan.items.append((seq, cached, n))
-                waiting.charge(seq, n)                    # as planned: the next pick sees it
+                waiting.charge(seq, n)  # as planned: the next pick sees it
                 scheduled.add(seq.rid)
                 budget -= n
             if plan.items or not live:
                 break
             # Every running sequence is mid-prefill and the pool is full: nobody can move. Free the
             # newest one's blocks so the others can (a sequence always fits the pool alone).
-            self._preempt(live[-1], live, plan, free_slots, "out of KV blocks: every running request "
-                          "was mid-prefill and the pool was full; the newest made way")
+            self._preempt(
+                live[-1],
+                live,
+                plan,
+                free_slots,
+                "out of KV blocks: every running request was mid-prefill and the pool was full; the newest made way",
+            )
             short = True
-        plan.items[decodes:] = sorted(plan.items[decodes:], key=lambda item: item[2] != 1)   # one-token items first
+        plan.items[decodes:] = sorted(plan.items[decodes:], key=lambda item: item[2] != 1)  # one-token items first
         self._explain(live, scheduled, waiting, blocked, budget, plan)
         return plan
 
@@ -206,7 +217,7 @@ class TokenBudgetScheduler:
         while waiting:
             head = waiting.peek()
             lower = [s for s in live if waiting.outranks(head, s)]
-            if not lower:                                 # (fcfs & co: never; so no prefix lookup)
+            if not lower:  # (fcfs & co: never; so no prefix lookup)
                 return
             if free_slots:
                 hit = pool.match_prefix(head.context())
@@ -214,14 +225,26 @@ class TokenBudgetScheduler:
                 if room >= min(head.context_len() - len(hit) * pool.block_size, self.max_batched_tokens):
                     return
             victim = waiting.victim(lower)
-            self._preempt(victim, live, plan, free_slots, f"for #{head.rid}, of higher priority "
-                          f"({head.req.priority} < {victim.req.priority})")
+            self._preempt(
+                victim,
+                live,
+                plan,
+                free_slots,
+                f"for #{head.rid}, of higher priority ({head.req.priority} < {victim.req.priority})",
+            )
 
-    def _explain(self, live: list[Sequence], scheduled: set[int], waiting: WaitingQueue,
-                 blocked: tuple[str, str] | None, budget: int, plan: StepPlan) -> None:
+    def _explain(
+        self,
+        live: list[Sequence],
+        scheduled: set[int],
+        waiting: WaitingQueue,
+        blocked: tuple[str, str] | None,
+        budget: int,
+        plan: StepPlan,
+    ) -> None:
         """A reason for every request that computes nothing this step (``plan.waits``)."""
         for seq in live:
-            if seq.rid not in scheduled:                  # admitted, mid-prefill, no chunk this step
+            if seq.rid not in scheduled:  # admitted, mid-prefill, no chunk this step
                 plan.waits[seq.rid] = self._blocked([0], budget, False) or self._pool_full(seq.remaining(), budget)
         for i, seq in enumerate(waiting):
             if i == 0:

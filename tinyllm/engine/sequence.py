@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tinyllm.engine.sampler import Row
-from tinyllm.request import Request, Sampling, TokenLogprob
 from tinyllm.observe.snapshot import RequestView
+from tinyllm.request import Request, Sampling, TokenLogprob
 
 
 def finish_reason(req: Request, toks: list[int]) -> str | None:
@@ -27,17 +27,19 @@ def is_done(req: Request, toks: list[int]) -> bool:
 @dataclass(frozen=True)
 class Event:
     """One generated token, as step() reports it (a server streams these)."""
+
     rid: int
     token: int
-    done: bool                 # the request finished with this token (EOS or max_new_tokens)
-    reason: str = ""           # when done: "eos", "stop" (a stop token id) or "length"
-    logprob: TokenLogprob | None = None   # only for a request that asked for logprobs
+    done: bool  # the request finished with this token (EOS or max_new_tokens)
+    reason: str = ""  # when done: "eos", "stop" (a stop token id) or "length"
+    logprob: TokenLogprob | None = None  # only for a request that asked for logprobs
 
 
 @dataclass(eq=False)
 class Sequence:
     """The engine's record of one request, kept after it ends so viewers can show it.
     ``req`` is the engine's own frozen copy (prompt as a tuple), never the caller's object."""
+
     rid: int
     req: Request
     sampling: Sampling
@@ -46,22 +48,22 @@ class Sequence:
     state: str = "queued"
     slot: int | None = None
     first_token: float | None = None
-    admitted: float | None = None          # its first admission (the end of its queue time)
+    admitted: float | None = None  # its first admission (the end of its queue time)
     finish: float | None = None
     preemptions: int = 0
     error: str | None = None
-    computed: int = 0                      # chunked prefill: context tokens whose K/V is in the pool
-    cached_tokens: int = 0                 # of its prompt, served by the prefix cache at its first admission
-    admit_cached: int = 0                  # of its context, served by the cache at its latest (a recompute's too)
-    prefilled: bool = False                # chunked prefill: sampled since its last (re)admission
-    wait: tuple[str, str] | None = None    # why it computed nothing in the latest step: (code, detail)
-    waited: dict[str, int] = field(default_factory=dict)   # steps spent waiting, per reason code
-    view: RequestView | None = None        # cached snapshot view; None when stale
-    logprobs: list[TokenLogprob] = field(default_factory=list)   # one per token of out, if it asked
-    fork_of: int | None = None             # n > 1: the id of the sample whose prompt it forks off
-    forks: list[Sequence] = field(default_factory=list)   # samples waiting (not queued) for its prompt
-    _row: Row | None = field(default=None, repr=False)     # row()'s, kept while its bans hold
-    _row_bans: bool = field(default=False, repr=False)     # whether that Row bans the stop ids
+    computed: int = 0  # chunked prefill: context tokens whose K/V is in the pool
+    cached_tokens: int = 0  # of its prompt, served by the prefix cache at its first admission
+    admit_cached: int = 0  # of its context, served by the cache at its latest (a recompute's too)
+    prefilled: bool = False  # chunked prefill: sampled since its last (re)admission
+    wait: tuple[str, str] | None = None  # why it computed nothing in the latest step: (code, detail)
+    waited: dict[str, int] = field(default_factory=dict)  # steps spent waiting, per reason code
+    view: RequestView | None = None  # cached snapshot view; None when stale
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token of out, if it asked
+    fork_of: int | None = None  # n > 1: the id of the sample whose prompt it forks off
+    forks: list[Sequence] = field(default_factory=list)  # samples waiting (not queued) for its prompt
+    _row: Row | None = field(default=None, repr=False)  # row()'s, kept while its bans hold
+    _row_bans: bool = field(default=False, repr=False)  # whether that Row bans the stop ids
 
     def row(self) -> Row:
         """What the sampler needs to pick its next token: settings, history, bans, logprobs. Kept
@@ -93,8 +95,24 @@ class Sequence:
         """Its immutable view, rebuilt only after it changed (whoever changes it sets ``view = None``)."""
         if self.view is None:
             r = self.req
-            self.view = RequestView(self.rid, self.state, self.slot, r.prompt, tuple(self.out),
-                                    r.max_new_tokens, self.sampling, r.eos_id, self.arrival, self.first_token,
-                                    self.finish, self.preemptions, self.error, self.cached_tokens,
-                                    r.priority, r.tenant, *(self.wait or ("", "")), admitted_s=self.admitted)
+            self.view = RequestView(
+                self.rid,
+                self.state,
+                self.slot,
+                r.prompt,
+                tuple(self.out),
+                r.max_new_tokens,
+                self.sampling,
+                r.eos_id,
+                self.arrival,
+                self.first_token,
+                self.finish,
+                self.preemptions,
+                self.error,
+                self.cached_tokens,
+                r.priority,
+                r.tenant,
+                *(self.wait or ("", "")),
+                admitted_s=self.admitted,
+            )
         return self.view

@@ -17,20 +17,38 @@ from tinyllm.model.device import autocast
 from tinyllm.model.transformer import Transformer
 from tinyllm.request import check_fits
 
-def generate(model: Transformer, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
-             top_k: int | None = None, top_p: float | None = None, eos_id: int | None = None,
-             generator: torch.Generator | None = None, kv_cache_dtype: str = "auto") -> list[int]:
+
+def generate(
+    model: Transformer,
+    prompt: list[int],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_id: int | None = None,
+    generator: torch.Generator | None = None,
+    kv_cache_dtype: str = "auto",
+) -> list[int]:
     """One request alone: prefill, then one token at a time. Returns the generated tokens
     (EOS included if produced). ``kv_cache_dtype``: its K/V kept as an engine's would be
     (forward.kv_cache_dtype), the reference for an engine with that setting."""
-    return list(generate_stream(model, prompt, max_new_tokens, temperature, top_k, top_p, eos_id, generator,
-                                kv_cache_dtype))
+    return list(
+        generate_stream(model, prompt, max_new_tokens, temperature, top_k, top_p, eos_id, generator, kv_cache_dtype)
+    )
 
 
 @torch.no_grad()
-def generate_stream(model: Transformer, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
-                    top_k: int | None = None, top_p: float | None = None, eos_id: int | None = None,
-                    generator: torch.Generator | None = None, kv_cache_dtype: str = "auto") -> Iterator[int]:
+def generate_stream(
+    model: Transformer,
+    prompt: list[int],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_id: int | None = None,
+    generator: torch.Generator | None = None,
+    kv_cache_dtype: str = "auto",
+) -> Iterator[int]:
     """Like ``generate`` but yields each token as soon as it is chosen."""
     device = next(model.parameters()).device
     kv_dtype = kv_cache_dtype_of(device, kv_cache_dtype)

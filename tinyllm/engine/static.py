@@ -41,9 +41,16 @@ from tinyllm.request import ContextTooLong, Request, Result, Sampling, check_fit
 
 
 @torch.no_grad()
-def run_static(model: Transformer, requests: list[Request], batch_size: int,
-               temperature: float = 0.0, top_k=None, top_p=None, generator=None,
-               kv_cache_dtype: str = "auto") -> tuple[list[Result], dict]:
+def run_static(
+    model: Transformer,
+    requests: list[Request],
+    batch_size: int,
+    temperature: float = 0.0,
+    top_k=None,
+    top_p=None,
+    generator=None,
+    kv_cache_dtype: str = "auto",
+) -> tuple[list[Result], dict]:
     """Static batching: B requests at a time, each batch decoded until its longest row is done.
     Runs ``StaticBatcher`` to the end: every request arrives at t=0."""
     if any(r.sampling is not None for r in requests):
@@ -61,11 +68,12 @@ def run_static(model: Transformer, requests: list[Request], batch_size: int,
 @dataclass(frozen=True)
 class BatchRow:
     """One row of the running batch, for viewers."""
+
     rid: int
-    context_len: int          # prompt + tokens generated (frozen once the row is done)
-    capacity: int             # tokens per row: the batch's padded prompt length + its largest max_new_tokens
-    done: bool                # finished, yet still computed each step until the batch ends
-    generated: int            # tokens generated
+    context_len: int  # prompt + tokens generated (frozen once the row is done)
+    capacity: int  # tokens per row: the batch's padded prompt length + its largest max_new_tokens
+    done: bool  # finished, yet still computed each step until the batch ends
+    generated: int  # tokens generated
     max_new_tokens: int
 
 
@@ -80,29 +88,38 @@ class _Pending:
 class StaticBatcher:
     """Static batching, stepwise (see the module docstring). Not thread-safe."""
 
-    def __init__(self, model: Transformer, batch_size: int, temperature: float = 0.0, top_k=None, top_p=None,
-                 generator=None, clock: Callable[[], float] | None = None, batch_timeout_s: float = 0.0,
-                 kv_cache_dtype: str = "auto"):
-        freeze_startup_heap()                        # no full-GC pauses mid-run (heap.py)
+    def __init__(
+        self,
+        model: Transformer,
+        batch_size: int,
+        temperature: float = 0.0,
+        top_k=None,
+        top_p=None,
+        generator=None,
+        clock: Callable[[], float] | None = None,
+        batch_timeout_s: float = 0.0,
+        kv_cache_dtype: str = "auto",
+    ):
+        freeze_startup_heap()  # no full-GC pauses mid-run (heap.py)
         if not is_int(batch_size) or batch_size < 1:
             raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        Sampling(temperature, top_k, top_p)             # validate once, with the usual messages
+        Sampling(temperature, top_k, top_p)  # validate once, with the usual messages
         model.eval()
         self.model = model
         self.device = next(model.parameters()).device
         self.batch_size = batch_size
         self.batch_timeout_s = batch_timeout_s
-        self.more_coming = False                         # a caller replaying arrivals sets this
+        self.more_coming = False  # a caller replaying arrivals sets this
         self._pick = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
-        self.kv_dtype = kv_cache_dtype_of(self.device, kv_cache_dtype)   # the batch cache's K/V (ContinuousEngine's)
+        self.kv_dtype = kv_cache_dtype_of(self.device, kv_cache_dtype)  # the batch cache's K/V (ContinuousEngine's)
         self.stats = Stats(kv_bytes_per_token=kv_bytes_per_token(model, self.device, kv_cache_dtype))
         self.results: dict[int, Result] = {}
-        self.first_s: dict[int, float] = {}              # rid -> when its first token came (this clock)
-        self.steps = 0                                   # forward passes: prefills + decode steps
-        self.generated = 0                               # tokens sampled, every request
+        self.first_s: dict[int, float] = {}  # rid -> when its first token came (this clock)
+        self.steps = 0  # forward passes: prefills + decode steps
+        self.generated = 0  # tokens sampled, every request
         self.queue: deque[_Pending] = deque()
         self.batch: list[_Pending] = []
-        self.capacity = 0                                # KV tokens the running batch holds (all rows)
+        self.capacity = 0  # KV tokens the running batch holds (all rows)
         self._row_cap = 0
         self._n = 0
         self._cache = self._logits = self._nxt = None
@@ -134,8 +151,12 @@ class StaticBatcher:
 
     def rows(self) -> tuple[BatchRow, ...]:
         cap = self._row_cap
-        return tuple(BatchRow(p.rid, len(p.req.prompt) + len(p.out), cap, p.rid in self.results, len(p.out),
-                              p.req.max_new_tokens) for p in self.batch)
+        return tuple(
+            BatchRow(
+                p.rid, len(p.req.prompt) + len(p.out), cap, p.rid in self.results, len(p.out), p.req.max_new_tokens
+            )
+            for p in self.batch
+        )
 
     def used_tokens(self) -> int:
         """Real context tokens of the rows still generating (what the KV cache usefully holds)."""
@@ -171,8 +192,9 @@ class StaticBatcher:
         except ContextTooLong as e:
             self.queue.extendleft(reversed(batch))
             raise ContextTooLong(f"batch at request {batch[0].rid} (prompts left-padded to {L}): {e}") from None
-        self._logits, self._cache, _ = prefill_padded(self.model, [p.req.prompt for p in batch], L + new_max,
-                                                      kv_dtype=self.kv_dtype)
+        self._logits, self._cache, _ = prefill_padded(
+            self.model, [p.req.prompt for p in batch], L + new_max, kv_dtype=self.kv_dtype
+        )
         self.batch = batch
         self._row_cap = L + new_max
         self.capacity = len(batch) * self._row_cap
@@ -181,7 +203,7 @@ class StaticBatcher:
 
     def _sample(self) -> list[Event]:
         self._nxt = sample_next(self._logits, **self._pick)
-        toks = self._nxt.squeeze(-1).tolist()                 # GPU sync: tokens to the host
+        toks = self._nxt.squeeze(-1).tolist()  # GPU sync: tokens to the host
         now = self.now()
         events = []
         for p, t in zip(self.batch, toks):

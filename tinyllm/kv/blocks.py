@@ -37,6 +37,7 @@ def prefix_key(parent: bytes | None, tokens: tuple[int, ...]) -> bytes:
     h.update(array("q", tokens).tobytes())
     return h.digest()
 
+
 def check_pool_holds_one_request(n_blocks: int, block_size: int, max_len: int) -> None:
     """ValueError unless a pool of ``n_blocks`` blocks holds one request of ``max_len`` tokens.
     A server or app whose paged pool could not would refuse most requests at once, so both refuse
@@ -46,9 +47,11 @@ def check_pool_holds_one_request(n_blocks: int, block_size: int, max_len: int) -
     need = -(-max_len // block_size)
     if n_blocks < need:
         tokens = n_blocks * block_size
-        raise ValueError(f"kv_blocks {n_blocks} is too small for one request: the pool holds {n_blocks} "
-                         f"block{'s' * (n_blocks != 1)} of {block_size} tokens ({tokens} tokens), one request of "
-                         f"max_len {max_len} needs {need} (raise kv_blocks to {need} or lower max_len to {tokens})")
+        raise ValueError(
+            f"kv_blocks {n_blocks} is too small for one request: the pool holds {n_blocks} "
+            f"block{'s' * (n_blocks != 1)} of {block_size} tokens ({tokens} tokens), one request of "
+            f"max_len {max_len} needs {need} (raise kv_blocks to {need} or lower max_len to {tokens})"
+        )
 
 
 class BlockPool:
@@ -57,8 +60,10 @@ class BlockPool:
 
     def __init__(self, n_slots: int, n_blocks: int, block_size: int, max_len: int):
         if n_blocks < 1 or block_size < 1 or n_slots < 1 or max_len < 1:
-            raise ValueError(f"PagedKVCache needs n_blocks, block_size, n_slots and max_len >= 1, got {n_blocks}, "
-                             f"{block_size}, {n_slots}, {max_len}")
+            raise ValueError(
+                f"PagedKVCache needs n_blocks, block_size, n_slots and max_len >= 1, got {n_blocks}, "
+                f"{block_size}, {n_slots}, {max_len}"
+            )
         self.n_slots, self.max_len = n_slots, max_len
         self.n_blocks, self.block_size = n_blocks, block_size
         self.max_blocks = math.ceil(max_len / block_size)
@@ -70,19 +75,19 @@ class BlockPool:
         # max_len is a whole number of blocks: ``occupy`` holds room for the position after a context.)
         self.table_width = self.blocks_for(max_len + 1)
         self.table_array = array("q", [n_blocks]) * (n_slots * self.table_width)
-        self.ref = [0] * n_blocks                            # block → how many slots' tables hold it
-        self._free: list[int] = list(range(n_blocks))        # a heap: lowest id first (easy to read)
-        self.prefix_cache = False                            # set by the engine (chunked prefill only)
-        self.block_key: list[bytes | None] = [None] * n_blocks   # a full block's prefix key, if cached
+        self.ref = [0] * n_blocks  # block → how many slots' tables hold it
+        self._free: list[int] = list(range(n_blocks))  # a heap: lowest id first (easy to read)
+        self.prefix_cache = False  # set by the engine (chunked prefill only)
+        self.block_key: list[bytes | None] = [None] * n_blocks  # a full block's prefix key, if cached
         self.block_tokens: list[tuple[int, ...] | None] = [None] * n_blocks
-        self.cached: dict[bytes, int] = {}                   # prefix key → block
-        self._lru: OrderedDict[int, None] = OrderedDict()    # cached blocks at zero refs, oldest first
-        self.slot_keys: list[list[bytes]] = [[] for _ in range(n_slots)]   # keys of each slot's full blocks
+        self.cached: dict[bytes, int] = {}  # prefix key → block
+        self._lru: OrderedDict[int, None] = OrderedDict()  # cached blocks at zero refs, oldest first
+        self.slot_keys: list[list[bytes]] = [[] for _ in range(n_slots)]  # keys of each slot's full blocks
         self.lens = [0] * n_slots
         self.active = [False] * n_slots
-        self._order = [0] * n_slots                          # admission order, for "newest"
+        self._order = [0] * n_slots  # admission order, for "newest"
         self._admissions = 0
-        self._dirty = True                                   # changed since the tensors last synced
+        self._dirty = True  # changed since the tensors last synced
 
     # -- slots ----------------------------------------------------------------------------
     def free_slots(self) -> list[int]:
@@ -96,8 +101,10 @@ class BlockPool:
         need = self.blocks_for(total_tokens)
         if need > self.n_blocks:
             n = self.n_blocks
-            raise ValueError(f"{total_tokens} tokens need {need} blocks of {self.block_size}, "
-                             f"but the pool has only {n} block{'s' * (n != 1)} ({n * self.block_size} tokens)")
+            raise ValueError(
+                f"{total_tokens} tokens need {need} blocks of {self.block_size}, "
+                f"but the pool has only {n} block{'s' * (n != 1)} ({n * self.block_size} tokens)"
+            )
 
     def can_admit(self, context_lens: list[int]) -> bool:
         """Enough free blocks for every context plus the position its first decode writes."""
@@ -126,7 +133,7 @@ class BlockPool:
     def try_grow(self, slot: int, n_tokens: int) -> bool:
         """Blocks for the slot's first ``n_tokens`` positions; False (nothing taken) if short."""
         have = len(self.tables[slot])
-        if n_tokens <= have * self.block_size:          # (most calls: a decode inside its last block)
+        if n_tokens <= have * self.block_size:  # (most calls: a decode inside its last block)
             return True
         need = self.blocks_for(n_tokens) - have
         if need > self.num_free_blocks():
@@ -171,9 +178,9 @@ class BlockPool:
             return []
         bs, out, parent = self.block_size, [], None
         for i in range((len(tokens) - 1) // bs):
-            toks = tuple(tokens[i * bs:(i + 1) * bs])
+            toks = tuple(tokens[i * bs : (i + 1) * bs])
             b = self.cached.get(prefix_key(parent, toks))
-            if b is None or self.block_tokens[b] != toks:   # a miss, or a collision: stop here
+            if b is None or self.block_tokens[b] != toks:  # a miss, or a collision: stop here
                 break
             out.append(b)
             parent = self.block_key[b]
@@ -188,7 +195,7 @@ class BlockPool:
         assert not self.tables[slot] and self.lens[slot] == 0
         for b in blocks:
             if self.ref[b] == 0:
-                del self._lru[b]                              # revived: keeps its key
+                del self._lru[b]  # revived: keeps its key
             self.ref[b] += 1
             self._append(slot, b)
             self.slot_keys[slot].append(self.block_key[b])
@@ -202,7 +209,7 @@ class BlockPool:
             return
         bs, keys = self.block_size, self.slot_keys[slot]
         for i in range(len(keys), self.lens[slot] // bs):
-            toks = tuple(tokens[i * bs:(i + 1) * bs])
+            toks = tuple(tokens[i * bs : (i + 1) * bs])
             key = prefix_key(keys[-1] if keys else None, toks)
             keys.append(key)
             b = self.tables[slot][i]
@@ -230,12 +237,12 @@ class BlockPool:
             self.ref[b] -= 1
             if self.ref[b] == 0:
                 if self.block_key[b] is not None:
-                    self._lru[b] = None                       # stays cached until the pool needs it
+                    self._lru[b] = None  # stays cached until the pool needs it
                 else:
                     heapq.heappush(self._free, b)
         self.tables[slot] = []
         w = self.table_width
-        self.table_array[slot * w:(slot + 1) * w] = array("q", [self.n_blocks]) * w
+        self.table_array[slot * w : (slot + 1) * w] = array("q", [self.n_blocks]) * w
         self.slot_keys[slot] = []
         self.active[slot] = False
         self.lens[slot] = 0
@@ -247,8 +254,11 @@ class BlockPool:
         choice; default the newest); returns the evicted slots (already released)."""
         evicted: list[int] = []
         while True:
-            needy = [s for s in range(self.n_slots)
-                     if self.active[s] and self.lens[s] >= len(self.tables[s]) * self.block_size]
+            needy = [
+                s
+                for s in range(self.n_slots)
+                if self.active[s] and self.lens[s] >= len(self.tables[s]) * self.block_size
+            ]
             if len(needy) <= self.num_free_blocks():
                 break
             active = sorted((s for s in range(self.n_slots) if self.active[s]), key=lambda s: self._order[s])
@@ -262,8 +272,8 @@ class BlockPool:
     def used_tokens(self) -> int:
         """Context tokens stored, each once: a shared (prefix-cached, always full) block held by
         r sequences is in each one's length but in memory once."""
-        held = len(self.ref) - self.ref.count(0)       # blocks referenced at all (each once in memory)
-        shared = (sum(self.ref) - held) * self.block_size   # the references past each one's first
+        held = len(self.ref) - self.ref.count(0)  # blocks referenced at all (each once in memory)
+        shared = (sum(self.ref) - held) * self.block_size  # the references past each one's first
         return sum(compress(self.lens, self.active)) - shared
 
     def reserved_tokens(self) -> int:
@@ -296,7 +306,7 @@ class BlockPool:
         while len(self.tables[slot]) < n_blocks:
             if self._free:
                 b = heapq.heappop(self._free)
-            else:                                             # evict the least recently freed cached block
+            else:  # evict the least recently freed cached block
                 b, _ = self._lru.popitem(last=False)
                 del self.cached[self.block_key[b]]
                 self.block_key[b] = self.block_tokens[b] = None
@@ -307,7 +317,7 @@ class BlockPool:
     def _append(self, slot: int, b: int) -> None:
         """Block ``b`` joins the end of the slot's table (the list and its row in ``table_array``)."""
         table = self.tables[slot]
-        if len(table) >= self.table_width:               # (never: a context fits max_len; the row's edge)
+        if len(table) >= self.table_width:  # (never: a context fits max_len; the row's edge)
             raise RuntimeError(f"slot {slot}'s block table would outgrow max_len ({self.max_len} tokens)")
         self.table_array[slot * self.table_width + len(table)] = b
         table.append(b)

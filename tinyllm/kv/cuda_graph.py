@@ -93,19 +93,22 @@ class SlotGraphDecoder:
             raise ValueError("cuda_graph supports kv='slots' only (paged: not yet)")
         self.buckets = check_buckets(buckets, slots.max_len)
         if any(slots.active):
-            raise ValueError(f"cuda_graph: capture needs every slot idle; {sum(slots.active)} of "
-                             f"{slots.n_slots} are active")
+            raise ValueError(
+                f"cuda_graph: capture needs every slot idle; {sum(slots.active)} of {slots.n_slots} are active"
+            )
         if not torch.cuda.is_available():
             raise ValueError("cuda_graph needs a CUDA device, and this machine has none; use cuda_graph=False")
         device = next(model.parameters()).device
         if device.type != "cuda" or slots.k.device != device:
-            raise ValueError(f"cuda_graph: the model and its slot cache must be on one CUDA device "
-                             f"(model: {device}, cache: {slots.k.device})")
+            raise ValueError(
+                f"cuda_graph: the model and its slot cache must be on one CUDA device "
+                f"(model: {device}, cache: {slots.k.device})"
+            )
         self.model, self.slots, self.device = model, slots, device
         self._tok = torch.zeros(slots.n_slots, 1, dtype=torch.long, device=device)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self._pool = None
-        with torch.cuda.device(device):         # streams, capture and memory: the model's device, not the current one
+        with torch.cuda.device(device):  # streams, capture and memory: the model's device, not the current one
             free_before = torch.cuda.mem_get_info(device)[0]
             t = time.perf_counter()
             for b in self.buckets:
@@ -120,7 +123,7 @@ class SlotGraphDecoder:
         with capturing(s, bucket):
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):                    # warm-up outside the graph
+            with torch.cuda.stream(side):  # warm-up outside the graph
                 for _ in range(2):
                     with autocast(self.device):
                         self.model(self._tok, cache=s)
@@ -150,5 +153,5 @@ class SlotGraphDecoder:
             self._tok.copy_(last_tok)
             s._sync_lens()
             graph.replay()
-        s.end(1)                                            # host lengths advance as in eager
+        s.end(1)  # host lengths advance as in eager
         return logits

@@ -25,12 +25,11 @@ class KVCache:
     slot cache or pool keeps its K/V in bfloat16 too, so its prompt tokens attend the same rounded
     K/V as a prompt run through the pool in chunks would."""
 
-    def __init__(self, n_layers: int, max_len: int, pad_lens: Tensor | None = None,
-                 dtype: torch.dtype | None = None):
+    def __init__(self, n_layers: int, max_len: int, pad_lens: Tensor | None = None, dtype: torch.dtype | None = None):
         self.max_len = max_len
         self.pad_lens = pad_lens
         self.dtype = dtype
-        self.pos = 0                               # positions filled so far (padding included)
+        self.pos = 0  # positions filled so far (padding included)
         self.k: list[Tensor | None] = [None] * n_layers
         self.v: list[Tensor | None] = [None] * n_layers
         self._mask: Tensor | None = None
@@ -40,12 +39,12 @@ class KVCache:
             raise ValueError(f"KVCache: {self.pos} + {n_new} tokens exceed its max_len {self.max_len}")
         device = self.pad_lens.device if self.pad_lens is not None else None
         pad = self.pad_lens if self.pad_lens is not None else torch.zeros(batch, dtype=torch.long, device=device)
-        q_pos = torch.arange(self.pos, self.pos + n_new, device=pad.device)        # cache positions
+        q_pos = torch.arange(self.pos, self.pos + n_new, device=pad.device)  # cache positions
         k_pos = torch.arange(self.pos + n_new, device=pad.device)
         causal = k_pos[None, None, :] <= q_pos[None, :, None]
         real = k_pos[None, None, :] >= pad[:, None, None]
         self_only = k_pos[None, None, :] == q_pos[None, :, None]
-        self._mask = ((causal & real) | self_only).unsqueeze(1)                     # (B, 1, T, S)
+        self._mask = ((causal & real) | self_only).unsqueeze(1)  # (B, 1, T, S)
         return (q_pos[None, :] - pad[:, None]).clamp(min=0)
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -54,8 +53,8 @@ class KVCache:
             self.k[layer] = k.new_zeros(B, H, self.max_len, D, dtype=self.dtype or k.dtype)
             self.v[layer] = v.new_zeros(B, H, self.max_len, D, dtype=self.dtype or v.dtype)
         end = self.pos + k.size(2)
-        self.k[layer][:, :, self.pos:end] = k                  # (rounded to the cache's dtype)
-        self.v[layer][:, :, self.pos:end] = v
+        self.k[layer][:, :, self.pos : end] = k  # (rounded to the cache's dtype)
+        self.v[layer][:, :, self.pos : end] = v
         keys, vals = self.k[layer][:, :, :end], self.v[layer][:, :, :end]
         return grouped_attention(q, keys.to(q.dtype), vals.to(q.dtype), self._mask)
 
@@ -65,7 +64,7 @@ class KVCache:
 
     def real_kv(self, layer: int, row: int, pad: int) -> tuple[Tensor, Tensor]:
         """Row ``row``'s K/V without its padding: (Hkv, n_real, D) each."""
-        return self.k[layer][row, :, pad:self.pos], self.v[layer][row, :, pad:self.pos]
+        return self.k[layer][row, :, pad : self.pos], self.v[layer][row, :, pad : self.pos]
 
 
 class SlotKVCache:
@@ -75,21 +74,29 @@ class SlotKVCache:
     token per slot); attention covers only the window up to the longest active context, so the
     cost follows real lengths, not max_len. Idle slots compute a throwaway row."""
 
-    def __init__(self, n_layers: int, n_slots: int, n_kv_heads: int, head_dim: int, max_len: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+    def __init__(
+        self,
+        n_layers: int,
+        n_slots: int,
+        n_kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ):
         self.n_layers, self.n_slots, self.max_len = n_layers, n_slots, max_len
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         shape = (n_layers, n_slots, n_kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=self.device)
         self.v = torch.zeros(shape, dtype=dtype, device=self.device)
-        self.lens = [0] * n_slots                  # context tokens stored per slot
+        self.lens = [0] * n_slots  # context tokens stored per slot
         self.active = [False] * n_slots
         self._rows = torch.arange(n_slots, device=self.device)
-        self._lens_t = torch.zeros(n_slots, dtype=torch.long, device=self.device)   # updated in place
+        self._lens_t = torch.zeros(n_slots, dtype=torch.long, device=self.device)  # updated in place
         self._mask: Tensor | None = None
         self._window = 0
-        self.window_override: int | None = None   # CUDA graphs: a fixed attention window per bucket
-        self.defer_sync = False                    # CUDA graphs: lengths are synced outside capture
+        self.window_override: int | None = None  # CUDA graphs: a fixed attention window per bucket
+        self.defer_sync = False  # CUDA graphs: lengths are synced outside capture
 
     # -- slot interface (the engine schedules with these) ---------------------------------
     def free_slots(self) -> list[int]:
@@ -139,14 +146,16 @@ class SlotKVCache:
     # -- AttentionCache protocol (decode: one token per slot) -----------------------------
     def begin(self, batch: int, n_new: int) -> Tensor:
         if batch != self.n_slots or n_new != 1:
-            raise ValueError(f"SlotKVCache decodes one token for each of its {self.n_slots} slots, "
-                             f"got batch {batch} x {n_new} tokens")
+            raise ValueError(
+                f"SlotKVCache decodes one token for each of its {self.n_slots} slots, "
+                f"got batch {batch} x {n_new} tokens"
+            )
         longest = max((n for n, a in zip(self.lens, self.active) if a), default=0)
         if longest >= self.max_len:
             raise ValueError(f"SlotKVCache: a slot is full ({longest} of max_len {self.max_len})")
         self._window = self.window_override or longest + 1
         k_pos = torch.arange(self._window, device=self.device)
-        self._mask = (k_pos[None, :] <= self._lens_t[:, None])[:, None, None, :]   # (S, 1, 1, W)
+        self._mask = (k_pos[None, :] <= self._lens_t[:, None])[:, None, None, :]  # (S, 1, 1, W)
         return self._lens_t[:, None]
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:

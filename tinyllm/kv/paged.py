@@ -20,6 +20,7 @@ from tinyllm.kv.dense import KVCache
 
 __all__ = ["BlockPool", "PagedKVCache", "gather_blocks", "prefix_key"]
 
+
 def gather_blocks(pool: Tensor, blocks: Tensor, block_size: int, out: Tensor | None = None) -> Tensor:
     """The tokens of ``blocks`` (a flat tensor of block ids), in order: (len(blocks) * block_size,
     Hkv, D). One ``index_select`` over whole blocks: about 5x faster on CPU than indexing the
@@ -30,21 +31,30 @@ def gather_blocks(pool: Tensor, blocks: Tensor, block_size: int, out: Tensor | N
     rows = pool.view(-1, width)
     if out is None:
         return torch.index_select(rows, 0, blocks).view(-1, pool.size(1), pool.size(2))
-    dst = out[:blocks.numel() * width].view(-1, width)
+    dst = out[: blocks.numel() * width].view(-1, width)
     return torch.index_select(rows, 0, blocks, out=dst).view(-1, pool.size(1), pool.size(2))
 
 
 class PagedKVCache(BlockPool):
     """A BlockPool with the K/V its blocks index, attended by the slots' decode step."""
 
-    def __init__(self, n_layers: int, n_slots: int, n_kv_heads: int, head_dim: int, n_blocks: int,
-                 block_size: int, max_len: int, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None):
+    def __init__(
+        self,
+        n_layers: int,
+        n_slots: int,
+        n_kv_heads: int,
+        head_dim: int,
+        n_blocks: int,
+        block_size: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ):
         super().__init__(n_slots, n_blocks, block_size, max_len)
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
         self.device = torch.device(device) if device is not None else torch.device("cpu")
-        self.scratch = n_blocks                              # the extra block short windows pad with
-        shape = (n_layers, (n_blocks + 1) * block_size, n_kv_heads, head_dim)   # token-major pool
+        self.scratch = n_blocks  # the extra block short windows pad with
+        shape = (n_layers, (n_blocks + 1) * block_size, n_kv_heads, head_dim)  # token-major pool
         self.k = torch.zeros(shape, dtype=dtype, device=self.device)
         self.v = torch.zeros(shape, dtype=dtype, device=self.device)
         self._workspace = (torch.empty(0, dtype=dtype, device=self.device),) * 2
@@ -68,7 +78,7 @@ class PagedKVCache(BlockPool):
             self.occupy(s, n)
             idx = self._token_index(s, n)
             for layer in range(self.n_layers):
-                k, v = pre.real_kv(layer, row, p)                       # (Hkv, n, D)
+                k, v = pre.real_kv(layer, row, p)  # (Hkv, n, D)
                 self.k[layer, idx] = k.transpose(0, 1).to(self.k.dtype)
                 self.v[layer, idx] = v.transpose(0, 1).to(self.v.dtype)
 
@@ -78,8 +88,8 @@ class PagedKVCache(BlockPool):
         if pair is not None:
             bs = self.block_size
             a, b = pair[0] * bs, pair[1] * bs
-            self.k[:, b:b + bs] = self.k[:, a:a + bs]
-            self.v[:, b:b + bs] = self.v[:, a:a + bs]
+            self.k[:, b : b + bs] = self.k[:, a : a + bs]
+            self.v[:, b : b + bs] = self.v[:, a : a + bs]
         return pair
 
     # -- internals ------------------------------------------------------------------------

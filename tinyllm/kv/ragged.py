@@ -28,9 +28,9 @@ from array import array
 import torch
 from torch import Tensor
 
-from tinyllm.model.transformer import grouped_attention
 from tinyllm import native
 from tinyllm.kv.paged import PagedKVCache, gather_blocks
+from tinyllm.model.transformer import grouped_attention
 
 
 def index_tensor(values: list[int], device: torch.device | str = "cpu") -> Tensor:
@@ -42,8 +42,8 @@ def index_tensor(values: list[int], device: torch.device | str = "cpu") -> Tenso
     return t if torch.device(device).type == "cpu" else t.to(device)
 
 
-GROUP_TOKENS = 4096     # window tokens per decode group (measured best of 1024..8192 on the d256 and
-                        # bundled models at 16 and 64 rows: docs/speed.md)
+GROUP_TOKENS = 4096  # window tokens per decode group (measured best of 1024..8192 on the d256 and
+# bundled models at 16 and 64 rows: docs/speed.md)
 
 
 class RaggedAttention:
@@ -55,7 +55,7 @@ class RaggedAttention:
         self.n_decode = next((i for i, (_, _, n) in enumerate(items) if n != 1), len(items))
         self.total = sum(n for _, _, n in items)
         rows = self._native_plan()
-        if rows is not None:                             # the C kernels': the rows built (and checked) in C
+        if rows is not None:  # the C kernels': the rows built (and checked) in C
             self._pos, self._write, lens, row_table = rows
             self._native: tuple[Tensor, Tensor, Tensor] | None = (pool.table_rows, lens, row_table)
         else:
@@ -63,7 +63,7 @@ class RaggedAttention:
             pos, write = [], []
             for slot, start, n in items:
                 table = tables[slot]
-                if n == 1:                               # a decode (most items): no inner loop
+                if n == 1:  # a decode (most items): no inner loop
                     pos.append(start)
                     write.append(table[start // bs] * bs + start % bs)
                 else:
@@ -75,9 +75,9 @@ class RaggedAttention:
         # the PyTorch path's plans, made at its first layer (the kernel needs none of them)
         self._chunks: list[tuple[Tensor, int, Tensor]] | None = None
         self._decode: list[tuple[Tensor, Tensor, int, Tensor]] | None = None
-        self._window = 0                               # tokens the PyTorch path gathers at once
-        self._bounds_checked = self._native is not None   # the kernel's tables and lens range-checked
-        self._write_checked = self._native is not None    # the write rows range-checked
+        self._window = 0  # tokens the PyTorch path gathers at once
+        self._bounds_checked = self._native is not None  # the kernel's tables and lens range-checked
+        self._write_checked = self._native is not None  # the write rows range-checked
 
     def _native_plan(self) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
         """What the C kernel (``tinyllm/native.py``) needs to attend every token of the step in
@@ -102,20 +102,26 @@ class RaggedAttention:
         gathered and multiplied twice the K/V it needed), and a group's gathered K/V is still in
         cache when its matmuls read it. Built once per step, shared by every layer."""
         dev, bs, scratch = self.pool.device, self.pool.block_size, self.pool.scratch
-        dec = self.items[:self.n_decode]
-        need = [start // bs + 1 for _, start, _ in dec]                # blocks each row attends
+        dec = self.items[: self.n_decode]
+        need = [start // bs + 1 for _, start, _ in dec]  # blocks each row attends
         order = sorted(range(len(dec)), key=lambda i: -need[i])
         groups = []
         while order:
             nb = need[order[0]]
             take = max(1, GROUP_TOKENS // (nb * bs))
             rows, order = order[:take], order[take:]
-            table = [self.pool.tables[dec[i][0]][:need[i]] + [scratch] * (nb - need[i]) for i in rows]
+            table = [self.pool.tables[dec[i][0]][: need[i]] + [scratch] * (nb - need[i]) for i in rows]
             ends = torch.tensor([dec[i][1] for i in rows], dtype=torch.long, device=dev)
             past = torch.arange(nb * bs, device=dev)[None, :] > ends[:, None]
             mask = torch.zeros(past.shape, dtype=self.pool.k.dtype, device=dev).masked_fill_(past, float("-inf"))
-            groups.append((torch.tensor(rows, dtype=torch.long, device=dev),
-                           torch.tensor(table, dtype=torch.long, device=dev).reshape(-1), nb * bs, mask[:, None, :]))
+            groups.append(
+                (
+                    torch.tensor(rows, dtype=torch.long, device=dev),
+                    torch.tensor(table, dtype=torch.long, device=dev).reshape(-1),
+                    nb * bs,
+                    mask[:, None, :],
+                )
+            )
         return groups
 
     def _chunk_plan(self, slot: int, start: int, n: int) -> tuple[Tensor, int, Tensor]:
@@ -123,7 +129,7 @@ class RaggedAttention:
         offset by ``start``."""
         dev, bs = self.pool.device, self.pool.block_size
         L = start + n
-        blocks = torch.tensor(self.pool.tables[slot][:-(-L // bs)], dtype=torch.long, device=dev)
+        blocks = torch.tensor(self.pool.tables[slot][: -(-L // bs)], dtype=torch.long, device=dev)
         q_pos = torch.arange(start, L, device=dev)
         mask = (torch.arange(L, device=dev)[None, :] <= q_pos[:, None])[None, None]
         return blocks, L, mask
@@ -138,23 +144,30 @@ class RaggedAttention:
     # -- AttentionCache protocol ----------------------------------------------------------------
     def begin(self, batch: int, n_new: int) -> Tensor:
         if batch != 1 or n_new != self.total:
-            raise ValueError(f"RaggedAttention runs one flattened batch of {self.total} tokens, "
-                             f"got {batch} x {n_new}")
+            raise ValueError(f"RaggedAttention runs one flattened batch of {self.total} tokens, got {batch} x {n_new}")
         return self._pos[None, :]
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        kl, vl = self.pool.k[layer], self.pool.v[layer]              # (rows, Hkv, D)
-        k_new, v_new = k[0].transpose(0, 1), v[0].transpose(0, 1)    # (T, Hkv, D)
+        kl, vl = self.pool.k[layer], self.pool.v[layer]  # (rows, Hkv, D)
+        k_new, v_new = k[0].transpose(0, 1), v[0].transpose(0, 1)  # (T, Hkv, D)
         if native.kv_store(k_new, v_new, self._write, kl, vl, bounds_checked=self._write_checked):
-            self._write_checked = True                                # the same rows every layer
+            self._write_checked = True  # the same rows every layer
         else:
-            kl.index_copy_(0, self._write, k_new.to(kl.dtype))       # index_copy_: a plain row copy,
-            vl.index_copy_(0, self._write, v_new.to(vl.dtype))       # cheaper than index_put_
-        if self._native is not None and native.usable(q, kl):        # every token in one C call
+            kl.index_copy_(0, self._write, k_new.to(kl.dtype))  # index_copy_: a plain row copy,
+            vl.index_copy_(0, self._write, v_new.to(vl.dtype))  # cheaper than index_put_
+        if self._native is not None and native.usable(q, kl):  # every token in one C call
             tables, lens, row_table = self._native
-            out = native.decode_attention(q[0], kl, vl, tables, lens, self.pool.block_size,
-                                          bounds_checked=self._bounds_checked, row_table=row_table)
-            self._bounds_checked = True                    # the same tables and lens every layer
+            out = native.decode_attention(
+                q[0],
+                kl,
+                vl,
+                tables,
+                lens,
+                self.pool.block_size,
+                bounds_checked=self._bounds_checked,
+                row_table=row_table,
+            )
+            self._bounds_checked = True  # the same tables and lens every layer
             return out[None]
         return self._attend_torch(q, kl, vl)
 
@@ -165,16 +178,19 @@ class RaggedAttention:
         if self._decode is None:
             self._decode = self._decode_plan() if nd else []
             self._chunks = [self._chunk_plan(slot, start, n) for slot, start, n in self.items[nd:]]
-            self._window = max([rows.numel() * W for rows, _, W, _ in self._decode]
-                               + [blocks.numel() * bs for blocks, _, _ in self._chunks], default=0)
+            self._window = max(
+                [rows.numel() * W for rows, _, W, _ in self._decode]
+                + [blocks.numel() * bs for blocks, _, _ in self._chunks],
+                default=0,
+            )
         kbuf, vbuf = self.pool.workspace(self._window) if self._window else (None, None)
         outs = []
         if nd:
             outs.append(self._attend_decodes(q[0, :, :nd], kl, vl, kbuf, vbuf)[None])
         off = nd
-        for (_, start, n), (blocks, L, mask) in zip(self.items[nd:], self._chunks):
-            qc = q[:, :, off:off + n]                                 # (1, H, n, D)
-            keys = gather_blocks(kl, blocks, bs, kbuf)[:L].transpose(0, 1)[None].to(q.dtype)   # (1, Hkv, L, D)
+        for (_, _, n), (blocks, L, mask) in zip(self.items[nd:], self._chunks):
+            qc = q[:, :, off : off + n]  # (1, H, n, D)
+            keys = gather_blocks(kl, blocks, bs, kbuf)[:L].transpose(0, 1)[None].to(q.dtype)  # (1, Hkv, L, D)
             vals = gather_blocks(vl, blocks, bs, vbuf)[:L].transpose(0, 1)[None].to(q.dtype)
             outs.append(grouped_attention(qc, keys, vals, mask))
             off += n
@@ -193,14 +209,14 @@ class RaggedAttention:
         out = torch.empty_like(q)
         for rows, blocks, W, mask in self._decode:
             r = rows.numel()
-            qg = q.index_select(1, rows)                                 # (H, r, D)
+            qg = q.index_select(1, rows)  # (H, r, D)
             keys = gather_blocks(kl, blocks, bs, kbuf).view(r, W, Hkv, D).to(q.dtype)
             vals = gather_blocks(vl, blocks, bs, vbuf).view(r, W, Hkv, D).to(q.dtype)
             og = torch.empty_like(qg)
-            for h in range(Hkv):                                     # the g query heads sharing KV head h
-                qh = qg[h * g:(h + 1) * g].transpose(0, 1)           # (r, g, D)
-                scores = torch.baddbmm(mask.to(q.dtype), qh, keys[:, :, h].transpose(1, 2), alpha=D ** -0.5)
-                og[h * g:(h + 1) * g] = torch.bmm(torch.softmax(scores, dim=-1), vals[:, :, h]).transpose(0, 1)
+            for h in range(Hkv):  # the g query heads sharing KV head h
+                qh = qg[h * g : (h + 1) * g].transpose(0, 1)  # (r, g, D)
+                scores = torch.baddbmm(mask.to(q.dtype), qh, keys[:, :, h].transpose(1, 2), alpha=D**-0.5)
+                og[h * g : (h + 1) * g] = torch.bmm(torch.softmax(scores, dim=-1), vals[:, :, h]).transpose(0, 1)
             out.index_copy_(1, rows, og)
         return out
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import weakref
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -44,10 +44,18 @@ from tinyllm import native
 class _Layer:
     """One block's LayerWeights, the tensors they point into, and what they were made from."""
 
-    def __init__(self, block: nn.Module, parts: tuple[nn.Module, ...], seen: list[tuple[Tensor, int, int]],
-                 where: tuple[int, int, int], weights: native.LayerWeights, widths: tuple[int, ...], eps: float,
-                 keep: list[Tensor]):
-        self.parts, self.seen, self.where = parts, seen, where   # parts: the block's modules but itself
+    def __init__(
+        self,
+        block: nn.Module,
+        parts: tuple[nn.Module, ...],
+        seen: list[tuple[Tensor, int, int]],
+        where: tuple[int, int, int],
+        weights: native.LayerWeights,
+        widths: tuple[int, ...],
+        eps: float,
+        keep: list[Tensor],
+    ):
+        self.parts, self.seen, self.where = parts, seen, where  # parts: the block's modules but itself
         self.weights, self.widths, self.eps, self._keep = weights, widths, eps, keep
         attn, mlp, qkv, o, gate_up, down, norm1, norm2 = parts
         # what ``still`` looks at, gathered once: every module's hook dicts (a hook is added to
@@ -70,9 +78,16 @@ class _Layer:
         if not (block._modules is mods and attn._modules is at and mlp._modules is mm):
             return False
         try:
-            if not (mods["self_attn"] is attn and mods["mlp"] is mlp and mods["input_layernorm"] is norm1
-                    and mods["post_attention_layernorm"] is norm2 and at["qkv_proj"] is qkv and at["o_proj"] is o
-                    and mm["gate_up_proj"] is gate_up and mm["down_proj"] is down):
+            if not (
+                mods["self_attn"] is attn
+                and mods["mlp"] is mlp
+                and mods["input_layernorm"] is norm1
+                and mods["post_attention_layernorm"] is norm2
+                and at["qkv_proj"] is qkv
+                and at["o_proj"] is o
+                and mm["gate_up_proj"] is gate_up
+                and mm["down_proj"] is down
+            ):
                 return False
         except KeyError:
             return False
@@ -80,23 +95,36 @@ class _Layer:
             now = params.get("weight")
             if now is not w or now._version != version or now.data_ptr() != ptr or params.get("bias") is not None:
                 return False
-        return (norm1.eps == self.eps and norm2.eps == self.eps
-                and (attn.n_heads, attn.n_kv_heads, attn.head_dim, attn.layer_idx) == self.attention)
+        return (
+            norm1.eps == self.eps
+            and norm2.eps == self.eps
+            and (attn.n_heads, attn.n_kv_heads, attn.head_dim, attn.layer_idx) == self.attention
+        )
 
 
 _layers: weakref.WeakKeyDictionary[nn.Module, _Layer] = weakref.WeakKeyDictionary()
 
 
-_KINDS: tuple[type, ...] = ()            # the classes of a Block's modules, in _parts' order
+_KINDS: tuple[type, ...] = ()  # the classes of a Block's modules, in _parts' order
 
 
 def _kinds() -> tuple[type, ...]:
     """transformer's classes of a Block's modules, in ``_parts``' order (looked up once)."""
     global _KINDS
     if not _KINDS:
-        from tinyllm.model import transformer as tf      # here: transformer imports this module
-        _KINDS = (tf.Block, tf.Attention, tf.MLP, tf.FusedLinear, tf.Linear, tf.FusedLinear, tf.Linear,
-                  tf.RMSNorm, tf.RMSNorm)
+        from tinyllm.model import transformer as tf  # here: transformer imports this module
+
+        _KINDS = (
+            tf.Block,
+            tf.Attention,
+            tf.MLP,
+            tf.FusedLinear,
+            tf.Linear,
+            tf.FusedLinear,
+            tf.Linear,
+            tf.RMSNorm,
+            tf.RMSNorm,
+        )
     return _KINDS
 
 
@@ -106,13 +134,17 @@ def _parts(block: nn.Module) -> tuple[tuple[nn.Module, ...], list[nn.Module], li
     try:
         mods = block._modules
         attn, mlp = mods["self_attn"], mods["mlp"]
-        linears = [attn._modules["qkv_proj"], attn._modules["o_proj"], mlp._modules["gate_up_proj"],
-                   mlp._modules["down_proj"]]
+        linears = [
+            attn._modules["qkv_proj"],
+            attn._modules["o_proj"],
+            mlp._modules["gate_up_proj"],
+            mlp._modules["down_proj"],
+        ]
         norms = [mods["input_layernorm"], mods["post_attention_layernorm"]]
     except (KeyError, AttributeError):
         return None
     modules = (block, attn, mlp, *linears, *norms)
-    if tuple(map(type, modules)) != _kinds():                       # a subclass may compute otherwise
+    if tuple(map(type, modules)) != _kinds():  # a subclass may compute otherwise
         return None
     return modules, linears, norms
 
@@ -126,7 +158,7 @@ def _layer(block: nn.Module, index: int, k: int, v: int) -> _Layer | None:
     if cached is not None:
         if cached.still(block, where):
             return cached
-        del _layers[block]                         # (not kept: it holds the old weights' packed copies)
+        del _layers[block]  # (not kept: it holds the old weights' packed copies)
     parts = _parts(block)
     if parts is None:
         return None
@@ -135,19 +167,26 @@ def _layer(block: nn.Module, index: int, k: int, v: int) -> _Layer | None:
         return None
     packed = [lin.c_packed() for lin in linears]
     d = norms[0].weight.numel()
-    if (any(p is None for p in packed) or norms[0].eps != norms[1].eps
-            or any(n.weight.shape != (d,) or not n.weight.is_contiguous() or not native._plain(n.weight)
-                   for n in norms)):
+    if (
+        any(p is None for p in packed)
+        or norms[0].eps != norms[1].eps
+        or any(n.weight.shape != (d,) or not n.weight.is_contiguous() or not native._plain(n.weight) for n in norms)
+    ):
         return None
     # held: the packed copies the pointers name, and what they were packed from (so no new weight
     # can take that address and match); not the pool (the same address means the same layer), nor
     # the block itself (the cache's key: held, it would never be collected)
     weights = [m._parameters["weight"] for m in (*linears, *norms)]
-    layer = _Layer(block, modules[1:], [(w, w._version, w.data_ptr()) for w in weights], where,
-                   native.LayerWeights(*(n.weight.data_ptr() for n in norms),
-                                       *(w.data_ptr() for w, _ in packed), k, v),
-                   (*(x for w, n_out in packed for x in (n_out, w.size(1))), d), norms[0].eps,
-                   [n.weight for n in norms] + [w for w, _ in packed] + [lin._packed_src for lin in linears])
+    layer = _Layer(
+        block,
+        modules[1:],
+        [(w, w._version, w.data_ptr()) for w in weights],
+        where,
+        native.LayerWeights(*(n.weight.data_ptr() for n in norms), *(w.data_ptr() for w, _ in packed), k, v),
+        (*(x for w, n_out in packed for x in (n_out, w.size(1))), d),
+        norms[0].eps,
+        [n.weight for n in norms] + [w for w, _ in packed] + [lin._packed_src for lin in linears],
+    )
     _layers[block] = layer
     return layer
 
@@ -158,11 +197,16 @@ class _Frame:
     over the same pool and every layer is ``still`` what it was made from (checked each forward:
     building the array and checking the shapes again cost ~0.2 ms a step, with the caches cold)."""
 
-    def __init__(self, blocks: list[nn.Module], where: tuple[int, int, int], layers: list[_Layer],
-                 dims: tuple[int, int, int, int, float]):
+    def __init__(
+        self,
+        blocks: list[nn.Module],
+        where: tuple[int, int, int],
+        layers: list[_Layer],
+        dims: tuple[int, int, int, int, float],
+    ):
         # blocks: held (the key is their container, so the frame goes with the model)
-        self.blocks, self.where, self.layers, self.dims = blocks, where, layers, dims   # dims: H, Hkv, D, F, eps
-        self.width = layers[0].widths[-1]                 # the model's (the norms')
+        self.blocks, self.where, self.layers, self.dims = blocks, where, layers, dims  # dims: H, Hkv, D, F, eps
+        self.width = layers[0].widths[-1]  # the model's (the norms')
         self.weights = (native.LayerWeights * len(layers))(*(layer.weights for layer in layers))
 
     def still(self, blocks: Sequence[nn.Module], where: tuple[int, int, int]) -> bool:
@@ -183,26 +227,26 @@ def _frame(blocks: Sequence[nn.Module], pool) -> _Frame | None:
     shape and one eps, each at its own pool layer; kept (by the blocks' container) while they
     are ``still`` what they were. None where a layer would not run on the kernels."""
     k0, v0 = pool.k.data_ptr(), pool.v.data_ptr()
-    layer_bytes = pool.k.stride(0) * pool.k.element_size()                 # (no views: ~5 us each)
+    layer_bytes = pool.k.stride(0) * pool.k.element_size()  # (no views: ~5 us each)
     where = (k0, v0, layer_bytes)
     try:
         kept = _frames.get(blocks)
-    except TypeError:                              # a plain list: not weakly referable, not kept
+    except TypeError:  # a plain list: not weakly referable, not kept
         kept = None
     if kept is not None:
         if kept.still(blocks, where):
             return kept
-        del _frames[blocks]                        # (not kept: it holds the old blocks and their weights)
+        del _frames[blocks]  # (not kept: it holds the old blocks and their weights)
     layers = [_layer(b, i, k0 + i * layer_bytes, v0 + i * layer_bytes) for i, b in enumerate(blocks)]
     if any(layer is None for layer in layers):
         return None
-    attn = layers[0].parts[0]                            # (blocks[i].self_attn, checked by _layer)
+    attn = layers[0].parts[0]  # (blocks[i].self_attn, checked by _layer)
     H, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
-    F, d = layers[0].widths[7], layers[0].widths[-1]     # the down projection's input width; the model's
-    widths = ((H + 2 * Hkv) * D, d, d, H * D, 2 * F, d, d, F, d)   # (rows, K) of qkv, o, gate_up, down; norms
+    F, d = layers[0].widths[7], layers[0].widths[-1]  # the down projection's input width; the model's
+    widths = ((H + 2 * Hkv) * D, d, d, H * D, 2 * F, d, d, F, d)  # (rows, K) of qkv, o, gate_up, down; norms
     if any(layer.widths != widths or layer.eps != layers[0].eps for layer in layers):
         return None
-    if any(layer.attention != (H, Hkv, D, i) for i, layer in enumerate(layers)):   # each at its own pool layer
+    if any(layer.attention != (H, Hkv, D, i) for i, layer in enumerate(layers)):  # each at its own pool layer
         return None
     frame = _Frame(list(blocks), where, layers, (H, Hkv, D, F, layers[0].eps))
     try:
@@ -218,29 +262,49 @@ class CLayers:
 
     def __init__(self, weights: ctypes.Array, step: native.LayerStep, norm: Tensor, eps: float, keep: list[Tensor]):
         self.weights, self.step, self.norm, self.eps = weights, step, norm, eps
-        self._keep = keep                         # every tensor the step points into, alive while it is
+        self._keep = keep  # every tensor the step points into, alive while it is
 
     @classmethod
     def plan(cls, blocks: Sequence[nn.Module], norm: nn.Module, x: Tensor, rotary, cache) -> CLayers | None:
         """The plan for ``blocks`` (``transformer.Block``) and the final ``norm`` (``RMSNorm``) over
         ``x`` (1, T, d), or None where a part would not run entirely on the kernels."""
         attention = getattr(cache, "native_attention", None)
-        if (attention is None or not blocks or native.library() is None or torch.is_grad_enabled()
-                or torch.is_autocast_enabled("cpu") or x.dim() != 3 or x.size(0) != 1 or not x.is_contiguous()
-                or not native._plain(x) or torch_module._global_forward_hooks
-                or torch_module._global_forward_pre_hooks):
+        if (
+            attention is None
+            or not blocks
+            or native.library() is None
+            or torch.is_grad_enabled()
+            or torch.is_autocast_enabled("cpu")
+            or x.dim() != 3
+            or x.size(0) != 1
+            or not x.is_contiguous()
+            or not native._plain(x)
+            or torch_module._global_forward_hooks
+            or torch_module._global_forward_pre_hooks
+        ):
             return None
         T, d = x.size(1), x.size(2)
         norm_w = norm._parameters.get("weight") if type(norm) is _kinds()[-1] else None
-        if (norm_w is None or norm._forward_hooks or norm._forward_pre_hooks or norm_w.shape != (d,)
-                or not norm_w.is_contiguous() or not native._plain(norm_w)):
+        if (
+            norm_w is None
+            or norm._forward_hooks
+            or norm._forward_pre_hooks
+            or norm_w.shape != (d,)
+            or not norm_w.is_contiguous()
+            or not native._plain(norm_w)
+        ):
             return None
-        plan = attention()                         # None off the kernel; else range-checked, once a step
+        plan = attention()  # None off the kernel; else range-checked, once a step
         if plan is None:
             return None
         pool = cache.pool
-        if (pool.k.size(0) < len(blocks) or pool.k.dtype not in native.POOL_DTYPES or pool.v.dtype != pool.k.dtype
-                or pool.k.shape != pool.v.shape or not (pool.k.is_contiguous() and pool.v.is_contiguous())):
+        if (
+            pool.k.size(0) < len(blocks)
+            or pool.k.dtype not in native.POOL_DTYPES
+            or pool.v.dtype != pool.k.dtype
+            or pool.k.shape != pool.v.shape
+            or not (pool.k.is_contiguous() and pool.v.is_contiguous())
+        ):
             return None
         frame = _frame(blocks, pool)
         if frame is None:
@@ -249,25 +313,55 @@ class CLayers:
         if frame.width != d or pool.k.shape[2:] != (Hkv, D):
             return None
         pos, cos, sin = rotary.checked_tables()
-        if (pos.shape != (1, T) or pos.dtype != torch.int64 or not (pos.is_cpu and pos.is_contiguous())
-                or cos.shape != sin.shape or cos.dim() != 2 or cos.size(1) != D or D % 2
-                or not (cos.is_contiguous() and sin.is_contiguous()) or not native._plain(cos, sin)):
+        if (
+            pos.shape != (1, T)
+            or pos.dtype != torch.int64
+            or not (pos.is_cpu and pos.is_contiguous())
+            or cos.shape != sin.shape
+            or cos.dim() != 2
+            or cos.size(1) != D
+            or D % 2
+            or not (cos.is_contiguous() and sin.is_contiguous())
+            or not native._plain(cos, sin)
+        ):
             return None
         write, tables, lens, row_table = plan
-        scratch_widths = (d, (H + 2 * Hkv) * D, H * D, 2 * F, F)   # h, qkv, attn, gate_up, act: (tokens, width)
-        scratch = torch.empty(T * sum(scratch_widths), dtype=torch.float32)   # one allocation, cut by address
+        scratch_widths = (d, (H + 2 * Hkv) * D, H * D, 2 * F, F)  # h, qkv, attn, gate_up, act: (tokens, width)
+        scratch = torch.empty(T * sum(scratch_widths), dtype=torch.float32)  # one allocation, cut by address
         at = scratch.data_ptr()
         buffers = []
         for width in scratch_widths:
             buffers.append(at)
             at += T * width * 4
         step = native.LayerStep(
-            T, d, H, Hkv, D, F, eps, D ** -0.5,
-            pos.data_ptr(), cos.data_ptr(), sin.data_ptr(), write.data_ptr(), tables.data_ptr(),
-            row_table.data_ptr(), lens.data_ptr(),
-            tables.size(1), pool.block_size, *buffers, torch.get_num_threads(), pool.k.dtype == torch.bfloat16)
-        return cls(weights, step, norm_w, norm.eps,
-                   [pos, cos, sin, write, tables, lens, row_table, pool.k, pool.v, scratch, frame])
+            T,
+            d,
+            H,
+            Hkv,
+            D,
+            F,
+            eps,
+            D**-0.5,
+            pos.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            write.data_ptr(),
+            tables.data_ptr(),
+            row_table.data_ptr(),
+            lens.data_ptr(),
+            tables.size(1),
+            pool.block_size,
+            *buffers,
+            torch.get_num_threads(),
+            pool.k.dtype == torch.bfloat16,
+        )
+        return cls(
+            weights,
+            step,
+            norm_w,
+            norm.eps,
+            [pos, cos, sin, write, tables, lens, row_table, pool.k, pool.v, scratch, frame],
+        )
 
     def run(self, x: Tensor) -> Tensor:
         """Every layer over ``x`` (the embedding's output, (1, T, d), only read), then the final

@@ -14,10 +14,16 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from tinyllm.model.config import (BUNDLED_MODEL, CheckpointError, config_from_hf, config_to_hf,  # noqa: F401 (re-exported)
-                            default_model_dir, load_config_and_tokenizer)
-from tinyllm.model.transformer import Transformer
+from tinyllm.model.config import (  # noqa: F401 (re-exported)
+    BUNDLED_MODEL,
+    CheckpointError,
+    config_from_hf,
+    config_to_hf,
+    default_model_dir,
+    load_config_and_tokenizer,
+)
 from tinyllm.model.tokenizer import Tokenizer
+from tinyllm.model.transformer import Transformer
 
 
 def _read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -37,7 +43,9 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
                 raise CheckpointError(f"{index}: names shard {f.name}, which is missing")
     else:
         pickles = [p.name for p in path.glob("*.bin")] + [p.name for p in path.glob("*.pt")]
-        hint = f" (found {', '.join(pickles)}: pickle files are never loaded; convert to safetensors)" if pickles else ""
+        hint = (
+            f" (found {', '.join(pickles)}: pickle files are never loaded; convert to safetensors)" if pickles else ""
+        )
         raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json{hint}")
     state: dict[str, torch.Tensor] = {}
     for f in files:
@@ -48,8 +56,9 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_checkpoint(path: str | Path | None = None, device: str | torch.device | None = None,
-                    dtype: torch.dtype | None = None) -> tuple[Transformer, Tokenizer]:
+def load_checkpoint(
+    path: str | Path | None = None, device: str | torch.device | None = None, dtype: torch.dtype | None = None
+) -> tuple[Transformer, Tokenizer]:
     """Load a local HF Llama-family checkpoint directory (default: the bundled model)."""
     path = Path(path) if path is not None else BUNDLED_MODEL
     cfg, tok = load_config_and_tokenizer(path)
@@ -60,7 +69,9 @@ def load_checkpoint(path: str | Path | None = None, device: str | torch.device |
     # Big models are built on the meta device (no memory, no init); small ones on the CPU, where
     # module init is cheaper than the one-time import torch makes for meta-device init (~1 s).
     d, kv = cfg.d_model, cfg.n_kv_heads * cfg.head_dim
-    approx = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2) + cfg.n_layers * (2 * d * d + 2 * d * kv + 3 * d * cfg.d_ff)
+    approx = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2) + cfg.n_layers * (
+        2 * d * d + 2 * d * kv + 3 * d * cfg.d_ff
+    )
     with torch.device("meta" if approx > 50_000_000 else "cpu"):
         model = Transformer(cfg, init_weights=False)
     expected = {k: v.shape for k, v in model.state_dict().items()}
@@ -69,16 +80,19 @@ def load_checkpoint(path: str | Path | None = None, device: str | torch.device |
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(k for k in set(state) - set(expected) if "rotary_emb" not in k)
     if missing or unexpected:
-        raise CheckpointError(f"{path}: weights do not match config.json: "
-                              f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
-                              f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}")
+        raise CheckpointError(
+            f"{path}: weights do not match config.json: "
+            f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+            f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
+        )
     for k, shape in expected.items():
         if state[k].shape != shape:
-            raise CheckpointError(f"{path}: weight {k} has shape {tuple(state[k].shape)}, "
-                                  f"config.json implies {tuple(shape)}")
+            raise CheckpointError(
+                f"{path}: weight {k} has shape {tuple(state[k].shape)}, config.json implies {tuple(shape)}"
+            )
     dtype = dtype or torch.float32
     state = {k: v.to(dtype) for k, v in state.items()}
-    model.load_state_dict(state, strict=not cfg.tie_embeddings, assign=True)   # no random init, no copy
+    model.load_state_dict(state, strict=not cfg.tie_embeddings, assign=True)  # no random init, no copy
     if cfg.tie_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.reset_rope()
@@ -87,9 +101,14 @@ def load_checkpoint(path: str | Path | None = None, device: str | torch.device |
     return model, tok
 
 
-def save_checkpoint(model: Transformer, out: str | Path, tokenizer_dir: str | Path | None = None,
-                    eos_id: int | None = None, bos_id: int | None = None,
-                    dtype: torch.dtype = torch.float32) -> None:
+def save_checkpoint(
+    model: Transformer,
+    out: str | Path,
+    tokenizer_dir: str | Path | None = None,
+    eos_id: int | None = None,
+    bos_id: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> None:
     """Write config.json (LlamaForCausalLM), model.safetensors and generation_config.json;
     copy tokenizer files from ``tokenizer_dir`` when given. ``dtype=torch.float16`` halves the
     file (the bundled model ships that way); loading upcasts to the requested dtype."""

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tinyllm.model.tokenizer import Tokenizer
 
+
 @dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int = 4096
@@ -42,7 +43,6 @@ class ModelConfig:
         return self.d_model // self.n_heads
 
 
-
 BUNDLED_MODEL = Path(__file__).parent.parent / "data" / "shakespeare"
 SUPPORTED_ARCHS = ("LlamaForCausalLM",)
 
@@ -64,8 +64,10 @@ def config_from_hf(hf: dict, where: str = "config.json") -> ModelConfig:
     """Map a HF LlamaConfig dict to ModelConfig, refusing options this model does not implement."""
     archs = hf.get("architectures") or []
     if hf.get("model_type") not in (None, "llama") or (archs and archs[0] not in SUPPORTED_ARCHS):
-        raise CheckpointError(f"{where}: unsupported architecture {archs or hf.get('model_type')!r}; "
-                              f"supported: {', '.join(SUPPORTED_ARCHS)}")
+        raise CheckpointError(
+            f"{where}: unsupported architecture {archs or hf.get('model_type')!r}; "
+            f"supported: {', '.join(SUPPORTED_ARCHS)}"
+        )
     if hf.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{where}: unsupported hidden_act {hf['hidden_act']!r} (only 'silu')")
     for flag in ("attention_bias", "mlp_bias"):
@@ -76,8 +78,11 @@ def config_from_hf(hf: dict, where: str = "config.json") -> ModelConfig:
     if rope_type != "default":
         raise CheckpointError(f"{where}: unsupported rope scaling {rope_type!r} (only default RoPE)")
     theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-    missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                           "intermediate_size") if k not in hf]
+    missing = [
+        k
+        for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+        if k not in hf
+    ]
     if missing:
         raise CheckpointError(f"{where}: missing required field(s) {', '.join(missing)}")
     n_heads = hf["num_attention_heads"]
@@ -86,25 +91,42 @@ def config_from_hf(hf: dict, where: str = "config.json") -> ModelConfig:
         raise CheckpointError(f"{where}: unsupported head_dim {head_dim} != hidden_size / num_attention_heads")
     try:
         return ModelConfig(
-            vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
-            n_heads=n_heads, n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-            d_ff=hf["intermediate_size"], max_seq_len=hf.get("max_position_embeddings", 2048),
-            rope_theta=float(theta), norm_eps=hf.get("rms_norm_eps", 1e-6),
-            tie_embeddings=bool(hf.get("tie_word_embeddings", False)))
+            vocab_size=hf["vocab_size"],
+            d_model=hf["hidden_size"],
+            n_layers=hf["num_hidden_layers"],
+            n_heads=n_heads,
+            n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+            d_ff=hf["intermediate_size"],
+            max_seq_len=hf.get("max_position_embeddings", 2048),
+            rope_theta=float(theta),
+            norm_eps=hf.get("rms_norm_eps", 1e-6),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        )
     except ValueError as e:
         raise CheckpointError(f"{where}: {e}") from None
 
 
 def config_to_hf(cfg: ModelConfig, eos_id: int | None = None, bos_id: int | None = None) -> dict:
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
-        "intermediate_size": cfg.d_ff, "max_position_embeddings": cfg.max_seq_len,
-        "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.norm_eps,
-        "tie_word_embeddings": cfg.tie_embeddings, "hidden_act": "silu",
-        "attention_bias": False, "mlp_bias": False, "head_dim": cfg.head_dim,
-        "bos_token_id": bos_id, "eos_token_id": eos_id, "torch_dtype": "float32",
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "intermediate_size": cfg.d_ff,
+        "max_position_embeddings": cfg.max_seq_len,
+        "rope_theta": cfg.rope_theta,
+        "rms_norm_eps": cfg.norm_eps,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "head_dim": cfg.head_dim,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "torch_dtype": "float32",
     }
 
 
@@ -113,8 +135,10 @@ def load_config_and_tokenizer(path: str | Path | None = None) -> tuple[ModelConf
     need to validate input (the app, whose engine loads the weights in another process)."""
     path = Path(path) if path is not None else BUNDLED_MODEL
     if not path.is_dir():
-        raise CheckpointError(f"{path}: not a directory (expected a local checkpoint with config.json, "
-                              "model.safetensors and tokenizer.json; nothing is downloaded)")
+        raise CheckpointError(
+            f"{path}: not a directory (expected a local checkpoint with config.json, "
+            "model.safetensors and tokenizer.json; nothing is downloaded)"
+        )
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise CheckpointError(f"{path}: no config.json")
@@ -128,8 +152,7 @@ def load_config_and_tokenizer(path: str | Path | None = None) -> tuple[ModelConf
     except (FileNotFoundError, ValueError) as e:
         raise CheckpointError(str(e)) from None
     if tok.vocab_size > cfg.vocab_size:
-        raise CheckpointError(f"{path}: tokenizer has {tok.vocab_size} tokens but the model's vocab_size "
-                              f"is {cfg.vocab_size}")
+        raise CheckpointError(
+            f"{path}: tokenizer has {tok.vocab_size} tokens but the model's vocab_size is {cfg.vocab_size}"
+        )
     return cfg, tok
-
-

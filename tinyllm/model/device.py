@@ -26,7 +26,7 @@ def is_cuda(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda"
 
 
-_cuda_bf16 = True                  # bf16 autocast on CUDA; full_precision() turns it off for a while
+_cuda_bf16 = True  # bf16 autocast on CUDA; full_precision() turns it off for a while
 
 
 @contextmanager

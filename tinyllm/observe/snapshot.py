@@ -15,9 +15,9 @@ if TYPE_CHECKING:
     from tinyllm.request import Sampling
 
 
-
 class RequestState(StrEnum):
     """Where a request is (a StrEnum: equal to, and written as, its value)."""
+
     QUEUED = "queued"
     RUNNING = "running"
     PREEMPTED = "preempted"
@@ -28,6 +28,7 @@ class RequestState(StrEnum):
 
 class Lifecycle(StrEnum):
     """What happened to a request (a LifecycleEvent's kind)."""
+
     QUEUED = "queued"
     ADMITTED = "admitted"
     PREFILL = "prefill"
@@ -41,7 +42,7 @@ class Lifecycle(StrEnum):
 
 REQUEST_STATES = tuple(RequestState)
 LIFECYCLE_KINDS = tuple(Lifecycle)
-ENDED_STATES = frozenset({RequestState.FINISHED, RequestState.ABORTED, RequestState.FAILED})   # how a request ends
+ENDED_STATES = frozenset({RequestState.FINISHED, RequestState.ABORTED, RequestState.FAILED})  # how a request ends
 # The reason of a sample's "queued" and "admitted" events when it forks off another's prompt (n > 1):
 # FORK_OF + the parent's id. Viewers read forks from it (event log, timeline).
 FORK_OF = "fork of #"
@@ -60,17 +61,18 @@ class LifecycleEvent:
     """One change in a request's life, as the engine saw it happen (not rebuilt by diffing
     snapshots, which misses a request preempted and re-admitted within one step). Viewers
     derive their event log and slot flags from these."""
-    kind: str                     # one of LIFECYCLE_KINDS
+
+    kind: str  # one of LIFECYCLE_KINDS
     rid: int
-    step: int                     # the engine step it happened in (0: before the first step)
-    time_s: float                 # engine clock
-    slot: int | None = None       # admitted: the slot taken; preempted/finished/aborted/failed: the slot freed
-    tokens: int = 0               # queued/admitted: context tokens; prefill: the chunk's length;
-                                  # preempted: tokens to recompute; finished/aborted: tokens generated
-    reason: str = ""              # finished: "eos" / "stop" / "length"; preempted/failed: why;
-                                  # waiting: "code: detail" (WAIT_REASONS), "" = computing again;
-                                  # prefill: "start..end of context" (chunked prefill only)
-    cached: int = 0               # admitted: context tokens served by the prefix cache
+    step: int  # the engine step it happened in (0: before the first step)
+    time_s: float  # engine clock
+    slot: int | None = None  # admitted: the slot taken; preempted/finished/aborted/failed: the slot freed
+    tokens: int = 0  # queued/admitted: context tokens; prefill: the chunk's length;
+    # preempted: tokens to recompute; finished/aborted: tokens generated
+    reason: str = ""  # finished: "eos" / "stop" / "length"; preempted/failed: why;
+    # waiting: "code: detail" (WAIT_REASONS), "" = computing again;
+    # prefill: "start..end of context" (chunked prefill only)
+    cached: int = 0  # admitted: context tokens served by the prefix cache
 
     def prefill_span(self) -> tuple[int, int, int]:
         """A prefill event's (start, end, context length), from its "start..end of N" reason."""
@@ -82,12 +84,12 @@ class LifecycleEvent:
 @dataclass(frozen=True)
 class SlotView:
     slot: int
-    rid: int | None               # the request holding the slot, None when free
-    context_len: int              # tokens stored for it (prompt + generated so far)
-    capacity: int                 # max tokens the slot can hold (max_len)
+    rid: int | None  # the request holding the slot, None when free
+    context_len: int  # tokens stored for it (prompt + generated so far)
+    capacity: int  # max tokens the slot can hold (max_len)
     blocks: tuple[int, ...] = ()  # paged: the slot's block table, in order
-    just_admitted: bool = False   # admitted by the latest step
-    prefill_left: int = 0         # chunked prefill: context tokens still to compute (0 = decoding)
+    just_admitted: bool = False  # admitted by the latest step
+    prefill_left: int = 0  # chunked prefill: context tokens still to compute (0 = decoding)
 
     @property
     def free(self) -> bool:
@@ -97,26 +99,26 @@ class SlotView:
 @dataclass(frozen=True)
 class RequestView:
     rid: int
-    state: str                    # one of REQUEST_STATES
+    state: str  # one of REQUEST_STATES
     slot: int | None
     prompt: tuple[int, ...]
-    tokens: tuple[int, ...]       # generated so far (EOS included if produced)
+    tokens: tuple[int, ...]  # generated so far (EOS included if produced)
     max_new_tokens: int
-    sampling: "Sampling"
+    sampling: Sampling
     eos_id: int | None
-    arrival_s: float              # engine clock
+    arrival_s: float  # engine clock
     first_token_s: float | None
-    finish_s: float | None        # finished or aborted
+    finish_s: float | None  # finished or aborted
     preemptions: int
-    error: str | None = None      # failed: why the engine gave up on this request
-    cached_tokens: int = 0        # prompt tokens served by the prefix cache at its first admission, as
-                                  # OpenAI usage's cached_tokens (a recompute's hit: its "admitted" event)
-    priority: int = 0             # the request's priority (the "priority" policy: lower first)
-    tenant: str = ""              # the request's tenant (the "fair" policy)
-    wait: str = ""                # why it computed nothing in the latest step (WAIT_REASONS code; "" = it ran)
-    wait_detail: str = ""         # the scheduler's words, e.g. "KV pool full: needs 3 blocks, 1 free"
-    admitted_s: float | None = None   # engine clock: its first admission (queue time ends here;
-                                      # None while queued, and in recordings made before this field)
+    error: str | None = None  # failed: why the engine gave up on this request
+    cached_tokens: int = 0  # prompt tokens served by the prefix cache at its first admission, as
+    # OpenAI usage's cached_tokens (a recompute's hit: its "admitted" event)
+    priority: int = 0  # the request's priority (the "priority" policy: lower first)
+    tenant: str = ""  # the request's tenant (the "fair" policy)
+    wait: str = ""  # why it computed nothing in the latest step (WAIT_REASONS code; "" = it ran)
+    wait_detail: str = ""  # the scheduler's words, e.g. "KV pool full: needs 3 blocks, 1 free"
+    admitted_s: float | None = None  # engine clock: its first admission (queue time ends here;
+    # None while queued, and in recordings made before this field)
 
     @property
     def ttft_s(self) -> float | None:
@@ -136,19 +138,19 @@ class RequestView:
 
 @dataclass(frozen=True)
 class KVView:
-    kind: str                     # "slots" | "paged"
-    reserved_tokens: int          # capacity held by the cache
-    allocated_tokens: int         # claimed by requests (whole slots, or blocks)
-    used_tokens: int              # real context tokens stored
+    kind: str  # "slots" | "paged"
+    reserved_tokens: int  # capacity held by the cache
+    allocated_tokens: int  # claimed by requests (whole slots, or blocks)
+    used_tokens: int  # real context tokens stored
     bytes_per_token: int
     block_size: int | None = None
     n_blocks: int | None = None
     free_blocks: int | None = None
-    block_owner: tuple[int | None, ...] = ()   # paged: per block, a rid that holds it
-    block_refs: tuple[int, ...] = ()           # paged: per block, how many requests hold it (shared > 1)
-    block_cached: tuple[bool, ...] = ()        # paged: per block, holds a cached prefix (revivable when free)
-    cached_free_blocks: int = 0                # free blocks that still hold a cached prefix
-    dtype: str = ""                            # the K/V element type ("float32", "bfloat16"; "": not known)
+    block_owner: tuple[int | None, ...] = ()  # paged: per block, a rid that holds it
+    block_refs: tuple[int, ...] = ()  # paged: per block, how many requests hold it (shared > 1)
+    block_cached: tuple[bool, ...] = ()  # paged: per block, holds a cached prefix (revivable when free)
+    cached_free_blocks: int = 0  # free blocks that still hold a cached prefix
+    dtype: str = ""  # the K/V element type ("float32", "bfloat16"; "": not known)
 
     def mib(self, tokens: int) -> float:
         return tokens * self.bytes_per_token / 2**20
@@ -156,19 +158,19 @@ class KVView:
 
 @dataclass(frozen=True)
 class Counters:
-    steps: int = 0                # step() calls
+    steps: int = 0  # step() calls
     decode_steps: int = 0
-    prefills: int = 0             # padded prefill batches run
-    prefill_tokens: int = 0       # real context tokens prefilled (recompute included)
-    preemptions: int = 0          # num_preemptions_total
+    prefills: int = 0  # padded prefill batches run
+    prefill_tokens: int = 0  # real context tokens prefilled (recompute included)
+    preemptions: int = 0  # num_preemptions_total
     peak_active: int = 0
-    useful_tokens: int = 0        # tokens of finished requests
-    generated_tokens: int = 0     # every token produced, any request
+    useful_tokens: int = 0  # tokens of finished requests
+    generated_tokens: int = 0  # every token produced, any request
     finished: int = 0
     aborted: int = 0
-    failed: int = 0               # requests the engine could not run (see RequestView.error)
-    prefix_queries: int = 0       # context tokens looked up in the prefix cache (vLLM: prefix_cache_queries)
-    prefix_hits: int = 0          # of those, tokens served from cached blocks (vLLM: prefix_cache_hits)
+    failed: int = 0  # requests the engine could not run (see RequestView.error)
+    prefix_queries: int = 0  # context tokens looked up in the prefix cache (vLLM: prefix_cache_queries)
+    prefix_hits: int = 0  # of those, tokens served from cached blocks (vLLM: prefix_cache_hits)
     computed_rows: int = 0
     useful_rows: int = 0
 
@@ -179,13 +181,13 @@ class EngineSnapshot:
     n_slots: int
     max_len: int
     slots: tuple[SlotView, ...]
-    requests: tuple[RequestView, ...]   # every request the engine has seen, by id
-    queue: tuple[int, ...]              # waiting, next first
+    requests: tuple[RequestView, ...]  # every request the engine has seen, by id
+    queue: tuple[int, ...]  # waiting, next first
     kv: KVView
     counters: Counters
-    max_batched_tokens: int | None = None   # the token-budget scheduler's budget; None: the seed's scheduler
-    policy: str = "fcfs"                # the scheduling policy (engine/policy.py)
-    batch: tuple[tuple[int, int], ...] = ()   # the latest step's batch: (rid, tokens computed), batch order
+    max_batched_tokens: int | None = None  # the token-budget scheduler's budget; None: the seed's scheduler
+    policy: str = "fcfs"  # the scheduling policy (engine/policy.py)
+    batch: tuple[tuple[int, int], ...] = ()  # the latest step's batch: (rid, tokens computed), batch order
 
     @property
     def num_requests_running(self) -> int:
@@ -214,5 +216,5 @@ class EngineSnapshot:
         return out
 
     def request(self, rid: int) -> RequestView | None:
-        i = bisect_left(self.requests, rid, key=lambda r: r.rid)      # sorted by id
+        i = bisect_left(self.requests, rid, key=lambda r: r.rid)  # sorted by id
         return self.requests[i] if i < len(self.requests) and self.requests[i].rid == rid else None

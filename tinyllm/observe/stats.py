@@ -11,22 +11,22 @@ from tinyllm.request import Result
 @dataclass
 class Stats:
     wall_s: float = 0.0
-    useful_tokens: int = 0     # generated tokens that belong to a finished request
+    useful_tokens: int = 0  # generated tokens that belong to a finished request
     decode_steps: int = 0
-    computed_rows: int = 0     # rows run through decode (incl. finished rows / free slots)
-    useful_rows: int = 0       # rows whose output was kept
-    kv_reserved_tokens: int = 0            # KV capacity held (max over the run)
+    computed_rows: int = 0  # rows run through decode (incl. finished rows / free slots)
+    useful_rows: int = 0  # rows whose output was kept
+    kv_reserved_tokens: int = 0  # KV capacity held (max over the run)
     kv_used_frac: list[float] = field(default_factory=list)  # per decode step: real tokens / capacity
     kv_alloc_frac: list[float] = field(default_factory=list)  # per decode step: real tokens / claimed
-    kv_used_tokens: list[int] = field(default_factory=list)   # per decode step: real tokens held
+    kv_used_tokens: list[int] = field(default_factory=list)  # per decode step: real tokens held
     kv_bytes_per_token: int = 0
     preemptions: int = 0
     peak_active: int = 0
-    kv_allocated_at_end: int = 0           # leak check: must be 0 once every request is done
-    prefix_cache_queries: int = 0          # context tokens looked up in the prefix cache
-    prefix_cache_hits: int = 0             # of those, served from cached blocks (not computed)
-    prefill_tokens: int = 0                # context tokens run through the model before sampling
-                                           # (prompts, recomputes; static: padding included)
+    kv_allocated_at_end: int = 0  # leak check: must be 0 once every request is done
+    prefix_cache_queries: int = 0  # context tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # of those, served from cached blocks (not computed)
+    prefill_tokens: int = 0  # context tokens run through the model before sampling
+    # (prompts, recomputes; static: padding included)
 
     def summary(self, results: list[Result]) -> dict:
         lat = sorted(r.latency_s for r in results)
@@ -45,11 +45,11 @@ class Stats:
             "ttft_p95_s": percentile(ttft, 0.95),
             "kv_reserved_mib": self.kv_reserved_tokens * self.kv_bytes_per_token / 2**20,
             "kv_used_mean": sum(self.kv_used_frac) / max(1, len(self.kv_used_frac)),
-            "kv_used_mib_mean": (sum(self.kv_used_tokens) / max(1, len(self.kv_used_tokens))
-                                 * self.kv_bytes_per_token / 2**20),
+            "kv_used_mib_mean": (
+                sum(self.kv_used_tokens) / max(1, len(self.kv_used_tokens)) * self.kv_bytes_per_token / 2**20
+            ),
             "kv_used_peak": max(self.kv_used_frac, default=0.0),
-            "kv_alloc_used_mean": (sum(self.kv_alloc_frac) / len(self.kv_alloc_frac)
-                                   if self.kv_alloc_frac else None),
+            "kv_alloc_used_mean": (sum(self.kv_alloc_frac) / len(self.kv_alloc_frac) if self.kv_alloc_frac else None),
             "preemptions": self.preemptions,
             "peak_active": self.peak_active,
             "kv_allocated_at_end": self.kv_allocated_at_end,

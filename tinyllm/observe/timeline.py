@@ -14,18 +14,18 @@ until the step it finished, was aborted, or failed in.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Iterable
 
 from tinyllm.observe.snapshot import ENDED_STATES, FORK_OF, LifecycleEvent
 
-PHASES = ("queued", "prefill", "decode", "preempted")   # what a span can be
-ENDS = tuple(ENDED_STATES)                             # how a track can end
+PHASES = ("queued", "prefill", "decode", "preempted")  # what a span can be
+ENDS = tuple(ENDED_STATES)  # how a track can end
 
 
 @dataclass(frozen=True)
 class Span:
-    phase: str                   # one of PHASES
+    phase: str  # one of PHASES
     start_step: int
     start_s: float
     end_step: int | None = None  # the last step of the span; None while it is the open one
@@ -40,16 +40,17 @@ class Span:
 class Track:
     """One request's life so far. Immutable: a new Track replaces the old one on each event,
     so viewers can tell what changed by identity."""
+
     rid: int
     spans: tuple[Span, ...] = ()
-    end: str | None = None                    # one of ENDS once the request is over
+    end: str | None = None  # one of ENDS once the request is over
     end_step: int | None = None
     end_s: float | None = None
-    slot: int | None = None                   # the slot it holds now (None when not admitted)
-    admissions: tuple[tuple[int, int], ...] = ()   # (step, prefix-cached tokens) per admission
-    chunk_steps: tuple[int, ...] = ()         # steps that computed a prefill chunk (chunked only)
+    slot: int | None = None  # the slot it holds now (None when not admitted)
+    admissions: tuple[tuple[int, int], ...] = ()  # (step, prefix-cached tokens) per admission
+    chunk_steps: tuple[int, ...] = ()  # steps that computed a prefill chunk (chunked only)
     preempt_steps: tuple[int, ...] = ()
-    waits: tuple[tuple[int, str], ...] = ()   # (step, WAIT_REASONS code from that step on; "" = computing)
+    waits: tuple[tuple[int, str], ...] = ()  # (step, WAIT_REASONS code from that step on; "" = computing)
 
     @property
     def open_span(self) -> Span | None:
@@ -117,10 +118,11 @@ class Timeline:
             return replace(t, spans=_start(t.spans, "queued", s, ts))
         if k == "admitted":
             spans = _start(t.spans, "prefill", s, ts)
-            if ev.reason.startswith(FORK_OF):            # a fork samples at once: decoding from the next step
+            if ev.reason.startswith(FORK_OF):  # a fork samples at once: decoding from the next step
                 spans = _start(spans, "decode", s + 1, ts)
-            return replace(t, spans=spans, slot=ev.slot,
-                           admissions=t.admissions + ((s, ev.cached),), waits=_wait(t.waits, s, ""))
+            return replace(
+                t, spans=spans, slot=ev.slot, admissions=t.admissions + ((s, ev.cached),), waits=_wait(t.waits, s, "")
+            )
         if k == "waiting":
             return replace(t, waits=_wait(t.waits, s, ev.reason.partition(":")[0]))
         if k == "prefill":
@@ -130,10 +132,15 @@ class Timeline:
             spans = _start(t.spans, "decode", s + 1, ts) if done else t.spans
             return replace(t, chunk_steps=chunks, spans=spans)
         if k == "preempted":
-            return replace(t, spans=_start(t.spans, "preempted", s, ts), slot=None,
-                           preempt_steps=t.preempt_steps + (s,), waits=_wait(t.waits, s, "preempted"))
+            return replace(
+                t,
+                spans=_start(t.spans, "preempted", s, ts),
+                slot=None,
+                preempt_steps=t.preempt_steps + (s,),
+                waits=_wait(t.waits, s, "preempted"),
+            )
         if k in ENDS:
-            spans = _close(t.spans, s + 1, ts)          # the end step still belongs to the span
+            spans = _close(t.spans, s + 1, ts)  # the end step still belongs to the span
             return replace(t, spans=spans, end=k, end_step=s, end_s=ts, slot=None)
         return t
 

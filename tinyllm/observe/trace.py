@@ -32,15 +32,30 @@ def _meta(pid: int, tid: int | None, name: str, value: str, sort: int | None = N
     out = [ev]
     if sort is not None:
         key = "thread_sort_index" if tid is not None else "process_sort_index"
-        out.append({"ph": "M", "pid": pid, **({"tid": tid} if tid is not None else {}), "name": key,
-                    "args": {"sort_index": sort}})
+        out.append(
+            {
+                "ph": "M",
+                "pid": pid,
+                **({"tid": tid} if tid is not None else {}),
+                "name": key,
+                "args": {"sort_index": sort},
+            }
+        )
     return out
 
 
 def _span(pid: int, tid: int, name: str, start_s: float, end_s: float, args: dict | None = None) -> dict:
     ts = _us(start_s)
-    return {"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": name, "ts": ts,
-            "dur": max(0, _us(end_s) - ts), "args": args or {}}
+    return {
+        "ph": "X",
+        "pid": pid,
+        "tid": tid,
+        "name": name,
+        "cat": name,
+        "ts": ts,
+        "dur": max(0, _us(end_s) - ts),
+        "args": args or {},
+    }
 
 
 def perfetto_trace(header: dict, records: list[dict]) -> dict:
@@ -59,40 +74,78 @@ def perfetto_trace(header: dict, records: list[dict]) -> dict:
         cur_q = (snap.num_requests_running, snap.num_requests_waiting)
         ts = _us(snap.time_s)
         if cur_kv != last_kv:
-            counters.append({"ph": "C", "pid": PID_ENGINE, "tid": 0, "name": "KV cache (tokens)", "ts": ts,
-                             "args": {"used": cur_kv[0], "allocated": cur_kv[1], "cached free": cur_kv[2]}})
+            counters.append(
+                {
+                    "ph": "C",
+                    "pid": PID_ENGINE,
+                    "tid": 0,
+                    "name": "KV cache (tokens)",
+                    "ts": ts,
+                    "args": {"used": cur_kv[0], "allocated": cur_kv[1], "cached free": cur_kv[2]},
+                }
+            )
             last_kv = cur_kv
         if cur_q != last_q:
-            counters.append({"ph": "C", "pid": PID_ENGINE, "tid": 0, "name": "requests", "ts": ts,
-                             "args": {"running": cur_q[0], "waiting": cur_q[1]}})
+            counters.append(
+                {
+                    "ph": "C",
+                    "pid": PID_ENGINE,
+                    "tid": 0,
+                    "name": "requests",
+                    "ts": ts,
+                    "args": {"running": cur_q[0], "waiting": cur_q[1]},
+                }
+            )
             last_q = cur_q
     if events:
         end_s = max(end_s, max(e.time_s for e in events))
     last_step = max((e.step for e in events), default=0)
 
-    out = (_meta(PID_REQUESTS, None, "process_name", "requests", 1) + _meta(PID_SLOTS, None, "process_name", "slots", 2)
-           + _meta(PID_ENGINE, None, "process_name", "engine", 3))
+    out = (
+        _meta(PID_REQUESTS, None, "process_name", "requests", 1)
+        + _meta(PID_SLOTS, None, "process_name", "slots", 2)
+        + _meta(PID_ENGINE, None, "process_name", "engine", 3)
+    )
     for t in build_tracks(events):
         tid = t.rid + 1
         out += _meta(PID_REQUESTS, tid, "thread_name", f"#{t.rid}", t.rid)
         waits = t.wait_spans(last_step)
         for sp in t.spans:
             args = {"steps": f"{sp.start_step}..{sp.end_step if sp.end_step is not None else '…'}"}
-            why = [f"{code} (steps {a}..{b})" for a, b, code in waits
-                   if a <= (sp.end_step if sp.end_step is not None else last_step) and b >= sp.start_step]
+            why = [
+                f"{code} (steps {a}..{b})"
+                for a, b, code in waits
+                if a <= (sp.end_step if sp.end_step is not None else last_step) and b >= sp.start_step
+            ]
             if why:
-                args["waiting"] = ", ".join(why)        # the scheduler's reasons (WAIT_REASONS)
-            out.append(_span(PID_REQUESTS, tid, sp.phase, sp.start_s, sp.end_s if sp.end_s is not None else end_s, args))
+                args["waiting"] = ", ".join(why)  # the scheduler's reasons (WAIT_REASONS)
+            out.append(
+                _span(PID_REQUESTS, tid, sp.phase, sp.start_s, sp.end_s if sp.end_s is not None else end_s, args)
+            )
     for e in events:
         if e.kind in ("preempted", "aborted", "failed", "waiting") and (e.kind != "waiting" or e.reason):
-            out.append({"ph": "i", "pid": PID_REQUESTS, "tid": e.rid + 1, "name": e.kind, "s": "t",
-                        "ts": _us(e.time_s), "args": {"step": e.step, "slot": e.slot, "reason": e.reason,
-                                                      "tokens": e.tokens}})
+            out.append(
+                {
+                    "ph": "i",
+                    "pid": PID_REQUESTS,
+                    "tid": e.rid + 1,
+                    "name": e.kind,
+                    "s": "t",
+                    "ts": _us(e.time_s),
+                    "args": {"step": e.step, "slot": e.slot, "reason": e.reason, "tokens": e.tokens},
+                }
+            )
     out += _slot_spans(header, events, end_s)
     out += counters
-    return {"traceEvents": out, "displayTimeUnit": "ms",
-            "otherData": {"model": header.get("model"), "recorded": header.get("created"),
-                          "settings": header.get("settings")}}
+    return {
+        "traceEvents": out,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "model": header.get("model"),
+            "recorded": header.get("created"),
+            "settings": header.get("settings"),
+        },
+    }
 
 
 def _slot_spans(header: dict, events: list[LifecycleEvent], end_s: float) -> list[dict]:
@@ -100,7 +153,7 @@ def _slot_spans(header: dict, events: list[LifecycleEvent], end_s: float) -> lis
     out: list[dict] = []
     for s in range(header["engine"]["n_slots"]):
         out += _meta(PID_SLOTS, s + 1, "thread_name", f"slot {s}", s)
-    holder: dict[int, tuple[int, float, int]] = {}            # slot → (rid, since, step)
+    holder: dict[int, tuple[int, float, int]] = {}  # slot → (rid, since, step)
     for e in events:
         if e.slot is None:
             continue
@@ -108,8 +161,11 @@ def _slot_spans(header: dict, events: list[LifecycleEvent], end_s: float) -> lis
             holder[e.slot] = (e.rid, e.time_s, e.step)
         elif e.kind in ("preempted", "finished", "aborted", "failed") and holder.get(e.slot, (None,))[0] == e.rid:
             rid, since, step = holder.pop(e.slot)
-            out.append(_span(PID_SLOTS, e.slot + 1, f"#{rid}", since, e.time_s,
-                             {"steps": f"{step}..{e.step}", "freed": e.kind}))
+            out.append(
+                _span(
+                    PID_SLOTS, e.slot + 1, f"#{rid}", since, e.time_s, {"steps": f"{step}..{e.step}", "freed": e.kind}
+                )
+            )
     for slot, (rid, since, step) in holder.items():
         out.append(_span(PID_SLOTS, slot + 1, f"#{rid}", since, end_s, {"steps": f"{step}..", "freed": "—"}))
     return out

@@ -17,9 +17,9 @@ T = TypeVar("T")
 
 class LaneClock:
     def __init__(self, step_cost_s: float | None = None):
-        self.step_cost_s = step_cost_s          # None: measure each step with perf_counter
+        self.step_cost_s = step_cost_s  # None: measure each step with perf_counter
         self.elapsed = 0.0
-        self.idle = 0.0                         # of elapsed: waiting for arrivals (skip_to), no compute
+        self.idle = 0.0  # of elapsed: waiting for arrivals (skip_to), no compute
         self._started: float | None = None
 
     def now(self) -> float:

@@ -12,34 +12,35 @@ from collections import deque
 
 from tinyllm.engine import ContinuousEngine, Request, Result
 from tinyllm.engine.static import StaticBatcher
-from tinyllm.race.clock import LaneClock
-from tinyllm.race.views import LaneResult, LaneView, RequestOutcome, RowView
 from tinyllm.observe.stats import Stats, percentile
 from tinyllm.observe.timeline import Timeline
+from tinyllm.race.clock import LaneClock
+from tinyllm.race.views import LaneResult, LaneView, RequestOutcome, RowView
 
-Workload = list[tuple[float, Request]]          # (arrival_s, request), sorted by arrival
-TRACE_POINTS = 256                              # a lane's (clock, tokens) trace is thinned to at most this
-Timing = tuple[int, float, float]               # (rid, first token, finish) on the lane's clock
+Workload = list[tuple[float, Request]]  # (arrival_s, request), sorted by arrival
+TRACE_POINTS = 256  # a lane's (clock, tokens) trace is thinned to at most this
+Timing = tuple[int, float, float]  # (rid, first token, finish) on the lane's clock
 
 
 class Lane:
     """What every lane shares: arrivals, the clock, the figures. Subclasses wrap one engine."""
+
     engine: StaticBatcher | ContinuousEngine
 
     def __init__(self, key: str, title: str, kind: str, detail: str, clock: LaneClock, workload: Workload):
         self.key, self.title, self.kind, self.detail, self.clock = key, title, kind, detail, clock
         self._pending = deque(workload)
-        self.arrival: dict[int, float] = {}             # rid -> nominal arrival (this clock)
+        self.arrival: dict[int, float] = {}  # rid -> nominal arrival (this clock)
         self.requests: dict[int, Request] = {}
         self.total = len(workload)
         self.total_tokens = sum(r.max_new_tokens for _, r in workload)
         self._result: LaneResult | None = None
-        self.tokens = 0                                 # tokens generated so far (every request)
-        self.trace: list[tuple[float, int]] = [(0.0, 0)]   # (clock, tokens) after each step, thinned
-        self.token_times: dict[int, list[float]] = {}   # rid -> when each of its tokens came (this clock)
+        self.tokens = 0  # tokens generated so far (every request)
+        self.trace: list[tuple[float, int]] = [(0.0, 0)]  # (clock, tokens) after each step, thinned
+        self.token_times: dict[int, list[float]] = {}  # rid -> when each of its tokens came (this clock)
         self._outcomes: tuple[RequestOutcome, ...] = ()
-        self.seqs, self.kv_mib, self.kv_blocks = 0, None, None   # what it can run, its KV memory (build_race)
-        self.kv_dtype = ""                                          # its K/V element type (build_race)
+        self.seqs, self.kv_mib, self.kv_blocks = 0, None, None  # what it can run, its KV memory (build_race)
+        self.kv_dtype = ""  # its K/V element type (build_race)
 
     # -- what a subclass provides ---------------------------------------------------------------
     def _add(self, req: Request, arrival: float) -> int:
@@ -94,7 +95,7 @@ class Lane:
         for ev in events:
             self.token_times.setdefault(ev.rid, []).append(self.clock.elapsed)
         self.trace.append((self.clock.elapsed, self.tokens))
-        if len(self.trace) > TRACE_POINTS:              # every other point, the first and the newest kept
+        if len(self.trace) > TRACE_POINTS:  # every other point, the first and the newest kept
             self.trace = self.trace[:-1:2] + self.trace[-1:]
         return True
 
@@ -104,16 +105,30 @@ class Lane:
         if self._result is None and not self.has_work():
             stats = self._stats()
             stats.wall_s = self.clock.elapsed
-            results = [Result([], first - self.arrival[rid], end - self.arrival[rid])
-                       for rid, first, end in self._finished()]
+            results = [
+                Result([], first - self.arrival[rid], end - self.arrival[rid]) for rid, first, end in self._finished()
+            ]
             s = stats.summary(results)
-            self._result = LaneResult(s["wall_s"], s["useful_tokens"], s["tok_s"], s["ttft_p50_s"],
-                                      s["ttft_p95_s"], s["latency_p95_s"], s["row_util"], s["kv_used_mean"],
-                                      s["decode_steps"], stats.computed_rows, stats.useful_rows,
-                                      s["prefill_tokens_computed"], stats.preemptions,
-                                      self.clock.elapsed - self.clock.idle)
-            self._outcomes = tuple(self._outcome(rid, first, end, self.token_times.get(rid, []))
-                                   for rid, first, end in sorted(self._finished()))
+            self._result = LaneResult(
+                s["wall_s"],
+                s["useful_tokens"],
+                s["tok_s"],
+                s["ttft_p50_s"],
+                s["ttft_p95_s"],
+                s["latency_p95_s"],
+                s["row_util"],
+                s["kv_used_mean"],
+                s["decode_steps"],
+                stats.computed_rows,
+                stats.useful_rows,
+                s["prefill_tokens_computed"],
+                stats.preemptions,
+                self.clock.elapsed - self.clock.idle,
+            )
+            self._outcomes = tuple(
+                self._outcome(rid, first, end, self.token_times.get(rid, []))
+                for rid, first, end in sorted(self._finished())
+            )
         return self._result
 
     def outcomes(self) -> tuple[RequestOutcome, ...]:
@@ -129,8 +144,13 @@ class Lane:
     def _who(self, rid: int) -> dict:
         """The request's own fields, for the outcome (the comparison groups by them)."""
         r = self.requests[rid]
-        return dict(arrival_s=self.arrival[rid], prompt_tokens=len(r.prompt), new_tokens=r.max_new_tokens,
-                    priority=r.priority, tenant=r.tenant)
+        return dict(
+            arrival_s=self.arrival[rid],
+            prompt_tokens=len(r.prompt),
+            new_tokens=r.max_new_tokens,
+            priority=r.priority,
+            tenant=r.tenant,
+        )
 
     def _release(self) -> None:
         now = self.clock.now()
@@ -144,25 +164,56 @@ class Lane:
             return f"idle: the next request arrives at {self._pending[0][0]:.2f} s"
         return ""
 
-    def _view(self, rows: list[RowView], queued: int, done: int, tokens: int, firsts: list[tuple[int, float]],
-              kv_used: int, kv_reserved: int, note: str) -> LaneView:
+    def _view(
+        self,
+        rows: list[RowView],
+        queued: int,
+        done: int,
+        tokens: int,
+        firsts: list[tuple[int, float]],
+        kv_used: int,
+        kv_reserved: int,
+        note: str,
+    ) -> LaneView:
         ttft = sorted(t - self.arrival[rid] for rid, t in firsts)
         st = self._stats()
-        return LaneView(self.key, self.title, self.detail, tuple(rows), queued, len(self._pending), done,
-                        self.total, tokens, self.total_tokens, self.clock.now(),
-                        percentile(ttft, 0.5) if ttft else None, st.decode_steps, st.computed_rows,
-                        st.useful_rows, kv_used, kv_reserved, note, self.result(), tuple(self.trace), self.kind,
-                        self._outcomes, self.seqs, self.kv_mib, self.kv_blocks, self.kv_dtype)
+        return LaneView(
+            self.key,
+            self.title,
+            self.detail,
+            tuple(rows),
+            queued,
+            len(self._pending),
+            done,
+            self.total,
+            tokens,
+            self.total_tokens,
+            self.clock.now(),
+            percentile(ttft, 0.5) if ttft else None,
+            st.decode_steps,
+            st.computed_rows,
+            st.useful_rows,
+            kv_used,
+            kv_reserved,
+            note,
+            self.result(),
+            tuple(self.trace),
+            self.kind,
+            self._outcomes,
+            self.seqs,
+            self.kv_mib,
+            self.kv_blocks,
+            self.kv_dtype,
+        )
 
 
 class StaticLane(Lane):
     """Static batching (StaticBatcher): rows that finished keep being computed, shown as wasted."""
 
-    def __init__(self, key: str, title: str, detail: str, clock: LaneClock, workload: Workload,
-                 engine: StaticBatcher):
+    def __init__(self, key: str, title: str, detail: str, clock: LaneClock, workload: Workload, engine: StaticBatcher):
         super().__init__(key, title, "static", detail, clock, workload)
         self.engine = engine
-        self._ended: tuple[int, ...] = ()               # the batch that ended in the latest step
+        self._ended: tuple[int, ...] = ()  # the batch that ended in the latest step
 
     def _add(self, req, arrival):
         return self.engine.add_request(req, arrival)
@@ -185,15 +236,16 @@ class StaticLane(Lane):
 
     def _outcome(self, rid, first, end, times):
         ttft, itl, e2e = self._times(rid, first, end, times)
-        return RequestOutcome(rid, ttft, itl, e2e, 0, (),
-                              (("queued", self.arrival[rid], first), ("decode", first, end)), **self._who(rid))
+        return RequestOutcome(
+            rid, ttft, itl, e2e, 0, (), (("queued", self.arrival[rid], first), ("decode", first, end)), **self._who(rid)
+        )
 
     def _finished(self):
         e = self.engine
         return [(rid, e.first_s[rid], self.arrival[rid] + r.latency_s) for rid, r in e.results.items()]
 
     def view(self) -> LaneView:
-        self._release()                                  # what has arrived by now is waiting, not arriving
+        self._release()  # what has arrived by now is waiting, not arriving
         e = self.engine
         rows = [RowView(r.rid, "wasted" if r.done else "running", r.generated, r.max_new_tokens) for r in e.rows()]
         rows = rows or [RowView(rid, "done") for rid in self._ended]
@@ -201,8 +253,9 @@ class StaticLane(Lane):
         note = self._note()
         if e.queue and not e.batch and e.more_coming:
             note = f"waits for a full batch: {len(e.queue)}/{e.batch_size}, or until {e.deadline():.2f} s"
-        return self._view(rows, len(e.queue), len(e.results), e.generated, list(e.first_s.items()),
-                          e.used_tokens(), e.capacity, note)
+        return self._view(
+            rows, len(e.queue), len(e.results), e.generated, list(e.first_s.items()), e.used_tokens(), e.capacity, note
+        )
 
 
 class _ClockedEngine(ContinuousEngine):
@@ -219,12 +272,22 @@ class _ClockedEngine(ContinuousEngine):
 class ContinuousLane(Lane):
     """ContinuousEngine: the seed's scheduler (slots) or the token-budget one (paged, chunked)."""
 
-    def __init__(self, key: str, title: str, kind: str, detail: str, clock: LaneClock, workload: Workload, model,
-                 n_slots: int, **engine_kw):
+    def __init__(
+        self,
+        key: str,
+        title: str,
+        kind: str,
+        detail: str,
+        clock: LaneClock,
+        workload: Workload,
+        model,
+        n_slots: int,
+        **engine_kw,
+    ):
         super().__init__(key, title, kind, detail, clock, workload)
         self.engine = _ClockedEngine(model, n_slots, lane_clock=clock, **engine_kw)
-        self.timeline = Timeline()                      # each request's spans (the what-if's rows)
-        self._freed: dict[int, int] = {}                # slot -> the request that finished there, latest step
+        self.timeline = Timeline()  # each request's spans (the what-if's rows)
+        self._freed: dict[int, int] = {}  # slot -> the request that finished there, latest step
 
     def _add(self, req, arrival):
         return self.engine.add_request(req)
@@ -245,18 +308,19 @@ class ContinuousLane(Lane):
     def _outcome(self, rid, first, end, times):
         ttft, itl, e2e = self._times(rid, first, end, times)
         track = self.timeline.track(rid)
-        spans = tuple((sp.phase, sp.start_s, sp.end_s if sp.end_s is not None else end)
-                      for sp in (track.spans if track else ()))
+        spans = tuple(
+            (sp.phase, sp.start_s, sp.end_s if sp.end_s is not None else end) for sp in (track.spans if track else ())
+        )
         waited = sorted(self.engine.waited(rid).items(), key=lambda kv: -kv[1])
-        return RequestOutcome(rid, ttft, itl, e2e, self.engine.snapshot().request(rid).preemptions,
-                              tuple(waited), spans, **self._who(rid))
+        return RequestOutcome(
+            rid, ttft, itl, e2e, self.engine.snapshot().request(rid).preemptions, tuple(waited), spans, **self._who(rid)
+        )
 
     def _finished(self):
-        return [(v.rid, v.first_token_s, v.finish_s) for v in self.engine.snapshot().requests
-                if v.state == "finished"]
+        return [(v.rid, v.first_token_s, v.finish_s) for v in self.engine.snapshot().requests if v.state == "finished"]
 
     def view(self) -> LaneView:
-        self._release()                                  # what has arrived by now is waiting, not arriving
+        self._release()  # what has arrived by now is waiting, not arriving
         snap = self.engine.snapshot()
         rows = []
         for sv in snap.slots:
@@ -269,5 +333,13 @@ class ContinuousLane(Lane):
                 v = snap.request(sv.rid)
                 rows.append(RowView(sv.rid, "running", len(v.tokens), v.max_new_tokens))
         firsts = [(v.rid, v.first_token_s) for v in snap.requests if v.first_token_s is not None]
-        return self._view(rows, len(snap.queue), snap.counters.finished, snap.counters.generated_tokens, firsts,
-                          snap.kv.used_tokens, snap.kv.reserved_tokens, self._note())
+        return self._view(
+            rows,
+            len(snap.queue),
+            snap.counters.finished,
+            snap.counters.generated_tokens,
+            firsts,
+            snap.kv.used_tokens,
+            snap.kv.reserved_tokens,
+            self._note(),
+        )

@@ -15,15 +15,15 @@ from __future__ import annotations
 import torch
 
 from tinyllm.args import option_names
-from tinyllm.engine import Request, kv_bytes_per_token
-from tinyllm.engine.forward import kv_cache_dtype_name
 from tinyllm.config import EngineConfig
+from tinyllm.engine import Request, kv_bytes_per_token
 from tinyllm.engine.build import MIB, resolve_concurrency
+from tinyllm.engine.forward import kv_cache_dtype_name
 from tinyllm.engine.static import StaticBatcher
 from tinyllm.race.clock import LaneClock
 from tinyllm.race.lanes import ContinuousLane, Lane, StaticLane, Workload
-from tinyllm.race.spec import LaneSpec
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, check_static_batches
+from tinyllm.race.spec import LaneSpec
 from tinyllm.race.views import LANES, LaneView, lane_detail, lane_title
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, check_fits
 
@@ -31,8 +31,8 @@ from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, check_fi
 class Race:
     def __init__(self, lanes: list[Lane]):
         self.lanes = lanes
-        self.turns = 0                                   # steps made, all lanes together
-        self.last: str | None = None                     # the lane that made the latest step
+        self.turns = 0  # steps made, all lanes together
+        self.last: str | None = None  # the lane that made the latest step
 
     def done(self) -> bool:
         return not any(lane.has_work() for lane in self.lanes)
@@ -43,7 +43,7 @@ class Race:
             live = [lane for lane in self.lanes if lane.has_work()]
             if not live:
                 return None
-            lane = min(live, key=Lane.ready_at)         # min() keeps the first of equals: the order shown
+            lane = min(live, key=Lane.ready_at)  # min() keeps the first of equals: the order shown
             if lane.step():
                 self.turns += 1
                 self.last = lane.key
@@ -53,11 +53,22 @@ class Race:
         return tuple(lane.view() for lane in self.lanes)
 
 
-def build_race(model, workload: Workload, slots: int, max_len: int, block_size: int = 16,
-               kv_blocks: int | None = None, max_batched_tokens: int | None = None,
-               batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S, lanes: tuple[str | LaneSpec, ...] = LANES,
-               step_cost_s: float | None = None, seed: int = 0, kv_memory_mib: float | None = None,
-               max_num_seqs: int | None = None, kv_cache_dtype: str = "auto") -> Race:
+def build_race(
+    model,
+    workload: Workload,
+    slots: int,
+    max_len: int,
+    block_size: int = 16,
+    kv_blocks: int | None = None,
+    max_batched_tokens: int | None = None,
+    batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S,
+    lanes: tuple[str | LaneSpec, ...] = LANES,
+    step_cost_s: float | None = None,
+    seed: int = 0,
+    kv_memory_mib: float | None = None,
+    max_num_seqs: int | None = None,
+    kv_cache_dtype: str = "auto",
+) -> Race:
     """The lanes on ``workload`` (sorted by arrival here; request ids follow that order in every
     lane). ``lanes``: lane kinds (``LANES``) or ``LaneSpec``s, each with its own settings (the
     what-if: ``race/spec.py``); the other arguments are every lane's defaults. ``step_cost_s``: a
@@ -85,9 +96,11 @@ def build_race(model, workload: Workload, slots: int, max_len: int, block_size: 
         check_fits(len(r.prompt), r.max_new_tokens, max_len, "--max-len")
         bad = next((t for t in r.prompt if t >= model.cfg.vocab_size), None)
         if bad is not None:
-            raise ValueError(f"a request's prompt has token id {bad}, outside the model's vocabulary "
-                             f"[0, {model.cfg.vocab_size}): recorded with another model?")
-    kv_cache_dtype_name(next(model.parameters()).device, kv_cache_dtype)    # a ValueError names the choices
+            raise ValueError(
+                f"a request's prompt has token id {bad}, outside the model's vocabulary "
+                f"[0, {model.cfg.vocab_size}): recorded with another model?"
+            )
+    kv_cache_dtype_name(next(model.parameters()).device, kv_cache_dtype)  # a ValueError names the choices
     plain = all(s.label == s.kind for s in specs) and len({s.kind for s in specs}) == len(specs)
     built: list[Lane] = []
     for i, spec in enumerate(specs):
@@ -95,20 +108,52 @@ def build_race(model, workload: Workload, slots: int, max_len: int, block_size: 
         where = "kv_mib" if spec.kv_mib is not None else "--kv-memory"
         dtype = spec.kv_dtype or kv_cache_dtype
         try:
-            built.append(_build_lane(model, workload, spec, f"lane{i}" if not plain else spec.kind, slots, max_len,
-                                     block_size, kv_blocks, max_batched_tokens, batch_timeout_s, arrivals,
-                                     step_cost_s, seed, mib, max_num_seqs, dtype))
+            built.append(
+                _build_lane(
+                    model,
+                    workload,
+                    spec,
+                    f"lane{i}" if not plain else spec.kind,
+                    slots,
+                    max_len,
+                    block_size,
+                    kv_blocks,
+                    max_batched_tokens,
+                    batch_timeout_s,
+                    arrivals,
+                    step_cost_s,
+                    seed,
+                    mib,
+                    max_num_seqs,
+                    dtype,
+                )
+            )
             built[-1].kv_dtype = kv_cache_dtype_name(next(model.parameters()).device, dtype)
         except ValueError as e:
             raise (ContextTooLong if isinstance(e, ContextTooLong) else ValueError)(
-                f"lane {spec.label!r}: {option_names(str(e), ('kv_memory_mib', where))}") from None
+                f"lane {spec.label!r}: {option_names(str(e), ('kv_memory_mib', where))}"
+            ) from None
     return Race(built)
 
 
-def _build_lane(model, workload: Workload, spec: LaneSpec, key: str, slots: int, max_len: int, block_size: int,
-                kv_blocks: int | None, max_batched_tokens: int | None, batch_timeout_s: float, arrivals: bool,
-                step_cost_s: float | None, seed: int, mib: float | None, max_num_seqs: int | None,
-                kv_dtype: str) -> Lane:
+def _build_lane(
+    model,
+    workload: Workload,
+    spec: LaneSpec,
+    key: str,
+    slots: int,
+    max_len: int,
+    block_size: int,
+    kv_blocks: int | None,
+    max_batched_tokens: int | None,
+    batch_timeout_s: float,
+    arrivals: bool,
+    step_cost_s: float | None,
+    seed: int,
+    mib: float | None,
+    max_num_seqs: int | None,
+    kv_dtype: str,
+) -> Lane:
     """One lane of build_race (see it); ``mib``: its KV memory budget, if it has one; ``kv_dtype``:
     its KV cache's element type."""
     bpt = kv_bytes_per_token(model, next(model.parameters()).device, kv_dtype)
@@ -116,41 +161,49 @@ def _build_lane(model, workload: Workload, spec: LaneSpec, key: str, slots: int,
     budget = spec.budget or max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
     clock = LaneClock(step_cost_s)
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    cap = spec.slots or max_num_seqs                     # with a budget: the cap on running sequences
+    cap = spec.slots or max_num_seqs  # with a budget: the cap on running sequences
     if mib is not None and not (isinstance(mib, (int, float)) and 0 < mib < float("inf")):
         raise ValueError(f"kv_memory_mib must be a finite number of MiB > 0, got {mib!r}")
     if mib is not None and spec.kv_blocks is not None:
         raise ValueError("blocks= sizes the pool, and so does kv_memory_mib: give one")
     if spec.kind == "static":
         n = spec.slots or slots
-        if mib is not None:                              # the slot cache's rows: the same arithmetic
+        if mib is not None:  # the slot cache's rows: the same arithmetic
             n, _ = resolve_concurrency(EngineConfig(max_num_seqs=cap, kv_memory_mib=mib), max_len, bpt)
         sizes = [(len(r.prompt), r.max_new_tokens) for _, r in workload]
         if mib is None:
             check_static_batches(sizes, n, model.cfg.max_seq_len)
-        else:                                            # its rows hold max_len: a padded row must fit one
+        else:  # its rows hold max_len: a padded row must fit one
             check_static_batches(sizes, n, max_len, "max_len (the row a KV budget reserves)")
-        eng = StaticBatcher(model, n, generator=gen, clock=clock.now, batch_timeout_s=batch_timeout_s,
-                            kv_cache_dtype=kv_dtype)
+        eng = StaticBatcher(
+            model, n, generator=gen, clock=clock.now, batch_timeout_s=batch_timeout_s, kv_cache_dtype=kv_dtype
+        )
         lane: Lane = StaticLane(key, title, "", clock, workload, eng)
         lane.seqs, lane.kv_mib = n, n * max_len * bpt / MIB
     else:
         kw = dict(max_len=max_len, generator=gen, scheduling_policy=spec.policy, kv_cache_dtype=kv_dtype)
         if mib is not None:
             kw.update(kv_memory_mib=mib, max_num_seqs=cap)
-        paged = dict(block_size=spec.block_size or block_size,
-                     kv_blocks=None if mib is not None else spec.kv_blocks or kv_blocks)
+        paged = dict(
+            block_size=spec.block_size or block_size, kv_blocks=None if mib is not None else spec.kv_blocks or kv_blocks
+        )
         if spec.kind == "continuous" and spec.kv != "paged":
             kw.update(kv="slots")
         elif spec.kind == "continuous":
             kw.update(kv="paged", **paged)
         else:
-            kw.update(kv="paged", **paged, chunked_prefill=True, max_batched_tokens=spec.budget or max_batched_tokens,
-                      prefix_cache=spec.prefix_cache)
-        lane = ContinuousLane(key, title, spec.kind, "", clock, workload, model,
-                              None if mib is not None else spec.slots or slots, **kw)
+            kw.update(
+                kv="paged",
+                **paged,
+                chunked_prefill=True,
+                max_batched_tokens=spec.budget or max_batched_tokens,
+                prefix_cache=spec.prefix_cache,
+            )
+        lane = ContinuousLane(
+            key, title, spec.kind, "", clock, workload, model, None if mib is not None else spec.slots or slots, **kw
+        )
         for _, r in workload:
-            lane.engine.slots.check_fits(len(r.prompt) + r.max_new_tokens)   # paged: the whole pool, alone
+            lane.engine.slots.check_fits(len(r.prompt) + r.max_new_tokens)  # paged: the whole pool, alone
         cache = lane.engine.slots
         lane.seqs, lane.kv_mib = lane.engine.n_slots, cache.reserved_tokens() * bpt / MIB
         lane.kv_blocks = getattr(cache, "n_blocks", None)

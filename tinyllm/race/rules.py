@@ -5,23 +5,25 @@ from __future__ import annotations
 
 from tinyllm.request import ContextTooLong, check_fits
 
-DEFAULT_BATCH_TIMEOUT_S = 1.0        # static batching with arrivals: how long the oldest waits for a full batch
-DEFAULT_WORKLOAD = "mixed_lengths"     # short and long requests together: where static batching loses most
-DEFAULT_NEW = 64                       # a workload line without max_new_tokens: as in tinyllm bench
-DEFAULT_MAX_LEN = 512                  # the continuous lanes' context, as in tinyllm bench
+DEFAULT_BATCH_TIMEOUT_S = 1.0  # static batching with arrivals: how long the oldest waits for a full batch
+DEFAULT_WORKLOAD = "mixed_lengths"  # short and long requests together: where static batching loses most
+DEFAULT_NEW = 64  # a workload line without max_new_tokens: as in tinyllm bench
+DEFAULT_MAX_LEN = 512  # the continuous lanes' context, as in tinyllm bench
 
 
-def check_static_batches(sizes: list[tuple[int, int]], batch: int, max_seq_len: int,
-                         what: str = "the model's max_seq_len") -> None:
+def check_static_batches(
+    sizes: list[tuple[int, int]], batch: int, max_seq_len: int, what: str = "the model's max_seq_len"
+) -> None:
     """Static batching left-pads a batch to its longest prompt and decodes it to its largest
     max_new_tokens, so every run of ``batch`` consecutive requests (``sizes``: (prompt tokens,
     max_new_tokens) in arrival order: batches are cut from that order) must fit the model's
     context together. ContextTooLong says which do not."""
     for i in range(max(1, len(sizes) - batch + 1)):
-        window = sizes[i:i + batch]
+        window = sizes[i : i + batch]
         L = max(p for p, _ in window)
         try:
             check_fits(L, max(n for _, n in window), max_seq_len, what)
         except ContextTooLong as e:
-            raise ContextTooLong(f"static batching pads requests {i}..{i + len(window) - 1} to {L} "
-                                 f"prompt tokens: {e}") from None
+            raise ContextTooLong(
+                f"static batching pads requests {i}..{i + len(window) - 1} to {L} prompt tokens: {e}"
+            ) from None

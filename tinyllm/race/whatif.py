@@ -40,14 +40,15 @@ def requests_from_recording(path: str | Path) -> tuple[Arrivals, str | None]:
             try:
                 snap = dec.apply(rec["snap"])
             except BAD_RECORD as e:
-                raise RecordingError(f"{path}:{line}: not a snapshot delta this version wrote "
-                                     f"({type(e).__name__}: {e})") from None
+                raise RecordingError(
+                    f"{path}:{line}: not a snapshot delta this version wrote ({type(e).__name__}: {e})"
+                ) from None
             for v in snap.requests:
-                views[v.rid] = v                           # the latest view (forgotten ones kept)
-    if not views:                                          # (quit at once, or a stream cut before any request)
+                views[v.rid] = v  # the latest view (forgotten ones kept)
+    if not views:  # (quit at once, or a stream cut before any request)
         raise RecordingError(f"{path}: the recording holds no requests: nothing to run again")
     out = []
-    start = min((v.arrival_s for v in views.values()), default=0.0)   # a server's clock may be at 3600 s
+    start = min((v.arrival_s for v in views.values()), default=0.0)  # a server's clock may be at 3600 s
     for v in sorted(views.values(), key=lambda v: (v.arrival_s, v.rid)):
         if v.state == "finished":
             new = len(v.tokens)
@@ -55,14 +56,17 @@ def requests_from_recording(path: str | Path) -> tuple[Arrivals, str | None]:
             new = max(1, len(v.tokens))
         else:
             new = v.max_new_tokens
-        out.append((round(v.arrival_s - start, 6), Request(list(v.prompt), max(1, new), priority=v.priority, tenant=v.tenant)))
+        out.append(
+            (round(v.arrival_s - start, 6), Request(list(v.prompt), max(1, new), priority=v.priority, tenant=v.tenant))
+        )
     return out, warning
 
 
 def recorded_settings(source: str | Path) -> Recorded | None:
     """The engine settings a recording ran at, from its header (None: ``source`` is not a
     recording); RecordingError for a header this version cannot read."""
-    from tinyllm.observe.recording import open_text, check_header
+    from tinyllm.observe.recording import check_header, open_text
+
     path = Path(source).expanduser()
     if not (path.is_file() and is_recording(path)):
         return None
@@ -88,7 +92,7 @@ def settings_from_header(header: dict) -> Recorded:
         fields.update(block_size=k["block_size"], kv_blocks=k["n_blocks"])
     if kind == "chunked":
         fields["budget"] = e["max_batched_tokens"]
-        if "cached_flags" in k or "prefix_cache" in given:               # the app's None: on with chunked prefill
+        if "cached_flags" in k or "prefix_cache" in given:  # the app's None: on with chunked prefill
             fields["prefix_cache"] = k.get("cached_flags", given.get("prefix_cache")) is not False
         else:
             missing["prefix_cache"] = ("prefix cache setting", "prefix=on")
@@ -109,6 +113,7 @@ def settings_from_header(header: dict) -> Recorded:
 def is_recording(path: str | Path) -> bool:
     """Whether ``path`` starts like a tinyllm recording (a header line), not a workload file."""
     from tinyllm.observe.recording import FORMAT, open_text
+
     try:
         with open_text(Path(path), "r") as f:
             first = f.readline(1 << 16)
@@ -117,15 +122,19 @@ def is_recording(path: str | Path) -> bool:
     return f'"format":"{FORMAT}"' in first.replace(" ", "")
 
 
-def load_arrivals(source: str, encode, max_len: int, default_new: int,
-                  asked_new: bool = False) -> tuple[Arrivals, str | None]:
+def load_arrivals(
+    source: str, encode, max_len: int, default_new: int, asked_new: bool = False
+) -> tuple[Arrivals, str | None]:
     """The requests of a recording or a workload (a file, or a bundled workload's name), as
     (arrival_s, Request); and a warning to show (a recording cut off; ``asked_new``: the user gave
     ``default_new`` and no request takes it). RecordingError / WorkloadError / ContextTooLong say
     what is wrong."""
     from tinyllm.workload import load_workload, resolve_workload, samples, tokenize_checked
-    unused = (f"--max-new-tokens {default_new} is unused: every request of {Path(source).name} sets its own "
-              f"(it fills only workload lines without max_new_tokens)")
+
+    unused = (
+        f"--max-new-tokens {default_new} is unused: every request of {Path(source).name} sets its own "
+        f"(it fills only workload lines without max_new_tokens)"
+    )
     path = Path(source).expanduser()
     if path.exists() and is_recording(path):
         arrivals, warning = requests_from_recording(path)
@@ -134,22 +143,24 @@ def load_arrivals(source: str, encode, max_len: int, default_new: int,
     items = load_workload(path)
     ids = tokenize_checked(items, path, encode, max_len, default_new)
     takes = any(not it.max_new_tokens for it in items)
-    return [(it.arrival_s, Request(i, it.max_new_tokens or default_new, priority=it.priority or 0,
-                                   tenant=it.tenant or "")) for it, i in samples(items, ids)], \
-        unused if asked_new and not takes else None
+    return [
+        (it.arrival_s, Request(i, it.max_new_tokens or default_new, priority=it.priority or 0, tenant=it.tenant or ""))
+        for it, i in samples(items, ids)
+    ], unused if asked_new and not takes else None
 
 
 @dataclass(frozen=True)
 class RequestRow:
     """One request across the lanes; ``change``: the largest end-to-end change against the first
     lane, as a fraction (+ = slower)."""
+
     rid: int
     prompt_tokens: int
     new_tokens: int
     priority: int
     tenant: str
     arrival_s: float
-    outcomes: tuple[RequestOutcome | None, ...]     # per lane, in lane order
+    outcomes: tuple[RequestOutcome | None, ...]  # per lane, in lane order
     change: float
 
 
@@ -160,10 +171,12 @@ def compare(lanes: tuple[LaneView, ...]) -> tuple[RequestRow, ...]:
     for rid in sorted({rid for m in by_lane for rid in m}):
         outs = tuple(m.get(rid) for m in by_lane)
         base, who = outs[0], next(o for o in outs if o is not None)
-        change = max((o.e2e_s / base.e2e_s - 1 for o in outs[1:] if o and base and base.e2e_s > 0),
-                     key=abs, default=0.0)
-        rows.append(RequestRow(rid, who.prompt_tokens, who.new_tokens, who.priority, who.tenant, who.arrival_s,
-                               outs, change))
+        change = max(
+            (o.e2e_s / base.e2e_s - 1 for o in outs[1:] if o and base and base.e2e_s > 0), key=abs, default=0.0
+        )
+        rows.append(
+            RequestRow(rid, who.prompt_tokens, who.new_tokens, who.priority, who.tenant, who.arrival_s, outs, change)
+        )
     return tuple(sorted(rows, key=lambda row: (-abs(row.change), row.rid)))
 
 
@@ -191,9 +204,13 @@ def group_figures(rows: tuple[RequestRow, ...], lane: int, by: str | None) -> di
     for name in sorted(groups):
         os_ = groups[name]
         ttft, e2e = sorted(o.ttft_s for o in os_), sorted(o.e2e_s for o in os_)
-        out[name] = {"requests": len(os_), "ttft_p50_s": percentile(ttft, 0.5), "ttft_p95_s": percentile(ttft, 0.95),
-                     "e2e_p95_s": percentile(e2e, 0.95),
-                     "preemptions": sum(o.preemptions for o in os_)}
+        out[name] = {
+            "requests": len(os_),
+            "ttft_p50_s": percentile(ttft, 0.5),
+            "ttft_p95_s": percentile(ttft, 0.95),
+            "e2e_p95_s": percentile(e2e, 0.95),
+            "preemptions": sum(o.preemptions for o in os_),
+        }
     return out
 
 
@@ -204,17 +221,43 @@ def to_json(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...], source: s
         "source": source,
         "exact": "tokens, steps, admission order, preemptions, steps waited per reason",
         "clock_dependent": "every *_s figure, on each lane's own clock: its compute time, plus in wall_s the idle "
-                           "waits for arrivals (busy_s leaves them out)",
-        "lanes": [{"name": v.title, "detail": v.detail, "seqs": v.seqs, "kv_mib": v.kv_mib, "kv_blocks": v.kv_blocks,
-                   "kv_dtype": v.kv_dtype,
-                   **({} if v.result is None else vars(v.result)),
-                   "groups": group_figures(rows, i, by)} for i, v in enumerate(lanes)],
+        "waits for arrivals (busy_s leaves them out)",
+        "lanes": [
+            {
+                "name": v.title,
+                "detail": v.detail,
+                "seqs": v.seqs,
+                "kv_mib": v.kv_mib,
+                "kv_blocks": v.kv_blocks,
+                "kv_dtype": v.kv_dtype,
+                **({} if v.result is None else vars(v.result)),
+                "groups": group_figures(rows, i, by),
+            }
+            for i, v in enumerate(lanes)
+        ],
         "group_by": by,
-        "requests": [{"rid": r.rid, "prompt_tokens": r.prompt_tokens, "new_tokens": r.new_tokens,
-                      "priority": r.priority, "tenant": r.tenant, "arrival_s": r.arrival_s,
-                      "e2e_change_vs_first_lane": round(r.change, 4),
-                      "lanes": {v.title: None if o is None else {
-                          "ttft_s": o.ttft_s, "itl_p99_s": o.itl_p99_s, "e2e_s": o.e2e_s,
-                          "preemptions": o.preemptions, "waited_steps": dict(o.waited)}
-                          for v, o in zip(lanes, r.outcomes)}} for r in rows],
+        "requests": [
+            {
+                "rid": r.rid,
+                "prompt_tokens": r.prompt_tokens,
+                "new_tokens": r.new_tokens,
+                "priority": r.priority,
+                "tenant": r.tenant,
+                "arrival_s": r.arrival_s,
+                "e2e_change_vs_first_lane": round(r.change, 4),
+                "lanes": {
+                    v.title: None
+                    if o is None
+                    else {
+                        "ttft_s": o.ttft_s,
+                        "itl_p99_s": o.itl_p99_s,
+                        "e2e_s": o.e2e_s,
+                        "preemptions": o.preemptions,
+                        "waited_steps": dict(o.waited),
+                    }
+                    for v, o in zip(lanes, r.outcomes)
+                },
+            }
+            for r in rows
+        ],
     }

@@ -23,22 +23,34 @@ def why(o: RequestOutcome) -> str:
 
 
 def short_name(v: LaneView, width: int = 14) -> str:
-    return v.title if len(v.title) <= width else v.title[:width - 1] + "…"
+    return v.title if len(v.title) <= width else v.title[: width - 1] + "…"
 
 
 def letter(i: int) -> str:
     return chr(ord("A") + i) if i < 26 else f"L{i}"
 
 
-def requests_table(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...], limit: int, narrow: bool = False,
-                   selected: int | None = None) -> Table:
+def requests_table(
+    lanes: tuple[LaneView, ...],
+    rows: tuple[RequestRow, ...],
+    limit: int,
+    narrow: bool = False,
+    selected: int | None = None,
+) -> Table:
     """Per request (most changed first): each lane's TTFT, end-to-end and why it waited (lanes
     lettered A, B, ... as the caption says); the e2e change against the first lane (A)."""
-    t = Table(box=None, padding=(0, 1), title_justify="left", title_style="bold", expand=False,
-              caption_justify="left", caption_style="dim",
-              title=f"per request, most changed first ({min(limit, len(rows))} of {len(rows)})",
-              caption="  ".join(f"{letter(i)} = {v.title}" for i, v in enumerate(lanes))
-              + ("" if narrow else "; waited: the reason it waited most steps for, NP = preempted N times"))
+    t = Table(
+        box=None,
+        padding=(0, 1),
+        title_justify="left",
+        title_style="bold",
+        expand=False,
+        caption_justify="left",
+        caption_style="dim",
+        title=f"per request, most changed first ({min(limit, len(rows))} of {len(rows)})",
+        caption="  ".join(f"{letter(i)} = {v.title}" for i, v in enumerate(lanes))
+        + ("" if narrow else "; waited: the reason it waited most steps for, NP = preempted N times"),
+    )
     t.add_column("#", justify="right", no_wrap=True)
     t.add_column("who", no_wrap=True)
     for i in range(len(lanes)):
@@ -55,7 +67,9 @@ def requests_table(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...], li
             if o is None:
                 cells += [Text("—")] * (2 if narrow else 3)
                 continue
-            cells += [Text(duration(o.ttft_s)), Text(duration(o.e2e_s))] + ([] if narrow else [Text(why(o), style="dim")])
+            cells += [Text(duration(o.ttft_s)), Text(duration(o.e2e_s))] + (
+                [] if narrow else [Text(why(o), style="dim")]
+            )
         style = "green" if row.change < -0.05 else "red" if row.change > 0.05 else "dim"
         cells.append(Text(f"{row.change:+.0%}", style=style))
         t.add_row(*cells)
@@ -67,8 +81,7 @@ def groups_table(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...]) -> T
     by = grouping(rows)
     if by is None:
         return None
-    t = Table(box=None, padding=(0, 1), title_justify="left", title_style="bold", expand=False,
-              title=f"per {by}")
+    t = Table(box=None, padding=(0, 1), title_justify="left", title_style="bold", expand=False, title=f"per {by}")
     for c in (by, "lane", "requests", "TTFT p50", "TTFT p95", "e2e p95", "preempted"):
         t.add_column(c, justify="left" if c in (by, "lane") else "right", no_wrap=True)
     figures = [group_figures(rows, i, by) for i in range(len(lanes))]
@@ -76,8 +89,15 @@ def groups_table(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...]) -> T
         for v, f in zip(lanes, figures):
             g = f.get(name)
             if g is not None:
-                t.add_row(name, short_name(v, 24), str(g["requests"]), duration(g["ttft_p50_s"]), duration(g["ttft_p95_s"]),
-                          duration(g["e2e_p95_s"]), str(g["preemptions"]))
+                t.add_row(
+                    name,
+                    short_name(v, 24),
+                    str(g["requests"]),
+                    duration(g["ttft_p50_s"]),
+                    duration(g["ttft_p95_s"]),
+                    duration(g["e2e_p95_s"]),
+                    str(g["preemptions"]),
+                )
     return t
 
 
@@ -86,10 +106,16 @@ def lanes_table(lanes: tuple[LaneView, ...]) -> Table:
     are sized by memory the sequences each can run at once and its KV memory (``64 seqs · 32
     MiB``, as its title in the race says it; it was a second line under each name, which read as
     a lane of its own)."""
-    busy = idled(lanes)                                   # arrivals: every clock ran to about the last one
-    t = Table(box=None, padding=(0, 1), title_justify="left", title_style="bold", expand=False,
-              title="lanes (each lane's own clock" + (f"; {ARRIVALS_NOTE}" if busy else "") + ")")
-    t.add_column("lane", no_wrap=False, min_width=12)     # the column that gives way on a narrow terminal
+    busy = idled(lanes)  # arrivals: every clock ran to about the last one
+    t = Table(
+        box=None,
+        padding=(0, 1),
+        title_justify="left",
+        title_style="bold",
+        expand=False,
+        title="lanes (each lane's own clock" + (f"; {ARRIVALS_NOTE}" if busy else "") + ")",
+    )
+    t.add_column("lane", no_wrap=False, min_width=12)  # the column that gives way on a narrow terminal
     sized = any(v.kv_mib is not None for v in lanes)
     if sized:
         t.add_column("seqs · KV", justify="right", no_wrap=True)
@@ -97,15 +123,27 @@ def lanes_table(lanes: tuple[LaneView, ...]) -> Table:
         t.add_column(c, justify="right", no_wrap=True)
     for v in lanes:
         r = v.result
-        kv = ([] if not sized else ["—" if v.kv_mib is None else v.capacity])
-        t.add_row(Text(short_name(v, 30)), *kv, f"{r.tok_s:.0f}", duration(r.ttft_p50_s), duration(r.ttft_p95_s),
-                  duration(r.latency_p95_s), *([duration(r.busy_s)] if busy else []), f"{r.decode_steps:,}",
-                  f"{r.preemptions:,}")
+        kv = [] if not sized else ["—" if v.kv_mib is None else v.capacity]
+        t.add_row(
+            Text(short_name(v, 30)),
+            *kv,
+            f"{r.tok_s:.0f}",
+            duration(r.ttft_p50_s),
+            duration(r.ttft_p95_s),
+            duration(r.latency_p95_s),
+            *([duration(r.busy_s)] if busy else []),
+            f"{r.decode_steps:,}",
+            f"{r.preemptions:,}",
+        )
     return t
 
 
-PHASE_GLYPHS = {"queued": ("░", "yellow"), "prefill": ("▓", "cyan"), "decode": ("━", "green"),
-                "preempted": ("┄", "red")}
+PHASE_GLYPHS = {
+    "queued": ("░", "yellow"),
+    "prefill": ("▓", "cyan"),
+    "decode": ("━", "green"),
+    "preempted": ("┄", "red"),
+}
 
 
 def request_lanes(lanes: tuple[LaneView, ...], row: RequestRow, width: int) -> Text:
@@ -124,7 +162,7 @@ def request_lanes(lanes: tuple[LaneView, ...], row: RequestRow, width: int) -> T
         t.append(f" {phase}  ", style="dim")
     for i, (v, s) in enumerate(zip(lanes, spans)):
         t.append("\n")
-        t.append(f"{letter(i)} {v.title}"[:label_w - 1].ljust(label_w), style="bold")
+        t.append(f"{letter(i)} {v.title}"[: label_w - 1].ljust(label_w), style="bold")
         cells = [" "] * cols
         styles = [""] * cols
         for phase, a, b in s:

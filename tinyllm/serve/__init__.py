@@ -21,5 +21,17 @@ from tinyllm.serve.engine_loop import EngineLoop, Output, RequestFailed, Request
 from tinyllm.serve.metrics import ServeMetrics
 from tinyllm.serve.server import ServerThread, build_engine, model_name_for, run_server
 
-__all__ = ["EngineLoop", "Output", "RequestFailed", "RequestHandle", "RequestRejected", "ServeMetrics",
-           "ServerThread", "StepHook", "build_engine", "create_app", "model_name_for", "run_server"]
+__all__ = [
+    "EngineLoop",
+    "Output",
+    "RequestFailed",
+    "RequestHandle",
+    "RequestRejected",
+    "ServeMetrics",
+    "ServerThread",
+    "StepHook",
+    "build_engine",
+    "create_app",
+    "model_name_for",
+    "run_server",
+]

@@ -35,12 +35,19 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from tinyllm.request import Request as EngineRequest, SamplingError
 import tinyllm.serve.protocol as protocol
+from tinyllm.request import Request as EngineRequest
+from tinyllm.request import SamplingError
 from tinyllm.serve.chat import ChatShape, parse_chat
 from tinyllm.serve.chat_template import ChatTemplateError, render
-from tinyllm.serve.engine_loop import (EngineLoop, EngineLoopStopped, Output, RequestFailed, RequestHandle,
-                                       RequestRejected)
+from tinyllm.serve.engine_loop import (
+    EngineLoop,
+    EngineLoopStopped,
+    Output,
+    RequestFailed,
+    RequestHandle,
+    RequestRejected,
+)
 from tinyllm.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from tinyllm.serve.protocol import ApiError, api_key_tenant
 from tinyllm.serve.reader import OutputReader
@@ -48,20 +55,21 @@ from tinyllm.serve.stream import add_stream_route
 from tinyllm.serve.tokenization import max_token_bytes, parse_detokenize, parse_tokenize, tokenize_response
 
 log = logging.getLogger("tinyllm.serve")
-REQUEST_ID_HEADER = "x-tinyllm-request-id"      # the engine's id for the request (its row in the viewers)
-ACCOUNTING_FIELD = "tinyllm"                    # the extension field of a final response / stream chunk
+REQUEST_ID_HEADER = "x-tinyllm-request-id"  # the engine's id for the request (its row in the viewers)
+ACCOUNTING_FIELD = "tinyllm"  # the extension field of a final response / stream chunk
 
 
-def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
-               metrics: ServeMetrics | None = None) -> FastAPI:
+def create_app(
+    engine_loop: EngineLoop, tokenizer: Any, model_name: str, metrics: ServeMetrics | None = None
+) -> FastAPI:
     """The server's app over ``engine_loop`` (not started yet: the app's lifespan starts it and
     stops it at shutdown). ``metrics``: pass one to share it; by default a new ServeMetrics is
     made and registered as a step hook. The engine's config (vocab, max_len) is read here, once,
     before the engine thread runs."""
     engine = engine_loop.engine
     vocab_size, max_len = engine.model.cfg.vocab_size, engine.max_len
-    room = min(max_len, engine.slots.reserved_tokens())    # the most context one request can hold
-    token_bytes = max_token_bytes(tokenizer)                # None: no bound, every prompt is tokenized
+    room = min(max_len, engine.slots.reserved_tokens())  # the most context one request can hold
+    token_bytes = max_token_bytes(tokenizer)  # None: no bound, every prompt is tokenized
     if metrics is None:
         metrics = ServeMetrics(model_name, max_len)
         engine_loop.add_step_hook(metrics.on_step)
@@ -87,34 +95,51 @@ def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
-        msg = (f"Invalid URL ({request.method} {request.url.path})" if e.status_code == 404
-               else f"{e.detail} ({request.method} {request.url.path})")
-        return JSONResponse(protocol.error_body(msg, code={404: "not_found", 405: "method_not_allowed"}
-                                                .get(e.status_code)), status_code=e.status_code,
-                            headers=getattr(e, "headers", None))
+        msg = (
+            f"Invalid URL ({request.method} {request.url.path})"
+            if e.status_code == 404
+            else f"{e.detail} ({request.method} {request.url.path})"
+        )
+        return JSONResponse(
+            protocol.error_body(msg, code={404: "not_found", 405: "method_not_allowed"}.get(e.status_code)),
+            status_code=e.status_code,
+            headers=getattr(e, "headers", None),
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
         return JSONResponse(protocol.error_body(str(e)), status_code=400)
 
     @app.exception_handler(Exception)
-    async def _unexpected(request: Request, e: Exception) -> JSONResponse:     # a bug: say so, keep serving
+    async def _unexpected(request: Request, e: Exception) -> JSONResponse:  # a bug: say so, keep serving
         log.exception("unhandled error in %s %s", request.method, request.url.path)
-        return JSONResponse(protocol.error_body(f"internal error: {type(e).__name__}", "internal_server_error"),
-                            status_code=500)
+        return JSONResponse(
+            protocol.error_body(f"internal error: {type(e).__name__}", "internal_server_error"), status_code=500
+        )
 
     @app.get("/health")
     async def health() -> JSONResponse:
         if not engine_loop.alive:
-            return JSONResponse(protocol.error_body("the engine loop is not running", "server_error"),
-                                status_code=503)
+            return JSONResponse(protocol.error_body("the engine loop is not running", "server_error"), status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [
-            {"id": model_name, "object": "model", "created": created, "owned_by": "tinyllm", "root": model_name,
-             "max_model_len": max_len}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": model_name,
+                        "object": "model",
+                        "created": created,
+                        "owned_by": "tinyllm",
+                        "root": model_name,
+                        "max_model_len": max_len,
+                    }
+                ],
+            }
+        )
 
     @app.get("/metrics")
     async def metrics_route() -> Response:
@@ -124,7 +149,7 @@ def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
     async def completions(request: Request) -> Response:
         try:
             raw = await request.body()
-        except ClientDisconnect:                           # gone before the body arrived: nothing to do
+        except ClientDisconnect:  # gone before the body arrived: nothing to do
             return Response(status_code=499)
         p = protocol.parse_completion(protocol.load_json(raw), model_name)
         if p.prompt_ids is not None:
@@ -169,10 +194,11 @@ def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
         t = parse_tokenize(protocol.load_json(raw), model_name)
         text = t.prompt if t.prompt is not None else render_chat(t.messages, t.add_generation_prompt)
 
-        def work() -> dict:                                # off the event loop: the text may be long
+        def work() -> dict:  # off the event loop: the text may be long
             ids = tokenizer.encode(text, t.add_special_tokens)
             strs = [tokenizer.token_text(i) for i in ids] if t.return_token_strs else None
             return tokenize_response(ids, max_len, strs)
+
         return JSONResponse(await asyncio.to_thread(work))
 
     @app.post("/detokenize")
@@ -188,17 +214,28 @@ def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
         """Submit a validated request and answer it in ``shape`` (completions' or chat's)."""
         eos = None if p.ignore_eos else tokenizer.eos_id
         try:
-            req = EngineRequest(ids, p.max_tokens, eos_id=eos, sampling=p.sampling, stop_token_ids=p.stop_token_ids,
-                                min_tokens=p.min_tokens, logprobs=p.logprobs, priority=p.priority,
-                                tenant=p.tenant or api_key_tenant(request.headers.get("authorization")))
-        except SamplingError as e:                         # e.g. chat's min_tokens above what the context leaves
+            req = EngineRequest(
+                ids,
+                p.max_tokens,
+                eos_id=eos,
+                sampling=p.sampling,
+                stop_token_ids=p.stop_token_ids,
+                min_tokens=p.min_tokens,
+                logprobs=p.logprobs,
+                priority=p.priority,
+                tenant=p.tenant or api_key_tenant(request.headers.get("authorization")),
+            )
+        except SamplingError as e:  # e.g. chat's min_tokens above what the context leaves
             raise protocol.request_error(e, e.field) from None
         bad = next((t for t in p.stop_token_ids if t >= vocab_size), None)
         if bad is not None:
-            raise ApiError(f"stop token id {bad} is outside the model's vocabulary [0, {vocab_size})",
-                           "stop_token_ids", "invalid_value")
+            raise ApiError(
+                f"stop token id {bad} is outside the model's vocabulary [0, {vocab_size})",
+                "stop_token_ids",
+                "invalid_value",
+            )
         try:
-            handles = engine_loop.submit_samples(req, p.n, p.stop)   # n > 1: one prompt, n samples (forks)
+            handles = engine_loop.submit_samples(req, p.n, p.stop)  # n > 1: one prompt, n samples (forks)
         except EngineLoopStopped as e:
             raise ApiError(str(e), None, None, 503, "server_error") from None
         try:
@@ -210,16 +247,26 @@ def create_app(engine_loop: EngineLoop, tokenizer: Any, model_name: str,
         except RequestFailed as e:
             _close(handles)
             raise ApiError(str(e), None, None, 503, "server_error") from None
-        except BaseException:                              # cancelled while waiting: do not leak it
+        except BaseException:  # cancelled while waiting: do not leak it
             _close(handles)
             raise
         if p.stream:
             return CompletionStream(handles, tokenizer, p, ids, model_name, shape)
         return await _complete(request, handles, tokenizer, p, ids, model_name, shape)
 
-    app.state.feed = add_stream_route(app, engine_loop, tokenizer, model_name, {    # see tinyllm/serve/stream.py
-        "slots": engine.n_slots, "max_len": max_len, "kv": engine.kv_kind,
-        "max_batched_tokens": engine.max_batched_tokens, "prefix_cache": engine.prefix_cache})
+    app.state.feed = add_stream_route(
+        app,
+        engine_loop,
+        tokenizer,
+        model_name,
+        {  # see tinyllm/serve/stream.py
+            "slots": engine.n_slots,
+            "max_len": max_len,
+            "kv": engine.kv_kind,
+            "max_batched_tokens": engine.max_batched_tokens,
+            "prefix_cache": engine.prefix_cache,
+        },
+    )
     return app
 
 
@@ -252,8 +299,15 @@ def _indexed(body: dict, i: int) -> dict:
     return body
 
 
-async def _complete(request: Request, handles: list[RequestHandle], tokenizer, p: protocol.GenerationParams,
-                    prompt: list[int], model: str, shape=protocol.CompletionShape) -> Response:
+async def _complete(
+    request: Request,
+    handles: list[RequestHandle],
+    tokenizer,
+    p: protocol.GenerationParams,
+    prompt: list[int],
+    model: str,
+    shape=protocol.CompletionShape,
+) -> Response:
     """A non-streaming completion, one choice per handle (n samples), aborted if the client
     disconnects while it is generated. Usage counts the prompt once and every choice's tokens;
     the top-level accounting is choice 0's (the sample that computed the prompt)."""
@@ -274,17 +328,17 @@ async def _complete(request: Request, handles: list[RequestHandle], tokenizer, p
     finally:
         gone.cancel()
         if not work.done():
-            work.cancel()                                  # it ends with a CancelledError nobody awaits:
-            work.add_done_callback(_retrieve)              # read it, or asyncio logs "never retrieved"
-            _close(handles)                                # client gone (or we were cancelled): abort
+            work.cancel()  # it ends with a CancelledError nobody awaits:
+            work.add_done_callback(_retrieve)  # read it, or asyncio logs "never retrieved"
+            _close(handles)  # client gone (or we were cancelled): abort
     if not work.done() or work.cancelled():
-        return Response(status_code=499)                   # nobody reads it
+        return Response(status_code=499)  # nobody reads it
     try:
         finals = work.result()
     except RequestFailed as e:
         for t in tasks:
             t.cancel()
-        _close(handles)                                    # one sample failed: the answer is an error
+        _close(handles)  # one sample failed: the answer is an error
         raise ApiError(str(e), None, None, 500, "server_error") from None
     cid, ret_ids = shape.new_id(), p.return_token_ids
     use = protocol.usage(len(prompt), sum(len(r.tokens) for r in readers), finals[0].cached_tokens)
@@ -292,8 +346,12 @@ async def _complete(request: Request, handles: list[RequestHandle], tokenizer, p
     for i, (reader, out) in enumerate(zip(readers, finals)):
         toks = reader.tokens
         text = reader.text if reader.stopped else tokenizer.decode(toks, skip_special_tokens=True)
-        one = _indexed(shape.response(cid, model, text, reader.finish_reason(out), use, toks if ret_ids else None,
-                                      prompt if ret_ids else None), i)
+        one = _indexed(
+            shape.response(
+                cid, model, text, reader.finish_reason(out), use, toks if ret_ids else None, prompt if ret_ids else None
+            ),
+            i,
+        )
         if reader.want_logprobs:
             one["choices"][0]["logprobs"] = reader.all_logprobs()
         if i == 0:
@@ -322,9 +380,16 @@ class CompletionStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, handles: list[RequestHandle], tokenizer, p: protocol.GenerationParams, prompt: list[int],
-                 model: str, shape=protocol.CompletionShape):
-        self.status_code, self.background = 200, None       # no body: no content-length (as StreamingResponse)
+    def __init__(
+        self,
+        handles: list[RequestHandle],
+        tokenizer,
+        p: protocol.GenerationParams,
+        prompt: list[int],
+        model: str,
+        shape=protocol.CompletionShape,
+    ):
+        self.status_code, self.background = 200, None  # no body: no content-length (as StreamingResponse)
         self.init_headers({"cache-control": "no-cache", REQUEST_ID_HEADER: _rids(handles)})
         self.handles, self.tok, self.p, self.prompt, self.model = handles, tokenizer, p, prompt, model
         self.shape = shape
@@ -337,10 +402,10 @@ class CompletionStream(Response):
         finally:
             gone.cancel()
             pump.cancel()
-            _close(self.handles)                           # no-op once the requests finished
+            _close(self.handles)  # no-op once the requests finished
         if pump.done() and not pump.cancelled() and pump.exception() is not None:
             e = pump.exception()
-            if not isinstance(e, OSError):                 # a write to a closed connection is expected
+            if not isinstance(e, OSError):  # a write to a closed connection is expected
                 log.error("completion stream failed: %r", e)
 
     async def _pump(self, send: Send) -> None:
@@ -366,9 +431,19 @@ class CompletionStream(Response):
                     n += len(kept)
                     if text or out.finished or (p.return_token_ids and kept) or (lps is not None and kept):
                         ids = kept if p.return_token_ids else None
-                        c = _indexed(shape.chunk(cid, created, self.model, text, readers[i].finish_reason(out),
-                                                 p.include_usage, ids,
-                                                 self.prompt if first[i] and p.return_token_ids else None), i)
+                        c = _indexed(
+                            shape.chunk(
+                                cid,
+                                created,
+                                self.model,
+                                text,
+                                readers[i].finish_reason(out),
+                                p.include_usage,
+                                ids,
+                                self.prompt if first[i] and p.return_token_ids else None,
+                            ),
+                            i,
+                        )
                         if lps is not None:
                             c["choices"][0]["logprobs"] = lps
                         if out.finished:
@@ -380,13 +455,21 @@ class CompletionStream(Response):
                     else:
                         waiting[i] = asyncio.ensure_future(handles[i].next_output())
             if p.include_usage:
-                u = _with_accounting(shape.usage_chunk(cid, created, self.model,
-                                                       protocol.usage(len(self.prompt), n, last[0].cached_tokens)),
-                                     last[0].accounting)
+                u = _with_accounting(
+                    shape.usage_chunk(
+                        cid, created, self.model, protocol.usage(len(self.prompt), n, last[0].cached_tokens)
+                    ),
+                    last[0].accounting,
+                )
                 await send({"type": "http.response.body", "body": _sse(u), "more_body": True})
-        except RequestFailed as e:                          # the engine failed it: say so in the stream
-            await send({"type": "http.response.body", "more_body": True,
-                        "body": _sse(protocol.error_body(str(e), "server_error"))})
+        except RequestFailed as e:  # the engine failed it: say so in the stream
+            await send(
+                {
+                    "type": "http.response.body",
+                    "more_body": True,
+                    "body": _sse(protocol.error_body(str(e), "server_error")),
+                }
+            )
         finally:
             for t in waiting.values():
                 t.cancel()

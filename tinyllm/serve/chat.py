@@ -16,8 +16,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from tinyllm.request import TokenLogprob
-from tinyllm.serve.protocol import (LOGPROB_FLOOR, ApiError, GenerationParams, _bool, _text, _type_name, brief,
-                                    check_object, parse_generation)
+from tinyllm.serve.protocol import (
+    LOGPROB_FLOOR,
+    ApiError,
+    GenerationParams,
+    _bool,
+    _text,
+    _type_name,
+    brief,
+    check_object,
+    parse_generation,
+)
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -25,6 +34,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 @dataclass(frozen=True, kw_only=True)
 class ChatParams(GenerationParams):
     """A validated chat request: the messages normalised to ``{"role", "content": str, "name"?}``."""
+
     messages: tuple[dict[str, str], ...]
     add_generation_prompt: bool = True
 
@@ -34,11 +44,17 @@ def parse_chat(body: Any, served_model: str) -> ChatParams:
     check_object(body)
     shared = parse_generation(body, served_model, chat=True)
     if body.get("chat_template") is not None:
-        raise ApiError("chat_template is not supported: this server renders the model's own template",
-                       "chat_template", "unsupported_parameter")
+        raise ApiError(
+            "chat_template is not supported: this server renders the model's own template",
+            "chat_template",
+            "unsupported_parameter",
+        )
     agp = body.get("add_generation_prompt")
-    return ChatParams(**shared, messages=parse_messages(body.get("messages", _MISSING)),
-                      add_generation_prompt=True if agp is None else _bool(body, "add_generation_prompt"))
+    return ChatParams(
+        **shared,
+        messages=parse_messages(body.get("messages", _MISSING)),
+        add_generation_prompt=True if agp is None else _bool(body, "add_generation_prompt"),
+    )
 
 
 _MISSING = object()
@@ -49,8 +65,9 @@ def parse_messages(messages: Any) -> tuple[dict[str, str], ...]:
     if messages is _MISSING or messages is None:
         raise ApiError("you must provide messages", "messages", "missing_required_parameter")
     if not isinstance(messages, list):
-        raise ApiError(f"messages must be an array of message objects, got {_type_name(messages)}", "messages",
-                       "invalid_type")
+        raise ApiError(
+            f"messages must be an array of message objects, got {_type_name(messages)}", "messages", "invalid_type"
+        )
     if not messages:
         raise ApiError("messages is empty: give at least one message", "messages", "invalid_value")
     return tuple(_message(m, f"messages[{i}]") for i, m in enumerate(messages))
@@ -58,26 +75,26 @@ def parse_messages(messages: Any) -> tuple[dict[str, str], ...]:
 
 def _message(m: Any, where: str) -> dict[str, str]:
     if not isinstance(m, dict):
-        raise ApiError(f"{where} must be an object with a role and content, got {_type_name(m)}", where,
-                       "invalid_type")
+        raise ApiError(f"{where} must be an object with a role and content, got {_type_name(m)}", where, "invalid_type")
     role = m.get("role")
     if role is None:
-        raise ApiError(f"{where} has no role (one of {', '.join(ROLES)})", f"{where}.role",
-                       "missing_required_parameter")
+        raise ApiError(
+            f"{where} has no role (one of {', '.join(ROLES)})", f"{where}.role", "missing_required_parameter"
+        )
     if not isinstance(role, str):
         raise ApiError(f"{where}.role must be a string, got {_type_name(role)}", f"{where}.role", "invalid_type")
     if role not in ROLES:
-        raise ApiError(f"{where}.role {brief(role)} is not a role: use one of {', '.join(ROLES)}", f"{where}.role",
-                       "invalid_value")
+        raise ApiError(
+            f"{where}.role {brief(role)} is not a role: use one of {', '.join(ROLES)}", f"{where}.role", "invalid_value"
+        )
     content = m.get("content")
     if content is None and role == "assistant":
-        content = ""                                      # OpenAI: an assistant turn may carry no text
+        content = ""  # OpenAI: an assistant turn may carry no text
     out = {"role": role, "content": _content(content, f"{where}.content")}
     name = m.get("name")
     if name is not None:
         if not isinstance(name, str):
-            raise ApiError(f"{where}.name must be a string, got {_type_name(name)}", f"{where}.name",
-                           "invalid_type")
+            raise ApiError(f"{where}.name must be a string, got {_type_name(name)}", f"{where}.name", "invalid_type")
         out["name"] = _text(name, f"{where}.name")
     return out
 
@@ -87,20 +104,24 @@ def _content(c: Any, where: str) -> str:
     if isinstance(c, str):
         return _text(c, where)
     if c is None:
-        raise ApiError(f"{where} is missing: give a string or a list of text parts", where,
-                       "missing_required_parameter")
+        raise ApiError(
+            f"{where} is missing: give a string or a list of text parts", where, "missing_required_parameter"
+        )
     if not isinstance(c, list):
-        raise ApiError(f"{where} must be a string or a list of text parts, got {_type_name(c)}", where,
-                       "invalid_type")
+        raise ApiError(f"{where} must be a string or a list of text parts, got {_type_name(c)}", where, "invalid_type")
     texts = []
     for i, part in enumerate(c):
         at = f"{where}[{i}]"
         if not isinstance(part, dict):
-            raise ApiError(f"{at} must be a {{\"type\": \"text\", \"text\": ...}} object, got {_type_name(part)}",
-                           at, "invalid_type")
+            raise ApiError(
+                f'{at} must be a {{"type": "text", "text": ...}} object, got {_type_name(part)}', at, "invalid_type"
+            )
         if part.get("type") != "text":
-            raise ApiError(f"{at} has type {brief(part.get('type'))}: this model reads text only "
-                           "(parts of type \"text\")", f"{at}.type", "invalid_value")
+            raise ApiError(
+                f'{at} has type {brief(part.get("type"))}: this model reads text only (parts of type "text")',
+                f"{at}.type",
+                "invalid_value",
+            )
         text = part.get("text")
         if not isinstance(text, str):
             raise ApiError(f"{at}.text must be a string, got {_type_name(text)}", f"{at}.text", "invalid_type")
@@ -112,11 +133,16 @@ def _content(c: Any, where: str) -> str:
 def chat_logprobs(lps: list[TokenLogprob], token_text, top_n: int) -> dict:
     """OpenAI's chat ``logprobs`` object (``logprobs: true``, ``top_logprobs: top_n``): per token
     its text, logprob and UTF-8 bytes, and its ``top_n`` best alternatives likewise."""
+
     def entry(tok: int, lp: float) -> dict:
         text = token_text(tok)
         return {"token": text, "logprob": max(lp, LOGPROB_FLOOR), "bytes": list(text.encode("utf-8", "replace"))}
-    return {"content": [dict(entry(lp.token, lp.logprob), top_logprobs=[entry(t, v) for t, v in lp.top[:top_n]])
-                        for lp in lps]}
+
+    return {
+        "content": [
+            dict(entry(lp.token, lp.logprob), top_logprobs=[entry(t, v) for t, v in lp.top[:top_n]]) for lp in lps
+        ]
+    }
 
 
 class ChatShape:
@@ -127,13 +153,30 @@ class ChatShape:
         return f"chatcmpl-{uuid.uuid4().hex}"
 
     @staticmethod
-    def response(cid: str, model: str, text: str, finish_reason: str, usage_: dict,
-                 token_ids: list[int] | None = None, prompt_ids: list[int] | None = None,
-                 logprobs: dict | None = None) -> dict:
-        choice: dict = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                        "finish_reason": finish_reason}
-        out = {"id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
-               "choices": [choice], "usage": usage_}
+    def response(
+        cid: str,
+        model: str,
+        text: str,
+        finish_reason: str,
+        usage_: dict,
+        token_ids: list[int] | None = None,
+        prompt_ids: list[int] | None = None,
+        logprobs: dict | None = None,
+    ) -> dict:
+        choice: dict = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+        }
+        out = {
+            "id": cid,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [choice],
+            "usage": usage_,
+        }
         if token_ids is not None:
             choice["token_ids"], out["prompt_token_ids"] = token_ids, prompt_ids
         return out
@@ -144,9 +187,18 @@ class ChatShape:
         return ChatShape.chunk(cid, created, model, "", None, include_usage, role=True)
 
     @staticmethod
-    def chunk(cid: str, created: int, model: str, text: str, finish_reason: str | None, include_usage: bool,
-              token_ids: list[int] | None = None, prompt_ids: list[int] | None = None, role: bool = False,
-              logprobs: dict | None = None) -> dict:
+    def chunk(
+        cid: str,
+        created: int,
+        model: str,
+        text: str,
+        finish_reason: str | None,
+        include_usage: bool,
+        token_ids: list[int] | None = None,
+        prompt_ids: list[int] | None = None,
+        role: bool = False,
+        logprobs: dict | None = None,
+    ) -> dict:
         delta: dict = {"role": "assistant", "content": text} if role else ({"content": text} if text else {})
         choice: dict = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         if token_ids is not None:
@@ -160,5 +212,11 @@ class ChatShape:
 
     @staticmethod
     def usage_chunk(cid: str, created: int, model: str, usage_: dict) -> dict:
-        return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
-                "usage": usage_}
+        return {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [],
+            "usage": usage_,
+        }

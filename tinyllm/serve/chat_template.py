@@ -24,7 +24,7 @@ import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-MAX_RENDERED_CHARS = 1_000_000          # a template looping on itself stops here, not at memory's end
+MAX_RENDERED_CHARS = 1_000_000  # a template looping on itself stops here, not at memory's end
 
 
 class ChatTemplateError(ValueError):
@@ -35,8 +35,9 @@ def _raise_exception(message: str) -> None:
     raise ChatTemplateError(f"the chat template refused these messages: {message}")
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
-            sort_keys: bool = False) -> str:
+def _tojson(
+    x: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None, sort_keys: bool = False
+) -> str:
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -57,23 +58,30 @@ def compile_template(source: str) -> jinja2.Template:
         raise ChatTemplateError(f"the model's chat template does not compile: {e}") from None
 
 
-def render(source: str | None, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-           special_tokens: dict[str, str | None] | None = None) -> str:
+def render(
+    source: str | None,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = True,
+    special_tokens: dict[str, str | None] | None = None,
+) -> str:
     """``messages`` rendered by the template ``source`` (None: this checkpoint has none)."""
     if not source:
-        raise ChatTemplateError("this model has no chat template (tokenizer_config.json has no \"chat_template\"), "
-                                "so it cannot take chat messages: use /v1/completions with a prompt")
+        raise ChatTemplateError(
+            'this model has no chat template (tokenizer_config.json has no "chat_template"), '
+            "so it cannot take chat messages: use /v1/completions with a prompt"
+        )
     template = compile_template(source)
     try:
-        tokens = {k: v for k, v in (special_tokens or {}).items() if v is not None}   # unset: undefined, as HF
+        tokens = {k: v for k, v in (special_tokens or {}).items() if v is not None}  # unset: undefined, as HF
         out = template.render(messages=messages, add_generation_prompt=add_generation_prompt, **tokens)
     except ChatTemplateError:
         raise
     except RecursionError:
         raise ChatTemplateError("the chat template recursed too deep rendering these messages") from None
-    except Exception as e:                               # noqa: BLE001 - a template's bug is the request's 400
+    except Exception as e:  # noqa: BLE001 - a template's bug is the request's 400
         raise ChatTemplateError(f"the chat template failed on these messages: {type(e).__name__}: {e}") from None
     if len(out) > MAX_RENDERED_CHARS:
-        raise ChatTemplateError(f"the chat template rendered {len(out)} characters, more than "
-                                f"{MAX_RENDERED_CHARS} this server takes")
+        raise ChatTemplateError(
+            f"the chat template rendered {len(out)} characters, more than {MAX_RENDERED_CHARS} this server takes"
+        )
     return out

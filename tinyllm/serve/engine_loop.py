@@ -20,18 +20,18 @@ import logging
 import queue
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from tinyllm.request import ContextTooLong, Request, TokenLogprob
 from tinyllm.observe.accounting import Accounting, RequestTimes
-from tinyllm.observe.snapshot import LifecycleEvent
-from tinyllm.observe.snapshot import ENDED_STATES
+from tinyllm.observe.snapshot import ENDED_STATES, LifecycleEvent
+from tinyllm.request import ContextTooLong, Request, TokenLogprob
 
 log = logging.getLogger("tinyllm.serve")
 T = TypeVar("T")
-KEEP_ENDED = 1000          # ended requests the engine remembers (snapshots, viewers); older ones are forgotten
-FORGET_EVERY = 256         # steps between two clean-ups
+KEEP_ENDED = 1000  # ended requests the engine remembers (snapshots, viewers); older ones are forgotten
+FORGET_EVERY = 256  # steps between two clean-ups
 
 
 class StepHook(Protocol):
@@ -75,15 +75,16 @@ class _Rejected:
 @dataclass(frozen=True)
 class _Token:
     token: int
-    finish_reason: str | None          # "stop" (EOS) / "length" (max_new_tokens) on the last token
+    finish_reason: str | None  # "stop" (EOS) / "length" (max_new_tokens) on the last token
     cached_tokens: int
-    accounting: Accounting | None = None   # on the last token: where the request's time went
-    logprob: TokenLogprob | None = None    # only for a request that asked for logprobs
+    accounting: Accounting | None = None  # on the last token: where the request's time went
+    logprob: TokenLogprob | None = None  # only for a request that asked for logprobs
 
 
 @dataclass(frozen=True)
 class _End:
     """The request ended without a token of its own: its handler matched a stop string."""
+
     finish_reason: str
     cached_tokens: int
     accounting: Accounting | None = None
@@ -97,11 +98,12 @@ class _Failed:
 @dataclass(frozen=True)
 class Output:
     """What a request produced since the handler last asked (one or more steps' tokens)."""
+
     tokens: tuple[int, ...]
-    finish_reason: str | None = None   # set on the request's last output
-    cached_tokens: int = 0             # prompt tokens the prefix cache served (at its first admission)
-    accounting: Accounting | None = None   # set on the request's last output
-    logprobs: tuple[TokenLogprob, ...] = ()   # one per token, for a request that asked for logprobs
+    finish_reason: str | None = None  # set on the request's last output
+    cached_tokens: int = 0  # prompt tokens the prefix cache served (at its first admission)
+    accounting: Accounting | None = None  # set on the request's last output
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token, for a request that asked for logprobs
 
     @property
     def finished(self) -> bool:
@@ -112,16 +114,17 @@ class Output:
 class RequestHandle:
     """One submitted request, as its HTTP handler sees it. Read it from the event loop that
     submitted it (``accepted()``, ``next_output()``); ``close()`` aborts it if unfinished."""
+
     request: Request
-    owner: "EngineLoop"
+    owner: EngineLoop
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     rid: int | None = None
-    ended: bool = False                # event-loop side: finished, failed, rejected or closed
-    _cached_tokens: int = 0            # engine-thread side: the first admission's prefix-cache hit
-    _times: RequestTimes = field(default_factory=RequestTimes)   # engine-thread side: its phase boundaries
-    _stopping: bool = False            # engine-thread side: finished by its handler (a stop string)
-    stops: tuple[str, ...] = ()        # its stop strings (its handler matches them; viewers apply them too)
+    ended: bool = False  # event-loop side: finished, failed, rejected or closed
+    _cached_tokens: int = 0  # engine-thread side: the first admission's prefix-cache hit
+    _times: RequestTimes = field(default_factory=RequestTimes)  # engine-thread side: its phase boundaries
+    _stopping: bool = False  # engine-thread side: finished by its handler (a stop string)
+    stops: tuple[str, ...] = ()  # its stop strings (its handler matches them; viewers apply them too)
 
     async def accepted(self) -> int:
         """Wait until the engine queued the request; its id. Raises RequestRejected."""
@@ -176,16 +179,16 @@ class EngineLoop:
     the thread. ``on_step`` (and ``add_step_hook``) register StepHooks."""
 
     def __init__(self, engine: Any, on_step: StepHook | None = None, name: str = "tinyllm-engine"):
-        self.engine = engine               # touch it only from the engine thread (or via call())
+        self.engine = engine  # touch it only from the engine thread (or via call())
         self._hooks: list[StepHook] = [] if on_step is None else [on_step]
         self._hook_errors: dict[int, int] = {}
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._live: dict[int, RequestHandle] = {}          # engine thread only: rid → unfinished handle
-        self._stop_strings: dict[int, tuple[tuple[str, ...], int]] = {}   # engine thread: rid → (stops, min_tokens)
+        self._live: dict[int, RequestHandle] = {}  # engine thread only: rid → unfinished handle
+        self._stop_strings: dict[int, tuple[tuple[str, ...], int]] = {}  # engine thread: rid → (stops, min_tokens)
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._stopping = False
         self._steps = 0
-        self._lock = threading.Lock()                       # start/stop/submit against each other
+        self._lock = threading.Lock()  # start/stop/submit against each other
 
     # -- control (any thread) ----------------------------------------------------------------
     def add_step_hook(self, hook: StepHook) -> None:
@@ -270,18 +273,18 @@ class EngineLoop:
             try:
                 if not self._iteration():
                     return
-            except Exception as e:                          # noqa: BLE001 - a bug here must not end serving
+            except Exception as e:  # noqa: BLE001 - a bug here must not end serving
                 log.exception("engine loop iteration failed")
                 try:
                     self._fail_all(f"engine loop error: {type(e).__name__}: {e}")
-                except Exception:                           # noqa: BLE001
+                except Exception:  # noqa: BLE001
                     log.exception("could not fail the running requests")
 
     def _iteration(self) -> bool:
         """Apply queued commands (waiting for one when idle), step, deliver, run the hooks.
         False once told to stop."""
         eng = self.engine
-        cmds = [self._commands.get()] if not eng.has_work() else []     # idle: sleep here
+        cmds = [self._commands.get()] if not eng.has_work() else []  # idle: sleep here
         while True:
             try:
                 cmds.append(self._commands.get_nowait())
@@ -300,8 +303,8 @@ class EngineLoop:
             if stepped:
                 self._steps += 1
                 if self._steps % FORGET_EVERY == 0 and hasattr(eng, "forget_ended"):
-                    eng.forget_ended(KEEP_ENDED)        # a server runs for days: memory stays flat
-            self._run_hooks(events, lifecycle)          # (after: viewers see what is remembered)
+                    eng.forget_ended(KEEP_ENDED)  # a server runs for days: memory stays flat
+            self._run_hooks(events, lifecycle)  # (after: viewers see what is remembered)
         return True
 
     def _apply(self, cmd: tuple) -> None:
@@ -311,15 +314,15 @@ class EngineLoop:
             try:
                 req = hs[0].request
                 rids = [eng.add_request(req)] if len(hs) == 1 else eng.add_forks(req, len(hs))
-            except ValueError as e:                         # ContextTooLong included: a bad request
+            except ValueError as e:  # ContextTooLong included: a bad request
                 self._post([(h, _Rejected(str(e), isinstance(e, ContextTooLong))) for h in hs])
                 return
-            except Exception as e:                          # noqa: BLE001 - never let one request kill the loop
+            except Exception as e:  # noqa: BLE001 - never let one request kill the loop
                 log.exception("add_request failed")
                 self._post([(h, _Rejected(f"{type(e).__name__}: {e}", False)) for h in hs])
                 return
             for h, rid in zip(hs, rids):
-                h.rid = rid                                 # the handler reads rid from _Accepted
+                h.rid = rid  # the handler reads rid from _Accepted
                 self._live[rid] = h
                 if h.stops:
                     self._stop_strings[rid] = h.stops, req.min_tokens
@@ -328,7 +331,7 @@ class EngineLoop:
             h = cmd[1]
             if h.rid is not None and self._live.pop(h.rid, None) is not None:
                 eng.abort(h.rid)
-        elif cmd[0] == "finish":                            # its "finished" event ends the handle (_dispatch)
+        elif cmd[0] == "finish":  # its "finished" event ends the handle (_dispatch)
             h = cmd[1]
             if h.rid is not None and h.rid in self._live:
                 h._stopping = eng.finish(h.rid, cmd[2])
@@ -337,14 +340,14 @@ class EngineLoop:
             if fut.set_running_or_notify_cancel():
                 try:
                     fut.set_result(fn(eng))
-                except BaseException as e:                  # noqa: BLE001 - handed to the caller
+                except BaseException as e:  # noqa: BLE001 - handed to the caller
                     fut.set_exception(e)
 
     def _step(self) -> list:
         try:
             return self.engine.step()
-        except Exception as e:                              # noqa: BLE001 - the engine isolates bad requests,
-            log.exception("engine step failed")             # so this is a bug: fail what runs, keep serving
+        except Exception as e:  # noqa: BLE001 - the engine isolates bad requests,
+            log.exception("engine step failed")  # so this is a bug: fail what runs, keep serving
             self._fail_all(f"engine step failed: {type(e).__name__}: {e}")
             return []
 
@@ -356,10 +359,10 @@ class EngineLoop:
                 continue
             h._times.on_event(ev)
             if ev.kind == "admitted":
-                h._cached_tokens = h._times.cached_tokens     # the prompt's, at the first admission
+                h._cached_tokens = h._times.cached_tokens  # the prompt's, at the first admission
             elif ev.kind == "failed":
                 del self._live[ev.rid]
-                self.engine.results.pop(ev.rid, None)         # (its Result: the handler is told below)
+                self.engine.results.pop(ev.rid, None)  # (its Result: the handler is told below)
                 posts.append((h, _Failed(ev.reason or "the engine failed this request")))
             elif ev.kind == "aborted":
                 del self._live[ev.rid]
@@ -373,12 +376,13 @@ class EngineLoop:
             if h is None:
                 continue
             reason = None
-            if ev.done:                                    # EOS and stop token ids: "stop", as OpenAI
+            if ev.done:  # EOS and stop token ids: "stop", as OpenAI
                 reason = "length" if ev.reason == "length" else "stop"
                 del self._live[ev.rid]
-                self.engine.results.pop(ev.rid, None)      # the handler has every token already
-            posts.append((h, _Token(ev.token, reason, h._cached_tokens,
-                                    h._times.accounting() if ev.done else None, ev.logprob)))
+                self.engine.results.pop(ev.rid, None)  # the handler has every token already
+            posts.append(
+                (h, _Token(ev.token, reason, h._cached_tokens, h._times.accounting() if ev.done else None, ev.logprob))
+            )
         self._post(posts)
 
     def _post(self, posts: list[tuple[RequestHandle, object]]) -> None:
@@ -389,7 +393,7 @@ class EngineLoop:
         for loop, items in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_deliver, items)
-            except RuntimeError:                            # that event loop is closed: nobody reads
+            except RuntimeError:  # that event loop is closed: nobody reads
                 for h, _ in items:
                     if h.rid is not None and self._live.pop(h.rid, None) is not None:
                         self.engine.abort(h.rid)
@@ -403,7 +407,7 @@ class EngineLoop:
         for hook in self._hooks:
             try:
                 hook(self.engine, events, lifecycle)
-            except Exception:                               # noqa: BLE001 - a viewer never stops serving
+            except Exception:  # noqa: BLE001 - a viewer never stops serving
                 n = self._hook_errors[id(hook)] = self._hook_errors.get(id(hook), 0) + 1
                 if n == 1:
                     log.exception("step hook %r failed (further failures are counted, not logged)", hook)
@@ -416,7 +420,7 @@ class EngineLoop:
         for rid, h in list(self._live.items()):
             try:
                 self.engine.abort(rid)
-            except Exception:                               # noqa: BLE001 - best effort while failing
+            except Exception:  # noqa: BLE001 - best effort while failing
                 log.exception("abort %d failed", rid)
             posts.append((h, _Failed(why)))
         self._live.clear()
@@ -426,7 +430,7 @@ class EngineLoop:
         self._fail_all("the server is shutting down")
         lifecycle = self.engine.pop_lifecycle()
         self._run_hooks([], lifecycle)
-        while True:                                         # nobody will run what is still queued
+        while True:  # nobody will run what is still queued
             try:
                 c = self._commands.get_nowait()
             except queue.Empty:

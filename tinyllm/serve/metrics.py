@@ -25,12 +25,74 @@ __all__ = ["CONTENT_TYPE_LATEST", "FINISHED_REASONS", "ServeMetrics"]
 FINISHED_REASONS = ("stop", "length", "abort", "error")
 
 # vLLM's bucket boundaries (vllm/v1/metrics/loggers.py).
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-               40.0, 80.0)
-REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-                   240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 
 def build_1_2_5_buckets(max_value: int) -> tuple[int, ...]:
@@ -38,7 +100,7 @@ def build_1_2_5_buckets(max_value: int) -> tuple[int, ...]:
     out, exp = [], 0
     while True:
         for m in (1, 2, 5):
-            v = m * 10 ** exp
+            v = m * 10**exp
             if v > max_value:
                 return tuple(out)
             out.append(v)
@@ -48,10 +110,11 @@ def build_1_2_5_buckets(max_value: int) -> tuple[int, ...]:
 @dataclass
 class _Times:
     """One unfinished request's times on the engine clock."""
+
     arrival: float
     prompt_tokens: int
     admitted: bool = False
-    admitted_at: float = 0.0           # its first admission: queue time ends, prefill time starts
+    admitted_at: float = 0.0  # its first admission: queue time ends, prefill time starts
     first_token_at: float = 0.0
     tokens: int = 0
     last_token: float = 0.0
@@ -65,55 +128,108 @@ class ServeMetrics:
         self.model_name = model_name
         self.registry = r = CollectorRegistry(auto_describe=True)
         m = ["model_name"]
-        self.running = Gauge("vllm:num_requests_running", "Requests in the model's running batch (holding a slot).",
-                             m, registry=r).labels(model_name)
-        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting for a slot (preempted ones included).",
-                             m, registry=r).labels(model_name)
-        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage: allocated / reserved tokens, 0..1 "
-                              "(1 = every block claimed).", m, registry=r).labels(model_name)
-        self.preemptions = Counter("vllm:num_preemptions", "Requests preempted (out of KV blocks), cumulative.",
-                                   m, registry=r).labels(model_name)
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of requests whose prefill completed.",
-                                     m, registry=r).labels(model_name)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", m,
-                                         registry=r).labels(model_name)
-        self.prefix_queries = Counter("vllm:prefix_cache_queries", "Context tokens looked up in the prefix cache.",
-                                      m, registry=r).labels(model_name)
-        self.prefix_hits = Counter("vllm:prefix_cache_hits", "Of those, tokens served from cached blocks.",
-                                   m, registry=r).labels(model_name)
-        success = Counter("vllm:request_success", "Requests ended, by finished_reason (stop: EOS, length: "
-                          "max_tokens, abort: cancelled, error: failed).", m + ["finished_reason"], registry=r)
+        self.running = Gauge(
+            "vllm:num_requests_running", "Requests in the model's running batch (holding a slot).", m, registry=r
+        ).labels(model_name)
+        self.waiting = Gauge(
+            "vllm:num_requests_waiting", "Requests waiting for a slot (preempted ones included).", m, registry=r
+        ).labels(model_name)
+        self.kv_usage = Gauge(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage: allocated / reserved tokens, 0..1 (1 = every block claimed).",
+            m,
+            registry=r,
+        ).labels(model_name)
+        self.preemptions = Counter(
+            "vllm:num_preemptions", "Requests preempted (out of KV blocks), cumulative.", m, registry=r
+        ).labels(model_name)
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Prompt tokens of requests whose prefill completed.", m, registry=r
+        ).labels(model_name)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", m, registry=r).labels(
+            model_name
+        )
+        self.prefix_queries = Counter(
+            "vllm:prefix_cache_queries", "Context tokens looked up in the prefix cache.", m, registry=r
+        ).labels(model_name)
+        self.prefix_hits = Counter(
+            "vllm:prefix_cache_hits", "Of those, tokens served from cached blocks.", m, registry=r
+        ).labels(model_name)
+        success = Counter(
+            "vllm:request_success",
+            "Requests ended, by finished_reason (stop: EOS, length: max_tokens, abort: cancelled, error: failed).",
+            m + ["finished_reason"],
+            registry=r,
+        )
         self.success = {why: success.labels(model_name, why) for why in FINISHED_REASONS}
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Arrival to first generated token.", m,
-                              buckets=TTFT_BUCKETS, registry=r).labels(model_name)
-        self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between two tokens of one request.", m,
-                             buckets=ITL_BUCKETS, registry=r).labels(model_name)
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Arrival to last token, finished requests.", m,
-                             buckets=REQUEST_BUCKETS, registry=r).labels(model_name)
-        self.queue_time = Histogram("vllm:request_queue_time_seconds", "Arrival to first admission into a slot.",
-                                    m, buckets=REQUEST_BUCKETS, registry=r).labels(model_name)
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds", "Arrival to first generated token.", m, buckets=TTFT_BUCKETS, registry=r
+        ).labels(model_name)
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Time between two tokens of one request.",
+            m,
+            buckets=ITL_BUCKETS,
+            registry=r,
+        ).labels(model_name)
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Arrival to last token, finished requests.",
+            m,
+            buckets=REQUEST_BUCKETS,
+            registry=r,
+        ).labels(model_name)
+        self.queue_time = Histogram(
+            "vllm:request_queue_time_seconds",
+            "Arrival to first admission into a slot.",
+            m,
+            buckets=REQUEST_BUCKETS,
+            registry=r,
+        ).labels(model_name)
         # per finished request, as vLLM's output processor records them (vllm/v1/metrics/stats.py)
-        self.prefill_time = Histogram("vllm:request_prefill_time_seconds", "First admission to first token "
-                                      "(PREFILL phase), finished requests.", m, buckets=REQUEST_BUCKETS,
-                                      registry=r).labels(model_name)
-        self.decode_time = Histogram("vllm:request_decode_time_seconds", "First token to last token (DECODE "
-                                     "phase), finished requests.", m, buckets=REQUEST_BUCKETS,
-                                     registry=r).labels(model_name)
-        self.inference_time = Histogram("vllm:request_inference_time_seconds", "First admission to last token "
-                                        "(RUNNING phase), finished requests.", m, buckets=REQUEST_BUCKETS,
-                                        registry=r).labels(model_name)
+        self.prefill_time = Histogram(
+            "vllm:request_prefill_time_seconds",
+            "First admission to first token (PREFILL phase), finished requests.",
+            m,
+            buckets=REQUEST_BUCKETS,
+            registry=r,
+        ).labels(model_name)
+        self.decode_time = Histogram(
+            "vllm:request_decode_time_seconds",
+            "First token to last token (DECODE phase), finished requests.",
+            m,
+            buckets=REQUEST_BUCKETS,
+            registry=r,
+        ).labels(model_name)
+        self.inference_time = Histogram(
+            "vllm:request_inference_time_seconds",
+            "First admission to last token (RUNNING phase), finished requests.",
+            m,
+            buckets=REQUEST_BUCKETS,
+            registry=r,
+        ).labels(model_name)
         tokens = build_1_2_5_buckets(max_model_len)
-        self.request_prompt_tokens = Histogram("vllm:request_prompt_tokens", "Prompt tokens, finished requests.",
-                                               m, buckets=tokens, registry=r).labels(model_name)
-        self.request_generation_tokens = Histogram("vllm:request_generation_tokens", "Generated tokens, finished "
-                                                   "requests.", m, buckets=tokens, registry=r).labels(model_name)
-        self.max_generation_tokens = Histogram("vllm:request_max_num_generation_tokens", "Per finished request, "
-                                               "the most tokens any of its sequences generated (one sequence per "
-                                               "request here: its generated tokens).", m, buckets=tokens,
-                                               registry=r).labels(model_name)
-        self._cache_info = Gauge("vllm:cache_config_info", "Information of the KV cache configuration (value 1).",
-                                 m + ["block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype"],
-                                 registry=r)
+        self.request_prompt_tokens = Histogram(
+            "vllm:request_prompt_tokens", "Prompt tokens, finished requests.", m, buckets=tokens, registry=r
+        ).labels(model_name)
+        self.request_generation_tokens = Histogram(
+            "vllm:request_generation_tokens", "Generated tokens, finished requests.", m, buckets=tokens, registry=r
+        ).labels(model_name)
+        self.max_generation_tokens = Histogram(
+            "vllm:request_max_num_generation_tokens",
+            "Per finished request, "
+            "the most tokens any of its sequences generated (one sequence per "
+            "request here: its generated tokens).",
+            m,
+            buckets=tokens,
+            registry=r,
+        ).labels(model_name)
+        self._cache_info = Gauge(
+            "vllm:cache_config_info",
+            "Information of the KV cache configuration (value 1).",
+            m + ["block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype"],
+            registry=r,
+        )
         self._reqs: dict[int, _Times] = {}
 
     def set_cache_config(self, engine) -> None:
@@ -122,8 +238,13 @@ class ServeMetrics:
         slots = engine.slots
         block_size = getattr(slots, "block_size", engine.max_len)
         n_blocks = getattr(slots, "n_blocks", engine.n_slots)
-        self._cache_info.labels(self.model_name, str(block_size), str(n_blocks),
-                                str(bool(engine.prefix_cache)), getattr(engine, "kv_cache_dtype", "auto")).set(1)
+        self._cache_info.labels(
+            self.model_name,
+            str(block_size),
+            str(n_blocks),
+            str(bool(engine.prefix_cache)),
+            getattr(engine, "kv_cache_dtype", "auto"),
+        ).set(1)
         self._gauges(engine)
 
     def render(self) -> bytes:
@@ -145,7 +266,7 @@ class ServeMetrics:
                 if not t.admitted:
                     t.admitted, t.admitted_at = True, ev.time_s
                     self.queue_time.observe(max(0.0, ev.time_s - t.arrival))
-                if engine.prefix_cache and not ev.reason.startswith(FORK_OF):   # a fork looked nothing up
+                if engine.prefix_cache and not ev.reason.startswith(FORK_OF):  # a fork looked nothing up
                     self.prefix_queries.inc(ev.tokens)
                     self.prefix_hits.inc(ev.cached)
             elif ev.kind == "first_token":
@@ -155,7 +276,7 @@ class ServeMetrics:
             elif ev.kind == "finished":
                 self.e2e.observe(max(0.0, ev.time_s - t.arrival))
                 self._finished(t, ev)
-                self.success["length" if ev.reason == "length" else "stop"].inc()   # eos, stop
+                self.success["length" if ev.reason == "length" else "stop"].inc()  # eos, stop
             elif ev.kind in ("aborted", "failed"):
                 self.success["abort" if ev.kind == "aborted" else "error"].inc()
                 del reqs[ev.rid]
@@ -165,7 +286,7 @@ class ServeMetrics:
             if t is None:
                 continue
             t.tokens += 1
-            if t.tokens > 1:                                     # the first token's time came above
+            if t.tokens > 1:  # the first token's time came above
                 self.itl.observe(max(0.0, now - t.last_token))
             t.last_token = now
             if ev.done:

@@ -31,22 +31,39 @@ import re
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from tinyllm.request import (MAX_LOGPROBS, MAX_N, TENANT_MAX_CHARS, Sampling, SamplingError, TokenLogprob,
-                             check_priority, check_stop, check_token_stops, is_int)
+from tinyllm.request import (
+    MAX_LOGPROBS,
+    MAX_N,
+    TENANT_MAX_CHARS,
+    Sampling,
+    SamplingError,
+    TokenLogprob,
+    check_priority,
+    check_stop,
+    check_token_stops,
+    is_int,
+)
 
-DEFAULT_MAX_TOKENS = 16                 # OpenAI's default for completions
-DEFAULT_TEMPERATURE = 1.0               # OpenAI's default
-MAX_JSON_DEPTH = 64                     # arrays/objects inside each other; a real body needs 3
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's default
+MAX_JSON_DEPTH = 64  # arrays/objects inside each other; a real body needs 3
 
 
 class ApiError(Exception):
     """An error answered in OpenAI's shape: ``{"error": {message, type, param, code}}``."""
 
-    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400,
-                 type: str = "invalid_request_error"):
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        status: int = 400,
+        type: str = "invalid_request_error",
+    ):
         super().__init__(message)
         self.message, self.param, self.code, self.status, self.type = message, param, code, status, type
 
@@ -54,13 +71,14 @@ class ApiError(Exception):
         return error_body(self.message, self.type, self.param, self.code)
 
 
-def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict:
+def error_body(
+    message: str, type: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
 # -- the body as JSON ----------------------------------------------------------------------------
-_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]|\d+')     # strings whole, brackets, digit runs
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]|\d+')  # strings whole, brackets, digit runs
 
 
 def load_json(raw: bytes) -> Any:
@@ -70,17 +88,21 @@ def load_json(raw: bytes) -> Any:
         body = json.loads(text)
     except UnicodeDecodeError as e:
         raise ApiError(f"the request body is not valid JSON: {e}", None, "invalid_json") from None
-    except RecursionError:                                # json recurses once per level
+    except RecursionError:  # json recurses once per level
         raise _too_deep(text) from None
     except json.JSONDecodeError as e:
         raise ApiError(f"the request body is not valid JSON: {e}", None, "invalid_json") from None
-    except ValueError:                                    # an integer longer than int() converts
+    except ValueError:  # an integer longer than int() converts
         limit = sys.get_int_max_str_digits()
         pos, field = _locate(text, lambda tok, depth: tok.isdigit() and len(tok) > limit)
-        raise ApiError(f"the request body has an integer of more than {limit} digits{_at(text, pos, field)}, "
-                       "longer than this server reads", field, "invalid_value") from None
+        raise ApiError(
+            f"the request body has an integer of more than {limit} digits{_at(text, pos, field)}, "
+            "longer than this server reads",
+            field,
+            "invalid_value",
+        ) from None
     if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _deeper_than(body, MAX_JSON_DEPTH):
-        raise _too_deep(text)                             # (the counts: a cheap "cannot be too deep")
+        raise _too_deep(text)  # (the counts: a cheap "cannot be too deep")
     return body
 
 
@@ -98,8 +120,12 @@ def _deeper_than(v: Any, limit: int) -> bool:
 
 def _too_deep(text: str) -> ApiError:
     pos, field = _locate(text, lambda tok, depth: tok in ("[", "{") and depth > MAX_JSON_DEPTH)
-    return ApiError(f"the request body is nested too deep: more than {MAX_JSON_DEPTH} arrays/objects inside "
-                    f"each other{_at(text, pos, field)}", field, "invalid_value")
+    return ApiError(
+        f"the request body is nested too deep: more than {MAX_JSON_DEPTH} arrays/objects inside "
+        f"each other{_at(text, pos, field)}",
+        field,
+        "invalid_value",
+    )
 
 
 def _locate(text: str, hit: Callable[[str, int], bool]) -> tuple[int | None, str | None]:
@@ -112,11 +138,11 @@ def _locate(text: str, hit: Callable[[str, int], bool]) -> tuple[int | None, str
             depth += 1
             top = top or tok
             if depth == 2:
-                field = key                               # the top-level key just before this value
+                field = key  # the top-level key just before this value
         elif tok in ("]", "}"):
             depth -= 1
         elif tok[0] == '"' and depth == 1 and top == "{":
-            key = tok                                     # keys and values alternate: a key precedes its value
+            key = tok  # keys and values alternate: a key precedes its value
         if hit(tok, depth):
             name = field if depth >= 2 else key
             try:
@@ -139,9 +165,9 @@ def brief(v: Any, limit: int = 60) -> str:
     """``v`` as the JSON the client sent (``null``, ``true``, ``0``, ``["a", ...``), cut to ``limit``
     characters: an error message quotes what the client sent, in its terms, not all of it."""
     if isinstance(v, (str, list, tuple)):
-        v = v[:limit]                                     # longer is cut below anyway: do not encode it all
-    r = json.dumps(v, default=repr)                       # ASCII-escaped: a lone surrogate stays printable
-    return r if len(r) <= limit else r[:limit - 3] + "..."
+        v = v[:limit]  # longer is cut below anyway: do not encode it all
+    r = json.dumps(v, default=repr)  # ASCII-escaped: a lone surrogate stays printable
+    return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
 def request_error(e: ValueError, field: str, body: dict | None = None, code: str = "invalid_value") -> ApiError:
@@ -161,9 +187,12 @@ def _text(s: str, param: str) -> str:
     try:
         s.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ApiError(f"{param} is not valid Unicode text: it holds a lone surrogate U+{ord(s[e.start]):04X} at "
-                       f"character {e.start} (a \\ud800-\\udfff escape must be half of a pair)", param,
-                       "invalid_value") from None
+        raise ApiError(
+            f"{param} is not valid Unicode text: it holds a lone surrogate U+{ord(s[e.start]):04X} at "
+            f"character {e.start} (a \\ud800-\\udfff escape must be half of a pair)",
+            param,
+            "invalid_value",
+        ) from None
     return s
 
 
@@ -172,34 +201,44 @@ class GenerationParams:
     """What /v1/completions and /v1/chat/completions share: the model, how many tokens, how to
     sample, how to answer. ``parse_generation`` fills every field for both routes, so a field
     added here (and there) works on both at once."""
+
     model: str
-    max_tokens: int | None              # None (chat only): whatever the context leaves
-    max_tokens_field: str | None = "max_tokens"   # the field max_tokens came in (errors name it); None: not sent (chat)
+    max_tokens: int | None  # None (chat only): whatever the context leaves
+    max_tokens_field: str | None = "max_tokens"  # the field max_tokens came in (errors name it); None: not sent (chat)
     sampling: Sampling
     stream: bool = False
     include_usage: bool = False
     ignore_eos: bool = False
     return_token_ids: bool = False
-    stop: tuple[str, ...] = ()          # stop strings (matched on the text: tinyllm.stops)
+    stop: tuple[str, ...] = ()  # stop strings (matched on the text: tinyllm.stops)
     stop_token_ids: tuple[int, ...] = ()
     min_tokens: int = 0
-    logprobs: int | None = None         # completions: the chosen token's logprob and this many alternatives
-    priority: int = 0                   # vLLM's field: the "priority" policy runs lower values first
-    tenant: str = ""                    # the "fair" policy's tenant: OpenAI's "user" (else the API key's)
-    n: int = 1                          # samples of the prompt (choices 0..n-1; seeded: sample i uses seed + i)
+    logprobs: int | None = None  # completions: the chosen token's logprob and this many alternatives
+    priority: int = 0  # vLLM's field: the "priority" policy runs lower values first
+    tenant: str = ""  # the "fair" policy's tenant: OpenAI's "user" (else the API key's)
+    n: int = 1  # samples of the prompt (choices 0..n-1; seeded: sample i uses seed + i)
 
 
 @dataclass(frozen=True, kw_only=True)
 class CompletionParams(GenerationParams):
     """A validated completions request (the prompt not yet tokenized when it is text)."""
-    prompt_text: str | None             # exactly one of prompt_text / prompt_ids is set
+
+    prompt_text: str | None  # exactly one of prompt_text / prompt_ids is set
     prompt_ids: tuple[int, ...] | None
 
 
 # Known OpenAI fields this server does not implement: each is accepted only at its no-op value
 # (or left out). Chat's refusals: tools would need a template and a parser for tool calls.
-_NO_OP = {"best_of": 1, "echo": False, "suffix": "", "logit_bias": {}, "tools": [], "tool_choice": "none",
-          "response_format": {"type": "text"}, "continue_final_message": False}
+_NO_OP = {
+    "best_of": 1,
+    "echo": False,
+    "suffix": "",
+    "logit_bias": {},
+    "tools": [],
+    "tool_choice": "none",
+    "response_format": {"type": "text"},
+    "continue_final_message": False,
+}
 _UNSUPPORTED = ("best_of", "echo", "suffix", "logit_bias")
 _UNSUPPORTED_CHAT = ("logit_bias", "tools", "tool_choice", "response_format", "continue_final_message")
 _WHY = {"best_of": " (it returns all n samples, it does not pick the best of several)"}
@@ -208,13 +247,47 @@ _WHY = {"best_of": " (it returns all n samples, it does not pick the best of sev
 # Every field a request may carry: what the parsers read, the unimplemented ones (refused unless at
 # their no-op value), and OpenAI's bookkeeping fields, which change nothing here. Anything else is
 # refused, as OpenAI does ("Unrecognized request argument"): `max_token` ran at the default 16.
-_SHARED_FIELDS = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
-                            "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids",
-                            "min_tokens", "logprobs", "n", "stream", "stream_options", "ignore_eos",
-                            "return_token_ids", "priority", "user", "metadata", "store", "service_tier"})
-_FIELDS = {False: _SHARED_FIELDS | {"prompt", *_UNSUPPORTED},
-           True: _SHARED_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "add_generation_prompt",
-                                   "chat_template", "parallel_tool_calls", *_UNSUPPORTED_CHAT}}
+_SHARED_FIELDS = frozenset(
+    {
+        "model",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "seed",
+        "stop",
+        "stop_token_ids",
+        "min_tokens",
+        "logprobs",
+        "n",
+        "stream",
+        "stream_options",
+        "ignore_eos",
+        "return_token_ids",
+        "priority",
+        "user",
+        "metadata",
+        "store",
+        "service_tier",
+    }
+)
+_FIELDS = {
+    False: _SHARED_FIELDS | {"prompt", *_UNSUPPORTED},
+    True: _SHARED_FIELDS
+    | {
+        "messages",
+        "max_completion_tokens",
+        "top_logprobs",
+        "add_generation_prompt",
+        "chat_template",
+        "parallel_tool_calls",
+        *_UNSUPPORTED_CHAT,
+    },
+}
 
 
 def _check_fields(body: dict, chat: bool) -> None:
@@ -224,15 +297,28 @@ def _check_fields(body: dict, chat: bool) -> None:
         if name not in known:
             near = difflib.get_close_matches(str(name), sorted(known), n=1, cutoff=0.6)
             other = {"messages": "/v1/chat/completions", "prompt": "/v1/completions"}.get(name)
-            hint = (f"{name} goes to {other}" if other else f"did you mean {near[0]!r}?" if near else
-                    f"this route takes {', '.join(sorted(known - {'metadata', 'store', 'service_tier'}))}")
-            raise ApiError(f"unrecognized request argument {brief(name)}: {hint}", str(name)[:64],
-                           "unrecognized_parameter")
+            hint = (
+                f"{name} goes to {other}"
+                if other
+                else f"did you mean {near[0]!r}?"
+                if near
+                else f"this route takes {', '.join(sorted(known - {'metadata', 'store', 'service_tier'}))}"
+            )
+            raise ApiError(
+                f"unrecognized request argument {brief(name)}: {hint}", str(name)[:64], "unrecognized_parameter"
+            )
 
 
 def _type_name(v: Any) -> str:
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
-            type(None): "null"}.get(type(v), type(v).__name__)
+    return {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "array",
+        dict: "object",
+        type(None): "null",
+    }.get(type(v), type(v).__name__)
 
 
 def _number(body: dict, name: str) -> float | None:
@@ -243,9 +329,8 @@ def _number(body: dict, name: str) -> float | None:
         raise ApiError(f"{name} must be a number, got {_type_name(v)}", name, "invalid_type")
     try:
         return float(v)
-    except OverflowError:                                 # an int of hundreds of digits
-        raise ApiError(f"{name} is too large: an integer of {len(str(abs(v)))} digits", name,
-                       "invalid_value") from None
+    except OverflowError:  # an int of hundreds of digits
+        raise ApiError(f"{name} is too large: an integer of {len(str(abs(v)))} digits", name, "invalid_value") from None
 
 
 def _bool(body: dict, name: str, where: str | None = None) -> bool:
@@ -262,18 +347,29 @@ def _check_unsupported(body: dict, names: tuple[str, ...]) -> None:
     for name in names:
         v, no_op = body.get(name), _NO_OP[name]
         if v is not None and not (type(v) is type(no_op) and v == no_op):
-            raise ApiError(f"{name} is not supported by this server{_WHY.get(name, '')}: leave it out or send "
-                           f"{brief(no_op)}, got {brief(v)}", name, "unsupported_parameter")
+            raise ApiError(
+                f"{name} is not supported by this server{_WHY.get(name, '')}: leave it out or send "
+                f"{brief(no_op)}, got {brief(v)}",
+                name,
+                "unsupported_parameter",
+            )
 
 
 def parse_prompt(p: Any) -> str | tuple[int, ...]:
     """The prompt as text or token ids; a list of several prompts is a clear 400."""
-    if isinstance(p, list) and len(p) > 1 and (all(isinstance(x, str) for x in p)
-                                               or all(isinstance(x, list) for x in p)):
-        raise ApiError(f"prompt holds a batch of {len(p)} prompts; this server takes one prompt per "
-                       "request: send them as separate requests", "prompt", "invalid_value")
+    if (
+        isinstance(p, list)
+        and len(p) > 1
+        and (all(isinstance(x, str) for x in p) or all(isinstance(x, list) for x in p))
+    ):
+        raise ApiError(
+            f"prompt holds a batch of {len(p)} prompts; this server takes one prompt per "
+            "request: send them as separate requests",
+            "prompt",
+            "invalid_value",
+        )
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
-        p = p[0]                                          # a batch of one
+        p = p[0]  # a batch of one
     if isinstance(p, str):
         return _text(p, "prompt")
     if isinstance(p, list):
@@ -285,8 +381,11 @@ def parse_prompt(p: Any) -> str | tuple[int, ...]:
         return tuple(p)
     if p is None:
         raise ApiError("you must provide a prompt", "prompt", "missing_required_parameter")
-    raise ApiError(f"prompt must be a string, a list of token ids, or a list holding one of those; got "
-                   f"{_type_name(p)}", "prompt", "invalid_type")
+    raise ApiError(
+        f"prompt must be a string, a list of token ids, or a list holding one of those; got {_type_name(p)}",
+        "prompt",
+        "invalid_type",
+    )
 
 
 def parse_completion(body: Any, served_model: str) -> CompletionParams:
@@ -296,8 +395,11 @@ def parse_completion(body: Any, served_model: str) -> CompletionParams:
     if "prompt" not in body:
         raise ApiError("you must provide a prompt", "prompt", "missing_required_parameter")
     prompt = parse_prompt(body["prompt"])
-    return CompletionParams(**shared, prompt_text=prompt if isinstance(prompt, str) else None,
-                            prompt_ids=prompt if isinstance(prompt, tuple) else None)
+    return CompletionParams(
+        **shared,
+        prompt_text=prompt if isinstance(prompt, str) else None,
+        prompt_ids=prompt if isinstance(prompt, tuple) else None,
+    )
 
 
 def check_object(body: Any) -> dict:
@@ -311,12 +413,15 @@ def parse_model(body: dict, served_model: str) -> str:
     """The ``model`` field: absent means the one model this server has (as vLLM)."""
     model = body.get("model")
     if model is None:
-        model = served_model                              # as vLLM: the one model this server has
+        model = served_model  # as vLLM: the one model this server has
     if not isinstance(model, str):
         raise ApiError(f"model must be a string, got {_type_name(model)}", "model", "invalid_type")
     if _text(model, "model") != served_model:
-        raise ApiError(f"The model `{model[:200]}` does not exist. This server serves `{served_model}` "
-                       "(see GET /v1/models).", "model", "model_not_found")
+        raise ApiError(
+            f"The model `{model[:200]}` does not exist. This server serves `{served_model}` (see GET /v1/models).",
+            "model",
+            "model_not_found",
+        )
     return model
 
 
@@ -347,18 +452,21 @@ def parse_generation(body: dict, served_model: str, chat: bool = False) -> dict[
     temperature = _number(body, "temperature")
     temperature = DEFAULT_TEMPERATURE if temperature is None else temperature
     if isinstance(temperature, float) and not math.isfinite(temperature):
-        raise ApiError(f"temperature must be finite, got {brief(body['temperature'])}", "temperature",
-                       "invalid_value")
+        raise ApiError(f"temperature must be finite, got {brief(body['temperature'])}", "temperature", "invalid_value")
     top_p = _number(body, "top_p")
     top_k = body.get("top_k")
     if top_k is not None and not is_int(top_k):
         raise ApiError(f"top_k must be an integer, got {_type_name(top_k)}", "top_k", "invalid_type")
-    if top_k is not None and top_k < -1:                  # vLLM's convention: 0 and -1 are "off" too
-        raise ApiError(f"top_k must be an integer >= 1, or 0 / -1 / null for no limit, got {brief(top_k)}",
-                       "top_k", "invalid_value")
+    if top_k is not None and top_k < -1:  # vLLM's convention: 0 and -1 are "off" too
+        raise ApiError(
+            f"top_k must be an integer >= 1, or 0 / -1 / null for no limit, got {brief(top_k)}",
+            "top_k",
+            "invalid_value",
+        )
     try:
-        sampling = Sampling(temperature, None if top_k in (0, -1) else top_k, top_p,
-                            **_sampling_extras(body))     # its error names the field
+        sampling = Sampling(
+            temperature, None if top_k in (0, -1) else top_k, top_p, **_sampling_extras(body)
+        )  # its error names the field
         stops = _stop_fields(body, max_tokens, chat)
     except SamplingError as e:
         raise request_error(e, e.field, body) from None
@@ -369,14 +477,25 @@ def parse_generation(body: dict, served_model: str, chat: bool = False) -> dict[
         if not stream:
             raise ApiError("stream_options can only be set when stream is true", "stream_options", "invalid_value")
         if not isinstance(opts, dict):
-            raise ApiError(f"stream_options must be an object, got {_type_name(opts)}", "stream_options",
-                           "invalid_type")
+            raise ApiError(
+                f"stream_options must be an object, got {_type_name(opts)}", "stream_options", "invalid_type"
+            )
         include_usage = _bool(opts, "include_usage", "stream_options.include_usage")
     _check_unsupported(body, _UNSUPPORTED_CHAT if chat else _UNSUPPORTED)
-    return dict(model=model, max_tokens=max_tokens, max_tokens_field=max_tokens_field, sampling=sampling,
-                stream=stream, include_usage=include_usage,
-                ignore_eos=_bool(body, "ignore_eos"), return_token_ids=_bool(body, "return_token_ids"),
-                priority=_priority(body), tenant=tenant_of(body.get("user"), "user"), n=_n(body), **stops)
+    return dict(
+        model=model,
+        max_tokens=max_tokens,
+        max_tokens_field=max_tokens_field,
+        sampling=sampling,
+        stream=stream,
+        include_usage=include_usage,
+        ignore_eos=_bool(body, "ignore_eos"),
+        return_token_ids=_bool(body, "return_token_ids"),
+        priority=_priority(body),
+        tenant=tenant_of(body.get("user"), "user"),
+        n=_n(body),
+        **stops,
+    )
 
 
 def _n(body: dict) -> int:
@@ -442,11 +561,17 @@ def _chat_logprobs(body: dict) -> int | None:
     ``top_logprobs`` (0..20, default 0) says how many alternatives each token gets."""
     on, top = body.get("logprobs"), body.get("top_logprobs")
     if on is not None and not isinstance(on, bool):
-        raise ApiError(f"logprobs must be a boolean on chat completions (top_logprobs says how many), got "
-                       f"{_type_name(on)}", "logprobs", "invalid_type")
+        raise ApiError(
+            f"logprobs must be a boolean on chat completions (top_logprobs says how many), got {_type_name(on)}",
+            "logprobs",
+            "invalid_type",
+        )
     if top is not None and not (is_int(top) and 0 <= top <= MAX_LOGPROBS):
-        raise ApiError(f"top_logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {brief(top)}", "top_logprobs",
-                       "invalid_value")
+        raise ApiError(
+            f"top_logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {brief(top)}",
+            "top_logprobs",
+            "invalid_value",
+        )
     if top and not on:
         raise ApiError("top_logprobs needs logprobs: true", "top_logprobs", "invalid_value")
     return (top or 0) if on else None
@@ -461,25 +586,33 @@ def _stop_fields(body: dict, max_tokens: int | None, chat: bool) -> dict[str, An
     min_tokens = body.get("min_tokens")
     min_tokens = 0 if min_tokens is None else min_tokens
     logprobs = _chat_logprobs(body) if chat else body.get("logprobs")
-    check_token_stops(ids, min_tokens, max_tokens, logprobs)      # chat without max_tokens: checked later
+    check_token_stops(ids, min_tokens, max_tokens, logprobs)  # chat without max_tokens: checked later
     return dict(stop=stop, stop_token_ids=tuple(ids), min_tokens=min_tokens, logprobs=logprobs)
 
 
-def check_prompt(ids: list[int] | tuple[int, ...], max_tokens: int, vocab_size: int, max_len: int,
-                 room: int | None = None, field: str | None = "max_tokens") -> None:
+def check_prompt(
+    ids: list[int] | tuple[int, ...],
+    max_tokens: int,
+    vocab_size: int,
+    max_len: int,
+    room: int | None = None,
+    field: str | None = "max_tokens",
+) -> None:
     """The prompt fits the vocabulary and one request's context (``check_context``; ``room``
     defaults to ``max_len``). The engine re-checks on add_request. Raises ApiError."""
     if not ids:
         raise ApiError("prompt is empty: it encodes to no tokens", "prompt", "invalid_value")
     bad = next((t for t in ids if t >= vocab_size), None)
     if bad is not None:
-        raise ApiError(f"prompt token id {bad} is outside the model's vocabulary [0, {vocab_size})", "prompt",
-                       "invalid_value")
+        raise ApiError(
+            f"prompt token id {bad} is outside the model's vocabulary [0, {vocab_size})", "prompt", "invalid_value"
+        )
     check_context(len(ids), max_tokens, max_len, max_len if room is None else room, field=field)
 
 
-def check_text_fits(text: str, token_bytes: int | None, max_tokens: int, max_len: int, room: int,
-                    field: str | None = "max_tokens") -> None:
+def check_text_fits(
+    text: str, token_bytes: int | None, max_tokens: int, max_len: int, room: int, field: str | None = "max_tokens"
+) -> None:
     """Refuse a prompt text too long to fit however it tokenizes, before tokenizing it (megabytes
     take seconds): no token covers more than ``token_bytes`` bytes of text (None: no such bound
     is known, nothing to check), so the prompt is at least bytes / token_bytes tokens."""
@@ -488,8 +621,14 @@ def check_text_fits(text: str, token_bytes: int | None, max_tokens: int, max_len
         check_context(at_least, max_tokens, max_len, room, at_least=True, field=field)
 
 
-def check_context(prompt_tokens: int, max_tokens: int, max_len: int, room: int, at_least: bool = False,
-                  field: str | None = "max_tokens") -> None:
+def check_context(
+    prompt_tokens: int,
+    max_tokens: int,
+    max_len: int,
+    room: int,
+    at_least: bool = False,
+    field: str | None = "max_tokens",
+) -> None:
     """prompt + max_tokens fit the model's context (tinyllm.request's ``check_fits`` rule) and what
     the KV pool holds for one request (``room``; the engine would refuse more). ``at_least``: the
     prompt's count is a lower bound (not tokenized), so only a prompt too long on its own is
@@ -498,21 +637,28 @@ def check_context(prompt_tokens: int, max_tokens: int, max_len: int, room: int, 
     budget); the 400's ``param`` is the prompt when it alone does not fit, else that field.
     Raises ApiError (context_length_exceeded)."""
     at = "at least " if at_least else ""
-    for limit, holds in ((max_len, f"This model's maximum context length is {max_len} tokens"),
-                         (room, f"This server's KV cache holds at most {room} tokens for one request")):
+    for limit, holds in (
+        (max_len, f"This model's maximum context length is {max_len} tokens"),
+        (room, f"This server's KV cache holds at most {room} tokens for one request"),
+    ):
         if prompt_tokens + max_tokens <= limit:
             continue
-        prompt_fits = prompt_tokens < limit               # with at least one completion token
+        prompt_fits = prompt_tokens < limit  # with at least one completion token
         if at_least and prompt_fits:
-            continue                                      # a bound from the bytes: tokenize, then count
-        if field is None:                                 # the server's own budget: only the prompt is at fault
+            continue  # a bound from the bytes: tokenize, then count
+        if field is None:  # the server's own budget: only the prompt is at fault
             asked = f"your prompt has {at}{prompt_tokens} tokens, which leaves no room for the completion"
         else:
-            asked = (f"you requested {at}{prompt_tokens + max_tokens} tokens ({at}{prompt_tokens} in your prompt; "
-                     f"{max_tokens} for the completion)")
-        also = f" and {field}" if field and max_tokens >= limit else ""   # too long on its own, too
-        raise ApiError(f"{holds}. However, {asked}. Please reduce {field if prompt_fits else 'your prompt' + also}.",
-                       field if prompt_fits else "prompt", "context_length_exceeded")
+            asked = (
+                f"you requested {at}{prompt_tokens + max_tokens} tokens ({at}{prompt_tokens} in your prompt; "
+                f"{max_tokens} for the completion)"
+            )
+        also = f" and {field}" if field and max_tokens >= limit else ""  # too long on its own, too
+        raise ApiError(
+            f"{holds}. However, {asked}. Please reduce {field if prompt_fits else 'your prompt' + also}.",
+            field if prompt_fits else "prompt",
+            "context_length_exceeded",
+        )
 
 
 # -- responses --------------------------------------------------------------------------------
@@ -521,22 +667,46 @@ def new_completion_id() -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
 
 
-def completion(cid: str, model: str, text: str, finish_reason: str, usage_: dict,
-               token_ids: list[int] | None = None, prompt_ids: list[int] | None = None) -> dict:
+def completion(
+    cid: str,
+    model: str,
+    text: str,
+    finish_reason: str,
+    usage_: dict,
+    token_ids: list[int] | None = None,
+    prompt_ids: list[int] | None = None,
+) -> dict:
     choice: dict = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
     if token_ids is not None:
         choice["prompt_token_ids"], choice["token_ids"] = prompt_ids, token_ids
-    return {"id": cid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [choice], "usage": usage_}
+    return {
+        "id": cid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": usage_,
+    }
 
 
-def chunk(cid: str, created: int, model: str, text: str, finish_reason: str | None, include_usage: bool,
-          token_ids: list[int] | None = None, prompt_ids: list[int] | None = None) -> dict:
+def chunk(
+    cid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str | None,
+    include_usage: bool,
+    token_ids: list[int] | None = None,
+    prompt_ids: list[int] | None = None,
+) -> dict:
     """One streamed piece; ``usage`` is null on every chunk but the last when include_usage."""
     choice: dict = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
     if token_ids is not None:
@@ -549,7 +719,7 @@ def chunk(cid: str, created: int, model: str, text: str, finish_reason: str | No
     return out
 
 
-LOGPROB_FLOOR = -9999.0                 # as vLLM: a -inf logprob (a masked token) is JSON-safe this way
+LOGPROB_FLOOR = -9999.0  # as vLLM: a -inf logprob (a masked token) is JSON-safe this way
 
 
 def completion_logprobs(lps: list[TokenLogprob], token_text, offset: int = 0) -> dict:
@@ -566,19 +736,24 @@ def completion_logprobs(lps: list[TokenLogprob], token_text, offset: int = 0) ->
         d = {token_text(t): max(v, LOGPROB_FLOOR) for t, v in lp.top}
         d.setdefault(token_text(lp.token), max(lp.logprob, LOGPROB_FLOOR))
         return d
-    return {"tokens": tokens, "token_logprobs": [max(lp.logprob, LOGPROB_FLOOR) for lp in lps],
-            "top_logprobs": [top(lp) for lp in lps], "text_offset": offsets}
+
+    return {
+        "tokens": tokens,
+        "token_logprobs": [max(lp.logprob, LOGPROB_FLOOR) for lp in lps],
+        "top_logprobs": [top(lp) for lp in lps],
+        "text_offset": offsets,
+    }
 
 
 def usage_chunk(cid: str, created: int, model: str, usage_: dict) -> dict:
     """The stream's last data chunk when stream_options.include_usage: no choices, the usage."""
-    return {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": [],
-            "usage": usage_}
+    return {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": [], "usage": usage_}
 
 
 class CompletionShape:
     """How completions answer (the functions above, under the names the server's response code
     calls for either route; chat's are ``tinyllm.serve.chat.ChatShape``)."""
+
     new_id = staticmethod(new_completion_id)
     response = staticmethod(completion)
     chunk = staticmethod(chunk)
@@ -586,4 +761,4 @@ class CompletionShape:
 
     @staticmethod
     def first_chunk(cid: str, created: int, model: str, include_usage: bool) -> dict | None:
-        return None                                       # completions stream text from the first chunk
+        return None  # completions stream text from the first chunk

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from tinyllm.request import TokenLogprob
-from tinyllm.serve.engine_loop import Output, RequestHandle
 from tinyllm.serve.chat import chat_logprobs
+from tinyllm.serve.engine_loop import Output, RequestHandle
 from tinyllm.serve.protocol import GenerationParams, completion_logprobs
 from tinyllm.stops import StopText
 
@@ -22,13 +22,13 @@ from tinyllm.stops import StopText
 class OutputReader:
     def __init__(self, tokenizer: Any, handle: RequestHandle, p: GenerationParams, chat: bool = False):
         self.tok, self.handle = tokenizer, handle
-        self.chat, self.top_n = chat, p.logprobs or 0      # chat: logprobs in chat's shape (chat_logprobs)
+        self.chat, self.top_n = chat, p.logprobs or 0  # chat: logprobs in chat's shape (chat_logprobs)
         self.stop = StopText(tokenizer.stream(skip_special_tokens=True), p.stop, p.min_tokens)
         self.want_logprobs = p.logprobs is not None
         self.tokens: list[int] = []
         self.logprobs: list[TokenLogprob] = []
-        self.text = ""                                   # what was emitted so far
-        self._offset = 0                                 # text_offset of the next token
+        self.text = ""  # what was emitted so far
+        self._offset = 0  # text_offset of the next token
 
     @property
     def stopped(self) -> bool:
@@ -45,7 +45,7 @@ class OutputReader:
             if i < len(out.logprobs):
                 lps.append(out.logprobs[i])
             if self.stop.stopped:
-                self.handle.finish(self.stop.tokens)     # no-op if it ended already
+                self.handle.finish(self.stop.tokens)  # no-op if it ended already
         if out.finished:
             text += self.stop.flush()
         self.tokens += kept

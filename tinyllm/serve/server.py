@@ -16,8 +16,9 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import uvicorn
 
@@ -26,7 +27,7 @@ from tinyllm.serve.app import create_app
 from tinyllm.serve.engine_loop import EngineLoop, StepHook
 
 BUNDLED_MODEL_NAME = "tinyllm-shakespeare"
-GRACEFUL_SHUTDOWN_S = 3          # at shutdown, open connections get this long to close, then are cancelled
+GRACEFUL_SHUTDOWN_S = 3  # at shutdown, open connections get this long to close, then are cancelled
 
 
 def model_name_for(model_dir: str | None) -> str:
@@ -34,10 +35,20 @@ def model_name_for(model_dir: str | None) -> str:
     return BUNDLED_MODEL_NAME if model_dir is None else Path(model_dir).resolve().name
 
 
-def build_engine(model: Any, slots: int = 8, max_len: int | None = None, kv_blocks: int | None = None,
-                 block_size: int = 16, max_batched_tokens: int | None = None, prefix_cache: bool = True,
-                 seed: int = 0, scheduling_policy: str = "fcfs", kv_memory_mib: float | None = None,
-                 max_num_seqs: int | None = None, kv_cache_dtype: str = "auto"):
+def build_engine(
+    model: Any,
+    slots: int = 8,
+    max_len: int | None = None,
+    kv_blocks: int | None = None,
+    block_size: int = 16,
+    max_batched_tokens: int | None = None,
+    prefix_cache: bool = True,
+    seed: int = 0,
+    scheduling_policy: str = "fcfs",
+    kv_memory_mib: float | None = None,
+    max_num_seqs: int | None = None,
+    kv_cache_dtype: str = "auto",
+):
     """The server's ContinuousEngine: paged KV + chunked prefill (+ prefix cache). With
     ``kv_memory_mib`` the budget sizes the pool and up to ``max_num_seqs`` requests run (``slots``
     unused); ``kv_cache_dtype`` the pool's element type (ContinuousEngine). Raises ValueError with
@@ -45,12 +56,24 @@ def build_engine(model: Any, slots: int = 8, max_len: int | None = None, kv_bloc
     import torch
 
     from tinyllm.engine import ContinuousEngine
+
     device = next(model.parameters()).device
-    engine = ContinuousEngine(model, None if kv_memory_mib else slots, max_len, kv="paged", block_size=block_size,
-                              kv_blocks=kv_blocks, kv_memory_mib=kv_memory_mib, max_num_seqs=max_num_seqs,
-                              chunked_prefill=True, max_batched_tokens=max_batched_tokens,
-                              prefix_cache=prefix_cache, generator=torch.Generator(device=device).manual_seed(seed),
-                              scheduling_policy=scheduling_policy, kv_cache_dtype=kv_cache_dtype)
+    engine = ContinuousEngine(
+        model,
+        None if kv_memory_mib else slots,
+        max_len,
+        kv="paged",
+        block_size=block_size,
+        kv_blocks=kv_blocks,
+        kv_memory_mib=kv_memory_mib,
+        max_num_seqs=max_num_seqs,
+        chunked_prefill=True,
+        max_batched_tokens=max_batched_tokens,
+        prefix_cache=prefix_cache,
+        generator=torch.Generator(device=device).manual_seed(seed),
+        scheduling_policy=scheduling_policy,
+        kv_cache_dtype=kv_cache_dtype,
+    )
     check_pool_holds_one_request(engine.slots.n_blocks, engine.slots.block_size, engine.max_len)
     return engine
 
@@ -85,7 +108,7 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, on_ready: Callable[[], None] | None = None):
         super().__init__(config)
         self.on_ready = on_ready
-        self.interrupted = False                          # a Ctrl+C (SIGINT) began the shutdown
+        self.interrupted = False  # a Ctrl+C (SIGINT) began the shutdown
 
     def handle_exit(self, sig: int, frame) -> None:
         if sig == signal.SIGINT:
@@ -100,22 +123,24 @@ class _Server(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         state = getattr(self.config.app, "state", None)
         engine_loop = getattr(state, "engine_loop", None)
-        if engine_loop is not None:                       # first: the requests it ends reach the viewers
+        if engine_loop is not None:  # first: the requests it ends reach the viewers
             await asyncio.to_thread(engine_loop.stop)
         feed = getattr(state, "feed", None)
         if feed is not None:
-            feed.close()                                  # viewers' streams end now, not at the timeout
+            feed.close()  # viewers' streams end now, not at the timeout
         await super().shutdown(sockets)
 
 
 def make_server(app: Any, on_ready: Callable[[], None] | None = None, log_level: str = "warning") -> _Server:
-    config = uvicorn.Config(app, lifespan="on", log_level=log_level, access_log=False,
-                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    config = uvicorn.Config(
+        app, lifespan="on", log_level=log_level, access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
+    )
     return _Server(config, on_ready)
 
 
-def run_server(engine: Any, tokenizer: Any, model_name: str, sock: socket.socket,
-               on_step: StepHook | None = None) -> None:
+def run_server(
+    engine: Any, tokenizer: Any, model_name: str, sock: socket.socket, on_step: StepHook | None = None
+) -> None:
     """Serve ``engine`` on the listening ``sock`` until Ctrl+C / SIGTERM, printing the URL once
     uvicorn is listening. The engine thread is stopped before this returns; after Ctrl+C it
     prints "stopped" and raises KeyboardInterrupt (the CLI's exit 130)."""
@@ -125,18 +150,22 @@ def run_server(engine: Any, tokenizer: Any, model_name: str, sock: socket.socket
 
     def ready() -> None:
         from tinyllm.engine.forward import kv_cache_dtype_name
+
         e = engine
-        print(f"tinyllm serve: {model_name} on {url}  (OpenAI API at {url}/v1; {e.n_slots} slots, max_len "
-              f"{e.max_len}, {e.slots.n_blocks} KV blocks of {e.slots.block_size} "
-              f"({kv_cache_dtype_name(e.device, e.kv_cache_dtype)}), prefix cache "
-              f"{'on' if e.prefix_cache else 'off'}; Ctrl+C stops)", flush=True)
+        print(
+            f"tinyllm serve: {model_name} on {url}  (OpenAI API at {url}/v1; {e.n_slots} slots, max_len "
+            f"{e.max_len}, {e.slots.n_blocks} KV blocks of {e.slots.block_size} "
+            f"({kv_cache_dtype_name(e.device, e.kv_cache_dtype)}), prefix cache "
+            f"{'on' if e.prefix_cache else 'off'}; Ctrl+C stops)",
+            flush=True,
+        )
 
     server = make_server(app, ready)
     try:
         server.run(sockets=[sock])
-        if server.interrupted:               # uvicorn re-raises the Ctrl+C it caught once it has shut down;
-            raise KeyboardInterrupt          # a CI run once saw that not come back as one (exit 0): say it here
-    except KeyboardInterrupt:                # uvicorn shut down cleanly, then re-raised the Ctrl+C it caught
+        if server.interrupted:  # uvicorn re-raises the Ctrl+C it caught once it has shut down;
+            raise KeyboardInterrupt  # a CI run once saw that not come back as one (exit 0): say it here
+    except KeyboardInterrupt:  # uvicorn shut down cleanly, then re-raised the Ctrl+C it caught
         # "\r": over the terminal's "^C" echo, so the line reads clean; the caller exits 130
         print(("\r" if sys.stdout.isatty() else "") + "tinyllm serve: stopped (Ctrl+C)", flush=True)
         raise
@@ -163,12 +192,12 @@ class ServerThread:
     def _run(self) -> None:
         try:
             self.server.run(sockets=[self._sock])
-        except BaseException as e:                       # noqa: BLE001 - reported by start()
+        except BaseException as e:  # noqa: BLE001 - reported by start()
             self._error = e
         finally:
             self._ready.set()
 
-    def start(self, timeout: float = 30.0) -> "ServerThread":
+    def start(self, timeout: float = 30.0) -> ServerThread:
         self._thread.start()
         if not self._ready.wait(timeout) or self._error is not None or not self.server.started:
             self.stop()
@@ -183,9 +212,8 @@ class ServerThread:
         self.engine_loop.stop()
         self._sock.close()
 
-    def __enter__(self) -> "ServerThread":
+    def __enter__(self) -> ServerThread:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
-

@@ -24,23 +24,23 @@ import asyncio
 import json
 import threading
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from tinyllm.observe.recording import SnapshotEncoder, encode_event, make_header
+from tinyllm.observe.snapshot import ENDED_STATES, EngineSnapshot, LifecycleEvent
 from tinyllm.request import is_int
 from tinyllm.serve.engine_loop import EngineLoop
 from tinyllm.serve.protocol import ApiError, brief, load_json
 from tinyllm.stops import StopText
-from tinyllm.observe.snapshot import EngineSnapshot, LifecycleEvent
-from tinyllm.observe.snapshot import ENDED_STATES
 
-HEARTBEAT_S = 5.0             # an idle stream still sends a line this often (proxies, dead peers)
-MAX_EVENTS = 100_000          # lifecycle history kept for viewers that join late
-PRUNE_EVERY = 256             # hook calls between two clean-ups of forgotten requests' texts
-MAX_PENDING = 50_000          # events waiting for one viewer: beyond that it is too slow, and dropped
+HEARTBEAT_S = 5.0  # an idle stream still sends a line this often (proxies, dead peers)
+MAX_EVENTS = 100_000  # lifecycle history kept for viewers that join late
+PRUNE_EVERY = 256  # hook calls between two clean-ups of forgotten requests' texts
+MAX_PENDING = 50_000  # events waiting for one viewer: beyond that it is too slow, and dropped
 
 
 class _Viewer:
@@ -53,18 +53,23 @@ class _Viewer:
         self.events: list[LifecycleEvent] = []
         self.text: dict[int, str] = {}
         self.prompt: dict[int, str] = {}
-        self.dropped = False                            # too slow: cut off
-        self.closing = False                            # the server stops: send what is pending, then end
-        self.waits: dict[str, int] = {}                 # the wait counts last sent
+        self.dropped = False  # too slow: cut off
+        self.closing = False  # the server stops: send what is pending, then end
+        self.waits: dict[str, int] = {}  # the wait counts last sent
 
 
 class StateFeed:
     """The step hook that feeds every viewer (see the module docstring)."""
 
-    def __init__(self, tokenizer: Any, model_name: str, settings: dict[str, Any],
-                 stop_strings: Callable[[int], tuple[tuple[str, ...], int]] = lambda rid: ((), 0)):
+    def __init__(
+        self,
+        tokenizer: Any,
+        model_name: str,
+        settings: dict[str, Any],
+        stop_strings: Callable[[int], tuple[tuple[str, ...], int]] = lambda rid: ((), 0),
+    ):
         self.tok, self.model_name, self.settings = tokenizer, model_name, settings
-        self.stop_strings = stop_strings                # rid → (stop strings, min_tokens): its client's text
+        self.stop_strings = stop_strings  # rid → (stop strings, min_tokens): its client's text
         self._lock = threading.Lock()
         self._viewers: list[_Viewer] = []
         self._events: deque[LifecycleEvent] = deque(maxlen=MAX_EVENTS)
@@ -83,7 +88,7 @@ class StateFeed:
                 prompt = list(snap.request(ev.rid).prompt)
                 new_prompts[ev.rid] = self._prompts[ev.rid] = self.tok.decode(prompt, skip_special_tokens=True)
                 self._texts[ev.rid] = ""
-                stops, min_tokens = self.stop_strings(ev.rid)   # the text its client gets: cut at a stop
+                stops, min_tokens = self.stop_strings(ev.rid)  # the text its client gets: cut at a stop
                 self._streams[ev.rid] = StopText(self.tok.stream(skip_special_tokens=True), stops, min_tokens)
         text: dict[int, str] = {}
 
@@ -91,15 +96,16 @@ class StateFeed:
             if piece:
                 text[rid] = text.get(rid, "") + piece
                 self._texts[rid] += piece
+
         for ev in token_events:
             stream = self._streams.get(ev.rid)
             if stream is not None:
                 add(ev.rid, stream.step(ev.token))
-        for ev in lifecycle:                              # after its last token's text
+        for ev in lifecycle:  # after its last token's text
             if ev.kind in ENDED_STATES and (stream := self._streams.pop(ev.rid, None)):
-                add(ev.rid, stream.flush())               # the tail held back in case a stop began there
+                add(ev.rid, stream.flush())  # the tail held back in case a stop began there
         self._calls += 1
-        if self._calls % PRUNE_EVERY == 0:                # texts of requests the engine forgot
+        if self._calls % PRUNE_EVERY == 0:  # texts of requests the engine forgot
             live = {v.rid for v in engine.snapshot().requests}
             for d in (self._texts, self._prompts, self._streams):
                 for rid in [r for r in d if r not in live]:
@@ -120,7 +126,7 @@ class StateFeed:
                     v.dropped = True
             try:
                 v.loop.call_soon_threadsafe(v.wake.set)
-            except RuntimeError:                            # its event loop is gone
+            except RuntimeError:  # its event loop is gone
                 self.unsubscribe(v)
 
     def subscribe(self, engine: Any, loop: asyncio.AbstractEventLoop) -> tuple[_Viewer, dict]:
@@ -180,7 +186,7 @@ async def _records(feed: StateFeed, engine_loop: EngineLoop, request: Request):
             delta = encoder.encode(snap)
             if delta:
                 rec["snap"] = delta
-                waits = snap.wait_counts()                # why requests wait, counted (WAIT_REASONS)
+                waits = snap.wait_counts()  # why requests wait, counted (WAIT_REASONS)
                 if waits != viewer.waits:
                     rec["x"] = {"waits": waits}
                     viewer.waits = waits
@@ -190,12 +196,12 @@ async def _records(feed: StateFeed, engine_loop: EngineLoop, request: Request):
                 rec["prompt"] = prompt
             if text:
                 rec["text"] = text
-            yield _line(rec)                               # (a heartbeat when nothing changed)
+            yield _line(rec)  # (a heartbeat when nothing changed)
             if closing:
                 return
             try:
                 await asyncio.wait_for(viewer.wake.wait(), HEARTBEAT_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             if await request.is_disconnected():
                 return
@@ -203,11 +209,16 @@ async def _records(feed: StateFeed, engine_loop: EngineLoop, request: Request):
         feed.unsubscribe(viewer)
 
 
-MAX_ABORT_RIDS = 10_000          # POST /v1/tinyllm/abort {"rids": [...]}: at most this many at once
+MAX_ABORT_RIDS = 10_000  # POST /v1/tinyllm/abort {"rids": [...]}: at most this many at once
 
 
-def add_stream_route(app: Any, engine_loop: EngineLoop, tokenizer: Any = None, model_name: str = "model",
-                     settings: dict[str, Any] | None = None) -> StateFeed:
+def add_stream_route(
+    app: Any,
+    engine_loop: EngineLoop,
+    tokenizer: Any = None,
+    model_name: str = "model",
+    settings: dict[str, Any] | None = None,
+) -> StateFeed:
     """Register ``GET /v1/tinyllm/stream`` and ``POST /v1/tinyllm/abort`` on ``app`` (a FastAPI
     app) and the feed's step hook on ``engine_loop`` (before it starts)."""
     feed = StateFeed(tokenizer, model_name, settings or {}, engine_loop.stop_strings)
@@ -215,18 +226,23 @@ def add_stream_route(app: Any, engine_loop: EngineLoop, tokenizer: Any = None, m
 
     @app.get("/v1/tinyllm/stream")
     async def stream(request: Request) -> StreamingResponse:
-        return StreamingResponse(_records(feed, engine_loop, request), media_type="application/x-ndjson",
-                                 headers={"cache-control": "no-cache"})
+        return StreamingResponse(
+            _records(feed, engine_loop, request),
+            media_type="application/x-ndjson",
+            headers={"cache-control": "no-cache"},
+        )
 
     @app.post("/v1/tinyllm/abort")
     async def abort(request: Request) -> JSONResponse:
         body = load_json(await request.body())
-        if isinstance(body, dict) and "rids" in body:     # several, in one engine call: the same step
+        if isinstance(body, dict) and "rids" in body:  # several, in one engine call: the same step
             rids = body["rids"]
-            if (not isinstance(rids, list) or not rids or len(rids) > MAX_ABORT_RIDS
-                    or not all(is_int(r) for r in rids)):
-                raise ApiError(f'"rids" must be a list of 1..{MAX_ABORT_RIDS} request ids (integers), got '
-                               f'{brief(rids)}', "rids", "invalid_type")
+            if not isinstance(rids, list) or not rids or len(rids) > MAX_ABORT_RIDS or not all(is_int(r) for r in rids):
+                raise ApiError(
+                    f'"rids" must be a list of 1..{MAX_ABORT_RIDS} request ids (integers), got {brief(rids)}',
+                    "rids",
+                    "invalid_type",
+                )
             done = await engine_loop.call_async(lambda eng: [engine_loop.abort_rid(r) for r in rids])
             return JSONResponse({"rids": rids, "aborted": done})
         rid = body.get("rid") if isinstance(body, dict) else None

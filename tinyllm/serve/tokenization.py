@@ -26,7 +26,7 @@ from tinyllm.serve.protocol import ApiError, _bool, _text, _type_name, brief, ch
 
 @dataclass(frozen=True)
 class TokenizeParams:
-    prompt: str | None                              # exactly one of prompt / messages
+    prompt: str | None  # exactly one of prompt / messages
     messages: tuple[dict[str, str], ...] | None
     add_special_tokens: bool
     add_generation_prompt: bool
@@ -43,8 +43,11 @@ def parse_tokenize(body: Any, served_model: str) -> TokenizeParams:
     parse_model(body, served_model)
     has_prompt, has_messages = body.get("prompt") is not None, body.get("messages") is not None
     if has_prompt == has_messages:
-        raise ApiError("give exactly one of prompt (text) or messages (a chat)", "prompt" if has_prompt else
-                       "messages", "invalid_value" if has_prompt else "missing_required_parameter")
+        raise ApiError(
+            "give exactly one of prompt (text) or messages (a chat)",
+            "prompt" if has_prompt else "messages",
+            "invalid_value" if has_prompt else "missing_required_parameter",
+        )
     strs = _flag(body, "return_token_strs", False)
     if has_prompt:
         p = body["prompt"]
@@ -52,10 +55,18 @@ def parse_tokenize(body: Any, served_model: str) -> TokenizeParams:
             raise ApiError(f"prompt must be a string, got {_type_name(p)}", "prompt", "invalid_type")
         return TokenizeParams(_text(p, "prompt"), None, _flag(body, "add_special_tokens", True), False, strs)
     if _flag(body, "continue_final_message", False):
-        raise ApiError("continue_final_message is not supported: the template renders whole messages",
-                       "continue_final_message", "unsupported_parameter")
-    return TokenizeParams(None, parse_messages(body["messages"]), _flag(body, "add_special_tokens", False),
-                          _flag(body, "add_generation_prompt", True), strs)
+        raise ApiError(
+            "continue_final_message is not supported: the template renders whole messages",
+            "continue_final_message",
+            "unsupported_parameter",
+        )
+    return TokenizeParams(
+        None,
+        parse_messages(body["messages"]),
+        _flag(body, "add_special_tokens", False),
+        _flag(body, "add_generation_prompt", True),
+        strs,
+    )
 
 
 def parse_detokenize(body: Any, served_model: str, vocab_size: int) -> list[int]:
@@ -96,15 +107,20 @@ def max_token_bytes(tokenizer) -> int | None:
     try:
         cfg = json.loads(hf.to_str())
         vocab = hf.get_vocab(with_added_tokens=True)
-    except Exception:                                     # noqa: BLE001 - a tokenizer that cannot say: no bound
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot say: no bound
         return None
     model, pre = cfg.get("model") or {}, _steps(cfg.get("pre_tokenizer"))
     byte_level = any(s.get("type") == "ByteLevel" for s in pre) and set(ByteLevel.alphabet()) <= vocab.keys()
-    each_char_a_token = model.get("byte_fallback") or byte_level or (
-        model.get("unk_token") is not None and not model.get("fuse_unk"))
-    if (model.get("type") != "BPE" or not each_char_a_token or cfg.get("truncation") is not None
-            or any(t.get("lstrip") or t.get("rstrip") for t in cfg.get("added_tokens") or [])
-            or not all(_keeps_text(s) for s in _steps(cfg.get("normalizer")) + pre)):
+    each_char_a_token = (
+        model.get("byte_fallback") or byte_level or (model.get("unk_token") is not None and not model.get("fuse_unk"))
+    )
+    if (
+        model.get("type") != "BPE"
+        or not each_char_a_token
+        or cfg.get("truncation") is not None
+        or any(t.get("lstrip") or t.get("rstrip") for t in cfg.get("added_tokens") or [])
+        or not all(_keeps_text(s) for s in _steps(cfg.get("normalizer")) + pre)
+    ):
         return None
     return max(4, max(len(s.encode("utf-8")) for s in vocab))
 
@@ -120,7 +136,7 @@ def _steps(step: dict | None) -> list[dict]:
 
 def _keeps_text(step: dict) -> bool:
     """A normalizer or pre-tokenizer step that never drops or shrinks text."""
-    if step.get("type") == "Replace":                     # e.g. Llama 2's " " -> "\u2581": grows, fine
+    if step.get("type") == "Replace":  # e.g. Llama 2's " " -> "\u2581": grows, fine
         pattern = step.get("pattern") or {}
         return "String" in pattern and len(step.get("content", "").encode()) >= len(pattern["String"].encode())
     return step.get("type") in _KEEPS_TEXT and step.get("behavior") != "Removed"
