@@ -38,7 +38,8 @@ def make_app(kv: str = "slots", slots: int = 3, max_len: int = 128, kv_blocks: i
              new: int = 12, budget: int | None = None, **kw) -> TinyLLMApp:
     """budget: run the token-budget scheduler (chunked prefill) with that many tokens per step."""
     model, tok = bundled()
-    eng = ContinuousEngine(model, slots, max_len, kv=kv, block_size=8, kv_blocks=kv_blocks,
+    blocks = dict(block_size=8, kv_blocks=kv_blocks) if kv == "paged" else {}     # (a block pool's: paged only)
+    eng = ContinuousEngine(model, slots, max_len, kv=kv, **blocks,
                            generator=torch.Generator().manual_seed(0), chunked_prefill=budget is not None,
                            max_batched_tokens=budget)
     app = TinyLLMApp(EngineRunner(eng, tok, paused=True), tok, model_name="test",

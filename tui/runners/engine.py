@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from tinyllm.config import EngineConfig
 from tinyllm.model.config import default_kv_blocks
 from tinyllm.model.tokenizer import Tokenizer
 from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, SlotView
@@ -295,6 +296,17 @@ class EngineSpec:
     max_num_seqs: int | None = None    # with a budget: the cap on running requests (None: the engine's default)
     kv_cache_dtype: str = "auto"       # --kv-cache-dtype: the KV cache's element type (ContinuousEngine)
 
+    def config(self) -> EngineConfig:
+        """The engine's settings (a block pool's only for kv="paged"; with a KV budget the budget
+        sizes the cache and ``max_num_seqs`` caps the sequences, ``slots`` unused)."""
+        paged = dict(block_size=self.block_size, kv_blocks=self.kv_blocks) if self.kv == "paged" else {}
+        chunked = dict(max_batched_tokens=self.max_batched_tokens) if self.chunked_prefill else {}
+        cap = self.max_num_seqs if self.kv_memory_mib else self.slots
+        return EngineConfig(kv=self.kv, max_num_seqs=cap, max_len=self.max_len, kv_memory_mib=self.kv_memory_mib,
+                            chunked_prefill=self.chunked_prefill, prefix_cache=self.prefix_cache,
+                            scheduling_policy=self.scheduling_policy, kv_cache_dtype=self.kv_cache_dtype,
+                            device=self.device, threads=self.threads, seed=self.seed, **paged, **chunked)
+
     def build(self):
         """Load the checkpoint and build the engine: (ContinuousEngine, Tokenizer). Raises
         CheckpointError or ValueError with a message meant for the user."""
@@ -307,12 +319,7 @@ class EngineSpec:
             torch.set_num_threads(self.threads)
         device = resolve_device(self.device)
         model, tok = load_checkpoint(self.model_dir, device=device)
-        engine = ContinuousEngine(model, None if self.kv_memory_mib else self.slots, self.max_len, kv=self.kv,
-                                  block_size=self.block_size, kv_memory_mib=self.kv_memory_mib,
-                                  max_num_seqs=self.max_num_seqs,
-                                  kv_blocks=self.kv_blocks, chunked_prefill=self.chunked_prefill,
-                                  max_batched_tokens=self.max_batched_tokens, prefix_cache=self.prefix_cache,
-                                  scheduling_policy=self.scheduling_policy, kv_cache_dtype=self.kv_cache_dtype,
+        engine = ContinuousEngine(model, config=self.config(),
                                   generator=torch.Generator(device=device).manual_seed(self.seed))
         return engine, tok
 
