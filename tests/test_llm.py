@@ -168,3 +168,21 @@ def test_the_flat_exports():
         assert getattr(tinyllm, name) is not None and name in dir(tinyllm)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         _ = tinyllm.nope
+
+
+def test_request_and_generate_take_numpy_ids_and_refuse_what_the_user_set():
+    """NumPy ids were refused (`got np.int64(1691)`); Request(prompt, -1) blamed min_tokens, which
+    the user never set; generate(model, prompt, 0) returned [] silently."""
+    from tests.helpers import random_model
+
+    model = random_model()
+    ids = np.array([5, 6, 7])
+    assert Request(ids, 4).prompt == [5, 6, 7] and Request([np.int64(5)], 2).prompt == [5]
+    assert generate(model, ids, 4) == generate(model, [5, 6, 7], 4) == generate(model, torch.tensor([5, 6, 7]), 4)
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 1, got -1"):
+        Request([5], -1)
+    for n in (0, -1):
+        with pytest.raises(ValueError, match=f"max_new_tokens must be an integer >= 1, got {n}"):
+            generate(model, [5, 6], n)
+    with pytest.raises(ValueError, match="prompt token ids must be integers >= 0"):
+        generate(model, [5, -6], 3)

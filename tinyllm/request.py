@@ -8,7 +8,18 @@ milliseconds. ``tinyllm.engine`` re-exports every name here.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field, replace
+
+
+def token_ids(prompt):
+    """A NumPy or torch integer array, or a list of NumPy integers, as a plain list of ints (what
+    a caller holding model inputs has); anything else unchanged, for the checks to name."""
+    if hasattr(prompt, "tolist") and not isinstance(prompt, (list, tuple, str)):
+        prompt = prompt.tolist()
+    if isinstance(prompt, (list, tuple)) and any(not is_int(t) and isinstance(t, numbers.Integral) for t in prompt):
+        prompt = [int(t) if isinstance(t, numbers.Integral) and not isinstance(t, bool) else t for t in prompt]
+    return prompt
 
 
 def is_int(x) -> bool:
@@ -209,9 +220,9 @@ class Request:
     logprobs: int | None = None  # record each token's logprob and this many top alternatives
 
     def __post_init__(self):
+        self.prompt = token_ids(self.prompt)
         check_priority(self.priority)
         check_tenant(self.tenant)
-        check_token_stops(self.stop_token_ids, self.min_tokens, self.max_new_tokens, self.logprobs)
         if not isinstance(self.prompt, (list, tuple)) or not self.prompt:
             raise ValueError(f"prompt must be a non-empty list of token ids, got {_short(self.prompt)}")
         bad = next((t for t in self.prompt if not (is_int(t) and t >= 0)), None)
@@ -219,6 +230,7 @@ class Request:
             raise ValueError(f"prompt token ids must be integers >= 0, got {bad!r}")
         if not is_int(self.max_new_tokens) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        check_token_stops(self.stop_token_ids, self.min_tokens, self.max_new_tokens, self.logprobs)
         if self.eos_id is not None and (not is_int(self.eos_id) or self.eos_id < 0):
             raise ValueError(f"eos_id must be an integer >= 0 or None, got {self.eos_id!r}")
         if self.sampling is not None and not isinstance(self.sampling, Sampling):

@@ -15,7 +15,7 @@ from tinyllm.engine.sampler import sample_next
 from tinyllm.kv.dense import KVCache
 from tinyllm.model.device import autocast
 from tinyllm.model.transformer import Transformer
-from tinyllm.request import check_fits
+from tinyllm.request import Request, check_fits
 
 
 def generate(
@@ -52,8 +52,7 @@ def generate_stream(
     """Like ``generate`` but yields each token as soon as it is chosen."""
     device = next(model.parameters()).device
     kv_dtype = kv_cache_dtype_of(device, kv_cache_dtype)
-    if not prompt:
-        raise ValueError("prompt must hold at least one token")
+    prompt = list(Request(prompt, max_new_tokens, eos_id).prompt)  # refused as a Request would be
     check_fits(len(prompt), max_new_tokens, model.cfg.max_seq_len, "the model's max_seq_len")
     total = len(prompt) + max_new_tokens
     model.eval()
