@@ -225,16 +225,21 @@ async def test_focus_survives_the_timeline_toggle():
         check_panels(app)
 
 
-async def test_letter_keys_work_at_start_and_the_prompt_is_one_key_away():
-    """Focus starts on the list (as in htop): t toggles the timeline at once; i goes to the
-    prompt, where letters are text; Esc comes back."""
+async def test_typing_starts_in_the_prompt_and_the_letter_keys_are_one_key_away():
+    """Focus starts in the prompt editor (issue 44: typing `hello` first thing opened a dialog at
+    o), where letters are text; Esc goes to the list, where t toggles the timeline at once; i
+    goes back to the prompt."""
     app = paged_app()
     async with app.run_test(size=(120, 40)) as pilot:
-        assert app.focused is app.query_one(RequestList)
-        await pilot.press("t")
-        assert app.query_one(TimelinePanel).display
-        await pilot.press("t", "i", "t", "q")
+        assert app.focused is app.query_one("#prompt")
+        await pilot.press("t", "q")
         assert app.query_one("#prompt").value == "tq" and app.is_running
+        await pilot.press("escape", "t")
+        assert app.query_one(TimelinePanel).display and app.focused is app.query_one(TimelinePanel)
+        await pilot.press("t")
+        assert app.focused is app.query_one(RequestList)
+        await pilot.press("i", "t", "q")
+        assert app.query_one("#prompt").value == "tqtq" and app.is_running
         await pilot.press("escape")
         assert app.focused is app.query_one(RequestList)
 

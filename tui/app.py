@@ -12,12 +12,13 @@ import time
 from pathlib import Path
 
 from rich.text import Text
+from textual import events
 from textual.app import App, ComposeResult, SystemCommand
 from textual.screen import ModalScreen
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
-from textual.widgets import Footer, Input, Sparkline, Static
+from textual.widgets import Footer, Sparkline, Static
 from textual.worker import get_current_worker
 
 from tinyllm.request import Sampling
@@ -40,6 +41,7 @@ from tui.widgets.event_log import EventLog
 from tui.widgets.text_line import TextLine
 from tui.widgets.server_panel import ServerPanel
 from tui.widgets.prefix_cache_map import PrefixCacheMap
+from tui.widgets.prompt_editor import PromptEditor
 from tui.widgets.timeline import TimelinePanel
 
 DEFAULT_THREADS = 1         # torch threads in the engine process: robust beside a busy core (README)
@@ -48,11 +50,25 @@ FLAT_OUT_S = 0.125          # running flat out (step delay < 50 ms), a frame at 
                             # frame each time held key presses back (p95 45-75 ms at 11-14 frames/s)
 
 
+EDITOR_KEYS = (                              # the help's rows for the prompt editor (tui/widgets/prompt_editor.py)
+    ("enter (in the prompt)", "send the prompt: exactly the text in the editor"),
+    ("ctrl+j (in the prompt)", "a new line in the prompt (also shift+enter / alt+enter where the terminal "
+                               "reports them); a paste keeps every line"),
+    ("↑ / ↓ (in the prompt)", "earlier prompts sent, when the editor is empty (as in a shell)"),
+    ("letters (in the prompt)", "are text, never commands: esc first, then the keys above"),
+)
+
+
 class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
     CSS_PATH = "app.tcss"
     TITLE = "tinyllm-tui"
     # One source of truth for keys: the footer and the help screen both read this list.
     BINDINGS = [
+        # Into and out of the prompt editor: priority, so that the keys after them (a burst: a
+        # fast typist, a paste without brackets) go where the focus now is; each is off where it
+        # does not apply (i is text in the editor, Esc closes a dialog).
+        Binding("i,slash,enter", "focus_input", "Type a prompt", priority=True),
+        Binding("escape", "leave_input", "Leave the prompt", priority=True),
         Binding("f1", "help", "Help", priority=True),
         Binding("question_mark", "help", "Help", show=False),
         Binding("f2", "settings", "Settings", priority=True),
@@ -83,8 +99,6 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         Binding("greater_than_sign", "replay_end", "Replay: go to the end", show=False),
         Binding("right_square_bracket", "next_event", "Replay: the selected request's next event", show=False),
         Binding("left_square_bracket", "prev_event", "Replay: its previous event", show=False),
-        Binding("i,slash,enter", "focus_input", "Type a prompt", show=False),
-        Binding("escape", "leave_input", "Leave the input", show=False),
         Binding("q", "quit", "Quit", show=False),
         Binding("ctrl+c,ctrl+q", "quit", "Quit", priority=True),
     ]
@@ -139,8 +153,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         else:
             with Horizontal(id="entry"):
                 yield Static(id="next-settings", markup=False)   # left of the prompt: toasts cover the right
-                yield Input(placeholder="i / Enter: type a prompt, Enter sends it, Esc leaves (F2: its settings)",
-                            id="prompt")
+                yield PromptEditor(self.submit_prompt, id="prompt")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -175,9 +188,12 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
                 self.notify(warning, title="recording", severity="warning", timeout=10)
         else:
             self._show_settings()
-            # Focus starts on the list, as in htop or k9s: q, ?, t and space do what they say at
-            # once; i, / or Enter go to the prompt, Esc comes back.
-            self.query_one("#requests").focus()
+            # Focus starts in the prompt editor, so that a newcomer who types a prompt first thing
+            # gets a prompt (letters there are text, never commands); with a workload loaded at
+            # start (--prompts) on the list, to watch it: letters are keys there (q, space, t).
+            # Esc leaves the editor, i / Enter come back; the footer says which has the keys.
+            self.screen.set_focus(self.query_one("#requests") if self.prompts_file is not None
+                                  else self.query_one("#prompt"))
         self.run_worker(self._engine_loop, thread=True, name="engine", exit_on_error=False)
         self._tick()
         if self.prompts_file is not None:
@@ -235,9 +251,9 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         it there)."""
         refused = getattr(self.runner, "take_refused", None)
         for text in refused() if refused is not None else ():
-            box = self.query_one("#prompt", Input)
-            if not box.value:
-                box.value = text
+            box = self.query_one("#prompt", PromptEditor)
+            if not box.text:
+                box.set_text(text)
 
     def _cache_titles(self, snap) -> None:
         """The slot grid's and block map's sizes, from the snapshot shown: the first frame may be
@@ -377,6 +393,10 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         """A replay changes nothing (no abort, no prompts, no settings); only a replay moves back
         in time; a server paces itself (no pause, step or speed from a viewer). Keys that do not
         apply are off, and hidden from the footer."""
+        if action in ("focus_input", "leave_input"):      # Esc leaves the editor, i goes to it: either is
+            editing = isinstance(self.focused, PromptEditor)   # the other's key (text, a dialog's Esc)
+            if editing != (action == "leave_input"):
+                return False
         if action in self._own_actions():                 # (not Textual's: Tab's focus_next moves in a dialog)
             if any(getattr(screen, "owns_keys", False) for screen in self.screen_stack) and action != "quit":
                 return False                              # the race (and its help) has keys of its own
@@ -384,6 +404,19 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
                     and action not in ("quit", "help")):
                 return False                              # a dialog is open: its keys, not ours
         return self._applies(action)
+
+    async def on_event(self, event) -> None:
+        """A key on the main screen, outside the prompt editor, acts as it arrives, in order.
+        (Textual hands a key to the focused widget and runs the app's bindings for it once it
+        has bubbled back, from wherever the focus is by then: in a burst, Esc t i h i lost its
+        t, as i had moved the focus into the editor, where letters are text.)"""
+        if (isinstance(event, events.Key) and not event.is_forwarded and len(self.screen_stack) == 1
+                and not isinstance(self.focused, PromptEditor)):
+            active = self.screen.active_bindings.get(event.key)
+            if active is not None and active.enabled and await self.run_action(active.binding.action,
+                                                                                active.node):
+                return
+        await super().on_event(event)
 
     @classmethod
     def _own_actions(cls) -> frozenset[str]:
@@ -425,7 +458,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         timeline.display, requests.display = not timeline.display, timeline.display
         shown = timeline if timeline.display else requests
         if was is None or was is requests or was is timeline:     # the keys follow the panel (↑/↓ select)
-            shown.focus()
+            self._focus(shown)
         self._show_timeline(self._details_frame or self.runner.frame)
 
     def _zoom(self, out: bool) -> None:
@@ -444,16 +477,21 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
 
 
     def action_focus_input(self) -> None:
-        self.query_one("#prompt", Input).focus()
+        self._focus(self.query_one("#prompt", PromptEditor))
 
     def action_leave_input(self) -> None:
-        if isinstance(self.focused, Input) and self.focused.id == "prompt":
+        if isinstance(self.focused, PromptEditor):
             self._focus_requests()
 
     def _focus_requests(self) -> None:
         """Focus whichever of the request list and the timeline is on screen (both select)."""
         timeline = self.query_one("#timeline", TimelinePanel)
-        (timeline if timeline.display else self.query_one("#requests", RequestList)).focus()
+        self._focus(timeline if timeline.display else self.query_one("#requests", RequestList))
+
+    def _focus(self, widget) -> None:
+        """Focus ``widget`` now: the next key (already on its way) goes to it. (Widget.focus()
+        moves it only once the keys already queued have been handed on, to the old one.)"""
+        widget.screen.set_focus(widget)
 
     def action_help(self) -> None:
         """F1 opens the help, and closes it again (the app's F1 binding has priority over the
@@ -464,8 +502,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
             self._close_help()
             keys = [b for b in self.BINDINGS if self._applies(b.action)]
             move = ("↑ / ↓ · PgUp / PgDn · Home / End", "select a request (Requests list or timeline)")
-            self.push_screen(HelpScreen(keys, extra=(move,) if self.replay else
-                                        (move, ("enter", "submit the prompt in the input"))))
+            self.push_screen(HelpScreen(keys, extra=(move,) if self.replay else (move,) + EDITOR_KEYS))
 
     def _close_help(self) -> None:
         """A dialog opened from the help screen replaces it instead of stacking on it."""

@@ -21,6 +21,10 @@ from tinyllm.workload import WorkItem, WorkloadError, bundled_workloads, load_wo
 
 
 HOW_TO_READ = """\
+Keys: the app starts in the prompt editor (the line at the bottom), where every letter is text:
+  Enter sends exactly what is there, Ctrl+J starts a new line, ↑ in an empty editor brings back
+  the prompts sent before. Esc leaves it for the Requests list, where the letter keys below act
+  (q, space, t, x...); i, / or Enter come back. The footer shows the keys of wherever you are.
 Slots: one cell per KV slot: slot number, the request holding it (#id, one colour per request),
   a bar of how full its context is, and its context length in tokens. '+' = admitted this step;
   '✓ done', '⇣ preempt', '✗ aborted' = freed this step. 'free' = nobody holds it.
@@ -89,7 +93,7 @@ class HelpScreen(ModalScreen[None]):
 
 
 def pretty_keys(keys: str) -> str:
-    names = {"question_mark": "?", "space": "space", "plus": "+", "minus": "-", "full_stop": ".",
+    names = {"question_mark": "?", "space": "space", "slash": "/", "escape": "esc", "plus": "+", "minus": "-", "full_stop": ".",
              "equals_sign": "=", "comma": ",", "left_square_bracket": "[", "right_square_bracket": "]",
              "less_than_sign": "<", "greater_than_sign": ">"}
     return " / ".join(names.get(k, k) for k in keys.split(","))

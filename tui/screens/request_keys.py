@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.text import Text
-from textual.widgets import Input, Static
+from textual.widgets import Static
 
 from tinyllm.request import ContextTooLong, check_fits
 from tui.runners.interface import Abort, AbortAll, ClearPrefixCache, LoadWorkload, Submit
@@ -20,18 +20,17 @@ class RequestKeys:
     ``selected``, ``select``, ``notify``, ``push_screen``, ``_close_help``."""
     ACTIVE = ("queued", "running", "preempted")
 
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        if event.input.id != "prompt":
-            return
-        text = event.value
+    def submit_prompt(self, text: str) -> bool:
+        """Send ``text`` (the prompt editor's, as it was when Enter was pressed) as a request;
+        False, with the reason shown, when it is not sent (the editor then keeps it)."""
         if not text.strip():
             self.notify("Type some text first: the model continues it.", severity="warning")
-            return
+            return False
         if self.remote and self.runner.frame.status.startswith("disconnected"):   # kept in the input
             self.notify(f"the server at {self.runner.url} is not reachable; the app is reconnecting (the prompt "
                         "stays in the input: Enter sends it once the status says ATTACHED)",
                         title="not sent", severity="error", timeout=8)
-            return
+            return False
         ids = None
         if self.tokenizer is not None:                    # attached without one: the server checks
             ids = self.tokenizer.encode(text)
@@ -39,13 +38,13 @@ class RequestKeys:
                 check_fits(len(ids), self.settings.max_new_tokens, self.max_len, "the context")
             except ContextTooLong as e:
                 self.notify(f"{e} (F2: settings)", title="not sent", severity="error", timeout=8)
-                return
+                return False
         s = self.settings
         self.runner.send(Submit(text, s,
                                 None if self.remote or ids is None else tuple(ids)))
-        event.input.value = ""
         reqs = self.runner.frame.snapshot.requests
         self._follow_after = reqs[-1].rid if reqs else -1    # the app selects it when it arrives
+        return True
 
     def _others(self, rids: list[int]) -> list[int]:
         """Of ``rids``, those another client of the attached server sent (none for a local

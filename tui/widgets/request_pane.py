@@ -87,7 +87,8 @@ def choices_text(choices: tuple[tuple[str, float], ...]) -> Text:
 
 
 NO_REQUEST = "No request selected."
-HINT = {True: "Pick one in the Requests list (↑/↓), or press i, type a prompt and press Enter.",
+HINT = {True: "Type a prompt in the editor at the bottom and press Enter (Ctrl+J: a new line), or pick a "
+              "request in the Requests list (Esc, then ↑/↓).",
         False: "Pick one in the Requests list (↑/↓)."}   # (a replay has no prompt to type)
 
 
