@@ -9,15 +9,15 @@ import threading
 import pytest
 import torch
 
-from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling
+from tinyllm.model.checkpoint import load_checkpoint
+from tinyllm.request import RequestSettings
 from tinyllm.workload import bundled_workloads
 from tui.app import TinyLLMApp
-from tui.runners.interface import SetDelay, SetPaused, StepOnce, Submit
-from tui.screens.race import RaceScreen
 from tui.runners.engine import EngineRunner
+from tui.runners.interface import SetDelay, SetPaused, StepOnce, Submit
 from tui.screens.modals import GotoStep, HelpScreen, PromptPicker, SettingsScreen
-from tinyllm.request import RequestSettings
+from tui.screens.race import RaceScreen
 from tui.widgets.block_map import BlockMap
 from tui.widgets.kv_panel import KVPanel
 from tui.widgets.request_list import RequestList, tail
@@ -532,7 +532,7 @@ async def test_quit_with_running_requests_exits_and_stops_the_thread():
         app.query_one("#requests").focus()
         await pilot.press("space")                                   # running flat out
         await until(pilot, lambda: app.runner.steps_done >= 3)
-        await pilot.press("q")
+        await pilot.press("q", "q")                                  # (requests running: asked once)
     engine_threads = [t for t in threading.enumerate() if "engine" in t.name.lower()]
     for t in engine_threads:
         t.join(timeout=1.0)
@@ -768,10 +768,13 @@ async def test_every_binding_acts_without_errors(paused):
 @pytest.mark.parametrize("paused", [True, False], ids=["paused", "running"])
 @pytest.mark.parametrize("key", [key for key, action in BOUND if action == "quit"])
 async def test_quit_keys_exit(key, paused):
-    """Quit keys end the app, so each gets its own (the bindings test above skips them)."""
+    """Quit keys end the app, so each gets its own (the bindings test above skips them). A
+    request is running: the first press asks, the second quits (tests/test_app_quit.py)."""
     app = make_app(new=100)
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot, paused)
+        await pilot.press(key)
+        assert app.is_running and type(app.screen).__name__ == "QuitConfirm"
         await pilot.press(key)
         assert app.return_code == 0, f"{key!r} did not quit"     # set by App.exit(), not by run_test
     assert app.runner._stop.is_set()
@@ -817,8 +820,8 @@ class LoadingRunner:
 
 async def test_the_screen_is_up_while_the_engine_loads():
     from tinyllm.model.checkpoint import default_model_dir
-    from tui.runners.interface import Submit
     from tui.runners.engine import EngineSpec
+    from tui.runners.interface import Submit
     spec = EngineSpec(str(default_model_dir()), None, 4, 128, kv="paged", block_size=8)
     runner = LoadingRunner(spec)
     app = TinyLLMApp(runner, bundled()[1], model_name="test", settings=RequestSettings(Sampling(), 12))
@@ -906,8 +909,8 @@ async def test_prefix_cache_is_visible_and_clearable():
 
 def test_a_loaded_workload_says_its_requests_and_the_sequences_their_samples_make():
     """F3 on a file with one line asking n=3 said `loaded n3.jsonl: 1 requests` and ran three."""
-    from tui.runners.interface import LoadWorkload
     from tinyllm.workload import WorkItem
+    from tui.runners.interface import LoadWorkload
     one = LoadWorkload("n3.jsonl", (WorkItem("ROMEO:", n=3),), ((1, 2),), RequestSettings(Sampling(), 8))
     assert one.loaded() == "loaded n3.jsonl: 1 request (3 sequences with their samples)"
     two = LoadWorkload("b.jsonl", (WorkItem("A"), WorkItem("B")), ((1,), (2,)), RequestSettings(Sampling(), 8))

@@ -9,20 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.test_app import BOUND, EFFECTS, Before, _watch, bundled, no_unexpected_errors, step, submit, until  # noqa: F401
 from tinyllm.engine import ContinuousEngine, Sampling
 from tinyllm.observe.recording import read_recording
+from tinyllm.request import RequestSettings
 from tui.app import TinyLLMApp
 from tui.cli import build_app
+from tui.runners.engine import EngineRunner
 from tui.runners.frames import FrameRecorder
 from tui.runners.interface import SeekStep, SetDelay, SetPaused
 from tui.runners.replay import ReplayRunner
-from tui.runners.engine import EngineRunner
 from tui.screens.modals import GotoStep, HelpScreen
-from tinyllm.request import RequestSettings
 from tui.widgets.timeline import TimelinePanel
-
-from tests.test_app import (BOUND, EFFECTS, Before, _watch, bundled, no_unexpected_errors, step,  # noqa: F401
-                            submit, until)
 
 RECORDING = Path(__file__).parent / "data" / "preemption-run.jsonl"     # scripts/make_test_recording.py
 
@@ -67,6 +65,8 @@ async def test_a_run_recorded_in_the_app_replays_frame_for_frame(tmp_path):
         await step(pilot, 60)
         seen[live.runner.frame.snapshot.counters.steps] = live.runner.frame
         await pilot.press("q")
+        if live.is_running:                                     # requests still running: it asked
+            await pilot.press("y")
     assert live.runner.returned.wait(5)
     assert any(r.preemptions for r in live.runner.frame.snapshot.requests), "the small pool should preempt"
 
@@ -306,6 +306,7 @@ def test_tokens_per_s_follows_a_burst_after_idle_time():
     over the idle time before it (it read 0 for a second while requests ran); slow steps, frames
     more than a second apart, keep their rate; a restarted server's clock starts it afresh too."""
     from types import SimpleNamespace
+
     from tui.runners.rate import TokenRate
 
     rate = TokenRate()
@@ -330,6 +331,7 @@ def test_the_scrubbers_marks_stay_put_wherever_the_replay_is():
     """The marks (P: preemptions, x: aborts) sit at the same cells at every step: the bar's
     width followed the step number's digits (step 0 against step 165), so they moved."""
     from types import SimpleNamespace
+
     from tui.widgets.status import scrubber
     runner = SimpleNamespace(last_step=734, event_steps=lambda kinds: {"preempted": [9, 170, 171, 400, 733],
                                                                         "aborted": [52]}[kinds[0]])

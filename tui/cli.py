@@ -411,10 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     app.run()
     if app.startup_error is not None:
         build_parser().error(option_names(app.startup_error))   # one line on stderr, exit 2
-    if getattr(app, "recording", None) is not None:
-        steps = app.runner.frame.snapshot.counters.steps
-        print(f"tinyllm-tui: recorded {steps} steps to {app.recording.resolve()} "
-              f"(tinyllm-tui --replay {app.recording}; tinyllm trace {app.recording})")
+    if getattr(app, "recording", None) is not None:       # (a recording cut short before its first step: removed)
+        print(app.recording_note())
     return app.return_code or 0
 
 

@@ -288,6 +288,22 @@ class Confirm(ModalScreen[object]):
         self.dismiss(None)
 
 
+class QuitConfirm(Confirm):
+    """Quit with requests running or a recording open: y, or the quit key again, quits (the
+    app's action_quit sees this dialog and confirms it); Esc or Enter stays."""
+
+    def __init__(self, lost: list[str]):
+        super().__init__("Quit?", "\n".join(f"• {why}" for why in lost)
+                         + "\n\nq or Ctrl+C again, or y, quits; Esc stays.", [("y", "Quit", True)])
+
+    def on_key(self, event) -> None:
+        """q quits too (Ctrl+C / Ctrl+Q: the app's own keys, with priority); y: Confirm's."""
+        if event.key == "q":
+            event.stop()
+            event.prevent_default()                       # (Textual calls Confirm.on_key next otherwise)
+            self.dismiss(True)
+
+
 @dataclass(frozen=True)
 class LoadedWorkload:
     path: Path

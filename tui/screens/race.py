@@ -200,7 +200,7 @@ class RaceScreen(LiveView, Screen):
         Binding("right_square_bracket", "request(1)", "Next request", show=False),
         Binding("left_square_bracket", "request(-1)", "Previous request", show=False),
         Binding("escape", "back", "Back to the app"),
-        Binding("q", "app.quit", "Quit"),
+        Binding("q,ctrl+c", "app.quit", "Quit"),      # Ctrl+C as in the main app (Textual's said "Press q to quit")
     ]
     DEFAULT_CSS = """
     RaceScreen { layout: vertical; }
@@ -405,6 +405,7 @@ class RaceScreen(LiveView, Screen):
 class RaceApp(App):
     """The race screen as the whole app (tinyllm-tui --race)."""
     TITLE = "tinyllm-tui race"
+    BINDINGS = [Binding("ctrl+c", "quit", "Quit", show=False, priority=True)]   # in every screen (its help too)
 
     def __init__(self, runner, *, workload: str, model_name: str):
         super().__init__()

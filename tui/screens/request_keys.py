@@ -11,7 +11,7 @@ from textual.widgets import Static
 
 from tinyllm.request import ContextTooLong, check_fits
 from tui.runners.interface import Abort, AbortAll, ClearPrefixCache, LoadWorkload, Submit
-from tui.screens.modals import Confirm, LoadedWorkload, PromptPicker, SettingsScreen, read_workload
+from tui.screens.modals import Confirm, LoadedWorkload, PromptPicker, QuitConfirm, SettingsScreen, read_workload
 from tinyllm.request import RequestSettings
 
 
@@ -129,8 +129,64 @@ class RequestKeys:
         self.notify(f"{loaded.path.name}: {len(loaded.items)} requests", title="workload loaded", timeout=3)
 
     async def action_quit(self) -> None:
+        """q, Ctrl+C, Ctrl+Q. With requests still to run or a recording being written, ask once:
+        the same key again, or y, quits; Esc stays. Nothing to lose: quit at once."""
+        if isinstance(self.screen, QuitConfirm):          # the second press
+            self.screen.dismiss(True)
+            return
+        lost = self._quit_loses()
+        if not lost:
+            self._quit_now()
+            return
+        self._close_help()
+
+        def done(yes) -> None:
+            if yes:
+                self._quit_now()
+        self.push_screen(QuitConfirm(lost), done)
+
+    def _quit_now(self) -> None:
         self.runner.stop()
         self.exit()
+
+    def _quit_loses(self) -> list[str]:
+        """What quitting now would end: requests not done, arrivals still to come, a recording."""
+        if self.replay:
+            return []
+        frame = self.runner.frame
+        active = sum(v.state in self.ACTIVE for v in frame.snapshot.requests)
+        out = []
+        if active:
+            whose = "this app's " if self.remote else ""
+            out.append(f"{active} of {whose}requests {'is' if active == 1 else 'are'} queued or running: "
+                       f"{'it stops' if active == 1 else 'they stop'} when the app quits")
+        if frame.pending_arrivals:
+            out.append(f"{frame.pending_arrivals} of the workload's requests {'has' if frame.pending_arrivals == 1 else 'have'} "
+                       "not arrived yet")
+        if self.recording is not None:
+            out.append(f"--record {self.recording} is being written: quitting closes it")
+        return out
+
+    def recording_note(self) -> str | None:
+        """After the app has exited, the line main() prints about --record's file. One cut short
+        before anything was recorded (quit while the engine loaded) is removed: there was nothing
+        to replay, and --record would refuse the name next time."""
+        if self.recording is None:
+            return None
+        from tinyllm.observe.recording import RecordingError, read_recording
+        path = self.recording
+        try:
+            records = [rec for _, rec in read_recording(path)[1]] if path.exists() else None
+        except RecordingError:
+            records = []                                  # the header itself cut short
+        if not any(rec["step"] or "prompt" in rec or "life" in rec for rec in records or ()):   # no step, no request
+            if records is not None:
+                path.unlink(missing_ok=True)
+            return (f"tinyllm-tui: nothing was recorded (the app quit before the engine's first step); "
+                    f"{'removed ' + str(path) if records is not None else str(path) + ' was not written'}")
+        steps = self.runner.frame.snapshot.counters.steps
+        return (f"tinyllm-tui: recorded {steps} steps to {path.resolve()} "
+                f"(tinyllm-tui --replay {path}; tinyllm trace {path})")
 
     def _show_settings(self) -> None:
         self.query_one("#next-settings", Static).update(Text(self.settings.describe(), style="dim"))
