@@ -17,7 +17,9 @@ from textual.widgets.option_list import Option
 from tinyllm.request import (MAX_LOGPROBS, PRIORITY_LIMIT, SEED_MAX, SEED_MIN, RequestSettings, Sampling,
                              check_tenant)
 from tinyllm.stops import format_stop_list, parse_stop_list
-from tinyllm.workload import WorkItem, WorkloadError, bundled_workloads, load_workload, tokenize_checked
+from tinyllm.workload import (WorkItem, WorkloadError, bundled_workloads, load_workload, resolve_workload,
+                              tokenize_checked)
+from tui.widgets.ordered_input import OrderedInput
 
 
 HOW_TO_READ = """\
@@ -127,7 +129,7 @@ class SettingsScreen(ModalScreen["RequestSettings | None"]):
                      f"integer in [1, {self.max_new_limit}]")):
                 with Horizontal(classes="field compact" if ident == "max_new" else "field"):   # 80x24: one row
                     yield Label(label, classes="field-label")
-                    yield Input(value, id=ident, classes="field-input")
+                    yield OrderedInput(value, id=ident, classes="field-input")
                     yield Label(hint, classes="field-hint")
             c = self.current
             seed = "" if s.seed is None else str(s.seed)
@@ -138,17 +140,17 @@ class SettingsScreen(ModalScreen["RequestSettings | None"]):
                 with Horizontal(classes="field compact"):
                     for ident, value in pair:
                         yield Label(ident.replace("_penalty", " pen."), classes="field-label")
-                        yield Input(value, id=ident, classes="field-input")
+                        yield OrderedInput(value, id=ident, classes="field-input")
             with Horizontal(classes="field compact"):
                 yield Label("stop  a|b \\n", classes="field-label")       # stop strings: | between, \n newline
-                yield Input(format_stop_list(c.stop), id="stop", classes="field-input stop-input")
+                yield OrderedInput(format_stop_list(c.stop), id="stop", classes="field-input stop-input")
                 yield Label("logprobs", classes="field-label")
-                yield Input("" if c.logprobs is None else str(c.logprobs), id="logprobs", classes="field-input")
+                yield OrderedInput("" if c.logprobs is None else str(c.logprobs), id="logprobs", classes="field-input")
             with Horizontal(classes="field compact"):
                 yield Label("priority", classes="field-label")
-                yield Input(str(c.priority), id="priority", classes="field-input")
+                yield OrderedInput(str(c.priority), id="priority", classes="field-input")
                 yield Label("tenant", classes="field-label")
-                yield Input(c.tenant, id="tenant", classes="field-input")
+                yield OrderedInput(c.tenant, id="tenant", classes="field-input")
             yield Checkbox("stop at end-of-text", self.current.stop_at_eos, id="stop_at_eos")
             if self.engine:
                 yield Static(Text(self.engine, style="dim"), id="settings-engine")
@@ -235,7 +237,7 @@ class GotoStep(ModalScreen["int | None"]):
     def compose(self) -> ComposeResult:
         with Vertical(id="settings-box"):
             yield Label(f"Go to step (0–{self.last}; now {self.current})", id="settings-title")
-            yield Input(str(self.current), id="goto-step", classes="field-input", select_on_focus=True)
+            yield OrderedInput(str(self.current), id="goto-step", classes="field-input", select_on_focus=True)
             yield Static("", id="settings-error")
 
     def on_mount(self) -> None:
@@ -319,9 +321,13 @@ def read_workload(path: Path, encode, max_len: int, default_new: int) -> LoadedW
 
 
 class PromptPicker(ModalScreen["LoadedWorkload | None"]):
-    """Pick a bundled workload (shipped inside the package) or type any path; a bad file is
-    refused whole, with its line."""
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    """Type a path (or a bundled workload's name) and press Enter, or pick a bundled workload
+    (shipped inside the package) below; a bad file is refused whole, with its line. Focus starts
+    in the path field, so typing goes where the dialog says; a letter typed on the list goes
+    there too; ↓ / Tab go to the list, where Enter loads the one highlighted."""
+    BINDINGS = [Binding("escape", "cancel", "Cancel"),
+                # priority: the field would take ↓ as a scroll; off on the list (its own ↓)
+                Binding("down", "to_list", "The bundled workloads", show=False, priority=True)]
 
     def __init__(self, encode, max_len: int, default_new: int):
         super().__init__()
@@ -330,29 +336,59 @@ class PromptPicker(ModalScreen["LoadedWorkload | None"]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="picker-box"):
-            yield Label("Load a prompt workload (JSONL): a bundled one, or any file", id="picker-title")
+            yield Label("Load a prompt workload (JSONL)", id="picker-title")
+            yield OrderedInput(placeholder="type a path to a .jsonl file (or a bundled name) and press Enter",
+                               id="picker-path", select_on_focus=False)   # (a letter from the list: added to)
+            yield Static("", id="picker-error", markup=False)
+            yield Label("…or pick a bundled one (↓ or Tab, then Enter):", id="picker-or")
             yield OptionList(*[Option(Text(f"{p.name}  ({_count_lines(p)} requests)"), id=str(p))
                                for p in self.files], id="picker-list")
-            yield Input(placeholder="…or type a path to a .jsonl file and press Enter", id="picker-path")
-            yield Static("", id="picker-error", markup=False)
 
     def on_mount(self) -> None:
-        (self.query_one("#picker-list") if self.files else self.query_one("#picker-path")).focus()
+        self.set_focus(self.query_one("#picker-path"))
 
     def _try(self, path: Path) -> None:
         try:
             loaded = read_workload(path, self.encode, self.max_len, self.default_new)
         except WorkloadError as e:
-            self.query_one("#picker-error", Static).update(Text(f"✗ {e}\nnothing was loaded", style="bold red"))
+            self._error(str(e))
             return
         self.dismiss(loaded)
+
+    def _error(self, text: str) -> None:
+        self.query_one("#picker-error", Static).update(Text(f"✗ {text}\nnothing was loaded", style="bold red"))
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         self._try(Path(event.option.id))
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        if event.value.strip():
-            self._try(Path(event.value.strip()).expanduser())
+        typed = event.value.strip()
+        if not typed:
+            self._error("type a path to a .jsonl file first, or pick a bundled workload below (↓, Enter)")
+            return
+        try:
+            path = resolve_workload(typed)                 # a file, else a bundled workload's name
+        except WorkloadError as e:
+            where = "" if Path(typed).expanduser().is_absolute() else f" (a relative path starts in {Path.cwd()})"
+            self._error(f"{e}{where}")
+            return
+        self._try(path)
+
+    def on_key(self, event) -> None:
+        """A letter typed on the list goes to the path field, as the dialog says."""
+        field = self.query_one("#picker-path", Input)
+        if event.is_printable and self.focused is not field:
+            event.stop()
+            self.set_focus(field)
+            field.insert_text_at_cursor(event.character)
+
+    def check_action(self, action: str, parameters) -> bool | None:
+        if action == "to_list":
+            return bool(self.files) and self.focused is self.query_one("#picker-path")
+        return True
+
+    def action_to_list(self) -> None:
+        self.set_focus(self.query_one("#picker-list"))
 
     def action_cancel(self) -> None:
         self.dismiss(None)

@@ -1,0 +1,99 @@
+"""The dialogs do what they say, tested with a user's typing (issue 44, item 3): F3's path field
+takes typed text and Enter loads what was typed (a bad path is a clear error, nothing loaded;
+the dialog's list is one key away); the settings and go-to-step fields take keys in the order
+they came, at machine speed too.
+
+Uses test_app's helpers and its no-error guard (every app a test makes is watched)."""
+
+from __future__ import annotations
+
+import json
+
+from tests.test_app import make_app, no_unexpected_errors, until  # noqa: F401
+from tests.test_app_prompt import burst
+from tinyllm.workload import bundled_workloads
+from tui.screens.modals import PromptPicker, SettingsScreen
+
+
+def loaded(app) -> list[str]:
+    return [e.text for e in app.runner.frame.log if e.text.startswith("loaded ")]
+
+
+def error(app) -> str:
+    return str(app.screen.query_one("#picker-error").render())
+
+
+async def open_picker(pilot) -> None:
+    await pilot.press("f3")
+    await until(pilot, lambda: isinstance(pilot.app.screen, PromptPicker), what="the load dialog")
+
+
+async def test_f3_typing_goes_to_the_path_field_and_enter_loads_what_was_typed(tmp_path):
+    """Typing bad.jsonl + Enter loaded batch_and_chat.jsonl (the list had the focus) and started it."""
+    good = tmp_path / "two.jsonl"
+    good.write_text("".join(json.dumps({"prompt": p, "max_new_tokens": 4}) + "\n" for p in ("ROMEO:", "JULIET:")))
+    app = make_app(max_len=512)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await open_picker(pilot)
+        await pilot.press(*"bad.jsonl", "enter")
+        assert isinstance(app.screen, PromptPicker) and app.screen.query_one("#picker-path").value == "bad.jsonl"
+        assert "bad.jsonl: no such file" in error(app) and "nothing was loaded" in error(app)
+        assert "relative path starts in" in error(app)
+        assert not loaded(app) and not app.runner.frame.snapshot.requests
+        await pilot.press("ctrl+u", *str(good), "enter")  # Ctrl+U: the field's start, as in a shell
+        await until(pilot, lambda: not isinstance(app.screen, PromptPicker), what="the dialog to close")
+        await until(pilot, lambda: len(app.runner.frame.snapshot.requests) == 2, what="two.jsonl's requests")
+        assert loaded(app)[-1].startswith("loaded two.jsonl")
+        assert [app.runner.frame.prompts[v.rid] for v in app.runner.frame.snapshot.requests] == ["ROMEO:", "JULIET:"]
+
+
+async def test_f3_a_bundled_name_typed_or_picked_from_the_list_loads_it():
+    app = make_app(max_len=512)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await open_picker(pilot)
+        await pilot.press(*"shared_prefix", "enter")  # a bundled workload's name
+        await until(pilot, lambda: loaded(app), what="shared_prefix")
+        assert loaded(app)[-1].startswith("loaded shared_prefix.jsonl")
+        await open_picker(pilot)
+        await pilot.press("down", "down", "enter")  # ↓: to the list, ↓: its second
+        await until(pilot, lambda: len(loaded(app)) == 2, what="the second bundled workload")
+        second = list(bundled_workloads())[1]
+        assert loaded(app)[-1].startswith(f"loaded {second}.jsonl")
+
+
+async def test_f3_a_letter_typed_on_the_list_goes_to_the_path_field():
+    app = make_app(max_len=512)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await open_picker(pilot)
+        await pilot.press("down", *"nope", "enter")
+        assert app.screen.query_one("#picker-path").value == "nope" and "nope: no such file" in error(app)
+        assert not loaded(app)
+        await pilot.press("enter")  # an empty field says what to do
+        await pilot.press("ctrl+u", "enter")
+        assert "type a path to a .jsonl file first" in error(app)
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, PromptPicker), what="escape")
+    assert not loaded(app)
+
+
+async def test_f3_a_path_typed_at_machine_speed_is_the_path_loaded():
+    """bad + 3 backspaces + nope + Enter in one burst: the field's backspaces and Enter ran
+    after the letters that followed them (Textual's Input runs them as bindings, late)."""
+    app = make_app(max_len=512)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await open_picker(pilot)
+        burst(app, "bad" + "\x7f" * 3 + "nope.jsonl\r")
+        await until(pilot, lambda: "no such file" in error(app), what="the error")
+        assert app.screen.query_one("#picker-path").value == "nope.jsonl"
+        assert "nope.jsonl: no such file" in error(app)
+
+
+async def test_the_settings_fields_take_keys_typed_at_machine_speed_in_order():
+    app = make_app()
+    async with app.run_test(size=(120, 36)) as pilot:
+        await pilot.press("f2")
+        await until(pilot, lambda: isinstance(app.screen, SettingsScreen), what="the settings")
+        field = app.screen.query_one("#temperature")
+        burst(app, "\x7f" * len(field.value) + "0.25" + "\t" + "\x7f" * 5 + "7\r")
+        await until(pilot, lambda: not isinstance(app.screen, SettingsScreen), what="the settings applied")
+        assert app.settings.sampling.temperature == 0.25 and app.settings.sampling.top_k == 7
