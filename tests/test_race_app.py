@@ -302,7 +302,7 @@ async def test_r_in_the_app_opens_the_race_on_its_model_and_escape_comes_back():
         app.runner.send(SetPaused(False))
         app.query_one("#requests").focus()
         await until(pilot, lambda: not app.runner.paused)
-        assert any(c.title == "Race" for c in app.get_system_commands(app.screen))
+        assert app._applies("race")  # (in the palette: tests/test_app_palette.py)
         await pilot.press("r")
         await until(pilot, lambda: isinstance(app.screen, RaceScreen))
         race = app.screen.runner

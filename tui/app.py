@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.text import Text
 from textual import events
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import App, ComposeResult
 from textual.screen import ModalScreen
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -24,6 +24,7 @@ from textual.worker import get_current_worker
 from tinyllm.request import Sampling
 from tinyllm.model.tokenizer import Tokenizer
 from tui.runners.interface import (Frame, LogEntry, Runner)
+from tui.screens.commands import AppCommands
 from tui.screens.live import FramePacer, LiveView
 from tui.screens.replay_keys import ReplayKeys
 from tui.screens.request_keys import RequestKeys
@@ -62,6 +63,7 @@ EDITOR_KEYS = (                              # the help's rows for the prompt ed
 class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
     CSS_PATH = "app.tcss"
     TITLE = "tinyllm-tui"
+    COMMANDS = App.COMMANDS | {AppCommands}         # Ctrl+P: the app's actions, each with its keys
     # One source of truth for keys: the footer and the help screen both read this list.
     BINDINGS = [
         # Into and out of the prompt editor: priority, so that the keys after them (a burst: a
@@ -427,6 +429,8 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         the keys check it, and the help lists only what it allows."""
         if action in (self.READ_ONLY if self.replay else self.REPLAY_ONLY):
             return False
+        if action == "recording":                         # (a palette command: --record records a local engine)
+            return not self.remote
         return not (self.remote and (action in self.SERVER_PACED
                                      or (action == "load_prompts" and self.tokenizer is None)))
 
@@ -446,10 +450,17 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self._close_help()
         open_race(self)
 
-    def get_system_commands(self, screen):
-        yield from super().get_system_commands(screen)
-        if self.check_action("race", ()):
-            yield SystemCommand("Race", "static vs continuous batching on the same requests, live (r)", self.action_race)
+    def action_recording(self) -> None:
+        """The palette's Record: a run is recorded from the start (--record FILE), so say where
+        this one goes, or how to record one."""
+        if self.recording is not None:
+            self.notify(f"This run is being recorded to {self.recording} (every step, as it happens); the file is "
+                        f"closed when the app quits. Replay it with tinyllm-tui --replay {self.recording}.",
+                        title="recording", timeout=8)
+        else:
+            self.notify("A run is recorded from its start: quit, then tinyllm-tui --record FILE (every step is "
+                        "written as it happens); tinyllm-tui --replay FILE plays it back, step by step.",
+                        title="not recording", timeout=8)
 
     def action_toggle_timeline(self) -> None:
         timeline = self.query_one("#timeline", TimelinePanel)
