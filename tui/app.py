@@ -126,7 +126,8 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self._shown_seq = -1                     # the frame every panel has drawn (a loading frame has seq 0)
         self._details_frame: Frame | None = None  # that frame (the list, pane and timeline keep showing it)
         self._placed: tuple = ()                   # (selection, rows) the list's cursor was last put on
-        self._follow_after: int | None = None     # a prompt was sent: select the first request newer than this
+        self._following = True                    # live: the selection follows the newest request until the
+                                                  # user moves it (back on the newest, or a prompt sent: again)
         self._last_log: LogEntry | None = None   # the newest event-log entry shown
         self._flags: dict[int, tuple[str, int]] = {}
         self._pacer = FramePacer(max_hz=REFRESH_HZ)
@@ -292,19 +293,20 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
 
     def _draw_details(self, frame: Frame) -> None:
         """The request list, the selected request's pane and the timeline: exactly the frame's
-        requests. The selection stays on its request while the frame holds it; a live engine or
-        server that no longer holds it (a restarted server) moves it to the first request, while
-        a replay keeps it (seeking forward brings it back) and the pane says it does not exist."""
+        requests. Live, the selection follows the newest request until the user moves it (then
+        it stays on its request while the frame holds it; one the engine or server no longer
+        holds, a restarted server's, gives way to the newest again), so what x aborts is what the
+        screen shows, never an older request left selected. A replay keeps it (seeking forward
+        brings it back) and the pane says it does not exist."""
         self._details_frame = frame
         requests = self.query_one("#requests", RequestList)
         requests.show(frame)
         snap = frame.snapshot
-        if self.selected is None or (not self.replay and snap.request(self.selected) is None):
+        if not self.replay and (self._following or snap.request(self.selected) is None):
+            self._following = True
+            self.selected = max((v.rid for v in snap.requests), default=None)
+        elif self.selected is None:
             self.selected = snap.requests[0].rid if snap.requests else None
-        if self._follow_after is not None:                # a prompt was just sent: select it once it is here
-            newer = [v.rid for v in snap.requests if v.rid > self._follow_after]
-            if newer:
-                self.selected, self._follow_after = newer[0], None
         placed = (self.selected, requests.rids)
         if placed != self._placed:                        # only when the selection or the rows changed:
             self._placed = placed                         # every draw would undo scrolling, and a ↓ on
@@ -372,9 +374,11 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
 
     # -- user actions ---------------------------------------------------------------------------
     def select(self, rid: int) -> None:
-        """Select request ``rid`` in every panel (the list's cursor, the pane, the timeline)."""
+        """Select request ``rid`` in every panel (the list's cursor, the pane, the timeline). The
+        selection stays there (the newest request: it follows the newest again)."""
         self.selected = rid
         frame = self._details_frame or self.runner.frame    # the frame the other panels show
+        self._following = rid == max((v.rid for v in frame.snapshot.requests), default=rid)
         requests = self.query_one("#requests", RequestList)
         requests.select_rid(rid)
         self._placed = (rid, requests.rids)

@@ -42,8 +42,7 @@ class RequestKeys:
         s = self.settings
         self.runner.send(Submit(text, s,
                                 None if self.remote or ids is None else tuple(ids)))
-        reqs = self.runner.frame.snapshot.requests
-        self._follow_after = reqs[-1].rid if reqs else -1    # the app selects it when it arrives
+        self._following = True                            # the selection goes to it when it arrives
         return True
 
     def _others(self, rids: list[int]) -> list[int]:
@@ -55,20 +54,34 @@ class RequestKeys:
         return [rid for rid in rids if rid not in ours]
 
     def action_abort_selected(self) -> None:
+        """Abort the selected request, the one the screen shows; one already done is not offered
+        (it said 'Abort #4?' for a finished request, then that there was nothing to abort)."""
         rid = self.selected
         if rid is None:
             self.notify("No request selected: highlight one in the Requests list.", severity="warning")
             return
-        v = self.runner.frame.snapshot.request(rid)
-        if v is not None and v.state in self.ACTIVE and self._others([rid]):
+        if not self._abortable(rid):
+            return
+        if self._others([rid]):
             def done(yes) -> None:
-                if yes:
+                if yes and self._abortable(rid):          # (it may have finished while the dialog was up)
                     self.runner.send(Abort(rid))
             self.push_screen(Confirm(f"Abort #{rid}?", f"#{rid} belongs to another client of the server: "
                                      f"its client gets an error (aborted by an operator).",
                                      [("y", f"Abort #{rid}", True)]), done)
             return
         self.runner.send(Abort(rid))
+
+    def _abortable(self, rid: int) -> bool:
+        """Whether #rid is queued or running now; if not, say so (and how to abort another)."""
+        v = self.runner.frame.snapshot.request(rid)
+        if v is not None and v.state in self.ACTIVE:
+            return True
+        state = "gone" if v is None else v.state
+        self.notify(f"#{rid} is {state}: nothing to abort. Select a queued or running request (↑/↓ in the "
+                    f"Requests list), or Ctrl+K to abort them all.", title="not aborted", severity="warning",
+                    timeout=5)
+        return False
 
     def action_abort_all(self) -> None:
         active = [v.rid for v in self.runner.frame.snapshot.requests if v.state in self.ACTIVE]
