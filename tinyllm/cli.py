@@ -287,7 +287,7 @@ def cmd_trace(args) -> None:
     refuse_writing_over("--perfetto", args.perfetto, args.recording)
 
     from tinyllm.observe.recording import BAD_RECORD, RecordingError, read_recording
-    from tinyllm.observe.trace import perfetto_trace
+    from tinyllm.observe.trace import perfetto_trace, request_rows, request_table
 
     try:
         header, records, warning = read_recording(args.recording)
@@ -308,6 +308,10 @@ def cmd_trace(args) -> None:
         f"{args.recording}: {header.get('model')} · {steps} steps · {n_req} requests · "
         f"{kinds.count('preempted')} preemptions · {kinds.count('aborted')} aborts"
     )
+    rows = request_rows(header, [rec for _, rec in records])
+    if rows:
+        print()
+        print(request_table(rows))
     if args.perfetto:
         try:
             write_text(args.perfetto, json.dumps(trace))

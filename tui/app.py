@@ -327,9 +327,15 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self.exit(return_code=2)
 
     def _update_flags(self, frame: Frame) -> None:
-        """Slots that changed in the latest step, from the event log (admit / finish / preempt / abort)."""
+        """Slots that changed in the latest step, from the event log (admit / finish / preempt / abort).
+        A live engine gone idle (nothing queued, running or to arrive, not paused) has none: its
+        slots are free ('#9 ✓ done' stayed in a free slot until the next request). Paused, the
+        latest step's changes stay: stepping by hand, they are the news."""
         snap = frame.snapshot
         self._flags = {}
+        idle = not (frame.pending_arrivals or any(v.state in self.ACTIVE for v in snap.requests))
+        if idle and not frame.paused and not self.replay:
+            return
         for e in frame.log[-4 * snap.n_slots:]:
             recent = e.step == snap.counters.steps               # what the latest step did
             if recent and e.slot is not None and e.kind in ("admit", "finish", "preempt", "abort"):

@@ -1,4 +1,5 @@
-"""A recording as a Chrome trace (JSON), for Perfetto (ui.perfetto.dev) and chrome://tracing.
+"""A recording as a Chrome trace (JSON), for Perfetto (ui.perfetto.dev) and chrome://tracing,
+and as a table of its requests (``request_rows``, ``request_table``: what ``tinyllm trace`` prints).
 
     process "requests": a track per request (tid = request id + 1, named "#id"), with spans
                         queued / prefill / decode / preempted (args: why it waited, per reason and
@@ -13,6 +14,9 @@ tracks the app's timeline panel draws.
 """
 
 from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
 
 from tinyllm.observe.recording import SnapshotDecoder, decode_event
 from tinyllm.observe.snapshot import LifecycleEvent
@@ -169,3 +173,102 @@ def _slot_spans(header: dict, events: list[LifecycleEvent], end_s: float) -> lis
     for slot, (rid, since, step) in holder.items():
         out.append(_span(PID_SLOTS, slot + 1, f"#{rid}", since, end_s, {"steps": f"{step}..", "freed": "—"}))
     return out
+
+
+# -- per request, as a table (``tinyllm trace FILE``) ----------------------------------------------
+WAIT_SHORT = {"queue": "queue", "slots": "slots", "pool": "KV", "budget": "budget", "preempted": "recompute"}
+TABLE_COLUMNS = ("#", "prompt", "tokens", "TTFT", "end-to-end", "preempted", "ended", "waited (steps)")
+
+
+@dataclass(frozen=True)
+class RequestRow:
+    """One request of a recording, as it stood at the recording's end."""
+
+    rid: int
+    prompt_tokens: int
+    tokens: int
+    max_new_tokens: int
+    ttft_s: float | None
+    e2e_s: float | None  # arrival to its end (finished, aborted or failed); None while it ran on
+    preemptions: int
+    ended: str  # "finished (length)", "aborted at step 30", "running at the end", ...
+    waited: tuple[tuple[str, int], ...] | None  # (WAIT_REASONS code, steps), most first; None: the
+    # recording has no wait reasons (made before they were recorded)
+
+
+def request_rows(header: dict, records: list[dict]) -> list[RequestRow]:
+    """Each request of a recording: its TTFT, end-to-end, tokens, preemptions, how it ended and
+    the steps it waited for each reason (the scheduler's, as the timeline draws them)."""
+    dec = SnapshotDecoder(header)
+    events: list[LifecycleEvent] = []
+    for rec in records:
+        if "snap" in rec:
+            dec.apply(rec["snap"])
+        events += [decode_event(row) for row in rec.get("life", ())]
+    snap = dec.snapshot
+    last_step = max([snap.counters.steps] + [e.step for e in events])
+    tracks = {t.rid: t for t in build_tracks(events)}
+    waits_recorded = any(e.kind == "waiting" for e in events)
+    ends = {e.rid: e for e in events if e.kind in ("finished", "aborted", "failed")}
+    rows = []
+    for v in sorted(snap.requests, key=lambda v: v.rid):
+        track = tracks.get(v.rid)
+        waited: dict[str, int] = {}
+        for a, b, code in track.wait_spans(last_step) if track is not None else ():
+            waited[code] = waited.get(code, 0) + b - a + 1
+        end = ends.get(v.rid)
+        if v.state == "finished":
+            ended = f"finished ({end.reason})" if end is not None and end.reason else "finished"
+        elif v.state in ("aborted", "failed"):
+            ended = v.state + (f" at step {end.step}" if end is not None else "")
+            if v.state == "failed" and v.error:
+                ended += f": {v.error}"
+        else:
+            ended = f"{v.state} at the end"
+        rows.append(
+            RequestRow(
+                v.rid,
+                len(v.prompt),
+                len(v.tokens),
+                v.max_new_tokens,
+                v.ttft_s,
+                None if v.finish_s is None else v.finish_s - v.arrival_s,
+                v.preemptions,
+                ended,
+                tuple(sorted(waited.items(), key=lambda kv: (-kv[1], kv[0]))) if waits_recorded else None,
+            )
+        )
+    return rows
+
+
+def request_table(rows: list[RequestRow]) -> str:
+    """``request_rows`` as aligned text, one line per request under a header line."""
+    from tinyllm.units import duration
+
+    cells = [TABLE_COLUMNS] + [
+        (
+            str(r.rid),
+            str(r.prompt_tokens),
+            f"{r.tokens}/{r.max_new_tokens}",
+            duration(r.ttft_s),
+            duration(r.e2e_s),
+            f"{r.preemptions}×" if r.preemptions else "0",
+            r.ended,
+            "?" if r.waited is None else ", ".join(f"{WAIT_SHORT.get(code, code)} {n}" for code, n in r.waited) or "—",
+        )
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(TABLE_COLUMNS))]
+    right = {0, 1, 2, 3, 4, 5}  # figures right-aligned; how it ended and why it waited read left to right
+    lines = []
+    for row in cells:
+        parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        lines.append("  ".join(parts).rstrip())
+    note = (
+        "waited: the steps it computed nothing, by the scheduler's reason (queue: behind earlier requests; "
+        "slots: no free slot; KV: the pool full; budget: the step's token budget used up; recompute: preempted)"
+    )
+    if any(r.waited is None for r in rows):
+        note += "; ? = this recording has no reasons (made before they were recorded)"
+    lines += textwrap.wrap(note, 100)
+    return "\n".join(lines)
