@@ -54,6 +54,15 @@ def test_trace_prints_each_requests_figures_as_the_engine_counted_them(tmp_path,
     assert "waited: the steps it computed nothing" in out
 
 
+def test_a_run_where_nothing_waited_says_so(tmp_path, capsys):
+    """(Not "?": "—" is "never waited"; a recording with no waiting events at all read as old.)"""
+    path = tmp_path / "run.jsonl"
+    record_run(path, "slots", aborts=(), n=1)
+    assert main(["trace", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert table_rows(out)[0][-1] == "—" and "?" not in out
+
+
 def test_a_recording_made_before_wait_reasons_says_it_has_none(capsys):
     assert main(["trace", str(RECORDING)]) == 0
     out = capsys.readouterr().out

@@ -208,7 +208,12 @@ def request_rows(header: dict, records: list[dict]) -> list[RequestRow]:
     snap = dec.snapshot
     last_step = max([snap.counters.steps] + [e.step for e in events])
     tracks = {t.rid: t for t in build_tracks(events)}
-    waits_recorded = any(e.kind == "waiting" for e in events)
+    # Each request's "wait" field is in recordings made since wait reasons were recorded: an
+    # older one's table says "?" (unknown), not "—" (never waited).
+    fields = (r for rec in records for r in (rec.get("snap") or {}).get("r", {}).values())
+    waits_recorded = any(e.kind == "waiting" for e in events) or any(
+        isinstance(r, dict) and "wait" in r for r in fields
+    )
     ends = {e.rid: e for e in events if e.kind in ("finished", "aborted", "failed")}
     rows = []
     for v in sorted(snap.requests, key=lambda v: v.rid):

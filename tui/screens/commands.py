@@ -59,11 +59,11 @@ class AppCommands(Provider):
 
     async def discover(self) -> Hits:
         for title, keys, run in self._commands():
-            yield DiscoveryHit(f"{title}  ({keys})", run, text=title, help=f"key: {keys}")
+            yield DiscoveryHit(f"{title}  ({keys})", run, text=title)
 
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
         for title, keys, run in self._commands():
             text = f"{title}  ({keys})"
             if (score := matcher.match(text)) > 0:
-                yield Hit(score, matcher.highlight(text), run, text=title, help=f"key: {keys}")
+                yield Hit(score, matcher.highlight(text), run, text=title)

@@ -368,9 +368,9 @@ class PromptPicker(ModalScreen["LoadedWorkload | None"]):
             return
         try:
             path = resolve_workload(typed)                 # a file, else a bundled workload's name
-        except WorkloadError as e:
+        except WorkloadError:
             where = "" if Path(typed).expanduser().is_absolute() else f" (a relative path starts in {Path.cwd()})"
-            self._error(f"{e}{where}")
+            self._error(f"{typed}: no such file{where}, nor a bundled workload's name (those are below)")
             return
         self._try(path)
 

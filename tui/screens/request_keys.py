@@ -170,9 +170,10 @@ class RequestKeys:
         active = sum(v.state in self.ACTIVE for v in frame.snapshot.requests)
         out = []
         if active:
-            whose = "this app's " if self.remote else ""
-            out.append(f"{active} of {whose}requests {'is' if active == 1 else 'are'} queued or running: "
-                       f"{'it stops' if active == 1 else 'they stop'} when the app quits")
+            one = active == 1
+            what = "of this app's requests" if self.remote else ("request" if one else "requests")
+            out.append(f"{active} {what} {'is' if one else 'are'} queued or running: "
+                       f"{'it stops' if one else 'they stop'} when the app quits")
         if frame.pending_arrivals:
             out.append(f"{frame.pending_arrivals} of the workload's requests {'has' if frame.pending_arrivals == 1 else 'have'} "
                        "not arrived yet")
