@@ -99,7 +99,7 @@ async def test_a_newcomer_who_types_a_prompt_first_thing_gets_a_prompt():
         assert app.focused is editor(app)
         await pilot.press("f1")  # the help says so
         rows = dict(app.screen.rows())
-        assert rows["i / / / enter"] == "Type a prompt" and rows["esc"] == "Leave the prompt"
+        assert rows["i / slash / enter"] == "Type a prompt" and rows["esc"] == "Leave the prompt"
         assert rows["ctrl+j (in the prompt)"].startswith("a new line")
         await pilot.press("escape")
     assert not errors_of(app)

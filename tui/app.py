@@ -406,8 +406,8 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         in time; a server paces itself (no pause, step or speed from a viewer). Keys that do not
         apply are off, and hidden from the footer."""
         if action in ("focus_input", "leave_input"):      # Esc leaves the editor, i goes to it: either is
-            editing = isinstance(self.focused, PromptEditor)   # the other's key (text, a dialog's Esc)
-            if editing != (action == "leave_input"):
+            editing = isinstance(self.focused, PromptEditor)   # the other's key (text, a dialog's Esc),
+            if editing != (action == "leave_input") or len(self.screen_stack) > 1:   # and neither is a dialog's
                 return False
         if action in self._own_actions():                 # (not Textual's: Tab's focus_next moves in a dialog)
             if any(getattr(screen, "owns_keys", False) for screen in self.screen_stack) and action != "quit":

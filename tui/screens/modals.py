@@ -95,7 +95,7 @@ class HelpScreen(ModalScreen[None]):
 
 
 def pretty_keys(keys: str) -> str:
-    names = {"question_mark": "?", "space": "space", "slash": "/", "escape": "esc", "plus": "+", "minus": "-", "full_stop": ".",
+    names = {"question_mark": "?", "space": "space", "escape": "esc", "plus": "+", "minus": "-", "full_stop": ".",
              "equals_sign": "=", "comma": ",", "left_square_bracket": "[", "right_square_bracket": "]",
              "less_than_sign": "<", "greater_than_sign": ">"}
     return " / ".join(names.get(k, k) for k in keys.split(","))
