@@ -34,16 +34,31 @@ def bundled():
     return _bundled
 
 
-def make_app(kv: str = "slots", slots: int = 3, max_len: int = 128, kv_blocks: int | None = None,
-             new: int = 12, budget: int | None = None, **kw) -> TinyLLMApp:
+def make_app(
+    kv: str = "slots",
+    slots: int = 3,
+    max_len: int = 128,
+    kv_blocks: int | None = None,
+    new: int = 12,
+    budget: int | None = None,
+    **kw,
+) -> TinyLLMApp:
     """budget: run the token-budget scheduler (chunked prefill) with that many tokens per step."""
     model, tok = bundled()
-    blocks = dict(block_size=8, kv_blocks=kv_blocks) if kv == "paged" else {}     # (a block pool's: paged only)
-    eng = ContinuousEngine(model, slots, max_len, kv=kv, **blocks,
-                           generator=torch.Generator().manual_seed(0), chunked_prefill=budget is not None,
-                           max_batched_tokens=budget)
-    app = TinyLLMApp(EngineRunner(eng, tok, paused=True), tok, model_name="test",
-                     settings=RequestSettings(Sampling(), new), **kw)
+    blocks = dict(block_size=8, kv_blocks=kv_blocks) if kv == "paged" else {}  # (a block pool's: paged only)
+    eng = ContinuousEngine(
+        model,
+        slots,
+        max_len,
+        kv=kv,
+        **blocks,
+        generator=torch.Generator().manual_seed(0),
+        chunked_prefill=budget is not None,
+        max_batched_tokens=budget,
+    )
+    app = TinyLLMApp(
+        EngineRunner(eng, tok, paused=True), tok, model_name="test", settings=RequestSettings(Sampling(), new), **kw
+    )
     _watch(app)
     return app
 
@@ -58,12 +73,13 @@ _made: list[TinyLLMApp] = []
 def _watch(app: TinyLLMApp) -> None:
     """Record every notification (Textual forgets them when they expire or the app exits) and
     when the engine loop returns (its last frame then holds the whole log)."""
-    app.notified = []                                    # (severity, title, message)
+    app.notified = []  # (severity, title, message)
     notify = app.notify
 
     def recording_notify(message, **kw):
         app.notified.append((kw.get("severity", "information"), kw.get("title", ""), str(message)))
         notify(message, **kw)
+
     app.notify = recording_notify
     run, app.runner.started, app.runner.returned = app.runner.run, threading.Event(), threading.Event()
 
@@ -73,14 +89,16 @@ def _watch(app: TinyLLMApp) -> None:
             run(*a, **kw)
         finally:
             app.runner.returned.set()
+
     app.runner.run = watched_run
     _made.append(app)
 
 
 def errors_of(app: TinyLLMApp) -> list[str]:
     """The runner's 'error' log entries and the app's error notifications (warnings are fine)."""
-    return ([e.text for e in app.runner.frame.log if e.kind == "error"]
-            + [f"{title}: {msg}" for sev, title, msg in app.notified if sev == "error"])
+    return [e.text for e in app.runner.frame.log if e.kind == "error"] + [
+        f"{title}: {msg}" for sev, title, msg in app.notified if sev == "error"
+    ]
 
 
 @pytest.fixture(autouse=True)
@@ -114,8 +132,9 @@ async def until(pilot, cond, timeout: float = 20.0, what: str = "the app") -> No
 
 
 def has_work(frame) -> bool:
-    return frame.pending_arrivals > 0 or any(r.state in ("queued", "running", "preempted")
-                                             for r in frame.snapshot.requests)
+    return frame.pending_arrivals > 0 or any(
+        r.state in ("queued", "running", "preempted") for r in frame.snapshot.requests
+    )
 
 
 async def step(pilot, n: int = 1) -> None:
@@ -147,7 +166,7 @@ async def test_submit_streams_engine_text_into_pane_and_grid():
         await step(pilot, 4)
         snap = app.runner.frame.snapshot
         v = snap.request(rid)
-        assert v.state == "running" and len(v.tokens) == 5            # admit step + 4 decode steps
+        assert v.state == "running" and len(v.tokens) == 5  # admit step + 4 decode steps
         grid = app.query_one(SlotGrid)
         assert grid.snapshot.slots[v.slot].rid == rid
         assert f"#{rid}" in grid.render().plain
@@ -155,7 +174,7 @@ async def test_submit_streams_engine_text_into_pane_and_grid():
         assert pane.rid == rid
         expected = app.tokenizer.decode(list(v.tokens), skip_special_tokens=True)
         assert pane.body_text == "ROMEO:\n" + app.runner.frame.texts[rid]
-        assert expected.startswith(app.runner.frame.texts[rid])        # incremental == full decode
+        assert expected.startswith(app.runner.frame.texts[rid])  # incremental == full decode
         await step(pilot, 12)
         v = app.runner.frame.snapshot.request(rid)
         assert v.state == "finished"
@@ -175,12 +194,13 @@ async def test_the_pane_keeps_its_header_in_view_over_a_long_text():
         await pilot.pause()
         pane = app.query_one(RequestPane)
         scroll = pane.query_one("#pane-scroll")
-        assert scroll.max_scroll_y > 0 and scroll.scroll_y == scroll.max_scroll_y   # long, and following
+        assert scroll.max_scroll_y > 0 and scroll.scroll_y == scroll.max_scroll_y  # long, and following
         top = pane.content_region
         widget, _ = app.screen.get_widget_at(top.x, top.y)
         assert widget is pane.query_one("#pane-header")
         header = pane.query_one("#pane-header").text.plain
         assert header.startswith(f"#{rid} running") and f"{len(frame.snapshot.request(rid).tokens)}/160 tok" in header
+
 
 async def test_two_requests_keep_their_own_sampling():
     app = make_app()
@@ -215,7 +235,7 @@ async def test_invalid_setting_is_explained_and_nothing_changes():
         app.screen.query_one("#top_p").value = ""
         app.screen.query_one("#temperature").value = "warm"
         app.screen.query_one("#temperature").focus()
-        await pilot.press("enter")                                   # Enter in a field applies too
+        await pilot.press("enter")  # Enter in a field applies too
         await pilot.pause()
         assert "temperature must be a number" in str(app.screen.query_one("#settings-error").render())
         await pilot.press("escape")
@@ -239,18 +259,19 @@ async def test_tab_moves_between_the_settings_fields():
         assert app.focused.id == "max_new"
         await pilot.press("shift+tab")
         assert app.focused.id == "top_p"
-        await pilot.press("shift+tab", "7", "s")                  # s: a letter in a field, not the settings key
+        await pilot.press("shift+tab", "7", "s")  # s: a letter in a field, not the settings key
         assert app.screen.query_one("#top_k").value == "7s" and app.screen.query_one("#temperature").value == "0"
         await pilot.press("backspace", "enter")
         await until(pilot, lambda: not isinstance(app.screen, SettingsScreen))
         assert app.settings.sampling.top_k == 7
-        await pilot.press("f2")                                   # keys in one burst (a paste, a fast typist)
+        await pilot.press("f2")  # keys in one burst (a paste, a fast typist)
         await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
         from textual import events
+
         for key, char in (("tab", "\t"), ("tab", "\t"), ("0", "0"), ("full_stop", "."), ("5", "5")):
-            app.post_message(events.Key(key, char))              # (pilot.press waits after each key)
+            app.post_message(events.Key(key, char))  # (pilot.press waits after each key)
         await until(pilot, lambda: app.focused.id == "top_p" and app.focused.value.endswith("0.5"))
-        assert app.screen.query_one("#top_k").value == "7"        # the keys after each Tab went past it
+        assert app.screen.query_one("#top_k").value == "7"  # the keys after each Tab went past it
 
 
 async def test_stop_strings_and_seed_from_the_settings_dialog():
@@ -262,23 +283,23 @@ async def test_stop_strings_and_seed_from_the_settings_dialog():
         await step(pilot, 30)
         full = app.runner.frame.texts[a]
         cut = len(full) // 2
-        stop = full[cut - 1:cut + 1]
+        stop = full[cut - 1 : cut + 1]
         await pilot.press("f2")
         await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
-        assert app.screen.query_one("#apply").region.bottom <= 24                  # still fits 80x24
+        assert app.screen.query_one("#apply").region.bottom <= 24  # still fits 80x24
         app.screen.query_one("#stop").value = "never|" + stop.replace("\n", "\\n")
         app.screen.query_one("#seed").value = "5"
         app.screen.query_one("#repetition_penalty").value = "1"
         await pilot.click("#apply")
         await until(pilot, lambda: not isinstance(app.screen, SettingsScreen))
         assert app.settings.stop == ("never", stop) and app.settings.sampling.seed == 5
-        shown = str(app.query_one("#next-settings").render())                     # the next-request line says it
+        shown = str(app.query_one("#next-settings").render())  # the next-request line says it
         assert "stop=never|" + stop.replace("\n", "\\n") in shown
         b = await submit(pilot, "ROMEO:\n")
         await step(pilot, 30)
         v = app.runner.frame.snapshot.request(b)
         assert v.state == "finished" and len(v.tokens) < 24 and v.sampling.seed == 5
-        assert app.runner.frame.texts[b] == full[:full.find(stop)]
+        assert app.runner.frame.texts[b] == full[: full.find(stop)]
         assert all(s.free for s in app.runner.frame.snapshot.slots)
         assert any("a stop token or string" in e.text for e in app.runner.frame.log if e.rid == b)
 
@@ -296,7 +317,7 @@ async def test_logprobs_show_the_latest_tokens_alternatives_in_the_pane():
         await step(pilot, 3)
         choices = app.runner.frame.choices[a]
         v = app.runner.frame.snapshot.request(a)
-        assert b_settings.logprobs == 3 and len(choices) == 3                      # greedy: the top one is chosen
+        assert b_settings.logprobs == 3 and len(choices) == 3  # greedy: the top one is chosen
         assert choices[0][0] == app.tokenizer.token_text(v.tokens[-1])
         assert choices[0][1] >= choices[1][1] >= choices[2][1] and sum(p for _, p in choices) <= 1 + 1e-6
         pane = app.query_one(RequestPane)
@@ -317,7 +338,7 @@ async def test_abort_running_frees_slot_and_kv(kv):
         used_before = snap.kv.used_tokens
         app.select(a)
         app.query_one("#prompt").focus()
-        await pilot.press("ctrl+x")                                  # works from the input
+        await pilot.press("ctrl+x")  # works from the input
         await until(pilot, lambda: app.runner.frame.snapshot.request(a).state == "aborted")
         snap = app.runner.frame.snapshot
         assert snap.slots[slot_a].free
@@ -339,7 +360,7 @@ async def test_pause_means_no_steps_and_step_once_is_one_step():
         await until(pilot, lambda: app.runner.steps_done == 1)
         await pilot.pause(0.3)
         assert app.runner.frame.snapshot.counters.steps == 1
-        await pilot.press("space")                                   # resume: it runs on its own
+        await pilot.press("space")  # resume: it runs on its own
         await until(pilot, lambda: app.runner.steps_done >= 5)
         await pilot.press("space")
         await until(pilot, lambda: app.runner.paused)
@@ -354,13 +375,14 @@ async def test_step_once_with_only_arrivals_to_come_brings_the_next_one():
     0.05 s a press: ~600 presses); with nothing left at all, "nothing to do" is said once."""
     from tinyllm.workload import WorkItem
     from tui.runners.interface import LoadWorkload
+
     app = make_app(new=3)
     async with app.run_test(size=(120, 40)) as pilot:
         items = (WorkItem("ROMEO:\n", arrival_s=0.0), WorkItem("JULIET:\n", arrival_s=30.0))
         tokens = tuple(tuple(app.tokenizer.encode(it.prompt)) for it in items)
         app.runner.send(LoadWorkload("two", items, tokens, app.settings))
-        await until(pilot, lambda: len(app.runner.frame.snapshot.requests) == 1)   # the first, due at once
-        while app.runner.frame.snapshot.requests[0].state != "finished":   # it runs and finishes
+        await until(pilot, lambda: len(app.runner.frame.snapshot.requests) == 1)  # the first, due at once
+        while app.runner.frame.snapshot.requests[0].state != "finished":  # it runs and finishes
             await step(pilot)
         frame = app.runner.frame
         assert [r.state for r in frame.snapshot.requests] == ["finished"] and frame.pending_arrivals == 1
@@ -374,7 +396,7 @@ async def test_step_once_with_only_arrivals_to_come_brings_the_next_one():
         await step(pilot, 10)
         for _ in range(3):
             app.runner.send(StepOnce())
-        app.runner.send(SetPaused(True))                          # logs "paused": after the three, in order
+        app.runner.send(SetPaused(True))  # logs "paused": after the three, in order
         await until(pilot, lambda: app.runner.frame.log[-1].text == "paused")
         assert sum(e.text.startswith("step: nothing to do") for e in app.runner.frame.log) == 1
 
@@ -421,14 +443,17 @@ async def test_each_shipped_prompt_file_loads(path):
         assert any(e.text.startswith(f"loaded {path.name}") for e in app.runner.frame.log)
 
 
-@pytest.mark.parametrize("content, message", [
-    ('{"prompt": "ROMEO:"}\n{"prompt": "x", "temperature": -1}\n', ":2: temperature must be"),
-    ('{"prompt": "ROMEO:"}\nnot json\n', ":2: invalid JSON"),
-    ('{"prompt": ""}\n', ":1: 'prompt' is required"),
-    ('{"prompt": "a", "top_k": 0}\n', ":1: top_k must be"),
-    ('{"prompt": "a", "colour": "red"}\n', ":1: unknown field(s) colour"),
-    ('{"prompt": "a", "max_new_tokens": 100000}\n', ":1: prompt is"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"prompt": "ROMEO:"}\n{"prompt": "x", "temperature": -1}\n', ":2: temperature must be"),
+        ('{"prompt": "ROMEO:"}\nnot json\n', ":2: invalid JSON"),
+        ('{"prompt": ""}\n', ":1: 'prompt' is required"),
+        ('{"prompt": "a", "top_k": 0}\n', ":1: top_k must be"),
+        ('{"prompt": "a", "colour": "red"}\n', ":1: unknown field(s) colour"),
+        ('{"prompt": "a", "max_new_tokens": 100000}\n', ":1: prompt is"),
+    ],
+)
 async def test_malformed_prompt_file_is_refused_whole(tmp_path, content, message):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(content)
@@ -443,7 +468,7 @@ async def test_malformed_prompt_file_is_refused_whole(tmp_path, content, message
         app.screen.query_one("#picker-path").focus()
         await pilot.press("enter")
         await pilot.pause(0.1)
-        assert isinstance(app.screen, PromptPicker)                 # still open, explaining
+        assert isinstance(app.screen, PromptPicker)  # still open, explaining
         err = str(app.screen.query_one("#picker-error").render())
         assert f"{bad}{message}" in err and "nothing was loaded" in err
         await pilot.press("escape")
@@ -457,13 +482,13 @@ async def test_malformed_prompt_file_is_refused_whole(tmp_path, content, message
 async def test_prompt_too_long_is_not_sent():
     app = make_app(max_len=32)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.press("i")                                            # the list has focus at start
+        await pilot.press("i")  # the list has focus at start
         app.query_one("#prompt").value = "word " * 40
         await pilot.press("enter")
         await pilot.pause(0.2)
         assert [(sev, title) for sev, title, _ in app.notified] == [("error", "not sent")]
         assert app.runner.frame.snapshot.requests == ()
-        assert app.query_one("#prompt").value == "word " * 40              # nothing lost
+        assert app.query_one("#prompt").value == "word " * 40  # nothing lost
 
 
 async def test_request_list_keys_and_clicks_select_requests():
@@ -483,11 +508,11 @@ async def test_request_list_keys_and_clicks_select_requests():
         await until(pilot, lambda: app.selected == rids[1])
         await pilot.press("end")
         await until(pilot, lambda: app.selected == rids[4])
-        await pilot.press("down")                                   # past the end: stays
+        await pilot.press("down")  # past the end: stays
         await until(pilot, lambda: lst.cursor == 4)
-        await pilot.click(RequestList, offset=(3, 1 + 1 + 3))       # border, header, then row 3
+        await pilot.click(RequestList, offset=(3, 1 + 1 + 3))  # border, header, then row 3
         await until(pilot, lambda: app.selected == rids[3])
-        assert lst.row_text(rids[3]).split()[:2] == [str(rids[3]), "queued"]      # 3 slots: it waits
+        assert lst.row_text(rids[3]).split()[:2] == [str(rids[3]), "queued"]  # 3 slots: it waits
 
 
 @pytest.mark.parametrize("width", [160, 100, 60])
@@ -503,15 +528,15 @@ async def test_request_list_fits_narrow_terminals(width):
         assert len(row) == lst.scrollable_content_region.width
         n = len(app.runner.frame.snapshot.request(rid).tokens)
         assert "running" in row and f"{n}/12" in row
-        assert ("greedy" in row) == (width >= 160)                  # sampling column only when wide
+        assert ("greedy" in row) == (width >= 160)  # sampling column only when wide
 
 
 def test_tail_counts_cells_not_characters():
     assert tail("short", 10) == "short"
     assert tail("a\nb", 10) == "a⏎ b"
     assert tail("x" * 30, 10) == "…" + "x" * 9
-    wide = tail("漢字" * 20, 9)                                        # 2 cells each
-    assert wide.startswith("…") and sum(2 if ord(c) > 0x2e80 else 1 for c in wide) <= 9
+    wide = tail("漢字" * 20, 9)  # 2 cells each
+    assert wide.startswith("…") and sum(2 if ord(c) > 0x2E80 else 1 for c in wide) <= 9
 
 
 async def test_generated_markup_characters_show_literally():
@@ -530,9 +555,9 @@ async def test_quit_with_running_requests_exits_and_stops_the_thread():
         for who in ("ROMEO", "JULIET"):
             await submit(pilot, f"{who}:\n")
         app.query_one("#requests").focus()
-        await pilot.press("space")                                   # running flat out
+        await pilot.press("space")  # running flat out
         await until(pilot, lambda: app.runner.steps_done >= 3)
-        await pilot.press("q", "q")                                  # (requests running: asked once)
+        await pilot.press("q", "q")  # (requests running: asked once)
     engine_threads = [t for t in threading.enumerate() if "engine" in t.name.lower()]
     for t in engine_threads:
         t.join(timeout=1.0)
@@ -548,23 +573,32 @@ async def test_help_screen_lists_every_key():
         rows = dict(app.screen.rows())
         assert rows["space"] == rows["f5"] == "Pause/resume"
         assert rows["ctrl+c / ctrl+q"] == "Quit" and rows["q"] == "Quit"
-        for keys, what in [("?", "Help"), ("n / .", "Step once (paused)"), ("+ / =", "Slower: +step delay"),
-                           ("-", "Faster: -step delay"), ("f9 / ctrl+x", "Abort"), ("ctrl+k", "Abort all"),
-                           ("o", "Load prompts"), ("s", "Settings")]:
+        for keys, what in [
+            ("?", "Help"),
+            ("n / .", "Step once (paused)"),
+            ("+ / =", "Slower: +step delay"),
+            ("-", "Faster: -step delay"),
+            ("f9 / ctrl+x", "Abort"),
+            ("ctrl+k", "Abort all"),
+            ("o", "Load prompts"),
+            ("s", "Settings"),
+        ]:
             assert rows[keys] == what
-        assert not any(what.startswith("Replay:") for what in rows.values())      # a replay's keys only there
-        assert rows["↑ / ↓ · PgUp / PgDn · Home / End"].startswith("select a request")   # the list's own keys
+        assert not any(what.startswith("Replay:") for what in rows.values())  # a replay's keys only there
+        assert rows["↑ / ↓ · PgUp / PgDn · Home / End"].startswith("select a request")  # the list's own keys
         await pilot.press("escape")
 
 
 def _loaded_app(size):
-    app = make_app(kv="paged", slots=4, max_len=256, kv_blocks=40,
-                   prompts_file=bundled_workloads()["shakespeare_openings"])
+    app = make_app(
+        kv="paged", slots=4, max_len=256, kv_blocks=40, prompts_file=bundled_workloads()["shakespeare_openings"]
+    )
 
     async def run_before(pilot):
         await until(pilot, lambda: len(pilot.app.runner.frame.snapshot.requests) == 8)
         pilot.app.query_one("#requests").focus()
         await pilot.pause(0.2)
+
     return app, run_before
 
 
@@ -585,15 +619,16 @@ async def test_engine_exception_is_shown_and_the_app_stays_usable():
         if calls["n"] == 2:
             raise RuntimeError("simulated kernel failure")
         return real_step()
+
     app.runner.engine.step = flaky_step
     async with app.run_test(size=(120, 40)) as pilot:
         rid = await submit(pilot, "ROMEO:\n")
         await step(pilot, 1)
-        app.runner.send(StepOnce())                                   # this one raises
+        app.runner.send(StepOnce())  # this one raises
         await until(pilot, lambda: any(e.kind == "error" for e in app.runner.frame.log))
         assert any("simulated kernel failure" in n.message for n in app._notifications)
         assert app.runner.paused
-        await step(pilot, 3)                                          # still usable
+        await step(pilot, 3)  # still usable
         assert len(app.runner.frame.snapshot.request(rid).tokens) >= 3
 
 
@@ -602,6 +637,7 @@ async def test_slots_the_panel_cannot_draw_are_counted_on_its_last_row():
     cannot draw hold, and the requests seated in them are counted there (the grid used to cut them
     off unsaid); at 160x48 the same."""
     from tests.screen_check import check_panels
+
     app = make_app(kv="paged", slots=64, max_len=64, new=30, budget=256)
     async with app.run_test(size=(120, 40)) as pilot:
         for i in range(40):
@@ -610,9 +646,9 @@ async def test_slots_the_panel_cannot_draw_are_counted_on_its_last_row():
         await step(pilot, 2)
         snap = app.runner.frame.snapshot
         grid = app.query_one(SlotGrid)
-        assert grid.size == (56, 10) and grid.shown() == 9 * 3          # 3 cells a row, the last row: the rest
+        assert grid.size == (56, 10) and grid.shown() == 9 * 3  # 3 cells a row, the last row: the rest
         held = sum(sv.rid is not None for sv in snap.slots[27:])
-        assert held == 13 and grid.render().plain.endswith("\n+37 more slots: 13 held, 24 free")   # (56 wide: no hint)
+        assert held == 13 and grid.render().plain.endswith("\n+37 more slots: 13 held, 24 free")  # (56 wide: no hint)
         assert grid.render().plain.count("\n") == 9
         check_panels(app)
         await pilot.resize_terminal(160, 48)
@@ -624,11 +660,13 @@ async def test_slots_the_panel_cannot_draw_are_counted_on_its_last_row():
         check_panels(app)
         assert grid.render().plain.rsplit("\n", 1)[-1].endswith(" free")
 
+
 async def test_the_sampling_shows_whole_in_the_pane_and_never_cut_mid_value_in_the_list():
     """T=0.8 k=20 p=0.95: the pane's header has room for it at 160 columns (it dropped it with
     cells to spare), the list's 13-cell column keeps whole words and says it left some out (it
     showed `p=` without its value)."""
     from dataclasses import replace as with_
+
     app = make_app(new=8)
     async with app.run_test(size=(160, 48)) as pilot:
         app.settings = with_(app.settings, sampling=Sampling(temperature=0.8, top_k=20, top_p=0.95))
@@ -663,12 +701,12 @@ async def test_the_selected_request_stays_in_view_when_the_terminal_shrinks():
         assert lst.selected_rid() == lst.rids[-3] == app.selected
 
 
-
 @pytest.mark.parametrize("flag", [None, ("finish", 123), ("preempt", 123), ("abort", 7), ("admit", 5)])
 def test_every_slot_cell_is_the_same_width(flag):
     """Cells line up in columns whatever they say (a long 'preempted' once pushed its row over)."""
     from tinyllm.observe.snapshot import SlotView
     from tui.widgets.slot_grid import CELL_W
+
     grid = SlotGrid()
     grid.flags = {} if flag is None else {3: flag}
     for sv in (SlotView(3, None, 0, 512), SlotView(3, 123, 140, 512), SlotView(3, 5, 7, 512, (), True)):
@@ -678,7 +716,7 @@ def test_every_slot_cell_is_the_same_width(flag):
 # -- every key binding ---------------------------------------------------------------------------
 BOUND = [(key, b.action) for b in TinyLLMApp.BINDINGS for key in b.key.split(",")]
 ACTIVE = ("queued", "running", "preempted")
-BASE_DELAY = 200                 # ms/step between keys: a running request outlives several of them
+BASE_DELAY = 200  # ms/step between keys: a running request outlives several of them
 
 
 class Before:
@@ -693,7 +731,7 @@ class Before:
 
 
 def _noted(app: TinyLLMApp, was: Before, text: str) -> bool:
-    return any(text in m for _, _, m in app.notified[was.notes:])
+    return any(text in m for _, _, m in app.notified[was.notes :])
 
 
 # action → what must hold once its key has acted. A new binding fails the test until it is added.
@@ -702,8 +740,11 @@ EFFECTS = {
     "settings": lambda app, was: isinstance(app.screen, SettingsScreen),
     "load_prompts": lambda app, was: isinstance(app.screen, PromptPicker),
     "toggle_pause": lambda app, was: app.runner.paused != was.paused,
-    "step_once": lambda app, was: (app.runner.steps_done == was.steps + 1 if was.paused else
-                                   any("works while paused" in m for _, _, m in app.notified[was.notes:])),
+    "step_once": lambda app, was: (
+        app.runner.steps_done == was.steps + 1
+        if was.paused
+        else any("works while paused" in m for _, _, m in app.notified[was.notes :])
+    ),
     "slower": lambda app, was: app.runner.step_delay_ms > was.delay,
     "faster": lambda app, was: app.runner.step_delay_ms < was.delay,
     "abort_selected": lambda app, was: app.runner.frame.snapshot.request(was.selected).state == "aborted",
@@ -721,8 +762,8 @@ EFFECTS = {
     "replay_end": lambda app, was: app.runner.frame.snapshot.counters.steps == app.runner.last_step > was.step,
     "next_event": lambda app, was: app.runner.frame.snapshot.counters.steps > was.step or _noted(app, was, "has no"),
     "prev_event": lambda app, was: app.runner.frame.snapshot.counters.steps < was.step or _noted(app, was, "has no"),
-    "race": lambda app, was: isinstance(app.screen, RaceScreen),    # escape closes it (tests/test_race_app.py)
-    "quit": None,                                                   # test_quit_keys_exit
+    "race": lambda app, was: isinstance(app.screen, RaceScreen),  # escape closes it (tests/test_race_app.py)
+    "quit": None,  # test_quit_keys_exit
 }
 
 
@@ -750,7 +791,7 @@ async def test_every_binding_acts_without_errors(paused):
             for key, action in BOUND:
                 if EFFECTS[action] is None:
                     continue
-                if action in TinyLLMApp.REPLAY_ONLY:                # off in a live app: pressing does nothing
+                if action in TinyLLMApp.REPLAY_ONLY:  # off in a live app: pressing does nothing
                     assert app.check_action(action, ()) is False
                     continue
                 await ready(pilot, paused)
@@ -758,8 +799,12 @@ async def test_every_binding_acts_without_errors(paused):
                     app.query_one("#prompt").focus()
                 was = Before(app)
                 await pilot.press(key)
-                await until(pilot, lambda: EFFECTS[action](app, was), timeout=5,
-                            what=f"{key!r} ({action}) to act while {'paused' if paused else 'running'}")
+                await until(
+                    pilot,
+                    lambda: EFFECTS[action](app, was),
+                    timeout=5,
+                    what=f"{key!r} ({action}) to act while {'paused' if paused else 'running'}",
+                )
                 if len(app.screen_stack) > 1:
                     await pilot.press("escape")
                     await until(pilot, lambda: len(app.screen_stack) == 1, timeout=5, what=f"escape to close {key!r}")
@@ -776,7 +821,7 @@ async def test_quit_keys_exit(key, paused):
         await pilot.press(key)
         assert app.is_running and type(app.screen).__name__ == "QuitConfirm"
         await pilot.press(key)
-        assert app.return_code == 0, f"{key!r} did not quit"     # set by App.exit(), not by run_test
+        assert app.return_code == 0, f"{key!r} did not quit"  # set by App.exit(), not by run_test
     assert app.runner._stop.is_set()
 
 
@@ -785,11 +830,11 @@ async def test_f1_toggles_help_and_dialogs_replace_it():
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.press("f1")
         await until(pilot, lambda: isinstance(app.screen, HelpScreen))
-        await pilot.press("f1")                                      # the app's F1 has priority: it closes
+        await pilot.press("f1")  # the app's F1 has priority: it closes
         await until(pilot, lambda: not isinstance(app.screen, HelpScreen))
         await pilot.press("f1")
         await until(pilot, lambda: isinstance(app.screen, HelpScreen))
-        await pilot.press("f2")                                      # settings replace the help
+        await pilot.press("f2")  # settings replace the help
         await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
         assert not any(isinstance(s, HelpScreen) for s in app.screen_stack)
         await pilot.press("escape")
@@ -822,6 +867,7 @@ async def test_the_screen_is_up_while_the_engine_loads():
     from tinyllm.model.checkpoint import default_model_dir
     from tui.runners.engine import EngineSpec
     from tui.runners.interface import Submit
+
     spec = EngineSpec(str(default_model_dir()), None, 4, 128, kv="paged", block_size=8)
     runner = LoadingRunner(spec)
     app = TinyLLMApp(runner, bundled()[1], model_name="test", settings=RequestSettings(Sampling(), 12))
@@ -833,7 +879,7 @@ async def test_the_screen_is_up_while_the_engine_loads():
         assert grid.count("free") == 4
         await pilot.press("i")
         app.query_one("#prompt").value = "ROMEO:"
-        await pilot.press("enter")                                   # typed while loading: kept, not lost
+        await pilot.press("enter")  # typed while loading: kept, not lost
         await pilot.pause(0.1)
         assert [type(c) for c in runner.sent if isinstance(c, Submit)] == [Submit]
         assert not [n for n in app._notifications if n.severity == "error"]
@@ -856,10 +902,10 @@ async def test_chunked_prefill_is_visible_step_by_step():
             sv = app.runner.frame.snapshot.slots[0]
             seen.append(sv.context_len)
             assert sv.rid == rid and sv.prefill_left == n_prompt - sv.context_len > 0
-            assert "▹" in app.query_one(SlotGrid).render().plain             # the prefill bar
+            assert "▹" in app.query_one(SlotGrid).render().plain  # the prefill bar
             assert not app.runner.frame.snapshot.request(rid).tokens
         assert seen == list(range(4, 4 * len(seen) + 1, 4))
-        await step(pilot)                                            # the last chunk samples
+        await step(pilot)  # the last chunk samples
         assert len(app.runner.frame.snapshot.request(rid).tokens) == 1
         assert app.runner.frame.snapshot.slots[0].prefill_left == 0
         chunks = [e.text for e in app.runner.frame.log if e.kind == "prefill"]
@@ -873,7 +919,7 @@ async def test_settings_dialog_shows_the_engines_scheduler():
         await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
         line = str(app.screen.query_one("#settings-engine").render())
         assert "2 slots, paged KV, chunked prefill, ≤4 tokens/step" in line
-        assert app.screen.query_one("#apply").region.bottom <= 24           # still fits 80x24
+        assert app.screen.query_one("#apply").region.bottom <= 24  # still fits 80x24
         await pilot.press("escape")
 
 
@@ -892,12 +938,15 @@ async def test_prefix_cache_is_visible_and_clearable():
         assert snap.request(b).cached_tokens > 0 and snap.request(b).cached_tokens % 8 == 0
         assert any(r > 1 for r in snap.kv.block_refs)
         assert "▣" in app.query_one(BlockMap).render().plain
-        assert f"{snap.request(b).cached_tokens} cached" in app.query_one(RequestPane).query_one("#pane-header").render().plain
+        assert (
+            f"{snap.request(b).cached_tokens} cached"
+            in app.query_one(RequestPane).query_one("#pane-header").render().plain
+        )
         admits = [e.text for e in app.runner.frame.log if e.kind == "admit" and e.rid == b]
         assert admits and f"{snap.request(b).cached_tokens} of " in admits[0] and "from the prefix cache" in admits[0]
         panel = "".join(seg.text for seg in app.console.render(app.query_one(KVPanel).render()))
         assert "prefix hit" in panel
-        await step(pilot, 10)                                        # both finish: blocks free but cached
+        await step(pilot, 10)  # both finish: blocks free but cached
         snap = app.runner.frame.snapshot
         assert snap.kv.cached_free_blocks > 0 and "○" in app.query_one(BlockMap).render().plain
         app.query_one("#requests").focus()
@@ -911,6 +960,7 @@ def test_a_loaded_workload_says_its_requests_and_the_sequences_their_samples_mak
     """F3 on a file with one line asking n=3 said `loaded n3.jsonl: 1 requests` and ran three."""
     from tinyllm.workload import WorkItem
     from tui.runners.interface import LoadWorkload
+
     one = LoadWorkload("n3.jsonl", (WorkItem("ROMEO:", n=3),), ((1, 2),), RequestSettings(Sampling(), 8))
     assert one.loaded() == "loaded n3.jsonl: 1 request (3 sequences with their samples)"
     two = LoadWorkload("b.jsonl", (WorkItem("A"), WorkItem("B")), ((1,), (2,)), RequestSettings(Sampling(), 8))

@@ -14,10 +14,9 @@ import sys
 
 from textual.message_pump import MessagePump
 
+from tests.test_app import make_app, no_unexpected_errors, submit, until  # noqa: F401
 from tui.screens.race import RaceScreen
 from tui.widgets.selection import RequestSelected
-
-from tests.test_app import make_app, no_unexpected_errors, submit, until  # noqa: F401
 
 
 async def test_the_race_screens_deferred_callbacks_do_nothing_once_it_is_leaving(monkeypatch):
@@ -31,9 +30,10 @@ async def test_the_race_screens_deferred_callbacks_do_nothing_once_it_is_leaving
         seen["attached"] = screen.is_attached
         seen["widgets"] = len(screen.query("#race-status"))
         for callback, args, kwargs in held:
-            callback(*args, **kwargs)                    # raised NoMatches before the fix
+            callback(*args, **kwargs)  # raised NoMatches before the fix
         seen["ran"] = len(held)
         unmount(screen)
+
     monkeypatch.setattr(RaceScreen, "on_unmount", on_unmount)
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:
@@ -42,12 +42,12 @@ async def test_the_race_screens_deferred_callbacks_do_nothing_once_it_is_leaving
         await until(pilot, lambda: isinstance(app.screen, RaceScreen))
         race = app.screen
         race.call_after_refresh = lambda callback, *a, **kw: held.append((callback, a, kw)) or True
-        race.refresh_from_runner(force=True)             # the race's own drawing queues them
+        race.refresh_from_runner(force=True)  # the race's own drawing queues them
         assert held, "the race queued no deferred callback: the test no longer tests anything"
         await pilot.press("escape")
         await until(pilot, lambda: "ran" in seen, what="the race screen to unmount")
         assert not isinstance(app.screen, RaceScreen)
-        assert seen == {"attached": True, "widgets": 0, "ran": len(held)}   # the window the crash was in
+        assert seen == {"attached": True, "widgets": 0, "ran": len(held)}  # the window the crash was in
     assert app.return_code in (None, 0)
 
 
@@ -59,9 +59,10 @@ async def test_every_callback_the_app_deferred_does_nothing_once_the_app_has_gon
     real = MessagePump.call_after_refresh
 
     def recording(node, callback, *a, **kw):
-        if sys._getframe(1).f_globals["__name__"].startswith("tui."):     # the app's own, not Textual's
+        if sys._getframe(1).f_globals["__name__"].startswith("tui."):  # the app's own, not Textual's
             queued.append((callback, a, kw))
         return real(node, callback, *a, **kw)
+
     monkeypatch.setattr(MessagePump, "call_after_refresh", recording)
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:
@@ -70,8 +71,8 @@ async def test_every_callback_the_app_deferred_does_nothing_once_the_app_has_gon
         await until(pilot, lambda: app.size.width == 80, what="the resize")
     kinds = {getattr(callback, "__name__", "") for callback, _, _ in queued}
     assert {"_cursor_into_view", "refresh_from_runner", "scroll_end"} <= kinds, kinds
-    with app._context():                                 # as Textual runs them: in the app's context
+    with app._context():  # as Textual runs them: in the app's context
         for callback, a, kw in queued:
             callback(*a, **kw)
-        app.on_request_selected(RequestSelected(0))       # a message the list posted, handled late
-        app._tick()                                       # a timer's last tick
+        app.on_request_selected(RequestSelected(0))  # a message the list posted, handled late
+        app._tick()  # a timer's last tick

@@ -45,7 +45,9 @@ async def test_quit_with_requests_running_asks_once_and_the_key_again_quits(key)
         await pilot.press("escape")  # to the list, where q is a key
         await pilot.press(key)
         assert asked(app) and app.is_running
-        assert "1 request is queued or running: it stops when the app quits" in str(app.screen.query_one("#confirm-message").render())
+        assert "1 request is queued or running: it stops when the app quits" in str(
+            app.screen.query_one("#confirm-message").render()
+        )
         await pilot.press("escape")  # stay
         assert not asked(app) and app.is_running
         await pilot.press(key)

@@ -22,7 +22,7 @@ from tui.runners.replay import ReplayRunner
 from tui.screens.modals import GotoStep, HelpScreen
 from tui.widgets.timeline import TimelinePanel
 
-RECORDING = Path(__file__).parent / "data" / "preemption-run.jsonl"     # scripts/make_test_recording.py
+RECORDING = Path(__file__).parent / "data" / "preemption-run.jsonl"  # scripts/make_test_recording.py
 
 
 def replay_app(path: Path = RECORDING, paused: bool = True) -> TinyLLMApp:
@@ -35,7 +35,7 @@ async def goto(pilot, n: int) -> None:
     app = pilot.app
     await pilot.press("g")
     await until(pilot, lambda: isinstance(app.screen, GotoStep))
-    await pilot.press(*str(n), "enter")                 # the current step is selected: typing replaces it
+    await pilot.press(*str(n), "enter")  # the current step is selected: typing replaces it
     await until(pilot, lambda: app.runner.frame.snapshot.counters.steps == n, what=f"step {n}")
 
 
@@ -44,11 +44,24 @@ async def test_a_run_recorded_in_the_app_replays_frame_for_frame(tmp_path):
     step the replay's frame holds what the live app showed."""
     path = tmp_path / "run.jsonl"
     model, tok = bundled()
-    eng = ContinuousEngine(model, 2, 128, kv="paged", block_size=8, kv_blocks=7, chunked_prefill=True,
-                           max_batched_tokens=8, generator=torch.Generator().manual_seed(0))
+    eng = ContinuousEngine(
+        model,
+        2,
+        128,
+        kv="paged",
+        block_size=8,
+        kv_blocks=7,
+        chunked_prefill=True,
+        max_batched_tokens=8,
+        generator=torch.Generator().manual_seed(0),
+    )
     rec = FrameRecorder(path, eng.snapshot(), "shakespeare", "nowhere", {})
-    live = TinyLLMApp(EngineRunner(eng, tok, paused=True, recorder=rec), tok, model_name="test",
-                      settings=RequestSettings(Sampling(), 30))
+    live = TinyLLMApp(
+        EngineRunner(eng, tok, paused=True, recorder=rec),
+        tok,
+        model_name="test",
+        settings=RequestSettings(Sampling(), 30),
+    )
     _watch(live)
     seen = {}
     async with live.run_test(size=(120, 40)) as pilot:
@@ -59,13 +72,13 @@ async def test_a_run_recorded_in_the_app_replays_frame_for_frame(tmp_path):
             seen[live.runner.frame.snapshot.counters.steps] = live.runner.frame
         live.select(1)
         live.query_one("#requests").focus()
-        await pilot.press("x")                                     # abort #1 mid-run
+        await pilot.press("x")  # abort #1 mid-run
         await until(pilot, lambda: live.runner.frame.snapshot.request(1).state == "aborted")
-        seen[live.runner.frame.snapshot.counters.steps] = live.runner.frame    # a step shows its last state
+        seen[live.runner.frame.snapshot.counters.steps] = live.runner.frame  # a step shows its last state
         await step(pilot, 60)
         seen[live.runner.frame.snapshot.counters.steps] = live.runner.frame
         await pilot.press("q")
-        if live.is_running:                                     # requests still running: it asked
+        if live.is_running:  # requests still running: it asked
             await pilot.press("y")
     assert live.runner.returned.wait(5)
     assert any(r.preemptions for r in live.runner.frame.snapshot.requests), "the small pool should preempt"
@@ -100,7 +113,7 @@ async def test_replay_keys_move_through_the_recording():
             await until(pilot, lambda: r.step == want, what=f"] to step {want}")
         await pilot.press("left_square_bracket")
         await until(pilot, lambda: r.step == sorted(set(moments))[-2])
-        await pilot.press("space")                                   # play at 5 ms/step: reaches the end
+        await pilot.press("space")  # play at 5 ms/step: reaches the end
         r.send(SetDelay(5))
         await until(pilot, lambda: r.at_end and r.paused, timeout=30, what="the replay to play to its end")
         assert app.query_one("#scrubber").text.plain.startswith(" ⏸ step")
@@ -127,7 +140,7 @@ async def test_every_binding_in_a_replay_acts_or_is_off():
                     assert len(app.screen_stack) == 1 and app.focused is focused, f"{key!r} acted in a replay"
                     continue
                 for cmd in (SetPaused(True), SetDelay(200), SeekStep(40)):
-                    r.send(cmd)                                      # the runner thread applies them in order
+                    r.send(cmd)  # the runner thread applies them in order
                 await until(pilot, lambda: r.paused and r.step == 40 and r.step_delay_ms == 200)
                 app.select(next(v.rid for v in r.frame.snapshot.requests if r.events_of(v.rid)))
                 app.query_one("#requests").focus()
@@ -138,8 +151,12 @@ async def test_every_binding_in_a_replay_acts_or_is_off():
                 if action == "step_once" and not paused:
                     was.notes = len(app.notified)
                 await pilot.press(key)
-                await until(pilot, lambda: _replay_effect(app, action, was, paused), timeout=5,
-                            what=f"{key!r} ({action}) in a replay, {'paused' if paused else 'playing'}")
+                await until(
+                    pilot,
+                    lambda: _replay_effect(app, action, was, paused),
+                    timeout=5,
+                    what=f"{key!r} ({action}) in a replay, {'paused' if paused else 'playing'}",
+                )
                 if len(app.screen_stack) > 1:
                     await pilot.press("escape")
                     await until(pilot, lambda: len(app.screen_stack) == 1)
@@ -148,11 +165,11 @@ async def test_every_binding_in_a_replay_acts_or_is_off():
 def _replay_effect(app, action, was, paused) -> bool:
     steps = app.runner.frame.snapshot.counters.steps
     if action == "step_once":
-        return steps > was.step if paused else any("works while paused" in m for _, _, m in app.notified[was.notes:])
+        return steps > was.step if paused else any("works while paused" in m for _, _, m in app.notified[was.notes :])
     if action in ("step_back", "prev_event"):
         return steps < was.step or (not paused and steps != was.step)
     if action == "next_event":
-        return steps > was.step or any("has no" in m for _, _, m in app.notified[was.notes:])
+        return steps > was.step or any("has no" in m for _, _, m in app.notified[was.notes :])
     if action == "goto_step":
         return isinstance(app.screen, GotoStep)
     if action == "help":
@@ -169,14 +186,14 @@ async def test_going_back_shows_the_panels_as_they_were():
         await goto(pilot, r.last_step)
         log = app.query_one("#log")
         await until(pilot, lambda: any("finished" in e.text for e in log.lines))
-        app.select(5)                                                # aborted at step 30
+        app.select(5)  # aborted at step 30
         await goto(pilot, 10)
         await until(pilot, lambda: list(log.lines) == list(r.frame.log))
         assert all(e.step <= 10 for e in log.lines) and not any("finished" in e.text for e in log.lines)
         pane = app.query_one("#pane")
         await until(pilot, lambda: "aborted" not in pane.query_one("#pane-header").text.plain)
         await goto(pilot, 0)
-        await pilot.press("b")                                       # before the first step: stays
+        await pilot.press("b")  # before the first step: stays
         await pilot.pause(0.1)
         assert r.step == 0
 
@@ -189,7 +206,7 @@ async def test_timeline_panel_draws_each_request_life():
         tl = app.query_one("#timeline", TimelinePanel)
         await until(pilot, lambda: tl.display and tl.tracks)
         for _ in range(2):
-            await pilot.press("z")                                   # 4 steps per column: the whole run fits
+            await pilot.press("z")  # 4 steps per column: the whole run fits
         await pilot.pause(0.1)
         text = tl.render().plain
         rows = {line.split()[0]: line for line in text.splitlines()[1:] if line.strip().startswith("#")}
@@ -197,7 +214,7 @@ async def test_timeline_panel_draws_each_request_life():
         assert "4 steps/col" in text.splitlines()[0]
         preempted = [v.rid for v in app.runner.frame.snapshot.requests if v.preemptions]
         assert preempted and all("P" in rows[f"#{rid}"] for rid in preempted)
-        assert "✗" in rows["#5"]                                     # aborted at step 30
+        assert "✗" in rows["#5"]  # aborted at step 30
         assert all("✓" in rows[f"#{v.rid}"] for v in app.runner.frame.snapshot.requests if v.state == "finished")
         assert any("◆" in line for line in rows.values()), "a prefix-cache hit should be marked"
         await pilot.press("t")
@@ -210,6 +227,7 @@ async def test_the_timeline_key_names_the_cells_on_screen_whole(size):
     (`░queued s:no slot k:KV full b:`): it names the glyphs the chart shows now, each whole,
     wrapped onto the lines the width needs (F1 lists them all)."""
     from tui.widgets.timeline import LEGEND
+
     app = replay_app()
     async with app.run_test(size=size) as pilot:
         await goto(pilot, 70)
@@ -224,12 +242,18 @@ async def test_the_timeline_key_names_the_cells_on_screen_whole(size):
         assert key.startswith("steps ") and first_row <= 3
         named = [glyph + name in key for (glyph, _, _), name in LEGEND]
         for ((glyph, _, _), name), said in zip(LEGEND, named):
-            assert not said or glyph in chart, (glyph, name, key)   # only what is on screen, each whole
-        cut = key.endswith(" …")                                      # (a short panel: the rest in F1)
-        glyphs = [glyph for (glyph, _, _), _ in LEGEND]             # ░ is two cells (queued, between chunks) in
-        missing = [i for i, g in enumerate(glyphs)                    # two colours: plain text cannot tell them
-                   if glyphs.count(g) == 1 and g in chart and not named[i]]
-        assert (not missing) if not cut else (missing and min(missing) > max(i for i, s in enumerate(named) if s)), (key, missing)
+            assert not said or glyph in chart, (glyph, name, key)  # only what is on screen, each whole
+        cut = key.endswith(" …")  # (a short panel: the rest in F1)
+        glyphs = [glyph for (glyph, _, _), _ in LEGEND]  # ░ is two cells (queued, between chunks) in
+        missing = [
+            i
+            for i, g in enumerate(glyphs)  # two colours: plain text cannot tell them
+            if glyphs.count(g) == 1 and g in chart and not named[i]
+        ]
+        assert (not missing) if not cut else (missing and min(missing) > max(i for i, s in enumerate(named) if s)), (
+            key,
+            missing,
+        )
         assert cut == (size == (80, 24)) and "s:no slot" not in key  # nothing in this run waited for a slot
         assert "P:preempted" in key or cut
         assert all(len(line) <= tl.size.width for line in lines[:first_row])
@@ -244,17 +268,21 @@ def test_timeline_snapshot(snap_compare, size):
         await pilot.press("t")
         await pilot.press("z")
         await pilot.pause(0.2)
+
     assert snap_compare(app, terminal_size=size, run_before=run_before)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--replay", "nope.jsonl"], "--replay: nope.jsonl: cannot read it"),
-    (["--replay", str(RECORDING), "--record", "x.jsonl"], "cannot be used together"),
-    (["--replay", str(RECORDING), "--attach", "127.0.0.1:9"], "--replay and --attach cannot be used together"),
-    (["--attach", "htp://127.0.0.1:9"], "--attach htp://127.0.0.1:9: a server's address is http://HOST:PORT"),
-    (["--record", "/no/such/dir/run.jsonl"], "the directory /no/such/dir does not exist"),
-    (["--record", "/"], "is a directory"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--replay", "nope.jsonl"], "--replay: nope.jsonl: cannot read it"),
+        (["--replay", str(RECORDING), "--record", "x.jsonl"], "cannot be used together"),
+        (["--replay", str(RECORDING), "--attach", "127.0.0.1:9"], "--replay and --attach cannot be used together"),
+        (["--attach", "htp://127.0.0.1:9"], "--attach htp://127.0.0.1:9: a server's address is http://HOST:PORT"),
+        (["--record", "/no/such/dir/run.jsonl"], "the directory /no/such/dir does not exist"),
+        (["--record", "/"], "is a directory"),
+    ],
+)
 def test_record_and_replay_arguments_are_checked(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         build_app(argv)
@@ -295,8 +323,17 @@ async def test_replay_goes_to_its_start_and_end_and_its_help_lists_only_what_wor
         assert rows["<"] == "Replay: go to the start" and rows[">"] == "Replay: go to the end"
         assert rows["g"] == "Replay: go to a step"
         offered = set(rows.values())
-        for off in ("Abort", "Abort all", "Settings", "Load prompts", "Type a prompt", "Clear the prefix cache",
-                    "Race: static vs continuous batching", "submit the prompt in the input", "Leave the input"):
+        for off in (
+            "Abort",
+            "Abort all",
+            "Settings",
+            "Load prompts",
+            "Type a prompt",
+            "Clear the prefix cache",
+            "Race: static vs continuous batching",
+            "submit the prompt in the input",
+            "Leave the input",
+        ):
             assert off not in offered, off
 
 
@@ -312,19 +349,26 @@ def test_tokens_per_s_follows_a_burst_after_idle_time():
     rate = TokenRate()
 
     def frame(t: float, n: int, running: int = 1) -> float:
-        return rate.update(SimpleNamespace(time_s=t, counters=SimpleNamespace(generated_tokens=n),
-                                           num_requests_running=running, num_requests_waiting=0))
-    for i in range(41):                                   # 2 s at 200 tokens/s, a frame every 50 ms
+        return rate.update(
+            SimpleNamespace(
+                time_s=t,
+                counters=SimpleNamespace(generated_tokens=n),
+                num_requests_running=running,
+                num_requests_waiting=0,
+            )
+        )
+
+    for i in range(41):  # 2 s at 200 tokens/s, a frame every 50 ms
         tps = frame(i * 0.05, i * 10)
     assert tps == pytest.approx(200)
-    frame(2.05, 410, running=0)                           # the run ends: idle
-    assert frame(5.0, 410) == 0                           # 3 s later a burst: no span yet
-    assert frame(5.05, 420) == pytest.approx(200)         # not 10 tokens over 3 idle seconds
+    frame(2.05, 410, running=0)  # the run ends: idle
+    assert frame(5.0, 410) == 0  # 3 s later a burst: no span yet
+    assert frame(5.05, 420) == pytest.approx(200)  # not 10 tokens over 3 idle seconds
     assert frame(5.10, 430) == pytest.approx(200)
-    for k in range(1, 4):                                 # slow steps: 30 tokens every 1.5 s
+    for k in range(1, 4):  # slow steps: 30 tokens every 1.5 s
         tps = frame(5.10 + 1.5 * k, 430 + 30 * k)
     assert tps == pytest.approx(20)
-    assert frame(0.05, 10) == 0 and frame(0.10, 30) == pytest.approx(400)   # a restarted server's clock
+    assert frame(0.05, 10) == 0 and frame(0.10, 30) == pytest.approx(400)  # a restarted server's clock
 
 
 def test_the_scrubbers_marks_stay_put_wherever_the_replay_is():
@@ -333,15 +377,18 @@ def test_the_scrubbers_marks_stay_put_wherever_the_replay_is():
     from types import SimpleNamespace
 
     from tui.widgets.status import scrubber
-    runner = SimpleNamespace(last_step=734, event_steps=lambda kinds: {"preempted": [9, 170, 171, 400, 733],
-                                                                        "aborted": [52]}[kinds[0]])
+
+    runner = SimpleNamespace(
+        last_step=734, event_steps=lambda kinds: {"preempted": [9, 170, 171, 400, 733], "aborted": [52]}[kinds[0]]
+    )
 
     def bar(now: int) -> str:
         f = SimpleNamespace(paused=True, step_delay_ms=0, snapshot=SimpleNamespace(counters=SimpleNamespace(steps=now)))
         line = scrubber(f, runner, 120, None).plain
         assert len(line) == 120
         return line
+
     lines = [bar(now) for now in (0, 7, 165, 734)]
-    here = {line.index("●") for line in lines}                      # (the cursor covers a mark)
+    here = {line.index("●") for line in lines}  # (the cursor covers a mark)
     marks = [frozenset(i for i, c in enumerate(line) if c in "Px") - here for line in lines]
     assert len(marks[0]) >= 2 and len(set(marks)) == 1

@@ -14,47 +14,49 @@ from pathlib import Path
 from rich.text import Text
 from textual import events
 from textual.app import App, ComposeResult
-from textual.screen import ModalScreen
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
+from textual.screen import ModalScreen
 from textual.widgets import Footer, Sparkline, Static
 from textual.worker import get_current_worker
 
-from tinyllm.request import Sampling
 from tinyllm.model.tokenizer import Tokenizer
-from tui.runners.interface import (Frame, LogEntry, Runner)
+from tinyllm.request import RequestSettings, Sampling
+from tui.runners.interface import Frame, LogEntry, Runner
 from tui.screens.commands import AppCommands
 from tui.screens.live import FramePacer, LiveView
+from tui.screens.modals import HelpScreen
 from tui.screens.replay_keys import ReplayKeys
 from tui.screens.request_keys import RequestKeys
-from tui.screens.modals import HelpScreen
-from tinyllm.request import RequestSettings
 from tui.widgets.block_map import BlockMap
-from tui.widgets.kv_panel import KVPanel
-from tui.widgets.request_pane import RequestPane
-from tui.widgets.request_list import RequestList
-from tui.widgets.selection import RequestSelected
-from tui.widgets.slot_grid import SlotGrid, slots_title
-from tui.widgets.status import fit_fields, scrubber, status_fields
 from tui.widgets.deferred import deferred, guarded
 from tui.widgets.event_log import EventLog
-from tui.widgets.text_line import TextLine
-from tui.widgets.server_panel import ServerPanel
+from tui.widgets.kv_panel import KVPanel
 from tui.widgets.prefix_cache_map import PrefixCacheMap
 from tui.widgets.prompt_editor import PromptEditor
+from tui.widgets.request_list import RequestList
+from tui.widgets.request_pane import RequestPane
+from tui.widgets.selection import RequestSelected
+from tui.widgets.server_panel import ServerPanel
+from tui.widgets.slot_grid import SlotGrid, slots_title
+from tui.widgets.status import fit_fields, scrubber, status_fields
+from tui.widgets.text_line import TextLine
 from tui.widgets.timeline import TimelinePanel
 
-DEFAULT_THREADS = 1         # torch threads in the engine process: robust beside a busy core (README)
-REFRESH_HZ = 20             # at most; FramePacer lowers it (to 5 Hz) when drawing costs the engine too much
-FLAT_OUT_S = 0.125          # running flat out (step delay < 50 ms), a frame at most this often: the whole
-                            # frame each time held key presses back (p95 45-75 ms at 11-14 frames/s)
+DEFAULT_THREADS = 1  # torch threads in the engine process: robust beside a busy core (README)
+REFRESH_HZ = 20  # at most; FramePacer lowers it (to 5 Hz) when drawing costs the engine too much
+FLAT_OUT_S = 0.125  # running flat out (step delay < 50 ms), a frame at most this often: the whole
+# frame each time held key presses back (p95 45-75 ms at 11-14 frames/s)
 
 
-EDITOR_KEYS = (                              # the help's rows for the prompt editor (tui/widgets/prompt_editor.py)
+EDITOR_KEYS = (  # the help's rows for the prompt editor (tui/widgets/prompt_editor.py)
     ("enter (in the prompt)", "send the prompt: exactly the text in the editor"),
-    ("ctrl+j (in the prompt)", "a new line in the prompt (also shift+enter / alt+enter where the terminal "
-                               "reports them); a paste keeps every line"),
+    (
+        "ctrl+j (in the prompt)",
+        "a new line in the prompt (also shift+enter / alt+enter where the terminal "
+        "reports them); a paste keeps every line",
+    ),
     ("↑ / ↓ (in the prompt)", "earlier prompts sent, when the editor is empty (as in a shell)"),
     ("letters (in the prompt)", "are text, never commands: esc first, then the keys above"),
 )
@@ -63,7 +65,7 @@ EDITOR_KEYS = (                              # the help's rows for the prompt ed
 class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
     CSS_PATH = "app.tcss"
     TITLE = "tinyllm-tui"
-    COMMANDS = App.COMMANDS | {AppCommands}         # Ctrl+P: the app's actions, each with its keys
+    COMMANDS = App.COMMANDS | {AppCommands}  # Ctrl+P: the app's actions, each with its keys
     # One source of truth for keys: the footer and the help screen both read this list.
     BINDINGS = [
         # Into and out of the prompt editor: priority, so that the keys after them (a burst: a
@@ -105,35 +107,42 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         Binding("ctrl+c,ctrl+q", "quit", "Quit", priority=True),
     ]
 
-    def __init__(self, runner: Runner, tokenizer: Tokenizer | None, *, model_name: str = "model",
-                 settings: RequestSettings | None = None, prompts_file: Path | None = None,
-                 recording: Path | None = None):
+    def __init__(
+        self,
+        runner: Runner,
+        tokenizer: Tokenizer | None,
+        *,
+        model_name: str = "model",
+        settings: RequestSettings | None = None,
+        prompts_file: Path | None = None,
+        recording: Path | None = None,
+    ):
         super().__init__()
-        self.runner = runner                      # owns the engine; we only send commands and read frames
-        self.replay = runner.mode == "replay"             # a recording played back: read-only, no tokenizer
-        self.remote = runner.mode in ("attach", "metrics")    # attached to a server: it paces itself
-        self.metrics_only = runner.mode == "metrics"      # a vLLM server: no slots, no blocks
+        self.runner = runner  # owns the engine; we only send commands and read frames
+        self.replay = runner.mode == "replay"  # a recording played back: read-only, no tokenizer
+        self.remote = runner.mode in ("attach", "metrics")  # attached to a server: it paces itself
+        self.metrics_only = runner.mode == "metrics"  # a vLLM server: no slots, no blocks
         self.tokenizer = tokenizer
         self.model_name = model_name
         snap = runner.frame.snapshot
         self.max_len = snap.max_len
         self.settings = settings or RequestSettings(Sampling(), min(100, self.max_len - 1))
         self.prompts_file = prompts_file
-        self.workload: Path | None = None        # the prompt file loaded last (--prompts or F3): what `r` races
-        self.recording = recording                # --record FILE: shown in the status line, named at exit
-        self.startup_error: str | None = None     # set when the engine could not start; main() prints it
+        self.workload: Path | None = None  # the prompt file loaded last (--prompts or F3): what `r` races
+        self.recording = recording  # --record FILE: shown in the status line, named at exit
+        self.startup_error: str | None = None  # set when the engine could not start; main() prints it
         self.selected: int | None = None
-        self._shown_seq = -1                     # the frame every panel has drawn (a loading frame has seq 0)
+        self._shown_seq = -1  # the frame every panel has drawn (a loading frame has seq 0)
         self._details_frame: Frame | None = None  # that frame (the list, pane and timeline keep showing it)
-        self._placed: tuple = ()                   # (selection, rows) the list's cursor was last put on
-        self._following = True                    # live: the selection follows the newest request until the
-                                                  # user moves it (back on the newest, or a prompt sent: again)
-        self._last_log: LogEntry | None = None   # the newest event-log entry shown
+        self._placed: tuple = ()  # (selection, rows) the list's cursor was last put on
+        self._following = True  # live: the selection follows the newest request until the
+        # user moves it (back on the newest, or a prompt sent: again)
+        self._last_log: LogEntry | None = None  # the newest event-log entry shown
         self._flags: dict[int, tuple[str, int]] = {}
         self._pacer = FramePacer(max_hz=REFRESH_HZ)
         self._publish_s = 0.0
         self.frames_drawn = 0
-        self._next_flat_out = 0.0                 # running flat out: no frame drawn before this
+        self._next_flat_out = 0.0  # running flat out: no frame drawn before this
 
     # -- layout ----------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -155,7 +164,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
             yield TextLine(id="scrubber")
         else:
             with Horizontal(id="entry"):
-                yield Static(id="next-settings", markup=False)   # left of the prompt: toasts cover the right
+                yield Static(id="next-settings", markup=False)  # left of the prompt: toasts cover the right
                 yield PromptEditor(self.submit_prompt, id="prompt")
         yield Footer()
 
@@ -164,14 +173,14 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self._cache_titles(snap)
         if snap.kv.kind != "paged":
             self.query_one("#blocks", BlockMap).display = False
-        self.query_one("#tps").border_title = "tokens/s (last 30 s of steps)"   # engine time: idle adds none
+        self.query_one("#tps").border_title = "tokens/s (last 30 s of steps)"  # engine time: idle adds none
         self.query_one("#kv").border_title = "KV cache & counters"
         self.query_one("#requests").border_title = "Requests"
         self.query_one("#timeline").border_title = "Timeline (t: requests, z/Z: zoom)"
         self.query_one("#timeline").display = False
         self.query_one("#server").border_title = f"{getattr(self.runner, 'kind', 'server')} metrics (GET /metrics)"
         self.query_one("#server").display = self.metrics_only
-        events = getattr(self.runner, "kv_events", None)      # --kv-events: the server's prefix cache
+        events = getattr(self.runner, "kv_events", None)  # --kv-events: the server's prefix cache
         self.query_one("#prefix").display = self.metrics_only and events is not None
         if events is not None:
             self.query_one("#prefix").border_title = f"vLLM prefix cache (KV events from {events.endpoint})"
@@ -195,8 +204,9 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
             # gets a prompt (letters there are text, never commands); with a workload loaded at
             # start (--prompts) on the list, to watch it: letters are keys there (q, space, t).
             # Esc leaves the editor, i / Enter come back; the footer says which has the keys.
-            self.screen.set_focus(self.query_one("#requests") if self.prompts_file is not None
-                                  else self.query_one("#prompt"))
+            self.screen.set_focus(
+                self.query_one("#requests") if self.prompts_file is not None else self.query_one("#prompt")
+            )
         self.run_worker(self._engine_loop, thread=True, name="engine", exit_on_error=False)
         self._tick()
         if self.prompts_file is not None:
@@ -212,8 +222,10 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         try:
             self.query_one("#blocks", BlockMap).max_rows = 2 if short else 6
             self.query_one("#prefix", PrefixCacheMap).max_rows = 3 if short else 8
-            self.query_one("#kv").border_title = "KV █used ▒alloc ░reserved · counters" if short else "KV cache & counters"
-        except NoMatches:                                 # not composed yet, or shutting down
+            self.query_one("#kv").border_title = (
+                "KV █used ▒alloc ░reserved · counters" if short else "KV cache & counters"
+            )
+        except NoMatches:  # not composed yet, or shutting down
             return
         self._shown_seq = -1
         self.call_after_refresh(self.refresh_from_runner, True)
@@ -223,7 +235,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self.runner.run(cancelled=lambda: worker.is_cancelled)
 
     # -- the paced refresh ---------------------------------------------------------------------
-    @deferred                                 # a timer's, or after a resize: nothing once the app is leaving
+    @deferred  # a timer's, or after a resize: nothing once the app is leaving
     def refresh_from_runner(self, force: bool = False) -> None:
         """Draw the runner's newest frame, every panel from it: the one place that decides what a
         frame draws, and when. Every panel shows the same step at every moment (the request list
@@ -262,9 +274,13 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         """The slot grid's and block map's sizes, from the snapshot shown: the first frame may be
         the loading one (an engine process sizes its cache from --kv-memory only once the model
         is read), so every frame checks them."""
-        titles = ((self.query_one("#slots"), slots_title(snap)),
-                  (self.query_one("#blocks"), f"KV blocks ({snap.kv.n_blocks} × {snap.kv.block_size} tokens)"
-                   if snap.kv.kind == "paged" else None))
+        titles = (
+            (self.query_one("#slots"), slots_title(snap)),
+            (
+                self.query_one("#blocks"),
+                f"KV blocks ({snap.kv.n_blocks} × {snap.kv.block_size} tokens)" if snap.kv.kind == "paged" else None,
+            ),
+        )
         for widget, title in titles:
             if title is not None and widget.border_title != title:
                 widget.border_title = title
@@ -308,9 +324,9 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         elif self.selected is None:
             self.selected = snap.requests[0].rid if snap.requests else None
         placed = (self.selected, requests.rids)
-        if placed != self._placed:                        # only when the selection or the rows changed:
-            self._placed = placed                         # every draw would undo scrolling, and a ↓ on
-            requests.select_rid(self.selected)            # its way to the app
+        if placed != self._placed:  # only when the selection or the rows changed:
+            self._placed = placed  # every draw would undo scrolling, and a ↓ on
+            requests.select_rid(self.selected)  # its way to the app
         self._show_pane(frame)
         self._show_timeline(frame)
 
@@ -322,7 +338,8 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         """The engine process could not build the engine: leave with its one-line reason, as a
         bad argument would have (main() prints it and exits 2)."""
         from tinyllm.model.config import CheckpointError
-        self.startup_error = f"--model: {e}" if isinstance(e, CheckpointError) else str(e)   # one line already
+
+        self.startup_error = f"--model: {e}" if isinstance(e, CheckpointError) else str(e)  # one line already
         self.runner.stop()
         self.exit(return_code=2)
 
@@ -336,8 +353,8 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         idle = not (frame.pending_arrivals or any(v.state in self.ACTIVE for v in snap.requests))
         if idle and not frame.paused and not self.replay:
             return
-        for e in frame.log[-4 * snap.n_slots:]:
-            recent = e.step == snap.counters.steps               # what the latest step did
+        for e in frame.log[-4 * snap.n_slots :]:
+            recent = e.step == snap.counters.steps  # what the latest step did
             if recent and e.slot is not None and e.kind in ("admit", "finish", "preempt", "abort"):
                 self._flags[e.slot] = (e.kind, e.rid)
 
@@ -356,16 +373,16 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         i = len(log) - 1
         while i >= 0 and log[i].seq > last.seq:
             i -= 1
-        if i < 0 or log[i] != last or self.replay:        # not the same history: as it is now
+        if i < 0 or log[i] != last or self.replay:  # not the same history: as it is now
             self.query_one("#log", EventLog).reset(log)
         else:
-            new = log[i + 1:]
+            new = log[i + 1 :]
             self._notify_errors(new)
             self.query_one("#log", EventLog).add(list(new))
         self._last_log = log[-1]
 
     def _notify_errors(self, entries) -> None:
-        if not self.replay:                               # a replay's errors were seen when they happened
+        if not self.replay:  # a replay's errors were seen when they happened
             for e in entries:
                 if e.kind == "error":
                     self.notify(e.text, title="server" if self.remote else "engine", severity="error", timeout=8)
@@ -383,7 +400,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         """Select request ``rid`` in every panel (the list's cursor, the pane, the timeline). The
         selection stays there (the newest request: it follows the newest again)."""
         self.selected = rid
-        frame = self._details_frame or self.runner.frame    # the frame the other panels show
+        frame = self._details_frame or self.runner.frame  # the frame the other panels show
         self._following = rid == max((v.rid for v in frame.snapshot.requests), default=rid)
         requests = self.query_one("#requests", RequestList)
         requests.select_rid(rid)
@@ -391,13 +408,21 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self._show_pane(frame)
         self._show_timeline(frame)
 
-    @deferred                                 # a message the list posted: the app may be leaving by now
+    @deferred  # a message the list posted: the app may be leaving by now
     def on_request_selected(self, event: RequestSelected) -> None:
         """↑/↓, Home/End or a click in the list or the timeline."""
         self.select(event.rid)
 
-    READ_ONLY = {"abort_selected", "abort_all", "clear_prefix_cache", "load_prompts", "settings", "focus_input",
-                 "leave_input", "race"}
+    READ_ONLY = {
+        "abort_selected",
+        "abort_all",
+        "clear_prefix_cache",
+        "load_prompts",
+        "settings",
+        "focus_input",
+        "leave_input",
+        "race",
+    }
     REPLAY_ONLY = {"step_back", "goto_step", "replay_start", "replay_end", "next_event", "prev_event"}
     SERVER_PACED = {"toggle_pause", "step_once", "slower", "faster", "clear_prefix_cache"}
 
@@ -405,16 +430,19 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         """A replay changes nothing (no abort, no prompts, no settings); only a replay moves back
         in time; a server paces itself (no pause, step or speed from a viewer). Keys that do not
         apply are off, and hidden from the footer."""
-        if action in ("focus_input", "leave_input"):      # Esc leaves the editor, i goes to it: either is
-            editing = isinstance(self.focused, PromptEditor)   # the other's key (text, a dialog's Esc),
-            if editing != (action == "leave_input") or len(self.screen_stack) > 1:   # and neither is a dialog's
+        if action in ("focus_input", "leave_input"):  # Esc leaves the editor, i goes to it: either is
+            editing = isinstance(self.focused, PromptEditor)  # the other's key (text, a dialog's Esc),
+            if editing != (action == "leave_input") or len(self.screen_stack) > 1:  # and neither is a dialog's
                 return False
-        if action in self._own_actions():                 # (not Textual's: Tab's focus_next moves in a dialog)
+        if action in self._own_actions():  # (not Textual's: Tab's focus_next moves in a dialog)
             if any(getattr(screen, "owns_keys", False) for screen in self.screen_stack) and action != "quit":
-                return False                              # the race (and its help) has keys of its own
-            if (isinstance(self.screen, ModalScreen) and not isinstance(self.screen, HelpScreen)
-                    and action not in ("quit", "help")):
-                return False                              # a dialog is open: its keys, not ours
+                return False  # the race (and its help) has keys of its own
+            if (
+                isinstance(self.screen, ModalScreen)
+                and not isinstance(self.screen, HelpScreen)
+                and action not in ("quit", "help")
+            ):
+                return False  # a dialog is open: its keys, not ours
         return self._applies(action)
 
     async def on_event(self, event) -> None:
@@ -422,11 +450,14 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         (Textual hands a key to the focused widget and runs the app's bindings for it once it
         has bubbled back, from wherever the focus is by then: in a burst, Esc t i h i lost its
         t, as i had moved the focus into the editor, where letters are text.)"""
-        if (isinstance(event, events.Key) and not event.is_forwarded and len(self.screen_stack) == 1
-                and not isinstance(self.focused, PromptEditor)):
+        if (
+            isinstance(event, events.Key)
+            and not event.is_forwarded
+            and len(self.screen_stack) == 1
+            and not isinstance(self.focused, PromptEditor)
+        ):
             active = self.screen.active_bindings.get(event.key)
-            if active is not None and active.enabled and await self.run_action(active.binding.action,
-                                                                                active.node):
+            if active is not None and active.enabled and await self.run_action(active.binding.action, active.node):
                 return
         await super().on_event(event)
 
@@ -439,10 +470,11 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         the keys check it, and the help lists only what it allows."""
         if action in (self.READ_ONLY if self.replay else self.REPLAY_ONLY):
             return False
-        if action == "recording":                         # (a palette command: --record records a local engine)
+        if action == "recording":  # (a palette command: --record records a local engine)
             return not self.remote
-        return not (self.remote and (action in self.SERVER_PACED
-                                     or (action == "load_prompts" and self.tokenizer is None)))
+        return not (
+            self.remote and (action in self.SERVER_PACED or (action == "load_prompts" and self.tokenizer is None))
+        )
 
     def _show_timeline(self, frame: Frame) -> None:
         timeline = self.query_one("#timeline", TimelinePanel)
@@ -457,6 +489,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
 
     def action_race(self) -> None:
         from tui.screens.race import open_race
+
         self._close_help()
         open_race(self)
 
@@ -464,13 +497,19 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         """The palette's Record: a run is recorded from the start (--record FILE), so say where
         this one goes, or how to record one."""
         if self.recording is not None:
-            self.notify(f"This run is being recorded to {self.recording} (every step, as it happens); the file is "
-                        f"closed when the app quits. Replay it with tinyllm-tui --replay {self.recording}.",
-                        title="recording", timeout=8)
+            self.notify(
+                f"This run is being recorded to {self.recording} (every step, as it happens); the file is "
+                f"closed when the app quits. Replay it with tinyllm-tui --replay {self.recording}.",
+                title="recording",
+                timeout=8,
+            )
         else:
-            self.notify("A run is recorded from its start: quit, then tinyllm-tui --record FILE (every step is "
-                        "written as it happens); tinyllm-tui --replay FILE plays it back, step by step.",
-                        title="not recording", timeout=8)
+            self.notify(
+                "A run is recorded from its start: quit, then tinyllm-tui --record FILE (every step is "
+                "written as it happens); tinyllm-tui --replay FILE plays it back, step by step.",
+                title="not recording",
+                timeout=8,
+            )
 
     def action_toggle_timeline(self) -> None:
         timeline = self.query_one("#timeline", TimelinePanel)
@@ -478,7 +517,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         was = self.focused
         timeline.display, requests.display = not timeline.display, timeline.display
         shown = timeline if timeline.display else requests
-        if was is None or was is requests or was is timeline:     # the keys follow the panel (↑/↓ select)
+        if was is None or was is requests or was is timeline:  # the keys follow the panel (↑/↓ select)
             self._focus(shown)
         self._show_timeline(self._details_frame or self.runner.frame)
 
@@ -487,15 +526,16 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         if not timeline.display:
             self.action_toggle_timeline()
         if not (timeline.zoom_out() if out else timeline.zoom_in()):
-            self.notify(f"the timeline is already at {timeline.per_col} step{'s' if timeline.per_col > 1 else ''} "
-                        f"per column", timeout=2)
+            self.notify(
+                f"the timeline is already at {timeline.per_col} step{'s' if timeline.per_col > 1 else ''} per column",
+                timeout=2,
+            )
 
     def action_zoom_out(self) -> None:
         self._zoom(out=True)
 
     def action_zoom_in(self) -> None:
         self._zoom(out=False)
-
 
     def action_focus_input(self) -> None:
         self._focus(self.query_one("#prompt", PromptEditor))

@@ -27,18 +27,19 @@ from textual import events
 
 from tinyllm.args import OneLineParser
 from tinyllm.bench import default_workload, random_checkpoint
-from tinyllm.model.checkpoint import default_model_dir, load_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling, percentile, run_continuous
+from tinyllm.model.checkpoint import default_model_dir, load_checkpoint
+from tinyllm.request import RequestSettings
 from tui.app import DEFAULT_THREADS, TinyLLMApp
 from tui.runners.child import ChildRunner
-from tui.runners.engine import EngineSpec
+from tui.runners.engine import EngineRunner, EngineSpec
 from tui.runners.interface import SetPaused, Submit
-from tui.runners.engine import EngineRunner
-from tinyllm.request import RequestSettings
 
-
-SCHEDULERS = {"slots": dict(kv="slots"), "paged": dict(kv="paged"),
-              "chunked": dict(kv="paged", chunked_prefill=True)}      # chunked: the app's default
+SCHEDULERS = {
+    "slots": dict(kv="slots"),
+    "paged": dict(kv="paged"),
+    "chunked": dict(kv="paged", chunked_prefill=True),
+}  # chunked: the app's default
 
 
 def headless_tok_s(model, reqs, slots: int, scheduler: str = "chunked") -> float:
@@ -55,12 +56,14 @@ def _process_cpu() -> float:
 async def in_app(runner, tok, reqs, keys: int, key_gap: float) -> tuple[float, list[float], float, float]:
     app = TinyLLMApp(runner, tok, model_name="bench", settings=RequestSettings(Sampling(), 8))
     async with app.run_test(size=(160, 48)) as pilot:
+
         def submit(batch) -> None:
             for r in batch:
-                app.runner.send(Submit(tok.decode(r.prompt), RequestSettings(Sampling(), r.max_new_tokens, False),
-                                       tuple(r.prompt)))
+                app.runner.send(
+                    Submit(tok.decode(r.prompt), RequestSettings(Sampling(), r.max_new_tokens, False), tuple(r.prompt))
+                )
 
-        warm = reqs[:4]                                   # as headless_tok_s warms up: same shapes first
+        warm = reqs[:4]  # as headless_tok_s warms up: same shapes first
         submit(warm)
         app.runner.send(SetPaused(False))
         while app.runner.frame.snapshot.counters.finished < len(warm):
@@ -76,16 +79,16 @@ async def in_app(runner, tok, reqs, keys: int, key_gap: float) -> tuple[float, l
         inp = app.query_one("#prompt")
         inp.focus()
         changed = asyncio.Event()
-        app.watch(inp, "value", lambda _: changed.set(), init=False)    # no polling: it would cost CPU
+        app.watch(inp, "value", lambda _: changed.set(), init=False)  # no polling: it would cost CPU
         lat: list[float] = []
         while app.runner.frame.snapshot.counters.finished < len(warm) + len(reqs):
             if len(lat) < keys:
                 changed.clear()
                 t = time.perf_counter()
-                app.post_message(events.Key("a", "a"))   # as the terminal driver delivers a key
+                app.post_message(events.Key("a", "a"))  # as the terminal driver delivers a key
                 await changed.wait()
                 painted = asyncio.Event()
-                app.call_after_refresh(painted.set)      # runs once the screen has been redrawn
+                app.call_after_refresh(painted.set)  # runs once the screen has been redrawn
                 await painted.wait()
                 lat.append(time.perf_counter() - t)
                 await asyncio.sleep(max(0.0, key_gap - (time.perf_counter() - t)))
@@ -106,11 +109,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--slots", type=int, default=16)
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS, help=f"default {DEFAULT_THREADS}, as the app")
-    p.add_argument("--scheduler", choices=sorted(SCHEDULERS), default="chunked",
-                   help="slot KV, paged KV, or paged KV with chunked prefill (default, as the app)")
+    p.add_argument(
+        "--scheduler",
+        choices=sorted(SCHEDULERS),
+        default="chunked",
+        help="slot KV, paged KV, or paged KV with chunked prefill (default, as the app)",
+    )
     p.add_argument("--keys", type=int, default=40, help="key presses to time in the typing run")
-    p.add_argument("--key-gap", type=float, default=0.15, metavar="S",
-                   help="seconds between key presses (default 0.15: a fast typist)")
+    p.add_argument(
+        "--key-gap",
+        type=float,
+        default=0.15,
+        metavar="S",
+        help="seconds between key presses (default 0.15: a fast typist)",
+    )
     p.add_argument("--runner", choices=["process", "thread", "both"], default="both")
     p.add_argument("--repeat", type=int, default=2, help="headless/app pairs per runner")
     a = p.parse_args(argv)
@@ -123,18 +135,26 @@ def main(argv: list[str] | None = None) -> None:
         path = Path(a.model) if a.model else default_model_dir()
     model, tok = load_checkpoint(path)
     reqs = default_workload(a.requests, model.cfg.vocab_size)
-    headless_tok_s(model, reqs[:4], a.slots, a.scheduler)         # warm-up
+    headless_tok_s(model, reqs[:4], a.slots, a.scheduler)  # warm-up
     sched = SCHEDULERS[a.scheduler]
-    spec = EngineSpec(str(path), "cpu", a.slots, threads=a.threads, kv=sched["kv"],
-                      chunked_prefill=sched.get("chunked_prefill", False))
-    print(f"model: {path if a.model or a.random_model is None else 'random ' + (a.random_model or 'default')}; "
-          f"{a.requests} requests, {a.slots} slots, {a.scheduler} scheduler, {a.threads} torch threads")
-    for kind in (["process", "thread"] if a.runner == "both" else [a.runner]):
+    spec = EngineSpec(
+        str(path),
+        "cpu",
+        a.slots,
+        threads=a.threads,
+        kv=sched["kv"],
+        chunked_prefill=sched.get("chunked_prefill", False),
+    )
+    print(
+        f"model: {path if a.model or a.random_model is None else 'random ' + (a.random_model or 'default')}; "
+        f"{a.requests} requests, {a.slots} slots, {a.scheduler} scheduler, {a.threads} torch threads"
+    )
+    for kind in ["process", "thread"] if a.runner == "both" else [a.runner]:
         rows, lat = [], []
         for _ in range(a.repeat):
             head = headless_tok_s(model, reqs, a.slots, a.scheduler)
             runs = []
-            for keys in (0, a.keys):                      # watching, then typing
+            for keys in (0, a.keys):  # watching, then typing
                 if kind == "process":
                     runner = ChildRunner(spec, paused=True).start()
                 else:
@@ -144,16 +164,22 @@ def main(argv: list[str] | None = None) -> None:
                 lat += key_lat
             rows.append((head, *runs))
         lat.sort()
-        print(f"engine in a {kind}: tokens/s headless → app watching → app while typing: "
-              + ", ".join(f"{h:.0f} → {w[0]:.0f} → {t[0]:.0f}" for h, w, t in rows))
+        print(
+            f"engine in a {kind}: tokens/s headless → app watching → app while typing: "
+            + ", ".join(f"{h:.0f} → {w[0]:.0f} → {t[0]:.0f}" for h, w, t in rows)
+        )
         for label, i in (("watching", 1), ("typing", 2)):
             kept = statistics.median(r[i][0] / r[0] for r in rows)
-            print(f"  {label}: median {kept:.0%} of headless; the app drew "
-                  f"{statistics.mean(r[i][1] for r in rows):.0f} frames/s using "
-                  f"{statistics.mean(r[i][2] for r in rows):.0%} of a core"
-                  + (" (engine included)" if kind == "thread" else ""))
-        print(f"  key-press-to-screen latency while running flat out: p50 {percentile(lat, .5) * 1e3:.1f} ms, "
-              f"p95 {percentile(lat, .95) * 1e3:.1f} ms over {len(lat)} presses, one every {a.key_gap * 1e3:.0f} ms")
+            print(
+                f"  {label}: median {kept:.0%} of headless; the app drew "
+                f"{statistics.mean(r[i][1] for r in rows):.0f} frames/s using "
+                f"{statistics.mean(r[i][2] for r in rows):.0%} of a core"
+                + (" (engine included)" if kind == "thread" else "")
+            )
+        print(
+            f"  key-press-to-screen latency while running flat out: p50 {percentile(lat, 0.5) * 1e3:.1f} ms, "
+            f"p95 {percentile(lat, 0.95) * 1e3:.1f} ms over {len(lat)} presses, one every {a.key_gap * 1e3:.0f} ms"
+        )
     if tmp is not None:
         tmp.cleanup()
 

@@ -16,82 +16,173 @@ from pathlib import Path
 from tinyllm.args import SLOTS_WITH_KV_MEMORY, add_kv_dtype_arg, add_policy_arg, check_device, option_names
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT_WORKLOAD, check_static_batches
 from tinyllm.race.views import LANES
-from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, Sampling, check_fits
+from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, RequestSettings, Sampling, check_fits
+from tui import web
 from tui.app import DEFAULT_THREADS, TinyLLMApp
 from tui.runners.child import ChildRunner, EngineStartError
 from tui.runners.engine import EngineSpec
 from tui.runners.interface import MAX_DELAY_MS
 from tui.screens.modals import read_workload
-from tinyllm.request import RequestSettings
-from tui import web
 
-ATTACH_WAIT_S = 60.0        # --attach: how long to wait for a server to listen (vLLM-CPU loads in ~30-60 s)
+ATTACH_WAIT_S = 60.0  # --attach: how long to wait for a server to listen (vLLM-CPU loads in ~30-60 s)
 
 
 def build_parser() -> argparse.ArgumentParser:
     from tinyllm.args import OneLineParser, non_negative_float, positive_float, positive_int, unit_interval
     from tinyllm.request import DEFAULT_MAX_NUM_SEQS
-    p = OneLineParser(prog="tinyllm-tui", description="Watch tinyllm's continuous-batching scheduler live: "
-                      "type prompts or load prompt files, see slots, KV blocks and tokens as they happen.")
+
+    p = OneLineParser(
+        prog="tinyllm-tui",
+        description="Watch tinyllm's continuous-batching scheduler live: "
+        "type prompts or load prompt files, see slots, KV blocks and tokens as they happen.",
+    )
     p.add_argument("--model", metavar="DIR", help="local HF Llama checkpoint directory (default: bundled Shakespeare)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available, else cpu)")
-    p.add_argument("--slots", type=positive_int, default=8, metavar="N", help="KV slots = max concurrent requests (default 8)")
-    p.add_argument("--kv-memory", type=positive_float, default=None, metavar="MiB",
-                   help="the KV memory budget, instead of --slots: slot KV gets the slots of --max-len it buys, "
-                        "paged KV the blocks it buys, run by up to --max-num-seqs requests (--race: every lane "
-                        "at this budget, static batching at the rows it buys)")
-    p.add_argument("--max-num-seqs", type=positive_int, default=None, metavar="N",
-                   help=f"with --kv-memory: the cap on running requests (default {DEFAULT_MAX_NUM_SEQS})")
-    p.add_argument("--max-len", type=positive_int, default=None, metavar="N", help="tokens per slot (default: the model's context)")
-    p.add_argument("--kv", choices=["slots", "paged"], default=None,
-                   help="KV cache layout (default paged; slots = the seed's slot cache, no chunked prefill)")
-    p.add_argument("--chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
-                   help="the token-budget scheduler: decodes and prompt chunks in one forward per step "
-                        "(default on with --kv paged; --no-chunked-prefill = the seed's prefill-then-decode)")
-    p.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=None,
-                   help="reuse the KV blocks of prompt prefixes seen before (default on with chunked prefill)")
-    p.add_argument("--max-batched-tokens", type=positive_int, default=None, metavar="N",
-                   help=f"chunked prefill: tokens per step, at least --slots (default {DEFAULT_MAX_BATCHED_TOKENS})")
-    p.add_argument("--threads", type=positive_int, default=DEFAULT_THREADS, metavar="N",
-                   help=f"torch CPU threads for the engine (default {DEFAULT_THREADS}: see the README on contention)")
-    p.add_argument("--block-size", type=positive_int, default=16, metavar="N", help="paged: tokens per block (default 16)")
-    p.add_argument("--kv-blocks", type=positive_int, default=None, metavar="N",
-                   help="paged: blocks in the pool (default: the slot cache's memory); small values force preemption")
-    p.add_argument("--temperature", type=non_negative_float, default=0.8, metavar="T", help="default for new requests (0 = greedy; default 0.8)")
-    p.add_argument("--top-k", type=positive_int, default=None, metavar="K", help="default top_k for new requests (default off)")
-    p.add_argument("--top-p", type=unit_interval, default=None, metavar="P", help="default top_p for new requests (default off)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=120, metavar="N", help="default for new requests (default 120)")
-    p.add_argument("--prompts", default=None, metavar="FILE|NAME",
-                   help="a JSONL workload to load at start: a path, or a bundled workload's name (e.g. burst)")
+    p.add_argument(
+        "--slots", type=positive_int, default=8, metavar="N", help="KV slots = max concurrent requests (default 8)"
+    )
+    p.add_argument(
+        "--kv-memory",
+        type=positive_float,
+        default=None,
+        metavar="MiB",
+        help="the KV memory budget, instead of --slots: slot KV gets the slots of --max-len it buys, "
+        "paged KV the blocks it buys, run by up to --max-num-seqs requests (--race: every lane "
+        "at this budget, static batching at the rows it buys)",
+    )
+    p.add_argument(
+        "--max-num-seqs",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help=f"with --kv-memory: the cap on running requests (default {DEFAULT_MAX_NUM_SEQS})",
+    )
+    p.add_argument(
+        "--max-len", type=positive_int, default=None, metavar="N", help="tokens per slot (default: the model's context)"
+    )
+    p.add_argument(
+        "--kv",
+        choices=["slots", "paged"],
+        default=None,
+        help="KV cache layout (default paged; slots = the seed's slot cache, no chunked prefill)",
+    )
+    p.add_argument(
+        "--chunked-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the token-budget scheduler: decodes and prompt chunks in one forward per step "
+        "(default on with --kv paged; --no-chunked-prefill = the seed's prefill-then-decode)",
+    )
+    p.add_argument(
+        "--prefix-cache",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="reuse the KV blocks of prompt prefixes seen before (default on with chunked prefill)",
+    )
+    p.add_argument(
+        "--max-batched-tokens",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help=f"chunked prefill: tokens per step, at least --slots (default {DEFAULT_MAX_BATCHED_TOKENS})",
+    )
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=DEFAULT_THREADS,
+        metavar="N",
+        help=f"torch CPU threads for the engine (default {DEFAULT_THREADS}: see the README on contention)",
+    )
+    p.add_argument(
+        "--block-size", type=positive_int, default=16, metavar="N", help="paged: tokens per block (default 16)"
+    )
+    p.add_argument(
+        "--kv-blocks",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="paged: blocks in the pool (default: the slot cache's memory); small values force preemption",
+    )
+    p.add_argument(
+        "--temperature",
+        type=non_negative_float,
+        default=0.8,
+        metavar="T",
+        help="default for new requests (0 = greedy; default 0.8)",
+    )
+    p.add_argument(
+        "--top-k", type=positive_int, default=None, metavar="K", help="default top_k for new requests (default off)"
+    )
+    p.add_argument(
+        "--top-p", type=unit_interval, default=None, metavar="P", help="default top_p for new requests (default off)"
+    )
+    p.add_argument(
+        "--max-new-tokens", type=positive_int, default=120, metavar="N", help="default for new requests (default 120)"
+    )
+    p.add_argument(
+        "--prompts",
+        default=None,
+        metavar="FILE|NAME",
+        help="a JSONL workload to load at start: a path, or a bundled workload's name (e.g. burst)",
+    )
     p.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
-    p.add_argument("--step-delay", type=int, default=0, metavar="MS", help=f"pause between engine steps, 0-{MAX_DELAY_MS} ms (slow motion)")
+    p.add_argument(
+        "--step-delay",
+        type=int,
+        default=0,
+        metavar="MS",
+        help=f"pause between engine steps, 0-{MAX_DELAY_MS} ms (slow motion)",
+    )
     add_policy_arg(p)
     add_kv_dtype_arg(p)
     p.add_argument("--paused", action="store_true", help="start paused (space / F5 resumes, n / F6 steps once)")
-    p.add_argument("--record", metavar="FILE", default=None,
-                   help="write the run to FILE as it happens (JSONL; FILE.gz: compressed), for --replay and tinyllm trace")
-    p.add_argument("--replay", metavar="FILE", default=None,
-                   help="play a --record file back (no model is loaded): every panel as it was, at any step")
-    p.add_argument("--attach", metavar="URL", default=None,
-                   help="watch and drive a running server instead of a local engine: tinyllm serve (every "
-                        "panel) or a vLLM server (its metrics), e.g. http://127.0.0.1:8000")
-    p.add_argument("--kv-events", metavar="ENDPOINT", default=None,
-                   help="with --attach to a vLLM server: subscribe to its KV-cache events (vLLM's --kv-events-config "
-                        "endpoint, e.g. tcp://127.0.0.1:5557) and draw its prefix cache live "
-                        "(needs the vllm-events extra: msgspec, pyzmq)")
-    p.add_argument("--wait", type=non_negative_float, default=ATTACH_WAIT_S, metavar="S",
-                   help=f"with --attach: how long to wait for a server that is not listening yet, e.g. still "
-                        f"loading its model (default {ATTACH_WAIT_S:g} s; 0: do not wait)")
+    p.add_argument(
+        "--record",
+        metavar="FILE",
+        default=None,
+        help="write the run to FILE as it happens (JSONL; FILE.gz: compressed), for --replay and tinyllm trace",
+    )
+    p.add_argument(
+        "--replay",
+        metavar="FILE",
+        default=None,
+        help="play a --record file back (no model is loaded): every panel as it was, at any step",
+    )
+    p.add_argument(
+        "--attach",
+        metavar="URL",
+        default=None,
+        help="watch and drive a running server instead of a local engine: tinyllm serve (every "
+        "panel) or a vLLM server (its metrics), e.g. http://127.0.0.1:8000",
+    )
+    p.add_argument(
+        "--kv-events",
+        metavar="ENDPOINT",
+        default=None,
+        help="with --attach to a vLLM server: subscribe to its KV-cache events (vLLM's --kv-events-config "
+        "endpoint, e.g. tcp://127.0.0.1:5557) and draw its prefix cache live "
+        "(needs the vllm-events extra: msgspec, pyzmq)",
+    )
+    p.add_argument(
+        "--wait",
+        type=non_negative_float,
+        default=ATTACH_WAIT_S,
+        metavar="S",
+        help=f"with --attach: how long to wait for a server that is not listening yet, e.g. still "
+        f"loading its model (default {ATTACH_WAIT_S:g} s; 0: do not wait)",
+    )
     add_race_args(p)
     web.add_web_args(p)
-    p.add_argument("--engine-thread", action="store_true",
-                   help="run the engine in a thread of the app's process instead of its own process "
-                        "(easier to debug, about half as fast: the UI and the engine share one GIL)")
+    p.add_argument(
+        "--engine-thread",
+        action="store_true",
+        help="run the engine in a thread of the app's process instead of its own process "
+        "(easier to debug, about half as fast: the UI and the engine share one GIL)",
+    )
     return p
 
 
-def scheduler_choice(parser, kv: str | None, chunked: bool | None, budget: int | None,
-                     slots: int) -> tuple[str, bool]:
+def scheduler_choice(parser, kv: str | None, chunked: bool | None, budget: int | None, slots: int) -> tuple[str, bool]:
     """(kv, chunked_prefill) from the flags: chunked prefill on the paged cache unless told
     otherwise; contradictions are errors that say which flags clash."""
     if chunked and kv == "slots":
@@ -101,8 +192,10 @@ def scheduler_choice(parser, kv: str | None, chunked: bool | None, budget: int |
     if budget is not None and not chunked:
         parser.error("--max-batched-tokens applies to chunked prefill only (drop --no-chunked-prefill / --kv slots)")
     if chunked and (budget or DEFAULT_MAX_BATCHED_TOKENS) < slots:
-        parser.error(f"--max-batched-tokens {budget or DEFAULT_MAX_BATCHED_TOKENS} is less than --slots {slots}: "
-                     f"every running request decodes one token per step, so the budget must cover them all")
+        parser.error(
+            f"--max-batched-tokens {budget or DEFAULT_MAX_BATCHED_TOKENS} is less than --slots {slots}: "
+            f"every running request decodes one token per step, so the budget must cover them all"
+        )
     return kv, chunked
 
 
@@ -121,14 +214,37 @@ def parse(parser, argv: list[str] | None):
 # other option given with it is refused (one line, exit 2), never silently ignored. (The modes'
 # own refusals, with reasons of their own, come first; --web, --host and --port go with any mode.)
 MODE_USES = {
-    "--replay": ("a replay shows the recorded run: no model, no engine, no new requests",
-                 {"replay", "paused", "step_delay"}),
-    "--attach": ("the server runs its own engine, at its own settings and pace",
-                 {"attach", "kv_events", "wait", "model", "prompts", "temperature", "top_k", "top_p", "max_new_tokens"}),
-    "--race": ("the race is greedy, and each request's max_new_tokens comes from its workload",
-               {"race", "lanes", "batch_timeout", "model", "device", "slots", "kv_memory", "max_num_seqs", "max_len",
-                "max_batched_tokens", "threads", "block_size", "kv_blocks", "seed", "kv_cache_dtype", "paused",
-                "step_delay", "engine_thread"}),
+    "--replay": (
+        "a replay shows the recorded run: no model, no engine, no new requests",
+        {"replay", "paused", "step_delay"},
+    ),
+    "--attach": (
+        "the server runs its own engine, at its own settings and pace",
+        {"attach", "kv_events", "wait", "model", "prompts", "temperature", "top_k", "top_p", "max_new_tokens"},
+    ),
+    "--race": (
+        "the race is greedy, and each request's max_new_tokens comes from its workload",
+        {
+            "race",
+            "lanes",
+            "batch_timeout",
+            "model",
+            "device",
+            "slots",
+            "kv_memory",
+            "max_num_seqs",
+            "max_len",
+            "max_batched_tokens",
+            "threads",
+            "block_size",
+            "kv_blocks",
+            "seed",
+            "kv_cache_dtype",
+            "paused",
+            "step_delay",
+            "engine_thread",
+        },
+    ),
 }
 ANY_MODE = {"web", "host", "port"}
 
@@ -136,7 +252,7 @@ ANY_MODE = {"web", "host", "port"}
 def refuse_unused(parser, a, mode: str) -> None:
     """Refuse the first option given on the command line that ``mode`` does not use."""
     why, uses = MODE_USES[mode]
-    for dest in vars(a):                                  # in --help's order
+    for dest in vars(a):  # in --help's order
         if dest in a.given and dest not in uses | ANY_MODE:
             flag = "--" + ("no-" if getattr(a, dest) is False else "") + dest.replace("_", "-")
             parser.error(f"{flag} does not apply to {mode} ({why})")
@@ -154,17 +270,20 @@ def build_app(argv: list[str] | None = None, require_terminal: bool = False) -> 
 
     parser = build_parser()
     a = parse(parser, argv)
-    a.require_terminal = require_terminal                 # (main: once the arguments are checked, before any work)
+    a.require_terminal = require_terminal  # (main: once the arguments are checked, before any work)
     if not 0 <= a.step_delay <= MAX_DELAY_MS:
         parser.error(f"--step-delay must be in [0, {MAX_DELAY_MS}] ms, got {a.step_delay}")
     if (race := race_app(parser, a)) is not None:
         return race
     if a.scheduling_policy != "fcfs" and (a.replay is not None or a.attach is not None):
-        parser.error("--scheduling-policy applies to the app's own engine (a replay shows the recorded one; "
-                     "a server has its own: tinyllm serve --scheduling-policy)")
+        parser.error(
+            "--scheduling-policy applies to the app's own engine (a replay shows the recorded one; "
+            "a server has its own: tinyllm serve --scheduling-policy)"
+        )
     if a.replay is not None and a.attach is not None:
-        parser.error("--replay and --attach cannot be used together: a replay shows a recorded run, "
-                     "--attach a live server")
+        parser.error(
+            "--replay and --attach cannot be used together: a replay shows a recorded run, --attach a live server"
+        )
     if a.replay is not None:
         return replay_app(parser, a)
     if a.attach is not None:
@@ -196,8 +315,9 @@ def build_app(argv: list[str] | None = None, require_terminal: bool = False) -> 
     kv, chunked = scheduler_choice(parser, a.kv, a.chunked_prefill, a.max_batched_tokens, a.slots)
     for flag, dest in (("--kv-blocks", "kv_blocks"), ("--block-size", "block_size")):
         if kv == "slots" and dest in a.given:
-            parser.error(f"{flag} goes with --kv paged (the slot cache has no blocks: each slot holds --max-len "
-                         f"tokens)")
+            parser.error(
+                f"{flag} goes with --kv paged (the slot cache has no blocks: each slot holds --max-len tokens)"
+            )
     if a.kv_memory is not None and a.kv_blocks is not None:
         parser.error("--kv-memory sizes the KV pool: drop --kv-blocks")
     if a.kv_memory is not None and "slots" in a.given:
@@ -209,31 +329,58 @@ def build_app(argv: list[str] | None = None, require_terminal: bool = False) -> 
     if kv == "paged" and a.kv_blocks is not None:
         check_pool(parser, a.kv_blocks, a.block_size, max_len)
     check_terminal(parser, a)
-    spec = EngineSpec(str(path), a.device, a.slots, max_len, kv, a.block_size, a.kv_blocks, a.seed,
-                      threads=a.threads, chunked_prefill=chunked, max_batched_tokens=a.max_batched_tokens,
-                      prefix_cache=a.prefix_cache, record=a.record, scheduling_policy=a.scheduling_policy,
-                      kv_memory_mib=a.kv_memory, max_num_seqs=a.max_num_seqs, kv_cache_dtype=a.kv_cache_dtype)
+    spec = EngineSpec(
+        str(path),
+        a.device,
+        a.slots,
+        max_len,
+        kv,
+        a.block_size,
+        a.kv_blocks,
+        a.seed,
+        threads=a.threads,
+        chunked_prefill=chunked,
+        max_batched_tokens=a.max_batched_tokens,
+        prefix_cache=a.prefix_cache,
+        record=a.record,
+        scheduling_policy=a.scheduling_policy,
+        kv_memory_mib=a.kv_memory,
+        max_num_seqs=a.max_num_seqs,
+        kv_cache_dtype=a.kv_cache_dtype,
+    )
     try:
         if a.engine_thread:
             from tui.runners.engine import EngineRunner
+
             engine, _ = spec.build()
-            runner = EngineRunner(engine, tok, paused=a.paused, step_delay_ms=a.step_delay,
-                                  recorder=spec.open_recorder(engine))
+            runner = EngineRunner(
+                engine, tok, paused=a.paused, step_delay_ms=a.step_delay, recorder=spec.open_recorder(engine)
+            )
         else:
             runner = ChildRunner(spec, paused=a.paused, step_delay_ms=a.step_delay).start(wait=False)
     except CheckpointError as e:
         parser.error(f"--model: {e}")
-    except Exception as e:                                # noqa: BLE001 - e.g. CUDA errors with --engine-thread
-        parser.error(option_names(str(e)) if isinstance(e, (ValueError, EngineStartError))
-                     else f"the engine could not start: {type(e).__name__}: {' '.join(str(e).split())}")
+    except Exception as e:  # noqa: BLE001 - e.g. CUDA errors with --engine-thread
+        parser.error(
+            option_names(str(e))
+            if isinstance(e, (ValueError, EngineStartError))
+            else f"the engine could not start: {type(e).__name__}: {' '.join(str(e).split())}"
+        )
     name = path.name if a.model else "bundled Shakespeare"
-    return TinyLLMApp(runner, tok, model_name=name, settings=RequestSettings(sampling, a.max_new_tokens),
-                      prompts_file=prompts, recording=Path(a.record) if a.record else None)
+    return TinyLLMApp(
+        runner,
+        tok,
+        model_name=name,
+        settings=RequestSettings(sampling, a.max_new_tokens),
+        prompts_file=prompts,
+        recording=Path(a.record) if a.record else None,
+    )
 
 
 def model_config(parser, a):
     """--device and --model, checked without torch: (checkpoint dir, its config, its tokenizer)."""
     from tinyllm.model.config import CheckpointError, default_model_dir, load_config_and_tokenizer
+
     check_device(parser, a.device)
     path = Path(a.model) if a.model else default_model_dir()
     try:
@@ -253,6 +400,7 @@ def check_pool(parser, kv_blocks: int, block_size: int, max_len: int) -> None:
     """--kv-blocks: a pool that cannot hold one request of --max-len would refuse most prompts, so
     it is refused now, by tinyllm serve's own rule (plain Python: no torch, no server imports)."""
     from tinyllm.kv.blocks import check_pool_holds_one_request
+
     try:
         check_pool_holds_one_request(kv_blocks, block_size, max_len)
     except ValueError as e:
@@ -273,10 +421,12 @@ def check_writable(parser, path: str) -> None:
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         parser.error(f"--record {path}: not writable")
     if p.exists() and p.stat().st_size > 0:
-        parser.error(f"--record {path}: the file exists ({p.stat().st_size:,} bytes) and would be overwritten; "
-                     f"choose another name or remove it")
+        parser.error(
+            f"--record {path}: the file exists ({p.stat().st_size:,} bytes) and would be overwritten; "
+            f"choose another name or remove it"
+        )
     existed = p.exists()
-    try:                                                  # what access() cannot tell (/proc, a full disk, ...)
+    try:  # what access() cannot tell (/proc, a full disk, ...)
         open(p, "a").close()
         if not existed:
             p.unlink()
@@ -291,26 +441,28 @@ def attach_app(parser, a) -> TinyLLMApp:
     from tinyllm.workload import WorkloadError, resolve_workload
     from tui.runners.attach import AttachRunner
     from tui.runners.vllm import VllmRunner
+
     if a.record is not None:
         parser.error("--record records a local engine; to record a server: curl -N URL/v1/tinyllm/stream > run.jsonl")
     refuse_unused(parser, a, "--attach")
     if a.prompts is not None and not a.model:
-        parser.error("--prompts with --attach needs --model DIR: its tokenizer checks the prompt file "
-                     "(F3 loads prompt files the same way)")
+        parser.error(
+            "--prompts with --attach needs --model DIR: its tokenizer checks the prompt file "
+            "(F3 loads prompt files the same way)"
+        )
     try:
         sampling = Sampling(a.temperature, a.top_k, a.top_p)
     except ValueError as e:
         parser.error(str(e))
     tok = None
-    if a.model:                                           # for prompt files and local fit checks
+    if a.model:  # for prompt files and local fit checks
         try:
             _, tok = load_config_and_tokenizer(Path(a.model))
         except CheckpointError as e:
             parser.error(f"--model: {e}")
     url = a.attach if "://" in a.attach else f"http://{a.attach}"
     if url.split("://", 1)[0].lower() not in ("http", "https"):
-        parser.error(f"--attach {a.attach}: a server's address is http://HOST:PORT or https://HOST:PORT "
-                     "(or HOST:PORT)")
+        parser.error(f"--attach {a.attach}: a server's address is http://HOST:PORT or https://HOST:PORT (or HOST:PORT)")
     kv_events = kv_events_subscriber(parser, a.kv_events) if a.kv_events is not None else None
     check_terminal(parser, a)
     wait_for_server(parser, url, a.wait)
@@ -319,11 +471,13 @@ def attach_app(parser, a) -> TinyLLMApp:
     except ConnectionError as e:
         if "not a tinyllm serve" not in str(e):
             parser.error(f"--attach {e}")
-        try:                                              # no state stream: a vLLM server?
+        try:  # no state stream: a vLLM server?
             runner = VllmRunner(url, kv_events=kv_events).start()
         except ConnectionError as e2:
-            parser.error(f"--attach {url}: found neither tinyllm serve nor a vLLM server there "
-                         f"({str(e).split(': ', 1)[-1]}; {str(e2).split(': ', 1)[-1]})")
+            parser.error(
+                f"--attach {url}: found neither tinyllm serve nor a vLLM server there "
+                f"({str(e).split(': ', 1)[-1]}; {str(e2).split(': ', 1)[-1]})"
+            )
     if kv_events is not None and not isinstance(runner, VllmRunner):
         runner.stop()
         parser.error(f"--kv-events: {url} is tinyllm serve, whose block map the app draws already")
@@ -335,8 +489,13 @@ def attach_app(parser, a) -> TinyLLMApp:
         except WorkloadError as e:
             runner.stop()
             parser.error(f"--prompts: {e}")
-    return TinyLLMApp(runner, tok, model_name=runner.model_name, settings=RequestSettings(sampling, a.max_new_tokens),
-                      prompts_file=prompts)
+    return TinyLLMApp(
+        runner,
+        tok,
+        model_name=runner.model_name,
+        settings=RequestSettings(sampling, a.max_new_tokens),
+        prompts_file=prompts,
+    )
 
 
 def wait_for_server(parser, url: str, wait_s: float) -> None:
@@ -345,26 +504,30 @@ def wait_for_server(parser, url: str, wait_s: float) -> None:
     ``wait_s`` seconds, one line and exit 2. Ctrl+C stops the wait (main says so)."""
     import math
     import time
+
     from tui.runners.attach import not_listening
+
     deadline = time.monotonic() + wait_s
     tty, told = sys.stderr.isatty(), False
     while True:
         try:
-            why = not_listening(url, timeout=2.0)          # (its own time: a slow link is not a dead one)
+            why = not_listening(url, timeout=2.0)  # (its own time: a slow link is not a dead one)
         except ValueError as e:
             parser.error(f"--attach {url}: {e}")
         if why is None:
             if told and tty:
-                print(file=sys.stderr)                    # keep the last "waiting" line, end it
+                print(file=sys.stderr)  # keep the last "waiting" line, end it
             return
         left = deadline - time.monotonic()
         if left <= 0:
             if told and tty:
                 print(file=sys.stderr)
             waited = f" after waiting {wait_s:g} s" if wait_s else ""
-            parser.error(f"--attach {url}: cannot connect ({why}){waited}; is the server running? tinyllm serve "
-                         f"prints its URL" + ("" if wait_s else "; --wait S waits for one that is starting"))
-        if tty or not told:                               # a terminal: one line, rewritten; a pipe: said once
+            parser.error(
+                f"--attach {url}: cannot connect ({why}){waited}; is the server running? tinyllm serve "
+                f"prints its URL" + ("" if wait_s else "; --wait S waits for one that is starting")
+            )
+        if tty or not told:  # a terminal: one line, rewritten; a pipe: said once
             line = f"tinyllm-tui: waiting for a server at {url} ({why}): {math.ceil(left)} s left, Ctrl+C to stop"
             print(f"\r{line}  " if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
             told = True
@@ -377,8 +540,9 @@ def kv_events_subscriber(parser, endpoint: str):
     try:
         from tui.runners.kv_subscriber import KVEventsSubscriber, check_endpoint
     except ImportError as e:
-        parser.error(f"--kv-events needs msgspec and pyzmq ({e.name or e} is not installed): "
-                     f"pip install 'tinyllm[vllm-events]'")
+        parser.error(
+            f"--kv-events needs msgspec and pyzmq ({e.name or e} is not installed): pip install 'tinyllm[vllm-events]'"
+        )
     try:
         return KVEventsSubscriber(check_endpoint(endpoint))
     except ValueError as e:
@@ -389,6 +553,7 @@ def replay_app(parser, a) -> TinyLLMApp:
     """--replay: the app over a recording, no model, no torch."""
     from tinyllm.observe.recording import RecordingError
     from tui.runners.replay import ReplayRunner
+
     if a.record is not None:
         parser.error("--record and --replay cannot be used together (a replay changes nothing to record)")
     refuse_unused(parser, a, "--replay")
@@ -396,22 +561,22 @@ def replay_app(parser, a) -> TinyLLMApp:
         runner = ReplayRunner(a.replay, paused=a.paused, step_delay_ms=a.step_delay)
     except RecordingError as e:
         parser.error(f"--replay: {e}")
-    check_terminal(parser, a)                             # (after the recording's own checks: a read, no work)
+    check_terminal(parser, a)  # (after the recording's own checks: a read, no work)
     return TinyLLMApp(runner, None, model_name=str(runner.header.get("model", "?")))
 
 
 def main(argv: list[str] | None = None) -> int:
-    if (code := serve_if_asked(argv)) is not None:   # --web: the app in a browser, one process per tab
+    if (code := serve_if_asked(argv)) is not None:  # --web: the app in a browser, one process per tab
         return code
     try:
         app = build_app(argv, require_terminal=True)
-    except KeyboardInterrupt:                             # Ctrl+C while waiting for a server or loading
+    except KeyboardInterrupt:  # Ctrl+C while waiting for a server or loading
         print("\ntinyllm-tui: stopped before the app started", file=sys.stderr)
         return 130
     app.run()
     if app.startup_error is not None:
-        build_parser().error(option_names(app.startup_error))   # one line on stderr, exit 2
-    if getattr(app, "recording", None) is not None:       # (a recording cut short before its first step: removed)
+        build_parser().error(option_names(app.startup_error))  # one line on stderr, exit 2
+    if getattr(app, "recording", None) is not None:  # (a recording cut short before its first step: removed)
         print(app.recording_note())
     return app.return_code or 0
 
@@ -421,8 +586,10 @@ def check_terminal(parser, a) -> None:
     apps without one). Called once the arguments are checked, before an engine starts, a
     recording is opened or a server is waited for."""
     if getattr(a, "require_terminal", False) and (which := not_a_terminal()) is not None:
-        parser.error(f"the app draws in a terminal and its {which} is not one (redirected?); run it in a "
-                     f"terminal, or in a browser with --web")
+        parser.error(
+            f"the app draws in a terminal and its {which} is not one (redirected?); run it in a "
+            f"terminal, or in a browser with --web"
+        )
 
 
 def not_a_terminal() -> str | None:
@@ -457,11 +624,13 @@ def check_session(parser, a) -> None:
     model, a prompt file, the race's options. Anything else a tab's app reports itself."""
     from tinyllm.model.config import CheckpointError, default_model_dir, load_config_and_tokenizer
     from tinyllm.workload import WorkloadError, resolve_workload
-    if a.record is not None:                              # every tab would record to the one file
-        parser.error("--record with --web: each browser tab runs its own app; record from a terminal "
-                     "(tinyllm-tui --record FILE)")
+
+    if a.record is not None:  # every tab would record to the one file
+        parser.error(
+            "--record with --web: each browser tab runs its own app; record from a terminal (tinyllm-tui --record FILE)"
+        )
     if a.replay is not None or a.attach is not None:
-        return                                            # no model: the tab's app checks its own file / server
+        return  # no model: the tab's app checks its own file / server
     if a.race is not None:
         race_spec(parser, a)
         return
@@ -479,21 +648,38 @@ def check_session(parser, a) -> None:
 # -- the race's options -----------------------------------------------------------------------------
 def add_race_args(p: argparse.ArgumentParser) -> None:
     from tinyllm.args import non_negative_float
-    p.add_argument("--race", nargs="?", const=DEFAULT_WORKLOAD, default=None, metavar="WORKLOAD|RUN.jsonl",
-                   help="race static batching, continuous batching and the token-budget scheduler on the same "
-                        f"requests (a bundled workload's name, a JSONL file, or a recording: its requests at their "
-                        f"recorded arrival times; default {DEFAULT_WORKLOAD})")
-    p.add_argument("--batch-timeout", type=non_negative_float, default=None, metavar="S",
-                   help="--race with arrivals: static batching starts a partial batch once its oldest request has "
-                        f"waited S seconds of its clock (default {DEFAULT_BATCH_TIMEOUT_S:g})")
-    p.add_argument("--lanes", nargs="+", default=None, metavar="LANE",
-                   help=f"--race: at least two lanes, one argument each: a lane kind ({', '.join(LANES)}), a "
-                        f"scheduling policy, and/or key=value settings (policy, budget, slots, block, blocks, prefix, "
-                        f"chunked, kv, kv_mib), e.g. --lanes fcfs priority \"fair budget=64\" (default: the three "
-                        f"kinds). With --kv-memory MiB every lane gets that KV memory (a lane's kv_mib= its own): "
-                        f"static batching and slot KV the rows of --max-len it buys, the paged lanes the blocks it "
-                        f"buys, run by up to --max-num-seqs; a lane's slots= then caps its sequences, and blocks= "
-                        f"is refused")
+
+    p.add_argument(
+        "--race",
+        nargs="?",
+        const=DEFAULT_WORKLOAD,
+        default=None,
+        metavar="WORKLOAD|RUN.jsonl",
+        help="race static batching, continuous batching and the token-budget scheduler on the same "
+        f"requests (a bundled workload's name, a JSONL file, or a recording: its requests at their "
+        f"recorded arrival times; default {DEFAULT_WORKLOAD})",
+    )
+    p.add_argument(
+        "--batch-timeout",
+        type=non_negative_float,
+        default=None,
+        metavar="S",
+        help="--race with arrivals: static batching starts a partial batch once its oldest request has "
+        f"waited S seconds of its clock (default {DEFAULT_BATCH_TIMEOUT_S:g})",
+    )
+    p.add_argument(
+        "--lanes",
+        nargs="+",
+        default=None,
+        metavar="LANE",
+        help=f"--race: at least two lanes, one argument each: a lane kind ({', '.join(LANES)}), a "
+        f"scheduling policy, and/or key=value settings (policy, budget, slots, block, blocks, prefix, "
+        f'chunked, kv, kv_mib), e.g. --lanes fcfs priority "fair budget=64" (default: the three '
+        f"kinds). With --kv-memory MiB every lane gets that KV memory (a lane's kv_mib= its own): "
+        f"static batching and slot KV the rows of --max-len it buys, the paged lanes the blocks it "
+        f"buys, run by up to --max-num-seqs; a lane's slots= then caps its sequences, and blocks= "
+        f"is refused",
+    )
 
 
 def race_app(parser, a):
@@ -503,17 +689,19 @@ def race_app(parser, a):
             if value is not None:
                 parser.error(f"{flag} applies to --race only")
         return None
-    from tui.screens.race import RaceApp                  # (the race's modules load only for a race)
+    from tui.screens.race import RaceApp  # (the race's modules load only for a race)
+
     notes: list[str] = []
     spec = race_spec(parser, a, notes)
-    for note in notes:                                    # (each lane's panel says what it took, too)
+    for note in notes:  # (each lane's panel says what it took, too)
         print(f"tinyllm-tui --race: {note}", file=sys.stderr)
     check_terminal(parser, a)
     if a.engine_thread:
         from tui.runners.race import RaceRunner
+
         try:
             model, device = spec.build()
-        except Exception as e:                            # noqa: BLE001 - one line, exit 2
+        except Exception as e:  # noqa: BLE001 - one line, exit 2
             parser.error(" ".join(str(e).split()))
         runner = RaceRunner(lambda: spec.make_race(model), a.paused, a.step_delay, device, a.threads)
     else:
@@ -526,28 +714,41 @@ def race_spec(parser, a, notes: list[str] | None = None):
     """Check every race option (no torch, no process) and return the spec the race is built from.
     On a recording every lane starts from its recorded engine settings, a lane's own and the options
     given winning (``tinyllm whatif``'s rule); ``notes`` (a list) gets the lines that say so."""
-    from tui.runners.race import RaceSpec, race_workload
     from tinyllm.workload import WorkloadError, resolve_workload
-    for flag, value, why in (("--replay", a.replay, "a race runs a model"),
-                             ("--attach", getattr(a, "attach", None), "a race runs a model here"),
-                             ("--record", a.record, "a race is not recorded"),
-                             ("--prompts", a.prompts, "give the workload to --race"),
-                             ("--kv", a.kv, "each lane has its own KV layout"),
-                             ("--scheduling-policy", None if a.scheduling_policy == "fcfs" else a.scheduling_policy,
-                              "each lane has its own: --lanes fcfs priority ..."),
-                             ("--[no-]chunked-prefill", a.chunked_prefill, "the third lane is the chunked one"),
-                             ("--[no-]prefix-cache", a.prefix_cache, "the chunked lane caches prefixes"),
-                             ("--kv-events", a.kv_events, "it draws a vLLM server's prefix cache: --attach")):
+    from tui.runners.race import RaceSpec, race_workload
+
+    for flag, value, why in (
+        ("--replay", a.replay, "a race runs a model"),
+        ("--attach", getattr(a, "attach", None), "a race runs a model here"),
+        ("--record", a.record, "a race is not recorded"),
+        ("--prompts", a.prompts, "give the workload to --race"),
+        ("--kv", a.kv, "each lane has its own KV layout"),
+        (
+            "--scheduling-policy",
+            None if a.scheduling_policy == "fcfs" else a.scheduling_policy,
+            "each lane has its own: --lanes fcfs priority ...",
+        ),
+        ("--[no-]chunked-prefill", a.chunked_prefill, "the third lane is the chunked one"),
+        ("--[no-]prefix-cache", a.prefix_cache, "the chunked lane caches prefixes"),
+        ("--kv-events", a.kv_events, "it draws a vLLM server's prefix cache: --attach"),
+    ):
         if value is not None:
             parser.error(f"{flag} does not apply to --race ({why})")
     refuse_unused(parser, a, "--race")
     path, cfg, tok = model_config(parser, a)
     from tinyllm.observe.recording import RecordingError
-    from tinyllm.race.spec import (LaneSpecError, check_memory_options, check_pool_options_used, on_recording,
-                                   parse_lanes, set_by_options)
+    from tinyllm.race.spec import (
+        LaneSpecError,
+        check_memory_options,
+        check_pool_options_used,
+        on_recording,
+        parse_lanes,
+        set_by_options,
+    )
     from tinyllm.race.whatif import recorded_settings, requests_from_recording
+
     try:
-        lanes = parse_lanes(a.lanes)                      # (at least two lanes: it refuses one)
+        lanes = parse_lanes(a.lanes)  # (at least two lanes: it refuses one)
     except LaneSpecError as e:
         parser.error(f"--lanes: {e}")
     try:
@@ -557,11 +758,11 @@ def race_spec(parser, a, notes: list[str] | None = None):
     if a.kv_memory is not None and "slots" in a.given:
         parser.error(SLOTS_WITH_KV_MEMORY + " (a lane's slots= caps that lane)")
     try:
-        recorded = recorded_settings(a.race)              # None: a workload, no settings of its own
+        recorded = recorded_settings(a.race)  # None: a workload, no settings of its own
     except RecordingError as e:
         parser.error(f"--race: {e}")
     warnings: list[str] = []
-    if recorded is not None:                              # an option given wins over the recording
+    if recorded is not None:  # an option given wins over the recording
         recorded = recorded.without(set_by_options({dest: getattr(a, dest) for dest in a.given}))
         try:
             lanes, warnings = on_recording(lanes, recorded, a.block_size if "block_size" in a.given else None)
@@ -575,13 +776,15 @@ def race_spec(parser, a, notes: list[str] | None = None):
     check_max_len(parser, max_len, cfg)
     for lane in lanes:
         budget = lane.budget or a.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
-        sized = lane.kv_mib is not None or a.kv_memory is not None      # a KV budget: the cap is max_num_seqs
+        sized = lane.kv_mib is not None or a.kv_memory is not None  # a KV budget: the cap is max_num_seqs
         n = lane.slots or (a.max_num_seqs if sized else a.slots)
         if lane.kind == "chunked" and n and budget < n:
             which = f"--lanes {lane.label!r}" if a.lanes is not None else f"the {lane.label} lane"
-            parser.error(f"{which}: its token budget {budget} is less than its {n} "
-                         f"{'sequences' if sized else 'slots'}: every running request decodes one token per step, "
-                         f"so the budget must cover them all")
+            parser.error(
+                f"{which}: its token budget {budget} is less than its {n} "
+                f"{'sequences' if sized else 'slots'}: every running request decodes one token per step, "
+                f"so the budget must cover them all"
+            )
     try:
         source = Path(a.race).expanduser()
         if recorded is not None:
@@ -591,33 +794,52 @@ def race_spec(parser, a, notes: list[str] | None = None):
             for i, (t, ids, new, _, _) in enumerate(work):
                 try:
                     check_fits(len(ids), new, max_len, "--max-len")
-                except ContextTooLong as e:                   # say which request
-                    raise ContextTooLong(f"the request arriving at {t:.2f} s (#{i} in arrival order): "
-                                         f"{e}") from None
+                except ContextTooLong as e:  # say which request
+                    raise ContextTooLong(f"the request arriving at {t:.2f} s (#{i} in arrival order): {e}") from None
         else:
             wl_path = resolve_workload(a.race)
             work = race_workload(wl_path, tok.encode, max_len)
             name = wl_path.name.removesuffix(".jsonl")
-        for lane in lanes:                    # (at a KV budget, its batch size is checked once the model is loaded)
+        for lane in lanes:  # (at a KV budget, its batch size is checked once the model is loaded)
             if lane.kind == "static" and lane.kv_mib is None and a.kv_memory is None:
-                check_static_batches([(len(w[1]), w[2]) for w in sorted(work, key=lambda w: w[0])],
-                                     lane.slots or a.slots, cfg.max_seq_len)
+                check_static_batches(
+                    [(len(w[1]), w[2]) for w in sorted(work, key=lambda w: w[0])],
+                    lane.slots or a.slots,
+                    cfg.max_seq_len,
+                )
     except (WorkloadError, ContextTooLong, RecordingError) as e:
         parser.error(f"--race: {e}")
-    if a.batch_timeout is not None:                       # (it was accepted, and ignored, where it means nothing)
+    if a.batch_timeout is not None:  # (it was accepted, and ignored, where it means nothing)
         if not any(lane.kind == "static" for lane in lanes):
             parser.error("--batch-timeout is static batching's wait for a full batch, and no lane here is static")
         if not any(w[0] > 0 for w in work):
-            parser.error(f"--batch-timeout: every request of {name} arrives at once, so no batch waits for one; "
-                         f"it applies to a workload with arrival times (e.g. poisson_arrivals)")
+            parser.error(
+                f"--batch-timeout: every request of {name} arrives at once, so no batch waits for one; "
+                f"it applies to a workload with arrival times (e.g. poisson_arrivals)"
+            )
     check_lane_pools(parser, a, lanes, work, max_len)
     if notes is not None and recorded is not None:
         notes.append(f"as recorded, unless a lane or an option says otherwise: {recorded.describe()}")
         notes.extend(f"warning: {w}" for w in warnings)
     timeout = DEFAULT_BATCH_TIMEOUT_S if a.batch_timeout is None else a.batch_timeout
-    return RaceSpec(str(path), work, name, a.slots, max_len, a.block_size,
-                    a.kv_blocks, a.max_batched_tokens, timeout, lanes, a.device, a.threads, a.seed,
-                    kv_memory_mib=a.kv_memory, max_num_seqs=a.max_num_seqs, kv_cache_dtype=a.kv_cache_dtype)
+    return RaceSpec(
+        str(path),
+        work,
+        name,
+        a.slots,
+        max_len,
+        a.block_size,
+        a.kv_blocks,
+        a.max_batched_tokens,
+        timeout,
+        lanes,
+        a.device,
+        a.threads,
+        a.seed,
+        kv_memory_mib=a.kv_memory,
+        max_num_seqs=a.max_num_seqs,
+        kv_cache_dtype=a.kv_cache_dtype,
+    )
 
 
 def check_lane_pools(parser, a, lanes, work, max_len: int) -> None:
@@ -625,6 +847,7 @@ def check_lane_pools(parser, a, lanes, work, max_len: int) -> None:
     the race applies per request once the model is loaded (``BlockPool.check_fits``), said here
     before the UI starts instead of closing it. (No pool under a KV budget: it buys its blocks.)"""
     from tinyllm.kv.blocks import BlockPool
+
     longest = max((len(ids) + new for _, ids, new, _, _ in work), default=0)
     for lane in lanes:
         paged = lane.kind == "chunked" or (lane.kind == "continuous" and lane.kv == "paged")
@@ -635,8 +858,10 @@ def check_lane_pools(parser, a, lanes, work, max_len: int) -> None:
         try:
             pool.check_fits(longest)
         except ValueError as e:
-            parser.error(f"lane {lane.label!r}: {e}: raise {'its blocks=' if lane.kv_blocks else '--kv-blocks'} "
-                         f"to {pool.blocks_for(longest)}")
+            parser.error(
+                f"lane {lane.label!r}: {e}: raise {'its blocks=' if lane.kv_blocks else '--kv-blocks'} "
+                f"to {pool.blocks_for(longest)}"
+            )
 
 
 if __name__ == "__main__":

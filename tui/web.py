@@ -21,15 +21,25 @@ WEB_ONLY = ("--host", "--port")
 
 def port_number(s: str) -> int:
     from tinyllm.args import checked
+
     return checked(s, int, lambda v: 1 <= v <= 65535, "a port number in 1..65535")
 
 
 def add_web_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--web", action="store_true",
-                   help="serve the app as a web page (textual-serve): one app and one engine process per browser tab")
-    p.add_argument("--host", default=None, metavar="HOST",
-                   help="--web: the address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=port_number, default=None, metavar="N", help=f"--web: the port (default {DEFAULT_PORT})")
+    p.add_argument(
+        "--web",
+        action="store_true",
+        help="serve the app as a web page (textual-serve): one app and one engine process per browser tab",
+    )
+    p.add_argument(
+        "--host",
+        default=None,
+        metavar="HOST",
+        help="--web: the address to listen on (default 127.0.0.1: this machine only)",
+    )
+    p.add_argument(
+        "--port", type=port_number, default=None, metavar="N", help=f"--web: the port (default {DEFAULT_PORT})"
+    )
 
 
 def session_argv(argv: list[str]) -> list[str]:
@@ -81,7 +91,10 @@ def serve(parser, a, command: list[str]) -> int:
     except ImportError:
         parser.error("--web needs the textual-serve package: pip install textual-serve")
     if not is_loopback(host):
-        print(f"tinyllm-tui --web: listening on {host}: anyone who can reach this machine there can open the app "
-              f"(each tab starts an engine process)", file=sys.stderr)
+        print(
+            f"tinyllm-tui --web: listening on {host}: anyone who can reach this machine there can open the app "
+            f"(each tab starts an engine process)",
+            file=sys.stderr,
+        )
     Server(shlex.join(command), host=host, port=port, title="tinyllm-tui").serve()
     return 0

@@ -21,8 +21,8 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 import httpx
 
@@ -31,16 +31,19 @@ from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView
 from tui.runners.frames import FrameBuilder
 from tui.runners.interface import Abort, AbortAll, Frame, LoadWorkload, LogEntry, Submit
 
-RETRY_S = (0.5, 1, 2, 4, 5)           # backoff between reconnects (then every 5 s)
-READ_TIMEOUT_S = 15                   # the server sends a line at least every 5 s
+RETRY_S = (0.5, 1, 2, 4, 5)  # backoff between reconnects (then every 5 s)
+READ_TIMEOUT_S = 15  # the server sends a line at least every 5 s
 
 
 def completion_body(cmd: Submit, stream: bool = True) -> dict:
     """An OpenAI completions request for a Submit (token ids when the app tokenized them)."""
     s = cmd.settings.sampling
-    body = {"prompt": list(cmd.tokens) if cmd.tokens is not None else cmd.prompt,
-            "max_tokens": cmd.settings.max_new_tokens,
-            "temperature": s.temperature, "stream": stream}
+    body = {
+        "prompt": list(cmd.tokens) if cmd.tokens is not None else cmd.prompt,
+        "max_tokens": cmd.settings.max_new_tokens,
+        "temperature": s.temperature,
+        "stream": stream,
+    }
     if s.top_p is not None:
         body["top_p"] = s.top_p
     if s.top_k is not None:
@@ -48,12 +51,20 @@ def completion_body(cmd: Submit, stream: bool = True) -> dict:
     if not cmd.settings.stop_at_eos:
         body["ignore_eos"] = True
     st = cmd.settings
-    extra = {"min_p": (s.min_p, 0.0), "presence_penalty": (s.presence_penalty, 0.0),
-             "frequency_penalty": (s.frequency_penalty, 0.0), "repetition_penalty": (s.repetition_penalty, 1.0),
-             "seed": (s.seed, None), "stop": (list(st.stop), []), "stop_token_ids": (list(st.stop_token_ids), []),
-             "min_tokens": (st.min_tokens, 0), "n": (st.n, 1), "priority": (st.priority, 0),
-             "user": (st.tenant, "")}
-    body.update({k: v for k, (v, off) in extra.items() if v != off})      # only what is set (vLLM takes them all)
+    extra = {
+        "min_p": (s.min_p, 0.0),
+        "presence_penalty": (s.presence_penalty, 0.0),
+        "frequency_penalty": (s.frequency_penalty, 0.0),
+        "repetition_penalty": (s.repetition_penalty, 1.0),
+        "seed": (s.seed, None),
+        "stop": (list(st.stop), []),
+        "stop_token_ids": (list(st.stop_token_ids), []),
+        "min_tokens": (st.min_tokens, 0),
+        "n": (st.n, 1),
+        "priority": (st.priority, 0),
+        "user": (st.tenant, ""),
+    }
+    body.update({k: v for k, (v, off) in extra.items() if v != off})  # only what is set (vLLM takes them all)
     return body
 
 
@@ -65,7 +76,7 @@ def why(e: Exception) -> str:
         return "the server closed the stream"
     if isinstance(e, json.JSONDecodeError):
         return f"it answered something that is not JSON ({e.msg} at line {e.lineno})"
-    if isinstance(e, ValueError):                       # ours: a whole sentence already
+    if isinstance(e, ValueError):  # ours: a whole sentence already
         return " ".join(str(e).split())
     return " ".join(f"{type(e).__name__}: {e}".split()) if str(e) else type(e).__name__
 
@@ -92,7 +103,7 @@ def not_listening(url: str, timeout: float = 2.0) -> str | None:
 
 def quoted(prompt: str, most: int = 40) -> str:
     """A prompt in a message, on one line and cut to ``most`` characters."""
-    return json.dumps(prompt if len(prompt) <= most else prompt[:most - 1] + "…", ensure_ascii=False)
+    return json.dumps(prompt if len(prompt) <= most else prompt[: most - 1] + "…", ensure_ascii=False)
 
 
 def send_workload(cmd: LoadWorkload, submit: Callable[[Submit], None], stop: threading.Event) -> None:
@@ -132,7 +143,8 @@ class ServerLink:
     server goes away, in the same words: the "disconnected" note, the countdown to the next try,
     and why a request of ours failed. Uses the runner's ``url``, ``status``, ``_stop``, ``_note``
     and ``_publish``."""
-    LOST_STATE = "its state is the server's last report"      # a request cut off mid-stream, on screen
+
+    LOST_STATE = "its state is the server's last report"  # a request cut off mid-stream, on screen
 
     def _count_down(self, wait: float) -> None:
         """Wait ``wait`` s before the next try, the status saying how long is left: republished
@@ -140,7 +152,7 @@ class ServerLink:
         wait, and the try itself: "retrying…")."""
         end = time.monotonic() + wait
         while (left := end - time.monotonic()) > 0.01:
-            whole = math.ceil(left - 0.01)                # the second it is in (a wait may end a hair early)
+            whole = math.ceil(left - 0.01)  # the second it is in (a wait may end a hair early)
             self._publish(f"retry in {whole} s" if left > 0.9 else "retrying…")
             if self._stop.wait(left - whole + 1):
                 return
@@ -166,17 +178,19 @@ class ServerLink:
         app cleared its input on sending); one cut off names its request, whose last state the
         screen keeps until the app reconnects."""
         if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
-            return (f"{quoted(cmd.prompt)} not sent: the server at {self.url} is not reachable ({reason(e)}); "
-                    f"retrying the connection, send it again once the status says ATTACHED")
+            return (
+                f"{quoted(cmd.prompt)} not sent: the server at {self.url} is not reachable ({reason(e)}); "
+                f"retrying the connection, send it again once the status says ATTACHED"
+            )
         if rid is not None and isinstance(e, httpx.TransportError):
-            return (f"#{rid}: the connection to {self.url} was lost mid-stream ({reason(e)}); "
-                    f"{self.LOST_STATE}")
+            return f"#{rid}: the connection to {self.url} was lost mid-stream ({reason(e)}); {self.LOST_STATE}"
         return f"request failed: {why(e)}"
 
 
 class AttachRunner(ServerLink):
     """A ``tinyllm serve`` as the app's runner (messages.Runner); see the module docstring."""
-    mode = "attach"                       # interface.Runner: a tinyllm serve, every panel
+
+    mode = "attach"  # interface.Runner: a tinyllm serve, every panel
     kind = "tinyllm serve"
     threads = 0
     start_error: Exception | None = None
@@ -190,13 +204,13 @@ class AttachRunner(ServerLink):
         self.model_name = "?"
         self._builder: FrameBuilder | None = None
         self._log: list[LogEntry] = []
-        self._lock = threading.Lock()                       # _ours / _closed
-        self._state = threading.RLock()                     # the builder, the log, frames: several threads
+        self._lock = threading.Lock()  # _ours / _closed
+        self._state = threading.RLock()  # the builder, the log, frames: several threads
         self._stop = threading.Event()
-        self._ours: dict[int, httpx.Response] = {}          # our streaming requests, by server request id
-        self._closed: set[int] = set()                      # ours that we aborted (closed their stream)
+        self._ours: dict[int, httpx.Response] = {}  # our streaming requests, by server request id
+        self._closed: set[int] = set()  # ours that we aborted (closed their stream)
         self._seq = 0
-        self._stream = None                                  # (response, line iterator) while connected
+        self._stream = None  # (response, line iterator) while connected
         self._frame = self._empty_frame()
 
     # -- the Runner interface -----------------------------------------------------------------------
@@ -217,8 +231,9 @@ class AttachRunner(ServerLink):
             threading.Thread(target=self._abort_all, args=(active,), daemon=True).start()
         elif isinstance(cmd, LoadWorkload):
             self._note("info", f"{cmd.loaded()}, sent at their arrival times")
-            threading.Thread(target=send_workload, args=(cmd, self.send, self._stop), daemon=True,
-                             name="workload").start()
+            threading.Thread(
+                target=send_workload, args=(cmd, self.send, self._stop), daemon=True, name="workload"
+            ).start()
         # pause, step, speed, cache: the server's own business (the app has those keys off)
 
     def ours(self) -> frozenset[int]:
@@ -252,15 +267,15 @@ class AttachRunner(ServerLink):
             try:
                 if self._stream is None:
                     if self.status == "disconnected":
-                        self._publish("retrying…")          # (a connect may take its whole timeout)
+                        self._publish("retrying…")  # (a connect may take its whole timeout)
                     self._stream = self._open()
                     tries = 0
-                    if self._stop.is_set():                 # stop() came while connecting
+                    if self._stop.is_set():  # stop() came while connecting
                         break
                 self._follow(cancelled)
-            except Exception as e:                          # noqa: BLE001 - a viewer never dies from a server
+            except Exception as e:  # noqa: BLE001 - a viewer never dies from a server
                 self._close_stream()
-                if self._stop.is_set():                     # stop() closed the stream under us
+                if self._stop.is_set():  # stop() closed the stream under us
                     break
                 wait = RETRY_S[min(tries, len(RETRY_S) - 1)]
                 tries += 1
@@ -279,7 +294,7 @@ class AttachRunner(ServerLink):
             lines = r.iter_lines()
             header = json.loads(next(lines))
             check_header(header, "the server's stream")
-            with self._state:                             # the server's log of its past, afresh
+            with self._state:  # the server's log of its past, afresh
                 self._builder = FrameBuilder(header, log_events=True)
                 self.model_name = str(header.get("model", "?"))
                 self._apply_line(next(lines))
@@ -312,10 +327,10 @@ class AttachRunner(ServerLink):
         raise ValueError("the server ended the stream")
 
     def _close_stream(self) -> None:
-        with self._lock:                                  # stop() may close it from another thread
+        with self._lock:  # stop() may close it from another thread
             stream, self._stream = self._stream, None
         if stream is not None:
-            hang_up(stream[0])                            # wakes a thread blocked reading it
+            hang_up(stream[0])  # wakes a thread blocked reading it
 
     # -- frames -------------------------------------------------------------------------------------
     def _empty_frame(self) -> Frame:
@@ -369,7 +384,7 @@ class AttachRunner(ServerLink):
                         self._ours.pop(rid, None)
         except (httpx.HTTPError, httpx.StreamError, ValueError, RuntimeError) as e:
             with self._lock:
-                aborted_here = rid in self._closed                # _abort closed it under us
+                aborted_here = rid in self._closed  # _abort closed it under us
             if not (self._stop.is_set() or aborted_here):
                 self._note("error", self._failed(cmd, rid, e))
 
@@ -379,9 +394,9 @@ class AttachRunner(ServerLink):
             if mine is not None:
                 self._closed.add(rid)
         if mine is not None:
-            hang_up(mine)                                  # the server aborts a request whose client left,
-        try:                                               # but a queued one is only noticed at its first
-                                                           # token: ask the server outright too
+            hang_up(mine)  # the server aborts a request whose client left,
+        try:  # but a queued one is only noticed at its first
+            # token: ask the server outright too
             r = self._post_abort(rid)
             if r.status_code != 200:
                 self._note("error", f"abort #{rid} refused: {api_error(r)}")

@@ -25,13 +25,13 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing.connection import Connection
-from typing import Callable
 
 from tinyllm.model.config import CheckpointError
 
-START_TIMEOUT_S = 600              # loading a big checkpoint on a slow disk can take a while
+START_TIMEOUT_S = 600  # loading a big checkpoint on a slow disk can take a while
 
 
 class EngineStartError(RuntimeError):
@@ -40,23 +40,23 @@ class EngineStartError(RuntimeError):
 
 # -- the child process ------------------------------------------------------------------------
 def _child_main(spec, paused: bool, step_delay_ms: int, commands: Connection, frames: Connection) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)          # Ctrl+C belongs to the app, which stops us
-    devnull = os.open(os.devnull, os.O_WRONLY)            # never write over the app's screen (or its web stream)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C belongs to the app, which stops us
+    devnull = os.open(os.devnull, os.O_WRONLY)  # never write over the app's screen (or its web stream)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     try:
         runner, ready = spec.start_runner(paused, step_delay_ms)
-    except Exception as e:                                # noqa: BLE001 - reported to the app, which exits
+    except Exception as e:  # noqa: BLE001 - reported to the app, which exits
         kind = type(e).__name__
         frames.send(("error", (kind, str(e) if isinstance(e, ValueError) else f"{kind}: {e}")))
         return
     encode = spec.encoder()
 
-    def send_frame() -> None:                             # called by the runner loop as it publishes
+    def send_frame() -> None:  # called by the runner loop as it publishes
         try:
             frames.send(("frame", encode(runner.frame)))
         except (BrokenPipeError, OSError):
-            runner.stop()                                 # the app is gone
+            runner.stop()  # the app is gone
 
     frames.send(("ready", ready))
     send_frame()
@@ -67,12 +67,13 @@ def _child_main(spec, paused: bool, step_delay_ms: int, commands: Connection, fr
 def run_child_loop(runner, commands: Connection) -> None:
     """A child process's last act: feed the app's commands to ``runner`` (from a thread; None or
     a dead pipe stops it) and run its loop until then."""
+
     def read_commands() -> None:
         while True:
             try:
                 cmd = commands.recv()
             except (EOFError, OSError):
-                cmd = None                                # the app died: stop
+                cmd = None  # the app died: stop
             if cmd is None:
                 runner.stop()
                 return
@@ -91,30 +92,34 @@ class ChildRunner:
     child cannot build the engine, ``start_error`` says why (the app then exits with it).
     ``start()`` (wait=True) blocks until the engine is built instead, raising CheckpointError for
     a bad checkpoint and EngineStartError for anything else."""
-    mode = "live"                         # interface.Runner: a local engine (or the race)
 
+    mode = "live"  # interface.Runner: a local engine (or the race)
 
     def __init__(self, spec, paused: bool = False, step_delay_ms: int = 0, max_len: int | None = None):
         self.spec = spec
-        self.device = spec.device or "?"                  # known once the child has picked it
-        self.threads = spec.threads or 0                  # torch threads in the child (0: not known yet)
-        ctx = mp.get_context("spawn")                     # no fork: torch's threads do not survive it
+        self.device = spec.device or "?"  # known once the child has picked it
+        self.threads = spec.threads or 0  # torch threads in the child (0: not known yet)
+        ctx = mp.get_context("spawn")  # no fork: torch's threads do not survive it
         self._cmd_recv, self._cmd_send = ctx.Pipe(duplex=False)
         self._frame_recv, self._frame_send = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=_child_main, name=f"tinyllm-{type(spec).__name__}", daemon=True,
-                                 args=(spec, paused, step_delay_ms, self._cmd_recv, self._frame_send))
+        self._proc = ctx.Process(
+            target=_child_main,
+            name=f"tinyllm-{type(spec).__name__}",
+            daemon=True,
+            args=(spec, paused, step_delay_ms, self._cmd_recv, self._frame_send),
+        )
         self._merger = spec.decoder()
         self._frame = replace(spec.loading_frame(max_len), paused=paused, step_delay_ms=step_delay_ms)
-        self._early: list = []                            # commands sent before the engine was ready
+        self._early: list = []  # commands sent before the engine was ready
         self._lock = threading.Lock()
         self._ready = False
         self._stopping = False
         self._dead = False
-        self.start_error: Exception | None = None         # CheckpointError / EngineStartError
+        self.start_error: Exception | None = None  # CheckpointError / EngineStartError
 
     def start(self, wait: bool = True, timeout: float = START_TIMEOUT_S) -> ChildRunner:
         self._proc.start()
-        self._cmd_recv.close()                            # the child's ends
+        self._cmd_recv.close()  # the child's ends
         self._frame_send.close()
         if wait:
             try:
@@ -146,7 +151,7 @@ class ChildRunner:
         return self._frame.steps_done
 
     def send(self, cmd) -> None:
-        with self._lock:                                  # one writer at a time, early commands first
+        with self._lock:  # one writer at a time, early commands first
             if not self._ready and cmd is not None:
                 self._early.append(cmd)
             else:
@@ -167,22 +172,24 @@ class ChildRunner:
         except (EOFError, OSError):
             if self._ready:
                 raise
-            return "error", ("EngineStartError", f"the engine process exited while starting "
-                                                 f"(exit code {self._exitcode()})")
+            return "error", (
+                "EngineStartError",
+                f"the engine process exited while starting (exit code {self._exitcode()})",
+            )
 
     def _handle(self, kind: str, payload) -> None:
         if kind == "frame":
             self._frame = self._merger.merge(payload)
         elif kind == "ready":
             self.device, self.threads = payload
-            with self._lock:                              # flushed before any newer command
+            with self._lock:  # flushed before any newer command
                 for cmd in self._early:
                     self._send_now(cmd)
                 self._early = []
                 self._ready = True
         elif kind == "error":
             error, message = payload
-            message = " ".join(str(message).split())      # the user gets it as one line
+            message = " ".join(str(message).split())  # the user gets it as one line
             self.start_error = CheckpointError(message) if error == "CheckpointError" else EngineStartError(message)
             self._dead = True
             self._frame = replace(self._frame, status="failed")
@@ -194,23 +201,32 @@ class ChildRunner:
             try:
                 if not self._frame_recv.poll(0.1):
                     if self._frame.status == "loading" and time.monotonic() - began > START_TIMEOUT_S:
-                        self._handle("error", ("EngineStartError", f"the engine process did not start "
-                                                                   f"within {START_TIMEOUT_S} s"))
+                        self._handle(
+                            "error",
+                            ("EngineStartError", f"the engine process did not start within {START_TIMEOUT_S} s"),
+                        )
                     continue
                 self._handle(*self._recv())
             except (EOFError, OSError):
-                if self._frame.status == "loading":     # died between "ready" and its first frame
-                    self._handle("error", ("EngineStartError", f"the engine process exited while starting "
-                                                               f"(exit code {self._exitcode()})"))
+                if self._frame.status == "loading":  # died between "ready" and its first frame
+                    self._handle(
+                        "error",
+                        (
+                            "EngineStartError",
+                            f"the engine process exited while starting (exit code {self._exitcode()})",
+                        ),
+                    )
                     return
                 break
         else:
-            return                                        # asked to stop, or never started: not news
+            return  # asked to stop, or never started: not news
         if not self._stopping:
             self._dead = True
             self._frame = self._merger.note(
-                self._frame, "error", f"the engine process exited unexpectedly (exit code {self._exitcode()}); "
-                                      "restart tinyllm-tui")
+                self._frame,
+                "error",
+                f"the engine process exited unexpectedly (exit code {self._exitcode()}); restart tinyllm-tui",
+            )
 
     def _exitcode(self):
         self._proc.join(1.0)

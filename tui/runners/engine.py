@@ -16,9 +16,10 @@ import math
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from tinyllm.config import EngineConfig
 from tinyllm.model.config import default_kv_blocks
@@ -28,15 +29,26 @@ from tinyllm.observe.timeline import Timeline
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, RequestSettings
 from tinyllm.stops import StopText
 from tinyllm.workload import WorkItem
+from tui.runners.interface import (
+    LOG_LINES,
+    Abort,
+    AbortAll,
+    ClearPrefixCache,
+    Frame,
+    LoadWorkload,
+    LogEntry,
+    SetPaused,
+    StepOnce,
+    Submit,
+    TogglePaused,
+    lifecycle_log,
+)
 from tui.runners.loop import CommandLoop
 from tui.runners.rate import TokenRate
-from tui.runners.interface import (LOG_LINES, lifecycle_log, Abort, AbortAll, ClearPrefixCache, Frame, LoadWorkload, LogEntry,
-                          SetPaused, StepOnce, Submit, TogglePaused)
 
-if TYPE_CHECKING:                                   # torch loads in the engine's process only
+if TYPE_CHECKING:  # torch loads in the engine's process only
     from tinyllm.engine import ContinuousEngine
     from tui.runners.frames import FrameMerger, FrameRecorder
-
 
 
 @dataclass
@@ -50,31 +62,38 @@ class _Pending:
 class EngineRunner(CommandLoop):
     """The loop that owns one engine (see the module docstring); satisfies interface.Runner."""
 
-    def __init__(self, engine: ContinuousEngine, tokenizer: Tokenizer, paused: bool = False,
-                 step_delay_ms: int = 0, on_frame: Callable[[], None] | None = None,
-                 recorder: FrameRecorder | None = None):
+    def __init__(
+        self,
+        engine: ContinuousEngine,
+        tokenizer: Tokenizer,
+        paused: bool = False,
+        step_delay_ms: int = 0,
+        on_frame: Callable[[], None] | None = None,
+        recorder: FrameRecorder | None = None,
+    ):
         super().__init__(paused, step_delay_ms, on_frame)
         self.engine = engine
         self.tok = tokenizer
         engine.hold_clock(paused)
-        self.recorder = recorder              # --record: every change goes to the file as it happens
+        self.recorder = recorder  # --record: every change goes to the file as it happens
         self._timeline = Timeline()
-        self._streams: dict[int, StopText] = {}          # each request's text, its stop strings applied
+        self._streams: dict[int, StopText] = {}  # each request's text, its stop strings applied
         self._texts: dict[int, str] = {}
-        self._choices: dict[int, tuple[tuple[str, float], ...]] = {}   # logprobs asked: the latest token's
+        self._choices: dict[int, tuple[tuple[str, float], ...]] = {}  # logprobs asked: the latest token's
         self._prompts: dict[int, str] = {}
         self._log: deque[LogEntry] = deque(maxlen=LOG_LINES)
         self._log_seq = 0
         self._pending: list[_Pending] = []
-        self._clock = 0.0                      # workload clock: runs only while not paused
+        self._clock = 0.0  # workload clock: runs only while not paused
         self._clock_mark: float | None = None
-        self._rate = TokenRate()                           # as a replay of this run derives it
+        self._rate = TokenRate()  # as a replay of this run derives it
         self._step_ms = 0.0
         self._seq = 0
         self.steps_done = 0
         import torch
+
         self.threads = torch.get_num_threads()
-        self._snap = engine.snapshot()             # refreshed by _note_changes after every change
+        self._snap = engine.snapshot()  # refreshed by _note_changes after every change
         self._frame: Frame = self._make_frame()
 
     # -- UI side (any thread) ------------------------------------------------------------------
@@ -118,28 +137,34 @@ class EngineRunner(CommandLoop):
                 self._add_log("info", "paused" if self.paused else "resumed")
             elif isinstance(cmd, StepOnce):
                 if self.paused:
-                    self._clock += 0.05                       # the workload clock moves one tick
+                    self._clock += 0.05  # the workload clock moves one tick
                     if not eng.has_work() and self._pending and self._pending[0].due_s > self._clock:
-                        ahead = self._pending[0].due_s - self._clock   # nothing to run till the next
-                        self._clock = self._pending[0].due_s           # arrival: go to it (one press
-                        self._add_log("info", f"step: nothing ran; the workload's next arrival "   # a step)
-                                              f"was {ahead:.2f} s ahead: it arrives now")
+                        ahead = self._pending[0].due_s - self._clock  # nothing to run till the next
+                        self._clock = self._pending[0].due_s  # arrival: go to it (one press
+                        self._add_log(
+                            "info",
+                            f"step: nothing ran; the workload's next arrival "  # a step)
+                            f"was {ahead:.2f} s ahead: it arrives now",
+                        )
                     self._release_arrivals()
                     if eng.has_work():
-                        eng.hold_clock(False)                 # the step's own time counts
+                        eng.hold_clock(False)  # the step's own time counts
                         self._step()
                         eng.hold_clock(True)
-                    elif not self._log or not self._log[-1].text.startswith("step: nothing to do"):   # said once
-                        self._add_log("info", "step: nothing to do (no queued or running requests, no arrivals to come)")
+                    elif not self._log or not self._log[-1].text.startswith("step: nothing to do"):  # said once
+                        self._add_log(
+                            "info", "step: nothing to do (no queued or running requests, no arrivals to come)"
+                        )
             elif isinstance(cmd, ClearPrefixCache):
                 if not eng.prefix_cache:
-                    self._add_log("info", "prefix caching is off (--no-prefix-cache, or no chunked prefill): "
-                                          "nothing to clear")
+                    self._add_log(
+                        "info", "prefix caching is off (--no-prefix-cache, or no chunked prefill): nothing to clear"
+                    )
                 else:
                     n = eng.clear_prefix_cache()
                     self._add_log("info", f"prefix cache cleared: {n} cached free blocks are plain free blocks now")
                     self._note_changes()
-        except Exception as e:                                 # never let the UI's request kill the loop
+        except Exception as e:  # never let the UI's request kill the loop
             self._error(f"{type(cmd).__name__} failed: {e}")
 
     def _submit(self, prompt: str, tokens, settings: RequestSettings) -> None:
@@ -156,8 +181,12 @@ class EngineRunner(CommandLoop):
             self._streams[rid] = StopText(self.tok.stream(skip_special_tokens=True), settings.stop, settings.min_tokens)
         rid = rids[0]
         samples = f", {len(rids)} samples #{rids[0]}..#{rids[-1]}" if len(rids) > 1 else ""
-        self._add_log("submit", f"#{rid} queued ({len(ids)} prompt tokens, max {settings.max_new_tokens} new, "
-                                f"{settings.sampling.describe()}{samples})", rid)
+        self._add_log(
+            "submit",
+            f"#{rid} queued ({len(ids)} prompt tokens, max {settings.max_new_tokens} new, "
+            f"{settings.sampling.describe()}{samples})",
+            rid,
+        )
         self._note_changes()
 
     def _due_now(self) -> list[_Pending]:
@@ -187,9 +216,9 @@ class EngineRunner(CommandLoop):
         except Exception as e:
             self._error(f"engine step failed: {type(e).__name__}: {e}")
             self.last_traceback = traceback.format_exc()
-            self._set_paused(True)                             # stop looping on a broken state
+            self._set_paused(True)  # stop looping on a broken state
             self._add_log("error", "engine paused after an error; press space to retry")
-            self._note_changes()                      # show whatever state the failed step left
+            self._note_changes()  # show whatever state the failed step left
             return
         self._step_ms = (time.perf_counter() - t) * 1000
         self.steps_done += 1
@@ -201,15 +230,14 @@ class EngineRunner(CommandLoop):
                     self._choices[ev.rid] = self._alternatives(ev.logprob)
                 if ev.done:
                     self._texts[ev.rid] += stream.flush()
-                elif stream.stopped:                          # a stop string: it ends here, in this step
+                elif stream.stopped:  # a stop string: it ends here, in this step
                     self.engine.finish(ev.rid, stream.tokens)
         self._note_changes()
 
     def _alternatives(self, lp) -> tuple[tuple[str, float], ...]:
         """A TokenLogprob as the pane shows it: (text, probability), the chosen token first."""
         text = self.tok.token_text
-        return ((text(lp.token), math.exp(lp.logprob)),
-                *((text(t), math.exp(v)) for t, v in lp.top if t != lp.token))
+        return ((text(lp.token), math.exp(lp.logprob)), *((text(t), math.exp(v)) for t, v in lp.top if t != lp.token))
 
     def _note_changes(self) -> None:
         """Take a fresh snapshot for the next frame and log what the engine says happened."""
@@ -224,12 +252,16 @@ class EngineRunner(CommandLoop):
     def _record(self, events: list[LifecycleEvent] = ()) -> None:
         if self.recorder is None:
             return
-        x = {"paused": self.paused, "delay": self.step_delay_ms, "pending": len(self._pending),
-             "step_ms": round(self._step_ms, 1),                       # compute only (no delay, no pause)
-             "steps_behind": self.engine.steps - self.steps_done}       # steps made before this runner
+        x = {
+            "paused": self.paused,
+            "delay": self.step_delay_ms,
+            "pending": len(self._pending),
+            "step_ms": round(self._step_ms, 1),  # compute only (no delay, no pause)
+            "steps_behind": self.engine.steps - self.steps_done,
+        }  # steps made before this runner
         try:
             self.recorder.record(self.engine.steps, self._snap, events, self._prompts, self._texts, self._log, x)
-        except (OSError, ValueError) as e:                # disk full, file gone: the run goes on unrecorded
+        except (OSError, ValueError) as e:  # disk full, file gone: the run goes on unrecorded
             path, self.recorder = self.recorder.path, None
             self._error(f"recording to {path} stopped: {e}")
 
@@ -238,8 +270,9 @@ class EngineRunner(CommandLoop):
         if said is not None:
             self._add_log(*said, ev.rid, ev.slot, ev.step)
 
-    def _add_log(self, kind: str, text: str, rid: int | None = None, slot: int | None = None,
-                 step: int | None = None) -> None:
+    def _add_log(
+        self, kind: str, text: str, rid: int | None = None, slot: int | None = None, step: int | None = None
+    ) -> None:
         self._log_seq += 1
         step = self.engine.steps if step is None else step
         self._log.append(LogEntry(self._log_seq, step, self.engine.now(), kind, text, rid, slot))
@@ -250,22 +283,34 @@ class EngineRunner(CommandLoop):
 
     def _make_frame(self) -> Frame:
         self._seq += 1
-        return Frame(self._seq, self._snap, dict(self._prompts), dict(self._texts), tuple(self._log),
-                     self.paused, self.step_delay_ms, len(self._pending), self._rate.tps,
-                     tuple(self._rate.history), self._step_ms, self.steps_done, tracks=self._timeline.tracks(),
-                     choices=dict(self._choices))
+        return Frame(
+            self._seq,
+            self._snap,
+            dict(self._prompts),
+            dict(self._texts),
+            tuple(self._log),
+            self.paused,
+            self.step_delay_ms,
+            len(self._pending),
+            self._rate.tps,
+            tuple(self._rate.history),
+            self._step_ms,
+            self.steps_done,
+            tracks=self._timeline.tracks(),
+            choices=dict(self._choices),
+        )
 
     def _set_paused(self, paused: bool) -> None:
         self.paused = paused
-        self.engine.hold_clock(paused)                    # paused time counts in no latency
+        self.engine.hold_clock(paused)  # paused time counts in no latency
 
     def _before_step(self) -> bool:
         return self._release_arrivals()
 
     def _published(self) -> None:
-        self._record()                                    # log lines and pause changes made since
+        self._record()  # log lines and pause changes made since
         if self.recorder is not None and not self._can_run():
-            self.recorder.flush()                         # idle or paused: the file is whole on disk
+            self.recorder.flush()  # idle or paused: the file is whole on disk
 
     def _closed(self) -> None:
         if self.recorder is not None:
@@ -278,23 +323,24 @@ class EngineRunner(CommandLoop):
 @dataclass(frozen=True)
 class EngineSpec:
     """Everything needed to build the engine, as plain picklable values."""
+
     model_dir: str
-    device: str | None = None          # None: cuda when available, else cpu (decided in the child)
+    device: str | None = None  # None: cuda when available, else cpu (decided in the child)
     slots: int = 8
     max_len: int | None = None
     kv: str = "slots"
     block_size: int = 16
     kv_blocks: int | None = None
     seed: int = 0
-    threads: int | None = None         # torch CPU threads (None: torch's default)
-    chunked_prefill: bool = False      # the token-budget scheduler (kv="paged" only)
+    threads: int | None = None  # torch CPU threads (None: torch's default)
+    chunked_prefill: bool = False  # the token-budget scheduler (kv="paged" only)
     max_batched_tokens: int | None = None
-    prefix_cache: bool | None = None   # None: on with chunked prefill
-    record: str | None = None          # --record: write the run to this JSONL file as it happens
-    scheduling_policy: str = "fcfs"    # the waiting queue's order (tinyllm/engine/policy.py)
+    prefix_cache: bool | None = None  # None: on with chunked prefill
+    record: str | None = None  # --record: write the run to this JSONL file as it happens
+    scheduling_policy: str = "fcfs"  # the waiting queue's order (tinyllm/engine/policy.py)
     kv_memory_mib: float | None = None  # --kv-memory: the KV budget sizes the cache (slots is then unused)
-    max_num_seqs: int | None = None    # with a budget: the cap on running requests (None: the engine's default)
-    kv_cache_dtype: str = "auto"       # --kv-cache-dtype: the KV cache's element type (ContinuousEngine)
+    max_num_seqs: int | None = None  # with a budget: the cap on running requests (None: the engine's default)
+    kv_cache_dtype: str = "auto"  # --kv-cache-dtype: the KV cache's element type (ContinuousEngine)
 
     def config(self) -> EngineConfig:
         """The engine's settings (a block pool's only for kv="paged"; with a KV budget the budget
@@ -302,53 +348,71 @@ class EngineSpec:
         paged = dict(block_size=self.block_size, kv_blocks=self.kv_blocks) if self.kv == "paged" else {}
         chunked = dict(max_batched_tokens=self.max_batched_tokens) if self.chunked_prefill else {}
         cap = self.max_num_seqs if self.kv_memory_mib else self.slots
-        return EngineConfig(kv=self.kv, max_num_seqs=cap, max_len=self.max_len, kv_memory_mib=self.kv_memory_mib,
-                            chunked_prefill=self.chunked_prefill, prefix_cache=self.prefix_cache,
-                            scheduling_policy=self.scheduling_policy, kv_cache_dtype=self.kv_cache_dtype,
-                            device=self.device, threads=self.threads, seed=self.seed, **paged, **chunked)
+        return EngineConfig(
+            kv=self.kv,
+            max_num_seqs=cap,
+            max_len=self.max_len,
+            kv_memory_mib=self.kv_memory_mib,
+            chunked_prefill=self.chunked_prefill,
+            prefix_cache=self.prefix_cache,
+            scheduling_policy=self.scheduling_policy,
+            kv_cache_dtype=self.kv_cache_dtype,
+            device=self.device,
+            threads=self.threads,
+            seed=self.seed,
+            **paged,
+            **chunked,
+        )
 
     def build(self):
         """Load the checkpoint and build the engine: (ContinuousEngine, Tokenizer). Raises
         CheckpointError or ValueError with a message meant for the user."""
         import torch
 
+        from tinyllm.engine import ContinuousEngine
         from tinyllm.model.checkpoint import load_checkpoint
         from tinyllm.model.device import resolve_device
-        from tinyllm.engine import ContinuousEngine
+
         if self.threads:
             torch.set_num_threads(self.threads)
         device = resolve_device(self.device)
         model, tok = load_checkpoint(self.model_dir, device=device)
-        engine = ContinuousEngine(model, config=self.config(),
-                                  generator=torch.Generator(device=device).manual_seed(self.seed))
+        engine = ContinuousEngine(
+            model, config=self.config(), generator=torch.Generator(device=device).manual_seed(self.seed)
+        )
         return engine, tok
 
     def open_recorder(self, engine):
         """The --record file's writer (None without --record); OSError if it cannot be written."""
         if not self.record:
             return None
-        from tui.runners.frames import settings_of
-        from tui.runners.frames import FrameRecorder
-        return FrameRecorder(self.record, engine.snapshot(), Path(self.model_dir).name, self.model_dir,
-                             settings_of(self))
+        from tui.runners.frames import FrameRecorder, settings_of
+
+        return FrameRecorder(
+            self.record, engine.snapshot(), Path(self.model_dir).name, self.model_dir, settings_of(self)
+        )
 
     def start_runner(self, paused: bool, step_delay_ms: int):
         """In the child process: build the engine and its runner; (runner, (device, threads))."""
         import torch
+
         engine, tok = self.build()
-        runner = EngineRunner(engine, tok, paused=paused, step_delay_ms=step_delay_ms,
-                              recorder=self.open_recorder(engine))
+        runner = EngineRunner(
+            engine, tok, paused=paused, step_delay_ms=step_delay_ms, recorder=self.open_recorder(engine)
+        )
         return runner, (engine.device.type, torch.get_num_threads())
 
     @staticmethod
     def encoder() -> Callable[[Frame], Frame]:
         """Child side: frames travel as deltas (only what changed since the last one sent)."""
         from tui.runners.frames import FrameDiffer
+
         return FrameDiffer().delta
 
     @staticmethod
-    def decoder() -> "FrameMerger":
+    def decoder() -> FrameMerger:
         from tui.runners.frames import FrameMerger
+
         return FrameMerger()
 
     def loading_frame(self, max_len: int | None = None) -> Frame:
@@ -362,6 +426,16 @@ class EngineSpec:
         else:
             kv = KVView("slots", self.slots * max_len, 0, 0, 0)
         budget = (self.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS) if self.chunked_prefill else None
-        snap = EngineSnapshot(0.0, self.slots, max_len, tuple(SlotView(s, None, 0, max_len) for s in range(self.slots)),
-                              (), (), kv, Counters(), budget, self.scheduling_policy)
+        snap = EngineSnapshot(
+            0.0,
+            self.slots,
+            max_len,
+            tuple(SlotView(s, None, 0, max_len) for s in range(self.slots)),
+            (),
+            (),
+            kv,
+            Counters(),
+            budget,
+            self.scheduling_policy,
+        )
         return Frame(0, snap, {}, {}, (), False, 0, 0, 0.0, (), status="loading")

@@ -16,13 +16,18 @@ from collections import deque
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from tinyllm.observe.recording import (RecordingWriter, SnapshotDecoder, SnapshotEncoder, decode_event, encode_event,
-                               make_header)
+from tinyllm.observe.recording import (
+    RecordingWriter,
+    SnapshotDecoder,
+    SnapshotEncoder,
+    decode_event,
+    encode_event,
+    make_header,
+)
 from tinyllm.observe.snapshot import EngineSnapshot, LifecycleEvent
 from tinyllm.observe.timeline import Timeline
 from tui.runners.interface import LOG_LINES, Frame, LogEntry, lifecycle_log
 from tui.runners.rate import TokenRate
-
 
 
 def tokenizer_id(model_dir: str | Path) -> str:
@@ -50,8 +55,16 @@ class FrameRecorder:
     def path(self) -> Path:
         return self._writer.path
 
-    def record(self, step: int, snap: EngineSnapshot, events: list[LifecycleEvent], prompts: dict[int, str],
-               texts: dict[int, str], log: deque[LogEntry], x: dict) -> None:
+    def record(
+        self,
+        step: int,
+        snap: EngineSnapshot,
+        events: list[LifecycleEvent],
+        prompts: dict[int, str],
+        texts: dict[int, str],
+        log: deque[LogEntry],
+        x: dict,
+    ) -> None:
         rec: dict = {"step": step}
         if snap is not self._snap:
             d = self._enc.encode(snap)
@@ -76,7 +89,7 @@ class FrameRecorder:
             self._log_seq = new_log[-1].seq
             changed["log"] = [[e.seq, e.step, e.time_s, e.kind, e.text, e.rid, e.slot] for e in new_log]
         if len(rec) == 1 and not changed:
-            return                                        # nothing a viewer would see
+            return  # nothing a viewer would see
         self._x.update((k, v) for k, v in x.items())
         if changed:
             rec["x"] = changed
@@ -94,14 +107,14 @@ class FrameBuilder:
 
     def __init__(self, header: dict, log_events: bool = False):
         self.header = header
-        self.log_events = log_events      # no recorded log (a server's stream): write it from the events
+        self.log_events = log_events  # no recorded log (a server's stream): write it from the events
         self._dec = SnapshotDecoder(header)
         self.texts: dict[int, str] = {}
         self.prompts: dict[int, str] = {}
         self.log: deque[LogEntry] = deque(maxlen=LOG_LINES)
         self.timeline = Timeline()
         self.x: dict = {"paused": False, "delay": 0, "pending": 0, "step_ms": 0.0, "steps_behind": 0}
-        self.rate = TokenRate()                           # (derived: not in the file)
+        self.rate = TokenRate()  # (derived: not in the file)
         self.step = 0
 
     @property
@@ -113,7 +126,7 @@ class FrameBuilder:
         if "snap" in rec:
             self._dec.apply(rec["snap"])
             for rid, fs in rec["snap"].get("r", {}).items():
-                if fs is None:                            # the engine forgot it: so do we
+                if fs is None:  # the engine forgot it: so do we
                     self.texts.pop(int(rid), None)
                     self.prompts.pop(int(rid), None)
                     self.timeline.forget(int(rid))
@@ -136,18 +149,33 @@ class FrameBuilder:
 
     def _log_from(self, events: list[LifecycleEvent]) -> None:
         for ev in events:
-            said = (("submit", f"#{ev.rid} queued ({ev.tokens} prompt tokens)") if ev.kind == "queued"
-                    else lifecycle_log(ev))
+            said = (
+                ("submit", f"#{ev.rid} queued ({ev.tokens} prompt tokens)")
+                if ev.kind == "queued"
+                else lifecycle_log(ev)
+            )
             if said is not None:
                 seq = self.log[-1].seq + 1 if self.log else 1
                 self.log.append(LogEntry(seq, ev.step, ev.time_s, *said, ev.rid, ev.slot))
 
     def frame(self, seq: int, paused: bool, delay_ms: int) -> Frame:
         x = self.x
-        return Frame(seq, self.snapshot, dict(self.prompts), dict(self.texts), tuple(self.log), paused, delay_ms,
-                     int(x.get("pending", 0)), self.rate.tps, tuple(self.rate.history),
-                     float(x.get("step_ms", 0.0)), self.step - int(x.get("steps_behind", 0)), "ready",
-                     self.timeline.tracks())
+        return Frame(
+            seq,
+            self.snapshot,
+            dict(self.prompts),
+            dict(self.texts),
+            tuple(self.log),
+            paused,
+            delay_ms,
+            int(x.get("pending", 0)),
+            self.rate.tps,
+            tuple(self.rate.history),
+            float(x.get("step_ms", 0.0)),
+            self.step - int(x.get("steps_behind", 0)),
+            "ready",
+            self.timeline.tracks(),
+        )
 
     def copy(self) -> FrameBuilder:
         b = FrameBuilder.__new__(FrameBuilder)
@@ -191,15 +219,16 @@ class FrameDiffer:
         log = tuple(e for e in f.log if e.seq > self._log_seq)
         if log:
             self._log_seq = log[-1].seq
-        return replace(f, snapshot=replace(f.snapshot, requests=views), texts=texts, prompts=prompts, log=log,
-                       tracks=tracks)
+        return replace(
+            f, snapshot=replace(f.snapshot, requests=views), texts=texts, prompts=prompts, log=log, tracks=tracks
+        )
 
 
 class FrameMerger:
     """Parent side: apply deltas, return whole immutable frames."""
 
     def __init__(self):
-        self._views: dict[int, object] = {}           # insertion order = request id order
+        self._views: dict[int, object] = {}  # insertion order = request id order
         self._tracks: dict[int, object] = {}
         self._texts: dict[int, str] = {}
         self._prompts: dict[int, str] = {}
@@ -211,12 +240,17 @@ class FrameMerger:
         self._texts.update(d.texts)
         self._prompts.update(d.prompts)
         self._log.extend(d.log)
-        return replace(d, snapshot=replace(d.snapshot, requests=tuple(self._views.values())),
-                       texts=dict(self._texts), prompts=dict(self._prompts), log=tuple(self._log),
-                       tracks=tuple(self._tracks.values()))
+        return replace(
+            d,
+            snapshot=replace(d.snapshot, requests=tuple(self._views.values())),
+            texts=dict(self._texts),
+            prompts=dict(self._prompts),
+            log=tuple(self._log),
+            tracks=tuple(self._tracks.values()),
+        )
 
     def note(self, f: Frame, kind: str, text: str) -> Frame:
         """A frame like ``f`` with one more log entry (the parent's own news, e.g. a dead child)."""
         seq = self._log[-1].seq + 1 if self._log else 1
         self._log.append(LogEntry(seq, f.steps_done, f.snapshot.time_s, kind, text))
-        return replace(f, seq=f.seq + 1, log=tuple(self._log), paused=True)   # a new frame: drawn
+        return replace(f, seq=f.seq + 1, log=tuple(self._log), paused=True)  # a new frame: drawn

@@ -6,12 +6,13 @@ app and its widgets import this module, never a runner, for their types.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from tinyllm.request import RequestSettings
 from tinyllm.observe.snapshot import FORK_OF, EngineSnapshot, LifecycleEvent
 from tinyllm.observe.timeline import Track
+from tinyllm.request import RequestSettings
 from tinyllm.units import count
 from tinyllm.workload import WorkItem
 
@@ -28,7 +29,7 @@ LOG_LINES = 500
 class Submit:
     prompt: str
     settings: RequestSettings
-    tokens: tuple[int, ...] | None = None    # pre-tokenized (workloads); else encoded here
+    tokens: tuple[int, ...] | None = None  # pre-tokenized (workloads); else encoded here
 
 
 @dataclass(frozen=True)
@@ -36,14 +37,15 @@ class LoadWorkload:
     name: str
     items: tuple[WorkItem, ...]
     tokens: tuple[tuple[int, ...], ...]
-    defaults: RequestSettings                # for what a line of the file leaves out
+    defaults: RequestSettings  # for what a line of the file leaves out
 
     def loaded(self) -> str:
         """The log line: its lines, and the requests they make where a line asks for n samples."""
         lines = count(len(self.items), "request")
         made = sum(it.n or 1 for it in self.items)
-        return f"loaded {self.name}: {lines}" + (f" ({made} sequences with their samples)" if made != len(self.items)
-                                                  else "")
+        return f"loaded {self.name}: {lines}" + (
+            f" ({made} sequences with their samples)" if made != len(self.items) else ""
+        )
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class Abort:
 class AbortAll:
     """Abort every queued or running request; attached to a server, ``ours_only`` spares the
     requests of its other clients."""
+
     ours_only: bool = False
 
 
@@ -71,6 +74,7 @@ class TogglePaused:
 @dataclass(frozen=True)
 class SetPublishInterval:
     """The UI draws every ``seconds`` at best: publishing more often than that is wasted work."""
+
     seconds: float
 
 
@@ -103,6 +107,7 @@ class SeekStep:
 @dataclass(frozen=True)
 class JumpEvent:
     """To the next (direction +1) or previous (-1) admission / preemption / abort / end of a request."""
+
     rid: int
     direction: int
 
@@ -113,10 +118,10 @@ class LogEntry:
     seq: int
     step: int
     time_s: float
-    kind: str          # submit / admit / preempt / finish / abort / error / info
+    kind: str  # submit / admit / preempt / finish / abort / error / info
     text: str
     rid: int | None = None
-    slot: int | None = None   # the slot the event happened in (admit: taken; others: freed)
+    slot: int | None = None  # the slot the event happened in (admit: taken; others: freed)
 
 
 def lifecycle_log(ev: LifecycleEvent) -> tuple[str, str] | None:
@@ -126,18 +131,19 @@ def lifecycle_log(ev: LifecycleEvent) -> tuple[str, str] | None:
     r = f"#{ev.rid}"
     if ev.kind == "admitted":
         again = f" again ({ev.reason})" if ev.reason else ""
-        if ev.reason.startswith(FORK_OF):                # n > 1: no prefill, the parent's blocks shared
+        if ev.reason.startswith(FORK_OF):  # n > 1: no prefill, the parent's blocks shared
             again = f" as a {ev.reason}, sharing its prompt's blocks"
         cached = f", {ev.cached} of {ev.tokens} tokens from the prefix cache" if ev.cached else ""
         return "admit", f"{r} admitted to slot {ev.slot}{again}{cached}"
     if ev.kind == "prefill":
         start, end, total = ev.prefill_span()
-        if start != 0 or end != total:                   # a prompt spread over several steps
+        if start != 0 or end != total:  # a prompt spread over several steps
             return "prefill", f"{r} prefill chunk {start}..{end} of {total} tokens"
         return None
     if ev.kind == "preempted":
-        return "preempt", (f"{r} preempted from slot {ev.slot}: {ev.reason}, back to the queue "
-                           f"({ev.tokens} tokens to recompute)")
+        return "preempt", (
+            f"{r} preempted from slot {ev.slot}: {ev.reason}, back to the queue ({ev.tokens} tokens to recompute)"
+        )
     if ev.kind == "finished":
         why = {"eos": "end-of-text", "stop": "a stop token or string"}.get(ev.reason, "max tokens")
         return "finish", f"{r} finished: {ev.tokens} tokens ({why})"
@@ -146,29 +152,30 @@ def lifecycle_log(ev: LifecycleEvent) -> tuple[str, str] | None:
     if ev.kind == "failed":
         return "error", f"{r} failed, the others go on: {ev.reason}"
     if ev.kind == "waiting" and ev.reason and not ev.reason.startswith("queue:"):
-        return "wait", f"{r} waits: {ev.reason.partition(': ')[2]}"   # queue order changes are the list's
+        return "wait", f"{r} waits: {ev.reason.partition(': ')[2]}"  # queue order changes are the list's
     return None
 
 
 @dataclass(frozen=True)
 class Frame:
     """Everything the UI shows, immutable. ``seq`` grows with each publish."""
+
     seq: int
     snapshot: EngineSnapshot
-    prompts: dict[int, str]              # rid → prompt text
-    texts: dict[int, str]                # rid → generated text so far (decoded incrementally)
-    log: tuple[LogEntry, ...]            # the newest LOG_LINES entries
+    prompts: dict[int, str]  # rid → prompt text
+    texts: dict[int, str]  # rid → generated text so far (decoded incrementally)
+    log: tuple[LogEntry, ...]  # the newest LOG_LINES entries
     paused: bool
     step_delay_ms: int
-    pending_arrivals: int                # workload requests not yet arrived
-    tokens_per_s: float                  # recent generation rate (all requests)
-    tps_history: tuple[float, ...]       # one point per ~0.25 s, newest last
-    step_ms: float = 0.0                 # duration of the latest engine step
-    steps_done: int = 0                  # engine steps this runner has made
-    status: str = "ready"                # "loading" until the engine is built (process runner)
-    tracks: tuple[Track, ...] = ()       # each request's life over steps (the timeline panel)
-    server: "ServerFigures | None" = None   # attached to a vLLM server: its /metrics figures
-    kv_cache: "CacheView | None" = None     # and, with --kv-events, its prefix cache from KV events
+    pending_arrivals: int  # workload requests not yet arrived
+    tokens_per_s: float  # recent generation rate (all requests)
+    tps_history: tuple[float, ...]  # one point per ~0.25 s, newest last
+    step_ms: float = 0.0  # duration of the latest engine step
+    steps_done: int = 0  # engine steps this runner has made
+    status: str = "ready"  # "loading" until the engine is built (process runner)
+    tracks: tuple[Track, ...] = ()  # each request's life over steps (the timeline panel)
+    server: ServerFigures | None = None  # attached to a vLLM server: its /metrics figures
+    kv_cache: CacheView | None = None  # and, with --kv-events, its prefix cache from KV events
     choices: dict[int, tuple[tuple[str, float], ...]] = field(default_factory=dict)
     # ^ rid → its latest token and the top alternatives, (text, probability), the chosen one
     #   first: for the requests that asked for logprobs (settings dialog), else none
@@ -176,17 +183,18 @@ class Frame:
 
 class Runner(Protocol):
     """What the app needs from whatever runs the engine (a thread, a child process, ...)."""
-    mode: str                                # "live" (a local engine), "replay" (a recording, read-only),
-                                             # "attach" (a tinyllm serve), "metrics" (a vLLM server)
-    device: str                              # "cpu" / "cuda" ("?" until a process runner's engine is up)
-    start_error: Exception | None            # the engine could not be built (the app exits with it)
-    threads: int                             # torch CPU threads the engine uses (0 until known)
+
+    mode: str  # "live" (a local engine), "replay" (a recording, read-only),
+    # "attach" (a tinyllm serve), "metrics" (a vLLM server)
+    device: str  # "cpu" / "cuda" ("?" until a process runner's engine is up)
+    start_error: Exception | None  # the engine could not be built (the app exits with it)
+    threads: int  # torch CPU threads the engine uses (0 until known)
 
     @property
-    def frame(self) -> Frame: ...           # the newest published frame (an atomic reference read)
+    def frame(self) -> Frame: ...  # the newest published frame (an atomic reference read)
 
-    def send(self, cmd) -> None: ...        # queue a command; never blocks the UI for long
+    def send(self, cmd) -> None: ...  # queue a command; never blocks the UI for long
 
-    def run(self, cancelled: Callable[[], bool] = lambda: False) -> None: ...   # the loop (a worker thread)
+    def run(self, cancelled: Callable[[], bool] = lambda: False) -> None: ...  # the loop (a worker thread)
 
     def stop(self) -> None: ...

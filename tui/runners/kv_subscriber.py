@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -24,15 +24,16 @@ from zmq.utils.monitor import recv_monitor_message
 from tinyllm.observe.kv_events import CacheBook, CacheView, decode
 
 POLL_MS = 200
-IDLE_S = 5.0                 # no batch for this long: "idle" (vLLM sends one per step that changed the cache)
+IDLE_S = 5.0  # no batch for this long: "idle" (vLLM sends one per step that changed the cache)
 ENDPOINT = re.compile(r"^(tcp://[^\s:/*]+:\d{1,5}|ipc://\S+)$")
 
 
 def check_endpoint(endpoint: str) -> str:
     """ValueError with the fix if ``endpoint`` is not something a SUB socket can connect to."""
     if "*" in endpoint:
-        raise ValueError(f"{endpoint} is the address vLLM binds; connect to the host, e.g. "
-                         f"{endpoint.replace('*', '127.0.0.1')}")
+        raise ValueError(
+            f"{endpoint} is the address vLLM binds; connect to the host, e.g. {endpoint.replace('*', '127.0.0.1')}"
+        )
     if not ENDPOINT.match(endpoint) or (endpoint.startswith("tcp") and not 0 < int(endpoint.rsplit(":", 1)[1]) < 65536):
         raise ValueError(f"{endpoint}: expected tcp://HOST:PORT (vLLM's kv-events endpoint) or ipc://PATH")
     return endpoint
@@ -47,7 +48,7 @@ class KVEventsSubscriber:
         self.on_view: Callable[[CacheView], None] = lambda view: None
         self._book = CacheBook(endpoint)
         self._connected = False
-        self._failed = ""                                 # the thread stopped on an error: why
+        self._failed = ""  # the thread stopped on an error: why
         self._view = CacheView(endpoint)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -70,7 +71,7 @@ class KVEventsSubscriber:
     def _run(self) -> None:
         try:
             self._loop()
-        except Exception as e:                            # noqa: BLE001 - say so on screen, never a traceback
+        except Exception as e:  # noqa: BLE001 - say so on screen, never a traceback
             self._failed = f"failed: {type(e).__name__}: {e}"
             self._publish()
 
@@ -78,8 +79,8 @@ class KVEventsSubscriber:
         ctx = zmq.Context()
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.RCVHWM, 100_000)               # vLLM's own PUB high-water mark
-        sub.setsockopt(zmq.SUBSCRIBE, b"")                # every topic
+        sub.setsockopt(zmq.RCVHWM, 100_000)  # vLLM's own PUB high-water mark
+        sub.setsockopt(zmq.SUBSCRIBE, b"")  # every topic
         monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         sub.connect(self.endpoint)
         poller = zmq.Poller()
@@ -128,13 +129,13 @@ class KVEventsSubscriber:
             return
         try:
             batch = decode(parts[2])
-        except ValueError as e:                           # msgspec's DecodeError and ValidationError
+        except ValueError as e:  # msgspec's DecodeError and ValidationError
             book.bad(f"not a KV event batch: {e}")
             return
         try:
             book.sequence(int.from_bytes(parts[1], "big", signed=True))
             book.apply(batch)
-        except Exception as e:                            # noqa: BLE001 - a publisher must not end the thread
+        except Exception as e:  # noqa: BLE001 - a publisher must not end the thread
             book.bad(f"{type(e).__name__}: {e}")
 
     def _status(self) -> str:
@@ -151,5 +152,5 @@ class KVEventsSubscriber:
         self._view = self._book.view(self._status())
         try:
             self.on_view(self._view)
-        except Exception:                                 # noqa: BLE001 - the viewer's problem, not ours
+        except Exception:  # noqa: BLE001 - the viewer's problem, not ours
             pass

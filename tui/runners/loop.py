@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 from tui.runners.interface import MAX_DELAY_MS, SetDelay, SetPaused, SetPublishInterval, StepOnce, TogglePaused
 
@@ -26,17 +26,17 @@ PUBLISH_S = 1 / 30
 
 
 class CommandLoop:
-    mode = "live"                         # interface.Runner: a local engine (or the race)
-    WAKE: tuple[type, ...] = (StepOnce, SetPaused, TogglePaused)   # after these a running loop steps at once
+    mode = "live"  # interface.Runner: a local engine (or the race)
+    WAKE: tuple[type, ...] = (StepOnce, SetPaused, TogglePaused)  # after these a running loop steps at once
 
     def __init__(self, paused: bool, step_delay_ms: int, on_frame: Callable[[], None] | None = None):
         self.commands: queue.Queue = queue.Queue()
         self.paused = paused
         self.step_delay_ms = max(0, min(MAX_DELAY_MS, step_delay_ms))
-        self.on_frame = on_frame              # optional hook, called in this thread after each publish
+        self.on_frame = on_frame  # optional hook, called in this thread after each publish
         self.publish_s = PUBLISH_S
         self.last_traceback: str | None = None
-        self.start_error: Exception | None = None     # never: a loop gets what it runs already built
+        self.start_error: Exception | None = None  # never: a loop gets what it runs already built
         self._stop = threading.Event()
         self._published_at = 0.0
 
@@ -51,7 +51,7 @@ class CommandLoop:
 
     def stop(self) -> None:
         self._stop.set()
-        self.commands.put(None)               # wake the loop at once
+        self.commands.put(None)  # wake the loop at once
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, cancelled: Callable[[], bool] = lambda: False) -> None:
@@ -70,7 +70,7 @@ class CommandLoop:
                 if dirty and (not self._can_run() or time.perf_counter() - self._published_at >= self.publish_s):
                     self._publish()
                     dirty = False
-            except Exception as e:                    # keep the loop (and the app) alive, say what broke
+            except Exception as e:  # keep the loop (and the app) alive, say what broke
                 self.last_traceback = traceback.format_exc()
                 self._set_paused(True)
                 self._log_error(f"runner error: {type(e).__name__}: {e}; paused")
@@ -91,7 +91,7 @@ class CommandLoop:
                     cmd = self.commands.get_nowait()
             except queue.Empty:
                 return changed
-            if cmd is None:                    # stop() wake-up
+            if cmd is None:  # stop() wake-up
                 return True
             if isinstance(cmd, SetDelay):
                 self.step_delay_ms = max(0, min(MAX_DELAY_MS, int(cmd.ms)))
@@ -100,7 +100,7 @@ class CommandLoop:
             else:
                 self._apply(cmd)
             changed = True
-            block = False                      # after the first command, just drain the rest
+            block = False  # after the first command, just drain the rest
             if isinstance(cmd, self.WAKE) and not self.paused:
                 return True
 

@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import traceback
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_NEW
 from tinyllm.race.spec import LaneSpec
 from tinyllm.race.views import LANES, LaneView, lane_detail, lane_title, mib, waiting_lane
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS
 from tinyllm.units import duration
+from tui.runners.interface import LogEntry, SetPaused, StepOnce, TogglePaused
 from tui.runners.loop import CommandLoop
-from tui.runners.interface import (LogEntry, SetPaused, StepOnce,
-                          TogglePaused)
 
-RACE_LOG_LINES = 50                      # a few lines per lane: the race screen shows the newest
+RACE_LOG_LINES = 50  # a few lines per lane: the race screen shows the newest
 
 
 @dataclass(frozen=True)
@@ -37,11 +36,11 @@ class RaceFrame:
     lanes: tuple[LaneView, ...]
     paused: bool
     step_delay_ms: int
-    turns: int                       # steps made, all lanes together
-    last_lane: str | None            # the lane that made the latest step
+    turns: int  # steps made, all lanes together
+    last_lane: str | None  # the lane that made the latest step
     log: tuple[LogEntry, ...]
-    status: str = "ready"            # "loading" until the lanes are built (engine process)
-    cold_steps: int = 0              # measured steps taken after a pause (slow motion, by hand): they run slow
+    status: str = "ready"  # "loading" until the lanes are built (engine process)
+    cold_steps: int = 0  # measured steps taken after a pause (slow motion, by hand): they run slow
 
     @property
     def done(self) -> bool:
@@ -54,10 +53,18 @@ class RaceFrame:
 
 class RaceRunner(CommandLoop):
     """Owns one race (see the module docstring); the app's Runner interface, for a RaceFrame."""
+
     WAKE = CommandLoop.WAKE + (Restart,)
 
-    def __init__(self, make_race: Callable[[], object], paused: bool = False, step_delay_ms: int = 0,
-                 device: str = "cpu", threads: int = 0, on_frame: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        make_race: Callable[[], object],
+        paused: bool = False,
+        step_delay_ms: int = 0,
+        device: str = "cpu",
+        threads: int = 0,
+        on_frame: Callable[[], None] | None = None,
+    ):
         super().__init__(paused, step_delay_ms, on_frame)
         self.make_race = make_race
         self.race = make_race()
@@ -65,7 +72,7 @@ class RaceRunner(CommandLoop):
         self._log: deque[LogEntry] = deque(maxlen=RACE_LOG_LINES)
         self._log_seq = self._seq = 0
         self._finished: set[str] = set()
-        self._after_pause = False                 # the next step follows a pause (resumed, or a step by hand)
+        self._after_pause = False  # the next step follows a pause (resumed, or a step by hand)
         self._cold = 0
         self._frame = self._make_frame()
 
@@ -101,7 +108,7 @@ class RaceRunner(CommandLoop):
 
     def _step(self) -> None:
         if (self._after_pause or self.step_delay_ms > 0) and self._measured():
-            self._cold += 1                       # after a pause its caches are cold: its clock reads high
+            self._cold += 1  # after a pause its caches are cold: its clock reads high
         self._after_pause = False
         try:
             lane = self.race.step()
@@ -113,7 +120,9 @@ class RaceRunner(CommandLoop):
         if lane is not None and lane.key not in self._finished and not lane.has_work():
             self._finished.add(lane.key)
             place = len(self._finished)
-            self._add_log("finish", f"{lane.title} finished {_ordinal(place)}: {duration(lane.clock.elapsed)} of its clock")
+            self._add_log(
+                "finish", f"{lane.title} finished {_ordinal(place)}: {duration(lane.clock.elapsed)} of its clock"
+            )
 
     def _measured(self) -> bool:
         """Whether the lanes' clocks time real steps (not a fixed cost per step)."""
@@ -125,47 +134,72 @@ class RaceRunner(CommandLoop):
 
     def _make_frame(self) -> RaceFrame:
         self._seq += 1
-        return RaceFrame(self._seq, self.race.views(), self.paused, self.step_delay_ms, self.race.turns,
-                         self.race.last, tuple(self._log), cold_steps=self._cold)
+        return RaceFrame(
+            self._seq,
+            self.race.views(),
+            self.paused,
+            self.step_delay_ms,
+            self.race.turns,
+            self.race.last,
+            tuple(self._log),
+            cold_steps=self._cold,
+        )
 
 
 def _ordinal(n: int) -> str:
     return {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")
 
 
-RaceItem = tuple[float, tuple[int, ...], int, int, str]   # (arrival_s, prompt ids, max_new_tokens, priority, tenant)
+RaceItem = tuple[float, tuple[int, ...], int, int, str]  # (arrival_s, prompt ids, max_new_tokens, priority, tenant)
 
 
 @dataclass(frozen=True)
 class RaceSpec:
     """Everything needed to build the race, as plain picklable values."""
+
     model_dir: str
     workload: tuple[RaceItem, ...]
-    name: str = "workload"               # shown in the status line
-    slots: int = 8                       # static batch size = continuous slots
+    name: str = "workload"  # shown in the status line
+    slots: int = 8  # static batch size = continuous slots
     max_len: int = 512
     block_size: int = 16
     kv_blocks: int | None = None
     max_batched_tokens: int | None = None
     batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S
-    lanes: tuple[str | LaneSpec, ...] = LANES    # lane kinds, or LaneSpecs with their own settings
+    lanes: tuple[str | LaneSpec, ...] = LANES  # lane kinds, or LaneSpecs with their own settings
     device: str | None = None
     threads: int | None = None
     seed: int = 0
-    step_cost_s: float | None = None     # a fixed cost per step (tests): deterministic clocks
+    step_cost_s: float | None = None  # a fixed cost per step (tests): deterministic clocks
     warm_up: bool = True
-    kv_memory_mib: float | None = None   # --kv-memory: every lane at this KV budget (slots then unused)
-    max_num_seqs: int | None = None      # with a budget: the cap on running sequences (default 64)
-    kv_cache_dtype: str = "auto"         # --kv-cache-dtype: every lane's KV element type (a lane's kv_dtype= its own)
+    kv_memory_mib: float | None = None  # --kv-memory: every lane at this KV budget (slots then unused)
+    max_num_seqs: int | None = None  # with a budget: the cap on running sequences (default 64)
+    kv_cache_dtype: str = "auto"  # --kv-cache-dtype: every lane's KV element type (a lane's kv_dtype= its own)
 
     def make_race(self, model):
         """A fresh race on ``model`` (in whichever process owns the model)."""
         from tinyllm.engine import Request
         from tinyllm.race.race import build_race
-        work = [(t, Request(list(ids), new, priority=prio, tenant=tenant)) for t, ids, new, prio, tenant in self.workload]
-        return build_race(model, work, self.slots, self.max_len, self.block_size, self.kv_blocks,
-                          self.max_batched_tokens, self.batch_timeout_s, self.lanes, self.step_cost_s, self.seed,
-                          self.kv_memory_mib, self.max_num_seqs, self.kv_cache_dtype)
+
+        work = [
+            (t, Request(list(ids), new, priority=prio, tenant=tenant)) for t, ids, new, prio, tenant in self.workload
+        ]
+        return build_race(
+            model,
+            work,
+            self.slots,
+            self.max_len,
+            self.block_size,
+            self.kv_blocks,
+            self.max_batched_tokens,
+            self.batch_timeout_s,
+            self.lanes,
+            self.step_cost_s,
+            self.seed,
+            self.kv_memory_mib,
+            self.max_num_seqs,
+            self.kv_cache_dtype,
+        )
 
     def build(self):
         """(model, device) in the engine process: threads, weights, warm-up. CheckpointError or
@@ -174,19 +208,22 @@ class RaceSpec:
 
         from tinyllm.model.checkpoint import load_checkpoint
         from tinyllm.model.device import resolve_device
+
         if self.threads:
             torch.set_num_threads(self.threads)
         device = resolve_device(self.device)
         model, _ = load_checkpoint(self.model_dir, device=device)
-        self.make_race(model)                              # every request checked before the start
+        self.make_race(model)  # every request checked before the start
         if self.warm_up:
             from tinyllm.bench import warm_up
+
             warm_up(model, None, device)
         return model, device
 
     def start_runner(self, paused: bool, step_delay_ms: int):
         """In the child process: the model, warmed up, and the runner; (runner, (device, threads))."""
         import torch
+
         model, device = self.build()
         runner = RaceRunner(lambda: self.make_race(model), paused, step_delay_ms, device, torch.get_num_threads())
         return runner, (device, torch.get_num_threads())
@@ -197,7 +234,7 @@ class RaceSpec:
         return lambda frame: frame
 
     @staticmethod
-    def decoder() -> "WholeFrames":
+    def decoder() -> WholeFrames:
         return WholeFrames()
 
     def loading_frame(self, max_len: int | None = None) -> RaceFrame:
@@ -213,11 +250,22 @@ class RaceSpec:
         for i, s in enumerate(specs):
             budget_mib = s.kv_mib if s.kv_mib is not None else self.kv_memory_mib
             n = 0 if budget_mib is not None else s.slots or self.slots
-            detail = (f"{mib(budget_mib)} of KV memory: its rows or blocks are sized once the model is loaded"
-                      if budget_mib is not None else lane_detail(s.kind, n, self.batch_timeout_s, s.budget or budget,
-                                                                arrivals))
-            lanes.append(waiting_lane(s.kind if plain else f"lane{i}", detail, n, len(self.workload), total,
-                                      lane_title(s.label, s.kind), s.kind))
+            detail = (
+                f"{mib(budget_mib)} of KV memory: its rows or blocks are sized once the model is loaded"
+                if budget_mib is not None
+                else lane_detail(s.kind, n, self.batch_timeout_s, s.budget or budget, arrivals)
+            )
+            lanes.append(
+                waiting_lane(
+                    s.kind if plain else f"lane{i}",
+                    detail,
+                    n,
+                    len(self.workload),
+                    total,
+                    lane_title(s.label, s.kind),
+                    s.kind,
+                )
+            )
         return RaceFrame(0, tuple(lanes), False, 0, 0, None, (), status="loading")
 
 
@@ -229,7 +277,7 @@ class WholeFrames:
 
     def note(self, f: RaceFrame, kind: str, text: str) -> RaceFrame:
         entry = LogEntry((f.log[-1].seq if f.log else 0) + 1, f.turns, 0.0, kind, text)
-        return replace(f, seq=f.seq + 1, log=f.log + (entry,), paused=True)   # a new frame: drawn
+        return replace(f, seq=f.seq + 1, log=f.log + (entry,), paused=True)  # a new frame: drawn
 
 
 def race_workload(path, encode, max_len: int, default_new: int = DEFAULT_NEW) -> tuple[RaceItem, ...]:
@@ -237,7 +285,10 @@ def race_workload(path, encode, max_len: int, default_new: int = DEFAULT_NEW) ->
     settings and end-of-text are left out (the race is greedy and makes every token, as tinyllm
     bench); a line with ``n`` samples is n requests (it was one: its work lost)."""
     from tinyllm.workload import load_workload, samples, tokenize_checked
+
     items = load_workload(path)
     ids = tokenize_checked(items, path, encode, max_len, default_new)
-    return tuple((it.arrival_s, tuple(i), it.max_new_tokens or default_new, it.priority or 0, it.tenant or "")
-                 for it, i in samples(items, ids))
+    return tuple(
+        (it.arrival_s, tuple(i), it.max_new_tokens or default_new, it.priority or 0, it.tenant or "")
+        for it, i in samples(items, ids)
+    )

@@ -8,9 +8,9 @@ from collections import deque
 
 from tinyllm.observe.snapshot import EngineSnapshot
 
-POINT_S = 0.25          # the tokens/s sparkline gets a point per this much engine time
-WINDOW_S = 1.0          # tokens/s: over the last this much engine time
-HISTORY = 120           # sparkline points kept
+POINT_S = 0.25  # the tokens/s sparkline gets a point per this much engine time
+WINDOW_S = 1.0  # tokens/s: over the last this much engine time
+HISTORY = 120  # sparkline points kept
 
 
 class TokenRate:
@@ -24,17 +24,17 @@ class TokenRate:
     def __init__(self) -> None:
         self.tps = 0.0
         self.history: deque[float] = deque(maxlen=HISTORY)
-        self._points: deque[tuple[float, int]] = deque()   # (engine time, tokens generated), the window
-        self._was_idle = True                              # the last snapshot had nothing running or waiting
+        self._points: deque[tuple[float, int]] = deque()  # (engine time, tokens generated), the window
+        self._was_idle = True  # the last snapshot had nothing running or waiting
         self._point_at = 0.0
 
     def update(self, snap: EngineSnapshot) -> float:
         t, n = snap.time_s, snap.counters.generated_tokens
         pts = self._points
         if pts and (self._was_idle or t < pts[-1][0] or n < pts[-1][1]):
-            pts.clear()                                   # after idle time, or another engine (a restart)
+            pts.clear()  # after idle time, or another engine (a restart)
         self._was_idle = not (snap.num_requests_running or snap.num_requests_waiting)
-        if t < self._point_at:                            # another engine's clock: points from its start
+        if t < self._point_at:  # another engine's clock: points from its start
             self._point_at = t
         if not pts or t > pts[-1][0]:
             pts.append((t, n))

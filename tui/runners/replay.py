@@ -15,22 +15,32 @@ import bisect
 import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from tinyllm.observe.recording import BAD_RECORD, RecordingError, read_recording
 from tui.runners.frames import FrameBuilder
-from tui.runners.interface import (MAX_DELAY_MS, Frame, JumpEvent, SeekStep, SetDelay, SetPaused, StepBack, StepOnce,
-                          TogglePaused)
+from tui.runners.interface import (
+    MAX_DELAY_MS,
+    Frame,
+    JumpEvent,
+    SeekStep,
+    SetDelay,
+    SetPaused,
+    StepBack,
+    StepOnce,
+    TogglePaused,
+)
 
 KEY_EVERY = 200
-MAX_GAP_S = 0.5             # at the recorded pace, a long idle gap (the run was paused) plays this fast
+MAX_GAP_S = 0.5  # at the recorded pace, a long idle gap (the run was paused) plays this fast
 JUMP_KINDS = ("admitted", "preempted", "aborted", "finished", "failed")
 
 
 class ReplayRunner:
     """Plays a ``--record`` file; satisfies messages.Runner."""
-    mode = "replay"                       # interface.Runner: a recording, read-only
+
+    mode = "replay"  # interface.Runner: a recording, read-only
     device = "replay"
     threads = 0
     start_error: Exception | None = None
@@ -39,15 +49,17 @@ class ReplayRunner:
         self.path = Path(path)
         self.header, records, self.warning = read_recording(self.path)
         self._records = [rec for _, rec in records]
-        self.steps = [rec["step"] for rec in self._records]          # per record, non-decreasing
-        self._events: dict[int, list[tuple[int, str]]] = {}          # rid → [(record index, kind)]
+        self.steps = [rec["step"] for rec in self._records]  # per record, non-decreasing
+        self._events: dict[int, list[tuple[int, str]]] = {}  # rid → [(record index, kind)]
         self._keys: list[tuple[int, FrameBuilder]] = [(-1, FrameBuilder(self.header))]
-        self._times: list[float] = []                                # engine clock after each record
+        self._times: list[float] = []  # engine clock after each record
         b = self._keys[0][1].copy()
-        for i, (line, rec) in enumerate(records):                    # check every record once, now
+        for i, (line, rec) in enumerate(records):  # check every record once, now
             if i and rec["step"] < self.steps[i - 1]:
-                raise RecordingError(f"{self.path}:{line}: step {rec['step']} comes after step "
-                                     f"{self.steps[i - 1]} (records must be in step order)")
+                raise RecordingError(
+                    f"{self.path}:{line}: step {rec['step']} comes after step "
+                    f"{self.steps[i - 1]} (records must be in step order)"
+                )
             try:
                 b.apply(rec)
                 self._times.append(b.snapshot.time_s)
@@ -66,10 +78,10 @@ class ReplayRunner:
         self._seq = 0
         self._pos = -1
         self._builder = self._keys[0][1].copy()
-        self.steps_done = 0                                   # as a live runner: the frame's step count
+        self.steps_done = 0  # as a live runner: the frame's step count
         self._frame = self._make_frame()
         if self._records:
-            self._seek(self._last_of(self.steps[0]))              # the first step, as it was
+            self._seek(self._last_of(self.steps[0]))  # the first step, as it was
 
     # -- the Runner interface ---------------------------------------------------------------------
     @property
@@ -109,7 +121,7 @@ class ReplayRunner:
             if playing and time.monotonic() >= due:
                 self._seek(self._last_of(self._next_step(+1)))
                 if self.at_end:
-                    self.paused = True                         # the end: stop there, as a video does
+                    self.paused = True  # the end: stop there, as a video does
                     self._publish()
                 due = time.monotonic() + self._gap()
 
@@ -118,7 +130,7 @@ class ReplayRunner:
         """Carry out one command now (the run loop's way; tests call it directly)."""
         if isinstance(cmd, (SetPaused, TogglePaused)):
             self.paused = cmd.paused if isinstance(cmd, SetPaused) else not self.paused
-            if not self.paused and self.at_end:                # play again from the start
+            if not self.paused and self.at_end:  # play again from the start
                 self._seek(self._last_of(self.steps[0]) if self.steps else -1)
         elif isinstance(cmd, StepOnce):
             self._seek(self._last_of(self._next_step(+1)))
@@ -130,7 +142,7 @@ class ReplayRunner:
             self._seek(self._event_index(cmd.rid, cmd.direction))
         elif isinstance(cmd, SetDelay):
             self.step_delay_ms = max(0, min(MAX_DELAY_MS, int(cmd.ms)))
-        self._publish()                                        # other commands do not apply to a replay
+        self._publish()  # other commands do not apply to a replay
 
     def _next_step(self, direction: int) -> int:
         """The step after (or before) the one shown, among the recorded ones."""
@@ -163,7 +175,7 @@ class ReplayRunner:
     # -- moving -----------------------------------------------------------------------------------
     def _seek(self, index: int) -> None:
         index = max(-1, min(len(self._records) - 1, index))
-        if not (self._pos <= index < self._pos + 2 * KEY_EVERY):       # back, or far ahead: a keyframe
+        if not (self._pos <= index < self._pos + 2 * KEY_EVERY):  # back, or far ahead: a keyframe
             k = bisect.bisect_right([i for i, _ in self._keys], index) - 1
             self._pos, b = self._keys[k][0], self._keys[k][1]
             self._builder = b.copy()

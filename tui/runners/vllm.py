@@ -15,39 +15,46 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import httpx
 
 from tinyllm.observe.snapshot import ENDED_STATES, Counters, EngineSnapshot, KVView, LifecycleEvent, RequestView
 from tinyllm.observe.timeline import Timeline
 from tinyllm.units import duration
-from tui.runners.interface import LOG_LINES, Abort, AbortAll, Frame, LoadWorkload, LogEntry, Submit
 from tui.runners.attach import RETRY_S, ServerLink, api_error, completion_body, hang_up, send_workload, why
+from tui.runners.interface import LOG_LINES, Abort, AbortAll, Frame, LoadWorkload, LogEntry, Submit
 from tui.runners.vllm_metrics import MetricsError, MetricsWindow, ServerFigures, parse
 
-if TYPE_CHECKING:                      # pyzmq and msgspec load only with --kv-events
+if TYPE_CHECKING:  # pyzmq and msgspec load only with --kv-events
     from tui.runners.kv_subscriber import KVEventsSubscriber
 
 POLL_S = 0.5
-UNKNOWN_MAX_LEN = 1 << 20    # a server that does not say its context length: let it refuse long prompts
+UNKNOWN_MAX_LEN = 1 << 20  # a server that does not say its context length: let it refuse long prompts
 
 
 class VllmRunner(ServerLink):
     """messages.Runner over a vLLM server's API and metrics (see the module docstring); it says
     what AttachRunner says when the server goes away (ServerLink)."""
+
     LOST_STATE = "its text is what arrived before"
-    mode = "metrics"                      # interface.Runner: a vLLM server, its metrics
+    mode = "metrics"  # interface.Runner: a vLLM server, its metrics
     kind = "vLLM"
     device = "remote"
     threads = 0
     start_error: Exception | None = None
 
-    def __init__(self, url: str, client: httpx.Client | None = None, poll_s: float = POLL_S,
-                 kv_events: "KVEventsSubscriber | None" = None):
+    def __init__(
+        self,
+        url: str,
+        client: httpx.Client | None = None,
+        poll_s: float = POLL_S,
+        kv_events: KVEventsSubscriber | None = None,
+    ):
         self.url = url.rstrip("/")
-        self.kv_events = kv_events                  # --kv-events: the server's prefix cache, from its events
+        self.kv_events = kv_events  # --kv-events: the server's prefix cache, from its events
         self.http = client or httpx.Client(timeout=httpx.Timeout(10, read=60))
         self.poll_s = poll_s
         self.paused, self.step_delay_ms, self.steps_done = False, 0, 0
@@ -108,8 +115,9 @@ class VllmRunner(ServerLink):
                 self._abort(rid)
         elif isinstance(cmd, LoadWorkload):
             self._note("info", f"{cmd.loaded()}, sent at their arrival times")
-            threading.Thread(target=send_workload, args=(cmd, self.send, self._stop), daemon=True,
-                             name="workload").start()
+            threading.Thread(
+                target=send_workload, args=(cmd, self.send, self._stop), daemon=True, name="workload"
+            ).start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -124,7 +132,7 @@ class VllmRunner(ServerLink):
         while not (self._stop.is_set() or cancelled()):
             try:
                 if self.status == "disconnected":
-                    self._publish("retrying…")              # (a scrape may take its whole timeout)
+                    self._publish("retrying…")  # (a scrape may take its whole timeout)
                 self._scrape()
                 if self.status != "ready":
                     self.status = "ready"
@@ -146,8 +154,10 @@ class VllmRunner(ServerLink):
         old, fig = self._figures, self._window.add(parse(r.text))
         self._figures = fig
         if fig.preemptions > old.preemptions and self._seq > 1:
-            self._note("preempt", f"the server preempted {fig.preemptions - old.preemptions:g} request(s) "
-                                  f"({fig.preemptions:g} in all)")
+            self._note(
+                "preempt",
+                f"the server preempted {fig.preemptions - old.preemptions:g} request(s) ({fig.preemptions:g} in all)",
+            )
         self._tps_hist = (self._tps_hist + [fig.generation_tps])[-120:]
         self._publish()
 
@@ -156,12 +166,27 @@ class VllmRunner(ServerLink):
         with self._lock:
             rid = len(self._views)
             s = cmd.settings
-            self._views[rid] = RequestView(rid, "queued", None, tuple(cmd.tokens or ()), (), s.max_new_tokens,
-                                           s.sampling, None, self.now(), None, None, 0)
+            self._views[rid] = RequestView(
+                rid,
+                "queued",
+                None,
+                tuple(cmd.tokens or ()),
+                (),
+                s.max_new_tokens,
+                s.sampling,
+                None,
+                self.now(),
+                None,
+                None,
+                0,
+            )
             self._texts[rid], self._prompts[rid] = "", cmd.prompt
         self._event("queued", rid, len(cmd.tokens or ()))
-        self._note("submit", f"#{rid} sent ({cmd.settings.max_new_tokens} max new tokens, "
-                             f"{cmd.settings.sampling.describe()})", rid)
+        self._note(
+            "submit",
+            f"#{rid} sent ({cmd.settings.max_new_tokens} max new tokens, {cmd.settings.sampling.describe()})",
+            rid,
+        )
         return rid
 
     def _complete(self, rid: int, cmd: Submit) -> None:
@@ -196,7 +221,7 @@ class VllmRunner(ServerLink):
             if rid in self._closed:
                 self._end(rid, "aborted", "")
             elif not self._stop.is_set():
-                streaming = rid in self._streams                 # (cut off mid-stream, not unsent)
+                streaming = rid in self._streams  # (cut off mid-stream, not unsent)
                 self._end(rid, "failed", self._failed(cmd, rid if streaming else None, e).removeprefix(f"#{rid}: "))
         finally:
             with self._lock:
@@ -207,8 +232,9 @@ class VllmRunner(ServerLink):
         with self._lock:
             v = self._views[rid]
             first = v.first_token_s is None
-            self._views[rid] = replace(v, state="running", tokens=v.tokens + (0,),
-                                       first_token_s=self.now() if first else v.first_token_s)
+            self._views[rid] = replace(
+                v, state="running", tokens=v.tokens + (0,), first_token_s=self.now() if first else v.first_token_s
+            )
             self._texts[rid] += text
         if first:
             self._event("admitted", rid)
@@ -242,11 +268,14 @@ class VllmRunner(ServerLink):
             if r is not None:
                 self._closed.add(rid)
         if r is not None:
-            hang_up(r)                                     # vLLM aborts a request whose client left
+            hang_up(r)  # vLLM aborts a request whose client left
             self._end(rid, "aborted", "")
         elif not quiet:
-            self._note("info", f"#{rid} is not one of this app's running requests: a vLLM server aborts a "
-                               f"request only when its own client closes it")
+            self._note(
+                "info",
+                f"#{rid} is not one of this app's running requests: a vLLM server aborts a "
+                f"request only when its own client closes it",
+            )
 
     # -- frames -----------------------------------------------------------------------------------------
     def _tick(self) -> int:
@@ -267,21 +296,55 @@ class VllmRunner(ServerLink):
         fig = self._figures
         with self._lock:
             views = tuple(self._views.values())
-            texts, prompts, log, tracks = dict(self._texts), dict(self._prompts), tuple(self._log), self._timeline.tracks()
+            texts, prompts, log, tracks = (
+                dict(self._texts),
+                dict(self._prompts),
+                tuple(self._log),
+                self._timeline.tracks(),
+            )
         blocks = fig.num_blocks or 0
         reserved = blocks * (fig.block_size or 0)
-        kv = KVView("paged", reserved, round(fig.kv_usage * reserved), 0, 0, fig.block_size, blocks or None,
-                    blocks - round(fig.kv_usage * blocks) if blocks else None,
-                    dtype="" if fig.cache_dtype == "auto" else fig.cache_dtype)    # auto: the model's, not said
-        snap = EngineSnapshot(self.now(), 0, self.max_len, (), views, (), kv,
-                              Counters(steps=self._tick(), preemptions=int(fig.preemptions)))
+        kv = KVView(
+            "paged",
+            reserved,
+            round(fig.kv_usage * reserved),
+            0,
+            0,
+            fig.block_size,
+            blocks or None,
+            blocks - round(fig.kv_usage * blocks) if blocks else None,
+            dtype="" if fig.cache_dtype == "auto" else fig.cache_dtype,
+        )  # auto: the model's, not said
+        snap = EngineSnapshot(
+            self.now(),
+            0,
+            self.max_len,
+            (),
+            views,
+            (),
+            kv,
+            Counters(steps=self._tick(), preemptions=int(fig.preemptions)),
+        )
         with self._lock:
             self._seq += 1
             seq = self._seq
         status = self.status if not detail else f"{self.status}: {detail}"
-        return Frame(seq, snap, prompts, texts, log, False, 0, 0, fig.generation_tps, tuple(self._tps_hist),
-                     status=status, tracks=tracks, server=fig,
-                     kv_cache=self.kv_events.view if self.kv_events is not None else None)
+        return Frame(
+            seq,
+            snap,
+            prompts,
+            texts,
+            log,
+            False,
+            0,
+            0,
+            fig.generation_tps,
+            tuple(self._tps_hist),
+            status=status,
+            tracks=tracks,
+            server=fig,
+            kv_cache=self.kv_events.view if self.kv_events is not None else None,
+        )
 
     def _publish(self, detail: str = "") -> None:
         self._frame = self._make_frame(detail)

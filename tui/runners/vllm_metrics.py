@@ -17,11 +17,18 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 WINDOW_S = 10.0
-HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds", "itl": "vllm:inter_token_latency_seconds",
-              "e2e": "vllm:e2e_request_latency_seconds"}
-COUNTERS = {"preemptions": "vllm:num_preemptions", "prompt_tokens": "vllm:prompt_tokens",
-            "generation_tokens": "vllm:generation_tokens", "prefix_queries": "vllm:prefix_cache_queries",
-            "prefix_hits": "vllm:prefix_cache_hits"}
+HISTOGRAMS = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "itl": "vllm:inter_token_latency_seconds",
+    "e2e": "vllm:e2e_request_latency_seconds",
+}
+COUNTERS = {
+    "preemptions": "vllm:num_preemptions",
+    "prompt_tokens": "vllm:prompt_tokens",
+    "generation_tokens": "vllm:generation_tokens",
+    "prefix_queries": "vllm:prefix_cache_queries",
+    "prefix_hits": "vllm:prefix_cache_hits",
+}
 
 
 class MetricsError(ValueError):
@@ -31,11 +38,12 @@ class MetricsError(ValueError):
 @dataclass(frozen=True)
 class Scrape:
     """One /metrics read, summed over label sets (one model per server)."""
+
     at: float
     gauges: dict[str, float]
     counters: dict[str, float]
-    buckets: dict[str, tuple[tuple[float, float], ...]]     # name → ((le, cumulative count), ...)
-    info: dict[str, str] = field(default_factory=dict)      # vllm:cache_config_info labels
+    buckets: dict[str, tuple[tuple[float, float], ...]]  # name → ((le, cumulative count), ...)
+    info: dict[str, str] = field(default_factory=dict)  # vllm:cache_config_info labels
     model: str | None = None
 
 
@@ -67,8 +75,14 @@ def parse(text: str, at: float | None = None) -> Scrape:
                 gauges[fam.name] = gauges.get(fam.name, 0.0) + s.value
     if not (gauges or counters or buckets):
         raise MetricsError("no vllm: metrics in it (is this a vLLM server?)")
-    return Scrape(time.monotonic() if at is None else at, gauges, counters,
-                  {k: tuple(sorted(v.items())) for k, v in buckets.items()}, info, model)
+    return Scrape(
+        time.monotonic() if at is None else at,
+        gauges,
+        counters,
+        {k: tuple(sorted(v.items())) for k, v in buckets.items()},
+        info,
+        model,
+    )
 
 
 def quantile(q: float, buckets: tuple[tuple[float, float], ...]) -> float | None:
@@ -82,7 +96,7 @@ def quantile(q: float, buckets: tuple[tuple[float, float], ...]) -> float | None
     for le, c in buckets:
         if c >= rank:
             if le == float("inf"):
-                return prev_le                             # above the last finite bound: its bound
+                return prev_le  # above the last finite bound: its bound
             if c == prev_c:
                 return le
             return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
@@ -100,22 +114,23 @@ def _minus(a: tuple[tuple[float, float], ...], b: tuple[tuple[float, float], ...
 @dataclass(frozen=True)
 class ServerFigures:
     """What the app shows for a server that only exposes metrics."""
+
     model: str | None = None
     running: float = 0
     waiting: float = 0
-    kv_usage: float = 0.0                       # 0..1, vllm:kv_cache_usage_perc
-    preemptions: float = 0                      # since the server started
-    preemptions_recent: float = 0               # in the window
-    prefix_hit_rate: float | None = None        # in the window (None: nothing queried)
+    kv_usage: float = 0.0  # 0..1, vllm:kv_cache_usage_perc
+    preemptions: float = 0  # since the server started
+    preemptions_recent: float = 0  # in the window
+    prefix_hit_rate: float | None = None  # in the window (None: nothing queried)
     prompt_tps: float = 0.0
     generation_tps: float = 0.0
-    ttft: tuple[float | None, float | None] = (None, None)     # p50, p95 seconds, in the window
+    ttft: tuple[float | None, float | None] = (None, None)  # p50, p95 seconds, in the window
     itl: tuple[float | None, float | None] = (None, None)
     e2e: tuple[float | None, float | None] = (None, None)
     block_size: int | None = None
     num_blocks: int | None = None
     window_s: float = 0.0
-    cache_dtype: str = ""                       # as the server was configured ("auto", "fp8", ...)
+    cache_dtype: str = ""  # as the server was configured ("auto", "fp8", ...)
 
 
 class MetricsWindow:
@@ -128,7 +143,7 @@ class MetricsWindow:
     def add(self, s: Scrape) -> ServerFigures:
         last = self._scrapes[-1] if self._scrapes else None
         if last is not None and any(v < last.counters.get(k, 0.0) for k, v in s.counters.items()):
-            self._scrapes.clear()                         # a counter went down: the server restarted
+            self._scrapes.clear()  # a counter went down: the server restarted
         self._scrapes.append(s)
         while len(self._scrapes) > 2 and s.at - self._scrapes[1].at >= self.window_s:
             self._scrapes.popleft()
@@ -147,15 +162,23 @@ class MetricsWindow:
         queries = delta("prefix_queries")
         g = s.gauges
         return ServerFigures(
-            model=s.model, running=g.get("vllm:num_requests_running", 0), waiting=g.get("vllm:num_requests_waiting", 0),
-            kv_usage=g.get("vllm:kv_cache_usage_perc", 0.0), preemptions=s.counters.get(COUNTERS["preemptions"], 0),
+            model=s.model,
+            running=g.get("vllm:num_requests_running", 0),
+            waiting=g.get("vllm:num_requests_waiting", 0),
+            kv_usage=g.get("vllm:kv_cache_usage_perc", 0.0),
+            preemptions=s.counters.get(COUNTERS["preemptions"], 0),
             preemptions_recent=delta("preemptions") if old else 0,
             prefix_hit_rate=delta("prefix_hits") / queries if queries > 0 else None,
             prompt_tps=delta("prompt_tokens") / dt if dt > 0 else 0.0,
             generation_tps=delta("generation_tokens") / dt if dt > 0 else 0.0,
-            ttft=quantiles("ttft"), itl=quantiles("itl"), e2e=quantiles("e2e"),
-            block_size=_int(s.info.get("block_size")), num_blocks=_int(s.info.get("num_gpu_blocks")), window_s=dt,
-            cache_dtype=s.info.get("cache_dtype", ""))
+            ttft=quantiles("ttft"),
+            itl=quantiles("itl"),
+            e2e=quantiles("e2e"),
+            block_size=_int(s.info.get("block_size")),
+            num_blocks=_int(s.info.get("num_gpu_blocks")),
+            window_s=dt,
+            cache_dtype=s.info.get("cache_dtype", ""),
+        )
 
 
 def _int(v: str | None) -> int | None:

@@ -19,8 +19,15 @@ from tui.widgets.deferred import deferred
 
 
 class FramePacer:
-    def __init__(self, max_hz: float = 20.0, min_hz: float = 5.0, budget: float = 0.10, window_s: float = 1.0,
-                 cpu: Callable[[], float] = time.thread_time, clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        max_hz: float = 20.0,
+        min_hz: float = 5.0,
+        budget: float = 0.10,
+        window_s: float = 1.0,
+        cpu: Callable[[], float] = time.thread_time,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.min_interval, self.max_interval = 1 / max_hz, 1 / min_hz
         self.budget, self.window_s = budget, window_s
         self.interval = self.min_interval
@@ -33,17 +40,17 @@ class FramePacer:
         now = self._clock()
         if now - self._mark_t >= self.window_s:
             cpu = self._cpu()
-            share = (cpu - self._mark_cpu) / (now - self._mark_t)       # fraction of one core
+            share = (cpu - self._mark_cpu) / (now - self._mark_t)  # fraction of one core
             target = self.interval * share / self.budget
             self.interval = min(self.max_interval, max(self.min_interval, (self.interval + target) / 2))
             self._mark_t, self._mark_cpu = now, cpu
-        if now + self.min_interval / 2 < self._next:                     # half a tick of slack for jitter
+        if now + self.min_interval / 2 < self._next:  # half a tick of slack for jitter
             return False
         self._next = now + self.interval
         return True
 
 
-DELAY_STEPS = (0, 5, 10, 20, 50, 100, 200, 300, 500, 750, 1000)   # ms between steps: + / - walk them
+DELAY_STEPS = (0, 5, 10, 20, 50, 100, 200, 300, 500, 750, 1000)  # ms between steps: + / - walk them
 
 
 class LiveView:
@@ -52,7 +59,7 @@ class LiveView:
     Textual App or Screen with ``runner``, ``_pacer`` (a FramePacer), ``_publish_s`` and its own
     ``refresh_from_runner``."""
 
-    @deferred                                 # a timer's: nothing once the view is leaving
+    @deferred  # a timer's: nothing once the view is leaving
     def _tick(self) -> None:
         """Draw if due, then sleep until the pacer's next frame (no wake-ups in between: on a
         small machine each one takes a core from the engine). The runner publishes at that
@@ -75,8 +82,11 @@ class LiveView:
 
     def _set_delay(self, direction: int) -> None:
         cur = self.runner.frame.step_delay_ms
-        new = (next((d for d in DELAY_STEPS if d > cur), MAX_DELAY_MS) if direction > 0
-               else next((d for d in reversed(DELAY_STEPS) if d < cur), 0))
+        new = (
+            next((d for d in DELAY_STEPS if d > cur), MAX_DELAY_MS)
+            if direction > 0
+            else next((d for d in reversed(DELAY_STEPS) if d < cur), 0)
+        )
         self.runner.send(SetDelay(new))
 
     def action_slower(self) -> None:

@@ -14,13 +14,17 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from tinyllm.request import (MAX_LOGPROBS, PRIORITY_LIMIT, SEED_MAX, SEED_MIN, RequestSettings, Sampling,
-                             check_tenant)
+from tinyllm.request import MAX_LOGPROBS, PRIORITY_LIMIT, SEED_MAX, SEED_MIN, RequestSettings, Sampling, check_tenant
 from tinyllm.stops import format_stop_list, parse_stop_list
-from tinyllm.workload import (WorkItem, WorkloadError, bundled_workloads, load_workload, resolve_workload,
-                              tokenize_checked)
+from tinyllm.workload import (
+    WorkItem,
+    WorkloadError,
+    bundled_workloads,
+    load_workload,
+    resolve_workload,
+    tokenize_checked,
+)
 from tui.widgets.ordered_input import OrderedInput
-
 
 HOW_TO_READ = """\
 Keys: the app starts in the prompt editor (the line at the bottom), where every letter is text:
@@ -62,6 +66,7 @@ Attached (tinyllm-tui --attach URL): to tinyllm serve, every panel is the server
 class HelpScreen(ModalScreen[None]):
     """Every key (straight from the bindings: the one source of truth) and how to read the
     screen. The main app and the race each show theirs with it."""
+
     BINDINGS = [Binding("escape,q,question_mark,f1", "dismiss", "Close")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; background: $background 60%; }
@@ -69,9 +74,13 @@ class HelpScreen(ModalScreen[None]):
                 padding: 1 2; }
     """
 
-    def __init__(self, bindings: list[Binding], title: str = "tinyllm-tui — keys",
-                 how_to_read: tuple[str, str] = ("How to read the screen", HOW_TO_READ),
-                 extra: tuple[tuple[str, str], ...] = (("enter", "submit the prompt in the input"),)):
+    def __init__(
+        self,
+        bindings: list[Binding],
+        title: str = "tinyllm-tui — keys",
+        how_to_read: tuple[str, str] = ("How to read the screen", HOW_TO_READ),
+        extra: tuple[tuple[str, str], ...] = (("enter", "submit the prompt in the input"),),
+    ):
         super().__init__()
         self.app_bindings, self.title_text, self.how_to_read, self.extra = bindings, title, how_to_read, extra
 
@@ -95,19 +104,33 @@ class HelpScreen(ModalScreen[None]):
 
 
 def pretty_keys(keys: str) -> str:
-    names = {"question_mark": "?", "space": "space", "escape": "esc", "plus": "+", "minus": "-", "full_stop": ".",
-             "equals_sign": "=", "comma": ",", "left_square_bracket": "[", "right_square_bracket": "]",
-             "less_than_sign": "<", "greater_than_sign": ">"}
+    names = {
+        "question_mark": "?",
+        "space": "space",
+        "escape": "esc",
+        "plus": "+",
+        "minus": "-",
+        "full_stop": ".",
+        "equals_sign": "=",
+        "comma": ",",
+        "left_square_bracket": "[",
+        "right_square_bracket": "]",
+        "less_than_sign": "<",
+        "greater_than_sign": ">",
+    }
     return " / ".join(names.get(k, k) for k in keys.split(","))
 
 
 class SettingsScreen(ModalScreen["RequestSettings | None"]):
     """Validated fields; a wrong value is explained here and nothing is applied."""
-    BINDINGS = [Binding("escape", "cancel", "Cancel"),
-                # priority: the focus moves before the next key is handed out (as a field's
-                # binding, keys typed right after Tab, or pasted, went to the field it left)
-                Binding("tab", "app.focus_next", "Next field", show=False, priority=True),
-                Binding("shift+tab", "app.focus_previous", "Previous field", show=False, priority=True)]
+
+    BINDINGS = [
+        Binding("escape", "cancel", "Cancel"),
+        # priority: the focus moves before the next key is handed out (as a field's
+        # binding, keys typed right after Tab, or pasted, went to the field it left)
+        Binding("tab", "app.focus_next", "Next field", show=False, priority=True),
+        Binding("shift+tab", "app.focus_previous", "Previous field", show=False, priority=True),
+    ]
 
     def __init__(self, current: RequestSettings, max_new_limit: int, engine: str = ""):
         """``engine``: the engine's own settings (scheduler, KV), shown read-only: they are fixed
@@ -122,27 +145,33 @@ class SettingsScreen(ModalScreen["RequestSettings | None"]):
         with Vertical(id="settings-box"):
             yield Label("Settings for the next request", id="settings-title")
             for label, ident, value, hint in (
-                    ("temperature", "temperature", f"{s.temperature:g}", "0 = greedy, any number >= 0"),
-                    ("top_k", "top_k", "" if s.top_k is None else str(s.top_k), "integer >= 1, blank = off"),
-                    ("top_p", "top_p", "" if s.top_p is None else f"{s.top_p:g}", "number in (0, 1], blank = off"),
-                    ("max_new_tokens", "max_new", str(self.current.max_new_tokens),
-                     f"integer in [1, {self.max_new_limit}]")):
-                with Horizontal(classes="field compact" if ident == "max_new" else "field"):   # 80x24: one row
+                ("temperature", "temperature", f"{s.temperature:g}", "0 = greedy, any number >= 0"),
+                ("top_k", "top_k", "" if s.top_k is None else str(s.top_k), "integer >= 1, blank = off"),
+                ("top_p", "top_p", "" if s.top_p is None else f"{s.top_p:g}", "number in (0, 1], blank = off"),
+                (
+                    "max_new_tokens",
+                    "max_new",
+                    str(self.current.max_new_tokens),
+                    f"integer in [1, {self.max_new_limit}]",
+                ),
+            ):
+                with Horizontal(classes="field compact" if ident == "max_new" else "field"):  # 80x24: one row
                     yield Label(label, classes="field-label")
                     yield OrderedInput(value, id=ident, classes="field-input")
                     yield Label(hint, classes="field-hint")
             c = self.current
             seed = "" if s.seed is None else str(s.seed)
-            for pair in ((("min_p", f"{s.min_p:g}"), ("seed", seed)),
-                         (("presence_penalty", f"{s.presence_penalty:g}"),
-                          ("frequency_penalty", f"{s.frequency_penalty:g}")),
-                         (("repetition_penalty", f"{s.repetition_penalty:g}"), ("min_tokens", str(c.min_tokens)))):
+            for pair in (
+                (("min_p", f"{s.min_p:g}"), ("seed", seed)),
+                (("presence_penalty", f"{s.presence_penalty:g}"), ("frequency_penalty", f"{s.frequency_penalty:g}")),
+                (("repetition_penalty", f"{s.repetition_penalty:g}"), ("min_tokens", str(c.min_tokens))),
+            ):
                 with Horizontal(classes="field compact"):
                     for ident, value in pair:
                         yield Label(ident.replace("_penalty", " pen."), classes="field-label")
                         yield OrderedInput(value, id=ident, classes="field-input")
             with Horizontal(classes="field compact"):
-                yield Label("stop  a|b \\n", classes="field-label")       # stop strings: | between, \n newline
+                yield Label("stop  a|b \\n", classes="field-label")  # stop strings: | between, \n newline
                 yield OrderedInput(format_stop_list(c.stop), id="stop", classes="field-input stop-input")
                 yield Label("logprobs", classes="field-label")
                 yield OrderedInput("" if c.logprobs is None else str(c.logprobs), id="logprobs", classes="field-input")
@@ -164,6 +193,7 @@ class SettingsScreen(ModalScreen["RequestSettings | None"]):
 
     def parse(self) -> RequestSettings:
         """The settings in the form, or ValueError saying which field is wrong and why."""
+
         def val(ident: str) -> str:
             return self.query_one(f"#{ident}", Input).value.strip()
 
@@ -181,29 +211,57 @@ class SettingsScreen(ModalScreen["RequestSettings | None"]):
                 raise ValueError(f"{name} must be {allowed}, got {raw!r}")
             return x
 
-        sampling = Sampling(num("temperature", float, False, lambda t: 0 <= t < float("inf"), "a number >= 0 (0 = greedy)"),
-                            num("top_k", int, True, lambda k: k >= 1, "a whole number >= 1, or blank for off"),
-                            num("top_p", float, True, lambda p: 0 < p <= 1, "a number in (0, 1], or blank for off"))
-        new = num("max_new", int, False, lambda n: 1 <= n <= self.max_new_limit,
-                  f"a whole number from 1 to {self.max_new_limit}")
+        sampling = Sampling(
+            num("temperature", float, False, lambda t: 0 <= t < float("inf"), "a number >= 0 (0 = greedy)"),
+            num("top_k", int, True, lambda k: k >= 1, "a whole number >= 1, or blank for off"),
+            num("top_p", float, True, lambda p: 0 < p <= 1, "a number in (0, 1], or blank for off"),
+        )
+        new = num(
+            "max_new",
+            int,
+            False,
+            lambda n: 1 <= n <= self.max_new_limit,
+            f"a whole number from 1 to {self.max_new_limit}",
+        )
         pen = "a number from -2 to 2 (0 = off)"
         sampling = replace(
-            sampling, min_p=num("min_p", float, False, lambda x: 0 <= x <= 1, "a number in [0, 1] (0 = off)"),
+            sampling,
+            min_p=num("min_p", float, False, lambda x: 0 <= x <= 1, "a number in [0, 1] (0 = off)"),
             seed=num("seed", int, True, lambda x: SEED_MIN <= x <= SEED_MAX, "a whole number, or blank for none"),
             presence_penalty=num("presence_penalty", float, False, lambda x: -2 <= x <= 2, pen),
             frequency_penalty=num("frequency_penalty", float, False, lambda x: -2 <= x <= 2, pen),
-            repetition_penalty=num("repetition_penalty", float, False, lambda x: 0 < x < float("inf"),
-                                   "a number > 0 (1 = off)"))
-        min_tokens = num("min_tokens", int, False, lambda x: 0 <= x <= new,
-                         f"a whole number from 0 to max_new_tokens ({new})")
-        priority = num("priority", int, False, lambda x: -PRIORITY_LIMIT < x < PRIORITY_LIMIT,
-                       "a whole number (lower runs first under --scheduling-policy priority)")
+            repetition_penalty=num(
+                "repetition_penalty", float, False, lambda x: 0 < x < float("inf"), "a number > 0 (1 = off)"
+            ),
+        )
+        min_tokens = num(
+            "min_tokens", int, False, lambda x: 0 <= x <= new, f"a whole number from 0 to max_new_tokens ({new})"
+        )
+        priority = num(
+            "priority",
+            int,
+            False,
+            lambda x: -PRIORITY_LIMIT < x < PRIORITY_LIMIT,
+            "a whole number (lower runs first under --scheduling-policy priority)",
+        )
         tenant = check_tenant(val("tenant"))
-        return replace(self.current, sampling=sampling, max_new_tokens=new, stop=parse_stop_list(val("stop")),
-                       stop_at_eos=self.query_one("#stop_at_eos", Checkbox).value, min_tokens=min_tokens,
-                       priority=priority, tenant=tenant,
-                       logprobs=num("logprobs", int, True, lambda x: 0 <= x <= MAX_LOGPROBS,
-                                    f"a whole number from 0 to {MAX_LOGPROBS}, or blank for off"))
+        return replace(
+            self.current,
+            sampling=sampling,
+            max_new_tokens=new,
+            stop=parse_stop_list(val("stop")),
+            stop_at_eos=self.query_one("#stop_at_eos", Checkbox).value,
+            min_tokens=min_tokens,
+            priority=priority,
+            tenant=tenant,
+            logprobs=num(
+                "logprobs",
+                int,
+                True,
+                lambda x: 0 <= x <= MAX_LOGPROBS,
+                f"a whole number from 0 to {MAX_LOGPROBS}, or blank for off",
+            ),
+        )
 
     def _apply(self) -> None:
         try:
@@ -228,6 +286,7 @@ class SettingsScreen(ModalScreen["RequestSettings | None"]):
 
 class GotoStep(ModalScreen["int | None"]):
     """Ask for an engine step to jump to (a replay)."""
+
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(self, current: int, last: int):
@@ -247,7 +306,8 @@ class GotoStep(ModalScreen["int | None"]):
         text = event.value.strip()
         if not text.isdecimal() or int(text) > self.last:
             self.query_one("#settings-error", Static).update(
-                Text(f"a step is a whole number from 0 to {self.last}, got {text!r}", style="bold red"))
+                Text(f"a step is a whole number from 0 to {self.last}, got {text!r}", style="bold red")
+            )
             return
         self.dismiss(int(text))
 
@@ -258,6 +318,7 @@ class GotoStep(ModalScreen["int | None"]):
 class Confirm(ModalScreen[object]):
     """Ask before something that reaches other people (aborting another client's request):
     ``choices`` are (key, label, result); a key or its button picks one, Esc cancels (None)."""
+
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(self, title: str, message: str, choices: list[tuple[str, str, object]]):
@@ -274,7 +335,7 @@ class Confirm(ModalScreen[object]):
                 yield Button("Cancel (esc)", id="cancel")
 
     def on_mount(self) -> None:
-        self.query_one("#cancel", Button).focus()          # Enter on its own changes nothing
+        self.query_one("#cancel", Button).focus()  # Enter on its own changes nothing
 
     def on_key(self, event) -> None:
         for key, _, result in self.choices:
@@ -295,14 +356,17 @@ class QuitConfirm(Confirm):
     app's action_quit sees this dialog and confirms it); Esc or Enter stays."""
 
     def __init__(self, lost: list[str]):
-        super().__init__("Quit?", "\n".join(f"• {why}" for why in lost)
-                         + "\n\nq or Ctrl+C again, or y, quits; Esc stays.", [("y", "Quit", True)])
+        super().__init__(
+            "Quit?",
+            "\n".join(f"• {why}" for why in lost) + "\n\nq or Ctrl+C again, or y, quits; Esc stays.",
+            [("y", "Quit", True)],
+        )
 
     def on_key(self, event) -> None:
         """q quits too (Ctrl+C / Ctrl+Q: the app's own keys, with priority); y: Confirm's."""
         if event.key == "q":
             event.stop()
-            event.prevent_default()                       # (Textual calls Confirm.on_key next otherwise)
+            event.prevent_default()  # (Textual calls Confirm.on_key next otherwise)
             self.dismiss(True)
 
 
@@ -325,9 +389,12 @@ class PromptPicker(ModalScreen["LoadedWorkload | None"]):
     (shipped inside the package) below; a bad file is refused whole, with its line. Focus starts
     in the path field, so typing goes where the dialog says; a letter typed on the list goes
     there too; ↓ / Tab go to the list, where Enter loads the one highlighted."""
-    BINDINGS = [Binding("escape", "cancel", "Cancel"),
-                # priority: the field would take ↓ as a scroll; off on the list (its own ↓)
-                Binding("down", "to_list", "The bundled workloads", show=False, priority=True)]
+
+    BINDINGS = [
+        Binding("escape", "cancel", "Cancel"),
+        # priority: the field would take ↓ as a scroll; off on the list (its own ↓)
+        Binding("down", "to_list", "The bundled workloads", show=False, priority=True),
+    ]
 
     def __init__(self, encode, max_len: int, default_new: int):
         super().__init__()
@@ -337,12 +404,17 @@ class PromptPicker(ModalScreen["LoadedWorkload | None"]):
     def compose(self) -> ComposeResult:
         with Vertical(id="picker-box"):
             yield Label("Load a prompt workload (JSONL)", id="picker-title")
-            yield OrderedInput(placeholder="type a path to a .jsonl file (or a bundled name) and press Enter",
-                               id="picker-path", select_on_focus=False)   # (a letter from the list: added to)
+            yield OrderedInput(
+                placeholder="type a path to a .jsonl file (or a bundled name) and press Enter",
+                id="picker-path",
+                select_on_focus=False,
+            )  # (a letter from the list: added to)
             yield Static("", id="picker-error", markup=False)
             yield Label("…or pick a bundled one (↓ or Tab, then Enter):", id="picker-or")
-            yield OptionList(*[Option(Text(f"{p.name}  ({_count_lines(p)} requests)"), id=str(p))
-                               for p in self.files], id="picker-list")
+            yield OptionList(
+                *[Option(Text(f"{p.name}  ({_count_lines(p)} requests)"), id=str(p)) for p in self.files],
+                id="picker-list",
+            )
 
     def on_mount(self) -> None:
         self.set_focus(self.query_one("#picker-path"))
@@ -367,7 +439,7 @@ class PromptPicker(ModalScreen["LoadedWorkload | None"]):
             self._error("type a path to a .jsonl file first, or pick a bundled workload below (↓, Enter)")
             return
         try:
-            path = resolve_workload(typed)                 # a file, else a bundled workload's name
+            path = resolve_workload(typed)  # a file, else a bundled workload's name
         except WorkloadError:
             where = "" if Path(typed).expanduser().is_absolute() else f" (a relative path starts in {Path.cwd()})"
             self._error(f"{typed}: no such file{where}, nor a bundled workload's name (those are below)")

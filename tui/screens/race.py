@@ -4,11 +4,11 @@ paced like the main app (FramePacer), and sends it the same commands."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
-from pathlib import Path
-
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Container
@@ -19,53 +19,55 @@ from textual.worker import get_current_worker
 
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT_WORKLOAD
 from tinyllm.race.views import ARRIVALS_NOTE, LaneView, idled, mib
-from tinyllm.request import kv_dtype_tag
 from tinyllm.race.whatif import compare
 from tinyllm.race.whatif_view import groups_table, request_lanes, requests_table
-from tinyllm.request import ContextTooLong
-from tui.runners.interface import SetPaused
+from tinyllm.request import ContextTooLong, kv_dtype_tag
 from tui.runners.child import ChildRunner
-from tui.screens.live import FramePacer, LiveView
+from tui.runners.interface import SetPaused
 from tui.runners.race import RaceFrame, RaceSpec, Restart, race_workload
+from tui.screens.live import FramePacer, LiveView
 from tui.screens.modals import HelpScreen
+from tui.widgets.deferred import deferred, guarded
 from tui.widgets.lane_panel import LanePanel
 from tui.widgets.race_track import NAMES, RaceTrack, lane_name
-from tui.widgets.style import duration
 from tui.widgets.status import fit_fields
-from tui.widgets.deferred import deferred, guarded
+from tui.widgets.style import duration
 from tui.widgets.text_line import TextLine
 
-WIDE = 150                      # columns from which the lanes stand side by side
-HOW_TO_READ = "\n".join((          # paragraphs: the screen wraps them to its width
-    "The same requests on the same model, one lane per scheduler (three by default). Static batching runs "
-    "batches of B requests, each until its "
-    "longest row is done; continuous batching refills a slot as soon as its request ends; the token-budget "
-    "scheduler also splits prompts into chunks, packs every step with up to its token budget, and serves repeated "
-    "prompt prefixes from cached KV blocks.",
-    "Fair: every lane runs in ONE engine process, one step at a time, the lane furthest behind on its own "
-    "clock going next; a lane's clock counts only its own steps (and skips idle time before an arrival), so "
-    "tokens/s, TTFT and latency are that scheduler's, not whoever got the CPU. Greedy, no stop at end-of-text: "
-    "every lane makes exactly the same tokens, as `tinyllm bench` does (as many tokens, their text parting late "
-    "in a long run, where a lane keeps bfloat16 K/V). The status line counts every lane's steps together "
-    "(a static batch's prefill is one; a slot engine's step prefills its newcomers and decodes its rows); a "
-    "lane's 'steps' are its decode steps, as tinyllm bench counts them.",
-    "Cells: slot or batch row, #request, a bar of its tokens so far out of its max_new_tokens, and that count; "
-    "'wasted' = static batching: finished, still computed until its batch's longest row is done; '▸' and a cyan "
-    "bar = prompt still being prefilled in chunks; '✓ done' = finished in the latest step. KV: the context "
-    "tokens the lane's KV cache holds for running requests, out of the memory it has reserved (a static batch "
-    "reserves its padded length for every row; the continuous lanes their whole cache). After each lane's "
-    "name: how many sequences it can run at once and the KV memory it holds ('64 seqs · 32 MiB'). With "
-    "--kv-memory MiB every lane gets the same memory: static batching and the slot cache the rows of --max-len "
-    "it buys, the paged lanes the blocks it buys, which short requests share, so they run more at once (up to "
-    "--max-num-seqs, default 64).",
-    "What-if (--lanes with policies or settings, e.g. --lanes fcfs priority \"fair budget=64\"; --race can take a "
-    "recording): each lane is one engine with its own settings, on the same requests at the same arrival times. "
-    "At the finish line: per tenant (or priority) TTFT and end-to-end, then per request, most changed first, "
-    "each lane's TTFT, end-to-end and the reason it waited most steps for (NP: preempted N times); [ and ] pick "
-    "a request, whose life in every lane is drawn below the table, one row per lane.",
-    "Arrivals (arrival_s in the workload) come on each lane's own clock. Static batching starts a batch when B "
-    "requests wait, or when the oldest has waited the batch timeout (--batch-timeout, seconds of its clock), or "
-    "at once when no more are coming."))
+WIDE = 150  # columns from which the lanes stand side by side
+HOW_TO_READ = "\n".join(
+    (  # paragraphs: the screen wraps them to its width
+        "The same requests on the same model, one lane per scheduler (three by default). Static batching runs "
+        "batches of B requests, each until its "
+        "longest row is done; continuous batching refills a slot as soon as its request ends; the token-budget "
+        "scheduler also splits prompts into chunks, packs every step with up to its token budget, and serves repeated "
+        "prompt prefixes from cached KV blocks.",
+        "Fair: every lane runs in ONE engine process, one step at a time, the lane furthest behind on its own "
+        "clock going next; a lane's clock counts only its own steps (and skips idle time before an arrival), so "
+        "tokens/s, TTFT and latency are that scheduler's, not whoever got the CPU. Greedy, no stop at end-of-text: "
+        "every lane makes exactly the same tokens, as `tinyllm bench` does (as many tokens, their text parting late "
+        "in a long run, where a lane keeps bfloat16 K/V). The status line counts every lane's steps together "
+        "(a static batch's prefill is one; a slot engine's step prefills its newcomers and decodes its rows); a "
+        "lane's 'steps' are its decode steps, as tinyllm bench counts them.",
+        "Cells: slot or batch row, #request, a bar of its tokens so far out of its max_new_tokens, and that count; "
+        "'wasted' = static batching: finished, still computed until its batch's longest row is done; '▸' and a cyan "
+        "bar = prompt still being prefilled in chunks; '✓ done' = finished in the latest step. KV: the context "
+        "tokens the lane's KV cache holds for running requests, out of the memory it has reserved (a static batch "
+        "reserves its padded length for every row; the continuous lanes their whole cache). After each lane's "
+        "name: how many sequences it can run at once and the KV memory it holds ('64 seqs · 32 MiB'). With "
+        "--kv-memory MiB every lane gets the same memory: static batching and the slot cache the rows of --max-len "
+        "it buys, the paged lanes the blocks it buys, which short requests share, so they run more at once (up to "
+        "--max-num-seqs, default 64).",
+        'What-if (--lanes with policies or settings, e.g. --lanes fcfs priority "fair budget=64"; --race can take a '
+        "recording): each lane is one engine with its own settings, on the same requests at the same arrival times. "
+        "At the finish line: per tenant (or priority) TTFT and end-to-end, then per request, most changed first, "
+        "each lane's TTFT, end-to-end and the reason it waited most steps for (NP: preempted N times); [ and ] pick "
+        "a request, whose life in every lane is drawn below the table, one row per lane.",
+        "Arrivals (arrival_s in the workload) come on each lane's own clock. Static batching starts a batch when B "
+        "requests wait, or when the oldest has waited the batch timeout (--batch-timeout, seconds of its clock), or "
+        "at once when no more are coming.",
+    )
+)
 
 
 class FinishLine(Widget):
@@ -77,8 +79,8 @@ class FinishLine(Widget):
         super().__init__(**kw)
         self.lanes: tuple[LaneView, ...] = ()
 
-    cold_steps = 0                                    # steps timed after a pause (RaceFrame.cold_steps)
-    turns = 0                                         # the race's steps, all lanes (RaceFrame.turns)
+    cold_steps = 0  # steps timed after a pause (RaceFrame.cold_steps)
+    turns = 0  # the race's steps, all lanes (RaceFrame.turns)
 
     def show(self, lanes: tuple[LaneView, ...], cold_steps: int = 0, turns: int = 0) -> None:
         if (lanes, cold_steps, turns) != (self.lanes, self.cold_steps, self.turns):
@@ -89,19 +91,19 @@ class FinishLine(Widget):
         if not self.lanes or any(v.result is None for v in self.lanes):
             return len(self.lanes) + 2
         options = self.app.console.options.update_width(max(1, width))
-        n = len(self.app.console.render_lines(self._lanes_table(width), options, pad=False))   # (its title wraps)
+        n = len(self.app.console.render_lines(self._lanes_table(width), options, pad=False))  # (its title wraps)
         if self.comparing:
             rows = compare(self.lanes)
             groups = groups_table(self.lanes, rows)
             n += 1 + min(len(rows), self.rows) + 3 + (0 if groups is None else groups.row_count + 2)
-            n += len(self.lanes) + 3                  # the selected request across the lanes
+            n += len(self.lanes) + 3  # the selected request across the lanes
         return n
 
     def move(self, delta: int) -> bool:
         """Select the next / previous request of the comparison (its lanes' rows show below it)."""
         if not self.comparing:
             return False
-        shown = compare(self.lanes)[:self.rows]
+        shown = compare(self.lanes)[: self.rows]
         self.selected = max(0, min(len(shown) - 1, self.selected + delta))
         self.refresh()
         return True
@@ -115,8 +117,8 @@ class FinishLine(Widget):
         """A what-if (lanes with their own settings, all done): the per-request comparison shows."""
         return bool(lanes) and any(v.key not in NAMES for v in lanes) and all(v.outcomes for v in lanes)
 
-    rows = 12                                         # requests shown in the comparison, most changed first
-    selected = 0                                      # the comparison's row whose lanes show below it
+    rows = 12  # requests shown in the comparison, most changed first
+    selected = 0  # the comparison's row whose lanes show below it
 
     def render(self) -> Group | Table:
         lanes = self._lanes_table(self.size.width)
@@ -126,8 +128,9 @@ class FinishLine(Widget):
         groups = groups_table(self.lanes, rows)
         parts = [lanes, Text("")] + ([groups, Text("")] if groups is not None else [])
         row = rows[min(self.selected, len(rows) - 1)]
-        table = requests_table(self.lanes, rows, self.rows, narrow=self.size.width < 24 + 22 * len(self.lanes),
-                               selected=row.rid)
+        table = requests_table(
+            self.lanes, rows, self.rows, narrow=self.size.width < 24 + 22 * len(self.lanes), selected=row.rid
+        )
         return Group(*parts, table, Text(""), request_lanes(self.lanes, row, max(40, self.size.width - 2)))
 
     def _lanes_table(self, width: int) -> Table:
@@ -139,43 +142,91 @@ class FinishLine(Widget):
         preemptions (where a lane preempted: a pool too small for its sequences), steps,
         TTFT p95, its sequences and KV memory (``64 · 32 MiB``: at equal memory, why the paged
         lanes win; the lanes' titles say it too), and its place."""
-        arrivals = idled(self.lanes)                      # every lane's clock runs to about the last arrival
+        arrivals = idled(self.lanes)  # every lane's clock runs to about the last arrival
         base = next((v.result.tok_s for v in self.lanes if v.kind == "static"), None)
         order = sorted(self.lanes, key=lambda v: v.result.latency_p95_s if arrivals else v.result.wall_s)
-        cold = (f"; {self.cold_steps:,} of its {max(self.turns, self.cold_steps):,} steps ran after a pause (slow "
-                f"motion or stepped by hand), "
-                f"whose caches had gone cold: their clocks read high, r at full speed for flat-out figures"
-                if self.cold_steps else "")
-        t = Table(box=None, padding=(0, 1), title_justify="left", title_style="bold", expand=False,
-                  title="finish line (each lane's own clock"
-                        + (f"; {ARRIVALS_NOTE}; the place is by latency p95" if arrivals else "") + cold + ")")
+        cold = (
+            f"; {self.cold_steps:,} of its {max(self.turns, self.cold_steps):,} steps ran after a pause (slow "
+            f"motion or stepped by hand), "
+            f"whose caches had gone cold: their clocks read high, r at full speed for flat-out figures"
+            if self.cold_steps
+            else ""
+        )
+        t = Table(
+            box=None,
+            padding=(0, 1),
+            title_justify="left",
+            title_style="bold",
+            expand=False,
+            title="finish line (each lane's own clock"
+            + (f"; {ARRIVALS_NOTE}; the place is by latency p95" if arrivals else "")
+            + cold
+            + ")",
+        )
         rows = []
         for v in self.lanes:
             r = v.result
-            rows.append({"lane": lane_name(v), "place": f"{order.index(v) + 1}", "busy": duration(r.busy_s),
-                         "tok/s": f"{r.tok_s:.0f}", "× static": f"{r.tok_s / base:.2f}x" if base else "",
-                         "seqs · KV": "" if v.kv_mib is None else " ".join(filter(None, (
-                             f"{v.seqs} · {mib(v.kv_mib)}", kv_dtype_tag(v.kv_dtype)))),   # (as its title: bf16)
-                         "TTFT p50": duration(r.ttft_p50_s), "TTFT p95": duration(r.ttft_p95_s),
-                         "latency p95": duration(r.latency_p95_s), "row util": f"{r.row_util:.0%}",
-                         "KV mean": f"{r.kv_used_mean:.0%}", "steps": f"{r.decode_steps:,}",
-                         "preempted": f"{r.preemptions:,}"})
-        order_of = ["lane", "place", "tok/s", "× static", "seqs · KV", "TTFT p50", "TTFT p95", "latency p95",
-                    "busy", "row util", "KV mean", "preempted", "steps"]
+            rows.append(
+                {
+                    "lane": lane_name(v),
+                    "place": f"{order.index(v) + 1}",
+                    "busy": duration(r.busy_s),
+                    "tok/s": f"{r.tok_s:.0f}",
+                    "× static": f"{r.tok_s / base:.2f}x" if base else "",
+                    "seqs · KV": ""
+                    if v.kv_mib is None
+                    else " ".join(
+                        filter(None, (f"{v.seqs} · {mib(v.kv_mib)}", kv_dtype_tag(v.kv_dtype)))
+                    ),  # (as its title: bf16)
+                    "TTFT p50": duration(r.ttft_p50_s),
+                    "TTFT p95": duration(r.ttft_p95_s),
+                    "latency p95": duration(r.latency_p95_s),
+                    "row util": f"{r.row_util:.0%}",
+                    "KV mean": f"{r.kv_used_mean:.0%}",
+                    "steps": f"{r.decode_steps:,}",
+                    "preempted": f"{r.preemptions:,}",
+                }
+            )
+        order_of = [
+            "lane",
+            "place",
+            "tok/s",
+            "× static",
+            "seqs · KV",
+            "TTFT p50",
+            "TTFT p95",
+            "latency p95",
+            "busy",
+            "row util",
+            "KV mean",
+            "preempted",
+            "steps",
+        ]
         cols = ["lane", "tok/s"] + (["× static"] if base else [])
 
         def col_width(c: str) -> int:
             return max(len(c), *(len(row[c]) for row in rows)) + 2
+
         used = sum(map(col_width, cols))
-        preempted = any(v.result.preemptions for v in self.lanes)          # shown where a lane preempted
-        telling = ("TTFT p50", "latency p95", "busy", "row util", "KV mean", "preempted", "steps", "TTFT p95",
-                   "seqs · KV", "place")
-        if arrivals:                                      # the place is by latency then: it says the most
+        preempted = any(v.result.preemptions for v in self.lanes)  # shown where a lane preempted
+        telling = (
+            "TTFT p50",
+            "latency p95",
+            "busy",
+            "row util",
+            "KV mean",
+            "preempted",
+            "steps",
+            "TTFT p95",
+            "seqs · KV",
+            "place",
+        )
+        if arrivals:  # the place is by latency then: it says the most
             telling = ("place",) + telling[:-1]
         for c in telling:
             shown = {"seqs · KV": any(row[c] for row in rows), "preempted": preempted, "busy": arrivals}.get(c, True)
             if shown and used + col_width(c) <= width:
-                cols.append(c)                          # what fits, most telling first
+                cols.append(c)  # what fits, most telling first
                 used += col_width(c)
         cols.sort(key=order_of.index)
         for c in cols:
@@ -189,7 +240,7 @@ class RaceScreen(LiveView, Screen):
     """The race (see the module docstring). ``standalone``: the app's only screen (tinyllm-tui
     --race); otherwise opened from the main app, where Escape goes back to it."""
 
-    owns_keys = True              # the main app's keys are off while this screen is up
+    owns_keys = True  # the main app's keys are off while this screen is up
     BINDINGS = [
         Binding("f1,question_mark", "help", "Help"),
         Binding("f5,space", "toggle_pause", "Pause/resume"),
@@ -200,7 +251,7 @@ class RaceScreen(LiveView, Screen):
         Binding("right_square_bracket", "request(1)", "Next request", show=False),
         Binding("left_square_bracket", "request(-1)", "Previous request", show=False),
         Binding("escape", "back", "Back to the app"),
-        Binding("q,ctrl+c", "app.quit", "Quit"),      # Ctrl+C as in the main app (Textual's said "Press q to quit")
+        Binding("q,ctrl+c", "app.quit", "Quit"),  # Ctrl+C as in the main app (Textual's said "Press q to quit")
     ]
     DEFAULT_CSS = """
     RaceScreen { layout: vertical; }
@@ -228,7 +279,7 @@ class RaceScreen(LiveView, Screen):
         self._pacer = FramePacer()
         self._publish_s = 0.0
         self._shown = -1
-        self._drawn: RaceFrame | None = None      # the frame last drawn (the track is placed again after layout)
+        self._drawn: RaceFrame | None = None  # the frame last drawn (the track is placed again after layout)
         self._seen_log = 0
         self._legend_shown = ""
         self.frames_drawn = 0
@@ -267,14 +318,14 @@ class RaceScreen(LiveView, Screen):
         if width >= WIDE or (self.has_class("-short") and height >= 28):
             return True
         lanes = self.query_one("#lanes")
-        if not lanes.outer_size.height:                   # not laid out yet: as it was
+        if not lanes.outer_size.height:  # not laid out yet: as it was
             return self.has_class("-track")
-        used = 1 + sum(self.query_one(q).outer_size.height for q in ("#race-status", "#race-legend"))   # + footer
-        finish = self.query_one("#finish", FinishLine)     # (its own count: at the finish it is not laid out yet)
+        used = 1 + sum(self.query_one(q).outer_size.height for q in ("#race-status", "#race-legend"))  # + footer
+        finish = self.query_one("#finish", FinishLine)  # (its own count: at the finish it is not laid out yet)
         used += lanes.outer_size.height + (finish.get_content_height(None, None, width) if f.done else 0)
         return height - used >= RaceTrack.height_for(len(f.lanes))
 
-    @deferred                                 # (also queued with call_after_refresh: the screen may have gone)
+    @deferred  # (also queued with call_after_refresh: the screen may have gone)
     def _place_track(self, f: RaceFrame | None) -> None:
         if f is None:
             return
@@ -294,7 +345,7 @@ class RaceScreen(LiveView, Screen):
         self.runner.stop()
 
     # -- drawing ---------------------------------------------------------------------------------
-    @deferred                                 # a timer's tick, a resize, a test: nothing once the screen is leaving
+    @deferred  # a timer's tick, a resize, a test: nothing once the screen is leaving
     def refresh_from_runner(self, force: bool = False) -> None:
         if self.runner.start_error is not None and self.startup_error is None:
             self._failed(self.runner.start_error)
@@ -309,18 +360,18 @@ class RaceScreen(LiveView, Screen):
         panels = [self.query_one(f"#lane-{lane.key}", LanePanel) for lane in f.lanes]
         for panel, lane in zip(panels, f.lanes):
             panel.show(lane, compact=short)
-        wide = self.has_class("-wide") and all(p.content_region.width for p in panels)   # (0 before layout)
+        wide = self.has_class("-wide") and all(p.content_region.width for p in panels)  # (0 before layout)
         tallest = max((len(p.lines(p.content_region.width)) for p in panels), default=0) if wide else 0
         for panel in panels:
             panel.pad_to(tallest)
         finish = self.query_one("#finish", FinishLine)
         if f.done and not finish.display and finish.comparing_lanes(f.lanes):
-            self.call_after_refresh(guarded(finish, finish.scroll_visible), animate=False)   # the comparison is the news
+            self.call_after_refresh(guarded(finish, finish.scroll_visible), animate=False)  # the comparison is the news
         finish.display = f.done
         if f.done:
             finish.show(f.lanes, f.cold_steps, f.turns)
-        self._place_track(f)                                 # (after the finish table: it takes lines)
-        self.call_after_refresh(self._place_drawn)         # again once the lanes have their heights
+        self._place_track(f)  # (after the finish table: it takes lines)
+        self.call_after_refresh(self._place_drawn)  # again once the lanes have their heights
         legend = self._legend(not self.has_class("-wide"))
         if legend != self._legend_shown:
             self._legend_shown = legend
@@ -342,8 +393,10 @@ class RaceScreen(LiveView, Screen):
         if f.status == "loading":
             t = Text(no_wrap=True, overflow="ellipsis")
             t.append(" ⧗ LOADING ", style="bold reverse cyan")
-            t.append(f" race · {self.workload} · the engine process is importing torch, reading the weights and "
-                     f"warming up…", style="bold")
+            t.append(
+                f" race · {self.workload} · the engine process is importing torch, reading the weights and warming up…",
+                style="bold",
+            )
             return t
         if f.done:
             state = (" ✓ FINISHED ", "bold reverse blue")
@@ -354,13 +407,19 @@ class RaceScreen(LiveView, Screen):
         n = self.runner.threads
         total = f.lanes[0].total if f.lanes else 0
         last = next((lane_name(v) for v in f.lanes if v.key == f.last_lane), f.last_lane)
-        passes = f" {f.turns:,} step{'s' if f.turns != 1 else ''}, all lanes"   # each lane's steps: its panel
+        passes = f" {f.turns:,} step{'s' if f.turns != 1 else ''}, all lanes"  # each lane's steps: its panel
         fields = [(*state, 0), (passes, "bold", 0)]
         if last and not f.done:
             fields.append((f" · last: {last}", "bold", 2))
-        for text, rank in ((self.workload, 1), (f"{total} requests", 3), ("greedy", 6), (self.model_name, 4),
-                           (self.runner.device, 5), (f"{n} thread{'s' if n != 1 else ''}" if n else "? threads", 5),
-                           (f"delay {f.step_delay_ms} ms/step", 3)):
+        for text, rank in (
+            (self.workload, 1),
+            (f"{total} requests", 3),
+            ("greedy", 6),
+            (self.model_name, 4),
+            (self.runner.device, 5),
+            (f"{n} thread{'s' if n != 1 else ''}" if n else "? threads", 5),
+            (f"delay {f.step_delay_ms} ms/step", 3),
+        ):
             fields.append((f" · {text}", "dim", rank))
         return fit_fields(fields, max(20, self.size.width))
 
@@ -383,7 +442,7 @@ class RaceScreen(LiveView, Screen):
         return True
 
     def action_help(self) -> None:
-        keys = [b for b in self.BINDINGS if self.check_action(b.action, ())]   # only the keys that work here
+        keys = [b for b in self.BINDINGS if self.check_action(b.action, ())]  # only the keys that work here
         self.app.push_screen(HelpScreen(keys, "tinyllm-tui race — keys", ("How to read the race", HOW_TO_READ), ()))
 
     def action_request(self, delta: int) -> None:
@@ -392,8 +451,7 @@ class RaceScreen(LiveView, Screen):
         if finish.move(delta):
             self.call_after_refresh(guarded(finish, finish.scroll_visible), animate=False)
         else:
-            self.notify("\\[ and ] pick a request in a what-if's comparison, once every lane has finished",
-                        timeout=3)
+            self.notify("\\[ and ] pick a request in a what-if's comparison, once every lane has finished", timeout=3)
 
     def action_restart(self) -> None:
         self.runner.send(Restart())
@@ -404,15 +462,16 @@ class RaceScreen(LiveView, Screen):
 
 class RaceApp(App):
     """The race screen as the whole app (tinyllm-tui --race)."""
+
     TITLE = "tinyllm-tui race"
-    BINDINGS = [Binding("ctrl+c", "quit", "Quit", show=False, priority=True)]   # in every screen (its help too)
+    BINDINGS = [Binding("ctrl+c", "quit", "Quit", show=False, priority=True)]  # in every screen (its help too)
 
     def __init__(self, runner, *, workload: str, model_name: str):
         super().__init__()
         self.runner = runner
         self.workload = workload
         self.model_name = model_name
-        self.startup_error: str | None = None      # the race process could not start; main() prints it
+        self.startup_error: str | None = None  # the race process could not start; main() prints it
 
     def on_mount(self) -> None:
         self.push_screen(RaceScreen(self.runner, workload=self.workload, model_name=self.model_name, standalone=True))
@@ -439,30 +498,33 @@ def open_race(app) -> None:
     memory); a max_len other than the app's is said in the status line. The app's own engine is
     paused meanwhile (it would take CPU from the lanes) and resumed afterwards if it was running."""
     from tinyllm.workload import WorkloadError, resolve_workload
+
     runner = app.runner
     snap = runner.frame.snapshot
-    engine = getattr(runner, "engine", None)              # EngineRunner: the model is in this process
-    spec = getattr(runner, "spec", None)                  # ChildRunner: it is in the engine process
+    engine = getattr(runner, "engine", None)  # EngineRunner: the model is in this process
+    spec = getattr(runner, "spec", None)  # ChildRunner: it is in the engine process
     if app.tokenizer is None or (engine is None and spec is None):
-        app.notify("The race runs the model here: not in a replay, nor attached to a server.",
-                   severity="warning", timeout=5)
+        app.notify(
+            "The race runs the model here: not in a replay, nor attached to a server.", severity="warning", timeout=5
+        )
         return
     if engine is not None:
         max_seq_len = engine.model.cfg.max_seq_len
         model_dir = "(in this process)"
     else:
         from tinyllm.model.config import load_config_and_tokenizer
+
         model_dir = spec.model_dir
         max_seq_len = load_config_and_tokenizer(Path(model_dir))[0].max_seq_len
     default_len = min(max_seq_len, DEFAULT_MAX_LEN)
-    own_len = 0 < snap.max_len < default_len                # the app's --max-len, where it set a shorter one
+    own_len = 0 < snap.max_len < default_len  # the app's --max-len, where it set a shorter one
     loaded = getattr(app, "workload", None)
     if loaded is not None:
         name = f"{loaded.name.removesuffix('.jsonl')} (loaded in the app)"
     else:
         name = f"{DEFAULT_WORKLOAD} (the race's default: no prompts loaded)"
     work, why = None, ""
-    for max_len in ([snap.max_len] if own_len else []) + [default_len]:   # the app's length, if its requests fit
+    for max_len in ([snap.max_len] if own_len else []) + [default_len]:  # the app's length, if its requests fit
         try:
             work = race_workload(loaded or resolve_workload(DEFAULT_WORKLOAD), app.tokenizer.encode, max_len)
             break
@@ -471,24 +533,38 @@ def open_race(app) -> None:
     if work is None:
         app.notify(why, title="the race could not start", severity="error", timeout=10)
         return
-    if max_len != snap.max_len:                           # said: the lanes' rows hold max_len tokens each
-        name += (f"; at max_len {max_len}: its requests do not fit the app's {snap.max_len}" if own_len
-                 else f"; at the race's max_len {max_len} (the app's is {snap.max_len})")
+    if max_len != snap.max_len:  # said: the lanes' rows hold max_len tokens each
+        name += (
+            f"; at max_len {max_len}: its requests do not fit the app's {snap.max_len}"
+            if own_len
+            else f"; at the race's max_len {max_len} (the app's is {snap.max_len})"
+        )
     budget = snap.max_batched_tokens
-    kv_mib = getattr(engine if engine is not None else spec, "kv_memory_mib", None)   # the app's --kv-memory
-    fits = max_len <= snap.max_len                        # (a pool that holds one request of the app's holds one)
-    blocks = snap.kv.n_blocks if snap.kv.kind == "paged" and fits and not kv_mib else None   # --kv-blocks
-    race = RaceSpec(model_dir, work, name, snap.n_slots, max_len, snap.kv.block_size or 16, blocks,
-                    budget if budget and budget >= snap.n_slots else None, DEFAULT_BATCH_TIMEOUT_S,
-                    device=None if spec is None else spec.device, threads=runner.threads or None,
-                    kv_memory_mib=kv_mib,
-                    max_num_seqs=getattr(engine if engine is not None else spec, "max_num_seqs", None) if kv_mib else None,
-                    kv_cache_dtype=getattr(engine if engine is not None else spec, "kv_cache_dtype", "auto"))   # the app's
+    kv_mib = getattr(engine if engine is not None else spec, "kv_memory_mib", None)  # the app's --kv-memory
+    fits = max_len <= snap.max_len  # (a pool that holds one request of the app's holds one)
+    blocks = snap.kv.n_blocks if snap.kv.kind == "paged" and fits and not kv_mib else None  # --kv-blocks
+    race = RaceSpec(
+        model_dir,
+        work,
+        name,
+        snap.n_slots,
+        max_len,
+        snap.kv.block_size or 16,
+        blocks,
+        budget if budget and budget >= snap.n_slots else None,
+        DEFAULT_BATCH_TIMEOUT_S,
+        device=None if spec is None else spec.device,
+        threads=runner.threads or None,
+        kv_memory_mib=kv_mib,
+        max_num_seqs=getattr(engine if engine is not None else spec, "max_num_seqs", None) if kv_mib else None,
+        kv_cache_dtype=getattr(engine if engine is not None else spec, "kv_cache_dtype", "auto"),
+    )  # the app's
     was_paused = runner.frame.paused
     runner.send(SetPaused(True))
     try:
         if engine is not None:
             from tui.runners.race import RaceRunner
+
             race_runner = RaceRunner(lambda: race.make_race(engine.model), device=runner.device, threads=runner.threads)
         else:
             race_runner = ChildRunner(race).start(wait=False)
@@ -500,5 +576,5 @@ def open_race(app) -> None:
     def back(_=None) -> None:
         if not was_paused:
             runner.send(SetPaused(False))
-    app.push_screen(RaceScreen(race_runner, workload=name, model_name=app.model_name, standalone=False),
-                    back)
+
+    app.push_screen(RaceScreen(race_runner, workload=name, model_name=app.model_name, standalone=False), back)

@@ -15,7 +15,7 @@ class ReplayKeys:
         self.runner.send(StepBack())
 
     def action_replay_start(self) -> None:
-        steps = self.runner.steps                         # a server's stream saved mid-run starts past 0
+        steps = self.runner.steps  # a server's stream saved mid-run starts past 0
         self.runner.send(SeekStep(steps[0] if steps else 0))
 
     def action_replay_end(self) -> None:
@@ -27,6 +27,7 @@ class ReplayKeys:
         def done(step: int | None) -> None:
             if step is not None:
                 self.runner.send(SeekStep(step))
+
         self.push_screen(GotoStep(self.runner.frame.snapshot.counters.steps, self.runner.last_step), done)
 
     def _jump(self, direction: int) -> None:
@@ -37,8 +38,9 @@ class ReplayKeys:
         now = self.runner.frame.snapshot.counters.steps
         ahead = [s for s, _ in self.runner.events_of(rid) if (s > now if direction > 0 else s < now)]
         if not ahead:
-            self.notify(f"#{rid} has no {'later' if direction > 0 else 'earlier'} admission, preemption or end",
-                        timeout=3)
+            self.notify(
+                f"#{rid} has no {'later' if direction > 0 else 'earlier'} admission, preemption or end", timeout=3
+            )
             return
         self.runner.send(JumpEvent(rid, direction))
 

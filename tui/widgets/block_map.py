@@ -49,21 +49,24 @@ class BlockMap(Widget):
         changed = resized or self._changed(snapshot, self.snapshot)
         self.snapshot = snapshot
         if changed:
-            self.refresh(layout=resized)              # a new pool size needs a new height
+            self.refresh(layout=resized)  # a new pool size needs a new height
 
     def get_content_height(self, container, viewport, width: int) -> int:
         n = len(self.snapshot.kv.block_owner) if self.snapshot else 0
         return 1 + -(-n // (max(1, width) * self.per_cell(width)))
 
     def _changed(self, a: EngineSnapshot, b: EngineSnapshot) -> bool:
-        return (a.kv.block_owner, a.kv.block_refs, a.kv.block_cached) != (b.kv.block_owner, b.kv.block_refs,
-                                                                          b.kv.block_cached)
+        return (a.kv.block_owner, a.kv.block_refs, a.kv.block_cached) != (
+            b.kv.block_owner,
+            b.kv.block_refs,
+            b.kv.block_cached,
+        )
 
     def _header(self, per_cell: int) -> str:
         kv = self.snapshot.kv
         shared = sum(1 for r in kv.block_refs if r > 1)
         head = f"{kv.n_blocks - kv.free_blocks}/{kv.n_blocks} owned"
-        if per_cell > 1:                                    # squeezed: say it, and briefly
+        if per_cell > 1:  # squeezed: say it, and briefly
             head = f"{kv.n_blocks - kv.free_blocks}/{kv.n_blocks} owned · {per_cell} blocks/cell"
             return head + (f" · ▣{shared} ○{kv.cached_free_blocks}" if kv.block_cached else "")
         if kv.block_cached:
@@ -79,13 +82,15 @@ class BlockMap(Widget):
         blocks = list(zip(kv.block_owner, refs, cached))
         out = []
         for i in range(0, len(blocks), per_cell):
-            group = blocks[i:i + per_cell]
+            group = blocks[i : i + per_cell]
             owners = [o for o, _, _ in group if o is not None]
             if not owners:
                 out.append(("○", "cached") if any(c for _, _, c in group) else ("·", None))
                 continue
             top = max(set(owners), key=lambda o: (owners.count(o), -o))
-            glyph = "▣" if any(r > 1 for o, r, _ in group if o is not None) else "■" if len(owners) == len(group) else "▪"
+            glyph = (
+                "▣" if any(r > 1 for o, r, _ in group if o is not None) else "■" if len(owners) == len(group) else "▪"
+            )
             out.append((glyph, top))
         return out
 
@@ -96,13 +101,16 @@ class BlockMap(Widget):
         per_cell = self.per_cell(width)
         if y == 0:
             return Strip([Segment(self._header(per_cell), on(base, DIM))]).crop_extend(0, width, base)
-        marks = self._marks(per_cell)[(y - 1) * width:y * width]
-        segments = [Segment(glyph * len(list(run)), on(base, DIM if who is None else CACHED if who == "cached"
-                                                       else rid_style(who)))
-                    for (glyph, who), run in groupby(marks)]
+        marks = self._marks(per_cell)[(y - 1) * width : y * width]
+        segments = [
+            Segment(
+                glyph * len(list(run)), on(base, DIM if who is None else CACHED if who == "cached" else rid_style(who))
+            )
+            for (glyph, who), run in groupby(marks)
+        ]
         return Strip(segments).crop_extend(0, width, base)
 
-    def render(self) -> Text:                         # plain text of the map (tests, copy-out)
+    def render(self) -> Text:  # plain text of the map (tests, copy-out)
         if self.snapshot is None or not self.snapshot.kv.block_owner:
             return Text("")
         per_cell = self.per_cell(self.size.width or 80)

@@ -30,20 +30,24 @@ def gone(node) -> bool:
 
 def guarded(node, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn``, to be called later, that does nothing if ``node`` is gone by then."""
+
     @functools.wraps(fn)
     def run(*args, **kwargs):
         if not gone(node):
             return fn(*args, **kwargs)
         return None
+
     return run
 
 
 def deferred(method: Callable[..., Any]) -> Callable[..., Any]:
     """A method that runs deferred (a timer's, ``call_after_refresh``'s, a message handler's):
     it does nothing once its object is gone."""
+
     @functools.wraps(method)
     def run(self, *args, **kwargs):
         if not gone(self):
             return method(self, *args, **kwargs)
         return None
+
     return run

@@ -14,8 +14,7 @@ from textual.widget import Widget
 from tui.runners.interface import LogEntry
 from tui.widgets.style import EVENT_STYLES
 
-
-STEP_W = 7                     # the step column: six digits and a space
+STEP_W = 7  # the step column: six digits and a space
 
 
 class EventLog(Widget):

@@ -35,13 +35,18 @@ class KVPanel(Widget):
         bar_w = max(3, min(40, width - (50 if wide else 28)))
         sep = "  " if wide else " "
         bars: list[Text] = []
-        rows = [("used/reserv", kv.used_tokens, kv.reserved_tokens),
-                ("alloc/reserv", kv.allocated_tokens, kv.reserved_tokens),
-                ("used/alloc", kv.used_tokens, kv.allocated_tokens)]
+        rows = [
+            ("used/reserv", kv.used_tokens, kv.reserved_tokens),
+            ("alloc/reserv", kv.allocated_tokens, kv.reserved_tokens),
+            ("used/alloc", kv.used_tokens, kv.allocated_tokens),
+        ]
         for label, a, b in rows:
             frac = a / b if b else 0.0
-            nums = (f"{frac:4.0%} {a:>5}/{b:<5} tok {kv.mib(a):4.1f}/{kv.mib(b):.1f} MiB" if wide
-                    else f"{frac:4.0%} {a}/{b}")
+            nums = (
+                f"{frac:4.0%} {a:>5}/{b:<5} tok {kv.mib(a):4.1f}/{kv.mib(b):.1f} MiB"
+                if wide
+                else f"{frac:4.0%} {a}/{b}"
+            )
             line = Text(label.ljust(13), style="dim")
             line.append(bar(frac, bar_w), style="bold")
             line.append(" " + nums)
@@ -52,40 +57,60 @@ class KVPanel(Widget):
         lat = sorted(r.latency_s for r in done)
         util = c.useful_rows / c.computed_rows if c.computed_rows else 0.0
         line1 = Text()
-        for label, short, n, state in (("queued", "queue", f.snapshot.num_requests_waiting, "queued"),
-                                       ("running", "run", f.snapshot.num_requests_running, "running"),
-                                       ("finished", "done", c.finished, "finished"),
-                                       ("aborted", "abort", c.aborted, "aborted"),
-                                       ("preempted", "preempt", c.preemptions, "preempted"),
-                                       *((("failed", "fail", c.failed, "failed"),) if c.failed else ())):
+        for label, short, n, state in (
+            ("queued", "queue", f.snapshot.num_requests_waiting, "queued"),
+            ("running", "run", f.snapshot.num_requests_running, "running"),
+            ("finished", "done", c.finished, "finished"),
+            ("aborted", "abort", c.aborted, "aborted"),
+            ("preempted", "preempt", c.preemptions, "preempted"),
+            *((("failed", "fail", c.failed, "failed"),) if c.failed else ()),
+        ):
             line1.append(f"{label if wide else short} ", style="dim")
             line1.append(f"{n}", style=STATE_STYLES[state])
             line1.append(sep)
-        tps = f.tokens_per_s if f.snapshot.busy else 0.0   # nothing running or waiting: nothing generated now
+        tps = f.tokens_per_s if f.snapshot.busy else 0.0  # nothing running or waiting: nothing generated now
         line2 = Text()
         hits = (("prefix hit", f"{c.prefix_hits / c.prefix_queries:.0%}"),) if c.prefix_queries else ()
-        for label, val in (("steps", f"{c.decode_steps:,}"), ("tok/s", f"{tps:.0f}"),
-                           ("rows used", f"{util:.0%}"), *hits, ("step", f"{f.step_ms:.1f}ms")):
+        for label, val in (
+            ("steps", f"{c.decode_steps:,}"),
+            ("tok/s", f"{tps:.0f}"),
+            ("rows used", f"{util:.0%}"),
+            *hits,
+            ("step", f"{f.step_ms:.1f}ms"),
+        ):
             line2.append(f"{label} ", style="dim")
             line2.append(val + sep, style="bold")
         line3 = Text()
         line3.append("TTFT p50/p95 ", style="dim")
-        line3.append(f"{duration(percentile(ttft, .5) if ttft else None)}/{duration(percentile(ttft, .95) if ttft else None)}  ",
-                     style="bold")
+        line3.append(
+            f"{duration(percentile(ttft, 0.5) if ttft else None)}/{duration(percentile(ttft, 0.95) if ttft else None)}  ",
+            style="bold",
+        )
         line3.append("latency p50/p95 ", style="dim")
-        line3.append(f"{duration(percentile(lat, .5) if lat else None)}/{duration(percentile(lat, .95) if lat else None)}",
-                     style="bold")
-        mib = Text(f"{kv.mib(kv.used_tokens):.1f} / {kv.mib(kv.allocated_tokens):.1f} / "
-                   f"{kv.mib(kv.reserved_tokens):.1f} MiB used / claimed / reserved"
-                   + (f" · {dtype_short(kv.dtype)}" if kv.dtype else ""), style="dim")
-        if self.app.has_class("-short"):               # 80x24: one bar of the three, figures by priority
-            pct = (lambda xs, q: duration(percentile(xs, q)) if xs else "—")
-            figures = [(f"tok/s {tps:.0f} ", "bold", 0), (f"TTFT {pct(ttft, .5)}/{pct(ttft, .95)} ", "bold", 0),
-                       (f"lat {pct(lat, .5)}/{pct(lat, .95)} ", "bold", 1), (f"rows {util:.0%} ", "dim", 2),
-                       *([(f"hit {c.prefix_hits / c.prefix_queries:.0%} ", "dim", 3)] if c.prefix_queries else []),
-                       (f"steps {c.decode_steps:,} ", "dim", 4), (f"step {f.step_ms:.1f}ms", "dim", 5)]
+        line3.append(
+            f"{duration(percentile(lat, 0.5) if lat else None)}/{duration(percentile(lat, 0.95) if lat else None)}",
+            style="bold",
+        )
+        mib = Text(
+            f"{kv.mib(kv.used_tokens):.1f} / {kv.mib(kv.allocated_tokens):.1f} / "
+            f"{kv.mib(kv.reserved_tokens):.1f} MiB used / claimed / reserved"
+            + (f" · {dtype_short(kv.dtype)}" if kv.dtype else ""),
+            style="dim",
+        )
+        if self.app.has_class("-short"):  # 80x24: one bar of the three, figures by priority
+            pct = lambda xs, q: duration(percentile(xs, q)) if xs else "—"
+            figures = [
+                (f"tok/s {tps:.0f} ", "bold", 0),
+                (f"TTFT {pct(ttft, 0.5)}/{pct(ttft, 0.95)} ", "bold", 0),
+                (f"lat {pct(lat, 0.5)}/{pct(lat, 0.95)} ", "bold", 1),
+                (f"rows {util:.0%} ", "dim", 2),
+                *([(f"hit {c.prefix_hits / c.prefix_queries:.0%} ", "dim", 3)] if c.prefix_queries else []),
+                (f"steps {c.decode_steps:,} ", "dim", 4),
+                (f"step {f.step_ms:.1f}ms", "dim", 5),
+            ]
             return Text("\n", no_wrap=True, overflow="ellipsis").join(
-                [self._one_bar(width), line1, fit_fields(figures, width)])
+                [self._one_bar(width), line1, fit_fields(figures, width)]
+            )
         return Text("\n", no_wrap=True, overflow="ellipsis").join([mib, *bars, line1, line2, line3])
 
     def _one_bar(self, width: int) -> Text:

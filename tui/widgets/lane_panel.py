@@ -15,9 +15,9 @@ from textual.widget import Widget
 from tinyllm.race.views import LaneView, RowView
 from tui.widgets.style import DIM, STATE_STYLES, bar, duration, rid_style
 
-CELL_W = 18                     # "03 #12  █████ 140 " like the app's slot grid
-SMALL_W = 9                     # " 12 ████ " when room is short
-MAX_LINES = 6                   # lines of rows in a panel (2 when compact) before they are summarised
+CELL_W = 18  # "03 #12  █████ 140 " like the app's slot grid
+SMALL_W = 9  # " 12 ████ " when room is short
+MAX_LINES = 6  # lines of rows in a panel (2 when compact) before they are summarised
 WASTED = Style(color="#d03a3a", dim=True)
 BOLD = Style(bold=True)
 
@@ -53,8 +53,13 @@ def cell(i: int, row: RowView, small: bool) -> list[tuple[str, Style]]:
     if row.state == "done":
         return [head, rid, (" ✓ done".ljust(CELL_W - 7), STATE_STYLES["finished"])]
     mark = "▸" if row.state == "prefill" else " "
-    return [head, rid, (mark, running), (bar(fill, 5, empty="▹" if row.state == "prefill" else "░"), running),
-            (f" {row.progress:>3} ", DIM)]
+    return [
+        head,
+        rid,
+        (mark, running),
+        (bar(fill, 5, empty="▹" if row.state == "prefill" else "░"), running),
+        (f" {row.progress:>3} ", DIM),
+    ]
 
 
 class LanePanel(Widget):
@@ -67,8 +72,8 @@ class LanePanel(Widget):
         super().__init__(**kw)
         self.view: LaneView | None = None
         self.compact = False
-        self.min_lines = 0            # side by side, every lane is as tall as the tallest
-        self._height = 0              # the content height the layout last gave it
+        self.min_lines = 0  # side by side, every lane is as tall as the tallest
+        self._height = 0  # the content height the layout last gave it
 
     def show(self, view: LaneView, compact: bool) -> None:
         if view != self.view or compact != self.compact:
@@ -105,8 +110,8 @@ class LanePanel(Widget):
             small, per_row = True, max(1, width // SMALL_W)
         more = None
         if -(-len(rows) // per_row) > limit:
-            rows.sort(key=lambda ir: ir[1].rid is None)          # stable: busy rows first, in slot order
-            shown = max(0, limit * per_row - min(2, per_row))          # room for the +N note
+            rows.sort(key=lambda ir: ir[1].rid is None)  # stable: busy rows first, in slot order
+            shown = max(0, limit * per_row - min(2, per_row))  # room for the +N note
             hidden = rows[shown:]
             busy = sum(r.rid is not None for _, r in hidden)
             more = Text(f" +{len(hidden)}" + (f" ({busy} busy)" if busy else " free"), style=DIM)
@@ -114,7 +119,7 @@ class LanePanel(Widget):
         lines = []
         for start in range(0, len(rows), per_row):
             line = Text(no_wrap=True, overflow="crop")
-            for i, row in rows[start:start + per_row]:
+            for i, row in rows[start : start + per_row]:
                 for text, style in cell(i, row, small):
                     line.append(text, style)
             lines.append(line)
@@ -132,13 +137,21 @@ class LanePanel(Widget):
         frac = v.tokens / max(1, v.total_tokens)
         progress = Text(no_wrap=True, overflow="ellipsis")
         tail = f" {frac:4.0%}  done {v.done}/{v.total}  clock {duration(v.clock_s)}"
-        progress.append(bar(frac, max(4, min(40, width - len(tail) - 1))),
-                        STATE_STYLES["finished" if v.finished else "running"])
+        progress.append(
+            bar(frac, max(4, min(40, width - len(tail) - 1))), STATE_STYLES["finished" if v.finished else "running"]
+        )
         progress.append(tail, BOLD)
         kv = v.kv_used / v.kv_reserved if v.kv_reserved else 0.0
-        speed = [("TTFT p50", duration(v.ttft_p50_s)), ("rows used", f"{v.row_util:.0%}"), ("steps", f"{v.decode_steps:,}")]
-        load = [("KV", f"{bar(kv, 6)} {kv:.0%}"), *((("queue", str(v.queued)),) if v.queued else ()),
-                *((("arriving", str(v.arriving)),) if v.arriving else ())]
+        speed = [
+            ("TTFT p50", duration(v.ttft_p50_s)),
+            ("rows used", f"{v.row_util:.0%}"),
+            ("steps", f"{v.decode_steps:,}"),
+        ]
+        load = [
+            ("KV", f"{bar(kv, 6)} {kv:.0%}"),
+            *((("queue", str(v.queued)),) if v.queued else ()),
+            *((("arriving", str(v.arriving)),) if v.arriving else ()),
+        ]
         if self.compact:
             lines = [progress, _pairs(speed + load)]
             return lines + ([Text(v.note, style="yellow", no_wrap=True, overflow="ellipsis")] if v.note else [])

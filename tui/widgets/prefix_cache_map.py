@@ -21,7 +21,7 @@ from textual.widget import Widget
 
 from tui.widgets.style import STATE_COLOURS, rid_style
 
-if TYPE_CHECKING:                      # msgspec loads only with --kv-events
+if TYPE_CHECKING:  # msgspec loads only with --kv-events
     from tinyllm.observe.kv_events import CacheView, ChainView
 
 GLYPHS = {"b": "■", "p": "▪", "s": "▣", "d": "▤", "o": "◆", "x": "✕", ",": "╎"}
@@ -34,12 +34,23 @@ def squeeze(cells: str, per_cell: int) -> str:
     duplicate → d; any offloaded → o; all partial → p; else b."""
     if per_cell == 1:
         return cells
-    cells = cells.replace(",", "")                       # squeezed: no branch marks
+    cells = cells.replace(",", "")  # squeezed: no branch marks
     out = []
     for i in range(0, len(cells), per_cell):
-        g = cells[i:i + per_cell]
-        out.append("x" if set(g) == {"x"} else "s" if "s" in g else "d" if "d" in g else "o" if "o" in g
-                   else "p" if set(g) == {"p"} else "b")
+        g = cells[i : i + per_cell]
+        out.append(
+            "x"
+            if set(g) == {"x"}
+            else "s"
+            if "s" in g
+            else "d"
+            if "d" in g
+            else "o"
+            if "o" in g
+            else "p"
+            if set(g) == {"p"}
+            else "b"
+        )
     return "".join(out)
 
 
@@ -55,13 +66,13 @@ def layout(chains: tuple[ChainView, ...], width: int, max_rows: int) -> tuple[in
         if -(-used // width) <= max_rows or per_cell >= longest:
             break
         per_cell += 1
-    stream: list[tuple[str, int]] = []                    # (letter or " " / "…", chain index)
+    stream: list[tuple[str, int]] = []  # (letter or " " / "…", chain index)
     for c in chains:
         if c.partial:
             stream.append(("…", c.index))
         stream.extend((ch, c.index) for ch in squeeze(c.cells, per_cell))
         stream.append((" ", -1))
-    rows = [stream[i:i + width] for i in range(0, len(stream), width)][:max(1, max_rows)]
+    rows = [stream[i : i + width] for i in range(0, len(stream), width)][: max(1, max_rows)]
     return per_cell, rows
 
 
@@ -99,8 +110,10 @@ class PrefixCacheMap(Widget):
         evicted = sum(c.cells.count("x") for c in v.chains)
         chains = sum(1 for c in v.chains if c.cells.strip("x"))
         size = f" × {v.block_size}" if v.block_size else ""
-        head = (f"{v.blocks} blocks{size} · {v.tokens} tok · {chains} chains · ▣ {v.forks} shared · "
-                f"▤ {v.duplicates} dup · ✕ {evicted} evicted")
+        head = (
+            f"{v.blocks} blocks{size} · {v.tokens} tok · {chains} chains · ▣ {v.forks} shared · "
+            f"▤ {v.duplicates} dup · ✕ {evicted} evicted"
+        )
         return head + (f" · {per_cell} blocks/cell" if per_cell > 1 else "")
 
     def counts(self) -> str:
@@ -111,8 +124,15 @@ class PrefixCacheMap(Widget):
     def troubles(self) -> str:
         """What went wrong on the way, if anything: lost batches, restarts, unknown removals."""
         v = self.view
-        return " · ".join(f"{n} {what}" for n, what in ((v.missed, "batches missed"), (v.restarts, "restarts"),
-                                                        (v.unknown_removed, "removed unseen")) if n)
+        return " · ".join(
+            f"{n} {what}"
+            for n, what in (
+                (v.missed, "batches missed"),
+                (v.restarts, "restarts"),
+                (v.unknown_removed, "removed unseen"),
+            )
+            if n
+        )
 
     def render_text(self, width: int) -> Text:
         """The panel as text: header, counts, the map, the legend (plain ``.plain`` for tests)."""

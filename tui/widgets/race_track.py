@@ -17,18 +17,23 @@ from textual.widget import Widget
 from tinyllm.race.views import LaneView
 from tui.widgets.style import DIM, STATE_COLOURS, duration
 
-BAND = 2                        # lines per lane: 16 levels with eighth blocks
+BAND = 2  # lines per lane: 16 levels with eighth blocks
 LABEL_W = 14
 BLOCKS = " ▁▂▃▄▅▆▇█"
-COLOURS = {"static": STATE_COLOURS["queued"], "continuous": STATE_COLOURS["finished"],
-           "chunked": STATE_COLOURS["running"]}
+COLOURS = {
+    "static": STATE_COLOURS["queued"],
+    "continuous": STATE_COLOURS["finished"],
+    "chunked": STATE_COLOURS["running"],
+}
 NAMES = {"static": "static", "continuous": "continuous", "chunked": "budget+cache"}
 
 
 def lane_name(v: LaneView) -> str:
     """A lane's short name, as the chart labels it (and the race's status names the last to step)."""
     return NAMES.get(v.key, v.title)
-PALETTE = ("#4363d8", "#f58231", "#3cb44b", "#911eb4", "#1fa8b8", "#e6194b")   # what-if lanes, in order
+
+
+PALETTE = ("#4363d8", "#f58231", "#3cb44b", "#911eb4", "#1fa8b8", "#e6194b")  # what-if lanes, in order
 
 
 def tokens_at(trace: tuple[tuple[float, int], ...], t: float) -> float | None:
@@ -78,8 +83,7 @@ class RaceTrack(Widget):
             for c in range(width):
                 n = tokens_at(v.trace, end * (c + 1) / width) if end > 0 else None
                 levels.append(None if n is None else round(BAND * 8 * n / max(1, v.total_tokens)))
-            done = (f"✓ {duration(v.result.wall_s)}" if v.finished
-                    else f"{v.tokens / max(1, v.total_tokens):.0%}")
+            done = f"✓ {duration(v.result.wall_s)}" if v.finished else f"{v.tokens / max(1, v.total_tokens):.0%}"
             for row in range(BAND):
                 label = lane_name(v) if row == 0 else f"  {done}"
                 out.append(f"{label:<{LABEL_W - 1}} ", style if row == 0 else DIM)

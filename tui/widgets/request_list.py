@@ -29,11 +29,20 @@ from tui.widgets.selection import SELECT_BINDINGS, RequestSelected
 from tui.widgets.style import CACHED, PLAIN, STATE_STYLES, duration, on, rid_style
 
 # (label, width); the last column takes what is left
-COLUMNS = (("#", 4), ("state", 9), ("slot", 4), ("sampling", 13), ("tokens", 7), ("cached", 6), ("TTFT", 6),
-           ("tok/s", 5), ("text", 0))
+COLUMNS = (
+    ("#", 4),
+    ("state", 9),
+    ("slot", 4),
+    ("sampling", 13),
+    ("tokens", 7),
+    ("cached", 6),
+    ("TTFT", 6),
+    ("tok/s", 5),
+    ("text", 0),
+)
 TEXT_MIN = 16
 SAMPLING_W = dict(COLUMNS)["sampling"]
-DROP_ORDER = (3, 6, 5, 7)       # narrow: drop sampling, TTFT, cached, then tok/s (the pane shows them)
+DROP_ORDER = (3, 6, 5, 7)  # narrow: drop sampling, TTFT, cached, then tok/s (the pane shows them)
 
 Cells = tuple[tuple[str, Style], ...]
 
@@ -42,11 +51,11 @@ def tail(text: str, n: int) -> str:
     """The last ``n`` cells of ``text`` on one line (newlines shown as ⏎), '…' when cut."""
     if n <= 1:
         return "…"[:n]
-    flat = text[-(n + 16):].replace("\n", "⏎ ").replace("\t", " ")   # only the end can show
+    flat = text[-(n + 16) :].replace("\n", "⏎ ").replace("\t", " ")  # only the end can show
     if len(text) <= n + 16 and cell_len(flat) <= n:
         return flat
-    flat = flat[-(n - 1):]
-    while cell_len(flat) > n - 1:                                      # wide characters
+    flat = flat[-(n - 1) :]
+    while cell_len(flat) > n - 1:  # wide characters
         flat = flat[1:]
     return "…" + flat
 
@@ -72,8 +81,6 @@ def fit(text: str, width: int) -> str:
     while cell_len(text) > width:
         text = text[:-1]
     return text + " " * (width - cell_len(text))
-
-
 
 
 class RequestList(ScrollView, can_focus=True):
@@ -107,12 +114,12 @@ class RequestList(ScrollView, can_focus=True):
 
     def __init__(self, **kw):
         super().__init__(**kw)
-        self.cursor: int | None = None                       # row of the selected request, None: no row
-        self._rids: list[int] = []                           # newest last
+        self.cursor: int | None = None  # row of the selected request, None: no row
+        self._rids: list[int] = []  # newest last
         self._row_of: dict[int, int] = {}
         self._shown: dict[int, tuple[RequestView, str]] = {}
         self._cells: dict[int, Cells] = {}
-        self._strips: dict[int, tuple[tuple, Strip]] = {}    # rid → (cache key, strip)
+        self._strips: dict[int, tuple[tuple, Strip]] = {}  # rid → (cache key, strip)
 
     # -- data ---------------------------------------------------------------------------------
     @property
@@ -160,7 +167,7 @@ class RequestList(ScrollView, can_focus=True):
             self._rids = rids
             self._row_of = {rid: i for i, rid in enumerate(rids)}
             self.cursor = self._row_of.get(held) if held is not None else None
-            self._strips.clear()                                          # rows moved: stripes and cursor
+            self._strips.clear()  # rows moved: stripes and cursor
             changed = True
         for v in views:
             text = frame.texts.get(v.rid, "")
@@ -173,7 +180,7 @@ class RequestList(ScrollView, can_focus=True):
                 self._cells[v.rid] = cells
                 changed = True
         if self.virtual_size.height != len(self._rids) + 1:
-            self.virtual_size = Size(0, len(self._rids) + 1)             # rows only: no sideways scroll
+            self.virtual_size = Size(0, len(self._rids) + 1)  # rows only: no sideways scroll
         if changed:
             self.refresh()
 
@@ -181,12 +188,17 @@ class RequestList(ScrollView, can_focus=True):
     def _cells_of(v: RequestView, text: str, now: float) -> Cells:
         tps = v.tokens_per_s(now)
         ttft = v.ttft_s
-        return ((str(v.rid), rid_style(v.rid)), (v.state, STATE_STYLES[v.state]),
-                ("—" if v.slot is None else str(v.slot), PLAIN), (whole_words(v.sampling.describe(), SAMPLING_W), PLAIN),
-                (f"{len(v.tokens)}/{v.max_new_tokens}", PLAIN),
-                (str(v.cached_tokens) if v.cached_tokens else "—", CACHED if v.cached_tokens else PLAIN),
-                (duration(ttft), PLAIN),
-                ("—" if tps is None else f"{tps:.1f}", PLAIN), (text[-512:], PLAIN))
+        return (
+            (str(v.rid), rid_style(v.rid)),
+            (v.state, STATE_STYLES[v.state]),
+            ("—" if v.slot is None else str(v.slot), PLAIN),
+            (whole_words(v.sampling.describe(), SAMPLING_W), PLAIN),
+            (f"{len(v.tokens)}/{v.max_new_tokens}", PLAIN),
+            (str(v.cached_tokens) if v.cached_tokens else "—", CACHED if v.cached_tokens else PLAIN),
+            (duration(ttft), PLAIN),
+            ("—" if tps is None else f"{tps:.1f}", PLAIN),
+            (text[-512:], PLAIN),
+        )
 
     # -- rendering (line API) -------------------------------------------------------------------
     def _width(self) -> int:
@@ -240,7 +252,7 @@ class RequestList(ScrollView, can_focus=True):
         return strip
 
     def notify_style_update(self) -> None:
-        self._strips.clear()                         # theme or focus styling changed
+        self._strips.clear()  # theme or focus styling changed
         super().notify_style_update()
 
     def on_focus(self) -> None:
@@ -270,13 +282,13 @@ class RequestList(ScrollView, can_focus=True):
         """The selected row stays in view when the list gets shorter (a smaller terminal)."""
         self.call_after_refresh(self._cursor_into_view)
 
-    @deferred                                 # queued after a resize: the list may have gone by then
+    @deferred  # queued after a resize: the list may have gone by then
     def _cursor_into_view(self) -> None:
-        if self.cursor is not None:                  # (read now: a frame may have moved it since)
+        if self.cursor is not None:  # (read now: a frame may have moved it since)
             self._move_cursor(self.cursor, announce=False)
 
     def action_move(self, delta: int) -> None:
-        if self.cursor is None:                      # no row selected: start from an end
+        if self.cursor is None:  # no row selected: start from an end
             self._move_cursor(0 if delta > 0 else len(self._rids) - 1)
         else:
             self._move_cursor(self.cursor + delta)

@@ -13,16 +13,20 @@ from tinyllm.observe.accounting import Accounting
 from tinyllm.observe.snapshot import RequestView
 from tui.runners.interface import Frame
 from tui.widgets.deferred import guarded
-from tui.widgets.style import CACHED, EVENT_STYLES, STATE_STYLES, duration, rid_style
 from tui.widgets.status import fit_fields
+from tui.widgets.style import CACHED, EVENT_STYLES, STATE_STYLES, duration, rid_style
 from tui.widgets.text_line import TextLine
 
 
 def header_text(v: RequestView, now: float, width: int = 10_000) -> Text:
     """The request's one-line header, fitted to ``width``: whole fields give way, those of least
     use first (it was cut mid-field: `8/8 tok  TTFT` without its value)."""
-    fields = [(f"#{v.rid} ", rid_style(v.rid), 0), (v.state, STATE_STYLES[v.state], 0),
-              (f"  slot {v.slot if v.slot is not None else '—'}", "dim", 3), (f"  {v.sampling.describe()}", "", 4)]
+    fields = [
+        (f"#{v.rid} ", rid_style(v.rid), 0),
+        (v.state, STATE_STYLES[v.state], 0),
+        (f"  slot {v.slot if v.slot is not None else '—'}", "dim", 3),
+        (f"  {v.sampling.describe()}", "", 4),
+    ]
     if v.priority:
         fields.append((f"  prio {v.priority}", "", 3))
     if v.tenant:
@@ -47,8 +51,14 @@ def accounting_text(v: RequestView) -> Text | None:
     for recordings made before admissions were recorded)."""
     if v.admitted_s is None:
         return None
-    a = Accounting.of(v.arrival_s, v.admitted_s, v.first_token_s, v.finish_s if v.state == "finished" else None,
-                      v.preemptions, v.cached_tokens)                # a phase not ended yet: None
+    a = Accounting.of(
+        v.arrival_s,
+        v.admitted_s,
+        v.first_token_s,
+        v.finish_s if v.state == "finished" else None,
+        v.preemptions,
+        v.cached_tokens,
+    )  # a phase not ended yet: None
     parts = [("queue", a.queue_ms), ("prefill", a.prefill_ms), ("decode", a.decode_ms), ("total", a.e2e_ms)]
     t = Text("\n\n── ", style="dim")
     t.append(" · ".join(f"{name} {duration(ms / 1000)}" for name, ms in parts if ms is not None), style="dim")
@@ -66,8 +76,11 @@ def step_text(v: RequestView, batch: tuple[tuple[int, int], ...], step: int) -> 
     mine = dict(batch).get(v.rid)
     if mine is not None:
         total = sum(n for _, n in batch)
-        t.append(f"step {step}: in the batch, {mine} token{'s' * (mine != 1)} "
-                 f"(of {total}, {len(batch)} request{'s' * (len(batch) != 1)})", style="dim")
+        t.append(
+            f"step {step}: in the batch, {mine} token{'s' * (mine != 1)} "
+            f"(of {total}, {len(batch)} request{'s' * (len(batch) != 1)})",
+            style="dim",
+        )
     elif v.wait:
         t.append(f"step {step}: waiting: {v.wait_detail or v.wait}", style=EVENT_STYLES["wait"])
     return t
@@ -87,14 +100,17 @@ def choices_text(choices: tuple[tuple[str, float], ...]) -> Text:
 
 
 NO_REQUEST = "No request selected."
-HINT = {True: "Type a prompt in the editor at the bottom and press Enter (Ctrl+J: a new line), or pick a "
-              "request in the Requests list (Esc, then ↑/↓).",
-        False: "Pick one in the Requests list (↑/↓)."}   # (a replay has no prompt to type)
+HINT = {
+    True: "Type a prompt in the editor at the bottom and press Enter (Ctrl+J: a new line), or pick a "
+    "request in the Requests list (Esc, then ↑/↓).",
+    False: "Pick one in the Requests list (↑/↓).",
+}  # (a replay has no prompt to type)
 
 
 class RequestPane(Vertical):
     """The selected request: its header line, always in view (it scrolled away with a long
     text), over its prompt and text, which follow the newest token unless scrolled back."""
+
     DEFAULT_CSS = """
     RequestPane { height: 1fr; }
     RequestPane > #pane-header { height: 1; }
@@ -104,7 +120,7 @@ class RequestPane(Vertical):
 
     def __init__(self, prompts: bool = True, **kw):
         super().__init__(**kw)
-        self._hint = Text(HINT[prompts], style="dim")    # under "No request selected.": it wraps
+        self._hint = Text(HINT[prompts], style="dim")  # under "No request selected.": it wraps
         self.rid: int | None = None
         self._shown: tuple | None = None
         self._plain = ""
@@ -131,7 +147,8 @@ class RequestPane(Vertical):
             if key != self._shown:
                 self.rid, self._shown, self._plain = rid, key, ""
                 self.query_one("#pane-header").set(
-                    Text(NO_REQUEST if rid is None else f"#{rid} {missing}", style="dim"))
+                    Text(NO_REQUEST if rid is None else f"#{rid} {missing}", style="dim")
+                )
                 self.query_one("#pane-body", Static).update(self._hint if rid is None else "")
             return
         prompt = frame.prompts.get(rid, "")

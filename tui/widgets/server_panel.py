@@ -12,7 +12,7 @@ from textual.widget import Widget
 
 from tui.widgets.style import STATE_COLOURS, bar, duration
 
-if TYPE_CHECKING:                      # prometheus_client loads only when attached to a server
+if TYPE_CHECKING:  # prometheus_client loads only when attached to a server
     from tui.runners.vllm_metrics import ServerFigures
 
 
@@ -21,10 +21,10 @@ class ServerPanel(Widget):
 
     def __init__(self, **kw):
         super().__init__(**kw)
-        self.figures: "ServerFigures | None" = None
-        self.events_shown = False          # --kv-events: the prefix cache is drawn beside this panel
+        self.figures: ServerFigures | None = None
+        self.events_shown = False  # --kv-events: the prefix cache is drawn beside this panel
 
-    def show(self, figures: "ServerFigures | None") -> None:
+    def show(self, figures: ServerFigures | None) -> None:
         if figures != self.figures:
             self.figures = figures
             self.refresh(layout=True)

@@ -23,7 +23,6 @@ def slots_title(snap: EngineSnapshot) -> str:
     return f"Slots ({snap.n_slots} × {snap.max_len} tokens)"
 
 
-
 class SlotGrid(Widget):
     """Cells like ``03 #12 ██████░░ 140`` (slot, request, context fill, context tokens). A free
     slot is dim; a slot that changed in the latest step is flagged (+ admitted, ✓ finished,
@@ -36,14 +35,14 @@ class SlotGrid(Widget):
     def __init__(self, **kw):
         super().__init__(**kw)
         self.snapshot: EngineSnapshot | None = None
-        self.flags: dict[int, tuple[str, int]] = {}          # slot → (event kind, rid)
+        self.flags: dict[int, tuple[str, int]] = {}  # slot → (event kind, rid)
 
     def show(self, snapshot: EngineSnapshot, flags: dict[int, tuple[str, int]]) -> None:
         resized = self.snapshot is None or snapshot.n_slots != self.snapshot.n_slots
         changed = resized or snapshot.slots != self.snapshot.slots or flags != self.flags
         self.snapshot, self.flags = snapshot, flags
         if changed:
-            self.refresh(layout=resized)              # a new row count needs a new height
+            self.refresh(layout=resized)  # a new row count needs a new height
 
     def _per_row(self, width: int) -> int:
         return max(1, width // CELL_W)
@@ -62,7 +61,7 @@ class SlotGrid(Widget):
     def more(self) -> str:
         """The summary of the slots not drawn, as much of it as the width takes ("" when every
         slot is drawn). (The panel's height is fixed by the layout: a wider one shows more.)"""
-        hidden = self.snapshot.slots[self.shown():] if self.snapshot else ()
+        hidden = self.snapshot.slots[self.shown() :] if self.snapshot else ()
         if not hidden:
             return ""
         held = sum(sv.rid is not None for sv in hidden)
@@ -80,12 +79,17 @@ class SlotGrid(Widget):
             return Strip([Segment("starting…", base)]).crop_extend(0, width, base)
         per_row, shown = self._per_row(width), self.shown()
         if y * per_row >= shown and shown < len(snap.slots):
-            return Strip([Segment(self.more(), on(base, DIM))] if y * per_row == shown else []).crop_extend(0, width, base)
-        segments = [Segment(text, on(base, style))
-                    for sv in snap.slots[y * per_row:min(shown, (y + 1) * per_row)] for text, style in self._cell(sv)]
+            return Strip([Segment(self.more(), on(base, DIM))] if y * per_row == shown else []).crop_extend(
+                0, width, base
+            )
+        segments = [
+            Segment(text, on(base, style))
+            for sv in snap.slots[y * per_row : min(shown, (y + 1) * per_row)]
+            for text, style in self._cell(sv)
+        ]
         return Strip(segments).crop_extend(0, width, base)
 
-    def render(self) -> Text:                         # plain text of the grid as drawn (tests, copy-out)
+    def render(self) -> Text:  # plain text of the grid as drawn (tests, copy-out)
         snap = self.snapshot
         if snap is None:
             return Text("starting…", style="dim")
@@ -106,15 +110,24 @@ class SlotGrid(Widget):
         flag = self.flags.get(sv.slot)
         if sv.free and flag is None:
             return [head, ("free".ljust(CELL_W - 3), DIM)]
-        if sv.free:                                      # freed this step: say why
+        if sv.free:  # freed this step: say why
             kind, rid = flag
             mark = {"finish": "✓ done", "preempt": "⇣ preempt", "abort": "✗ aborted"}.get(kind, kind)
             state = {"finish": "finished", "preempt": "preempted", "abort": "aborted"}.get(kind, "finished")
-            return [head, (f"#{rid:<3}", rid_style(rid)), (f" {mark}".ljust(CELL_W - 8), STATE_STYLES[state]),
-                    (" ", PLAIN)]
+            return [
+                head,
+                (f"#{rid:<3}", rid_style(rid)),
+                (f" {mark}".ljust(CELL_W - 8), STATE_STYLES[state]),
+                (" ", PLAIN),
+            ]
         running = STATE_STYLES["running"]
         admitted = sv.just_admitted or (flag is not None and flag[0] == "admit")
         mark = "+" if admitted else "▸" if sv.prefill_left else " "
         fill = bar(sv.context_len / max(1, sv.capacity), 5, empty="▹" if sv.prefill_left else "░")
-        return [head, (f"#{sv.rid:<3}", rid_style(sv.rid)), (mark, running),
-                (fill, STATE_STYLES["prefill"] if sv.prefill_left else running), (f" {sv.context_len:>3} ", DIM)]
+        return [
+            head,
+            (f"#{sv.rid:<3}", rid_style(sv.rid)),
+            (mark, running),
+            (fill, STATE_STYLES["prefill"] if sv.prefill_left else running),
+            (f" {sv.context_len:>3} ", DIM),
+        ]

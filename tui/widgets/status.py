@@ -19,39 +19,55 @@ def status_fields(f: Frame, runner, model_name: str, recording: Path | None = No
     fields are depends on the runner's mode: a live engine, a replay, a server."""
     steps = f.snapshot.counters.steps
     if f.status == "loading":
-        return [(" ⧗ LOADING ", "bold reverse cyan", 0), (f" {model_name}", "bold", 1),
-                (" · engine loading (importing torch, reading the weights)…", "bold", 2),
-                (" · i, then type a prompt: it is sent when the engine is ready", "dim", 3)]
+        return [
+            (" ⧗ LOADING ", "bold reverse cyan", 0),
+            (f" {model_name}", "bold", 1),
+            (" · engine loading (importing torch, reading the weights)…", "bold", 2),
+            (" · i, then type a prompt: it is sent when the engine is ready", "dim", 3),
+        ]
     if runner.mode in ("attach", "metrics"):
         r = runner
         down = f.status.startswith("disconnected")
-        out = [(" ✗ DISCONNECTED " if down else " ⇄ ATTACHED ", "bold reverse red" if down else "bold reverse blue", 0),
-               (f" {r.kind} at {r.url}", "bold", 2), (f" · {model_name}", "bold", 4)]
+        out = [
+            (" ✗ DISCONNECTED " if down else " ⇄ ATTACHED ", "bold reverse red" if down else "bold reverse blue", 0),
+            (f" {r.kind} at {r.url}", "bold", 2),
+            (f" · {model_name}", "bold", 4),
+        ]
         gone = [(f" · {f.status.removeprefix('disconnected: ')} · last state shown", "bold red", 1)] * down
-        if runner.mode == "metrics":                         # a "step" here is a second since attach
-            return out + gone + [(f" · metrics every {r.poll_s:g} s", "dim", 3),
-                                 (" · this app's requests stream below", "dim", 5)]
+        if runner.mode == "metrics":  # a "step" here is a second since attach
+            return (
+                out
+                + gone
+                + [(f" · metrics every {r.poll_s:g} s", "dim", 3), (" · this app's requests stream below", "dim", 5)]
+            )
         out.append((f" · step {steps}", "bold", 0))
         if down:
             return out + gone
         budget = f.snapshot.max_batched_tokens
-        return out + [(f" · {f.snapshot.n_slots} slots", "dim", 3),
-                      (f" · {kv_label(f.snapshot.kv)}", "dim", 5), (f" · {f.snapshot.policy}", "bold", 3),
-                      (f" · {'chunked ≤' + str(budget) + ' tok/step' if budget else 'prefill+decode'}", "dim", 4)]
+        return out + [
+            (f" · {f.snapshot.n_slots} slots", "dim", 3),
+            (f" · {kv_label(f.snapshot.kv)}", "dim", 5),
+            (f" · {f.snapshot.policy}", "bold", 3),
+            (f" · {'chunked ≤' + str(budget) + ' tok/step' if budget else 'prefill+decode'}", "dim", 4),
+        ]
     if runner.mode == "replay":
-        return [(" ⏸ REPLAY " if f.paused else " ▶ REPLAY ", "bold reverse magenta", 0),
-                (f" step {steps} of {runner.last_step}", "bold", 0),
-                (f" · {runner.path.name}", "bold", 2), (f" · {model_name}", "bold", 4),
-                (f" · {kv_label(f.snapshot.kv)}", "dim", 5), (f" · {f.snapshot.policy}", "bold", 3),
-                (f" · {speed(f)}", "dim", 3),
-                (" · read-only", "dim", 6)]
+        return [
+            (" ⏸ REPLAY " if f.paused else " ▶ REPLAY ", "bold reverse magenta", 0),
+            (f" step {steps} of {runner.last_step}", "bold", 0),
+            (f" · {runner.path.name}", "bold", 2),
+            (f" · {model_name}", "bold", 4),
+            (f" · {kv_label(f.snapshot.kv)}", "dim", 5),
+            (f" · {f.snapshot.policy}", "bold", 3),
+            (f" · {speed(f)}", "dim", 3),
+            (" · read-only", "dim", 6),
+        ]
     budget = f.snapshot.max_batched_tokens
     n = runner.threads
     snap = f.snapshot
     idle = not (snap.busy or f.pending_arrivals)
     if f.paused:
         state = (" ⏸ PAUSED ", "bold reverse yellow")
-    elif idle:                                  # nothing to run: the engine waits for a request
+    elif idle:  # nothing to run: the engine waits for a request
         state = (" ● IDLE ", "bold reverse blue")
     else:
         state = (" ▶ RUNNING ", "bold reverse green")
@@ -60,12 +76,15 @@ def status_fields(f: Frame, runner, model_name: str, recording: Path | None = No
         out.append((f" · ● REC {recording.name}", "bold red", 1))
     if f.pending_arrivals:
         out.append((f" · {f.pending_arrivals} arriving", "yellow", 1))
-    return out + [(f" · delay {f.step_delay_ms} ms/step", "dim", 2), (f" · {model_name}", "bold", 3),
-                  (f" · {kv_label(f.snapshot.kv)}", "bold", 5),
-                  (f" · {f.snapshot.policy}", "bold", 4 if f.snapshot.policy == "fcfs" else 2),   # news: not default
-                  (f" · {'chunked ≤' + str(budget) + ' tok/step' if budget else 'prefill+decode'}", "bold", 4),
-                  (f" · {runner.device}", "dim", 6),
-                  (f" · {n} thread{'s' if n != 1 else ''}" if n else " · ? threads", "dim", 7)]
+    return out + [
+        (f" · delay {f.step_delay_ms} ms/step", "dim", 2),
+        (f" · {model_name}", "bold", 3),
+        (f" · {kv_label(f.snapshot.kv)}", "bold", 5),
+        (f" · {f.snapshot.policy}", "bold", 4 if f.snapshot.policy == "fcfs" else 2),  # news: not default
+        (f" · {'chunked ≤' + str(budget) + ' tok/step' if budget else 'prefill+decode'}", "bold", 4),
+        (f" · {runner.device}", "dim", 6),
+        (f" · {n} thread{'s' if n != 1 else ''}" if n else " · ? threads", "dim", 7),
+    ]
 
 
 def kv_label(kv) -> str:
@@ -83,8 +102,8 @@ def scrubber(f: Frame, runner, width: int, selected: int | None) -> Text:
     last, now = max(1, r.last_step), f.snapshot.counters.steps
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append(" ⏸ " if f.paused else " ▶ ", style="bold")
-    t.append(f"step {now:>{len(str(r.last_step))}}/{r.last_step} ", style="bold")   # one width: the bar's
-                                                                     # cells, and its marks, never move
+    t.append(f"step {now:>{len(str(r.last_step))}}/{r.last_step} ", style="bold")  # one width: the bar's
+    # cells, and its marks, never move
     sel = f"#{selected}" if selected is not None else "the selected request"
     keys = f" {speed(f)} · space play · n/b step · g go to · ]/[ events of {sel}"
     if width < 2 * len(keys):
@@ -116,7 +135,7 @@ def fit_fields(fields: list[tuple[str, str, int]], width: int) -> Text:
         keep = [f for f in keep if f[2] != rank]
     t = Text(no_wrap=True, overflow="ellipsis")
     for i, (text, style, _) in enumerate(keep):
-        if i == 1 and text.startswith(" · ") and keep[0][0].endswith(" "):   # the field between them gave
-            text = text[3:]                                                    # way: no separator alone
+        if i == 1 and text.startswith(" · ") and keep[0][0].endswith(" "):  # the field between them gave
+            text = text[3:]  # way: no separator alone
         t.append(text, style=style)
     return t

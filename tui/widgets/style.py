@@ -18,7 +18,7 @@ STATE_COLOURS = {
     "finished": "#3b78d8",
     "aborted": "#d03a3a",
     "failed": "#ff2d55",
-    "prefill": "#1fa8b8",          # a running request whose prompt is still being computed (chunks)
+    "prefill": "#1fa8b8",  # a running request whose prompt is still being computed (chunks)
 }
 STATE_STYLES = {k: Style(color=v, bold=True) for k, v in STATE_COLOURS.items()}
 EVENT_STYLES = {
@@ -32,13 +32,25 @@ EVENT_STYLES = {
     "info": Style(dim=True),
     "wait": Style(color=STATE_COLOURS["queued"], italic=True),
 }
-REQUEST_PALETTE = ("#e6194b", "#3cb44b", "#d4a600", "#4363d8", "#f58231", "#911eb4",
-                   "#1fa8b8", "#c02ab0", "#6b8e23", "#9a6324", "#008080", "#7f5fd8")
+REQUEST_PALETTE = (
+    "#e6194b",
+    "#3cb44b",
+    "#d4a600",
+    "#4363d8",
+    "#f58231",
+    "#911eb4",
+    "#1fa8b8",
+    "#c02ab0",
+    "#6b8e23",
+    "#9a6324",
+    "#008080",
+    "#7f5fd8",
+)
 
 
 RID_STYLES = tuple(Style(color=c, bold=True) for c in REQUEST_PALETTE)
 DIM = Style(dim=True)
-CACHED = Style(color="#1fa8b8", bold=True)          # tokens / blocks served by the prefix cache
+CACHED = Style(color="#1fa8b8", bold=True)  # tokens / blocks served by the prefix cache
 PLAIN = Style()
 
 

@@ -9,6 +9,7 @@ from textual.widget import Widget
 class TextLine(Widget):
     """One fixed-height line of Rich Text. Updating it repaints only itself (a Static's update()
     asks for a layout pass of the whole screen, which is what made every frame expensive)."""
+
     DEFAULT_CSS = "TextLine { height: 1; }"
 
     def __init__(self, **kw):

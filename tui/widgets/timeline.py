@@ -30,20 +30,35 @@ DECODE = ("━", Style(color=STATE_COLOURS["running"]), 4)
 PREFILL = ("▓", Style(color=STATE_COLOURS["prefill"], bold=True), 5)
 CACHED_ADMIT = ("◆", Style(color=STATE_COLOURS["prefill"], bold=True), 6)
 PREEMPT = ("P", Style(color=STATE_COLOURS["preempted"], bold=True, reverse=True), 7)
-ENDS = {"finished": ("✓", Style(color=STATE_COLOURS["finished"], bold=True), 8),
-        "aborted": ("✗", Style(color=STATE_COLOURS["aborted"], bold=True), 8),
-        "failed": ("!", Style(color=STATE_COLOURS["failed"], bold=True, reverse=True), 8)}
+ENDS = {
+    "finished": ("✓", Style(color=STATE_COLOURS["finished"], bold=True), 8),
+    "aborted": ("✗", Style(color=STATE_COLOURS["aborted"], bold=True), 8),
+    "failed": ("!", Style(color=STATE_COLOURS["failed"], bold=True, reverse=True), 8),
+}
 PHASE_CELLS = {"queued": QUEUED, "prefill": PREFILL_WAIT, "decode": DECODE, "preempted": WAIT_RECOMPUTE}
 # Why it waits (the scheduler's reason, WAIT_REASONS): over the queued / waiting cells, under the rest.
-WAIT_CELLS = {"queue": QUEUED,
-              "slots": ("s", Style(color=STATE_COLOURS["queued"], bold=True), 3.5),
-              "pool": ("k", Style(color=STATE_COLOURS["preempted"], bold=True), 3.5),
-              "budget": ("b", Style(color=STATE_COLOURS["prefill"], bold=True), 3.5),
-              "preempted": WAIT_RECOMPUTE}
-LEGEND = ((QUEUED, "queued"), (WAIT_CELLS["slots"], ":no slot"), (WAIT_CELLS["pool"], ":KV full"),
-          (WAIT_CELLS["budget"], ":budget"), (PREFILL, "prefill"), (PREFILL_WAIT, "between chunks"),
-          (CACHED_ADMIT, "cache hit"), (DECODE, "decode"), (PREEMPT, ":preempted"), (WAIT_RECOMPUTE, "to recompute"),
-          (ENDS["finished"], "done"), (ENDS["aborted"], "aborted"), (ENDS["failed"], ":failed"))
+WAIT_CELLS = {
+    "queue": QUEUED,
+    "slots": ("s", Style(color=STATE_COLOURS["queued"], bold=True), 3.5),
+    "pool": ("k", Style(color=STATE_COLOURS["preempted"], bold=True), 3.5),
+    "budget": ("b", Style(color=STATE_COLOURS["prefill"], bold=True), 3.5),
+    "preempted": WAIT_RECOMPUTE,
+}
+LEGEND = (
+    (QUEUED, "queued"),
+    (WAIT_CELLS["slots"], ":no slot"),
+    (WAIT_CELLS["pool"], ":KV full"),
+    (WAIT_CELLS["budget"], ":budget"),
+    (PREFILL, "prefill"),
+    (PREFILL_WAIT, "between chunks"),
+    (CACHED_ADMIT, "cache hit"),
+    (DECODE, "decode"),
+    (PREEMPT, ":preempted"),
+    (WAIT_RECOMPUTE, "to recompute"),
+    (ENDS["finished"], "done"),
+    (ENDS["aborted"], "aborted"),
+    (ENDS["failed"], ":failed"),
+)
 
 
 def paint(track: Track, first: int, last: int, per_col: int, now_step: int) -> list[tuple | None]:
@@ -80,6 +95,7 @@ class TimelinePanel(Widget, can_focus=True):
     """Shows ``Frame.tracks`` up to the step shown now. ``zoom_out`` / ``zoom_in`` change the
     steps per column. Focused, up/down/home/end move the selection as in the request list (it
     takes the list's place on screen, so it takes its keys too)."""
+
     DEFAULT_CSS = "TimelinePanel { height: 1fr; }"
     BINDINGS = SELECT_BINDINGS
 
@@ -88,8 +104,8 @@ class TimelinePanel(Widget, can_focus=True):
         self.tracks: tuple[Track, ...] = ()
         self.now_step = 0
         self.selected: int | None = None
-        self.zoom = 0                                 # index into ZOOMS
-        self.unit = "step"                            # what a column counts ("s" attached to vLLM)
+        self.zoom = 0  # index into ZOOMS
+        self.unit = "step"  # what a column counts ("s" attached to vLLM)
 
     @property
     def per_col(self) -> int:
@@ -160,22 +176,28 @@ class TimelinePanel(Widget, can_focus=True):
         label, first, last = self._window(width)
         base = self.rich_style
         u = self.unit
-        head = (f"{u}s {max(first, 0)}–{last} · {self.per_col} {u}{'s' if self.per_col > 1 else ''}/col" if u == "step"
-                else f"{max(first, 0)}–{last} {u} · {self.per_col} {u}/col")
+        head = (
+            f"{u}s {max(first, 0)}–{last} · {self.per_col} {u}{'s' if self.per_col > 1 else ''}/col"
+            if u == "step"
+            else f"{max(first, 0)}–{last} {u} · {self.per_col} {u}/col"
+        )
         shown = {c for t in rows for c in paint(t, first, last, self.per_col, self.now_step) if c is not None}
-        items = [[Segment(glyph, on(base, style)), Segment(name, on(base, DIM))]
-                 for (glyph, style, _), name in LEGEND if (glyph, style, _) in shown]
+        items = [
+            [Segment(glyph, on(base, style)), Segment(name, on(base, DIM))]
+            for (glyph, style, _), name in LEGEND
+            if (glyph, style, _) in shown
+        ]
         lines: list[list[Segment]] = [[Segment(head, on(base, DIM))]]
         most = max(1, min(3, height // 4))
         for i, item in enumerate(items):
             size = sum(len(seg.text) for seg in item)
             while True:
                 gap = (2 if len(lines) == 1 else 1) if lines[-1] else 0
-                room = width - (2 if len(lines) == most and i < len(items) - 1 else 0)   # (for " …")
+                room = width - (2 if len(lines) == most and i < len(items) - 1 else 0)  # (for " …")
                 if sum(len(seg.text) for seg in lines[-1]) + gap + size <= room:
                     lines[-1] += [Segment(" " * gap, on(base, DIM))] + item
                     break
-                if len(lines) == most:                    # no room for the rest: say so (F1 has them all)
+                if len(lines) == most:  # no room for the rest: say so (F1 has them all)
                     lines[-1].append(Segment(" …", on(base, DIM)))
                     return lines
                 lines.append([])
@@ -194,7 +216,8 @@ class TimelinePanel(Widget, can_focus=True):
         if not self.tracks:
             if y == 0:
                 return Strip([Segment("no requests yet: each will get a row here", on(base, DIM))]).crop_extend(
-                    0, width, base)
+                    0, width, base
+                )
             return Strip.blank(width, base)
         header, rows = self._layout(width, height)
         if y < len(header):
@@ -217,7 +240,7 @@ class TimelinePanel(Widget, can_focus=True):
             segs.append(Segment("".join(run), on(base, run_style)))
         return Strip(segs).crop_extend(0, width, base)
 
-    def render(self) -> Text:                         # plain text (tests, copy-out)
+    def render(self) -> Text:  # plain text (tests, copy-out)
         height = self.size.height or 10
         lines = ["".join(s.text for s in self.render_line(y)) for y in range(height)]
         return Text("\n".join(line.rstrip() for line in lines))
