@@ -110,20 +110,6 @@ def check_device(parser: argparse.ArgumentParser, device: str | None) -> None:
         parser.error(f"--device must be cpu or cuda, got {device!r}")
 
 
-def add_policy_arg(p: argparse.ArgumentParser) -> None:
-    """``--scheduling-policy`` (vLLM's option name), the same for the app, bench and server."""
-    from tinyllm.request import SCHEDULING_POLICIES
-
-    p.add_argument(
-        "--scheduling-policy",
-        choices=SCHEDULING_POLICIES,
-        default="fcfs",
-        metavar="POLICY",
-        help=f"the waiting queue's order: {', '.join(SCHEDULING_POLICIES)} (default fcfs; priority: "
-        "lower first, may preempt; fair: shares the token budget between tenants)",
-    )
-
-
 def kv_dtype_arg(s: str) -> str:
     """--kv-cache-dtype: auto, float32 or bfloat16 (fp32, bf16: the screen's short names)."""
     from tinyllm.request import kv_dtype_name
@@ -134,14 +120,154 @@ def kv_dtype_arg(s: str) -> str:
     return name
 
 
-def add_kv_dtype_arg(p: argparse.ArgumentParser) -> None:
-    """``--kv-cache-dtype`` (vLLM's option name), the same for the app, bench, race and server."""
-    p.add_argument(
-        "--kv-cache-dtype",
-        type=kv_dtype_arg,
-        default="auto",
-        metavar="DTYPE",
-        help="the KV cache's element type: auto (the model's: float32 on CPU), float32, or bfloat16 "
-        "(half the KV memory per token: twice the sequences a --kv-memory budget buys, half the "
-        "bytes attention reads; greedy text can differ from float32's)",
-    )
+# -- the engine's options: each defined once, for every command that takes it ----------------------
+# tinyllm-tui, tinyllm serve, tinyllm whatif and tinyllm bench add the ones they use with
+# add_engine_args(parser, *names); the defaults are EngineConfig's (tinyllm/config.py). Sizes
+# default to None ("not given") so a command can tell a typed value from a recording's or a
+# lane's; fill_engine_defaults() puts EngineConfig's in where nothing else decides.
+
+
+def engine_options() -> dict[str, tuple[tuple[str, ...], dict]]:
+    """name -> (flags, argparse keywords): the one definition of each engine option."""
+    from tinyllm.config import DEFAULT_BLOCK_SIZE, DEFAULT_SLOTS
+    from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, SCHEDULING_POLICIES
+
+    size = dict(type=positive_int, default=None, metavar="N")
+    return {
+        "slots": (
+            ("--slots",),
+            dict(
+                size,
+                help=f"requests that run at once without a KV budget, each with a KV slot "
+                f"or its share of the pool (default {DEFAULT_SLOTS})",
+            ),
+        ),
+        "kv_memory": (
+            ("--kv-memory",),
+            dict(
+                type=positive_float,
+                default=None,
+                metavar="MiB",
+                help="the KV memory budget, instead of --slots: slot KV gets the slots of --max-len it buys, "
+                "paged KV the blocks it buys, run by up to --max-num-seqs requests (vLLM's way)",
+            ),
+        ),
+        "max_num_seqs": (
+            ("--max-num-seqs",),
+            dict(size, help=f"with --kv-memory: the cap on running requests (default {DEFAULT_MAX_NUM_SEQS})"),
+        ),
+        "max_len": (
+            ("--max-len",),
+            dict(size, help="prompt + output tokens per request (default: the model's context)"),
+        ),
+        "kv": (
+            ("--kv",),
+            dict(
+                choices=["slots", "paged"],
+                default=None,
+                help="KV cache layout: slots (every request reserves --max-len tokens) or paged (blocks follow "
+                "real use)",
+            ),
+        ),
+        "chunked_prefill": (
+            ("--chunked-prefill",),
+            dict(
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help="the token-budget scheduler: decodes and prompt chunks in one forward per step "
+                "(--no-chunked-prefill: prefill, then decode)",
+            ),
+        ),
+        "prefix_cache": (
+            ("--prefix-cache",),
+            dict(
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help="reuse the KV blocks of prompt prefixes seen before (default on with chunked prefill)",
+            ),
+        ),
+        "max_batched_tokens": (
+            ("--max-batched-tokens",),
+            dict(
+                size,
+                help=f"chunked prefill: tokens per step, "
+                f"decodes and prompt chunks, at least the running requests (default "
+                f"{DEFAULT_MAX_BATCHED_TOKENS})",
+            ),
+        ),
+        "block_size": (
+            ("--block-size",),
+            dict(size, help=f"paged: tokens per KV block (default {DEFAULT_BLOCK_SIZE})"),
+        ),
+        "kv_blocks": (
+            ("--kv-blocks",),
+            dict(
+                size, help="paged: blocks in the pool (default: the memory of the slots); small values force preemption"
+            ),
+        ),
+        "scheduling_policy": (
+            ("--scheduling-policy",),
+            dict(
+                choices=SCHEDULING_POLICIES,
+                default="fcfs",
+                metavar="POLICY",
+                help=f"the waiting queue's order and whom to preempt: {', '.join(SCHEDULING_POLICIES)} "
+                "(default fcfs; priority: lower first, may preempt; fair: shares the token budget "
+                "between tenants)",
+            ),
+        ),
+        "kv_cache_dtype": (
+            ("--kv-cache-dtype",),
+            dict(
+                type=kv_dtype_arg,
+                default="auto",
+                metavar="DTYPE",
+                help="the KV cache's element type: auto (the model's: float32 on CPU), float32, or "
+                "bfloat16 (half the KV memory per token: twice the sequences a --kv-memory budget "
+                "buys, half the bytes attention reads; greedy text can differ from float32's)",
+            ),
+        ),
+    }
+
+
+def add_engine_args(p: argparse.ArgumentParser, *names: str) -> None:
+    """Add the engine options ``names`` (engine_options' keys) to a command's parser."""
+    options = engine_options()
+    for name in names:
+        flags, kwargs = options[name]
+        p.add_argument(*flags, dest=name, **kwargs)
+
+
+def fill_engine_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """EngineConfig's defaults for the sizes a command line left out (those it has)."""
+    from tinyllm.config import DEFAULT_BLOCK_SIZE, DEFAULT_SLOTS
+
+    for name, default in (("slots", DEFAULT_SLOTS), ("block_size", DEFAULT_BLOCK_SIZE)):
+        if getattr(args, name, default) is None:
+            setattr(args, name, default)
+    return args
+
+
+def engine_settings_from_args(args: argparse.Namespace) -> dict:
+    """EngineConfig's keywords for what a command line set (a None is left to the config)."""
+    kv_memory = getattr(args, "kv_memory", None)
+    cap = getattr(args, "max_num_seqs", None) if kv_memory is not None else getattr(args, "slots", None)
+    paged = getattr(args, "kv", None) == "paged" or getattr(args, "chunked_prefill", None)
+    chunked = getattr(args, "chunked_prefill", None)
+    settings = {
+        "max_num_seqs": cap,
+        "kv_memory_mib": kv_memory,
+        "max_len": getattr(args, "max_len", None),
+        "kv": getattr(args, "kv", None),
+        "chunked_prefill": chunked,
+        "prefix_cache": getattr(args, "prefix_cache", None),
+        "max_batched_tokens": getattr(args, "max_batched_tokens", None) if chunked else None,
+        "block_size": getattr(args, "block_size", None) if paged else None,
+        "kv_blocks": getattr(args, "kv_blocks", None) if paged else None,
+        "scheduling_policy": getattr(args, "scheduling_policy", None),
+        "kv_cache_dtype": getattr(args, "kv_cache_dtype", None),
+        "device": getattr(args, "device", None),
+        "threads": getattr(args, "threads", None),
+        "seed": getattr(args, "seed", None),
+    }
+    return {k: v for k, v in settings.items() if v is not None}

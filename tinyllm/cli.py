@@ -17,16 +17,15 @@ from tinyllm.args import (
     SLOTS_WITH_KV_MEMORY,
     OneLineParser,
     UsageError,
-    add_kv_dtype_arg,
-    add_policy_arg,
+    add_engine_args,
     non_negative_float,
     option_names,
     output_path,
     port_number,
-    positive_float,
     positive_int,
     unit_interval,
 )
+from tinyllm.config import DEFAULT_BLOCK_SIZE, DEFAULT_SLOTS
 
 
 def default_work_dir() -> Path:
@@ -224,9 +223,9 @@ def cmd_whatif(args) -> None:
         race = build_race(
             model,
             arrivals,
-            args.slots or 8,
+            args.slots or DEFAULT_SLOTS,
             max_len,
-            args.block_size or 16,
+            args.block_size or DEFAULT_BLOCK_SIZE,
             args.kv_blocks,
             args.max_batched_tokens,
             lanes=lanes,
@@ -340,10 +339,10 @@ def cmd_serve(args) -> None:
     try:
         engine = build_engine(
             model,
-            args.slots or 8,
+            args.slots or DEFAULT_SLOTS,
             args.max_len,
             args.kv_blocks,
-            args.block_size,
+            args.block_size or DEFAULT_BLOCK_SIZE,
             args.max_batched_tokens,
             args.prefix_cache,
             scheduling_policy=args.scheduling_policy,
@@ -359,6 +358,31 @@ def cmd_serve(args) -> None:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
     run_server(engine, tok, args.served_model_name or model_name_for(args.model), sock)
 
+
+# The engine options each command takes (tinyllm/args.py defines them once). The server always
+# runs paged KV with the token budget; whatif's lanes set the layout and scheduler themselves.
+SERVE_ENGINE_OPTIONS = (
+    "slots",
+    "kv_memory",
+    "max_num_seqs",
+    "max_len",
+    "kv_blocks",
+    "block_size",
+    "max_batched_tokens",
+    "prefix_cache",
+    "scheduling_policy",
+    "kv_cache_dtype",
+)
+WHATIF_ENGINE_OPTIONS = (
+    "slots",
+    "max_len",
+    "block_size",
+    "kv_blocks",
+    "kv_memory",
+    "max_num_seqs",
+    "max_batched_tokens",
+    "kv_cache_dtype",
+)
 
 WORK_HELP = "$XDG_CACHE_HOME/tinyllm, else ~/.cache/tinyllm"
 
@@ -446,54 +470,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", type=output_path, metavar="OUT.json", default=None, help="also write the comparison as JSON"
     )
     wi.add_argument(
-        "--slots",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="every lane's default slots (8; a recording: its own)",
-    )
-    wi.add_argument(
-        "--max-len", type=positive_int, default=None, metavar="N", help="tokens per request (512; a recording: its own)"
-    )
-    wi.add_argument(
-        "--block-size",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="tokens per KV block (16; a recording: its own)",
-    )
-    wi.add_argument(
-        "--kv-blocks",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="KV pool size in blocks (default: slots x max-len tokens' worth; a recording: its own)",
-    )
-    wi.add_argument(
-        "--kv-memory",
-        type=positive_float,
-        default=None,
-        metavar="MiB",
-        help="every lane at this KV memory (a lane's kv_mib= overrides it), as tinyllm bench's "
-        "headline: static batching and slot KV get the rows of --max-len it buys, the paged "
-        "lanes the blocks it buys, run by up to --max-num-seqs; a lane's slots= caps its "
-        "sequences; --slots, blocks= and --kv-blocks are refused",
-    )
-    wi.add_argument(
-        "--max-num-seqs",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="with a KV budget: the cap on each lane's running sequences (default 64)",
-    )
-    wi.add_argument(
-        "--max-batched-tokens",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="every chunked lane's default token budget per step (256)",
-    )
-    wi.add_argument(
         "--max-new-tokens",
         type=positive_int,
         default=None,
@@ -511,7 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--rows", type=positive_int, default=20, metavar="N", help="requests shown, most changed first (20)"
     )
     wi.add_argument("--threads", type=positive_int, default=2, metavar="N", help="torch CPU threads (default 2)")
-    add_kv_dtype_arg(wi)
+    add_engine_args(wi, *WHATIF_ENGINE_OPTIONS)  # (on a recording, one not given is the recording's)
     wi.set_defaults(fn=cmd_whatif)
 
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (completions, models, metrics)")
@@ -525,59 +501,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the model id clients send and /v1/models lists (default: the model directory's "
         "name, or tinyllm-shakespeare)",
     )
-    sv.add_argument(
-        "--slots",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="requests decoded together (default 8; with --kv-memory: --max-num-seqs)",
-    )
-    sv.add_argument(
-        "--kv-memory",
-        type=positive_float,
-        default=None,
-        metavar="MiB",
-        help="the KV memory budget, instead of --slots: the pool gets the blocks it buys, "
-        "run by up to --max-num-seqs requests (vLLM's way)",
-    )
-    sv.add_argument(
-        "--max-num-seqs",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="with --kv-memory: the cap on running requests (default 64)",
-    )
-    sv.add_argument(
-        "--max-len",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="prompt + completion tokens per request (default: the model's context)",
-    )
-    sv.add_argument(
-        "--kv-blocks",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="KV blocks in the paged pool (default: slots x max-len tokens' worth)",
-    )
-    sv.add_argument("--block-size", type=positive_int, default=16, metavar="N", help="tokens per KV block (default 16)")
-    sv.add_argument(
-        "--max-batched-tokens",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="tokens per engine step, decodes and prefill chunks (default 256)",
-    )
-    sv.add_argument(
-        "--no-prefix-cache",
-        dest="prefix_cache",
-        action="store_false",
-        help="do not reuse the KV blocks of repeated prompt prefixes",
-    )
     sv.add_argument("--threads", type=positive_int, default=2, metavar="N", help="torch CPU threads (default 2)")
-    add_policy_arg(sv)
-    add_kv_dtype_arg(sv)
+    add_engine_args(sv, *SERVE_ENGINE_OPTIONS)  # (always paged KV and the token budget)
     sv.set_defaults(fn=cmd_serve)
 
     from tinyllm.bench import add_bench_parser

@@ -13,7 +13,14 @@ import os
 import sys
 from pathlib import Path
 
-from tinyllm.args import SLOTS_WITH_KV_MEMORY, add_kv_dtype_arg, add_policy_arg, check_device, option_names
+from tinyllm.args import (
+    SLOTS_WITH_KV_MEMORY,
+    add_engine_args,
+    check_device,
+    engine_options,
+    fill_engine_defaults,
+    option_names,
+)
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT_WORKLOAD, check_static_batches
 from tinyllm.race.views import LANES
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, RequestSettings, Sampling, check_fits
@@ -24,12 +31,12 @@ from tui.runners.engine import EngineSpec
 from tui.runners.interface import MAX_DELAY_MS
 from tui.screens.modals import read_workload
 
+ENGINE_OPTION_NAMES = tuple(engine_options())  # every engine option: the app runs an engine of its own
 ATTACH_WAIT_S = 60.0  # --attach: how long to wait for a server to listen (vLLM-CPU loads in ~30-60 s)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tinyllm.args import OneLineParser, non_negative_float, positive_float, positive_int, unit_interval
-    from tinyllm.request import DEFAULT_MAX_NUM_SEQS
+    from tinyllm.args import OneLineParser, non_negative_float, positive_int, unit_interval
 
     p = OneLineParser(
         prog="tinyllm-tui",
@@ -38,70 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model", metavar="DIR", help="local HF Llama checkpoint directory (default: bundled Shakespeare)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available, else cpu)")
-    p.add_argument(
-        "--slots", type=positive_int, default=8, metavar="N", help="KV slots = max concurrent requests (default 8)"
-    )
-    p.add_argument(
-        "--kv-memory",
-        type=positive_float,
-        default=None,
-        metavar="MiB",
-        help="the KV memory budget, instead of --slots: slot KV gets the slots of --max-len it buys, "
-        "paged KV the blocks it buys, run by up to --max-num-seqs requests (--race: every lane "
-        "at this budget, static batching at the rows it buys)",
-    )
-    p.add_argument(
-        "--max-num-seqs",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help=f"with --kv-memory: the cap on running requests (default {DEFAULT_MAX_NUM_SEQS})",
-    )
-    p.add_argument(
-        "--max-len", type=positive_int, default=None, metavar="N", help="tokens per slot (default: the model's context)"
-    )
-    p.add_argument(
-        "--kv",
-        choices=["slots", "paged"],
-        default=None,
-        help="KV cache layout (default paged; slots = the seed's slot cache, no chunked prefill)",
-    )
-    p.add_argument(
-        "--chunked-prefill",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="the token-budget scheduler: decodes and prompt chunks in one forward per step "
-        "(default on with --kv paged; --no-chunked-prefill = the seed's prefill-then-decode)",
-    )
-    p.add_argument(
-        "--prefix-cache",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="reuse the KV blocks of prompt prefixes seen before (default on with chunked prefill)",
-    )
-    p.add_argument(
-        "--max-batched-tokens",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help=f"chunked prefill: tokens per step, at least --slots (default {DEFAULT_MAX_BATCHED_TOKENS})",
-    )
+    add_engine_args(p, *ENGINE_OPTION_NAMES)  # (the app's engine: paged KV and chunked prefill unless told)
     p.add_argument(
         "--threads",
         type=positive_int,
         default=DEFAULT_THREADS,
         metavar="N",
         help=f"torch CPU threads for the engine (default {DEFAULT_THREADS}: see the README on contention)",
-    )
-    p.add_argument(
-        "--block-size", type=positive_int, default=16, metavar="N", help="paged: tokens per block (default 16)"
-    )
-    p.add_argument(
-        "--kv-blocks",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="paged: blocks in the pool (default: the slot cache's memory); small values force preemption",
     )
     p.add_argument(
         "--temperature",
@@ -133,8 +83,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MS",
         help=f"pause between engine steps, 0-{MAX_DELAY_MS} ms (slow motion)",
     )
-    add_policy_arg(p)
-    add_kv_dtype_arg(p)
     p.add_argument("--paused", action="store_true", help="start paused (space / F5 resumes, n / F6 steps once)")
     p.add_argument(
         "--record",
@@ -207,7 +155,7 @@ def parse(parser, argv: list[str] | None):
     unset = object()
     typed = parser.parse_args(argv, argparse.Namespace(**dict.fromkeys(vars(a), unset)))
     a.given = {dest for dest, value in vars(typed).items() if value is not unset}
-    return a
+    return fill_engine_defaults(a)
 
 
 # What each mode besides the local engine uses, by dest, and why the rest does not apply: any

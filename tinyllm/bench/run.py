@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from tinyllm import native
-from tinyllm.args import add_kv_dtype_arg, add_policy_arg
+from tinyllm.args import add_engine_args
 from tinyllm.bench import quiet
 from tinyllm.bench.anatomy import decode_anatomy, peak_gflops
 from tinyllm.bench.report import BenchProgress, print_report, stdout_console
@@ -396,7 +396,7 @@ def run_bench(args) -> dict:
 
 
 def add_bench_parser(sub) -> None:
-    from tinyllm.args import output_path, positive_float, positive_int
+    from tinyllm.args import output_path, positive_int
 
     b = sub.add_parser("bench", help="compare solo, static, continuous (slots/paged) and transformers")
     src = b.add_mutually_exclusive_group()
@@ -424,22 +424,6 @@ def add_bench_parser(sub) -> None:
         help="seeded workload size (64): the default, shared-prefix and long-tail workloads",
     )
     b.add_argument(
-        "--kv-memory",
-        type=positive_float,
-        default=None,
-        metavar="MiB",
-        help="the KV memory budget every path gets in the headline table (default: what --slots "
-        "slots of max_len reserve): static and slot KV get the rows of max_len it buys, "
-        "the paged paths the blocks it buys",
-    )
-    b.add_argument(
-        "--max-num-seqs",
-        type=positive_int,
-        default=DEFAULT_MAX_NUM_SEQS,
-        metavar="N",
-        help=f"the cap on running sequences at equal memory (vLLM's name; default {DEFAULT_MAX_NUM_SEQS})",
-    )
-    b.add_argument(
         "--slots",
         type=positive_int,
         default=16,
@@ -454,27 +438,24 @@ def add_bench_parser(sub) -> None:
         help="continuous path(s) to run: slot KV, paged KV, paged KV with the token-budget "
         "scheduler (chunked prefill) and prefix caching, the same without the cache, or all (default)",
     )
-    b.add_argument(
-        "--max-batched-tokens",
-        type=positive_int,
-        default=DEFAULT_MAX_BATCHED_TOKENS,
-        metavar="N",
-        help=f"the chunked path's token budget per step (default {DEFAULT_MAX_BATCHED_TOKENS})",
-    )
     b.add_argument("--device", choices=["cpu", "cuda"], default=None)
     b.add_argument("--threads", type=positive_int, default=2, metavar="N", help="torch CPU threads (default 2)")
     b.add_argument("--solo-sample", type=positive_int, default=8, metavar="N", help="requests run solo (default 8)")
     b.add_argument("--no-transformers", action="store_true", help="skip the transformers comparison")
     b.add_argument("--seed", type=int, default=0)
-    add_policy_arg(b)
-    add_kv_dtype_arg(b)
     b.add_argument("--json", type=output_path, metavar="OUT", help="also write the figures as JSON")
+    # The engine's options (their one definition): --kv-memory is the headline table's budget for
+    # every path (default: what --slots slots of max_len reserve).
+    add_engine_args(b, "kv_memory", "max_num_seqs", "max_batched_tokens", "scheduling_policy", "kv_cache_dtype")
     b.set_defaults(fn=_cmd_bench)
 
 
 def _cmd_bench(args) -> None:
     from tinyllm.args import UsageError, option_names
     from tinyllm.model.checkpoint import CheckpointError
+
+    args.max_num_seqs = args.max_num_seqs or DEFAULT_MAX_NUM_SEQS  # (EngineConfig's defaults, filled in)
+    args.max_batched_tokens = args.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
 
     try:
         run_bench(args)

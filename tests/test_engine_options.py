@@ -1,0 +1,82 @@
+"""The engine's command-line options are defined once (tinyllm/args.py) and mean the same in every
+command: the same flag, help and default in tinyllm-tui, serve, whatif and bench; EngineConfig
+reads them; argparse's prefix matching is off (``--slo`` is not ``--slots``)."""
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from tinyllm.args import engine_options
+from tinyllm.cli import build_parser as tinyllm_parser
+from tinyllm.config import DEFAULT_BLOCK_SIZE, DEFAULT_SLOTS, EngineConfig
+from tui.cli import build_parser as app_parser
+
+
+def actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {a.dest: a for a in parser._actions}
+
+
+def commands() -> dict[str, argparse.ArgumentParser]:
+    sub = tinyllm_parser().parse_args(["info"]).commands
+    return {"tinyllm-tui": app_parser(), "serve": sub["serve"], "whatif": sub["whatif"], "bench": sub["bench"]}
+
+
+def test_every_command_takes_an_engine_option_as_it_is_defined_once():
+    defined = engine_options()
+    seen = {name: 0 for name in defined}
+    for command, parser in commands().items():
+        acts = actions(parser)
+        for name, (flags, kwargs) in defined.items():
+            if name not in acts or (command == "bench" and name in ("slots", "kv")):
+                continue  # (the bench's --slots sizes its tables, default 16; its --kv picks the paths it runs)
+            seen[name] += 1
+            act = acts[name]
+            assert act.option_strings[0] == flags[0], (command, name)
+            assert act.help == kwargs["help"] and act.default == kwargs.get("default"), (command, name)
+    assert seen["kv_memory"] == seen["max_num_seqs"] == seen["kv_cache_dtype"] == 4
+    assert seen["slots"] == seen["block_size"] == seen["max_len"] == 3
+
+
+def test_the_app_fills_the_configs_defaults_and_builds_the_config_it_was_given():
+    from tui.cli import parse
+
+    a = parse(app_parser(), [])
+    assert (a.slots, a.block_size) == (DEFAULT_SLOTS, DEFAULT_BLOCK_SIZE) and "slots" not in a.given
+    a = parse(
+        app_parser(),
+        [
+            "--kv",
+            "paged",
+            "--chunked-prefill",
+            "--max-batched-tokens",
+            "32",
+            "--slots",
+            "4",
+            "--kv-cache-dtype",
+            "bf16",
+            "--scheduling-policy",
+            "priority",
+        ],
+    )
+    assert EngineConfig.from_args(a) == EngineConfig.best(
+        max_num_seqs=4,
+        max_batched_tokens=32,
+        kv_cache_dtype="bfloat16",
+        scheduling_policy="priority",
+        threads=a.threads,
+        seed=a.seed,
+    )
+
+
+def test_a_prefix_of_an_option_is_not_taken_for_it():
+    out = subprocess.run(
+        [sys.executable, "-m", "tinyllm.cli", "whatif", "burst", "--lanes", "fcfs", "--slo", "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "unrecognized arguments: --slo 3" in out.stderr and "slots" not in out.stderr
+    with pytest.raises(SystemExit):
+        app_parser().parse_args(["--max-num", "3"])  # (was --max-num-seqs)
