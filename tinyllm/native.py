@@ -61,7 +61,7 @@ FLAGS = [
 ]  # a*b+c fused wherever it appears (GCC's default; clang's fuses less):
 # linear.c's row tiles of every height then round alike
 
-# Read once (the hot path asks per layer); tests and scripts/attention_ab.py set it directly.
+# Read once (the hot path asks per layer); tests set it directly.
 ENABLED = os.environ.get("TINYLLM_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 _lib: ctypes.CDLL | None = None
@@ -122,16 +122,15 @@ def _machine_id(cc: str) -> str:
     return " ".join([version, flags or platform.processor(), platform.machine(), sys.platform])
 
 
-def _build(cc: str, csrc: Path = CSRC) -> Path:
-    """The shared library for the sources in ``csrc`` (another tree's, for an A/B: scripts/step_ab.py),
-    this compiler and CPU, built unless cached. Written to a
+def _build(cc: str) -> Path:
+    """The shared library for the sources in ``csrc``, this compiler and CPU, built unless cached. Written to a
     temporary name and renamed, so processes building at once (test workers) never load a
     half-written file. Tries -march=native and OpenMP first, then without either; a build counts
     once it loads (clang takes -fopenmp and compiles calls into its own OpenMP runtime, libomp,
     which the library then lacks: "undefined symbol: __kmpc_..." at load, where the serial build
     runs)."""
-    sources = sorted(csrc.glob("*.c"))
-    src = b"".join(p.read_bytes() for p in sorted(csrc.glob("*.[ch]")))
+    sources = sorted(CSRC.glob("*.c"))
+    src = b"".join(p.read_bytes() for p in sorted(CSRC.glob("*.[ch]")))
     openmp = ["-fopenmp"] if _torch_uses_libgomp() else []
     native = ["-march=native"] if platform.machine() in ("x86_64", "AMD64") else ["-mcpu=native"]
     # Linux: a symbol left undefined fails the link, not a later process's load (the load check
@@ -148,7 +147,7 @@ def _build(cc: str, csrc: Path = CSRC) -> Path:
         errors = ""
         for extra in ([*openmp, *native], openmp, native, []) if openmp else (native, []):
             r = subprocess.run(
-                [cc, *FLAGS, *defs, *extra, "-I", str(csrc), "-o", tmp, *map(str, sources), "-lm"],
+                [cc, *FLAGS, *defs, *extra, "-I", str(CSRC), "-o", tmp, *map(str, sources), "-lm"],
                 capture_output=True,
                 text=True,
                 errors="replace",
@@ -229,8 +228,6 @@ def load(path: Path) -> ctypes.CDLL:
     lib.silu_mul.argtypes = [ptr, i64, i64, i64, ptr]
     lib.linear_packed.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64, ptr, i64, ctypes.c_int]
     lib.pack_linear_weight.argtypes = [ptr, i64, i64, ptr]
-    lib.decoder_layer.argtypes = [ctypes.POINTER(LayerWeights), ctypes.POINTER(LayerStep), ptr, ptr]  # (what
-    lib.decoder_layer.restype = ctypes.c_int  # older trees call: scripts/step_ab.py python@REF)
     lib.decoder_layers.argtypes = [
         ctypes.POINTER(LayerWeights),
         i64,

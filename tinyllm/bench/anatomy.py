@@ -140,7 +140,7 @@ def decode_anatomy(
     falls on both alike. Each turn starts untimed, since a server's steps follow one another:
     ``warm`` steps before a round's timed ones (the first steps after the matmul passes, their
     K/V pushed out of the caches, ran 1.2-1.8x a steady step, easing over about three:
-    docs/speed.md), one call before each matmul timing (``_timeit``).
+    docs/benchmarks.md), one call before each matmul timing (``_timeit``).
 
     The matmuls are not the step's only floor: its attention reads every row's K/V once, bytes no
     kernel can skip. ``kv_read_mb`` is what a timed step reads (the rows' contexts at least: the

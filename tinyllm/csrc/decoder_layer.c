@@ -6,7 +6,7 @@
  * the same buffers, so it gives the same bits: nothing is computed here that is not computed
  * there (tinyllm/model/transformer.py's Block.forward stays the one definition of the layer).
  * What it saves is the Python between them: a dozen wrapper calls, views and allocations a layer,
- * ~2 ms of a d256 model's step (4 layers) on this project's machine (docs/speed.md).
+ * ~2 ms of a d256 model's step (4 layers) on this project's machine (docs/benchmarks.md).
  * tinyllm/model/c_layers.py fills the two structs and checks what the kernels trust, once per
  * forward (the attention's index ranges: as kv/ragged.py builds them, in ragged_rows.c).
  */

@@ -16,7 +16,7 @@
  * 16-float vector and a tile is up to 12 rows times two neighbouring panels: 24 accumulators of 16
  * floats, two loads and twelve broadcasts per k (of 32 registers): twice the arithmetic per
  * instruction, 1.45-1.6x faster than the AVX2 tile at 16-64 rows on a Xeon with AVX-512 (where
- * the AVX2 tile was 1.4x slower than PyTorch's GEMM; it is now 1.1x faster; docs/speed.md). The
+ * the AVX2 tile was 1.4x slower than PyTorch's GEMM; it is now 1.1x faster; docs/benchmarks.md). The
  * packing is the same either way, and each output is the same sum over k in the same order, fused
  * multiply-adds from zero: the same bits from either tile. Panels are split across threads; a block of up to 96 rows of x stays in
  * cache while the panels pass, and each panel's K x 16 floats stay in L1/L2 while its row tiles run.
@@ -45,7 +45,7 @@
  * prefetcher, its stream broken by the later tiles reading the panel again, left each panel's
  * first tile waiting on memory.
  * In a decode step the weights come from L3 or memory (the K/V read between layers push them
- * out): a 64-row step's linear layers 1.13-1.16x faster on an AVX-512 Xeon (docs/speed.md). */
+ * out): a 64-row step's linear layers 1.13-1.16x faster on an AVX-512 Xeon (docs/benchmarks.md). */
 static inline __attribute__((always_inline)) void request_rows(const float *ahead, int64_t k, int64_t K, int np) {
     for (int j = 0; j < np; ++j) __builtin_prefetch(ahead + (j * K + k) * NR, 0, 2);
 }

@@ -16,7 +16,7 @@
  * test_native.py). Reading the pool from memory costs most (a d256-shaped step's attention takes
  * ~3x as long with its pool in memory as in L2), so the loops follow the memory, and each block's
  * successor is requested while it is worked on (1.2-1.3x at 64 rows of the d256 model on an AVX2
- * machine; docs/speed.md); the arithmetic is the rest (the grouping above: 1.4x with the pool in
+ * machine; docs/benchmarks.md); the arithmetic is the rest (the grouping above: 1.4x with the pool in
  * L2, 1.05-1.2x in a step).
  *
  * Plain C (GCC/Clang vector extensions), no PyTorch headers, so it compiles in well under a

@@ -43,7 +43,7 @@ def index_tensor(values: list[int], device: torch.device | str = "cpu") -> Tenso
 
 
 GROUP_TOKENS = 4096  # window tokens per decode group (measured best of 1024..8192 on the d256 and
-# bundled models at 16 and 64 rows: docs/speed.md)
+# bundled models at 16 and 64 rows: docs/benchmarks.md)
 
 
 class RaggedAttention:

@@ -5,7 +5,7 @@ a layout the kernel did not choose, and, through PyTorch's library calls, in fix
 CPU in float32 without autograd the layer copies its weight once into panels and multiplies
 from them in C (``tinyllm/csrc/linear.c`` through ``native.linear``): ~5 us a call where
 oneDNN's packed linear takes ~50 us before any arithmetic, 2-5x faster at 1-16 rows and
-1.0-1.4x at 64-256 (docs/speed.md), and each output a plain sum over k in order, so a row gets
+1.0-1.4x at 64-256 (docs/benchmarks.md), and each output a plain sum over k in order, so a row gets
 the same bits in any batch (greedy == solo). Without a C compiler it packs for oneDNN instead
 (``mkldnn._reorder_linear_weight`` / ``_linear_pointwise``, what PyTorch's compiler does for
 frozen CPU models); without oneDNN it is ``F.linear``. Results are within ~3e-6 of ``F.linear``.
