@@ -221,6 +221,29 @@ class EngineConfig:
     @classmethod
     def from_args(cls, args: Any, **overrides: Any) -> EngineConfig:
         """The config a command line asked for (options added by ``tinyllm.args.add_engine_args``)."""
-        from tinyllm.args import engine_settings_from_args
+        return cls(**{**_settings_from_args(args), **overrides})
 
-        return cls(**{**engine_settings_from_args(args), **overrides})
+
+def _settings_from_args(args: Any) -> dict[str, Any]:
+    """EngineConfig's keywords for what a command line set (a None is left to the config)."""
+    kv_memory = getattr(args, "kv_memory", None)
+    cap = getattr(args, "max_num_seqs", None) if kv_memory is not None else getattr(args, "slots", None)
+    paged = getattr(args, "kv", None) == "paged" or getattr(args, "chunked_prefill", None)
+    chunked = getattr(args, "chunked_prefill", None)
+    settings = {
+        "max_num_seqs": cap,
+        "kv_memory_mib": kv_memory,
+        "max_len": getattr(args, "max_len", None),
+        "kv": getattr(args, "kv", None),
+        "chunked_prefill": chunked,
+        "prefix_cache": getattr(args, "prefix_cache", None),
+        "max_batched_tokens": getattr(args, "max_batched_tokens", None) if chunked else None,
+        "block_size": getattr(args, "block_size", None) if paged else None,
+        "kv_blocks": getattr(args, "kv_blocks", None) if paged else None,
+        "scheduling_policy": getattr(args, "scheduling_policy", None),
+        "kv_cache_dtype": getattr(args, "kv_cache_dtype", None),
+        "device": getattr(args, "device", None),
+        "threads": getattr(args, "threads", None),
+        "seed": getattr(args, "seed", None),
+    }
+    return {k: v for k, v in settings.items() if v is not None}

@@ -108,23 +108,15 @@ _layers: weakref.WeakKeyDictionary[nn.Module, _Layer] = weakref.WeakKeyDictionar
 _KINDS: tuple[type, ...] = ()  # the classes of a Block's modules, in _parts' order
 
 
-def _kinds() -> tuple[type, ...]:
-    """transformer's classes of a Block's modules, in ``_parts``' order (looked up once)."""
+def register_block_kinds(kinds: tuple[type, ...]) -> None:
+    """The transformer's classes of a Block's modules (Block, Attention, MLP, the four linear layers,
+    the two norms), in ``_parts``' order: transformer.py registers them, so this module never
+    imports it (transformer imports this one)."""
     global _KINDS
-    if not _KINDS:
-        from tinyllm.model import transformer as tf  # here: transformer imports this module
+    _KINDS = kinds
 
-        _KINDS = (
-            tf.Block,
-            tf.Attention,
-            tf.MLP,
-            tf.FusedLinear,
-            tf.Linear,
-            tf.FusedLinear,
-            tf.Linear,
-            tf.RMSNorm,
-            tf.RMSNorm,
-        )
+
+def _kinds() -> tuple[type, ...]:
     return _KINDS
 
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tinyllm import native
-from tinyllm.model.c_layers import CLayers
+from tinyllm.model.c_layers import CLayers, register_block_kinds
 from tinyllm.model.config import ModelConfig
 from tinyllm.model.linear import Linear
 
@@ -217,6 +217,10 @@ class Block(nn.Module):
     def forward(self, x: Tensor, rotary: Rotary, cache: AttentionCache) -> Tensor:
         x = self.self_attn(self.input_layernorm(x), rotary, cache, residual=x)
         return self.mlp(self.post_attention_layernorm(x), residual=x)
+
+
+# The C path runs a block only if it is exactly this layout (c_layers checks each module's class).
+register_block_kinds((Block, Attention, MLP, FusedLinear, Linear, FusedLinear, Linear, RMSNorm, RMSNorm))
 
 
 class Transformer(nn.Module):
