@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from tinyllm.args import option_names
-from tinyllm.config import EngineConfig
+from tinyllm.config import DEFAULT_BLOCK_SIZE, EngineConfig
 from tinyllm.engine import Request, kv_bytes_per_token
 from tinyllm.engine.build import MIB, resolve_concurrency
 from tinyllm.engine.forward import kv_cache_dtype_name
@@ -157,6 +157,15 @@ def _build_lane(
     """One lane of build_race (see it); ``mib``: its KV memory budget, if it has one; ``kv_dtype``:
     its KV cache's element type."""
     bpt = kv_bytes_per_token(model, next(model.parameters()).device, kv_dtype)
+    # The run's config (its chunked lane, on no budget); every continuous lane is a replace() of it.
+    run = EngineConfig.best(
+        max_len=max_len,
+        block_size=block_size,
+        kv_blocks=kv_blocks,
+        max_batched_tokens=max_batched_tokens,
+        kv_cache_dtype=kv_dtype,
+        seed=seed,
+    )
     title = lane_title(spec.label, spec.kind)
     budget = spec.budget or max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
     clock = LaneClock(step_cost_s)
@@ -181,27 +190,8 @@ def _build_lane(
         lane: Lane = StaticLane(key, title, "", clock, workload, eng)
         lane.seqs, lane.kv_mib = n, n * max_len * bpt / MIB
     else:
-        kw = dict(max_len=max_len, generator=gen, scheduling_policy=spec.policy, kv_cache_dtype=kv_dtype)
-        if mib is not None:
-            kw.update(kv_memory_mib=mib, max_num_seqs=cap)
-        paged = dict(
-            block_size=spec.block_size or block_size, kv_blocks=None if mib is not None else spec.kv_blocks or kv_blocks
-        )
-        if spec.kind == "continuous" and spec.kv != "paged":
-            kw.update(kv="slots")
-        elif spec.kind == "continuous":
-            kw.update(kv="paged", **paged)
-        else:
-            kw.update(
-                kv="paged",
-                **paged,
-                chunked_prefill=True,
-                max_batched_tokens=spec.budget or max_batched_tokens,
-                prefix_cache=spec.prefix_cache,
-            )
-        lane = ContinuousLane(
-            key, title, spec.kind, "", clock, workload, model, None if mib is not None else spec.slots or slots, **kw
-        )
+        config = lane_config(spec, run, slots, cap, mib)
+        lane = ContinuousLane(key, title, spec.kind, "", clock, workload, model, None, config=config, generator=gen)
         for _, r in workload:
             lane.engine.slots.check_fits(len(r.prompt) + r.max_new_tokens)  # paged: the whole pool, alone
         cache = lane.engine.slots
@@ -212,3 +202,21 @@ def _build_lane(
     if (spec.label != spec.kind or spec.recorded) and spec.describe():
         lane.detail = f"{lane.detail}; {spec.describe()}"
     return lane
+
+
+def lane_config(spec: LaneSpec, run: EngineConfig, slots: int, cap: int | None, mib: float | None) -> EngineConfig:
+    """A continuous lane's engine settings: the run's (``run``), with what the lane's kind and its
+    own settings change. ``slots``: the sequences without a KV budget; ``cap``: with ``mib``, a
+    budget, the cap on running sequences (None: the engine's default)."""
+    changes: dict = dict(scheduling_policy=spec.policy, block_size=spec.block_size or run.block_size)
+    if mib is not None:  # the budget sizes the pool: no block count
+        changes.update(kv_memory_mib=mib, max_num_seqs=cap, kv_blocks=None)
+    else:
+        changes.update(max_num_seqs=spec.slots or slots, kv_blocks=spec.kv_blocks or run.kv_blocks)
+    if spec.kind == "chunked":
+        changes.update(max_batched_tokens=spec.budget or run.max_batched_tokens, prefix_cache=spec.prefix_cache)
+    else:  # prefill then decode, on slots (the default) or on the paged pool
+        changes.update(chunked_prefill=False, max_batched_tokens=None, prefix_cache=None)
+        if spec.kv != "paged":
+            changes.update(kv="slots", block_size=DEFAULT_BLOCK_SIZE, kv_blocks=None)
+    return run.replace(**changes)
