@@ -330,6 +330,7 @@ def cmd_serve(args) -> None:
         raise UsageError(f"serving needs {e.name}: pip install fastapi uvicorn prometheus-client") from None
     import torch
 
+    from tinyllm.serve.security import Limits, api_key_from_env, exposed_without_key_warning, is_loopback
     from tinyllm.serve.server import bind, build_engine, model_name_for, run_server
 
     torch.set_num_threads(args.threads)
@@ -356,7 +357,17 @@ def cmd_serve(args) -> None:
         sock = bind(args.host, args.port)
     except OSError as e:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
-    run_server(engine, tok, args.served_model_name or model_name_for(args.model), sock)
+    api_key = api_key_from_env(args.api_key)
+    if api_key is None and not is_loopback(args.host):
+        print(exposed_without_key_warning(args.host), file=sys.stderr, flush=True)
+    limits = Limits(
+        **{
+            k: v
+            for k in ("max_body_bytes", "max_tokenize_tokens", "max_waiting", "limit_concurrency")
+            if (v := getattr(args, k)) is not None
+        }
+    )
+    run_server(engine, tok, args.served_model_name or model_name_for(args.model), sock, api_key=api_key, limits=limits)
 
 
 # The engine options each command takes (tinyllm/args.py defines them once). The server always
@@ -502,6 +513,44 @@ def build_parser() -> argparse.ArgumentParser:
         "name, or tinyllm-shakespeare)",
     )
     sv.add_argument("--threads", type=positive_int, default=2, metavar="N", help="torch CPU threads (default 2)")
+    sv.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on every route but /health and /metrics (which stay "
+        "open, as in vLLM), the observer stream and abort routes included (default: $TINYLLM_API_KEY, "
+        "else no key; a non-loopback --host without one prints a warning)",
+    )
+    sv.add_argument(
+        "--max-body-bytes",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="refuse a request body larger than N bytes with a 413 (default 1048576: 1 MiB)",
+    )
+    sv.add_argument(
+        "--max-tokenize-tokens",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="/tokenize and /detokenize: at most N tokens, else a 400 (default 65536)",
+    )
+    sv.add_argument(
+        "--max-waiting",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="at most N requests wait for a slot; one more gets a 429 with Retry-After, nothing "
+        "admitted is dropped (default 256)",
+    )
+    sv.add_argument(
+        "--limit-concurrency",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="uvicorn's limit_concurrency: beyond N connections and tasks at once it answers a "
+        "plain-text 503 (default 1024)",
+    )
     add_engine_args(sv, *SERVE_ENGINE_OPTIONS)  # (always paged KV and the token budget)
     sv.set_defaults(fn=cmd_serve)
 

@@ -104,6 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
         "panel) or a vLLM server (its metrics), e.g. http://127.0.0.1:8000",
     )
     p.add_argument(
+        "--api-key",
+        metavar="KEY",
+        default=None,
+        help="with --attach to a tinyllm serve started with --api-key: its key (default: "
+        "$TINYLLM_API_KEY, else $OPENAI_API_KEY)",
+    )
+    p.add_argument(
         "--kv-events",
         metavar="ENDPOINT",
         default=None,
@@ -168,7 +175,18 @@ MODE_USES = {
     ),
     "--attach": (
         "the server runs its own engine, at its own settings and pace",
-        {"attach", "kv_events", "wait", "model", "prompts", "temperature", "top_k", "top_p", "max_new_tokens"},
+        {
+            "attach",
+            "api_key",
+            "kv_events",
+            "wait",
+            "model",
+            "prompts",
+            "temperature",
+            "top_k",
+            "top_p",
+            "max_new_tokens",
+        },
     ),
     "--race": (
         "the race is greedy, and each request's max_new_tokens comes from its workload",
@@ -240,6 +258,8 @@ def build_app(argv: list[str] | None = None, require_terminal: bool = False) -> 
         parser.error("--kv-events applies to --attach (a vLLM server's KV-cache events)")
     if "wait" in a.given:
         parser.error("--wait applies to --attach (how long to wait for the server to listen)")
+    if a.api_key is not None:
+        parser.error("--api-key applies to --attach (a tinyllm serve's key)")
     if a.record is not None:
         check_writable(parser, a.record)
     path, cfg, tok = model_config(parser, a)
@@ -415,7 +435,7 @@ def attach_app(parser, a) -> TinyLLMApp:
     check_terminal(parser, a)
     wait_for_server(parser, url, a.wait)
     try:
-        runner = AttachRunner(url).start()
+        runner = AttachRunner(url, api_key=a.api_key).start()
     except ConnectionError as e:
         if "not a tinyllm serve" not in str(e):
             parser.error(f"--attach {e}")

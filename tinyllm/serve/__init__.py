@@ -9,8 +9,9 @@
     app.py          the ASGI app (FastAPI): /v1/completions, /v1/chat/completions, /tokenize, /detokenize,
                     /v1/models, /health, /metrics
     metrics.py      Prometheus metrics with vLLM's names (a step hook)
-    stream.py       reserved: GET /v1/tinyllm/stream (add_stream_route)
+    stream.py       GET /v1/tinyllm/stream and POST /v1/tinyllm/abort (add_stream_route)
     server.py       the engine the server runs, uvicorn (run_server for the CLI, ServerThread)
+    security.py     --api-key (every route but /health and /metrics), limits on what a client sends
 
 In-process: ``app = create_app(EngineLoop(engine), tokenizer, "name")`` then
 ``with ServerThread(app) as s: ...`` (``s.url``, ``s.engine_loop``).
@@ -19,10 +20,12 @@ In-process: ``app = create_app(EngineLoop(engine), tokenizer, "name")`` then
 from tinyllm.serve.app import create_app
 from tinyllm.serve.engine_loop import EngineLoop, Output, RequestFailed, RequestHandle, RequestRejected, StepHook
 from tinyllm.serve.metrics import ServeMetrics
+from tinyllm.serve.security import Limits
 from tinyllm.serve.server import ServerThread, build_engine, model_name_for, run_server
 
 __all__ = [
     "EngineLoop",
+    "Limits",
     "Output",
     "RequestFailed",
     "RequestHandle",

@@ -51,6 +51,7 @@ from tinyllm.serve.engine_loop import (
 from tinyllm.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from tinyllm.serve.protocol import ApiError, api_key_tenant
 from tinyllm.serve.reader import OutputReader
+from tinyllm.serve.security import RETRY_AFTER_S, ApiKeyMiddleware, Limits, read_body
 from tinyllm.serve.stream import add_stream_route
 from tinyllm.serve.tokenization import max_token_bytes, parse_detokenize, parse_tokenize, tokenize_response
 
@@ -60,12 +61,20 @@ ACCOUNTING_FIELD = "tinyllm"  # the extension field of a final response / stream
 
 
 def create_app(
-    engine_loop: EngineLoop, tokenizer: Any, model_name: str, metrics: ServeMetrics | None = None
+    engine_loop: EngineLoop,
+    tokenizer: Any,
+    model_name: str,
+    metrics: ServeMetrics | None = None,
+    api_key: str | None = None,
+    limits: Limits | None = None,
 ) -> FastAPI:
     """The server's app over ``engine_loop`` (not started yet: the app's lifespan starts it and
     stops it at shutdown). ``metrics``: pass one to share it; by default a new ServeMetrics is
     made and registered as a step hook. The engine's config (vocab, max_len) is read here, once,
-    before the engine thread runs."""
+    before the engine thread runs. ``api_key``: every route but /health and /metrics needs it
+    (tinyllm/serve/security.py); ``limits``: what a client may send (default: Limits())."""
+    limits = limits or Limits()
+    max_body = limits.max_body_bytes
     engine = engine_loop.engine
     vocab_size, max_len = engine.model.cfg.vocab_size, engine.max_len
     room = min(max_len, engine.slots.reserved_tokens())  # the most context one request can hold
@@ -87,11 +96,14 @@ def create_app(
     app.state.engine_loop = engine_loop
     app.state.metrics = metrics
     app.state.model_name = model_name
+    app.state.limits = limits
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     created = int(time.time())
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, e: ApiError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -148,7 +160,7 @@ def create_app(
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         try:
-            raw = await request.body()
+            raw = await read_body(request, max_body)
         except ClientDisconnect:  # gone before the body arrived: nothing to do
             return Response(status_code=499)
         p = protocol.parse_completion(protocol.load_json(raw), model_name)
@@ -169,7 +181,7 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         try:
-            raw = await request.body()
+            raw = await read_body(request, max_body)
         except ClientDisconnect:
             return Response(status_code=499)
         p = parse_chat(protocol.load_json(raw), model_name)
@@ -188,7 +200,7 @@ def create_app(
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:
         try:
-            raw = await request.body()
+            raw = await read_body(request, max_body)
         except ClientDisconnect:
             return Response(status_code=499)
         t = parse_tokenize(protocol.load_json(raw), model_name)
@@ -196,6 +208,13 @@ def create_app(
 
         def work() -> dict:  # off the event loop: the text may be long
             ids = tokenizer.encode(text, t.add_special_tokens)
+            if len(ids) > limits.max_tokenize_tokens:
+                raise ApiError(
+                    f"the text is {len(ids)} tokens, more than the server's limit of "
+                    f"{limits.max_tokenize_tokens} tokens for /tokenize",
+                    "prompt" if t.prompt is not None else "messages",
+                    "too_many_tokens",
+                )
             strs = [tokenizer.token_text(i) for i in ids] if t.return_token_strs else None
             return tokenize_response(ids, max_len, strs)
 
@@ -204,10 +223,10 @@ def create_app(
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Response:
         try:
-            raw = await request.body()
+            raw = await read_body(request, max_body)
         except ClientDisconnect:
             return Response(status_code=499)
-        ids = parse_detokenize(protocol.load_json(raw), model_name, tokenizer.vocab_size)
+        ids = parse_detokenize(protocol.load_json(raw), model_name, tokenizer.vocab_size, limits.max_tokenize_tokens)
         return JSONResponse({"prompt": await asyncio.to_thread(tokenizer.decode, ids)})
 
     async def _serve(request: Request, p: protocol.GenerationParams, ids: list[int], shape) -> Response:
@@ -233,6 +252,17 @@ def create_app(
                 f"stop token id {bad} is outside the model's vocabulary [0, {vocab_size})",
                 "stop_token_ids",
                 "invalid_value",
+            )
+        waiting = engine_loop.waiting()
+        if waiting + p.n > limits.max_waiting:  # (no await between this and the submit: exact)
+            raise ApiError(
+                f"the server is busy: {waiting} requests wait for a slot, its limit is "
+                f"{limits.max_waiting} (--max-waiting); retry later",
+                None,
+                "max_waiting_exceeded",
+                429,
+                "rate_limit_error",
+                {"retry-after": str(RETRY_AFTER_S)},
             )
         try:
             handles = engine_loop.submit_samples(req, p.n, p.stop)  # n > 1: one prompt, n samples (forks)
@@ -266,6 +296,7 @@ def create_app(
             "max_batched_tokens": engine.max_batched_tokens,
             "prefix_cache": engine.prefix_cache,
         },
+        max_body,
     )
     return app
 

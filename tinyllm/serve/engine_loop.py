@@ -189,6 +189,8 @@ class EngineLoop:
         self._stopping = False
         self._steps = 0
         self._lock = threading.Lock()  # start/stop/submit against each other
+        self._submitted = 0  # samples submitted whose command the engine thread has not applied yet
+        self._engine_waiting = 0  # engine thread: the engine's waiting requests, after its last change
 
     # -- control (any thread) ----------------------------------------------------------------
     def add_step_hook(self, hook: StepHook) -> None:
@@ -226,8 +228,18 @@ class EngineLoop:
         with self._lock:
             if not self.alive:
                 raise EngineLoopStopped("the engine loop is not running")
+            self._submitted += n
             self._commands.put(("submit", handles))
         return handles
+
+    def waiting(self) -> int:
+        """Requests waiting for a slot: the engine's queue (as of its last change) and the samples
+        submitted since. Any thread; what the server's --max-waiting bounds."""
+        return self._engine_waiting + self._submitted
+
+    def _count_waiting(self) -> None:  # engine thread
+        load = getattr(self.engine, "load", None)
+        self._engine_waiting = load()[0] if load is not None else 0
 
     def abort(self, handle: RequestHandle) -> None:
         """Abort ``handle``'s request (queued or running); its slot and blocks are freed."""
@@ -305,6 +317,7 @@ class EngineLoop:
                 if self._steps % FORGET_EVERY == 0 and hasattr(eng, "forget_ended"):
                     eng.forget_ended(KEEP_ENDED)  # a server runs for days: memory stays flat
             self._run_hooks(events, lifecycle)  # (after: viewers see what is remembered)
+        self._count_waiting()  # (aborts too change it)
         return True
 
     def _apply(self, cmd: tuple) -> None:
@@ -312,21 +325,11 @@ class EngineLoop:
         if cmd[0] == "submit":
             hs: list[RequestHandle] = cmd[1]
             try:
-                req = hs[0].request
-                rids = [eng.add_request(req)] if len(hs) == 1 else eng.add_forks(req, len(hs))
-            except ValueError as e:  # ContextTooLong included: a bad request
-                self._post([(h, _Rejected(str(e), isinstance(e, ContextTooLong))) for h in hs])
-                return
-            except Exception as e:  # noqa: BLE001 - never let one request kill the loop
-                log.exception("add_request failed")
-                self._post([(h, _Rejected(f"{type(e).__name__}: {e}", False)) for h in hs])
-                return
-            for h, rid in zip(hs, rids):
-                h.rid = rid  # the handler reads rid from _Accepted
-                self._live[rid] = h
-                if h.stops:
-                    self._stop_strings[rid] = h.stops, req.min_tokens
-            self._post([(h, _Accepted(rid)) for h, rid in zip(hs, rids)])
+                self._apply_submit(hs)
+            finally:  # now in the engine's queue (or refused): counted there, not here
+                self._count_waiting()
+                with self._lock:
+                    self._submitted -= len(hs)
         elif cmd[0] == "abort":
             h = cmd[1]
             if h.rid is not None and self._live.pop(h.rid, None) is not None:
@@ -342,6 +345,25 @@ class EngineLoop:
                     fut.set_result(fn(eng))
                 except BaseException as e:  # noqa: BLE001 - handed to the caller
                     fut.set_exception(e)
+
+    def _apply_submit(self, hs: list[RequestHandle]) -> None:
+        eng = self.engine
+        try:
+            req = hs[0].request
+            rids = [eng.add_request(req)] if len(hs) == 1 else eng.add_forks(req, len(hs))
+        except ValueError as e:  # ContextTooLong included: a bad request
+            self._post([(h, _Rejected(str(e), isinstance(e, ContextTooLong))) for h in hs])
+            return
+        except Exception as e:  # noqa: BLE001 - never let one request kill the loop
+            log.exception("add_request failed")
+            self._post([(h, _Rejected(f"{type(e).__name__}: {e}", False)) for h in hs])
+            return
+        for h, rid in zip(hs, rids):
+            h.rid = rid  # the handler reads rid from _Accepted
+            self._live[rid] = h
+            if h.stops:
+                self._stop_strings[rid] = h.stops, req.min_tokens
+        self._post([(h, _Accepted(rid)) for h, rid in zip(hs, rids)])
 
     def _step(self) -> list:
         try:

@@ -25,6 +25,7 @@ import uvicorn
 from tinyllm.kv.blocks import check_pool_holds_one_request
 from tinyllm.serve.app import create_app
 from tinyllm.serve.engine_loop import EngineLoop, StepHook
+from tinyllm.serve.security import Limits
 
 BUNDLED_MODEL_NAME = "tinyllm-shakespeare"
 GRACEFUL_SHUTDOWN_S = 3  # at shutdown, open connections get this long to close, then are cancelled
@@ -132,20 +133,34 @@ class _Server(uvicorn.Server):
 
 
 def make_server(app: Any, on_ready: Callable[[], None] | None = None, log_level: str = "warning") -> _Server:
+    """uvicorn around ``app``, with the app's ``limit_concurrency`` (tinyllm.serve.security.Limits)."""
+    limits = getattr(getattr(app, "state", None), "limits", None)
     config = uvicorn.Config(
-        app, lifespan="on", log_level=log_level, access_log=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
+        app,
+        lifespan="on",
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        limit_concurrency=limits.limit_concurrency if limits is not None else None,
     )
     return _Server(config, on_ready)
 
 
 def run_server(
-    engine: Any, tokenizer: Any, model_name: str, sock: socket.socket, on_step: StepHook | None = None
+    engine: Any,
+    tokenizer: Any,
+    model_name: str,
+    sock: socket.socket,
+    on_step: StepHook | None = None,
+    api_key: str | None = None,
+    limits: Limits | None = None,
 ) -> None:
     """Serve ``engine`` on the listening ``sock`` until Ctrl+C / SIGTERM, printing the URL once
     uvicorn is listening. The engine thread is stopped before this returns; after Ctrl+C it
-    prints "stopped" and raises KeyboardInterrupt (the CLI's exit 130)."""
+    prints "stopped" and raises KeyboardInterrupt (the CLI's exit 130). ``api_key`` and
+    ``limits``: see tinyllm/serve/security.py."""
     loop = EngineLoop(engine, on_step=on_step)
-    app = create_app(loop, tokenizer, model_name)
+    app = create_app(loop, tokenizer, model_name, api_key=api_key, limits=limits)
     url = url_of(sock)
 
     def ready() -> None:
@@ -156,7 +171,7 @@ def run_server(
             f"tinyllm serve: {model_name} on {url}  (OpenAI API at {url}/v1; {e.n_slots} slots, max_len "
             f"{e.max_len}, {e.slots.n_blocks} KV blocks of {e.slots.block_size} "
             f"({kv_cache_dtype_name(e.device, e.kv_cache_dtype)}), prefix cache "
-            f"{'on' if e.prefix_cache else 'off'}; Ctrl+C stops)",
+            f"{'on' if e.prefix_cache else 'off'}{'; API key required' if api_key else ''}; Ctrl+C stops)",
             flush=True,
         )
 

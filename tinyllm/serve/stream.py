@@ -35,6 +35,7 @@ from tinyllm.observe.snapshot import ENDED_STATES, EngineSnapshot, LifecycleEven
 from tinyllm.request import is_int
 from tinyllm.serve.engine_loop import EngineLoop
 from tinyllm.serve.protocol import ApiError, brief, load_json
+from tinyllm.serve.security import MAX_BODY_BYTES, read_body
 from tinyllm.stops import StopText
 
 HEARTBEAT_S = 5.0  # an idle stream still sends a line this often (proxies, dead peers)
@@ -218,6 +219,7 @@ def add_stream_route(
     tokenizer: Any = None,
     model_name: str = "model",
     settings: dict[str, Any] | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> StateFeed:
     """Register ``GET /v1/tinyllm/stream`` and ``POST /v1/tinyllm/abort`` on ``app`` (a FastAPI
     app) and the feed's step hook on ``engine_loop`` (before it starts)."""
@@ -234,7 +236,7 @@ def add_stream_route(
 
     @app.post("/v1/tinyllm/abort")
     async def abort(request: Request) -> JSONResponse:
-        body = load_json(await request.body())
+        body = load_json(await read_body(request, max_body_bytes))
         if isinstance(body, dict) and "rids" in body:  # several, in one engine call: the same step
             rids = body["rids"]
             if not isinstance(rids, list) or not rids or len(rids) > MAX_ABORT_RIDS or not all(is_int(r) for r in rids):

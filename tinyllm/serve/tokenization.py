@@ -69,8 +69,9 @@ def parse_tokenize(body: Any, served_model: str) -> TokenizeParams:
     )
 
 
-def parse_detokenize(body: Any, served_model: str, vocab_size: int) -> list[int]:
-    """The token ids of a /detokenize body, each inside the vocabulary. Raises ApiError (400)."""
+def parse_detokenize(body: Any, served_model: str, vocab_size: int, max_tokens: int | None = None) -> list[int]:
+    """The token ids of a /detokenize body (at most ``max_tokens``), each inside the vocabulary.
+    Raises ApiError (400)."""
     check_object(body)
     parse_model(body, served_model)
     toks = body.get("tokens")
@@ -78,6 +79,12 @@ def parse_detokenize(body: Any, served_model: str, vocab_size: int) -> list[int]
         raise ApiError("you must provide tokens (a list of token ids)", "tokens", "missing_required_parameter")
     if not isinstance(toks, list):
         raise ApiError(f"tokens must be a list of token ids, got {_type_name(toks)}", "tokens", "invalid_type")
+    if max_tokens is not None and len(toks) > max_tokens:
+        raise ApiError(
+            f"tokens has {len(toks)} ids, more than the server's limit of {max_tokens} for /detokenize",
+            "tokens",
+            "too_many_tokens",
+        )
     bad = next((t for t in toks if not is_int(t) or not 0 <= t < vocab_size), None)
     if bad is not None:
         raise ApiError(f"tokens must be token ids in [0, {vocab_size}), got {brief(bad)}", "tokens", "invalid_value")

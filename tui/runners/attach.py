@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import socket
 import threading
@@ -130,6 +131,23 @@ def hang_up(r: httpx.Response) -> None:
     r.close()
 
 
+API_KEY_ENVS = ("TINYLLM_API_KEY", "OPENAI_API_KEY")  # where --attach finds a key not given as --api-key
+
+
+def api_key_for(flag: str | None) -> str | None:
+    """The key to send: the given one, else $TINYLLM_API_KEY, else $OPENAI_API_KEY, else None."""
+    if flag:
+        return flag
+    return next((k for e in API_KEY_ENVS if (k := os.environ.get(e))), None)
+
+
+def refused_key(key: str | None) -> str:
+    """One line for a 401 from the server."""
+    if key:
+        return "the server refused the API key (401): pass its key with --api-key or TINYLLM_API_KEY"
+    return "the server needs an API key (401): pass it with --api-key or TINYLLM_API_KEY"
+
+
 def api_error(r: httpx.Response) -> str:
     """The message of an OpenAI-style error response (or its status line)."""
     try:
@@ -196,9 +214,12 @@ class AttachRunner(ServerLink):
     start_error: Exception | None = None
     device = "remote"
 
-    def __init__(self, url: str, client: httpx.Client | None = None):
+    def __init__(self, url: str, client: httpx.Client | None = None, api_key: str | None = None):
         self.url = url.rstrip("/")
         self.http = client or httpx.Client(timeout=httpx.Timeout(10, read=READ_TIMEOUT_S))
+        self.api_key = api_key_for(api_key)
+        if self.api_key:  # every request of ours: the stream, completions, aborts
+            self.http.headers["authorization"] = f"Bearer {self.api_key}"
         self.paused, self.step_delay_ms, self.steps_done = False, 0, 0
         self.status = "connecting"
         self.model_name = "?"
@@ -288,6 +309,9 @@ class AttachRunner(ServerLink):
         """GET the stream, read its header and first record: (response, line iterator)."""
         r = self.http.send(self.http.build_request("GET", f"{self.url}/v1/tinyllm/stream"), stream=True)
         try:
+            if r.status_code == 401:
+                r.read()
+                raise ValueError(refused_key(self.api_key))
             if r.status_code != 200:
                 r.read()
                 raise ValueError(f"GET /v1/tinyllm/stream answered {r.status_code}: not a tinyllm serve")

@@ -1,0 +1,258 @@
+"""`tinyllm serve` with an API key and its limits (issue 45): every route but /health and /metrics
+needs the key, the observer routes included; a body too large, too many tokens to (de)tokenize
+and a full waiting queue are each refused with a 4xx in OpenAI's shape naming the limit; a
+non-loopback --host without a key warns; tinyllm-tui --attach sends the key and says when it
+is refused.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.helpers import SERVED_MODEL
+from tinyllm.model.checkpoint import load_checkpoint
+from tinyllm.serve import EngineLoop, Limits, ServerThread, build_engine, create_app
+from tinyllm.serve.security import exposed_without_key_warning, is_loopback
+
+KEY = "s3cret-key"
+LIMITS = Limits(max_body_bytes=4096, max_tokenize_tokens=50, max_waiting=2)
+GUARDED = [
+    ("GET", "/v1/models", None),
+    ("POST", "/v1/completions", {"model": SERVED_MODEL, "prompt": "ROMEO:", "max_tokens": 2}),
+    ("POST", "/v1/chat/completions", {"model": SERVED_MODEL, "messages": [{"role": "user", "content": "hi"}]}),
+    ("POST", "/tokenize", {"prompt": "ROMEO:"}),
+    ("POST", "/detokenize", {"tokens": [1, 2]}),
+    ("GET", "/v1/tinyllm/stream", None),
+    ("POST", "/v1/tinyllm/abort", {"rid": 12345}),
+    ("GET", "/v1/no-such-route", None),
+]
+
+
+@pytest.fixture(scope="module")
+def model_tok():
+    return load_checkpoint(device="cpu")
+
+
+@pytest.fixture(scope="module")
+def server(model_tok):
+    model, tok = model_tok
+    app = create_app(EngineLoop(build_engine(model, slots=2)), tok, SERVED_MODEL, api_key=KEY, limits=LIMITS)
+    s = ServerThread(app).start()
+    yield s
+    s.stop()
+
+
+def auth(key: str = KEY) -> dict:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def is_error(r: httpx.Response, status: int, code: str) -> dict:
+    assert r.status_code == status, (r.status_code, r.text)
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["code"] == code, err
+    return err
+
+
+# -- the key ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("method, path, body", GUARDED)
+def test_every_route_but_health_and_metrics_needs_the_key(server, method, path, body):
+    for headers, says in [
+        ({}, "didn't provide an API key"),
+        (auth("wrong"), "Incorrect API key"),
+        ({"Authorization": f"Basic {KEY}"}, "didn't provide an API key"),  # not a bearer token
+        (auth(KEY + "x"), "Incorrect API key"),
+    ]:
+        r = httpx.request(method, server.url + path, json=body, headers=headers, timeout=30)
+        err = is_error(r, 401, "invalid_api_key")
+        assert says in err["message"] and err["type"] == "invalid_request_error"
+        assert r.headers["www-authenticate"] == "Bearer" and KEY not in r.text
+
+
+def test_health_and_metrics_stay_open(server):
+    assert httpx.get(server.url + "/health", timeout=10).json() == {"status": "ok"}
+    r = httpx.get(server.url + "/metrics", timeout=10)
+    assert r.status_code == 200 and "vllm:num_requests_waiting" in r.text
+
+
+def test_the_right_key_is_served_on_every_route(server):
+    with httpx.Client(base_url=server.url, headers=auth(), timeout=60) as c:
+        assert c.get("/v1/models").json()["data"][0]["id"] == SERVED_MODEL
+        r = c.post("/v1/completions", json={"model": SERVED_MODEL, "prompt": "ROMEO:", "max_tokens": 3})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        assert c.post("/tokenize", json={"prompt": "ROMEO:"}).json()["count"] > 0
+        assert c.post("/detokenize", json={"tokens": [1, 2]}).status_code == 200
+        assert c.post("/v1/tinyllm/abort", json={"rid": 12345}).json() == {"rid": 12345, "aborted": False}
+        with c.stream("GET", "/v1/tinyllm/stream") as s:  # the observer stream: its header
+            assert s.status_code == 200 and '"model"' in next(s.iter_lines())
+
+
+# -- limits -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize", "/v1/tinyllm/abort"])
+def test_a_body_over_the_limit_is_refused_with_413(server, path):
+    big = b'{"prompt": "' + b"a" * 5000 + b'"}'
+    r = httpx.post(server.url + path, content=big, headers=auth(), timeout=30)  # with Content-Length
+    err = is_error(r, 413, "request_too_large")
+    assert "4096 bytes" in err["message"] and "--max-body-bytes" in err["message"]
+
+    def chunks():  # no Content-Length: counted as it arrives
+        for _ in range(10):
+            yield b" " * 1000
+
+    r = httpx.post(server.url + path, content=chunks(), headers=auth(), timeout=30)
+    is_error(r, 413, "request_too_large")
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+
+
+def test_tokenize_and_detokenize_take_a_bounded_number_of_tokens(server):
+    with httpx.Client(base_url=server.url, headers=auth(), timeout=30) as c:
+        err = is_error(c.post("/tokenize", json={"prompt": "ROMEO: " * 60}), 400, "too_many_tokens")
+        assert "limit of 50 tokens" in err["message"] and err["param"] == "prompt"
+        msgs = [{"role": "user", "content": "ROMEO: " * 60}]
+        assert is_error(c.post("/tokenize", json={"messages": msgs}), 400, "too_many_tokens")["param"] == "messages"
+        err = is_error(c.post("/detokenize", json={"tokens": [1] * 51}), 400, "too_many_tokens")
+        assert "limit of 50" in err["message"] and err["param"] == "tokens"
+        assert c.post("/detokenize", json={"tokens": [1] * 50}).status_code == 200
+
+
+def test_a_full_waiting_queue_answers_429_with_retry_after_and_drops_nothing_admitted(server):
+    """The engine thread is held (a call that blocks), so what is submitted waits: two are
+    admitted (--max-waiting 2), the third is refused at once; once the engine runs, both
+    admitted ones complete."""
+    loop = server.engine_loop
+    release, holding = threading.Event(), threading.Event()
+
+    def hold(engine):
+        holding.set()
+        release.wait(30)
+
+    loop.call_future(hold)
+    assert holding.wait(10)
+    results: list[httpx.Response] = []
+
+    def send():
+        body = {"model": SERVED_MODEL, "prompt": "ROMEO:", "max_tokens": 4}
+        results.append(httpx.post(server.url + "/v1/completions", json=body, headers=auth(), timeout=60))
+
+    threads = [threading.Thread(target=send) for _ in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 10
+        while loop.waiting() < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert loop.waiting() == 2
+        body = {"model": SERVED_MODEL, "prompt": "JULIET:", "max_tokens": 4}
+        t0 = time.monotonic()
+        r = httpx.post(server.url + "/v1/completions", json=body, headers=auth(), timeout=30)
+        assert time.monotonic() - t0 < 5  # at once, not after the queue drains
+        err = is_error(r, 429, "max_waiting_exceeded")
+        assert "--max-waiting" in err["message"] and r.headers["retry-after"] == "1"
+        r = httpx.post(server.url + "/v1/completions", json={**body, "n": 3}, headers=auth(), timeout=30)
+        is_error(r, 429, "max_waiting_exceeded")  # n samples count n
+    finally:
+        release.set()
+        for t in threads:
+            t.join(60)
+    assert [r.status_code for r in results] == [200, 200]
+    assert all(r.json()["usage"]["completion_tokens"] == 4 for r in results)
+    deadline = time.monotonic() + 10
+    while loop.waiting() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert loop.waiting() == 0
+
+
+def test_uvicorn_gets_the_concurrency_limit(server):
+    assert server.server.config.limit_concurrency == LIMITS.limit_concurrency == 1024
+
+
+# -- the command line ---------------------------------------------------------------------------------
+def test_loopback_hosts():
+    assert all(is_loopback(h) for h in ["127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost"])
+    assert not any(is_loopback(h) for h in ["0.0.0.0", "::", "192.168.1.5", "example.com"])
+
+
+def _serve_args(monkeypatch, capsys, argv: list[str]) -> tuple[dict, str]:
+    """Run `tinyllm serve ARGV` up to the server (not started): what run_server got, and stderr."""
+    import tinyllm.serve.server as server_mod
+    from tinyllm.cli import main
+
+    got: dict = {}
+
+    def fake_run_server(engine, tok, name, sock, on_step=None, api_key=None, limits=None):
+        got.update(api_key=api_key, limits=limits)
+        sock.close()
+
+    monkeypatch.setattr(server_mod, "run_server", fake_run_server)
+    main(["serve", "--port", "0", "--device", "cpu", "--slots", "2", *argv])
+    return got, capsys.readouterr().err
+
+
+def test_cli_a_non_loopback_host_without_a_key_warns(monkeypatch, capsys):
+    monkeypatch.delenv("TINYLLM_API_KEY", raising=False)
+    got, err = _serve_args(monkeypatch, capsys, ["--host", "0.0.0.0"])
+    assert got["api_key"] is None
+    assert err == exposed_without_key_warning("0.0.0.0") + "\n" and "--api-key" in err
+    got, err = _serve_args(monkeypatch, capsys, ["--host", "0.0.0.0", "--api-key", KEY])
+    assert got["api_key"] == KEY and err == ""
+    got, err = _serve_args(monkeypatch, capsys, [])  # loopback: no warning
+    assert got["api_key"] is None and err == ""
+
+
+def test_cli_takes_the_key_from_the_environment_and_the_limits(monkeypatch, capsys):
+    monkeypatch.setenv("TINYLLM_API_KEY", "from-env")
+    got, err = _serve_args(monkeypatch, capsys, ["--host", "0.0.0.0"])
+    assert got["api_key"] == "from-env" and err == ""
+    assert got["limits"] == Limits()
+    got, _ = _serve_args(
+        monkeypatch,
+        capsys,
+        [
+            "--api-key",
+            "flag",
+            "--max-body-bytes",
+            "100",
+            "--max-tokenize-tokens",
+            "7",
+            "--max-waiting",
+            "3",
+            "--limit-concurrency",
+            "9",
+        ],
+    )
+    assert got["api_key"] == "flag" and got["limits"] == Limits(100, 7, 3, 9)
+
+
+# -- tinyllm-tui --attach --------------------------------------------------------------------------
+def test_attach_sends_the_key_and_says_when_it_is_refused(server, monkeypatch, capsys):
+    from tui.cli import build_app
+    from tui.runners.attach import AttachRunner
+
+    for env in ("TINYLLM_API_KEY", "OPENAI_API_KEY"):
+        monkeypatch.delenv(env, raising=False)
+    with pytest.raises(ConnectionError, match=r"needs an API key \(401\)"):
+        AttachRunner(server.url).start()
+    with pytest.raises(ConnectionError, match=r"refused the API key \(401\)"):
+        AttachRunner(server.url, api_key="wrong").start()
+    for runner in [AttachRunner(server.url, api_key=KEY)]:
+        runner.start()
+        assert runner.status == "ready" and runner.model_name == SERVED_MODEL
+        runner.stop()
+    for env in ("OPENAI_API_KEY", "TINYLLM_API_KEY"):  # the environment, TINYLLM_API_KEY first
+        monkeypatch.setenv(env, KEY)
+        runner = AttachRunner(server.url).start()
+        assert runner.status == "ready"
+        runner.stop()
+    monkeypatch.setenv("OPENAI_API_KEY", "wrong")  # TINYLLM_API_KEY wins
+    AttachRunner(server.url).start().stop()
+    with pytest.raises(SystemExit) as e:  # the app: one line
+        build_app(["--attach", server.url, "--wait", "0", "--api-key", "wrong"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "refused the API key (401)" in err[0], err
+    with pytest.raises(SystemExit) as e:  # without --attach: refused
+        build_app(["--api-key", KEY])
+    assert "--api-key applies to --attach" in capsys.readouterr().err

@@ -1,0 +1,134 @@
+"""What the server trusts a client with: an API key, and limits on what a client sends.
+
+``--api-key KEY`` (or ``TINYLLM_API_KEY``), as vLLM's ``--api-key`` / ``VLLM_API_KEY``: every
+route needs ``Authorization: Bearer KEY`` except ``/health`` and ``/metrics``, which stay open
+(as in vLLM: load balancers and Prometheus probe them). That includes the observer routes
+(``/v1/tinyllm/stream`` shows every client's prompts and outputs, ``/v1/tinyllm/abort`` aborts any
+request) and vLLM's ``/tokenize`` / ``/detokenize`` (vLLM leaves those open; they cost CPU). A
+request without the key, or with another, gets a 401 in OpenAI's error shape (code
+``invalid_api_key``); keys are compared in constant time (``hmac.compare_digest``).
+
+Limits (``Limits``): a request body larger than ``max_body_bytes`` is refused with a 413 while it
+arrives (read in chunks, never whole); ``/tokenize`` and ``/detokenize`` take at most
+``max_tokenize_tokens`` tokens; a generation request that would make more than ``max_waiting``
+requests wait for a slot is refused with a 429 and ``Retry-After`` (nothing admitted is dropped);
+uvicorn's ``limit_concurrency`` caps open connections and tasks (beyond it uvicorn itself answers
+a plain-text 503).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import os
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from tinyllm.serve.protocol import ApiError, error_body
+
+API_KEY_ENV = "TINYLLM_API_KEY"
+OPEN_PATHS = frozenset({"/health", "/metrics"})  # no key needed (as vLLM): probes and Prometheus
+MAX_BODY_BYTES = 1 << 20  # 1 MiB: a request body larger than this is refused (413)
+MAX_TOKENIZE_TOKENS = 1 << 16  # /tokenize answers, /detokenize takes, at most this many tokens
+MAX_WAITING = 256  # requests waiting for a slot; one more is refused (429)
+LIMIT_CONCURRENCY = 1024  # uvicorn's limit_concurrency: connections + tasks at once
+RETRY_AFTER_S = 1  # the Retry-After of a 429
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The server's limits on what clients send (see the module docstring)."""
+
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_tokenize_tokens: int = MAX_TOKENIZE_TOKENS
+    max_waiting: int = MAX_WAITING
+    limit_concurrency: int | None = LIMIT_CONCURRENCY
+
+
+def api_key_from_env(flag: str | None) -> str | None:
+    """The key to require: ``--api-key``, else ``TINYLLM_API_KEY``, else None (no key)."""
+    key = flag if flag is not None else os.environ.get(API_KEY_ENV)
+    return key or None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (what --host binds) is reachable from this machine only."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposed_without_key_warning(host: str) -> str:
+    return (
+        f"tinyllm serve: warning: listening on {host} (not loopback) without an API key: anyone who "
+        f"reaches the port can generate, read every client's prompts and outputs (/v1/tinyllm/stream) "
+        f"and abort any request; pass --api-key KEY or set {API_KEY_ENV}"
+    )
+
+
+def _bearer(scope: Scope) -> str | None:
+    for name, value in scope.get("headers") or ():
+        if name == b"authorization":
+            v = value.decode("latin-1").strip()
+            scheme, _, token = v.partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else None
+    return None
+
+
+class ApiKeyMiddleware:
+    """Pure ASGI (streams and disconnects pass through untouched): a 401 for any HTTP request
+    but ``OPEN_PATHS`` without ``Authorization: Bearer <key>``."""
+
+    def __init__(self, app: ASGIApp, api_key: str):
+        self.app = app
+        self._key = api_key.encode("utf-8")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        given = _bearer(scope)
+        if given is not None and hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self._key):
+            await self.app(scope, receive, send)
+            return
+        msg = (
+            "Incorrect API key provided: this server was started with --api-key"
+            if given
+            else "You didn't provide an API key: send it as 'Authorization: Bearer KEY' (the server's --api-key)"
+        )
+        response = JSONResponse(
+            error_body(msg, "invalid_request_error", None, "invalid_api_key"),
+            status_code=401,
+            headers={"www-authenticate": "Bearer"},
+        )
+        await response(scope, receive, send)
+
+
+def body_too_large(limit: int) -> ApiError:
+    return ApiError(
+        f"the request body is larger than the server's limit of {limit} bytes (--max-body-bytes)",
+        None,
+        "request_too_large",
+        413,
+    )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, read in chunks; an ApiError (413) as soon as it passes ``limit`` bytes
+    (a Content-Length above it: before reading anything). ClientDisconnect passes through."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise body_too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise body_too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
