@@ -197,9 +197,7 @@ share_op = st.one_of(
     ),
     st.tuples(st.just("abort"), st.integers(0, 30)),
     st.tuples(st.just("step"), st.integers(1, 4)),
-    st.tuples(
-        st.just("clear"),
-    ),
+    st.tuples(st.just("clear")),
 )
 
 

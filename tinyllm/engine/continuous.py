@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
 
 import torch
-from torch import Tensor
 
 from tinyllm import native
 from tinyllm.config import EngineConfig
@@ -32,40 +30,23 @@ from tinyllm.engine.build import (
     make_scheduler,
     resolve_concurrency,
 )
-from tinyllm.engine.forward import ModelRunner, Prefilled, kv_bytes_per_token
+from tinyllm.engine.commit import Commits
+from tinyllm.engine.forks import ForkSamples
+from tinyllm.engine.forward import ModelRunner, kv_bytes_per_token
 from tinyllm.engine.heap import freeze_startup_heap
 from tinyllm.engine.policy import WaitingQueue, waiting_queue
-from tinyllm.engine.sampler import Row, Sampled, sample_batch
 from tinyllm.engine.scheduler import Scheduler, StepPlan
-from tinyllm.engine.sequence import Event, Sequence, finish_reason
+from tinyllm.engine.sequence import Event, Sequence
+from tinyllm.engine.views import EngineViews
 from tinyllm.model.transformer import Transformer
-from tinyllm.observe.snapshot import (
-    ENDED_STATES,
-    FORK_OF,
-    Counters,
-    EngineSnapshot,
-    KVView,
-    LifecycleEvent,
-    RequestState,
-    SlotView,
-)
+from tinyllm.observe.snapshot import ENDED_STATES, LifecycleEvent, RequestState
 from tinyllm.observe.stats import Stats
-from tinyllm.request import (
-    DEFAULT_MAX_BATCHED_TOKENS,
-    MAX_N,
-    Request,
-    Result,
-    Sampling,
-    SamplingError,
-    check_fits,
-    fork_sampling,
-    is_int,
-)
+from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, Request, Result, Sampling, SamplingError, check_fits, is_int
 
 __all__ = ["DEFAULT_MAX_BATCHED_TOKENS", "ContinuousEngine", "run_continuous"]
 
 
-class ContinuousEngine:
+class ContinuousEngine(Commits, ForkSamples, EngineViews):
     """run_continuous's loop as an object, so requests can arrive while others decode.
     add_request() queues a request at any time; each step() plans, runs and commits this step's
     forward passes and returns the new tokens as Events. A finished request's Result is in
@@ -190,33 +171,6 @@ class ContinuousEngine:
         self.waiting.add(seq)
         self._note("queued", seq, tokens=len(seq.req.prompt))
         return seq.rid
-
-    def add_forks(self, req: Request, n: int) -> list[int]:
-        """Queue ``n`` samples of one prompt (OpenAI's ``n``); returns their ids, the parent's
-        first. Sample i's settings are ``fork_sampling(sampling, i)`` (a seeded request: seed + i),
-        so each equals its seeded solo run. With the token-budget scheduler the prompt is
-        computed once: only the parent is queued; the others wait for its prompt (``forks``) and
-        fork off it when it samples its first token (``_fork``: its full blocks shared, its
-        partial last block copied). With the seed's scheduler they are n independent requests.
-        If the parent ends before its fork, the first of its waiting samples takes its place
-        (``_unfork``)."""
-        if not is_int(n) or not 1 <= n <= MAX_N:
-            raise ValueError(f"n must be an integer from 1 to {MAX_N}, got {n!r}")
-        if not isinstance(req, Request):
-            raise ValueError(f"add_forks needs a Request, got {type(req).__name__}")
-        sampling = req.sampling or self.sampling
-        reqs = [replace(req, sampling=fork_sampling(sampling, i)) for i in range(n)]
-        if not self.chunked_prefill:
-            return [self.add_request(r) for r in reqs]
-        parent = self._new_seq(reqs[0])
-        children = [self._new_seq(r) for r in reqs[1:]]  # all checked before anything is queued
-        self.waiting.add(parent)
-        self._note("queued", parent, tokens=len(parent.req.prompt))
-        for child in children:
-            child.fork_of = parent.rid
-            parent.forks.append(child)
-            self._note("queued", child, tokens=len(child.req.prompt), reason=f"{FORK_OF}{parent.rid}")
-        return [parent.rid] + [c.rid for c in children]
 
     def _new_seq(self, req: Request) -> Sequence:
         """The engine's record of a new request (checked, given an id), not yet queued."""
@@ -419,132 +373,6 @@ class ContinuousEngine:
             events += self._commit(part, out)
         return events
 
-    def _commit(self, plan: StepPlan, out: Tensor | Prefilled) -> list[Event]:
-        return self._commit_prefill(plan, out) if plan.kind == "prefill" else self._commit_mixed(plan, out)
-
-    def _commit_prefill(self, plan: StepPlan, out: Prefilled) -> list[Event]:
-        """Prefilled requests take their slots, with their K/V; their first tokens as Events."""
-        self._prefills += 1
-        self.stats.prefill_tokens += plan.tokens
-        sampled = sample_batch(out.logits, [seq.row() for seq, _, _ in plan.items], self.generator)
-        nxt, failed = sampled.tokens, sampled.failed
-        self.slots.admit(plan.slots, out.cache, out.pad)
-        self.runner.last_tok[torch.tensor(plan.slots, device=self.device)] = nxt
-        toks = nxt.squeeze(-1).tolist()
-        now = self.now()
-        events = []
-        for i, ((seq, _, n), s, t) in enumerate(zip(plan.items, plan.slots, toks)):
-            self._seat(seq, s, n)
-            self._note("prefill", seq, s, n, f"0..{n} of {n}")  # the whole context, in this one step
-            if i in failed:
-                self._fail(seq, failed[i])
-            else:
-                events.append(self._record(seq, t, now, sampled.logprobs.get(i)))
-        return events
-
-    def _commit_decode(self, plan: StepPlan, logits: Tensor) -> list[Event]:
-        """One sampled token per slot (idle rows with the engine's default, then dropped); on the
-        paged pool, one per running sequence, in the plan's order."""
-        if not self.runner.every_slot:
-            seqs = [seq for seq, _, _ in plan.items]
-            return self._emit(list(enumerate(seqs)), sample_batch(logits, [q.row() for q in seqs], self.generator))
-        rows = [q.row() if q is not None else Row(self.sampling) for q in self._slot_seq]
-        sampled = sample_batch(logits, rows, self.generator)
-        self.runner.last_tok = sampled.tokens
-        return self._emit([(seq.slot, seq) for seq, _, _ in plan.items], sampled)
-
-    def _commit_mixed(self, plan: StepPlan, logits: Tensor) -> list[Event]:
-        """After a ragged forward: each item's progress, prefill events, sampled tokens."""
-        samplers = []
-        self.stats.computed_rows += len(plan.items)
-        self.stats.useful_rows += len(plan.items)
-        pool, prefix_cache = self.slots, self.prefix_cache
-        for seq, start, n in plan.items:  # (per item per step: kept lean)
-            done = seq.computed = start + n
-            total = len(seq.req.prompt) + len(seq.out)
-            if not seq.prefilled:
-                self._prefills += 1
-                self.stats.prefill_tokens += n
-                self._note("prefill", seq, seq.slot, n, f"{start}..{done} of {total}")
-            if prefix_cache and done // pool.block_size > len(pool.slot_keys[seq.slot]):
-                pool.register_full(seq.slot, seq.context())  # newly full blocks join the cache
-            if done == total:
-                samplers.append(seq)
-        if not samplers:
-            return []
-        at = list(range(len(samplers)))  # each sampler's logits row
-        for i, seq in enumerate(list(samplers)):
-            if seq.forks:  # its prompt is computed: its samples fork off
-                forked = self._fork(seq)
-                samplers += forked
-                at += [i] * len(forked)
-        if len(at) > logits.size(0):
-            logits = logits[torch.tensor(at, device=logits.device)]
-        sampled = sample_batch(logits, [q.row() for q in samplers], self.generator)
-        for seq in samplers:
-            seq.prefilled = True  # sampled since its (re)admission
-        return self._emit(list(enumerate(samplers)), sampled)
-
-    def _fork(self, parent: Sequence) -> list[Sequence]:
-        """``parent`` computed its prompt and samples its first token now: each sample waiting
-        for it takes a free slot, shares its full blocks and gets a copy of its partial last
-        block (``PagedKVCache.fork``), and samples its own first token from the parent's logits
-        row (returned: those seated). A sample that finds no free slot, or no free block for
-        its first token, goes to the front of the queue as an ordinary request instead (the
-        prefix cache may still serve its prompt): nothing waits on a fork that cannot happen."""
-        children, parent.forks = parent.forks, []
-        seated, left = [], []
-        for child in children:
-            free = self.slots.free_slots()
-            if not free or self.slots.num_free_blocks() < 1:
-                left.append(child)
-                continue
-            self.slots.fork(parent.slot, free[0])
-            child.computed, child.cached_tokens, child.admit_cached = (
-                parent.computed,
-                parent.cached_tokens,
-                parent.admit_cached,
-            )
-            self._seat(child, free[0], parent.computed, f"{FORK_OF}{parent.rid}")
-            self._forked.add(child.rid)
-            seated.append(child)
-        for child in reversed(left):
-            self.waiting.prepend(child)
-        return seated
-
-    def _pending_forks(self) -> list[Sequence]:
-        """Samples waiting for their parent's prompt (in no queue: their parent is)."""
-        return [c for q in [*self._running, *self.waiting] for c in q.forks]
-
-    def _unfork(self, seq: Sequence) -> None:
-        """``seq`` ends. A sample waiting for its parent's prompt leaves the parent's list. A
-        parent whose samples still wait for its prompt hands them to the first of them, which
-        takes its place at the front of the queue: the prompt is still computed once."""
-        parent = self._seqs.get(seq.fork_of) if seq.fork_of is not None else None
-        if parent is not None and seq in parent.forks:
-            parent.forks.remove(seq)
-        if seq.forks:
-            heir, *rest = seq.forks
-            seq.forks, heir.forks = [], rest
-            for child in rest:
-                child.fork_of = heir.rid
-            self.waiting.prepend(heir)
-
-    def _emit(self, rows: list[tuple[int, Sequence]], sampled: Sampled) -> list[Event]:
-        """Each (row, seq) gets row's sampled token, or fails if sampling that row failed."""
-        toks = sampled.tokens.squeeze(-1).tolist()
-        now = self.now()
-        if not sampled.failed:  # (every step but a broken one)
-            record, logprobs = self._record, sampled.logprobs
-            return [record(seq, toks[row], now, logprobs.get(row) if logprobs else None) for row, seq in rows]
-        events = []
-        for row, seq in rows:
-            if row in sampled.failed:
-                self._fail(seq, sampled.failed[row])
-            else:
-                events.append(self._record(seq, toks[row], now, sampled.logprobs.get(row)))
-        return events
-
     def _note_kv_use(self) -> None:
         used = self.slots.used_tokens()
         self.stats.kv_used_tokens.append(used)
@@ -574,100 +402,7 @@ class ContinuousEngine:
         again = f"recompute after {seq.preemptions} preemption(s)" if seq.preemptions else ""
         self._note("admitted", seq, slot, tokens, why or again, seq.admit_cached)
 
-    def snapshot(self) -> EngineSnapshot:
-        """Plain immutable state for viewers. O(slots + blocks + requests); unchanged requests
-        reuse their cached views, so token tuples are rebuilt only for requests that moved."""
-        slots = self.slots
-        lens = slots.context_lens()
-        tables = slots.block_tables() if hasattr(slots, "block_tables") else [()] * self.n_slots
-        chunked = self.chunked_prefill
-        slot_views = tuple(
-            SlotView(
-                s,
-                q.rid if q is not None else None,
-                lens[s] if q is not None else 0,
-                self.max_len,
-                tuple(tables[s]),
-                s in self._just_admitted,
-                q.remaining() if chunked and q is not None and not q.prefilled else 0,
-            )
-            for s, q in enumerate(self._slot_seq)
-        )
-        reqs = tuple(q.snapshot_view() for q in self._seqs.values())
-        kv = KVView(
-            self.kv_kind,
-            slots.reserved_tokens(),
-            slots.allocated_tokens(),
-            slots.used_tokens(),
-            self.stats.kv_bytes_per_token,
-            dtype=self._kv_dtype_name,
-        )
-        if self.kv_kind == "paged":
-            owner_slot = slots.block_owners()
-            owners = tuple(
-                self._slot_seq[o].rid if o is not None and self._slot_seq[o] is not None else None for o in owner_slot
-            )
-            kv = KVView(
-                kv.kind,
-                kv.reserved_tokens,
-                kv.allocated_tokens,
-                kv.used_tokens,
-                kv.bytes_per_token,
-                slots.block_size,
-                slots.n_blocks,
-                slots.num_free_blocks(),
-                owners,
-                tuple(slots.ref),
-                tuple(k is not None for k in slots.block_key) if self.prefix_cache else (),
-                slots.cached_free_blocks(),
-                kv.dtype,
-            )
-        st = self.stats
-        counters = Counters(
-            steps=self._steps,
-            decode_steps=st.decode_steps,
-            prefills=self._prefills,
-            prefill_tokens=self.stats.prefill_tokens,
-            preemptions=st.preemptions,
-            peak_active=st.peak_active,
-            useful_tokens=st.useful_tokens,
-            generated_tokens=self._generated,
-            finished=self._finished,
-            aborted=self._aborted,
-            failed=self._failed,
-            prefix_queries=self._prefix_queries,
-            prefix_hits=self._prefix_hits,
-            computed_rows=st.computed_rows,
-            useful_rows=st.useful_rows,
-        )
-        return EngineSnapshot(
-            self.now(),
-            self.n_slots,
-            self.max_len,
-            slot_views,
-            reqs,
-            tuple(q.rid for q in self.waiting),
-            kv,
-            counters,
-            self.max_batched_tokens,
-            self.policy,
-            self._batch,
-        )
-
     # -- internals -------------------------------------------------------------
-    def _record(self, seq: Sequence, tok: int, now: float, lp=None) -> Event:
-        seq.out.append(tok)
-        if lp is not None:
-            seq.logprobs.append(lp)
-        seq.view = None
-        self._generated += 1
-        if len(seq.out) == 1:
-            seq.first_token = now
-            self._note("first_token", seq, seq.slot, 1)
-        why = finish_reason(seq.req, seq.out)
-        if why is not None:
-            self._finished_now(seq, now, why)
-        return Event(seq.rid, tok, why is not None, why or "", lp)
 
     def _finished_now(self, seq: Sequence, now: float, why: str) -> None:
         """``seq`` ends finished (``why``: eos, stop, length): its Result kept, its slot freed."""

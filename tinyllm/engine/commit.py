@@ -1,0 +1,115 @@
+"""The commit of a step: a forward's outcome (sampled tokens) made the requests' state.
+
+A part of ContinuousEngine (a mixin: it reads and changes the engine's own state). Every step
+is plan -> forward -> commit; this module is the last third, per kind of forward (a padded
+prefill, a slot decode, a ragged mixed batch).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tinyllm.engine.forward import Prefilled
+from tinyllm.engine.sampler import Row, Sampled, sample_batch
+from tinyllm.engine.scheduler import StepPlan
+from tinyllm.engine.sequence import Event, Sequence, finish_reason
+
+
+class Commits:
+    """How each kind of forward pass is committed."""
+
+    def _commit(self, plan: StepPlan, out: Tensor | Prefilled) -> list[Event]:
+        return self._commit_prefill(plan, out) if plan.kind == "prefill" else self._commit_mixed(plan, out)
+
+    def _commit_prefill(self, plan: StepPlan, out: Prefilled) -> list[Event]:
+        """Prefilled requests take their slots, with their K/V; their first tokens as Events."""
+        self._prefills += 1
+        self.stats.prefill_tokens += plan.tokens
+        sampled = sample_batch(out.logits, [seq.row() for seq, _, _ in plan.items], self.generator)
+        nxt, failed = sampled.tokens, sampled.failed
+        self.slots.admit(plan.slots, out.cache, out.pad)
+        self.runner.last_tok[torch.tensor(plan.slots, device=self.device)] = nxt
+        toks = nxt.squeeze(-1).tolist()
+        now = self.now()
+        events = []
+        for i, ((seq, _, n), s, t) in enumerate(zip(plan.items, plan.slots, toks)):
+            self._seat(seq, s, n)
+            self._note("prefill", seq, s, n, f"0..{n} of {n}")  # the whole context, in this one step
+            if i in failed:
+                self._fail(seq, failed[i])
+            else:
+                events.append(self._record(seq, t, now, sampled.logprobs.get(i)))
+        return events
+
+    def _commit_decode(self, plan: StepPlan, logits: Tensor) -> list[Event]:
+        """One sampled token per slot (idle rows with the engine's default, then dropped); on the
+        paged pool, one per running sequence, in the plan's order."""
+        if not self.runner.every_slot:
+            seqs = [seq for seq, _, _ in plan.items]
+            return self._emit(list(enumerate(seqs)), sample_batch(logits, [q.row() for q in seqs], self.generator))
+        rows = [q.row() if q is not None else Row(self.sampling) for q in self._slot_seq]
+        sampled = sample_batch(logits, rows, self.generator)
+        self.runner.last_tok = sampled.tokens
+        return self._emit([(seq.slot, seq) for seq, _, _ in plan.items], sampled)
+
+    def _commit_mixed(self, plan: StepPlan, logits: Tensor) -> list[Event]:
+        """After a ragged forward: each item's progress, prefill events, sampled tokens."""
+        samplers = []
+        self.stats.computed_rows += len(plan.items)
+        self.stats.useful_rows += len(plan.items)
+        pool, prefix_cache = self.slots, self.prefix_cache
+        for seq, start, n in plan.items:  # (per item per step: kept lean)
+            done = seq.computed = start + n
+            total = len(seq.req.prompt) + len(seq.out)
+            if not seq.prefilled:
+                self._prefills += 1
+                self.stats.prefill_tokens += n
+                self._note("prefill", seq, seq.slot, n, f"{start}..{done} of {total}")
+            if prefix_cache and done // pool.block_size > len(pool.slot_keys[seq.slot]):
+                pool.register_full(seq.slot, seq.context())  # newly full blocks join the cache
+            if done == total:
+                samplers.append(seq)
+        if not samplers:
+            return []
+        at = list(range(len(samplers)))  # each sampler's logits row
+        for i, seq in enumerate(list(samplers)):
+            if seq.forks:  # its prompt is computed: its samples fork off
+                forked = self._fork(seq)
+                samplers += forked
+                at += [i] * len(forked)
+        if len(at) > logits.size(0):
+            logits = logits[torch.tensor(at, device=logits.device)]
+        sampled = sample_batch(logits, [q.row() for q in samplers], self.generator)
+        for seq in samplers:
+            seq.prefilled = True  # sampled since its (re)admission
+        return self._emit(list(enumerate(samplers)), sampled)
+
+    def _emit(self, rows: list[tuple[int, Sequence]], sampled: Sampled) -> list[Event]:
+        """Each (row, seq) gets row's sampled token, or fails if sampling that row failed."""
+        toks = sampled.tokens.squeeze(-1).tolist()
+        now = self.now()
+        if not sampled.failed:  # (every step but a broken one)
+            record, logprobs = self._record, sampled.logprobs
+            return [record(seq, toks[row], now, logprobs.get(row) if logprobs else None) for row, seq in rows]
+        events = []
+        for row, seq in rows:
+            if row in sampled.failed:
+                self._fail(seq, sampled.failed[row])
+            else:
+                events.append(self._record(seq, toks[row], now, sampled.logprobs.get(row)))
+        return events
+
+    def _record(self, seq: Sequence, tok: int, now: float, lp=None) -> Event:
+        seq.out.append(tok)
+        if lp is not None:
+            seq.logprobs.append(lp)
+        seq.view = None
+        self._generated += 1
+        if len(seq.out) == 1:
+            seq.first_token = now
+            self._note("first_token", seq, seq.slot, 1)
+        why = finish_reason(seq.req, seq.out)
+        if why is not None:
+            self._finished_now(seq, now, why)
+        return Event(seq.rid, tok, why is not None, why or "", lp)
