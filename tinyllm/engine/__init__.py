@@ -2,12 +2,13 @@
 
 request.py (top level, no torch)  Sampling, Request, Result, the fit rule
 sequence.py    the engine's record of a request; token Events
-continuous.py  ContinuousEngine (one step = plan -> forward -> commit), run_continuous
+continuous.py  ContinuousEngine (one step = plan -> forward -> commit), run_continuous; its parts:
+               commit.py (a forward's outcome committed), forks.py (n samples), views.py (snapshot)
 scheduler.py   the scheduler interface (plan, StepPlan) and the token-budget scheduler (chunked prefill)
-admission.py   the seed's scheduler: admit into free slots with a padded prefill, then decode every slot
-policy.py      the scheduling policy: the waiting queue's order (fcfs)
+admission.py   prefill then decode: admit into free slots with a padded prefill, then decode every slot
+policy.py      the scheduling policy: the waiting queue's order and whom to preempt (both schedulers)
 forward.py     running a plan on the model (padded prefill, slot decode, ragged mixed batch)
-build.py       from ContinuousEngine's arguments to its parts (checked settings, cache, scheduler)
+build.py       from an EngineConfig (tinyllm/config.py) to the engine's parts (sizes, cache, scheduler)
 static.py      static batching: StaticBatcher (one step at a time; the race steps it), run_static
                (the baseline, runs it to the end)
 sampler.py     the one sampler: every row of a batch in one vectorised pass (penalties, min_p,
