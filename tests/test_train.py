@@ -80,7 +80,7 @@ def test_cli_train_and_eval_keep_their_work_in_the_user_cache_not_the_cwd(tmp_pa
     assert list(cwd.iterdir()) == []
     work = cache / "tinyllm"
     assert fetched == [work / "corpus", work / "corpus"]
-    assert (work / "tokenizer" / "tokenizer.json").is_file() and (work / "state.pt").is_file()
+    assert (work / "tokenizer" / "tokenizer.json").is_file() and (work / "state.safetensors").is_file()
 
 
 def test_work_dir_default_follows_xdg_and_help_says_where(tmp_path, monkeypatch, capsys):
@@ -99,3 +99,46 @@ def test_work_dir_default_follows_xdg_and_help_says_where(tmp_path, monkeypatch,
         with pytest.raises(SystemExit):
             main([cmd, "--help"])
         assert "~/.cache/tinyllm" in " ".join(capsys.readouterr().out.split())
+
+
+def test_resume_state_is_safetensors_and_json_not_pickle(tmp_path):
+    """The resume state holds tensors (safetensors) and JSON only: loading it runs no pickle, and
+    it restores the model, the optimizer and the data generator exactly (the next step is the
+    same as without the save)."""
+    import inspect
+
+    import torch
+    from safetensors import safe_open
+
+    import tinyllm.model.train as train_mod
+    from tinyllm.model.transformer import Transformer
+
+    assert "torch.load" not in inspect.getsource(train_mod) and "weights_only=False" not in inspect.getsource(train_mod)
+    tiny = ModelConfig(vocab_size=50, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32, max_seq_len=16)
+
+    def setup(seed: int):
+        torch.manual_seed(seed)
+        model = Transformer(tiny)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95))
+        return model, opt, torch.Generator().manual_seed(seed)
+
+    def one_step(model, opt, gen):
+        x = torch.randint(50, (2, 8), generator=gen)
+        _, loss = model(x, targets=x)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    model, opt, gen = setup(0)
+    one_step(model, opt, gen)
+    path = tmp_path / train_mod.STATE_FILE
+    train_mod.save_state(path, model, opt, gen, 1, 2.5)
+    with safe_open(str(path), framework="pt") as f:
+        assert json.loads(f.metadata()["tinyllm.train_state"])["step"] == 1
+    expected = one_step(model, opt, gen)
+    model2, opt2, gen2 = setup(1)  # other weights, a fresh optimizer and generator
+    assert train_mod.load_state(path, model2, opt2, gen2) == (1, 2.5)
+    assert opt2.param_groups[0]["betas"] == (0.9, 0.95)
+    assert one_step(model2, opt2, gen2) == expected
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), model2.state_dict().values()))

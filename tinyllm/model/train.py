@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -190,8 +191,62 @@ def lr_at(step: int, tc: TrainConfig) -> float:
     return tc.min_lr + 0.5 * (tc.lr - tc.min_lr) * (1 + math.cos(math.pi * min(1.0, frac)))
 
 
+STATE_FILE = "state.safetensors"  # the resume state in the work directory
+_META = "tinyllm.train_state"  # the safetensors metadata key holding the state's non-tensor part (JSON)
+
+
+def save_state(
+    path: Path, model: Transformer, opt: torch.optim.Optimizer, gen: torch.Generator, step: int, elapsed: float
+) -> None:
+    """The resume state without pickle: every tensor (the model's, the optimizer's, the data
+    generator's) in one safetensors file, the rest (step, elapsed, the optimizer's settings and
+    scalars) as JSON in its metadata. Written to a temporary name and renamed: a run killed
+    while saving leaves the previous state whole."""
+    from safetensors.torch import save_file
+
+    tensors = {f"model.{k}": v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    sd = opt.state_dict()
+    opt_scalars: dict[str, dict] = {}
+    for pid, st in sd["state"].items():
+        for name, v in st.items():
+            if isinstance(v, torch.Tensor):
+                tensors[f"opt.{pid}.{name}"] = v.detach().clone().contiguous()
+            else:
+                opt_scalars.setdefault(str(pid), {})[name] = v
+    tensors["gen"] = gen.get_state()
+    meta = {
+        "step": step,
+        "elapsed": elapsed,
+        "param_groups": sd["param_groups"],
+        "opt_scalars": opt_scalars,
+        "opt_state_ids": [str(pid) for pid in sd["state"]],
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata={_META: json.dumps(meta)})
+    os.replace(tmp, path)
+
+
+def load_state(path: Path, model: Transformer, opt: torch.optim.Optimizer, gen: torch.Generator) -> tuple[int, float]:
+    """Restore what ``save_state`` wrote (no pickle: safetensors and JSON); (step, elapsed)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = json.loads((f.metadata() or {})[_META])
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no iteration
+    model.load_state_dict({k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")})
+    state: dict[int, dict] = {int(pid): dict(meta["opt_scalars"].get(pid, {})) for pid in meta["opt_state_ids"]}
+    for k, v in tensors.items():
+        if k.startswith("opt."):
+            _, pid, name = k.split(".", 2)
+            state[int(pid)][name] = v
+    groups = [{**g, "betas": tuple(g["betas"])} if "betas" in g else g for g in meta["param_groups"]]
+    opt.load_state_dict({"state": state, "param_groups": groups})
+    gen.set_state(tensors["gen"])
+    return int(meta["step"]), float(meta["elapsed"])
+
+
 def train(corpus: Path | None, out: Path, tc: TrainConfig, work: Path, log=print) -> dict:
-    """Full pipeline; resumable from ``work/state.pt``. Returns final metrics."""
+    """Full pipeline; resumable from ``work/state.safetensors``. Returns final metrics."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
     from tokenizers import Tokenizer as HFTok
 
@@ -222,14 +277,12 @@ def train(corpus: Path | None, out: Path, tc: TrainConfig, work: Path, log=print
     )
     gen = torch.Generator().manual_seed(tc.seed)
     step, elapsed = 0, 0.0
-    state_file = work / "state.pt"
+    state_file = work / STATE_FILE
     if state_file.is_file():
-        st = torch.load(state_file, weights_only=False)  # our own resume file, written below
-        model.load_state_dict(st["model"])
-        opt.load_state_dict(st["opt"])
-        gen.set_state(st["gen"])
-        step, elapsed = st["step"], st["elapsed"]
+        step, elapsed = load_state(state_file, model, opt, gen)
         log(f"resumed at step {step}")
+    elif (work / "state.pt").is_file():  # an older run's pickle: never unpickled
+        log(f"{work / 'state.pt'} (an older, pickled resume state) is not read: training starts afresh")
     model.train()
     t_start = time.perf_counter() - elapsed
     last_val = float("nan")
@@ -261,16 +314,7 @@ def train(corpus: Path | None, out: Path, tc: TrainConfig, work: Path, log=print
                     f"step {step} loss {loss.item():.4f} val~ {last_val:.4f} nats/char lr {lr_at(step, tc):.2e} "
                     f"elapsed {el / 60:.1f} min"
                 )
-                torch.save(
-                    {
-                        "model": model.state_dict(),
-                        "opt": opt.state_dict(),
-                        "gen": gen.get_state(),
-                        "step": step,
-                        "elapsed": el,
-                    },
-                    state_file,
-                )
+                save_state(state_file, model, opt, gen, step, el)
     elapsed = time.perf_counter() - t_start
     model.half().float()  # score exactly what ships (fp16 weights)
     full_val = nats_per_char(model, val_ids, val_chars, cfg.max_seq_len)
