@@ -23,7 +23,9 @@ where it cannot run, so the caller takes PyTorch's path: the same results, withi
 
 Why this way: plain C without PyTorch headers, so the system C compiler builds the library in
 about two seconds (a PyTorch C++ extension takes about a minute on two cores); it is cached per
-source, compiler and CPU under ``$TINYLLM_CACHE`` (default ``~/.cache/tinyllm``). Where no compiler
+source, compiler and CPU under ``$TINYLLM_CACHE`` (default ``~/.cache/tinyllm``), a directory that
+must be this user's and not group- or world-writable (a library in it is checked the same way
+before it is loaded; otherwise PyTorch runs, and the log says why). Where no compiler
 is found, or the build fails, ``library()`` says so once in the log (info level) and returns None,
 and everything runs on PyTorch: the kernels are a speed-up, never a requirement.
 ``TINYLLM_NATIVE=0`` in the environment (or ``native.ENABLED = False``) turns them off.
@@ -38,9 +40,11 @@ import math
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
 from array import array
 from pathlib import Path
 
@@ -66,17 +70,88 @@ ENABLED = os.environ.get("TINYLLM_NATIVE", "1").strip().lower() not in ("0", "fa
 
 _lib: ctypes.CDLL | None = None
 _tried = False
+_lock = threading.Lock()  # the first library() call builds; concurrent callers wait for it
 why_not = ""  # why the kernels are not in use (for the bench and the log)
+LOCK_NAME = ".lock"  # in the cache directory: processes building at once take turns (flock)
+
+
+class UnsafeCache(RuntimeError):
+    """The kernel cache (or a library in it) could be written by someone else: not used."""
 
 
 def cache_dir() -> Path:
-    home = os.path.expanduser("~")
-    if home.startswith("~"):  # no HOME and no passwd entry: not the working directory
-        home = tempfile.gettempdir()
-    root = os.environ.get("TINYLLM_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"), "tinyllm"
-    )
+    """``$TINYLLM_CACHE/kernels``, else ``$XDG_CACHE_HOME/tinyllm/kernels``, else
+    ``~/.cache/tinyllm/kernels``. Raises UnsafeCache with no home directory to put it in (never a
+    shared fallback such as /tmp, where another user could plant a library)."""
+    root = os.environ.get("TINYLLM_CACHE")
+    if not root:
+        base = os.environ.get("XDG_CACHE_HOME")
+        if not base:
+            home = os.path.expanduser("~")
+            if home.startswith("~"):  # no HOME and no passwd entry
+                raise UnsafeCache("no home directory for the kernel cache: set TINYLLM_CACHE to a private directory")
+            base = os.path.join(home, ".cache")
+        root = os.path.join(base, "tinyllm")
     return Path(root) / "kernels"
+
+
+def _uid() -> int:
+    return os.geteuid()
+
+
+def _writable_by_others(st: os.stat_result) -> str | None:
+    """Why a file or directory with this stat could be changed by another user, or None."""
+    if st.st_uid != _uid():
+        return f"owned by uid {st.st_uid}, not this user ({_uid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (
+            f"writable by {'others' if st.st_mode & stat.S_IWOTH else 'its group'} (mode {stat.S_IMODE(st.st_mode):o})"
+        )
+    return None
+
+
+def safe_cache_dir() -> Path:
+    """The cache directory, made private (0700) if it is new; UnsafeCache if it exists but
+    another user owns it or it is group- or world-writable."""
+    d = cache_dir()
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    problem = _writable_by_others(d.stat())
+    if problem is not None:
+        raise UnsafeCache(f"the kernel cache {d} is {problem}; fix it or set TINYLLM_CACHE to a private directory")
+    return d
+
+
+def check_library(path: Path) -> None:
+    """Refuse to load ``path`` unless it is a regular file of this user's that no one else can
+    write (a library loaded runs with this process's rights). Raises UnsafeCache."""
+    st = path.lstat()
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeCache(f"{path} is not a regular file")
+    problem = _writable_by_others(st)
+    if problem is not None:
+        raise UnsafeCache(f"{path} is {problem}")
+
+
+def _locked(d: Path):
+    """An exclusive lock on ``d``'s lock file (processes building at once take turns); a
+    context manager. Where fcntl is missing (Windows) a no-op: the build's rename stays atomic."""
+    import contextlib
+
+    try:
+        import fcntl
+    except ImportError:
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def hold():
+        fd = os.open(d / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # (releases the lock)
+
+    return hold()
 
 
 def _compiler() -> str | None:
@@ -137,10 +212,19 @@ def _build(cc: str) -> Path:
     # below passes where the building process happens to hold the runtime already)
     defs = ["-Wl,-z,defs"] if sys.platform.startswith("linux") else []
     key = hashlib.sha256(src + " ".join([cc, *FLAGS, *defs, *openmp, _machine_id(cc)]).encode())
-    out = cache_dir() / f"tinyllm-{key.hexdigest()[:16]}.so"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
+    d = safe_cache_dir()
+    out = d / f"tinyllm-{key.hexdigest()[:16]}.so"
+    with _locked(d):  # another process building the same library: wait for it, then use it
+        if out.exists():
+            try:
+                check_library(out)
+                return out
+            except UnsafeCache as e:  # not trusted: built again in its place (the directory is ours)
+                log.warning("C kernels: rebuilding %s", e)
+        return _compile(cc, sources, openmp, native, defs, out)
+
+
+def _compile(cc: str, sources: list[Path], openmp: list[str], native: list[str], defs: list[str], out: Path) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
@@ -161,6 +245,7 @@ def _build(cc: str) -> Path:
             except OSError as e:
                 errors = f"built with {' '.join(extra) or 'no extra flags'} but does not load: {e}"[-400:]
                 continue
+            os.chmod(tmp, 0o755)  # (the linker's mode follows the umask: never group-writable here)
             os.replace(tmp, out)
             return out
         raise RuntimeError(f"{cc} failed: {errors}")
@@ -195,7 +280,9 @@ class LayerStep(ctypes.Structure):
 
 
 def load(path: Path) -> ctypes.CDLL:
-    """A built library with its functions' C signatures declared (ctypes converts by them)."""
+    """A built library with its functions' C signatures declared (ctypes converts by them),
+    checked first (``check_library``: this user's, written by no one else)."""
+    check_library(path)
     lib = ctypes.CDLL(str(path))
     i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
     lib.paged_decode_attention.argtypes = [
@@ -257,25 +344,32 @@ def load(path: Path) -> ctypes.CDLL:
 
 
 def library() -> ctypes.CDLL | None:
-    """The compiled kernels, or None (no compiler, a failed build, or turned off); the build is
-    tried once per process."""
+    """The compiled kernels, or None (no compiler, a failed build, an unsafe cache, or turned
+    off); the build is tried once per process. Thread-safe: a caller that comes while the first
+    one builds waits for its result (it never gets None meanwhile)."""
     global _lib, _tried, why_not
     if not ENABLED:
         why_not = "turned off (TINYLLM_NATIVE=0)"
         return None
     if _tried:
         return _lib
-    _tried = True
-    cc = _compiler()
-    if cc is None:
-        why_not = "no C compiler found (cc, gcc, clang)"
-    else:
-        try:
-            _lib = load(_build(cc))
-        except Exception as e:  # whatever the toolchain does: PyTorch's path, said why
-            why_not = f"build failed ({type(e).__name__}: {e})"
-    if _lib is None:
-        log.info("C kernels not in use, PyTorch runs instead: %s", why_not)
+    with _lock:
+        if _tried:
+            return _lib
+        cc = _compiler()
+        if cc is None:
+            why_not = "no C compiler found (cc, gcc, clang)"
+        else:
+            try:
+                _lib = load(_build(cc))
+            except UnsafeCache as e:
+                why_not = f"unsafe kernel cache: {e}"
+                log.warning("C kernels not in use, PyTorch runs instead: %s", why_not)
+            except Exception as e:  # whatever the toolchain does: PyTorch's path, said why
+                why_not = f"build failed ({type(e).__name__}: {e})"
+        if _lib is None:
+            log.info("C kernels not in use, PyTorch runs instead: %s", why_not)
+        _tried = True  # (after _lib: a caller that sees it sees the library)
     return _lib
 
 

@@ -1,0 +1,137 @@
+"""The C kernels' cache is trusted only where no one else can write (issue 45): a directory of
+this user's that is not group- or world-writable, a library checked (owner, mode) before it is
+loaded, no shared fallback such as /tmp without a home; and the first build is serialised
+across threads (a lock in library()) and processes (flock on a lock file in the cache)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tinyllm import native
+
+needs_compiler = pytest.mark.skipif(native._compiler() is None, reason="no C compiler here")
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """library() as in a new process, its cache under tmp_path/cache."""
+    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setattr(native, "_tried", False)
+    monkeypatch.setattr(native, "ENABLED", True)
+    monkeypatch.setenv("TINYLLM_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "kernels"
+
+
+def test_a_new_cache_is_private(fresh):
+    d = native.safe_cache_dir()
+    assert d == fresh and (d.stat().st_mode & 0o777) == 0o700
+
+
+@pytest.mark.parametrize("mode, says", [(0o770, "writable by its group"), (0o707, "writable by others")])
+def test_a_group_or_world_writable_cache_is_refused_and_pytorch_runs(fresh, mode, says, caplog):
+    fresh.mkdir(parents=True)
+    fresh.chmod(mode)
+    with caplog.at_level("WARNING", logger="tinyllm"):
+        lib = native.library()
+    assert lib is None and "unsafe kernel cache" in native.why_not and says in native.why_not, native.why_not
+    assert "TINYLLM_CACHE" in native.why_not and not list(fresh.glob("*.so"))
+    assert "PyTorch runs instead" in caplog.text
+    assert native.library() is None  # once per process: said once
+
+
+def test_a_cache_owned_by_another_user_is_refused(fresh, monkeypatch):
+    fresh.mkdir(parents=True, mode=0o700)
+    monkeypatch.setattr(native, "_uid", lambda: os.geteuid() + 1)
+    assert native.library() is None
+    assert "owned by uid" in native.why_not and "not this user" in native.why_not
+
+
+def test_no_home_means_no_cache_not_tmp(monkeypatch):
+    for var in ("TINYLLM_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(os.path, "expanduser", lambda p: p)  # no HOME, no passwd entry
+    with pytest.raises(native.UnsafeCache, match="no home directory"):
+        native.cache_dir()
+    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setattr(native, "_tried", False)
+    monkeypatch.setattr(native, "ENABLED", True)
+    assert native.library() is None and "no home directory" in native.why_not
+
+
+def test_a_library_is_checked_before_it_is_loaded(tmp_path, monkeypatch):
+    lib = tmp_path / "x.so"
+    lib.write_bytes(b"not loaded")
+    lib.chmod(0o775)
+    with pytest.raises(native.UnsafeCache, match="writable by its group"):
+        native.load(lib)  # refused before ctypes sees it
+    lib.chmod(0o755)
+    monkeypatch.setattr(native, "_uid", lambda: os.geteuid() + 1)
+    with pytest.raises(native.UnsafeCache, match="owned by uid"):
+        native.check_library(lib)
+    monkeypatch.undo()
+    native.check_library(lib)  # ours, 0755: fine
+    link = tmp_path / "link.so"
+    link.symlink_to(lib)
+    with pytest.raises(native.UnsafeCache, match="not a regular file"):
+        native.check_library(link)
+
+
+@needs_compiler
+def test_a_planted_or_loosened_library_is_rebuilt_not_loaded(fresh, monkeypatch):
+    assert native.library() is not None, native.why_not
+    (built,) = fresh.glob("*.so")
+    assert (built.stat().st_mode & 0o022) == 0
+    built.chmod(0o777)  # e.g. written under a loose umask, or by someone in the group
+    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setattr(native, "_tried", False)
+    assert native.library() is not None, native.why_not
+    assert (built.stat().st_mode & 0o777) == 0o755
+
+
+@needs_compiler
+def test_concurrent_first_callers_all_get_the_library_built_once(fresh, monkeypatch):
+    """A caller that came while the first one built got None (and Linear then packed for oneDNN
+    for good: different bits). Now every thread waits for the one build."""
+    builds = []
+    real = native._compile
+
+    def slow_compile(*a, **k):
+        builds.append(1)
+        time.sleep(0.2)  # the others arrive meanwhile
+        return real(*a, **k)
+
+    monkeypatch.setattr(native, "_compile", slow_compile)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(native.library())) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(got) == 4 and all(lib is not None for lib in got) and len({id(lib) for lib in got}) == 1
+    assert len(builds) == 1
+
+
+def test_processes_take_turns_on_the_cache_lock(fresh):
+    """The lock is an flock on a file in the cache: while one process holds it, another waits."""
+    pytest.importorskip("fcntl")
+    d = native.safe_cache_dir()
+    code = (
+        "import sys, time; from pathlib import Path; from tinyllm import native\n"
+        "with native._locked(Path(sys.argv[1])):\n    print('in', flush=True); time.sleep(0.5)\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code, str(d)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "in\n"  # the other process holds the lock now
+        t0 = time.monotonic()
+        with native._locked(d):
+            waited = time.monotonic() - t0
+        assert waited > 0.2, waited
+        assert (d / native.LOCK_NAME).exists() and (os.stat(d / native.LOCK_NAME).st_mode & 0o077) == 0
+    finally:
+        p.wait(30)
