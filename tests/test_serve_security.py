@@ -256,3 +256,62 @@ def test_attach_sends_the_key_and_says_when_it_is_refused(server, monkeypatch, c
     with pytest.raises(SystemExit) as e:  # without --attach: refused
         build_app(["--api-key", KEY])
     assert "--api-key applies to --attach" in capsys.readouterr().err
+
+
+# -- overload ---------------------------------------------------------------------------------------
+def test_overload_every_request_completes_or_is_refused_at_once_and_nothing_leaks(model_tok):
+    """5x the clients the queue holds, at once, streaming and not, some hanging up after their
+    first chunk: each one gets a whole answer or an immediate 429; afterwards nothing waits or
+    runs and every KV block is free. (A short version of the issue's load test.)"""
+    model, tok = model_tok
+    limits = Limits(max_waiting=4)
+    app = create_app(EngineLoop(build_engine(model, slots=2)), tok, SERVED_MODEL, limits=limits)
+    clients = 5 * (limits.max_waiting + 2)
+    outcomes: list[tuple[str, float]] = []
+    lock = threading.Lock()
+    go = threading.Barrier(clients)
+
+    def client(i: int, url: str) -> None:
+        body = {"model": SERVED_MODEL, "prompt": f"ROMEO {i}:", "max_tokens": 12, "stream": i % 2 == 0}
+        go.wait(30)
+        t0 = time.monotonic()
+        with httpx.Client(timeout=60) as c, c.stream("POST", url + "/v1/completions", json=body) as r:
+            if r.status_code == 429:
+                r.read()
+                assert r.headers["retry-after"] and r.json()["error"]["code"] == "max_waiting_exceeded"
+                outcome = "refused"
+            else:
+                assert r.status_code == 200, r.read()
+                if body["stream"]:
+                    lines = r.iter_lines()
+                    assert next(lines).startswith("data: ")
+                    if i % 4 == 0:  # hang up after the first chunk
+                        outcome = "hung up"
+                    else:
+                        rest = list(lines)
+                        assert rest[-2:] == ["data: [DONE]", ""] or rest[-1] == "data: [DONE]", rest[-3:]
+                        outcome = "completed"
+                else:
+                    r.read()
+                    assert r.json()["usage"]["completion_tokens"] == 12
+                    outcome = "completed"
+        with lock:
+            outcomes.append((outcome, time.monotonic() - t0))
+
+    with ServerThread(app) as s:
+        threads = [threading.Thread(target=client, args=(i, s.url)) for i in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert len(outcomes) == clients, outcomes  # (a client whose assert failed is missing)
+        kinds = [k for k, _ in outcomes]
+        assert kinds.count("refused") >= 1 and kinds.count("completed") >= 1, kinds
+        assert all(dt < 10 for k, dt in outcomes if k == "refused")  # at once, not after a wait
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            load, held = s.engine_loop.call(lambda e: (e.load(), e.slots.allocated_tokens()))
+            if load == (0, 0) and held == 0 and s.engine_loop.waiting() == 0:
+                break
+            time.sleep(0.05)
+        assert load == (0, 0) and held == 0 and s.engine_loop.waiting() == 0, (load, held)
