@@ -107,6 +107,12 @@ def test_a_body_over_the_limit_is_refused_with_413(server, path):
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
 
 
+@pytest.mark.parametrize("method, path", [("GET", "/v1/models"), ("GET", "/health"), ("POST", "/v1/nowhere")])
+def test_any_route_announcing_a_body_over_the_limit_gets_413_at_once(server, method, path):
+    r = httpx.request(method, server.url + path, content=b"x" * 5000, headers=auth(), timeout=30)
+    is_error(r, 413, "request_too_large")
+
+
 def test_tokenize_and_detokenize_take_a_bounded_number_of_tokens(server):
     with httpx.Client(base_url=server.url, headers=auth(), timeout=30) as c:
         err = is_error(c.post("/tokenize", json={"prompt": "ROMEO: " * 60}), 400, "too_many_tokens")

@@ -51,7 +51,7 @@ from tinyllm.serve.engine_loop import (
 from tinyllm.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from tinyllm.serve.protocol import ApiError, api_key_tenant
 from tinyllm.serve.reader import OutputReader
-from tinyllm.serve.security import RETRY_AFTER_S, ApiKeyMiddleware, Limits, read_body
+from tinyllm.serve.security import RETRY_AFTER_S, ApiKeyMiddleware, BodyLimitMiddleware, Limits, read_body
 from tinyllm.serve.stream import add_stream_route
 from tinyllm.serve.tokenization import max_token_bytes, parse_detokenize, parse_tokenize, tokenize_response
 
@@ -97,7 +97,8 @@ def create_app(
     app.state.metrics = metrics
     app.state.model_name = model_name
     app.state.limits = limits
-    if api_key:
+    app.add_middleware(BodyLimitMiddleware, limit=max_body)
+    if api_key:  # (added last: the outer one, so a client without the key learns nothing else)
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     created = int(time.time())
 

@@ -110,6 +110,24 @@ class ApiKeyMiddleware:
         await response(scope, receive, send)
 
 
+class BodyLimitMiddleware:
+    """Pure ASGI: a request on any route (a GET, an unknown path) that announces a body over the
+    limit (Content-Length) gets the 413 at once; the routes that read a body also count it as it
+    arrives (``read_body``), for bodies sent without a length."""
+
+    def __init__(self, app: ASGIApp, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            for name, value in scope.get("headers") or ():
+                if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                    e = body_too_large(self.limit)
+                    await JSONResponse(e.body(), status_code=e.status)(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+
 def body_too_large(limit: int) -> ApiError:
     return ApiError(
         f"the request body is larger than the server's limit of {limit} bytes (--max-body-bytes)",
