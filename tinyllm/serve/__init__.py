@@ -12,6 +12,7 @@
     stream.py       GET /v1/tinyllm/stream and POST /v1/tinyllm/abort (add_stream_route)
     server.py       the engine the server runs, uvicorn (run_server for the CLI, ServerThread)
     security.py     --api-key (every route but /health and /metrics), limits on what a client sends
+    loadtest.py     python -m tinyllm.serve.loadtest: overload on loopback, measured and checked
 
 In-process: ``app = create_app(EngineLoop(engine), tokenizer, "name")`` then
 ``with ServerThread(app) as s: ...`` (``s.url``, ``s.engine_loop``).

@@ -158,8 +158,25 @@ def create_app(
     async def metrics_route() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    def check_room(n: int) -> None:
+        """A 429 if ``n`` more requests would wait beyond --max-waiting. Checked once as a
+        generation request arrives (a full queue refuses it before its body is parsed and its
+        prompt tokenized: at once, under load) and again just before it is submitted."""
+        waiting = engine_loop.waiting()
+        if waiting + n > limits.max_waiting:
+            raise ApiError(
+                f"the server is busy: {waiting} requests wait for a slot, its limit is "
+                f"{limits.max_waiting} (--max-waiting); retry later",
+                None,
+                "max_waiting_exceeded",
+                429,
+                "rate_limit_error",
+                {"retry-after": str(RETRY_AFTER_S)},
+            )
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
+        check_room(1)
         try:
             raw = await read_body(request, max_body)
         except ClientDisconnect:  # gone before the body arrived: nothing to do
@@ -181,6 +198,7 @@ def create_app(
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
+        check_room(1)
         try:
             raw = await read_body(request, max_body)
         except ClientDisconnect:
@@ -254,17 +272,7 @@ def create_app(
                 "stop_token_ids",
                 "invalid_value",
             )
-        waiting = engine_loop.waiting()
-        if waiting + p.n > limits.max_waiting:  # (no await between this and the submit: exact)
-            raise ApiError(
-                f"the server is busy: {waiting} requests wait for a slot, its limit is "
-                f"{limits.max_waiting} (--max-waiting); retry later",
-                None,
-                "max_waiting_exceeded",
-                429,
-                "rate_limit_error",
-                {"retry-after": str(RETRY_AFTER_S)},
-            )
+        check_room(p.n)  # (no await between this and the submit: exact)
         try:
             handles = engine_loop.submit_samples(req, p.n, p.stop)  # n > 1: one prompt, n samples (forks)
         except EngineLoopStopped as e:
