@@ -11,6 +11,10 @@ import torch
 # slower than its tests take one at a time. The test models are tiny: a second thread buys nothing.
 torch.set_num_threads(1)
 os.environ["OMP_NUM_THREADS"] = "1"
+# The cost clock (race, whatif) prices steps with this fixed profile in the tests, instead of
+# calibrating this machine's (seconds, once per cache): the same figures on any machine.
+# tests/test_cost_clock.py unsets it to test the calibration itself.
+os.environ.setdefault("TINYLLM_COST_PROFILE", os.path.join(os.path.dirname(__file__), "data", "cost-profile.json"))
 
 
 @pytest.fixture(autouse=True)

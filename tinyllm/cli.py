@@ -214,8 +214,18 @@ def cmd_whatif(args) -> None:
     except LaneSpecError as e:
         raise UsageError(str(e)) from None
     max_len = args.max_len or (recorded.max_len if recorded else 512)
+    if args.cost_profile is not None and (args.clock == "wall" or args.step_cost is not None):
+        raise UsageError("--cost-profile is the cost clock's: drop it, or --clock wall / --step-cost")
     torch.set_num_threads(args.threads)
     model, tok = load_model(args)
+    clock = args.step_cost
+    if clock is None and args.clock == "cost":
+        from tinyllm.race.calibrate import cost_profile
+
+        try:
+            clock = cost_profile(model, args.cost_profile)
+        except ValueError as e:
+            raise UsageError(f"--cost-profile: {e}") from None
     try:
         arrivals, warning = load_arrivals(
             args.source, tok.encode, max_len, args.max_new_tokens or 64, asked_new=args.max_new_tokens is not None
@@ -229,7 +239,7 @@ def cmd_whatif(args) -> None:
             args.kv_blocks,
             args.max_batched_tokens,
             lanes=lanes,
-            step_cost_s=args.step_cost,
+            step_cost_s=clock,
             kv_memory_mib=args.kv_memory,
             max_num_seqs=args.max_num_seqs,
             kv_cache_dtype=args.kv_cache_dtype,
@@ -253,6 +263,7 @@ def cmd_whatif(args) -> None:
     out = stdout_console()  # piped: wide, as the bench's
     if recorded is not None:
         out.print(f"as recorded, unless a lane or an option says otherwise: {recorded.describe()}", highlight=False)
+    out.print(clock_line(clock), highlight=False)
     out.print(lanes_table(views))
     groups = groups_table(views, rows)
     if groups is not None:
@@ -262,10 +273,30 @@ def cmd_whatif(args) -> None:
         out.print(request_lanes(views, rows[0], min(out.width, 160)))  # (a step a cell: not 400 of them)
     if args.json:
         try:
-            write_text(args.json, json.dumps(to_json(views, rows, args.source), indent=1))
+            report = {**to_json(views, rows, args.source), "clock": clock_json(clock)}
+            write_text(args.json, json.dumps(report, indent=1))
         except OSError as e:
             raise UsageError(f"--json {args.json}: cannot write it: {e.strerror or e}") from None
         print(f"wrote {args.json}", file=sys.stderr)
+
+
+def clock_line(clock) -> str:
+    """What the times rest on, said above every what-if table."""
+    if clock is None:
+        return "clock: wall (each lane's measured compute: figures vary run to run with the machine's load)"
+    if isinstance(clock, float):
+        return f"clock: every step costs {clock:g} s (--step-cost)"
+    from tinyllm.race.calibrate import describe
+
+    return describe(clock) + ": the same model for every lane, the same figures every run"
+
+
+def clock_json(clock) -> dict:
+    if clock is None:
+        return {"kind": "wall"}
+    if isinstance(clock, float):
+        return {"kind": "fixed", "step_s": clock}
+    return {"kind": "cost", **vars(clock)}
 
 
 def refuse_writing_over(flag: str, out: str | None, source: str) -> None:
@@ -492,7 +523,22 @@ def build_parser() -> argparse.ArgumentParser:
         type=non_negative_float,
         default=None,
         metavar="S",
-        help="charge every step exactly S seconds instead of measuring it (times become exact)",
+        help="charge every step exactly S seconds (times become exact; instead of --clock)",
+    )
+    wi.add_argument(
+        "--clock",
+        choices=["cost", "wall"],
+        default="cost",
+        help="how a step's time is counted: cost (default: from its work, by a cost model fitted on this "
+        "machine once and cached, the same for every lane: the same figures on every run) or wall (each "
+        "lane's measured compute)",
+    )
+    wi.add_argument(
+        "--cost-profile",
+        metavar="FILE",
+        default=None,
+        help="the cost clock's coefficients from FILE (a profile measured elsewhere, e.g. on a GPU; "
+        "default: $TINYLLM_COST_PROFILE, else this machine's)",
     )
     wi.add_argument(
         "--rows", type=positive_int, default=20, metavar="N", help="requests shown, most changed first (20)"

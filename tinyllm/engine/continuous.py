@@ -322,6 +322,7 @@ class ContinuousEngine(Commits, ForkSamples, EngineViews):
         self._take_effect(plan)
         if not plan.items:
             return []
+        self._on_pass(plan)
         if plan.kind == "prefill":
             return self._isolated(plan, "admission failed")
         st = self.stats
@@ -335,6 +336,9 @@ class ContinuousEngine(Commits, ForkSamples, EngineViews):
         st.useful_rows += len(plan.items)
         self._note_kv_use()
         return self._commit_decode(plan, self.runner(plan))
+
+    def _on_pass(self, plan: StepPlan) -> None:
+        """A forward pass of ``plan`` is about to run (a race lane prices it on its cost clock)."""
 
     def _take_effect(self, plan: StepPlan) -> None:
         """Preempted sequences go back in line; admitted ones (slot set by the scheduler) run."""

@@ -15,6 +15,7 @@ from tinyllm.engine.static import StaticBatcher
 from tinyllm.observe.stats import Stats, percentile
 from tinyllm.observe.timeline import Timeline
 from tinyllm.race.clock import LaneClock
+from tinyllm.race.cost import PassWork
 from tinyllm.race.views import LaneResult, LaneView, RequestOutcome, RowView
 
 Workload = list[tuple[float, Request]]  # (arrival_s, request), sorted by arrival
@@ -230,6 +231,7 @@ class StaticLane(Lane):
 
     def _engine_step(self):
         before = tuple(r.rid for r in self.engine.rows())
+        self.clock.charge(static_pass_work(self.engine))
         events = self.engine.step()
         self._ended = before if not self.engine.batch else ()
         return events
@@ -267,6 +269,21 @@ class _ClockedEngine(ContinuousEngine):
 
     def now(self) -> float:
         return self._lane_clock.now()
+
+    def _on_pass(self, plan) -> None:
+        """The pass's work, as its kernels do it: a padded prefill computes every row to the
+        longest context; the slot cache's decode computes every slot over a window of the longest
+        context + 1; the paged decode and the ragged batch only their rows and contexts."""
+        items = plan.items
+        if plan.kind == "prefill":
+            longest = max(start + n for _, start, n in items)
+            work = PassWork(len(items), len(items) * longest, len(items) * longest)
+        elif plan.kind == "decode" and self.runner.every_slot:
+            window = max(start for _, start, _ in items) + 1
+            work = PassWork(self.n_slots, self.n_slots, self.n_slots * window)
+        else:
+            work = PassWork(len(items), plan.tokens, sum(start + n for _, start, n in items))
+        self._lane_clock.charge(work)
 
 
 class ContinuousLane(Lane):
@@ -343,3 +360,14 @@ class ContinuousLane(Lane):
             snap.kv.reserved_tokens,
             self._note(),
         )
+
+
+def static_pass_work(eng: StaticBatcher) -> PassWork:
+    """Static batching's next pass: a prefill of the next batch padded to its longest prompt, or a
+    decode of every row of the batch (finished ones too) over the whole padded context so far."""
+    if not eng.batch:
+        batch = list(eng.queue)[: eng.batch_size]
+        longest = max((len(p.req.prompt) for p in batch), default=0)
+        return PassWork(len(batch), len(batch) * longest, len(batch) * longest)
+    context = max(len(p.req.prompt) for p in eng.batch) + max(len(p.out) for p in eng.batch)
+    return PassWork(len(eng.batch), len(eng.batch), len(eng.batch) * context)

@@ -21,6 +21,7 @@ from tinyllm.engine.build import MIB, resolve_concurrency
 from tinyllm.engine.forward import kv_cache_dtype_name
 from tinyllm.engine.static import StaticBatcher
 from tinyllm.race.clock import LaneClock
+from tinyllm.race.cost import CostModel
 from tinyllm.race.lanes import ContinuousLane, Lane, StaticLane, Workload
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, check_static_batches
 from tinyllm.race.spec import LaneSpec
@@ -63,7 +64,7 @@ def build_race(
     max_batched_tokens: int | None = None,
     batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S,
     lanes: tuple[str | LaneSpec, ...] = LANES,
-    step_cost_s: float | None = None,
+    step_cost_s: float | CostModel | None = None,
     seed: int = 0,
     kv_memory_mib: float | None = None,
     max_num_seqs: int | None = None,
@@ -72,7 +73,8 @@ def build_race(
     """The lanes on ``workload`` (sorted by arrival here; request ids follow that order in every
     lane). ``lanes``: lane kinds (``LANES``) or ``LaneSpec``s, each with its own settings (the
     what-if: ``race/spec.py``); the other arguments are every lane's defaults. ``step_cost_s``: a
-    fixed cost per step instead of measured time (deterministic tests). ValueError /
+    fixed cost per step (deterministic tests), or a CostModel (the cost clock: each step costs
+    its work), instead of measured time. ValueError /
     ContextTooLong, before anything runs, for a request or a setting some lane could not take.
 
     ``kv_memory_mib`` (--kv-memory; a lane's ``kv_mib=`` overrides it): every lane at the same KV
@@ -148,7 +150,7 @@ def _build_lane(
     max_batched_tokens: int | None,
     batch_timeout_s: float,
     arrivals: bool,
-    step_cost_s: float | None,
+    step_cost_s: float | CostModel | None,
     seed: int,
     mib: float | None,
     max_num_seqs: int | None,
@@ -168,7 +170,7 @@ def _build_lane(
     )
     title = lane_title(spec.label, spec.kind)
     budget = spec.budget or max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
-    clock = LaneClock(step_cost_s)
+    clock = LaneClock(cost=step_cost_s) if isinstance(step_cost_s, CostModel) else LaneClock(step_cost_s)
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     cap = spec.slots or max_num_seqs  # with a budget: the cap on running sequences
     if mib is not None and not (isinstance(mib, (int, float)) and 0 < mib < float("inf")):

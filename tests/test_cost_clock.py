@@ -1,0 +1,125 @@
+"""The cost clock: a step's time from its work, the same model for every lane, so a race or a
+what-if gives the same figures every run, quiet machine or not."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import random_model
+from tinyllm.cli import main as tinyllm_main
+from tinyllm.engine import Request
+from tinyllm.race.calibrate import cost_profile
+from tinyllm.race.cost import CostModel, PassWork, fit, fit_error
+from tinyllm.race.race import build_race
+
+PROFILE = Path(__file__).parent / "data" / "cost-profile.json"
+
+
+def test_a_fit_recovers_the_coefficients_that_made_the_times():
+    truth = CostModel(0.002, 3e-5, 4e-5, 6e-9)
+    works = [
+        PassWork(r, t, k, p)
+        for r, t, k, p in [
+            (1, 1, 50, 1),
+            (8, 8, 900, 1),
+            (4, 200, 800, 1),
+            (16, 16, 4000, 2),
+            (2, 64, 64, 1),
+            (32, 32, 9000, 1),
+            (8, 300, 2400, 2),
+            (1, 128, 128, 1),
+        ]
+    ]
+    fitted = fit([(w, truth.cost(w)) for w in works])
+    for got, want in zip(vars(fitted).values(), vars(truth).values()):
+        if isinstance(want, float):
+            assert got == pytest.approx(want, rel=1e-4, abs=1e-12)
+    assert fit_error(fitted, [(w, truth.cost(w)) for w in works])[1] < 1e-4
+
+
+def test_a_fit_never_gives_a_negative_cost_and_a_bad_profile_is_refused(tmp_path):
+    noisy = [(PassWork(r, r, 0), 0.001 - 1e-6 * r) for r in range(1, 20)]  # time falling with rows
+    assert all(c >= 0 for c in list(vars(fit(noisy)).values())[:4])
+    with pytest.raises(ValueError, match="at least 4 timed passes"):
+        fit(noisy[:2])
+    bad = tmp_path / "p.json"
+    bad.write_text('{"fixed_s": -1, "per_row_s": 0, "per_token_s": 0, "per_kv_token_s": 0}')
+    with pytest.raises(ValueError, match="coefficients are finite numbers >= 0"):
+        CostModel.load(bad)
+    bad.write_text("not json")
+    with pytest.raises(ValueError, match="not a cost profile"):
+        CostModel.load(bad)
+    assert CostModel.load(PROFILE).per_token_s == 4e-05
+
+
+def race_figures(model, profile):
+    work = [
+        (0.05 * i, Request([1 + (7 * i + j) % 200 for j in range(5 + 9 * (i % 5))], 4 + 5 * (i % 4))) for i in range(10)
+    ]
+    race = build_race(model, work, 3, 128, lanes=("static", "continuous", "chunked"), step_cost_s=profile)
+    while race.step() is not None:
+        pass
+    return [(v.title, vars(v.result)) for v in race.views()]
+
+
+def test_a_race_on_the_cost_clock_gives_the_same_figures_every_time_even_beside_a_busy_core():
+    model, profile = random_model(), CostModel.load(PROFILE)
+    quiet = race_figures(model, profile)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        loaded = race_figures(model, profile)
+    finally:
+        busy.kill()
+    assert quiet == loaded
+    by_kind = dict(quiet)
+    assert len(by_kind) == 3 and all(r["wall_s"] > 0 for r in by_kind.values())
+
+
+def test_static_batchings_waste_is_rows_it_pays_for_not_a_slower_kernel():
+    """A static decode pass pays for every row of its batch (finished ones too), over the whole
+    padded context: the waste shows as work on the same clock."""
+    from tinyllm.engine.static import StaticBatcher
+    from tinyllm.race.lanes import static_pass_work
+
+    eng = StaticBatcher(random_model(), 3)
+    for n in (2, 9, 9):
+        eng.add_request(Request([5, 6, 7], n))
+    assert static_pass_work(eng) == PassWork(3, 9, 9)  # the prefill: 3 rows of 3
+    for _ in range(4):
+        eng.step()
+    assert len(eng.results) == 1  # one row done, still computed
+    assert static_pass_work(eng) == PassWork(3, 3, 3 * (3 + 4))  # every row attends prompt + 4 tokens
+
+
+def test_whatif_twice_on_the_cost_clock_writes_the_same_json_and_says_which_clock(tmp_path, capsys):
+    outs = []
+    for i in range(2):
+        out = tmp_path / f"w{i}.json"
+        args = ["whatif", "burst", "--lanes", "static", "chunked", "--cost-profile", str(PROFILE), "--json", str(out)]
+        assert tinyllm_main(args) == 0
+        outs.append(json.loads(out.read_text()))
+    assert outs[0] == outs[1] and outs[0]["clock"]["kind"] == "cost"
+    said = capsys.readouterr().out
+    assert "cost clock:" in said and "the same figures every run" in said
+    assert (
+        tinyllm_main(
+            ["whatif", "burst", "--lanes", "fcfs", "priority", "--clock", "wall", "--cost-profile", str(PROFILE)]
+        )
+        == 2
+    )
+    assert "--cost-profile is the cost clock's" in capsys.readouterr().err
+
+
+def test_the_profile_is_calibrated_once_and_cached(tmp_path, monkeypatch):
+    monkeypatch.delenv("TINYLLM_COST_PROFILE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    model = random_model()
+    said: list[str] = []
+    first = cost_profile(model, say=said.append)
+    assert any("calibrating" in s for s in said) and list((tmp_path / "tinyllm" / "cost").glob("*.json"))
+    assert "median error" in first.source
+    said.clear()
+    assert cost_profile(model, say=said.append) == first and said == []
