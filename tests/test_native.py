@@ -237,7 +237,7 @@ def test_built_into_the_cache_once_and_reused(monkeypatch, tmp_path):
     built = list(tmp_path.rglob("*.so"))
     assert len(built) == 1 and built[0].parent == tmp_path / "kernels"
     left = sorted(p.name for p in (tmp_path / "kernels").iterdir())
-    assert left == [native.LOCK_NAME, built[0].name]  # no temporary left (the build lock stays)
+    assert left == [native.LOCK_NAME, built[0].name, built[0].name + ".json"]  # no temporary left
     monkeypatch.setattr(native, "_tried", False)
     monkeypatch.setattr(native, "_compiler", lambda: "false")  # a second process: loads, never rebuilds
     assert native.library() is not None

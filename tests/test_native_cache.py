@@ -5,17 +5,17 @@ across threads (a lock in library()) and processes (flock on a lock file in the 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from tinyllm import native
-
-needs_compiler = pytest.mark.skipif(native._compiler() is None, reason="no C compiler here")
 
 
 @pytest.fixture
@@ -82,29 +82,85 @@ def test_a_library_is_checked_before_it_is_loaded(tmp_path, monkeypatch):
         native.check_library(link)
 
 
-@needs_compiler
-def test_a_planted_or_loosened_library_is_rebuilt_not_loaded(fresh, monkeypatch):
-    assert native.library() is not None, native.why_not
-    (built,) = fresh.glob("*.so")
-    assert (built.stat().st_mode & 0o022) == 0
-    built.chmod(0o777)  # e.g. written under a loose umask, or by someone in the group
+@pytest.fixture(scope="module")
+def good_build(tmp_path_factory) -> bytes:
+    """One real build's bytes: the tests below put copies in place of a build (seconds each)."""
+    if native._compiler() is None:
+        pytest.skip("no C compiler here")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(native, "_lib", None)
+        mp.setattr(native, "_tried", False)
+        mp.setattr(native, "ENABLED", True)
+        mp.setenv("TINYLLM_CACHE", str(tmp_path_factory.mktemp("build")))
+        assert native.library() is not None, native.why_not
+        (built,) = native.cache_dir().glob("*.so")
+        return built.read_bytes()
+
+
+@pytest.fixture
+def quick_builds(fresh, good_build, monkeypatch) -> list[Path]:
+    """``_compile`` writes a copy of the real build (renamed into place, as it does): the paths built."""
+    built: list[Path] = []
+
+    def copy(cc, sources, openmp, native_flags, defs, out: Path) -> Path:
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_bytes(good_build)
+        tmp.chmod(0o755)
+        tmp.replace(out)
+        built.append(out)
+        return out
+
+    monkeypatch.setattr(native, "_compile", copy)
+    return built
+
+
+def _again(monkeypatch) -> None:
     monkeypatch.setattr(native, "_lib", None)
     monkeypatch.setattr(native, "_tried", False)
+
+
+@pytest.mark.parametrize("spoil", ["loosened", "no stamp", "another key", "changed"])
+def test_a_library_that_is_loosened_or_not_its_stamps_build_is_rebuilt(fresh, quick_builds, monkeypatch, spoil, caplog):
+    """A library others could write, or not the build its stamp describes (the stamp beside it
+    holds the whole build key, of which the name has 16 hex digits, and the sha256), is built
+    again in its place, never loaded."""
     assert native.library() is not None, native.why_not
+    (built,) = fresh.glob("*.so")
+    assert quick_builds == [built] and (built.stat().st_mode & 0o777) == 0o755
+    stamp = native._stamp(built)
+    good = json.loads(stamp.read_text())
+    assert set(good) == {"key", "sha256"} and built.name == f"tinyllm-{good['key'][:16]}.so"
+    if spoil == "loosened":  # e.g. written under a loose umask, or by someone in the group
+        built.chmod(0o777)
+    elif spoil == "no stamp":
+        stamp.unlink()
+    elif spoil == "another key":
+        stamp.write_text(json.dumps({**good, "key": good["key"][:16] + "0" * 48}))
+    else:
+        other = built.with_name("other")  # (a new file in its place: the loaded one stays mapped intact)
+        other.write_bytes(built.read_bytes() + b"\0")
+        other.chmod(0o755)
+        other.replace(built)
+    _again(monkeypatch)
+    with caplog.at_level("WARNING", logger="tinyllm"):
+        assert native.library() is not None, native.why_not
+    assert "rebuilding" in caplog.text and quick_builds == [built, built]
     assert (built.stat().st_mode & 0o777) == 0o755
+    assert json.loads(stamp.read_text()) == {"key": good["key"], "sha256": native._sha256(built)}
+    _again(monkeypatch)  # a sound one is loaded as it is
+    assert native.library() is not None and len(quick_builds) == 2
 
 
-@needs_compiler
-def test_concurrent_first_callers_all_get_the_library_built_once(fresh, monkeypatch):
+def test_concurrent_first_callers_all_get_the_library_built_once(fresh, quick_builds, monkeypatch):
     """A caller that came while the first one built got None (and Linear then packed for oneDNN
     for good: different bits). Now every thread waits for the one build."""
     builds = []
-    real = native._compile
+    quick = native._compile
 
     def slow_compile(*a, **k):
         builds.append(1)
-        time.sleep(0.2)  # the others arrive meanwhile
-        return real(*a, **k)
+        time.sleep(0.3)  # the others arrive meanwhile
+        return quick(*a, **k)
 
     monkeypatch.setattr(native, "_compile", slow_compile)
     got = []

@@ -25,7 +25,8 @@ Why this way: plain C without PyTorch headers, so the system C compiler builds t
 about two seconds (a PyTorch C++ extension takes about a minute on two cores); it is cached per
 source, compiler and CPU under ``$TINYLLM_CACHE`` (default ``~/.cache/tinyllm``), a directory that
 must be this user's and not group- or world-writable (a library in it is checked the same way
-before it is loaded; otherwise PyTorch runs, and the log says why). Where no compiler
+before it is loaded, and against a stamp beside it holding its whole build key and sha256; one
+that fails is rebuilt, and an unsafe directory leaves PyTorch running, the log saying why). Where no compiler
 is found, or the build fails, ``library()`` says so once in the log (info level) and returns None,
 and everything runs on PyTorch: the kernels are a speed-up, never a requirement.
 ``TINYLLM_NATIVE=0`` in the environment (or ``native.ENABLED = False``) turns them off.
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import logging
 import math
 import os
@@ -218,10 +220,49 @@ def _build(cc: str) -> Path:
         if out.exists():
             try:
                 check_library(out)
+                _check_stamp(out, key.hexdigest())
                 return out
             except UnsafeCache as e:  # not trusted: built again in its place (the directory is ours)
                 log.warning("C kernels: rebuilding %s", e)
-        return _compile(cc, sources, openmp, native, defs, out)
+        _compile(cc, sources, openmp, native, defs, out)
+        _write_stamp(out, key.hexdigest())
+        return out
+
+
+def _stamp(lib: Path) -> Path:
+    """The JSON beside a built library: its whole build key and its content's sha256."""
+    return lib.with_name(lib.name + ".json")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _write_stamp(lib: Path, key: str) -> None:
+    stamp = _stamp(lib)
+    tmp = stamp.with_name(f"{stamp.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"key": key, "sha256": _sha256(lib)}, f)
+    os.replace(tmp, stamp)
+
+
+def _check_stamp(lib: Path, key: str) -> None:
+    """The library is the build of ``key`` (its name holds only the first 16 hex digits) and
+    unchanged since: its stamp (checked as the library is: ours, written by no one else) says
+    so. Raises UnsafeCache."""
+    stamp = _stamp(lib)
+    if not stamp.exists():
+        raise UnsafeCache(f"{lib} has no build stamp ({stamp.name})")
+    check_library(stamp)
+    try:
+        got = json.loads(stamp.read_text())
+    except (OSError, ValueError) as e:
+        raise UnsafeCache(f"{stamp} is unreadable ({e})") from None
+    if not isinstance(got, dict) or got.get("key") != key:
+        raise UnsafeCache(f"{lib} was built for another build key")
+    if got.get("sha256") != _sha256(lib):
+        raise UnsafeCache(f"{lib} changed since it was built (its sha256 is not its stamp's)")
 
 
 def _compile(cc: str, sources: list[Path], openmp: list[str], native: list[str], defs: list[str], out: Path) -> Path:
