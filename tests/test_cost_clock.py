@@ -11,6 +11,7 @@ import pytest
 from tests.helpers import random_model
 from tinyllm.cli import main as tinyllm_main
 from tinyllm.engine import Request
+from tinyllm.race import calibrate
 from tinyllm.race.calibrate import cost_profile
 from tinyllm.race.cost import CostModel, PassWork, fit, fit_error
 from tinyllm.race.race import build_race
@@ -95,10 +96,16 @@ def test_static_batchings_waste_is_rows_it_pays_for_not_a_slower_kernel():
 
 
 def test_whatif_twice_on_the_cost_clock_writes_the_same_json_and_says_which_clock(tmp_path, capsys):
+    wl = tmp_path / "small.jsonl"
+    wl.write_text(
+        "".join(
+            f'{{"prompt": "ROMEO:\\n{i}", "max_new_tokens": {8 + 6 * i}, "arrival_s": {0.05 * i}}}\n' for i in range(6)
+        )
+    )
     outs = []
     for i in range(2):
         out = tmp_path / f"w{i}.json"
-        args = ["whatif", "burst", "--lanes", "static", "chunked", "--cost-profile", str(PROFILE), "--json", str(out)]
+        args = ["whatif", str(wl), "--lanes", "static", "chunked", "--cost-profile", str(PROFILE), "--json", str(out)]
         assert tinyllm_main(args) == 0
         outs.append(json.loads(out.read_text()))
     assert outs[0] == outs[1] and outs[0]["clock"]["kind"] == "cost"
@@ -113,9 +120,18 @@ def test_whatif_twice_on_the_cost_clock_writes_the_same_json_and_says_which_cloc
     assert "--cost-profile is the cost clock's" in capsys.readouterr().err
 
 
+def quick_calibration(monkeypatch):
+    """One round of a smaller calibration workload: the same code, a fraction of the time."""
+    full = calibrate.calibration_workload
+    monkeypatch.setattr(calibrate, "ROUNDS", 1)
+    monkeypatch.setattr(calibrate, "calibration_workload", lambda *a, **k: full(*a, **k)[:6])
+
+
 def test_the_profile_is_calibrated_once_and_cached(tmp_path, monkeypatch):
     monkeypatch.delenv("TINYLLM_COST_PROFILE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(calibrate, "GOOD_FIT", 100.0)  # (how good the fit is depends on the machine's load)
+    quick_calibration(monkeypatch)
     model = random_model()
     said: list[str] = []
     first = cost_profile(model, say=said.append)
@@ -123,3 +139,24 @@ def test_the_profile_is_calibrated_once_and_cached(tmp_path, monkeypatch):
     assert "median error" in first.source
     said.clear()
     assert cost_profile(model, say=said.append) == first and said == []
+
+
+def test_a_poor_fit_is_used_for_the_run_but_not_cached(tmp_path, monkeypatch):
+    monkeypatch.delenv("TINYLLM_COST_PROFILE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(calibrate, "GOOD_FIT", -1.0)
+    quick_calibration(monkeypatch)
+    said: list[str] = []
+    assert isinstance(cost_profile(random_model(), say=said.append), CostModel)
+    assert any("not cached" in s for s in said) and not list(tmp_path.rglob("*.json"))
+
+
+def test_lanes_that_make_the_same_decisions_are_said_to_and_not_ranked(tmp_path, capsys):
+    """A recording without priorities replayed under fcfs and priority: the same steps, waits and
+    preemptions; the table ranked wall-clock noise as "most changed" requests."""
+    out = tmp_path / "w.json"
+    recording = Path(__file__).parent / "data" / "preemption-run.jsonl"
+    assert tinyllm_main(["whatif", str(recording), "--lanes", "fcfs", "priority", "--json", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "identical schedules: priority made the same decisions as fcfs on every step" in said
+    assert "most changed" not in said and json.loads(out.read_text())["identical_schedules"] == ["priority"]

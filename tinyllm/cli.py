@@ -185,7 +185,7 @@ def cmd_whatif(args) -> None:
         parse_lanes,
         set_by_options,
     )
-    from tinyllm.race.whatif import compare, load_arrivals, recorded_settings, to_json
+    from tinyllm.race.whatif import compare, load_arrivals, recorded_settings, same_schedule, to_json
     from tinyllm.race.whatif_view import groups_table, lanes_table, request_lanes, requests_table
     from tinyllm.workload import WorkloadError
 
@@ -268,12 +268,27 @@ def cmd_whatif(args) -> None:
     groups = groups_table(views, rows)
     if groups is not None:
         out.print(groups)
-    out.print(requests_table(views, rows, args.rows, narrow=out.width < 24 + 22 * len(views)))
+    alike = [v.title for v in views[1:] if same_schedule(views[0], v)]
+    if len(alike) == len(views) - 1:  # nothing but noise could tell the lanes apart: no ranking
+        out.print(
+            f"identical schedules: {', '.join(alike)} made the same decisions as {views[0].title} on every "
+            "step (the same steps, waits and preemptions per request): no per-request differences to rank",
+            highlight=False,
+        )
+        rows = ()
+    else:
+        if alike:
+            out.print(f"identical schedules to lane A: {', '.join(alike)}", highlight=False)
+        out.print(requests_table(views, rows, args.rows, narrow=out.width < 24 + 22 * len(views)))
     if rows:
         out.print(request_lanes(views, rows[0], min(out.width, 160)))  # (a step a cell: not 400 of them)
     if args.json:
         try:
-            report = {**to_json(views, rows, args.source), "clock": clock_json(clock)}
+            report = {
+                **to_json(views, compare(views), args.source),
+                "clock": clock_json(clock),
+                "identical_schedules": alike,
+            }
             write_text(args.json, json.dumps(report, indent=1))
         except OSError as e:
             raise UsageError(f"--json {args.json}: cannot write it: {e.strerror or e}") from None

@@ -24,6 +24,7 @@ import torch
 from tinyllm.race.cost import CostModel, PassWork, fit, fit_error
 
 ROUNDS = 3
+GOOD_FIT = 0.25  # a profile whose median error is above this is not cached
 ENV = "TINYLLM_COST_PROFILE"
 
 
@@ -68,6 +69,12 @@ def cost_profile(model, path: str | None = None, say: Callable[[str], None] | No
             "source": f"fitted on this machine over {n} steps: median error {median:.0%}, p95 {p95:.0%}",
         }
     )
+    if median > GOOD_FIT:  # a busy machine times noise: this profile serves this run only
+        say(
+            f"cost clock: {model_.source}: a poor fit (was the machine busy?), not cached: measured again next "
+            f"time (or give --cost-profile)"
+        )
+        return model_
     say(f"cost clock: {model_.source} (cached in {cached})")
     try:
         cached.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

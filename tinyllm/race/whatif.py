@@ -180,6 +180,18 @@ def compare(lanes: tuple[LaneView, ...]) -> tuple[RequestRow, ...]:
     return tuple(sorted(rows, key=lambda row: (-abs(row.change), row.rid)))
 
 
+def same_schedule(a: LaneView, b: LaneView) -> bool:
+    """Whether two finished lanes made the same decisions on every step: as many steps and
+    preemptions, and every request waited as many steps for the same reasons and was preempted as
+    often. (Their times may still differ on the wall clock: that is noise, not the schedule.)"""
+    if a.result is None or b.result is None or a.result.decode_steps != b.result.decode_steps:
+        return False
+    if a.result.preemptions != b.result.preemptions or len(a.outcomes) != len(b.outcomes):
+        return False
+    key = {o.rid: (o.preemptions, o.waited, o.new_tokens) for o in a.outcomes}
+    return all(key.get(o.rid) == (o.preemptions, o.waited, o.new_tokens) for o in b.outcomes)
+
+
 def group_of(row: RequestRow, by: str) -> str:
     return row.tenant or "(none)" if by == "tenant" else f"priority {row.priority}"
 
