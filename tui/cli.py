@@ -212,7 +212,7 @@ MODE_USES = {
         },
     ),
 }
-ANY_MODE = {"web", "host", "port"}
+ANY_MODE = {"web", "host", "port", "web_sessions"}
 
 
 def refuse_unused(parser, a, mode: str) -> None:
@@ -579,7 +579,7 @@ def serve_if_asked(argv: list[str] | None) -> int | None:
     parser = build_parser()
     a = parse(parser, argv)
     if not a.web:
-        for flag, value in (("--host", a.host), ("--port", a.port)):
+        for flag, value in (("--host", a.host), ("--port", a.port), ("--web-sessions", a.web_sessions)):
             if value is not None:
                 parser.error(f"{flag} applies to --web only")
         return None

@@ -16,7 +16,8 @@ import socket
 import sys
 
 DEFAULT_PORT = 8080
-WEB_ONLY = ("--host", "--port")
+DEFAULT_SESSIONS = 4  # tabs served at once: each runs an app and an engine process (a model in memory)
+WEB_ONLY = ("--host", "--port", "--web-sessions")
 
 
 def port_number(s: str) -> int:
@@ -40,6 +41,20 @@ def add_web_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--port", type=port_number, default=None, metavar="N", help=f"--web: the port (default {DEFAULT_PORT})"
     )
+    p.add_argument(
+        "--web-sessions",
+        type=session_count,
+        default=None,
+        metavar="N",
+        help=f"--web: browser tabs served at once, each with its own engine process (default {DEFAULT_SESSIONS}); "
+        "a tab beyond them is told so and closed",
+    )
+
+
+def session_count(s: str) -> int:
+    from tinyllm.args import checked
+
+    return checked(s, int, lambda v: 1 <= v <= 64, "a number of sessions in 1..64")
 
 
 def session_argv(argv: list[str]) -> list[str]:
@@ -87,7 +102,7 @@ def serve(parser, a, command: list[str]) -> int:
     host, port = a.host or "127.0.0.1", a.port or DEFAULT_PORT
     check_port(parser, host, port)
     try:
-        from textual_serve.server import Server
+        import textual_serve.server  # noqa: F401 - present? (else the line below says what to install)
     except ImportError:
         parser.error("--web needs the textual-serve package: pip install textual-serve")
     if not is_loopback(host):
@@ -96,5 +111,38 @@ def serve(parser, a, command: list[str]) -> int:
             f"(each tab starts an engine process)",
             file=sys.stderr,
         )
-    Server(shlex.join(command), host=host, port=port, title="tinyllm-tui").serve()
+    capped_server(shlex.join(command), host, port, a.web_sessions or DEFAULT_SESSIONS).serve()
     return 0
+
+
+def capped_server(command: str, host: str, port: int, max_sessions: int):
+    """textual-serve's Server, serving at most ``max_sessions`` tabs at once: each tab starts an
+    app and an engine process, so an open page must not be a way to fill the machine. A tab
+    beyond the cap gets one line in its terminal and is closed; nothing is started for it."""
+    from aiohttp import web
+    from textual_serve.server import Server
+
+    class CappedServer(Server):
+        live = 0
+
+        async def handle_websocket(self, request: web.Request) -> web.WebSocketResponse:
+            if self.live >= max_sessions:
+                ws = web.WebSocketResponse()
+                await ws.prepare(request)
+                await ws.send_bytes(refusal(max_sessions).encode())
+                await ws.close()
+                return ws
+            self.live += 1
+            try:
+                return await super().handle_websocket(request)
+            finally:
+                self.live -= 1
+
+    return CappedServer(command, host=host, port=port, title="tinyllm-tui")
+
+
+def refusal(max_sessions: int) -> str:
+    return (
+        f"\r\n  tinyllm-tui --web: {max_sessions} session{'s' * (max_sessions != 1)} already open, the most this "
+        f"server runs at once (--web-sessions). Close another tab and reload this one.\r\n"
+    )
