@@ -753,6 +753,7 @@ EFFECTS = {
     "focus_input": lambda app, was: app.focused is app.query_one("#prompt"),
     "leave_input": lambda app, was: app.focused in (app.query_one("#requests"), app.query_one("#timeline")),
     "toggle_timeline": lambda app, was: app.query_one("#timeline").display != was.timeline,
+    "focus_log": lambda app, was: app.focused is app.query_one("#log") or _noted(app, was, "event log is hidden"),
     "zoom_out": lambda app, was: app.query_one("#timeline").zoom > was.zoom or _noted(app, was, "already at"),
     "zoom_in": lambda app, was: app.query_one("#timeline").zoom < was.zoom or _noted(app, was, "already at"),
     # replay only (tests/test_app_replay.py presses them there; a live app has them off)

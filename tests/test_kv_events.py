@@ -171,8 +171,10 @@ def test_chains_forks_duplicates_and_evictions_through_a_socket(sub, pub):
     assert v.stored == 11 and v.removed == 2 and v.forks == 1 and v.duplicates == 2
     assert [c.cells for c in v.chains] == ["bsbbb,b", "dx"]  # 1, 2 (fork), 3, 4, 5, (branch) 6 | 10 (2 copies), 11 gone
     assert v.chains[0].head_tokens == tuple(range(8))
-    text = panel_text(v)
+    text = panel_text(v, 80)
     assert "7 blocks × 16 · 112 tok · 2 chains · ▣ 1 shared · ▤ 2 dup · ✕ 1 evicted" in text
+    # narrower, the figures of least use give way, whole (the header was cut at 120 columns)
+    assert panel_text(v, 60).startswith("7 blocks × 16 · 112 tok · ▣ 1 shared · ✕ 1 evicted\n")
     assert "receiving · 6 batches · 11 stored · 2 removed · 0 cleared" in text
     assert "■▣■■■╎■ ▤✕" in text
     pub.send(removed([1]))  # the last copy of 1: now it is gone

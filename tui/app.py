@@ -18,7 +18,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Sparkline, Static
+from textual.widgets import Sparkline, Static
 from textual.worker import get_current_worker
 
 from tinyllm.model.tokenizer import Tokenizer
@@ -31,7 +31,8 @@ from tui.screens.replay_keys import ReplayKeys
 from tui.screens.request_keys import RequestKeys
 from tui.widgets.block_map import BlockMap
 from tui.widgets.deferred import deferred, guarded
-from tui.widgets.event_log import EventLog
+from tui.widgets.event_log import HISTORY, EventLog
+from tui.widgets.footer import FittedFooter
 from tui.widgets.kv_panel import KVPanel
 from tui.widgets.prefix_cache_map import PrefixCacheMap
 from tui.widgets.prompt_editor import PromptEditor
@@ -94,6 +95,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         Binding("f4", "clear_prefix_cache", "Clear prefix cache", show=False, priority=True),
         Binding("c", "clear_prefix_cache", "Clear the prefix cache", show=False),
         Binding("t", "toggle_timeline", "Timeline / requests", show=False),
+        Binding("e", "focus_log", "Events: scroll back (the last 10,000)", show=False),
         Binding("r", "race", "Race: static vs continuous batching", show=False),
         Binding("z", "zoom_out", "Timeline: more steps per column", show=False),
         Binding("Z", "zoom_in", "Timeline: fewer steps per column", show=False),
@@ -164,9 +166,9 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
             yield TextLine(id="scrubber")
         else:
             with Horizontal(id="entry"):
-                yield Static(id="next-settings", markup=False)  # left of the prompt: toasts cover the right
+                yield Static(id="next-settings", markup=False)  # the next request's settings (toasts stand above)
                 yield PromptEditor(self.submit_prompt, id="prompt")
-        yield Footer()
+        yield FittedFooter()
 
     def on_mount(self) -> None:
         snap = self.runner.frame.snapshot
@@ -183,7 +185,9 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         events = getattr(self.runner, "kv_events", None)  # --kv-events: the server's prefix cache
         self.query_one("#prefix").display = self.metrics_only and events is not None
         if events is not None:
-            self.query_one("#prefix").border_title = f"vLLM prefix cache (KV events from {events.endpoint})"
+            prefix = self.query_one("#prefix", PrefixCacheMap)
+            prefix.endpoint = events.endpoint
+            prefix.border_title = prefix.title(self.size.width)  # (fitted to the panel once laid out)
             self.query_one("#server", ServerPanel).events_shown = True
         if self.metrics_only:
             for panel in ("#slots", "#blocks", "#kv"):
@@ -373,12 +377,18 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         i = len(log) - 1
         while i >= 0 and log[i].seq > last.seq:
             i -= 1
-        if i < 0 or log[i] != last or self.replay:  # not the same history: as it is now
-            self.query_one("#log", EventLog).reset(log)
-        else:
-            new = log[i + 1 :]
+        later = i < 0 and log[0].seq > last.seq and log[0].step >= last.step  # all new: more than a
+        # frame holds came between two frames (a restarted server's log starts again at step 0)
+        if (i < 0 and not later) or (i >= 0 and log[i] != last) or self.replay:  # not the same history:
+            self.query_one("#log", EventLog).reset(log)  # as it is now
+        else:  # the log keeps what it showed before (scrolling back: its last HISTORY entries)
+            new = list(log[i + 1 :])
             self._notify_errors(new)
-            self.query_one("#log", EventLog).add(list(new))
+            if later and log[0].seq > last.seq + 1:  # said, not silently skipped
+                missed = log[0].seq - last.seq - 1
+                note = f"… {missed:,} events came between two frames, more than a frame holds: not kept"
+                new.insert(0, LogEntry(log[0].seq - 1, log[0].step, log[0].time_s, "info", note))
+            self.query_one("#log", EventLog).add(new)
         self._last_log = log[-1]
 
     def _notify_errors(self, entries) -> None:
@@ -517,7 +527,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         was = self.focused
         timeline.display, requests.display = not timeline.display, timeline.display
         shown = timeline if timeline.display else requests
-        if was is None or was is requests or was is timeline:  # the keys follow the panel (↑/↓ select)
+        if not isinstance(was, PromptEditor):  # the keys follow the panel (↑/↓ select, ← → scroll)
             self._focus(shown)
         self._show_timeline(self._details_frame or self.runner.frame)
 
@@ -536,6 +546,18 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
 
     def action_zoom_in(self) -> None:
         self._zoom(out=False)
+
+    def action_focus_log(self) -> None:
+        """The event log, to scroll back through (↑ / ↓, PgUp / PgDn, Home / End)."""
+        log = self.query_one("#log", EventLog)
+        if not log.display:
+            self.notify(
+                "The event log is hidden at this size: a terminal of 100×34 or more shows it.",
+                severity="warning",
+                timeout=4,
+            )
+            return
+        self._focus(log)
 
     def action_focus_input(self) -> None:
         self._focus(self.query_one("#prompt", PromptEditor))
@@ -563,7 +585,17 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
             self._close_help()
             keys = [b for b in self.BINDINGS if self._applies(b.action)]
             move = ("↑ / ↓ · PgUp / PgDn · Home / End", "select a request (Requests list or timeline)")
-            self.push_screen(HelpScreen(keys, extra=(move,) if self.replay else (move,) + EDITOR_KEYS))
+            back = (
+                (
+                    "← / → (timeline)",
+                    "earlier / later steps: it stays there while the run goes on; → to the end follows",
+                ),
+                (
+                    "↑ / ↓ · PgUp / PgDn · Home / End (events)",
+                    f"scroll the event log (e, Tab or a click: it keeps the last {HISTORY:,} events); End follows",
+                ),
+            )
+            self.push_screen(HelpScreen(keys, extra=(move, *back) if self.replay else (move, *back, *EDITOR_KEYS)))
 
     def _close_help(self) -> None:
         """A dialog opened from the help screen replaces it instead of stacking on it."""

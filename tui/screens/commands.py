@@ -23,6 +23,7 @@ PALETTE = (
     ("toggle_timeline", "Timeline / requests list"),
     ("zoom_out", "Timeline: more steps per column"),
     ("zoom_in", "Timeline: fewer steps per column"),
+    ("focus_log", "Events: scroll the event log back (the last 10,000)"),
     ("recording", "Record this run (--record FILE) / where the recording goes"),
     ("abort_selected", "Abort the selected request"),
     ("abort_all", "Abort all requests"),

@@ -45,14 +45,18 @@ Requests: every request, finished and aborted ones too. Highlight one to show it
 States: queued (waiting for a slot), running (in a slot), preempted (evicted for lack of blocks,
   will be recomputed), finished, aborted.
 Log: admissions, prefill chunks (when a prompt takes several steps), preemptions, finishes,
-  aborts and failures as the engine reports them, with the engine step number.
+  aborts and failures as the engine reports them, with the engine step number. It keeps the
+  last 10,000 events in memory (no --record needed): e (or Tab, or a click) then ↑ / ↓, PgUp /
+  PgDn, Home / End or the mouse wheel scroll it back; End follows the newest again.
 Timeline (t): one row per request, one column per engine step (z / Z: more / fewer steps per
   column), the newest step on the right. '░' yellow = queued; '▓' cyan = a prefill chunk computed
   in that step ('░' cyan: admitted, waiting for its next chunk); '◆' = admitted with a prefix-cache
   hit; '━' green = decoding; 'P' = preempted, then '┄' = waiting to be recomputed; '✓' finished,
   '✗' aborted, '!' failed. Waiting, and why (the scheduler's reason): 's' = no free slot, 'k' = the
   KV pool is full, 'b' = the step's token budget is used up. A column of several steps shows the
-  most telling of them.
+  most telling of them. It scrolls back over the whole run, in memory: ← / → move through the
+  steps (back to step 0; scrolled back, the window stays on its steps), ↑ / ↓ through the
+  rows of the newest 10,000 requests (each row drawn from its request's life, whatever its length).
 Replay (tinyllm-tui --replay FILE): the same screen as it was at any step of a recording. space
   plays / pauses, n / . one step on, b / , one back, g goes to a step, ] / [ to the selected
   request's next / previous admission, preemption or end; + / - set the speed. The scrubber line

@@ -14,7 +14,7 @@ from textual.binding import Binding
 from textual.containers import Container
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 from textual.worker import get_current_worker
 
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT_WORKLOAD
@@ -28,6 +28,7 @@ from tui.runners.race import RaceFrame, RaceSpec, Restart, race_workload
 from tui.screens.live import FramePacer, LiveView
 from tui.screens.modals import HelpScreen
 from tui.widgets.deferred import deferred, guarded
+from tui.widgets.footer import FittedFooter
 from tui.widgets.lane_panel import LanePanel
 from tui.widgets.race_track import NAMES, RaceTrack, lane_name
 from tui.widgets.status import fit_fields
@@ -292,7 +293,7 @@ class RaceScreen(LiveView, Screen):
         yield RaceTrack(id="track")
         yield FinishLine(id="finish")
         yield Static(id="race-legend", markup=False)
-        yield Footer()
+        yield FittedFooter()
 
     def on_mount(self) -> None:
         self.query_one("#finish").display = False

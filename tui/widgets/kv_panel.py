@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.widget import Widget
 
@@ -56,49 +57,45 @@ class KVPanel(Widget):
         ttft = sorted(r.ttft_s for r in reqs if r.ttft_s is not None)
         lat = sorted(r.latency_s for r in done)
         util = c.useful_rows / c.computed_rows if c.computed_rows else 0.0
-        line1 = Text()
-        for label, short, n, state in (
-            ("queued", "queue", f.snapshot.num_requests_waiting, "queued"),
-            ("running", "run", f.snapshot.num_requests_running, "running"),
-            ("finished", "done", c.finished, "finished"),
-            ("aborted", "abort", c.aborted, "aborted"),
-            ("preempted", "preempt", c.preemptions, "preempted"),
-            *((("failed", "fail", c.failed, "failed"),) if c.failed else ()),
-        ):
-            line1.append(f"{label if wide else short} ", style="dim")
-            line1.append(f"{n}", style=STATE_STYLES[state])
-            line1.append(sep)
+        line1 = self._counters(width, wide, sep)
         tps = f.tokens_per_s if f.snapshot.busy else 0.0  # nothing running or waiting: nothing generated now
-        line2 = Text()
-        hits = (("prefix hit", f"{c.prefix_hits / c.prefix_queries:.0%}"),) if c.prefix_queries else ()
-        for label, val in (
-            ("steps", f"{c.decode_steps:,}"),
-            ("tok/s", f"{tps:.0f}"),
-            ("rows used", f"{util:.0%}"),
-            *hits,
-            ("step", f"{f.step_ms:.1f}ms"),
-        ):
-            line2.append(f"{label} ", style="dim")
-            line2.append(val + sep, style="bold")
-        line3 = Text()
-        line3.append("TTFT p50/p95 ", style="dim")
-        line3.append(
-            f"{duration(percentile(ttft, 0.5) if ttft else None)}/{duration(percentile(ttft, 0.95) if ttft else None)}  ",
-            style="bold",
+        hits = ((f"{c.prefix_hits / c.prefix_queries:.0%}"),) if c.prefix_queries else ()
+        line2 = fit_fields(  # the last step's time and tok/s stay ("prefix hit 12% step …" hid it)
+            [
+                (_figure("steps", f"{c.decode_steps:,}", sep), "", 3),
+                (_figure("tok/s", f"{tps:.0f}", sep), "", 0),
+                (_figure("rows used", f"{util:.0%}", sep), "", 2),
+                *((_figure("prefix hit", hit, sep), "", 1) for hit in hits),
+                (_figure("step", f"{f.step_ms:.1f}ms", sep), "", 0),
+            ],
+            width,
         )
-        line3.append("latency p50/p95 ", style="dim")
-        line3.append(
-            f"{duration(percentile(lat, 0.5) if lat else None)}/{duration(percentile(lat, 0.95) if lat else None)}",
-            style="bold",
+        p = lambda xs, q: duration(percentile(xs, q) if xs else None)  # noqa: E731
+        line3 = fit_fields(
+            [
+                (_figure("TTFT p50/p95", f"{p(ttft, 0.5)}/{p(ttft, 0.95)}", "  "), "", 0),
+                (_figure("latency p50/p95", f"{p(lat, 0.5)}/{p(lat, 0.95)}", ""), "", 1),
+            ],
+            width,
         )
+        used, claimed, reserved = (kv.mib(n) for n in (kv.used_tokens, kv.allocated_tokens, kv.reserved_tokens))
+        dtype = f" · {dtype_short(kv.dtype)}" if kv.dtype else ""
         mib = Text(
-            f"{kv.mib(kv.used_tokens):.1f} / {kv.mib(kv.allocated_tokens):.1f} / "
-            f"{kv.mib(kv.reserved_tokens):.1f} MiB used / claimed / reserved"
-            + (f" · {dtype_short(kv.dtype)}" if kv.dtype else ""),
+            next(
+                (
+                    line
+                    for line in (
+                        f"{used:.1f} / {claimed:.1f} / {reserved:.1f} MiB used / claimed / reserved{dtype}",
+                        f"{used:.1f}/{claimed:.1f}/{reserved:.1f} MiB used/claimed/reserved{dtype}",
+                    )
+                    if cell_len(line) <= width
+                ),
+                f"{used:.1f}/{claimed:.1f}/{reserved:.1f} MiB{dtype}",
+            ),
             style="dim",
         )
         if self.app.has_class("-short"):  # 80x24: one bar of the three, figures by priority
-            pct = lambda xs, q: duration(percentile(xs, q)) if xs else "—"
+            pct = lambda xs, q: duration(percentile(xs, q)) if xs else "—"  # noqa: E731
             figures = [
                 (f"tok/s {tps:.0f} ", "bold", 0),
                 (f"TTFT {pct(ttft, 0.5)}/{pct(ttft, 0.95)} ", "bold", 0),
@@ -112,6 +109,27 @@ class KVPanel(Widget):
                 [self._one_bar(width), line1, fit_fields(figures, width)]
             )
         return Text("\n", no_wrap=True, overflow="ellipsis").join([mib, *bars, line1, line2, line3])
+
+    def _counters(self, width: int, wide: bool, sep: str) -> Text:
+        """queued / running / finished, then failed, preempted and aborted: those not zero before
+        those that are, each whole (at 80x24 ``preempt 1…`` hid the count)."""
+        f = self.frame
+        c = f.snapshot.counters
+        fields = [
+            ("queued", "queue", f.snapshot.num_requests_waiting, "queued", 0),
+            ("running", "run", f.snapshot.num_requests_running, "running", 0),
+            ("finished", "done", c.finished, "finished", 0),
+            ("aborted", "abort", c.aborted, "aborted", 3),
+            ("preempted", "preempt", c.preemptions, "preempted", 2),
+            *((("failed", "fail", c.failed, "failed", 1),) if c.failed else ()),
+        ]
+        out = []
+        for label, short, n, state, rank in fields:
+            t = Text(f"{label if wide else short} ", style="dim")
+            t.append(f"{n}", style=STATE_STYLES[state])
+            t.append(sep)
+            out.append((t, "", rank if n or not rank else rank + 3))
+        return fit_fields(out, width)
 
     def _one_bar(self, width: int) -> Text:
         """█ used, ▒ allocated but not yet used, ░ reserved: the three KV figures in one line (the
@@ -129,3 +147,10 @@ class KVPanel(Widget):
         line.append("░" * (w - alloc))
         line.append(nums)
         return line
+
+
+def _figure(label: str, value: str, sep: str) -> Text:
+    """``label value`` as the counter lines write it: the label dim, the value bold."""
+    t = Text(f"{label} ", style="dim")
+    t.append(value + sep, style="bold")
+    return t

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
 
+from tui.widgets.status import fit_fields
 from tui.widgets.style import STATE_COLOURS, rid_style
 
 if TYPE_CHECKING:  # msgspec loads only with --kv-events
@@ -26,7 +28,8 @@ if TYPE_CHECKING:  # msgspec loads only with --kv-events
 
 GLYPHS = {"b": "■", "p": "▪", "s": "▣", "d": "▤", "o": "◆", "x": "✕", ",": "╎"}
 EVICTED = Style(color=STATE_COLOURS["aborted"], bold=True)
-LEGEND = "■ block ▪ partial ▣ shared ▤ dup ◆ offloaded ✕ evicted … prefix gone"
+LEGEND_ITEMS = ("■ block", "▪ partial", "▣ shared", "▤ dup", "◆ offloaded", "✕ evicted", "… prefix gone")
+LEGEND = " ".join(LEGEND_ITEMS)
 
 
 def squeeze(cells: str, per_cell: int) -> str:
@@ -79,9 +82,10 @@ def layout(chains: tuple[ChainView, ...], width: int, max_rows: int) -> tuple[in
 class PrefixCacheMap(Widget):
     DEFAULT_CSS = "PrefixCacheMap { height: auto; min-height: 2; text-wrap: nowrap; text-overflow: ellipsis; }"
 
-    def __init__(self, max_rows: int = 6, **kw):
+    def __init__(self, max_rows: int = 6, endpoint: str = "", **kw):
         super().__init__(**kw)
         self.view: CacheView | None = None
+        self.endpoint = endpoint  # where the KV events come from (the title says it where it fits)
         self._max_rows = max_rows
 
     @property
@@ -105,21 +109,38 @@ class PrefixCacheMap(Widget):
     def render(self) -> Text:
         return self.render_text(self.size.width or 80)
 
-    def header(self, per_cell: int) -> str:
+    def header(self, per_cell: int, width: int = 1000) -> str:
+        """Blocks, tokens, chains, shared, duplicates, evicted: the figures that fit ``width``,
+        each whole (the blocks and tokens, and how many blocks a cell holds, always)."""
         v = self.view
         evicted = sum(c.cells.count("x") for c in v.chains)
         chains = sum(1 for c in v.chains if c.cells.strip("x"))
         size = f" × {v.block_size}" if v.block_size else ""
-        head = (
-            f"{v.blocks} blocks{size} · {v.tokens} tok · {chains} chains · ▣ {v.forks} shared · "
-            f"▤ {v.duplicates} dup · ✕ {evicted} evicted"
-        )
-        return head + (f" · {per_cell} blocks/cell" if per_cell > 1 else "")
+        return fit_fields(
+            [
+                (f"{v.blocks} blocks{size} · {v.tokens} tok", "", 0),
+                (f" · {chains} chains", "", 3),
+                (f" · ▣ {v.forks} shared", "", 1),
+                (f" · ▤ {v.duplicates} dup", "", 4),
+                (f" · ✕ {evicted} evicted", "", 2),
+                *([(f" · {per_cell} blocks/cell", "", 0)] if per_cell > 1 else []),
+            ],
+            width,
+        ).plain
 
-    def counts(self) -> str:
+    def counts(self, width: int = 1000) -> str:
         v = self.view
         age = f" {v.last_event_age_s:.0f} s" if v.status in ("idle", "disconnected") and v.last_event_age_s else ""
-        return f"{v.status}{age} · {v.batches} batches · {v.stored} stored · {v.removed} removed · {v.cleared} cleared"
+        return fit_fields(
+            [
+                (f"{v.status}{age}", "", 0),
+                (f" · {v.batches} batches", "", 3),
+                (f" · {v.stored} stored", "", 1),
+                (f" · {v.removed} removed", "", 2),
+                (f" · {v.cleared} cleared", "", 4),
+            ],
+            width,
+        ).plain
 
     def troubles(self) -> str:
         """What went wrong on the way, if anything: lost batches, restarts, unknown removals."""
@@ -134,6 +155,24 @@ class PrefixCacheMap(Widget):
             if n
         )
 
+    def title(self, width: int) -> str:
+        """The panel's title for a panel ``width`` cells wide: where the events come from, if it
+        fits (the title was cut at 120 columns)."""
+        where = self.endpoint
+        for title in (
+            f"vLLM prefix cache (KV events from {where})",
+            f"vLLM prefix cache · {where}",
+            "vLLM prefix cache (KV events)",
+            "vLLM prefix cache",
+        ):
+            if cell_len(title) + 6 <= width:  # the corners and a space each side
+                return title
+        return "prefix cache"
+
+    def on_resize(self, event) -> None:
+        if self.endpoint:
+            self.border_title = self.title(self.outer_size.width)
+
     def render_text(self, width: int) -> Text:
         """The panel as text: header, counts, the map, the legend (plain ``.plain`` for tests)."""
         v = self.view
@@ -141,8 +180,8 @@ class PrefixCacheMap(Widget):
             return Text("no KV events yet", style="dim")
         t = Text(no_wrap=True, overflow="ellipsis")
         per_cell, rows = layout(v.chains, width, self._max_rows)
-        t.append(self.header(per_cell) + "\n", style="bold")
-        t.append(self.counts() + "\n", style="dim")
+        t.append(self.header(per_cell, width) + "\n", style="bold")
+        t.append(self.counts(width) + "\n", style="dim")
         if troubles := self.troubles():
             t.append(troubles + "\n", style="dim")
         if v.bad:
@@ -156,5 +195,15 @@ class PrefixCacheMap(Widget):
                 style = None if chain < 0 else EVICTED if letter == "x" else rid_style(chain)
                 t.append(glyph, style=style)
             t.append("\n")
-        t.append(LEGEND, style="dim")
+        t.append("\n".join(legend_lines(width)), style="dim")
         return t
+
+
+def legend_lines(width: int) -> list[str]:
+    """The legend on as many lines as ``width`` needs, broken between its items."""
+    lines = [""]
+    for item in LEGEND_ITEMS:
+        if lines[-1] and cell_len(lines[-1]) + 1 + cell_len(item) > width:
+            lines.append("")
+        lines[-1] += (" " if lines[-1] else "") + item
+    return lines

@@ -23,14 +23,33 @@ from dataclasses import replace
 
 from textual import events
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.reactive import reactive
 from textual.widgets import TextArea
+from textual.widgets._toast import ToastRack
+
+from tui.widgets.deferred import deferred
+from tui.widgets.status import fit_fields
 
 APP_KEYS = frozenset({"f6", "f7", "ctrl+x", "ctrl+c", "ctrl+k"})  # the app's priority keys a TextArea binds
 SEND_KEYS = frozenset({"enter"})
 NEWLINE_KEYS = frozenset({"ctrl+j", "newline", "shift+enter", "alt+enter", "ctrl+enter"})
 HISTORY_SIZE = 200  # prompts kept for ↑, oldest dropped first
 PLACEHOLDER = "Type a prompt · Enter sends · Ctrl+J new line · ↑ earlier prompts · Esc: keys (F1: all)"
+# its parts, each with a rank: a narrow editor drops the highest first, whole (never "Type a prom")
+HINTS = (
+    ("Type a prompt", 0),
+    ("Enter sends", 1),
+    ("Ctrl+J new line", 2),
+    ("↑ earlier prompts", 4),
+    ("Esc: keys (F1: all)", 3),
+)
+
+
+def placeholder(width: int) -> str:
+    """The editor's hint for ``width`` cells: the parts that fit, most useful first."""
+    fields = [(text if i == 0 else f" · {text}", "", rank) for i, (text, rank) in enumerate(HINTS)]
+    return fit_fields(fields, width).plain
 
 
 def _without(bindings, keys: frozenset[str]) -> list[Binding]:
@@ -75,6 +94,26 @@ class PromptEditor(TextArea, inherit_bindings=False):
         self.submit = submit
         self.sent: list[str] = []
         self._recalled: int | None = None  # the index in self.sent shown, while browsing it
+
+    def on_resize(self, event: events.Resize) -> None:
+        """The hint fitted to the new width; toasts lifted above the editor's new height."""
+        hint = placeholder(max(1, self.content_size.width))
+        if hint != self.placeholder:
+            self.placeholder = hint
+        self.call_after_refresh(self._lift_toasts)
+
+    @deferred  # after the layout: the editor may be leaving by then
+    def _lift_toasts(self) -> None:
+        """Toasts stand above the editor and the footer under it, however many lines the editor
+        has (Textual's sit on the row above the footer: they covered the hint and the settings)."""
+        screen = self.screen
+        try:
+            rack = screen.get_child_by_type(ToastRack)
+        except NoMatches:  # no toast yet on this screen
+            return
+        rows = max(1, screen.size.height - self.region.y)
+        if rack.styles.margin.bottom != rows:
+            rack.styles.margin = (0, 0, rows, 0)
 
     # -- the text --------------------------------------------------------------------------------
     def watch_value(self, value: str) -> None:

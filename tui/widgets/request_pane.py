@@ -5,6 +5,7 @@ generated text shows literally."""
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Static
@@ -44,11 +45,12 @@ def header_text(v: RequestView, now: float, width: int = 10_000) -> Text:
     return fit_fields(fields, width)
 
 
-def accounting_text(v: RequestView) -> Text | None:
+def accounting_text(v: RequestView, width: int | None = None) -> Text | None:
     """The request's accounting (the figures ``tinyllm serve`` returns in its ``"tinyllm"``
     field: tinyllm/observe/accounting.py), each phase once it has ended: queue once admitted,
     prefill at the first token, decode and the whole at the last. None before its admission (and
-    for recordings made before admissions were recorded)."""
+    for recordings made before admissions were recorded). Given a ``width``, the line breaks
+    between its figures, never inside one (``total`` at a line's end, ``2.37s`` on the next)."""
     if v.admitted_s is None:
         return None
     a = Accounting.of(
@@ -60,10 +62,19 @@ def accounting_text(v: RequestView) -> Text | None:
         v.cached_tokens,
     )  # a phase not ended yet: None
     parts = [("queue", a.queue_ms), ("prefill", a.prefill_ms), ("decode", a.decode_ms), ("total", a.e2e_ms)]
+    figures = [(f"{name} {duration(ms / 1000)}", "dim") for name, ms in parts if ms is not None]
+    figures.append((f"preempted {a.preemptions}×", STATE_STYLES["preempted"] if a.preemptions else "dim"))
+    figures.append((f"{a.cached_tokens} cached", CACHED if a.cached_tokens else "dim"))
     t = Text("\n\n── ", style="dim")
-    t.append(" · ".join(f"{name} {duration(ms / 1000)}" for name, ms in parts if ms is not None), style="dim")
-    t.append(f" · preempted {a.preemptions}×", style=STATE_STYLES["preempted"] if a.preemptions else "dim")
-    t.append(f" · {a.cached_tokens} cached", style=CACHED if a.cached_tokens else "dim")
+    col = 3
+    for i, (figure, style) in enumerate(figures):
+        sep = " · " if i else ""
+        if i and width is not None and col + len(sep) + cell_len(figure) > width:
+            t.append(" ·\n   ", style="dim")  # the next line, under the first figure
+            sep, col = "", 3
+        t.append(sep, style="dim")
+        t.append(figure, style=style)
+        col += len(sep) + cell_len(figure)
     return t
 
 
@@ -170,7 +181,7 @@ class RequestPane(Vertical):
             body.append("  [aborted]", style=STATE_STYLES["aborted"])
         elif v.state == "failed":
             body.append(f"  [failed: {v.error}]", style=STATE_STYLES["failed"])
-        acc = accounting_text(v)
+        acc = accounting_text(v, max(20, self.query_one("#pane-body").size.width or self.size.width - 1))
         if acc is not None:
             body.append_text(acc)
         if step_line:

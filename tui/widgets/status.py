@@ -125,17 +125,28 @@ def scrubber(f: Frame, runner, width: int, selected: int | None) -> Text:
     return t
 
 
-def fit_fields(fields: list[tuple[str, str, int]], width: int) -> Text:
+def fit_fields(fields: list[tuple[str | Text, str, int]], width: int) -> Text:
     """One line of ``fields`` (text, style, rank) in their order, dropping the highest ranks
-    first until it fits ``width`` cells (rank 0 always stays; a line still too long ends in …)."""
+    first until it fits ``width`` cells (rank 0 always stays; a line still too long ends in …).
+    A field's text may be a ``Text`` styled in parts (its style is then not used)."""
     keep = list(fields)
     for rank in sorted({r for _, _, r in fields if r > 0}, reverse=True):
-        if sum(cell_len(t) for t, _, _ in keep) <= width:
+        if _line_cells([t for t, _, _ in keep]) <= width:
             break
         keep = [f for f in keep if f[2] != rank]
     t = Text(no_wrap=True, overflow="ellipsis")
     for i, (text, style, _) in enumerate(keep):
-        if i == 1 and text.startswith(" · ") and keep[0][0].endswith(" "):  # the field between them gave
-            text = text[3:]  # way: no separator alone
+        if isinstance(text, Text):
+            t.append(text)
+            continue
+        if i == 1 and text.startswith(" · ") and str(keep[0][0]).endswith(" "):  # the field between them
+            text = text[3:]  # gave way: no separator alone
         t.append(text, style=style)
+    if t.cell_len > width:  # over only by a separator's trailing space: not a cut field
+        t.rstrip()
     return t
+
+
+def _line_cells(texts: list[str | Text]) -> int:
+    """The cells ``texts`` take in a row, less the last one's trailing spaces (a separator)."""
+    return cell_len("".join(t.plain if isinstance(t, Text) else t for t in texts).rstrip(" "))

@@ -1,11 +1,14 @@
 """A Gantt chart over engine steps: one row per request, one column per step (or per group of
 steps when zoomed out), one glyph and colour per state.
 
-Rows: the newest requests that fit (the selected one always among them), oldest on top.
+Rows: the newest requests that fit, oldest on top; moving the selection past the top row scrolls
+the rows back, through the newest ``ROWS_KEPT`` requests (the selected one is always among them).
 Columns: the rightmost is the step shown now, so the chart scrolls with the run (and with a
-replay's position). Each row is painted span by span, not cell by cell, so a zoomed-out chart
-costs the same as a zoomed-in one. A column covering several steps shows the most telling
-thing that happened in them (an end beats a preemption beats a prefill chunk beats decoding).
+replay's position); ← scrolls back in steps, to the first, and the window then stays on those
+steps while the run goes on (→ back to the newest: it follows again). Each row is painted span
+by span, not cell by cell, so a zoomed-out chart costs the same as a zoomed-in one. A column
+covering several steps shows the most telling thing that happened in them (an end beats a
+preemption beats a prefill chunk beats decoding).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
+from textual.binding import Binding
 from textual.strip import Strip
 from textual.widget import Widget
 
@@ -21,6 +25,8 @@ from tui.widgets.selection import SELECT_BINDINGS, RequestSelected
 from tui.widgets.style import DIM, STATE_COLOURS, on
 
 ZOOMS = (1, 2, 4, 8, 16, 32, 64, 128)
+ROWS_KEPT = 10_000  # the requests whose rows the timeline scrolls back through: the newest
+# (each row is drawn from its request's spans, so any step of its life can be shown)
 
 # glyph, style, priority (a zoomed column keeps the highest)
 QUEUED = ("░", Style(color=STATE_COLOURS["queued"]), 1)
@@ -97,7 +103,11 @@ class TimelinePanel(Widget, can_focus=True):
     takes the list's place on screen, so it takes its keys too)."""
 
     DEFAULT_CSS = "TimelinePanel { height: 1fr; }"
-    BINDINGS = SELECT_BINDINGS
+    BINDINGS = [
+        *SELECT_BINDINGS,
+        Binding("left", "scroll_steps(-1)", "Earlier steps", show=False),
+        Binding("right", "scroll_steps(1)", "Later steps", show=False),
+    ]
 
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -106,6 +116,8 @@ class TimelinePanel(Widget, can_focus=True):
         self.selected: int | None = None
         self.zoom = 0  # index into ZOOMS
         self.unit = "step"  # what a column counts ("s" attached to vLLM)
+        self.pinned: int | None = None  # scrolled back: the last step shown (None: the newest)
+        self._top: int | None = None  # the top row shown, an index in the rows kept (None: the newest)
 
     @property
     def per_col(self) -> int:
@@ -128,6 +140,17 @@ class TimelinePanel(Widget, can_focus=True):
     def action_move_to(self, i: int) -> None:
         self._select_row(i if i >= 0 else len(self.tracks) - 1)
 
+    def action_scroll_steps(self, direction: int) -> None:
+        """A quarter of the chart's width back (-1) or on (1); on to the newest step, it follows
+        the run again."""
+        cols = max(1, self.size.width - self._window(self.size.width)[0])
+        span = cols * self.per_col
+        last = self._window(self.size.width)[2]
+        last += direction * max(1, cols // 4) * self.per_col
+        earliest = min(self.now_step, span - 1)  # the window's first step is 0 at most
+        self.pinned = None if last >= self.now_step else max(earliest, last)
+        self.refresh()
+
     def zoom_out(self) -> bool:
         return self._set_zoom(self.zoom + 1)
 
@@ -142,11 +165,32 @@ class TimelinePanel(Widget, can_focus=True):
         return True
 
     # -- layout ---------------------------------------------------------------------------------
+    def _kept(self) -> tuple[Track, ...]:
+        return self.tracks[-ROWS_KEPT:]
+
+    def _top_for(self, n: int) -> int:
+        """The top row for ``n`` rows: the newest rows, unless the selection went above them; then
+        the rows scroll only as far as it needs (as a list's do)."""
+        kept = self._kept()
+        newest = max(0, len(kept) - n)
+        i = next((k for k, t in enumerate(kept) if t.rid == self.selected), None)
+        if i is None or i == len(kept) - 1:  # none selected, or the newest: follow the run
+            return newest
+        top = newest if self._top is None else min(self._top, newest)
+        if i < top:
+            top = i
+        elif i >= top + n:
+            top = i - n + 1
+        return max(0, min(top, newest))
+
     def _tracks_in(self, n: int) -> list[Track]:
-        """The newest ``n`` tracks, the selected one kept; oldest on top."""
+        """``n`` rows from the top row (the selected one among them, when it is among the rows
+        kept); oldest on top."""
         if n <= 0 or not self.tracks:
             return []
-        rows = list(self.tracks[-n:])
+        kept = self._kept()
+        top = self._top_for(n)
+        rows = list(kept[top : top + n])
         if self.selected is not None and all(t.rid != self.selected for t in rows):
             sel = next((t for t in self.tracks if t.rid == self.selected), None)
             if sel is not None:
@@ -157,7 +201,7 @@ class TimelinePanel(Widget, can_focus=True):
         """(label width, first step, last step) for a chart this wide."""
         label = len(str(self.tracks[-1].rid if self.tracks else 0)) + 2
         cols = max(1, width - label)
-        last = max(self.now_step, 0)
+        last = max(self.now_step, 0) if self.pinned is None else min(self.pinned, max(self.now_step, 0))
         first = last - cols * self.per_col + 1
         return label, first, last
 
@@ -181,6 +225,8 @@ class TimelinePanel(Widget, can_focus=True):
             if u == "step"
             else f"{max(first, 0)}–{last} {u} · {self.per_col} {u}/col"
         )
+        if last < self.now_step:  # scrolled back: say how to get back
+            head += f" · now {self.now_step}: →"
         shown = {c for t in rows for c in paint(t, first, last, self.per_col, self.now_step) if c is not None}
         items = [
             [Segment(glyph, on(base, style)), Segment(name, on(base, DIM))]
@@ -205,10 +251,13 @@ class TimelinePanel(Widget, can_focus=True):
 
     def _layout(self, width: int, height: int) -> tuple[list[list[Segment]], list[Track]]:
         """(header lines, rows) as drawn now: worked out once per change, not once per line."""
-        key = (self.tracks, self.now_step, self.selected, self.zoom, width, height, self.rich_style)
+        key = (self.tracks, self.now_step, self.selected, self.zoom, self.pinned, width, height, self.rich_style)
         if getattr(self, "_laid_out", (None,))[0] != key:
             header = self._header(width, height)
-            self._laid_out = (key, (header, self._tracks_in(max(0, height - len(header)))))
+            n = max(0, height - len(header))
+            self._laid_out = (key, (header, self._tracks_in(n)))
+            top = self._top_for(n)  # where the rows scroll from next time (the newest: they follow)
+            self._top = None if top >= len(self._kept()) - n else top
         return self._laid_out[1]
 
     def render_line(self, y: int) -> Strip:
