@@ -21,7 +21,7 @@ from rich.console import Console
 
 from tinyllm import cli
 from tinyllm.bench import COLUMNS, print_report, quiet
-from tinyllm.engine import continuous, sampler
+from tinyllm.engine import commit, sampler
 
 TINY = "layers=1,d_model=32,heads=2,kv_heads=1,vocab=64,d_ff=64,max_seq_len=256"
 
@@ -86,7 +86,7 @@ def test_step_anatomy_parts_add_up_to_the_step(tiny_bench):
     assert len(printed) == len(keys)
     for step, *parts in printed:  # three parts rounded to 0.01 each
         assert abs(sum(map(float, parts)) - float(step)) <= 0.015 + 1e-9
-    assert continuous.sample_batch is sampler.sample_batch  # the timing wrappers are gone afterwards
+    assert commit.sample_batch is sampler.sample_batch  # the timing wrappers are gone afterwards
 
 
 def test_step_is_set_against_the_faster_of_its_kernel_and_pytorchs_gemm(tiny_bench):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 EXIT_USAGE = 2
 
@@ -246,3 +247,43 @@ def fill_engine_defaults(args: argparse.Namespace) -> argparse.Namespace:
         if getattr(args, name, default) is None:
             setattr(args, name, default)
     return args
+
+
+# -- what several commands share: the model options, loading it, not writing over an input --------
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        metavar="DIR",
+        help="local Hugging Face Llama checkpoint directory "
+        "(config.json, safetensors, tokenizer.json); default: the bundled Shakespeare model",
+    )
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+
+
+def load_model(args):
+    """(model, tokenizer) from --model/--device, or a UsageError saying what is wrong."""
+    from tinyllm.model.checkpoint import CheckpointError, default_model_dir, load_checkpoint
+    from tinyllm.model.device import resolve_device
+
+    try:
+        device = resolve_device(args.device)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    path = Path(args.model) if args.model else default_model_dir()
+    if args.model is None and not (path / "config.json").is_file():
+        raise UsageError(f"the bundled model is missing from {path}; reinstall tinyllm or pass --model DIR")
+    try:
+        return load_checkpoint(path, device=device)
+    except CheckpointError as e:
+        raise UsageError(f"--model: {e}") from None
+
+
+def refuse_writing_over(flag: str, out: str | None, source: str) -> None:
+    """An output that is the very file the command reads would replace it (a recording lost):
+    refused before the work starts."""
+    if out and os.path.exists(out) and os.path.exists(source) and os.path.samefile(out, source):
+        raise UsageError(
+            f"{flag} {out} is the file this command reads ({source}): writing it would replace it; give another file"
+        )

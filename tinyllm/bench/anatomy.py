@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from tinyllm.engine import ContinuousEngine, Request, continuous
+from tinyllm.engine import ContinuousEngine, Request, commit
 from tinyllm.engine.forward import kv_bytes_per_token
 from tinyllm.model.transformer import Transformer
 
@@ -115,7 +115,7 @@ def step_parts(eng: ContinuousEngine) -> Iterator[dict[str, float]]:
         return wrap
 
     forward = (eng.decoder, "step") if eng.decoder is not None else (eng.model, "forward")
-    with _wrapped(*forward, timed("forward")), _wrapped(continuous, "sample_batch", timed("sampling")):
+    with _wrapped(*forward, timed("forward")), _wrapped(commit, "sample_batch", timed("sampling")):
         yield spent
 
 

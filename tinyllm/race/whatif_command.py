@@ -1,0 +1,241 @@
+"""``tinyllm whatif``: a recording's (or a workload's) requests under several lanes' settings,
+compared request by request: its parser and its command (the lab's machinery is in
+race/whatif.py, its tables in race/whatif_view.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from tinyllm.args import (
+    SLOTS_WITH_KV_MEMORY,
+    UsageError,
+    add_engine_args,
+    add_model_args,
+    load_model,
+    non_negative_float,
+    output_path,
+    positive_int,
+    refuse_writing_over,
+)
+from tinyllm.config import DEFAULT_BLOCK_SIZE, DEFAULT_SLOTS
+
+WHATIF_ENGINE_OPTIONS = (
+    "slots",
+    "max_len",
+    "block_size",
+    "kv_blocks",
+    "kv_memory",
+    "max_num_seqs",
+    "max_batched_tokens",
+    "kv_cache_dtype",
+)
+
+
+def add_whatif_parser(sub) -> None:
+    wi = sub.add_parser(
+        "whatif",
+        help="replay a recording's (or a workload's) requests under other engine "
+        "settings, side by side, and compare them request by request",
+    )
+    add_model_args(wi)
+    wi.add_argument(
+        "source",
+        metavar="RUN.jsonl|WORKLOAD",
+        help="a recording (tinyllm-tui --record, or a server's /v1/tinyllm/stream saved with curl -N), "
+        "a workload file, or a bundled workload's name",
+    )
+    wi.add_argument(
+        "--lanes",
+        nargs="+",
+        required=True,
+        metavar="LANE",
+        help="at least two lanes, one argument each: a policy, a lane kind, and/or key=value settings, "
+        'e.g. --lanes fcfs priority "fair budget=64" (keys: policy, budget, slots, block, blocks, '
+        "prefix, chunked, kv, kv_mib: the lane's own KV memory in MiB, kv_dtype: its KV cache dtype). "
+        "On a recording, a lane runs at the recorded engine's settings except those it (or an "
+        'option) sets: --lanes fcfs "fcfs blocks=96" is the recorded run and one with 96 blocks',
+    )
+    wi.add_argument(
+        "--json", type=output_path, metavar="OUT.json", default=None, help="also write the comparison as JSON"
+    )
+    wi.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="for a workload line without max_new_tokens (64; not a cap: a line's own wins)",
+    )
+    wi.add_argument(
+        "--step-cost",
+        type=non_negative_float,
+        default=None,
+        metavar="S",
+        help="charge every step exactly S seconds (times become exact; instead of --clock)",
+    )
+    wi.add_argument(
+        "--clock",
+        choices=["cost", "wall"],
+        default="cost",
+        help="how a step's time is counted: cost (default: from its work, by a cost model fitted on this "
+        "machine once and cached, the same for every lane: the same figures on every run) or wall (each "
+        "lane's measured compute)",
+    )
+    wi.add_argument(
+        "--cost-profile",
+        metavar="FILE",
+        default=None,
+        help="the cost clock's coefficients from FILE (a profile measured elsewhere, e.g. on a GPU; "
+        "default: $TINYLLM_COST_PROFILE, else this machine's)",
+    )
+    wi.add_argument(
+        "--rows", type=positive_int, default=20, metavar="N", help="requests shown, most changed first (20)"
+    )
+    wi.add_argument("--threads", type=positive_int, default=2, metavar="N", help="torch CPU threads (default 2)")
+    add_engine_args(wi, *WHATIF_ENGINE_OPTIONS)  # (on a recording, one not given is the recording's)
+    wi.set_defaults(fn=cmd_whatif)
+
+
+def cmd_whatif(args) -> None:
+    """A recording's or workload's requests under several lanes' settings, compared per request."""
+    import torch
+    from rich.console import Console
+
+    from tinyllm.bench.report import stdout_console
+    from tinyllm.observe.recording import RecordingError, write_text
+    from tinyllm.race.race import build_race
+    from tinyllm.race.spec import (
+        LaneSpecError,
+        check_memory_options,
+        check_pool_options_used,
+        on_recording,
+        parse_lanes,
+        set_by_options,
+    )
+    from tinyllm.race.whatif import compare, load_arrivals, recorded_settings, same_schedule, to_json
+    from tinyllm.race.whatif_view import groups_table, lanes_table, request_lanes, requests_table
+    from tinyllm.workload import WorkloadError
+
+    refuse_writing_over("--json", args.json, args.source)
+    try:
+        lanes = parse_lanes(args.lanes)
+    except LaneSpecError as e:
+        raise UsageError(f"--lanes: {e}") from None
+    try:
+        check_memory_options(lanes, args.kv_memory, args.kv_blocks, args.max_num_seqs)
+    except LaneSpecError as e:
+        raise UsageError(str(e)) from None
+    if args.kv_memory is not None and args.slots is not None:
+        raise UsageError(SLOTS_WITH_KV_MEMORY + " (a lane's slots= caps that lane)")
+    try:
+        recorded = recorded_settings(args.source)  # None: a workload, no settings of its own
+    except RecordingError as e:
+        raise UsageError(str(e)) from None
+    notes: list[str] = []
+    if recorded is not None:  # an option given wins over the recording
+        typed = {**vars(args), "kv_cache_dtype": None if args.kv_cache_dtype == "auto" else args.kv_cache_dtype}
+        recorded = recorded.without(set_by_options(typed))  # (auto: the default, not told from a typed one)
+        lanes, notes = on_recording(lanes, recorded, args.block_size)
+    try:
+        check_pool_options_used(lanes, args.kv_blocks, args.block_size)
+    except LaneSpecError as e:
+        raise UsageError(str(e)) from None
+    max_len = args.max_len or (recorded.max_len if recorded else 512)
+    if args.cost_profile is not None and (args.clock == "wall" or args.step_cost is not None):
+        raise UsageError("--cost-profile is the cost clock's: drop it, or --clock wall / --step-cost")
+    torch.set_num_threads(args.threads)
+    model, tok = load_model(args)
+    clock = args.step_cost
+    if clock is None and args.clock == "cost":
+        from tinyllm.race.calibrate import cost_profile
+
+        try:
+            clock = cost_profile(model, args.cost_profile)
+        except ValueError as e:
+            raise UsageError(f"--cost-profile: {e}") from None
+    try:
+        arrivals, warning = load_arrivals(
+            args.source, tok.encode, max_len, args.max_new_tokens or 64, asked_new=args.max_new_tokens is not None
+        )
+        race = build_race(
+            model,
+            arrivals,
+            args.slots or DEFAULT_SLOTS,
+            max_len,
+            args.block_size or DEFAULT_BLOCK_SIZE,
+            args.kv_blocks,
+            args.max_batched_tokens,
+            lanes=lanes,
+            step_cost_s=clock,
+            kv_memory_mib=args.kv_memory,
+            max_num_seqs=args.max_num_seqs,
+            kv_cache_dtype=args.kv_cache_dtype,
+        )
+    except (RecordingError, WorkloadError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    except (MemoryError, OverflowError, RuntimeError) as e:  # a budget whose pool cannot be allocated
+        what = f"--kv-memory {args.kv_memory:g} MiB" if args.kv_memory else "the lanes' kv_mib="
+        raise UsageError(
+            f"cannot allocate the KV memory {what} asks for (every lane allocates its own): "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'out of memory'}"
+        ) from None
+    for w in filter(None, [warning, *notes]):
+        print(f"tinyllm whatif: warning: {w}", file=sys.stderr)
+    err = Console(stderr=True)
+    with err.status(f"running {len(arrivals)} requests in {len(lanes)} lanes…"):
+        while race.step() is not None:
+            pass
+    views = race.views()
+    rows = compare(views)
+    out = stdout_console()  # piped: wide, as the bench's
+    if recorded is not None:
+        out.print(f"as recorded, unless a lane or an option says otherwise: {recorded.describe()}", highlight=False)
+    out.print(clock_line(clock), highlight=False)
+    out.print(lanes_table(views))
+    groups = groups_table(views, rows)
+    if groups is not None:
+        out.print(groups)
+    alike = [v.title for v in views[1:] if same_schedule(views[0], v)]
+    if len(alike) == len(views) - 1:  # nothing but noise could tell the lanes apart: no ranking
+        out.print(
+            f"identical schedules: {', '.join(alike)} made the same decisions as {views[0].title} on every "
+            "step (the same steps, waits and preemptions per request): no per-request differences to rank",
+            highlight=False,
+        )
+        rows = ()
+    else:
+        if alike:
+            out.print(f"identical schedules to lane A: {', '.join(alike)}", highlight=False)
+        out.print(requests_table(views, rows, args.rows, narrow=out.width < 24 + 22 * len(views)))
+    if rows:
+        out.print(request_lanes(views, rows[0], min(out.width, 160)))  # (a step a cell: not 400 of them)
+    if args.json:
+        try:
+            report = {
+                **to_json(views, compare(views), args.source),
+                "clock": clock_json(clock),
+                "identical_schedules": alike,
+            }
+            write_text(args.json, json.dumps(report, indent=1))
+        except OSError as e:
+            raise UsageError(f"--json {args.json}: cannot write it: {e.strerror or e}") from None
+        print(f"wrote {args.json}", file=sys.stderr)
+
+
+def clock_line(clock) -> str:
+    """What the times rest on, said above every what-if table."""
+    if clock is None:
+        return "clock: wall (each lane's measured compute: figures vary run to run with the machine's load)"
+    if isinstance(clock, float):
+        return f"clock: every step costs {clock:g} s (--step-cost)"
+    from tinyllm.race.calibrate import describe
+
+    return describe(clock) + ": the same model for every lane, the same figures every run"
+
+
+def clock_json(clock) -> dict:
+    if clock is None:
+        return {"kind": "wall"}
+    if isinstance(clock, float):
+        return {"kind": "fixed", "step_s": clock}
+    return {"kind": "cost", **vars(clock)}
