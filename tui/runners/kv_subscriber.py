@@ -39,6 +39,12 @@ def check_endpoint(endpoint: str) -> str:
     return endpoint
 
 
+# vLLM's publisher binds only a wildcard endpoint (tcp://*:PORT) and otherwise connects: started with
+# the same concrete address as this viewer, both connect and never meet. Said once nothing came.
+HINT_AFTER_S = 5.0
+WILDCARD_HINT = "nothing yet; start vLLM's --kv-events-config endpoint as tcp://*:PORT (it binds only a wildcard)"
+
+
 class KVEventsSubscriber:
     """The background subscriber (see the module docstring). ``view`` is the newest CacheView."""
 
@@ -52,6 +58,7 @@ class KVEventsSubscriber:
         self._view = CacheView(endpoint)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._since = time.monotonic()  # when it started connecting (the hint after HINT_AFTER_S)
 
     @property
     def view(self) -> CacheView:
@@ -146,7 +153,11 @@ class KVEventsSubscriber:
             return "receiving"
         if self._connected:
             return "idle" if age is not None else "connected"
-        return "disconnected" if age is not None else "connecting"
+        if age is not None:
+            return "disconnected"
+        if time.monotonic() - self._since > HINT_AFTER_S and "*" not in self.endpoint:
+            return f"connecting: {WILDCARD_HINT}"
+        return "connecting"
 
     def _publish(self) -> None:
         self._view = self._book.view(self._status())
