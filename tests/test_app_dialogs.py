@@ -97,3 +97,30 @@ async def test_the_settings_fields_take_keys_typed_at_machine_speed_in_order():
         burst(app, "\x7f" * len(field.value) + "0.25" + "\t" + "\x7f" * 5 + "7\r")
         await until(pilot, lambda: not isinstance(app.screen, SettingsScreen), what="the settings applied")
         assert app.settings.sampling.temperature == 0.25 and app.settings.sampling.top_k == 7
+
+
+async def test_served_on_the_web_f3_reads_only_its_folders_and_never_says_what_exists(tmp_path, monkeypatch):
+    """--web: any visitor can type a path; F3 read any file on the machine and its errors said
+    whether one existed. Outside the allowed folders both answers are the same, and nothing loads."""
+    from tui.screens.modals import PICKER_ROOTS_ENV
+
+    inside = tmp_path / "ok"
+    inside.mkdir()
+    (inside / "one.jsonl").write_text(json.dumps({"prompt": "ROMEO:", "max_new_tokens": 4}) + "\n")
+    monkeypatch.setenv(PICKER_ROOTS_ENV, str(inside))
+    app = make_app(max_len=512)
+    async with app.run_test(size=(120, 36)) as pilot:
+        answers = []
+        for path in ("/etc/passwd", "/no/such/file.jsonl", str(inside / ".." / "ok" / ".." / "x.jsonl")):
+            await open_picker(pilot)
+            await pilot.press(*path, "enter")
+            answers.append(error(app).replace(path, "PATH"))
+            assert "outside the folders this app reads files from" in answers[-1]
+            await pilot.press("escape")
+        assert len(set(answers)) == 1 and not loaded(app)
+        await open_picker(pilot)
+        await pilot.press(*str(inside / "one.jsonl"), "enter")
+        await until(pilot, lambda: loaded(app), what="the file inside")
+        await open_picker(pilot)
+        await pilot.press(*"burst", "enter")  # a bundled workload's name: always allowed
+        await until(pilot, lambda: len(loaded(app)) == 2, what="the bundled workload")

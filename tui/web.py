@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import shlex
 import socket
 import sys
@@ -111,6 +112,12 @@ def serve(parser, a, command: list[str]) -> int:
             f"(each tab starts an engine process)",
             file=sys.stderr,
         )
+    from tinyllm.workload import bundled_workloads
+    from tui.screens.modals import PICKER_ROOTS_ENV
+
+    # F3 in a served app reads typed paths only from the bundled prompts and the working directory.
+    prompts = {str(p.parent) for p in bundled_workloads().values()}
+    os.environ[PICKER_ROOTS_ENV] = os.pathsep.join([*sorted(prompts), os.getcwd()])
     capped_server(shlex.join(command), host, port, a.web_sessions or DEFAULT_SESSIONS).serve()
     return 0
 

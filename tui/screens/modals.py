@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -442,6 +443,11 @@ class PromptPicker(ModalScreen["LoadedWorkload | None"]):
         if not typed:
             self._error("type a path to a .jsonl file first, or pick a bundled workload below (↓, Enter)")
             return
+        roots = picker_roots()
+        if roots and typed not in {p.stem for p in self.files} and not within(Path(typed), roots):
+            # (said before looking: whether such a file exists is not told to a web visitor)
+            self._error(f"{typed}: outside the folders this app reads files from ({', '.join(map(str, roots))})")
+            return
         try:
             path = resolve_workload(typed)  # a file, else a bundled workload's name
         except WorkloadError:
@@ -475,3 +481,18 @@ def _count_lines(p: Path) -> int:
         return sum(1 for line in p.read_text(encoding="utf-8").splitlines() if line.strip())
     except (OSError, UnicodeDecodeError):
         return 0
+
+
+PICKER_ROOTS_ENV = "TINYLLM_PICKER_ROOTS"  # set by tinyllm-tui --web for the apps it serves (tui/web.py)
+
+
+def picker_roots() -> list[Path]:
+    """The folders F3 may read typed paths from (None set: anywhere, as in a terminal of your own)."""
+    value = os.environ.get(PICKER_ROOTS_ENV, "")
+    return [Path(p).resolve() for p in value.split(os.pathsep) if p]
+
+
+def within(path: Path, roots: list[Path]) -> bool:
+    """Whether ``path`` (relative: from the working directory; links followed) is in one of ``roots``."""
+    real = path.expanduser().resolve()
+    return any(real == root or real.is_relative_to(root) for root in roots)
