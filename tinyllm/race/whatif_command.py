@@ -190,8 +190,8 @@ def cmd_whatif(args) -> None:
     out = stdout_console()  # piped: wide, as the bench's
     if recorded is not None:
         out.print(f"as recorded, unless a lane or an option says otherwise: {recorded.describe()}", highlight=False)
-    out.print(clock_line(clock), highlight=False)
     out.print(lanes_table(views))
+    out.print(clock_line(clock), highlight=False)  # (what every time above rests on)
     groups = groups_table(views, rows)
     if groups is not None:
         out.print(groups)
