@@ -15,7 +15,7 @@ from tinyllm.request import RequestSettings
 from tinyllm.workload import bundled_workloads
 from tui.app import TinyLLMApp
 from tui.runners.engine import EngineRunner
-from tui.runners.interface import SetDelay, SetPaused, StepOnce, Submit
+from tui.runners.interface import RunnerDefaults, SetDelay, SetPaused, StepOnce, Submit
 from tui.screens.modals import GotoStep, HelpScreen, PromptPicker, SettingsScreen
 from tui.screens.race import RaceScreen
 from tui.widgets.block_map import BlockMap
@@ -842,7 +842,7 @@ async def test_f1_toggles_help_and_dialogs_replace_it():
         await until(pilot, lambda: len(app.screen_stack) == 1)
 
 
-class LoadingRunner:
+class LoadingRunner(RunnerDefaults):
     mode = "live"
     """A runner whose engine is still loading (messages.Runner without an engine): what the app
     shows in the seconds a real engine process takes to import torch and read the weights."""

@@ -180,9 +180,9 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self.query_one("#requests").border_title = "Requests"
         self.query_one("#timeline").border_title = "Timeline (t: requests, z/Z: zoom)"
         self.query_one("#timeline").display = False
-        self.query_one("#server").border_title = f"{getattr(self.runner, 'kind', 'server')} metrics (GET /metrics)"
+        self.query_one("#server").border_title = f"{self.runner.kind} metrics (GET /metrics)"
         self.query_one("#server").display = self.metrics_only
-        events = getattr(self.runner, "kv_events", None)  # --kv-events: the server's prefix cache
+        events = self.runner.kv_events  # --kv-events: the server's prefix cache
         self.query_one("#prefix").display = self.metrics_only and events is not None
         if events is not None:
             prefix = self.query_one("#prefix", PrefixCacheMap)
@@ -199,7 +199,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self.query_one("#log").border_title = "Events"
         if self.replay:
             self.query_one("#requests").focus()
-            warning = getattr(self.runner, "warning", None)
+            warning = self.runner.warning
             if warning:
                 self.notify(warning, title="recording", severity="warning", timeout=10)
         else:
@@ -268,8 +268,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         """A prompt the server refused goes back into the input, if that is empty, to be edited
         (the input was cleared on sending; a local engine's app checks before sending and keeps
         it there)."""
-        refused = getattr(self.runner, "take_refused", None)
-        for text in refused() if refused is not None else ():
+        for text in self.runner.take_refused():
             box = self.query_one("#prompt", PromptEditor)
             if not box.text:
                 box.set_text(text)

@@ -30,7 +30,7 @@ import httpx
 from tinyllm.observe.recording import BAD_RECORD, RecordingError, check_header
 from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView
 from tui.runners.frames import FrameBuilder
-from tui.runners.interface import Abort, AbortAll, Frame, LoadWorkload, LogEntry, Submit
+from tui.runners.interface import Abort, AbortAll, Frame, LoadWorkload, LogEntry, RunnerDefaults, Submit
 
 RETRY_S = (0.5, 1, 2, 4, 5)  # backoff between reconnects (then every 5 s)
 READ_TIMEOUT_S = 15  # the server sends a line at least every 5 s
@@ -156,7 +156,7 @@ def api_error(r: httpx.Response) -> str:
         return f"HTTP {r.status_code}"
 
 
-class ServerLink:
+class ServerLink(RunnerDefaults):
     """What both server runners (``AttachRunner``, ``tui.runners.vllm.VllmRunner``) say when the
     server goes away, in the same words: the "disconnected" note, the countdown to the next try,
     and why a request of ours failed. Uses the runner's ``url``, ``status``, ``_stop``, ``_note``

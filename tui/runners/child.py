@@ -30,6 +30,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 
 from tinyllm.model.config import CheckpointError
+from tui.runners.interface import RunnerDefaults
 
 START_TIMEOUT_S = 600  # loading a big checkpoint on a slow disk can take a while
 
@@ -84,7 +85,7 @@ def run_child_loop(runner, commands: Connection) -> None:
 
 
 # -- the app's side ---------------------------------------------------------------------------
-class ChildRunner:
+class ChildRunner(RunnerDefaults):
     """A thread runner's interface (interface.Runner) for a spec's runner in a child process.
 
     ``start(wait=False)`` returns at once: ``frame`` is a "loading" frame until the child's first

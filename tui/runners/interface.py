@@ -182,13 +182,21 @@ class Frame:
 
 
 class Runner(Protocol):
-    """What the app needs from whatever runs the engine (a thread, a child process, ...)."""
+    """What the app needs from whatever runs the engine (a thread, a child process, ...). The
+    members only some runners give a value come from ``RunnerDefaults``."""
 
     mode: str  # "live" (a local engine), "replay" (a recording, read-only),
     # "attach" (a tinyllm serve), "metrics" (a vLLM server)
     device: str  # "cpu" / "cuda" ("?" until a process runner's engine is up)
     start_error: Exception | None  # the engine could not be built (the app exits with it)
     threads: int  # torch CPU threads the engine uses (0 until known)
+    kind: str  # a server runner: which server ("tinyllm serve", "vLLM")
+    kv_events: object | None  # a vLLM runner with --kv-events: its KV-events subscriber
+    warning: str | None  # a replay: what its recording lacked
+    engine: object | None  # a thread runner: the engine in this process (the race builds on its model)
+    spec: object | None  # a process runner: what its engine process was built from
+
+    def take_refused(self) -> list[str]: ...  # attached: prompts the server refused, to edit again
 
     @property
     def frame(self) -> Frame: ...  # the newest published frame (an atomic reference read)
@@ -198,3 +206,16 @@ class Runner(Protocol):
     def run(self, cancelled: Callable[[], bool] = lambda: False) -> None: ...  # the loop (a worker thread)
 
     def stop(self) -> None: ...
+
+
+class RunnerDefaults:
+    """The Runner members that only some runners have a value for: the rest inherit these."""
+
+    kind = "server"
+    kv_events = None
+    warning: str | None = None
+    engine = None
+    spec = None
+
+    def take_refused(self) -> list[str]:
+        return []

@@ -20,12 +20,20 @@ import time
 import traceback
 from collections.abc import Callable
 
-from tui.runners.interface import MAX_DELAY_MS, SetDelay, SetPaused, SetPublishInterval, StepOnce, TogglePaused
+from tui.runners.interface import (
+    MAX_DELAY_MS,
+    RunnerDefaults,
+    SetDelay,
+    SetPaused,
+    SetPublishInterval,
+    StepOnce,
+    TogglePaused,
+)
 
 PUBLISH_S = 1 / 30
 
 
-class CommandLoop:
+class CommandLoop(RunnerDefaults):
     mode = "live"  # interface.Runner: a local engine (or the race)
     WAKE: tuple[type, ...] = (StepOnce, SetPaused, TogglePaused)  # after these a running loop steps at once
 

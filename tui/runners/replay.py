@@ -24,6 +24,7 @@ from tui.runners.interface import (
     MAX_DELAY_MS,
     Frame,
     JumpEvent,
+    RunnerDefaults,
     SeekStep,
     SetDelay,
     SetPaused,
@@ -37,7 +38,7 @@ MAX_GAP_S = 0.5  # at the recorded pace, a long idle gap (the run was paused) pl
 JUMP_KINDS = ("admitted", "preempted", "aborted", "finished", "failed")
 
 
-class ReplayRunner:
+class ReplayRunner(RunnerDefaults):
     """Plays a ``--record`` file; satisfies messages.Runner."""
 
     mode = "replay"  # interface.Runner: a recording, read-only

@@ -502,8 +502,8 @@ def open_race(app) -> None:
 
     runner = app.runner
     snap = runner.frame.snapshot
-    engine = getattr(runner, "engine", None)  # EngineRunner: the model is in this process
-    spec = getattr(runner, "spec", None)  # ChildRunner: it is in the engine process
+    engine = runner.engine  # EngineRunner: the model is in this process
+    spec = runner.spec  # ChildRunner: it is in the engine process
     if app.tokenizer is None or (engine is None and spec is None):
         app.notify(
             "The race runs the model here: not in a replay, nor attached to a server.", severity="warning", timeout=5
