@@ -162,68 +162,49 @@ class ServeMetrics:
             registry=r,
         )
         self.success = {why: success.labels(model_name, why) for why in FINISHED_REASONS}
-        self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds", "Arrival to first generated token.", m, buckets=TTFT_BUCKETS, registry=r
-        ).labels(model_name)
-        self.itl = Histogram(
-            "vllm:inter_token_latency_seconds",
-            "Time between two tokens of one request.",
-            m,
-            buckets=ITL_BUCKETS,
-            registry=r,
-        ).labels(model_name)
-        self.e2e = Histogram(
-            "vllm:e2e_request_latency_seconds",
-            "Arrival to last token, finished requests.",
-            m,
-            buckets=REQUEST_BUCKETS,
-            registry=r,
-        ).labels(model_name)
-        self.queue_time = Histogram(
-            "vllm:request_queue_time_seconds",
-            "Arrival to first admission into a slot.",
-            m,
-            buckets=REQUEST_BUCKETS,
-            registry=r,
-        ).labels(model_name)
+
+        def histogram(name: str, doc: str, buckets) -> Histogram:
+            """A histogram with this server's model_name label (every one here has it)."""
+            return Histogram(name, doc, m, buckets=buckets, registry=r).labels(model_name)
+
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Arrival to first generated token.", TTFT_BUCKETS)
+        self.itl = histogram("vllm:inter_token_latency_seconds", "Time between two tokens of one request.", ITL_BUCKETS)
+        self.e2e = histogram(
+            "vllm:e2e_request_latency_seconds", "Arrival to last token, finished requests.", REQUEST_BUCKETS
+        )
+        self.queue_time = histogram(
+            "vllm:request_queue_time_seconds", "Arrival to first admission into a slot.", REQUEST_BUCKETS
+        )
         # per finished request, as vLLM's output processor records them (vllm/v1/metrics/stats.py)
-        self.prefill_time = Histogram(
+        self.prefill_time = histogram(
             "vllm:request_prefill_time_seconds",
             "First admission to first token (PREFILL phase), finished requests.",
-            m,
-            buckets=REQUEST_BUCKETS,
-            registry=r,
-        ).labels(model_name)
-        self.decode_time = Histogram(
+            REQUEST_BUCKETS,
+        )
+        self.decode_time = histogram(
             "vllm:request_decode_time_seconds",
             "First token to last token (DECODE phase), finished requests.",
-            m,
-            buckets=REQUEST_BUCKETS,
-            registry=r,
-        ).labels(model_name)
-        self.inference_time = Histogram(
+            REQUEST_BUCKETS,
+        )
+        self.inference_time = histogram(
             "vllm:request_inference_time_seconds",
             "First admission to last token (RUNNING phase), finished requests.",
-            m,
-            buckets=REQUEST_BUCKETS,
-            registry=r,
-        ).labels(model_name)
+            REQUEST_BUCKETS,
+        )
         tokens = build_1_2_5_buckets(max_model_len)
-        self.request_prompt_tokens = Histogram(
-            "vllm:request_prompt_tokens", "Prompt tokens, finished requests.", m, buckets=tokens, registry=r
-        ).labels(model_name)
-        self.request_generation_tokens = Histogram(
-            "vllm:request_generation_tokens", "Generated tokens, finished requests.", m, buckets=tokens, registry=r
-        ).labels(model_name)
-        self.max_generation_tokens = Histogram(
+        self.request_prompt_tokens = histogram(
+            "vllm:request_prompt_tokens", "Prompt tokens, finished requests.", tokens
+        )
+        self.request_generation_tokens = histogram(
+            "vllm:request_generation_tokens", "Generated tokens, finished requests.", tokens
+        )
+        self.max_generation_tokens = histogram(
             "vllm:request_max_num_generation_tokens",
             "Per finished request, "
             "the most tokens any of its sequences generated (one sequence per "
             "request here: its generated tokens).",
-            m,
-            buckets=tokens,
-            registry=r,
-        ).labels(model_name)
+            tokens,
+        )
         self._cache_info = Gauge(
             "vllm:cache_config_info",
             "Information of the KV cache configuration (value 1).",
