@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tinyllm.request import (
@@ -90,8 +90,6 @@ class EngineConfig:
     """torch CPU threads for a command's engine (None: torch's default)."""
     seed: int | None = None
     """The seed of the generator unseeded requests share (None: torch's global generator)."""
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-    """Not a setting: room for a caller's own bookkeeping; never read by the engine."""
 
     def __post_init__(self) -> None:
         if self.kv not in (KVLayout.SLOTS.value, KVLayout.PAGED.value):
@@ -191,8 +189,8 @@ class EngineConfig:
 
     @classmethod
     def settings(cls) -> tuple[str, ...]:
-        """The names of the settings (every field but ``extra``)."""
-        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "extra")
+        """The names of the settings."""
+        return tuple(f.name for f in dataclasses.fields(cls))
 
     def changed(self) -> dict[str, Any]:
         """The settings that differ from the defaults, by name (what a title or a report shows)."""
