@@ -231,6 +231,30 @@ def engine_options() -> dict[str, tuple[tuple[str, ...], dict]]:
     }
 
 
+def slo_arg(s: str):
+    """--slo: ``ttft=500ms,tpot=50ms`` (tinyllm.slo.SLO), or argparse's one-line error."""
+    from tinyllm.slo import SLO
+
+    try:
+        return SLO.parse(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_slo_arg(p: argparse.ArgumentParser) -> None:
+    """--slo, the same for the app, the race, what-if, the bench and the server."""
+    p.add_argument(
+        "--slo",
+        type=slo_arg,
+        default=None,
+        metavar="TARGETS",
+        help="latency targets per request, e.g. ttft=500ms,tpot=50ms (TTFT; time per output token "
+        "after the first; units ms or s): each request is judged met or missed, with the reason it "
+        'waited most, and goodput (requests/s that met it) is shown; a workload line\'s "slo" '
+        "replaces it for that request",
+    )
+
+
 def add_engine_args(p: argparse.ArgumentParser, *names: str) -> None:
     """Add the engine options ``names`` (engine_options' keys) to a command's parser."""
     options = engine_options()
