@@ -1,4 +1,4 @@
-"""The C kernels (tinyllm/csrc, built and loaded by tinyllm/native.py). Decode attention: each
+"""The C kernels (tinyllm/csrc, built and loaded by tinyllm/native/). Decode attention: each
 row checked against plain attention over its own K/V read through its block table, for every
 head-size code path (the unrolled 64 and 128, the vector and scalar fallbacks), GQA groups,
 block sizes, threads and query strides; its fallbacks (turned off, no compiler, a failing
@@ -218,7 +218,7 @@ def test_without_a_working_compiler_the_engine_stays_on_pytorch(monkeypatch, tmp
     monkeypatch.setattr(native, "_lib", None)
     monkeypatch.setattr(native, "_tried", False)
     monkeypatch.setenv("TINYLLM_CACHE", str(tmp_path))
-    monkeypatch.setattr(native, "_compiler", lambda: cc)
+    monkeypatch.setattr(native.build, "compiler", lambda: cc)
     assert native.library() is None
     assert why in native.why_not
     assert not list(tmp_path.rglob("*.so")) and not list(tmp_path.rglob("*.tmp*"))
@@ -237,9 +237,9 @@ def test_built_into_the_cache_once_and_reused(monkeypatch, tmp_path):
     built = list(tmp_path.rglob("*.so"))
     assert len(built) == 1 and built[0].parent == tmp_path / "kernels"
     left = sorted(p.name for p in (tmp_path / "kernels").iterdir())
-    assert left == [native.LOCK_NAME, built[0].name, built[0].name + ".json"]  # no temporary left
+    assert left == [native.build.LOCK_NAME, built[0].name, built[0].name + ".json"]  # no temporary left
     monkeypatch.setattr(native, "_tried", False)
-    monkeypatch.setattr(native, "_compiler", lambda: "false")  # a second process: loads, never rebuilds
+    monkeypatch.setattr(native.build, "compiler", lambda: "false")  # a second process: loads, never rebuilds
     assert native.library() is not None
 
 
@@ -353,7 +353,7 @@ def test_a_compiler_that_fails_strangely_still_falls_back_with_a_reason(monkeypa
     monkeypatch.setattr(native, "_lib", None)
     monkeypatch.setattr(native, "_tried", False)
     monkeypatch.setenv("TINYLLM_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(native, "_compiler", lambda: str(cc))
+    monkeypatch.setattr(native.build, "compiler", lambda: str(cc))
     assert native.library() is None and "build failed" in native.why_not and "broken" in native.why_not
     assert native.library() is None and "build failed" in native.why_not
     assert "build failed" in native.describe()
@@ -368,15 +368,15 @@ def test_another_cpu_gets_its_own_build(monkeypatch, tmp_path):
     monkeypatch.setenv("TINYLLM_CACHE", str(tmp_path))
     assert native.library() is not None
     monkeypatch.setattr(native, "_tried", False)
-    real = native._machine_id
-    monkeypatch.setattr(native, "_machine_id", lambda cc: real(cc) + " another cpu")
+    real = native.build._machine_id
+    monkeypatch.setattr(native.build, "_machine_id", lambda cc: real(cc) + " another cpu")
     assert native.library() is not None
     assert len(list((tmp_path / "kernels").glob("*.so"))) == 2
 
 
 @needs_kernel
 @pytest.mark.skipif(
-    not native._torch_uses_libgomp(), reason="no -fopenmp build is tried here (PyTorch is not on libgomp)"
+    not native.build._torch_uses_libgomp(), reason="no -fopenmp build is tried here (PyTorch is not on libgomp)"
 )
 def test_a_build_that_does_not_load_is_not_kept_the_next_flags_are_tried(monkeypatch, tmp_path):
     """clang takes -fopenmp and compiles calls into its own runtime (libomp), which the library
@@ -393,7 +393,7 @@ def test_a_build_that_does_not_load_is_not_kept_the_next_flags_are_tried(monkeyp
     monkeypatch.setattr(native, "_lib", None)
     monkeypatch.setattr(native, "_tried", False)
     monkeypatch.setenv("TINYLLM_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(native, "_compiler", lambda: str(cc))
+    monkeypatch.setattr(native.build, "compiler", lambda: str(cc))
     lib = native.library()
     assert lib is not None, native.why_not
     assert not hasattr(lib, "tinyllm_needs_it")  # the -fopenmp build was not kept

@@ -29,7 +29,7 @@ def fresh(monkeypatch, tmp_path):
 
 
 def test_a_new_cache_is_private(fresh):
-    d = native.safe_cache_dir()
+    d = native.build.safe_cache_dir()
     assert d == fresh and (d.stat().st_mode & 0o777) == 0o700
 
 
@@ -47,7 +47,7 @@ def test_a_group_or_world_writable_cache_is_refused_and_pytorch_runs(fresh, mode
 
 def test_a_cache_owned_by_another_user_is_refused(fresh, monkeypatch):
     fresh.mkdir(parents=True, mode=0o700)
-    monkeypatch.setattr(native, "_uid", lambda: os.geteuid() + 1)
+    monkeypatch.setattr(native.build, "_uid", lambda: os.geteuid() + 1)
     assert native.library() is None
     assert "owned by uid" in native.why_not and "not this user" in native.why_not
 
@@ -57,7 +57,7 @@ def test_no_home_means_no_cache_not_tmp(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(os.path, "expanduser", lambda p: p)  # no HOME, no passwd entry
     with pytest.raises(native.UnsafeCache, match="no home directory"):
-        native.cache_dir()
+        native.build.cache_dir()
     monkeypatch.setattr(native, "_lib", None)
     monkeypatch.setattr(native, "_tried", False)
     monkeypatch.setattr(native, "ENABLED", True)
@@ -69,23 +69,23 @@ def test_a_library_is_checked_before_it_is_loaded(tmp_path, monkeypatch):
     lib.write_bytes(b"not loaded")
     lib.chmod(0o775)
     with pytest.raises(native.UnsafeCache, match="writable by its group"):
-        native.load(lib)  # refused before ctypes sees it
+        native.abi.load(lib)  # refused before ctypes sees it
     lib.chmod(0o755)
-    monkeypatch.setattr(native, "_uid", lambda: os.geteuid() + 1)
+    monkeypatch.setattr(native.build, "_uid", lambda: os.geteuid() + 1)
     with pytest.raises(native.UnsafeCache, match="owned by uid"):
-        native.check_library(lib)
+        native.build.check_library(lib)
     monkeypatch.undo()
-    native.check_library(lib)  # ours, 0755: fine
+    native.build.check_library(lib)  # ours, 0755: fine
     link = tmp_path / "link.so"
     link.symlink_to(lib)
     with pytest.raises(native.UnsafeCache, match="not a regular file"):
-        native.check_library(link)
+        native.build.check_library(link)
 
 
 @pytest.fixture(scope="module")
 def good_build(tmp_path_factory) -> bytes:
     """One real build's bytes: the tests below put copies in place of a build (seconds each)."""
-    if native._compiler() is None:
+    if native.build.compiler() is None:
         pytest.skip("no C compiler here")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(native, "_lib", None)
@@ -93,7 +93,7 @@ def good_build(tmp_path_factory) -> bytes:
         mp.setattr(native, "ENABLED", True)
         mp.setenv("TINYLLM_CACHE", str(tmp_path_factory.mktemp("build")))
         assert native.library() is not None, native.why_not
-        (built,) = native.cache_dir().glob("*.so")
+        (built,) = native.build.cache_dir().glob("*.so")
         return built.read_bytes()
 
 
@@ -110,7 +110,7 @@ def quick_builds(fresh, good_build, monkeypatch) -> list[Path]:
         built.append(out)
         return out
 
-    monkeypatch.setattr(native, "_compile", copy)
+    monkeypatch.setattr(native.build, "_compile", copy)
     return built
 
 
@@ -127,7 +127,7 @@ def test_a_library_that_is_loosened_or_not_its_stamps_build_is_rebuilt(fresh, qu
     assert native.library() is not None, native.why_not
     (built,) = fresh.glob("*.so")
     assert quick_builds == [built] and (built.stat().st_mode & 0o777) == 0o755
-    stamp = native._stamp(built)
+    stamp = native.build._stamp(built)
     good = json.loads(stamp.read_text())
     assert set(good) == {"key", "sha256"} and built.name == f"tinyllm-{good['key'][:16]}.so"
     if spoil == "loosened":  # e.g. written under a loose umask, or by someone in the group
@@ -146,7 +146,7 @@ def test_a_library_that_is_loosened_or_not_its_stamps_build_is_rebuilt(fresh, qu
         assert native.library() is not None, native.why_not
     assert "rebuilding" in caplog.text and quick_builds == [built, built]
     assert (built.stat().st_mode & 0o777) == 0o755
-    assert json.loads(stamp.read_text()) == {"key": good["key"], "sha256": native._sha256(built)}
+    assert json.loads(stamp.read_text()) == {"key": good["key"], "sha256": native.build._sha256(built)}
     _again(monkeypatch)  # a sound one is loaded as it is
     assert native.library() is not None and len(quick_builds) == 2
 
@@ -155,14 +155,14 @@ def test_concurrent_first_callers_all_get_the_library_built_once(fresh, quick_bu
     """A caller that came while the first one built got None (and Linear then packed for oneDNN
     for good: different bits). Now every thread waits for the one build."""
     builds = []
-    quick = native._compile
+    quick = native.build._compile
 
     def slow_compile(*a, **k):
         builds.append(1)
         time.sleep(0.3)  # the others arrive meanwhile
         return quick(*a, **k)
 
-    monkeypatch.setattr(native, "_compile", slow_compile)
+    monkeypatch.setattr(native.build, "_compile", slow_compile)
     got = []
     threads = [threading.Thread(target=lambda: got.append(native.library())) for _ in range(4)]
     for t in threads:
@@ -176,18 +176,18 @@ def test_concurrent_first_callers_all_get_the_library_built_once(fresh, quick_bu
 def test_processes_take_turns_on_the_cache_lock(fresh):
     """The lock is an flock on a file in the cache: while one process holds it, another waits."""
     pytest.importorskip("fcntl")
-    d = native.safe_cache_dir()
+    d = native.build.safe_cache_dir()
     code = (
         "import sys, time; from pathlib import Path; from tinyllm import native\n"
-        "with native._locked(Path(sys.argv[1])):\n    print('in', flush=True); time.sleep(0.5)\n"
+        "with native.build._locked(Path(sys.argv[1])):\n    print('in', flush=True); time.sleep(0.5)\n"
     )
     p = subprocess.Popen([sys.executable, "-c", code, str(d)], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline() == "in\n"  # the other process holds the lock now
         t0 = time.monotonic()
-        with native._locked(d):
+        with native.build._locked(d):
             waited = time.monotonic() - t0
         assert waited > 0.2, waited
-        assert (d / native.LOCK_NAME).exists() and (os.stat(d / native.LOCK_NAME).st_mode & 0o077) == 0
+        assert (d / native.build.LOCK_NAME).exists() and (os.stat(d / native.build.LOCK_NAME).st_mode & 0o077) == 0
     finally:
         p.wait(30)

@@ -51,7 +51,7 @@ def test_resolve_accepts_names_paths_and_explains_the_rest(tmp_path):
 def test_wheel_installs_the_prompt_workloads(tmp_path):
     """Build the wheel, install it (no deps: the check needs none) into a fresh venv, and read
     the workloads from there, far from the source tree. The wheel carries the C kernels'
-    sources (tinyllm/native.py builds them on first use). Built with this environment's
+    sources (tinyllm/native/build.py builds them on first use). Built with this environment's
     setuptools (no build isolation): offline, nothing is fetched."""
     wheels = tmp_path / "wheels"
     r = subprocess.run(

@@ -162,7 +162,7 @@ def _layer(block: nn.Module, index: int, k: int, v: int) -> _Layer | None:
     if (
         any(p is None for p in packed)
         or norms[0].eps != norms[1].eps
-        or any(n.weight.shape != (d,) or not n.weight.is_contiguous() or not native._plain(n.weight) for n in norms)
+        or any(n.weight.shape != (d,) or not n.weight.is_contiguous() or not native.plain(n.weight) for n in norms)
     ):
         return None
     # held: the packed copies the pointers name, and what they were packed from (so no new weight
@@ -270,7 +270,7 @@ class CLayers:
             or x.dim() != 3
             or x.size(0) != 1
             or not x.is_contiguous()
-            or not native._plain(x)
+            or not native.plain(x)
             or torch_module._global_forward_hooks
             or torch_module._global_forward_pre_hooks
         ):
@@ -283,7 +283,7 @@ class CLayers:
             or norm._forward_pre_hooks
             or norm_w.shape != (d,)
             or not norm_w.is_contiguous()
-            or not native._plain(norm_w)
+            or not native.plain(norm_w)
         ):
             return None
         plan = attention()  # None off the kernel; else range-checked, once a step
@@ -314,7 +314,7 @@ class CLayers:
             or cos.size(1) != D
             or D % 2
             or not (cos.is_contiguous() and sin.is_contiguous())
-            or not native._plain(cos, sin)
+            or not native.plain(cos, sin)
         ):
             return None
         write, tables, lens, row_table = plan

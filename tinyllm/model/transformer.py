@@ -75,7 +75,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x / rms(x), in float32 (as HF's LlamaRMSNorm), then scaled. On CPU in float32 without
-        autograd, one C pass per row (tinyllm/native.py; PyTorch runs it as six small ops)."""
+        autograd, one C pass per row (tinyllm/native/ops.py; PyTorch runs it as six small ops)."""
         y = native.rms_norm(x, self.weight, self.eps)
         if y is not None:
             return y
