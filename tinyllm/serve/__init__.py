@@ -1,8 +1,10 @@
 """``tinyllm serve``: an OpenAI-compatible HTTP server over the continuous-batching engine.
 
     engine_loop.py  EngineLoop: the one thread that steps the engine; per-request asyncio queues
-    protocol.py     the OpenAI completions API: request parsing (the sampling fields for both routes),
-                    errors, response and chunk shapes
+    protocol.py     the OpenAI completions API's requests: parsing (the sampling fields for both routes)
+    body.py         a request body as JSON, errors in OpenAI's shape, the typed field readers
+    fit.py          a prompt fits the vocabulary, the context and the KV room (400s before the engine)
+    completions.py  the completions API's responses, chunks, usage and logprobs
     chat.py         the chat completions API: messages, chat's response and chunk shapes
     chat_template.py  the checkpoint's chat_template rendered in jinja2's sandbox, as transformers does
     tokenization.py vLLM's /tokenize and /detokenize shapes

@@ -35,11 +35,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-import tinyllm.serve.protocol as protocol
 from tinyllm.request import Request as EngineRequest
 from tinyllm.request import SamplingError
+from tinyllm.serve.body import ApiError, error_body, load_json, request_error
 from tinyllm.serve.chat import ChatShape, parse_chat
 from tinyllm.serve.chat_template import ChatTemplateError, render
+from tinyllm.serve.completions import CompletionShape, usage
 from tinyllm.serve.engine_loop import (
     EngineLoop,
     EngineLoopStopped,
@@ -48,8 +49,9 @@ from tinyllm.serve.engine_loop import (
     RequestHandle,
     RequestRejected,
 )
+from tinyllm.serve.fit import check_prompt, check_text_fits
 from tinyllm.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
-from tinyllm.serve.protocol import ApiError, api_key_tenant
+from tinyllm.serve.protocol import GenerationParams, api_key_tenant, parse_completion
 from tinyllm.serve.reader import OutputReader
 from tinyllm.serve.security import RETRY_AFTER_S, ApiKeyMiddleware, BodyLimitMiddleware, Limits, read_body
 from tinyllm.serve.stream import add_stream_route
@@ -114,26 +116,24 @@ def create_app(
             else f"{e.detail} ({request.method} {request.url.path})"
         )
         return JSONResponse(
-            protocol.error_body(msg, code={404: "not_found", 405: "method_not_allowed"}.get(e.status_code)),
+            error_body(msg, code={404: "not_found", 405: "method_not_allowed"}.get(e.status_code)),
             status_code=e.status_code,
             headers=getattr(e, "headers", None),
         )
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, e: RequestValidationError) -> JSONResponse:
-        return JSONResponse(protocol.error_body(str(e)), status_code=400)
+        return JSONResponse(error_body(str(e)), status_code=400)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, e: Exception) -> JSONResponse:  # a bug: say so, keep serving
         log.exception("unhandled error in %s %s", request.method, request.url.path)
-        return JSONResponse(
-            protocol.error_body(f"internal error: {type(e).__name__}", "internal_server_error"), status_code=500
-        )
+        return JSONResponse(error_body(f"internal error: {type(e).__name__}", "internal_server_error"), status_code=500)
 
     @app.get("/health")
     async def health() -> JSONResponse:
         if not engine_loop.alive:
-            return JSONResponse(protocol.error_body("the engine loop is not running", "server_error"), status_code=503)
+            return JSONResponse(error_body("the engine loop is not running", "server_error"), status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")
@@ -181,14 +181,14 @@ def create_app(
             raw = await read_body(request, max_body)
         except ClientDisconnect:  # gone before the body arrived: nothing to do
             return Response(status_code=499)
-        p = protocol.parse_completion(protocol.load_json(raw), model_name)
+        p = parse_completion(load_json(raw), model_name)
         if p.prompt_ids is not None:
             ids = list(p.prompt_ids)
         else:
-            protocol.check_text_fits(p.prompt_text, token_bytes, p.max_tokens, max_len, room, p.max_tokens_field)
+            check_text_fits(p.prompt_text, token_bytes, p.max_tokens, max_len, room, p.max_tokens_field)
             ids = await asyncio.to_thread(tokenizer.encode, p.prompt_text)
-        protocol.check_prompt(ids, p.max_tokens, vocab_size, max_len, room, p.max_tokens_field)
-        return await _serve(request, p, ids, protocol.CompletionShape)
+        check_prompt(ids, p.max_tokens, vocab_size, max_len, room, p.max_tokens_field)
+        return await _serve(request, p, ids, CompletionShape)
 
     def render_chat(messages, add_generation_prompt: bool) -> str:
         try:
@@ -203,14 +203,14 @@ def create_app(
             raw = await read_body(request, max_body)
         except ClientDisconnect:
             return Response(status_code=499)
-        p = parse_chat(protocol.load_json(raw), model_name)
+        p = parse_chat(load_json(raw), model_name)
         text = render_chat(p.messages, p.add_generation_prompt)
         try:
-            protocol.check_text_fits(text, token_bytes, p.max_tokens or 1, max_len, room, p.max_tokens_field)
+            check_text_fits(text, token_bytes, p.max_tokens or 1, max_len, room, p.max_tokens_field)
             ids = await asyncio.to_thread(tokenizer.encode, text)
             # no max_tokens: what the context leaves (as OpenAI and vLLM), within what one request may hold
             max_tokens = p.max_tokens if p.max_tokens is not None else max(1, room - len(ids))
-            protocol.check_prompt(ids, max_tokens, vocab_size, max_len, room, p.max_tokens_field)
+            check_prompt(ids, max_tokens, vocab_size, max_len, room, p.max_tokens_field)
         except ApiError as e:
             e.param = "messages" if e.param == "prompt" else e.param
             raise
@@ -222,7 +222,7 @@ def create_app(
             raw = await read_body(request, max_body)
         except ClientDisconnect:
             return Response(status_code=499)
-        t = parse_tokenize(protocol.load_json(raw), model_name)
+        t = parse_tokenize(load_json(raw), model_name)
         text = t.prompt if t.prompt is not None else render_chat(t.messages, t.add_generation_prompt)
 
         def work() -> dict:  # off the event loop: the text may be long
@@ -245,10 +245,10 @@ def create_app(
             raw = await read_body(request, max_body)
         except ClientDisconnect:
             return Response(status_code=499)
-        ids = parse_detokenize(protocol.load_json(raw), model_name, tokenizer.vocab_size, limits.max_tokenize_tokens)
+        ids = parse_detokenize(load_json(raw), model_name, tokenizer.vocab_size, limits.max_tokenize_tokens)
         return JSONResponse({"prompt": await asyncio.to_thread(tokenizer.decode, ids)})
 
-    async def _serve(request: Request, p: protocol.GenerationParams, ids: list[int], shape) -> Response:
+    async def _serve(request: Request, p: GenerationParams, ids: list[int], shape) -> Response:
         """Submit a validated request and answer it in ``shape`` (completions' or chat's)."""
         eos = None if p.ignore_eos else tokenizer.eos_id
         try:
@@ -264,7 +264,7 @@ def create_app(
                 tenant=p.tenant or api_key_tenant(request.headers.get("authorization")),
             )
         except SamplingError as e:  # e.g. chat's min_tokens above what the context leaves
-            raise protocol.request_error(e, e.field) from None
+            raise request_error(e, e.field) from None
         bad = next((t for t in p.stop_token_ids if t >= vocab_size), None)
         if bad is not None:
             raise ApiError(
@@ -343,10 +343,10 @@ async def _complete(
     request: Request,
     handles: list[RequestHandle],
     tokenizer,
-    p: protocol.GenerationParams,
+    p: GenerationParams,
     prompt: list[int],
     model: str,
-    shape=protocol.CompletionShape,
+    shape=CompletionShape,
 ) -> Response:
     """A non-streaming completion, one choice per handle (n samples), aborted if the client
     disconnects while it is generated. Usage counts the prompt once and every choice's tokens;
@@ -381,7 +381,7 @@ async def _complete(
         _close(handles)  # one sample failed: the answer is an error
         raise ApiError(str(e), None, None, 500, "server_error") from None
     cid, ret_ids = shape.new_id(), p.return_token_ids
-    use = protocol.usage(len(prompt), sum(len(r.tokens) for r in readers), finals[0].cached_tokens)
+    use = usage(len(prompt), sum(len(r.tokens) for r in readers), finals[0].cached_tokens)
     body: dict = {}
     for i, (reader, out) in enumerate(zip(readers, finals)):
         toks = reader.tokens
@@ -424,10 +424,10 @@ class CompletionStream(Response):
         self,
         handles: list[RequestHandle],
         tokenizer,
-        p: protocol.GenerationParams,
+        p: GenerationParams,
         prompt: list[int],
         model: str,
-        shape=protocol.CompletionShape,
+        shape=CompletionShape,
     ):
         self.status_code, self.background = 200, None  # no body: no content-length (as StreamingResponse)
         self.init_headers({"cache-control": "no-cache", REQUEST_ID_HEADER: _rids(handles)})
@@ -496,19 +496,13 @@ class CompletionStream(Response):
                         waiting[i] = asyncio.ensure_future(handles[i].next_output())
             if p.include_usage:
                 u = _with_accounting(
-                    shape.usage_chunk(
-                        cid, created, self.model, protocol.usage(len(self.prompt), n, last[0].cached_tokens)
-                    ),
+                    shape.usage_chunk(cid, created, self.model, usage(len(self.prompt), n, last[0].cached_tokens)),
                     last[0].accounting,
                 )
                 await send({"type": "http.response.body", "body": _sse(u), "more_body": True})
         except RequestFailed as e:  # the engine failed it: say so in the stream
             await send(
-                {
-                    "type": "http.response.body",
-                    "more_body": True,
-                    "body": _sse(protocol.error_body(str(e), "server_error")),
-                }
+                {"type": "http.response.body", "more_body": True, "body": _sse(error_body(str(e), "server_error"))}
             )
         finally:
             for t in waiting.values():

@@ -16,17 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tinyllm.request import TokenLogprob
-from tinyllm.serve.protocol import (
-    LOGPROB_FLOOR,
-    ApiError,
-    GenerationParams,
-    _bool,
-    _text,
-    _type_name,
-    brief,
-    check_object,
-    parse_generation,
-)
+from tinyllm.serve.body import ApiError, bool_field, brief, check_object, text_field, type_name
+from tinyllm.serve.completions import LOGPROB_FLOOR
+from tinyllm.serve.protocol import GenerationParams, parse_generation
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -53,7 +45,7 @@ def parse_chat(body: Any, served_model: str) -> ChatParams:
     return ChatParams(
         **shared,
         messages=parse_messages(body.get("messages", _MISSING)),
-        add_generation_prompt=True if agp is None else _bool(body, "add_generation_prompt"),
+        add_generation_prompt=True if agp is None else bool_field(body, "add_generation_prompt"),
     )
 
 
@@ -66,7 +58,7 @@ def parse_messages(messages: Any) -> tuple[dict[str, str], ...]:
         raise ApiError("you must provide messages", "messages", "missing_required_parameter")
     if not isinstance(messages, list):
         raise ApiError(
-            f"messages must be an array of message objects, got {_type_name(messages)}", "messages", "invalid_type"
+            f"messages must be an array of message objects, got {type_name(messages)}", "messages", "invalid_type"
         )
     if not messages:
         raise ApiError("messages is empty: give at least one message", "messages", "invalid_value")
@@ -75,14 +67,14 @@ def parse_messages(messages: Any) -> tuple[dict[str, str], ...]:
 
 def _message(m: Any, where: str) -> dict[str, str]:
     if not isinstance(m, dict):
-        raise ApiError(f"{where} must be an object with a role and content, got {_type_name(m)}", where, "invalid_type")
+        raise ApiError(f"{where} must be an object with a role and content, got {type_name(m)}", where, "invalid_type")
     role = m.get("role")
     if role is None:
         raise ApiError(
             f"{where} has no role (one of {', '.join(ROLES)})", f"{where}.role", "missing_required_parameter"
         )
     if not isinstance(role, str):
-        raise ApiError(f"{where}.role must be a string, got {_type_name(role)}", f"{where}.role", "invalid_type")
+        raise ApiError(f"{where}.role must be a string, got {type_name(role)}", f"{where}.role", "invalid_type")
     if role not in ROLES:
         raise ApiError(
             f"{where}.role {brief(role)} is not a role: use one of {', '.join(ROLES)}", f"{where}.role", "invalid_value"
@@ -94,27 +86,27 @@ def _message(m: Any, where: str) -> dict[str, str]:
     name = m.get("name")
     if name is not None:
         if not isinstance(name, str):
-            raise ApiError(f"{where}.name must be a string, got {_type_name(name)}", f"{where}.name", "invalid_type")
-        out["name"] = _text(name, f"{where}.name")
+            raise ApiError(f"{where}.name must be a string, got {type_name(name)}", f"{where}.name", "invalid_type")
+        out["name"] = text_field(name, f"{where}.name")
     return out
 
 
 def _content(c: Any, where: str) -> str:
     """A string, or a list of ``{"type": "text", "text": str}`` parts (joined with newlines)."""
     if isinstance(c, str):
-        return _text(c, where)
+        return text_field(c, where)
     if c is None:
         raise ApiError(
             f"{where} is missing: give a string or a list of text parts", where, "missing_required_parameter"
         )
     if not isinstance(c, list):
-        raise ApiError(f"{where} must be a string or a list of text parts, got {_type_name(c)}", where, "invalid_type")
+        raise ApiError(f"{where} must be a string or a list of text parts, got {type_name(c)}", where, "invalid_type")
     texts = []
     for i, part in enumerate(c):
         at = f"{where}[{i}]"
         if not isinstance(part, dict):
             raise ApiError(
-                f'{at} must be a {{"type": "text", "text": ...}} object, got {_type_name(part)}', at, "invalid_type"
+                f'{at} must be a {{"type": "text", "text": ...}} object, got {type_name(part)}', at, "invalid_type"
             )
         if part.get("type") != "text":
             raise ApiError(
@@ -124,8 +116,8 @@ def _content(c: Any, where: str) -> str:
             )
         text = part.get("text")
         if not isinstance(text, str):
-            raise ApiError(f"{at}.text must be a string, got {_type_name(text)}", f"{at}.text", "invalid_type")
-        texts.append(_text(text, f"{at}.text"))
+            raise ApiError(f"{at}.text must be a string, got {type_name(text)}", f"{at}.text", "invalid_type")
+        texts.append(text_field(text, f"{at}.text"))
     return "\n".join(texts)
 
 

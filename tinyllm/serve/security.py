@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tinyllm.serve.protocol import ApiError, error_body
+from tinyllm.serve.body import ApiError, error_body
 
 API_KEY_ENV = "TINYLLM_API_KEY"
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # no key needed (as vLLM): probes and Prometheus

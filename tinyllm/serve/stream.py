@@ -33,8 +33,8 @@ from starlette.responses import JSONResponse, StreamingResponse
 from tinyllm.observe.recording import SnapshotEncoder, encode_event, make_header
 from tinyllm.observe.snapshot import ENDED_STATES, EngineSnapshot, LifecycleEvent
 from tinyllm.request import is_int
+from tinyllm.serve.body import ApiError, brief, load_json
 from tinyllm.serve.engine_loop import EngineLoop
-from tinyllm.serve.protocol import ApiError, brief, load_json
 from tinyllm.serve.security import MAX_BODY_BYTES, read_body
 from tinyllm.stops import StopText
 

@@ -20,8 +20,8 @@ from typing import Any
 from tokenizers.pre_tokenizers import ByteLevel
 
 from tinyllm.request import is_int
+from tinyllm.serve.body import ApiError, bool_field, brief, check_object, parse_model, text_field, type_name
 from tinyllm.serve.chat import parse_messages
-from tinyllm.serve.protocol import ApiError, _bool, _text, _type_name, brief, check_object, parse_model
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class TokenizeParams:
 
 
 def _flag(body: dict, name: str, default: bool) -> bool:
-    return default if body.get(name) is None else _bool(body, name)
+    return default if body.get(name) is None else bool_field(body, name)
 
 
 def parse_tokenize(body: Any, served_model: str) -> TokenizeParams:
@@ -52,8 +52,8 @@ def parse_tokenize(body: Any, served_model: str) -> TokenizeParams:
     if has_prompt:
         p = body["prompt"]
         if not isinstance(p, str):
-            raise ApiError(f"prompt must be a string, got {_type_name(p)}", "prompt", "invalid_type")
-        return TokenizeParams(_text(p, "prompt"), None, _flag(body, "add_special_tokens", True), False, strs)
+            raise ApiError(f"prompt must be a string, got {type_name(p)}", "prompt", "invalid_type")
+        return TokenizeParams(text_field(p, "prompt"), None, _flag(body, "add_special_tokens", True), False, strs)
     if _flag(body, "continue_final_message", False):
         raise ApiError(
             "continue_final_message is not supported: the template renders whole messages",
@@ -78,7 +78,7 @@ def parse_detokenize(body: Any, served_model: str, vocab_size: int, max_tokens: 
     if toks is None:
         raise ApiError("you must provide tokens (a list of token ids)", "tokens", "missing_required_parameter")
     if not isinstance(toks, list):
-        raise ApiError(f"tokens must be a list of token ids, got {_type_name(toks)}", "tokens", "invalid_type")
+        raise ApiError(f"tokens must be a list of token ids, got {type_name(toks)}", "tokens", "invalid_type")
     if max_tokens is not None and len(toks) > max_tokens:
         raise ApiError(
             f"tokens has {len(toks)} ids, more than the server's limit of {max_tokens} for /detokenize",

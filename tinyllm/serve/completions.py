@@ -1,0 +1,111 @@
+"""The completions API's answers: a response, a streamed chunk, usage, logprobs, and
+``CompletionShape`` naming them for the server's shared response code."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from tinyllm.request import TokenLogprob
+
+
+def new_completion_id() -> str:
+    return f"cmpl-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def completion(
+    cid: str,
+    model: str,
+    text: str,
+    finish_reason: str,
+    usage_: dict,
+    token_ids: list[int] | None = None,
+    prompt_ids: list[int] | None = None,
+) -> dict:
+    choice: dict = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    if token_ids is not None:
+        choice["prompt_token_ids"], choice["token_ids"] = prompt_ids, token_ids
+    return {
+        "id": cid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": usage_,
+    }
+
+
+def chunk(
+    cid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str | None,
+    include_usage: bool,
+    token_ids: list[int] | None = None,
+    prompt_ids: list[int] | None = None,
+) -> dict:
+    """One streamed piece; ``usage`` is null on every chunk but the last when include_usage."""
+    choice: dict = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+        if prompt_ids is not None:
+            choice["prompt_token_ids"] = prompt_ids
+    out = {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
+    if include_usage:
+        out["usage"] = None
+    return out
+
+
+LOGPROB_FLOOR = -9999.0  # as vLLM: a -inf logprob (a masked token) is JSON-safe this way
+
+
+def completion_logprobs(lps: list[TokenLogprob], token_text, offset: int = 0) -> dict:
+    """OpenAI's completions ``logprobs`` object for these tokens: ``tokens`` (each token's own
+    text), ``token_logprobs``, ``top_logprobs`` (text → logprob, the chosen token included, as
+    vLLM) and ``text_offset`` (where each token starts, counting from ``offset``)."""
+    tokens = [token_text(lp.token) for lp in lps]
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
+
+    def top(lp: TokenLogprob) -> dict:
+        d = {token_text(t): max(v, LOGPROB_FLOOR) for t, v in lp.top}
+        d.setdefault(token_text(lp.token), max(lp.logprob, LOGPROB_FLOOR))
+        return d
+
+    return {
+        "tokens": tokens,
+        "token_logprobs": [max(lp.logprob, LOGPROB_FLOOR) for lp in lps],
+        "top_logprobs": [top(lp) for lp in lps],
+        "text_offset": offsets,
+    }
+
+
+def usage_chunk(cid: str, created: int, model: str, usage_: dict) -> dict:
+    """The stream's last data chunk when stream_options.include_usage: no choices, the usage."""
+    return {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": [], "usage": usage_}
+
+
+class CompletionShape:
+    """How completions answer (the functions above, under the names the server's response code
+    calls for either route; chat's are ``tinyllm.serve.chat.ChatShape``)."""
+
+    new_id = staticmethod(new_completion_id)
+    response = staticmethod(completion)
+    chunk = staticmethod(chunk)
+    usage_chunk = staticmethod(usage_chunk)
+
+    @staticmethod
+    def first_chunk(cid: str, created: int, model: str, include_usage: bool) -> dict | None:
+        return None  # completions stream text from the first chunk
