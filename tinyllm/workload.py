@@ -5,8 +5,9 @@
 ``prompt`` is required; ``max_new_tokens``, ``arrival_s`` (seconds after loading), ``stop_at_eos``,
 ``priority`` and ``tenant`` (the scheduling policies'), the sampling fields (``temperature``, ``top_k``, ``top_p``, ``min_p``, ``presence_penalty``,
 ``frequency_penalty``, ``repetition_penalty``, ``seed``: a line that sets any of them gets its own
-Sampling, the ones it leaves out at their defaults) and the stop fields (``stop``,
-``stop_token_ids``, ``min_tokens``) are optional. Blank lines are skipped. A file with any bad
+Sampling, the ones it leaves out at their defaults), the stop fields (``stop``,
+``stop_token_ids``, ``min_tokens``) and ``slo`` (that request's latency targets, in place of the
+run's --slo: ``"ttft=300ms"`` or ``{"ttft": "300ms", "tpot": "50ms"}``) are optional. Blank lines are skipped. A file with any bad
 line is refused whole, with ``file:line: what is wrong``.
 """
 
@@ -30,6 +31,7 @@ from tinyllm.request import (
     check_tenant,
     check_token_stops,
 )
+from tinyllm.slo import SLO
 
 SAMPLING_FIELDS = (
     "temperature",
@@ -43,7 +45,16 @@ SAMPLING_FIELDS = (
 )
 STOP_FIELDS = ("stop", "stop_token_ids", "min_tokens")
 SCHEDULING_FIELDS = ("priority", "tenant", "n")
-FIELDS = {"prompt", "max_new_tokens", "arrival_s", "stop_at_eos", *SAMPLING_FIELDS, *STOP_FIELDS, *SCHEDULING_FIELDS}
+FIELDS = {
+    "prompt",
+    "max_new_tokens",
+    "arrival_s",
+    "stop_at_eos",
+    "slo",
+    *SAMPLING_FIELDS,
+    *STOP_FIELDS,
+    *SCHEDULING_FIELDS,
+}
 
 
 class WorkloadError(ValueError):
@@ -64,6 +75,7 @@ class WorkItem:
     priority: int | None = None  # None: the caller's default (so is tenant)
     tenant: str | None = None
     n: int | None = None  # samples of this prompt (forks sharing its blocks)
+    slo: SLO | None = None  # this request's latency targets (None: the run's --slo)
 
     def settings(self, defaults: RequestSettings) -> RequestSettings:
         """This line's settings: what it says, the caller's ``defaults`` for what it leaves out."""
@@ -146,6 +158,7 @@ def parse_line(obj, where: str) -> WorkItem:
         n = obj.get("n")
         if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N):
             raise WorkloadError(f"{where}: n must be an integer from 1 to {MAX_N}, got {n!r}")
+        slo = None if "slo" not in obj else SLO.from_value(obj["slo"])
     except (SamplingError, ValueError) as e:
         raise WorkloadError(f"{where}: {e}") from None
     return WorkItem(
@@ -160,6 +173,7 @@ def parse_line(obj, where: str) -> WorkItem:
         priority=priority,
         tenant=tenant,
         n=n,
+        slo=slo,
     )
 
 

@@ -23,15 +23,17 @@ from pathlib import Path
 from tinyllm.observe.recording import BAD_RECORD, RecordingError, SnapshotDecoder, read_recording
 from tinyllm.observe.stats import percentile
 from tinyllm.race.spec import Recorded
+from tinyllm.race.verdicts import Judging, rank
 from tinyllm.race.views import LaneView, RequestOutcome
 from tinyllm.request import SCHEDULING_POLICIES, Request, kv_dtype_name
 
 Arrivals = list[tuple[float, Request]]
 
 
-def requests_from_recording(path: str | Path) -> tuple[Arrivals, str | None]:
-    """Every request a recording saw, as (arrival_s, Request), and the reader's warning (a
-    recording cut off mid-write). RecordingError for a file that is not a recording."""
+def recorded_views(path: str | Path):
+    """Every request a recording saw, its latest view, in arrival order (as every lane numbers
+    them), and the reader's warning (a recording cut off mid-write). RecordingError for a file
+    that is not a recording, or that holds no requests."""
     header, records, warning = read_recording(path)
     dec = SnapshotDecoder(header)
     views = {}
@@ -47,9 +49,16 @@ def requests_from_recording(path: str | Path) -> tuple[Arrivals, str | None]:
                 views[v.rid] = v  # the latest view (forgotten ones kept)
     if not views:  # (quit at once, or a stream cut before any request)
         raise RecordingError(f"{path}: the recording holds no requests: nothing to run again")
+    return sorted(views.values(), key=lambda v: (v.arrival_s, v.rid)), warning
+
+
+def requests_from_recording(path: str | Path) -> tuple[Arrivals, str | None]:
+    """Every request a recording saw, as (arrival_s, Request), and the reader's warning (a
+    recording cut off mid-write). RecordingError for a file that is not a recording."""
+    views, warning = recorded_views(path)
     out = []
-    start = min((v.arrival_s for v in views.values()), default=0.0)  # a server's clock may be at 3600 s
-    for v in sorted(views.values(), key=lambda v: (v.arrival_s, v.rid)):
+    start = min((v.arrival_s for v in views), default=0.0)  # a server's clock may be at 3600 s
+    for v in views:
         if v.state == "finished":
             new = len(v.tokens)
         elif v.state in ("aborted", "failed"):
@@ -162,10 +171,13 @@ class RequestRow:
     arrival_s: float
     outcomes: tuple[RequestOutcome | None, ...]  # per lane, in lane order
     change: float
+    ended: str = ""  # "aborted" / "failed": how the recording saw it end (left out of "most changed")
 
 
-def compare(lanes: tuple[LaneView, ...]) -> tuple[RequestRow, ...]:
-    """Per request, every lane's outcome (the lanes are done); the requests that changed most first."""
+def compare(lanes: tuple[LaneView, ...], judging: Judging | None = None) -> tuple[RequestRow, ...]:
+    """Per request, every lane's outcome (the lanes are done); the requests that changed most
+    first, those the recording saw aborted or failed (``judging``) last, marked, unranked."""
+    judging = judging or Judging()
     by_lane = [{o.rid: o for o in lane.outcomes} for lane in lanes]
     rows = []
     for rid in sorted({rid for m in by_lane for rid in m}):
@@ -174,10 +186,12 @@ def compare(lanes: tuple[LaneView, ...]) -> tuple[RequestRow, ...]:
         change = max(
             (o.e2e_s / base.e2e_s - 1 for o in outs[1:] if o and base and base.e2e_s > 0), key=abs, default=0.0
         )
-        rows.append(
-            RequestRow(rid, who.prompt_tokens, who.new_tokens, who.priority, who.tenant, who.arrival_s, outs, change)
+        ended = judging.left_out(rid)
+        row = RequestRow(
+            rid, who.prompt_tokens, who.new_tokens, who.priority, who.tenant, who.arrival_s, outs, change, ended
         )
-    return tuple(sorted(rows, key=lambda row: (-abs(row.change), row.rid)))
+        rows.append(row)
+    return tuple(sorted(rows, key=lambda row: (bool(row.ended), -abs(row.change), row.rid)))
 
 
 def same_schedule(a: LaneView, b: LaneView) -> bool:
@@ -226,14 +240,23 @@ def group_figures(rows: tuple[RequestRow, ...], lane: int, by: str | None) -> di
     return out
 
 
-def to_json(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...], source: str) -> dict:
-    """The whole comparison as plain JSON (``tinyllm whatif --json``)."""
+def to_json(
+    lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...], source: str, judging: Judging | None = None
+) -> dict:
+    """The whole comparison as plain JSON (``tinyllm whatif --json``): with ``judging``, each
+    lane's goodput and share met, each request's verdict per lane, and the ranking's rule."""
+    judging = judging or Judging()
     by = grouping(rows)
+    ranking = rank(lanes, judging)
+    summaries = [judging.summary(v) for v in lanes]
+    verdicts = [judging.verdicts(v) for v in lanes]
     return {
         "source": source,
         "exact": "tokens, steps, admission order, preemptions, steps waited per reason",
         "clock_dependent": "every *_s figure, on each lane's own clock: its compute time, plus in wall_s the idle "
         "waits for arrivals (busy_s leaves them out)",
+        "slo": None if judging.slo is None else str(judging.slo),
+        "ranking": {"rule": ranking.rule, "by": ranking.by, "places": list(ranking.places)},
         "lanes": [
             {
                 "name": v.title,
@@ -244,6 +267,8 @@ def to_json(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...], source: s
                 "kv_dtype": v.kv_dtype,
                 **({} if v.result is None else vars(v.result)),
                 "groups": group_figures(rows, i, by),
+                "place": ranking.places[i],
+                "slo": None if summaries[i] is None else summaries[i].as_dict(),
             }
             for i, v in enumerate(lanes)
         ],
@@ -256,7 +281,8 @@ def to_json(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...], source: s
                 "priority": r.priority,
                 "tenant": r.tenant,
                 "arrival_s": r.arrival_s,
-                "e2e_change_vs_first_lane": round(r.change, 4),
+                "e2e_change_vs_first_lane": None if r.ended else round(r.change, 4),
+                "recorded_state": r.ended or None,  # aborted / failed: left out of the rankings
                 "lanes": {
                     v.title: None
                     if o is None
@@ -266,10 +292,18 @@ def to_json(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...], source: s
                         "e2e_s": o.e2e_s,
                         "preemptions": o.preemptions,
                         "waited_steps": dict(o.waited),
+                        **verdict_json(verdicts[i].get(r.rid)),
                     }
-                    for v, o in zip(lanes, r.outcomes)
+                    for i, (v, o) in enumerate(zip(lanes, r.outcomes))
                 },
             }
             for r in rows
         ],
     }
+
+
+def verdict_json(v) -> dict:
+    """A request's SLO verdict in one lane, for JSON (nothing without an SLO)."""
+    if v is None:
+        return {}
+    return {"slo": {"outcome": v.outcome, "missed": list(v.missed), "reason": v.reason}}

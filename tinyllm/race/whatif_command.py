@@ -12,6 +12,7 @@ from tinyllm.args import (
     UsageError,
     add_engine_args,
     add_model_args,
+    add_slo_arg,
     load_model,
     non_negative_float,
     output_path,
@@ -92,6 +93,7 @@ def add_whatif_parser(sub) -> None:
         "--rows", type=positive_int, default=20, metavar="N", help="requests shown, most changed first (20)"
     )
     wi.add_argument("--threads", type=positive_int, default=2, metavar="N", help="torch CPU threads (default 2)")
+    add_slo_arg(wi)
     add_engine_args(wi, *WHATIF_ENGINE_OPTIONS)  # (on a recording, one not given is the recording's)
     wi.set_defaults(fn=cmd_whatif)
 
@@ -112,6 +114,7 @@ def cmd_whatif(args) -> None:
         parse_lanes,
         set_by_options,
     )
+    from tinyllm.race.verdicts import load_judging
     from tinyllm.race.whatif import compare, load_arrivals, recorded_settings, same_schedule, to_json
     from tinyllm.race.whatif_view import groups_table, lanes_table, request_lanes, requests_table
     from tinyllm.workload import WorkloadError
@@ -157,6 +160,7 @@ def cmd_whatif(args) -> None:
         arrivals, warning = load_arrivals(
             args.source, tok.encode, max_len, args.max_new_tokens or 64, asked_new=args.max_new_tokens is not None
         )
+        judging = load_judging(args.source, args.slo)
         race = build_race(
             model,
             arrivals,
@@ -186,11 +190,11 @@ def cmd_whatif(args) -> None:
         while race.step() is not None:
             pass
     views = race.views()
-    rows = compare(views)
+    rows = compare(views, judging)
     out = stdout_console()  # piped: wide, as the bench's
     if recorded is not None:
         out.print(f"as recorded, unless a lane or an option says otherwise: {recorded.describe()}", highlight=False)
-    out.print(lanes_table(views))
+    out.print(lanes_table(views, judging))
     out.print(clock_line(clock), highlight=False)  # (what every time above rests on)
     groups = groups_table(views, rows)
     if groups is not None:
@@ -206,13 +210,14 @@ def cmd_whatif(args) -> None:
     else:
         if alike:
             out.print(f"identical schedules to lane A: {', '.join(alike)}", highlight=False)
-        out.print(requests_table(views, rows, args.rows, narrow=out.width < 24 + 22 * len(views)))
+        narrow = out.width < 24 + (22 + 6 * judging.active) * len(views)
+        out.print(requests_table(views, rows, args.rows, narrow=narrow, judging=judging))
     if rows:
         out.print(request_lanes(views, rows[0], min(out.width, 160)))  # (a step a cell: not 400 of them)
     if args.json:
         try:
             report = {
-                **to_json(views, compare(views), args.source),
+                **to_json(views, compare(views, judging), args.source, judging),
                 "clock": clock_json(clock),
                 "identical_schedules": alike,
             }

@@ -6,8 +6,10 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
+from tinyllm.race.verdicts import Judging, rank
 from tinyllm.race.views import ARRIVALS_NOTE, LaneView, RequestOutcome, idled
 from tinyllm.race.whatif import RequestRow, group_figures, grouping
+from tinyllm.slo import SLOVerdict
 from tinyllm.units import duration
 
 WAIT_SHORT = {"queue": "queue", "slots": "slots", "pool": "KV", "budget": "budget", "preempted": "recompute"}
@@ -20,6 +22,17 @@ def why(o: RequestOutcome) -> str:
         code, steps = o.waited[0]
         parts.append(f"{WAIT_SHORT.get(code, code)} {steps}")
     return " ".join(parts) or "—"
+
+
+def slo_mark(v: SLOVerdict | None) -> Text:
+    """A request's verdict in a table cell: ``✓`` green, ``✗ttft`` red (the reason is in "waited")."""
+    if v is None:
+        return Text("—", style="dim")
+    if v.outcome == "met":
+        return Text("✓", style="green")
+    if v.outcome == "missed":
+        return Text("✗" + "+".join(v.missed), style="red")
+    return Text(v.outcome, style="dim")
 
 
 def short_name(v: LaneView, width: int = 14) -> str:
@@ -36,9 +49,13 @@ def requests_table(
     limit: int,
     narrow: bool = False,
     selected: int | None = None,
+    judging: Judging | None = None,
 ) -> Table:
-    """Per request (most changed first): each lane's TTFT, end-to-end and why it waited (lanes
-    lettered A, B, ... as the caption says); the e2e change against the first lane (A)."""
+    """Per request (most changed first): each lane's TTFT, end-to-end, its SLO verdict (with an
+    SLO) and why it waited (lanes lettered A, B, ... as the caption says); the e2e change against
+    the first lane (A). A request the recording saw aborted or failed comes last, marked so."""
+    judging = judging or Judging()
+    verdicts = [judging.verdicts(v) for v in lanes] if judging.active else None
     t = Table(
         box=None,
         padding=(0, 1),
@@ -49,13 +66,16 @@ def requests_table(
         caption_style="dim",
         title=f"per request, most changed first ({min(limit, len(rows))} of {len(rows)})",
         caption="  ".join(f"{letter(i)} = {v.title}" for i, v in enumerate(lanes))
-        + ("" if narrow else "; waited: the reason it waited most steps for, NP = preempted N times"),
+        + ("" if narrow else "; waited: the reason it waited most steps for, NP = preempted N times")
+        + ("; SLO: ✓ met, ✗ missed (ttft, tpot)" if verdicts else ""),
     )
     t.add_column("#", justify="right", no_wrap=True)
     t.add_column("who", no_wrap=True)
     for i in range(len(lanes)):
         t.add_column(f"{letter(i)} TTFT", justify="right", no_wrap=True)
         t.add_column(f"{letter(i)} e2e", justify="right", no_wrap=True)
+        if verdicts:
+            t.add_column(f"{letter(i)} SLO", no_wrap=True)
         if not narrow:
             t.add_column(f"{letter(i)} waited", no_wrap=True)
     t.add_column("e2e vs A", justify="right", no_wrap=True)
@@ -63,15 +83,20 @@ def requests_table(
         who = " ".join(filter(None, [row.tenant, f"p{row.priority}" if row.priority else ""])) or "—"
         mark = "reverse bold" if row.rid == selected else ""
         cells = [Text(str(row.rid), style=mark), Text(who, style="dim")]
-        for o in row.outcomes:
+        for i, o in enumerate(row.outcomes):
             if o is None:
-                cells += [Text("—")] * (2 if narrow else 3)
+                cells += [Text("—")] * (2 + bool(verdicts) + (not narrow))
                 continue
-            cells += [Text(duration(o.ttft_s)), Text(duration(o.e2e_s))] + (
-                [] if narrow else [Text(why(o), style="dim")]
-            )
-        style = "green" if row.change < -0.05 else "red" if row.change > 0.05 else "dim"
-        cells.append(Text(f"{row.change:+.0%}", style=style))
+            cells += [Text(duration(o.ttft_s)), Text(duration(o.e2e_s))]
+            if verdicts:
+                cells.append(slo_mark(verdicts[i].get(row.rid)))
+            if not narrow:
+                cells.append(Text(why(o), style="dim"))
+        if row.ended:  # its client went away (or the engine gave up): not ranked
+            cells.append(Text(row.ended, style="dim italic"))
+        else:
+            style = "green" if row.change < -0.05 else "red" if row.change > 0.05 else "dim"
+            cells.append(Text(f"{row.change:+.0%}", style=style))
         t.add_row(*cells)
     return t
 
@@ -101,12 +126,16 @@ def groups_table(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...]) -> T
     return t
 
 
-def lanes_table(lanes: tuple[LaneView, ...]) -> Table:
+def lanes_table(lanes: tuple[LaneView, ...], judging: Judging | None = None) -> Table:
     """One row per lane: tinyllm bench's columns, on each lane's own clock, and where the lanes
     are sized by memory the sequences each can run at once and its KV memory (``64 seqs · 32
     MiB``, as its title in the race says it; it was a second line under each name, which read as
-    a lane of its own)."""
+    a lane of its own); with an SLO, its goodput and share met; its place, by the rule the
+    caption states."""
+    judging = judging or Judging()
     busy = idled(lanes)  # arrivals: every clock ran to about the last one
+    ranking = rank(lanes, judging)
+    summaries = [judging.summary(v) for v in lanes]
     t = Table(
         box=None,
         padding=(0, 1),
@@ -114,19 +143,37 @@ def lanes_table(lanes: tuple[LaneView, ...]) -> Table:
         title_style="bold",
         expand=False,
         title="lanes (each lane's own clock" + (f"; {ARRIVALS_NOTE}" if busy else "") + ")",
+        caption=ranking.rule,
+        caption_justify="left",
+        caption_style="dim",
     )
+    t.add_column("place", justify="right", no_wrap=True)
     t.add_column("lane", no_wrap=False, min_width=12)  # the column that gives way on a narrow terminal
     sized = any(v.kv_mib is not None for v in lanes)
     if sized:
         t.add_column("seqs · KV", justify="right", no_wrap=True)
-    for c in ("tok/s", "TTFT p50", "TTFT p95", "latency p95", *(["busy"] if busy else []), "steps", "preempted"):
+    slo = judging.active
+    for c in (
+        *(["goodput", "met"] if slo else []),
+        "tok/s",
+        "TTFT p50",
+        "TTFT p95",
+        "latency p95",
+        *(["busy"] if busy else []),
+        "steps",
+        "preempted",
+    ):
         t.add_column(c, justify="right", no_wrap=True)
-    for v in lanes:
+    for i, v in enumerate(lanes):
         r = v.result
         kv = [] if not sized else ["—" if v.kv_mib is None else v.capacity]
+        s = summaries[i]
+        good = [] if not slo else [goodput_cell(s), met_cell(s)]
         t.add_row(
+            str(ranking.places[i]),
             Text(short_name(v, 30)),
             *kv,
+            *good,
             f"{r.tok_s:.0f}",
             duration(r.ttft_p50_s),
             duration(r.ttft_p95_s),
@@ -136,6 +183,18 @@ def lanes_table(lanes: tuple[LaneView, ...]) -> Table:
             f"{r.preemptions:,}",
         )
     return t
+
+
+def goodput_cell(s) -> str:
+    """A lane's goodput: ``3.20/s`` (requests/s that met the SLO)."""
+    return "—" if s is None else f"{s.goodput:.2f}/s"
+
+
+def met_cell(s) -> str:
+    """``8/10 80%``: the requests that met the SLO of those judged (aborted/failed apart)."""
+    if s is None or s.share_met is None:
+        return "—"
+    return f"{s.met}/{s.judged} {s.share_met:.0%}"
 
 
 PHASE_GLYPHS = {
