@@ -16,8 +16,10 @@ from tinyllm.workload import bundled_workloads
 from tui.app import TinyLLMApp
 from tui.runners.engine import EngineRunner
 from tui.runners.interface import RunnerDefaults, SetDelay, SetPaused, StepOnce, Submit
-from tui.screens.modals import GotoStep, HelpScreen, PromptPicker, SettingsScreen
+from tui.screens.modals import GotoStep, HelpScreen
+from tui.screens.picker import PromptPicker
 from tui.screens.race import RaceScreen
+from tui.screens.settings import SettingsScreen
 from tui.widgets.block_map import BlockMap
 from tui.widgets.kv_panel import KVPanel
 from tui.widgets.request_list import RequestList, tail

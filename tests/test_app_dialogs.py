@@ -12,7 +12,8 @@ import json
 from tests.test_app import make_app, no_unexpected_errors, until  # noqa: F401
 from tests.test_app_prompt import burst
 from tinyllm.workload import bundled_workloads
-from tui.screens.modals import PromptPicker, SettingsScreen
+from tui.screens.picker import PromptPicker
+from tui.screens.settings import SettingsScreen
 
 
 def loaded(app) -> list[str]:
@@ -102,7 +103,7 @@ async def test_the_settings_fields_take_keys_typed_at_machine_speed_in_order():
 async def test_served_on_the_web_f3_reads_only_its_folders_and_never_says_what_exists(tmp_path, monkeypatch):
     """--web: any visitor can type a path; F3 read any file on the machine and its errors said
     whether one existed. Outside the allowed folders both answers are the same, and nothing loads."""
-    from tui.screens.modals import PICKER_ROOTS_ENV
+    from tui.screens.picker import PICKER_ROOTS_ENV
 
     inside = tmp_path / "ok"
     inside.mkdir()

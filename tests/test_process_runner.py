@@ -181,7 +181,7 @@ def test_the_app_side_imports_no_torch():
     """The first frame must not wait for torch: the app, its runner and widgets import without it."""
     heavy = ("torch", "prometheus_client", "httpx")  # the last two: only when attached to a server
     code = (
-        "import sys, tui.cli, tui.runners.child, tui.screens.modals, tinyllm.model.config, tinyllm.workload; "
+        "import sys, tui.cli, tui.runners.child, tui.screens.modals, tui.screens.settings, tui.screens.picker, tinyllm.model.config, tinyllm.workload; "
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r}))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

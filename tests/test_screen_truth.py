@@ -26,7 +26,7 @@ from tui.app import TinyLLMApp
 from tui.runners.engine import EngineRunner
 from tui.runners.frames import FrameRecorder
 from tui.runners.interface import SeekStep, SetPaused, StepBack, StepOnce, Submit
-from tui.screens.modals import SettingsScreen
+from tui.screens.settings import SettingsScreen
 from tui.widgets.kv_panel import KVPanel
 from tui.widgets.request_list import RequestList
 from tui.widgets.style import duration

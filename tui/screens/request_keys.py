@@ -11,7 +11,9 @@ from textual.widgets import Static
 
 from tinyllm.request import ContextTooLong, RequestSettings, check_fits
 from tui.runners.interface import Abort, AbortAll, ClearPrefixCache, LoadWorkload, Submit
-from tui.screens.modals import Confirm, LoadedWorkload, PromptPicker, QuitConfirm, SettingsScreen, read_workload
+from tui.screens.modals import Confirm, QuitConfirm
+from tui.screens.picker import LoadedWorkload, PromptPicker, read_workload
+from tui.screens.settings import SettingsScreen
 
 
 class RequestKeys:
