@@ -80,19 +80,22 @@ def test_a_race_on_the_cost_clock_gives_the_same_figures_every_time_even_beside_
 
 
 def test_static_batchings_waste_is_rows_it_pays_for_not_a_slower_kernel():
-    """A static decode pass pays for every row of its batch (finished ones too), over the whole
-    padded context: the waste shows as work on the same clock."""
+    """A static decode pass pays for every row of its batch (finished ones too): the waste shows
+    as work on the same clock, priced as any other scheduler's rows."""
     from tinyllm.engine.static import StaticBatcher
-    from tinyllm.race.lanes import static_pass_work
 
     eng = StaticBatcher(random_model(), 3)
-    for n in (2, 9, 9):
-        eng.add_request(Request([5, 6, 7], n))
-    assert static_pass_work(eng) == PassWork(3, 9, 9)  # the prefill: 3 rows of 3
+    passes = []
+    eng.on_pass = lambda rows: passes.append(PassWork.of_rows(rows))
+    for p, n in (([5, 6, 7], 2), ([5, 6], 9), ([5, 6, 7, 8], 9)):
+        eng.add_request(Request(p, n))
+    eng.step()
+    assert passes == [PassWork(3, 9, 9)]  # the prefill: every prompt, no padding computed
     for _ in range(4):
         eng.step()
     assert len(eng.results) == 1  # one row done, still computed
-    assert static_pass_work(eng) == PassWork(3, 3, 3 * (3 + 4))  # every row attends prompt + 4 tokens
+    # the 4th decode: every row attends its own prompt + 4 tokens (3 generated before, 1 written now)
+    assert passes[-1] == PassWork(3, 3, (3 + 4) + (2 + 4) + (4 + 4))
 
 
 def test_whatif_twice_on_the_cost_clock_writes_the_same_json_and_says_which_clock(tmp_path, capsys):

@@ -169,7 +169,8 @@ def test_race_figures_equal_run_static_and_run_continuous(model):
         assert r.prefill_tokens == summary["prefill_tokens_computed"], lane.key
         tokens = [lane.engine.results[i].tokens for i in range(len(reqs))]
         assert tokens == [x.tokens for x in results], lane.key  # greedy: the same outputs
-    assert static.result().row_util < cont.result().row_util < chunked.result().row_util == 1.0
+    # one forward for every lane: only static batching computes rows it throws away (its finished ones)
+    assert static.result().row_util < cont.result().row_util == chunked.result().row_util == 1.0
     assert static.result().decode_steps > cont.result().decode_steps
 
 

@@ -5,9 +5,9 @@ sequence.py    the engine's record of a request; token Events
 continuous.py  ContinuousEngine (one step = plan -> forward -> commit), run_continuous; its parts:
                commit.py (a forward's outcome committed), forks.py (n samples), views.py (snapshot)
 scheduler.py   the scheduler interface (plan, StepPlan) and the token-budget scheduler (chunked prefill)
-admission.py   prefill then decode: admit into free slots with a padded prefill, then decode every slot
+admission.py   prefill then decode: admit into free slots with one prefill, then decode every running slot
 policy.py      the scheduling policy: the waiting queue's order and whom to preempt (both schedulers)
-forward.py     running a plan on the model (padded prefill, slot decode, ragged mixed batch)
+forward.py     running a plan on the model: one ragged forward for every scheduler
 build.py       from an EngineConfig (tinyllm/config.py) to the engine's parts (sizes, cache, scheduler)
 static.py      static batching: StaticBatcher (one step at a time; the race steps it), run_static
                (the baseline, runs it to the end)

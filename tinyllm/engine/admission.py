@@ -3,13 +3,13 @@
 Each step has two passes, each planned after the engine committed the one before:
 
 1. admissions: waiting requests, in the policy's order, go into free slots while the cache can
-   hold their whole context (plus the position their first decode writes), all in one
-   left-padded prefill that also samples their first token;
-2. a decode of every running sequence: one token each, in one batch (the slot cache computes all
-   its slots, an idle one a throwaway row; the paged pool only its running sequences). On the paged cache a slot whose next position
-   needs a block when none is free makes the pool evict the policy's victim (the same rule as
-   the token-budget scheduler's: ``WaitingQueue.victim``; fcfs: the newest); the engine
-   requeues it, to be recomputed later from prompt + generated tokens.
+   hold their whole context (plus the position their first decode writes), all in one prefill
+   pass that also samples their first token;
+2. a decode of every running sequence: one token each, in one batch (only the running ones: an
+   idle slot computes nothing, except on the CUDA-graph path's dense slots). On the paged cache a
+   slot whose next position needs a block when none is free makes the pool evict the policy's
+   victim (the same rule as the token-budget scheduler's: ``WaitingQueue.victim``; fcfs: the
+   newest); the engine requeues it, to be recomputed later from prompt + generated tokens.
 
 The decode is planned after the admissions commit because what they freed counts: a newcomer
 that finished (or failed) on its first token gave its blocks back before anyone is preempted.

@@ -22,14 +22,17 @@ class Commits:
     def _commit(self, plan: StepPlan, out: Tensor | Prefilled) -> list[Event]:
         return self._commit_prefill(plan, out) if plan.kind == "prefill" else self._commit_mixed(plan, out)
 
-    def _commit_prefill(self, plan: StepPlan, out: Prefilled) -> list[Event]:
-        """Prefilled requests take their slots, with their K/V; their first tokens as Events."""
+    def _commit_prefill(self, plan: StepPlan, out: Tensor | Prefilled) -> list[Event]:
+        """Prefilled requests take their slots (their K/V is there; the CUDA-graph path's is
+        moved in from its scratch cache); their first tokens as Events."""
         self._prefills += 1
         self.stats.prefill_tokens += plan.tokens
-        sampled = sample_batch(out.logits, [seq.row() for seq, _, _ in plan.items], self.generator)
+        logits = out.logits if isinstance(out, Prefilled) else out
+        sampled = sample_batch(logits, [seq.row() for seq, _, _ in plan.items], self.generator)
         nxt, failed = sampled.tokens, sampled.failed
-        self.slots.admit(plan.slots, out.cache, out.pad)
-        self.runner.last_tok[torch.tensor(plan.slots, device=self.device)] = nxt
+        if isinstance(out, Prefilled):
+            self.slots.admit(plan.slots, out.cache, out.pad)
+            self.runner.last_tok[torch.tensor(plan.slots, device=self.device)] = nxt
         toks = nxt.squeeze(-1).tolist()
         now = self.now()
         events = []

@@ -3,9 +3,10 @@
 Every step has one shape, nano-vllm's and vLLM V1's: the scheduler plans a forward pass
 (``plan()``), the model runs it (``forward.py``), and this engine commits the outcome: sampled
 tokens, request states, lifecycle events, counters. Two schedulers implement the one ``plan()``:
-the seed's (``admission.py``: a padded prefill of newcomers, then a decode of every slot; either
-cache) and the token-budget scheduler (``scheduler.py``, ``chunked_prefill=True``: one ragged
-pass of decodes and prefill chunks; paged cache only). Both admit from one waiting queue, whose
+the seed's (``admission.py``: a prefill of newcomers, then a decode of every running sequence;
+either cache) and the token-budget scheduler (``scheduler.py``, ``chunked_prefill=True``: one
+pass of decodes and prefill chunks; paged cache only). Every pass runs on the same forward
+(``forward.py``: ragged over a block pool; the slot cache is a pool of one block per slot). Both admit from one waiting queue, whose
 order is the scheduling policy (``policy.py``).
 
 Correctness: under greedy decoding each request's tokens equal its solo ``generate()`` output.

@@ -1,17 +1,22 @@
 """Running a plan on the model: the forward passes, apart from who runs (the schedulers) and what
 follows (the engine's commit). nano-vllm's ``ModelRunner``, vLLM's ``GPUModelRunner``.
 
-Three passes, one per ``StepPlan.kind``:
+One forward for every scheduler: each pass is a ragged batch over a block pool (``ragged``):
+the rows (slot, start, n) that a scheduler chose, flattened into one (1, T) batch, every token's
+K/V written at its own position and attention over its own blocks (``kv/ragged.py``: the C
+kernels on CPU in float32, PyTorch elsewhere). Static batching, the slot cache, the paged pool and
+the token-budget scheduler differ in what they put in a pass and what storage they reserve, not
+in the kernels that run it, so a race between them compares their decisions. The passes, by
+``StepPlan.kind``:
 
-- "prefill": the contexts left-padded into one batch (``prefill_padded``: a padded row computes
-  what it would alone); the K/V stays in a scratch ``KVCache`` until the engine commits it into
-  the slots, so a failed prefill leaves nothing to undo;
-- "decode": on the slot cache, one token for every slot, from each slot's last token (idle slots
-  compute a throwaway row), eagerly or by replaying a CUDA graph; on the paged pool, one token for
-  each running sequence only, as a ragged batch (its idle slots cost nothing: a pool sized by
-  memory may have many more slots than it runs);
-- "mixed": decode tokens and prefill chunks flattened into one ragged batch over the paged pool
-  (``kv/ragged.py``); logits only where a context is then complete.
+- "prefill": the seed scheduler's admissions, each context whole (its slot's blocks claimed
+  first, and given back if the forward raises, so a failed prefill leaves nothing to undo);
+- "decode": one token for each running sequence;
+- "mixed": decode tokens and prefill chunks together (the token-budget scheduler).
+
+The one exception is a CUDA-graph decoder (``cuda_graph=True``, CUDA only): its graphs replay a
+dense slot cache (``SlotKVCache``), so there a prefill is left-padded into a scratch ``KVCache``
+(``prefill_padded``) and a decode computes every slot, idle ones included (``kernels`` says so).
 
 Each returns the logits of the rows to sample, (rows, V); sampling is the commit's.
 """
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tinyllm import native
 from tinyllm.engine.scheduler import Item, StepPlan
 from tinyllm.kv.dense import KVCache, SlotKVCache
 from tinyllm.kv.paged import PagedKVCache
@@ -37,10 +43,10 @@ def kv_cache_dtype(device: torch.device | str, name: str = "auto") -> torch.dtyp
     the model computes K/V in (bfloat16 under CUDA's autocast, float32 on CPU); "bfloat16" on a
     float32 CPU model halves the KV memory (twice the sequences a budget buys) and the bytes each
     attention reads, at bfloat16's precision (8 bits of mantissa: greedy text can then differ from
-    float32's). On the C kernels (the token-budget engine on CPU) a request still gets the same
-    tokens alone or in any batch; on PyTorch's attention (static batching, the slot cache, a padded
-    prefill, CUDA) the float noise between batch shapes, harmless at float32, can round a K/V value
-    to the next bfloat16 step, so a long greedy run may pick another token. "float32" keeps a float32
+    float32's). On the C kernels (every scheduler on CPU) a request still gets the same tokens
+    alone or in any batch; on PyTorch's attention (CUDA, no compiler) the float noise between
+    batch shapes, harmless at float32, can round a K/V value to the next bfloat16 step, so a long
+    greedy run may pick another token. "float32" keeps a float32
     CPU model's full precision (on CUDA the model computes K/V in bfloat16 under autocast, so a
     float32 cache there only holds the same values in twice the memory)."""
     if name not in KV_CACHE_DTYPES:
@@ -80,38 +86,99 @@ def prefill_padded(
 
 @dataclass
 class Prefilled:
-    """A prefill pass's outcome: first-token logits (B, V) and the K/V for the slots."""
+    """A padded prefill's outcome (the CUDA-graph path): first-token logits (B, V) and the K/V
+    for the dense slots."""
 
     logits: Tensor
     cache: KVCache
     pad: list[int]
 
 
+Row = tuple[int, int, int]  # (slot, start, n): the slot computes context positions start..start+n-1
+
+
+def kernels_of(cache: SlotKVCache | PagedKVCache) -> str:
+    """Which kernels run a pass over ``cache``, in words (lane panels, the bench, the app)."""
+    if isinstance(cache, SlotKVCache):
+        return "CUDA graphs over dense slots (PyTorch attention)"
+    if cache.device.type == "cpu" and cache.k.dtype in native.POOL_DTYPES and native.library() is not None:
+        return "C kernels, ragged over blocks"
+    return "PyTorch attention, ragged over blocks"
+
+
+def ragged_forward(model: Transformer, pool: PagedKVCache, rows: list[Row], flat: list[int], sample_at: list[int]):
+    """The model over one ragged batch: ``rows`` in batch order (one-token rows first), ``flat``
+    their tokens, ``sample_at`` the flat positions whose logits are returned, (len(sample_at), V).
+    The rows' block tables must cover start + n tokens."""
+    device = pool.device
+    attn = RaggedAttention(pool, rows)
+    idx = index_tensor(flat, device)[None]
+    at = None if len(sample_at) == len(flat) else index_tensor(sample_at, device)  # None: every token
+    with autocast(device):
+        logits, _ = model(idx, cache=attn, logits_at=at)
+    return logits[0]
+
+
+def one_token_rows_first(rows: list[Row]) -> list[int]:
+    """The order a ragged batch runs ``rows`` in: one-token rows first (RaggedAttention's rule),
+    otherwise as given."""
+    return sorted(range(len(rows)), key=lambda i: rows[i][2] != 1)
+
+
 class ModelRunner:
-    """The model and its cache; ``runner(plan)`` runs the plan's forward pass. It writes K/V (the
-    decode and mixed passes into the cache, as any forward does) but no engine record."""
+    """The model and its cache; ``runner(plan)`` runs the plan's forward pass. It writes K/V and
+    claims a prefill's blocks (its storage), but no engine record."""
 
     def __init__(self, model: Transformer, cache: SlotKVCache | PagedKVCache, decoder=None):
         self.model, self.cache, self.decoder = model, cache, decoder  # decoder: a SlotGraphDecoder
         self.device = next(model.parameters()).device
-        self.last_tok = torch.zeros(cache.n_slots, 1, dtype=torch.long, device=self.device)  # decode input
-        self.every_slot = not isinstance(cache, PagedKVCache)  # a decode computes a row per slot
+        self.every_slot = isinstance(cache, SlotKVCache)  # the CUDA-graph path: dense slots
+        self.last_tok = torch.zeros(cache.n_slots, 1, dtype=torch.long, device=self.device)  # its decode input
+        self.kernels = kernels_of(cache)
 
     def __call__(self, plan: StepPlan) -> Tensor | Prefilled:
-        if plan.kind == "decode":
-            return self.decode() if self.every_slot else self.mixed(plan.items)
         if plan.kind == "prefill":
-            return self.prefill(plan.items)
+            return self.prefill_padded(plan.items) if self.every_slot else self.prefill(plan)
+        if plan.kind == "decode" and self.every_slot:
+            return self.decode_every_slot()
         return self.mixed(plan.items)
 
-    def prefill(self, items: list[Item]) -> Prefilled:
+    def prefill(self, plan: StepPlan) -> Tensor:
+        """The seed scheduler's admissions: each context whole, in the slot it takes
+        (``plan.slots``), whose blocks are claimed here and given back if the forward raises.
+        Logits (rows, V) in the plan's order."""
+        pool = self.cache
+        lens = [n for _, _, n in plan.items]
+        for slot, n in zip(plan.slots, lens):
+            pool.occupy(slot, n)  # (lens[slot] = n: the forward below computes them)
+        try:
+            order = one_token_rows_first([(0, 0, n) for n in lens])
+            rows, flat, sample_at = [], [], []
+            for i in order:
+                seq, _, n = plan.items[i]
+                rows.append((plan.slots[i], 0, n))
+                flat += seq.context()
+                sample_at.append(len(flat) - 1)
+            logits = ragged_forward(self.model, pool, rows, flat, sample_at)
+        except BaseException:
+            for slot in plan.slots:
+                pool.release(slot)
+            raise
+        if order != sorted(order):  # back to the plan's order
+            logits = logits[torch.tensor(order, device=logits.device).argsort()]
+        return logits
+
+    def prefill_padded(self, items: list[Item]) -> Prefilled:
+        """The CUDA-graph path's prefill: left-padded into a scratch cache, moved into the slots
+        by the commit."""
         contexts = [seq.context() for seq, _, _ in items]
         return Prefilled(
             *prefill_padded(self.model, contexts, max_len=max(len(c) for c in contexts), kv_dtype=self.cache.k.dtype)
         )
 
-    def decode(self) -> Tensor:
-        """Every slot's next-token logits (S, V), from ``last_tok`` (the engine keeps it current)."""
+    def decode_every_slot(self) -> Tensor:
+        """The CUDA-graph path's decode: every slot's next-token logits (S, V), from ``last_tok``
+        (the engine keeps it current)."""
         if self.decoder is not None:
             return self.decoder.step(self.last_tok)[:, -1]
         with autocast(self.device):
@@ -119,8 +186,9 @@ class ModelRunner:
         return logits[:, -1]
 
     def mixed(self, items: list[Item]) -> Tensor:
-        """The model over ``items`` as one ragged batch; logits (S, V) at the positions that
-        sample (each item whose context is then complete), in batch order."""
+        """The model over ``items`` as one ragged batch (one-token items first: the schedulers
+        order them so); logits (S, V) at the positions that sample (each item whose context is
+        then complete), in batch order."""
         flat, sample_at, rows = [], [], []
         for seq, start, n in items:
             rows.append((seq.slot, start, n))
@@ -132,9 +200,4 @@ class ModelRunner:
                 flat += [*prompt[start : start + n], *out[max(0, start - P) : max(0, start + n - P)]]
             if start + n == P + len(out):  # context complete: its last logits sample
                 sample_at.append(len(flat) - 1)
-        attn = RaggedAttention(self.cache, rows)
-        idx = index_tensor(flat, self.device)[None]
-        at = None if len(sample_at) == len(flat) else index_tensor(sample_at, self.device)  # None: every token
-        with autocast(self.device):
-            logits, _ = self.model(idx, cache=attn, logits_at=at)
-        return logits[0]
+        return ragged_forward(self.model, self.cache, rows, flat, sample_at)

@@ -49,10 +49,11 @@ Item = tuple[Sequence, int, int]  # (seq, start, n): the sequence computes conte
 class StepPlan:
     """One forward pass, as a scheduler planned it. ``kind`` says which forward runs it:
 
-    - "mixed": one ragged batch of decode tokens and prefill chunks over the paged pool;
-    - "prefill": one left-padded prefill of requests entering slots (the seed's admissions);
-    - "decode": one token for every running sequence (the seed's decode; on the slot cache idle
-      slots compute a throwaway row too).
+    - "mixed": decode tokens and prefill chunks together (the token-budget scheduler);
+    - "prefill": whole contexts of requests entering slots (the seed's admissions);
+    - "decode": one token for every running sequence (the seed's decode).
+
+    All three run on one forward (``forward.py``: a ragged batch over the block pool).
     """
 
     kind: Literal["mixed", "prefill", "decode"] = "mixed"

@@ -1,18 +1,19 @@
-"""Static batching, the seed's baseline: B requests at a time, left-padded, decoded until the
-batch's *longest* request is done. Rows that finish early keep computing (wasted work), and the
-next batch waits for the slowest row. Its prefill is ``forward.prefill_padded``, the one the
-continuous engine's seed scheduler admits with.
+"""Static batching, the seed's baseline: B requests at a time, decoded until the batch's
+*longest* request is done. Rows that finish early keep computing (wasted work), and the next batch
+waits for the slowest row.
 
 ``StaticBatcher`` is that loop one step at a time, as an object: the race (``tinyllm.race``)
 interleaves static batching with the continuous schedulers step by step and shows every step, so
 the baseline must stop after each forward pass; ``run_static`` runs the same object to the end,
 so there is one static batching, not two.
 
-A step is one forward pass: a new batch's left-padded prefill, or one decode for every row of the
-running batch -- finished rows included: they are computed and thrown away until the batch's
-longest row is done (the waste static batching is known for). Each step then samples the next
-token of every row still generating. A decode step computes all the batch's rows and keeps the
-ones still generating.
+Static batching is a schedule, not a kernel: its passes run on the same forward as every other
+scheduler (``forward.ragged_forward``, over a block pool). Its rule: a batch reserves, for each
+row, the batch's longest prompt plus its largest ``max_new_tokens`` (the padded row the seed's
+dense batch held), all up front; the prefill computes every row's prompt; each decode computes
+every row of the batch -- finished rows included: they are computed and thrown away until the
+batch's longest row is done (the waste static batching is known for, counted in rows, not time).
+Each step then samples the next token of every row still generating.
 
 Requests may arrive while a batch runs (the race replays a workload's ``arrival_s``): they wait for
 the next batch. A batch starts when ``batch_size`` requests wait, when no more are coming
@@ -29,12 +30,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tinyllm.engine.forward import kv_bytes_per_token, prefill_padded
+from tinyllm.config import DEFAULT_BLOCK_SIZE
+from tinyllm.engine.forward import Row, kernels_of, kv_bytes_per_token, one_token_rows_first, ragged_forward
 from tinyllm.engine.forward import kv_cache_dtype as kv_cache_dtype_of
 from tinyllm.engine.heap import freeze_startup_heap
 from tinyllm.engine.sampler import sample_next
 from tinyllm.engine.sequence import Event, is_done
-from tinyllm.model.device import autocast
+from tinyllm.kv.paged import PagedKVCache
 from tinyllm.model.transformer import Transformer
 from tinyllm.observe.stats import Stats
 from tinyllm.request import ContextTooLong, Request, Result, Sampling, check_fits, is_int
@@ -83,6 +85,7 @@ class _Pending:
     req: Request
     arrival: float
     out: list[int] = field(default_factory=list)
+    slot: int = -1  # its row in the pool while its batch runs
 
 
 class StaticBatcher:
@@ -99,6 +102,7 @@ class StaticBatcher:
         clock: Callable[[], float] | None = None,
         batch_timeout_s: float = 0.0,
         kv_cache_dtype: str = "auto",
+        max_len: int | None = None,
     ):
         freeze_startup_heap()  # no full-GC pauses mid-run (heap.py)
         if not is_int(batch_size) or batch_size < 1:
@@ -111,7 +115,24 @@ class StaticBatcher:
         self.batch_timeout_s = batch_timeout_s
         self.more_coming = False  # a caller replaying arrivals sets this
         self._pick = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
-        self.kv_dtype = kv_cache_dtype_of(self.device, kv_cache_dtype)  # the batch cache's K/V (ContinuousEngine's)
+        self.kv_dtype = kv_cache_dtype_of(self.device, kv_cache_dtype)  # the pool's K/V (ContinuousEngine's)
+        cfg = model.cfg
+        self.max_len = cfg.max_seq_len if max_len is None else max_len  # the longest row a batch may reserve
+        per_row = -(-self.max_len // DEFAULT_BLOCK_SIZE)
+        self.pool = PagedKVCache(
+            cfg.n_layers,
+            batch_size,
+            cfg.n_kv_heads,
+            cfg.head_dim,
+            batch_size * per_row,
+            DEFAULT_BLOCK_SIZE,
+            self.max_len,
+            self.kv_dtype,
+            self.device,
+        )
+        self.kernels = kernels_of(self.pool)
+        self.on_pass: Callable[[list[Row]], None] | None = None  # told each pass's rows before it runs
+        # (a race lane prices them on its cost clock)
         self.stats = Stats(kv_bytes_per_token=kv_bytes_per_token(model, self.device, kv_cache_dtype))
         self.results: dict[int, Result] = {}
         self.first_s: dict[int, float] = {}  # rid -> when its first token came (this clock)
@@ -122,15 +143,16 @@ class StaticBatcher:
         self.capacity = 0  # KV tokens the running batch holds (all rows)
         self._row_cap = 0
         self._n = 0
-        self._cache = self._logits = self._nxt = None
+        self._logits = self._nxt = None
         t0 = time.perf_counter()
         self.now = clock or (lambda: time.perf_counter() - t0)
+        self._limit = "the model's max_seq_len" if max_len is None else "max_len (the row a batch may reserve)"
 
     def add_request(self, req: Request, arrival: float | None = None) -> int:
         """Queue a request; returns its id. ``arrival`` (this clock) defaults to now."""
         if req.sampling is not None:
             raise ValueError("run_static uses one sampling setting; per-request sampling needs ContinuousEngine")
-        check_fits(len(req.prompt), req.max_new_tokens, self.model.cfg.max_seq_len, "the model's max_seq_len")
+        check_fits(len(req.prompt), req.max_new_tokens, self.max_len, self._limit)
         rid, self._n = self._n, self._n + 1
         self.queue.append(_Pending(rid, req.frozen(), self.now() if arrival is None else arrival))
         return rid
@@ -177,9 +199,8 @@ class StaticBatcher:
             st.useful_rows += len(live)
             st.kv_used_tokens.append(self.used_tokens())
             st.kv_used_frac.append(st.kv_used_tokens[-1] / self.capacity)
-            with autocast(self.device):
-                logits, _ = self.model(self._nxt, cache=self._cache)
-            self._logits = logits[:, -1]
+            rows = [(p.slot, self.pool.lens[p.slot], 1) for p in self.batch]  # finished rows too
+            self._logits = self._forward(rows, [p.out[-1] for p in self.batch], list(range(len(rows))))
         self.steps += 1
         return self._sample()
 
@@ -188,18 +209,45 @@ class StaticBatcher:
         L = max(len(p.req.prompt) for p in batch)
         new_max = max(p.req.max_new_tokens for p in batch)
         try:
-            check_fits(L, new_max, self.model.cfg.max_seq_len, "the model's max_seq_len")
+            check_fits(L, new_max, self.max_len, self._limit)
         except ContextTooLong as e:
             self.queue.extendleft(reversed(batch))
-            raise ContextTooLong(f"batch at request {batch[0].rid} (prompts left-padded to {L}): {e}") from None
-        self._logits, self._cache, _ = prefill_padded(
-            self.model, [p.req.prompt for p in batch], L + new_max, kv_dtype=self.kv_dtype
-        )
+            raise ContextTooLong(f"batch at request {batch[0].rid} (prompts padded to {L}): {e}") from None
+        pool = self.pool
+        for slot, p in enumerate(batch):  # the reservation: every row the padded row, up front
+            p.slot = slot
+            pool.activate(slot)
+            pool.try_grow(slot, L + new_max)
+        order = one_token_rows_first([(0, 0, len(p.req.prompt)) for p in batch])
+        rows, flat, sample_at = [], [], []
+        for i in order:
+            prompt = batch[i].req.prompt
+            rows.append((i, 0, len(prompt)))
+            flat += prompt
+            sample_at.append(len(flat) - 1)
+        try:
+            logits = self._forward(rows, flat, sample_at)
+        except BaseException:
+            self._release(batch)
+            self.queue.extendleft(reversed(batch))
+            raise
+        self._logits = logits if order == sorted(order) else logits[torch.tensor(order).argsort().to(logits.device)]
         self.batch = batch
         self._row_cap = L + new_max
         self.capacity = len(batch) * self._row_cap
-        self.stats.prefill_tokens += L * len(batch)
+        self.stats.prefill_tokens += len(flat)
         self.stats.kv_reserved_tokens = max(self.stats.kv_reserved_tokens, self.capacity)
+
+    def _forward(self, rows: list[Row], flat: list[int], sample_at: list[int]):
+        """One pass on the forward every scheduler runs; logits at ``sample_at``."""
+        if self.on_pass is not None:
+            self.on_pass(rows)
+        return ragged_forward(self.model, self.pool, rows, flat, sample_at)
+
+    def _release(self, batch: list[_Pending]) -> None:
+        for p in batch:
+            if self.pool.active[p.slot]:
+                self.pool.release(p.slot)
 
     def _sample(self) -> list[Event]:
         self._nxt = sample_next(self._logits, **self._pick)
@@ -219,5 +267,6 @@ class StaticBatcher:
                 self.stats.useful_tokens += len(p.out)
             events.append(Event(p.rid, t, done))
         if all(p.rid in self.results for p in self.batch):
-            self.batch, self._cache, self._logits = [], None, None
+            self._release(self.batch)
+            self.batch, self._logits = [], None
         return events

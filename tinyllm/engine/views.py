@@ -17,7 +17,7 @@ class EngineViews:
         reuse their cached views, so token tuples are rebuilt only for requests that moved."""
         slots = self.slots
         lens = slots.context_lens()
-        tables = slots.block_tables() if hasattr(slots, "block_tables") else [()] * self.n_slots
+        tables = slots.block_tables() if self.kv_kind == "paged" else [()] * self.n_slots  # (slots: one block each)
         chunked = self.chunked_prefill
         slot_views = tuple(
             SlotView(

@@ -3,7 +3,9 @@
 Both implement the model's ``AttentionCache`` protocol: they hand out RoPE positions, store the
 new K/V and build the attention mask, so the model never knows which cache it runs on.
 ``SlotKVCache`` also implements the slot interface the engine schedules with (free_slots, admit,
-release, reserve_step, ...), shared with ``paged_kv.PagedKVCache``.
+release, reserve_step, ...), shared with ``paged.PagedKVCache``. The engine runs on it only with
+CUDA graphs (``kv/cuda_graph.py``: a graph replays fixed dense shapes); otherwise its slots are a
+``PagedKVCache`` of one block per slot, on the forward every scheduler runs (``engine/forward.py``).
 """
 
 from __future__ import annotations

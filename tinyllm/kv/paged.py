@@ -8,6 +8,9 @@ memory can hold many more slots than run. On CPU in float32 attention reads the 
 every token of the step in one C call (``tinyllm/native.py``); otherwise it gathers each
 sequence's blocks with one indexing op per layer (no Python loop over tokens or blocks). An extra
 scratch block pads the shorter sequences' windows and tables.
+
+The slot cache (``kv="slots"``) is this pool with one block of ``max_len`` per slot: a slot is
+reserved whole at admission, and it runs on the same kernels as the paged pool.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import torch
 from torch import Tensor
 
 from tinyllm.kv.blocks import BlockPool, prefix_key
-from tinyllm.kv.dense import KVCache
 
 __all__ = ["BlockPool", "PagedKVCache", "gather_blocks", "prefix_key"]
 
@@ -71,17 +73,6 @@ class PagedKVCache(BlockPool):
             self._workspace = tuple(torch.empty(need, dtype=self.k.dtype, device=self.device) for _ in range(2))
         return self._workspace
 
-    def admit(self, slots: list[int], pre: KVCache, pad: list[int]) -> None:
-        """Move each prefilled row's real tokens into blocks of its slot (positions from 0)."""
-        for row, (s, p) in enumerate(zip(slots, pad)):
-            n = pre.pos - p
-            self.occupy(s, n)
-            idx = self._token_index(s, n)
-            for layer in range(self.n_layers):
-                k, v = pre.real_kv(layer, row, p)  # (Hkv, n, D)
-                self.k[layer, idx] = k.transpose(0, 1).to(self.k.dtype)
-                self.v[layer, idx] = v.transpose(0, 1).to(self.v.dtype)
-
     def fork(self, src: int, dst: int) -> tuple[int, int] | None:
         """BlockPool.fork, plus the copy of the partial block's K/V rows (every layer)."""
         pair = super().fork(src, dst)
@@ -91,10 +82,3 @@ class PagedKVCache(BlockPool):
             self.k[:, b : b + bs] = self.k[:, a : a + bs]
             self.v[:, b : b + bs] = self.v[:, a : a + bs]
         return pair
-
-    # -- internals ------------------------------------------------------------------------
-    def _token_index(self, slot: int, n: int) -> Tensor:
-        """Pool rows of a slot's positions 0..n-1."""
-        pos = torch.arange(n, device=self.device)
-        table = torch.tensor(self.tables[slot], dtype=torch.long, device=self.device)
-        return table[pos // self.block_size] * self.block_size + pos % self.block_size

@@ -34,9 +34,12 @@ def cache_dir() -> Path:
     return Path(base) / "tinyllm" / "cost"
 
 
+FORWARD = "ragged-1"  # the forward the passes were timed on: a profile of another one is measured again
+
+
 def profile_key(model) -> str:
     """What the coefficients depend on: the model's shape and dtype, the device, torch's threads
-    and version, and the CPU (a profile is this machine's)."""
+    and version, the CPU (a profile is this machine's) and the forward's version."""
     cfg = model.cfg
     p = next(model.parameters())
     cpu = ""
@@ -45,7 +48,7 @@ def profile_key(model) -> str:
             cpu = next((line for line in f if line.startswith("model name")), "")
     except OSError:
         pass
-    parts = [repr(cfg), str(p.dtype), str(p.device), str(torch.get_num_threads()), torch.__version__, cpu]
+    parts = [repr(cfg), str(p.dtype), str(p.device), str(torch.get_num_threads()), torch.__version__, cpu, FORWARD]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

@@ -31,6 +31,12 @@ class PassWork:
     kv_tokens: int
     passes: int = 1  # a step's work is its passes' sum (each pass pays the fixed cost)
 
+    @classmethod
+    def of_rows(cls, rows) -> PassWork:
+        """A ragged pass's work from its rows (anything, start, n): each row computes n tokens
+        and its attention reads the row's context up to start + n."""
+        return cls(len(rows), sum(n for _, _, n in rows), sum(start + n for _, start, n in rows))
+
     def __add__(self, other: PassWork) -> PassWork:
         return PassWork(
             self.rows + other.rows,

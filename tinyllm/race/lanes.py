@@ -214,6 +214,7 @@ class StaticLane(Lane):
     def __init__(self, key: str, title: str, detail: str, clock: LaneClock, workload: Workload, engine: StaticBatcher):
         super().__init__(key, title, "static", detail, clock, workload)
         self.engine = engine
+        engine.on_pass = lambda rows: clock.charge(PassWork.of_rows(rows))
         self._ended: tuple[int, ...] = ()  # the batch that ended in the latest step
 
     def _add(self, req, arrival):
@@ -231,7 +232,6 @@ class StaticLane(Lane):
 
     def _engine_step(self):
         before = tuple(r.rid for r in self.engine.rows())
-        self.clock.charge(static_pass_work(self.engine))
         events = self.engine.step()
         self._ended = before if not self.engine.batch else ()
         return events
@@ -271,19 +271,13 @@ class _ClockedEngine(ContinuousEngine):
         return self._lane_clock.now()
 
     def _on_pass(self, plan) -> None:
-        """The pass's work, as its kernels do it: a padded prefill computes every row to the
-        longest context; the slot cache's decode computes every slot over a window of the longest
-        context + 1; the paged decode and the ragged batch only their rows and contexts."""
-        items = plan.items
-        if plan.kind == "prefill":
-            longest = max(start + n for _, start, n in items)
-            work = PassWork(len(items), len(items) * longest, len(items) * longest)
-        elif plan.kind == "decode" and self.runner.every_slot:
-            window = max(start for _, start, _ in items) + 1
-            work = PassWork(self.n_slots, self.n_slots, self.n_slots * window)
+        """The pass's work, priced on the lane's clock: every lane runs the same forward, so the
+        same rows cost the same in every lane (the CUDA-graph decode computes every slot)."""
+        if plan.kind == "decode" and self.runner.every_slot:
+            window = max(start for _, start, _ in plan.items) + 1
+            self._lane_clock.charge(PassWork(self.n_slots, self.n_slots, self.n_slots * window))
         else:
-            work = PassWork(len(items), plan.tokens, sum(start + n for _, start, n in items))
-        self._lane_clock.charge(work)
+            self._lane_clock.charge(PassWork.of_rows(plan.items))
 
 
 class ContinuousLane(Lane):
@@ -360,14 +354,3 @@ class ContinuousLane(Lane):
             snap.kv.reserved_tokens,
             self._note(),
         )
-
-
-def static_pass_work(eng: StaticBatcher) -> PassWork:
-    """Static batching's next pass: a prefill of the next batch padded to its longest prompt, or a
-    decode of every row of the batch (finished ones too) over the whole padded context so far."""
-    if not eng.batch:
-        batch = list(eng.queue)[: eng.batch_size]
-        longest = max((len(p.req.prompt) for p in batch), default=0)
-        return PassWork(len(batch), len(batch) * longest, len(batch) * longest)
-    context = max(len(p.req.prompt) for p in eng.batch) + max(len(p.out) for p in eng.batch)
-    return PassWork(len(eng.batch), len(eng.batch), len(eng.batch) * context)

@@ -187,7 +187,13 @@ def _build_lane(
         else:  # its rows hold max_len: a padded row must fit one
             check_static_batches(sizes, n, max_len, "max_len (the row a KV budget reserves)")
         eng = StaticBatcher(
-            model, n, generator=gen, clock=clock.now, batch_timeout_s=batch_timeout_s, kv_cache_dtype=kv_dtype
+            model,
+            n,
+            generator=gen,
+            clock=clock.now,
+            batch_timeout_s=batch_timeout_s,
+            kv_cache_dtype=kv_dtype,
+            max_len=None if mib is None else max_len,
         )
         lane: Lane = StaticLane(key, title, "", clock, workload, eng)
         lane.seqs, lane.kv_mib = n, n * max_len * bpt / MIB
@@ -198,7 +204,7 @@ def _build_lane(
             lane.engine.slots.check_fits(len(r.prompt) + r.max_new_tokens)  # paged: the whole pool, alone
         cache = lane.engine.slots
         lane.seqs, lane.kv_mib = lane.engine.n_slots, cache.reserved_tokens() * bpt / MIB
-        lane.kv_blocks = getattr(cache, "n_blocks", None)
+        lane.kv_blocks = cache.n_blocks if lane.engine.kv_kind == "paged" else None
         n = lane.seqs
     lane.detail = lane_detail(spec.kind, n, batch_timeout_s, budget, arrivals)
     if (spec.label != spec.kind or spec.recorded) and spec.describe():

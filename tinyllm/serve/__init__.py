@@ -1,6 +1,7 @@
 """``tinyllm serve``: an OpenAI-compatible HTTP server over the continuous-batching engine.
 
-    engine_loop.py  EngineLoop: the one thread that steps the engine; per-request asyncio queues
+    engine_loop.py  EngineLoop: the one thread that steps the engine
+    handle.py       RequestHandle: a request as its handler sees it (its asyncio queue, Output)
     protocol.py     the OpenAI completions API's requests: parsing (the sampling fields for both routes)
     body.py         a request body as JSON, errors in OpenAI's shape, the typed field readers
     fit.py          a prompt fits the vocabulary, the context and the KV room (400s before the engine)
@@ -21,7 +22,8 @@ In-process: ``app = create_app(EngineLoop(engine), tokenizer, "name")`` then
 """
 
 from tinyllm.serve.app import create_app
-from tinyllm.serve.engine_loop import EngineLoop, Output, RequestFailed, RequestHandle, RequestRejected, StepHook
+from tinyllm.serve.engine_loop import EngineLoop, StepHook
+from tinyllm.serve.handle import Output, RequestFailed, RequestHandle, RequestRejected
 from tinyllm.serve.metrics import ServeMetrics
 from tinyllm.serve.security import Limits
 from tinyllm.serve.server import ServerThread, build_engine, model_name_for, run_server

@@ -41,15 +41,9 @@ from tinyllm.serve.body import ApiError, error_body, load_json, request_error
 from tinyllm.serve.chat import ChatShape, parse_chat
 from tinyllm.serve.chat_template import ChatTemplateError, render
 from tinyllm.serve.completions import CompletionShape, usage
-from tinyllm.serve.engine_loop import (
-    EngineLoop,
-    EngineLoopStopped,
-    Output,
-    RequestFailed,
-    RequestHandle,
-    RequestRejected,
-)
+from tinyllm.serve.engine_loop import EngineLoop, EngineLoopStopped
 from tinyllm.serve.fit import check_prompt, check_text_fits
+from tinyllm.serve.handle import Output, RequestFailed, RequestHandle, RequestRejected
 from tinyllm.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from tinyllm.serve.protocol import GenerationParams, api_key_tenant, parse_completion
 from tinyllm.serve.reader import OutputReader

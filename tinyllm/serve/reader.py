@@ -15,7 +15,7 @@ from typing import Any
 from tinyllm.request import TokenLogprob
 from tinyllm.serve.chat import chat_logprobs
 from tinyllm.serve.completions import completion_logprobs
-from tinyllm.serve.engine_loop import Output, RequestHandle
+from tinyllm.serve.handle import Output, RequestHandle
 from tinyllm.serve.protocol import GenerationParams
 from tinyllm.stops import StopText
 

@@ -1,0 +1,83 @@
+"""One forward for every scheduler: static batching, the slot cache, the paged pool and the
+token-budget scheduler differ in their decisions, not in the kernels or storage that run them."""
+
+from __future__ import annotations
+
+import torch
+
+from tests.helpers import random_model
+from tinyllm.engine import ContinuousEngine, Request, StaticBatcher
+from tinyllm.engine.forward import ragged_forward
+from tinyllm.kv.paged import PagedKVCache
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [3, 4], [9] * 20, [1]]
+
+
+def run_batch(model, n_blocks: int, block_size: int, max_len: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """A prefill of PROMPTS, then one decode of every row, on a pool of the given shape: the
+    logits of both passes."""
+    cfg = model.cfg
+    pool = PagedKVCache(cfg.n_layers, len(PROMPTS), cfg.n_kv_heads, cfg.head_dim, n_blocks, block_size, max_len)
+    order = sorted(range(len(PROMPTS)), key=lambda i: len(PROMPTS[i]) != 1)  # one-token rows first
+    rows, flat, at = [], [], []
+    for s in order:
+        pool.activate(s)
+        pool.try_grow(s, 40)
+        rows.append((s, 0, len(PROMPTS[s])))
+        flat += PROMPTS[s]
+        at.append(len(flat) - 1)
+    with torch.no_grad():
+        prefill = ragged_forward(model, pool, rows, flat, at)
+        decode = ragged_forward(
+            model, pool, [(s, len(p), 1) for s, p in enumerate(PROMPTS)], [1, 2, 3, 4], [0, 1, 2, 3]
+        )
+    return prefill, decode
+
+
+def test_the_same_batch_gives_the_same_bits_on_every_lanes_storage():
+    """The slot cache's storage (one block of max_len per slot), the paged pool's (small blocks)
+    and static batching's (its reserved rows in blocks of 16) give bit-identical logits for the
+    same rows: a lane's figures differ only by what its scheduler put in each pass."""
+    model = random_model()
+    slots = run_batch(model, n_blocks=len(PROMPTS), block_size=64)
+    paged = run_batch(model, n_blocks=30, block_size=8)
+    static = run_batch(model, n_blocks=len(PROMPTS) * 4, block_size=16)
+    for other in (paged, static):
+        assert torch.equal(slots[0], other[0]) and torch.equal(slots[1], other[1])
+
+
+def test_every_lane_says_the_same_kernels_and_only_static_wastes_rows():
+    model = random_model()
+    reqs = [Request(p, n) for p, n in zip(PROMPTS, (3, 9, 5, 2))]
+    static = StaticBatcher(model, 4)
+    engines = [
+        ContinuousEngine(model, 4, max_len=64),
+        ContinuousEngine(model, 4, max_len=64, kv="paged", block_size=8),
+        ContinuousEngine(model, 4, max_len=64, kv="paged", chunked_prefill=True, max_batched_tokens=32),
+    ]
+    assert {static.kernels} == {e.runner.kernels for e in engines}
+    for r in reqs:
+        static.add_request(r)
+    while static.has_work():
+        static.step()
+    outs = {rid: res.tokens for rid, res in static.results.items()}
+    for eng in engines:
+        rids = [eng.add_request(r) for r in reqs]
+        while eng.has_work():
+            eng.step()
+        assert {rid: eng.results[rid].tokens for rid in rids} == outs  # greedy: the same tokens
+        assert eng.stats.useful_rows == eng.stats.computed_rows  # no idle slot computes a row
+    # static batching decodes all four rows until the longest (9 tokens) is done: 8 decodes x 4 rows
+    assert static.stats.computed_rows == 8 * 4
+    assert static.stats.useful_rows == sum(n - 1 for n in (3, 9, 5, 2))
+
+
+def test_a_slot_is_one_block_reserved_whole_and_freed_on_abort():
+    model = random_model()
+    eng = ContinuousEngine(model, 2, max_len=32)
+    assert eng.slots.block_size == 32 and eng.slots.n_blocks == 2  # a slot: one block, reserved whole
+    rid = eng.add_request(Request([1, 2, 3], 5))
+    eng.step()
+    assert eng.slots.allocated_tokens() == 32  # the whole slot, from admission
+    eng.abort(rid)
+    assert eng.slots.allocated_tokens() == 0 and eng.slots.num_free_blocks() == 2
