@@ -21,12 +21,11 @@ import queue
 import threading
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from tinyllm.observe.accounting import Accounting, RequestTimes
 from tinyllm.observe.snapshot import ENDED_STATES, LifecycleEvent
-from tinyllm.request import ContextTooLong, Request, TokenLogprob
+from tinyllm.request import ContextTooLong, Request
+from tinyllm.serve.handle import Accepted, End, Failed, Rejected, RequestHandle, Token, deliver
 
 log = logging.getLogger("tinyllm.serve")
 T = TypeVar("T")
@@ -44,132 +43,8 @@ class StepHook(Protocol):
     def __call__(self, engine: Any, token_events: list, lifecycle_events: list[LifecycleEvent]) -> None: ...
 
 
-class RequestRejected(Exception):
-    """The engine refused a request at submission (it can never run: too long, bad token id)."""
-
-    def __init__(self, message: str, context_too_long: bool = False):
-        super().__init__(message)
-        self.context_too_long = context_too_long
-
-
-class RequestFailed(Exception):
-    """A request ended without finishing: the engine failed it, or the server is stopping."""
-
-
 class EngineLoopStopped(RuntimeError):
     """The engine loop is not running (not started yet, or stopped)."""
-
-
-# -- messages from the engine thread to a handle's asyncio queue ------------------------------
-@dataclass(frozen=True)
-class _Accepted:
-    rid: int
-
-
-@dataclass(frozen=True)
-class _Rejected:
-    message: str
-    context_too_long: bool
-
-
-@dataclass(frozen=True)
-class _Token:
-    token: int
-    finish_reason: str | None  # "stop" (EOS) / "length" (max_new_tokens) on the last token
-    cached_tokens: int
-    accounting: Accounting | None = None  # on the last token: where the request's time went
-    logprob: TokenLogprob | None = None  # only for a request that asked for logprobs
-
-
-@dataclass(frozen=True)
-class _End:
-    """The request ended without a token of its own: its handler matched a stop string."""
-
-    finish_reason: str
-    cached_tokens: int
-    accounting: Accounting | None = None
-
-
-@dataclass(frozen=True)
-class _Failed:
-    message: str
-
-
-@dataclass(frozen=True)
-class Output:
-    """What a request produced since the handler last asked (one or more steps' tokens)."""
-
-    tokens: tuple[int, ...]
-    finish_reason: str | None = None  # set on the request's last output
-    cached_tokens: int = 0  # prompt tokens the prefix cache served (at its first admission)
-    accounting: Accounting | None = None  # set on the request's last output
-    logprobs: tuple[TokenLogprob, ...] = ()  # one per token, for a request that asked for logprobs
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass(eq=False)
-class RequestHandle:
-    """One submitted request, as its HTTP handler sees it. Read it from the event loop that
-    submitted it (``accepted()``, ``next_output()``); ``close()`` aborts it if unfinished."""
-
-    request: Request
-    owner: EngineLoop
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    rid: int | None = None
-    ended: bool = False  # event-loop side: finished, failed, rejected or closed
-    _cached_tokens: int = 0  # engine-thread side: the first admission's prefix-cache hit
-    _times: RequestTimes = field(default_factory=RequestTimes)  # engine-thread side: its phase boundaries
-    _stopping: bool = False  # engine-thread side: finished by its handler (a stop string)
-    stops: tuple[str, ...] = ()  # its stop strings (its handler matches them; viewers apply them too)
-
-    async def accepted(self) -> int:
-        """Wait until the engine queued the request; its id. Raises RequestRejected."""
-        msg = await self.queue.get()
-        if isinstance(msg, _Rejected):
-            self.ended = True
-            raise RequestRejected(msg.message, msg.context_too_long)
-        if isinstance(msg, _Failed):
-            self.ended = True
-            raise RequestFailed(msg.message)
-        assert isinstance(msg, _Accepted), msg
-        self.rid = msg.rid
-        return msg.rid
-
-    async def next_output(self) -> Output:
-        """Wait for new tokens, then take every token already delivered (a slow reader gets
-        several at once). Raises RequestFailed if the request ended without finishing."""
-        items = [await self.queue.get()]
-        while not self.queue.empty():
-            items.append(self.queue.get_nowait())
-        toks, reason, cached, acc, lps = [], None, 0, None, []
-        for m in items:
-            if isinstance(m, _Failed):
-                self.ended = True
-                raise RequestFailed(m.message)
-            if isinstance(m, _Token):
-                toks.append(m.token)
-                if m.logprob is not None:
-                    lps.append(m.logprob)
-            reason, cached, acc = m.finish_reason, m.cached_tokens, m.accounting
-        if reason is not None:
-            self.ended = True
-        return Output(tuple(toks), reason, cached, acc, tuple(lps))
-
-    def finish(self, keep: int) -> None:
-        """End the request now, keeping its first ``keep`` tokens: its handler matched a stop
-        string (tinyllm.stops). Keep reading ``next_output()``: its last output says "stop"."""
-        if not self.ended:
-            self.owner.finish(self, keep)
-
-    def close(self) -> None:
-        """Abort the request unless it already ended (the client went away). Idempotent."""
-        if not self.ended:
-            self.ended = True
-            self.owner.abort(self)
 
 
 class EngineLoop:
@@ -276,7 +151,7 @@ class EngineLoop:
         ok = self.engine.abort(rid)
         h = self._live.pop(rid, None)
         if h is not None:
-            self._post([(h, _Failed("aborted by an operator (POST /v1/tinyllm/abort)"))])
+            self._post([(h, Failed("aborted by an operator (POST /v1/tinyllm/abort)"))])
         return ok
 
     # -- the engine thread -------------------------------------------------------------------
@@ -352,18 +227,18 @@ class EngineLoop:
             req = hs[0].request
             rids = [eng.add_request(req)] if len(hs) == 1 else eng.add_forks(req, len(hs))
         except ValueError as e:  # ContextTooLong included: a bad request
-            self._post([(h, _Rejected(str(e), isinstance(e, ContextTooLong))) for h in hs])
+            self._post([(h, Rejected(str(e), isinstance(e, ContextTooLong))) for h in hs])
             return
         except Exception as e:  # noqa: BLE001 - never let one request kill the loop
             log.exception("add_request failed")
-            self._post([(h, _Rejected(f"{type(e).__name__}: {e}", False)) for h in hs])
+            self._post([(h, Rejected(f"{type(e).__name__}: {e}", False)) for h in hs])
             return
         for h, rid in zip(hs, rids):
-            h.rid = rid  # the handler reads rid from _Accepted
+            h.rid = rid  # the handler reads rid from Accepted
             self._live[rid] = h
             if h.stops:
                 self._stop_strings[rid] = h.stops, req.min_tokens
-        self._post([(h, _Accepted(rid)) for h, rid in zip(hs, rids)])
+        self._post([(h, Accepted(rid)) for h, rid in zip(hs, rids)])
 
     def _step(self) -> list:
         try:
@@ -385,14 +260,14 @@ class EngineLoop:
             elif ev.kind == "failed":
                 del self._live[ev.rid]
                 self.engine.results.pop(ev.rid, None)  # (its Result: the handler is told below)
-                posts.append((h, _Failed(ev.reason or "the engine failed this request")))
+                posts.append((h, Failed(ev.reason or "the engine failed this request")))
             elif ev.kind == "aborted":
                 del self._live[ev.rid]
                 self.engine.results.pop(ev.rid, None)
             elif ev.kind == "finished" and h._stopping:
                 del self._live[ev.rid]
                 self.engine.results.pop(ev.rid, None)
-                posts.append((h, _End("stop", h._cached_tokens, h._times.accounting())))
+                posts.append((h, End("stop", h._cached_tokens, h._times.accounting())))
         for ev in events:
             h = self._live.get(ev.rid)
             if h is None:
@@ -403,7 +278,7 @@ class EngineLoop:
                 del self._live[ev.rid]
                 self.engine.results.pop(ev.rid, None)  # the handler has every token already
             posts.append(
-                (h, _Token(ev.token, reason, h._cached_tokens, h._times.accounting() if ev.done else None, ev.logprob))
+                (h, Token(ev.token, reason, h._cached_tokens, h._times.accounting() if ev.done else None, ev.logprob))
             )
         self._post(posts)
 
@@ -414,7 +289,7 @@ class EngineLoop:
             by_loop[h.loop].append((h, msg))
         for loop, items in by_loop.items():
             try:
-                loop.call_soon_threadsafe(_deliver, items)
+                loop.call_soon_threadsafe(deliver, items)
             except RuntimeError:  # that event loop is closed: nobody reads
                 for h, _ in items:
                     if h.rid is not None and self._live.pop(h.rid, None) is not None:
@@ -444,7 +319,7 @@ class EngineLoop:
                 self.engine.abort(rid)
             except Exception:  # noqa: BLE001 - best effort while failing
                 log.exception("abort %d failed", rid)
-            posts.append((h, _Failed(why)))
+            posts.append((h, Failed(why)))
         self._live.clear()
         self._post(posts)
 
@@ -458,11 +333,6 @@ class EngineLoop:
             except queue.Empty:
                 return
             if c[0] == "submit":
-                self._post([(h, _Failed("the server is shutting down")) for h in c[1]])
+                self._post([(h, Failed("the server is shutting down")) for h in c[1]])
             elif c[0] == "call" and c[2].set_running_or_notify_cancel():
                 c[2].set_exception(EngineLoopStopped("the engine loop stopped"))
-
-
-def _deliver(items: list[tuple[RequestHandle, object]]) -> None:
-    for h, msg in items:
-        h.queue.put_nowait(msg)
