@@ -2,7 +2,7 @@
 
     python -m tui.bench_app [--model DIR | --random-model SPEC] [--requests N] [--slots N]
                             [--threads N] [--runner process|thread|both] [--repeat N]
-                            [--keys N] [--key-gap S]
+                            [--keys N] [--key-gap S] [--layout list|panes|both]
 
 Reports engine tokens/s headless and inside the app (the app should keep >= 85% of headless),
 for the engine in its own process (the app's default) and in a thread of the app's process
@@ -11,6 +11,8 @@ while someone types into the prompt (a key every ``--key-gap`` s), which also gi
 key-press-to-screen latency while the engine runs flat out: the time from a key press to the
 input showing the character on a refreshed screen, p50/p95. Each repeat runs headless just
 before its two app runs, as this kind of machine drifts by ±15% from minute to minute.
+``--layout panes`` measures the app in its panes view (every slot's request writing at once:
+``tinyllm-tui --panes``), ``both`` each layout in turn, after the same headless run.
 """
 
 from __future__ import annotations
@@ -53,8 +55,10 @@ def _process_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-async def in_app(runner, tok, reqs, keys: int, key_gap: float) -> tuple[float, list[float], float, float]:
-    app = TinyLLMApp(runner, tok, model_name="bench", settings=RequestSettings(Sampling(), 8))
+async def in_app(
+    runner, tok, reqs, keys: int, key_gap: float, panes: bool = False
+) -> tuple[float, list[float], float, float]:
+    app = TinyLLMApp(runner, tok, model_name="bench", settings=RequestSettings(Sampling(), 8), panes=panes)
     async with app.run_test(size=(160, 48)) as pilot:
 
         def submit(batch) -> None:
@@ -102,6 +106,26 @@ async def in_app(runner, tok, reqs, keys: int, key_gap: float) -> tuple[float, l
     return total / wall, lat, hz, ui_share
 
 
+def report(kind: str, layout: str, rows: list, lat: list[float], key_gap: float) -> None:
+    """One runner and layout's lines: tokens/s against headless, frames drawn, key latency."""
+    print(
+        f"engine in a {kind}, the app's {layout} view: tokens/s headless → app watching → app while typing: "
+        + ", ".join(f"{h:.0f} → {w[0]:.0f} → {t[0]:.0f}" for h, w, t in rows)
+    )
+    for label, i in (("watching", 1), ("typing", 2)):
+        kept = statistics.median(r[i][0] / r[0] for r in rows)
+        print(
+            f"  {label}: median {kept:.0%} of headless; the app drew "
+            f"{statistics.mean(r[i][1] for r in rows):.0f} frames/s using "
+            f"{statistics.mean(r[i][2] for r in rows):.0%} of a core"
+            + (" (engine included)" if kind == "thread" else "")
+        )
+    print(
+        f"  key-press-to-screen latency while running flat out: p50 {percentile(lat, 0.5) * 1e3:.1f} ms, "
+        f"p95 {percentile(lat, 0.95) * 1e3:.1f} ms over {len(lat)} presses, one every {key_gap * 1e3:.0f} ms"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     p = OneLineParser(prog="python -m tui.bench_app", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", metavar="DIR")
@@ -124,6 +148,12 @@ def main(argv: list[str] | None = None) -> None:
         help="seconds between key presses (default 0.15: a fast typist)",
     )
     p.add_argument("--runner", choices=["process", "thread", "both"], default="both")
+    p.add_argument(
+        "--layout",
+        choices=["list", "panes", "both"],
+        default="list",
+        help="the app's layout: the list view (default), the panes view, or each in turn",
+    )
     p.add_argument("--repeat", type=int, default=2, help="headless/app pairs per runner")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -149,37 +179,27 @@ def main(argv: list[str] | None = None) -> None:
         f"model: {path if a.model or a.random_model is None else 'random ' + (a.random_model or 'default')}; "
         f"{a.requests} requests, {a.slots} slots, {a.scheduler} scheduler, {a.threads} torch threads"
     )
+    layouts = ["list", "panes"] if a.layout == "both" else [a.layout]
     for kind in ["process", "thread"] if a.runner == "both" else [a.runner]:
-        rows, lat = [], []
+        rows: dict[str, list] = {layout: [] for layout in layouts}
+        lat: dict[str, list[float]] = {layout: [] for layout in layouts}
         for _ in range(a.repeat):
             head = headless_tok_s(model, reqs, a.slots, a.scheduler)
-            runs = []
-            for keys in (0, a.keys):  # watching, then typing
-                if kind == "process":
-                    runner = ChildRunner(spec, paused=True).start()
-                else:
-                    runner = EngineRunner(ContinuousEngine(model, a.slots, **sched), tok, paused=True)
-                tps, key_lat, hz, share = asyncio.run(in_app(runner, tok, reqs, keys, a.key_gap))
-                runs.append((tps, hz, share))
-                lat += key_lat
-            rows.append((head, *runs))
-        lat.sort()
-        print(
-            f"engine in a {kind}: tokens/s headless → app watching → app while typing: "
-            + ", ".join(f"{h:.0f} → {w[0]:.0f} → {t[0]:.0f}" for h, w, t in rows)
-        )
-        for label, i in (("watching", 1), ("typing", 2)):
-            kept = statistics.median(r[i][0] / r[0] for r in rows)
-            print(
-                f"  {label}: median {kept:.0%} of headless; the app drew "
-                f"{statistics.mean(r[i][1] for r in rows):.0f} frames/s using "
-                f"{statistics.mean(r[i][2] for r in rows):.0%} of a core"
-                + (" (engine included)" if kind == "thread" else "")
-            )
-        print(
-            f"  key-press-to-screen latency while running flat out: p50 {percentile(lat, 0.5) * 1e3:.1f} ms, "
-            f"p95 {percentile(lat, 0.95) * 1e3:.1f} ms over {len(lat)} presses, one every {a.key_gap * 1e3:.0f} ms"
-        )
+            for layout in layouts:
+                runs = []
+                for keys in (0, a.keys):  # watching, then typing
+                    if kind == "process":
+                        runner = ChildRunner(spec, paused=True).start()
+                    else:
+                        runner = EngineRunner(ContinuousEngine(model, a.slots, **sched), tok, paused=True)
+                    tps, key_lat, hz, share = asyncio.run(
+                        in_app(runner, tok, reqs, keys, a.key_gap, panes=layout == "panes")
+                    )
+                    runs.append((tps, hz, share))
+                    lat[layout] += key_lat
+                rows[layout].append((head, *runs))
+        for layout in layouts:
+            report(kind, layout, rows[layout], sorted(lat[layout]), a.key_gap)
     if tmp is not None:
         tmp.cleanup()
 
