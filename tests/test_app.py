@@ -728,6 +728,7 @@ class Before:
         self.paused, self.delay, self.steps = app.runner.paused, app.runner.step_delay_ms, app.runner.steps_done
         self.selected, self.notes = app.selected, len(app.notified)
         self.timeline = app.query_one("#timeline").display
+        self.panes = app.panes_on
         self.zoom = app.query_one("#timeline").zoom
         self.step = app.runner.frame.snapshot.counters.steps
 
@@ -755,6 +756,7 @@ EFFECTS = {
     "focus_input": lambda app, was: app.focused is app.query_one("#prompt"),
     "leave_input": lambda app, was: app.focused in (app.query_one("#requests"), app.query_one("#timeline")),
     "toggle_timeline": lambda app, was: app.query_one("#timeline").display != was.timeline,
+    "toggle_panes": lambda app, was: app.panes_on != was.panes,
     "focus_log": lambda app, was: app.focused is app.query_one("#log") or _noted(app, was, "event log is hidden"),
     "zoom_out": lambda app, was: app.query_one("#timeline").zoom > was.zoom or _noted(app, was, "already at"),
     "zoom_in": lambda app, was: app.query_one("#timeline").zoom < was.zoom or _noted(app, was, "already at"),
@@ -779,6 +781,7 @@ async def ready(pilot, paused: bool) -> None:
         app.select(await submit(pilot, "ROMEO:\n"))
     app.runner.send(SetPaused(paused))
     app.runner.send(SetDelay(BASE_DELAY))
+    app.set_layout(False)  # (p switches to the panes view)
     app.query_one("#requests").focus()
     await until(pilot, lambda: (app.runner.frame.paused, app.runner.frame.step_delay_ms) == (paused, BASE_DELAY))
 

@@ -129,6 +129,7 @@ async def test_every_binding_in_a_replay_acts_or_is_off():
             for key, action in BOUND:
                 if EFFECTS[action] is None:
                     continue
+                app.set_layout(False)  # each key from the list view (p switches to the panes view)
                 if action in TinyLLMApp.READ_ONLY or action == "leave_input":
                     assert action == "leave_input" or app.check_action(action, ()) is False
                     r.send(SetPaused(True))

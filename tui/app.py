@@ -25,15 +25,19 @@ from tinyllm.model.tokenizer import Tokenizer
 from tinyllm.request import RequestSettings, Sampling
 from tui.runners.interface import Frame, LogEntry, Runner
 from tui.screens.commands import AppCommands
+from tui.screens.layout import PANES_HELP, PANES_KEYS, PanesLayout
 from tui.screens.live import FramePacer, LiveView
+from tui.screens.log_feed import LogFeed
 from tui.screens.modals import HelpScreen
 from tui.screens.replay_keys import ReplayKeys
 from tui.screens.request_keys import RequestKeys
+from tui.screens.view_keys import ViewKeys
 from tui.widgets.block_map import BlockMap
 from tui.widgets.deferred import deferred, guarded
-from tui.widgets.event_log import HISTORY, EventLog
+from tui.widgets.event_log import EventLog
 from tui.widgets.footer import FittedFooter
 from tui.widgets.kv_panel import KVPanel
+from tui.widgets.panes import PanesView
 from tui.widgets.prefix_cache_map import PrefixCacheMap
 from tui.widgets.prompt_editor import PromptEditor
 from tui.widgets.request_list import RequestList
@@ -51,22 +55,11 @@ FLAT_OUT_S = 0.125  # running flat out (step delay < 50 ms), a frame at most thi
 # frame each time held key presses back (p95 45-75 ms at 11-14 frames/s)
 
 
-EDITOR_KEYS = (  # the help's rows for the prompt editor (tui/widgets/prompt_editor.py)
-    ("enter (in the prompt)", "send the prompt: exactly the text in the editor"),
-    (
-        "ctrl+j (in the prompt)",
-        "a new line in the prompt (also shift+enter / alt+enter where the terminal "
-        "reports them); a paste keeps every line",
-    ),
-    ("↑ / ↓ (in the prompt)", "earlier prompts sent, when the editor is empty (as in a shell)"),
-    ("letters (in the prompt)", "are text, never commands: esc first, then the keys above"),
-)
-
-
-class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
+class TinyLLMApp(PanesLayout, ViewKeys, LogFeed, LiveView, RequestKeys, ReplayKeys, App):
     CSS_PATH = "app.tcss"
     TITLE = "tinyllm-tui"
     COMMANDS = App.COMMANDS | {AppCommands}  # Ctrl+P: the app's actions, each with its keys
+    HELP_EXTRA, HELP_TEXT = PANES_KEYS, PANES_HELP  # the help's rows and words beside the bindings'
     # One source of truth for keys: the footer and the help screen both read this list.
     BINDINGS = [
         # Into and out of the prompt editor: priority, so that the keys after them (a burst: a
@@ -95,6 +88,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         Binding("f4", "clear_prefix_cache", "Clear prefix cache", show=False, priority=True),
         Binding("c", "clear_prefix_cache", "Clear the prefix cache", show=False),
         Binding("t", "toggle_timeline", "Timeline / requests", show=False),
+        Binding("p", "toggle_panes", "Panes / list view", show=False),
         Binding("e", "focus_log", "Events: scroll back (the last 10,000)", show=False),
         Binding("r", "race", "Race: static vs continuous batching", show=False),
         Binding("z", "zoom_out", "Timeline: more steps per column", show=False),
@@ -118,6 +112,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         settings: RequestSettings | None = None,
         prompts_file: Path | None = None,
         recording: Path | None = None,
+        panes: bool = False,
     ):
         super().__init__()
         self.runner = runner  # owns the engine; we only send commands and read frames
@@ -132,6 +127,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self.prompts_file = prompts_file
         self.workload: Path | None = None  # the prompt file loaded last (--prompts or F3): what `r` races
         self.recording = recording  # --record FILE: shown in the status line, named at exit
+        self.start_panes = panes  # --panes: start in the panes view
         self.startup_error: str | None = None  # set when the engine could not start; main() prints it
         self.selected: int | None = None
         self._shown_seq = -1  # the frame every panel has drawn (a loading frame has seq 0)
@@ -162,6 +158,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
             with Vertical(id="right"):
                 yield RequestPane(prompts=not self.replay, id="pane")
                 yield EventLog(id="log")
+        yield PanesView(self.panes_mode(), id="panes")
         if self.replay:
             yield TextLine(id="scrubber")
         else:
@@ -211,6 +208,8 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
             self.screen.set_focus(
                 self.query_one("#requests") if self.prompts_file is not None else self.query_one("#prompt")
             )
+        if self.start_panes:
+            self.set_layout(True)
         self.run_worker(self._engine_loop, thread=True, name="engine", exit_on_error=False)
         self._tick()
         if self.prompts_file is not None:
@@ -318,14 +317,17 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         screen shows, never an older request left selected. A replay keeps it (seeking forward
         brings it back) and the pane says it does not exist."""
         self._details_frame = frame
-        requests = self.query_one("#requests", RequestList)
-        requests.show(frame)
         snap = frame.snapshot
         if not self.replay and (self._following or snap.request(self.selected) is None):
             self._following = True
             self.selected = max((v.rid for v in snap.requests), default=None)
         elif self.selected is None:
             self.selected = snap.requests[0].rid if snap.requests else None
+        if self.panes_on:  # (the list view is drawn afresh when it comes back)
+            self._draw_panes(frame)
+            return
+        requests = self.query_one("#requests", RequestList)
+        requests.show(frame)
         placed = (self.selected, requests.rids)
         if placed != self._placed:  # only when the selection or the rows changed:
             self._placed = placed  # every draw would undo scrolling, and a ↓ on
@@ -346,56 +348,6 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self.runner.stop()
         self.exit(return_code=2)
 
-    def _update_flags(self, frame: Frame) -> None:
-        """Slots that changed in the latest step, from the event log (admit / finish / preempt / abort).
-        A live engine gone idle (nothing queued, running or to arrive, not paused) has none: its
-        slots are free ('#9 ✓ done' stayed in a free slot until the next request). Paused, the
-        latest step's changes stay: stepping by hand, they are the news."""
-        snap = frame.snapshot
-        self._flags = {}
-        idle = not (frame.pending_arrivals or any(v.state in self.ACTIVE for v in snap.requests))
-        if idle and not frame.paused and not self.replay:
-            return
-        for e in frame.log[-4 * snap.n_slots :]:
-            recent = e.step == snap.counters.steps  # what the latest step did
-            if recent and e.slot is not None and e.kind in ("admit", "finish", "preempt", "abort"):
-                self._flags[e.slot] = (e.kind, e.rid)
-
-    def _append_log(self, frame: Frame) -> None:
-        """Add the frame's new log entries; when the frame's log is not a continuation of what
-        is shown (a replay moved, a restarted server has a log of its own), show it afresh."""
-        log, last = frame.log, self._last_log
-        if not log or last is None or log[-1] == last:
-            if not log and last is not None:
-                self.query_one("#log", EventLog).reset(())
-            elif log and last is None:
-                self.query_one("#log", EventLog).add(list(log))
-                self._notify_errors(log)
-            self._last_log = log[-1] if log else None
-            return
-        i = len(log) - 1
-        while i >= 0 and log[i].seq > last.seq:
-            i -= 1
-        later = i < 0 and log[0].seq > last.seq and log[0].step >= last.step  # all new: more than a
-        # frame holds came between two frames (a restarted server's log starts again at step 0)
-        if (i < 0 and not later) or (i >= 0 and log[i] != last) or self.replay:  # not the same history:
-            self.query_one("#log", EventLog).reset(log)  # as it is now
-        else:  # the log keeps what it showed before (scrolling back: its last HISTORY entries)
-            new = list(log[i + 1 :])
-            self._notify_errors(new)
-            if later and log[0].seq > last.seq + 1:  # said, not silently skipped
-                missed = log[0].seq - last.seq - 1
-                note = f"… {missed:,} events came between two frames, more than a frame holds: not kept"
-                new.insert(0, LogEntry(log[0].seq - 1, log[0].step, log[0].time_s, "info", note))
-            self.query_one("#log", EventLog).add(new)
-        self._last_log = log[-1]
-
-    def _notify_errors(self, entries) -> None:
-        if not self.replay:  # a replay's errors were seen when they happened
-            for e in entries:
-                if e.kind == "error":
-                    self.notify(e.text, title="server" if self.remote else "engine", severity="error", timeout=8)
-
     def _status_text(self, f: Frame) -> Text:
         """The status line, fitted to the screen: fields of least use give way first (the mode
         and the step counter stay at any width)."""
@@ -411,6 +363,9 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
         self.selected = rid
         frame = self._details_frame or self.runner.frame  # the frame the other panels show
         self._following = rid == max((v.rid for v in frame.snapshot.requests), default=rid)
+        if self.panes_on:
+            self.query_one(PanesView).mark(rid)
+            return
         requests = self.query_one("#requests", RequestList)
         requests.select_rid(rid)
         self._placed = (rid, requests.rids)
@@ -419,7 +374,7 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
 
     @deferred  # a message the list posted: the app may be leaving by now
     def on_request_selected(self, event: RequestSelected) -> None:
-        """↑/↓, Home/End or a click in the list or the timeline."""
+        """↑/↓, Home/End or a click in the list, the timeline or the panes."""
         self.select(event.rid)
 
     READ_ONLY = {
@@ -465,6 +420,9 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
             and len(self.screen_stack) == 1
             and not isinstance(self.focused, PromptEditor)
         ):
+            if event.key == "enter" and isinstance(self.focused, PanesView):  # (Enter is the editor's
+                self.focused.action_open()  # key elsewhere: a priority binding)
+                return
             active = self.screen.active_bindings.get(event.key)
             if active is not None and active.enabled and await self.run_action(active.binding.action, active.node):
                 return
@@ -485,121 +443,11 @@ class TinyLLMApp(LiveView, RequestKeys, ReplayKeys, App):
             self.remote and (action in self.SERVER_PACED or (action == "load_prompts" and self.tokenizer is None))
         )
 
-    def _show_timeline(self, frame: Frame) -> None:
-        timeline = self.query_one("#timeline", TimelinePanel)
-        if timeline.display:
-            timeline.show(frame.tracks, frame.snapshot.counters.steps, self.selected)
-
     def _submit_workload(self, loaded) -> None:
         """Load it, and remember its file: the race (`r`) races the workload the app has loaded."""
         if loaded is not None:
             self.workload = loaded.path
         super()._submit_workload(loaded)
-
-    def action_race(self) -> None:
-        from tui.screens.race import open_race
-
-        self._close_help()
-        open_race(self)
-
-    def action_recording(self) -> None:
-        """The palette's Record: a run is recorded from the start (--record FILE), so say where
-        this one goes, or how to record one."""
-        if self.recording is not None:
-            self.notify(
-                f"This run is being recorded to {self.recording} (every step, as it happens); the file is "
-                f"closed when the app quits. Replay it with tinyllm-tui --replay {self.recording}.",
-                title="recording",
-                timeout=8,
-            )
-        else:
-            self.notify(
-                "A run is recorded from its start: quit, then tinyllm-tui --record FILE (every step is "
-                "written as it happens); tinyllm-tui --replay FILE plays it back, step by step.",
-                title="not recording",
-                timeout=8,
-            )
-
-    def action_toggle_timeline(self) -> None:
-        timeline = self.query_one("#timeline", TimelinePanel)
-        requests = self.query_one("#requests", RequestList)
-        was = self.focused
-        timeline.display, requests.display = not timeline.display, timeline.display
-        shown = timeline if timeline.display else requests
-        if not isinstance(was, PromptEditor):  # the keys follow the panel (↑/↓ select, ← → scroll)
-            self._focus(shown)
-        self._show_timeline(self._details_frame or self.runner.frame)
-
-    def _zoom(self, out: bool) -> None:
-        timeline = self.query_one("#timeline", TimelinePanel)
-        if not timeline.display:
-            self.action_toggle_timeline()
-        if not (timeline.zoom_out() if out else timeline.zoom_in()):
-            self.notify(
-                f"the timeline is already at {timeline.per_col} step{'s' if timeline.per_col > 1 else ''} per column",
-                timeout=2,
-            )
-
-    def action_zoom_out(self) -> None:
-        self._zoom(out=True)
-
-    def action_zoom_in(self) -> None:
-        self._zoom(out=False)
-
-    def action_focus_log(self) -> None:
-        """The event log, to scroll back through (↑ / ↓, PgUp / PgDn, Home / End)."""
-        log = self.query_one("#log", EventLog)
-        if not log.display:
-            self.notify(
-                "The event log is hidden at this size: a terminal of 100×34 or more shows it.",
-                severity="warning",
-                timeout=4,
-            )
-            return
-        self._focus(log)
-
-    def action_focus_input(self) -> None:
-        self._focus(self.query_one("#prompt", PromptEditor))
-
-    def action_leave_input(self) -> None:
-        if isinstance(self.focused, PromptEditor):
-            self._focus_requests()
-
-    def _focus_requests(self) -> None:
-        """Focus whichever of the request list and the timeline is on screen (both select)."""
-        timeline = self.query_one("#timeline", TimelinePanel)
-        self._focus(timeline if timeline.display else self.query_one("#requests", RequestList))
-
-    def _focus(self, widget) -> None:
-        """Focus ``widget`` now: the next key (already on its way) goes to it. (Widget.focus()
-        moves it only once the keys already queued have been handed on, to the old one.)"""
-        widget.screen.set_focus(widget)
-
-    def action_help(self) -> None:
-        """F1 opens the help, and closes it again (the app's F1 binding has priority over the
-        help screen's own, so the toggle lives here)."""
-        if isinstance(self.screen, HelpScreen):
-            self.pop_screen()
-        else:
-            self._close_help()
-            keys = [b for b in self.BINDINGS if self._applies(b.action)]
-            move = ("↑ / ↓ · PgUp / PgDn · Home / End", "select a request (Requests list or timeline)")
-            back = (
-                (
-                    "← / → (timeline)",
-                    "earlier / later steps: it stays there while the run goes on; → to the end follows",
-                ),
-                (
-                    "↑ / ↓ · PgUp / PgDn · Home / End (events)",
-                    f"scroll the event log (e, Tab or a click: it keeps the last {HISTORY:,} events); End follows",
-                ),
-            )
-            self.push_screen(HelpScreen(keys, extra=(move, *back) if self.replay else (move, *back, *EDITOR_KEYS)))
-
-    def _close_help(self) -> None:
-        """A dialog opened from the help screen replaces it instead of stacking on it."""
-        if isinstance(self.screen, HelpScreen):
-            self.pop_screen()
 
     def on_unmount(self) -> None:
         self.runner.stop()

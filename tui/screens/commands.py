@@ -20,6 +20,7 @@ PALETTE = (
     ("step_once", "Step once (while paused)"),
     ("slower", "Slower: more delay between steps"),
     ("faster", "Faster: less delay between steps"),
+    ("toggle_panes", "Panes: every slot's request writing at once / the list view"),
     ("toggle_timeline", "Timeline / requests list"),
     ("zoom_out", "Timeline: more steps per column"),
     ("zoom_in", "Timeline: fewer steps per column"),
