@@ -632,11 +632,11 @@ def counts_down(monkeypatch, viewer) -> None:
     """Run ``viewer`` (a server viewer whose server refuses every connection) for 13 s of a clock
     of its own, no sleeping, that moves a microsecond at each reading (as a real one does between
     two), and check its status says when the next try is as each second passes, and "retrying…"
-    while it tries. Both viewers share the countdown (attach.ServerLink): tests/test_attach_vllm.py
+    while it tries. Both viewers share the countdown (server_link.ServerLink): tests/test_attach_vllm.py
     runs this on the vLLM one."""
     from types import SimpleNamespace
 
-    import tui.runners.attach as attach
+    import tui.runners.server_link as server_link
 
     clock = [0.0]
 
@@ -651,7 +651,7 @@ def counts_down(monkeypatch, viewer) -> None:
                 self.set()
             return self.is_set()
 
-    monkeypatch.setattr(attach, "time", SimpleNamespace(monotonic=now))
+    monkeypatch.setattr(server_link, "time", SimpleNamespace(monotonic=now))
     viewer._stop = Clocked()
     seen: list[str] = []
     publish = viewer._publish

@@ -214,8 +214,8 @@ def test_prompt_files_take_the_new_fields(tmp_path):
 
 def test_an_attached_app_sends_the_new_fields_only_when_set():
     from tinyllm.request import RequestSettings
-    from tui.runners.attach import completion_body
     from tui.runners.interface import Submit
+    from tui.runners.server_link import completion_body
 
     plain = completion_body(Submit("x", RequestSettings(Sampling(0.5), 10)))
     assert set(plain) == {"prompt", "max_tokens", "temperature", "stream"}

@@ -84,7 +84,6 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"pause between engine steps, 0-{MAX_DELAY_MS} ms (slow motion)",
     )
     p.add_argument("--paused", action="store_true", help="start paused (space / F5 resumes, n / F6 steps once)")
-    p.add_argument("--panes", action="store_true", help="start in the panes view: every slot's request as it writes")
     p.add_argument(
         "--record",
         metavar="FILE",
@@ -343,7 +342,6 @@ def build_app(argv: list[str] | None = None, require_terminal: bool = False) -> 
         settings=RequestSettings(sampling, a.max_new_tokens),
         prompts_file=prompts,
         recording=Path(a.record) if a.record else None,
-        panes=a.panes,
     )
 
 
@@ -465,7 +463,6 @@ def attach_app(parser, a) -> TinyLLMApp:
         model_name=runner.model_name,
         settings=RequestSettings(sampling, a.max_new_tokens),
         prompts_file=prompts,
-        panes=a.panes,
     )
 
 
@@ -476,7 +473,7 @@ def wait_for_server(parser, url: str, wait_s: float) -> None:
     import math
     import time
 
-    from tui.runners.attach import not_listening
+    from tui.runners.server_link import not_listening
 
     deadline = time.monotonic() + wait_s
     tty, told = sys.stderr.isatty(), False
@@ -533,7 +530,7 @@ def replay_app(parser, a) -> TinyLLMApp:
     except RecordingError as e:
         parser.error(f"--replay: {e}")
     check_terminal(parser, a)  # (after the recording's own checks: a read, no work)
-    return TinyLLMApp(runner, None, model_name=str(runner.header.get("model", "?")), panes=a.panes)
+    return TinyLLMApp(runner, None, model_name=str(runner.header.get("model", "?")))
 
 
 def main(argv: list[str] | None = None) -> int:

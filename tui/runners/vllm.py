@@ -24,8 +24,8 @@ import httpx
 from tinyllm.observe.snapshot import ENDED_STATES, Counters, EngineSnapshot, KVView, LifecycleEvent, RequestView
 from tinyllm.observe.timeline import Timeline
 from tinyllm.units import duration
-from tui.runners.attach import RETRY_S, ServerLink, api_error, completion_body, hang_up, send_workload, why
 from tui.runners.interface import LOG_LINES, Abort, AbortAll, Frame, LoadWorkload, LogEntry, Submit
+from tui.runners.server_link import RETRY_S, ServerLink, api_error, completion_body, hang_up, send_workload, why
 from tui.runners.vllm_metrics import MetricsError, MetricsWindow, ServerFigures, parse
 
 if TYPE_CHECKING:  # pyzmq and msgspec load only with --kv-events
