@@ -84,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"pause between engine steps, 0-{MAX_DELAY_MS} ms (slow motion)",
     )
     p.add_argument("--paused", action="store_true", help="start paused (space / F5 resumes, n / F6 steps once)")
+    p.add_argument("--panes", action="store_true", help="start in the panes view: every slot's request as it writes")
     p.add_argument(
         "--record",
         metavar="FILE",
@@ -342,6 +343,7 @@ def build_app(argv: list[str] | None = None, require_terminal: bool = False) -> 
         settings=RequestSettings(sampling, a.max_new_tokens),
         prompts_file=prompts,
         recording=Path(a.record) if a.record else None,
+        panes=a.panes,
     )
 
 
@@ -463,6 +465,7 @@ def attach_app(parser, a) -> TinyLLMApp:
         model_name=runner.model_name,
         settings=RequestSettings(sampling, a.max_new_tokens),
         prompts_file=prompts,
+        panes=a.panes,
     )
 
 
@@ -530,7 +533,7 @@ def replay_app(parser, a) -> TinyLLMApp:
     except RecordingError as e:
         parser.error(f"--replay: {e}")
     check_terminal(parser, a)  # (after the recording's own checks: a read, no work)
-    return TinyLLMApp(runner, None, model_name=str(runner.header.get("model", "?")))
+    return TinyLLMApp(runner, None, model_name=str(runner.header.get("model", "?")), panes=a.panes)
 
 
 def main(argv: list[str] | None = None) -> int:
