@@ -19,6 +19,7 @@ from tinyllm.args import (
     UsageError,
     add_engine_args,
     add_model_args,
+    add_slo_arg,
     load_model,
     non_negative_float,
     option_names,
@@ -233,7 +234,8 @@ def cmd_serve(args) -> None:
             if (v := getattr(args, k)) is not None
         }
     )
-    run_server(engine, tok, args.served_model_name or model_name_for(args.model), sock, api_key=api_key, limits=limits)
+    name = args.served_model_name or model_name_for(args.model)
+    run_server(engine, tok, name, sock, api_key=api_key, limits=limits, slo=args.slo)
 
 
 # The engine options each command takes (tinyllm/args.py defines them once). The server always
@@ -363,6 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="uvicorn's limit_concurrency: beyond N connections and tasks at once it answers a "
         "plain-text 503 (default 1024)",
     )
+    add_slo_arg(sv)  # (/metrics: tinyllm:requests_slo_met_total, tinyllm:requests_slo_missed_total{reason})
     add_engine_args(sv, *SERVE_ENGINE_OPTIONS)  # (always paged KV and the token budget)
     sv.set_defaults(fn=cmd_serve)
 

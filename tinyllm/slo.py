@@ -227,3 +227,48 @@ class SLOSummary:
             "failed": self.failed,
             "missed_by_reason": dict(self.reasons),
         }
+
+
+# -- a live engine's requests (snapshots and timeline tracks: the app, the recording, the trace) ----
+
+
+def track_waits(track, now_step: int) -> dict[str, int]:
+    """Steps a request waited per reason, from its timeline track (observe/timeline.py: what the
+    app, a recording and the Perfetto export rebuild from lifecycle events); {} without one."""
+    out: dict[str, int] = {}
+    for first, last, code in track.wait_spans(now_step) if track is not None else ():
+        out[code] = out.get(code, 0) + last - first + 1
+    return out
+
+
+def view_verdict(view, slo: SLO | None, waited: Mapping[str, int] | Iterable[tuple[str, int]] = ()):
+    """An ended request's verdict from its snapshot view (observe/snapshot.RequestView): TTFT
+    from arrival to first token, TPOT from first to last token; None while it runs, or without
+    an SLO."""
+    if slo is None or view.state not in ("finished", *ENDED_APART):
+        return None
+    per_token = tpot(view.first_token_s, view.finish_s, len(view.tokens))
+    return judge(slo, view.ttft_s, per_token, waited, state=str(view.state))
+
+
+def snapshot_verdicts(snapshot, tracks, slo: SLO | None) -> dict[int, SLOVerdict]:
+    """Every ended request's verdict in a snapshot (``tracks``: the frame's timeline tracks, for
+    the reason a miss waited most)."""
+    if slo is None:
+        return {}
+    by_rid = {t.rid: t for t in tracks}
+    now = snapshot.counters.steps
+    out = {}
+    for v in snapshot.requests:
+        verdict = view_verdict(v, slo, track_waits(by_rid.get(v.rid), now))
+        if verdict is not None:
+            out[v.rid] = verdict
+    return out
+
+
+def snapshot_summary(snapshot, tracks, slo: SLO | None) -> SLOSummary | None:
+    """The verdicts so far, goodput over the engine's time since the first arrival (None: no SLO)."""
+    if slo is None:
+        return None
+    first = min((v.arrival_s for v in snapshot.requests), default=snapshot.time_s)
+    return SLOSummary.of(snapshot_verdicts(snapshot, tracks, slo).values(), max(0.0, snapshot.time_s - first))

@@ -128,6 +128,7 @@ class TinyLLMApp(PanesLayout, ViewKeys, LogFeed, LiveView, RequestKeys, ReplayKe
         self.workload: Path | None = None  # the prompt file loaded last (--prompts or F3): what `r` races
         self.recording = recording  # --record FILE: shown in the status line, named at exit
         self.start_panes = panes  # --panes: start in the panes view
+        self.slo = None  # --slo (tinyllm.slo.SLO, set by tui/cli.py): the counters and request rows judge by it
         self.startup_error: str | None = None  # set when the engine could not start; main() prints it
         self.selected: int | None = None
         self._shown_seq = -1  # the frame every panel has drawn (a loading frame has seq 0)

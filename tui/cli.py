@@ -16,6 +16,7 @@ from pathlib import Path
 from tinyllm.args import (
     SLOTS_WITH_KV_MEMORY,
     add_engine_args,
+    add_slo_arg,
     check_device,
     engine_options,
     fill_engine_defaults,
@@ -128,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"loading its model (default {ATTACH_WAIT_S:g} s; 0: do not wait)",
     )
     add_race_args(p)
+    add_slo_arg(p)  # (the app's counters and request rows, the race's finish line)
     web.add_web_args(p)
     p.add_argument(
         "--engine-thread",
@@ -252,9 +254,9 @@ def build_app(argv: list[str] | None = None, require_terminal: bool = False) -> 
             "--replay and --attach cannot be used together: a replay shows a recorded run, --attach a live server"
         )
     if a.replay is not None:
-        return replay_app(parser, a)
+        return with_slo(replay_app(parser, a), a)
     if a.attach is not None:
-        return attach_app(parser, a)
+        return with_slo(attach_app(parser, a), a)
     if a.kv_events is not None:
         parser.error("--kv-events applies to --attach (a vLLM server's KV-cache events)")
     if "wait" in a.given:
@@ -336,15 +338,24 @@ def build_app(argv: list[str] | None = None, require_terminal: bool = False) -> 
             else f"the engine could not start: {type(e).__name__}: {' '.join(str(e).split())}"
         )
     name = path.name if a.model else "bundled Shakespeare"
-    return TinyLLMApp(
-        runner,
-        tok,
-        model_name=name,
-        settings=RequestSettings(sampling, a.max_new_tokens),
-        prompts_file=prompts,
-        recording=Path(a.record) if a.record else None,
-        panes=a.panes,
+    return with_slo(
+        TinyLLMApp(
+            runner,
+            tok,
+            model_name=name,
+            settings=RequestSettings(sampling, a.max_new_tokens),
+            prompts_file=prompts,
+            recording=Path(a.record) if a.record else None,
+            panes=a.panes,
+        ),
+        a,
     )
+
+
+def with_slo(app: TinyLLMApp, a) -> TinyLLMApp:
+    """The app with --slo: its counters and request rows judge each ended request against it."""
+    app.slo = a.slo
+    return app
 
 
 def model_config(parser, a):
@@ -476,7 +487,7 @@ def wait_for_server(parser, url: str, wait_s: float) -> None:
     import math
     import time
 
-    from tui.runners.server_link import not_listening
+    from tui.runners.attach import not_listening
 
     deadline = time.monotonic() + wait_s
     tty, told = sys.stderr.isatty(), False
@@ -678,7 +689,20 @@ def race_app(parser, a):
     else:
         runner = ChildRunner(spec, paused=a.paused, step_delay_ms=a.step_delay).start(wait=False)
     name = Path(a.model).name if a.model else "bundled Shakespeare"
-    return RaceApp(runner, workload=spec.name, model_name=name)
+    return RaceApp(runner, workload=spec.name, model_name=name, judging=race_judging(parser, a))
+
+
+def race_judging(parser, a):
+    """What the race's requests are judged against: --slo, a workload line's own "slo", and how
+    a recording saw each end (aborted / failed: left out of the ranking)."""
+    from tinyllm.observe.recording import RecordingError
+    from tinyllm.race.verdicts import load_judging
+    from tinyllm.workload import WorkloadError
+
+    try:
+        return load_judging(a.race, a.slo)
+    except (WorkloadError, RecordingError) as e:
+        parser.error(f"--race: {e}")
 
 
 def race_spec(parser, a, notes: list[str] | None = None):

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from tinyllm.observe.snapshot import FORK_OF, LifecycleEvent
+from tinyllm.slo import SLO, judge, tpot
 
 __all__ = ["CONTENT_TYPE_LATEST", "FINISHED_REASONS", "ServeMetrics"]
 
@@ -118,14 +119,16 @@ class _Times:
     first_token_at: float = 0.0
     tokens: int = 0
     last_token: float = 0.0
+    first_token: bool = False  # it has one (first_token_at is its time)
 
 
 class ServeMetrics:
     """The server's metrics. ``on_step`` is a StepHook (engine thread); ``render()`` is the
     text a scrape returns (any thread)."""
 
-    def __init__(self, model_name: str, max_model_len: int = 4096):
+    def __init__(self, model_name: str, max_model_len: int = 4096, slo: SLO | None = None):
         self.model_name = model_name
+        self.slo = slo  # --slo: count the finished requests that met it, and those that missed it by reason
         self.registry = r = CollectorRegistry(auto_describe=True)
         m = ["model_name"]
         self.running = Gauge(
@@ -212,6 +215,20 @@ class ServeMetrics:
             registry=r,
         )
         self._reqs: dict[int, _Times] = {}
+        if slo is not None:  # tinyllm's own names (vLLM has no such counter), only with --slo
+            self.slo_met = Counter(
+                "tinyllm:requests_slo_met",
+                f"Finished requests that met the SLO ({slo}): TTFT and time per output token after the first.",
+                m,
+                registry=r,
+            ).labels(model_name)
+            self.slo_missed = Counter(
+                "tinyllm:requests_slo_missed",
+                f"Finished requests that missed the SLO ({slo}), by the reason they waited most steps for "
+                "(queue, slots, pool, budget, preempted; none: it never waited).",
+                m + ["reason"],
+                registry=r,
+            )
 
     def set_cache_config(self, engine) -> None:
         """``vllm:cache_config_info``: the pool's block size and block count (a slot cache counts
@@ -253,11 +270,13 @@ class ServeMetrics:
             elif ev.kind == "first_token":
                 self.ttft.observe(max(0.0, ev.time_s - t.arrival))
                 self.prompt_tokens.inc(t.prompt_tokens)
-                t.first_token_at = ev.time_s
+                t.first_token_at, t.first_token = ev.time_s, True
             elif ev.kind == "finished":
                 self.e2e.observe(max(0.0, ev.time_s - t.arrival))
                 self._finished(t, ev)
                 self.success["length" if ev.reason == "length" else "stop"].inc()  # eos, stop
+                if self.slo is not None:
+                    self._judge(engine, t, ev)
             elif ev.kind in ("aborted", "failed"):
                 self.success["abort" if ev.kind == "aborted" else "error"].inc()
                 del reqs[ev.rid]
@@ -283,6 +302,17 @@ class ServeMetrics:
         self.request_prompt_tokens.observe(t.prompt_tokens)
         self.request_generation_tokens.observe(ev.tokens)
         self.max_generation_tokens.observe(ev.tokens)
+
+    def _judge(self, engine, t: _Times, ev: LifecycleEvent) -> None:
+        """Count a finished request against the SLO (aborted and failed ones are neither met nor
+        missed: vllm:request_success counts them)."""
+        first = t.first_token_at if t.first_token else None
+        ttft = None if first is None else max(0.0, first - t.arrival)
+        v = judge(self.slo, ttft, tpot(first, ev.time_s, ev.tokens), engine.waited(ev.rid))
+        if v.met:
+            self.slo_met.inc()
+        else:
+            self.slo_missed.labels(self.model_name, v.reason or "none").inc()
 
     def _gauges(self, engine) -> None:
         waiting, running = engine.load()

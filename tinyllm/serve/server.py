@@ -154,13 +154,14 @@ def run_server(
     on_step: StepHook | None = None,
     api_key: str | None = None,
     limits: Limits | None = None,
+    slo: Any = None,
 ) -> None:
     """Serve ``engine`` on the listening ``sock`` until Ctrl+C / SIGTERM, printing the URL once
     uvicorn is listening. The engine thread is stopped before this returns; after Ctrl+C it
     prints "stopped" and raises KeyboardInterrupt (the CLI's exit 130). ``api_key`` and
     ``limits``: see tinyllm/serve/security.py."""
     loop = EngineLoop(engine, on_step=on_step)
-    app = create_app(loop, tokenizer, model_name, api_key=api_key, limits=limits)
+    app = create_app(loop, tokenizer, model_name, api_key=api_key, limits=limits, slo=slo)
     url = url_of(sock)
 
     def ready() -> None:

@@ -1,38 +1,33 @@
 """The race screen: one panel per lane, side by side on a wide screen, stacked on a narrow one,
-and the finish line's table once every lane is done. It draws a race runner's newest RaceFrame,
+and the finish line's table (tui/widgets/finish_line.py) once every lane is done. It draws a race runner's newest RaceFrame,
 paced like the main app (FramePacer), and sends it the same commands."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from rich.console import Group
-from rich.table import Table
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Container
 from textual.screen import Screen
-from textual.widget import Widget
 from textual.widgets import Static
 from textual.worker import get_current_worker
 
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT_WORKLOAD
-from tinyllm.race.views import ARRIVALS_NOTE, LaneView, idled, mib
-from tinyllm.race.whatif import compare
-from tinyllm.race.whatif_view import groups_table, request_lanes, requests_table
-from tinyllm.request import ContextTooLong, kv_dtype_tag
+from tinyllm.race.verdicts import Judging, load_judging
+from tinyllm.request import ContextTooLong
 from tui.runners.child import ChildRunner
 from tui.runners.interface import SetPaused
 from tui.runners.race import RaceFrame, RaceSpec, Restart, race_workload
 from tui.screens.live import FramePacer, LiveView
 from tui.screens.modals import HelpScreen
 from tui.widgets.deferred import deferred, guarded
+from tui.widgets.finish_line import FinishLine
 from tui.widgets.footer import FittedFooter
 from tui.widgets.lane_panel import LanePanel
-from tui.widgets.race_track import NAMES, RaceTrack, lane_name
+from tui.widgets.race_track import RaceTrack, lane_name
 from tui.widgets.status import fit_fields
-from tui.widgets.style import duration
 from tui.widgets.text_line import TextLine
 
 WIDE = 150  # columns from which the lanes stand side by side
@@ -64,177 +59,16 @@ HOW_TO_READ = "\n".join(
         "At the finish line: per tenant (or priority) TTFT and end-to-end, then per request, most changed first, "
         "each lane's TTFT, end-to-end and the reason it waited most steps for (NP: preempted N times); [ and ] pick "
         "a request, whose life in every lane is drawn below the table, one row per lane.",
+        "The place: without arrivals, by finishing time (every lane had all the work from the start); with "
+        "arrivals, every lane's tok/s is about the rate requests came at, so by goodput (with --slo "
+        "ttft=500ms,tpot=50ms: requests/s that met their targets; 'met': of the requests judged, those that did) "
+        "then latency p95. The finish line's title states the rule. A request a recording saw aborted or failed "
+        "is marked and left out of the ranking.",
         "Arrivals (arrival_s in the workload) come on each lane's own clock. Static batching starts a batch when B "
         "requests wait, or when the oldest has waited the batch timeout (--batch-timeout, seconds of its clock), or "
         "at once when no more are coming.",
     )
 )
-
-
-class FinishLine(Widget):
-    """The final table: tinyllm bench's columns, one row per lane, on each lane's own clock."""
-
-    DEFAULT_CSS = "FinishLine { height: auto; }"
-
-    def __init__(self, **kw):
-        super().__init__(**kw)
-        self.lanes: tuple[LaneView, ...] = ()
-
-    cold_steps = 0  # steps timed after a pause (RaceFrame.cold_steps)
-    turns = 0  # the race's steps, all lanes (RaceFrame.turns)
-
-    def show(self, lanes: tuple[LaneView, ...], cold_steps: int = 0, turns: int = 0) -> None:
-        if (lanes, cold_steps, turns) != (self.lanes, self.cold_steps, self.turns):
-            self.lanes, self.cold_steps, self.turns = lanes, cold_steps, turns
-            self.refresh(layout=True)
-
-    def get_content_height(self, container, viewport, width: int) -> int:
-        if not self.lanes or any(v.result is None for v in self.lanes):
-            return len(self.lanes) + 2
-        options = self.app.console.options.update_width(max(1, width))
-        n = len(self.app.console.render_lines(self._lanes_table(width), options, pad=False))  # (its title wraps)
-        if self.comparing:
-            rows = compare(self.lanes)
-            groups = groups_table(self.lanes, rows)
-            n += 1 + min(len(rows), self.rows) + 3 + (0 if groups is None else groups.row_count + 2)
-            n += len(self.lanes) + 3  # the selected request across the lanes
-        return n
-
-    def move(self, delta: int) -> bool:
-        """Select the next / previous request of the comparison (its lanes' rows show below it)."""
-        if not self.comparing:
-            return False
-        shown = compare(self.lanes)[: self.rows]
-        self.selected = max(0, min(len(shown) - 1, self.selected + delta))
-        self.refresh()
-        return True
-
-    @property
-    def comparing(self) -> bool:
-        return self.comparing_lanes(self.lanes)
-
-    @staticmethod
-    def comparing_lanes(lanes: tuple[LaneView, ...]) -> bool:
-        """A what-if (lanes with their own settings, all done): the per-request comparison shows."""
-        return bool(lanes) and any(v.key not in NAMES for v in lanes) and all(v.outcomes for v in lanes)
-
-    rows = 12  # requests shown in the comparison, most changed first
-    selected = 0  # the comparison's row whose lanes show below it
-
-    def render(self) -> Group | Table:
-        lanes = self._lanes_table(self.size.width)
-        if not self.comparing:
-            return lanes
-        rows = compare(self.lanes)
-        groups = groups_table(self.lanes, rows)
-        parts = [lanes, Text("")] + ([groups, Text("")] if groups is not None else [])
-        row = rows[min(self.selected, len(rows) - 1)]
-        table = requests_table(
-            self.lanes, rows, self.rows, narrow=self.size.width < 24 + 22 * len(self.lanes), selected=row.rid
-        )
-        return Group(*parts, table, Text(""), request_lanes(self.lanes, row, max(40, self.size.width - 2)))
-
-    def _lanes_table(self, width: int) -> Table:
-        """tinyllm bench's columns, one row per lane: its tokens/s and against static batching (the
-        race's point) always; then, as the width allows, most telling first, TTFT p50, latency p95,
-        its compute time where requests arrived over time (``busy``: its clock less its waits for
-        arrivals; the place is then by latency p95, since every clock ran to the last arrival), row
-        use, the mean share of its KV memory in use (a lane's bar says the share now), its
-        preemptions (where a lane preempted: a pool too small for its sequences), steps,
-        TTFT p95, its sequences and KV memory (``64 · 32 MiB``: at equal memory, why the paged
-        lanes win; the lanes' titles say it too), and its place."""
-        arrivals = idled(self.lanes)  # every lane's clock runs to about the last arrival
-        base = next((v.result.tok_s for v in self.lanes if v.kind == "static"), None)
-        order = sorted(self.lanes, key=lambda v: v.result.latency_p95_s if arrivals else v.result.wall_s)
-        cold = (
-            f"; {self.cold_steps:,} of its {max(self.turns, self.cold_steps):,} steps ran after a pause (slow "
-            f"motion or stepped by hand), "
-            f"whose caches had gone cold: their clocks read high, r at full speed for flat-out figures"
-            if self.cold_steps
-            else ""
-        )
-        t = Table(
-            box=None,
-            padding=(0, 1),
-            title_justify="left",
-            title_style="bold",
-            expand=False,
-            title="finish line (each lane's own clock"
-            + (f"; {ARRIVALS_NOTE}; the place is by latency p95" if arrivals else "")
-            + cold
-            + ")",
-        )
-        rows = []
-        for v in self.lanes:
-            r = v.result
-            rows.append(
-                {
-                    "lane": lane_name(v),
-                    "place": f"{order.index(v) + 1}",
-                    "busy": duration(r.busy_s),
-                    "tok/s": f"{r.tok_s:.0f}",
-                    "× static": f"{r.tok_s / base:.2f}x" if base else "",
-                    "seqs · KV": ""
-                    if v.kv_mib is None
-                    else " ".join(
-                        filter(None, (f"{v.seqs} · {mib(v.kv_mib)}", kv_dtype_tag(v.kv_dtype)))
-                    ),  # (as its title: bf16)
-                    "TTFT p50": duration(r.ttft_p50_s),
-                    "TTFT p95": duration(r.ttft_p95_s),
-                    "latency p95": duration(r.latency_p95_s),
-                    "row util": f"{r.row_util:.0%}",
-                    "KV mean": f"{r.kv_used_mean:.0%}",
-                    "steps": f"{r.decode_steps:,}",
-                    "preempted": f"{r.preemptions:,}",
-                }
-            )
-        order_of = [
-            "lane",
-            "place",
-            "tok/s",
-            "× static",
-            "seqs · KV",
-            "TTFT p50",
-            "TTFT p95",
-            "latency p95",
-            "busy",
-            "row util",
-            "KV mean",
-            "preempted",
-            "steps",
-        ]
-        cols = ["lane", "tok/s"] + (["× static"] if base else [])
-
-        def col_width(c: str) -> int:
-            return max(len(c), *(len(row[c]) for row in rows)) + 2
-
-        used = sum(map(col_width, cols))
-        preempted = any(v.result.preemptions for v in self.lanes)  # shown where a lane preempted
-        telling = (
-            "TTFT p50",
-            "latency p95",
-            "busy",
-            "row util",
-            "KV mean",
-            "preempted",
-            "steps",
-            "TTFT p95",
-            "seqs · KV",
-            "place",
-        )
-        if arrivals:  # the place is by latency then: it says the most
-            telling = ("place",) + telling[:-1]
-        for c in telling:
-            shown = {"seqs · KV": any(row[c] for row in rows), "preempted": preempted, "busy": arrivals}.get(c, True)
-            if shown and used + col_width(c) <= width:
-                cols.append(c)  # what fits, most telling first
-                used += col_width(c)
-        cols.sort(key=order_of.index)
-        for c in cols:
-            t.add_column(c, justify="left" if c == "lane" else "right", no_wrap=True)
-        for row in rows:
-            t.add_row(*(Text(row[c], style="bold" if c == "tok/s" else "") for c in cols))
-        return t
 
 
 class RaceScreen(LiveView, Screen):
@@ -270,9 +104,10 @@ class RaceScreen(LiveView, Screen):
     #race-legend { height: auto; color: $text-muted; padding: 0 1; }
     """
 
-    def __init__(self, runner, *, workload: str, model_name: str, standalone: bool):
+    def __init__(self, runner, *, workload: str, model_name: str, standalone: bool, judging: Judging | None = None):
         super().__init__()
         self.runner = runner
+        self.judging = judging or Judging()  # --slo, a workload line's own, a recording's aborted requests
         self.workload = workload
         self.model_name = model_name
         self.standalone = standalone
@@ -291,7 +126,7 @@ class RaceScreen(LiveView, Screen):
             for lane in self.runner.frame.lanes:
                 yield LanePanel(id=f"lane-{lane.key}")
         yield RaceTrack(id="track")
-        yield FinishLine(id="finish")
+        yield FinishLine(self.judging, id="finish")
         yield Static(id="race-legend", markup=False)
         yield FittedFooter()
 
@@ -467,15 +302,20 @@ class RaceApp(App):
     TITLE = "tinyllm-tui race"
     BINDINGS = [Binding("ctrl+c", "quit", "Quit", show=False, priority=True)]  # in every screen (its help too)
 
-    def __init__(self, runner, *, workload: str, model_name: str):
+    def __init__(self, runner, *, workload: str, model_name: str, judging: Judging | None = None):
         super().__init__()
         self.runner = runner
         self.workload = workload
         self.model_name = model_name
+        self.judging = judging
         self.startup_error: str | None = None  # the race process could not start; main() prints it
 
     def on_mount(self) -> None:
-        self.push_screen(RaceScreen(self.runner, workload=self.workload, model_name=self.model_name, standalone=True))
+        self.push_screen(
+            RaceScreen(
+                self.runner, workload=self.workload, model_name=self.model_name, standalone=True, judging=self.judging
+            )
+        )
 
     def refresh_from_runner(self, force: bool = False) -> None:
         """Draw the newest frame now (tests; the screen otherwise draws at its own pace)."""
@@ -578,4 +418,10 @@ def open_race(app) -> None:
         if not was_paused:
             runner.send(SetPaused(False))
 
-    app.push_screen(RaceScreen(race_runner, workload=name, model_name=app.model_name, standalone=False), back)
+    judging = Judging(app.slo)  # the app's --slo; a workload line's own "slo" where it has one
+    try:
+        judging = load_judging(str(loaded or resolve_workload(DEFAULT_WORKLOAD)), app.slo)
+    except WorkloadError:  # (it was read once already: only a file changed since)
+        pass
+    screen = RaceScreen(race_runner, workload=name, model_name=app.model_name, standalone=False, judging=judging)
+    app.push_screen(screen, back)

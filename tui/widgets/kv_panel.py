@@ -7,6 +7,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from tinyllm.observe.stats import percentile
+from tinyllm.slo import snapshot_summary
 from tui.runners.interface import Frame
 from tui.widgets.status import fit_fields
 from tui.widgets.style import STATE_STYLES, bar, dtype_short, dtype_tag, duration
@@ -71,8 +72,10 @@ class KVPanel(Widget):
             width,
         )
         p = lambda xs, q: duration(percentile(xs, q) if xs else None)  # noqa: E731
+        slo = snapshot_summary(f.snapshot, f.tracks, self.app.slo)
         line3 = fit_fields(
             [
+                *slo_figures(slo, "  "),
                 (_figure("TTFT p50/p95", f"{p(ttft, 0.5)}/{p(ttft, 0.95)}", "  "), "", 0),
                 (_figure("latency p50/p95", f"{p(lat, 0.5)}/{p(lat, 0.95)}", ""), "", 1),
             ],
@@ -98,6 +101,7 @@ class KVPanel(Widget):
             pct = lambda xs, q: duration(percentile(xs, q)) if xs else "—"  # noqa: E731
             figures = [
                 (f"tok/s {tps:.0f} ", "bold", 0),
+                *slo_figures(slo, " "),
                 (f"TTFT {pct(ttft, 0.5)}/{pct(ttft, 0.95)} ", "bold", 0),
                 (f"lat {pct(lat, 0.5)}/{pct(lat, 0.95)} ", "bold", 1),
                 (f"rows {util:.0%} ", "dim", 2),
@@ -147,6 +151,17 @@ class KVPanel(Widget):
         line.append("░" * (w - alloc))
         line.append(nums)
         return line
+
+
+def slo_figures(slo, sep: str) -> list[tuple[Text, str, int]]:
+    """With --slo, one field: ``goodput 1.20/s 8/10 met`` (requests/s that met it since the first
+    arrival; of the requests ended and judged, those that met it: aborted and failed apart)."""
+    if slo is None:
+        return []
+    t = _figure("goodput", f"{slo.goodput:.2f}/s", " ")
+    t.append(f"{slo.met}/{slo.judged}", style="bold green" if slo.missed == 0 else "bold red")
+    t.append(" met" + sep, style="dim")
+    return [(t, "", 0)]
 
 
 def _figure(label: str, value: str, sep: str) -> Text:

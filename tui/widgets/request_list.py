@@ -23,6 +23,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from tinyllm.observe.snapshot import RequestView
+from tinyllm.slo import SLOVerdict, track_waits, view_verdict
 from tui.runners.interface import Frame
 from tui.widgets.deferred import deferred
 from tui.widgets.selection import SELECT_BINDINGS, RequestSelected
@@ -45,6 +46,7 @@ SAMPLING_W = dict(COLUMNS)["sampling"]
 DROP_ORDER = (3, 6, 5, 7)  # narrow: drop sampling, TTFT, cached, then tok/s (the pane shows them)
 
 Cells = tuple[tuple[str, Style], ...]
+SLO_STYLES = {"met": Style(color="green", bold=True), "missed": Style(color="red", bold=True)}  # ✓ / ✗ state
 
 
 def tail(text: str, n: int) -> str:
@@ -169,12 +171,16 @@ class RequestList(ScrollView, can_focus=True):
             self.cursor = self._row_of.get(held) if held is not None else None
             self._strips.clear()  # rows moved: stripes and cursor
             changed = True
+        slo = self.app.slo
+        tracks = {t.rid: t for t in frame.tracks} if slo is not None else {}
+        steps = frame.snapshot.counters.steps
         for v in views:
             text = frame.texts.get(v.rid, "")
             old = self._shown.get(v.rid)
             if old is not None and old[0] is v and old[1] == text and v.state != "running":
                 continue
-            cells = self._cells_of(v, text, now)
+            verdict = view_verdict(v, slo, track_waits(tracks.get(v.rid), steps))
+            cells = self._cells_of(v, text, now, verdict)
             self._shown[v.rid] = (v, text)
             if cells != self._cells.get(v.rid):
                 self._cells[v.rid] = cells
@@ -185,12 +191,16 @@ class RequestList(ScrollView, can_focus=True):
             self.refresh()
 
     @staticmethod
-    def _cells_of(v: RequestView, text: str, now: float) -> Cells:
+    def _cells_of(v: RequestView, text: str, now: float, verdict: SLOVerdict | None = None) -> Cells:
+        """``verdict`` (with --slo, once the request ended): its state marked ✓ met, ✗ missed."""
         tps = v.tokens_per_s(now)
         ttft = v.ttft_s
+        state = (v.state, STATE_STYLES[v.state])
+        if verdict is not None and verdict.outcome in ("met", "missed"):
+            state = (("✓" if verdict.met else "✗") + v.state, SLO_STYLES[verdict.outcome])
         return (
             (str(v.rid), rid_style(v.rid)),
-            (v.state, STATE_STYLES[v.state]),
+            state,
             ("—" if v.slot is None else str(v.slot), PLAIN),
             (whole_words(v.sampling.describe(), SAMPLING_W), PLAIN),
             (f"{len(v.tokens)}/{v.max_new_tokens}", PLAIN),

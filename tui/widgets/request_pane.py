@@ -12,6 +12,7 @@ from textual.widgets import Static
 
 from tinyllm.observe.accounting import Accounting
 from tinyllm.observe.snapshot import RequestView
+from tinyllm.slo import SLOVerdict, track_waits, view_verdict
 from tui.runners.interface import Frame
 from tui.widgets.deferred import guarded
 from tui.widgets.status import fit_fields
@@ -19,15 +20,14 @@ from tui.widgets.style import CACHED, EVENT_STYLES, STATE_STYLES, duration, rid_
 from tui.widgets.text_line import TextLine
 
 
-def header_text(v: RequestView, now: float, width: int = 10_000) -> Text:
+def header_text(v: RequestView, now: float, width: int = 10_000, verdict: SLOVerdict | None = None) -> Text:
     """The request's one-line header, fitted to ``width``: whole fields give way, those of least
-    use first (it was cut mid-field: `8/8 tok  TTFT` without its value)."""
-    fields = [
-        (f"#{v.rid} ", rid_style(v.rid), 0),
-        (v.state, STATE_STYLES[v.state], 0),
-        (f"  slot {v.slot if v.slot is not None else '—'}", "dim", 3),
-        (f"  {v.sampling.describe()}", "", 4),
-    ]
+    use first (it was cut mid-field: `8/8 tok  TTFT` without its value); with --slo, once it
+    ended, its verdict (``SLO ✗ ttft (pool)``: the target missed and the reason it waited most)."""
+    fields = [(f"#{v.rid} ", rid_style(v.rid), 0), (v.state, STATE_STYLES[v.state], 0)]
+    if verdict is not None and verdict.outcome in ("met", "missed"):
+        fields.append((f"  SLO {verdict.mark}", "bold green" if verdict.met else "bold red", 0))
+    fields += [(f"  slot {v.slot if v.slot is not None else '—'}", "dim", 3), (f"  {v.sampling.describe()}", "", 4)]
     if v.priority:
         fields.append((f"  prio {v.priority}", "", 3))
     if v.tenant:
@@ -173,7 +173,9 @@ class RequestPane(Vertical):
         scroll = self.query_one("#pane-scroll", VerticalScroll)
         follow = scroll.scroll_y >= scroll.max_scroll_y - 1 or rid != self.rid
         self.rid, self._shown = rid, key
-        self.query_one("#pane-header").set(header_text(v, frame.snapshot.time_s, max(20, self.size.width)))
+        track = next((t for t in frame.tracks if t.rid == rid), None) if self.app.slo is not None else None
+        verdict = view_verdict(v, self.app.slo, track_waits(track, frame.snapshot.counters.steps))
+        self.query_one("#pane-header").set(header_text(v, frame.snapshot.time_s, max(20, self.size.width), verdict))
         body = Text()
         body.append(prompt, style="dim")
         body.append(text)
