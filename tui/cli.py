@@ -174,12 +174,13 @@ def parse(parser, argv: list[str] | None):
 MODE_USES = {
     "--replay": (
         "a replay shows the recorded run: no model, no engine, no new requests",
-        {"replay", "paused", "step_delay"},
+        {"replay", "paused", "step_delay", "panes"},
     ),
     "--attach": (
         "the server runs its own engine, at its own settings and pace",
         {
             "attach",
+            "panes",
             "api_key",
             "kv_events",
             "wait",

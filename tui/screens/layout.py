@@ -10,6 +10,7 @@ does (the list view, with that request selected).
 from __future__ import annotations
 
 from tui.runners.interface import Frame
+from tui.widgets.deferred import guarded
 from tui.widgets.panes import PaneOpened, PanesView
 from tui.widgets.prompt_editor import PromptEditor
 
@@ -82,6 +83,6 @@ class PanesLayout:
     def action_focus_log(self) -> None:
         if self.panes_on:
             self.set_layout(False)
-            self.call_after_refresh(super().action_focus_log)  # (once the log is laid out again)
+            self.call_after_refresh(guarded(self, super().action_focus_log))  # (once the log is laid out)
             return
         super().action_focus_log()

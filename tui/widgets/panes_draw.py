@@ -66,8 +66,8 @@ def border_style(state: str, holds: bool, selected: bool) -> Style:
 
 
 def title(p: Pane, width: int) -> list[tuple[str, Style]]:
-    """The request, its state, tokens so far / max, TTFT, the slot and its blocks (those last
-    give way first on a narrow pane)."""
+    """The request, its state, tokens so far / max, the slot, TTFT and the slot's blocks (those
+    last give way first on a narrow pane)."""
     v = p.view
     if v is None:
         return [(f"slot {p.lane} free", DIM)]
@@ -78,10 +78,10 @@ def title(p: Pane, width: int) -> list[tuple[str, Style]]:
         (label, STATE_STYLES.get(state, PLAIN), 0),
         (f"{len(v.tokens)}/{v.max_new_tokens} tok", PLAIN, 0),
     ]
-    if v.ttft_s is not None:
-        fields.append((f"TTFT {duration(v.ttft_s)}", PLAIN, 1))
     if p.slotted:
-        fields.append((f"slot {p.lane}" if p.holds else f"slot {p.lane} free", DIM, 2))
+        fields.append((f"slot {p.lane}" if p.holds else f"slot {p.lane} free", DIM, 1))
+    if v.ttft_s is not None:
+        fields.append((f"TTFT {duration(v.ttft_s)}", PLAIN, 2))
     if p.blocks is not None:
         fields.append((f"{p.blocks} blk", DIM, 3))
     return fit(fields, max(1, width))
@@ -94,7 +94,7 @@ def note(p: Pane, tps: float | None, width: int) -> list[tuple[str, Style]]:
         return []
     if p.prefill is not None:
         done, total = p.prefill
-        figures = f" {done}/{total} prompt"
+        figures = f" {done}/{total} tok recomputed" if v.preemptions else f" {done}/{total} prompt tok"
         return [
             (
                 bar(done / max(1, total), max(0, min(10, width - len(figures))), "▰", "▱") + figures,
