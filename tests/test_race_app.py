@@ -187,10 +187,10 @@ def test_steps_timed_after_a_pause_are_counted_and_the_finish_line_says_so():
     """--step-delay 50 ran the same race at 2-2.5x lower tok/s: a step after a pause finds its
     caches cold and its lane's clock (real time) reads high. The runner counts such steps on a
     measured clock: each step by hand, the first after a resume, every step with a step delay;
-    a restart starts over, and a fixed-cost clock counts none."""
+    a restart starts over, and a fixed-cost clock or the cost clock counts none."""
     model, _ = bundled()
 
-    def runner(step_cost_s):
+    def runner(step_cost_s, clock="wall"):
         spec = RaceSpec(
             str(default_model_dir()),
             small_work(n=2, cap=4),
@@ -201,6 +201,7 @@ def test_steps_timed_after_a_pause_are_counted_and_the_finish_line_says_so():
             max_batched_tokens=BUDGET,
             step_cost_s=step_cost_s,
             warm_up=False,
+            clock=clock,
         )
         return RaceRunner(lambda: spec.make_race(model), paused=True, device="cpu", threads=1)
 
@@ -217,9 +218,9 @@ def test_steps_timed_after_a_pause_are_counted_and_the_finish_line_says_so():
     r.step_delay_ms = 0
     r._step()
     assert r._make_frame().cold_steps == 0
-    fixed = runner(0.01)
-    fixed._apply(StepOnce())
-    assert fixed._make_frame().cold_steps == 0
+    for other in (runner(0.01), runner(None, clock="cost")):  # clocks that time no step: nothing cold
+        other._apply(StepOnce())
+        assert other._make_frame().cold_steps == 0
 
 
 async def test_the_finish_line_says_a_bfloat16_lanes_memory_as_its_title_does():

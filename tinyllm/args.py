@@ -255,6 +255,26 @@ def add_slo_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_clock_args(p: argparse.ArgumentParser, scope: str = "") -> None:
+    """--clock and --cost-profile: how a race's or a what-if's steps are timed (``scope``: the
+    option's prefix in the help, e.g. "--race: ")."""
+    p.add_argument(
+        "--clock",
+        choices=["cost", "wall"],
+        default=None,
+        help=f"{scope}how a step's time is counted: cost (default: from its work, by a cost model fitted "
+        "on this machine once and cached, the same for every lane: the same figures on every run) or "
+        "wall (each lane's measured compute)",
+    )
+    p.add_argument(
+        "--cost-profile",
+        metavar="FILE",
+        default=None,
+        help=f"{scope}the cost clock's coefficients from FILE (a profile measured elsewhere, e.g. on a "
+        "GPU; default: $TINYLLM_COST_PROFILE, else this machine's)",
+    )
+
+
 def add_engine_args(p: argparse.ArgumentParser, *names: str) -> None:
     """Add the engine options ``names`` (engine_options' keys) to a command's parser."""
     options = engine_options()

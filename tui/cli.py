@@ -488,7 +488,7 @@ def wait_for_server(parser, url: str, wait_s: float) -> None:
     import math
     import time
 
-    from tui.runners.attach import not_listening
+    from tui.runners.server_link import not_listening
 
     deadline = time.monotonic() + wait_s
     tty, told = sys.stderr.isatty(), False
@@ -630,7 +630,7 @@ def check_session(parser, a) -> None:
 
 # -- the race's options -----------------------------------------------------------------------------
 def add_race_args(p: argparse.ArgumentParser) -> None:
-    from tinyllm.args import non_negative_float
+    from tinyllm.args import add_clock_args, non_negative_float
 
     p.add_argument(
         "--race",
@@ -663,12 +663,18 @@ def add_race_args(p: argparse.ArgumentParser) -> None:
         f"buys, run by up to --max-num-seqs; a lane's slots= then caps its sequences, and blocks= "
         f"is refused",
     )
+    add_clock_args(p, "--race: ")
 
 
 def race_app(parser, a):
     """The race app for ``--race`` (None without it, after refusing race-only options)."""
     if a.race is None:
-        for flag, value in (("--batch-timeout", a.batch_timeout), ("--lanes", a.lanes)):
+        for flag, value in (
+            ("--batch-timeout", a.batch_timeout),
+            ("--lanes", a.lanes),
+            ("--clock", a.clock),
+            ("--cost-profile", a.cost_profile),
+        ):
             if value is not None:
                 parser.error(f"{flag} applies to --race only")
         return None
@@ -818,6 +824,7 @@ def race_spec(parser, a, notes: list[str] | None = None):
         notes.append(f"as recorded, unless a lane or an option says otherwise: {recorded.describe()}")
         notes.extend(f"warning: {w}" for w in warnings)
     timeout = DEFAULT_BATCH_TIMEOUT_S if a.batch_timeout is None else a.batch_timeout
+    check_cost_profile(parser, a)
     return RaceSpec(
         str(path),
         work,
@@ -835,7 +842,23 @@ def race_spec(parser, a, notes: list[str] | None = None):
         kv_memory_mib=a.kv_memory,
         max_num_seqs=a.max_num_seqs,
         kv_cache_dtype=a.kv_cache_dtype,
+        clock=a.clock or "cost",
+        cost_profile=a.cost_profile,
     )
+
+
+def check_cost_profile(parser, a) -> None:
+    """--cost-profile: the cost clock's, and a file that is one (said before the UI starts)."""
+    if a.cost_profile is None:
+        return
+    if a.clock == "wall":
+        parser.error("--cost-profile is the cost clock's: drop it, or --clock wall")
+    from tinyllm.race.cost import CostModel
+
+    try:
+        CostModel.load(a.cost_profile)
+    except ValueError as e:
+        parser.error(f"--cost-profile: {e}")
 
 
 def check_lane_pools(parser, a, lanes, work, max_len: int) -> None:

@@ -10,6 +10,7 @@ import sys
 from tinyllm.args import (
     SLOTS_WITH_KV_MEMORY,
     UsageError,
+    add_clock_args,
     add_engine_args,
     add_model_args,
     add_slo_arg,
@@ -74,21 +75,7 @@ def add_whatif_parser(sub) -> None:
         metavar="S",
         help="charge every step exactly S seconds (times become exact; instead of --clock)",
     )
-    wi.add_argument(
-        "--clock",
-        choices=["cost", "wall"],
-        default="cost",
-        help="how a step's time is counted: cost (default: from its work, by a cost model fitted on this "
-        "machine once and cached, the same for every lane: the same figures on every run) or wall (each "
-        "lane's measured compute)",
-    )
-    wi.add_argument(
-        "--cost-profile",
-        metavar="FILE",
-        default=None,
-        help="the cost clock's coefficients from FILE (a profile measured elsewhere, e.g. on a GPU; "
-        "default: $TINYLLM_COST_PROFILE, else this machine's)",
-    )
+    add_clock_args(wi)
     wi.add_argument(
         "--rows", type=positive_int, default=20, metavar="N", help="requests shown, most changed first (20)"
     )
@@ -149,7 +136,7 @@ def cmd_whatif(args) -> None:
     torch.set_num_threads(args.threads)
     model, tok = load_model(args)
     clock = args.step_cost
-    if clock is None and args.clock == "cost":
+    if clock is None and args.clock != "wall":  # (the cost clock by default)
         from tinyllm.race.calibrate import cost_profile
 
         try:

@@ -75,6 +75,7 @@ class RaceRunner(CommandLoop):
         self._after_pause = False  # the next step follows a pause (resumed, or a step by hand)
         self._cold = 0
         self._frame = self._make_frame()
+        self._add_log("info", clock_line(self.race.lanes[0].clock) if self.race.lanes else "")
 
     @property
     def steps_done(self) -> int:
@@ -104,7 +105,7 @@ class RaceRunner(CommandLoop):
             self.race = self.make_race()
             self._finished.clear()
             self._after_pause, self._cold = False, 0
-            self._add_log("info", "the race starts again")
+            self._add_log("info", "the race starts again; " + clock_line(self.race.lanes[0].clock))
 
     def _step(self) -> None:
         if (self._after_pause or self.step_delay_ms > 0) and self._measured():
@@ -126,7 +127,7 @@ class RaceRunner(CommandLoop):
 
     def _measured(self) -> bool:
         """Whether the lanes' clocks time real steps (not a fixed cost per step)."""
-        return any(lane.clock.step_cost_s is None for lane in self.race.lanes)
+        return any(lane.clock.kind == "wall" for lane in self.race.lanes)
 
     def _add_log(self, kind: str, text: str) -> None:
         self._log_seq += 1
@@ -150,6 +151,20 @@ def _ordinal(n: int) -> str:
     return {1: "1st", 2: "2nd", 3: "3rd"}.get(n, f"{n}th")
 
 
+_PROFILES: dict[tuple[int, str | None], object] = {}  # (model, --cost-profile) -> its CostModel
+
+
+def clock_line(clock) -> str:
+    """What the lanes' times rest on, in one line (the race's log says it at the start)."""
+    if clock.kind == "fixed":
+        return f"clock: every step costs {clock.step_cost_s:g} s"
+    if clock.kind == "wall":
+        return "clock: wall (each lane's measured compute: figures vary with the machine's load; --clock cost for the same figures every run)"
+    from tinyllm.race.calibrate import describe
+
+    return describe(clock.cost) + ": the same model for every lane, the same figures every run"
+
+
 RaceItem = tuple[float, tuple[int, ...], int, int, str]  # (arrival_s, prompt ids, max_new_tokens, priority, tenant)
 
 
@@ -171,6 +186,8 @@ class RaceSpec:
     threads: int | None = None
     seed: int = 0
     step_cost_s: float | None = None  # a fixed cost per step (tests): deterministic clocks
+    clock: str = "cost"  # --clock: "cost" (each step priced from its work) or "wall" (measured)
+    cost_profile: str | None = None  # --cost-profile FILE (None: $TINYLLM_COST_PROFILE, else this machine's)
     warm_up: bool = True
     kv_memory_mib: float | None = None  # --kv-memory: every lane at this KV budget (slots then unused)
     max_num_seqs: int | None = None  # with a budget: the cap on running sequences (default 64)
@@ -194,12 +211,26 @@ class RaceSpec:
             self.max_batched_tokens,
             self.batch_timeout_s,
             self.lanes,
-            self.step_cost_s,
+            self.step_clock(model),
             self.seed,
             self.kv_memory_mib,
             self.max_num_seqs,
             self.kv_cache_dtype,
         )
+
+    def step_clock(self, model):
+        """What times the lanes' steps: the fixed cost, the cost model (fitted once per model and
+        machine, cached on disk and in this process), or None for the wall clock."""
+        if self.step_cost_s is not None:
+            return self.step_cost_s
+        if self.clock == "wall":
+            return None
+        from tinyllm.race.calibrate import cost_profile
+
+        key = (id(model), self.cost_profile)
+        if key not in _PROFILES:
+            _PROFILES[key] = cost_profile(model, self.cost_profile, say=lambda _text: None)
+        return _PROFILES[key]
 
     def build(self):
         """(model, device) in the engine process: threads, weights, warm-up. CheckpointError or
