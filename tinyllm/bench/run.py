@@ -15,16 +15,14 @@ import os
 import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from tinyllm import native
-from tinyllm.args import add_engine_args
 from tinyllm.bench import quiet
 from tinyllm.bench.anatomy import decode_anatomy, peak_gflops
+from tinyllm.bench.paths import bench_solo, bench_transformers, warm_up
 from tinyllm.bench.report import BenchProgress, print_report, stdout_console
 from tinyllm.bench.workloads import (
     LONG_TAIL,
@@ -37,14 +35,7 @@ from tinyllm.bench.workloads import (
     shared_prefix_workload,
     workload_from_file,
 )
-from tinyllm.engine import (
-    DEFAULT_MAX_BATCHED_TOKENS,
-    Request,
-    kv_bytes_per_token,
-    percentile,
-    run_continuous,
-    run_static,
-)
+from tinyllm.engine import kv_bytes_per_token, run_continuous, run_static
 from tinyllm.engine.build import (
     MIB,
     check_budget_covers,
@@ -54,86 +45,11 @@ from tinyllm.engine.build import (
     rows_for_budget,
 )
 from tinyllm.engine.forward import kv_cache_dtype, kv_cache_dtype_name
-from tinyllm.engine.solo import generate
 from tinyllm.model.config import default_kv_blocks
 from tinyllm.model.device import resolve_device
-from tinyllm.request import DEFAULT_MAX_NUM_SEQS, ContextTooLong, check_fits
+from tinyllm.request import ContextTooLong, check_fits
 from tinyllm.units import count
 from tinyllm.workload import WorkloadError, resolve_workload
-
-if TYPE_CHECKING:
-    pass
-
-
-# -- the paths ------------------------------------------------------------------------------------
-def bench_solo(model, reqs: list[Request], kv_cache_dtype: str = "auto") -> tuple[list[list[int]], dict]:
-    t0 = time.perf_counter()
-    outs, lat = [], []
-    for r in reqs:
-        t = time.perf_counter()
-        outs.append(generate(model, r.prompt, r.max_new_tokens, kv_cache_dtype=kv_cache_dtype))
-        lat.append(time.perf_counter() - t)
-    wall = time.perf_counter() - t0
-    toks = sum(map(len, outs))
-    return outs, {
-        "requests": len(reqs),
-        "wall_s": wall,
-        "useful_tokens": toks,
-        "tok_s": toks / wall,
-        "latency_p95_s": percentile(sorted(lat), 0.95),
-        "row_util": 1.0,
-    }
-
-
-def bench_transformers(ckpt: Path, reqs: list[Request], batch: int, device: str) -> tuple[list[list[int]], dict] | None:
-    try:
-        import transformers
-    except ImportError:
-        return None
-    transformers.logging.set_verbosity_error()
-    hf = transformers.LlamaForCausalLM.from_pretrained(ckpt, dtype=torch.float32).to(device).eval()
-    outs: list[list[int]] = []
-    lat = []
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        for b0 in range(0, len(reqs), batch):
-            rs = reqs[b0 : b0 + batch]
-            L = max(len(r.prompt) for r in rs)
-            ids = torch.tensor([[0] * (L - len(r.prompt)) + r.prompt for r in rs], device=device)
-            mask = torch.tensor([[0] * (L - len(r.prompt)) + [1] * len(r.prompt) for r in rs], device=device)
-            new = max(r.max_new_tokens for r in rs)
-            gen = hf.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=new,
-                min_new_tokens=new,
-                do_sample=False,
-                pad_token_id=0,
-                eos_token_id=None,
-            )
-            now = time.perf_counter() - t0
-            for j, r in enumerate(rs):
-                outs.append(gen[j, L : L + r.max_new_tokens].tolist())
-                lat.append(now)
-    wall = time.perf_counter() - t0
-    toks = sum(r.max_new_tokens for r in reqs)
-    return outs, {
-        "requests": len(reqs),
-        "wall_s": wall,
-        "useful_tokens": toks,
-        "tok_s": toks / wall,
-        "latency_p95_s": percentile(sorted(lat), 0.95),
-    }
-
-
-def warm_up(model, ckpt: Path | None, device: str) -> None:
-    """First calls pay for allocator growth and lazy init; keep that out of the figures."""
-    reqs = default_workload(4, model.cfg.vocab_size, seed=99, prompt_len=(4, 16), new=(4, 8))
-    run_static(model, reqs, 4)
-    run_continuous(model, reqs, 4)
-    run_continuous(model, reqs, 4, kv="paged")
-    run_continuous(model, reqs, 4, kv="paged", chunked_prefill=True)
-
 
 # -- equal memory, equal slots ---------------------------------------------------------------------
 BLOCK_SIZE = 16  # the paged paths' block size (the engine's default)
@@ -186,7 +102,7 @@ BF16_NOTE = (
     '"greedy =" column, each path against static, is below 100%'
 )
 CHECKED = "; its token-budget runs were checked to agree with each other: {}"
-UNCHECKED = "; fewer than two token-budget runs here, so no path's tokens were checked (--kv chunked or all)"
+UNCHECKED = "; fewer than two token-budget runs here, so no path's tokens were checked (--paths chunked or all)"
 
 
 def agreement(outputs: dict[str, list[list[int]]], bf16_on_cpu: bool) -> tuple[dict[str, float], bool, str | None]:
@@ -262,7 +178,7 @@ def run_bench(args) -> dict:
     args.bytes_per_token = bpt = kv_bytes_per_token(model, torch.device(device), args.kv_cache_dtype)
     budget_mib = args.kv_memory if args.kv_memory is not None else args.slots * max_len * bpt / MIB
     check_kv_fits(budget_mib, device, "--kv-memory")  # before anything runs: each path allocates it
-    if args.kv in ("chunked", "chunked-nocache", "all"):
+    if args.paths in ("chunked", "chunked-nocache", "all"):
         try:
             check_budget_covers(args.max_batched_tokens, max(args.max_num_seqs, args.slots))
         except ValueError:
@@ -275,7 +191,7 @@ def run_bench(args) -> dict:
     results: dict[str, dict] = {}  # at equal KV memory (the headline)
     equal_slots: dict[str, dict] = {}  # at equal slots
     outputs: dict[str, list[list[int]]] = {}
-    kvs = ["slots", "paged", "chunked", "chunked-nocache"] if args.kv == "all" else [args.kv]
+    kvs = ["slots", "paged", "chunked", "chunked-nocache"] if args.paths == "all" else [args.paths]
     tinyllm_paths = ["static"] + [f"continuous-{k}" for k in kvs]
     runs = [(p, "memory") for p in tinyllm_paths]
     runs += [
@@ -393,73 +309,3 @@ def run_bench(args) -> dict:
             f"greedy outputs disagree between tinyllm paths (the share of requests equal to static's, per run): {agree}"
         )
     return report
-
-
-def add_bench_parser(sub) -> None:
-    from tinyllm.args import output_path, positive_int
-
-    b = sub.add_parser("bench", help="compare solo, static, continuous (slots/paged) and transformers")
-    src = b.add_mutually_exclusive_group()
-    src.add_argument("--model", metavar="DIR", help="checkpoint directory (default: the bundled model)")
-    src.add_argument(
-        "--random-model",
-        nargs="?",
-        const="",
-        metavar="SPEC",
-        help="a seeded random Llama: e.g. layers=4,d_model=256,heads=4,kv_heads=2,vocab=4096 (the default)",
-    )
-    b.add_argument(
-        "--workload",
-        metavar="FILE|NAME",
-        help="a JSONL prompt file or a bundled workload's name (greedy, all at t=0), or "
-        f"'{SHARED_PREFIX}': {{--requests}} requests sharing a 192-token prefix, or "
-        f"'{LONG_TAIL}[-CAP]': ~128-token prompts, output lengths exponential (mean 128) "
-        f"capped at CAP ({' / '.join(map(str, LONG_TAIL_CAPS))}, default {LONG_TAIL_CAPS[-1]}), EOS ignored",
-    )
-    b.add_argument(
-        "--requests",
-        type=positive_int,
-        default=64,
-        metavar="N",
-        help="seeded workload size (64): the default, shared-prefix and long-tail workloads",
-    )
-    b.add_argument(
-        "--slots",
-        type=positive_int,
-        default=16,
-        metavar="N",
-        help="every path's sequences in the equal-slots table (default 16)",
-    )
-    b.add_argument("--batch", type=positive_int, default=16, metavar="N", help="static / transformers batch size")
-    b.add_argument(
-        "--kv",
-        choices=["slots", "paged", "chunked", "chunked-nocache", "all"],
-        default="all",
-        help="continuous path(s) to run: slot KV, paged KV, paged KV with the token-budget "
-        "scheduler (chunked prefill) and prefix caching, the same without the cache, or all (default)",
-    )
-    b.add_argument("--device", choices=["cpu", "cuda"], default=None)
-    b.add_argument("--threads", type=positive_int, default=2, metavar="N", help="torch CPU threads (default 2)")
-    b.add_argument("--solo-sample", type=positive_int, default=8, metavar="N", help="requests run solo (default 8)")
-    b.add_argument("--no-transformers", action="store_true", help="skip the transformers comparison")
-    b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--json", type=output_path, metavar="OUT", help="also write the figures as JSON")
-    # The engine's options (their one definition): --kv-memory is the headline table's budget for
-    # every path (default: what --slots slots of max_len reserve).
-    add_engine_args(b, "kv_memory", "max_num_seqs", "max_batched_tokens", "scheduling_policy", "kv_cache_dtype")
-    b.set_defaults(fn=_cmd_bench)
-
-
-def _cmd_bench(args) -> None:
-    from tinyllm.args import UsageError, option_names
-    from tinyllm.model.checkpoint import CheckpointError
-
-    args.max_num_seqs = args.max_num_seqs or DEFAULT_MAX_NUM_SEQS  # (EngineConfig's defaults, filled in)
-    args.max_batched_tokens = args.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
-
-    try:
-        run_bench(args)
-    except (ValueError, CheckpointError) as e:
-        raise UsageError(
-            option_names(str(e), *((name, name) for name in ("max_len", "kv_blocks", "block_size")))
-        ) from None  # (the bench has no such options: their names stay)
