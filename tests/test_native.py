@@ -8,6 +8,7 @@ Where this machine has no C compiler the kernel tests skip, saying so; the fallb
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -362,7 +363,16 @@ def test_a_compiler_that_fails_strangely_still_falls_back_with_a_reason(monkeypa
 @needs_kernel
 def test_another_cpu_gets_its_own_build(monkeypatch, tmp_path):
     """Built for this CPU (-march=native): a cache shared with another machine must not hand it
-    this build (an illegal instruction kills the process). The CPU is part of the key."""
+    this build (an illegal instruction kills the process). The CPU is part of the key. Each
+    "build" is a copy of this process's library (the key, not the compiler, is under test)."""
+    good = Path(native.library()._name).read_bytes()
+
+    def copy(cc, sources, openmp, native_flags, defs, out: Path) -> Path:
+        out.write_bytes(good)
+        out.chmod(0o755)
+        return out
+
+    monkeypatch.setattr(native.build, "_compile", copy)
     monkeypatch.setattr(native, "_lib", None)
     monkeypatch.setattr(native, "_tried", False)
     monkeypatch.setenv("TINYLLM_CACHE", str(tmp_path))
@@ -382,12 +392,15 @@ def test_a_build_that_does_not_load_is_not_kept_the_next_flags_are_tried(monkeyp
     """clang takes -fopenmp and compiles calls into its own runtime (libomp), which the library
     then lacks: it built, but "undefined symbol: __kmpc_..." at load, and the engine ran on
     PyTorch. A compiler like that here: whatever it builds with -fopenmp needs a symbol nothing
-    defines. The build without -fopenmp is the one kept, and it runs."""
+    defines (and nothing else: no time spent compiling the kernels twice to throw them away).
+    The build without -fopenmp is the one kept, and it runs."""
     missing = tmp_path / "missing.c"
     missing.write_text("extern void no_such_runtime(void);\nvoid tinyllm_needs_it(void) { no_such_runtime(); }\n")
     cc = tmp_path / "cc"
     cc.write_text(
-        '#!/bin/sh\ncase " $* " in *" -fopenmp "*) exec gcc "$@" ' + str(missing) + ' ;; esac\nexec gcc "$@"\n'
+        '#!/bin/sh\ncase " $* " in *" -fopenmp "*)\n'
+        '  for a do shift; case "$a" in *.c) ;; *) set -- "$@" "$a" ;; esac; done\n'
+        '  exec gcc "$@" ' + str(missing) + ' ;;\nesac\nexec gcc "$@"\n'
     )
     cc.chmod(0o755)
     monkeypatch.setattr(native, "_lib", None)
