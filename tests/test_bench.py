@@ -24,6 +24,8 @@ from tinyllm.bench import COLUMNS, print_report, quiet
 from tinyllm.engine import commit, sampler
 
 TINY = "layers=1,d_model=32,heads=2,kv_heads=1,vocab=64,d_ff=64,max_seq_len=256"
+TINY_BENCH = f"bench --random-model {TINY} --requests 4 --solo-sample 1 --no-transformers --slots 2 --batch 2"
+TINY_BENCH += " --threads 1"  # one tiny run (test_cuda_engine.py and test_cli.py run it too)
 
 
 def run_tiny(tmp_path_factory, *extra: str) -> tuple[str, str, dict]:
@@ -33,29 +35,7 @@ def run_tiny(tmp_path_factory, *extra: str) -> tuple[str, str, dict]:
     threads = torch.get_num_threads()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = cli.main(
-                [
-                    "bench",
-                    "--random-model",
-                    TINY,
-                    "--requests",
-                    "4",
-                    "--solo-sample",
-                    "1",
-                    "--no-transformers",
-                    "--slots",
-                    "2",
-                    "--batch",
-                    "2",
-                    "--threads",
-                    "1",
-                    "--device",
-                    "cpu",
-                    "--json",
-                    str(out_json),
-                    *extra,
-                ]
-            )
+            rc = cli.main([*TINY_BENCH.split(), "--device", "cpu", "--json", str(out_json), *extra])
     finally:
         torch.set_num_threads(threads)  # --threads sets it for the whole process
     assert rc == 0, err.getvalue()

@@ -145,22 +145,10 @@ def test_broken_model_dir_is_exit_2(tmp_path):
 
 def test_bench_output_keeps_every_figure_whole_when_piped():
     """Piped (as in CI), rich used to squeeze the table to 80 columns: `tok…`, `0.…`."""
+    from tests.test_bench import TINY_BENCH
     from tinyllm.bench import COLUMNS
 
-    r = tinyllm(
-        "bench",
-        "--random-model",
-        "layers=1,d_model=32,heads=2,kv_heads=1,vocab=64,d_ff=64,max_seq_len=256",
-        "--requests",
-        "4",
-        "--solo-sample",
-        "1",
-        "--no-transformers",
-        "--slots",
-        "2",
-        "--batch",
-        "2",
-    )
+    r = tinyllm(*TINY_BENCH.split())
     assert r.returncode == 0, r.stderr
     assert "…" not in r.stdout
     header = next(line for line in r.stdout.splitlines() if "path" in line and "tok/s" in line)

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from tests.helpers import mixed_workload, random_model, run_checked, with_early_eos
+from tests.test_bench import TINY_BENCH
 from tinyllm.engine import ContinuousEngine, kv_bytes_per_token
 from tinyllm.engine.sampler import Row, sample_batch, seeded_uniforms
 from tinyllm.engine.solo import generate
@@ -189,7 +190,6 @@ def test_greedy_rows_on_cuda_are_the_argmax():
 
 
 # -- CUDA: the bench's CUDA branch ---------------------------------------------------------------
-TINY = "layers=1,d_model=32,heads=2,kv_heads=1,vocab=64,d_ff=64,max_seq_len=256"
 
 
 @pytest.mark.cuda
@@ -206,28 +206,7 @@ def test_the_bench_runs_its_cuda_branch_end_to_end_on_an_indexed_device(tmp_path
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), full_precision():
             rc = cli.main(
-                [
-                    "bench",
-                    "--random-model",
-                    TINY,
-                    "--requests",
-                    "4",
-                    "--solo-sample",
-                    "1",
-                    "--no-transformers",
-                    "--slots",
-                    "2",
-                    "--batch",
-                    "2",
-                    "--threads",
-                    "1",
-                    "--device",
-                    "cuda",
-                    "--kv-cache-dtype",
-                    "float32",
-                    "--json",
-                    str(out_json),
-                ]
+                [*TINY_BENCH.split(), "--device", "cuda", "--kv-cache-dtype", "float32", "--json", str(out_json)]
             )
     finally:
         torch.set_num_threads(threads)
