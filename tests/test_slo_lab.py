@@ -14,8 +14,8 @@ from tinyllm.cli import main as tinyllm_main
 from tinyllm.engine import Request
 from tinyllm.race.race import build_race
 from tinyllm.race.spec import parse_lanes
-from tinyllm.race.verdicts import Judging, load_judging, rank
-from tinyllm.race.whatif import compare, to_json
+from tinyllm.race.verdicts import Judging, rank
+from tinyllm.race.whatif import compare, load_judging, to_json
 from tinyllm.slo import SLO
 from tinyllm.workload import WorkloadError, load_workload
 

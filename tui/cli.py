@@ -703,7 +703,7 @@ def race_judging(parser, a):
     """What the race's requests are judged against: --slo, a workload line's own "slo", and how
     a recording saw each end (aborted / failed: left out of the ranking)."""
     from tinyllm.observe.recording import RecordingError
-    from tinyllm.race.verdicts import load_judging
+    from tinyllm.race.whatif import load_judging
     from tinyllm.workload import WorkloadError
 
     try:

@@ -126,22 +126,3 @@ def rank(lanes: tuple[LaneView, ...], judging: Judging | None = None, arrivals: 
     for place, i in enumerate(order, 1):
         places[i] = place
     return Ranking(tuple(places), rule + apart, by)
-
-
-def load_judging(source: str, slo: SLO | None) -> Judging:
-    """The judging of a what-if's or a race's requests: the run's ``slo``; from a workload file,
-    each line's own "slo" (a line of n samples: n requests); from a recording, how each request
-    ended. In arrival order, as build_race numbers the requests (a stable sort by arrival)."""
-    from pathlib import Path
-
-    from tinyllm.race.whatif import is_recording, recorded_views
-
-    path = Path(source).expanduser()
-    if path.exists() and is_recording(path):
-        views, _ = recorded_views(path)
-        return Judging(slo, ended=tuple(v.state for v in views))
-    from tinyllm.workload import load_workload, resolve_workload
-
-    items = load_workload(resolve_workload(source))
-    per = sorted(((it.arrival_s, it.slo) for it in items for _ in range(it.n or 1)), key=lambda p: p[0])
-    return Judging(slo, own=tuple(s for _, s in per))

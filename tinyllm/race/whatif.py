@@ -26,6 +26,7 @@ from tinyllm.race.spec import Recorded
 from tinyllm.race.verdicts import Judging, rank
 from tinyllm.race.views import LaneView, RequestOutcome
 from tinyllm.request import SCHEDULING_POLICIES, Request, kv_dtype_name
+from tinyllm.slo import SLO
 
 Arrivals = list[tuple[float, Request]]
 
@@ -307,3 +308,18 @@ def verdict_json(v) -> dict:
     if v is None:
         return {}
     return {"slo": {"outcome": v.outcome, "missed": list(v.missed), "reason": v.reason}}
+
+
+def load_judging(source: str, slo: SLO | None) -> Judging:
+    """The judging of a what-if's or a race's requests: the run's ``slo``; from a workload file,
+    each line's own "slo" (a line of n samples: n requests); from a recording, how each request
+    ended. In arrival order, as build_race numbers the requests (a stable sort by arrival)."""
+    path = Path(source).expanduser()
+    if path.exists() and is_recording(path):
+        views, _ = recorded_views(path)
+        return Judging(slo, ended=tuple(v.state for v in views))
+    from tinyllm.workload import load_workload, resolve_workload
+
+    items = load_workload(resolve_workload(source))
+    per = sorted(((it.arrival_s, it.slo) for it in items for _ in range(it.n or 1)), key=lambda p: p[0])
+    return Judging(slo, own=tuple(s for _, s in per))

@@ -101,8 +101,7 @@ def cmd_whatif(args) -> None:
         parse_lanes,
         set_by_options,
     )
-    from tinyllm.race.verdicts import load_judging
-    from tinyllm.race.whatif import compare, load_arrivals, recorded_settings, same_schedule, to_json
+    from tinyllm.race.whatif import compare, load_arrivals, load_judging, recorded_settings, same_schedule, to_json
     from tinyllm.race.whatif_view import groups_table, lanes_table, request_lanes, requests_table
     from tinyllm.workload import WorkloadError
 

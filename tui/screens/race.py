@@ -15,7 +15,8 @@ from textual.widgets import Static
 from textual.worker import get_current_worker
 
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT_WORKLOAD
-from tinyllm.race.verdicts import Judging, load_judging
+from tinyllm.race.verdicts import Judging
+from tinyllm.race.whatif import load_judging
 from tinyllm.request import ContextTooLong
 from tui.runners.child import ChildRunner
 from tui.runners.interface import SetPaused
