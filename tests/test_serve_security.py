@@ -188,7 +188,7 @@ def _serve_args(monkeypatch, capsys, argv: list[str]) -> tuple[dict, str]:
 
     got: dict = {}
 
-    def fake_run_server(engine, tok, name, sock, on_step=None, api_key=None, limits=None):
+    def fake_run_server(engine, tok, name, sock, on_step=None, api_key=None, limits=None, **_rest):
         got.update(api_key=api_key, limits=limits)
         sock.close()
 
