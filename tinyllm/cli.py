@@ -153,7 +153,7 @@ def cmd_trace(args) -> None:
     refuse_writing_over("--perfetto", args.perfetto, args.recording)
 
     from tinyllm.observe.recording import BAD_RECORD, RecordingError, read_recording
-    from tinyllm.observe.trace import perfetto_trace, request_rows, request_table
+    from tinyllm.observe.trace import perfetto_trace, request_rows, request_table, slo_line
 
     try:
         header, records, warning = read_recording(args.recording)
@@ -174,6 +174,8 @@ def cmd_trace(args) -> None:
         f"{args.recording}: {header.get('model')} · {steps} steps · {n_req} requests · "
         f"{kinds.count('preempted')} preemptions · {kinds.count('aborted')} aborts"
     )
+    if said := slo_line(header, [rec for _, rec in records]):
+        print(said)
     rows = request_rows(header, [rec for _, rec in records])
     if rows:
         print()

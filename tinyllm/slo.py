@@ -131,6 +131,32 @@ class SLOVerdict:
         return f"✗ {'+'.join(self.missed)}{why}"
 
 
+def verdict_record(v: SLOVerdict, slo: SLO) -> dict:
+    """A verdict as a recording stores it (with the SLO it was judged against)."""
+    d: dict = {"outcome": v.outcome, "slo": str(slo)}
+    if v.missed:
+        d["missed"] = list(v.missed)
+    if v.reason:
+        d["reason"] = v.reason
+    return d
+
+
+def verdict_from_record(d) -> tuple[SLOVerdict, SLO]:
+    """``verdict_record``'s dict back; ValueError (one line) for anything else."""
+    if not isinstance(d, dict) or d.get("outcome") not in ("met", "missed", *ENDED_APART):
+        raise ValueError(f"an SLO verdict must be an object with outcome met, missed, aborted or failed, got {d!r}")
+    missed = d.get("missed", [])
+    if not isinstance(missed, list) or any(m not in TARGETS for m in missed):
+        raise ValueError(f"an SLO verdict's missed targets must be a list of ttft / tpot, got {missed!r}")
+    reason = d.get("reason", "")
+    if not isinstance(reason, str):
+        raise ValueError(f"an SLO verdict's reason must be a string, got {reason!r}")
+    outcome = d["outcome"]
+    state = outcome if outcome in ENDED_APART else "finished"
+    verdict = SLOVerdict(met=outcome == "met", missed=tuple(missed), reason=reason, state=state)
+    return verdict, SLO.parse(d.get("slo", ""))
+
+
 def most_waited(waited: Mapping[str, int] | Iterable[tuple[str, int]]) -> str:
     """The reason with the most steps waited (ties: the first given); "" when it never waited."""
     pairs = list(waited.items() if isinstance(waited, Mapping) else waited)
@@ -251,24 +277,28 @@ def view_verdict(view, slo: SLO | None, waited: Mapping[str, int] | Iterable[tup
     return judge(slo, view.ttft_s, per_token, waited, state=str(view.state))
 
 
-def snapshot_verdicts(snapshot, tracks, slo: SLO | None) -> dict[int, SLOVerdict]:
+def snapshot_verdicts(snapshot, tracks, slo: SLO | None, own: Mapping[int, SLO] | None = None) -> dict[int, SLOVerdict]:
     """Every ended request's verdict in a snapshot (``tracks``: the frame's timeline tracks, for
-    the reason a miss waited most)."""
-    if slo is None:
+    the reason a miss waited most). ``own``: request id -> its workload line's SLO, which wins
+    over ``slo`` (the run's --slo)."""
+    own = own or {}
+    if slo is None and not own:
         return {}
     by_rid = {t.rid: t for t in tracks}
     now = snapshot.counters.steps
     out = {}
     for v in snapshot.requests:
-        verdict = view_verdict(v, slo, track_waits(by_rid.get(v.rid), now))
+        verdict = view_verdict(v, own.get(v.rid) or slo, track_waits(by_rid.get(v.rid), now))
         if verdict is not None:
             out[v.rid] = verdict
     return out
 
 
-def snapshot_summary(snapshot, tracks, slo: SLO | None) -> SLOSummary | None:
-    """The verdicts so far, goodput over the engine's time since the first arrival (None: no SLO)."""
-    if slo is None:
+def snapshot_summary(snapshot, tracks, slo: SLO | None, own: Mapping[int, SLO] | None = None) -> SLOSummary | None:
+    """The verdicts so far, goodput over the engine's time since the first arrival (None: no
+    SLO, neither the run's nor a request's own)."""
+    if slo is None and not own:
         return None
     first = min((v.arrival_s for v in snapshot.requests), default=snapshot.time_s)
-    return SLOSummary.of(snapshot_verdicts(snapshot, tracks, slo).values(), max(0.0, snapshot.time_s - first))
+    verdicts = snapshot_verdicts(snapshot, tracks, slo, own)
+    return SLOSummary.of(verdicts.values(), max(0.0, snapshot.time_s - first))

@@ -174,7 +174,7 @@ def parse(parser, argv: list[str] | None):
 MODE_USES = {
     "--replay": (
         "a replay shows the recorded run: no model, no engine, no new requests",
-        {"replay", "paused", "step_delay", "panes"},
+        {"replay", "paused", "step_delay", "panes", "slo"},  # (--slo: judged against another SLO)
     ),
     "--attach": (
         "the server runs its own engine, at its own settings and pace",
@@ -319,6 +319,7 @@ def build_app(argv: list[str] | None = None, require_terminal: bool = False) -> 
         kv_memory_mib=a.kv_memory,
         max_num_seqs=a.max_num_seqs,
         kv_cache_dtype=a.kv_cache_dtype,
+        slo=None if a.slo is None else str(a.slo),
     )
     try:
         if a.engine_thread:
@@ -534,7 +535,7 @@ def kv_events_subscriber(parser, endpoint: str):
 
 def replay_app(parser, a) -> TinyLLMApp:
     """--replay: the app over a recording, no model, no torch."""
-    from tinyllm.observe.recording import RecordingError
+    from tinyllm.observe.recording import RecordingError, header_slo
     from tui.runners.replay import ReplayRunner
 
     if a.record is not None:
@@ -545,7 +546,10 @@ def replay_app(parser, a) -> TinyLLMApp:
     except RecordingError as e:
         parser.error(f"--replay: {e}")
     check_terminal(parser, a)  # (after the recording's own checks: a read, no work)
-    return TinyLLMApp(runner, None, model_name=str(runner.header.get("model", "?")), panes=a.panes)
+    app = TinyLLMApp(runner, None, model_name=str(runner.header.get("model", "?")), panes=a.panes)
+    if a.slo is None:  # the recorded run's SLO (checked when the file was read)
+        a.slo = header_slo(runner.header)
+    return app
 
 
 def main(argv: list[str] | None = None) -> int:

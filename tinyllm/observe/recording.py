@@ -3,7 +3,13 @@
     line 1      header: format, version, model, tokenizer, the engine's fixed settings
     line 2..    one record per change: {"step": N, "snap": <what changed in the snapshot>,
                 "life": [<lifecycle events>], "text": {rid: <text appended>},
-                "prompt": {rid: <prompt text>}, "x": {<the viewer's own fields>}}
+                "prompt": {rid: <prompt text>}, "x": {<the viewer's own fields>},
+                "slo": {rid: <its workload line's own SLO, when submitted>},
+                "verdict": {rid: <its outcome against its SLO, when it ended>}}
+    The header's "slo" (when the run had --slo) is the run's SLO; a request's own wins over it.
+    A verdict: {"outcome": met | missed | aborted | failed, "slo": the SLO it was judged
+    against, "missed": [ttft, tpot] (a miss), "reason": the WAIT_REASONS code it waited most}.
+    Recordings made before SLOs were recorded have none of these: they read as runs without one.
 
     "snap" keys: "t" engine clock; "s" slots {slot: {"r" rid, "n" context_len, "b" blocks,
                  "j" just_admitted, "p" prefill_left}}; "r" requests {rid: a whole RequestView
@@ -36,6 +42,7 @@ from typing import Any, TextIO
 
 from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, RequestView, SlotView
 from tinyllm.request import Sampling
+from tinyllm.slo import SLO, SLOVerdict, verdict_from_record
 
 FORMAT = "tinyllm-recording"
 VERSION = 1
@@ -59,11 +66,14 @@ BAD_RECORD = (KeyError, TypeError, ValueError, IndexError, AttributeError)
 
 
 # -- the fixed part: the header ------------------------------------------------------------------
-def make_header(snap: EngineSnapshot, model: str, tokenizer: str, settings: dict[str, Any]) -> dict:
+def make_header(
+    snap: EngineSnapshot, model: str, tokenizer: str, settings: dict[str, Any], slo: SLO | None = None
+) -> dict:
     """The header line. ``settings``: the engine's options as the user gave them (for people);
-    the ``engine`` part is what the decoder needs to rebuild snapshots."""
+    the ``engine`` part is what the decoder needs to rebuild snapshots; ``slo`` the run's --slo
+    (what a replay without --slo judges by)."""
     kv = snap.kv
-    return {
+    header = {
         "format": FORMAT,
         "version": VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -86,6 +96,26 @@ def make_header(snap: EngineSnapshot, model: str, tokenizer: str, settings: dict
             },
         },
     }
+    if slo is not None:
+        header["slo"] = str(slo)
+    return header
+
+
+def header_slo(header: dict) -> SLO | None:
+    """The run's SLO a recording's header names (None: the run had none, or predates SLOs)."""
+    text = header.get("slo")
+    return None if text is None else SLO.parse(text)
+
+
+def recorded_slos(records: list[dict]) -> dict[int, SLO]:
+    """Each request's own SLO (its workload line's), by request id, from a recording's records."""
+    return {int(rid): SLO.parse(text) for rec in records for rid, text in (rec.get("slo") or {}).items()}
+
+
+def recorded_verdicts(records: list[dict]) -> dict[int, tuple[SLOVerdict, SLO]]:
+    """Each ended request's verdict and the SLO it was judged against, by request id ({} for a
+    recording made without an SLO, or before they were recorded)."""
+    return {int(rid): verdict_from_record(d) for rec in records for rid, d in (rec.get("verdict") or {}).items()}
 
 
 def check_header(header, where: str) -> None:
@@ -107,6 +137,10 @@ def check_header(header, where: str) -> None:
         raise RecordingError(
             f'{where}: the header\'s "engine" settings are incomplete ({type(e).__name__}: {e})'
         ) from None
+    try:
+        header_slo(header)
+    except ValueError as e:
+        raise RecordingError(f'{where}: the header\'s "slo" is not an SLO ({e})') from None
 
 
 def blank_snapshot(header: dict) -> EngineSnapshot:
@@ -416,5 +450,10 @@ def read_recording(path: str | Path) -> tuple[dict, list[tuple[int, dict]], str 
             raise RecordingError(f"{path}:{n}: broken record ({e.msg} at column {e.colno})") from None
         if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
             raise RecordingError(f'{path}:{n}: a record must be a JSON object with an integer "step"')
+        try:
+            recorded_slos([rec])  # (checked here: file:line for a bad one)
+            recorded_verdicts([rec])
+        except (ValueError, TypeError, AttributeError) as e:
+            raise RecordingError(f"{path}:{n}: a bad SLO or verdict ({e})") from None
         records.append((n, rec))
     return header, records, warning

@@ -3,7 +3,9 @@ and as a table of its requests (``request_rows``, ``request_table``: what ``tiny
 
     process "requests": a track per request (tid = request id + 1, named "#id"), with spans
                         queued / prefill / decode / preempted (args: why it waited, per reason and
-                        steps) and instants at preemptions, aborts and each change of waiting reason
+                        steps; with an SLO, the request's verdict: slo, slo_outcome, slo_missed,
+                        slo_reason) and instants at preemptions, aborts, each change of waiting
+                        reason and an SLO missed ("SLO missed: ttft (pool)", when it ended)
     process "slots":    a track per KV slot, a span per request holding it
     process "engine":   counters: KV tokens used / allocated / in free cached blocks, requests
                         running / waiting
@@ -18,9 +20,10 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass
 
-from tinyllm.observe.recording import SnapshotDecoder, decode_event
+from tinyllm.observe.recording import SnapshotDecoder, decode_event, recorded_verdicts
 from tinyllm.observe.snapshot import LifecycleEvent
 from tinyllm.observe.timeline import build_tracks
+from tinyllm.slo import SLO, SLOSummary, SLOVerdict
 
 PID_REQUESTS, PID_SLOTS, PID_ENGINE = 1, 2, 3
 
@@ -110,10 +113,13 @@ def perfetto_trace(header: dict, records: list[dict]) -> dict:
         + _meta(PID_SLOTS, None, "process_name", "slots", 2)
         + _meta(PID_ENGINE, None, "process_name", "engine", 3)
     )
+    verdicts = recorded_verdicts(records)
     for t in build_tracks(events):
         tid = t.rid + 1
         out += _meta(PID_REQUESTS, tid, "thread_name", f"#{t.rid}", t.rid)
         waits = t.wait_spans(last_step)
+        judged = verdicts.get(t.rid)
+        verdict_args = slo_args(*judged) if judged else {}
         for sp in t.spans:
             args = {"steps": f"{sp.start_step}..{sp.end_step if sp.end_step is not None else '…'}"}
             why = [
@@ -123,8 +129,22 @@ def perfetto_trace(header: dict, records: list[dict]) -> dict:
             ]
             if why:
                 args["waiting"] = ", ".join(why)  # the scheduler's reasons (WAIT_REASONS)
+            args.update(verdict_args)
             out.append(
                 _span(PID_REQUESTS, tid, sp.phase, sp.start_s, sp.end_s if sp.end_s is not None else end_s, args)
+            )
+        if judged and judged[0].outcome == "missed":
+            verdict = judged[0]
+            out.append(
+                {
+                    "ph": "i",
+                    "pid": PID_REQUESTS,
+                    "tid": tid,
+                    "name": missed_name(verdict),
+                    "s": "t",
+                    "ts": _us(t.end_s if t.end_s is not None else end_s),
+                    "args": verdict_args,
+                }
             )
     for e in events:
         if e.kind in ("preempted", "aborted", "failed", "waiting") and (e.kind != "waiting" or e.reason):
@@ -148,8 +168,38 @@ def perfetto_trace(header: dict, records: list[dict]) -> dict:
             "model": header.get("model"),
             "recorded": header.get("created"),
             "settings": header.get("settings"),
+            "slo": header.get("slo"),  # the run's --slo (a request's own is in its spans' args)
         },
     }
+
+
+def slo_line(header: dict, records: list[dict]) -> str:
+    """What ``tinyllm trace`` says of the recorded verdicts: ``SLO ttft=500ms: 3/4 met (75%)``
+    ("" for a run without an SLO, or a recording made before verdicts were recorded)."""
+    verdicts = [v for v, _ in recorded_verdicts(records).values()]
+    if not verdicts:
+        return ""
+    s = SLOSummary.of(verdicts, 0.0)
+    share = "" if s.share_met is None else f" ({s.share_met:.0%})"
+    apart = "".join(f", {n} {o}" for o, n in (("aborted", s.aborted), ("failed", s.failed)) if n)
+    target = header.get("slo") or "each line's own"
+    return f"SLO {target}: {s.met}/{s.judged} met{share}{apart}"
+
+
+def slo_args(verdict: SLOVerdict, slo: SLO) -> dict:
+    """A request's verdict as span args: the SLO, the outcome, and for a miss what and why."""
+    args = {"slo": str(slo), "slo_outcome": verdict.outcome}
+    if verdict.missed:
+        args["slo_missed"] = "+".join(verdict.missed)
+    if verdict.reason:
+        args["slo_reason"] = verdict.reason  # the WAIT_REASONS code it waited most
+    return args
+
+
+def missed_name(verdict: SLOVerdict) -> str:
+    """The instant event's name: ``SLO missed: ttft (pool)``."""
+    why = f" ({verdict.reason})" if verdict.reason else ""
+    return f"SLO missed: {'+'.join(verdict.missed)}{why}"
 
 
 def _slot_spans(header: dict, events: list[LifecycleEvent], end_s: float) -> list[dict]:
@@ -194,6 +244,7 @@ class RequestRow:
     ended: str  # "finished (length)", "aborted at step 30", "running at the end", ...
     waited: tuple[tuple[str, int], ...] | None  # (WAIT_REASONS code, steps), most first; None: the
     # recording has no wait reasons (made before they were recorded)
+    slo: str = ""  # its verdict's mark against its SLO (✓, ✗ ttft (pool), aborted); "" without one
 
 
 def request_rows(header: dict, records: list[dict]) -> list[RequestRow]:
@@ -215,6 +266,7 @@ def request_rows(header: dict, records: list[dict]) -> list[RequestRow]:
         isinstance(r, dict) and "wait" in r for r in fields
     )
     ends = {e.rid: e for e in events if e.kind in ("finished", "aborted", "failed")}
+    verdicts = recorded_verdicts(records)
     rows = []
     for v in sorted(snap.requests, key=lambda v: v.rid):
         track = tracks.get(v.rid)
@@ -241,6 +293,7 @@ def request_rows(header: dict, records: list[dict]) -> list[RequestRow]:
                 v.preemptions,
                 ended,
                 tuple(sorted(waited.items(), key=lambda kv: (-kv[1], kv[0]))) if waits_recorded else None,
+                verdicts[v.rid][0].mark if v.rid in verdicts else "",
             )
         )
     return rows
@@ -263,7 +316,9 @@ def request_table(rows: list[RequestRow]) -> str:
         )
         for r in rows
     ]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(TABLE_COLUMNS))]
+    if any(r.slo for r in rows):  # a run with an SLO: each request's verdict, after how it ended
+        cells = [(*row[:7], head or "—", *row[7:]) for row, head in zip(cells, ["SLO"] + [r.slo for r in rows])]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     right = {0, 1, 2, 3, 4, 5}  # figures right-aligned; how it ended and why it waited read left to right
     lines = []
     for row in cells:
@@ -275,5 +330,9 @@ def request_table(rows: list[RequestRow]) -> str:
     )
     if any(r.waited is None for r in rows):
         note += "; ? = this recording has no reasons (made before they were recorded)"
+    if any(r.slo for r in rows):
+        note += (
+            "; SLO: ✓ met, ✗ the targets missed (the reason it waited most), — not judged (no SLO, or it had not ended)"
+        )
     lines += textwrap.wrap(note, 100)
     return "\n".join(lines)

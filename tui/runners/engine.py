@@ -27,6 +27,7 @@ from tinyllm.model.tokenizer import Tokenizer
 from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, SlotView
 from tinyllm.observe.timeline import Timeline
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, RequestSettings
+from tinyllm.slo import SLO
 from tinyllm.stops import StopText
 from tinyllm.workload import WorkItem
 from tui.runners.interface import (
@@ -81,6 +82,7 @@ class EngineRunner(CommandLoop):
         self._texts: dict[int, str] = {}
         self._choices: dict[int, tuple[tuple[str, float], ...]] = {}  # logprobs asked: the latest token's
         self._prompts: dict[int, str] = {}
+        self._slos: dict[int, SLO] = {}  # a workload line's own SLO, by the requests it made
         self._log: deque[LogEntry] = deque(maxlen=LOG_LINES)
         self._log_seq = 0
         self._pending: list[_Pending] = []
@@ -167,17 +169,21 @@ class EngineRunner(CommandLoop):
         except Exception as e:  # never let the UI's request kill the loop
             self._error(f"{type(cmd).__name__} failed: {e}")
 
-    def _submit(self, prompt: str, tokens, settings: RequestSettings) -> None:
+    def _submit(self, prompt: str, tokens, settings: RequestSettings, slo: SLO | None = None) -> list[int]:
+        """Add a request (n > 1: its samples; ``slo``: its workload line's own); their ids ([]
+        when the engine refused it)."""
         ids = list(tokens) if tokens is not None else self.tok.encode(prompt)
         try:
             req = settings.request(ids, self.tok.eos_id)
             rids = self.engine.add_forks(req, settings.n) if settings.n > 1 else [self.engine.add_request(req)]
         except ValueError as e:
             self._error(f"request refused: {e}")
-            return
+            return []
         for rid in rids:
             self._prompts[rid] = prompt
             self._texts[rid] = ""
+            if slo is not None:
+                self._slos[rid] = slo
             self._streams[rid] = StopText(self.tok.stream(skip_special_tokens=True), settings.stop, settings.min_tokens)
         rid = rids[0]
         samples = f", {len(rids)} samples #{rids[0]}..#{rids[-1]}" if len(rids) > 1 else ""
@@ -188,6 +194,7 @@ class EngineRunner(CommandLoop):
             rid,
         )
         self._note_changes()
+        return rids
 
     def _due_now(self) -> list[_Pending]:
         now = self._tick_clock()
@@ -198,7 +205,7 @@ class EngineRunner(CommandLoop):
         for p in due:
             self._pending.remove(p)
             it = p.item
-            self._submit(it.prompt, p.tokens, it.settings(p.defaults))
+            self._submit(it.prompt, p.tokens, it.settings(p.defaults), it.slo)
         return bool(due)
 
     def _tick_clock(self) -> float:
@@ -260,7 +267,9 @@ class EngineRunner(CommandLoop):
             "steps_behind": self.engine.steps - self.steps_done,
         }  # steps made before this runner
         try:
-            self.recorder.record(self.engine.steps, self._snap, events, self._prompts, self._texts, self._log, x)
+            self.recorder.record(
+                self.engine.steps, self._snap, events, self._prompts, self._texts, self._log, x, self._slos
+            )
         except (OSError, ValueError) as e:  # disk full, file gone: the run goes on unrecorded
             path, self.recorder = self.recorder.path, None
             self._error(f"recording to {path} stopped: {e}")
@@ -298,6 +307,7 @@ class EngineRunner(CommandLoop):
             self.steps_done,
             tracks=self._timeline.tracks(),
             choices=dict(self._choices),
+            slos=dict(self._slos),
         )
 
     def _set_paused(self, paused: bool) -> None:
@@ -341,6 +351,7 @@ class EngineSpec:
     kv_memory_mib: float | None = None  # --kv-memory: the KV budget sizes the cache (slots is then unused)
     max_num_seqs: int | None = None  # with a budget: the cap on running requests (None: the engine's default)
     kv_cache_dtype: str = "auto"  # --kv-cache-dtype: the KV cache's element type (ContinuousEngine)
+    slo: str | None = None  # --slo: the run's SLO, in a --record file's header (its verdicts judged by it)
 
     def config(self) -> EngineConfig:
         """The engine's settings (a block pool's only for kv="paged"; with a KV budget the budget
@@ -388,8 +399,9 @@ class EngineSpec:
             return None
         from tui.runners.frames import FrameRecorder, settings_of
 
+        slo = SLO.parse(self.slo) if self.slo else None
         return FrameRecorder(
-            self.record, engine.snapshot(), Path(self.model_dir).name, self.model_dir, settings_of(self)
+            self.record, engine.snapshot(), Path(self.model_dir).name, self.model_dir, settings_of(self), slo
         )
 
     def start_runner(self, paused: bool, step_delay_ms: int):

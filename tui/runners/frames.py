@@ -25,7 +25,8 @@ from tinyllm.observe.recording import (
     make_header,
 )
 from tinyllm.observe.snapshot import EngineSnapshot, LifecycleEvent
-from tinyllm.observe.timeline import Timeline
+from tinyllm.observe.timeline import ENDS, Timeline
+from tinyllm.slo import SLO, track_waits, verdict_record, view_verdict
 from tui.runners.interface import LOG_LINES, Frame, LogEntry, lifecycle_log
 from tui.runners.rate import TokenRate
 
@@ -40,10 +41,23 @@ def tokenizer_id(model_dir: str | Path) -> str:
 
 
 class FrameRecorder:
-    """Writes one record per change of what the app would show (nothing while nothing changes)."""
+    """Writes one record per change of what the app would show (nothing while nothing changes).
+    With an SLO (``slo``: the run's --slo; a request's own, given to ``record``), each request's
+    verdict goes in when it ends, so a trace or a what-if reads it without judging again."""
 
-    def __init__(self, path: str | Path, snap: EngineSnapshot, model: str, model_dir: str | Path, settings: dict):
-        header = make_header(snap, model, tokenizer_id(model_dir), settings)
+    def __init__(
+        self,
+        path: str | Path,
+        snap: EngineSnapshot,
+        model: str,
+        model_dir: str | Path,
+        settings: dict,
+        slo: SLO | None = None,
+    ):
+        header = make_header(snap, model, tokenizer_id(model_dir), settings, slo)
+        self.slo = slo
+        self._own: dict[int, SLO] = {}  # requests' own SLOs, as written
+        self._timeline = Timeline()  # (the waits a miss names its reason from)
         self._writer = RecordingWriter(path, header)
         self._enc = SnapshotEncoder(header)
         self._snap: EngineSnapshot | None = None
@@ -64,15 +78,25 @@ class FrameRecorder:
         texts: dict[int, str],
         log: deque[LogEntry],
         x: dict,
+        slos: dict[int, SLO] | None = None,
     ) -> None:
+        """``slos``: request id -> its workload line's own SLO (written once, when first given)."""
         rec: dict = {"step": step}
         if snap is not self._snap:
             d = self._enc.encode(snap)
             if d:
                 rec["snap"] = d
             self._snap = snap
+        for rid, slo in (slos or {}).items():
+            if rid not in self._own:
+                self._own[rid] = slo
+                rec.setdefault("slo", {})[rid] = str(slo)
         if events:
             rec["life"] = [encode_event(e) for e in events]
+            self._timeline.feed(events)
+            verdicts = self._verdicts(snap, events)
+            if verdicts:
+                rec["verdict"] = verdicts
         for rid, t in texts.items():
             n = self._text_len.get(rid)
             if n is None:
@@ -95,6 +119,24 @@ class FrameRecorder:
             rec["x"] = changed
         self._writer.write(rec)
 
+    def _verdicts(self, snap: EngineSnapshot, events: list[LifecycleEvent]) -> dict[int, dict]:
+        """The verdicts of the requests that ended in ``events`` and have an SLO."""
+        out = {}
+        views = {v.rid: v for v in snap.requests}
+        for ev in events:
+            slo = self._own.get(ev.rid) or self.slo
+            view = views.get(ev.rid)
+            if ev.kind not in ENDS or slo is None or view is None:
+                continue
+            waited = track_waits(self._timeline.track(ev.rid), snap.counters.steps)
+            verdict = view_verdict(view, slo, waited)
+            if verdict is not None:
+                out[ev.rid] = verdict_record(verdict, slo)
+        for ev in events:
+            if ev.kind in ENDS:
+                self._timeline.forget(ev.rid)  # its life is over: nothing more to judge
+        return out
+
     def flush(self) -> None:
         self._writer.flush()
 
@@ -115,6 +157,7 @@ class FrameBuilder:
         self.timeline = Timeline()
         self.x: dict = {"paused": False, "delay": 0, "pending": 0, "step_ms": 0.0, "steps_behind": 0}
         self.rate = TokenRate()  # (derived: not in the file)
+        self.slos: dict[int, SLO] = {}  # requests' own SLOs (workload lines')
         self.step = 0
 
     @property
@@ -130,6 +173,9 @@ class FrameBuilder:
                     self.texts.pop(int(rid), None)
                     self.prompts.pop(int(rid), None)
                     self.timeline.forget(int(rid))
+                    self.slos.pop(int(rid), None)
+        for rid, text in rec.get("slo", {}).items():
+            self.slos[int(rid)] = SLO.parse(text)
         for rid, p in rec.get("prompt", {}).items():
             self.prompts[int(rid)] = p
             self.texts.setdefault(int(rid), "")
@@ -175,13 +221,14 @@ class FrameBuilder:
             self.step - int(x.get("steps_behind", 0)),
             "ready",
             self.timeline.tracks(),
+            slos=dict(self.slos),
         )
 
     def copy(self) -> FrameBuilder:
         b = FrameBuilder.__new__(FrameBuilder)
         b.__dict__.update(self.__dict__)
         b._dec = SnapshotDecoder(self.header, self._dec.snapshot)
-        b.texts, b.prompts, b.x = dict(self.texts), dict(self.prompts), dict(self.x)
+        b.texts, b.prompts, b.x, b.slos = dict(self.texts), dict(self.prompts), dict(self.x), dict(self.slos)
         b.log = deque(self.log, maxlen=LOG_LINES)
         b.rate = self.rate.copy()
         b.timeline = Timeline()
@@ -191,7 +238,7 @@ class FrameBuilder:
 
 def settings_of(spec) -> dict:
     """The engine options for a recording's header (an EngineSpec as plain values)."""
-    return {k: v for k, v in asdict(spec).items() if k != "record"}
+    return {k: v for k, v in asdict(spec).items() if k not in ("record", "slo")}  # (the SLO: the header's own)
 
 
 # -- the child's pipe: the child sends what changed, the parent rebuilds whole frames ---------------
@@ -203,6 +250,7 @@ class FrameDiffer:
         self._tracks: dict[int, object] = {}
         self._texts: dict[int, str] = {}
         self._prompts: set[int] = set()
+        self._slos: set[int] = set()
         self._log_seq = 0
 
     def delta(self, f: Frame) -> Frame:
@@ -216,11 +264,19 @@ class FrameDiffer:
         self._texts.update(texts)
         prompts = {rid: p for rid, p in f.prompts.items() if rid not in self._prompts}
         self._prompts.update(prompts)
+        slos = {rid: s for rid, s in f.slos.items() if rid not in self._slos}
+        self._slos.update(slos)
         log = tuple(e for e in f.log if e.seq > self._log_seq)
         if log:
             self._log_seq = log[-1].seq
         return replace(
-            f, snapshot=replace(f.snapshot, requests=views), texts=texts, prompts=prompts, log=log, tracks=tracks
+            f,
+            snapshot=replace(f.snapshot, requests=views),
+            texts=texts,
+            prompts=prompts,
+            log=log,
+            tracks=tracks,
+            slos=slos,
         )
 
 
@@ -232,6 +288,7 @@ class FrameMerger:
         self._tracks: dict[int, object] = {}
         self._texts: dict[int, str] = {}
         self._prompts: dict[int, str] = {}
+        self._slos: dict[int, SLO] = {}
         self._log: deque[LogEntry] = deque(maxlen=LOG_LINES)
 
     def merge(self, d: Frame) -> Frame:
@@ -239,6 +296,7 @@ class FrameMerger:
         self._tracks.update((t.rid, t) for t in d.tracks)
         self._texts.update(d.texts)
         self._prompts.update(d.prompts)
+        self._slos.update(d.slos)
         self._log.extend(d.log)
         return replace(
             d,
@@ -247,6 +305,7 @@ class FrameMerger:
             prompts=dict(self._prompts),
             log=tuple(self._log),
             tracks=tuple(self._tracks.values()),
+            slos=dict(self._slos),
         )
 
     def note(self, f: Frame, kind: str, text: str) -> Frame:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 from tinyllm.observe.snapshot import FORK_OF, EngineSnapshot, LifecycleEvent
 from tinyllm.observe.timeline import Track
 from tinyllm.request import RequestSettings
+from tinyllm.slo import SLO
 from tinyllm.units import count
 from tinyllm.workload import WorkItem
 
@@ -179,6 +180,7 @@ class Frame:
     choices: dict[int, tuple[tuple[str, float], ...]] = field(default_factory=dict)
     # ^ rid → its latest token and the top alternatives, (text, probability), the chosen one
     #   first: for the requests that asked for logprobs (settings dialog), else none
+    slos: dict[int, SLO] = field(default_factory=dict)  # rid → its workload line's own SLO (wins over --slo)
 
 
 class Runner(Protocol):

@@ -72,7 +72,7 @@ class KVPanel(Widget):
             width,
         )
         p = lambda xs, q: duration(percentile(xs, q) if xs else None)  # noqa: E731
-        slo = snapshot_summary(f.snapshot, f.tracks, self.app.slo)
+        slo = snapshot_summary(f.snapshot, f.tracks, self.app.slo, f.slos)
         line3 = fit_fields(
             [
                 *slo_figures(slo, "  "),

@@ -171,15 +171,15 @@ class RequestList(ScrollView, can_focus=True):
             self.cursor = self._row_of.get(held) if held is not None else None
             self._strips.clear()  # rows moved: stripes and cursor
             changed = True
-        slo = self.app.slo
-        tracks = {t.rid: t for t in frame.tracks} if slo is not None else {}
+        slo, own = self.app.slo, frame.slos  # a workload line's own SLO wins over --slo
+        tracks = {t.rid: t for t in frame.tracks} if slo is not None or own else {}
         steps = frame.snapshot.counters.steps
         for v in views:
             text = frame.texts.get(v.rid, "")
             old = self._shown.get(v.rid)
             if old is not None and old[0] is v and old[1] == text and v.state != "running":
                 continue
-            verdict = view_verdict(v, slo, track_waits(tracks.get(v.rid), steps))
+            verdict = view_verdict(v, own.get(v.rid) or slo, track_waits(tracks.get(v.rid), steps))
             cells = self._cells_of(v, text, now, verdict)
             self._shown[v.rid] = (v, text)
             if cells != self._cells.get(v.rid):

@@ -173,8 +173,9 @@ class RequestPane(Vertical):
         scroll = self.query_one("#pane-scroll", VerticalScroll)
         follow = scroll.scroll_y >= scroll.max_scroll_y - 1 or rid != self.rid
         self.rid, self._shown = rid, key
-        track = next((t for t in frame.tracks if t.rid == rid), None) if self.app.slo is not None else None
-        verdict = view_verdict(v, self.app.slo, track_waits(track, frame.snapshot.counters.steps))
+        slo = frame.slos.get(rid) or self.app.slo  # its workload line's own, else --slo
+        track = next((t for t in frame.tracks if t.rid == rid), None) if slo is not None else None
+        verdict = view_verdict(v, slo, track_waits(track, frame.snapshot.counters.steps))
         self.query_one("#pane-header").set(header_text(v, frame.snapshot.time_s, max(20, self.size.width), verdict))
         body = Text()
         body.append(prompt, style="dim")
