@@ -17,13 +17,14 @@ import pytest
 from rich.cells import cell_len
 
 from tests.screen_check import check_panels, drawn_frame
-from tests.test_app import make_app, no_unexpected_errors, step, until  # noqa: F401
+from tests.test_app import _watch, make_app, no_unexpected_errors, step, until  # noqa: F401
 from tests.test_app_fit import SIZES, busy_app, run_until, screen_lines
-from tests.test_app_replay import goto, replay_app
+from tests.test_app_replay import RECORDING, goto, replay_app
 from tests.test_attach_vllm import WORDS, fake, vllm_app  # noqa: F401  (a fake vLLM server)
 from tinyllm.observe.snapshot import RequestView
 from tinyllm.request import Sampling
 from tinyllm.workload import bundled_workloads
+from tui.cli import build_app
 from tui.runners.interface import Frame, Submit
 from tui.widgets.panes import PanesView, tile
 from tui.widgets.panes_model import SLOT_EVENTS, panes_of
@@ -243,6 +244,21 @@ async def test_enter_on_a_pane_selects_its_request_in_the_list_and_the_detail_pa
         assert app.selected == rid and isinstance(app.focused, RequestList)
         assert app.query_one(RequestPane).query_one("#pane-header").text.plain.startswith(f"#{rid} ")
         check_panels(app)
+
+
+async def test_started_with_panes_the_keys_go_to_the_panes():
+    """--panes on a replay: the panes have the keys (not the hidden list); t and e bring the list
+    view back with the timeline or the event log focused, p the panes again."""
+    app = build_app(["--replay", str(RECORDING), "--panes"])
+    _watch(app)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.panes_on and isinstance(app.focused, PanesView), what="the panes' focus")
+        await pilot.press("t")
+        await until(pilot, lambda: not app.panes_on and app.focused is app.query_one("#timeline"), what="t")
+        await pilot.press("p", "e")
+        await until(pilot, lambda: not app.panes_on and app.focused is app.query_one("#log"), what="e")
+        await pilot.press("p")
+        await until(pilot, lambda: app.panes_on and isinstance(app.focused, PanesView), what="p")
 
 
 async def test_the_palette_and_the_help_offer_the_panes():

@@ -196,7 +196,7 @@ class TinyLLMApp(PanesLayout, ViewKeys, LogFeed, LiveView, RequestKeys, ReplayKe
         self.query_one("#pane").border_title = "Request"
         self.query_one("#log").border_title = "Events"
         if self.replay:
-            self.query_one("#requests").focus()
+            self._focus(self.query_one("#requests"))  # (now: the panes view may take it at once)
             warning = self.runner.warning
             if warning:
                 self.notify(warning, title="recording", severity="warning", timeout=10)
