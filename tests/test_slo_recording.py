@@ -148,3 +148,17 @@ def test_requests_own_slos_cross_the_engine_process_pipe(tmp_path):
     assert merger.merge(first).slos == {1: NO_PACE}
     again = differ.delta(live)
     assert again.slos == {} and merger.merge(again).slos == {1: NO_PACE}
+
+
+def test_whatif_on_a_recording_judges_by_its_recorded_slos(tmp_path):
+    """tinyllm whatif FILE (and the race on it): the recorded run's SLO where --slo is not given,
+    each request's own as recorded; a recording made before SLOs: none."""
+    from tinyllm.race.whatif import load_judging
+
+    path = tmp_path / "run.jsonl"
+    recorded_run(path)
+    j = load_judging(str(path), None)
+    assert (j.slo, j.own, j.ended) == (RUN_SLO, (None, NO_PACE, None), ("finished", "finished", "aborted"))
+    assert load_judging(str(path), SLO(tpot_s=0.05)).slo == SLO(tpot_s=0.05)
+    old = load_judging(str(RECORDING), None)
+    assert old.slo is None and not old.active

@@ -20,7 +20,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from tinyllm.observe.recording import BAD_RECORD, RecordingError, SnapshotDecoder, read_recording
+from tinyllm.observe.recording import (
+    BAD_RECORD,
+    RecordingError,
+    SnapshotDecoder,
+    header_slo,
+    read_recording,
+    recorded_slos,
+)
 from tinyllm.observe.stats import percentile
 from tinyllm.race.spec import Recorded
 from tinyllm.race.verdicts import Judging, rank
@@ -31,11 +38,11 @@ from tinyllm.slo import SLO
 Arrivals = list[tuple[float, Request]]
 
 
-def recorded_views(path: str | Path):
+def recorded_views(path: str | Path, read: tuple | None = None):
     """Every request a recording saw, its latest view, in arrival order (as every lane numbers
     them), and the reader's warning (a recording cut off mid-write). RecordingError for a file
-    that is not a recording, or that holds no requests."""
-    header, records, warning = read_recording(path)
+    that is not a recording, or that holds no requests. ``read``: read_recording(path) already."""
+    header, records, warning = read if read is not None else read_recording(path)
     dec = SnapshotDecoder(header)
     views = {}
     for line, rec in records:
@@ -313,11 +320,16 @@ def verdict_json(v) -> dict:
 def load_judging(source: str, slo: SLO | None) -> Judging:
     """The judging of a what-if's or a race's requests: the run's ``slo``; from a workload file,
     each line's own "slo" (a line of n samples: n requests); from a recording, how each request
-    ended. In arrival order, as build_race numbers the requests (a stable sort by arrival)."""
+    ended, the SLO each was recorded with (its own), and the recorded run's SLO where ``slo`` is
+    None. In arrival order, as build_race numbers the requests (a stable sort by arrival)."""
     path = Path(source).expanduser()
     if path.exists() and is_recording(path):
-        views, _ = recorded_views(path)
-        return Judging(slo, ended=tuple(v.state for v in views))
+        read = read_recording(path)
+        views, _ = recorded_views(path, read)
+        own = recorded_slos([rec for _, rec in read[1]])
+        return Judging(
+            slo or header_slo(read[0]), own=tuple(own.get(v.rid) for v in views), ended=tuple(v.state for v in views)
+        )
     from tinyllm.workload import load_workload, resolve_workload
 
     items = load_workload(resolve_workload(source))
