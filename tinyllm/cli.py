@@ -1,4 +1,4 @@
-"""`tinyllm`: generate, info, eval, train, bench, trace, whatif, serve.
+"""`tinyllm`: generate, info, eval, train, bench, trace, whatif, tune, serve.
 
 Every user error (bad option, missing or broken model, a prompt that cannot fit) is one line on
 stderr and exit code 2, never a traceback.
@@ -316,6 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
     from tinyllm.race.whatif_command import add_whatif_parser
 
     add_whatif_parser(sub)
+
+    from tinyllm.tune.command import add_tune_parser
+
+    add_tune_parser(sub)
 
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (completions, models, metrics)")
     add_model_args(sv)

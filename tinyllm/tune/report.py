@@ -1,0 +1,219 @@
+"""The tuner's answer: the best settings and the runners-up, the Pareto front, what changed for
+the winner against the defaults, the wall-clock check, and the winner as command lines; as
+tables for a terminal and as JSON for scripts. No torch.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from rich.table import Table
+
+from tinyllm.tune.evaluate import Outcome
+from tinyllm.tune.search import SearchResult, pareto_front
+from tinyllm.tune.space import Point
+
+SHOWN = 8  # the ranking's rows (the defaults' row is added when it falls below)
+
+
+@dataclass(frozen=True)
+class WallCheck:
+    """The winner and the defaults raced again on the wall clock (the real model)."""
+
+    winner: Outcome
+    defaults: Outcome
+    objective: str
+
+    @property
+    def holds(self) -> bool:
+        from tinyllm.tune.search import score
+
+        return score(self.winner, self.objective) <= score(self.defaults, self.objective)
+
+
+def figure(o: Outcome, objective: str) -> str:
+    """The objective's figure for a point."""
+    if o.error:
+        return "refused"
+    if objective == "goodput":
+        return f"{o.goodput:.3f} req/s"
+    if objective == "throughput":
+        return f"{o.tok_s:.1f} tok/s"
+    return f"{o.latency_p95_s:.2f} s"
+
+
+def margin(winner: Outcome, base: Outcome, objective: str) -> str:
+    """How much the winner beats the defaults, in the objective's terms."""
+    a, b, unit, better = {
+        "goodput": (winner.goodput, base.goodput, "req/s", 1),
+        "throughput": (winner.tok_s, base.tok_s, "tok/s", 1),
+        "latency-p95": (winner.latency_p95_s, base.latency_p95_s, "s", -1),
+    }[objective]
+    if a == b:
+        return f"ties the defaults on {objective} ({a:.3g} {unit})"
+    rel = f" ({(a - b) / b:+.0%})" if b else ""
+    word = "beats" if (a - b) * better > 0 else "trails"
+    return f"{word} the defaults on {objective}: {a:.3g} against {b:.3g} {unit}{rel}"
+
+
+def ranking_table(result: SearchResult, objective: str, base: Point, slo_active: bool) -> Table:
+    t = Table(title=f"best settings for {objective} (on all {result.final[0].requests} requests)", title_justify="left")
+    for col in ("#", "settings (against the defaults)", objective, "met", "TTFT p95", "latency p95", "preempted"):
+        t.add_column(col, justify="left" if col.startswith("settings") else "right")
+    t.add_column("peak KV", justify="right")
+    rows = list(enumerate(result.final, 1))
+    shown = rows[:SHOWN] + [(i, o) for i, o in rows[SHOWN:] if o.point == base]
+    for i, o in shown:
+        name = "the defaults" if o.point == base else o.point.words(base)
+        if o.error:
+            t.add_row(str(i), name, "refused", "", "", "", "", "")
+            continue
+        t.add_row(
+            str(i),
+            name,
+            figure(o, objective),
+            f"{o.met}/{o.judged}" if slo_active else "—",
+            f"{o.ttft_p95_s * 1e3:.0f} ms",
+            f"{o.latency_p95_s:.2f} s",
+            str(o.preemptions),
+            f"{o.peak_kv_mib:.2f} MiB",
+        )
+    return t
+
+
+def front_table(front: list[Outcome], base: Point) -> Table:
+    t = Table(title="Pareto front: goodput against the KV memory held at peak", title_justify="left")
+    for col in ("peak KV", "goodput", "settings"):
+        t.add_column(col, justify="left" if col == "settings" else "right")
+    for o in front:
+        t.add_row(
+            f"{o.peak_kv_mib:.2f} MiB",
+            f"{o.goodput:.3f} req/s",
+            "the defaults" if o.point == base else o.point.words(base),
+        )
+    return t
+
+
+def changes(winner: Outcome, base: Outcome) -> list[tuple[str, str, str]]:
+    """(what, the defaults, the winner): the figures that say why the winner wins."""
+    waits = sorted(set(dict(winner.waits)) | set(dict(base.waits)))
+
+    def w(o: Outcome) -> str:
+        d = dict(o.waits)
+        return ", ".join(f"{k} {d[k]}" for k in waits if d.get(k)) or "none"
+
+    def miss(o: Outcome) -> str:
+        return ", ".join(f"{k} {n}" for k, n in o.missed_by_reason) or "none"
+
+    rows = [
+        ("goodput", f"{base.goodput:.3f} req/s", f"{winner.goodput:.3f} req/s"),
+        ("met the SLO", f"{base.met}/{base.judged}", f"{winner.met}/{winner.judged}"),
+        ("misses by reason", miss(base), miss(winner)),
+        ("TTFT p95", f"{base.ttft_p95_s * 1e3:.0f} ms", f"{winner.ttft_p95_s * 1e3:.0f} ms"),
+        ("latency p95", f"{base.latency_p95_s:.2f} s", f"{winner.latency_p95_s:.2f} s"),
+        ("queueing (mean per request)", f"{base.queued_mean_s * 1e3:.0f} ms", f"{winner.queued_mean_s * 1e3:.0f} ms"),
+        ("steps waited by reason", w(base), w(winner)),
+        ("preemptions", str(base.preemptions), str(winner.preemptions)),
+        (
+            "wasted rows",
+            f"{base.wasted_rows} of {base.computed_rows}",
+            f"{winner.wasted_rows} of {winner.computed_rows}",
+        ),
+        ("prefill tokens computed", str(base.prefill_tokens), str(winner.prefill_tokens)),
+        ("prefix cache hits (tokens)", str(base.prefix_hits), str(winner.prefix_hits)),
+        ("KV pool", f"{base.kv_blocks} blocks", f"{winner.kv_blocks} blocks"),
+        ("peak KV", f"{base.peak_kv_mib:.2f} MiB", f"{winner.peak_kv_mib:.2f} MiB"),
+        ("steps · busy", f"{base.steps} · {base.busy_s:.2f} s", f"{winner.steps} · {winner.busy_s:.2f} s"),
+    ]
+    return rows
+
+
+def changes_table(winner: Outcome, base: Outcome) -> Table:
+    t = Table(title="what changed for the winner against the defaults", title_justify="left")
+    for col in ("", "defaults", "winner"):
+        t.add_column(col)
+    for row in changes(winner, base):
+        t.add_row(*row)
+    return t
+
+
+def serve_command(p: Point, kv_mib: float, max_len: int | None, model: str | None) -> str:
+    """The winner as ``tinyllm serve`` options (the server always runs chunked prefill)."""
+    args = ["tinyllm", "serve"]
+    if model:
+        args += ["--model", model]
+    args += ["--kv-memory", f"{kv_mib:g}", "--max-num-seqs", str(p.max_num_seqs)]
+    if max_len:
+        args += ["--max-len", str(max_len)]
+    if p.chunked_prefill:
+        args += ["--max-batched-tokens", str(p.max_batched_tokens)]
+        args += [] if p.prefix_cache else ["--no-prefix-cache"]
+    args += ["--block-size", str(p.block_size), "--scheduling-policy", p.scheduling_policy]
+    if p.kv_cache_dtype != "auto":
+        args += ["--kv-cache-dtype", p.kv_cache_dtype]
+    return shlex.join(args)
+
+
+def vllm_command(p: Point) -> tuple[str, list[str]]:
+    """The winner as vLLM flags, and notes on those that do not map one to one."""
+    args = ["vllm", "serve", "MODEL", "--max-num-seqs", str(p.max_num_seqs)]
+    notes = []
+    if p.chunked_prefill:
+        args += ["--enable-chunked-prefill", "--max-num-batched-tokens", str(p.max_batched_tokens)]
+        args += ["--enable-prefix-caching" if p.prefix_cache else "--no-enable-prefix-caching"]
+    else:
+        args += ["--no-enable-chunked-prefill", "--no-enable-prefix-caching"]
+        notes.append("without chunked prefill vLLM needs --max-num-batched-tokens >= --max-model-len")
+    args += ["--block-size", str(p.block_size)]
+    if p.scheduling_policy in ("fcfs", "priority"):
+        args += ["--scheduling-policy", p.scheduling_policy]
+    else:
+        notes.append(f"vLLM has no {p.scheduling_policy} policy (fcfs, priority): the nearest is fcfs")
+    if p.kv_cache_dtype == "bfloat16":
+        notes.append(
+            "KV bfloat16 here halves float32; on a GPU vLLM's auto is already 16-bit, and halving that again is "
+            "--kv-cache-dtype fp8"
+        )
+    notes.append("the KV memory is --gpu-memory-utilization's share (or --kv-cache-memory-bytes where vLLM has it)")
+    return shlex.join(args), notes
+
+
+TRANSFER = (
+    "What transfers to another machine: the decisions (the same requests admitted, chunked, preempted "
+    "and queued the same way for the same KV memory). What does not: the step cost, which this "
+    "machine's cost profile priced; load one measured there with --cost-profile FILE to rank for it."
+)
+
+
+def to_json(
+    result: SearchResult, objective: str, base: Point, header: dict, wall: WallCheck | None, commands: dict
+) -> dict:
+    """The whole answer. ``measured`` holds the only figures that change run to run."""
+    winner = result.final[0]
+    return {
+        **header,
+        "objective": objective,
+        "method": result.method,
+        "configurations": result.points,
+        "runs": result.runs,
+        "rungs": [
+            {"requests": r.requests, "kept": r.kept, "outcomes": [o.as_dict() for o in r.outcomes]}
+            for r in result.rungs
+        ],
+        "stopped": result.stopped or None,
+        "winner": winner.as_dict(),
+        "defaults": result.defaults.as_dict(),
+        "margin": margin(winner, result.defaults, objective),
+        "ranking": [o.as_dict() for o in result.final],
+        "pareto_front": [o.as_dict() for o in pareto_front(result.final)],
+        "changes": [{"what": a, "defaults": b, "winner": c} for a, b, c in changes(winner, result.defaults)],
+        "commands": commands,
+        "transfer": TRANSFER,
+        "measured": {
+            "search_s": round(result.seconds, 3),
+            "wall_check": None
+            if wall is None
+            else {"winner": wall.winner.as_dict(), "defaults": wall.defaults.as_dict(), "ranking_holds": wall.holds},
+        },
+    }
