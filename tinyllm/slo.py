@@ -189,6 +189,13 @@ def judge(
     return SLOVerdict(met=False, missed=tuple(missed), reason=most_waited(waited))
 
 
+def result_verdict(result, slo: SLO) -> SLOVerdict:
+    """A finished run's request (tinyllm.request.Result: TTFT and end from its arrival, its tokens)
+    against ``slo``. No wait reasons: a Result does not keep them, so a miss names none."""
+    ttft = None if math.isnan(result.ttft_s) else result.ttft_s
+    return judge(slo, ttft, tpot(ttft, result.latency_s, len(result.tokens)), state=result.state)
+
+
 def goodput(verdicts: Iterable[SLOVerdict], span_s: float) -> float:
     """Requests per second that met their SLO over ``span_s`` (0 for an empty span)."""
     met = sum(v.met for v in verdicts)

@@ -42,6 +42,21 @@ COLUMNS = (
     "roofline",
     "greedy =",
 )
+SLO_COLUMNS = ("goodput", "SLO met")  # with --slo (or a workload line's own): after the figures
+
+
+def columns_of(report: dict) -> tuple[str, ...]:
+    """The table's columns: the SLO's two where the run judged its requests (older reports: none)."""
+    return COLUMNS + SLO_COLUMNS if report.get("slo_judged") else COLUMNS
+
+
+def slo_cells(s: dict | None) -> tuple[str, str]:
+    """goodput (requests/s that met the SLO) and ``met/judged (share)``; "—" for a path not judged."""
+    if not s:
+        return "—", "—"
+    judged = s["met"] + s["missed"]
+    share = "" if s["share_met"] is None else f" ({s['share_met']:.0%})"
+    return f"{s['goodput_rps']:.2f}/s", f"{s['met']}/{judged}{share}"
 
 
 class BenchProgress:
@@ -105,7 +120,7 @@ def path_cells(report: dict, table: str = "paths") -> dict[str, dict[str, str]]:
     return {
         name: dict(
             zip(
-                COLUMNS,
+                COLUMNS + SLO_COLUMNS,
                 (
                     f(s["tok_s"], "{:.0f}"),
                     f(s["tok_s"] / static, "{:.2f}x"),
@@ -122,6 +137,7 @@ def path_cells(report: dict, table: str = "paths") -> dict[str, dict[str, str]]:
                     f(s.get("prefill_tokens_computed"), "{:,}"),
                     f(s["tok_s"] * flop_per_tok / peak if peak else None, "{:.1%}"),
                     f(s.get("greedy_agree"), "{:.0%}"),
+                    *slo_cells(s.get("slo")),
                 ),
             )
         )
@@ -148,7 +164,7 @@ def path_tables(console: Console, report: dict, table: str = "paths") -> list[Ta
     cells = path_cells(report, table)
     unbounded = console.options.update_width(10_000)
     groups: list[list[str]] = [[]]
-    for col in COLUMNS:
+    for col in columns_of(report):
         if groups[-1] and console.measure(_table(cells, groups[-1] + [col]), options=unbounded).maximum > console.width:
             groups.append([])
         groups[-1].append(col)
@@ -210,6 +226,12 @@ def print_report(console: Console, report: dict) -> None:
     )
     for t in path_tables(console, report):
         console.print(t)
+    if report.get("slo_judged"):
+        target = f"--slo {report['slo']}" if report.get("slo") else "the workload lines' own SLOs"
+        console.print(
+            f"goodput: requests per second that met {target} over the path's wall time (every request "
+            "arrives at t=0); SLO met: of the requests judged, those that met it."
+        )
     if report.get("agreement_note"):
         console.print(f"[yellow]note:[/] {report['agreement_note']}")
     name_w = max(map(len, paths))  # every bar starts in the same column, whatever the names

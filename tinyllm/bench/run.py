@@ -22,6 +22,7 @@ import torch
 from tinyllm import native
 from tinyllm.bench import quiet
 from tinyllm.bench.anatomy import decode_anatomy, peak_gflops
+from tinyllm.bench.goodput import path_slo, request_slos
 from tinyllm.bench.paths import bench_solo, bench_transformers, warm_up
 from tinyllm.bench.report import BenchProgress, print_report, stdout_console
 from tinyllm.bench.workloads import (
@@ -29,6 +30,7 @@ from tinyllm.bench.workloads import (
     LONG_TAIL_CAPS,
     SHARED_PREFIX,
     default_workload,
+    line_slos,
     long_tail_cap,
     long_tail_workload,
     random_checkpoint,
@@ -146,6 +148,7 @@ def run_bench(args) -> dict:
         model_name = str(args.model) if args.model else "bundled Shakespeare"
     model, tok = load_checkpoint(ckpt, device=device)
     max_len = min(model.cfg.max_seq_len, 512)
+    own: list = []  # a workload file's lines' own SLOs
     if args.workload and long_tail_cap(args.workload):
         cap = long_tail_cap(args.workload)
         reqs = long_tail_workload(args.requests, model.cfg.vocab_size, cap, seed=args.seed)
@@ -165,6 +168,7 @@ def run_bench(args) -> dict:
                 f"(CAP {' / '.join(map(str, LONG_TAIL_CAPS))})"
             ) from None
         reqs = workload_from_file(path, tok.encode, 64, max_len)
+        own = line_slos(path)
         wl_desc = f"{args.workload} ({len(reqs)} requests, greedy)"
     else:
         reqs = default_workload(args.requests, model.cfg.vocab_size, seed=args.seed)
@@ -175,6 +179,7 @@ def run_bench(args) -> dict:
             except ContextTooLong as e:
                 raise ValueError(f"workload request {i}: {e}") from None
 
+    slos = request_slos(args.slo, own or [None] * len(reqs))  # each request's: a line's own, else --slo
     args.bytes_per_token = bpt = kv_bytes_per_token(model, torch.device(device), args.kv_cache_dtype)
     budget_mib = args.kv_memory if args.kv_memory is not None else args.slots * max_len * bpt / MIB
     check_kv_fits(budget_mib, device, "--kv-memory")  # before anything runs: each path allocates it
@@ -219,6 +224,8 @@ def run_bench(args) -> dict:
             else:
                 res, fig = run_continuous(model, reqs, **kw)
             fig.update(seqs=seqs, kv_blocks=blocks)
+            if any(slos):
+                fig["slo"] = path_slo(res, slos, fig["wall_s"])
             (results if mode == "memory" else equal_slots)[path] = fig
             outputs[f"{path} ({mode})"] = [r.tokens for r in res]
             progress.done(f"{fig['tok_s']:.0f} tok/s")
@@ -276,6 +283,8 @@ def run_bench(args) -> dict:
         },
         "model": {"name": model_name, "params": model.num_params(), "config": model.cfg.__dict__},
         "workload": wl_desc,
+        "slo": None if args.slo is None else str(args.slo),  # (a workload line's own: per request)
+        "slo_judged": any(slos),
         "slots": args.slots,
         "batch": args.batch,
         "memory": {

@@ -80,6 +80,13 @@ def workload_from_file(path: Path, encode, default_new: int, max_len: int) -> li
     return [Request(p, it.max_new_tokens or default_new) for p, it in zip(ids, items)]
 
 
+def line_slos(path: Path) -> list:
+    """Each line's own "slo" (None where it has none), in the order workload_from_file runs them."""
+    from tinyllm.workload import load_workload
+
+    return [it.slo for it in load_workload(path)]
+
+
 def parse_spec(spec: str) -> dict:
     """'layers=4,d_model=256,heads=4,kv_heads=2,vocab=4096' (any subset; the rest default)."""
     out = dict(RANDOM_DEFAULTS)
