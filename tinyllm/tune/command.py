@@ -147,14 +147,7 @@ def cmd_tune(args) -> None:
             resolve_workload(args.source)
         except WorkloadError as e:
             raise UsageError(str(e)) from None
-    torch.set_num_threads(args.threads)
-    model, tok = load_model(args)
-    device = next(model.parameters()).device
-    max_len = args.max_len or model.cfg.max_seq_len
     try:
-        arrivals, warning = load_arrivals(
-            args.source, tok.encode, max_len, args.max_new_tokens or 64, asked_new=args.max_new_tokens is not None
-        )
         judging = load_judging(args.source, args.slo)
     except (RecordingError, WorkloadError, ValueError) as e:
         raise UsageError(str(e)) from None
@@ -163,6 +156,16 @@ def cmd_tune(args) -> None:
             "--objective goodput needs an SLO: give --slo ttft=…,tpot=… (e.g. ttft=500ms,tpot=50ms), or "
             "--objective throughput or latency-p95"
         )
+    torch.set_num_threads(args.threads)
+    model, tok = load_model(args)
+    device = next(model.parameters()).device
+    max_len = args.max_len or model.cfg.max_seq_len
+    try:
+        arrivals, warning = load_arrivals(
+            args.source, tok.encode, max_len, args.max_new_tokens or 64, asked_new=args.max_new_tokens is not None
+        )
+    except (RecordingError, WorkloadError, ValueError) as e:
+        raise UsageError(str(e)) from None
     if warning:
         print(f"tinyllm tune: warning: {warning}", file=sys.stderr)
     arrivals = sorted(arrivals, key=lambda a: a[0])  # (as build_race numbers them)
