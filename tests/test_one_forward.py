@@ -55,7 +55,7 @@ def test_every_lane_says_the_same_kernels_and_only_static_wastes_rows():
         ContinuousEngine(model, 4, max_len=64, kv="paged", block_size=8),
         ContinuousEngine(model, 4, max_len=64, kv="paged", chunked_prefill=True, max_batched_tokens=32),
     ]
-    assert {static.kernels} == {e.runner.kernels for e in engines}
+    assert {static.kernels} == {e.kernels for e in engines}
     for r in reqs:
         static.add_request(r)
     while static.has_work():

@@ -120,6 +120,7 @@ class ContinuousEngine(Commits, ForkSamples, EngineViews):
         self.kv_kind = config.kv
         self.slots, self.decoder = make_cache(model, config, n_slots, max_len, kv_blocks, kv_dtype, decoder)
         self.runner = ModelRunner(model, self.slots, self.decoder)
+        self.kernels = self.runner.kernels  # what runs its passes, in words (forward.kernels_of)
         self.chunked_prefill = config.chunked_prefill
         self.scheduler: Scheduler = make_scheduler(self.slots, config)
         self.waiting: WaitingQueue = waiting_queue(config.scheduling_policy)

@@ -100,10 +100,10 @@ Row = tuple[int, int, int]  # (slot, start, n): the slot computes context positi
 def kernels_of(cache: SlotKVCache | PagedKVCache) -> str:
     """Which kernels run a pass over ``cache``, in words (lane panels, the bench, the app)."""
     if isinstance(cache, SlotKVCache):
-        return "CUDA graphs over dense slots (PyTorch attention)"
+        return "CUDA graphs, dense slots"
     if cache.device.type == "cpu" and cache.k.dtype in native.POOL_DTYPES and native.library() is not None:
-        return "C kernels, ragged over blocks"
-    return "PyTorch attention, ragged over blocks"
+        return "C kernels"
+    return "PyTorch attention"
 
 
 def ragged_forward(model: Transformer, pool: PagedKVCache, rows: list[Row], flat: list[int], sample_at: list[int]):

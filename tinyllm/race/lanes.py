@@ -205,6 +205,7 @@ class Lane:
             self.kv_mib,
             self.kv_blocks,
             self.kv_dtype,
+            self.engine.kernels,
         )
 
 

@@ -99,6 +99,7 @@ class LaneView:
     kv_mib: float | None = None  # the KV memory it holds (static: rows of max_len), None: not known yet
     kv_blocks: int | None = None  # paged lanes: the pool's blocks
     kv_dtype: str = ""  # its K/V element type ("float32", "bfloat16"; "": not known yet)
+    kernels: str = ""  # what runs its passes (engine.forward.kernels_of): the same for every lane
 
     @property
     def capacity(self) -> str:

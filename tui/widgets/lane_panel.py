@@ -156,7 +156,8 @@ class LanePanel(Widget):
             lines = [progress, _pairs(speed + load)]
             return lines + ([Text(v.note, style="yellow", no_wrap=True, overflow="ellipsis")] if v.note else [])
         load.append(("tokens", f"{v.tokens:,}/{v.total_tokens:,}"))
-        about = [Text(line, style="dim italic") for line in textwrap.wrap(v.detail, max(20, width))]
+        detail = f"{v.detail} · {v.kernels}" if v.kernels else v.detail  # (which scheduler, which kernels)
+        about = [Text(line, style="dim italic") for line in textwrap.wrap(detail, max(20, width))]
         note = [Text(v.note, style="yellow", no_wrap=True, overflow="ellipsis")] if v.note else []
         return [*about, progress, _pairs(speed), _pairs(load), *note]
 
