@@ -287,3 +287,13 @@ def test_a_busy_core_under_a_thread_of_the_run_is_named_as_the_cause():
         )
     assert "outnumbered" not in quiet.warning(0.2, 16, threads=2)  # 12.8 cores free
     assert quiet.warning(0.1, 2, threads=2) is None
+
+
+def test_the_bench_says_every_tinyllm_path_runs_the_same_kernels(tiny_bench):
+    """x static compared a PyTorch-attention path with a C-kernel one; now every tinyllm path runs
+    one forward, and the bench says which."""
+    from tinyllm.engine.forward import kernels_for
+
+    out, _, report = tiny_bench
+    assert report["kernels"] == kernels_for("cpu", torch.float32)
+    assert f"Every tinyllm path runs one forward ({report['kernels']}" in " ".join(out.split())

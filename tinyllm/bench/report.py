@@ -202,6 +202,11 @@ def print_report(console: Console, report: dict) -> None:
     )
     if busy:  # before any figure it casts doubt on
         console.print(f"[bold yellow]{busy}[/]")
+    if report.get("kernels"):
+        console.print(
+            f"Every tinyllm path runs one forward ({report['kernels']}, ragged over a block pool): the paths "
+            "differ in their schedules, so x static measures scheduling alone (transformers: its own kernels)."
+        )
     m = report["memory"]
     by_rows = [p for p in ("static", "continuous-slots") if p in paths]
     paged = [p for p in paths if p.startswith("continuous-") and p != "continuous-slots"]

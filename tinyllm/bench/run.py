@@ -46,7 +46,7 @@ from tinyllm.engine.build import (
     resolve_concurrency,
     rows_for_budget,
 )
-from tinyllm.engine.forward import kv_cache_dtype, kv_cache_dtype_name
+from tinyllm.engine.forward import kernels_for, kv_cache_dtype, kv_cache_dtype_name
 from tinyllm.model.config import default_kv_blocks
 from tinyllm.model.device import resolve_device
 from tinyllm.request import ContextTooLong, check_fits
@@ -283,6 +283,7 @@ def run_bench(args) -> dict:
         },
         "model": {"name": model_name, "params": model.num_params(), "config": model.cfg.__dict__},
         "workload": wl_desc,
+        "kernels": kernels_for(device, kv_cache_dtype(device, args.kv_cache_dtype)),  # every tinyllm path's
         "slo": None if args.slo is None else str(args.slo),  # (a workload line's own: per request)
         "slo_judged": any(slos),
         "slots": args.slots,

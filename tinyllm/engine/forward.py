@@ -101,7 +101,12 @@ def kernels_of(cache: SlotKVCache | PagedKVCache) -> str:
     """Which kernels run a pass over ``cache``, in words (lane panels, the bench, the app)."""
     if isinstance(cache, SlotKVCache):
         return "CUDA graphs, dense slots"
-    if cache.device.type == "cpu" and cache.k.dtype in native.POOL_DTYPES and native.library() is not None:
+    return kernels_for(cache.device, cache.k.dtype)
+
+
+def kernels_for(device: torch.device | str, kv_dtype: torch.dtype) -> str:
+    """Which kernels run a ragged pass on ``device`` over a pool of ``kv_dtype``, in words."""
+    if torch.device(device).type == "cpu" and kv_dtype in native.POOL_DTYPES and native.library() is not None:
         return "C kernels"
     return "PyTorch attention"
 
