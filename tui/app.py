@@ -12,12 +12,10 @@ import time
 from pathlib import Path
 
 from rich.text import Text
-from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
-from textual.screen import ModalScreen
 from textual.widgets import Sparkline, Static
 from textual.worker import get_current_worker
 
@@ -25,10 +23,10 @@ from tinyllm.model.tokenizer import Tokenizer
 from tinyllm.request import RequestSettings, Sampling
 from tui.runners.interface import Frame, LogEntry, Runner
 from tui.screens.commands import AppCommands
+from tui.screens.key_policy import KeyPolicy
 from tui.screens.layout import PANES_HELP, PANES_KEYS, PanesLayout
 from tui.screens.live import FramePacer, LiveView
 from tui.screens.log_feed import LogFeed
-from tui.screens.modals import HelpScreen
 from tui.screens.replay_keys import ReplayKeys
 from tui.screens.request_keys import RequestKeys
 from tui.screens.view_keys import ViewKeys
@@ -55,7 +53,7 @@ FLAT_OUT_S = 0.125  # running flat out (step delay < 50 ms), a frame at most thi
 # frame each time held key presses back (p95 45-75 ms at 11-14 frames/s)
 
 
-class TinyLLMApp(PanesLayout, ViewKeys, LogFeed, LiveView, RequestKeys, ReplayKeys, App):
+class TinyLLMApp(PanesLayout, ViewKeys, LogFeed, KeyPolicy, LiveView, RequestKeys, ReplayKeys, App):
     CSS_PATH = "app.tcss"
     TITLE = "tinyllm-tui"
     COMMANDS = App.COMMANDS | {AppCommands}  # Ctrl+P: the app's actions, each with its keys
@@ -377,72 +375,6 @@ class TinyLLMApp(PanesLayout, ViewKeys, LogFeed, LiveView, RequestKeys, ReplayKe
     def on_request_selected(self, event: RequestSelected) -> None:
         """↑/↓, Home/End or a click in the list, the timeline or the panes."""
         self.select(event.rid)
-
-    READ_ONLY = {
-        "abort_selected",
-        "abort_all",
-        "clear_prefix_cache",
-        "load_prompts",
-        "settings",
-        "focus_input",
-        "leave_input",
-        "race",
-    }
-    REPLAY_ONLY = {"step_back", "goto_step", "replay_start", "replay_end", "next_event", "prev_event"}
-    SERVER_PACED = {"toggle_pause", "step_once", "slower", "faster", "clear_prefix_cache"}
-
-    def check_action(self, action: str, parameters) -> bool | None:
-        """A replay changes nothing (no abort, no prompts, no settings); only a replay moves back
-        in time; a server paces itself (no pause, step or speed from a viewer). Keys that do not
-        apply are off, and hidden from the footer."""
-        if action in ("focus_input", "leave_input"):  # Esc leaves the editor, i goes to it: either is
-            editing = isinstance(self.focused, PromptEditor)  # the other's key (text, a dialog's Esc),
-            if editing != (action == "leave_input") or len(self.screen_stack) > 1:  # and neither is a dialog's
-                return False
-        if action in self._own_actions():  # (not Textual's: Tab's focus_next moves in a dialog)
-            if any(getattr(screen, "owns_keys", False) for screen in self.screen_stack) and action != "quit":
-                return False  # the race (and its help) has keys of its own
-            if (
-                isinstance(self.screen, ModalScreen)
-                and not isinstance(self.screen, HelpScreen)
-                and action not in ("quit", "help")
-            ):
-                return False  # a dialog is open: its keys, not ours
-        return self._applies(action)
-
-    async def on_event(self, event) -> None:
-        """A key on the main screen, outside the prompt editor, acts as it arrives, in order.
-        (Textual hands a key to the focused widget and runs the app's bindings for it once it
-        has bubbled back, from wherever the focus is by then: in a burst, Esc t i h i lost its
-        t, as i had moved the focus into the editor, where letters are text.)"""
-        if (
-            isinstance(event, events.Key)
-            and not event.is_forwarded
-            and len(self.screen_stack) == 1
-            and not isinstance(self.focused, PromptEditor)
-        ):
-            if event.key == "enter" and isinstance(self.focused, PanesView):  # (Enter is the editor's
-                self.focused.action_open()  # key elsewhere: a priority binding)
-                return
-            active = self.screen.active_bindings.get(event.key)
-            if active is not None and active.enabled and await self.run_action(active.binding.action, active.node):
-                return
-        await super().on_event(event)
-
-    @classmethod
-    def _own_actions(cls) -> frozenset[str]:
-        return frozenset(b.action for b in cls.BINDINGS)
-
-    def _applies(self, action: str) -> bool:
-        """Whether ``action`` means anything in this mode (a replay, a server, a local engine):
-        the keys check it, and the help lists only what it allows."""
-        if action in (self.READ_ONLY if self.replay else self.REPLAY_ONLY):
-            return False
-        if action == "recording":  # (a palette command: --record records a local engine)
-            return not self.remote
-        return not (
-            self.remote and (action in self.SERVER_PACED or (action == "load_prompts" and self.tokenizer is None))
-        )
 
     def _submit_workload(self, loaded) -> None:
         """Load it, and remember its file: the race (`r`) races the workload the app has loaded."""
