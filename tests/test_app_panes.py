@@ -238,6 +238,11 @@ async def test_enter_on_a_pane_selects_its_request_in_the_list_and_the_detail_pa
         await until(pilot, lambda: app.selected == rid and view.selected == rid, what="the second pane")
         await pilot.pause()
         check_panes(app)  # its frame is the heavy one
+        cell = view._cell(2)
+        await pilot.click("#panes", offset=(cell.x + 3, cell.y + 2))  # a click selects too
+        await until(pilot, lambda: app.selected == view.panes[2].rid, what="the clicked pane")
+        await pilot.press("left")  # back one pane in slot order (from a row's first: the row above's last)
+        await until(pilot, lambda: app.selected == rid, what="back to the second pane")
         await pilot.press("enter")
         await until(pilot, lambda: not app.panes_on and app._shown_seq == app.runner.frame.seq, what="the list view")
         await until(pilot, lambda: app.query_one(RequestList).selected_rid() == rid, what="the list's cursor")
