@@ -126,3 +126,14 @@ def test_tinyllm_tune_gives_the_same_json_twice(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "best settings for goodput" in text and "vllm serve MODEL --max-num-seqs" in text
     assert "What transfers to another machine" in text
+
+
+def test_tinyllm_tune_checks_the_winner_against_the_defaults_on_the_wall_clock(tmp_path, capsys):
+    lines = [{"prompt": "ROMEO:\n" * 2, "max_new_tokens": 48, "arrival_s": i * 0.001} for i in range(6)]
+    wl = tmp_path / "w.jsonl"
+    wl.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    args = ["tune", str(wl), "--slo", "tpot=2ms", "--kv-memory", "0.75", "--max-len", "64", "--confirm-requests", "4"]
+    assert tinyllm_main([*args, "--search", "max_num_seqs=2,64", "--json", str(tmp_path / "out.json")]) == 0
+    check = json.loads((tmp_path / "out.json").read_text())["measured"]["wall_check"]
+    assert check["requests"] == 4 and check["cost_clock_winner"]["requests"] == 4
+    assert "wall-clock check on the first 4 requests" in capsys.readouterr().out

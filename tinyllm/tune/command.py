@@ -78,11 +78,15 @@ def add_tune_parser(sub) -> None:
         help="run points in N processes (default 1; each point's result is the same either way)",
     )
     tu.add_argument(
-        "--no-confirm",
-        dest="confirm",
-        action="store_false",
-        help="skip re-running the winner and the defaults on the wall clock with the real model",
+        "--confirm-requests",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="re-run the winner and the defaults on the wall clock (the real model) on the first N "
+        "requests, to check the cost clock's ranking of the two (default: the first round's requests, "
+        "a quarter of them, at least 8: the real model's steps take real time)",
     )
+    tu.add_argument("--no-confirm", dest="confirm", action="store_false", help="skip the wall-clock check")
     tu.add_argument(
         "--no-stand-in",
         dest="stand_in",
@@ -204,8 +208,9 @@ def run_search(args, bench, grid, base, model, kv_mib, write_text, Console) -> N
         serve_command,
         to_json,
         vllm_command,
+        wall_line,
     )
-    from tinyllm.tune.search import pareto_front, search
+    from tinyllm.tune.search import pareto_front, prefixes, search
 
     err = Console(stderr=True)
     n = len(bench.arrivals)
@@ -222,14 +227,16 @@ def run_search(args, bench, grid, base, model, kv_mib, write_text, Console) -> N
         evaluator = Evaluator(bench, args.jobs, on_done)
         try:
             result = search(grid, base, evaluator, n, args.objective, args.budget_s)
+            winner = result.final[0]
+            check = min(n, args.confirm_requests or prefixes(n)[0])
+            on_cost = evaluator([winner.point, base], check)  # the cost clock's figures for the same requests
         finally:
             evaluator.close()
         torch.set_num_threads(args.threads)
-        winner = result.final[0]
         wall = None
         if args.confirm and winner.point != base and not winner.error:
-            status.update("the winner and the defaults on the wall clock (the real model)…")
-            wall = wall_check(model, bench, winner.point, base, result.final[0].requests, args.objective)
+            status.update(f"the winner and the defaults on the wall clock (the real model, {check} requests)…")
+            wall = wall_check(model, bench, winner.point, base, check, args.objective, on_cost)
     out = Console() if sys.stdout.isatty() else Console(width=160)  # piped: wide, no column folded
     slo = bench.judging.slo
     arrivals = any(t > 0 for t, _ in bench.arrivals)
@@ -265,12 +272,7 @@ def run_search(args, bench, grid, base, model, kv_mib, write_text, Console) -> N
     if winner.point != base:
         out.print(changes_table(winner, result.defaults))
     if wall is not None:
-        verdict = "the ranking holds" if wall.holds else "[bold red]the ranking does NOT hold on the wall clock[/]"
-        out.print(
-            f"wall clock (the real model, both in one race): winner {wall.winner.goodput:.3f} req/s, "
-            f"latency p95 {wall.winner.latency_p95_s:.2f} s; defaults {wall.defaults.goodput:.3f} req/s, "
-            f"latency p95 {wall.defaults.latency_p95_s:.2f} s: {verdict}"
-        )
+        out.print(wall_line(wall, args.objective), highlight=False)
     serve = serve_command(winner.point, kv_mib, args.max_len, args.model)
     vllm, notes = vllm_command(winner.point)
     out.print("\nthe winner as command lines:", highlight=False)
@@ -306,9 +308,10 @@ def run_search(args, bench, grid, base, model, kv_mib, write_text, Console) -> N
         print(f"wrote {args.json}", file=sys.stderr)
 
 
-def wall_check(model, bench, winner, base, n: int, objective: str):
-    """The winner and the defaults in one race on the wall clock, the real model: whether the
-    cost clock's ranking of the two holds on measured time."""
+def wall_check(model, bench, winner, base, n: int, objective: str, on_cost):
+    """The winner and the defaults in one race on the wall clock, the real model, on the first
+    ``n`` requests: whether the cost clock's ranking of the two (``on_cost``: its outcomes for
+    them on the same requests) holds on measured time."""
     from dataclasses import replace
 
     from tinyllm.race.race import build_race
@@ -322,4 +325,4 @@ def wall_check(model, bench, winner, base, n: int, objective: str):
         pass
     views = race.views()
     w, d = (outcome_of(p, n, lane, v, real) for p, lane, v in zip((winner, base), race.lanes, views))
-    return WallCheck(w, d, objective)
+    return WallCheck(w, d, objective, on_cost[0], on_cost[1])

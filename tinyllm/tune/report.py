@@ -24,12 +24,30 @@ class WallCheck:
     winner: Outcome
     defaults: Outcome
     objective: str
+    cost_winner: Outcome  # the cost clock's figures for the same requests
+    cost_defaults: Outcome
 
     @property
     def holds(self) -> bool:
         from tinyllm.tune.search import score
 
         return score(self.winner, self.objective) <= score(self.defaults, self.objective)
+
+
+def wall_line(wall: WallCheck, objective: str) -> str:
+    """The wall-clock check in one line: both clocks' figures for the winner and the defaults."""
+    verdict = (
+        "the ranking holds"
+        if wall.holds
+        else "the ranking does NOT hold on the wall clock: this machine's step cost is not the profile's "
+        "(busy, or a profile from elsewhere), or the margin is within its error"
+    )
+    return (
+        f"wall-clock check on the first {wall.winner.requests} requests (the real model; the winner and the "
+        f"defaults in one race): {objective} winner {figure(wall.winner, objective)} (cost clock "
+        f"{figure(wall.cost_winner, objective)}), defaults {figure(wall.defaults, objective)} (cost clock "
+        f"{figure(wall.cost_defaults, objective)}): {verdict}"
+    )
 
 
 def figure(o: Outcome, objective: str) -> str:
@@ -214,6 +232,13 @@ def to_json(
             "search_s": round(result.seconds, 3),
             "wall_check": None
             if wall is None
-            else {"winner": wall.winner.as_dict(), "defaults": wall.defaults.as_dict(), "ranking_holds": wall.holds},
+            else {
+                "requests": wall.winner.requests,
+                "winner": wall.winner.as_dict(),
+                "defaults": wall.defaults.as_dict(),
+                "cost_clock_winner": wall.cost_winner.as_dict(),
+                "cost_clock_defaults": wall.cost_defaults.as_dict(),
+                "ranking_holds": wall.holds,
+            },
         },
     }
