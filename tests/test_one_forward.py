@@ -81,3 +81,26 @@ def test_a_slot_is_one_block_reserved_whole_and_freed_on_abort():
     assert eng.slots.allocated_tokens() == 32  # the whole slot, from admission
     eng.abort(rid)
     assert eng.slots.allocated_tokens() == 0 and eng.slots.num_free_blocks() == 2
+
+
+def test_the_verdict_says_what_made_the_difference_from_the_lanes_own_work():
+    """With one forward for every lane, a win over static batching is its wasted rows, its
+    queueing and the winner's preemptions: the sentence quotes each lane's own figures."""
+    from tinyllm.race.race import build_race
+    from tinyllm.race.verdicts import rank, what_made_the_difference
+
+    model = random_model(max_seq_len=128)
+    reqs = [Request([3 + i, 4, 5], n) for i, n in enumerate((2, 30, 3, 4, 28, 2))]  # (no eos_id: no early end)
+    race = build_race(model, [(0.0, r) for r in reqs], 3, 128, lanes=("static", "continuous"), step_cost_s=0.01)
+    while race.step() is not None:
+        pass
+    views = race.views()
+    ranking = rank(views)
+    static, cont = (v.result for v in views)
+    assert ranking.places == (2, 1)  # continuous finishes first: fewer steps on the same clock
+    why = what_made_the_difference(views, ranking)
+    wasted = static.computed_rows - static.useful_rows
+    assert wasted > 0 and cont.computed_rows == cont.useful_rows
+    assert f"static batching computed {wasted:,} of {static.computed_rows:,} rows" in why
+    assert f"wasted 0 of {cont.computed_rows:,} rows (0%) over {cont.decode_steps:,}" in why
+    assert what_made_the_difference(views[::-1][:1], rank(views[::-1][:1])) == ""  # nothing to compare

@@ -126,3 +126,30 @@ def rank(lanes: tuple[LaneView, ...], judging: Judging | None = None, arrivals: 
     for place, i in enumerate(order, 1):
         places[i] = place
     return Ranking(tuple(places), rule + apart, by)
+
+
+def what_made_the_difference(lanes: tuple[LaneView, ...], ranking: Ranking) -> str:
+    """One sentence on why the first-placed lane beat static batching, from the work each did:
+    rows computed for requests already finished (static's waste), queueing (TTFT p95) and the
+    winner's preemptions (recomputed work). Every lane runs the same forward, so these are the
+    whole story. "" when no static lane finished behind a winner, or a lane is not done."""
+    if any(v.result is None for v in lanes) or len(lanes) < 2:
+        return ""
+    best = lanes[ranking.places.index(1)]
+    static = next((v for v in lanes if v.kind == "static"), None)
+    if static is None or static is best:
+        return ""
+    s, b = static.result, best.result
+
+    def wasted(r) -> str:
+        share = 1 - r.useful_rows / r.computed_rows if r.computed_rows else 0.0
+        return f"{r.computed_rows - r.useful_rows:,} of {r.computed_rows:,} rows ({share:.0%})"
+
+    parts = [
+        f"static batching computed {wasted(s)} for requests already finished, over {s.decode_steps:,} steps; "
+        f"{best.title} wasted {wasted(b)} over {b.decode_steps:,}",
+        f"queueing: TTFT p95 {s.ttft_p95_s * 1e3:,.0f} ms vs {b.ttft_p95_s * 1e3:,.0f} ms",
+    ]
+    if b.preemptions:
+        parts.append(f"{best.title} preempted {b.preemptions:,} time(s) (recomputed work) and still won")
+    return "what made the difference: " + "; ".join(parts)

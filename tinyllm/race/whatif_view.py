@@ -6,13 +6,21 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
-from tinyllm.race.verdicts import Judging, rank
+from tinyllm.race.verdicts import Judging, rank, what_made_the_difference
 from tinyllm.race.views import ARRIVALS_NOTE, LaneView, RequestOutcome, idled
 from tinyllm.race.whatif import RequestRow, group_figures, grouping
 from tinyllm.slo import SLOVerdict
 from tinyllm.units import duration
 
 WAIT_SHORT = {"queue": "queue", "slots": "slots", "pool": "KV", "budget": "budget", "preempted": "recompute"}
+
+
+def plain_table(title: str, caption: str | None = None, **options) -> Table:
+    """A borderless table, its title bold and its caption dim, both left-aligned: every table of
+    the comparison (the terminal's and the finish line's) looks the same (``options``: Rich's)."""
+    look = dict(box=None, padding=(0, 1), expand=False, title_justify="left", title_style="bold")
+    look.update(caption_justify="left", caption_style="dim")
+    return Table(title=title, caption=caption, **{**look, **options})
 
 
 def why(o: RequestOutcome) -> str:
@@ -56,16 +64,9 @@ def requests_table(
     the first lane (A). A request the recording saw aborted or failed comes last, marked so."""
     judging = judging or Judging()
     verdicts = [judging.verdicts(v) for v in lanes] if judging.active else None
-    t = Table(
-        box=None,
-        padding=(0, 1),
-        title_justify="left",
-        title_style="bold",
-        expand=False,
-        caption_justify="left",
-        caption_style="dim",
-        title=f"per request, most changed first ({min(limit, len(rows))} of {len(rows)})",
-        caption="  ".join(f"{letter(i)} = {v.title}" for i, v in enumerate(lanes))
+    t = plain_table(
+        f"per request, most changed first ({min(limit, len(rows))} of {len(rows)})",
+        "  ".join(f"{letter(i)} = {v.title}" for i, v in enumerate(lanes))
         + ("" if narrow else "; waited: the reason it waited most steps for, NP = preempted N times")
         + ("; SLO: ✓ met, ✗ missed (ttft, tpot)" if verdicts else ""),
     )
@@ -106,7 +107,7 @@ def groups_table(lanes: tuple[LaneView, ...], rows: tuple[RequestRow, ...]) -> T
     by = grouping(rows)
     if by is None:
         return None
-    t = Table(box=None, padding=(0, 1), title_justify="left", title_style="bold", expand=False, title=f"per {by}")
+    t = plain_table(f"per {by}")
     for c in (by, "lane", "requests", "TTFT p50", "TTFT p95", "e2e p95", "preempted"):
         t.add_column(c, justify="left" if c in (by, "lane") else "right", no_wrap=True)
     figures = [group_figures(rows, i, by) for i in range(len(lanes))]
@@ -136,17 +137,9 @@ def lanes_table(lanes: tuple[LaneView, ...], judging: Judging | None = None) -> 
     busy = idled(lanes)  # arrivals: every clock ran to about the last one
     ranking = rank(lanes, judging)
     summaries = [judging.summary(v) for v in lanes]
-    t = Table(
-        box=None,
-        padding=(0, 1),
-        title_justify="left",
-        title_style="bold",
-        expand=False,
-        title="lanes (each lane's own clock" + (f"; {ARRIVALS_NOTE}" if busy else "") + ")",
-        caption=ranking.rule,
-        caption_justify="left",
-        caption_style="dim",
-    )
+    why = what_made_the_difference(lanes, ranking)
+    caption = ranking.rule + (f"\n{why}" if why else "")
+    t = plain_table("lanes (each lane's own clock" + (f"; {ARRIVALS_NOTE}" if busy else "") + ")", caption)
     t.add_column("place", justify="right", no_wrap=True)
     t.add_column("lane", no_wrap=False, min_width=12)  # the column that gives way on a narrow terminal
     sized = any(v.kv_mib is not None for v in lanes)

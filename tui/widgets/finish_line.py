@@ -9,13 +9,26 @@ from rich.table import Table
 from rich.text import Text
 from textual.widget import Widget
 
-from tinyllm.race.verdicts import Judging, rank
+from tinyllm.race.verdicts import Judging, rank, what_made_the_difference
 from tinyllm.race.views import ARRIVALS_NOTE, LaneView, idled, mib
 from tinyllm.race.whatif import compare
-from tinyllm.race.whatif_view import goodput_cell, groups_table, met_cell, request_lanes, requests_table
+from tinyllm.race.whatif_view import goodput_cell, groups_table, met_cell, plain_table, request_lanes, requests_table
 from tinyllm.request import kv_dtype_tag
 from tui.widgets.race_track import NAMES, lane_name
 from tui.widgets.style import duration
+
+# The finish line's columns in the order drawn, and the order they are added in while they fit
+# the width (the most telling first; the place leads when the ranking is not by finishing time).
+# fmt: off
+COLUMNS = (
+    "lane", "place", "goodput", "met", "tok/s", "× static", "seqs · KV", "TTFT p50", "TTFT p95",
+    "latency p95", "busy", "row util", "KV mean", "preempted", "steps",
+)
+TELLING = (
+    "TTFT p50", "latency p95", "busy", "row util", "KV mean", "preempted", "steps", "TTFT p95",
+    "seqs · KV", "place",
+)
+# fmt: on
 
 
 class FinishLine(Widget):
@@ -101,16 +114,12 @@ class FinishLine(Widget):
             if self.cold_steps
             else ""
         )
-        t = Table(
-            box=None,
-            padding=(0, 1),
-            title_justify="left",
-            title_style="bold",
-            expand=False,
-            title="finish line (each lane's own clock"
+        t = plain_table(
+            "finish line (each lane's own clock"
             + (f"; {ARRIVALS_NOTE}" if arrivals else "")
             + cold
             + f"; {ranking.rule})",
+            what_made_the_difference(self.lanes, ranking) or None,
         )
         rows = []
         for i, v in enumerate(self.lanes):
@@ -139,23 +148,6 @@ class FinishLine(Widget):
                     "preempted": f"{r.preemptions:,}",
                 }
             )
-        order_of = [
-            "lane",
-            "place",
-            "goodput",
-            "met",
-            "tok/s",
-            "× static",
-            "seqs · KV",
-            "TTFT p50",
-            "TTFT p95",
-            "latency p95",
-            "busy",
-            "row util",
-            "KV mean",
-            "preempted",
-            "steps",
-        ]
         cols = ["lane", "tok/s"] + (["× static"] if base else [])
 
         def col_width(c: str) -> int:
@@ -163,18 +155,7 @@ class FinishLine(Widget):
 
         used = sum(map(col_width, cols))
         preempted = any(v.result.preemptions for v in self.lanes)  # shown where a lane preempted
-        telling = (
-            "TTFT p50",
-            "latency p95",
-            "busy",
-            "row util",
-            "KV mean",
-            "preempted",
-            "steps",
-            "TTFT p95",
-            "seqs · KV",
-            "place",
-        )
+        telling = TELLING
         if ranking.by != "finishing time":  # the place is by goodput / latency then: it says the most
             telling = ("place",) + telling[:-1]
         if slo:
@@ -184,7 +165,7 @@ class FinishLine(Widget):
             if shown and used + col_width(c) <= width:
                 cols.append(c)  # what fits, most telling first
                 used += col_width(c)
-        cols.sort(key=order_of.index)
+        cols.sort(key=COLUMNS.index)
         for c in cols:
             t.add_column(c, justify="left" if c == "lane" else "right", no_wrap=True)
         for row in rows:
