@@ -3,7 +3,8 @@
 request.py (top level, no torch)  Sampling, Request, Result, the fit rule
 sequence.py    the engine's record of a request; token Events
 continuous.py  ContinuousEngine (one step = plan -> forward -> commit), run_continuous; its parts:
-               commit.py (a forward's outcome committed), forks.py (n samples), views.py (snapshot)
+               commit.py (a forward's outcome committed), lifecycle.py (seated, preempted, ended),
+               forks.py (n samples), views.py (snapshot)
 scheduler.py   the scheduler interface (plan, StepPlan) and the token-budget scheduler (chunked prefill)
 admission.py   prefill then decode: admit into free slots with one prefill, then decode every running slot
 policy.py      the scheduling policy: the waiting queue's order and whom to preempt (both schedulers)

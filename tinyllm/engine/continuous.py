@@ -14,7 +14,6 @@ Correctness: under greedy decoding each request's tokens equal its solo ``genera
 
 from __future__ import annotations
 
-import math
 import time
 
 import torch
@@ -35,6 +34,7 @@ from tinyllm.engine.commit import Commits
 from tinyllm.engine.forks import ForkSamples
 from tinyllm.engine.forward import ModelRunner, kv_bytes_per_token
 from tinyllm.engine.heap import freeze_startup_heap
+from tinyllm.engine.lifecycle import Lifecycle
 from tinyllm.engine.policy import WaitingQueue, waiting_queue
 from tinyllm.engine.scheduler import Scheduler, StepPlan
 from tinyllm.engine.sequence import Event, Sequence
@@ -47,7 +47,7 @@ from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, Request, Result, Samplin
 __all__ = ["DEFAULT_MAX_BATCHED_TOKENS", "ContinuousEngine", "run_continuous"]
 
 
-class ContinuousEngine(Commits, ForkSamples, EngineViews):
+class ContinuousEngine(Commits, Lifecycle, ForkSamples, EngineViews):
     """run_continuous's loop as an object, so requests can arrive while others decode.
     add_request() queues a request at any time; each step() plans, runs and commits this step's
     forward passes and returns the new tokens as Events. A finished request's Result is in
@@ -384,77 +384,6 @@ class ContinuousEngine(Commits, ForkSamples, EngineViews):
         self.stats.kv_used_tokens.append(used)
         self.stats.kv_used_frac.append(used / self.slots.reserved_tokens())
         self.stats.kv_alloc_frac.append(used / max(1, self.slots.allocated_tokens()))
-
-    def _preempted(self, seq: Sequence, slot: int, why: str) -> None:
-        """``seq`` lost its slot and blocks (already released): back in line (fcfs: at the front),
-        to be recomputed later from its context (prompt + generated so far)."""
-        self._slot_seq[slot] = None
-        if seq in self._running:
-            self._running.remove(seq)
-        seq.slot, seq.state, seq.view, seq.computed = None, "preempted", None, 0
-        seq.preemptions += 1
-        self.waiting.prepend(seq)
-        self.stats.preemptions += 1
-        self._note("preempted", seq, slot, seq.context_len(), why)
-
-    def _seat(self, seq: Sequence, slot: int, tokens: int, why: str = "") -> None:
-        """``seq`` (admitted, or forked: ``why`` says of whom) runs in ``slot`` from now on."""
-        self._running.append(seq)
-        self._slot_seq[slot] = seq
-        seq.slot, seq.state, seq.view, seq.prefilled = slot, "running", None, False
-        if seq.admitted is None:
-            seq.admitted = self.now()
-        self._just_admitted.add(slot)
-        again = f"recompute after {seq.preemptions} preemption(s)" if seq.preemptions else ""
-        self._note("admitted", seq, slot, tokens, why or again, seq.admit_cached)
-
-    # -- internals -------------------------------------------------------------
-
-    def _finished_now(self, seq: Sequence, now: float, why: str) -> None:
-        """``seq`` ends finished (``why``: eos, stop, length): its Result kept, its slot freed."""
-        first = seq.first_token if seq.first_token is not None else now
-        self.results[seq.rid] = Result(
-            list(seq.out), first - seq.arrival, now - seq.arrival, seq.rid, "finished", why, None, tuple(seq.logprobs)
-        )
-        self.stats.useful_tokens += len(seq.out)
-        self._finished += 1
-        slot = seq.slot
-        if slot is not None:
-            self._free_slot(seq)
-        seq.end(RequestState.FINISHED, now)
-        self._note("finished", seq, slot, len(seq.out), why)
-
-    def _ended_result(self, seq: Sequence, reason: str) -> None:
-        """An aborted or failed request's Result: what it generated, how it ended, when."""
-        end = seq.finish if seq.finish is not None else self.now()
-        ttft = seq.first_token - seq.arrival if seq.first_token is not None else math.nan
-        self.results[seq.rid] = Result(
-            list(seq.out), ttft, end - seq.arrival, seq.rid, seq.state, reason, seq.error, tuple(seq.logprobs)
-        )
-
-    def _fail(self, seq: Sequence, why: str) -> None:
-        """Give up on one request (its slot freed, the reason kept); the others go on."""
-        self._unfork(seq)
-        slot = seq.slot
-        if slot is not None:
-            self._free_slot(seq)
-        seq.error = why
-        seq.end(RequestState.FAILED, self.now())
-        self._ended_result(seq, "error")
-        self._failed += 1
-        self._note("failed", seq, slot, len(seq.out), why)
-
-    def _note(
-        self, kind: str, seq: Sequence, slot: int | None = None, tokens: int = 0, reason: str = "", cached: int = 0
-    ) -> None:
-        self._lifecycle.append(LifecycleEvent(kind, seq.rid, self._steps, self.now(), slot, tokens, reason, cached))
-
-    def _free_slot(self, seq: Sequence) -> None:
-        if seq in self._running:
-            self._running.remove(seq)
-        self._slot_seq[seq.slot] = None
-        self.slots.release(seq.slot)
-        seq.slot = None
 
 
 @torch.no_grad()
