@@ -871,7 +871,7 @@ class LoadingRunner(RunnerDefaults):
 
 async def test_the_screen_is_up_while_the_engine_loads():
     from tinyllm.model.checkpoint import default_model_dir
-    from tui.runners.engine import EngineSpec
+    from tui.runners.engine_spec import EngineSpec
     from tui.runners.interface import Submit
 
     spec = EngineSpec(str(default_model_dir()), None, 4, 128, kv="paged", block_size=8)

@@ -109,7 +109,7 @@ async def test_a_recording_cut_short_during_loading_is_not_offered_for_replay(tm
     """Ctrl+C while the engine loads, with --record: asked once (a recording is open); the engine
     never started, so no file, and the note says nothing was recorded."""
     from tinyllm.model.checkpoint import default_model_dir
-    from tui.runners.engine import EngineSpec
+    from tui.runners.engine_spec import EngineSpec
 
     path = tmp_path / "run.jsonl"
     runner = LoadingRunner(EngineSpec(str(default_model_dir()), None, 4, 128, kv="paged", block_size=8))

@@ -462,7 +462,8 @@ def test_tui_an_option_its_mode_does_not_use_is_refused(args, message):
     ],
 )
 def test_tui_the_options_a_mode_uses_are_not_refused(mode, argv):
-    from tui.cli import build_parser, parse, refuse_unused
+    from tui.cli import build_parser, parse
+    from tui.cli_checks import refuse_unused
 
     parser = build_parser()
     refuse_unused(parser, parse(parser, argv), mode)  # no SystemExit

@@ -17,7 +17,8 @@ from tinyllm.engine import ContinuousEngine, Sampling
 from tinyllm.model.checkpoint import CheckpointError, default_model_dir, load_checkpoint
 from tinyllm.request import RequestSettings
 from tui.runners.child import ChildRunner, EngineStartError
-from tui.runners.engine import EngineRunner, EngineSpec
+from tui.runners.engine import EngineRunner
+from tui.runners.engine_spec import EngineSpec
 from tui.runners.frames import FrameDiffer, FrameMerger
 from tui.runners.interface import SetPaused, StepOnce, Submit
 from tui.screens.live import FramePacer

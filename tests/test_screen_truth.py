@@ -353,7 +353,7 @@ async def test_ttft_of_a_request_sent_while_paused_counts_no_paused_time():
 
 
 async def test_record_shows_in_the_status_line_and_says_where_the_file_went(tmp_path, capsys, monkeypatch):
-    from tui import cli
+    from tui import cli, cli_checks
 
     path = tmp_path / "run.jsonl"
     made = {}
@@ -362,7 +362,7 @@ async def test_record_shows_in_the_status_line_and_says_where_the_file_went(tmp_
         made["app"] = self
 
     monkeypatch.setattr(TinyLLMApp, "run", run)
-    monkeypatch.setattr(cli, "not_a_terminal", lambda: None)  # (pytest's stdin is none)
+    monkeypatch.setattr(cli_checks, "not_a_terminal", lambda: None)  # (pytest's stdin is none)
     assert cli.main(["--record", str(path), "--engine-thread", "--paused"]) == 0
     out = capsys.readouterr().out
     # (run() is Pilot's, below: main() saw an app that quit before its engine's first step, so
@@ -386,7 +386,7 @@ async def test_an_engine_process_sized_by_kv_memory_retitles_the_slots_and_block
     frame's "Slots (8, ...)"), and the KV panel says which dtype the cache holds."""
     from tinyllm.model.checkpoint import default_model_dir
     from tui.runners.child import ChildRunner
-    from tui.runners.engine import EngineSpec
+    from tui.runners.engine_spec import EngineSpec
 
     model, tok = bundled()
     spec = EngineSpec(

@@ -34,7 +34,8 @@ from tinyllm.model.checkpoint import default_model_dir, load_checkpoint
 from tinyllm.request import RequestSettings
 from tui.app import DEFAULT_THREADS, TinyLLMApp
 from tui.runners.child import ChildRunner
-from tui.runners.engine import EngineRunner, EngineSpec
+from tui.runners.engine import EngineRunner
+from tui.runners.engine_spec import EngineSpec
 from tui.runners.interface import SetPaused, Submit
 
 SCHEDULERS = {

@@ -1,0 +1,168 @@
+"""The command line's shared checks: each one refuses what the user got wrong in one line
+(``parser.error``: stderr, exit 2) before any screen or process starts, without torch."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from tinyllm.args import check_device, option_names
+from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS
+
+
+def scheduler_choice(parser, kv: str | None, chunked: bool | None, budget: int | None, slots: int) -> tuple[str, bool]:
+    """(kv, chunked_prefill) from the flags: chunked prefill on the paged cache unless told
+    otherwise; contradictions are errors that say which flags clash."""
+    if chunked and kv == "slots":
+        parser.error("--chunked-prefill needs --kv paged (the token-budget scheduler allocates KV blocks)")
+    kv = kv or "paged"
+    chunked = (kv == "paged") if chunked is None else chunked
+    if budget is not None and not chunked:
+        parser.error("--max-batched-tokens applies to chunked prefill only (drop --no-chunked-prefill / --kv slots)")
+    if chunked and (budget or DEFAULT_MAX_BATCHED_TOKENS) < slots:
+        parser.error(
+            f"--max-batched-tokens {budget or DEFAULT_MAX_BATCHED_TOKENS} is less than --slots {slots}: "
+            f"every running request decodes one token per step, so the budget must cover them all"
+        )
+    return kv, chunked
+
+
+# What each mode besides the local engine uses, by dest, and why the rest does not apply: any
+# other option given with it is refused (one line, exit 2), never silently ignored. (The modes'
+# own refusals, with reasons of their own, come first; --web, --host and --port go with any mode.)
+MODE_USES = {
+    "--replay": (
+        "a replay shows the recorded run: no model, no engine, no new requests",
+        {"replay", "paused", "step_delay", "panes", "slo"},  # (--slo: judged against another SLO)
+    ),
+    "--attach": (
+        "the server runs its own engine, at its own settings and pace",
+        {
+            "attach",
+            "panes",
+            "api_key",
+            "kv_events",
+            "wait",
+            "model",
+            "prompts",
+            "temperature",
+            "top_k",
+            "top_p",
+            "max_new_tokens",
+        },
+    ),
+    "--race": (
+        "the race is greedy, and each request's max_new_tokens comes from its workload",
+        {
+            "race",
+            "lanes",
+            "batch_timeout",
+            "model",
+            "device",
+            "slots",
+            "kv_memory",
+            "max_num_seqs",
+            "max_len",
+            "max_batched_tokens",
+            "threads",
+            "block_size",
+            "kv_blocks",
+            "seed",
+            "kv_cache_dtype",
+            "paused",
+            "step_delay",
+            "engine_thread",
+        },
+    ),
+}
+ANY_MODE = {"web", "host", "port", "web_sessions"}
+
+
+def refuse_unused(parser, a, mode: str) -> None:
+    """Refuse the first option given on the command line that ``mode`` does not use."""
+    why, uses = MODE_USES[mode]
+    for dest in vars(a):  # in --help's order
+        if dest in a.given and dest not in uses | ANY_MODE:
+            flag = "--" + ("no-" if getattr(a, dest) is False else "") + dest.replace("_", "-")
+            parser.error(f"{flag} does not apply to {mode} ({why})")
+
+
+def model_config(parser, a):
+    """--device and --model, checked without torch: (checkpoint dir, its config, its tokenizer)."""
+    from tinyllm.model.config import CheckpointError, default_model_dir, load_config_and_tokenizer
+
+    check_device(parser, a.device)
+    path = Path(a.model) if a.model else default_model_dir()
+    try:
+        cfg, tok = load_config_and_tokenizer(path)
+    except CheckpointError as e:
+        parser.error(f"--model: {e}")
+    return path, cfg, tok
+
+
+def check_max_len(parser, max_len: int, cfg) -> None:
+    """--max-len: at most the model's context (the engine's rule, said before the screen is up)."""
+    if max_len > cfg.max_seq_len:
+        parser.error(f"--max-len {max_len} is more than the model's context ({cfg.max_seq_len})")
+
+
+def check_pool(parser, kv_blocks: int, block_size: int, max_len: int) -> None:
+    """--kv-blocks: a pool that cannot hold one request of --max-len would refuse most prompts, so
+    it is refused now, by tinyllm serve's own rule (plain Python: no torch, no server imports)."""
+    from tinyllm.kv.blocks import check_pool_holds_one_request
+
+    try:
+        check_pool_holds_one_request(kv_blocks, block_size, max_len)
+    except ValueError as e:
+        parser.error(option_names(str(e)))
+
+
+def check_writable(parser, path: str) -> None:
+    """--record: say now, before the screen is up, if the file cannot be written, or if writing
+    it would overwrite a recording (an empty file is fair game: nothing to lose)."""
+    p = Path(path)
+    if not path.strip():
+        parser.error("--record needs a file name, e.g. --record run.jsonl")
+    if p.is_dir():
+        parser.error(f"--record {path}: is a directory; give a file name, e.g. {p / 'run.jsonl'}")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        parser.error(f"--record {path}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        parser.error(f"--record {path}: not writable")
+    if p.exists() and p.stat().st_size > 0:
+        parser.error(
+            f"--record {path}: the file exists ({p.stat().st_size:,} bytes) and would be overwritten; "
+            f"choose another name or remove it"
+        )
+    existed = p.exists()
+    try:  # what access() cannot tell (/proc, a full disk, ...)
+        open(p, "a").close()
+        if not existed:
+            p.unlink()
+    except OSError as e:
+        parser.error(f"--record {path}: cannot write it ({e.strerror or e})")
+
+
+def check_terminal(parser, a) -> None:
+    """Refuse, in one line, to go on without a terminal (where the caller is main: tests build
+    apps without one). Called once the arguments are checked, before an engine starts, a
+    recording is opened or a server is waited for."""
+    if getattr(a, "require_terminal", False) and (which := not_a_terminal()) is not None:
+        parser.error(
+            f"the app draws in a terminal and its {which} is not one (redirected?); run it in a "
+            f"terminal, or in a browser with --web"
+        )
+
+
+def not_a_terminal() -> str | None:
+    """Which of stdin / stdout is not a terminal (Textual would spin a core reading a closed
+    stdin, and draw escape codes into a file), or None. A --web tab's app runs under
+    textual-serve's driver, which needs none."""
+    if os.environ.get("TEXTUAL_DRIVER"):
+        return None
+    for name, stream in (("stdin", sys.stdin), ("stdout", sys.stdout)):
+        if stream is None or not stream.isatty():
+            return name
+    return None
