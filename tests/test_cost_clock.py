@@ -163,3 +163,28 @@ def test_lanes_that_make_the_same_decisions_are_said_to_and_not_ranked(tmp_path,
     said = capsys.readouterr().out
     assert "identical schedules: priority made the same decisions as fcfs on every step" in said
     assert "most changed" not in said and json.loads(out.read_text())["identical_schedules"] == ["priority"]
+
+
+def test_the_burst_race_ranks_continuous_above_static_every_time():
+    """`--race burst --slots 4` (arrivals at 0 s and 4 s) ranked static 2nd one run and 3rd the
+    next on the wall clock. On the cost clock, with burst's output lengths and arrivals, the
+    ranking (latency p95: requests arrive over time) is the schedules' and the same each run."""
+    import json as json_
+
+    from tinyllm.race.verdicts import rank
+    from tinyllm.workload import bundled_workloads
+
+    lines = [json_.loads(x) for x in bundled_workloads()["burst"].read_text().splitlines() if x.strip()]
+    work = [(line["arrival_s"], Request([3 + i % 50, 4, 5], line["max_new_tokens"])) for i, line in enumerate(lines)]
+    profile = CostModel.load(PROFILE)
+    places = []
+    for _ in range(2):
+        race = build_race(
+            random_model(max_seq_len=256), work, 4, 256, lanes=("static", "continuous"), step_cost_s=profile
+        )
+        while race.step() is not None:
+            pass
+        ranking = rank(race.views())
+        assert ranking.by == "latency p95"
+        places.append((ranking.places, [v.result for v in race.views()]))
+    assert places[0] == places[1] and places[0][0] == (2, 1)  # continuous first, both times, the same figures
