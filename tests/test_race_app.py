@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_app import _watch, bundled, make_app, no_unexpected_errors, until  # noqa: F401
+from tests.test_app import _watch, bundled, make_app, no_unexpected_errors, until, watched_app  # noqa: F401
 from tinyllm.engine import Request, run_continuous, run_static
 from tinyllm.model.checkpoint import default_model_dir
 from tinyllm.workload import resolve_workload
@@ -36,6 +36,26 @@ def small_work(n: int = 6, cap: int = 16, arrivals: tuple[float, ...] | None = N
     )
 
 
+def chunked_stats(model, reqs, **kw) -> dict:
+    """The chunked lane's run, headless: its stats."""
+    return run_continuous(
+        model,
+        reqs,
+        SLOTS,
+        max_len=MAX_LEN,
+        kv="paged",
+        block_size=BLOCK,
+        chunked_prefill=True,
+        max_batched_tokens=BUDGET,
+        **kw,
+    )[1]
+
+
+def mini_spec(work, slots: int = SLOTS, **kw) -> RaceSpec:
+    """The tests' race: ``work`` (named "mini") at MAX_LEN, no warm-up; the rest as given."""
+    return RaceSpec(str(default_model_dir()), work, "mini", slots=slots, max_len=MAX_LEN, warm_up=False, **kw)
+
+
 def race_app(
     work,
     slots: int = SLOTS,
@@ -46,16 +66,12 @@ def race_app(
 ) -> RaceApp:
     """A race in a thread of the test (RaceRunner), paused, on a fixed-cost clock: deterministic."""
     model, _ = bundled()
-    spec = RaceSpec(
-        str(default_model_dir()),
+    spec = mini_spec(
         work,
-        "mini",
-        slots=slots,
-        max_len=MAX_LEN,
+        slots,
         block_size=BLOCK,
         max_batched_tokens=BUDGET,
         step_cost_s=step_cost_s,
-        warm_up=False,
         **({} if lanes is None else {"lanes": lanes}),
         **spec_kw,
     )
@@ -66,8 +82,14 @@ def race_app(
 
 
 async def step_to(pilot, turns: int) -> None:
-    """Press `n` until the race has made ``turns`` steps (or is over)."""
+    """Press `n` until the race has made ``turns`` steps (or is over). To the finish (10,000):
+    space runs it flat out, then pauses: the clocks are fixed-cost or priced, so the figures are
+    those of stepping by hand, and a press per step cost seconds per race."""
     r = pilot.app.runner
+    if turns >= 10_000 and r.frame.paused and not r.frame.done:
+        await pilot.press("space")
+        await until(pilot, lambda: r.frame.done, timeout=120, what="the finish")
+        return
     while r.frame.turns < turns and not r.frame.done:
         n = r.frame.turns
         await pilot.press("n")
@@ -93,16 +115,7 @@ async def test_a_race_run_to_the_finish_agrees_with_the_headless_paths():
         headless = {
             "static": run_static(model, reqs, SLOTS)[1],
             "continuous": run_continuous(model, reqs, SLOTS, max_len=MAX_LEN)[1],
-            "chunked": run_continuous(
-                model,
-                reqs,
-                SLOTS,
-                max_len=MAX_LEN,
-                kv="paged",
-                block_size=BLOCK,
-                chunked_prefill=True,
-                max_batched_tokens=BUDGET,
-            )[1],
+            "chunked": chunked_stats(model, reqs),
         }
         names = {"static": "static", "continuous": "continuous", "chunked": "budget+cache"}
         for lane in frame.lanes:
@@ -127,17 +140,7 @@ async def test_the_finish_line_counts_preemptions_where_a_lane_preempted():
         frame = app.runner.frame
         model, _ = bundled()
         reqs = [Request(list(ids), new) for _, ids, new, _, _ in work]
-        want = run_continuous(
-            model,
-            reqs,
-            SLOTS,
-            max_len=MAX_LEN,
-            kv="paged",
-            block_size=BLOCK,
-            kv_blocks=6,
-            chunked_prefill=True,
-            max_batched_tokens=BUDGET,
-        )[1]["preemptions"]
+        want = chunked_stats(model, reqs, kv_blocks=6)["preemptions"]
         results = {v.key: v.result for v in frame.lanes}
         assert want > 0 and results["chunked"].preemptions == want
         assert results["static"].preemptions == results["continuous"].preemptions == 0
@@ -191,17 +194,8 @@ def test_steps_timed_after_a_pause_are_counted_and_the_finish_line_says_so():
     model, _ = bundled()
 
     def runner(step_cost_s, clock="wall"):
-        spec = RaceSpec(
-            str(default_model_dir()),
-            small_work(n=2, cap=4),
-            "mini",
-            slots=2,
-            max_len=MAX_LEN,
-            block_size=BLOCK,
-            max_batched_tokens=BUDGET,
-            step_cost_s=step_cost_s,
-            warm_up=False,
-            clock=clock,
+        spec = mini_spec(
+            small_work(n=2, cap=4), 2, block_size=BLOCK, max_batched_tokens=BUDGET, step_cost_s=step_cost_s, clock=clock
         )
         return RaceRunner(lambda: spec.make_race(model), paused=True, device="cpu", threads=1)
 
@@ -297,6 +291,26 @@ async def test_a_workload_with_arrivals_is_raced_and_static_says_what_it_waits_f
         assert results["static"].ttft_p50_s > results["continuous"].ttft_p50_s
 
 
+async def open_race(pilot):
+    """Press r in the app; its race's runner, once the race screen is up."""
+    app = pilot.app
+    app.query_one("#requests").focus()
+    await pilot.press("r")
+    await until(pilot, lambda: isinstance(app.screen, RaceScreen))
+    return app.screen.runner
+
+
+async def status_says(pilot, text: str) -> None:
+    """Until the race's status line holds ``text``."""
+    status = pilot.app.screen.query_one("#race-status")
+    await until(pilot, lambda: text in status.text.plain, what="the status line")
+
+
+async def back_to_the_app(pilot) -> None:
+    await pilot.press("escape")
+    await until(pilot, lambda: not isinstance(pilot.app.screen, RaceScreen))
+
+
 async def test_r_in_the_app_opens_the_race_on_its_model_and_escape_comes_back():
     app = make_app(new=100)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -314,8 +328,7 @@ async def test_r_in_the_app_opens_the_race_on_its_model_and_escape_comes_back():
         assert app.check_action("toggle_pause", ()) is False  # the app's keys are off meanwhile
         await pilot.press("space")  # ... so space pauses the race
         await until(pilot, lambda: race.frame.paused)
-        await pilot.press("escape")
-        await until(pilot, lambda: not isinstance(app.screen, RaceScreen))
+        await back_to_the_app(pilot)
         await until(pilot, lambda: not app.runner.paused, what="the app's engine to resume")
         assert race._stop.is_set()
 
@@ -325,41 +338,24 @@ async def test_r_races_the_workload_the_app_loaded_and_says_which():
     app = make_app(max_len=512, prompts_file=resolve_workload("shared_prefix"))
     async with app.run_test(size=(160, 40)) as pilot:
         await until(pilot, lambda: app.runner.frame.snapshot.requests, what="the app to load its prompts")
-        app.query_one("#requests").focus()
-        await pilot.press("r")
-        await until(pilot, lambda: isinstance(app.screen, RaceScreen))
-        race = app.screen.runner
+        race = await open_race(pilot)
         assert race.frame.lanes[0].total == 8  # shared_prefix's, not mixed_lengths' 16
-        status = app.screen.query_one("#race-status")
-        await until(pilot, lambda: "shared_prefix (loaded in the app)" in status.text.plain, what="the status line")
-        await pilot.press("escape")
-        await until(pilot, lambda: not isinstance(app.screen, RaceScreen))
+        await status_says(pilot, "shared_prefix (loaded in the app)")
+        await back_to_the_app(pilot)
 
 
 async def test_r_with_no_prompts_loaded_says_it_races_the_default():
     app = make_app()
     async with app.run_test(size=(160, 40)) as pilot:
-        app.query_one("#requests").focus()
-        await pilot.press("r")
-        await until(pilot, lambda: isinstance(app.screen, RaceScreen))
-        assert app.screen.runner.frame.lanes[0].total == 16
-        status = app.screen.query_one("#race-status")
-        await until(
-            pilot,
-            lambda: "mixed_lengths (the race's default: no prompts loaded)" in status.text.plain,
-            what="the status line",
-        )
-        await pilot.press("escape")
-        await until(pilot, lambda: not isinstance(app.screen, RaceScreen))
+        race = await open_race(pilot)
+        assert race.frame.lanes[0].total == 16
+        await status_says(pilot, "mixed_lengths (the race's default: no prompts loaded)")
+        await back_to_the_app(pilot)
 
 
 async def _race_from_r(pilot) -> dict:
     """Press r in the app; once the race has made a step, its lanes by key."""
-    app = pilot.app
-    app.query_one("#requests").focus()
-    await pilot.press("r")
-    await until(pilot, lambda: isinstance(app.screen, RaceScreen))
-    race = app.screen.runner
+    race = await open_race(pilot)
     await until(pilot, lambda: race.frame.turns >= 1, what="the race to run")
     return {v.key: v for v in race.frame.lanes}
 
@@ -375,20 +371,13 @@ async def test_r_races_at_the_apps_max_len_and_pool_where_its_requests_fit():
         assert lanes["continuous"].kv_reserved == 3 * 256  # its slots of the app's max_len
         status = app.screen.query_one("#race-status").text.plain
         assert "at max_len" not in status
-        await pilot.press("escape")
-        await until(pilot, lambda: not isinstance(app.screen, RaceScreen))
+        await back_to_the_app(pilot)
     app = make_app(kv="paged", slots=3, max_len=128, kv_blocks=40)  # mixed_lengths needs 223 tokens
     async with app.run_test(size=(160, 40)) as pilot:
         lanes = await _race_from_r(pilot)
         assert lanes["continuous"].kv_reserved == 3 * 512 and lanes["chunked"].kv_blocks == 3 * 512 // 8
-        status = app.screen.query_one("#race-status")
-        await until(
-            pilot,
-            lambda: "at max_len 512: its requests do not fit the app's 128" in status.text.plain,
-            what="the status line",
-        )
-        await pilot.press("escape")
-        await until(pilot, lambda: not isinstance(app.screen, RaceScreen))
+        await status_says(pilot, "at max_len 512: its requests do not fit the app's 128")
+        await back_to_the_app(pilot)
 
 
 def _snap_app(turns: int | None):
@@ -650,9 +639,7 @@ def test_the_web_sessions_run_the_same_options_without_the_web_ones():
 
 # -- the engine process -----------------------------------------------------------------------------
 def test_the_race_process_steps_the_lanes_and_stops_cleanly():
-    spec = RaceSpec(
-        str(default_model_dir()), small_work(n=4, cap=8), "mini", slots=2, max_len=MAX_LEN, threads=2, warm_up=False
-    )  # not the tests' 1 (conftest): the child must set it
+    spec = mini_spec(small_work(n=4, cap=8), 2, threads=2)  # not the tests' 1 (conftest): the child must set it
     runner = ChildRunner(spec, paused=True).start(wait=False)
     assert runner.frame.status == "loading" and len(runner.frame.lanes) == 3  # the screen is up at once
     loop = threading.Thread(target=runner.run, daemon=True)
@@ -673,17 +660,7 @@ def test_the_race_process_steps_the_lanes_and_stops_cleanly():
 
 
 def test_a_race_process_that_cannot_start_says_why_in_one_line():
-    spec = RaceSpec(
-        str(default_model_dir()),
-        small_work(n=2, cap=8),
-        "mini",
-        slots=2,
-        max_len=MAX_LEN,
-        block_size=8,
-        kv_blocks=1,
-        threads=1,
-        warm_up=False,
-    )
+    spec = mini_spec(small_work(n=2, cap=8), 2, block_size=8, kv_blocks=1, threads=1)
     runner = ChildRunner(spec, paused=True).start(wait=False)
     loop = threading.Thread(target=runner.run, daemon=True)  # returns once the child reports
     loop.start()
@@ -778,15 +755,7 @@ def test_a_budget_too_small_for_the_lanes_says_so_before_the_race_starts():
     """Whether a budget holds one request depends on the model: the race (in the engine process)
     refuses it with the engine's words, naming the option; the app prints that one line."""
     model, _ = bundled()
-    spec = RaceSpec(
-        str(default_model_dir()),
-        small_work(n=2, cap=8),
-        "mini",
-        slots=2,
-        max_len=MAX_LEN,
-        warm_up=False,
-        kv_memory_mib=0.5,
-    )
+    spec = mini_spec(small_work(n=2, cap=8), 2, kv_memory_mib=0.5)
     with pytest.raises(
         ValueError,
         match=r"lane 'static': --kv-memory 0.5 MiB is too small for one request: a row "
@@ -801,10 +770,7 @@ def test_a_budget_too_small_for_the_lanes_says_so_before_the_race_starts():
 async def test_r_in_an_app_started_at_a_kv_budget_races_every_lane_at_that_budget(cap, kv_dtype):
     import torch
 
-    from tinyllm.engine import ContinuousEngine, Sampling
-    from tinyllm.request import RequestSettings
-    from tui.app import TinyLLMApp
-    from tui.runners.engine import EngineRunner
+    from tinyllm.engine import ContinuousEngine
 
     model, tok = bundled()
     eng = ContinuousEngine(
@@ -819,10 +785,7 @@ async def test_r_in_an_app_started_at_a_kv_budget_races_every_lane_at_that_budge
         generator=torch.Generator().manual_seed(0),
         kv_cache_dtype=kv_dtype,
     )
-    app = TinyLLMApp(
-        EngineRunner(eng, tok, paused=True), tok, model_name="test", settings=RequestSettings(Sampling(), 12)
-    )
-    _watch(app)
+    app = watched_app(eng, tok, 12)
     async with app.run_test(size=(120, 40)) as pilot:
         app.query_one("#requests").focus()
         await pilot.press("r")

@@ -125,27 +125,14 @@ def test_priority_serves_the_interactive_tenant_first_on_the_bundled_workload():
     assert chat["fair"]["ttft_p95_s"] <= chat["fcfs"]["ttft_p95_s"]
 
 
+def whatif(source, lanes: list[str], out: Path, *options: str) -> int:
+    """``tinyllm whatif`` on ``source``'s requests, 0.01 s a step, its JSON written to ``out``."""
+    return tinyllm_main(["whatif", str(source), "--lanes", *lanes, "--step-cost", "0.01", "--json", str(out), *options])
+
+
 def test_tinyllm_whatif_prints_the_comparison_and_writes_json(tmp_path, capsys):
     out = tmp_path / "w.json"
-    assert (
-        tinyllm_main(
-            [
-                "whatif",
-                str(RECORDING),
-                "--lanes",
-                "fcfs",
-                "shortest-first",
-                "budget=32 blocks=24",
-                "--step-cost",
-                "0.01",
-                "--json",
-                str(out),
-                "--max-len",
-                "256",
-            ]
-        )
-        == 0
-    )
+    assert whatif(RECORDING, ["fcfs", "shortest-first", "budget=32 blocks=24"], out, "--max-len", "256") == 0
     text = capsys.readouterr().out
     assert "per request, most changed first" in text and "A = fcfs" in text and "C = budget=32 blocks=24" in text
     assert ("A waited" in text) == ("waited: the reason" in text)  # the legend explains only columns shown
@@ -188,10 +175,7 @@ def test_a_workload_lines_n_samples_are_n_requests_in_whatif_and_the_race(tmp_pa
     assert [r.max_new_tokens for _, r in arrivals] == [20, 20, 20, 20, 30]
     assert [w[2] for w in race_workload(wl, tok.encode, 256)] == [20, 20, 20, 20, 30]
     out = tmp_path / "w.json"
-    assert (
-        tinyllm_main(["whatif", str(wl), "--lanes", "static", "chunked", "--step-cost", "0.01", "--json", str(out)])
-        == 0
-    )
+    assert whatif(wl, ["static", "chunked"], out) == 0
     assert {lane["useful_tokens"] for lane in json.loads(out.read_text())["lanes"]} == {110}
 
 
@@ -199,12 +183,9 @@ def test_whatif_with_arrivals_says_tok_s_is_the_arrival_rate_and_shows_each_lane
     """Over arrivals every lane's clock runs to about the last one: tok/s was the same in every lane
     and the JSON said the clocks were compute only. The table says why and adds busy (compute)."""
     out = tmp_path / "w.json"
-    assert (
-        tinyllm_main(
-            ["whatif", "poisson_arrivals", "--lanes", "static", "chunked", "--step-cost", "0.01", "--json", str(out)]
-        )
-        == 0
-    )
+    wl = tmp_path / "arrivals.jsonl"  # five short requests, a second apart: idle gaps on every clock
+    wl.write_text("".join(f'{{"prompt": "ROMEO:", "max_new_tokens": 6, "arrival_s": {i}}}\n' for i in range(5)))
+    assert whatif(wl, ["static", "chunked"], out) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert (
         "requests arrived over time, so every lane's tok/s is about the rate they came at: compare latency; "
@@ -322,12 +303,7 @@ def test_tinyllm_whatif_lane_a_is_the_recorded_run_and_options_win_over_the_reco
     """Lane ``fcfs`` makes the recording's preemptions at its pool; ``blocks=`` changes only the
     pool; an option (--kv-blocks) sets every lane that does not set its own."""
     out = tmp_path / "w.json"
-    assert (
-        tinyllm_main(
-            ["whatif", str(RECORDING), "--lanes", "fcfs", "fcfs blocks=64", "--step-cost", "0.01", "--json", str(out)]
-        )
-        == 0
-    )
+    assert whatif(RECORDING, ["fcfs", "fcfs blocks=64"], out) == 0
     text = capsys.readouterr().out
     assert text.startswith(
         "as recorded, unless a lane or an option says otherwise: token budget, budget 32, "
@@ -340,24 +316,7 @@ def test_tinyllm_whatif_lane_a_is_the_recorded_run_and_options_win_over_the_reco
         for name in ("fcfs", "fcfs blocks=64")
     ]
     assert preempted[0] == recorded_preemptions(RECORDING) > preempted[1]
-    assert (
-        tinyllm_main(
-            [
-                "whatif",
-                str(RECORDING),
-                "--lanes",
-                "fcfs",
-                "fcfs blocks=64",
-                "--step-cost",
-                "0.01",
-                "--kv-blocks",
-                "40",
-                "--json",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    assert whatif(RECORDING, ["fcfs", "fcfs blocks=64"], out, "--kv-blocks", "40") == 0
     assert [lane["kv_blocks"] for lane in json.loads(out.read_text())["lanes"]] == [40, 64]
 
 
