@@ -185,20 +185,20 @@ async def test_toasts_stand_above_the_replay_scrubber():
 
 # -- live scrollback -----------------------------------------------------------------------------------
 async def test_the_event_log_scrolls_back_past_what_a_frame_carries(monkeypatch):
-    """Frames carry the newest 100 entries here (500 in the app): the log keeps them all, the keys
+    """Frames carry the newest 30 entries here (500 in the app): the log keeps them all, the keys
     scroll back to the run's first entry, and a view scrolled back stays put while new entries
     arrive. (Stepped one step at a time, each drawn: no entry falls between two frames.)"""
-    monkeypatch.setattr("tui.runners.engine.LOG_LINES", 100)
+    monkeypatch.setattr("tui.runners.engine.LOG_LINES", 30)
     app = busy_app()
     async with app.run_test(size=(120, 40)) as pilot:
         await until(pilot, lambda: len(app.runner.frame.snapshot.requests) > 0, what="the workload")
-        while len(app.runner.frame.log) < 100 or app.runner.frame.log[0].seq == 1:
+        while len(app.runner.frame.log) < 30 or app.runner.frame.log[0].seq == 1:
             assert has_work(app.runner.frame), "the run should make more entries than a frame holds"
             await step(pilot)
         log = app.query_one(EventLog)
         seqs = [e.seq for e in log.lines]
         assert seqs == list(range(1, len(seqs) + 1)) and seqs[-1] == app.runner.frame.log[-1].seq
-        assert len(seqs) > len(app.runner.frame.log) == 100, "the log should keep more than a frame"
+        assert len(seqs) > len(app.runner.frame.log) == 30, "the log should keep more than a frame"
         first = log.lines[0]
         assert log.visible()[-1] == log.lines[-1]  # following the newest
         assert first not in log.visible()
