@@ -83,8 +83,8 @@ def add_tune_parser(sub) -> None:
         default=None,
         metavar="N",
         help="re-run the winner and the defaults on the wall clock (the real model) on the first N "
-        "requests, to check the cost clock's ranking of the two (default: the first round's requests, "
-        "a quarter of them, at least 8: the real model's steps take real time)",
+        "requests, to check the cost clock's ranking of the two (default: the shortest of the search's "
+        "prefixes, a quarter, a half or all, on which the cost clock already puts the winner ahead)",
     )
     tu.add_argument("--no-confirm", dest="confirm", action="store_false", help="skip the wall-clock check")
     tu.add_argument(
@@ -108,7 +108,15 @@ def add_tune_parser(sub) -> None:
         metavar="N",
         help="for a workload line without max_new_tokens (64; not a cap: a line's own wins)",
     )
-    tu.add_argument("--threads", type=positive_int, default=2, metavar="N", help="torch CPU threads (default 2)")
+    tu.add_argument(
+        "--threads",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="torch CPU threads for the cost profile's calibration and the wall-clock check (default 1: "
+        "on a machine whose cores others use, a second thread waits for a core and steps run several "
+        "times slower; a profile is measured per thread count)",
+    )
     add_engine_args(tu, "kv_memory", "max_len")
     tu.set_defaults(fn=cmd_tune)
 
@@ -201,16 +209,18 @@ def run_search(args, bench, grid, base, model, kv_mib, write_text, Console) -> N
     from tinyllm.tune.evaluate import Evaluator
     from tinyllm.tune.report import (
         TRANSFER,
+        ablation_table,
         changes_table,
         front_table,
         margin,
         ranking_table,
+        reverted,
         serve_command,
         to_json,
         vllm_command,
         wall_line,
     )
-    from tinyllm.tune.search import pareto_front, prefixes, search
+    from tinyllm.tune.search import pareto_front, search
 
     err = Console(stderr=True)
     n = len(bench.arrivals)
@@ -228,8 +238,9 @@ def run_search(args, bench, grid, base, model, kv_mib, write_text, Console) -> N
         try:
             result = search(grid, base, evaluator, n, args.objective, args.budget_s)
             winner = result.final[0]
-            check = min(n, args.confirm_requests or prefixes(n)[0])
-            on_cost = evaluator([winner.point, base], check)  # the cost clock's figures for the same requests
+            check, on_cost = check_length(evaluator, winner.point, base, n, args.objective, args.confirm_requests)
+            changed = reverted(winner.point, base)
+            undone = list(zip((name for name, _ in changed), evaluator([p for _, p in changed], winner.requests)))
         finally:
             evaluator.close()
         torch.set_num_threads(args.threads)
@@ -271,6 +282,8 @@ def run_search(args, bench, grid, base, model, kv_mib, write_text, Console) -> N
     )
     if winner.point != base:
         out.print(changes_table(winner, result.defaults))
+    if undone:
+        out.print(ablation_table(winner, undone, args.objective))
     if wall is not None:
         out.print(wall_line(wall, args.objective), highlight=False)
     serve = serve_command(winner.point, kv_mib, args.max_len, args.model)
@@ -300,12 +313,28 @@ def run_search(args, bench, grid, base, model, kv_mib, write_text, Console) -> N
             "stand_in": args.stand_in,
         }
         commands = {"tinyllm_serve": serve if winner.point.chunked_prefill else None, "vllm": vllm, "notes": notes}
-        report = to_json(result, args.objective, base, header, wall, commands)
+        report = to_json(result, args.objective, base, header, wall, commands, undone)
         try:
             write_text(args.json, json.dumps(report, indent=1))
         except OSError as e:
             raise UsageError(f"--json {args.json}: cannot write it: {e.strerror or e}") from None
         print(f"wrote {args.json}", file=sys.stderr)
+
+
+def check_length(evaluator, winner, base, n: int, objective: str, asked: int | None) -> tuple[int, list]:
+    """How many requests the wall-clock check runs, and the cost clock's outcomes for the winner
+    and the defaults on them: ``asked`` (--confirm-requests), else the shortest of the search's
+    prefixes on which the cost clock already puts the winner ahead (a prefix where the two tie
+    would confirm nothing), else all."""
+    from tinyllm.tune.search import prefixes, score
+
+    if asked:
+        return min(n, asked), evaluator([winner, base], min(n, asked))
+    for m in prefixes(n):
+        outs = evaluator([winner, base], m)
+        if score(outs[0], objective)[:2] < score(outs[1], objective)[:2]:
+            return m, outs
+    return n, outs
 
 
 def wall_check(model, bench, winner, base, n: int, objective: str, on_cost):

@@ -42,11 +42,15 @@ def wall_line(wall: WallCheck, objective: str) -> str:
         else "the ranking does NOT hold on the wall clock: this machine's step cost is not the profile's "
         "(busy, or a profile from elsewhere), or the margin is within its error"
     )
+    w, c = wall.winner, wall.cost_winner
+    pace = ""
+    if w.steps and c.steps and c.busy_s:
+        pace = f"; the real model's steps took {w.busy_s / w.steps / (c.busy_s / c.steps):.2g}x the profile's here"
     return (
         f"wall-clock check on the first {wall.winner.requests} requests (the real model; the winner and the "
         f"defaults in one race): {objective} winner {figure(wall.winner, objective)} (cost clock "
         f"{figure(wall.cost_winner, objective)}), defaults {figure(wall.defaults, objective)} (cost clock "
-        f"{figure(wall.cost_defaults, objective)}): {verdict}"
+        f"{figure(wall.cost_defaults, objective)}){pace}: {verdict}"
     )
 
 
@@ -156,6 +160,48 @@ def changes_table(winner: Outcome, base: Outcome) -> Table:
     return t
 
 
+def reverted(winner: Point, base: Point) -> list[tuple[str, Point]]:
+    """The winner with one of its changes undone (back at the defaults' value), per change that
+    leaves a point an engine can run: (the setting's short name, the point)."""
+    from dataclasses import fields, replace
+
+    out = []
+    for f in fields(winner):
+        if getattr(winner, f.name) == getattr(base, f.name):
+            continue
+        p = replace(winner, **{f.name: getattr(base, f.name)}).canonical()
+        if p != winner and not p.valid():
+            out.append((f.name, p))
+    return out
+
+
+def ablation_table(winner: Outcome, undone: list[tuple[str, Outcome]], objective: str) -> Table:
+    """What each of the winner's changes is worth: the winner with that one change undone."""
+    t = Table(title="each change's part: the winner with one change undone", title_justify="left")
+    for col in ("undone", objective, "met", "preempted", "TTFT p95"):
+        t.add_column(col, justify="left" if col == "undone" else "right")
+    t.add_row(
+        "(none: the winner)",
+        figure(winner, objective),
+        f"{winner.met}/{winner.judged}",
+        str(winner.preemptions),
+        f"{winner.ttft_p95_s * 1e3:.0f} ms",
+    )
+    for name, o in undone:
+        said = o.point.words(winner.point) or name  # the undone setting at the defaults' value
+        if o.error:
+            t.add_row(f"back to {said}", "refused", "", "", "")
+            continue
+        t.add_row(
+            f"back to {said}",
+            figure(o, objective),
+            f"{o.met}/{o.judged}",
+            str(o.preemptions),
+            f"{o.ttft_p95_s * 1e3:.0f} ms",
+        )
+    return t
+
+
 def serve_command(p: Point, kv_mib: float, max_len: int | None, model: str | None) -> str:
     """The winner as ``tinyllm serve`` options (the server always runs chunked prefill)."""
     args = ["tinyllm", "serve"]
@@ -205,7 +251,13 @@ TRANSFER = (
 
 
 def to_json(
-    result: SearchResult, objective: str, base: Point, header: dict, wall: WallCheck | None, commands: dict
+    result: SearchResult,
+    objective: str,
+    base: Point,
+    header: dict,
+    wall: WallCheck | None,
+    commands: dict,
+    undone: list[tuple[str, Outcome]] = (),
 ) -> dict:
     """The whole answer. ``measured`` holds the only figures that change run to run."""
     winner = result.final[0]
@@ -226,6 +278,7 @@ def to_json(
         "ranking": [o.as_dict() for o in result.final],
         "pareto_front": [o.as_dict() for o in pareto_front(result.final)],
         "changes": [{"what": a, "defaults": b, "winner": c} for a, b, c in changes(winner, result.defaults)],
+        "one_change_undone": [{"setting": name, **o.as_dict()} for name, o in undone],
         "commands": commands,
         "transfer": TRANSFER,
         "measured": {
