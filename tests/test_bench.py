@@ -209,7 +209,7 @@ def test_chart_bars_start_in_one_column(tiny_bench, width):
     assert len({b.index("█") for b in bars}) == 1
 
 
-def test_agreement_enforces_every_path_and_at_bfloat16_the_token_budget_paths():
+def test_agreement_enforces_every_path_and_at_bfloat16_the_batch_invariant_ones():
     from tinyllm.bench.run import BF16_NOTE, CHECKED, UNCHECKED, agreement
 
     a, b, c = [1, 2], [3, 4], [5, 6]
@@ -223,17 +223,20 @@ def test_agreement_enforces_every_path_and_at_bfloat16_the_token_budget_paths():
     }
     assert agreement(same, False) == ({**{k: 1.0 for k in same}, "transformers": 0.5}, True, None)
     assert agreement(same, True)[1:] == (True, None)
-    slots_off = {**same, "continuous-slots (memory)": [a, c]}  # a PyTorch-attention path differs
-    assert agreement(slots_off, False)[1:] == (False, None)
-    assert agreement(slots_off, True)[1:] == (
-        True,
-        BF16_NOTE + CHECKED.format(", ".join(run for run in slots_off if run.startswith("continuous-chunked"))),
-    )
+    solo_off = {**same, "solo": [c]}  # solo generate runs PyTorch's dense attention
+    tinyllm = [run for run in same if run not in ("solo", "transformers")]
+    assert agreement(solo_off, False)[1:] == (False, None)
+    assert agreement(solo_off, True)[1:] == (True, BF16_NOTE + CHECKED.format(", ".join(tinyllm)))
+    slots_off = {**same, "continuous-slots (memory)": [a, c]}  # on the C kernels every path must agree
+    assert agreement(slots_off, True)[1:] == (False, None)
+    # on PyTorch's ragged attention (no compiler) only the token-budget runs are held to it
+    chunked = [run for run in slots_off if run.startswith("continuous-chunked")]
+    assert agreement(slots_off, True, c_kernels=False)[1:] == (True, BF16_NOTE + CHECKED.format(", ".join(chunked)))
     chunked_off = {**slots_off, "continuous-chunked (memory)": [c, b]}  # a token-budget path differs from another
-    agree, ok, note = agreement(chunked_off, True)
+    agree, ok, note = agreement(chunked_off, True, c_kernels=False)
     assert not ok and note is None and agree["continuous-chunked (memory)"] == 0.5
     one_chunked = {k: v for k, v in slots_off.items() if k != "continuous-chunked-nocache (slots)"}
-    assert agreement(one_chunked, True)[1:] == (True, BF16_NOTE + UNCHECKED)  # nothing to check it against
+    assert agreement(one_chunked, True, c_kernels=False)[1:] == (True, BF16_NOTE + UNCHECKED)
     assert agreement(one_chunked, False)[1] is False
 
 
