@@ -15,47 +15,16 @@ import asyncio
 import sys
 from pathlib import Path
 
-import torch
-
-from tinyllm.engine import ContinuousEngine, Sampling
-from tinyllm.model.checkpoint import load_checkpoint
-from tinyllm.request import RequestSettings
-from tinyllm.workload import bundled_workloads
-from tui.app import TinyLLMApp
-from tui.runners.engine import EngineRunner
-from tui.runners.interface import StepOnce
+from screenshot import demo_app, step_once, wait_for_requests  # (scripts/: the same app)
 
 
 async def main(width: int, height: int, steps: list[int]) -> None:
-    model, tok = load_checkpoint()
-    eng = ContinuousEngine(
-        model,
-        6,
-        512,
-        kv="paged",
-        block_size=16,
-        kv_blocks=40,
-        generator=torch.Generator().manual_seed(0),
-        chunked_prefill=True,
-        max_batched_tokens=24,
-    )
-    app = TinyLLMApp(
-        EngineRunner(eng, tok, paused=True),
-        tok,
-        model_name="bundled Shakespeare",
-        settings=RequestSettings(Sampling(0.8, top_k=50), 120),
-        prompts_file=bundled_workloads()["mixed_lengths"],
-        panes=True,
-    )
+    app = demo_app(panes=True)
     async with app.run_test(size=(width, height)) as pilot:
-        while len(app.runner.frame.snapshot.requests) < 16:
-            await pilot.pause(0.05)
+        await wait_for_requests(app, pilot)
         for target in sorted(steps):
             while app.runner.steps_done < target:
-                n = app.runner.steps_done
-                app.runner.send(StepOnce())
-                while app.runner.steps_done == n:
-                    await pilot.pause(0.01)
+                await step_once(app, pilot)
             app.refresh_from_runner(force=True)
             await pilot.pause(0.3)
             lines = ["".join(seg.text for seg in strip).rstrip() for strip in app.screen._compositor.render_strips()]

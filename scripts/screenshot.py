@@ -21,7 +21,9 @@ from tui.runners.engine import EngineRunner
 from tui.runners.interface import StepOnce
 
 
-async def main(width: int, height: int, out: Path) -> None:
+def demo_app(panes: bool = False) -> TinyLLMApp:
+    """The app the docs' pictures show: the bundled model on a tight paged pool (6 slots, 40
+    blocks of 16, 24 tokens a step), paused, loading the mixed_lengths workload."""
     model, tok = load_checkpoint()
     eng = ContinuousEngine(
         model,
@@ -34,21 +36,36 @@ async def main(width: int, height: int, out: Path) -> None:
         chunked_prefill=True,
         max_batched_tokens=24,
     )
-    app = TinyLLMApp(
+    return TinyLLMApp(
         EngineRunner(eng, tok, paused=True),
         tok,
         model_name="bundled Shakespeare",
         settings=RequestSettings(Sampling(0.8, top_k=50), 120),
         prompts_file=bundled_workloads()["mixed_lengths"],
+        panes=panes,
     )
+
+
+async def wait_for_requests(app: TinyLLMApp, pilot, n: int = 16) -> None:
+    """Until the workload's first ``n`` requests are in."""
+    while len(app.runner.frame.snapshot.requests) < n:
+        await pilot.pause(0.05)
+
+
+async def step_once(app: TinyLLMApp, pilot) -> None:
+    """One engine step, waited for."""
+    n = app.runner.steps_done
+    app.runner.send(StepOnce())
+    while app.runner.steps_done == n:
+        await pilot.pause(0.01)
+
+
+async def main(width: int, height: int, out: Path) -> None:
+    app = demo_app()
     async with app.run_test(size=(width, height)) as pilot:
-        while len(app.runner.frame.snapshot.requests) < 16:
-            await pilot.pause(0.05)
+        await wait_for_requests(app, pilot)
         for _ in range(120):
-            n = app.runner.steps_done
-            app.runner.send(StepOnce())
-            while app.runner.steps_done == n:
-                await pilot.pause(0.01)
+            await step_once(app, pilot)
         running = [r for r in app.runner.frame.snapshot.requests if r.state == "running"]
         app.select(max(running, key=lambda r: len(r.tokens)).rid if running else 0)
         app.query_one("#requests").focus()

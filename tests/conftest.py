@@ -51,3 +51,11 @@ def model():
     from tests.helpers import random_model
 
     return random_model()
+
+
+@pytest.fixture(scope="module")
+def model_tok():
+    """The bundled checkpoint on the CPU: (model, tokenizer), for tests of real text."""
+    from tinyllm.model.checkpoint import load_checkpoint
+
+    return load_checkpoint(device="cpu")

@@ -65,6 +65,45 @@ def solo_outputs(model: Transformer, reqs: list[Request]) -> list[list[int]]:
     return [generate(model, r.prompt, r.max_new_tokens, eos_id=r.eos_id) for r in reqs]
 
 
+def chunked_engine(
+    model: Transformer,
+    slots: int | None,
+    max_len: int | None = None,
+    *,
+    block_size: int,
+    budget: int,
+    seeded: bool = False,
+    **settings,
+) -> ContinuousEngine:
+    """The token-budget scheduler on a paged cache, the tests' usual engine: ``budget`` tokens a
+    step over blocks of ``block_size``; ``seeded``: sampling from a generator seeded 0; the other
+    settings (kv_blocks, prefix_cache, scheduling_policy, ...) as given."""
+    if seeded:
+        settings["generator"] = torch.Generator().manual_seed(0)
+    return ContinuousEngine(
+        model,
+        slots,
+        max_len,
+        kv="paged",
+        block_size=block_size,
+        chunked_prefill=True,
+        max_batched_tokens=budget,
+        **settings,
+    )
+
+
+def check_ragged_columns(out, q, pool, items, reference) -> None:
+    """Each query column of a ragged attention's output (``items``: (slot, start, n) per sequence,
+    their n query tokens in order) equals ``reference`` computed for that row alone."""
+    col = 0
+    for slot, start, n in items:
+        for j in range(n):
+            torch.testing.assert_close(
+                out[0, :, col], reference(pool, slot, q[0, :, col], start + j), rtol=1e-5, atol=1e-5
+            )
+            col += 1
+
+
 def check_invariants(eng: ContinuousEngine) -> None:
     """What must hold after every step, for either cache."""
     slots = eng.slots

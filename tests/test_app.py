@@ -58,8 +58,27 @@ def make_app(
         chunked_prefill=budget is not None,
         max_batched_tokens=budget,
     )
+    return watched_app(eng, tok, new, **kw)
+
+
+def watched_app(
+    eng: ContinuousEngine,
+    tok,
+    new: int = 12,
+    *,
+    settings: RequestSettings | None = None,
+    recorder=None,
+    paused: bool = True,
+    **kw,
+) -> TinyLLMApp:
+    """The app over ``eng`` in a thread (paused: the test steps it), its requests ``new`` tokens
+    long unless ``settings`` say otherwise, watched (``_watch``)."""
     app = TinyLLMApp(
-        EngineRunner(eng, tok, paused=True), tok, model_name="test", settings=RequestSettings(Sampling(), new), **kw
+        EngineRunner(eng, tok, paused=paused, recorder=recorder),
+        tok,
+        model_name="test",
+        settings=settings or RequestSettings(Sampling(), new),
+        **kw,
     )
     _watch(app)
     return app

@@ -13,12 +13,21 @@ from textual import events
 from textual._xterm_parser import XTermParser
 from textual.widgets import Footer
 
-from tests.test_app import LoadingRunner, _watch, bundled, errors_of, make_app, no_unexpected_errors, step, until  # noqa: F401
+from tests.test_app import (  # noqa: F401
+    LoadingRunner,
+    _watch,
+    bundled,
+    errors_of,
+    make_app,
+    no_unexpected_errors,
+    step,
+    until,
+    watched_app,
+)
 from tinyllm.engine import ContinuousEngine, Sampling
 from tinyllm.observe.recording import read_recording
 from tinyllm.request import RequestSettings
 from tui.app import TinyLLMApp
-from tui.runners.engine import EngineRunner
 from tui.runners.frames import FrameRecorder
 from tui.runners.interface import Submit
 from tui.widgets.prompt_editor import PromptEditor
@@ -132,13 +141,7 @@ async def test_prompts_typed_at_machine_speed_reach_the_engine_and_the_recording
     eng = ContinuousEngine(model, 3, 128, kv="paged", block_size=8, kv_blocks=64)
     path = tmp_path / "typed.jsonl"
     rec = FrameRecorder(path, eng.snapshot(), "shakespeare", "nowhere", {})
-    app = TinyLLMApp(
-        EngineRunner(eng, tok, paused=True, recorder=rec),
-        tok,
-        model_name="test",
-        settings=RequestSettings(Sampling(), 4),
-    )
-    _watch(app)
+    app = watched_app(eng, tok, 4, recorder=rec)
     async with app.run_test(size=(120, 36)) as pilot:
         burst(app, TYPED)
         await until(pilot, lambda: len(app.runner.frame.snapshot.requests) >= len(SENT), what="every request")

@@ -14,20 +14,19 @@ import torch
 
 from tests.test_app import (
     LoadingRunner,
-    _watch,
     bundled,
     make_app,
     no_unexpected_errors,  # noqa: F401
     step,
     submit,
     until,
+    watched_app,
 )
 from tests.test_race_app import race_app, small_work
 from tinyllm.engine import ContinuousEngine, Sampling
 from tinyllm.request import RequestSettings
 from tui.app import TinyLLMApp
 from tui.cli import check_writable
-from tui.runners.engine import EngineRunner
 from tui.runners.frames import FrameRecorder
 from tui.screens.modals import QuitConfirm
 from tui.screens.race import RaceScreen
@@ -127,15 +126,7 @@ def _recording_app(path, new: int = 4) -> TinyLLMApp:
     model, tok = bundled()
     eng = ContinuousEngine(model, 2, 128, kv="paged", block_size=8, generator=torch.Generator().manual_seed(0))
     rec = FrameRecorder(path, eng.snapshot(), "shakespeare", "nowhere", {})  # writes its header now
-    app = TinyLLMApp(
-        EngineRunner(eng, tok, paused=True, recorder=rec),
-        tok,
-        model_name="test",
-        settings=RequestSettings(Sampling(), new),
-        recording=path,
-    )
-    _watch(app)
-    return app
+    return watched_app(eng, tok, new, recorder=rec, recording=path)
 
 
 async def test_a_recording_with_nothing_in_it_is_removed_and_its_name_is_free_again(tmp_path):

@@ -7,15 +7,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
-from tests.test_app import BOUND, EFFECTS, Before, _watch, bundled, no_unexpected_errors, step, submit, until  # noqa: F401
-from tinyllm.engine import ContinuousEngine, Sampling
+from tests.helpers import chunked_engine
+from tests.test_app import (  # noqa: F401
+    BOUND,
+    EFFECTS,
+    Before,
+    _watch,
+    bundled,
+    no_unexpected_errors,
+    step,
+    submit,
+    until,
+    watched_app,
+)
 from tinyllm.observe.recording import read_recording
-from tinyllm.request import RequestSettings
 from tui.app import TinyLLMApp
 from tui.cli import build_app
-from tui.runners.engine import EngineRunner
 from tui.runners.frames import FrameRecorder
 from tui.runners.interface import SeekStep, SetDelay, SetPaused
 from tui.runners.replay import ReplayRunner
@@ -44,25 +52,9 @@ async def test_a_run_recorded_in_the_app_replays_frame_for_frame(tmp_path):
     step the replay's frame holds what the live app showed."""
     path = tmp_path / "run.jsonl"
     model, tok = bundled()
-    eng = ContinuousEngine(
-        model,
-        2,
-        128,
-        kv="paged",
-        block_size=8,
-        kv_blocks=7,
-        chunked_prefill=True,
-        max_batched_tokens=8,
-        generator=torch.Generator().manual_seed(0),
-    )
+    eng = chunked_engine(model, 2, 128, block_size=8, budget=8, seeded=True, kv_blocks=7)
     rec = FrameRecorder(path, eng.snapshot(), "shakespeare", "nowhere", {})
-    live = TinyLLMApp(
-        EngineRunner(eng, tok, paused=True, recorder=rec),
-        tok,
-        model_name="test",
-        settings=RequestSettings(Sampling(), 30),
-    )
-    _watch(live)
+    live = watched_app(eng, tok, 30, recorder=rec)
     seen = {}
     async with live.run_test(size=(120, 40)) as pilot:
         for text in ("ROMEO:\nO, she doth teach", "JULIET:\n", "HAMLET:\nTo be"):

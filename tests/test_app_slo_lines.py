@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import torch
 
-from tests.test_app import _watch, bundled, no_unexpected_errors, until  # noqa: F401
+from tests.test_app import _watch, bundled, no_unexpected_errors, until, watched_app  # noqa: F401
 from tests.test_app_slo import plain
-from tinyllm.engine import ContinuousEngine, Sampling
+from tinyllm.engine import ContinuousEngine
 from tinyllm.observe.recording import header_slo, read_recording, recorded_verdicts
-from tinyllm.request import RequestSettings
 from tinyllm.slo import SLO, snapshot_verdicts
 from tui.app import TinyLLMApp
 from tui.cli import build_app, build_parser, with_slo
-from tui.runners.engine import EngineRunner
 from tui.runners.frames import FrameRecorder
 from tui.widgets.kv_panel import KVPanel
 from tui.widgets.request_list import RequestList
@@ -36,14 +34,7 @@ def recording_app(wl, path) -> TinyLLMApp:
     model, tok = bundled()
     eng = ContinuousEngine(model, 2, 128, generator=torch.Generator().manual_seed(0))
     rec = FrameRecorder(path, eng.snapshot(), "shakespeare", "nowhere", {}, slo=SLO.parse(RUN_SLO))
-    app = TinyLLMApp(
-        EngineRunner(eng, tok, paused=True, recorder=rec),
-        tok,
-        model_name="test",
-        settings=RequestSettings(Sampling(), 5),
-        prompts_file=wl,
-    )
-    _watch(app)
+    app = watched_app(eng, tok, 5, recorder=rec, prompts_file=wl)
     return with_slo(app, build_parser().parse_args(["--slo", RUN_SLO]))
 
 

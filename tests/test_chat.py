@@ -15,7 +15,6 @@ import pytest
 
 from tests.helpers import SERVED_MODEL, check_invariants, serve_in_thread
 from tinyllm.engine.solo import generate
-from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.model.config import BUNDLED_MODEL
 from tinyllm.model.train import PLAY_CHAT_TEMPLATE
 from tinyllm.request import TokenLogprob
@@ -28,11 +27,6 @@ MODEL = SERVED_MODEL
 TIMEOUT = httpx.Timeout(60.0)
 CHAT = [{"role": "system", "content": "A street in Verona."}, {"role": "user", "content": "Who goes there?"}]
 ACCOUNTING_KEYS = {"queue_ms", "prefill_ms", "decode_ms", "e2e_ms", "preemptions", "cached_tokens"}
-
-
-@pytest.fixture(scope="module")
-def model_tok():
-    return load_checkpoint(device="cpu")
 
 
 @pytest.fixture(scope="module")

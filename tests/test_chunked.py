@@ -10,7 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.helpers import check_invariants, mixed_workload, random_model, run_random_ops, solo_outputs, with_early_eos
+from tests.helpers import (
+    check_invariants,
+    chunked_engine,
+    mixed_workload,
+    random_model,
+    run_random_ops,
+    solo_outputs,
+    with_early_eos,
+)
 from tests.test_paged import op  # noqa: F401  (also loads the shared hypothesis profile)
 from tinyllm.engine import ContinuousEngine, Request, run_continuous, run_static
 from tinyllm.engine.solo import generate
@@ -23,16 +31,7 @@ def workload(model):
 
 
 def chunked(model, n_slots, budget, block_size=8, kv_blocks=None, max_len=None):
-    return ContinuousEngine(
-        model,
-        n_slots,
-        max_len,
-        kv="paged",
-        block_size=block_size,
-        kv_blocks=kv_blocks,
-        chunked_prefill=True,
-        max_batched_tokens=budget,
-    )
+    return chunked_engine(model, n_slots, max_len, block_size=block_size, budget=budget, kv_blocks=kv_blocks)
 
 
 def check_chunked(eng: ContinuousEngine) -> None:

@@ -19,12 +19,11 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import SERVED_MODEL, check_invariants, random_model, serve_in_thread
+from tests.helpers import SERVED_MODEL, check_invariants, chunked_engine, random_model, serve_in_thread
 from tests.test_chunked import check_chunked
 from tests.test_paged import op  # noqa: F401  (loads the shared hypothesis profile)
 from tinyllm.engine import ContinuousEngine, Request
 from tinyllm.engine.solo import generate
-from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.request import SEED_MAX, SEED_MIN, Sampling, fork_sampling
 
 PROMPT = list(range(1, 21))  # 20 tokens: 2 full blocks of 8 and a partial one
@@ -39,16 +38,8 @@ def engine(
     prefix_cache: bool = True,
     max_len: int | None = None,
 ) -> ContinuousEngine:
-    return ContinuousEngine(
-        model,
-        n_slots,
-        max_len,
-        kv="paged",
-        block_size=block_size,
-        kv_blocks=kv_blocks,
-        chunked_prefill=True,
-        max_batched_tokens=budget,
-        prefix_cache=prefix_cache,
+    return chunked_engine(
+        model, n_slots, max_len, block_size=block_size, budget=budget, kv_blocks=kv_blocks, prefix_cache=prefix_cache
     )
 
 
@@ -336,11 +327,6 @@ MODEL = SERVED_MODEL
 
 
 @pytest.fixture(scope="module")
-def model_tok():
-    return load_checkpoint(device="cpu")
-
-
-@pytest.fixture(scope="module")
 def server(model_tok):
     s = serve_in_thread(*model_tok, slots=8)
     yield s
@@ -471,32 +457,14 @@ def test_a_client_that_goes_away_aborts_every_sample(server):
 
 async def test_the_app_sends_n_samples_as_forks_and_the_block_map_shows_them_shared():
     """A prompt file's (or the app's) n: one prompt, n requests, the prompt's full blocks shared."""
-    import torch
 
     from tests.screen_check import check_panels
-    from tests.test_app import _watch, bundled, step, submit, until  # noqa: F401
+    from tests.test_app import bundled, step, submit, until, watched_app
     from tinyllm.request import RequestSettings, Sampling
-    from tui.app import TinyLLMApp
-    from tui.runners.engine import EngineRunner
 
     model, tok = bundled()
-    eng = ContinuousEngine(
-        model,
-        4,
-        128,
-        kv="paged",
-        block_size=4,
-        chunked_prefill=True,
-        max_batched_tokens=64,
-        generator=torch.Generator().manual_seed(0),
-    )
-    app = TinyLLMApp(
-        EngineRunner(eng, tok, paused=True),
-        tok,
-        model_name="test",
-        settings=RequestSettings(Sampling(temperature=0.8, seed=7), 6, n=3),
-    )
-    _watch(app)
+    eng = chunked_engine(model, 4, 128, block_size=4, budget=64, seeded=True)
+    app = watched_app(eng, tok, settings=RequestSettings(Sampling(temperature=0.8, seed=7), 6, n=3))
     async with app.run_test(size=(120, 40)) as pilot:
         await submit(pilot, "ROMEO:\nWhat light through yonder window breaks?\n")
         await until(pilot, lambda: len(app.runner.frame.snapshot.requests) == 3, what="three samples")

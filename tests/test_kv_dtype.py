@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import check_invariants, mixed_workload, random_model, with_early_eos
+from tests.helpers import check_invariants, chunked_engine, mixed_workload, random_model, with_early_eos
 from tinyllm import native
 from tinyllm.engine import ContinuousEngine, Request, kv_bytes_per_token, run_continuous, run_static
 from tinyllm.engine.build import MIB
@@ -93,9 +93,7 @@ def test_a_mixed_step_on_the_kernels_matches_pytorch_on_a_bfloat16_pool(model, m
 
     def step(native_on: bool):
         monkeypatch.setattr(native, "ENABLED", native_on)
-        eng = ContinuousEngine(
-            model, 4, 96, kv="paged", block_size=8, chunked_prefill=True, max_batched_tokens=40, kv_cache_dtype=BF16
-        )
+        eng = chunked_engine(model, 4, 96, block_size=8, budget=40, kv_cache_dtype=BF16)
         for i in range(3):  # 30-token prompts, 40 tokens a step
             eng.add_request(Request([(7 * i + 3 * j) % model.cfg.vocab_size for j in range(30)], 20))
         eng.step()
@@ -173,31 +171,11 @@ def test_64_plus_sequences_on_what_a_bfloat16_budget_buys(model):
     fp32_bpt = kv_bytes_per_token(model, torch.device("cpu"))
     assert kv_bytes_per_token(model, torch.device("cpu"), BF16) * 2 == fp32_bpt
     mib = 96 * 64 * fp32_bpt / 2 / MIB  # 96 x 64 tokens at bfloat16
-    eng32 = ContinuousEngine(model, max_len=64, kv="paged", block_size=8, kv_memory_mib=mib, max_num_seqs=96)
-    eng16 = ContinuousEngine(
-        model,
-        max_len=64,
-        kv="paged",
-        block_size=8,
-        kv_memory_mib=mib,
-        max_num_seqs=96,
-        chunked_prefill=True,
-        max_batched_tokens=4096,
-        kv_cache_dtype=BF16,
-    )
+    pool = dict(max_len=64, kv="paged", block_size=8, kv_memory_mib=mib, max_num_seqs=96)
+    bf16 = dict(pool, chunked_prefill=True, max_batched_tokens=4096, kv_cache_dtype=BF16)
+    eng32, eng16 = ContinuousEngine(model, **pool), ContinuousEngine(model, **bf16)
     assert eng16.slots.n_blocks == 2 * eng32.slots.n_blocks == 96 * 64 // 8
-    res, stats = run_continuous(
-        model,
-        reqs,
-        max_len=64,
-        kv="paged",
-        block_size=8,
-        kv_memory_mib=mib,
-        max_num_seqs=96,
-        chunked_prefill=True,
-        max_batched_tokens=4096,
-        kv_cache_dtype=BF16,
-    )
+    res, stats = run_continuous(model, reqs, **bf16)
     assert stats["peak_active"] == 96 and stats["preemptions"] == 0
     assert [r.tokens for r in res] == [generate(model, r.prompt, r.max_new_tokens, kv_cache_dtype=BF16) for r in reqs]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import mixed_workload, solo_outputs, with_early_eos
+from tests.helpers import check_ragged_columns, mixed_workload, solo_outputs, with_early_eos
 from tinyllm import native
 from tinyllm.engine import run_continuous
 
@@ -167,13 +167,7 @@ def test_a_ragged_batch_of_decodes_and_chunks_runs_on_the_kernel():
     out = attn.attend(0, q, pool.k[0, attn._write].transpose(0, 1)[None], pool.v[0, attn._write].transpose(0, 1)[None])
     assert attn._native is not None and attn._native[2].tolist() == [slot for slot, _, n in items for _ in range(n)]
     assert attn._decode is None and attn._chunks is None
-    col = 0
-    for slot, start, n in items:
-        for j in range(n):
-            torch.testing.assert_close(
-                out[0, :, col], one_row(pool, slot, q[0, :, col], start + j), rtol=1e-5, atol=1e-5
-            )
-            col += 1
+    check_ragged_columns(out, q, pool, items, one_row)
 
 
 @needs_kernel

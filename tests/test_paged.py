@@ -143,13 +143,16 @@ op = st.one_of(
 )
 
 
-@given(
+# An engine of either cache, its pool tight (one max-size request and a few blocks more).
+ENGINES = dict(
     kv=st.sampled_from(["slots", "paged"]),
     n_slots=st.integers(1, 5),
     block_size=st.integers(1, 32),
     spare_blocks=st.integers(0, 6),
-    ops=st.lists(op, max_size=25),
 )
+
+
+@given(**ENGINES, ops=st.lists(op, max_size=25))
 def test_random_add_abort_step_keeps_invariants(kv, n_slots, block_size, spare_blocks, ops):
     max_len = 56
     kw = {}
@@ -170,13 +173,7 @@ def test_random_add_abort_step_keeps_invariants(kv, n_slots, block_size, spare_b
 
 @pytest.mark.slow
 @settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    kv=st.sampled_from(["slots", "paged"]),
-    n_slots=st.integers(1, 5),
-    block_size=st.integers(1, 32),
-    spare_blocks=st.integers(0, 6),
-    ops=st.lists(op, max_size=40),
-)
+@given(**ENGINES, ops=st.lists(op, max_size=40))
 def test_random_add_abort_step_keeps_invariants_thorough(kv, n_slots, block_size, spare_blocks, ops):
     """The same property, ten times the examples and longer sequences (pytest -m slow)."""
     test_random_add_abort_step_keeps_invariants.hypothesis.inner_test(kv, n_slots, block_size, spare_blocks, ops)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import check_invariants, mixed_workload, random_model, run_checked, solo_outputs
+from tests.helpers import check_invariants, chunked_engine, mixed_workload, random_model, run_checked, solo_outputs
 from tests.test_paged import op  # noqa: F401  (loads the shared hypothesis profile)
 from tinyllm.engine import ContinuousEngine, Request
 from tinyllm.engine.policy import FairQueue, waiting_queue
@@ -112,17 +112,8 @@ def test_fair_shares_one_steps_free_slots_between_tenants():
 def test_priority_preempts_the_lower_priority_decode_not_the_higher_one(model):
     """The pool runs short during the decodes: the victim is the lowest priority running request,
     even when it was admitted first (decodes are planned most important first)."""
-    eng = ContinuousEngine(
-        model,
-        2,
-        max_len=24,
-        kv="paged",
-        block_size=4,
-        kv_blocks=4,
-        chunked_prefill=True,
-        max_batched_tokens=32,
-        prefix_cache=False,
-        scheduling_policy="priority",
+    eng = chunked_engine(
+        model, 2, 24, block_size=4, budget=32, kv_blocks=4, prefix_cache=False, scheduling_policy="priority"
     )
     low = eng.add_request(Request([1] * 6, 10, priority=1))
     eng.step()
@@ -190,16 +181,7 @@ def order_of_admission(eng: ContinuousEngine) -> list[int]:
     "policy, expected", [("fcfs", [0, 1, 2, 3]), ("priority", [3, 0, 2, 1]), ("shortest-first", [2, 3, 0, 1])]
 )
 def test_one_slot_admits_in_the_policys_order(model, policy, expected):
-    eng = ContinuousEngine(
-        model,
-        1,
-        max_len=64,
-        kv="paged",
-        block_size=4,
-        chunked_prefill=True,
-        max_batched_tokens=32,
-        scheduling_policy=policy,
-    )
+    eng = chunked_engine(model, 1, 64, block_size=4, budget=32, scheduling_policy=policy)
     eng.add_request(Request([1] * 8, 2, priority=1))
     eng.add_request(Request([2] * 20, 9, priority=2))  # the longest job, lowest priority
     eng.add_request(Request([3] * 4, 2, priority=1))
@@ -208,16 +190,7 @@ def test_one_slot_admits_in_the_policys_order(model, policy, expected):
 
 
 def test_priority_preempts_a_running_lower_priority_request_and_says_why(model):
-    eng = ContinuousEngine(
-        model,
-        1,
-        max_len=64,
-        kv="paged",
-        block_size=4,
-        chunked_prefill=True,
-        max_batched_tokens=32,
-        scheduling_policy="priority",
-    )
+    eng = chunked_engine(model, 1, 64, block_size=4, budget=32, scheduling_policy="priority")
     low = eng.add_request(Request([1] * 8, 20, priority=5))
     eng.step()
     eng.step()
@@ -236,16 +209,7 @@ def test_priority_preempts_a_running_lower_priority_request_and_says_why(model):
 
 
 def test_fcfs_never_preempts_for_a_newcomer(model):
-    eng = ContinuousEngine(
-        model,
-        1,
-        max_len=64,
-        kv="paged",
-        block_size=4,
-        chunked_prefill=True,
-        max_batched_tokens=32,
-        scheduling_policy="fcfs",
-    )
+    eng = chunked_engine(model, 1, 64, block_size=4, budget=32, scheduling_policy="fcfs")
     eng.add_request(Request([1] * 8, 20, priority=5))
     eng.step()
     eng.add_request(Request([2] * 8, 3, priority=0))
@@ -262,16 +226,7 @@ def _job(i: int) -> Request:
 def served_gap(policy: str, model) -> tuple[int, int]:
     """Run 30 batch requests then 10 chat ones (all at t=0) on 2 slots; the largest gap between the
     two tenants' tokens served while both wait, and the bound the fair policy promises."""
-    eng = ContinuousEngine(
-        model,
-        2,
-        max_len=64,
-        kv="paged",
-        block_size=4,
-        chunked_prefill=True,
-        max_batched_tokens=16,
-        scheduling_policy=policy,
-    )
+    eng = chunked_engine(model, 2, 64, block_size=4, budget=16, scheduling_policy=policy)
     reqs = [_job(i) for i in range(40)]
     for r in reqs:
         eng.add_request(r)
@@ -306,17 +261,7 @@ def waits(eng: ContinuousEngine) -> dict[int, tuple[str, str]]:
 
 def test_a_request_blocked_by_a_full_pool_says_so(model):
     # 5 blocks of 4 tokens; the first request holds all of them, the second needs 3 for its prompt.
-    eng = ContinuousEngine(
-        model,
-        2,
-        max_len=20,
-        kv="paged",
-        block_size=4,
-        kv_blocks=5,
-        chunked_prefill=True,
-        max_batched_tokens=32,
-        prefix_cache=False,
-    )
+    eng = chunked_engine(model, 2, 20, block_size=4, budget=32, kv_blocks=5, prefix_cache=False)
     a = eng.add_request(Request([1] * 18, 2))
     b = eng.add_request(Request([2] * 10, 2))
     eng.step()
@@ -357,17 +302,7 @@ def test_a_request_blocked_by_busy_slots_says_so_in_both_schedulers(model):
 
 
 def test_a_preempted_request_says_why_and_the_trace_of_reasons_is_in_the_lifecycle(model):
-    eng = ContinuousEngine(
-        model,
-        2,
-        max_len=40,
-        kv="paged",
-        block_size=4,
-        kv_blocks=10,
-        chunked_prefill=True,
-        max_batched_tokens=64,
-        prefix_cache=False,
-    )
+    eng = chunked_engine(model, 2, 40, block_size=4, budget=64, kv_blocks=10, prefix_cache=False)
     eng.add_request(Request([1] * 12, 20))
     eng.add_request(Request([2] * 12, 20))
     reasons = []

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.helpers import check_invariants, random_model, solo_outputs
+from tests.helpers import check_invariants, chunked_engine, random_model, solo_outputs
 from tests.test_paged import op  # noqa: F401  (loads the shared hypothesis profile)
 from tinyllm.engine import ContinuousEngine, Request
 from tinyllm.engine.solo import generate
@@ -25,16 +25,7 @@ def model():
 
 
 def engine(model, n_slots=4, kv_blocks=None, budget=64, prefix_cache=True):
-    return ContinuousEngine(
-        model,
-        n_slots,
-        kv="paged",
-        block_size=BS,
-        kv_blocks=kv_blocks,
-        chunked_prefill=True,
-        max_batched_tokens=budget,
-        prefix_cache=prefix_cache,
-    )
+    return chunked_engine(model, n_slots, block_size=BS, budget=budget, kv_blocks=kv_blocks, prefix_cache=prefix_cache)
 
 
 def run(eng, reqs, steps_between: int = 0):
@@ -213,14 +204,12 @@ def test_random_schedules_over_shared_prefixes_keep_refcounts_exact(n_slots, blo
     each cached block full (check_invariants), nothing referenced at the end, and every finished
     request equals solo."""
     max_len = 40
-    eng = ContinuousEngine(
+    eng = chunked_engine(
         _tiny,
         n_slots,
         max_len,
-        kv="paged",
         block_size=block_size,
-        chunked_prefill=True,
-        max_batched_tokens=n_slots + 5,
+        budget=n_slots + 5,
         kv_blocks=-(-max_len // block_size) + spare_blocks,
     )
     added, aborted = {}, set()

@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from tests.helpers import mixed_workload, solo_outputs, with_early_eos
+from tests.helpers import check_ragged_columns, mixed_workload, solo_outputs, with_early_eos
 from tinyllm import native
 from tinyllm.engine import run_continuous
 from tinyllm.kv import ragged
@@ -91,13 +91,7 @@ def test_decodes_and_a_prefill_chunk_share_one_batch_and_the_workspace(monkeypat
     T = sum(n for _, _, n in items)
     q = torch.randn(1, H, T, D)
     out = attn.attend(0, q, pool.k[0, attn._write].transpose(0, 1)[None], pool.v[0, attn._write].transpose(0, 1)[None])
-    col = 0
-    for slot, start, n in items:
-        for j in range(n):
-            torch.testing.assert_close(
-                out[0, :, col], reference(pool, slot, q[0, :, col], start + j), rtol=1e-5, atol=1e-5
-            )
-            col += 1
+    check_ragged_columns(out, q, pool, items, reference)
 
 
 @pytest.mark.parametrize("group_tokens", [8, 40])

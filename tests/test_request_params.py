@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from tests.helpers import check_invariants, random_model, run_checked
-from tinyllm.engine import ContinuousEngine, Request, Sampling
+from tests.helpers import check_invariants, chunked_engine, random_model, run_checked
+from tinyllm.engine import Request, Sampling
 from tinyllm.request import SamplingError
 
 SEEDED = [
@@ -29,16 +29,8 @@ def model():
 
 
 def paged(model, n_slots=6, kv_blocks=None, block_size=4, prefix_cache=True):
-    return ContinuousEngine(
-        model,
-        n_slots,
-        128,
-        kv="paged",
-        block_size=block_size,
-        kv_blocks=kv_blocks,
-        chunked_prefill=True,
-        max_batched_tokens=32,
-        prefix_cache=prefix_cache,
+    return chunked_engine(
+        model, n_slots, 128, block_size=block_size, budget=32, kv_blocks=kv_blocks, prefix_cache=prefix_cache
     )
 
 
@@ -227,19 +219,7 @@ def test_an_attached_app_sends_the_new_fields_only_when_set():
         min_tokens=2,
     )
     body = completion_body(Submit("x", s))
-    assert {
-        k: body[k]
-        for k in (
-            "min_p",
-            "presence_penalty",
-            "frequency_penalty",
-            "repetition_penalty",
-            "seed",
-            "stop",
-            "stop_token_ids",
-            "min_tokens",
-        )
-    } == {
+    want = {
         "min_p": 0.1,
         "presence_penalty": -1,
         "frequency_penalty": 0.5,
@@ -249,3 +229,4 @@ def test_an_attached_app_sends_the_new_fields_only_when_set():
         "stop_token_ids": [3],
         "min_tokens": 2,
     }
+    assert {k: body[k] for k in want} == want

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
+from tests.helpers import chunked_engine
 from tests.screen_check import check_panels
-from tests.test_app import _watch, bundled, has_work, no_unexpected_errors, step, submit, until  # noqa: F401
+from tests.test_app import _watch, bundled, has_work, no_unexpected_errors, step, submit, until, watched_app  # noqa: F401
 from tests.test_app_replay import replay_app
 from tinyllm import units
 from tinyllm.engine import ContinuousEngine, Sampling
@@ -41,27 +41,22 @@ async def ticks_until(pilot, cond, timeout: float = 20.0, what: str = "the app")
         await pilot.pause(0.02)
 
 
+async def run_to_the_drawn_end(pilot, prompt: str, what: str) -> int:
+    """Submit ``prompt`` and wait, on the app's own tick, until its end is the frame on screen."""
+    app = pilot.app
+    rid = await submit(pilot, prompt)
+    await ticks_until(
+        pilot,
+        lambda: app.runner.frame.snapshot.request(rid).state == "finished" and app._details_frame is app.runner.frame,
+        what=what,
+    )
+    return rid
+
+
 def paged_app(slots: int = 8, kv_blocks: int = 256, new: int = 40, paused: bool = True) -> TinyLLMApp:
     model, tok = bundled()
-    eng = ContinuousEngine(
-        model,
-        slots,
-        512,
-        kv="paged",
-        block_size=16,
-        kv_blocks=kv_blocks,
-        chunked_prefill=True,
-        max_batched_tokens=256,
-        generator=torch.Generator().manual_seed(0),
-    )
-    app = TinyLLMApp(
-        EngineRunner(eng, tok, paused=paused),
-        tok,
-        model_name="test",
-        settings=RequestSettings(Sampling(temperature=0.0), new),
-    )
-    _watch(app)
-    return app
+    eng = chunked_engine(model, slots, 512, block_size=16, budget=256, seeded=True, kv_blocks=kv_blocks)
+    return watched_app(eng, tok, settings=RequestSettings(Sampling(temperature=0.0), new), paused=paused)
 
 
 async def test_the_last_frame_is_drawn_whole_when_the_engine_goes_idle():
@@ -69,14 +64,7 @@ async def test_the_last_frame_is_drawn_whole_when_the_engine_goes_idle():
     every panel, and the screen is the run's final state."""
     app = paged_app(paused=False)
     async with app.run_test(size=(120, 40)) as pilot:
-        rid = await submit(pilot, "café ПРИВЕТ 日本語 🎭 — «naïve»:")
-        await ticks_until(
-            pilot,
-            lambda: (
-                app.runner.frame.snapshot.request(rid).state == "finished" and app._details_frame is app.runner.frame
-            ),
-            what="the app's tick to draw the end",
-        )
+        rid = await run_to_the_drawn_end(pilot, "café ПРИВЕТ 日本語 🎭 — «naïve»:", "the app's tick to draw the end")
         assert "finished" in app.query_one(RequestList).row_text(rid)
         check_panels(app)
 
@@ -111,17 +99,7 @@ def staggered_recording(tmp_path_factory) -> Path:
     at step 0), with a small pool so some are preempted; made by a runner driven by commands."""
     path = tmp_path_factory.mktemp("rec") / "staggered.jsonl"
     model, tok = bundled()
-    eng = ContinuousEngine(
-        model,
-        2,
-        128,
-        kv="paged",
-        block_size=8,
-        kv_blocks=9,
-        chunked_prefill=True,
-        max_batched_tokens=16,
-        generator=torch.Generator().manual_seed(0),
-    )
+    eng = chunked_engine(model, 2, 128, block_size=8, budget=16, seeded=True, kv_blocks=9)
     runner = EngineRunner(eng, tok, paused=True, recorder=FrameRecorder(path, eng.snapshot(), "shakespeare", "-", {}))
     thread = threading.Thread(target=runner.run, daemon=True)
     thread.start()
@@ -455,14 +433,7 @@ async def test_an_idle_engine_shows_no_rate():
     seconds of the run) stayed on screen beside '● IDLE'."""
     app = paged_app(paused=False)
     async with app.run_test(size=(120, 40)) as pilot:
-        rid = await submit(pilot, "ROMEO:")
-        await ticks_until(
-            pilot,
-            lambda: (
-                app.runner.frame.snapshot.request(rid).state == "finished" and app._details_frame is app.runner.frame
-            ),
-            what="the run's end drawn",
-        )
+        await run_to_the_drawn_end(pilot, "ROMEO:", "the run's end drawn")
         assert app.runner.frame.tokens_per_s > 0  # the runner's rate over the last seconds
         assert "tok/s 0 " in app.query_one(KVPanel).render().plain + " "
         check_panels(app)

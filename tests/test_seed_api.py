@@ -12,6 +12,13 @@ import torch
 from tests.helpers import mixed_workload, random_model, solo_outputs
 
 
+def fresh_python(code: str, timeout: float = 120) -> str:
+    """What ``code`` prints in a new interpreter (nothing imported yet); it must succeed."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
 def test_the_seeds_import_lines_resolve_and_its_contract_holds():
     # Exactly the seed's import lines (shared/seed/engine.py), then its names from tinyllm.engine.
     from tinyllm.engine import (
@@ -60,8 +67,7 @@ def test_generate_is_the_function_wherever_it_is_imported_from():
         "assert g is s and generate(model, [1, 2, 3], 4) == f(model, [1, 2, 3], 4) == m(model, [1, 2, 3], 4) "
         "== s(model, [1, 2, 3], 4); print('ok')"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    assert fresh_python(code) == "ok"
 
 
 def test_importing_the_package_and_its_config_loads_no_torch():
@@ -71,8 +77,7 @@ def test_importing_the_package_and_its_config_loads_no_torch():
         "from tinyllm.config import EngineConfig; EngineConfig.best(); "
         "print('torch' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+    assert fresh_python(code, timeout=60) == "False"
 
 
 def test_a_config_and_the_keywords_it_stands_for_build_the_same_engine():

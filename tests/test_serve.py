@@ -27,7 +27,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.helpers import SERVED_MODEL, check_invariants, random_model, serve_in_thread
 from tinyllm.engine import ContinuousEngine, Request
 from tinyllm.engine.solo import generate
-from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.model.tokenizer import Tokenizer
 from tinyllm.serve import EngineLoop, RequestFailed, RequestRejected, ServerThread, build_engine, create_app
 from tinyllm.serve.protocol import DEFAULT_MAX_TOKENS
@@ -61,11 +60,6 @@ TIMEOUT = httpx.Timeout(60.0)
 
 
 # -- fixtures -----------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def model_tok():
-    return load_checkpoint(device="cpu")
-
-
 @pytest.fixture(scope="module")
 def server(model_tok):
     s = serve_in_thread(*model_tok, slots=SLOTS)

@@ -14,7 +14,6 @@ import httpx
 import pytest
 
 from tests.helpers import SERVED_MODEL
-from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.serve import EngineLoop, Limits, ServerThread, build_engine, create_app
 from tinyllm.serve.security import exposed_without_key_warning, is_loopback
 
@@ -30,11 +29,6 @@ GUARDED = [
     ("POST", "/v1/tinyllm/abort", {"rid": 12345}),
     ("GET", "/v1/no-such-route", None),
 ]
-
-
-@pytest.fixture(scope="module")
-def model_tok():
-    return load_checkpoint(device="cpu")
 
 
 @pytest.fixture(scope="module")

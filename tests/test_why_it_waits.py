@@ -10,19 +10,16 @@ import time
 
 import httpx
 import pytest
-import torch
 
-from tests.helpers import random_model
+from tests.helpers import chunked_engine, random_model
 from tests.screen_check import check_panels
-from tests.test_app import _watch, bundled, no_unexpected_errors, step, submit, until  # noqa: F401
+from tests.test_app import _watch, bundled, no_unexpected_errors, step, submit, until, watched_app  # noqa: F401
 from tinyllm.engine import ContinuousEngine, Request
 from tinyllm.observe.recording import SnapshotDecoder, SnapshotEncoder, encode_event, make_header
 from tinyllm.observe.timeline import build_tracks
 from tinyllm.observe.trace import perfetto_trace
-from tinyllm.request import RequestSettings, Sampling
 from tinyllm.serve import EngineLoop, ServerThread, build_engine, create_app
 from tui.app import TinyLLMApp
-from tui.runners.engine import EngineRunner
 from tui.widgets.event_log import EventLog
 from tui.widgets.timeline import WAIT_CELLS, paint
 
@@ -34,17 +31,7 @@ def model():
 
 def tight_engine(model) -> ContinuousEngine:
     """5 blocks of 4 tokens: the first request holds them all, the second waits for the pool."""
-    return ContinuousEngine(
-        model,
-        2,
-        max_len=20,
-        kv="paged",
-        block_size=4,
-        kv_blocks=5,
-        chunked_prefill=True,
-        max_batched_tokens=32,
-        prefix_cache=False,
-    )
+    return chunked_engine(model, 2, 20, block_size=4, budget=32, kv_blocks=5, prefix_cache=False)
 
 
 def test_the_timeline_shows_each_reason_with_its_own_glyph(model):
@@ -111,23 +98,8 @@ def test_recordings_and_the_perfetto_export_carry_the_reasons_and_each_steps_bat
 
 def waiting_app(policy: str = "fcfs") -> TinyLLMApp:
     model, tok = bundled()
-    eng = ContinuousEngine(
-        model,
-        2,
-        128,
-        kv="paged",
-        block_size=8,
-        kv_blocks=16,
-        chunked_prefill=True,
-        max_batched_tokens=16,
-        generator=torch.Generator().manual_seed(0),
-        scheduling_policy=policy,
-    )
-    app = TinyLLMApp(
-        EngineRunner(eng, tok, paused=True), tok, model_name="test", settings=RequestSettings(Sampling(), 20)
-    )
-    _watch(app)
-    return app
+    eng = chunked_engine(model, 2, 128, block_size=8, budget=16, seeded=True, kv_blocks=16, scheduling_policy=policy)
+    return watched_app(eng, tok, 20)
 
 
 async def test_the_pane_says_why_the_selected_request_waits_and_the_status_names_the_policy():
@@ -164,22 +136,8 @@ async def test_the_pane_says_why_the_selected_request_waits_and_the_status_names
 
 async def test_the_event_log_says_when_a_request_starts_waiting_for_the_pool():
     model, tok = bundled()
-    eng = ContinuousEngine(
-        model,
-        2,
-        64,
-        kv="paged",
-        block_size=8,
-        kv_blocks=7,
-        chunked_prefill=True,
-        max_batched_tokens=64,
-        prefix_cache=False,
-        generator=torch.Generator().manual_seed(0),
-    )
-    app = TinyLLMApp(
-        EngineRunner(eng, tok, paused=True), tok, model_name="test", settings=RequestSettings(Sampling(), 1)
-    )
-    _watch(app)
+    eng = chunked_engine(model, 2, 64, block_size=8, budget=64, seeded=True, kv_blocks=7, prefix_cache=False)
+    app = watched_app(eng, tok, 1)
     async with app.run_test(size=(120, 40)) as pilot:
         await submit(pilot, "ROMEO:\n" * 11)  # 55 tokens: all 7 blocks of 8
         b = await submit(pilot, "JULIET:\n" * 4)

@@ -9,6 +9,8 @@ imports parts of this package and must not load torch)::
 and the step API: ``ContinuousEngine``, ``EngineConfig``, ``Request``, ``generate``, ``load_checkpoint``.
 """
 
+from tinyllm.lazy import lazy_getattr
+
 _EXPORTS = {
     "LLM": "tinyllm.llm",
     "SamplingParams": "tinyllm.llm",
@@ -25,14 +27,7 @@ _EXPORTS = {
     "Tokenizer": "tinyllm.model.tokenizer",
 }
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'tinyllm' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
 
 
 def __dir__() -> list[str]:

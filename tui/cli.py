@@ -24,6 +24,8 @@ from tui.runners.engine_spec import EngineSpec
 from tui.runners.interface import MAX_DELAY_MS
 from tui.screens.picker import read_workload
 
+# The EngineSpec fields that take their option's value as given.
+SPEC_AS_GIVEN = "threads max_batched_tokens prefix_cache record scheduling_policy max_num_seqs kv_cache_dtype".split()
 __all__ = ["build_app", "build_parser", "main", "parse", "race_spec", "serve_if_asked", "with_slo"]
 
 
@@ -109,16 +111,10 @@ def build_app(argv: list[str] | None = None, require_terminal: bool = False) -> 
         a.block_size,
         a.kv_blocks,
         a.seed,
-        threads=a.threads,
         chunked_prefill=chunked,
-        max_batched_tokens=a.max_batched_tokens,
-        prefix_cache=a.prefix_cache,
-        record=a.record,
-        scheduling_policy=a.scheduling_policy,
         kv_memory_mib=a.kv_memory,
-        max_num_seqs=a.max_num_seqs,
-        kv_cache_dtype=a.kv_cache_dtype,
         slo=None if a.slo is None else str(a.slo),
+        **{dest: getattr(a, dest) for dest in SPEC_AS_GIVEN},
     )
     try:
         if a.engine_thread:

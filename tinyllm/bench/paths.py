@@ -14,6 +14,17 @@ from tinyllm.engine import Request, percentile, run_continuous, run_static
 from tinyllm.engine.solo import generate
 
 
+def figures(requests: int, wall_s: float, tokens: int, latencies: list[float]) -> dict:
+    """A baseline path's figures, under the names the engine's paths report them by."""
+    return {
+        "requests": requests,
+        "wall_s": wall_s,
+        "useful_tokens": tokens,
+        "tok_s": tokens / wall_s,
+        "latency_p95_s": percentile(sorted(latencies), 0.95),
+    }
+
+
 def bench_solo(model, reqs: list[Request], kv_cache_dtype: str = "auto") -> tuple[list[list[int]], dict]:
     t0 = time.perf_counter()
     outs, lat = [], []
@@ -21,16 +32,7 @@ def bench_solo(model, reqs: list[Request], kv_cache_dtype: str = "auto") -> tupl
         t = time.perf_counter()
         outs.append(generate(model, r.prompt, r.max_new_tokens, kv_cache_dtype=kv_cache_dtype))
         lat.append(time.perf_counter() - t)
-    wall = time.perf_counter() - t0
-    toks = sum(map(len, outs))
-    return outs, {
-        "requests": len(reqs),
-        "wall_s": wall,
-        "useful_tokens": toks,
-        "tok_s": toks / wall,
-        "latency_p95_s": percentile(sorted(lat), 0.95),
-        "row_util": 1.0,
-    }
+    return outs, dict(figures(len(reqs), time.perf_counter() - t0, sum(map(len, outs)), lat), row_util=1.0)
 
 
 def bench_transformers(ckpt: Path, reqs: list[Request], batch: int, device: str) -> tuple[list[list[int]], dict] | None:
@@ -63,15 +65,7 @@ def bench_transformers(ckpt: Path, reqs: list[Request], batch: int, device: str)
             for j, r in enumerate(rs):
                 outs.append(gen[j, L : L + r.max_new_tokens].tolist())
                 lat.append(now)
-    wall = time.perf_counter() - t0
-    toks = sum(r.max_new_tokens for r in reqs)
-    return outs, {
-        "requests": len(reqs),
-        "wall_s": wall,
-        "useful_tokens": toks,
-        "tok_s": toks / wall,
-        "latency_p95_s": percentile(sorted(lat), 0.95),
-    }
+    return outs, figures(len(reqs), time.perf_counter() - t0, sum(r.max_new_tokens for r in reqs), lat)
 
 
 def warm_up(model, ckpt: Path | None, device: str) -> None:

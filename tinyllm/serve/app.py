@@ -45,7 +45,7 @@ from tinyllm.serve.fit import check_prompt, check_text_fits
 from tinyllm.serve.handle import RequestFailed, RequestRejected
 from tinyllm.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from tinyllm.serve.protocol import GenerationParams, api_key_tenant, parse_completion
-from tinyllm.serve.respond import CompletionStream, close_all, complete
+from tinyllm.serve.respond import CompletionStream, Job, close_all, complete
 from tinyllm.serve.security import RETRY_AFTER_S, ApiKeyMiddleware, BodyLimitMiddleware, Limits, read_body
 from tinyllm.serve.stream import add_stream_route
 from tinyllm.serve.tokenization import max_token_bytes, parse_detokenize, parse_tokenize, tokenize_response
@@ -100,6 +100,10 @@ def create_app(
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, e: ApiError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, e: ClientDisconnect) -> Response:  # before its body arrived: nothing to do
+        return Response(status_code=499)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -170,10 +174,7 @@ def create_app(
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         check_room(1)
-        try:
-            raw = await read_body(request, max_body)
-        except ClientDisconnect:  # gone before the body arrived: nothing to do
-            return Response(status_code=499)
+        raw = await read_body(request, max_body)
         p = parse_completion(load_json(raw), model_name)
         if p.prompt_ids is not None:
             ids = list(p.prompt_ids)
@@ -192,10 +193,7 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         check_room(1)
-        try:
-            raw = await read_body(request, max_body)
-        except ClientDisconnect:
-            return Response(status_code=499)
+        raw = await read_body(request, max_body)
         p = parse_chat(load_json(raw), model_name)
         text = render_chat(p.messages, p.add_generation_prompt)
         try:
@@ -211,10 +209,7 @@ def create_app(
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:
-        try:
-            raw = await read_body(request, max_body)
-        except ClientDisconnect:
-            return Response(status_code=499)
+        raw = await read_body(request, max_body)
         t = parse_tokenize(load_json(raw), model_name)
         text = t.prompt if t.prompt is not None else render_chat(t.messages, t.add_generation_prompt)
 
@@ -234,10 +229,7 @@ def create_app(
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Response:
-        try:
-            raw = await read_body(request, max_body)
-        except ClientDisconnect:
-            return Response(status_code=499)
+        raw = await read_body(request, max_body)
         ids = parse_detokenize(load_json(raw), model_name, tokenizer.vocab_size, limits.max_tokenize_tokens)
         return JSONResponse({"prompt": await asyncio.to_thread(tokenizer.decode, ids)})
 
@@ -282,9 +274,8 @@ def create_app(
         except BaseException:  # cancelled while waiting: do not leak it
             close_all(handles)
             raise
-        if p.stream:
-            return CompletionStream(handles, tokenizer, p, ids, model_name, shape)
-        return await complete(request, handles, tokenizer, p, ids, model_name, shape)
+        job = Job(handles, tokenizer, p, ids, model_name, shape)
+        return CompletionStream(job) if p.stream else await complete(request, job)
 
     app.state.feed = add_stream_route(
         app,

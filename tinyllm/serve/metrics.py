@@ -26,73 +26,70 @@ __all__ = ["CONTENT_TYPE_LATEST", "FINISHED_REASONS", "ServeMetrics"]
 FINISHED_REASONS = ("stop", "length", "abort", "error")
 
 # vLLM's bucket boundaries (vllm/v1/metrics/loggers.py).
+# fmt: off
 TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 )
 ITL_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )
 REQUEST_BUCKETS = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
+    30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)
+# fmt: on
+
+
+# The gauges and counters with only the model_name label, vLLM's names and help (the "vllm:" prefix
+# added): (attribute, kind, name, help).
+SERIES = (
+    ("running", Gauge, "num_requests_running", "Requests in the model's running batch (holding a slot)."),
+    ("waiting", Gauge, "num_requests_waiting", "Requests waiting for a slot (preempted ones included)."),
+    (
+        "kv_usage",
+        Gauge,
+        "kv_cache_usage_perc",
+        "KV-cache usage: allocated / reserved tokens, 0..1 (1 = every block claimed).",
+    ),
+    ("preemptions", Counter, "num_preemptions", "Requests preempted (out of KV blocks), cumulative."),
+    ("prompt_tokens", Counter, "prompt_tokens", "Prompt tokens of requests whose prefill completed."),
+    ("generation_tokens", Counter, "generation_tokens", "Tokens generated."),
+    ("prefix_queries", Counter, "prefix_cache_queries", "Context tokens looked up in the prefix cache."),
+    ("prefix_hits", Counter, "prefix_cache_hits", "Of those, tokens served from cached blocks."),
+)
+
+# The histograms, vLLM's names and help (the "vllm:" prefix added): (attribute, name, help, buckets;
+# None: per-request token counts, 1-2-5 buckets up to the context). The per-finished-request
+# phases as vLLM's output processor records them (vllm/v1/metrics/stats.py).
+HISTOGRAMS = (
+    ("ttft", "time_to_first_token_seconds", "Arrival to first generated token.", TTFT_BUCKETS),
+    ("itl", "inter_token_latency_seconds", "Time between two tokens of one request.", ITL_BUCKETS),
+    ("e2e", "e2e_request_latency_seconds", "Arrival to last token, finished requests.", REQUEST_BUCKETS),
+    ("queue_time", "request_queue_time_seconds", "Arrival to first admission into a slot.", REQUEST_BUCKETS),
+    *(
+        (
+            f"{phase}_time",
+            f"request_{phase}_time_seconds",
+            f"{span} ({label} phase), finished requests.",
+            REQUEST_BUCKETS,
+        )
+        for phase, label, span in (
+            ("prefill", "PREFILL", "First admission to first token"),
+            ("decode", "DECODE", "First token to last token"),
+            ("inference", "RUNNING", "First admission to last token"),
+        )
+    ),
+    ("request_prompt_tokens", "request_prompt_tokens", "Prompt tokens, finished requests.", None),
+    ("request_generation_tokens", "request_generation_tokens", "Generated tokens, finished requests.", None),
+    (
+        "max_generation_tokens",
+        "request_max_num_generation_tokens",
+        "Per finished request, the most tokens any of its sequences generated (one sequence per request "
+        "here: its generated tokens).",
+        None,
+    ),
 )
 
 
@@ -131,33 +128,8 @@ class ServeMetrics:
         self.slo = slo  # --slo: count the finished requests that met it, and those that missed it by reason
         self.registry = r = CollectorRegistry(auto_describe=True)
         m = ["model_name"]
-        self.running = Gauge(
-            "vllm:num_requests_running", "Requests in the model's running batch (holding a slot).", m, registry=r
-        ).labels(model_name)
-        self.waiting = Gauge(
-            "vllm:num_requests_waiting", "Requests waiting for a slot (preempted ones included).", m, registry=r
-        ).labels(model_name)
-        self.kv_usage = Gauge(
-            "vllm:kv_cache_usage_perc",
-            "KV-cache usage: allocated / reserved tokens, 0..1 (1 = every block claimed).",
-            m,
-            registry=r,
-        ).labels(model_name)
-        self.preemptions = Counter(
-            "vllm:num_preemptions", "Requests preempted (out of KV blocks), cumulative.", m, registry=r
-        ).labels(model_name)
-        self.prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Prompt tokens of requests whose prefill completed.", m, registry=r
-        ).labels(model_name)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", m, registry=r).labels(
-            model_name
-        )
-        self.prefix_queries = Counter(
-            "vllm:prefix_cache_queries", "Context tokens looked up in the prefix cache.", m, registry=r
-        ).labels(model_name)
-        self.prefix_hits = Counter(
-            "vllm:prefix_cache_hits", "Of those, tokens served from cached blocks.", m, registry=r
-        ).labels(model_name)
+        for attr, kind, name, doc in SERIES:  # each with this server's model_name label
+            setattr(self, attr, kind(f"vllm:{name}", doc, m, registry=r).labels(model_name))
         success = Counter(
             "vllm:request_success",
             "Requests ended, by finished_reason (stop: EOS, length: max_tokens, abort: cancelled, error: failed).",
@@ -166,48 +138,10 @@ class ServeMetrics:
         )
         self.success = {why: success.labels(model_name, why) for why in FINISHED_REASONS}
 
-        def histogram(name: str, doc: str, buckets) -> Histogram:
-            """A histogram with this server's model_name label (every one here has it)."""
-            return Histogram(name, doc, m, buckets=buckets, registry=r).labels(model_name)
-
-        self.ttft = histogram("vllm:time_to_first_token_seconds", "Arrival to first generated token.", TTFT_BUCKETS)
-        self.itl = histogram("vllm:inter_token_latency_seconds", "Time between two tokens of one request.", ITL_BUCKETS)
-        self.e2e = histogram(
-            "vllm:e2e_request_latency_seconds", "Arrival to last token, finished requests.", REQUEST_BUCKETS
-        )
-        self.queue_time = histogram(
-            "vllm:request_queue_time_seconds", "Arrival to first admission into a slot.", REQUEST_BUCKETS
-        )
-        # per finished request, as vLLM's output processor records them (vllm/v1/metrics/stats.py)
-        self.prefill_time = histogram(
-            "vllm:request_prefill_time_seconds",
-            "First admission to first token (PREFILL phase), finished requests.",
-            REQUEST_BUCKETS,
-        )
-        self.decode_time = histogram(
-            "vllm:request_decode_time_seconds",
-            "First token to last token (DECODE phase), finished requests.",
-            REQUEST_BUCKETS,
-        )
-        self.inference_time = histogram(
-            "vllm:request_inference_time_seconds",
-            "First admission to last token (RUNNING phase), finished requests.",
-            REQUEST_BUCKETS,
-        )
         tokens = build_1_2_5_buckets(max_model_len)
-        self.request_prompt_tokens = histogram(
-            "vllm:request_prompt_tokens", "Prompt tokens, finished requests.", tokens
-        )
-        self.request_generation_tokens = histogram(
-            "vllm:request_generation_tokens", "Generated tokens, finished requests.", tokens
-        )
-        self.max_generation_tokens = histogram(
-            "vllm:request_max_num_generation_tokens",
-            "Per finished request, "
-            "the most tokens any of its sequences generated (one sequence per "
-            "request here: its generated tokens).",
-            tokens,
-        )
+        for attr, name, doc, buckets in HISTOGRAMS:  # each with this server's model_name label
+            buckets = tokens if buckets is None else buckets
+            setattr(self, attr, Histogram(f"vllm:{name}", doc, m, buckets=buckets, registry=r).labels(model_name))
         self._cache_info = Gauge(
             "vllm:cache_config_info",
             "Information of the KV cache configuration (value 1).",

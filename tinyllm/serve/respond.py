@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -56,18 +57,24 @@ def _indexed(body: dict, i: int) -> dict:
     return body
 
 
-async def complete(
-    request: Request,
-    handles: list[RequestHandle],
-    tokenizer,
-    p: GenerationParams,
-    prompt: list[int],
-    model: str,
-    shape=CompletionShape,
-) -> Response:
+@dataclass(frozen=True)
+class Job:
+    """What an answer is made of: the request's samples (one handle each), its parameters and
+    prompt, the served model's name, and the API's shape (completions or chat)."""
+
+    handles: list[RequestHandle]
+    tokenizer: Any
+    p: GenerationParams
+    prompt: list[int]
+    model: str
+    shape: Any = CompletionShape
+
+
+async def complete(request: Request, job: Job) -> Response:
     """A non-streaming completion, one choice per handle (n samples), aborted if the client
     disconnects while it is generated. Usage counts the prompt once and every choice's tokens;
     the top-level accounting is choice 0's (the sample that computed the prompt)."""
+    handles, tokenizer, p, prompt, model, shape = job.handles, job.tokenizer, job.p, job.prompt, job.model, job.shape
     readers = [OutputReader(tokenizer, h, p, chat=shape is ChatShape) for h in handles]
 
     async def collect(reader: OutputReader, handle: RequestHandle) -> Output:
@@ -137,19 +144,17 @@ class CompletionStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(
-        self,
-        handles: list[RequestHandle],
-        tokenizer,
-        p: GenerationParams,
-        prompt: list[int],
-        model: str,
-        shape=CompletionShape,
-    ):
+    def __init__(self, job: Job):
         self.status_code, self.background = 200, None  # no body: no content-length (as StreamingResponse)
-        self.init_headers({"cache-control": "no-cache", REQUEST_ID_HEADER: _rids(handles)})
-        self.handles, self.tok, self.p, self.prompt, self.model = handles, tokenizer, p, prompt, model
-        self.shape = shape
+        self.init_headers({"cache-control": "no-cache", REQUEST_ID_HEADER: _rids(job.handles)})
+        self.handles, self.tok, self.p, self.prompt, self.model = (
+            job.handles,
+            job.tokenizer,
+            job.p,
+            job.prompt,
+            job.model,
+        )
+        self.shape = job.shape
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         pump = asyncio.ensure_future(self._pump(send))

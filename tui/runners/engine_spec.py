@@ -20,6 +20,12 @@ if TYPE_CHECKING:
     from tui.runners.frames import FrameMerger
 
 
+# The fields an EngineConfig takes from the spec unchanged (its name for each is the spec's).
+CONFIG_AS_IS = (
+    "kv max_len kv_memory_mib chunked_prefill prefix_cache scheduling_policy kv_cache_dtype device threads seed".split()
+)
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     """Everything needed to build the engine, as plain picklable values."""
@@ -49,21 +55,8 @@ class EngineSpec:
         paged = dict(block_size=self.block_size, kv_blocks=self.kv_blocks) if self.kv == "paged" else {}
         chunked = dict(max_batched_tokens=self.max_batched_tokens) if self.chunked_prefill else {}
         cap = self.max_num_seqs if self.kv_memory_mib else self.slots
-        return EngineConfig(
-            kv=self.kv,
-            max_num_seqs=cap,
-            max_len=self.max_len,
-            kv_memory_mib=self.kv_memory_mib,
-            chunked_prefill=self.chunked_prefill,
-            prefix_cache=self.prefix_cache,
-            scheduling_policy=self.scheduling_policy,
-            kv_cache_dtype=self.kv_cache_dtype,
-            device=self.device,
-            threads=self.threads,
-            seed=self.seed,
-            **paged,
-            **chunked,
-        )
+        same = {name: getattr(self, name) for name in CONFIG_AS_IS}
+        return EngineConfig(max_num_seqs=cap, **same, **paged, **chunked)
 
     def build(self):
         """Load the checkpoint and build the engine: (ContinuousEngine, Tokenizer). Raises

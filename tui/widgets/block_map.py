@@ -15,29 +15,18 @@ from itertools import groupby
 from rich.segment import Segment
 from rich.text import Text
 from textual.strip import Strip
-from textual.widget import Widget
 
 from tinyllm.observe.snapshot import EngineSnapshot
+from tui.widgets.row_capped import RowCapped
 from tui.widgets.style import CACHED, DIM, on, rid_style
 
 
-class BlockMap(Widget):
+class BlockMap(RowCapped):
     DEFAULT_CSS = "BlockMap { height: auto; min-height: 1; }"
 
     def __init__(self, max_rows: int = 6, **kw):
-        super().__init__(**kw)
+        super().__init__(max_rows, **kw)
         self.snapshot: EngineSnapshot | None = None
-        self._max_rows = max_rows
-
-    @property
-    def max_rows(self) -> int:
-        return self._max_rows
-
-    @max_rows.setter
-    def max_rows(self, rows: int) -> None:
-        if rows != self._max_rows:
-            self._max_rows = rows
-            self.refresh(layout=True)
 
     def per_cell(self, width: int) -> int:
         """Blocks one cell stands for, so the whole pool fits in ``max_rows`` lines."""

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
-from textual.widget import Widget
 
+from tui.widgets.row_capped import RowCapped
 from tui.widgets.status import fit_fields
 from tui.widgets.style import STATE_COLOURS, rid_style
 
@@ -79,24 +79,13 @@ def layout(chains: tuple[ChainView, ...], width: int, max_rows: int) -> tuple[in
     return per_cell, rows
 
 
-class PrefixCacheMap(Widget):
+class PrefixCacheMap(RowCapped):
     DEFAULT_CSS = "PrefixCacheMap { height: auto; min-height: 2; text-wrap: nowrap; text-overflow: ellipsis; }"
 
     def __init__(self, max_rows: int = 6, endpoint: str = "", **kw):
-        super().__init__(**kw)
+        super().__init__(max_rows, **kw)
         self.view: CacheView | None = None
         self.endpoint = endpoint  # where the KV events come from (the title says it where it fits)
-        self._max_rows = max_rows
-
-    @property
-    def max_rows(self) -> int:
-        return self._max_rows
-
-    @max_rows.setter
-    def max_rows(self, rows: int) -> None:
-        if rows != self._max_rows:
-            self._max_rows = rows
-            self.refresh(layout=True)
 
     def show(self, view: CacheView | None) -> None:
         if view != self.view:
