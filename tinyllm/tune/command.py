@@ -143,7 +143,7 @@ def cmd_tune(args) -> None:
 
     from tinyllm.engine import kv_bytes_per_token
     from tinyllm.observe.recording import RecordingError, write_text
-    from tinyllm.race.whatif import is_recording, load_arrivals, load_judging
+    from tinyllm.race.whatif import is_recording, load_arrivals, load_judging, recorded_settings
     from tinyllm.tune.evaluate import Bench, kv_budget_mib, stand_in
     from tinyllm.tune.space import SearchError, defaults, parse_search, points
     from tinyllm.workload import WorkloadError, resolve_workload
@@ -154,7 +154,8 @@ def cmd_tune(args) -> None:
     except SearchError as e:
         raise UsageError(str(e)) from None
     path = Path(args.source).expanduser()
-    if not (path.exists() and is_recording(path)):
+    recording = path.exists() and is_recording(path)
+    if not recording:
         try:
             resolve_workload(args.source)
         except WorkloadError as e:
@@ -171,7 +172,8 @@ def cmd_tune(args) -> None:
     torch.set_num_threads(args.threads)
     model, tok = load_model(args)
     device = next(model.parameters()).device
-    max_len = args.max_len or model.cfg.max_seq_len
+    recorded = recorded_settings(args.source) if recording else None
+    max_len = args.max_len or (recorded.max_len if recorded else model.cfg.max_seq_len)
     try:
         arrivals, warning = load_arrivals(
             args.source, tok.encode, max_len, args.max_new_tokens or 64, asked_new=args.max_new_tokens is not None
@@ -273,6 +275,10 @@ def run_search(args, bench, grid, base, model, kv_mib, write_text, Console) -> N
     if result.stopped:
         out.print(f"[yellow]{result.stopped}[/]")
     out.print(ranking_table(result, args.objective, base, bench.judging.active))
+    refused = {o.point: o.error for r in result.rungs for o in r.outcomes if o.error}
+    if refused:
+        first = next(iter(refused.values()))
+        out.print(f"{len(refused)} configuration(s) refused by the engine, e.g.: {first}", highlight=False)
     front = pareto_front(result.final)
     out.print(front_table(front, base))
     out.print(

@@ -36,8 +36,10 @@ class WallCheck:
 
 def wall_line(wall: WallCheck, objective: str) -> str:
     """The wall-clock check in one line: both clocks' figures for the winner and the defaults."""
+    a, b = (float(figure(o, objective).split()[0]) for o in (wall.winner, wall.defaults))
+    close = " (by under 5%: within the wall clock's run-to-run noise)" if abs(a - b) < 0.05 * max(a, b) else ""
     verdict = (
-        "the ranking holds"
+        f"the ranking holds{close}"
         if wall.holds
         else "the ranking does NOT hold on the wall clock: this machine's step cost is not the profile's "
         "(busy, or a profile from elsewhere), or the margin is within its error"
