@@ -35,7 +35,7 @@ def run_batch(model, n_blocks: int, block_size: int, max_len: int = 64) -> tuple
 
 
 def test_the_same_batch_gives_the_same_bits_on_every_lanes_storage():
-    """The slot cache's storage (one block of max_len per slot), the paged pool's (small blocks)
+    """A pool of one block of max_len per slot, the paged pool's small blocks
     and static batching's (its reserved rows in blocks of 16) give bit-identical logits for the
     same rows: a lane's figures differ only by what its scheduler put in each pass."""
     model = random_model()
@@ -72,15 +72,15 @@ def test_every_lane_says_the_same_kernels_and_only_static_wastes_rows():
     assert static.stats.useful_rows == sum(n - 1 for n in (3, 9, 5, 2))
 
 
-def test_a_slot_is_one_block_reserved_whole_and_freed_on_abort():
+def test_a_slot_is_reserved_whole_at_admission_and_freed_on_abort():
     model = random_model()
     eng = ContinuousEngine(model, 2, max_len=32)
-    assert eng.slots.block_size == 32 and eng.slots.n_blocks == 2  # a slot: one block, reserved whole
+    assert eng.slots.reserve_whole and eng.slots.n_blocks == 2 * 32 // eng.slots.block_size
     rid = eng.add_request(Request([1, 2, 3], 5))
     eng.step()
     assert eng.slots.allocated_tokens() == 32  # the whole slot, from admission
     eng.abort(rid)
-    assert eng.slots.allocated_tokens() == 0 and eng.slots.num_free_blocks() == 2
+    assert eng.slots.allocated_tokens() == 0 and eng.slots.num_free_blocks() == eng.slots.n_blocks
 
 
 def test_the_verdict_says_what_made_the_difference_from_the_lanes_own_work():

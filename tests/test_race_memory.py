@@ -217,7 +217,7 @@ def test_tinyllm_whatif_at_equal_memory_prints_each_lanes_sequences_and_memory(t
     )
     text = capsys.readouterr().out
     assert "2 seqs · 0.75 MiB" in text and "64 seqs · 0.75 MiB" in text
-    rows = {line.split()[0]: line for line in text.splitlines()[:5] if line.strip()}
+    rows = {line.split()[1]: line for line in text.splitlines()[:5] if len(line.split()) > 1}  # (place, lane, ...)
     assert "64 seqs · 0.75 MiB" in rows["token"] and "2 seqs · 0.75 MiB" in rows["static"]  # on its lane's row
     doc = json.loads(out.read_text())
     assert [(lane["seqs"], lane["kv_mib"], lane["kv_blocks"], lane["kv_dtype"]) for lane in doc["lanes"]] == [

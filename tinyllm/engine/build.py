@@ -186,8 +186,8 @@ def make_cache(
     else:
         n_blocks = default_kv_blocks(n_slots, max_len, block_size) if kv_blocks is None else kv_blocks
         check_kv_fits((n_blocks + 1) * block_size * token_bytes / MIB, device, "kv_memory_mib / kv_blocks")
-    if config.kv == "slots" and not config.cuda_graph:  # a slot is one block of max_len: reserved whole
-        n_blocks, block_size = n_slots, max_len
+    if config.kv == "slots" and not config.cuda_graph:  # a slot: max_len's blocks, reserved whole at admission
+        n_blocks = n_slots * -(-max_len // block_size)
     try:
         if config.kv == "slots" and config.cuda_graph:  # the graphs replay dense slots
             cache = SlotKVCache(cfg.n_layers, n_slots, cfg.n_kv_heads, cfg.head_dim, max_len, dtype, device)
@@ -200,6 +200,8 @@ def make_cache(
             f"the KV cache could not be allocated on {device.type}: "
             f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
         ) from None
+    if isinstance(cache, PagedKVCache):
+        cache.reserve_whole = config.kv == "slots"
     if config.cuda_graph:
         from tinyllm.kv.cuda_graph import SlotGraphDecoder
 

@@ -6,7 +6,7 @@ tokens, request states, lifecycle events, counters. Two schedulers implement the
 the seed's (``admission.py``: a prefill of newcomers, then a decode of every running sequence;
 either cache) and the token-budget scheduler (``scheduler.py``, ``chunked_prefill=True``: one
 pass of decodes and prefill chunks; paged cache only). Every pass runs on the same forward
-(``forward.py``: ragged over a block pool; the slot cache is a pool of one block per slot). Both admit from one waiting queue, whose
+(``forward.py``: ragged over a block pool; the slot cache is a pool that reserves max_len per slot). Both admit from one waiting queue, whose
 order is the scheduling policy (``policy.py``).
 
 Correctness: under greedy decoding each request's tokens equal its solo ``generate()`` output.

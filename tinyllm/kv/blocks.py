@@ -78,6 +78,7 @@ class BlockPool:
         self.ref = [0] * n_blocks  # block → how many slots' tables hold it
         self._free: list[int] = list(range(n_blocks))  # a heap: lowest id first (easy to read)
         self.prefix_cache = False  # set by the engine (chunked prefill only)
+        self.reserve_whole = False  # the slot cache's rule: a slot admitted takes blocks for max_len at once
         self.block_key: list[bytes | None] = [None] * n_blocks  # a full block's prefix key, if cached
         self.block_tokens: list[tuple[int, ...] | None] = [None] * n_blocks
         self.cached: dict[bytes, int] = {}  # prefix key → block
@@ -107,13 +108,17 @@ class BlockPool:
             )
 
     def can_admit(self, context_lens: list[int]) -> bool:
-        """Enough free blocks for every context plus the position its first decode writes."""
-        return sum(self.blocks_for(n + 1) for n in context_lens) <= self.num_free_blocks()
+        """Enough free blocks for every context plus the position its first decode writes (with
+        ``reserve_whole``: for max_len each)."""
+        return sum(self._admission_blocks(n) for n in context_lens) <= self.num_free_blocks()
+
+    def _admission_blocks(self, n_tokens: int) -> int:
+        return self.blocks_for(self.max_len if self.reserve_whole else n_tokens + 1)
 
     def occupy(self, slot: int, n_tokens: int) -> None:
-        """A free slot takes a context of ``n_tokens`` (prefilled elsewhere), with room for the
-        position its first decode writes."""
-        self._grow(slot, self.blocks_for(n_tokens + 1))
+        """A free slot takes a context of ``n_tokens`` (computed by the pass that follows), with
+        room for the position its first decode writes (with ``reserve_whole``: for max_len)."""
+        self._grow(slot, self._admission_blocks(n_tokens))
         self.lens[slot] = n_tokens
         self.active[slot] = True
         self._admissions += 1

@@ -5,7 +5,7 @@ new K/V and build the attention mask, so the model never knows which cache it ru
 ``SlotKVCache`` also implements the slot interface the engine schedules with (free_slots, admit,
 release, reserve_step, ...), shared with ``paged.PagedKVCache``. The engine runs on it only with
 CUDA graphs (``kv/cuda_graph.py``: a graph replays fixed dense shapes); otherwise its slots are a
-``PagedKVCache`` of one block per slot, on the forward every scheduler runs (``engine/forward.py``).
+``PagedKVCache`` reserving max_len per slot, on the forward every scheduler runs (``engine/forward.py``).
 """
 
 from __future__ import annotations

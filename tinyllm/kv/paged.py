@@ -9,8 +9,9 @@ every token of the step in one C call (``tinyllm/native.py``); otherwise it gath
 sequence's blocks with one indexing op per layer (no Python loop over tokens or blocks). An extra
 scratch block pads the shorter sequences' windows and tables.
 
-The slot cache (``kv="slots"``) is this pool with one block of ``max_len`` per slot: a slot is
-reserved whole at admission, and it runs on the same kernels as the paged pool.
+The slot cache (``kv="slots"``) is this pool with ``reserve_whole`` set: an admitted slot takes
+the blocks of max_len at once (the slot cache's reservation rule: it never runs short), and it
+runs on the same kernels as the paged pool.
 """
 
 from __future__ import annotations

@@ -168,8 +168,9 @@ class ServeMetrics:
         """``vllm:cache_config_info``: the pool's block size and block count (a slot cache counts
         as one block of max_len per slot), and the KV cache dtype as configured (vLLM's "auto" too)."""
         slots = engine.slots
-        block_size = getattr(slots, "block_size", engine.max_len)
-        n_blocks = getattr(slots, "n_blocks", engine.n_slots)
+        paged = engine.kv_kind == "paged"
+        block_size = slots.block_size if paged else engine.max_len
+        n_blocks = slots.n_blocks if paged else engine.n_slots
         self._cache_info.labels(
             self.model_name,
             str(block_size),
