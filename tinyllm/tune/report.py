@@ -1,6 +1,6 @@
 """The tuner's answer: the best settings and the runners-up, the Pareto front, what changed for
 the winner against the defaults, the wall-clock check, and the winner as command lines; as
-tables for a terminal and as JSON for scripts. No torch.
+tables for a terminal and as JSON for scripts. No torch at import.
 """
 
 from __future__ import annotations
@@ -297,3 +297,94 @@ def to_json(
             },
         },
     }
+
+
+def print_answer(s, answer, out) -> None:
+    """The answer on ``out`` (anything with rich's ``print``: a Console, the live view's log)."""
+    from tinyllm.race.calibrate import describe
+
+    args, bench, base, kv_mib = s.args, s.bench, s.base, s.kv_mib
+    result, undone, wall = answer.result, answer.undone, answer.wall
+    winner = result.final[0]
+    n = len(bench.arrivals)
+    slo = bench.judging.slo
+    arrivals = any(t > 0 for t, _ in bench.arrivals)
+    span = bench.arrivals[-1][0] if arrivals else 0.0
+    out.print(
+        f"tune {args.source}: {n} requests"
+        + (f" arriving over {span:.1f} s" if arrivals else " all at once")
+        + (f" (--rate {args.rate:g}/s)" if args.rate else "")
+        + f"; SLO {slo or 'per request'}; KV memory {kv_mib:g} MiB"
+        + ("" if args.kv_memory else " (the defaults' 8 slots of max_len: --kv-memory sets it)")
+        + f"; objective {args.objective}",
+        highlight=False,
+    )
+    rungs = ", ".join(f"{len(r.outcomes)} on {r.requests} requests" for r in result.rungs)
+    out.print(
+        f"searched {result.points} configurations by {result.method} ({rungs}; {result.runs} runs in "
+        f"{result.seconds:.0f} s, {args.jobs} process{'es' * (args.jobs > 1)}"
+        + ("; on a one-layer stand-in model" if args.stand_in else "")
+        + ")",
+        highlight=False,
+    )
+    out.print(describe(bench.clock), highlight=False)
+    if result.stopped:
+        out.print(f"[yellow]{result.stopped}[/]")
+    out.print(ranking_table(result, args.objective, base, bench.judging.active))
+    refused = {o.point: o.error for r in result.rungs for o in r.outcomes if o.error}
+    if refused:
+        first = next(iter(refused.values()))
+        out.print(f"{len(refused)} configuration(s) refused by the engine, e.g.: {first}", highlight=False)
+    front = pareto_front(result.final)
+    out.print(front_table(front, base))
+    out.print(
+        f"winner: {'the defaults' if winner.point == base else winner.point.words(base)} — "
+        f"{margin(winner, result.defaults, args.objective)}",
+        highlight=False,
+    )
+    if winner.point != base:
+        out.print(changes_table(winner, result.defaults))
+    if undone:
+        out.print(ablation_table(winner, undone, args.objective))
+    if wall is not None:
+        out.print(wall_line(wall, args.objective), highlight=False)
+    serve, vllm, notes = commands(s, winner.point)
+    out.print("\nthe winner as command lines:", highlight=False)
+    if winner.point.chunked_prefill:
+        out.print(f"  {serve}", highlight=False, soft_wrap=True)
+    else:
+        out.print(
+            "  tinyllm serve always runs chunked prefill; the winner's prefill-then-decode scheduler runs in "
+            "tinyllm-tui --kv paged --no-chunked-prefill",
+            highlight=False,
+        )
+    out.print(f"  {vllm}", highlight=False, soft_wrap=True)
+    for note in notes:
+        out.print(f"    ({note})", highlight=False)
+    out.print(TRANSFER, highlight=False)
+
+
+def commands(s, p: Point) -> tuple[str | None, str, list[str]]:
+    """The point as ``tinyllm serve`` (None without chunked prefill) and vLLM command lines, and
+    the notes on what does not map."""
+    serve = serve_command(p, s.kv_mib, s.args.max_len, s.args.model) if p.chunked_prefill else None
+    return (serve, *vllm_command(p))
+
+
+def answer_json(s, answer) -> dict:
+    """The whole answer as JSON (--json)."""
+    args, bench = s.args, s.bench
+    slo = bench.judging.slo
+    header = {
+        "source": args.source,
+        "requests": len(bench.arrivals),
+        "rate": args.rate,
+        "slo": None if slo is None else str(slo),
+        "kv_memory_mib": s.kv_mib,
+        "max_len": bench.max_len,
+        "clock": {"kind": "cost", **vars(bench.clock)},
+        "stand_in": args.stand_in,
+    }
+    serve, vllm, notes = commands(s, answer.result.final[0].point)
+    cmds = {"tinyllm_serve": serve, "vllm": vllm, "notes": notes}
+    return to_json(answer.result, args.objective, s.base, header, answer.wall, cmds, answer.undone)
