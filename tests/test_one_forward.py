@@ -104,3 +104,17 @@ def test_the_verdict_says_what_made_the_difference_from_the_lanes_own_work():
     assert f"static batching computed {wasted:,} of {static.computed_rows:,} rows" in why
     assert f"wasted 0 of {cont.computed_rows:,} rows (0%) over {cont.decode_steps:,}" in why
     assert what_made_the_difference(views[::-1][:1], rank(views[::-1][:1])) == ""  # nothing to compare
+
+
+def test_static_batchings_pool_holds_its_batches_reservation_not_the_models_context():
+    """A pool sized for every row at the model's whole context would be gigabytes for a long-context
+    checkpoint: the pool holds what the largest batch so far reserves (its padded rows)."""
+    model = random_model(max_seq_len=128)
+    eng = StaticBatcher(model, 2)
+    for p, n in (([1, 2, 3], 5), ([4, 5], 20)):
+        eng.add_request(Request(p, n))
+    eng.step()
+    assert eng.pool.n_blocks == 2 * 2  # 2 rows of 3 + 20 tokens: two blocks of 16 each
+    while eng.has_work():
+        eng.step()
+    assert eng.pool.allocated_tokens() == 0  # every block back once the batch ended

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tinyllm.config import DEFAULT_BLOCK_SIZE
-from tinyllm.engine.forward import Row, kernels_of, kv_bytes_per_token, one_token_rows_first, ragged_forward
+from tinyllm.engine.forward import Row, kernels_for, kv_bytes_per_token, one_token_rows_first, ragged_forward
 from tinyllm.engine.forward import kv_cache_dtype as kv_cache_dtype_of
 from tinyllm.engine.heap import freeze_startup_heap
 from tinyllm.engine.sampler import sample_next
@@ -116,21 +116,9 @@ class StaticBatcher:
         self.more_coming = False  # a caller replaying arrivals sets this
         self._pick = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
         self.kv_dtype = kv_cache_dtype_of(self.device, kv_cache_dtype)  # the pool's K/V (ContinuousEngine's)
-        cfg = model.cfg
-        self.max_len = cfg.max_seq_len if max_len is None else max_len  # the longest row a batch may reserve
-        per_row = -(-self.max_len // DEFAULT_BLOCK_SIZE)
-        self.pool = PagedKVCache(
-            cfg.n_layers,
-            batch_size,
-            cfg.n_kv_heads,
-            cfg.head_dim,
-            batch_size * per_row,
-            DEFAULT_BLOCK_SIZE,
-            self.max_len,
-            self.kv_dtype,
-            self.device,
-        )
-        self.kernels = kernels_of(self.pool)
+        self.max_len = model.cfg.max_seq_len if max_len is None else max_len  # the longest row a batch may reserve
+        self.pool: PagedKVCache | None = None  # sized for the largest batch so far (_pool_for)
+        self.kernels = kernels_for(self.device, self.kv_dtype)
         self.on_pass: Callable[[list[Row]], None] | None = None  # told each pass's rows before it runs
         # (a race lane prices them on its cost clock)
         self.stats = Stats(kv_bytes_per_token=kv_bytes_per_token(model, self.device, kv_cache_dtype))
@@ -213,7 +201,7 @@ class StaticBatcher:
         except ContextTooLong as e:
             self.queue.extendleft(reversed(batch))
             raise ContextTooLong(f"batch at request {batch[0].rid} (prompts padded to {L}): {e}") from None
-        pool = self.pool
+        pool = self._pool_for(len(batch) * -(-(L + new_max) // DEFAULT_BLOCK_SIZE))
         for slot, p in enumerate(batch):  # the reservation: every row the padded row, up front
             p.slot = slot
             pool.activate(slot)
@@ -237,6 +225,25 @@ class StaticBatcher:
         self.capacity = len(batch) * self._row_cap
         self.stats.prefill_tokens += len(flat)
         self.stats.kv_reserved_tokens = max(self.stats.kv_reserved_tokens, self.capacity)
+
+    def _pool_for(self, n_blocks: int) -> PagedKVCache:
+        """A pool of at least ``n_blocks`` blocks (this batch's reservation), grown only when a batch
+        needs more: memory follows the batches run, not the model's whole context per row."""
+        if self.pool is None or self.pool.n_blocks < n_blocks:
+            cfg = self.model.cfg
+            self.pool = None  # (the old pool freed before the new one is allocated)
+            self.pool = PagedKVCache(
+                cfg.n_layers,
+                self.batch_size,
+                cfg.n_kv_heads,
+                cfg.head_dim,
+                n_blocks,
+                DEFAULT_BLOCK_SIZE,
+                self.max_len,
+                self.kv_dtype,
+                self.device,
+            )
+        return self.pool
 
     def _forward(self, rows: list[Row], flat: list[int], sample_at: list[int]):
         """One pass on the forward every scheduler runs; logits at ``sample_at``."""
