@@ -3,7 +3,8 @@ process starts (one line on stderr, exit 2, for anything the user got wrong), th
 app in this terminal, or serve it in a browser (--web).
 
 What runs is decided here: the main app over a local engine (a child process, or a thread),
-a recording (--replay), a server (--attach), or the race (--race).
+a recording (--replay), a server (--attach), the race (--race), or a tuning session watched live
+(--tune: tinyllm tune's options, tui/tune_app.py).
 """
 
 from __future__ import annotations
@@ -156,6 +157,11 @@ def with_slo(app: TinyLLMApp, a) -> TinyLLMApp:
 
 
 def main(argv: list[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else list(argv)
+    if "--tune" in given:  # tinyllm tune's options, watched live (tui/tune_app.py)
+        from tui.tune_app import main as tune_main
+
+        return tune_main([a for a in given if a != "--tune"])
     if (code := serve_if_asked(argv)) is not None:  # --web: the app in a browser, one process per tab
         return code
     try:

@@ -27,6 +27,12 @@ def add_tune_parser(sub) -> None:
         help="search engine settings (concurrency cap, token budget, chunked prefill, prefix cache, block "
         "size, policy, KV dtype) for the ones that serve a recording or a workload best under an SLO",
     )
+    add_tune_args(tu)
+    tu.set_defaults(fn=cmd_tune)
+
+
+def add_tune_args(tu) -> None:
+    """Every option of ``tinyllm tune`` (and of ``tinyllm-tui --tune``, its live view)."""
     add_model_args(tu)
     tu.add_argument(
         "source",
@@ -116,7 +122,6 @@ def add_tune_parser(sub) -> None:
         "times slower; a profile is measured per thread count)",
     )
     add_engine_args(tu, "kv_memory", "max_len")
-    tu.set_defaults(fn=cmd_tune)
 
 
 def cmd_tune(args) -> None:

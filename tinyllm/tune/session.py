@@ -129,7 +129,7 @@ def execute(
     args, bench, base = s.args, s.bench, s.base
     n = len(bench.arrivals)
     say = on_phase or (lambda text: None)
-    say(f"searching {len(s.grid)} configurations on {n} requests")
+    say(f"searching {len(s.grid)} configurations")
     torch.set_num_threads(1)  # the stand-in's tiny passes: one thread each
     evaluator = Evaluator(bench, args.jobs, on_done)
     try:
