@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -137,3 +138,19 @@ def test_tinyllm_tune_checks_the_winner_against_the_defaults_on_the_wall_clock(t
     check = json.loads((tmp_path / "out.json").read_text())["measured"]["wall_check"]
     assert check["requests"] == 4 and check["cost_clock_winner"]["requests"] == 4
     assert "wall-clock check on the first 4 requests" in capsys.readouterr().out
+
+
+def test_the_winner_as_command_lines_the_server_parses_and_vllm_flags_with_notes():
+    import shlex
+
+    from tinyllm.cli import build_parser
+    from tinyllm.tune.commands import serve_command, vllm_command
+
+    p = Point(max_num_seqs=4, max_batched_tokens=128, prefix_cache=False, scheduling_policy="shortest-first")
+    serve = serve_command(replace(p, kv_cache_dtype="bfloat16"), 4.0, 256, None)
+    args = build_parser().parse_args(shlex.split(serve)[1:])  # every flag is tinyllm serve's
+    assert (args.max_num_seqs, args.max_batched_tokens, args.prefix_cache) == (4, 128, False)
+    assert (args.scheduling_policy, args.kv_cache_dtype, args.kv_memory) == ("shortest-first", "bfloat16", 4.0)
+    vllm, notes = vllm_command(replace(p, chunked_prefill=False))
+    assert "--no-enable-chunked-prefill" in vllm and "--scheduling-policy" not in vllm
+    assert any("no shortest-first policy" in n for n in notes)
