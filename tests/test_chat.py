@@ -21,6 +21,7 @@ from tinyllm.request import TokenLogprob
 from tinyllm.serve import EngineLoop, ServerThread, build_engine, create_app
 from tinyllm.serve.chat import ChatShape, chat_logprobs, parse_chat
 from tinyllm.serve.chat_template import ChatTemplateError, render
+from tinyllm.serve.completions import Piece
 from tinyllm.serve.protocol import ApiError, GenerationParams, parse_completion
 
 MODEL = SERVED_MODEL
@@ -299,7 +300,7 @@ def test_chat_logprobs_shape(model_tok):
         ][0]["logprob"]
         == -9999.0
     )  # JSON-safe, as vLLM
-    ch = ChatShape.chunk("id", 0, MODEL, "x", None, False, logprobs=obj)
+    ch = ChatShape.chunk("id", 0, MODEL, Piece("x", None), False, logprobs=obj)
     assert ch["choices"][0]["logprobs"] == obj and ch["choices"][0]["delta"] == {"content": "x"}
 
 

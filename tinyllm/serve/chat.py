@@ -17,7 +17,7 @@ from typing import Any
 
 from tinyllm.request import TokenLogprob
 from tinyllm.serve.body import ApiError, bool_field, brief, check_object, text_field, type_name
-from tinyllm.serve.completions import LOGPROB_FLOOR
+from tinyllm.serve.completions import LOGPROB_FLOOR, Piece
 from tinyllm.serve.protocol import GenerationParams, parse_generation
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -145,21 +145,12 @@ class ChatShape:
         return f"chatcmpl-{uuid.uuid4().hex}"
 
     @staticmethod
-    def response(
-        cid: str,
-        model: str,
-        text: str,
-        finish_reason: str,
-        usage_: dict,
-        token_ids: list[int] | None = None,
-        prompt_ids: list[int] | None = None,
-        logprobs: dict | None = None,
-    ) -> dict:
+    def response(cid: str, model: str, piece: Piece, usage_: dict, logprobs: dict | None = None) -> dict:
         choice: dict = {
             "index": 0,
-            "message": {"role": "assistant", "content": text},
+            "message": {"role": "assistant", "content": piece.text},
             "logprobs": logprobs,
-            "finish_reason": finish_reason,
+            "finish_reason": piece.finish_reason,
         }
         out = {
             "id": cid,
@@ -169,35 +160,33 @@ class ChatShape:
             "choices": [choice],
             "usage": usage_,
         }
-        if token_ids is not None:
-            choice["token_ids"], out["prompt_token_ids"] = token_ids, prompt_ids
+        if piece.token_ids is not None:
+            choice["token_ids"], out["prompt_token_ids"] = piece.token_ids, piece.prompt_ids
         return out
 
     @staticmethod
     def first_chunk(cid: str, created: int, model: str, include_usage: bool) -> dict | None:
         """The stream opens with the assistant's role and no text, as OpenAI's does."""
-        return ChatShape.chunk(cid, created, model, "", None, include_usage, role=True)
+        return ChatShape.chunk(cid, created, model, Piece("", None), include_usage, role=True)
 
     @staticmethod
     def chunk(
         cid: str,
         created: int,
         model: str,
-        text: str,
-        finish_reason: str | None,
+        piece: Piece,
         include_usage: bool,
-        token_ids: list[int] | None = None,
-        prompt_ids: list[int] | None = None,
         role: bool = False,
         logprobs: dict | None = None,
     ) -> dict:
+        text = piece.text
         delta: dict = {"role": "assistant", "content": text} if role else ({"content": text} if text else {})
-        choice: dict = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-        if token_ids is not None:
-            choice["token_ids"] = token_ids
+        choice: dict = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": piece.finish_reason}
+        if piece.token_ids is not None:
+            choice["token_ids"] = piece.token_ids
         out = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
-        if prompt_ids is not None:
-            out["prompt_token_ids"] = prompt_ids
+        if piece.prompt_ids is not None:
+            out["prompt_token_ids"] = piece.prompt_ids
         if include_usage:
             out["usage"] = None
         return out

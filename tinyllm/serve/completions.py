@@ -5,8 +5,20 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 
 from tinyllm.request import TokenLogprob
+
+
+@dataclass(frozen=True)
+class Piece:
+    """What an answer, or one streamed chunk of it, says, whichever API shapes it: its text, why
+    it ended (None: not yet), and with return_token_ids its token ids and (once) the prompt's."""
+
+    text: str
+    finish_reason: str | None
+    token_ids: list[int] | None = None
+    prompt_ids: list[int] | None = None
 
 
 def new_completion_id() -> str:
@@ -22,18 +34,10 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
-def completion(
-    cid: str,
-    model: str,
-    text: str,
-    finish_reason: str,
-    usage_: dict,
-    token_ids: list[int] | None = None,
-    prompt_ids: list[int] | None = None,
-) -> dict:
-    choice: dict = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-    if token_ids is not None:
-        choice["prompt_token_ids"], choice["token_ids"] = prompt_ids, token_ids
+def completion(cid: str, model: str, piece: Piece, usage_: dict) -> dict:
+    choice: dict = {"index": 0, "text": piece.text, "logprobs": None, "finish_reason": piece.finish_reason}
+    if piece.token_ids is not None:
+        choice["prompt_token_ids"], choice["token_ids"] = piece.prompt_ids, piece.token_ids
     return {
         "id": cid,
         "object": "text_completion",
@@ -44,22 +48,13 @@ def completion(
     }
 
 
-def chunk(
-    cid: str,
-    created: int,
-    model: str,
-    text: str,
-    finish_reason: str | None,
-    include_usage: bool,
-    token_ids: list[int] | None = None,
-    prompt_ids: list[int] | None = None,
-) -> dict:
+def chunk(cid: str, created: int, model: str, piece: Piece, include_usage: bool) -> dict:
     """One streamed piece; ``usage`` is null on every chunk but the last when include_usage."""
-    choice: dict = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-    if token_ids is not None:
-        choice["token_ids"] = token_ids
-        if prompt_ids is not None:
-            choice["prompt_token_ids"] = prompt_ids
+    choice: dict = {"index": 0, "text": piece.text, "logprobs": None, "finish_reason": piece.finish_reason}
+    if piece.token_ids is not None:
+        choice["token_ids"] = piece.token_ids
+        if piece.prompt_ids is not None:
+            choice["prompt_token_ids"] = piece.prompt_ids
     out = {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
     if include_usage:
         out["usage"] = None

@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from tinyllm.serve.body import ApiError, error_body
 from tinyllm.serve.chat import ChatShape
-from tinyllm.serve.completions import CompletionShape, usage
+from tinyllm.serve.completions import CompletionShape, Piece, usage
 from tinyllm.serve.handle import Output, RequestFailed, RequestHandle
 from tinyllm.serve.protocol import GenerationParams
 from tinyllm.serve.reader import OutputReader
@@ -112,7 +112,7 @@ async def complete(request: Request, job: Job) -> Response:
         text = reader.text if reader.stopped else tokenizer.decode(toks, skip_special_tokens=True)
         one = _indexed(
             shape.response(
-                cid, model, text, reader.finish_reason(out), use, toks if ret_ids else None, prompt if ret_ids else None
+                cid, model, Piece(text, reader.finish_reason(out), *((toks, prompt) if ret_ids else ())), use
             ),
             i,
         )
@@ -193,19 +193,9 @@ class CompletionStream(Response):
                     n += len(kept)
                     if text or out.finished or (p.return_token_ids and kept) or (lps is not None and kept):
                         ids = kept if p.return_token_ids else None
-                        c = _indexed(
-                            shape.chunk(
-                                cid,
-                                created,
-                                self.model,
-                                text,
-                                readers[i].finish_reason(out),
-                                p.include_usage,
-                                ids,
-                                self.prompt if first[i] and p.return_token_ids else None,
-                            ),
-                            i,
-                        )
+                        prompt_ids = self.prompt if first[i] and p.return_token_ids else None
+                        piece = Piece(text, readers[i].finish_reason(out), ids, prompt_ids)
+                        c = _indexed(shape.chunk(cid, created, self.model, piece, p.include_usage), i)
                         if lps is not None:
                             c["choices"][0]["logprobs"] = lps
                         if out.finished:
