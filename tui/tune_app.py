@@ -75,7 +75,7 @@ class TuneApp(App):
         yield Static("", id="status")
         yield Sparkline([], summary_function=max)
         yield DataTable(zebra_stripes=True, cursor_type="none")
-        yield RichLog(wrap=False)
+        yield RichLog(wrap=True)  # (the answer's long lines, command lines included, wrap: none is cut)
         yield Footer()
 
     def on_mount(self) -> None:
