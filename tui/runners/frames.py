@@ -25,8 +25,9 @@ from tinyllm.observe.recording import (
     make_header,
 )
 from tinyllm.observe.snapshot import EngineSnapshot, LifecycleEvent
-from tinyllm.observe.timeline import ENDS, Timeline
-from tinyllm.slo import SLO, track_waits, verdict_record, view_verdict
+from tinyllm.observe.timeline import Timeline
+from tinyllm.observe.verdicts import VerdictJudge
+from tinyllm.slo import SLO
 from tui.runners.interface import LOG_LINES, Frame, LogEntry, lifecycle_log
 from tui.runners.rate import TokenRate
 
@@ -56,8 +57,7 @@ class FrameRecorder:
     ):
         header = make_header(snap, model, tokenizer_id(model_dir), settings, slo)
         self.slo = slo
-        self._own: dict[int, SLO] = {}  # requests' own SLOs, as written
-        self._timeline = Timeline()  # (the waits a miss names its reason from)
+        self._judge = VerdictJudge(slo)  # (its own: the requests' own SLOs, as written)
         self._writer = RecordingWriter(path, header)
         self._enc = SnapshotEncoder(header)
         self._snap: EngineSnapshot | None = None
@@ -88,13 +88,12 @@ class FrameRecorder:
                 rec["snap"] = d
             self._snap = snap
         for rid, slo in (slos or {}).items():
-            if rid not in self._own:
-                self._own[rid] = slo
+            if rid not in self._judge.own:
+                self._judge.own[rid] = slo
                 rec.setdefault("slo", {})[rid] = str(slo)
         if events:
             rec["life"] = [encode_event(e) for e in events]
-            self._timeline.feed(events)
-            verdicts = self._verdicts(snap, events)
+            verdicts = self._judge.judge(snap, events)
             if verdicts:
                 rec["verdict"] = verdicts
         for rid, t in texts.items():
@@ -118,24 +117,6 @@ class FrameRecorder:
         if changed:
             rec["x"] = changed
         self._writer.write(rec)
-
-    def _verdicts(self, snap: EngineSnapshot, events: list[LifecycleEvent]) -> dict[int, dict]:
-        """The verdicts of the requests that ended in ``events`` and have an SLO."""
-        out = {}
-        views = {v.rid: v for v in snap.requests}
-        for ev in events:
-            slo = self._own.get(ev.rid) or self.slo
-            view = views.get(ev.rid)
-            if ev.kind not in ENDS or slo is None or view is None:
-                continue
-            waited = track_waits(self._timeline.track(ev.rid), snap.counters.steps)
-            verdict = view_verdict(view, slo, waited)
-            if verdict is not None:
-                out[ev.rid] = verdict_record(verdict, slo)
-        for ev in events:
-            if ev.kind in ENDS:
-                self._timeline.forget(ev.rid)  # its life is over: nothing more to judge
-        return out
 
     def flush(self) -> None:
         self._writer.flush()
