@@ -118,3 +118,10 @@ def test_an_slo_needs_a_target():
         SLO()
     with pytest.raises(ValueError, match="> 0"):
         SLO(ttft_s=0.0)
+
+
+def test_the_canonical_text_has_no_exponent_and_reads_back():
+    """`ttft=1000s` printed as `ttft=1e+06ms`."""
+    for text, canonical in (("ttft=1000s", "ttft=1000s"), ("ttft=250s,tpot=0.3ms", "ttft=250000ms,tpot=0.3ms")):
+        slo = SLO.parse(text)
+        assert str(slo) == canonical and SLO.parse(str(slo)) == slo

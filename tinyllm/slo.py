@@ -22,8 +22,12 @@ ENDED_APART = ("aborted", "failed")  # ended states that are neither met nor mis
 
 
 def _ms(seconds: float) -> str:
-    """A target in the canonical text: milliseconds, as short as exact (``500ms``, ``0.5ms``)."""
-    return f"{seconds * 1000:.6g}ms"
+    """A target in the canonical text, as short as exact: milliseconds below 1,000 s (``500ms``,
+    ``0.5ms``, ``250000ms``), seconds above (``1000s``), never an exponent (``1e+06ms``)."""
+    ms = seconds * 1000
+    if ms < 1e6:
+        return f"{ms:.12f}".rstrip("0").rstrip(".") + "ms"
+    return f"{seconds:.12f}".rstrip("0").rstrip(".") + "s"
 
 
 @dataclass(frozen=True)
