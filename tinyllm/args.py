@@ -331,3 +331,30 @@ def refuse_writing_over(flag: str, out: str | None, source: str) -> None:
         raise UsageError(
             f"{flag} {out} is the file this command reads ({source}): writing it would replace it; give another file"
         )
+
+
+def check_new_file(flag: str, path: str) -> None:
+    """A recording to write (``--record``): refused now, in one line, if it cannot be written or
+    if writing it would overwrite one (an empty file is fair game: nothing to lose)."""
+    p = Path(path)
+    if not path.strip():
+        raise UsageError(f"{flag} needs a file name, e.g. {flag} run.jsonl")
+    if p.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory; give a file name, e.g. {p / 'run.jsonl'}")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UsageError(f"{flag} {path}: not writable")
+    if p.exists() and p.stat().st_size > 0:
+        raise UsageError(
+            f"{flag} {path}: the file exists ({p.stat().st_size:,} bytes) and would be overwritten; "
+            f"choose another name or remove it"
+        )
+    existed = p.exists()
+    try:  # what access() cannot tell (/proc, a full disk, ...)
+        open(p, "a").close()
+        if not existed:
+            p.unlink()
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write it ({e.strerror or e})") from None

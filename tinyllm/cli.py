@@ -20,6 +20,7 @@ from tinyllm.args import (
     add_engine_args,
     add_model_args,
     add_slo_arg,
+    check_new_file,
     load_model,
     non_negative_float,
     option_names,
@@ -192,6 +193,10 @@ def cmd_serve(args) -> None:
     """An OpenAI-compatible HTTP server (tinyllm.serve) until Ctrl+C."""
     if args.served_model_name is not None and not args.served_model_name.strip():
         raise UsageError("--served-model-name must not be empty")
+    if args.record_text and args.record is None:
+        raise UsageError("--record-text keeps the requests' text in a --record file: give --record FILE too")
+    if args.record is not None:  # before the model loads: a bad file is said at once
+        check_new_file("--record", args.record)
     try:
         import fastapi  # noqa: F401 - present? (the error below says what to install)
         import uvicorn  # noqa: F401
@@ -199,6 +204,7 @@ def cmd_serve(args) -> None:
         raise UsageError(f"serving needs {e.name}: pip install fastapi uvicorn prometheus-client") from None
     import torch
 
+    from tinyllm.serve.recorder import RecordTo
     from tinyllm.serve.security import Limits, api_key_from_env, exposed_without_key_warning, is_loopback
     from tinyllm.serve.server import bind, build_engine, model_name_for, run_server
 
@@ -237,7 +243,8 @@ def cmd_serve(args) -> None:
         }
     )
     name = args.served_model_name or model_name_for(args.model)
-    run_server(engine, tok, name, sock, api_key=api_key, limits=limits, slo=args.slo)
+    record = None if args.record is None else RecordTo(Path(args.record), args.record_text)
+    run_server(engine, tok, name, sock, api_key=api_key, limits=limits, slo=args.slo, record=record)
 
 
 # The engine options each command takes (tinyllm/args.py defines them once). The server always
@@ -370,6 +377,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="uvicorn's limit_concurrency: beyond N connections and tasks at once it answers a "
         "plain-text 503 (default 1024)",
+    )
+    sv.add_argument(
+        "--record",
+        default=None,
+        metavar="FILE",
+        help="record every request (arrival, prompt and output lengths, with --slo its verdict) to FILE "
+        "(.gz: compressed) for tinyllm tune / whatif FILE and tinyllm-tui --replay FILE; the text is "
+        "left out (token ids scrambled, lengths and shared prefixes kept) unless --record-text",
+    )
+    sv.add_argument(
+        "--record-text",
+        action="store_true",
+        help="keep the prompts and generated text in the --record file (as GET /v1/tinyllm/stream sends them)",
     )
     add_slo_arg(sv)  # (/metrics: tinyllm:requests_slo_met_total, tinyllm:requests_slo_missed_total{reason})
     add_engine_args(sv, *SERVE_ENGINE_OPTIONS)  # (always paged KV and the token budget)

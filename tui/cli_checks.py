@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from tinyllm.args import check_device, option_names
+from tinyllm.args import UsageError, check_device, check_new_file, option_names
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS
 
 
@@ -120,29 +120,11 @@ def check_pool(parser, kv_blocks: int, block_size: int, max_len: int) -> None:
 
 def check_writable(parser, path: str) -> None:
     """--record: say now, before the screen is up, if the file cannot be written, or if writing
-    it would overwrite a recording (an empty file is fair game: nothing to lose)."""
-    p = Path(path)
-    if not path.strip():
-        parser.error("--record needs a file name, e.g. --record run.jsonl")
-    if p.is_dir():
-        parser.error(f"--record {path}: is a directory; give a file name, e.g. {p / 'run.jsonl'}")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        parser.error(f"--record {path}: the directory {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        parser.error(f"--record {path}: not writable")
-    if p.exists() and p.stat().st_size > 0:
-        parser.error(
-            f"--record {path}: the file exists ({p.stat().st_size:,} bytes) and would be overwritten; "
-            f"choose another name or remove it"
-        )
-    existed = p.exists()
-    try:  # what access() cannot tell (/proc, a full disk, ...)
-        open(p, "a").close()
-        if not existed:
-            p.unlink()
-    except OSError as e:
-        parser.error(f"--record {path}: cannot write it ({e.strerror or e})")
+    it would overwrite a recording (tinyllm serve --record's own rule)."""
+    try:
+        check_new_file("--record", path)
+    except UsageError as e:
+        parser.error(str(e))
 
 
 def check_terminal(parser, a) -> None:

@@ -45,6 +45,7 @@ from tinyllm.serve.fit import check_prompt, check_text_fits
 from tinyllm.serve.handle import RequestFailed, RequestRejected
 from tinyllm.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from tinyllm.serve.protocol import GenerationParams, api_key_tenant, parse_completion
+from tinyllm.serve.recorder import RecordTo, ServerRecorder
 from tinyllm.serve.respond import CompletionStream, Job, close_all, complete
 from tinyllm.serve.security import RETRY_AFTER_S, ApiKeyMiddleware, BodyLimitMiddleware, Limits, read_body
 from tinyllm.serve.stream import add_stream_route
@@ -62,12 +63,14 @@ def create_app(
     api_key: str | None = None,
     limits: Limits | None = None,
     slo: SLO | None = None,
+    record: RecordTo | None = None,
 ) -> FastAPI:
     """The server's app over ``engine_loop`` (not started yet: the app's lifespan starts it and
     stops it at shutdown). ``metrics``: pass one to share it; by default a new ServeMetrics is
     made and registered as a step hook. The engine's config (vocab, max_len) is read here, once,
     before the engine thread runs. ``api_key``: every route but /health and /metrics needs it
-    (tinyllm/serve/security.py); ``limits``: what a client may send (default: Limits())."""
+    (tinyllm/serve/security.py); ``limits``: what a client may send (default: Limits());
+    ``record``: --record FILE, the server's recording (tinyllm/serve/recorder.py)."""
     limits = limits or Limits()
     max_body = limits.max_body_bytes
     engine = engine_loop.engine
@@ -82,10 +85,15 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine_loop.start()
+        recorder = app.state.recorder
+        if recorder is not None:
+            await recorder.start()
         try:
             yield
         finally:
             await asyncio.to_thread(engine_loop.stop)
+            if recorder is not None:  # after the stop: its last record holds the requests it ended
+                await recorder.close()
 
     app = FastAPI(title="tinyllm", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine_loop = engine_loop
@@ -290,5 +298,8 @@ def create_app(
             "prefix_cache": engine.prefix_cache,
         },
         max_body,
+    )
+    app.state.recorder = (
+        None if record is None else ServerRecorder(record, app.state.feed, engine_loop, vocab_size, slo)
     )
     return app

@@ -25,6 +25,7 @@ import uvicorn
 from tinyllm.kv.blocks import check_pool_holds_one_request
 from tinyllm.serve.app import create_app
 from tinyllm.serve.engine_loop import EngineLoop, StepHook
+from tinyllm.serve.recorder import RecordTo
 from tinyllm.serve.security import Limits
 
 BUNDLED_MODEL_NAME = "tinyllm-shakespeare"
@@ -155,13 +156,15 @@ def run_server(
     api_key: str | None = None,
     limits: Limits | None = None,
     slo: Any = None,
+    record: RecordTo | None = None,
 ) -> None:
     """Serve ``engine`` on the listening ``sock`` until Ctrl+C / SIGTERM, printing the URL once
     uvicorn is listening. The engine thread is stopped before this returns; after Ctrl+C it
     prints "stopped" and raises KeyboardInterrupt (the CLI's exit 130). ``api_key`` and
-    ``limits``: see tinyllm/serve/security.py."""
+    ``limits``: see tinyllm/serve/security.py; ``record``: --record (tinyllm/serve/recorder.py),
+    closed on the way out, Ctrl+C included."""
     loop = EngineLoop(engine, on_step=on_step)
-    app = create_app(loop, tokenizer, model_name, api_key=api_key, limits=limits, slo=slo)
+    app = create_app(loop, tokenizer, model_name, api_key=api_key, limits=limits, slo=slo, record=record)
     url = url_of(sock)
 
     def ready() -> None:

@@ -169,6 +169,33 @@ class StateFeed:
         return out
 
 
+def viewer_record(
+    viewer: _Viewer,
+    encoder: SnapshotEncoder,
+    snap: EngineSnapshot,
+    events: list[LifecycleEvent],
+    text: dict[int, str],
+    prompt: dict[int, str],
+) -> dict[str, Any]:
+    """One record of a viewer's stream (what ``take`` gave it): the stream's and a server
+    recording's (tinyllm/serve/recorder.py) alike."""
+    rec: dict[str, Any] = {"step": snap.counters.steps}
+    delta = encoder.encode(snap)
+    if delta:
+        rec["snap"] = delta
+        waits = snap.wait_counts()  # why requests wait, counted (WAIT_REASONS)
+        if waits != viewer.waits:
+            rec["x"] = {"waits": waits}
+            viewer.waits = waits
+    if events:
+        rec["life"] = [encode_event(e) for e in events]
+    if prompt:
+        rec["prompt"] = prompt
+    if text:
+        rec["text"] = text
+    return rec
+
+
 def _line(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
@@ -183,21 +210,8 @@ async def _records(feed: StateFeed, engine_loop: EngineLoop, request: Request):
             # the last record once the engine thread is gone (its stop ran the hooks: read before take)
             closing = viewer.closing or not engine_loop.thread.is_alive()
             snap, events, text, prompt = feed.take(viewer)
-            rec: dict[str, Any] = {"step": snap.counters.steps}
-            delta = encoder.encode(snap)
-            if delta:
-                rec["snap"] = delta
-                waits = snap.wait_counts()  # why requests wait, counted (WAIT_REASONS)
-                if waits != viewer.waits:
-                    rec["x"] = {"waits": waits}
-                    viewer.waits = waits
-            if events:
-                rec["life"] = [encode_event(e) for e in events]
-            if prompt:
-                rec["prompt"] = prompt
-            if text:
-                rec["text"] = text
-            yield _line(rec)  # (a heartbeat when nothing changed)
+            # (a heartbeat when nothing changed)
+            yield _line(viewer_record(viewer, encoder, snap, events, text, prompt))
             if closing:
                 return
             try:

@@ -1,0 +1,89 @@
+"""`tinyllm serve --record FILE`: the server's recording of the traffic it saw, read back by
+tune / whatif (requests_from_recording), with the text left out unless --record-text."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.test_app import bundled
+from tinyllm.observe.recording import read_recording, recorded_verdicts
+from tinyllm.race.whatif import recorded_views, requests_from_recording
+from tinyllm.serve import EngineLoop, ServerThread, build_engine, create_app
+from tinyllm.serve.recorder import RecordTo, TokenMask
+from tinyllm.slo import SLO
+
+PROMPTS = ("ROMEO:\nWherefore art thou Romeo", "ROMEO:\nWherefore art thou here, good friar")
+
+
+def record_two(path, text: bool, slo: SLO | None = None) -> list[dict]:
+    """Two requests, 0.3 s apart, to a server recording to ``path``: their responses' usage."""
+    model, tok = bundled()
+    app = create_app(EngineLoop(build_engine(model, slots=2)), tok, "m", slo=slo, record=RecordTo(path, text))
+    usage = []
+    with ServerThread(app) as s:
+        for p in PROMPTS:
+            r = httpx.post(s.url + "/v1/completions", json={"model": "m", "prompt": p, "max_tokens": 6}, timeout=60)
+            usage.append(r.json()["usage"])
+            time.sleep(0.3)
+    return usage
+
+
+def test_a_recording_without_text_keeps_lengths_and_arrivals_not_the_text(tmp_path):
+    path = tmp_path / "run.jsonl"
+    usage = record_two(path, text=False)
+    reqs, warning = requests_from_recording(path)
+    assert warning is None and len(reqs) == 2
+    assert [len(r.prompt) for _, r in reqs] == [u["prompt_tokens"] for u in usage]
+    assert [r.max_new_tokens for _, r in reqs] == [u["completion_tokens"] for u in usage]
+    assert reqs[0][0] == 0.0 and reqs[1][0] >= 0.3
+    raw = path.read_text()
+    header, records, _ = read_recording(path)
+    assert header["text"] is False
+    assert not any("prompt" in rec or "text" in rec for _, rec in records)
+    assert "Wherefore" not in raw and "ROMEO" not in raw
+    _, tok = bundled()
+    views, _ = recorded_views(path)
+    for view, p in zip(views, PROMPTS, strict=True):
+        assert list(view.prompt) != tok.encode(p)  # the ids are scrambled...
+    shared = len(os.path.commonprefix([tok.encode(p) for p in PROMPTS]))
+    a, b = (v.prompt for v in views)
+    assert a[:shared] == b[:shared] and a[shared] != b[shared]  # ...the shared prefix kept
+
+
+def test_record_text_keeps_the_text_and_slo_writes_verdicts(tmp_path):
+    path = tmp_path / "run.jsonl.gz"
+    record_two(path, text=True, slo=SLO.parse("ttft=60s,tpot=10s"))
+    header, records, _ = read_recording(path)
+    assert header["text"] is True and header["slo"]
+    prompts = {p for _, rec in records for p in (rec.get("prompt") or {}).values()}
+    assert prompts == set(PROMPTS)
+    verdicts = recorded_verdicts([rec for _, rec in records])
+    assert len(verdicts) == 2 and all(v.outcome == "met" for v, _ in verdicts.values())
+
+
+def test_the_mask_is_a_permutation():
+    m = TokenMask(50)
+    assert sorted(m.ids(tuple(range(50)))) == list(range(50))
+
+
+@pytest.mark.parametrize("case", ["exists", "no-dir", "text-alone"])
+def test_a_bad_record_file_is_one_line_and_exit_2(tmp_path, case):
+    existing = tmp_path / "old.jsonl"
+    existing.write_text(json.dumps({"format": "tinyllm-recording"}) + "\n")
+    args = {
+        "exists": ["--record", str(existing)],
+        "no-dir": ["--record", str(tmp_path / "nope" / "run.jsonl")],
+        "text-alone": ["--record-text"],
+    }[case]
+    r = subprocess.run(
+        [sys.executable, "-m", "tinyllm.cli", "serve", "--port", "0", *args], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "--record" in r.stderr
