@@ -12,12 +12,14 @@ import time
 import httpx
 import pytest
 
-from tests.test_app import bundled
+from tests.test_app import _watch, bundled, until
 from tinyllm.observe.recording import read_recording, recorded_verdicts
 from tinyllm.race.whatif import recorded_views, requests_from_recording
 from tinyllm.serve import EngineLoop, ServerThread, build_engine, create_app
 from tinyllm.serve.recorder import RecordTo, TokenMask
 from tinyllm.slo import SLO
+from tui.app import TinyLLMApp
+from tui.runners.replay import ReplayRunner
 
 PROMPTS = ("ROMEO:\nWherefore art thou Romeo", "ROMEO:\nWherefore art thou here, good friar")
 
@@ -35,9 +37,15 @@ def record_two(path, text: bool, slo: SLO | None = None) -> list[dict]:
     return usage
 
 
-def test_a_recording_without_text_keeps_lengths_and_arrivals_not_the_text(tmp_path):
-    path = tmp_path / "run.jsonl"
-    usage = record_two(path, text=False)
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory) -> tuple:
+    """A recording made without --record-text, and its requests' usage."""
+    path = tmp_path_factory.mktemp("rec") / "run.jsonl"
+    return path, record_two(path, text=False)
+
+
+def test_a_recording_without_text_keeps_lengths_and_arrivals_not_the_text(plain):
+    path, usage = plain
     reqs, warning = requests_from_recording(path)
     assert warning is None and len(reqs) == 2
     assert [len(r.prompt) for _, r in reqs] == [u["prompt_tokens"] for u in usage]
@@ -87,3 +95,16 @@ def test_a_bad_record_file_is_one_line_and_exit_2(tmp_path, case):
     )
     assert r.returncode == 2, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "--record" in r.stderr
+
+
+async def test_a_recording_without_text_replays_with_lengths(plain):
+    path, usage = plain
+    app = TinyLLMApp(ReplayRunner(path, paused=True), None, model_name="m")
+    _watch(app)
+    r = app.runner
+    async with app.run_test(size=(140, 44)) as pilot:
+        await pilot.press("greater_than_sign")  # the last step
+        await until(pilot, lambda: r.frame.snapshot.counters.steps == r.last_step, what="the last step")
+        views = r.frame.snapshot.requests
+        assert [len(v.prompt) for v in views] == [u["prompt_tokens"] for u in usage]
+        assert [v.state for v in views] == ["finished", "finished"]

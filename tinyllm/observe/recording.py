@@ -7,6 +7,9 @@
                 "slo": {rid: <its workload line's own SLO, when submitted>},
                 "verdict": {rid: <its outcome against its SLO, when it ended>}}
     The header's "slo" (when the run had --slo) is the run's SLO; a request's own wins over it.
+    The header's "text": false (tinyllm serve --record without --record-text): no "prompt" or
+    "text" records, and token ids scrambled by a permutation not stored (lengths and shared
+    prefixes kept): replays show lengths, what-ifs run the same shapes.
     A verdict: {"outcome": met | missed | aborted | failed, "slo": the SLO it was judged
     against, "missed": [ttft, tpot] (a miss), "reason": the WAIT_REASONS code it waited most}.
     Recordings made before SLOs were recorded have none of these: they read as runs without one.
