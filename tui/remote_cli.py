@@ -21,7 +21,7 @@ def attach_app(parser, a) -> TinyLLMApp:
     from tui.runners.vllm import VllmRunner
 
     if a.record is not None:
-        parser.error("--record records a local engine; to record a server: curl -N URL/v1/tinyllm/stream > run.jsonl")
+        parser.error("--record records a local engine; to record a server: tinyllm serve --record FILE")
     refuse_unused(parser, a, "--attach")
     if a.prompts is not None and not a.model:
         parser.error(
