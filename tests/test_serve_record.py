@@ -8,13 +8,16 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import httpx
 import pytest
 
 from tests.test_app import _watch, bundled, until
 from tinyllm.observe.recording import read_recording, recorded_verdicts
+from tinyllm.observe.snapshot import RequestView
 from tinyllm.race.whatif import recorded_views, requests_from_recording
+from tinyllm.request import Sampling
 from tinyllm.serve import EngineLoop, ServerThread, build_engine, create_app
 from tinyllm.serve.recorder import RecordTo, TokenMask
 from tinyllm.slo import SLO
@@ -108,3 +111,13 @@ async def test_a_recording_without_text_replays_with_lengths(plain):
         views = r.frame.snapshot.requests
         assert [len(v.prompt) for v in views] == [u["prompt_tokens"] for u in usage]
         assert [v.state for v in views] == ["finished", "finished"]
+
+
+def test_the_mask_follows_a_view_as_it_grows():
+    m = TokenMask(50)
+    v = RequestView(0, "running", 0, (1, 2, 3), (4,), 8, Sampling(), None, 0.0, None, None, 0)
+    a = m.view(v)
+    assert m.view(v) is a  # an unchanged view: the same masked one
+    grown = m.view(replace(v, tokens=(4, 5, 6)))
+    assert grown.prompt == a.prompt == m.ids((1, 2, 3)) and grown.tokens == m.ids((4, 5, 6))
+    assert m.view(replace(v, tokens=(7,))).tokens == m.ids((7,))

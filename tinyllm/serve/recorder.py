@@ -43,22 +43,29 @@ class TokenMask:
         perm = list(range(vocab_size))
         (rng or random.SystemRandom()).shuffle(perm)
         self._perm = perm
-        self._done: dict[int, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = {}
+        self._done: dict[int, tuple[RequestView, RequestView]] = {}  # rid -> (its view, masked)
 
     def ids(self, tokens: tuple[int, ...]) -> tuple[int, ...]:
         p, n = self._perm, len(self._perm)
         return tuple(p[t] if 0 <= t < n else t for t in tokens)
 
     def view(self, v: RequestView) -> RequestView:
-        """``v`` with its prompt and tokens masked (a request's tokens only grow: the masked ones
-        so far are kept, so a step costs its new tokens, not the whole context)."""
+        """``v`` with its prompt and tokens masked. The engine reuses a view until it changes:
+        so is its masked one (the encoder's ``is`` test then skips it), and a request's tokens
+        only grow, so a step masks its new tokens, not the whole context."""
         done = self._done.get(v.rid)
-        if done is None or done[0] != v.prompt or len(v.tokens) < len(done[2]):
-            done = (v.prompt, self.ids(v.prompt), self.ids(v.tokens))
-        elif len(v.tokens) > len(done[2]):
-            done = (v.prompt, done[1], done[2] + self.ids(v.tokens[len(done[2]) :]))
-        self._done[v.rid] = done
-        return replace(v, prompt=done[1], tokens=done[2])
+        if done is not None and done[0] is v:
+            return done[1]
+        was, old = done if done is not None else (None, None)
+        if was is None or old is None or (v.prompt is not was.prompt and v.prompt != was.prompt):
+            prompt, tokens = self.ids(v.prompt), self.ids(v.tokens)
+        elif v.tokens[: len(was.tokens)] != was.tokens:  # (not appended to: masked again)
+            prompt, tokens = old.prompt, self.ids(v.tokens)
+        else:
+            prompt, tokens = old.prompt, old.tokens + self.ids(v.tokens[len(was.tokens) :])
+        out = replace(v, prompt=prompt, tokens=tokens)
+        self._done[v.rid] = (v, out)
+        return out
 
     def snapshot(self, snap: EngineSnapshot) -> EngineSnapshot:
         live = {v.rid for v in snap.requests}
