@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -121,3 +122,29 @@ def test_the_mask_follows_a_view_as_it_grows():
     grown = m.view(replace(v, tokens=(4, 5, 6)))
     assert grown.prompt == a.prompt == m.ids((1, 2, 3)) and grown.tokens == m.ids((4, 5, 6))
     assert m.view(replace(v, tokens=(7,))).tokens == m.ids((7,))
+
+
+def test_ctrl_c_closes_the_recording(tmp_path):
+    path = tmp_path / "run.jsonl.gz"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "tinyllm.cli", "serve", "--port", "0", "--slots", "2", "--record", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        line = p.stdout.readline()  # blocks until ready (or exit)
+        assert f"recording to {path}, text left out" in line, (line, p.stderr.read())
+        url = line.split()[4]
+        r = httpx.post(url + "/v1/completions", json={"prompt": "ROMEO:", "max_tokens": 3}, timeout=30)
+        assert r.status_code == 200
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 130 and err == "", (out, err)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(5)
+    reqs, warning = requests_from_recording(path)  # a whole gzip file: closed, not cut off
+    assert warning is None and [r.max_new_tokens for _, r in reqs] == [3]

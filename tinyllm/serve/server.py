@@ -166,6 +166,7 @@ def run_server(
     loop = EngineLoop(engine, on_step=on_step)
     app = create_app(loop, tokenizer, model_name, api_key=api_key, limits=limits, slo=slo, record=record)
     url = url_of(sock)
+    recording = "" if record is None else f"; recording to {record.path}{'' if record.text else ', text left out'}"
 
     def ready() -> None:
         from tinyllm.engine.forward import kv_cache_dtype_name
@@ -175,7 +176,7 @@ def run_server(
             f"tinyllm serve: {model_name} on {url}  (OpenAI API at {url}/v1; {e.n_slots} slots, max_len "
             f"{e.max_len}, {e.slots.n_blocks} KV blocks of {e.slots.block_size} "
             f"({kv_cache_dtype_name(e.device, e.kv_cache_dtype)}), prefix cache "
-            f"{'on' if e.prefix_cache else 'off'}{'; API key required' if api_key else ''}; Ctrl+C stops)",
+            f"{'on' if e.prefix_cache else 'off'}{'; API key required' if api_key else ''}{recording}; Ctrl+C stops)",
             flush=True,
         )
 
