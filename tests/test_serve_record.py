@@ -85,13 +85,15 @@ def test_the_mask_is_a_permutation():
     assert sorted(m.ids(tuple(range(50)))) == list(range(50))
 
 
-@pytest.mark.parametrize("case", ["exists", "no-dir", "text-alone"])
+@pytest.mark.parametrize("case", ["exists", "no-dir", "unwritable-dir", "a-dir", "text-alone"])
 def test_a_bad_record_file_is_one_line_and_exit_2(tmp_path, case):
     existing = tmp_path / "old.jsonl"
     existing.write_text(json.dumps({"format": "tinyllm-recording"}) + "\n")
     args = {
         "exists": ["--record", str(existing)],
         "no-dir": ["--record", str(tmp_path / "nope" / "run.jsonl")],
+        "unwritable-dir": ["--record", "/proc/run.jsonl"],  # (even for root)
+        "a-dir": ["--record", str(tmp_path)],
         "text-alone": ["--record-text"],
     }[case]
     r = subprocess.run(
