@@ -154,9 +154,9 @@ class ModelRunner:
         Logits (rows, V) in the plan's order."""
         pool = self.cache
         lens = [n for _, _, n in plan.items]
-        for slot, n in zip(plan.slots, lens):
-            pool.occupy(slot, n)  # (lens[slot] = n: the forward below computes them)
         try:
+            for slot, n in zip(plan.slots, lens):
+                pool.occupy(slot, n)  # (lens[slot] = n: the forward below computes them)
             order = one_token_rows_first([(0, 0, n) for n in lens])
             rows, flat, sample_at = [], [], []
             for i in order:
@@ -166,7 +166,7 @@ class ModelRunner:
                 sample_at.append(len(flat) - 1)
             logits = ragged_forward(self.model, pool, rows, flat, sample_at)
         except BaseException:
-            for slot in plan.slots:
+            for slot in plan.slots:  # (releasing a slot not yet claimed changes nothing)
                 pool.release(slot)
             raise
         if order != sorted(order):  # back to the plan's order
