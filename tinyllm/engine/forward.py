@@ -124,10 +124,20 @@ def ragged_forward(model: Transformer, pool: PagedKVCache, rows: list[Row], flat
     return logits[0]
 
 
-def one_token_rows_first(rows: list[Row]) -> list[int]:
-    """The order a ragged batch runs ``rows`` in: one-token rows first (RaggedAttention's rule),
-    otherwise as given."""
-    return sorted(range(len(rows)), key=lambda i: rows[i][2] != 1)
+def prefill_contexts(model: Transformer, pool: PagedKVCache, slots: list[int], contexts: list) -> Tensor:
+    """Whole contexts computed from position 0 in their slots (whose blocks must cover them), as
+    one ragged pass: the logits of each context's last token, (len(contexts), V), in the order
+    given. (The pass runs one-token contexts first, RaggedAttention's rule.)"""
+    order = sorted(range(len(contexts)), key=lambda i: len(contexts[i]) != 1)
+    rows, flat, sample_at = [], [], []
+    for i in order:
+        rows.append((slots[i], 0, len(contexts[i])))
+        flat += contexts[i]
+        sample_at.append(len(flat) - 1)
+    logits = ragged_forward(model, pool, rows, flat, sample_at)
+    if order != sorted(order):  # back to the order given
+        logits = logits[torch.tensor(order, device=logits.device).argsort()]
+    return logits
 
 
 class ModelRunner:
@@ -153,25 +163,14 @@ class ModelRunner:
         (``plan.slots``), whose blocks are claimed here and given back if the forward raises.
         Logits (rows, V) in the plan's order."""
         pool = self.cache
-        lens = [n for _, _, n in plan.items]
         try:
-            for slot, n in zip(plan.slots, lens):
+            for slot, (_, _, n) in zip(plan.slots, plan.items):
                 pool.occupy(slot, n)  # (lens[slot] = n: the forward below computes them)
-            order = one_token_rows_first([(0, 0, n) for n in lens])
-            rows, flat, sample_at = [], [], []
-            for i in order:
-                seq, _, n = plan.items[i]
-                rows.append((plan.slots[i], 0, n))
-                flat += seq.context()
-                sample_at.append(len(flat) - 1)
-            logits = ragged_forward(self.model, pool, rows, flat, sample_at)
+            return prefill_contexts(self.model, pool, plan.slots, [seq.context() for seq, _, _ in plan.items])
         except BaseException:
             for slot in plan.slots:  # (releasing a slot not yet claimed changes nothing)
                 pool.release(slot)
             raise
-        if order != sorted(order):  # back to the plan's order
-            logits = logits[torch.tensor(order, device=logits.device).argsort()]
-        return logits
 
     def prefill_padded(self, items: list[Item]) -> Prefilled:
         """The CUDA-graph path's prefill: left-padded into a scratch cache, moved into the slots

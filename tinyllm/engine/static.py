@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tinyllm.config import DEFAULT_BLOCK_SIZE
-from tinyllm.engine.forward import Row, kernels_for, kv_bytes_per_token, one_token_rows_first, ragged_forward
+from tinyllm.engine.forward import Row, kernels_for, kv_bytes_per_token, prefill_contexts, ragged_forward
 from tinyllm.engine.forward import kv_cache_dtype as kv_cache_dtype_of
 from tinyllm.engine.heap import freeze_startup_heap
 from tinyllm.engine.sampler import sample_next
@@ -206,24 +206,17 @@ class StaticBatcher:
             p.slot = slot
             pool.activate(slot)
             pool.try_grow(slot, L + new_max)
-        order = one_token_rows_first([(0, 0, len(p.req.prompt)) for p in batch])
-        rows, flat, sample_at = [], [], []
-        for i in order:
-            prompt = batch[i].req.prompt
-            rows.append((i, 0, len(prompt)))
-            flat += prompt
-            sample_at.append(len(flat) - 1)
+        prompts = [list(p.req.prompt) for p in batch]
         try:
-            logits = self._forward(rows, flat, sample_at)
+            self._logits = self._prefill(prompts)
         except BaseException:
             self._release(batch)
             self.queue.extendleft(reversed(batch))
             raise
-        self._logits = logits if order == sorted(order) else logits[torch.tensor(order).argsort().to(logits.device)]
         self.batch = batch
         self._row_cap = L + new_max
         self.capacity = len(batch) * self._row_cap
-        self.stats.prefill_tokens += len(flat)
+        self.stats.prefill_tokens += sum(map(len, prompts))
         self.stats.kv_reserved_tokens = max(self.stats.kv_reserved_tokens, self.capacity)
 
     def _pool_for(self, n_blocks: int) -> PagedKVCache:
@@ -244,6 +237,12 @@ class StaticBatcher:
                 self.device,
             )
         return self.pool
+
+    def _prefill(self, prompts: list[list[int]]):
+        """The batch's prompts, each in its row, on the forward every scheduler runs."""
+        if self.on_pass is not None:
+            self.on_pass([(slot, 0, len(p)) for slot, p in enumerate(prompts)])
+        return prefill_contexts(self.model, self.pool, list(range(len(prompts))), prompts)
 
     def _forward(self, rows: list[Row], flat: list[int], sample_at: list[int]):
         """One pass on the forward every scheduler runs; logits at ``sample_at``."""
