@@ -1,5 +1,5 @@
-"""Shared test helpers: a seeded random model, mixed workloads, the cache invariants, and a server
-in a background thread."""
+"""Shared test helpers: a seeded random model, mixed workloads, the cache invariants, a paused
+runner stepped to its end, a CLI refusal, and a server in a background thread."""
 
 from __future__ import annotations
 
@@ -227,6 +227,40 @@ def run_random_ops(eng: ContinuousEngine, ops, max_len: int, checked_step) -> tu
             lps = eng._seqs[rid].logprobs
             assert [lp.token for lp in lps] == toks and all(len(lp.top) == req.logprobs for lp in lps)
     return added, aborted
+
+
+def run_to_the_end(runner, aborts: dict[int, int] | None = None):
+    """Step a paused ``EngineRunner`` until its engine has no work, publishing after each step
+    (as the app does when stepped by hand); ``aborts``: {step: rid}, abort request rid right after
+    that step. Then stop the runner, which closes its recorder's file. Returns its last frame."""
+    from tui.runners.interface import Abort, StepOnce
+
+    eng, aborts = runner.engine, aborts or {}
+    while eng.has_work():
+        runner._apply(StepOnce())
+        runner._publish()
+        if eng.steps in aborts:
+            runner._apply(Abort(aborts[eng.steps]))
+            runner._publish()
+    frame = runner.frame
+    runner.stop()
+    runner.run()  # returns at once (stopped), closes the file
+    return frame
+
+
+def cli_refusal(argv: list[str], capsys) -> str:
+    """Run ``tinyllm ARGV`` in this process; it must refuse: exit status 2, nothing on stdout, one
+    line on stderr and no traceback. Returns that line."""
+    from tinyllm.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own refusals
+        code = e.code
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "", (code, out, err)
+    assert err.count("\n") == 1 and err.endswith("\n") and "Traceback" not in err, err
+    return err
 
 
 def serve_in_thread(model: Transformer, tokenizer, slots: int, port: int = 0, **engine):

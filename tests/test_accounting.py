@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.test_app import make_app, step, submit
+from tests.test_app import make_app, submit_and_step
+from tests.test_recording import ev
 from tinyllm.engine import Sampling
 from tinyllm.observe.accounting import Accounting, RequestTimes
 from tinyllm.observe.recording import SnapshotDecoder, read_recording
-from tinyllm.observe.snapshot import LifecycleEvent, RequestView
+from tinyllm.observe.snapshot import RequestView
 from tui.widgets.request_pane import RequestPane, accounting_text
 
 OLD_RECORDING = Path(__file__).parent / "data" / "preemption-run.jsonl"
@@ -38,18 +39,18 @@ def view(**kw) -> RequestView:
 
 
 def test_phases_follow_the_lifecycle_events():
-    t = RequestTimes()
-    for kind, at, cached in (
-        ("queued", 1.0, 0),
-        ("admitted", 1.5, 16),
-        ("first_token", 1.75, 0),
-        ("preempted", 2.0, 0),
-        ("admitted", 2.5, 32),
-        ("finished", 3.0, 0),
+    times = RequestTimes()
+    for e in (
+        ev("queued", 0, 0, t=1.0),
+        ev("admitted", 0, 1, t=1.5, cached=16),
+        ev("first_token", 0, 1, t=1.75),
+        ev("preempted", 0, 2, t=2.0),
+        ev("admitted", 0, 3, t=2.5, cached=32),
+        ev("finished", 0, 4, t=3.0),
     ):
-        t.on_event(LifecycleEvent(kind, 0, 0, at, cached=cached))
-    assert t.accounting() == Accounting(500.0, 250.0, 1250.0, 2000.0, 1, 16)  # the first admission counts
-    assert Accounting.of_view(view(), 99.0) == t.accounting()  # the pane's view: the same
+        times.on_event(e)
+    assert times.accounting() == Accounting(500.0, 250.0, 1250.0, 2000.0, 1, 16)  # the first admission counts
+    assert Accounting.of_view(view(), 99.0) == times.accounting()  # the pane's view: the same
 
 
 def test_running_and_queued_views_count_up_to_now():
@@ -80,13 +81,11 @@ def test_old_recordings_without_admission_times_still_replay():
 async def test_the_pane_shows_a_finished_requests_accounting():
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:
-        rid = await submit(pilot, "ROMEO:\n")
-        await step(pilot, 30)
-        v = app.runner.frame.snapshot.request(rid)
+        v = await submit_and_step(pilot, "ROMEO:\n", 30)
         assert v.state == "finished" and v.admitted_s is not None and v.admitted_s >= v.arrival_s
         body = app.query_one(RequestPane).query_one("#pane-body").render()
         text = str(getattr(body, "plain", body))
         width = app.query_one(RequestPane).query_one("#pane-body").size.width  # (it breaks between figures)
         want = accounting_text(v, width).plain.strip()
         assert want.startswith("── queue") and "total" in want and want in text
-        assert app.query_one(RequestPane).body_text == "ROMEO:\n" + app.runner.frame.texts[rid]  # text only
+        assert app.query_one(RequestPane).body_text == "ROMEO:\n" + app.runner.frame.texts[v.rid]  # text only

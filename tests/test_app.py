@@ -11,6 +11,7 @@ import torch
 
 from tinyllm.engine import ContinuousEngine, Sampling
 from tinyllm.model.checkpoint import load_checkpoint
+from tinyllm.observe.snapshot import RequestView
 from tinyllm.request import RequestSettings
 from tinyllm.workload import bundled_workloads
 from tui.app import TinyLLMApp
@@ -180,13 +181,18 @@ async def submit(pilot, text: str) -> int:
     return app.runner.frame.snapshot.requests[-1].rid
 
 
+async def submit_and_step(pilot, text: str, n: int) -> RequestView:
+    """Submit ``text``, step the paused engine up to n times; the request's view then."""
+    rid = await submit(pilot, text)
+    await step(pilot, n)
+    return pilot.app.runner.frame.snapshot.request(rid)
+
+
 async def test_submit_streams_engine_text_into_pane_and_grid():
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:
-        rid = await submit(pilot, "ROMEO:\n")
-        await step(pilot, 4)
-        snap = app.runner.frame.snapshot
-        v = snap.request(rid)
+        v = await submit_and_step(pilot, "ROMEO:\n", 4)
+        rid = v.rid
         assert v.state == "running" and len(v.tokens) == 5  # admit step + 4 decode steps
         grid = app.query_one(SlotGrid)
         assert grid.snapshot.slots[v.slot].rid == rid
@@ -316,13 +322,11 @@ async def test_stop_strings_and_seed_from_the_settings_dialog():
         assert app.settings.stop == ("never", stop) and app.settings.sampling.seed == 5
         shown = str(app.query_one("#next-settings").render())  # the next-request line says it
         assert "stop=never|" + stop.replace("\n", "\\n") in shown
-        b = await submit(pilot, "ROMEO:\n")
-        await step(pilot, 30)
-        v = app.runner.frame.snapshot.request(b)
+        v = await submit_and_step(pilot, "ROMEO:\n", 30)
         assert v.state == "finished" and len(v.tokens) < 24 and v.sampling.seed == 5
-        assert app.runner.frame.texts[b] == full[: full.find(stop)]
+        assert app.runner.frame.texts[v.rid] == full[: full.find(stop)]
         assert all(s.free for s in app.runner.frame.snapshot.slots)
-        assert any("a stop token or string" in e.text for e in app.runner.frame.log if e.rid == b)
+        assert any("a stop token or string" in e.text for e in app.runner.frame.log if e.rid == v.rid)
 
 
 async def test_logprobs_show_the_latest_tokens_alternatives_in_the_pane():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import httpx
 
-from tests.test_app import make_app, no_unexpected_errors, step, submit, until  # noqa: F401
+from tests.test_app import make_app, no_unexpected_errors, step, submit, submit_and_step, until  # noqa: F401
 from tests.test_attach import asked, long_app, ours_and_another, slow  # noqa: F401
 from tinyllm.request import RequestSettings, Sampling
 from tui.runners.interface import Abort, Submit
@@ -53,14 +53,13 @@ async def test_the_selection_follows_the_newest_request_until_the_user_moves_it(
 async def test_a_request_already_done_is_not_offered_for_abort():
     app = make_app(new=3)
     async with app.run_test(size=(120, 36)) as pilot:
-        rid = await submit(pilot, "ROMEO:")
-        await step(pilot, 5)
-        assert app.runner.frame.snapshot.request(rid).state == "finished" and app.selected == rid
+        v = await submit_and_step(pilot, "ROMEO:", 5)
+        assert v.state == "finished" and app.selected == v.rid
         sent = []
         send = app.runner.send
         app.runner.send = lambda cmd: sent.append(cmd) or send(cmd)
         await pilot.press("escape", "x")
-        assert any(f"#{rid} is finished: nothing to abort" in m for _, _, m in app.notified)
+        assert any(f"#{v.rid} is finished: nothing to abort" in m for _, _, m in app.notified)
         assert not [c for c in sent if isinstance(c, Abort)] and len(app.screen_stack) == 1
 
 

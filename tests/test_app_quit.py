@@ -8,6 +8,7 @@ Uses test_app's helpers and its no-error guard (every app a test makes is watche
 from __future__ import annotations
 
 import argparse
+from contextlib import asynccontextmanager
 
 import pytest
 import torch
@@ -36,11 +37,19 @@ def asked(app) -> bool:
     return isinstance(app.screen, QuitConfirm)
 
 
-@pytest.mark.parametrize("key", ["q", "ctrl+c", "ctrl+q"])
-async def test_quit_with_requests_running_asks_once_and_the_key_again_quits(key):
-    app = make_app(new=100)
+@asynccontextmanager
+async def one_request(new: int):
+    """The app (120x36) with one request sent, "ROMEO:" for ``new`` tokens: its pilot."""
+    app = make_app(new=new)
     async with app.run_test(size=(120, 36)) as pilot:
         await submit(pilot, "ROMEO:")
+        yield pilot
+
+
+@pytest.mark.parametrize("key", ["q", "ctrl+c", "ctrl+q"])
+async def test_quit_with_requests_running_asks_once_and_the_key_again_quits(key):
+    async with one_request(new=100) as pilot:
+        app = pilot.app
         await pilot.press("escape")  # to the list, where q is a key
         await pilot.press(key)
         assert asked(app) and app.is_running
@@ -57,9 +66,8 @@ async def test_quit_with_requests_running_asks_once_and_the_key_again_quits(key)
 
 
 async def test_ctrl_c_in_the_editor_asks_and_y_quits_and_q_there_is_text():
-    app = make_app(new=100)
-    async with app.run_test(size=(120, 36)) as pilot:
-        await submit(pilot, "ROMEO:")
+    async with one_request(new=100) as pilot:
+        app = pilot.app
         await pilot.press("q")
         assert app.query_one("#prompt").text == "q" and not asked(app)  # in the editor q is text
         await pilot.press("ctrl+c")
@@ -69,19 +77,16 @@ async def test_ctrl_c_in_the_editor_asks_and_y_quits_and_q_there_is_text():
 
 
 async def test_nothing_to_lose_quits_at_once():
-    app = make_app(new=4)
-    async with app.run_test(size=(120, 36)) as pilot:
-        await submit(pilot, "ROMEO:")
+    async with one_request(new=4) as pilot:
         await step(pilot, 10)  # done: nothing running
         await pilot.press("ctrl+c")
-        assert app.return_code == 0
+        assert pilot.app.return_code == 0
 
 
 async def test_ctrl_c_quits_the_same_way_over_the_race():
     """The race over the main app: Ctrl+C is the app's quit (asking, requests are queued)."""
-    app = make_app(new=100)
-    async with app.run_test(size=(120, 36)) as pilot:
-        await submit(pilot, "ROMEO:")
+    async with one_request(new=100) as pilot:
+        app = pilot.app
         await pilot.press("escape", "r")
         await until(pilot, lambda: isinstance(app.screen, RaceScreen), what="the race")
         await pilot.press("ctrl+c")

@@ -259,29 +259,31 @@ def waits(eng: ContinuousEngine) -> dict[int, tuple[str, str]]:
     }
 
 
+def first_step_waits(eng: ContinuousEngine, *prompts: list[int], new: int) -> tuple[list[int], list[tuple[str, str]]]:
+    """Add a request of ``new`` tokens for each prompt, take one step: their ids, and why each waits."""
+    rids = [eng.add_request(Request(p, new)) for p in prompts]
+    eng.step()
+    w = waits(eng)
+    return rids, [w[rid] for rid in rids]
+
+
 def test_a_request_blocked_by_a_full_pool_says_so(model):
     # 5 blocks of 4 tokens; the first request holds all of them, the second needs 3 for its prompt.
     eng = chunked_engine(model, 2, 20, block_size=4, budget=32, kv_blocks=5, prefix_cache=False)
-    a = eng.add_request(Request([1] * 18, 2))
-    b = eng.add_request(Request([2] * 10, 2))
-    eng.step()
-    w = waits(eng)
-    assert w[a] == ("", "")
-    assert w[b] == ("pool", "KV pool full: needs 3 blocks, 0 free")
+    (a, _), w = first_step_waits(eng, [1] * 18, [2] * 10, new=2)
+    assert w == [("", ""), ("pool", "KV pool full: needs 3 blocks, 0 free")]
     assert dict(eng.snapshot().batch) == {a: 18}
     assert eng.pop_lifecycle()[-1].reason == "pool: KV pool full: needs 3 blocks, 0 free"
 
 
 def test_a_request_blocked_by_the_budget_says_so_and_the_next_one_is_behind_it(model):
     eng = ContinuousEngine(model, 3, max_len=64, kv="paged", block_size=4, chunked_prefill=True, max_batched_tokens=8)
-    a = eng.add_request(Request([1] * 20, 2))
-    b = eng.add_request(Request([2] * 5, 2))
-    c = eng.add_request(Request([3] * 5, 2))
-    eng.step()
-    w = waits(eng)
-    assert w[a] == ("", "")
-    assert w[b] == ("budget", "this step's token budget is used up (8/8 tokens)")
-    assert w[c] == ("queue", "behind 1 earlier request in fcfs order")
+    (a, b, _), w = first_step_waits(eng, [1] * 20, [2] * 5, [3] * 5, new=2)
+    assert w == [
+        ("", ""),
+        ("budget", "this step's token budget is used up (8/8 tokens)"),
+        ("queue", "behind 1 earlier request in fcfs order"),
+    ]
     eng.step()  # a still prefills: 8 more of its 20
     assert waits(eng)[b][0] == "budget"
     assert eng.snapshot().request(a).wait == ""
@@ -290,11 +292,8 @@ def test_a_request_blocked_by_the_budget_says_so_and_the_next_one_is_behind_it(m
 def test_a_request_blocked_by_busy_slots_says_so_in_both_schedulers(model):
     for kw in (dict(kv="slots"), dict(kv="paged", chunked_prefill=True, max_batched_tokens=64)):
         eng = ContinuousEngine(model, 1, max_len=64, **kw)
-        a = eng.add_request(Request([1] * 5, 4))
-        b = eng.add_request(Request([2] * 5, 4))
-        eng.step()
-        assert waits(eng)[b] == ("slots", "all 1 slots busy (max running sequences: 1)"), kw
-        assert waits(eng)[a] == ("", ""), kw
+        (_, b), w = first_step_waits(eng, [1] * 5, [2] * 5, new=4)
+        assert w == [("", ""), ("slots", "all 1 slots busy (max running sequences: 1)")], kw
         while eng.has_work():
             eng.step()
         v = eng.snapshot().request(b)

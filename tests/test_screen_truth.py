@@ -17,7 +17,17 @@ import pytest
 
 from tests.helpers import chunked_engine
 from tests.screen_check import check_panels
-from tests.test_app import _watch, bundled, has_work, no_unexpected_errors, step, submit, until, watched_app  # noqa: F401
+from tests.test_app import (
+    _watch,
+    bundled,
+    has_work,
+    no_unexpected_errors,  # noqa: F401
+    step,
+    submit,
+    submit_and_step,
+    until,
+    watched_app,
+)
 from tests.test_app_replay import replay_app
 from tinyllm import units
 from tinyllm.engine import ContinuousEngine, Sampling
@@ -295,11 +305,9 @@ def test_the_bench_race_and_whatif_use_the_one_duration_format():
 async def test_list_pane_and_counters_say_durations_alike():
     app = paged_app()
     async with app.run_test(size=(160, 48)) as pilot:
-        rid = await submit(pilot, "ROMEO:")
-        await step(pilot, 3)
-        v = app.runner.frame.snapshot.request(rid)
+        v = await submit_and_step(pilot, "ROMEO:", 3)
         ttft = duration(v.ttft_s)
-        assert ttft in app.query_one(RequestList).row_text(rid)
+        assert ttft in app.query_one(RequestList).row_text(v.rid)
         assert f"TTFT {ttft}" in app.query_one("#pane-header").text.plain
         assert f"TTFT p50/p95 {ttft}/{ttft}" in app.query_one(KVPanel).render().plain
 

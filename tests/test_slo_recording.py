@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from tests.helpers import run_to_the_end
 from tests.test_app import bundled
 from tests.test_app_replay import RECORDING
 from tinyllm.engine import ContinuousEngine, Sampling
@@ -19,7 +20,6 @@ from tinyllm.slo import SLO, snapshot_verdicts
 from tui.cli import build_app
 from tui.runners.engine import EngineRunner
 from tui.runners.frames import FrameBuilder, FrameRecorder
-from tui.runners.interface import Abort, StepOnce
 
 RUN_SLO = SLO(ttft_s=100.0)  # every request that finishes meets it, whatever the machine
 NO_PACE = SLO(tpot_s=1e-6)  # no decode step takes a microsecond: a request of 5 tokens misses it
@@ -36,16 +36,7 @@ def recorded_run(path):
     r._submit("ROMEO:", None, settings)
     r._submit("JULIET:", None, settings, slo=NO_PACE)
     r._submit("HAMLET:", None, RequestSettings(Sampling(), 40, True))
-    while eng.has_work():
-        r._apply(StepOnce())
-        r._publish()
-        if eng.steps == 2:
-            r._apply(Abort(2))
-            r._publish()
-    frame = r.frame
-    r.stop()
-    r.run()  # returns at once (stopped), closes the file
-    return frame
+    return run_to_the_end(r, aborts={2: 2})
 
 
 def test_a_recording_round_trips_the_slo_and_each_outcome(tmp_path):

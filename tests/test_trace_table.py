@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_app import make_app, no_unexpected_errors, step, submit, until  # noqa: F401
+from tests.test_app import make_app, no_unexpected_errors, submit_and_step, until  # noqa: F401
 from tests.test_recording import record_run
 from tinyllm.cli import main
 from tinyllm.observe.trace import WAIT_SHORT
@@ -76,9 +76,8 @@ def test_a_recording_made_before_wait_reasons_says_it_has_none(capsys):
 async def test_an_idle_engines_slots_show_free_and_a_paused_step_keeps_its_news():
     app = make_app(new=3)
     async with app.run_test(size=(120, 36)) as pilot:
-        rid = await submit(pilot, "ROMEO:")
-        await step(pilot, 5)  # paused, by hand: the step that finished it says so
-        assert app.runner.frame.snapshot.request(rid).state == "finished"
+        v = await submit_and_step(pilot, "ROMEO:", 5)  # paused, by hand: the step that finished it says so
+        assert v.state == "finished"
         grid = app.query_one(SlotGrid)
         assert "✓ done" in grid.render().plain
         await pilot.press("escape", "space")  # running, with nothing to run: idle
