@@ -9,26 +9,17 @@ imports parts of this package and must not load torch)::
 and the step API: ``ContinuousEngine``, ``EngineConfig``, ``Request``, ``generate``, ``load_checkpoint``.
 """
 
-from tinyllm.lazy import lazy_getattr
+from tinyllm.lazy import lazy_exports
 
-_EXPORTS = {
-    "LLM": "tinyllm.llm",
-    "SamplingParams": "tinyllm.llm",
-    "EngineConfig": "tinyllm.config",
-    "ContinuousEngine": "tinyllm.engine.continuous",
-    "run_continuous": "tinyllm.engine.continuous",
-    "run_static": "tinyllm.engine.static",
-    "Request": "tinyllm.request",
-    "Result": "tinyllm.request",
-    "Sampling": "tinyllm.request",
-    "generate": "tinyllm.engine.solo",
-    "load_checkpoint": "tinyllm.model.checkpoint",
-    "Transformer": "tinyllm.model.transformer",
-    "Tokenizer": "tinyllm.model.tokenizer",
-}
-__all__ = sorted(_EXPORTS)
-__getattr__ = lazy_getattr(__name__, _EXPORTS)
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "tinyllm.llm": ("LLM", "SamplingParams"),
+        "tinyllm.config": ("EngineConfig",),
+        "tinyllm.engine.continuous": ("ContinuousEngine", "run_continuous"),
+        "tinyllm.engine.static": ("run_static",),
+        "tinyllm.request": ("Request", "Result", "Sampling"),
+        "tinyllm.engine.solo": ("generate",),
+        "tinyllm.model": ("load_checkpoint", "Transformer", "Tokenizer"),
+    },
+)

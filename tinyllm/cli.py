@@ -30,7 +30,7 @@ from tinyllm.args import (
     refuse_writing_over,
     unit_interval,
 )
-from tinyllm.config import DEFAULT_BLOCK_SIZE, DEFAULT_SLOTS
+from tinyllm.config import EngineConfig
 
 
 def default_work_dir() -> Path:
@@ -213,19 +213,7 @@ def cmd_serve(args) -> None:
         raise UsageError(SLOTS_WITH_KV_MEMORY)
     model, tok = load_model(args)
     try:
-        engine = build_engine(
-            model,
-            args.slots or DEFAULT_SLOTS,
-            args.max_len,
-            args.kv_blocks,
-            args.block_size or DEFAULT_BLOCK_SIZE,
-            args.max_batched_tokens,
-            args.prefix_cache,
-            scheduling_policy=args.scheduling_policy,
-            kv_memory_mib=args.kv_memory,
-            max_num_seqs=args.max_num_seqs,
-            kv_cache_dtype=args.kv_cache_dtype,
-        )
+        engine = build_engine(model, config=EngineConfig.from_args(args))
     except ValueError as e:  # the engine names its parameters; say the options
         raise UsageError(option_names(str(e))) from None
     try:
@@ -392,7 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep the prompts and generated text in the --record file (as GET /v1/tinyllm/stream sends them)",
     )
     add_slo_arg(sv)  # (/metrics: tinyllm:requests_slo_met_total, tinyllm:requests_slo_missed_total{reason})
-    add_engine_args(sv, *SERVE_ENGINE_OPTIONS)  # (always paged KV and the token budget)
+    add_engine_args(sv, *SERVE_ENGINE_OPTIONS)
+    sv.set_defaults(kv="paged", chunked_prefill=True, seed=0)  # always paged KV and the token budget
     sv.set_defaults(fn=cmd_serve)
 
     from tinyllm.bench import add_bench_parser

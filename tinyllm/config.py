@@ -43,6 +43,16 @@ class KVLayout(str, enum.Enum):
     PAGED = "paged"
 
 
+def parse_mib(text: str) -> float | None:
+    """A KV memory size in MiB written as text (a lane's kv_mib=, a search's values): a finite
+    number > 0, else None (the caller's error names where it was written)."""
+    try:
+        mib = float(text)
+    except ValueError:
+        return None
+    return mib if 0 < mib < float("inf") else None
+
+
 def _positive_int(name: str, x: Any, allow_none: bool = True) -> None:
     if (x is None and allow_none) or (is_int(x) and x >= 1):
         return

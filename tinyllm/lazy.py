@@ -4,15 +4,23 @@ light module of it, loads no torch: the terminal app imports parts of tinyllm an
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
 
 
-def lazy_getattr(package: str, exports: dict[str, str]) -> Callable[[str], object]:
-    """The package's module-level ``__getattr__``: ``exports`` maps each name to its module."""
+def lazy_exports(
+    package: str, modules: dict[str, tuple[str, ...]]
+) -> tuple[list[str], Callable[[str], object], Callable[[], list[str]]]:
+    """The package's ``__all__``, ``__getattr__`` and ``__dir__`` for ``modules``: each module
+    and the names it exports, imported when one of them is first asked for."""
+    where = {name: module for module, names in modules.items() for name in names}
 
-    def __getattr__(name: str):
-        if name not in exports:
+    def __getattr__(name: str) -> object:
+        if name not in where:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        return getattr(importlib.import_module(exports[name]), name)
+        return getattr(importlib.import_module(where[name]), name)
 
-    return __getattr__
+    def __dir__() -> list[str]:
+        return sorted({*vars(sys.modules[package]), *where})
+
+    return sorted(where), __getattr__, __dir__

@@ -15,6 +15,7 @@ Correctness: under greedy decoding each request's tokens equal its solo ``genera
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
@@ -210,12 +211,9 @@ class ContinuousEngine(Commits, Lifecycle, ForkSamples, EngineViews):
     def abort(self, rid: int) -> bool:
         """Drop an unfinished request (e.g. its client went away), freeing its slot.
         Returns False if it is unknown (any non-id included) or already ended. No Result is kept."""
-        seq = self._seqs.get(rid) if is_int(rid) else None
-        if seq is None or seq.state in ENDED_STATES:
+        seq = self._take_unfinished(rid)
+        if seq is None:
             return False
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-        self._unfork(seq)
         slot = seq.slot
         if slot is not None:
             self._free_slot(seq)
@@ -226,17 +224,25 @@ class ContinuousEngine(Commits, Lifecycle, ForkSamples, EngineViews):
         self._update_stats()
         return True
 
+    def _take_unfinished(self, rid: int) -> Sequence | None:
+        """The request ``rid`` if it has not ended (else None), out of the waiting queue and its
+        fork group: about to end by the caller's hand (abort, finish)."""
+        seq = self._seqs.get(rid) if is_int(rid) else None
+        if seq is None or seq.state in ENDED_STATES:
+            return None
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        self._unfork(seq)
+        return seq
+
     def finish(self, rid: int, keep: int | None = None) -> bool:
         """End an unfinished request now as finished with reason "stop": a stop string matched in
         its text, which only a caller that detokenizes can see (tinyllm.stops). Its first
         ``keep`` tokens stay (None: all); its slot and blocks are freed at once. Returns False
         if it is unknown or already ended."""
-        seq = self._seqs.get(rid) if is_int(rid) else None
-        if seq is None or seq.state in ENDED_STATES:
+        seq = self._take_unfinished(rid)
+        if seq is None:
             return False
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-        self._unfork(seq)
         if keep is not None:
             del seq.out[max(0, keep) :], seq.logprobs[max(0, keep) :]
         self._finished_now(seq, self.now(), "stop")
@@ -388,21 +394,12 @@ class ContinuousEngine(Commits, Lifecycle, ForkSamples, EngineViews):
 
 @torch.no_grad()
 def run_continuous(
-    model: Transformer,
-    requests: list[Request],
-    n_slots: int | None = None,
-    max_len: int | None = None,
-    temperature: float = 0.0,
-    top_k=None,
-    top_p=None,
-    generator=None,
-    *,
-    config: EngineConfig | None = None,
-    **settings,
+    model: Transformer, requests: list[Request], *engine_args: Any, **engine_kwargs: Any
 ) -> tuple[list[Result], dict]:
     """Offline continuous batching: every request queued at t=0, run to completion.
-    A thin wrapper over ContinuousEngine (the same arguments; ``settings``: EngineConfig's)."""
-    eng = ContinuousEngine(model, n_slots, max_len, temperature, top_k, top_p, generator, config=config, **settings)
+    A thin wrapper over ContinuousEngine: the arguments after ``requests`` are its own (n_slots,
+    max_len, temperature, top_k, top_p, generator, then ``config=`` or EngineConfig's keywords)."""
+    eng = ContinuousEngine(model, *engine_args, **engine_kwargs)
     t0 = time.perf_counter()
     rids = [eng.add_request(r) for r in requests]
     while eng.has_work():

@@ -125,35 +125,21 @@ class FCFSQueue:
 
 
 class SortedQueue(FCFSQueue):
-    """Kept sorted by ``key`` (smallest first); a preempted request goes back to its key's place."""
+    """Kept sorted by ``key`` (smallest first); a preempted request goes back to its key's place.
+    Its queue is a list (FCFSQueue's is a deque): ``in``, ``len``, ``iter`` and ``remove`` work alike."""
 
     key: Callable[[Sequence], tuple]
 
     def __init__(self) -> None:
-        self._list: list[Sequence] = []
+        self._q: list[Sequence] = []  # type: ignore[assignment]
 
     def add(self, seq: Sequence) -> None:
-        bisect.insort(self._list, seq, key=self.key)
+        bisect.insort(self._q, seq, key=self.key)
 
     prepend = add
 
-    def peek(self) -> Sequence:
-        return self._list[0]
-
     def pop(self) -> Sequence:
-        return self._list.pop(0)
-
-    def remove(self, seq: Sequence) -> None:
-        self._list.remove(seq)
-
-    def __contains__(self, seq: object) -> bool:
-        return seq in self._list
-
-    def __len__(self) -> int:
-        return len(self._list)
-
-    def __iter__(self) -> Iterator[Sequence]:
-        return iter(self._list)
+        return self._q.pop(0)
 
 
 class PriorityQueue(SortedQueue):

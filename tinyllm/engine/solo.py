@@ -7,6 +7,7 @@ decoding; that is the invariant the engine tests check.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -16,25 +17,6 @@ from tinyllm.kv.dense import KVCache
 from tinyllm.model.device import autocast
 from tinyllm.model.transformer import Transformer
 from tinyllm.request import Request, check_fits
-
-
-def generate(
-    model: Transformer,
-    prompt: list[int],
-    max_new_tokens: int,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    eos_id: int | None = None,
-    generator: torch.Generator | None = None,
-    kv_cache_dtype: str = "auto",
-) -> list[int]:
-    """One request alone: prefill, then one token at a time. Returns the generated tokens
-    (EOS included if produced). ``kv_cache_dtype``: its K/V kept as an engine's would be
-    (forward.kv_cache_dtype), the reference for an engine with that setting."""
-    return list(
-        generate_stream(model, prompt, max_new_tokens, temperature, top_k, top_p, eos_id, generator, kv_cache_dtype)
-    )
 
 
 @torch.no_grad()
@@ -49,7 +31,7 @@ def generate_stream(
     generator: torch.Generator | None = None,
     kv_cache_dtype: str = "auto",
 ) -> Iterator[int]:
-    """Like ``generate`` but yields each token as soon as it is chosen."""
+    """One request alone, each token yielded as soon as it is chosen (``generate`` collects them)."""
     device = next(model.parameters()).device
     kv_dtype = kv_cache_dtype_of(device, kv_cache_dtype)
     prompt = list(Request(prompt, max_new_tokens, eos_id).prompt)  # refused as a Request would be
@@ -66,3 +48,14 @@ def generate_stream(
         yield tok
         if tok == eos_id:
             return
+
+
+def generate(*args: Any, **kwargs: Any) -> list[int]:
+    """One request alone: prefill, then one token at a time. Returns the generated tokens
+    (EOS included if produced). Takes ``generate_stream``'s arguments (help() shows them, through
+    ``__wrapped__``); ``kv_cache_dtype``: its K/V kept as an engine's would be
+    (forward.kv_cache_dtype), the reference for an engine with that setting."""
+    return list(generate_stream(*args, **kwargs))
+
+
+generate.__wrapped__ = generate_stream  # type: ignore[attr-defined]  # inspect.signature follows it

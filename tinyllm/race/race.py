@@ -26,7 +26,7 @@ from tinyllm.race.lanes import ContinuousLane, Lane, StaticLane, Workload
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, check_static_batches
 from tinyllm.race.spec import LaneSpec
 from tinyllm.race.views import LANES, LaneView, lane_detail, lane_title
-from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, check_fits
+from tinyllm.request import ContextTooLong, check_fits
 
 
 class Race:
@@ -91,7 +91,6 @@ def build_race(
     if kv_memory_mib is not None and kv_blocks is not None:
         raise ValueError("--kv-memory sizes every lane's KV pool: drop --kv-blocks")
     workload = sorted(workload, key=lambda item: item[0])
-    arrivals = any(t > 0 for t, _ in workload)
     for t, r in workload:
         if not isinstance(r, Request) or r.sampling is not None or r.eos_id is not None:
             raise ValueError("race requests are greedy and ignore end-of-text: Request(prompt, max_new_tokens)")
@@ -108,29 +107,23 @@ def build_race(
     for i, spec in enumerate(specs):
         mib = spec.kv_mib if spec.kv_mib is not None else kv_memory_mib
         where = "kv_mib" if spec.kv_mib is not None else "--kv-memory"
-        dtype = spec.kv_dtype or kv_cache_dtype
+        key = f"lane{i}" if not plain else spec.kind
         try:
+            # The run's config (its chunked lane, on no budget): every continuous lane is a replace() of it.
+            lane_run = EngineConfig.best(
+                max_len=max_len,
+                block_size=block_size,
+                kv_blocks=kv_blocks,
+                max_batched_tokens=max_batched_tokens,
+                kv_cache_dtype=spec.kv_dtype or kv_cache_dtype,
+                seed=seed,
+            )
             built.append(
                 _build_lane(
-                    model,
-                    workload,
-                    spec,
-                    f"lane{i}" if not plain else spec.kind,
-                    slots,
-                    max_len,
-                    block_size,
-                    kv_blocks,
-                    max_batched_tokens,
-                    batch_timeout_s,
-                    arrivals,
-                    step_cost_s,
-                    seed,
-                    mib,
-                    max_num_seqs,
-                    dtype,
+                    model, workload, spec, key, lane_run, slots, mib, max_num_seqs, batch_timeout_s, step_cost_s
                 )
             )
-            built[-1].kv_dtype = kv_cache_dtype_name(next(model.parameters()).device, dtype)
+            built[-1].kv_dtype = kv_cache_dtype_name(next(model.parameters()).device, lane_run.kv_cache_dtype)
         except ValueError as e:
             raise (ContextTooLong if isinstance(e, ContextTooLong) else ValueError)(
                 f"lane {spec.label!r}: {option_names(str(e), ('kv_memory_mib', where))}"
@@ -143,33 +136,20 @@ def _build_lane(
     workload: Workload,
     spec: LaneSpec,
     key: str,
+    run: EngineConfig,
     slots: int,
-    max_len: int,
-    block_size: int,
-    kv_blocks: int | None,
-    max_batched_tokens: int | None,
-    batch_timeout_s: float,
-    arrivals: bool,
-    step_cost_s: float | CostModel | None,
-    seed: int,
     mib: float | None,
     max_num_seqs: int | None,
-    kv_dtype: str,
+    batch_timeout_s: float,
+    step_cost_s: float | CostModel | None,
 ) -> Lane:
-    """One lane of build_race (see it); ``mib``: its KV memory budget, if it has one; ``kv_dtype``:
-    its KV cache's element type."""
+    """One lane of build_race (see it). ``run``: the run's settings with the lane's KV dtype (a
+    continuous lane's config is a replace() of it); ``mib``: its KV memory budget, if it has one."""
+    max_len, kv_dtype, seed = run.max_len, run.kv_cache_dtype, run.seed
     bpt = kv_bytes_per_token(model, next(model.parameters()).device, kv_dtype)
-    # The run's config (its chunked lane, on no budget); every continuous lane is a replace() of it.
-    run = EngineConfig.best(
-        max_len=max_len,
-        block_size=block_size,
-        kv_blocks=kv_blocks,
-        max_batched_tokens=max_batched_tokens,
-        kv_cache_dtype=kv_dtype,
-        seed=seed,
-    )
+    arrivals = any(t > 0 for t, _ in workload)
     title = lane_title(spec.label, spec.kind)
-    budget = spec.budget or max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
+    budget = spec.budget or run.budget
     clock = LaneClock(cost=step_cost_s) if isinstance(step_cost_s, CostModel) else LaneClock(step_cost_s)
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     cap = spec.slots or max_num_seqs  # with a budget: the cap on running sequences

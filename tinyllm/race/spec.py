@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from tinyllm.config import parse_mib
 from tinyllm.request import KV_CACHE_DTYPES, SCHEDULING_POLICIES, kv_dtype_name
 
 KINDS = ("static", "continuous", "chunked")
@@ -93,11 +94,8 @@ def _int(lane: str, key: str, v: str) -> int:
 
 
 def _mib(lane: str, key: str, v: str) -> float:
-    try:
-        mib = float(v)
-    except ValueError:
-        mib = float("nan")
-    if not 0 < mib < float("inf"):
+    mib = parse_mib(v)
+    if mib is None:
         raise LaneSpecError(f"lane {lane!r}: {key} must be a number of MiB > 0, got {v!r}")
     return mib
 

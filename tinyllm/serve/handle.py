@@ -34,17 +34,23 @@ class Owner(Protocol):
 # -- messages from the engine thread to a handle's asyncio queue ------------------------------
 @dataclass(frozen=True)
 class Accepted:
+    """The engine queued the request under this id (an abort names it from now on)."""
+
     rid: int
 
 
 @dataclass(frozen=True)
 class Rejected:
+    """The engine refused the request at submission (the handle raises RequestRejected)."""
+
     message: str
     context_too_long: bool
 
 
 @dataclass(frozen=True)
 class Token:
+    """One token the request produced in a step."""
+
     token: int
     finish_reason: str | None  # "stop" (EOS) / "length" (max_new_tokens) on the last token
     cached_tokens: int
@@ -63,6 +69,8 @@ class End:
 
 @dataclass(frozen=True)
 class Failed:
+    """The engine failed the request mid-run (its other requests go on)."""
+
     message: str
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import uvicorn
 
+from tinyllm.config import EngineConfig
 from tinyllm.kv.blocks import check_pool_holds_one_request
 from tinyllm.serve.app import create_app
 from tinyllm.serve.engine_loop import EngineLoop, StepHook
@@ -29,6 +30,7 @@ from tinyllm.serve.recorder import RecordTo
 from tinyllm.serve.security import Limits
 
 BUNDLED_MODEL_NAME = "tinyllm-shakespeare"
+SERVER_CONFIG = EngineConfig.best(seed=0)  # what the app runs: paged KV, chunked prefill, the prefix cache
 GRACEFUL_SHUTDOWN_S = 3  # at shutdown, open connections get this long to close, then are cancelled
 
 
@@ -37,45 +39,15 @@ def model_name_for(model_dir: str | None) -> str:
     return BUNDLED_MODEL_NAME if model_dir is None else Path(model_dir).resolve().name
 
 
-def build_engine(
-    model: Any,
-    slots: int = 8,
-    max_len: int | None = None,
-    kv_blocks: int | None = None,
-    block_size: int = 16,
-    max_batched_tokens: int | None = None,
-    prefix_cache: bool = True,
-    seed: int = 0,
-    scheduling_policy: str = "fcfs",
-    kv_memory_mib: float | None = None,
-    max_num_seqs: int | None = None,
-    kv_cache_dtype: str = "auto",
-):
-    """The server's ContinuousEngine: paged KV + chunked prefill (+ prefix cache). With
-    ``kv_memory_mib`` the budget sizes the pool and up to ``max_num_seqs`` requests run (``slots``
-    unused); ``kv_cache_dtype`` the pool's element type (ContinuousEngine). Raises ValueError with
-    a user-facing message for bad settings, a pool too small for one request of max_len included."""
-    import torch
-
+def build_engine(model: Any, slots: int | None = None, config: EngineConfig | None = None, **settings: Any):
+    """The server's ContinuousEngine. ``config`` (default ``SERVER_CONFIG``: paged KV, chunked
+    prefill, the prefix cache, seed 0) with EngineConfig's ``settings`` replaced and ``slots`` as
+    its cap on running sequences. Raises ValueError with a user-facing message for bad settings, a
+    pool too small for one request of max_len included."""
     from tinyllm.engine import ContinuousEngine
 
-    device = next(model.parameters()).device
-    engine = ContinuousEngine(
-        model,
-        None if kv_memory_mib else slots,
-        max_len,
-        kv="paged",
-        block_size=block_size,
-        kv_blocks=kv_blocks,
-        kv_memory_mib=kv_memory_mib,
-        max_num_seqs=max_num_seqs,
-        chunked_prefill=True,
-        max_batched_tokens=max_batched_tokens,
-        prefix_cache=prefix_cache,
-        generator=torch.Generator(device=device).manual_seed(seed),
-        scheduling_policy=scheduling_policy,
-        kv_cache_dtype=kv_cache_dtype,
-    )
+    config = (config or SERVER_CONFIG).replace(**settings, **({} if slots is None else {"max_num_seqs": slots}))
+    engine = ContinuousEngine(model, config=config)
     check_pool_holds_one_request(engine.slots.n_blocks, engine.slots.block_size, engine.max_len)
     return engine
 

@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
-from tinyllm.config import DEFAULT_BLOCK_SIZE, DEFAULT_SLOTS
+from tinyllm.config import DEFAULT_BLOCK_SIZE, DEFAULT_SLOTS, parse_mib
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, SCHEDULING_POLICIES, kv_dtype_name
 
 
@@ -140,16 +140,11 @@ def _dtypes(name: str, text: str) -> list[str]:
 
 
 def _mibs(name: str, text: str) -> list[float]:
-    out = []
-    for v in text.split(","):
-        try:
-            mib = float(v)
-        except ValueError:
-            mib = float("nan")
-        if not 0 < mib < float("inf"):
-            raise SearchError(f"--search {name}: {v!r} is not a number of MiB > 0")
-        out.append(mib)
-    return out
+    mibs = [parse_mib(v) for v in text.split(",")]
+    bad = next((v for v, mib in zip(text.split(","), mibs, strict=True) if mib is None), None)
+    if bad is not None:
+        raise SearchError(f"--search {name}: {bad!r} is not a number of MiB > 0")
+    return mibs
 
 
 # setting -> (how its values are read, what they may be, the default search's values)

@@ -51,6 +51,8 @@ class LoadWorkload:
 
 @dataclass(frozen=True)
 class Abort:
+    """Abort one request (queued or running): its slot and blocks are freed at once."""
+
     rid: int
 
 
@@ -64,6 +66,8 @@ class AbortAll:
 
 @dataclass(frozen=True)
 class SetPaused:
+    """Pause (no engine step until resumed; commands still apply) or resume."""
+
     paused: bool
 
 
@@ -81,7 +85,7 @@ class SetPublishInterval:
 
 @dataclass(frozen=True)
 class StepOnce:
-    pass
+    """While paused: run exactly one engine step (a replay: move one step forward)."""
 
 
 @dataclass(frozen=True)
@@ -91,17 +95,21 @@ class ClearPrefixCache:
 
 @dataclass(frozen=True)
 class SetDelay:
+    """Sleep ``ms`` (0..MAX_DELAY_MS) after each step, to watch the scheduler at a readable pace."""
+
     ms: int
 
 
 # -- replay only (a recording's runner; a live runner says they do not apply) ----------------
 @dataclass(frozen=True)
 class StepBack:
-    pass
+    """A replay: one recorded step back."""
 
 
 @dataclass(frozen=True)
 class SeekStep:
+    """A replay: to the engine as it was at step ``step`` (its last record at or before it)."""
+
     step: int
 
 
