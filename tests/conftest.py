@@ -2,12 +2,17 @@
 
 import os
 
-import pytest
-import torch
+# Before torch loads its OpenMP runtime (which reads this once): a thread waiting for work sleeps
+# instead of spinning. The suite runs more workers than cores, and a command run in-process with
+# --threads 2 (whatif, tune) would otherwise spin a second thread against the other workers.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # One intra-op thread per test process, and so for the engine processes the tests start. The
-# suite runs as two xdist workers on two cores: with torch's default (a thread per core) each
-# worker's OpenMP threads spin waiting for a core the other worker holds, and the suite ran 3-4x
+# suite runs as four xdist workers on two cores: with torch's default (a thread per core) each
+# worker's OpenMP threads spin waiting for a core another worker holds, and the suite ran 3-4x
 # slower than its tests take one at a time. The test models are tiny: a second thread buys nothing.
 torch.set_num_threads(1)
 os.environ["OMP_NUM_THREADS"] = "1"

@@ -118,18 +118,17 @@ class PrefixCacheMap(RowCapped):
         ).plain
 
     def counts(self, width: int = 1000) -> str:
+        """The cache's state and its event counts (the highest ranks dropped first where ``width`` is short)."""
         v = self.view
         age = f" {v.last_event_age_s:.0f} s" if v.status in ("idle", "disconnected") and v.last_event_age_s else ""
-        return fit_fields(
-            [
-                (f"{v.status}{age}", "", 0),
-                (f" · {v.batches} batches", "", 3),
-                (f" · {v.stored} stored", "", 1),
-                (f" · {v.removed} removed", "", 2),
-                (f" · {v.cleared} cleared", "", 4),
-            ],
-            width,
-        ).plain
+        events = (
+            ("batches", v.batches, 3),
+            ("stored", v.stored, 1),
+            ("removed", v.removed, 2),
+            ("cleared", v.cleared, 4),
+        )
+        fields = [(f"{v.status}{age}", "", 0), *((f" · {n} {name}", "", rank) for name, n, rank in events)]
+        return fit_fields(fields, width).plain
 
     def troubles(self) -> str:
         """What went wrong on the way, if anything: lost batches, restarts, unknown removals."""
