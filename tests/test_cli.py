@@ -17,21 +17,36 @@ DATA = Path(__file__).parent / "data"
 
 
 def tinyllm(*args: str) -> subprocess.CompletedProcess:
+    """``tinyllm ARGS`` as its own process: where the test is about the process (its exit status,
+    its output piped), not only about what the command says."""
     return subprocess.run([sys.executable, "-m", "tinyllm.cli", *args], capture_output=True, text=True, timeout=300)
 
 
-def test_seeded_generate_is_reproducible_and_streams_text():
-    a = tinyllm("generate", "ROMEO:", "--max-new-tokens", "40", "--seed", "3")
-    b = tinyllm("generate", "ROMEO:", "--max-new-tokens", "40", "--seed", "3")
-    c = tinyllm("generate", "ROMEO:", "--max-new-tokens", "40", "--seed", "4")
+def in_process(capsys, *args: str) -> subprocess.CompletedProcess:
+    """``tinyllm ARGS`` run by ``main`` in this process (no second torch import: seconds less), as
+    a CompletedProcess."""
+    from tinyllm.cli import main
+
+    try:
+        code = main(list(args))
+    except SystemExit as e:  # argparse's own refusals
+        code = e.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["tinyllm", *args], code, out, err)
+
+
+def test_seeded_generate_is_reproducible_and_streams_text(capsys):
+    a = in_process(capsys, "generate", "ROMEO:", "--max-new-tokens", "40", "--seed", "3")
+    b = in_process(capsys, "generate", "ROMEO:", "--max-new-tokens", "40", "--seed", "3")
+    c = in_process(capsys, "generate", "ROMEO:", "--max-new-tokens", "40", "--seed", "4")
     assert a.returncode == 0, a.stderr
     assert a.stdout == b.stdout and a.stdout.startswith("ROMEO:")
     assert len(a.stdout) > len("ROMEO:") + 20
     assert c.stdout != a.stdout
 
 
-def test_info_reports_the_bundled_model():
-    r = tinyllm("info")
+def test_info_reports_the_bundled_model(capsys):
+    r = in_process(capsys, "info")
     assert r.returncode == 0, r.stderr
     model, _ = load_checkpoint()
     assert f"{model.num_params():,}" in r.stdout and "KV bytes per token" in r.stdout
@@ -133,13 +148,13 @@ def test_the_cli_process_itself_exits_2_with_one_line():
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
-def test_broken_model_dir_is_exit_2(tmp_path):
+def test_broken_model_dir_is_exit_2(tmp_path, capsys):
     d = tmp_path / "m"
     d.mkdir()
     for f in default_model_dir().iterdir():
         (d / f.name).write_bytes(f.read_bytes())
     (d / "model.safetensors").write_bytes(b"junk")
-    r = tinyllm("generate", "x", "--model", str(d))
+    r = in_process(capsys, "generate", "x", "--model", str(d))
     assert r.returncode == 2 and "cannot read safetensors" in r.stderr and "Traceback" not in r.stderr
 
 

@@ -68,10 +68,13 @@ def test_wheel_installs_the_prompt_workloads(tmp_path):
     sources = {f"tinyllm/csrc/{p.name}" for p in (ROOT / "tinyllm" / "csrc").iterdir() if p.suffix in (".c", ".h")}
     assert sources and sources <= shipped, f"C kernel sources missing from the wheel: {sources - shipped}"
     env_dir = tmp_path / "venv"
-    venv.create(env_dir, with_pip=True)
+    venv.create(env_dir)  # no pip of its own (ensurepip takes seconds): this pip installs into it
     py = env_dir / "bin" / "python"
     r = subprocess.run(
-        [str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert r.returncode == 0, r.stderr[-2000:]
     r = subprocess.run([str(py), "-c", CHECK], capture_output=True, text=True, timeout=120, cwd=tmp_path)

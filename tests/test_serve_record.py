@@ -14,6 +14,7 @@ from dataclasses import replace
 import httpx
 import pytest
 
+from tests.helpers import cli_refusal
 from tests.test_app import _watch, bundled, until
 from tinyllm.observe.recording import read_recording, recorded_verdicts
 from tinyllm.observe.snapshot import RequestView
@@ -86,7 +87,7 @@ def test_the_mask_is_a_permutation():
 
 
 @pytest.mark.parametrize("case", ["exists", "no-dir", "unwritable-dir", "a-dir", "text-alone"])
-def test_a_bad_record_file_is_one_line_and_exit_2(tmp_path, case):
+def test_a_bad_record_file_is_one_line_and_exit_2(tmp_path, case, capsys, monkeypatch):
     existing = tmp_path / "old.jsonl"
     existing.write_text(json.dumps({"format": "tinyllm-recording"}) + "\n")
     args = {
@@ -96,11 +97,13 @@ def test_a_bad_record_file_is_one_line_and_exit_2(tmp_path, case):
         "a-dir": ["--record", str(tmp_path)],
         "text-alone": ["--record-text"],
     }[case]
-    r = subprocess.run(
-        [sys.executable, "-m", "tinyllm.cli", "serve", "--port", "0", *args], capture_output=True, text=True, timeout=60
-    )
-    assert r.returncode == 2, r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1 and "--record" in r.stderr
+
+    def served(*_a, **_k):  # a refusal missed: fail here instead of serving forever
+        raise AssertionError(f"{args} was not refused")
+
+    monkeypatch.setattr("tinyllm.serve.server.run_server", served)
+    assert "--record" in cli_refusal(["serve", "--port", "0", *args], capsys)
+    assert existing.read_text() == json.dumps({"format": "tinyllm-recording"}) + "\n"  # not written over
 
 
 async def test_a_recording_without_text_replays_with_lengths(plain):
