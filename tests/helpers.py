@@ -3,6 +3,8 @@ runner stepped to its end, a CLI refusal, and a server in a background thread.""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import random
 
 import torch
@@ -63,6 +65,21 @@ def mixed_workload(
 
 def solo_outputs(model: Transformer, reqs: list[Request]) -> list[list[int]]:
     return [generate(model, r.prompt, r.max_new_tokens, eos_id=r.eos_id) for r in reqs]
+
+
+def engine_workload(n: int, seed: int = 0) -> tuple[list[Request], list[list[int]]]:
+    """``mixed_workload(n, seed)`` with early EOS (``with_early_eos``) and its solo outputs, on
+    ``random_model()``: fresh copies of what is computed once per test process (the engine-core
+    modules share it; solo generation of 28 requests takes seconds)."""
+    reqs, solo = _engine_workload(n, seed)
+    return [dataclasses.replace(r) for r in reqs], [list(t) for t in solo]
+
+
+@functools.cache
+def _engine_workload(n: int, seed: int) -> tuple[list[Request], list[list[int]]]:
+    model = random_model()
+    reqs = with_early_eos(model, mixed_workload(n, seed=seed))
+    return reqs, solo_outputs(model, reqs)
 
 
 def chunked_engine(

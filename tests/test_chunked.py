@@ -10,15 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.helpers import (
-    check_invariants,
-    chunked_engine,
-    mixed_workload,
-    random_model,
-    run_random_ops,
-    solo_outputs,
-    with_early_eos,
-)
+from tests.helpers import check_invariants, chunked_engine, engine_workload, random_model, run_random_ops, solo_outputs
 from tests.test_paged import op  # noqa: F401  (also loads the shared hypothesis profile)
 from tinyllm.engine import ContinuousEngine, Request, run_continuous, run_static
 from tinyllm.engine.solo import generate
@@ -26,8 +18,7 @@ from tinyllm.engine.solo import generate
 
 @pytest.fixture(scope="module")
 def workload(model):
-    reqs = with_early_eos(model, mixed_workload(20, seed=4))
-    return reqs, solo_outputs(model, reqs)
+    return engine_workload(20, seed=4)  # (on random_model(), the model fixture's weights)
 
 
 def chunked(model, n_slots, budget, block_size=8, kv_blocks=None, max_len=None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import check_invariants, mixed_workload, run_checked, solo_outputs, with_early_eos
+from tests.helpers import check_invariants, engine_workload, run_checked
 from tinyllm.engine import ContinuousEngine, Request, Sampling, run_continuous, run_static
 from tinyllm.engine.sampler import sample_next
 from tinyllm.engine.solo import generate
@@ -13,8 +13,7 @@ from tinyllm.engine.solo import generate
 
 @pytest.fixture(scope="module")
 def workload(model):
-    reqs = with_early_eos(model, mixed_workload(28))
-    return reqs, solo_outputs(model, reqs)
+    return engine_workload(28)  # (on random_model(), the model fixture's weights)
 
 
 def test_workload_has_early_eos(workload):

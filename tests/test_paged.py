@@ -9,15 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import (
-    check_invariants,
-    mixed_workload,
-    random_model,
-    run_checked,
-    run_random_ops,
-    solo_outputs,
-    with_early_eos,
-)
+from tests.helpers import check_invariants, engine_workload, random_model, run_checked, run_random_ops
 from tinyllm.engine import ContinuousEngine, Request, Sampling, run_continuous
 from tinyllm.engine.solo import generate
 
@@ -35,8 +27,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def workload(model):
-    reqs = with_early_eos(model, mixed_workload(28))
-    return reqs, solo_outputs(model, reqs)
+    return engine_workload(28)  # (on random_model(), the model fixture's weights)
 
 
 @pytest.mark.parametrize("n_slots, block_size, kv_blocks", [(4, 16, None), (7, 8, 200), (4, 1, 1000)])
