@@ -69,10 +69,10 @@ def solo_outputs(model: Transformer, reqs: list[Request]) -> list[list[int]]:
 
 def engine_workload(n: int, seed: int = 0) -> tuple[list[Request], list[list[int]]]:
     """``mixed_workload(n, seed)`` with early EOS (``with_early_eos``) and its solo outputs, on
-    ``random_model()``: fresh copies of what is computed once per test process (the engine-core
-    modules share it; solo generation of 28 requests takes seconds)."""
+    ``random_model()``: copies (prompts too) of what is computed once per test process (the
+    engine-core modules share it; solo generation of 28 requests takes seconds)."""
     reqs, solo = _engine_workload(n, seed)
-    return [dataclasses.replace(r) for r in reqs], [list(t) for t in solo]
+    return [dataclasses.replace(r, prompt=list(r.prompt)) for r in reqs], [list(t) for t in solo]
 
 
 @functools.cache

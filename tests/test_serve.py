@@ -968,6 +968,23 @@ def test_cli_serve_prints_url_serves_and_stops_on_ctrl_c():
             p.wait(5)
 
 
+def test_serve_options_left_out_are_the_servers_config():
+    """``tinyllm serve`` with no engine option runs ``SERVER_CONFIG`` (the parser's defaults and
+    build_engine's default are written in two places: this keeps them one)."""
+    from tinyllm.cli import build_parser
+    from tinyllm.config import EngineConfig
+    from tinyllm.serve.server import SERVER_CONFIG
+
+    args = build_parser().parse_args(["serve"])
+    assert EngineConfig.from_args(args) == SERVER_CONFIG.replace(threads=args.threads)
+    given = build_parser().parse_args(
+        ["serve", "--kv-memory", "16", "--max-num-seqs", "4", "--max-batched-tokens", "64"]
+    )
+    assert EngineConfig.from_args(given) == SERVER_CONFIG.replace(
+        threads=2, kv_memory_mib=16.0, max_num_seqs=4, max_batched_tokens=64
+    )
+
+
 @pytest.mark.parametrize(
     "args, says",
     [
@@ -977,6 +994,7 @@ def test_cli_serve_prints_url_serves_and_stops_on_ctrl_c():
         (["--served-model-name", " "], "--served-model-name"),
         (["--kv-blocks", "1"], "--kv-blocks 1 is too small for one request: the pool holds 1 block of 16 tokens"),
         (["--host", "192.0.2.1"], "cannot listen"),
+        (["--max-num-seqs", "4"], "--max-num-seqs goes with --kv-memory"),  # (not a silent 8 slots)
     ],
 )
 def test_cli_serve_bad_options_are_one_line_exit_2(args, says, capsys):

@@ -68,6 +68,8 @@ SLOTS_WITH_KV_MEMORY = (
     "--slots is the number of sequences without a KV budget: with --kv-memory the budget sizes "
     "the cache and --max-num-seqs caps the running sequences (default 64); drop --slots"
 )
+# and --max-num-seqs without one (the cap it sets is a budget's): in these words.
+MAX_NUM_SEQS_WITHOUT_KV_MEMORY = "--max-num-seqs goes with --kv-memory (without a budget, --slots is the cap)"
 
 
 def positive_int(s: str) -> int:

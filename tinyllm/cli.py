@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tinyllm.args import (
     EXIT_USAGE,
+    MAX_NUM_SEQS_WITHOUT_KV_MEMORY,
     SLOTS_WITH_KV_MEMORY,
     OneLineParser,
     UsageError,
@@ -211,6 +212,8 @@ def cmd_serve(args) -> None:
     torch.set_num_threads(args.threads)
     if args.kv_memory is not None and args.slots is not None:
         raise UsageError(SLOTS_WITH_KV_MEMORY)
+    if args.max_num_seqs is not None and args.kv_memory is None:
+        raise UsageError(MAX_NUM_SEQS_WITHOUT_KV_MEMORY)
     model, tok = load_model(args)
     try:
         engine = build_engine(model, config=EngineConfig.from_args(args))

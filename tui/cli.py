@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tinyllm.args import SLOTS_WITH_KV_MEMORY, option_names
+from tinyllm.args import MAX_NUM_SEQS_WITHOUT_KV_MEMORY, SLOTS_WITH_KV_MEMORY, option_names
 from tinyllm.request import ContextTooLong, RequestSettings, Sampling, check_fits
 from tui import web
 from tui.app import TinyLLMApp
@@ -97,7 +97,7 @@ def build_app(argv: list[str] | None = None, require_terminal: bool = False) -> 
     if a.kv_memory is not None and "slots" in a.given:
         parser.error(SLOTS_WITH_KV_MEMORY)
     if a.max_num_seqs is not None and a.kv_memory is None:
-        parser.error("--max-num-seqs goes with --kv-memory (without a budget, --slots is the cap)")
+        parser.error(MAX_NUM_SEQS_WITHOUT_KV_MEMORY)
     if a.prefix_cache and not chunked:
         parser.error("--prefix-cache needs chunked prefill (the token-budget scheduler on --kv paged)")
     if kv == "paged" and a.kv_blocks is not None:

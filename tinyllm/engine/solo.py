@@ -6,6 +6,7 @@ decoding; that is the invariant the engine tests check.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -52,10 +53,13 @@ def generate_stream(
 
 def generate(*args: Any, **kwargs: Any) -> list[int]:
     """One request alone: prefill, then one token at a time. Returns the generated tokens
-    (EOS included if produced). Takes ``generate_stream``'s arguments (help() shows them, through
-    ``__wrapped__``); ``kv_cache_dtype``: its K/V kept as an engine's would be
-    (forward.kv_cache_dtype), the reference for an engine with that setting."""
+    (EOS included if produced). Takes ``generate_stream``'s arguments (help() shows them);
+    ``kv_cache_dtype``: its K/V kept as an engine's would be (forward.kv_cache_dtype), the
+    reference for an engine with that setting."""
     return list(generate_stream(*args, **kwargs))
 
 
-generate.__wrapped__ = generate_stream  # type: ignore[attr-defined]  # inspect.signature follows it
+# help() and inspect.signature show generate_stream's parameters, and this function's return
+generate.__signature__ = inspect.signature(generate_stream).replace(  # type: ignore[attr-defined]
+    return_annotation="list[int]"
+)

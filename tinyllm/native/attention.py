@@ -28,7 +28,8 @@ def usable(q: Tensor, pool: Tensor) -> bool:
 
 
 def check_arguments(q, k, v, tables, lens, block_size, bounds=True, row_table=None) -> None:
-    """``decode_attention``'s arguments (typed there). Everything the C code trusts, checked here: it reads raw pointers, so a wrong dtype, shape
+    """``decode_attention``'s arguments (typed there; ``bounds`` is ``not bounds_checked``).
+    Everything the C code trusts, checked here: it reads raw pointers, so a wrong dtype, shape
     or block id would read out of bounds (a crash, or silently wrong attention) instead of raising.
     ``bounds=False`` skips the lengths', block ids' and table numbers' ranges (reductions, ~30 us):
     for the layers after the first of a step, which share its tables and lens."""

@@ -30,7 +30,7 @@ from tinyllm.serve.recorder import RecordTo
 from tinyllm.serve.security import Limits
 
 BUNDLED_MODEL_NAME = "tinyllm-shakespeare"
-SERVER_CONFIG = EngineConfig.best(seed=0)  # what the app runs: paged KV, chunked prefill, the prefix cache
+SERVER_CONFIG = EngineConfig.best(seed=0)  # paged KV, chunked prefill, the prefix cache (as tinyllm-tui by default)
 GRACEFUL_SHUTDOWN_S = 3  # at shutdown, open connections get this long to close, then are cancelled
 
 
@@ -39,11 +39,14 @@ def model_name_for(model_dir: str | None) -> str:
     return BUNDLED_MODEL_NAME if model_dir is None else Path(model_dir).resolve().name
 
 
-def build_engine(model: Any, slots: int | None = None, config: EngineConfig | None = None, **settings: Any):
+def build_engine(model: Any, slots: int | None = None, *, config: EngineConfig | None = None, **settings: Any):
     """The server's ContinuousEngine. ``config`` (default ``SERVER_CONFIG``: paged KV, chunked
-    prefill, the prefix cache, seed 0) with EngineConfig's ``settings`` replaced and ``slots`` as
-    its cap on running sequences. Raises ValueError with a user-facing message for bad settings, a
-    pool too small for one request of max_len included."""
+    prefill, the prefix cache, seed 0; ``tinyllm serve`` builds it from its options) with
+    EngineConfig's ``settings`` replaced, and ``slots`` as its cap on running sequences (the
+    same setting as ``max_num_seqs``: give one). Raises ValueError with a user-facing message for
+    bad settings, a pool too small for one request of max_len included."""
+    if slots is not None and "max_num_seqs" in settings:
+        raise ValueError(f"slots ({slots}) and max_num_seqs ({settings['max_num_seqs']}) name the same cap; give one")
     from tinyllm.engine import ContinuousEngine
 
     config = (config or SERVER_CONFIG).replace(**settings, **({} if slots is None else {"max_num_seqs": slots}))

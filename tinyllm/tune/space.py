@@ -140,11 +140,13 @@ def _dtypes(name: str, text: str) -> list[str]:
 
 
 def _mibs(name: str, text: str) -> list[float]:
-    mibs = [parse_mib(v) for v in text.split(",")]
-    bad = next((v for v, mib in zip(text.split(","), mibs, strict=True) if mib is None), None)
-    if bad is not None:
-        raise SearchError(f"--search {name}: {bad!r} is not a number of MiB > 0")
-    return mibs
+    out = []
+    for v in text.split(","):
+        mib = parse_mib(v)
+        if mib is None:
+            raise SearchError(f"--search {name}: {v!r} is not a number of MiB > 0")
+        out.append(mib)
+    return out
 
 
 # setting -> (how its values are read, what they may be, the default search's values)
