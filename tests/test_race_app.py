@@ -810,14 +810,22 @@ async def test_a_lane_grows_with_its_lines_at_80x24():
     async with app.run_test(size=(80, 24)) as pilot:
         panel = pilot.app.screen.query_one("#lane-chunked", LanePanel)
         await step_to(pilot, 3)
+        screen = pilot.app.screen
+        await until(pilot, lambda: screen._shown == pilot.app.runner.frame.seq, what="step 3 drawn")
+        # these frames only: the race's own redraw (a frame it published late, on a loaded
+        # machine) once replaced the noted view and the panel rightly shrank
+        screen.refresh_from_runner = lambda force=False: None
         plain = panel.view
         noted = replace(plain, note="waits for a full batch: 2/8")
         heights = []
+
+        def laid_out() -> bool:
+            return panel.content_region.height == len(panel.lines(panel.content_region.width))
+
         for view in (plain, noted, plain, noted):  # frames in turn, nothing else redrawn
             panel.show(view, compact=True)
-            await pilot.pause(0.05)
+            await until(pilot, lambda: panel.view is view and laid_out(), what="the panel's new height")
             want = panel.lines(panel.content_region.width)
-            assert panel.content_region.height == len(want)
             assert "done" in "".join(str(line) for line in want)  # the progress bar is there
             heights.append(panel.content_region.height)
         assert heights[1] == heights[0] + 1 == heights[3] and heights[2] == heights[0]
