@@ -107,10 +107,11 @@ def port_number(s: str) -> int:
     return checked(s, int, lambda v: 0 <= v <= 65535, "a port number in [0, 65535] (0: any free port)")
 
 
-def check_device(parser: argparse.ArgumentParser, device: str | None) -> None:
+def device_arg(s: str) -> str:
     """--device: cpu, cuda or cuda:N (whether CUDA is there is checked where torch is loaded)."""
-    if device is not None and device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        parser.error(f"--device must be cpu or cuda, got {device!r}")
+    if s in ("cpu", "cuda") or (s.startswith("cuda:") and s[5:].isdigit()):
+        return s
+    raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {s!r}")
 
 
 def kv_dtype_arg(s: str) -> str:
@@ -132,7 +133,7 @@ def kv_dtype_arg(s: str) -> str:
 
 def engine_options() -> dict[str, tuple[tuple[str, ...], dict]]:
     """name -> (flags, argparse keywords): the one definition of each engine option."""
-    from tinyllm.config import DEFAULT_BLOCK_SIZE, DEFAULT_SLOTS
+    from tinyllm.config import DEFAULT_BLOCK_SIZE, DEFAULT_SLOTS, DEFAULT_THREADS
     from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, SCHEDULING_POLICIES
 
     size = dict(type=positive_int, default=None, metavar="N")
@@ -219,6 +220,22 @@ def engine_options() -> dict[str, tuple[tuple[str, ...], dict]]:
                 "between tenants)",
             ),
         ),
+        "device": (
+            ("--device",),
+            dict(
+                type=device_arg,
+                default=None,
+                metavar="DEVICE",
+                help="cpu, cuda or cuda:N (default: cuda when available)",
+            ),
+        ),
+        "threads": (
+            ("--threads",),
+            # a command with another default says so with set_defaults (the help shows it)
+            dict(
+                type=positive_int, default=DEFAULT_THREADS, metavar="N", help="torch CPU threads (default %(default)s)"
+            ),
+        ),
         "kv_cache_dtype": (
             ("--kv-cache-dtype",),
             dict(
@@ -298,14 +315,16 @@ def fill_engine_defaults(args: argparse.Namespace) -> argparse.Namespace:
 # -- what several commands share: the model options, loading it, not writing over an input --------
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+def add_model_args(p: argparse.ArgumentParser, model_group=None) -> None:
+    """--model (into ``model_group`` where a command offers another source, as bench's
+    --random-model) and --device."""
+    (model_group or p).add_argument(
         "--model",
         metavar="DIR",
         help="local Hugging Face Llama checkpoint directory "
         "(config.json, safetensors, tokenizer.json); default: the bundled Shakespeare model",
     )
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    add_engine_args(p, "device")
 
 
 def load_model(args):

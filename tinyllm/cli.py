@@ -251,6 +251,7 @@ SERVE_ENGINE_OPTIONS = (
     "prefix_cache",
     "scheduling_policy",
     "kv_cache_dtype",
+    "threads",
 )
 WORK_HELP = "$XDG_CACHE_HOME/tinyllm, else ~/.cache/tinyllm"
 
@@ -297,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="optimizer steps of 8 x 512 tokens (default 1800, ~75 min on 2 cores)",
     )
     t.add_argument("--seed", type=int, default=1337, help="seed for init and batches (default 1337)")
-    t.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads (default 2)")
+    add_engine_args(t, "threads")
     t.set_defaults(fn=cmd_train)
 
     tr = sub.add_parser("trace", help="summarise a tinyllm-tui --record file, or export it for Perfetto")
@@ -330,7 +331,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="the model id clients send and /v1/models lists (default: the model directory's "
         "name, or tinyllm-shakespeare)",
     )
-    sv.add_argument("--threads", type=positive_int, default=2, metavar="N", help="torch CPU threads (default 2)")
     sv.add_argument(
         "--api-key",
         default=None,

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from textual import events
 
-from tinyllm.args import OneLineParser
+from tinyllm.args import OneLineParser, add_engine_args, fill_engine_defaults
 from tinyllm.bench import default_workload, random_checkpoint
 from tinyllm.engine import ContinuousEngine, Sampling, percentile, run_continuous
 from tinyllm.model.checkpoint import default_model_dir, load_checkpoint
@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", metavar="DIR")
     p.add_argument("--random-model", nargs="?", const="", metavar="SPEC")
     p.add_argument("--requests", type=int, default=64)
-    p.add_argument("--slots", type=int, default=16)
-    p.add_argument("--threads", type=int, default=DEFAULT_THREADS, help=f"default {DEFAULT_THREADS}, as the app")
+    add_engine_args(p, "slots", "threads")
+    p.set_defaults(threads=DEFAULT_THREADS)  # as the app
     p.add_argument(
         "--scheduler",
         choices=sorted(SCHEDULERS),
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         help="the app's layout: the list view (default), the panes view, or each in turn",
     )
     p.add_argument("--repeat", type=int, default=2, help="headless/app pairs per runner")
-    a = p.parse_args(argv)
+    a = fill_engine_defaults(p.parse_args(argv))
     torch.set_num_threads(a.threads)
     tmp = None
     if a.random_model is not None:

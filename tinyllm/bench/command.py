@@ -4,7 +4,7 @@ entry point that turns a refusal into one line."""
 
 from __future__ import annotations
 
-from tinyllm.args import add_engine_args, add_slo_arg
+from tinyllm.args import add_engine_args, add_model_args, add_slo_arg
 from tinyllm.bench.run import run_bench
 from tinyllm.bench.workloads import LONG_TAIL, LONG_TAIL_CAPS, SHARED_PREFIX
 from tinyllm.config import DEFAULT_SLOTS
@@ -19,7 +19,7 @@ def add_bench_parser(sub) -> None:
 
     b = sub.add_parser("bench", help="compare solo, static, continuous (slots/paged) and transformers")
     src = b.add_mutually_exclusive_group()
-    src.add_argument("--model", metavar="DIR", help="checkpoint directory (default: the bundled model)")
+    add_model_args(b, model_group=src)
     src.add_argument(
         "--random-model",
         nargs="?",
@@ -50,8 +50,6 @@ def add_bench_parser(sub) -> None:
         help="continuous path(s) to run: slot KV, paged KV, paged KV with the token-budget "
         "scheduler (chunked prefill) and prefix caching, the same without the cache, or all (default)",
     )
-    b.add_argument("--device", choices=["cpu", "cuda"], default=None)
-    b.add_argument("--threads", type=positive_int, default=2, metavar="N", help="torch CPU threads (default 2)")
     b.add_argument("--solo-sample", type=positive_int, default=8, metavar="N", help="requests run solo (default 8)")
     b.add_argument("--no-transformers", action="store_true", help="skip the transformers comparison")
     b.add_argument("--seed", type=int, default=0)
@@ -60,7 +58,7 @@ def add_bench_parser(sub) -> None:
     # equal-slots table; --kv-memory the headline table's budget for every path (default: what
     # --slots slots of max_len reserve).
     add_engine_args(
-        b, "slots", "kv_memory", "max_num_seqs", "max_batched_tokens", "scheduling_policy", "kv_cache_dtype"
+        b, "slots", "kv_memory", "max_num_seqs", "max_batched_tokens", "scheduling_policy", "kv_cache_dtype", "threads"
     )
     add_slo_arg(b)  # each path's goodput and share met (every request arrives at t=0)
     b.set_defaults(fn=_cmd_bench)

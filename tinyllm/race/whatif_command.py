@@ -79,7 +79,7 @@ def add_whatif_parser(sub) -> None:
     wi.add_argument(
         "--rows", type=positive_int, default=20, metavar="N", help="requests shown, most changed first (20)"
     )
-    wi.add_argument("--threads", type=positive_int, default=2, metavar="N", help="torch CPU threads (default 2)")
+    add_engine_args(wi, "threads")
     add_slo_arg(wi)
     add_engine_args(wi, *WHATIF_ENGINE_OPTIONS)  # (on a recording, one not given is the recording's)
     wi.set_defaults(fn=cmd_whatif)

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import httpx
 
+from tinyllm.args import OneLineParser, add_engine_args
+
 
 def rss_mib() -> float:
     try:
@@ -90,8 +92,9 @@ async def run_clients(url: str, clients: int, requests: int, max_tokens: int, mo
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tinyllm.serve.loadtest", description=__doc__.split("\n\n")[0])
-    p.add_argument("--slots", type=int, default=4)
+    p = OneLineParser(prog="python -m tinyllm.serve.loadtest", description=__doc__.split("\n\n")[0])
+    add_engine_args(p, "slots")
+    p.set_defaults(slots=4)  # a small server, so that a few dozen clients overload it
     p.add_argument("--max-waiting", type=int, default=8)
     p.add_argument("--clients", type=int, default=None, help="default: 4x (slots + max-waiting)")
     p.add_argument("--requests", type=int, default=6, help="per client, one after another")

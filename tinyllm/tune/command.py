@@ -112,16 +112,11 @@ def add_tune_args(tu) -> None:
         metavar="N",
         help="for a workload line without max_new_tokens (64; not a cap: a line's own wins)",
     )
-    tu.add_argument(
-        "--threads",
-        type=positive_int,
-        default=1,
-        metavar="N",
-        help="torch CPU threads for the cost profile's calibration and the wall-clock check (default 1: "
-        "on a machine whose cores others use, a second thread waits for a core and steps run several "
-        "times slower; a profile is measured per thread count)",
-    )
-    add_engine_args(tu, "kv_memory", "max_len")
+    add_engine_args(tu, "kv_memory", "max_len", "threads")
+    # the cost profile's calibration and the wall-clock check: on a machine whose cores others
+    # use, a second thread waits for a core and steps run several times slower (a profile is
+    # measured per thread count)
+    tu.set_defaults(threads=1)
 
 
 def cmd_tune(args) -> None:
