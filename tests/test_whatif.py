@@ -235,17 +235,17 @@ def test_max_new_tokens_that_no_request_takes_is_said_to_be_unused(tmp_path):
     own, mixed = tmp_path / "own.jsonl", tmp_path / "mixed.jsonl"
     own.write_text('{"prompt": "a", "max_new_tokens": 5}\n{"prompt": "b", "max_new_tokens": 7}\n')
     mixed.write_text('{"prompt": "a", "max_new_tokens": 5}\n{"prompt": "b"}\n')
-    arrivals, warning = load_arrivals(str(own), enc, 64, 16, asked_new=True)
+    arrivals, warning = load_arrivals(str(own), enc, 64, 16)
     assert [r.max_new_tokens for _, r in arrivals] == [5, 7]
     assert warning == (
         "--max-new-tokens 16 is unused: every request of own.jsonl sets its own (it fills only "
         "workload lines without max_new_tokens)"
     )
-    assert load_arrivals(str(own), enc, 64, 16)[1] is None  # not asked: nothing to say
-    arrivals, warning = load_arrivals(str(mixed), enc, 64, 16, asked_new=True)
+    assert load_arrivals(str(own), enc, 64)[1] is None  # not asked: nothing to say
+    arrivals, warning = load_arrivals(str(mixed), enc, 64, 16)
     assert [r.max_new_tokens for _, r in arrivals] == [5, 16] and warning is None
     recording = Path(__file__).parent / "data" / "preemption-run.jsonl"
-    assert "--max-new-tokens 16 is unused" in load_arrivals(str(recording), enc, 512, 16, asked_new=True)[1]
+    assert "--max-new-tokens 16 is unused" in load_arrivals(str(recording), enc, 512, 16)[1]
 
 
 def recorded_preemptions(path: Path) -> int:

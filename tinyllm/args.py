@@ -327,6 +327,27 @@ def add_model_args(p: argparse.ArgumentParser, model_group=None) -> None:
     add_engine_args(p, "device")
 
 
+def add_source_args(p: argparse.ArgumentParser) -> None:
+    """What ``tinyllm whatif`` and ``tinyllm tune`` run: a recording or a workload, the model
+    that runs it, and the output length of a workload line that names none."""
+    from tinyllm.workload import NEW_TOKENS
+
+    add_model_args(p)
+    p.add_argument(
+        "source",
+        metavar="RUN.jsonl|WORKLOAD",
+        help="a recording (tinyllm-tui --record, or a server's /v1/tinyllm/stream saved with curl -N), "
+        "a workload file, or a bundled workload's name (e.g. poisson_arrivals, long_tail)",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help=f"for a workload line without max_new_tokens ({NEW_TOKENS}; not a cap: a line's own wins)",
+    )
+
+
 def load_model(args):
     """(model, tokenizer) from --model/--device, or a UsageError saying what is wrong."""
     from tinyllm.model.checkpoint import CheckpointError, default_model_dir, load_checkpoint

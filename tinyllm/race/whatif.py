@@ -139,15 +139,14 @@ def is_recording(path: str | Path) -> bool:
     return f'"format":"{FORMAT}"' in first.replace(" ", "")
 
 
-def load_arrivals(
-    source: str, encode, max_len: int, default_new: int, asked_new: bool = False
-) -> tuple[Arrivals, str | None]:
+def load_arrivals(source: str, encode, max_len: int, new_tokens: int | None = None) -> tuple[Arrivals, str | None]:
     """The requests of a recording or a workload (a file, or a bundled workload's name), as
-    (arrival_s, Request); and a warning to show (a recording cut off; ``asked_new``: the user gave
-    ``default_new`` and no request takes it). RecordingError / WorkloadError / ContextTooLong say
-    what is wrong."""
-    from tinyllm.workload import load_workload, resolve_workload, samples, tokenize_checked
+    (arrival_s, Request); and a warning to show (a recording cut off; ``new_tokens``, what
+    --max-new-tokens gave a workload line without max_new_tokens, taken by no request).
+    RecordingError / WorkloadError / ContextTooLong say what is wrong."""
+    from tinyllm.workload import NEW_TOKENS, load_workload, resolve_workload, samples, tokenize_checked
 
+    asked_new, default_new = new_tokens is not None, new_tokens or NEW_TOKENS
     unused = (
         f"--max-new-tokens {default_new} is unused: every request of {Path(source).name} sets its own "
         f"(it fills only workload lines without max_new_tokens)"

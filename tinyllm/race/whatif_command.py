@@ -12,8 +12,8 @@ from tinyllm.args import (
     UsageError,
     add_clock_args,
     add_engine_args,
-    add_model_args,
     add_slo_arg,
+    add_source_args,
     load_model,
     non_negative_float,
     output_path,
@@ -40,13 +40,7 @@ def add_whatif_parser(sub) -> None:
         help="replay a recording's (or a workload's) requests under other engine "
         "settings, side by side, and compare them request by request",
     )
-    add_model_args(wi)
-    wi.add_argument(
-        "source",
-        metavar="RUN.jsonl|WORKLOAD",
-        help="a recording (tinyllm-tui --record, or a server's /v1/tinyllm/stream saved with curl -N), "
-        "a workload file, or a bundled workload's name",
-    )
+    add_source_args(wi)
     wi.add_argument(
         "--lanes",
         nargs="+",
@@ -60,13 +54,6 @@ def add_whatif_parser(sub) -> None:
     )
     wi.add_argument(
         "--json", type=output_path, metavar="OUT.json", default=None, help="also write the comparison as JSON"
-    )
-    wi.add_argument(
-        "--max-new-tokens",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="for a workload line without max_new_tokens (64; not a cap: a line's own wins)",
     )
     wi.add_argument(
         "--step-cost",
@@ -143,9 +130,7 @@ def cmd_whatif(args) -> None:
         except ValueError as e:
             raise UsageError(f"--cost-profile: {e}") from None
     try:
-        arrivals, warning = load_arrivals(
-            args.source, tok.encode, max_len, args.max_new_tokens or 64, asked_new=args.max_new_tokens is not None
-        )
+        arrivals, warning = load_arrivals(args.source, tok.encode, max_len, args.max_new_tokens)
         judging = load_judging(args.source, args.slo)
         race = build_race(
             model,

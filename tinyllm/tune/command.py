@@ -10,8 +10,8 @@ import sys
 from tinyllm.args import (
     UsageError,
     add_engine_args,
-    add_model_args,
     add_slo_arg,
+    add_source_args,
     output_path,
     positive_float,
     positive_int,
@@ -33,13 +33,7 @@ def add_tune_parser(sub) -> None:
 
 def add_tune_args(tu) -> None:
     """Every option of ``tinyllm tune`` (and of ``tinyllm-tui --tune``, its live view)."""
-    add_model_args(tu)
-    tu.add_argument(
-        "source",
-        metavar="RUN.jsonl|WORKLOAD",
-        help="a recording (tinyllm-tui --record, or a server's state stream), a workload file, or a "
-        "bundled workload's name (e.g. poisson_arrivals, long_tail)",
-    )
+    add_source_args(tu)
     add_slo_arg(tu)
     tu.add_argument(
         "--search",
@@ -104,13 +98,6 @@ def add_tune_args(tu) -> None:
         default=None,
         help="the cost clock's coefficients from FILE (e.g. measured on the machine that will serve; "
         "default: $TINYLLM_COST_PROFILE, else this machine's, calibrated once and cached)",
-    )
-    tu.add_argument(
-        "--max-new-tokens",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="for a workload line without max_new_tokens (64; not a cap: a line's own wins)",
     )
     add_engine_args(tu, "kv_memory", "max_len", "threads")
     # the cost profile's calibration and the wall-clock check: on a machine whose cores others

@@ -87,9 +87,7 @@ def prepare(args) -> Session:
     recorded = recorded_settings(args.source) if recording else None
     max_len = args.max_len or (recorded.max_len if recorded else model.cfg.max_seq_len)
     try:
-        arrivals, warning = load_arrivals(
-            args.source, tok.encode, max_len, args.max_new_tokens or 64, asked_new=args.max_new_tokens is not None
-        )
+        arrivals, warning = load_arrivals(args.source, tok.encode, max_len, args.max_new_tokens)
     except (RecordingError, WorkloadError, ValueError) as e:
         raise UsageError(str(e)) from None
     if warning:
