@@ -16,16 +16,20 @@ from tinyllm.model.tokenizer import Tokenizer
 
 @dataclass(frozen=True)
 class ModelConfig:
-    vocab_size: int = 4096
-    d_model: int = 256
-    n_layers: int = 4
-    n_heads: int = 4
-    n_kv_heads: int = 2
-    d_ff: int = 704
-    max_seq_len: int = 512
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = True
+    """A Llama-family model's shape (config.json's fields, by their names here); the defaults are
+    the bundled Shakespeare model's. The KV cache's size per token follows from it:
+    2 x n_layers x n_kv_heads x head_dim elements."""
+
+    vocab_size: int = 4096  # tokens the embedding and the output head know
+    d_model: int = 256  # hidden_size: the residual stream's width
+    n_layers: int = 4  # num_hidden_layers
+    n_heads: int = 4  # num_attention_heads: query heads, of head_dim = d_model / n_heads each
+    n_kv_heads: int = 2  # num_key_value_heads: each K/V head serves n_heads / n_kv_heads query heads
+    d_ff: int = 704  # intermediate_size: the SwiGLU MLP's width
+    max_seq_len: int = 512  # max_position_embeddings: the longest context (prompt + output)
+    rope_theta: float = 10000.0  # the rotary embeddings' base
+    norm_eps: float = 1e-5  # rms_norm_eps
+    tie_embeddings: bool = True  # tie_word_embeddings: the output head reuses the embedding
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "max_seq_len"):
