@@ -901,15 +901,14 @@ async def test_the_screen_is_up_while_the_engine_loads():
     runner = LoadingRunner(spec)
     app = TinyLLMApp(runner, bundled()[1], model_name="test", settings=RequestSettings(Sampling(), 12))
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause(0.2)
-        status = app.query_one("#status").render().plain
-        assert "LOADING" in status and "engine loading" in status
+        await until(pilot, lambda: "LOADING" in app.query_one("#status").render().plain, what="the first frame")
+        assert "engine loading" in app.query_one("#status").render().plain
         grid = app.query_one(SlotGrid).render().plain
         assert grid.count("free") == 4
         await pilot.press("i")
         app.query_one("#prompt").value = "ROMEO:"
         await pilot.press("enter")  # typed while loading: kept, not lost
-        await pilot.pause(0.1)
+        await until(pilot, lambda: any(isinstance(c, Submit) for c in runner.sent), what="the prompt sent")
         assert [type(c) for c in runner.sent if isinstance(c, Submit)] == [Submit]
         assert not [n for n in app._notifications if n.severity == "error"]
         worker_cancelled = [w for w in app.workers if w.name == "engine"]

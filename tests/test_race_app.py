@@ -841,11 +841,10 @@ async def test_at_the_finish_the_chart_shows_only_where_the_finish_table_leaves_
     async with app.run_test(size=(80, 24)) as pilot:
         screen = pilot.app.screen
         await step_to(pilot, 4)
-        await pilot.pause(0.1)
-        assert screen.query_one("#track").display  # mid-race: room for it
+        await until(pilot, lambda: screen.query_one("#track").display, what="the chart mid-race: room for it")
         await step_to(pilot, 10_000)  # to the finish; no redraw forced after it
         await until(pilot, lambda: screen.query_one("#finish", FinishLine).lanes, what="the finish table")
-        await pilot.pause(0.2)
+        await until(pilot, lambda: not screen.query_one("#track").display, what="the chart gone at the finish")
         assert screen.max_scroll_y == 0, "the finished race scrolls"
         legend = screen.query_one("#race-legend")
         assert legend.region.height and legend.region.bottom <= screen.size.height - 1  # above the footer
