@@ -734,7 +734,11 @@ def test_every_slot_cell_is_the_same_width(flag):
 
     grid = SlotGrid()
     grid.flags = {} if flag is None else {3: flag}
-    for sv in (SlotView(3, None, 0, 512), SlotView(3, 123, 140, 512), SlotView(3, 5, 7, 512, (), True)):
+    for sv in (
+        SlotView(slot=3, rid=None, context_len=0, capacity=512),
+        SlotView(slot=3, rid=123, context_len=140, capacity=512),
+        SlotView(slot=3, rid=5, context_len=7, capacity=512, blocks=(), just_admitted=True),
+    ):
         assert sum(len(text) for text, _ in grid._cell(sv)) == CELL_W
 
 

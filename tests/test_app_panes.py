@@ -329,11 +329,26 @@ def test_lanes_without_slots_go_to_the_lowest_one_free_at_arrival():
     it arrived; a lane shows its newest request."""
 
     def view(rid, arrival, state="running", finish=None):
-        return RequestView(rid, state, None, (), (1,), 8, Sampling(), None, arrival, arrival, finish, 0)
+        return RequestView(
+            rid=rid,
+            state=state,
+            slot=None,
+            prompt=(),
+            tokens=(1,),
+            max_new_tokens=8,
+            sampling=Sampling(),
+            eos_id=None,
+            arrival_s=arrival,
+            first_token_s=arrival,
+            finish_s=finish,
+            preemptions=0,
+        )
 
-    from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView
+    from dataclasses import replace
+
+    from tinyllm.observe.snapshot import EngineSnapshot, KVView
 
     reqs = (view(0, 0.0, "finished", 2.0), view(1, 1.0), view(2, 3.0), view(3, 3.5, "finished", 4.0), view(4, 5.0))
-    snap = EngineSnapshot(6.0, 0, 64, (), reqs, (), KVView("slots", 0, 0, 0, 0), Counters())
-    frame = Frame(1, snap, {}, {}, (), True, 0, 0, 0.0, ())
+    snap = replace(EngineSnapshot.empty(KVView.empty("slots"), max_len=64), time_s=6.0, requests=reqs)
+    frame = replace(Frame.loading(snap), seq=1, paused=True, status="ready")
     assert [(p.lane, p.rid, p.holds) for p in panes_of(frame)] == [(0, 2, True), (1, 1, True), (2, 4, True)]

@@ -121,7 +121,20 @@ async def test_a_recording_without_text_replays_with_lengths(plain):
 
 def test_the_mask_follows_a_view_as_it_grows():
     m = TokenMask(50)
-    v = RequestView(0, "running", 0, (1, 2, 3), (4,), 8, Sampling(), None, 0.0, None, None, 0)
+    v = RequestView(
+        rid=0,
+        state="running",
+        slot=0,
+        prompt=(1, 2, 3),
+        tokens=(4,),
+        max_new_tokens=8,
+        sampling=Sampling(),
+        eos_id=None,
+        arrival_s=0.0,
+        first_token_s=None,
+        finish_s=None,
+        preemptions=0,
+    )
     a = m.view(v)
     assert m.view(v) is a  # an unchanged view: the same masked one
     grown = m.view(replace(v, tokens=(4, 5, 6)))

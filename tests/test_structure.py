@@ -73,3 +73,30 @@ def test_a_cycle_is_found_when_there_is_one():
 
 def test_the_engine_never_imports_the_app():
     assert not [(m, d) for m, deps in imports().items() if m.startswith("tinyllm") for d in deps if d.startswith("tui")]
+
+
+def test_the_views_are_built_by_keyword():
+    """The snapshot's views and the app's frame have 5 to 20 fields, several of the same type:
+    built by position, a field added in the middle shifts the rest without an error."""
+    import dataclasses
+
+    import pytest
+
+    from tinyllm.observe.snapshot import EngineSnapshot, KVView, RequestView, SlotView
+    from tui.runners.interface import Frame
+
+    for cls in (SlotView, RequestView, KVView, EngineSnapshot, Frame):
+        assert all(f.kw_only for f in dataclasses.fields(cls)), cls.__name__
+    with pytest.raises(TypeError):
+        KVView("slots", 0, 0, 0, 0)
+    kv = KVView.empty("slots", 64, 4)
+    assert (kv.kind, kv.reserved_tokens, kv.allocated_tokens, kv.used_tokens, kv.bytes_per_token) == (
+        "slots",
+        64,
+        0,
+        0,
+        4,
+    )
+    snap = EngineSnapshot.empty(kv, n_slots=2, max_len=32, policy="priority")
+    assert [(s.slot, s.rid, s.capacity) for s in snap.slots] == [(0, None, 32), (1, None, 32)]
+    assert (snap.requests, snap.policy, snap.counters.steps) == ((), "priority", 0)

@@ -95,24 +95,26 @@ class Sequence:
         """Its immutable view, rebuilt only after it changed (whoever changes it sets ``view = None``)."""
         if self.view is None:
             r = self.req
+            wait, wait_detail = self.wait or ("", "")
             self.view = RequestView(
-                self.rid,
-                self.state,
-                self.slot,
-                r.prompt,
-                tuple(self.out),
-                r.max_new_tokens,
-                self.sampling,
-                r.eos_id,
-                self.arrival,
-                self.first_token,
-                self.finish,
-                self.preemptions,
-                self.error,
-                self.cached_tokens,
-                r.priority,
-                r.tenant,
-                *(self.wait or ("", "")),
+                rid=self.rid,
+                state=self.state,
+                slot=self.slot,
+                prompt=r.prompt,
+                tokens=tuple(self.out),
+                max_new_tokens=r.max_new_tokens,
+                sampling=self.sampling,
+                eos_id=r.eos_id,
+                arrival_s=self.arrival,
+                first_token_s=self.first_token,
+                finish_s=self.finish,
+                preemptions=self.preemptions,
+                error=self.error,
+                cached_tokens=self.cached_tokens,
+                priority=r.priority,
+                tenant=r.tenant,
+                wait=wait,
+                wait_detail=wait_detail,
                 admitted_s=self.admitted,
             )
         return self.view

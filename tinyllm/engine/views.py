@@ -21,23 +21,23 @@ class EngineViews:
         chunked = self.chunked_prefill
         slot_views = tuple(
             SlotView(
-                s,
-                q.rid if q is not None else None,
-                lens[s] if q is not None else 0,
-                self.max_len,
-                tuple(tables[s]),
-                s in self._just_admitted,
-                q.remaining() if chunked and q is not None and not q.prefilled else 0,
+                slot=s,
+                rid=q.rid if q is not None else None,
+                context_len=lens[s] if q is not None else 0,
+                capacity=self.max_len,
+                blocks=tuple(tables[s]),
+                just_admitted=s in self._just_admitted,
+                prefill_left=q.remaining() if chunked and q is not None and not q.prefilled else 0,
             )
             for s, q in enumerate(self._slot_seq)
         )
         reqs = tuple(q.snapshot_view() for q in self._seqs.values())
         kv = KVView(
-            self.kv_kind,
-            slots.reserved_tokens(),
-            slots.allocated_tokens(),
-            slots.used_tokens(),
-            self.stats.kv_bytes_per_token,
+            kind=self.kv_kind,
+            reserved_tokens=slots.reserved_tokens(),
+            allocated_tokens=slots.allocated_tokens(),
+            used_tokens=slots.used_tokens(),
+            bytes_per_token=self.stats.kv_bytes_per_token,
             dtype=self._kv_dtype_name,
         )
         if self.kv_kind == "paged":
@@ -46,19 +46,19 @@ class EngineViews:
                 self._slot_seq[o].rid if o is not None and self._slot_seq[o] is not None else None for o in owner_slot
             )
             kv = KVView(
-                kv.kind,
-                kv.reserved_tokens,
-                kv.allocated_tokens,
-                kv.used_tokens,
-                kv.bytes_per_token,
-                slots.block_size,
-                slots.n_blocks,
-                slots.num_free_blocks(),
-                owners,
-                tuple(slots.ref),
-                tuple(k is not None for k in slots.block_key) if self.prefix_cache else (),
-                slots.cached_free_blocks(),
-                kv.dtype,
+                kind=kv.kind,
+                reserved_tokens=kv.reserved_tokens,
+                allocated_tokens=kv.allocated_tokens,
+                used_tokens=kv.used_tokens,
+                bytes_per_token=kv.bytes_per_token,
+                block_size=slots.block_size,
+                n_blocks=slots.n_blocks,
+                free_blocks=slots.num_free_blocks(),
+                block_owner=owners,
+                block_refs=tuple(slots.ref),
+                block_cached=tuple(k is not None for k in slots.block_key) if self.prefix_cache else (),
+                cached_free_blocks=slots.cached_free_blocks(),
+                dtype=kv.dtype,
             )
         st = self.stats
         counters = Counters(
@@ -79,15 +79,15 @@ class EngineViews:
             useful_rows=st.useful_rows,
         )
         return EngineSnapshot(
-            self.now(),
-            self.n_slots,
-            self.max_len,
-            slot_views,
-            reqs,
-            tuple(q.rid for q in self.waiting),
-            kv,
-            counters,
-            self.max_batched_tokens,
-            self.policy,
-            self._batch,
+            time_s=self.now(),
+            n_slots=self.n_slots,
+            max_len=self.max_len,
+            slots=slot_views,
+            requests=reqs,
+            queue=tuple(q.rid for q in self.waiting),
+            kv=kv,
+            counters=counters,
+            max_batched_tokens=self.max_batched_tokens,
+            policy=self.policy,
+            batch=self._batch,
         )

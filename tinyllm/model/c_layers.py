@@ -318,34 +318,23 @@ class CLayers:
         ):
             return None
         write, tables, lens, row_table = plan
-        scratch_widths = (d, (H + 2 * Hkv) * D, H * D, 2 * F, F)  # h, qkv, attn, gate_up, act: (tokens, width)
-        scratch = torch.empty(T * sum(scratch_widths), dtype=torch.float32)  # one allocation, cut by address
-        at = scratch.data_ptr()
-        buffers = []
-        for width in scratch_widths:
-            buffers.append(at)
+        widths = {"h": d, "qkv": (H + 2 * Hkv) * D, "attn": H * D, "gate_up": 2 * F, "act": F}  # (tokens, width)
+        scratch = torch.empty(T * sum(widths.values()), dtype=torch.float32)  # one allocation, cut by address
+        at, buffers = scratch.data_ptr(), {}
+        for name, width in widths.items():
+            buffers[name] = at
             at += T * width * 4
+        shape = {"tokens": T, "d": d, "H": H, "Hkv": Hkv, "D": D, "F": F, "eps": eps, "scale": D**-0.5}
+        tensors = {"pos": pos, "cos": cos, "sin": sin, "write": write, "tables": tables, "lens": lens}
         step = native.LayerStep(
-            T,
-            d,
-            H,
-            Hkv,
-            D,
-            F,
-            eps,
-            D**-0.5,
-            pos.data_ptr(),
-            cos.data_ptr(),
-            sin.data_ptr(),
-            write.data_ptr(),
-            tables.data_ptr(),
-            row_table.data_ptr(),
-            lens.data_ptr(),
-            tables.size(1),
-            pool.block_size,
-            *buffers,
-            torch.get_num_threads(),
-            pool.k.dtype == torch.bfloat16,
+            **shape,
+            **{name: t.data_ptr() for name, t in tensors.items()},
+            row_table=row_table.data_ptr(),
+            table_width=tables.size(1),
+            block_size=pool.block_size,
+            **buffers,
+            threads=torch.get_num_threads(),
+            kv_bf16=pool.k.dtype == torch.bfloat16,
         )
         return cls(
             weights,

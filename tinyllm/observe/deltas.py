@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, fields, replace
 from typing import Any
 
-from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, RequestView, SlotView
+from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, LifecycleEvent, RequestView
 from tinyllm.request import Sampling
 
 # Per-step fields get one-letter keys (a step's record is mostly these); see the module docstring.
@@ -26,24 +26,21 @@ def blank_snapshot(header: dict) -> EngineSnapshot:
     k = e["kv"]
     n = k["n_blocks"] or 0
     flags = (False,) * n if k.get("cached_flags", True) else ()  # no prefix cache: no per-block flags
-    kv = KVView(
+    kv = KVView.empty(
         k["kind"],
         k["reserved_tokens"],
-        0,
-        0,
         k["bytes_per_token"],
-        k["block_size"],
-        k["n_blocks"],
-        n if k["kind"] == "paged" else None,
-        (None,) * n,
-        (0,) * n,
-        flags,
-        0,
-        str(k.get("dtype", "")),
+        block_size=k["block_size"],
+        n_blocks=k["n_blocks"],
+        free_blocks=n if k["kind"] == "paged" else None,
+        block_owner=(None,) * n,
+        block_refs=(0,) * n,
+        block_cached=flags,
+        cached_free_blocks=0,
+        dtype=str(k.get("dtype", "")),
     )
-    slots = tuple(SlotView(i, None, 0, e["max_len"]) for i in range(e["n_slots"]))
-    return EngineSnapshot(
-        0.0, e["n_slots"], e["max_len"], slots, (), (), kv, Counters(), e["max_batched_tokens"], e.get("policy", "fcfs")
+    return EngineSnapshot.empty(
+        kv, e["n_slots"], e["max_len"], max_batched_tokens=e["max_batched_tokens"], policy=e.get("policy", "fcfs")
     )
 
 

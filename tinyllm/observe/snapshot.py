@@ -81,7 +81,7 @@ class LifecycleEvent:
         return int(start), int(end), int(total)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SlotView:
     slot: int
     rid: int | None  # the request holding the slot, None when free
@@ -96,7 +96,7 @@ class SlotView:
         return self.rid is None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RequestView:
     rid: int
     state: str  # one of REQUEST_STATES
@@ -136,7 +136,7 @@ class RequestView:
         return (len(self.tokens) - 1) / max(1e-9, end - self.first_token_s)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KVView:
     kind: str  # "slots" | "paged"
     reserved_tokens: int  # capacity held by the cache
@@ -154,6 +154,18 @@ class KVView:
 
     def mib(self, tokens: int) -> float:
         return tokens * self.bytes_per_token / 2**20
+
+    @classmethod
+    def empty(cls, kind: str, reserved_tokens: int = 0, bytes_per_token: int = 0, **blocks) -> KVView:
+        """A cache with nothing in it yet (``blocks``: a paged one's block_size, n_blocks, ...)."""
+        return cls(
+            kind=kind,
+            reserved_tokens=reserved_tokens,
+            allocated_tokens=0,
+            used_tokens=0,
+            bytes_per_token=bytes_per_token,
+            **blocks,
+        )
 
 
 @dataclass(frozen=True)
@@ -175,7 +187,7 @@ class Counters:
     useful_rows: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineSnapshot:
     time_s: float
     n_slots: int
@@ -188,6 +200,22 @@ class EngineSnapshot:
     max_batched_tokens: int | None = None  # the token-budget scheduler's budget; None: the seed's scheduler
     policy: str = "fcfs"  # the scheduling policy (engine/policy.py)
     batch: tuple[tuple[int, int], ...] = ()  # the latest step's batch: (rid, tokens computed), batch order
+
+    @classmethod
+    def empty(cls, kv: KVView, n_slots: int = 0, max_len: int = 0, **settings) -> EngineSnapshot:
+        """An engine with nothing in it yet: every slot free, no request (a loading screen's, a
+        recording's start). ``settings``: max_batched_tokens, policy."""
+        return cls(
+            time_s=0.0,
+            n_slots=n_slots,
+            max_len=max_len,
+            slots=tuple(SlotView(slot=s, rid=None, context_len=0, capacity=max_len) for s in range(n_slots)),
+            requests=(),
+            queue=(),
+            kv=kv,
+            counters=Counters(),
+            **settings,
+        )
 
     @property
     def num_requests_running(self) -> int:

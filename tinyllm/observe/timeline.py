@@ -108,7 +108,7 @@ class Timeline:
 
     def feed(self, events: Iterable[LifecycleEvent]) -> None:
         for ev in events:
-            t = self._tracks.get(ev.rid) or Track(ev.rid)
+            t = self._tracks.get(ev.rid) or Track(rid=ev.rid)
             self._tracks[ev.rid] = self._apply(t, ev)
 
     @staticmethod

@@ -21,7 +21,7 @@ import textwrap
 from dataclasses import dataclass
 
 from tinyllm.observe.recording import SnapshotDecoder, decode_event, recorded_verdicts
-from tinyllm.observe.snapshot import LifecycleEvent
+from tinyllm.observe.snapshot import ENDED_STATES, LifecycleEvent
 from tinyllm.observe.timeline import build_tracks
 from tinyllm.slo import SLO, SLOSummary, SLOVerdict
 
@@ -265,7 +265,7 @@ def request_rows(header: dict, records: list[dict]) -> list[RequestRow]:
     waits_recorded = any(e.kind == "waiting" for e in events) or any(
         isinstance(r, dict) and "wait" in r for r in fields
     )
-    ends = {e.rid: e for e in events if e.kind in ("finished", "aborted", "failed")}
+    ends = {e.rid: e for e in events if e.kind in ENDED_STATES}  # (an ending event is named as the state)
     verdicts = recorded_verdicts(records)
     rows = []
     for v in sorted(snap.requests, key=lambda v: v.rid):

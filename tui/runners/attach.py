@@ -23,7 +23,7 @@ from dataclasses import replace
 import httpx
 
 from tinyllm.observe.recording import BAD_RECORD, RecordingError, check_header
-from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView
+from tinyllm.observe.snapshot import EngineSnapshot, KVView
 from tui.runners.frames import FrameBuilder
 from tui.runners.interface import Abort, AbortAll, Frame, LoadWorkload, LogEntry, Submit
 from tui.runners.server_link import (
@@ -193,8 +193,7 @@ class AttachRunner(ServerLink):
 
     # -- frames -------------------------------------------------------------------------------------
     def _empty_frame(self) -> Frame:
-        snap = EngineSnapshot(0.0, 0, 0, (), (), (), KVView("slots", 0, 0, 0, 0), Counters())
-        return Frame(0, snap, {}, {}, (), False, 0, 0, 0.0, (), status="loading")
+        return Frame.loading(EngineSnapshot.empty(KVView.empty("slots")))
 
     def _publish(self, detail: str = "") -> None:
         with self._state:
@@ -214,7 +213,7 @@ class AttachRunner(ServerLink):
             log = b.log if b is not None else self._log
             seq = log[-1].seq + 1 if log else 1
             snap = b.snapshot if b is not None else self._frame.snapshot
-            log.append(LogEntry(seq, snap.counters.steps, snap.time_s, kind, text))
+            log.append(LogEntry(seq=seq, step=snap.counters.steps, time_s=snap.time_s, kind=kind, text=text))
             self._publish()
 
     # -- requests -----------------------------------------------------------------------------------

@@ -281,7 +281,9 @@ class EngineRunner(CommandLoop):
     ) -> None:
         self._log_seq += 1
         step = self.engine.steps if step is None else step
-        self._log.append(LogEntry(self._log_seq, step, self.engine.now(), kind, text, rid, slot))
+        self._log.append(
+            LogEntry(seq=self._log_seq, step=step, time_s=self.engine.now(), kind=kind, text=text, rid=rid, slot=slot)
+        )
 
     def _error(self, msg: str) -> None:
         """Errors go to the log; the UI notifies for each new 'error' entry it sees."""
@@ -290,18 +292,18 @@ class EngineRunner(CommandLoop):
     def _make_frame(self) -> Frame:
         self._seq += 1
         return Frame(
-            self._seq,
-            self._snap,
-            dict(self._prompts),
-            dict(self._texts),
-            tuple(self._log),
-            self.paused,
-            self.step_delay_ms,
-            len(self._pending),
-            self._rate.tps,
-            tuple(self._rate.history),
-            self._step_ms,
-            self.steps_done,
+            seq=self._seq,
+            snapshot=self._snap,
+            prompts=dict(self._prompts),
+            texts=dict(self._texts),
+            log=tuple(self._log),
+            paused=self.paused,
+            step_delay_ms=self.step_delay_ms,
+            pending_arrivals=len(self._pending),
+            tokens_per_s=self._rate.tps,
+            tps_history=tuple(self._rate.history),
+            step_ms=self._step_ms,
+            steps_done=self.steps_done,
             tracks=self._timeline.tracks(),
             choices=dict(self._choices),
             slos=dict(self._slos),

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from tinyllm.config import EngineConfig
 from tinyllm.model.config import default_kv_blocks
-from tinyllm.observe.snapshot import Counters, EngineSnapshot, KVView, SlotView
+from tinyllm.observe.snapshot import EngineSnapshot, KVView
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS
 from tinyllm.slo import SLO
 from tui.runners.interface import Frame
@@ -116,23 +116,19 @@ class EngineSpec:
         """What the app shows while the engine loads: the right grid of free slots (and free
         blocks), no requests, status "loading". Needs no torch and no weights."""
         max_len = max_len or self.max_len or 0
-        kv = KVView(self.kv, 0, 0, 0, 0)
         if self.kv == "paged":
             n = self.kv_blocks or default_kv_blocks(self.slots, max_len, self.block_size)
-            kv = KVView("paged", n * self.block_size, 0, 0, 0, self.block_size, n, n, (None,) * n)
+            kv = KVView.empty(
+                "paged",
+                n * self.block_size,
+                block_size=self.block_size,
+                n_blocks=n,
+                free_blocks=n,
+                block_owner=(None,) * n,
+            )
         else:
-            kv = KVView("slots", self.slots * max_len, 0, 0, 0)
+            kv = KVView.empty("slots", self.slots * max_len)
         budget = (self.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS) if self.chunked_prefill else None
-        snap = EngineSnapshot(
-            0.0,
-            self.slots,
-            max_len,
-            tuple(SlotView(s, None, 0, max_len) for s in range(self.slots)),
-            (),
-            (),
-            kv,
-            Counters(),
-            budget,
-            self.scheduling_policy,
+        return Frame.loading(
+            EngineSnapshot.empty(kv, self.slots, max_len, max_batched_tokens=budget, policy=self.scheduling_policy)
         )
-        return Frame(0, snap, {}, {}, (), False, 0, 0, 0.0, (), status="loading")

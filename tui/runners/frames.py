@@ -183,25 +183,28 @@ class FrameBuilder:
             )
             if said is not None:
                 seq = self.log[-1].seq + 1 if self.log else 1
-                self.log.append(LogEntry(seq, ev.step, ev.time_s, *said, ev.rid, ev.slot))
+                kind, text = said
+                self.log.append(
+                    LogEntry(seq=seq, step=ev.step, time_s=ev.time_s, kind=kind, text=text, rid=ev.rid, slot=ev.slot)
+                )
 
     def frame(self, seq: int, paused: bool, delay_ms: int) -> Frame:
         x = self.x
         return Frame(
-            seq,
-            self.snapshot,
-            dict(self.prompts),
-            dict(self.texts),
-            tuple(self.log),
-            paused,
-            delay_ms,
-            int(x.get("pending", 0)),
-            self.rate.tps,
-            tuple(self.rate.history),
-            float(x.get("step_ms", 0.0)),
-            self.step - int(x.get("steps_behind", 0)),
-            "ready",
-            self.timeline.tracks(),
+            seq=seq,
+            snapshot=self.snapshot,
+            prompts=dict(self.prompts),
+            texts=dict(self.texts),
+            log=tuple(self.log),
+            paused=paused,
+            step_delay_ms=delay_ms,
+            pending_arrivals=int(x.get("pending", 0)),
+            tokens_per_s=self.rate.tps,
+            tps_history=tuple(self.rate.history),
+            step_ms=float(x.get("step_ms", 0.0)),
+            steps_done=self.step - int(x.get("steps_behind", 0)),
+            status="ready",
+            tracks=self.timeline.tracks(),
             slos=dict(self.slos),
         )
 
@@ -292,5 +295,5 @@ class FrameMerger:
     def note(self, f: Frame, kind: str, text: str) -> Frame:
         """A frame like ``f`` with one more log entry (the parent's own news, e.g. a dead child)."""
         seq = self._log[-1].seq + 1 if self._log else 1
-        self._log.append(LogEntry(seq, f.steps_done, f.snapshot.time_s, kind, text))
+        self._log.append(LogEntry(seq=seq, step=f.steps_done, time_s=f.snapshot.time_s, kind=kind, text=text))
         return replace(f, seq=f.seq + 1, log=tuple(self._log), paused=True)  # a new frame: drawn

@@ -165,7 +165,7 @@ def lifecycle_log(ev: LifecycleEvent) -> tuple[str, str] | None:
     return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Frame:
     """Everything the UI shows, immutable. ``seq`` grows with each publish."""
 
@@ -189,6 +189,23 @@ class Frame:
     # ^ rid → its latest token and the top alternatives, (text, probability), the chosen one
     #   first: for the requests that asked for logprobs (settings dialog), else none
     slos: dict[int, SLO] = field(default_factory=dict)  # rid → its workload line's own SLO (wins over --slo)
+
+    @classmethod
+    def loading(cls, snapshot: EngineSnapshot) -> Frame:
+        """What the app shows before the engine's (or the server's) first frame."""
+        return cls(
+            seq=0,
+            snapshot=snapshot,
+            prompts={},
+            texts={},
+            log=(),
+            paused=False,
+            step_delay_ms=0,
+            pending_arrivals=0,
+            tokens_per_s=0.0,
+            tps_history=(),
+            status="loading",
+        )
 
 
 class Runner(Protocol):

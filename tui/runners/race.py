@@ -131,7 +131,7 @@ class RaceRunner(CommandLoop):
 
     def _add_log(self, kind: str, text: str) -> None:
         self._log_seq += 1
-        self._log.append(LogEntry(self._log_seq, self.race.turns, 0.0, kind, text))
+        self._log.append(LogEntry(seq=self._log_seq, step=self.race.turns, time_s=0.0, kind=kind, text=text))
 
     def _make_frame(self) -> RaceFrame:
         self._seq += 1
@@ -307,7 +307,7 @@ class WholeFrames:
         return frame
 
     def note(self, f: RaceFrame, kind: str, text: str) -> RaceFrame:
-        entry = LogEntry((f.log[-1].seq if f.log else 0) + 1, f.turns, 0.0, kind, text)
+        entry = LogEntry(seq=(f.log[-1].seq if f.log else 0) + 1, step=f.turns, time_s=0.0, kind=kind, text=text)
         return replace(f, seq=f.seq + 1, log=f.log + (entry,), paused=True)  # a new frame: drawn
 
 

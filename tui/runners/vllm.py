@@ -167,18 +167,18 @@ class VllmRunner(ServerLink):
             rid = len(self._views)
             s = cmd.settings
             self._views[rid] = RequestView(
-                rid,
-                "queued",
-                None,
-                tuple(cmd.tokens or ()),
-                (),
-                s.max_new_tokens,
-                s.sampling,
-                None,
-                self.now(),
-                None,
-                None,
-                0,
+                rid=rid,
+                state="queued",
+                slot=None,
+                prompt=tuple(cmd.tokens or ()),
+                tokens=(),
+                max_new_tokens=s.max_new_tokens,
+                sampling=s.sampling,
+                eos_id=None,
+                arrival_s=self.now(),
+                first_token_s=None,
+                finish_s=None,
+                preemptions=0,
             )
             self._texts[rid], self._prompts[rid] = "", cmd.prompt
         self._event("queued", rid, len(cmd.tokens or ()))
@@ -289,7 +289,9 @@ class VllmRunner(ServerLink):
     def _note(self, kind: str, text: str, rid: int | None = None) -> None:
         with self._lock:
             seq = self._log[-1].seq + 1 if self._log else 1
-            self._log = (self._log + [LogEntry(seq, self._tick(), self.now(), kind, text, rid)])[-LOG_LINES:]
+            self._log = (
+                self._log + [LogEntry(seq=seq, step=self._tick(), time_s=self.now(), kind=kind, text=text, rid=rid)]
+            )[-LOG_LINES:]
         self._publish()
 
     def _make_frame(self, detail: str = "") -> Frame:
@@ -305,41 +307,41 @@ class VllmRunner(ServerLink):
         blocks = fig.num_blocks or 0
         reserved = blocks * (fig.block_size or 0)
         kv = KVView(
-            "paged",
-            reserved,
-            round(fig.kv_usage * reserved),
-            0,
-            0,
-            fig.block_size,
-            blocks or None,
-            blocks - round(fig.kv_usage * blocks) if blocks else None,
+            kind="paged",
+            reserved_tokens=reserved,
+            allocated_tokens=round(fig.kv_usage * reserved),
+            used_tokens=0,
+            bytes_per_token=0,
+            block_size=fig.block_size,
+            n_blocks=blocks or None,
+            free_blocks=blocks - round(fig.kv_usage * blocks) if blocks else None,
             dtype="" if fig.cache_dtype == "auto" else fig.cache_dtype,
         )  # auto: the model's, not said
         snap = EngineSnapshot(
-            self.now(),
-            0,
-            self.max_len,
-            (),
-            views,
-            (),
-            kv,
-            Counters(steps=self._tick(), preemptions=int(fig.preemptions)),
+            time_s=self.now(),
+            n_slots=0,
+            max_len=self.max_len,
+            slots=(),
+            requests=views,
+            queue=(),
+            kv=kv,
+            counters=Counters(steps=self._tick(), preemptions=int(fig.preemptions)),
         )
         with self._lock:
             self._seq += 1
             seq = self._seq
         status = self.status if not detail else f"{self.status}: {detail}"
         return Frame(
-            seq,
-            snap,
-            prompts,
-            texts,
-            log,
-            False,
-            0,
-            0,
-            fig.generation_tps,
-            tuple(self._tps_hist),
+            seq=seq,
+            snapshot=snap,
+            prompts=prompts,
+            texts=texts,
+            log=log,
+            paused=False,
+            step_delay_ms=0,
+            pending_arrivals=0,
+            tokens_per_s=fig.generation_tps,
+            tps_history=tuple(self._tps_hist),
             status=status,
             tracks=tracks,
             server=fig,

@@ -52,7 +52,9 @@ class LogFeed:
             if later and log[0].seq > last.seq + 1:  # said, not silently skipped
                 missed = log[0].seq - last.seq - 1
                 note = f"… {missed:,} events came between two frames, more than a frame holds: not kept"
-                new.insert(0, LogEntry(log[0].seq - 1, log[0].step, log[0].time_s, "info", note))
+                new.insert(
+                    0, LogEntry(seq=log[0].seq - 1, step=log[0].step, time_s=log[0].time_s, kind="info", text=note)
+                )
             self.query_one("#log", EventLog).add(new)
         self._last_log = log[-1]
 
