@@ -144,12 +144,12 @@ class ModelRunner:
     """The model and its cache; ``runner(plan)`` runs the plan's forward pass. It writes K/V and
     claims a prefill's blocks (its storage), but no engine record."""
 
-    def __init__(self, model: Transformer, cache: SlotKVCache | PagedKVCache, decoder=None):
-        self.model, self.cache, self.decoder = model, cache, decoder  # decoder: a SlotGraphDecoder
+    def __init__(self, model: Transformer, pool: SlotKVCache | PagedKVCache, decoder=None):
+        self.model, self.pool, self.decoder = model, pool, decoder  # decoder: a SlotGraphDecoder
         self.device = next(model.parameters()).device
-        self.every_slot = isinstance(cache, SlotKVCache)  # the CUDA-graph path: dense slots
-        self.last_tok = torch.zeros(cache.n_slots, 1, dtype=torch.long, device=self.device)  # its decode input
-        self.kernels = kernels_of(cache)
+        self.every_slot = isinstance(pool, SlotKVCache)  # the CUDA-graph path: dense slots
+        self.last_tok = torch.zeros(pool.n_slots, 1, dtype=torch.long, device=self.device)  # its decode input
+        self.kernels = kernels_of(pool)
 
     def __call__(self, plan: StepPlan) -> Tensor | Prefilled:
         if plan.kind == "prefill":
@@ -162,7 +162,7 @@ class ModelRunner:
         """The seed scheduler's admissions: each context whole, in the slot it takes
         (``plan.slots``), whose blocks are claimed here and given back if the forward raises.
         Logits (rows, V) in the plan's order."""
-        pool = self.cache
+        pool = self.pool
         try:
             for slot, (_, _, n) in zip(plan.slots, plan.items):
                 pool.occupy(slot, n)  # (lens[slot] = n: the forward below computes them)
@@ -177,7 +177,7 @@ class ModelRunner:
         by the commit."""
         contexts = [seq.context() for seq, _, _ in items]
         return Prefilled(
-            *prefill_padded(self.model, contexts, max_len=max(len(c) for c in contexts), kv_dtype=self.cache.k.dtype)
+            *prefill_padded(self.model, contexts, max_len=max(len(c) for c in contexts), kv_dtype=self.pool.k.dtype)
         )
 
     def decode_every_slot(self) -> Tensor:
@@ -186,7 +186,7 @@ class ModelRunner:
         if self.decoder is not None:
             return self.decoder.step(self.last_tok)[:, -1]
         with autocast(self.device):
-            logits, _ = self.model(self.last_tok, cache=self.cache)  # one token per slot
+            logits, _ = self.model(self.last_tok, cache=self.pool)  # one token per slot
         return logits[:, -1]
 
     def mixed(self, items: list[Item]) -> Tensor:
@@ -204,4 +204,4 @@ class ModelRunner:
                 flat += [*prompt[start : start + n], *out[max(0, start - P) : max(0, start + n - P)]]
             if start + n == P + len(out):  # context complete: its last logits sample
                 sample_at.append(len(flat) - 1)
-        return ragged_forward(self.model, self.cache, rows, flat, sample_at)
+        return ragged_forward(self.model, self.pool, rows, flat, sample_at)
