@@ -37,12 +37,13 @@ def filled_pool(
     need = [pool.blocks_for(n + 1) for n in lens]
     order = list(range(len(lens)))
     random.Random(seed).shuffle(order)
+    for slot in range(len(lens)):
+        pool.activate(slot)
     for b in range(max(need)):
         for slot in order:
             if need[slot] > b:
-                pool._grow(slot, b + 1)
-    for slot, n in enumerate(lens):
-        pool.occupy(slot, n)
+                assert pool.try_grow(slot, (b + 1) * block_size)
+    pool.lens[:] = lens
     pool.k.normal_()
     pool.v.normal_()
     return pool

@@ -56,7 +56,11 @@ def check_pool_holds_one_request(n_blocks: int, block_size: int, max_len: int) -
 
 class BlockPool:
     """``n_blocks`` blocks of ``block_size`` tokens shared by ``n_slots`` slots. ``lens[s]``: the
-    tokens slot ``s`` holds (for the token-budget scheduler: tokens computed so far)."""
+    tokens slot ``s`` holds (for the token-budget scheduler: tokens computed so far).
+
+    A sequence starts with ``activate`` and gains blocks only through ``try_grow``, whichever
+    scheduler runs it: ``occupy`` (the prefill-then-decode scheduler's admission), ``reserve_step``
+    (its decode step's next block) and ``fork`` are made of those two."""
 
     def __init__(self, n_slots: int, n_blocks: int, block_size: int, max_len: int):
         if n_blocks < 1 or block_size < 1 or n_slots < 1 or max_len < 1:
@@ -110,22 +114,22 @@ class BlockPool:
     def can_admit(self, context_lens: list[int]) -> bool:
         """Enough free blocks for every context plus the position its first decode writes (with
         ``reserve_whole``: for max_len each)."""
-        return sum(self._admission_blocks(n) for n in context_lens) <= self.num_free_blocks()
+        return sum(self.blocks_for(self._admission_tokens(n)) for n in context_lens) <= self.num_free_blocks()
 
-    def _admission_blocks(self, n_tokens: int) -> int:
-        return self.blocks_for(self.max_len if self.reserve_whole else n_tokens + 1)
+    def _admission_tokens(self, n_tokens: int) -> int:
+        return self.max_len if self.reserve_whole else n_tokens + 1
 
     def occupy(self, slot: int, n_tokens: int) -> None:
         """A free slot takes a context of ``n_tokens`` (computed by the pass that follows), with
-        room for the position its first decode writes (with ``reserve_whole``: for max_len)."""
-        self._grow(slot, self._admission_blocks(n_tokens))
+        room for the position its first decode writes (with ``reserve_whole``: for max_len).
+        The caller asked ``can_admit`` first."""
+        self.activate(slot)
+        if not self.try_grow(slot, self._admission_tokens(n_tokens)):
+            self.release(slot)
+            raise RuntimeError(f"slot {slot}: {n_tokens} tokens do not fit the free blocks (ask can_admit first)")
         self.lens[slot] = n_tokens
-        self.active[slot] = True
-        self._admissions += 1
-        self._order[slot] = self._admissions
-        self._dirty = True
 
-    # -- for the token-budget scheduler (chunked prefill): lens = tokens computed so far -------
+    # -- a sequence's blocks, for every scheduler (the token budget's lens: tokens computed so far)
     def activate(self, slot: int) -> None:
         """A free slot starts holding a sequence with nothing computed yet."""
         assert not self.active[slot] and not self.tables[slot], f"slot {slot} is not free"
@@ -172,7 +176,9 @@ class BlockPool:
         self.lens[dst] = self.lens[src]
         if not partial:
             return None
-        self._grow(dst, full + 1)
+        if not self.try_grow(dst, self.lens[dst]):  # its own copy of src's partial block
+            self.release(dst)
+            raise RuntimeError(f"no free block to fork slot {src} into {dst} (check num_free_blocks first)")
         return self.tables[src][full], self.tables[dst][full]
 
     # -- prefix caching ---------------------------------------------------------------------
@@ -271,7 +277,7 @@ class BlockPool:
             self.release(out)
             evicted.append(out)
         for s in needy:
-            self._grow(s, len(self.tables[s]) + 1)
+            self.try_grow(s, self.lens[s] + 1)  # (a block each: counted free above)
         return evicted
 
     def used_tokens(self) -> int:
