@@ -70,7 +70,7 @@ def one_run(cmd: list[str], cols: int = 120, rows: int = 36, timeout: float = 60
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("args", nargs="*", help="arguments for tinyllm-tui (after --)")
     a = p.parse_args()

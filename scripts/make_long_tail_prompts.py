@@ -31,7 +31,7 @@ OPENERS = (
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "prompts" / "long_tail.jsonl"))
     p.add_argument("--n", type=int, default=64)
     a = p.parse_args()

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", metavar="DIR", help="checkpoint directory (default: the bundled model)")
     src.add_argument("--random-model", nargs="?", const="", metavar="SPEC", help="the bench's seeded random Llama")

@@ -100,3 +100,20 @@ def test_the_views_are_built_by_keyword():
     snap = EngineSnapshot.empty(kv, n_slots=2, max_len=32, policy="priority")
     assert [(s.slot, s.rid, s.capacity) for s in snap.slots] == [(0, None, 32), (1, None, 32)]
     assert (snap.requests, snap.policy, snap.counters.steps) == ((), "priority", 0)
+
+
+def test_every_parser_takes_whole_option_names():
+    """argparse's prefix matching read ``tinyllm whatif --slo`` as ``--slots`` and refused it with
+    a message about slots: every parser in the tree is a OneLineParser (which turns it off) or
+    says allow_abbrev=False."""
+    loose = []
+    for path in [p for d in ("tinyllm", "tui", "scripts") for p in (ROOT / d).rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            f = node.func if isinstance(node, ast.Call) else None
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+            if name == "ArgumentParser" and not any(
+                k.arg == "allow_abbrev" and isinstance(k.value, ast.Constant) and k.value.value is False
+                for k in node.keywords
+            ):
+                loose.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert loose == []
