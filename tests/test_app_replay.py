@@ -85,6 +85,7 @@ async def test_a_run_recorded_in_the_app_replays_frame_for_frame(tmp_path):
             assert (got.tokens_per_s, got.tps_history) == (want.tokens_per_s, want.tps_history), f"step {s}"
         status = app.query_one("#status").text.plain
         assert "REPLAY" in status and f"step {max(seen)} of {max(seen)}" in status
+        assert "paged KV · fcfs · chunked ≤8 tok/step" in status  # the recorded engine's settings, as live
 
 
 async def test_replay_keys_move_through_the_recording():

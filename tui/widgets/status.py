@@ -43,25 +43,17 @@ def status_fields(f: Frame, runner, model_name: str, recording: Path | None = No
         out.append((f" · step {steps}", "bold", 0))
         if down:
             return out + gone
-        budget = f.snapshot.max_batched_tokens
-        return out + [
-            (f" · {f.snapshot.n_slots} slots", "dim", 3),
-            (f" · {kv_label(f.snapshot.kv)}", "dim", 5),
-            (f" · {f.snapshot.policy}", "bold", 3),
-            (f" · {'chunked ≤' + str(budget) + ' tok/step' if budget else 'prefill+decode'}", "dim", 4),
-        ]
+        return out + [(f" · {f.snapshot.n_slots} slots", "dim", 3), *settings_fields(f.snapshot, "dim")]
     if runner.mode == "replay":
         return [
             (" ⏸ REPLAY " if f.paused else " ▶ REPLAY ", "bold reverse magenta", 0),
             (f" step {steps} of {runner.last_step}", "bold", 0),
             (f" · {runner.path.name}", "bold", 2),
             (f" · {model_name}", "bold", 4),
-            (f" · {kv_label(f.snapshot.kv)}", "dim", 5),
-            (f" · {f.snapshot.policy}", "bold", 3),
+            *settings_fields(f.snapshot, "dim"),
             (f" · {speed(f)}", "dim", 3),
             (" · read-only", "dim", 6),
         ]
-    budget = f.snapshot.max_batched_tokens
     n = runner.threads
     snap = f.snapshot
     idle = not (snap.busy or f.pending_arrivals)
@@ -79,11 +71,20 @@ def status_fields(f: Frame, runner, model_name: str, recording: Path | None = No
     return out + [
         (f" · delay {f.step_delay_ms} ms/step", "dim", 2),
         (f" · {model_name}", "bold", 3),
-        (f" · {kv_label(f.snapshot.kv)}", "bold", 5),
-        (f" · {f.snapshot.policy}", "bold", 4 if f.snapshot.policy == "fcfs" else 2),  # news: not default
-        (f" · {'chunked ≤' + str(budget) + ' tok/step' if budget else 'prefill+decode'}", "bold", 4),
+        *settings_fields(f.snapshot, "bold"),
         (f" · {runner.device}", "dim", 6),
         (f" · {n} thread{'s' if n != 1 else ''}" if n else " · ? threads", "dim", 7),
+    ]
+
+
+def settings_fields(snap, style: str) -> list[tuple[str, str, int]]:
+    """The engine's KV layout, scheduling policy and scheduler, in every mode: what another run
+    could set otherwise (a policy other than fcfs is news, so it gives way later)."""
+    budget = snap.max_batched_tokens
+    return [
+        (f" · {kv_label(snap.kv)}", style, 5),
+        (f" · {snap.policy}", "bold", 4 if snap.policy == "fcfs" else 2),
+        (f" · {'chunked ≤' + str(budget) + ' tok/step' if budget else 'prefill+decode'}", style, 4),
     ]
 
 
