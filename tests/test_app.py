@@ -167,7 +167,9 @@ async def step(pilot, n: int = 1) -> None:
             break
         target = app.runner.steps_done + 1
         app.runner.send(StepOnce())
-        await until(pilot, lambda: app.runner.steps_done >= target)
+        # the frame's count, not the runner's: the runner counts a step before it publishes the
+        # step's frame, and the caller reads that frame
+        await until(pilot, lambda: app.runner.frame.steps_done >= target, what=f"step {target}'s frame")
 
 
 async def submit(pilot, text: str) -> int:
@@ -382,8 +384,8 @@ async def test_pause_means_no_steps_and_step_once_is_one_step():
         assert app.runner.frame.snapshot.counters.steps == 0
         app.query_one("#requests").focus()
         await pilot.press("n")
-        await until(pilot, lambda: app.runner.steps_done == 1)
-        await pilot.pause(0.3)
+        await until(pilot, lambda: app.runner.frame.steps_done == 1, what="the step's frame")
+        await pilot.pause(0.3)  # (and no step after it)
         assert app.runner.frame.snapshot.counters.steps == 1
         await pilot.press("space")  # resume: it runs on its own
         await until(pilot, lambda: app.runner.steps_done >= 5)
@@ -413,7 +415,7 @@ async def test_step_once_with_only_arrivals_to_come_brings_the_next_one():
         assert [r.state for r in frame.snapshot.requests] == ["finished"] and frame.pending_arrivals == 1
         done = app.runner.steps_done
         app.runner.send(StepOnce())
-        await until(pilot, lambda: app.runner.steps_done == done + 1)
+        await until(pilot, lambda: app.runner.frame.steps_done == done + 1, what="the step's frame")
         frame = app.runner.frame
         assert frame.pending_arrivals == 0 and len(frame.snapshot.requests) == 2
         assert frame.snapshot.requests[1].state == "running"
@@ -492,7 +494,14 @@ async def test_malformed_prompt_file_is_refused_whole(tmp_path, content, message
         app.screen.query_one("#picker-path").value = str(bad)
         app.screen.query_one("#picker-path").focus()
         await pilot.press("enter")
-        await pilot.pause(0.1)
+        await until(
+            pilot,
+            lambda: (
+                not isinstance(app.screen, PromptPicker)
+                or "nothing was loaded" in str(app.screen.query_one("#picker-error").render())
+            ),
+            what="the picker's answer",
+        )
         assert isinstance(app.screen, PromptPicker)  # still open, explaining
         err = str(app.screen.query_one("#picker-error").render())
         assert f"{bad}{message}" in err and "nothing was loaded" in err
@@ -510,7 +519,8 @@ async def test_prompt_too_long_is_not_sent():
         await pilot.press("i")  # the list has focus at start
         app.query_one("#prompt").value = "word " * 40
         await pilot.press("enter")
-        await pilot.pause(0.2)
+        await until(pilot, lambda: app.notified, what="the refusal")
+        await pilot.pause(0.2)  # (nothing else comes, nothing is sent)
         assert [(sev, title) for sev, title, _ in app.notified] == [("error", "not sent")]
         assert app.runner.frame.snapshot.requests == ()
         assert app.query_one("#prompt").value == "word " * 40  # nothing lost
@@ -835,12 +845,11 @@ async def test_every_binding_acts_without_errors(paused):
                 await until(
                     pilot,
                     lambda: EFFECTS[action](app, was),
-                    timeout=5,
                     what=f"{key!r} ({action}) to act while {'paused' if paused else 'running'}",
                 )
                 if len(app.screen_stack) > 1:
                     await pilot.press("escape")
-                    await until(pilot, lambda: len(app.screen_stack) == 1, timeout=5, what=f"escape to close {key!r}")
+                    await until(pilot, lambda: len(app.screen_stack) == 1, what=f"escape to close {key!r}")
 
 
 @pytest.mark.parametrize("paused", [True, False], ids=["paused", "running"])

@@ -108,7 +108,8 @@ async def test_replay_keys_move_through_the_recording():
         await until(pilot, lambda: r.step == sorted(set(moments))[-2])
         await pilot.press("space")  # play at 5 ms/step: reaches the end
         r.send(SetDelay(5))
-        await until(pilot, lambda: r.at_end and r.paused, timeout=30, what="the replay to play to its end")
+        # (the frame's pause: the runner pauses at the end, then publishes the frame that says so)
+        await until(pilot, lambda: r.at_end and r.frame.paused, timeout=30, what="the replay to play to its end")
         assert app.query_one("#scrubber").text.plain.startswith(" ⏸ step")
 
 
@@ -135,7 +136,15 @@ async def test_every_binding_in_a_replay_acts_or_is_off():
                     continue
                 for cmd in (SetPaused(True), SetDelay(200), SeekStep(40)):
                     r.send(cmd)  # the runner thread applies them in order
-                await until(pilot, lambda: r.paused and r.step == 40 and r.step_delay_ms == 200)
+                await until(  # the frame at step 40 too: Before and the selection read it
+                    pilot,
+                    lambda: (
+                        r.paused
+                        and r.step == 40
+                        and r.step_delay_ms == 200
+                        and (r.frame.paused, r.frame.snapshot.counters.steps, r.frame.step_delay_ms) == (True, 40, 200)
+                    ),
+                )
                 app.select(next(v.rid for v in r.frame.snapshot.requests if r.events_of(v.rid)))
                 app.query_one("#requests").focus()
                 if not paused:
@@ -148,7 +157,6 @@ async def test_every_binding_in_a_replay_acts_or_is_off():
                 await until(
                     pilot,
                     lambda: _replay_effect(app, action, was, paused),
-                    timeout=5,
                     what=f"{key!r} ({action}) in a replay, {'paused' if paused else 'playing'}",
                 )
                 if len(app.screen_stack) > 1:

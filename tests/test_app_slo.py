@@ -30,7 +30,8 @@ async def test_the_counters_and_each_row_show_the_slo_verdicts(tmp_path):
         while any(v.state not in ("finished", "aborted", "failed") for v in app.runner.frame.snapshot.requests):
             steps = app.runner.steps_done
             await pilot.press("n")  # step once (paused)
-            await until(pilot, lambda: app.runner.steps_done > steps, what="a step")
+            # (the frame's count: the runner counts a step before it publishes the step's frame)
+            await until(pilot, lambda: app.runner.frame.steps_done > steps, what="a step's frame")
         f = app.runner.frame
         verdicts = snapshot_verdicts(f.snapshot, f.tracks, app.slo)
         summary = snapshot_summary(f.snapshot, f.tracks, app.slo)

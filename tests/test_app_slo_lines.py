@@ -62,7 +62,8 @@ async def test_each_workload_line_is_judged_by_its_own_slo_live_and_in_the_repla
         while any(v.state != "finished" for v in app.runner.frame.snapshot.requests):
             steps = app.runner.steps_done
             await pilot.press("n")  # step once (paused)
-            await until(pilot, lambda: app.runner.steps_done > steps, what="a step")
+            # (the frame's count: the runner counts a step before it publishes the step's frame)
+            await until(pilot, lambda: app.runner.frame.steps_done > steps, what="a step's frame")
         f = app.runner.frame
         assert f.slos == OWN
         verdicts = snapshot_verdicts(f.snapshot, f.tracks, app.slo, f.slos)

@@ -330,18 +330,20 @@ def test_the_state_stream_is_a_recording_that_replays(server, tmp_path):
     """curl -N URL/v1/tinyllm/stream > run.jsonl: a file --replay plays."""
     path = tmp_path / "run.jsonl"
     lines: list[str] = []
+    started = threading.Event()
 
     def watch():
         with httpx.stream("GET", server.url + "/v1/tinyllm/stream", timeout=30) as r:
             for line in r.iter_lines():
                 lines.append(line)
+                started.set()  # the header: the stream is subscribed before it sends it
                 rec = json.loads(line)
                 if rec.get("snap", {}).get("c") and any(e[0] == "finished" for e in rec.get("life", ())):
                     return
 
     t = threading.Thread(target=watch, daemon=True)
     t.start()
-    time.sleep(0.3)
+    assert started.wait(30), "the state stream sent no header"
     assert httpx.post(
         server.url + "/v1/completions", json={"prompt": "ROMEO:", "max_tokens": 10}, timeout=60
     ).is_success
@@ -552,12 +554,15 @@ def test_aborting_our_queued_request_reaches_the_server_at_once():
             time.sleep(0.02)
         assert engine_snapshot(s).request(1).state == "queued"
         viewer.send(Abort(1))
-        deadline = time.monotonic() + 2
+        # a backstop only: an abort sent at once finds #0 still running (asserted below), one that
+        # waited for #1's first token would come after #0 ended
+        deadline = time.monotonic() + 20
         while engine_snapshot(s).request(1).state == "queued" and time.monotonic() < deadline:
             time.sleep(0.02)
+        aborted_at = time.monotonic()
         assert engine_snapshot(s).request(1).state == "aborted"
         assert engine_snapshot(s).request(0).state == "running"  # the other one goes on
-        while viewer.frame.snapshot.request(1).state != "aborted" and time.monotonic() < deadline + 2:
+        while viewer.frame.snapshot.request(1).state != "aborted" and time.monotonic() < aborted_at + 4:
             time.sleep(0.02)
         assert viewer.frame.snapshot.request(1).state == "aborted"  # shown at once, no heartbeat wait
     finally:

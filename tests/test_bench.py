@@ -253,15 +253,19 @@ def test_others_share_is_the_machines_busy_time_less_this_processs_own():
 def test_a_process_spinning_beside_the_bench_is_seen():
     """A child spinning on one core while we sleep: its CPU time is the others' (measured before
     it ends, so it is not yet counted as this process's children's)."""
-    spinner = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 30: pass"])
+    spinner = subprocess.Popen(
+        [sys.executable, "-c", "import time\nprint(flush=True)\nt = time.time()\nwhile time.time() - t < 30: pass"],
+        stdout=subprocess.PIPE,
+    )
     try:
-        time.sleep(0.3)  # (it starts)
+        assert spinner.stdout.readline() == b"\n"  # it spins now (a fixed wait could end before it starts)
         before = quiet.read()
         time.sleep(1.0)
         share = quiet.others_share(before, quiet.read())
     finally:
         spinner.kill()
         spinner.wait()
+        spinner.stdout.close()
     assert share is not None and share >= 0.6 / before.cores, share
 
 

@@ -126,11 +126,11 @@ def staggered_recording(tmp_path_factory) -> Path:
         for _ in range(4):
             done = runner.steps_done
             runner.send(StepOnce())
-            wait(lambda: runner.steps_done > done)
+            wait(lambda: runner.frame.steps_done > done)  # (its frame: read below)
     while any(v.state in ("queued", "running", "preempted") for v in runner.frame.snapshot.requests):
         done = runner.steps_done
         runner.send(StepOnce())
-        wait(lambda: runner.steps_done > done)
+        wait(lambda: runner.frame.steps_done > done)
     runner.stop()
     thread.join(10)
     return path

@@ -186,7 +186,10 @@ def test_the_server_takes_priority_and_user_and_counts_waits_in_its_stream(serve
 
     t = threading.Thread(target=watch, daemon=True)
     t.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + 30
+    while not seen:  # the header: the stream is subscribed before it sends it, so it sees them all
+        assert time.monotonic() < deadline, "the state stream sent no header"
+        time.sleep(0.01)
     body = {"prompt": "ROMEO:", "max_tokens": 30, "ignore_eos": True}
     with concurrent_posts(
         server.url, [dict(body, priority=3, user="batch-job"), dict(body, priority=-1), dict(body, priority=-1)]
