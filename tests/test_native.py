@@ -779,3 +779,14 @@ def test_a_steps_rows_built_in_c_are_the_ones_python_builds(monkeypatch):
         native.ragged_rows([(0, 0, 1), (1, 0, 2)], pool.table_rows, pool.block_size, pool.n_blocks, 4)
     with pytest.raises(ValueError, match="block_size >= 1"):
         native.ragged_rows([(0, 0, 1)], pool.table_rows, 0, pool.n_blocks, 1)
+
+
+def test_the_layer_step_takes_every_field_by_name_and_no_other():
+    """ctypes keeps a misspelled keyword as a Python attribute and leaves the real field zero: a
+    NULL pointer for the C code. LayerStep refuses both ways of getting a name wrong."""
+    from tinyllm.native.abi import LayerStep
+
+    every = {name: 1 for name, _ in LayerStep._fields_}
+    assert LayerStep(**every).tokens == 1
+    with pytest.raises(TypeError, match=r"unknown \['tokenz'\], missing \['tokens'\]"):
+        LayerStep(**{("tokenz" if k == "tokens" else k): v for k, v in every.items()})

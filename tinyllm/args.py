@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 
 EXIT_USAGE = 2
@@ -109,7 +110,9 @@ def port_number(s: str) -> int:
 
 def device_arg(s: str) -> str:
     """--device: cpu, cuda or cuda:N (whether CUDA is there is checked where torch is loaded)."""
-    if s in ("cpu", "cuda") or (s.startswith("cuda:") and s[5:].isdigit()):
+    from tinyllm.config import is_device_name
+
+    if is_device_name(s):
         return s
     raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {s!r}")
 
@@ -294,11 +297,16 @@ def add_clock_args(p: argparse.ArgumentParser, scope: str = "") -> None:
     )
 
 
-def add_engine_args(p: argparse.ArgumentParser, *names: str) -> None:
-    """Add the engine options ``names`` (engine_options' keys) to a command's parser."""
+def add_engine_args(p: argparse.ArgumentParser, *names: str, **own_defaults) -> None:
+    """Add the engine options ``names`` (engine_options' keys) to a command's parser;
+    ``own_defaults``: a command's own default for some (its --help says that one)."""
     options = engine_options()
     for name in names:
         flags, kwargs = options[name]
+        if name in own_defaults:
+            value = own_defaults[name]
+            help_ = re.sub(r"\(default [^)%]*\)", f"(default {value})", kwargs["help"])  # (%(default)s: argparse's)
+            kwargs = {**kwargs, "default": value, "help": help_}
         p.add_argument(*flags, dest=name, **kwargs)
 
 

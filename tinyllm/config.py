@@ -34,6 +34,12 @@ from tinyllm.request import (
 DEFAULT_SLOTS = 8  # the cap on running sequences without a KV budget (each holds a slot)
 DEFAULT_BLOCK_SIZE = 16  # tokens per KV block (paged)
 DEFAULT_THREADS = 2  # torch CPU threads for a command's engine
+ONE_THREAD = 1  # the app's engine process and tune's calibration: beside a busy core a second thread waits
+
+
+def is_device_name(device: object) -> bool:
+    """cpu, cuda or cuda:N: the devices an engine runs on (whether CUDA is there is another check)."""
+    return isinstance(device, str) and (device in ("cpu", "cuda") or (device[:5] == "cuda:" and device[5:].isdigit()))
 
 
 class KVLayout(str, enum.Enum):
@@ -152,11 +158,8 @@ class EngineConfig:
             raise ValueError("cuda_graph supports kv='slots' only (paged: not yet)")
         if self.buckets is not None and not self.cuda_graph:
             raise ValueError("buckets are cuda_graph's attention windows: give cuda_graph=True with them")
-        device = self.device
-        if device is not None and (
-            not isinstance(device, str) or not (device in ("cpu", "cuda") or device.startswith("cuda:"))
-        ):
-            raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}")
+        if self.device is not None and not is_device_name(self.device):
+            raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         _positive_int("threads", self.threads)
         if self.seed is not None and not is_int(self.seed):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")

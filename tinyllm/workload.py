@@ -33,7 +33,7 @@ from tinyllm.request import (
 )
 from tinyllm.slo import SLO
 
-NEW_TOKENS = 64  # what whatif and tune make for a line without max_new_tokens (--max-new-tokens)
+NEW_TOKENS = 64  # what the race, whatif, tune and bench make for a line without max_new_tokens
 SAMPLING_FIELDS = (
     "temperature",
     "top_k",

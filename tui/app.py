@@ -47,7 +47,6 @@ from tui.widgets.status import fit_fields, scrubber, status_fields
 from tui.widgets.text_line import TextLine
 from tui.widgets.timeline import TimelinePanel
 
-DEFAULT_THREADS = 1  # torch threads in the engine process: robust beside a busy core (README)
 REFRESH_HZ = 20  # at most; FramePacer lowers it (to 5 Hz) when drawing costs the engine too much
 FLAT_OUT_S = 0.125  # running flat out (step delay < 50 ms), a frame at most this often: the whole
 # frame each time held key presses back (p95 45-75 ms at 11-14 frames/s)

@@ -29,10 +29,11 @@ from textual import events
 
 from tinyllm.args import OneLineParser, add_engine_args, fill_engine_defaults
 from tinyllm.bench import default_workload, random_checkpoint
+from tinyllm.config import ONE_THREAD
 from tinyllm.engine import ContinuousEngine, Sampling, percentile, run_continuous
 from tinyllm.model.checkpoint import default_model_dir, load_checkpoint
 from tinyllm.request import RequestSettings
-from tui.app import DEFAULT_THREADS, TinyLLMApp
+from tui.app import TinyLLMApp
 from tui.runners.child import ChildRunner
 from tui.runners.engine import EngineRunner
 from tui.runners.engine_spec import EngineSpec
@@ -132,8 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", metavar="DIR")
     p.add_argument("--random-model", nargs="?", const="", metavar="SPEC")
     p.add_argument("--requests", type=int, default=64)
-    add_engine_args(p, "slots", "threads")
-    p.set_defaults(threads=DEFAULT_THREADS)  # as the app
+    add_engine_args(p, "slots", "threads", threads=ONE_THREAD)  # (threads: as the app)
     p.add_argument(
         "--scheduler",
         choices=sorted(SCHEDULERS),

@@ -89,7 +89,7 @@ def refuse_unused(parser, a, mode: str) -> None:
 
 
 def model_config(parser, a):
-    """--device and --model, checked without torch: (checkpoint dir, its config, its tokenizer)."""
+    """--model, checked without torch: (checkpoint dir, its config, its tokenizer)."""
     from tinyllm.model.config import CheckpointError, default_model_dir, load_config_and_tokenizer
 
     path = Path(a.model) if a.model else default_model_dir()

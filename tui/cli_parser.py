@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 
 from tinyllm.args import add_engine_args, add_model_args, add_slo_arg, engine_options, fill_engine_defaults
+from tinyllm.config import ONE_THREAD
 from tui import web
-from tui.app import DEFAULT_THREADS
 from tui.race_cli import add_race_args
 from tui.runners.interface import MAX_DELAY_MS
 
@@ -26,8 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
         "type prompts or load prompt files, see slots, KV blocks and tokens as they happen.",
     )
     add_model_args(p)
-    add_engine_args(p, *ENGINE_OPTION_NAMES)  # (the app's engine: paged KV and chunked prefill unless told)
-    p.set_defaults(threads=DEFAULT_THREADS)  # the engine's process: one thread (docs/app.md, "contention")
+    # the app's engine: paged KV and chunked prefill unless told; one thread (docs/app.md, "contention")
+    add_engine_args(p, *ENGINE_OPTION_NAMES, threads=ONE_THREAD)
     p.add_argument(
         "--temperature",
         type=non_negative_float,

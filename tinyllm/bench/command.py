@@ -19,7 +19,6 @@ def add_bench_parser(sub) -> None:
 
     b = sub.add_parser("bench", help="compare solo, static, continuous (slots/paged) and transformers")
     src = b.add_mutually_exclusive_group()
-    add_model_args(b, model_group=src)
     src.add_argument(
         "--random-model",
         nargs="?",
@@ -27,6 +26,7 @@ def add_bench_parser(sub) -> None:
         metavar="SPEC",
         help="a seeded random Llama: e.g. layers=4,d_model=256,heads=4,kv_heads=2,vocab=4096 (the default)",
     )
+    add_model_args(b, model_group=src)  # (after --random-model: usage shows the two as alternatives)
     b.add_argument(
         "--workload",
         metavar="FILE|NAME",

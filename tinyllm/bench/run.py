@@ -51,7 +51,7 @@ from tinyllm.model.config import default_kv_blocks
 from tinyllm.model.device import resolve_device
 from tinyllm.request import ContextTooLong, check_fits
 from tinyllm.units import count
-from tinyllm.workload import WorkloadError, resolve_workload
+from tinyllm.workload import NEW_TOKENS, WorkloadError, resolve_workload
 
 # -- equal memory, equal slots ---------------------------------------------------------------------
 BLOCK_SIZE = 16  # the paged paths' block size (the engine's default)
@@ -174,7 +174,7 @@ def run_bench(args) -> dict:
                 f"--workload {e}; or the bench's own: {SHARED_PREFIX}, {LONG_TAIL}[-CAP] "
                 f"(CAP {' / '.join(map(str, LONG_TAIL_CAPS))})"
             ) from None
-        reqs = workload_from_file(path, tok.encode, 64, max_len)
+        reqs = workload_from_file(path, tok.encode, NEW_TOKENS, max_len)
         own = line_slos(path)
         wl_desc = f"{args.workload} ({len(reqs)} requests, greedy)"
     else:

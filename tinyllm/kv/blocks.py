@@ -58,9 +58,10 @@ class BlockPool:
     """``n_blocks`` blocks of ``block_size`` tokens shared by ``n_slots`` slots. ``lens[s]``: the
     tokens slot ``s`` holds (for the token-budget scheduler: tokens computed so far).
 
-    A sequence starts with ``activate`` and gains blocks only through ``try_grow``, whichever
+    A sequence starts with ``activate`` and gains new blocks only through ``try_grow``, whichever
     scheduler runs it: ``occupy`` (the prefill-then-decode scheduler's admission), ``reserve_step``
-    (its decode step's next block) and ``fork`` are made of those two."""
+    (its decode step's next block) and ``fork`` are made of those two (blocks shared with another
+    sequence come through ``take_prefix`` and ``fork``)."""
 
     def __init__(self, n_slots: int, n_blocks: int, block_size: int, max_len: int):
         if n_blocks < 1 or block_size < 1 or n_slots < 1 or max_len < 1:
@@ -277,7 +278,8 @@ class BlockPool:
             self.release(out)
             evicted.append(out)
         for s in needy:
-            self.try_grow(s, self.lens[s] + 1)  # (a block each: counted free above)
+            if not self.try_grow(s, self.lens[s] + 1):  # (a block each: counted free above)
+                raise RuntimeError(f"slot {s}: no free block for its next token after the evictions")
         return evicted
 
     def used_tokens(self) -> int:

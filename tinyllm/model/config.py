@@ -17,8 +17,8 @@ from tinyllm.model.tokenizer import Tokenizer
 @dataclass(frozen=True)
 class ModelConfig:
     """A Llama-family model's shape (config.json's fields, by their names here); the defaults are
-    the bundled Shakespeare model's. The KV cache's size per token follows from it:
-    2 x n_layers x n_kv_heads x head_dim elements."""
+    a small one's (4 layers of 256: tests, and ``tinyllm bench --random-model``'s starting point).
+    The KV cache's size per token follows from it: 2 x n_layers x n_kv_heads x head_dim elements."""
 
     vocab_size: int = 4096  # tokens the embedding and the output head know
     d_model: int = 256  # hidden_size: the residual stream's width

@@ -7,14 +7,16 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
+from tinyllm.config import is_device_name
+
 
 def resolve_device(requested: str | None) -> str:
     """``None`` → cuda when available, else cpu. Raises ValueError for an unknown device or
     cuda on a machine without one (message meant for the user)."""
     if requested is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if requested not in ("cpu", "cuda") and not requested.startswith("cuda:"):
-        raise ValueError(f"--device must be cpu or cuda, got {requested!r}")
+    if not is_device_name(requested):
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {requested!r}")
     if requested.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device is available on this machine")
     return requested

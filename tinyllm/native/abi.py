@@ -33,6 +33,16 @@ class LayerStep(ctypes.Structure):
         ("kv_bf16", ctypes.c_int),
     ]
 
+    def __init__(self, **fields) -> None:
+        """Every field by name, each once: ctypes would keep a misspelled name as a Python
+        attribute and leave the real field zero (a NULL pointer the C code reads)."""
+        names = {name for name, _ in self._fields_}
+        if fields.keys() != names:
+            raise TypeError(
+                f"LayerStep: unknown {sorted(fields.keys() - names)}, missing {sorted(names - fields.keys())}"
+            )
+        super().__init__(**fields)
+
 
 def load(path: Path) -> ctypes.CDLL:
     """A built library with its functions' C signatures declared (ctypes converts by them),

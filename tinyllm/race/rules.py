@@ -7,7 +7,6 @@ from tinyllm.request import ContextTooLong, check_fits
 
 DEFAULT_BATCH_TIMEOUT_S = 1.0  # static batching with arrivals: how long the oldest waits for a full batch
 DEFAULT_WORKLOAD = "mixed_lengths"  # short and long requests together: where static batching loses most
-DEFAULT_NEW = 64  # a workload line without max_new_tokens: as in tinyllm bench
 DEFAULT_MAX_LEN = 512  # the continuous lanes' context, as in tinyllm bench
 
 

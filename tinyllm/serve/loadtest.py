@@ -93,8 +93,7 @@ async def run_clients(url: str, clients: int, requests: int, max_tokens: int, mo
 
 def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog="python -m tinyllm.serve.loadtest", description=__doc__.split("\n\n")[0])
-    add_engine_args(p, "slots")
-    p.set_defaults(slots=4)  # a small server, so that a few dozen clients overload it
+    add_engine_args(p, "slots", "threads", slots=4)  # a small server, so that a few dozen clients overload it
     p.add_argument("--max-waiting", type=int, default=8)
     p.add_argument("--clients", type=int, default=None, help="default: 4x (slots + max-waiting)")
     p.add_argument("--requests", type=int, default=6, help="per client, one after another")
@@ -112,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     from tinyllm.model.checkpoint import load_checkpoint
     from tinyllm.serve import EngineLoop, Limits, ServerThread, build_engine, create_app
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(a.threads)
     model, tok = load_checkpoint(device="cpu")
     app = create_app(EngineLoop(build_engine(model, slots=a.slots)), tok, "m", limits=Limits(max_waiting=a.max_waiting))
     with ServerThread(app) as s:

@@ -17,6 +17,7 @@ from tinyllm.args import (
     positive_int,
     refuse_writing_over,
 )
+from tinyllm.config import ONE_THREAD
 from tinyllm.tune.search import OBJECTIVES
 from tinyllm.tune.space import SETTINGS
 
@@ -99,11 +100,8 @@ def add_tune_args(tu) -> None:
         help="the cost clock's coefficients from FILE (e.g. measured on the machine that will serve; "
         "default: $TINYLLM_COST_PROFILE, else this machine's, calibrated once and cached)",
     )
-    add_engine_args(tu, "kv_memory", "max_len", "threads")
-    # the cost profile's calibration and the wall-clock check: on a machine whose cores others
-    # use, a second thread waits for a core and steps run several times slower (a profile is
-    # measured per thread count)
-    tu.set_defaults(threads=1)
+    # threads: the cost profile's calibration and the wall-clock check run one (docs/tune.md)
+    add_engine_args(tu, "kv_memory", "max_len", "threads", threads=ONE_THREAD)
 
 
 def cmd_tune(args) -> None:

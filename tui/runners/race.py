@@ -14,11 +14,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_NEW
+from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S
 from tinyllm.race.spec import LaneSpec
 from tinyllm.race.views import LANES, LaneView, lane_detail, lane_title, mib, waiting_lane
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS
 from tinyllm.units import duration
+from tinyllm.workload import NEW_TOKENS
 from tui.runners.interface import LogEntry, SetPaused, StepOnce, TogglePaused
 from tui.runners.loop import CommandLoop
 
@@ -311,7 +312,7 @@ class WholeFrames:
         return replace(f, seq=f.seq + 1, log=f.log + (entry,), paused=True)  # a new frame: drawn
 
 
-def race_workload(path, encode, max_len: int, default_new: int = DEFAULT_NEW) -> tuple[RaceItem, ...]:
+def race_workload(path, encode, max_len: int, default_new: int = NEW_TOKENS) -> tuple[RaceItem, ...]:
     """A workload file as (arrival_s, token ids, max_new_tokens, priority, tenant): sampling
     settings and end-of-text are left out (the race is greedy and makes every token, as tinyllm
     bench); a line with ``n`` samples is n requests (it was one: its work lost)."""
