@@ -32,7 +32,9 @@ def main() -> None:
     src.add_argument("--model", metavar="DIR", help="checkpoint directory (default: the bundled model)")
     src.add_argument("--random-model", nargs="?", const="", metavar="SPEC", help="the bench's seeded random Llama")
     p.add_argument("--requests", type=int, default=64)
-    p.add_argument("--slots", type=int, default=16, help="max_num_seqs (default 16: the benchmarks page's tinyllm runs)")
+    p.add_argument(
+        "--slots", type=int, default=16, help="max_num_seqs (default 16: the benchmarks page's tinyllm runs)"
+    )
     p.add_argument(
         "--kv-memory",
         type=float,
