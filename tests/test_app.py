@@ -906,11 +906,12 @@ class LoadingRunner(RunnerDefaults):
 
 
 async def test_the_screen_is_up_while_the_engine_loads():
+    from tinyllm.config import EngineConfig
     from tinyllm.model.checkpoint import default_model_dir
     from tui.runners.engine_spec import EngineSpec
     from tui.runners.interface import Submit
 
-    spec = EngineSpec(str(default_model_dir()), None, 4, 128, kv="paged", block_size=8)
+    spec = EngineSpec(str(default_model_dir()), EngineConfig(max_num_seqs=4, max_len=128, kv="paged", block_size=8))
     runner = LoadingRunner(spec)
     app = TinyLLMApp(runner, bundled()[1], model_name="test", settings=RequestSettings(Sampling(), 12))
     async with app.run_test(size=(120, 40)) as pilot:

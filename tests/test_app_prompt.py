@@ -118,10 +118,13 @@ async def test_keys_and_pastes_at_machine_speed_during_loading_send_exactly_what
     """Three prompts typed with Enter at machine speed during LOADING went as three copies of
     all three run together; hello, 5 backspaces, ROMEO:, Enter sent 'helloR'; a two-line paste
     kept its first line. Each prompt is now the editor's text at its Enter."""
+    from tinyllm.config import EngineConfig
     from tinyllm.model.checkpoint import default_model_dir
     from tui.runners.engine_spec import EngineSpec
 
-    runner = LoadingRunner(EngineSpec(str(default_model_dir()), None, 4, 128, kv="paged", block_size=8))
+    runner = LoadingRunner(
+        EngineSpec(str(default_model_dir()), EngineConfig(max_num_seqs=4, max_len=128, kv="paged", block_size=8))
+    )
     app = TinyLLMApp(runner, bundled()[1], model_name="test", settings=RequestSettings(Sampling(), 12))
     async with app.run_test(size=(120, 36)) as pilot:
         assert "LOADING" in app.query_one("#status").text.plain

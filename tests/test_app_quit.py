@@ -112,11 +112,14 @@ async def test_ctrl_c_quits_the_race_on_its_own(over_help):
 async def test_a_recording_cut_short_during_loading_is_not_offered_for_replay(tmp_path):
     """Ctrl+C while the engine loads, with --record: asked once (a recording is open); the engine
     never started, so no file, and the note says nothing was recorded."""
+    from tinyllm.config import EngineConfig
     from tinyllm.model.checkpoint import default_model_dir
     from tui.runners.engine_spec import EngineSpec
 
     path = tmp_path / "run.jsonl"
-    runner = LoadingRunner(EngineSpec(str(default_model_dir()), None, 4, 128, kv="paged", block_size=8))
+    runner = LoadingRunner(
+        EngineSpec(str(default_model_dir()), EngineConfig(max_num_seqs=4, max_len=128, kv="paged", block_size=8))
+    )
     app = TinyLLMApp(runner, bundled()[1], model_name="test", settings=RequestSettings(Sampling(), 12), recording=path)
     async with app.run_test(size=(120, 36)) as pilot:
         await pilot.press("ctrl+c")

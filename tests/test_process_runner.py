@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 
+from tinyllm.config import EngineConfig
 from tinyllm.engine import ContinuousEngine, Sampling
 from tinyllm.model.checkpoint import CheckpointError, default_model_dir, load_checkpoint
 from tinyllm.request import RequestSettings
@@ -57,7 +58,11 @@ def proc():
     runners = []
 
     def start(**kw):
-        spec = EngineSpec(str(default_model_dir()), "cpu", kw.pop("slots", 2), kw.pop("max_len", 128), threads=1, **kw)
+        record = kw.pop("record", None)
+        config = EngineConfig(
+            device="cpu", max_num_seqs=kw.pop("slots", 2), max_len=kw.pop("max_len", 128), threads=1, **kw
+        )
+        spec = EngineSpec(str(default_model_dir()), config, record=record)
         r = ChildRunner(spec, paused=True).start(timeout=120)
         runners.append(r)
         return r
@@ -114,7 +119,8 @@ def test_the_engine_process_records_what_the_app_received(proc, tmp_path):
 
 
 def test_an_unwritable_record_file_is_a_start_error(tmp_path):
-    spec = EngineSpec(str(default_model_dir()), "cpu", 2, 64, threads=1, record=str(tmp_path / "no" / "run.jsonl"))
+    config = EngineConfig(device="cpu", max_num_seqs=2, max_len=64, threads=1)
+    spec = EngineSpec(str(default_model_dir()), config, record=str(tmp_path / "no" / "run.jsonl"))
     with pytest.raises(EngineStartError, match="No such file"):
         ChildRunner(spec).start(timeout=120)
 
@@ -126,8 +132,8 @@ def test_bad_checkpoint_and_bad_settings_are_reported_not_hung(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(CheckpointError, match="safetensors"):
         ChildRunner(EngineSpec(str(tmp_path))).start(timeout=120)
-    with pytest.raises(EngineStartError, match="kv"):
-        ChildRunner(EngineSpec(str(src), kv="blocks")).start(timeout=120)
+    with pytest.raises(EngineStartError, match="max_len"):  # (a setting only the model can refuse)
+        ChildRunner(EngineSpec(str(src), EngineConfig(max_len=4096))).start(timeout=120)
 
 
 def test_a_killed_engine_process_is_reported_and_commands_are_dropped(proc):
@@ -194,7 +200,9 @@ def test_the_app_side_imports_no_torch():
 
 
 def test_a_loading_runner_shows_the_layout_and_keeps_early_commands():
-    spec = EngineSpec(str(default_model_dir()), None, 3, 128, kv="paged", block_size=8, threads=1)
+    spec = EngineSpec(
+        str(default_model_dir()), EngineConfig(max_num_seqs=3, max_len=128, kv="paged", block_size=8, threads=1)
+    )
     runner = ChildRunner(spec, paused=True).start(wait=False)
     try:
         f = runner.frame

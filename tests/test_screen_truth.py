@@ -370,23 +370,16 @@ async def test_an_engine_process_sized_by_kv_memory_retitles_the_slots_and_block
     its cache from --kv-memory only once the model is read (12 sequences, 256 blocks here, twice
     as many at bfloat16). The panels' titles must follow the snapshot (they once kept the loading
     frame's "Slots (8, ...)"), and the KV panel says which dtype the cache holds."""
+    from tinyllm.config import EngineConfig
     from tinyllm.model.checkpoint import default_model_dir
     from tui.runners.child import ChildRunner
     from tui.runners.engine_spec import EngineSpec
 
     model, tok = bundled()
-    spec = EngineSpec(
-        str(default_model_dir()),
-        "cpu",
-        8,
-        512,
-        kv="paged",
-        block_size=16,
-        threads=1,
-        kv_memory_mib=24.0,
-        max_num_seqs=12,
-        kv_cache_dtype=kv_dtype,
+    config = EngineConfig(
+        device="cpu", max_len=512, kv="paged", threads=1, kv_memory_mib=24.0, max_num_seqs=12, kv_cache_dtype=kv_dtype
     )
+    spec = EngineSpec(str(default_model_dir()), config)
     runner = ChildRunner(spec, paused=True).start(wait=False)
     app = TinyLLMApp(runner, tok, model_name="test", settings=RequestSettings(Sampling(), 4))
     _watch(app)

@@ -29,7 +29,7 @@ from textual import events
 
 from tinyllm.args import OneLineParser, add_engine_args, fill_engine_defaults
 from tinyllm.bench import default_workload, random_checkpoint
-from tinyllm.config import ONE_THREAD
+from tinyllm.config import ONE_THREAD, EngineConfig
 from tinyllm.engine import ContinuousEngine, Sampling, percentile, run_continuous
 from tinyllm.model.checkpoint import default_model_dir, load_checkpoint
 from tinyllm.request import RequestSettings
@@ -168,14 +168,14 @@ def main(argv: list[str] | None = None) -> None:
     reqs = default_workload(a.requests, model.cfg.vocab_size)
     headless_tok_s(model, reqs[:4], a.slots, a.scheduler)  # warm-up
     sched = SCHEDULERS[a.scheduler]
-    spec = EngineSpec(
-        str(path),
-        "cpu",
-        a.slots,
+    config = EngineConfig(
+        device="cpu",
+        max_num_seqs=a.slots,
         threads=a.threads,
         kv=sched["kv"],
         chunked_prefill=sched.get("chunked_prefill", False),
     )
+    spec = EngineSpec(str(path), config)
     print(
         f"model: {path if a.model or a.random_model is None else 'random ' + (a.random_model or 'default')}; "
         f"{a.requests} requests, {a.slots} slots, {a.scheduler} scheduler, {a.threads} torch threads"

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from tinyllm.args import MAX_NUM_SEQS_WITHOUT_KV_MEMORY, SLOTS_WITH_KV_MEMORY, option_names
+from tinyllm.config import EngineConfig
 from tinyllm.request import ContextTooLong, RequestSettings, Sampling, check_fits
 from tui import web
 from tui.app import TinyLLMApp
@@ -25,8 +27,6 @@ from tui.runners.engine_spec import EngineSpec
 from tui.runners.interface import MAX_DELAY_MS
 from tui.screens.picker import read_workload
 
-# The EngineSpec fields that take their option's value as given.
-SPEC_AS_GIVEN = "threads max_batched_tokens prefix_cache record scheduling_policy max_num_seqs kv_cache_dtype".split()
 __all__ = ["build_app", "build_parser", "main", "parse", "race_spec", "serve_if_asked", "with_slo"]
 
 
@@ -103,20 +103,10 @@ def build_app(argv: list[str] | None = None, require_terminal: bool = False) -> 
     if kv == "paged" and a.kv_blocks is not None:
         check_pool(parser, a.kv_blocks, a.block_size, max_len)
     check_terminal(parser, a)
-    spec = EngineSpec(
-        str(path),
-        a.device,
-        a.slots,
-        max_len,
-        kv,
-        a.block_size,
-        a.kv_blocks,
-        a.seed,
-        chunked_prefill=chunked,
-        kv_memory_mib=a.kv_memory,
-        slo=None if a.slo is None else str(a.slo),
-        **{dest: getattr(a, dest) for dest in SPEC_AS_GIVEN},
+    config = EngineConfig.from_args(
+        SimpleNamespace(**{**vars(a), "kv": kv, "chunked_prefill": chunked, "max_len": max_len})
     )
+    spec = EngineSpec(str(path), config, record=a.record, slo=None if a.slo is None else str(a.slo))
     try:
         if a.engine_thread:
             from tui.runners.engine import EngineRunner

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 from tinyllm.observe.recording import (
@@ -221,8 +221,9 @@ class FrameBuilder:
 
 
 def settings_of(spec) -> dict:
-    """The engine options for a recording's header (an EngineSpec as plain values)."""
-    return {k: v for k, v in asdict(spec).items() if k not in ("record", "slo")}  # (the SLO: the header's own)
+    """The engine settings for a recording's header: an EngineSpec's checkpoint and config as plain
+    values (its SLO is the header's own)."""
+    return {"model_dir": spec.model_dir, **spec.config.as_dict()}
 
 
 # -- the child's pipe: the child sends what changed, the parent rebuilds whole frames ---------------

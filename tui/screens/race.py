@@ -382,7 +382,8 @@ def open_race(app) -> None:
             else f"; at the race's max_len {max_len} (the app's is {snap.max_len})"
         )
     budget = snap.max_batched_tokens
-    kv_mib = getattr(engine if engine is not None else spec, "kv_memory_mib", None)  # the app's --kv-memory
+    config = engine.config if engine is not None else spec.config  # the app's engine settings
+    kv_mib = config.kv_memory_mib
     fits = max_len <= snap.max_len  # (a pool that holds one request of the app's holds one)
     blocks = snap.kv.n_blocks if snap.kv.kind == "paged" and fits and not kv_mib else None  # --kv-blocks
     race = RaceSpec(
@@ -398,8 +399,8 @@ def open_race(app) -> None:
         device=None if spec is None else spec.device,
         threads=runner.threads or None,
         kv_memory_mib=kv_mib,
-        max_num_seqs=getattr(engine if engine is not None else spec, "max_num_seqs", None) if kv_mib else None,
-        kv_cache_dtype=getattr(engine if engine is not None else spec, "kv_cache_dtype", "auto"),
+        max_num_seqs=config.max_num_seqs if kv_mib else None,
+        kv_cache_dtype=config.kv_cache_dtype,
     )  # the app's
     was_paused = runner.frame.paused
     runner.send(SetPaused(True))
