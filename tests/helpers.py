@@ -288,3 +288,15 @@ def serve_in_thread(model: Transformer, tokenizer, slots: int, port: int = 0, **
     return ServerThread(
         create_app(EngineLoop(build_engine(model, slots=slots, **engine)), tokenizer, SERVED_MODEL), port=port
     ).start()
+
+
+def race_run(slots: int, max_len: int, *sizes: int | None, **settings):
+    """build_race's run, in the race's option names: ``slots`` every lane's sequences without a
+    KV budget (with ``kv_memory_mib``, ``max_num_seqs`` caps them); ``sizes``: block_size,
+    kv_blocks and max_batched_tokens, by position; the rest EngineConfig's."""
+    from tinyllm.config import EngineConfig
+
+    settings.update(zip(("block_size", "kv_blocks", "max_batched_tokens"), sizes))
+    if settings.get("kv_memory_mib") is None:
+        settings["max_num_seqs"] = slots
+    return EngineConfig.best(max_len=max_len, **settings)

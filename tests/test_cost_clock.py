@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import random_model
+from tests.helpers import race_run, random_model
 from tinyllm.cli import main as tinyllm_main
 from tinyllm.engine import Request
 from tinyllm.race import calibrate
@@ -60,7 +60,7 @@ def race_figures(model, profile):
     work = [
         (0.05 * i, Request([1 + (7 * i + j) % 200 for j in range(5 + 9 * (i % 5))], 4 + 5 * (i % 4))) for i in range(10)
     ]
-    race = build_race(model, work, 3, 128, lanes=("static", "continuous", "chunked"), step_cost_s=profile)
+    race = build_race(model, work, race_run(3, 128), lanes=("static", "continuous", "chunked"), step_cost_s=profile)
     while race.step() is not None:
         pass
     return [(v.title, vars(v.result)) for v in race.views()]
@@ -180,7 +180,7 @@ def test_the_burst_race_ranks_continuous_above_static_every_time():
     places = []
     for _ in range(2):
         race = build_race(
-            random_model(max_seq_len=256), work, 4, 256, lanes=("static", "continuous"), step_cost_s=profile
+            random_model(max_seq_len=256), work, race_run(4, 256), lanes=("static", "continuous"), step_cost_s=profile
         )
         while race.step() is not None:
             pass

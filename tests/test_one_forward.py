@@ -86,12 +86,15 @@ def test_a_slot_is_reserved_whole_at_admission_and_freed_on_abort():
 def test_the_verdict_says_what_made_the_difference_from_the_lanes_own_work():
     """With one forward for every lane, a win over static batching is its wasted rows, its
     queueing and the winner's preemptions: the sentence quotes each lane's own figures."""
+    from tests.helpers import race_run
     from tinyllm.race.race import build_race
     from tinyllm.race.verdicts import rank, what_made_the_difference
 
     model = random_model(max_seq_len=128)
     reqs = [Request([3 + i, 4, 5], n) for i, n in enumerate((2, 30, 3, 4, 28, 2))]  # (no eos_id: no early end)
-    race = build_race(model, [(0.0, r) for r in reqs], 3, 128, lanes=("static", "continuous"), step_cost_s=0.01)
+    race = build_race(
+        model, [(0.0, r) for r in reqs], race_run(3, 128), lanes=("static", "continuous"), step_cost_s=0.01
+    )
     while race.step() is not None:
         pass
     views = race.views()

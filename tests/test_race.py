@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import mixed_workload, random_model, solo_outputs
+from tests.helpers import mixed_workload, race_run, random_model, solo_outputs
 from tinyllm.engine import Request, run_continuous, run_static
 from tinyllm.engine.static import StaticBatcher
 from tinyllm.model.config import default_model_dir, load_config_and_tokenizer
@@ -130,7 +130,7 @@ def test_a_lane_clock_counts_only_its_own_steps(monkeypatch):
 def test_the_lane_furthest_behind_on_its_clock_steps_next(model):
     reqs = greedy(mixed_workload(8, seed=1, max_new=20))
     race = build_race(
-        model, [(0.0, r) for r in reqs], slots=4, max_len=128, step_cost_s=0.01, lanes=("continuous", "chunked")
+        model, [(0.0, r) for r in reqs], race_run(4, 128), step_cost_s=0.01, lanes=("continuous", "chunked")
     )
     slow, fast = race.lanes
     slow.clock.step_cost_s = 0.03  # its steps cost 3x more
@@ -146,7 +146,7 @@ def test_the_lane_furthest_behind_on_its_clock_steps_next(model):
 def test_race_figures_equal_run_static_and_run_continuous(model):
     reqs = greedy(mixed_workload(13, seed=5, max_new=30))
     race = build_race(
-        model, [(0.0, r) for r in reqs], slots=4, max_len=128, max_batched_tokens=16, block_size=8, step_cost_s=0.01
+        model, [(0.0, r) for r in reqs], race_run(4, 128, max_batched_tokens=16, block_size=8), step_cost_s=0.01
     )
     run_race(race)
     static, cont, chunked = race.lanes
@@ -177,7 +177,7 @@ def test_race_figures_equal_run_static_and_run_continuous(model):
 def test_arrivals_come_on_each_lanes_clock_and_ttft_counts_from_them(model):
     a, b, c = greedy(mixed_workload(3, seed=2, max_new=6))
     work = [(0.0, a), (0.0, b), (5.0, c)]
-    race = build_race(model, work, slots=4, max_len=128, step_cost_s=0.01, batch_timeout_s=0.5)
+    race = build_race(model, work, race_run(4, 128), step_cost_s=0.01, batch_timeout_s=0.5)
     seen_note = False
     while (lane := race.step()) is not None:
         static_view = race.views()[0]  # what the screen shows meanwhile
@@ -199,13 +199,13 @@ def test_arrivals_come_on_each_lanes_clock_and_ttft_counts_from_them(model):
 def test_bad_race_settings_are_refused(model):
     r = Request([1, 2], 3)
     with pytest.raises(ValueError, match="unknown lane"):
-        build_race(model, [(0.0, r)], 2, 64, lanes=("static", "fastest"))
+        build_race(model, [(0.0, r)], race_run(2, 64), lanes=("static", "fastest"))
     with pytest.raises(ValueError, match="greedy"):
-        build_race(model, [(0.0, Request([1], 2, eos_id=0))], 2, 64)
+        build_race(model, [(0.0, Request([1], 2, eos_id=0))], race_run(2, 64))
     with pytest.raises(ContextTooLong, match="--max-len"):
-        build_race(model, [(0.0, Request([1] * 60, 10))], 2, 64)
+        build_race(model, [(0.0, Request([1] * 60, 10))], race_run(2, 64))
     with pytest.raises(ValueError, match="the pool has only 4 blocks"):
-        build_race(model, [(0.0, Request([1] * 40, 20))], 2, 64, block_size=8, kv_blocks=4)
+        build_race(model, [(0.0, Request([1] * 40, 20))], race_run(2, 64, block_size=8, kv_blocks=4))
 
 
 @pytest.mark.parametrize("name", sorted(bundled_workloads()))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import race_run
 from tests.test_app import _watch, bundled, make_app, no_unexpected_errors, until, watched_app  # noqa: F401
 from tinyllm.engine import Request, run_continuous, run_static
 from tinyllm.model.checkpoint import default_model_dir
@@ -52,8 +53,14 @@ def chunked_stats(model, reqs, **kw) -> dict:
 
 
 def mini_spec(work, slots: int = SLOTS, **kw) -> RaceSpec:
-    """The tests' race: ``work`` (named "mini") at MAX_LEN, no warm-up; the rest as given."""
-    return RaceSpec(str(default_model_dir()), work, "mini", slots=slots, max_len=MAX_LEN, warm_up=False, **kw)
+    """The tests' race: ``work`` (named "mini") at MAX_LEN, no warm-up; the rest as given (the
+    engine's settings in the race's option names: race_run's, and device, threads)."""
+    from tinyllm.config import EngineConfig
+
+    engine = {k: kw.pop(k) for k in list(kw) if k in ("device", "threads")}
+    settings = {k: kw.pop(k) for k in list(kw) if k in EngineConfig.settings() or k == "kv_memory_mib"}
+    run = race_run(slots, MAX_LEN, **settings).replace(**engine)
+    return RaceSpec(str(default_model_dir()), work, "mini", run, warm_up=False, **kw)
 
 
 def race_app(
@@ -509,7 +516,7 @@ def test_race_kv_blocks_that_hold_the_longest_request_are_accepted():
     from tui.cli import build_parser, parse, race_spec
 
     parser = build_parser()
-    assert race_spec(parser, parse(parser, ["--race", "--kv-blocks", "14"])).kv_blocks == 14
+    assert race_spec(parser, parse(parser, ["--race", "--kv-blocks", "14"])).config.kv_blocks == 14
 
 
 RECORDING = str(Path(__file__).parent / "data" / "preemption-run.jsonl")  # slots 3, 16 blocks of 16, budget 32
@@ -526,7 +533,7 @@ def test_race_on_a_recording_starts_every_lane_from_the_recorded_engine_as_whati
     a, b = spec.lanes
     assert (a.kind, a.slots, a.block_size, a.kv_blocks, a.budget, a.prefix_cache) == ("chunked", 3, 16, 16, 32, True)
     assert (b.kind, b.slots, b.block_size, b.kv_blocks, b.budget) == ("chunked", 3, 16, 96, 32)
-    assert spec.max_len == 256
+    assert spec.config.max_len == 256
     assert notes[0].startswith("as recorded, unless a lane or an option says otherwise: ") and "blocks 16" in notes[0]
     typed = race_spec(
         parser,
@@ -548,7 +555,7 @@ def test_race_on_a_recording_starts_every_lane_from_the_recorded_engine_as_whati
         ),
     )
     a, b = typed.lanes
-    assert (a.kv_blocks, a.slots, typed.kv_blocks, typed.slots, typed.max_len) == (None, None, 64, 2, 300)
+    assert (a.kv_blocks, a.slots, typed.config.kv_blocks, typed.config.max_num_seqs, typed.config.max_len) == (None, None, 64, 2, 300)
     assert (a.block_size, a.budget, b.kv_blocks) == (16, 32, 96)  # what no option set: still the recording's
 
 
@@ -584,7 +591,7 @@ def test_a_block_size_other_than_the_recordings_keeps_its_pools_memory():
     assert "warning: lane 'fcfs block=32' runs the recorded pool's 256 tokens in 8 blocks of 32" in notes
     typed = race_spec(parser, parse(parser, ["--race", RECORDING, "--lanes", "fcfs", "priority", "--block-size", "8"]))
     assert [(lane.block_size, lane.kv_blocks) for lane in typed.lanes] == [(None, 32), (None, 32)]
-    assert typed.block_size == 8
+    assert typed.config.block_size == 8
 
 
 @pytest.mark.parametrize(

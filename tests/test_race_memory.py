@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import cli_refusal, random_model
+from tests.helpers import cli_refusal, race_run, random_model
 from tinyllm.cli import main as tinyllm_main
 from tinyllm.engine import Request, kv_bytes_per_token
 from tinyllm.engine.build import MIB, blocks_for_budget, rows_for_budget
@@ -64,7 +64,7 @@ def test_every_lane_gets_what_the_same_memory_buys(model):
         ]
     )
     race = build_race(
-        model, short_work(), 99, MAX_LEN, block_size=BLOCK, lanes=lanes, step_cost_s=0.01, kv_memory_mib=mib
+        model, short_work(), race_run(99, MAX_LEN, block_size=BLOCK, kv_memory_mib=mib), lanes=lanes, step_cost_s=0.01
     )
     got = [(lane.seqs, lane.kv_blocks) for lane in race.lanes]
     rows, blocks = rows_for_budget(mib, MAX_LEN, bpt), blocks_for_budget(mib, MAX_LEN, BLOCK, bpt)
@@ -84,7 +84,7 @@ def test_a_bfloat16_lane_gets_twice_what_the_same_memory_buys_and_says_bf16(mode
     mib = budget_of(model, 4)
     lanes = parse_lanes(["static", "static kv_dtype=bf16", "chunked", "chunked kv_dtype=bfloat16", "continuous"])
     race = build_race(
-        model, short_work(), 99, MAX_LEN, block_size=BLOCK, lanes=lanes, step_cost_s=0.01, kv_memory_mib=mib
+        model, short_work(), race_run(99, MAX_LEN, block_size=BLOCK, kv_memory_mib=mib), lanes=lanes, step_cost_s=0.01
     )
     assert [(lane.seqs, lane.kv_blocks) for lane in race.lanes] == [(4, None), (8, None), (64, 32), (64, 64), (4, None)]
     assert [v.kv_dtype for v in race.views()] == ["float32", "bfloat16", "float32", "bfloat16", "float32"]
@@ -95,13 +95,9 @@ def test_a_bfloat16_lane_gets_twice_what_the_same_memory_buys_and_says_bf16(mode
     every = build_race(
         model,
         short_work(),
-        99,
-        MAX_LEN,
-        block_size=BLOCK,
+        race_run(99, MAX_LEN, block_size=BLOCK, kv_memory_mib=mib, kv_cache_dtype="bfloat16"),
         lanes=parse_lanes(["static", "chunked"]),
         step_cost_s=0.01,
-        kv_memory_mib=mib,
-        kv_cache_dtype="bfloat16",
     )
     assert [(lane.seqs, lane.kv_blocks, lane.kv_dtype) for lane in every.lanes] == [
         (8, None, "bfloat16"),
@@ -113,19 +109,17 @@ def test_max_num_seqs_caps_every_lane_at_a_budget(model):
     race = build_race(
         model,
         short_work(),
-        99,
-        MAX_LEN,
-        block_size=BLOCK,
+        race_run(99, MAX_LEN, block_size=BLOCK, kv_memory_mib=budget_of(model, 4), max_num_seqs=3),
         step_cost_s=0.01,
-        kv_memory_mib=budget_of(model, 4),
-        max_num_seqs=3,
     )
     assert [lane.seqs for lane in race.lanes] == [3, 3, 3]
 
 
 def test_the_paged_lane_runs_more_at_the_same_memory_and_makes_the_same_tokens(model):
     work = short_work()
-    race = build_race(model, work, 99, MAX_LEN, block_size=BLOCK, step_cost_s=0.01, kv_memory_mib=budget_of(model, 4))
+    race = build_race(
+        model, work, race_run(99, MAX_LEN, block_size=BLOCK, kv_memory_mib=budget_of(model, 4)), step_cost_s=0.01
+    )
     most = run(race)
     _, slots, paged = race.views()
     assert most[:2] == [4, 4] and most[2] == 16  # 16 requests x 2 blocks = the 32 blocks
@@ -170,18 +164,18 @@ def test_a_budget_too_small_for_one_request_is_the_engines_message_naming_the_op
         match=r"lane 'static': --kv-memory 0.001 MiB is too small for one request: a row "
         r"reserves --max-len 64 tokens",
     ):
-        build_race(model, work, 4, MAX_LEN, kv_memory_mib=0.001)
+        build_race(model, work, race_run(4, MAX_LEN, kv_memory_mib=0.001))
     with pytest.raises(
         ValueError,
         match=r"lane 'chunked kv_mib=0.001': kv_mib 0.001 MiB is too small for one "
         r"request: its pool holds",
     ):
-        build_race(model, work, 4, MAX_LEN, lanes=parse_lanes(["static", "chunked kv_mib=0.001"]))
-    for bad in (0, -1.0, float("nan"), float("inf")):
-        with pytest.raises(ValueError, match="--kv-memory must be"):
-            build_race(model, work, 4, MAX_LEN, kv_memory_mib=bad)
-    with pytest.raises(ValueError, match="drop --kv-blocks"):
-        build_race(model, work, 4, MAX_LEN, kv_blocks=8, kv_memory_mib=1.0)
+        build_race(model, work, race_run(4, MAX_LEN), lanes=parse_lanes(["static", "chunked kv_mib=0.001"]))
+    for bad in (0, -1.0, float("nan"), float("inf")):  # (the run's config refuses it, as every engine's)
+        with pytest.raises(ValueError, match="kv_memory_mib must be a number of MiB > 0"):
+            race_run(4, MAX_LEN, kv_memory_mib=bad)
+    with pytest.raises(ValueError, match="give kv_memory_mib or kv_blocks, not both"):
+        race_run(4, MAX_LEN, kv_blocks=8, kv_memory_mib=1.0)
 
 
 # -- tinyllm whatif ------------------------------------------------------------------------------------
@@ -247,10 +241,12 @@ def test_a_static_lane_at_a_budget_must_fit_each_padded_row_in_max_len(model):
     64, though within the model's 128) would use more memory than the budget, so it is refused,
     naming --max-len; without a budget the model's context is the limit, as before."""
     work = [(0.0, Request([3] * 40, 8)), (0.0, Request([4] * 8, 40))]  # each alone fits 64
-    build_race(model, work, 2, MAX_LEN, block_size=BLOCK, lanes=("static",))
+    build_race(model, work, race_run(2, MAX_LEN, block_size=BLOCK), lanes=("static",))
     with pytest.raises(
         ValueError,
         match=r"lane 'static': static batching pads requests 0\.\.1 to 40 prompt tokens: "
         r".*more than --max-len \(the row a KV budget reserves\)",
     ):
-        build_race(model, work, 2, MAX_LEN, block_size=BLOCK, lanes=("static",), kv_memory_mib=budget_of(model, 2))
+        build_race(
+            model, work, race_run(2, MAX_LEN, block_size=BLOCK, kv_memory_mib=budget_of(model, 2)), lanes=("static",)
+        )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import random_model
+from tests.helpers import race_run, random_model
 from tinyllm.cli import main as tinyllm_main
 from tinyllm.engine import Request
 from tinyllm.race.race import build_race
@@ -56,7 +56,7 @@ def model():
 
 
 def lanes_on(model, arrivals, lanes=("static", "chunked")):
-    race = build_race(model, arrivals, 2, 128, block_size=8, lanes=parse_lanes(list(lanes)), step_cost_s=0.01)
+    race = build_race(model, arrivals, race_run(2, 128, block_size=8), lanes=parse_lanes(list(lanes)), step_cost_s=0.01)
     while race.step() is not None:
         pass
     return race.views()

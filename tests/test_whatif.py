@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import random_model
+from tests.helpers import race_run, random_model
 from tinyllm.cli import main as tinyllm_main
 from tinyllm.engine import Request
 from tinyllm.engine.solo import generate
@@ -77,7 +77,7 @@ def test_three_lanes_on_the_same_arrivals_make_the_same_tokens_and_compare_per_r
         for i in range(12)
     ]
     lanes = parse_lanes(["fcfs", "priority", "fair budget=16 blocks=7 block=8"])
-    race = build_race(model, arrivals, 3, 128, block_size=8, lanes=lanes, step_cost_s=0.01)
+    race = build_race(model, arrivals, race_run(3, 128, block_size=8), lanes=lanes, step_cost_s=0.01)
     while race.step() is not None:
         pass
     views = race.views()
@@ -116,7 +116,9 @@ def test_priority_serves_the_interactive_tenant_first_on_the_bundled_workload():
         (t, Request(r.prompt, 24 if r.tenant == "batch" else 6, priority=r.priority, tenant=r.tenant))
         for t, r in batch + chat
     ]
-    race = build_race(model, arrivals, 4, 512, lanes=parse_lanes(["fcfs", "priority", "fair"]), step_cost_s=0.02)
+    race = build_race(
+        model, arrivals, race_run(4, 512), lanes=parse_lanes(["fcfs", "priority", "fair"]), step_cost_s=0.02
+    )
     while race.step() is not None:
         pass
     doc = to_json(race.views(), compare(race.views()), "batch_and_chat")

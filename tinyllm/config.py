@@ -230,31 +230,31 @@ class EngineConfig:
         return cls(**values)
 
     @classmethod
-    def from_args(cls, args: Any, **overrides: Any) -> EngineConfig:
-        """The config a command line asked for (options added by ``tinyllm.args.add_engine_args``)."""
-        return cls(**{**_settings_from_args(args), **overrides})
+    def from_args(cls, args: Any, **decided: Any) -> EngineConfig:
+        """The config a command line asked for (options added by ``tinyllm.args.add_engine_args``);
+        ``decided``: values that stand for options the command decides itself, read as if typed
+        (the app's layout and max_len, the race's paged pool)."""
+        return cls(**_settings_from_args(args, decided))
 
 
-def _settings_from_args(args: Any) -> dict[str, Any]:
+def _settings_from_args(args: Any, decided: dict[str, Any]) -> dict[str, Any]:
     """EngineConfig's keywords for what a command line set (a None is left to the config)."""
-    kv_memory = getattr(args, "kv_memory", None)
-    cap = getattr(args, "max_num_seqs", None) if kv_memory is not None else getattr(args, "slots", None)
-    paged = getattr(args, "kv", None) == "paged" or getattr(args, "chunked_prefill", None)
-    chunked = getattr(args, "chunked_prefill", None)
+
+    def get(name: str) -> Any:
+        return decided[name] if name in decided else getattr(args, name, None)
+
+    kv_memory = get("kv_memory")
+    paged, chunked = get("kv") == "paged" or get("chunked_prefill"), get("chunked_prefill")
     settings = {
-        "max_num_seqs": cap,
+        "max_num_seqs": get("max_num_seqs") if kv_memory is not None else get("slots"),
         "kv_memory_mib": kv_memory,
-        "max_len": getattr(args, "max_len", None),
-        "kv": getattr(args, "kv", None),
+        "max_len": get("max_len"),
+        "kv": get("kv"),
         "chunked_prefill": chunked,
-        "prefix_cache": getattr(args, "prefix_cache", None),
-        "max_batched_tokens": getattr(args, "max_batched_tokens", None) if chunked else None,
-        "block_size": getattr(args, "block_size", None) if paged else None,
-        "kv_blocks": getattr(args, "kv_blocks", None) if paged else None,
-        "scheduling_policy": getattr(args, "scheduling_policy", None),
-        "kv_cache_dtype": getattr(args, "kv_cache_dtype", None),
-        "device": getattr(args, "device", None),
-        "threads": getattr(args, "threads", None),
-        "seed": getattr(args, "seed", None),
+        "prefix_cache": get("prefix_cache"),
+        "max_batched_tokens": get("max_batched_tokens") if chunked else None,
+        "block_size": get("block_size") if paged else None,
+        "kv_blocks": get("kv_blocks") if paged else None,
+        **{name: get(name) for name in ("scheduling_policy", "kv_cache_dtype", "device", "threads", "seed")},
     }
     return {k: v for k, v in settings.items() if v is not None}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 from tinyllm.args import MAX_NUM_SEQS_WITHOUT_KV_MEMORY, SLOTS_WITH_KV_MEMORY, option_names
 from tinyllm.config import EngineConfig
@@ -103,9 +102,7 @@ def build_app(argv: list[str] | None = None, require_terminal: bool = False) -> 
     if kv == "paged" and a.kv_blocks is not None:
         check_pool(parser, a.kv_blocks, a.block_size, max_len)
     check_terminal(parser, a)
-    config = EngineConfig.from_args(
-        SimpleNamespace(**{**vars(a), "kv": kv, "chunked_prefill": chunked, "max_len": max_len})
-    )
+    config = EngineConfig.from_args(a, kv=kv, chunked_prefill=chunked, max_len=max_len)
     spec = EngineSpec(str(path), config, record=a.record, slo=None if a.slo is None else str(a.slo))
     try:
         if a.engine_thread:

@@ -7,7 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from tinyllm.args import SLOTS_WITH_KV_MEMORY
+from tinyllm.args import SLOTS_WITH_KV_MEMORY, option_names
+from tinyllm.config import EngineConfig
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT_WORKLOAD, check_static_batches
 from tinyllm.race.views import LANES
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, check_fits
@@ -204,26 +205,11 @@ def race_spec(parser, a, notes: list[str] | None = None):
         notes.extend(f"warning: {w}" for w in warnings)
     timeout = DEFAULT_BATCH_TIMEOUT_S if a.batch_timeout is None else a.batch_timeout
     check_cost_profile(parser, a)
-    return RaceSpec(
-        str(path),
-        work,
-        name,
-        a.slots,
-        max_len,
-        a.block_size,
-        a.kv_blocks,
-        a.max_batched_tokens,
-        timeout,
-        lanes,
-        a.device,
-        a.threads,
-        a.seed,
-        kv_memory_mib=a.kv_memory,
-        max_num_seqs=a.max_num_seqs,
-        kv_cache_dtype=a.kv_cache_dtype,
-        clock=a.clock or "cost",
-        cost_profile=a.cost_profile,
-    )
+    try:
+        config = EngineConfig.from_args(a, kv="paged", chunked_prefill=True, max_len=max_len)
+    except ValueError as e:
+        parser.error(option_names(str(e)))
+    return RaceSpec(str(path), work, name, config, timeout, lanes, clock=a.clock or "cost", cost_profile=a.cost_profile)
 
 
 def check_cost_profile(parser, a) -> None:

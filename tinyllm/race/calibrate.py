@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from tinyllm.config import EngineConfig
 from tinyllm.race.cost import CostModel, PassWork, fit, fit_error
 
 ROUNDS = 3
@@ -113,7 +114,7 @@ def calibrate(model) -> tuple[CostModel, tuple[float, float], int]:
     times: dict[tuple[str, int], list[float]] = {}
     works: dict[tuple[str, int], PassWork] = {}
     for _ in range(ROUNDS):
-        race = build_race(model, work, 8, max_len, lanes=lanes)
+        race = build_race(model, work, EngineConfig.best(max_num_seqs=8, max_len=max_len), lanes=lanes)
         for lane in race.lanes:
             lane.clock.samples = []
         while race.step() is not None:

@@ -57,39 +57,38 @@ class Race:
 def build_race(
     model,
     workload: Workload,
-    slots: int,
-    max_len: int,
-    block_size: int = 16,
-    kv_blocks: int | None = None,
-    max_batched_tokens: int | None = None,
-    batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S,
+    run: EngineConfig,
     lanes: tuple[str | LaneSpec, ...] = LANES,
+    batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S,
     step_cost_s: float | CostModel | None = None,
-    seed: int = 0,
-    kv_memory_mib: float | None = None,
-    max_num_seqs: int | None = None,
-    kv_cache_dtype: str = "auto",
 ) -> Race:
     """The lanes on ``workload`` (sorted by arrival here; request ids follow that order in every
-    lane). ``lanes``: lane kinds (``LANES``) or ``LaneSpec``s, each with its own settings (the
-    what-if: ``race/spec.py``); the other arguments are every lane's defaults. ``step_cost_s``: a
-    fixed cost per step (deterministic tests), or a CostModel (the cost clock: each step costs
-    its work), instead of measured time. ValueError /
-    ContextTooLong, before anything runs, for a request or a setting some lane could not take.
+    lane). ``run``: the run's engine settings, with ``max_len`` (every lane's context): every lane
+    starts from them, and its kind and its own settings (``LaneSpec``: the what-if,
+    ``race/spec.py``) change them. ``step_cost_s``: a fixed cost per step (deterministic tests),
+    or a CostModel (the cost clock: each step costs its work), instead of measured time.
+    ValueError / ContextTooLong, before anything runs, for a request or a setting some lane
+    could not take.
 
-    ``kv_memory_mib`` (--kv-memory; a lane's ``kv_mib=`` overrides it): every lane at the same KV
-    memory, as ``tinyllm bench``'s headline table. Static batching and the slot cache get the rows
-    of ``max_len`` the budget buys, the paged lanes the blocks it buys, run by up to
-    ``max_num_seqs`` sequences (default 64); ``slots`` is then unused, a lane's ``slots=`` caps
-    its sequences. The arithmetic and its refusals are the engine's (engine/build.py).
-    ``kv_cache_dtype`` (--kv-cache-dtype; a lane's ``kv_dtype=`` overrides it): every lane's KV
-    element type; at bfloat16 a budget buys twice the tokens."""
+    Without a KV budget, ``run.max_num_seqs`` is every lane's sequences (static batching's batch).
+    With ``run.kv_memory_mib`` (--kv-memory; a lane's ``kv_mib=`` overrides it) every lane has
+    the same KV memory, as ``tinyllm bench``'s headline table: static batching and the slot cache
+    get the rows of ``max_len`` the budget buys, the paged lanes the blocks it buys, run by up to
+    ``run.max_num_seqs`` sequences (default 64; a lane's ``slots=`` caps its own). The arithmetic
+    and its refusals are the engine's (engine/build.py). ``run.kv_cache_dtype`` (a lane's
+    ``kv_dtype=`` overrides it): every lane's KV element type; at bfloat16 a budget buys twice
+    the tokens."""
+    if run.max_len is None:
+        raise ValueError("the race needs the run's max_len: every lane's context")
+    max_len, kv_memory_mib = run.max_len, run.kv_memory_mib
+    slots = run.seqs_cap  # without a budget: every lane's sequences
+    max_num_seqs = run.max_num_seqs if kv_memory_mib is not None else None  # with one: the cap (None: default)
+    # Where every lane starts: the run's chunked lane without its budget and cap (a lane's own).
+    start = run.replace(kv="paged", chunked_prefill=True, kv_memory_mib=None, max_num_seqs=None, seed=run.seed or 0)
     specs = [lane if isinstance(lane, LaneSpec) else LaneSpec(lane, lane) for lane in lanes]
     unknown = [s.label for s in specs if s.kind not in LANES]
     if unknown or not specs:
         raise ValueError(f"unknown lane(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(LANES)}")
-    if kv_memory_mib is not None and kv_blocks is not None:
-        raise ValueError("--kv-memory sizes every lane's KV pool: drop --kv-blocks")
     workload = sorted(workload, key=lambda item: item[0])
     for t, r in workload:
         if not isinstance(r, Request) or r.sampling is not None or r.eos_id is not None:
@@ -101,7 +100,7 @@ def build_race(
                 f"a request's prompt has token id {bad}, outside the model's vocabulary "
                 f"[0, {model.cfg.vocab_size}): recorded with another model?"
             )
-    kv_cache_dtype_name(next(model.parameters()).device, kv_cache_dtype)  # a ValueError names the choices
+    kv_cache_dtype_name(next(model.parameters()).device, run.kv_cache_dtype)  # a ValueError names the choices
     plain = all(s.label == s.kind for s in specs) and len({s.kind for s in specs}) == len(specs)
     built: list[Lane] = []
     for i, spec in enumerate(specs):
@@ -109,15 +108,7 @@ def build_race(
         where = "kv_mib" if spec.kv_mib is not None else "--kv-memory"
         key = f"lane{i}" if not plain else spec.kind
         try:
-            # The run's config (its chunked lane, on no budget): every continuous lane is a replace() of it.
-            lane_run = EngineConfig.best(
-                max_len=max_len,
-                block_size=block_size,
-                kv_blocks=kv_blocks,
-                max_batched_tokens=max_batched_tokens,
-                kv_cache_dtype=spec.kv_dtype or kv_cache_dtype,
-                seed=seed,
-            )
+            lane_run = start.replace(kv_cache_dtype=spec.kv_dtype or run.kv_cache_dtype)
             built.append(
                 _build_lane(
                     model, workload, spec, key, lane_run, slots, mib, max_num_seqs, batch_timeout_s, step_cost_s

@@ -20,7 +20,7 @@ from tinyllm.args import (
     positive_int,
     refuse_writing_over,
 )
-from tinyllm.config import DEFAULT_BLOCK_SIZE, DEFAULT_SLOTS
+from tinyllm.config import EngineConfig
 
 WHATIF_ENGINE_OPTIONS = (
     "slots",
@@ -132,20 +132,8 @@ def cmd_whatif(args) -> None:
     try:
         arrivals, warning = load_arrivals(args.source, tok.encode, max_len, args.max_new_tokens)
         judging = load_judging(args.source, args.slo)
-        race = build_race(
-            model,
-            arrivals,
-            args.slots or DEFAULT_SLOTS,
-            max_len,
-            args.block_size or DEFAULT_BLOCK_SIZE,
-            args.kv_blocks,
-            args.max_batched_tokens,
-            lanes=lanes,
-            step_cost_s=clock,
-            kv_memory_mib=args.kv_memory,
-            max_num_seqs=args.max_num_seqs,
-            kv_cache_dtype=args.kv_cache_dtype,
-        )
+        run = EngineConfig.from_args(args, kv="paged", chunked_prefill=True, max_len=max_len)
+        race = build_race(model, arrivals, run, lanes=lanes, step_cost_s=clock)
     except (RecordingError, WorkloadError, ValueError) as e:
         raise UsageError(str(e)) from None
     except (MemoryError, OverflowError, RuntimeError) as e:  # a budget whose pool cannot be allocated

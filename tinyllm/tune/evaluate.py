@@ -23,6 +23,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from tinyllm.config import EngineConfig
 from tinyllm.race.spec import LaneSpec
 from tinyllm.race.verdicts import Judging, latency_p95
 from tinyllm.tune.space import Point
@@ -108,15 +109,8 @@ def run_point(point: Point, bench: Bench, n: int) -> Outcome:
 
     try:
         spec = lane_spec(point, bench)
-        race = build_race(
-            bench.model,
-            bench.arrivals[:n],
-            point.max_num_seqs,
-            bench.max_len,
-            point.block_size,
-            lanes=(spec,),
-            step_cost_s=bench.clock,
-        )
+        run = EngineConfig.best(max_num_seqs=point.max_num_seqs, max_len=bench.max_len, block_size=point.block_size)
+        race = build_race(bench.model, bench.arrivals[:n], run, lanes=(spec,), step_cost_s=bench.clock)
     except ValueError as e:
         return Outcome(point, n, error=" ".join(str(e).split()))
     while race.step() is not None:

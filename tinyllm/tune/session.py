@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tinyllm.args import UsageError, load_model
+from tinyllm.config import EngineConfig
 from tinyllm.tune.evaluate import Bench, Outcome
 from tinyllm.tune.search import SearchResult
 from tinyllm.tune.space import Point
@@ -175,7 +176,8 @@ def wall_check(model, bench, winner, base, n: int, objective: str, on_cost):
 
     real = replace(bench, model=model, clock=None)
     specs = (lane_spec(winner, real, "winner"), lane_spec(base, real, "defaults"))
-    race = build_race(model, real.arrivals[:n], winner.max_num_seqs, real.max_len, lanes=specs, step_cost_s=None)
+    run = EngineConfig.best(max_num_seqs=winner.max_num_seqs, max_len=real.max_len)
+    race = build_race(model, real.arrivals[:n], run, lanes=specs, step_cost_s=None)
     while race.step() is not None:
         pass
     views = race.views()

@@ -14,10 +14,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S
+from tinyllm.config import EngineConfig
+from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN
 from tinyllm.race.spec import LaneSpec
 from tinyllm.race.views import LANES, LaneView, lane_detail, lane_title, mib, waiting_lane
-from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS
 from tinyllm.units import duration
 from tinyllm.workload import NEW_TOKENS
 from tui.runners.interface import LogEntry, SetPaused, StepOnce, TogglePaused
@@ -176,23 +176,21 @@ class RaceSpec:
     model_dir: str
     workload: tuple[RaceItem, ...]
     name: str = "workload"  # shown in the status line
-    slots: int = 8  # static batch size = continuous slots
-    max_len: int = 512
-    block_size: int = 16
-    kv_blocks: int | None = None
-    max_batched_tokens: int | None = None
+    config: EngineConfig = EngineConfig.best(max_len=DEFAULT_MAX_LEN)  # the run's settings: build_race's run
     batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S
     lanes: tuple[str | LaneSpec, ...] = LANES  # lane kinds, or LaneSpecs with their own settings
-    device: str | None = None
-    threads: int | None = None
-    seed: int = 0
     step_cost_s: float | None = None  # a fixed cost per step (tests): deterministic clocks
     clock: str = "cost"  # --clock: "cost" (each step priced from its work) or "wall" (measured)
     cost_profile: str | None = None  # --cost-profile FILE (None: $TINYLLM_COST_PROFILE, else this machine's)
     warm_up: bool = True
-    kv_memory_mib: float | None = None  # --kv-memory: every lane at this KV budget (slots then unused)
-    max_num_seqs: int | None = None  # with a budget: the cap on running sequences (default 64)
-    kv_cache_dtype: str = "auto"  # --kv-cache-dtype: every lane's KV element type (a lane's kv_dtype= its own)
+
+    @property
+    def device(self) -> str | None:
+        return self.config.device
+
+    @property
+    def threads(self) -> int | None:
+        return self.config.threads
 
     def make_race(self, model):
         """A fresh race on ``model`` (in whichever process owns the model)."""
@@ -202,22 +200,7 @@ class RaceSpec:
         work = [
             (t, Request(list(ids), new, priority=prio, tenant=tenant)) for t, ids, new, prio, tenant in self.workload
         ]
-        return build_race(
-            model,
-            work,
-            self.slots,
-            self.max_len,
-            self.block_size,
-            self.kv_blocks,
-            self.max_batched_tokens,
-            self.batch_timeout_s,
-            self.lanes,
-            self.step_clock(model),
-            self.seed,
-            self.kv_memory_mib,
-            self.max_num_seqs,
-            self.kv_cache_dtype,
-        )
+        return build_race(model, work, self.config, self.lanes, self.batch_timeout_s, self.step_clock(model))
 
     def step_clock(self, model):
         """What times the lanes' steps: the fixed cost, the cost model (fitted once per model and
@@ -273,15 +256,16 @@ class RaceSpec:
         """What the app shows while the engine process loads: each lane's free rows. No torch.
         (``max_len`` is the spec's own here.) A lane sized by a KV memory budget shows no rows
         yet: what the budget buys depends on the model's bytes per token, known once it is loaded."""
-        budget = self.max_batched_tokens or DEFAULT_MAX_BATCHED_TOKENS
+        run = self.config
+        budget = run.budget
         arrivals = any(w[0] > 0 for w in self.workload)
         total = sum(w[2] for w in self.workload)
         specs = [s if isinstance(s, LaneSpec) else LaneSpec(s, s) for s in self.lanes]
         plain = all(s.label == s.kind for s in specs) and len({s.kind for s in specs}) == len(specs)
         lanes = []
         for i, s in enumerate(specs):
-            budget_mib = s.kv_mib if s.kv_mib is not None else self.kv_memory_mib
-            n = 0 if budget_mib is not None else s.slots or self.slots
+            budget_mib = s.kv_mib if s.kv_mib is not None else run.kv_memory_mib
+            n = 0 if budget_mib is not None else s.slots or run.seqs_cap
             detail = (
                 f"{mib(budget_mib)} of KV memory: its rows or blocks are sized once the model is loaded"
                 if budget_mib is not None

@@ -14,6 +14,7 @@ from textual.screen import Screen
 from textual.widgets import Static
 from textual.worker import get_current_worker
 
+from tinyllm.config import DEFAULT_BLOCK_SIZE, EngineConfig
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT_WORKLOAD
 from tinyllm.race.verdicts import Judging
 from tinyllm.race.whatif import load_judging
@@ -386,22 +387,18 @@ def open_race(app) -> None:
     kv_mib = config.kv_memory_mib
     fits = max_len <= snap.max_len  # (a pool that holds one request of the app's holds one)
     blocks = snap.kv.n_blocks if snap.kv.kind == "paged" and fits and not kv_mib else None  # --kv-blocks
-    race = RaceSpec(
-        model_dir,
-        work,
-        name,
-        snap.n_slots,
-        max_len,
-        snap.kv.block_size or 16,
-        blocks,
-        budget if budget and budget >= snap.n_slots else None,
-        DEFAULT_BATCH_TIMEOUT_S,
+    run = EngineConfig.best(  # the app's
+        max_num_seqs=config.max_num_seqs if kv_mib else snap.n_slots,
+        max_len=max_len,
+        block_size=snap.kv.block_size or DEFAULT_BLOCK_SIZE,
+        kv_blocks=blocks,
+        max_batched_tokens=budget if budget and budget >= snap.n_slots else None,
+        kv_memory_mib=kv_mib,
+        kv_cache_dtype=config.kv_cache_dtype,
         device=None if spec is None else spec.device,
         threads=runner.threads or None,
-        kv_memory_mib=kv_mib,
-        max_num_seqs=config.max_num_seqs if kv_mib else None,
-        kv_cache_dtype=config.kv_cache_dtype,
-    )  # the app's
+    )
+    race = RaceSpec(model_dir, work, name, run, DEFAULT_BATCH_TIMEOUT_S)
     was_paused = runner.frame.paused
     runner.send(SetPaused(True))
     try:
