@@ -128,7 +128,7 @@ def kv_dtype_arg(s: str) -> str:
 
 
 # -- the engine's options: each defined once, for every command that takes it ----------------------
-# tinyllm-tui, tinyllm serve, tinyllm whatif and tinyllm bench add the ones they use with
+# tinyllm-tui takes every one, the other commands those COMMAND_ENGINE_OPTIONS lists, with
 # add_engine_args(parser, *names); the defaults are EngineConfig's (tinyllm/config.py). Sizes
 # default to None ("not given") so a command can tell a typed value from a recording's or a
 # lane's; fill_engine_defaults() puts EngineConfig's in where nothing else decides.
@@ -251,6 +251,47 @@ def engine_options() -> dict[str, tuple[tuple[str, ...], dict]]:
             ),
         ),
     }
+
+
+# The engine options each command takes, beside their definitions: a new setting is offered by
+# adding it here (tinyllm-tui takes every one). The server always runs paged KV with the token
+# budget; whatif's and bench's lanes set the layout and scheduler themselves.
+COMMAND_ENGINE_OPTIONS = {
+    "serve": (
+        "slots",
+        "kv_memory",
+        "max_num_seqs",
+        "max_len",
+        "kv_blocks",
+        "block_size",
+        "max_batched_tokens",
+        "prefix_cache",
+        "scheduling_policy",
+        "kv_cache_dtype",
+        "threads",
+    ),
+    "whatif": (
+        "slots",
+        "max_len",
+        "block_size",
+        "kv_blocks",
+        "kv_memory",
+        "max_num_seqs",
+        "max_batched_tokens",
+        "kv_cache_dtype",
+        "threads",
+    ),
+    "bench": (
+        "slots",
+        "kv_memory",
+        "max_num_seqs",
+        "max_batched_tokens",
+        "scheduling_policy",
+        "kv_cache_dtype",
+        "threads",
+    ),
+    "tune": ("kv_memory", "max_len", "threads"),
+}
 
 
 def slo_arg(s: str):

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from tinyllm.args import (
+    COMMAND_ENGINE_OPTIONS,
     EXIT_USAGE,
     MAX_NUM_SEQS_WITHOUT_KV_MEMORY,
     SLOTS_WITH_KV_MEMORY,
@@ -238,21 +239,6 @@ def cmd_serve(args) -> None:
     run_server(engine, tok, name, sock, api_key=api_key, limits=limits, slo=args.slo, record=record)
 
 
-# The engine options each command takes (tinyllm/args.py defines them once). The server always
-# runs paged KV with the token budget; whatif's lanes set the layout and scheduler themselves.
-SERVE_ENGINE_OPTIONS = (
-    "slots",
-    "kv_memory",
-    "max_num_seqs",
-    "max_len",
-    "kv_blocks",
-    "block_size",
-    "max_batched_tokens",
-    "prefix_cache",
-    "scheduling_policy",
-    "kv_cache_dtype",
-    "threads",
-)
 WORK_HELP = "$XDG_CACHE_HOME/tinyllm, else ~/.cache/tinyllm"
 
 
@@ -383,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep the prompts and generated text in the --record file (as GET /v1/tinyllm/stream sends them)",
     )
     add_slo_arg(sv)  # (/metrics: tinyllm:requests_slo_met_total, tinyllm:requests_slo_missed_total{reason})
-    add_engine_args(sv, *SERVE_ENGINE_OPTIONS)
+    add_engine_args(sv, *COMMAND_ENGINE_OPTIONS["serve"])
     sv.set_defaults(kv="paged", chunked_prefill=True, seed=0)  # always paged KV and the token budget
     sv.set_defaults(fn=cmd_serve)
 

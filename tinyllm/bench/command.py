@@ -4,7 +4,7 @@ entry point that turns a refusal into one line."""
 
 from __future__ import annotations
 
-from tinyllm.args import add_engine_args, add_model_args, add_slo_arg
+from tinyllm.args import COMMAND_ENGINE_OPTIONS, add_engine_args, add_model_args, add_slo_arg
 from tinyllm.bench.run import run_bench
 from tinyllm.bench.workloads import LONG_TAIL, LONG_TAIL_CAPS, SHARED_PREFIX
 from tinyllm.config import DEFAULT_SLOTS
@@ -57,9 +57,7 @@ def add_bench_parser(sub) -> None:
     # The engine's options (their one definition): --slots is every path's sequences in the
     # equal-slots table; --kv-memory the headline table's budget for every path (default: what
     # --slots slots of max_len reserve).
-    add_engine_args(
-        b, "slots", "kv_memory", "max_num_seqs", "max_batched_tokens", "scheduling_policy", "kv_cache_dtype", "threads"
-    )
+    add_engine_args(b, *COMMAND_ENGINE_OPTIONS["bench"])
     add_slo_arg(b)  # each path's goodput and share met (every request arrives at t=0)
     b.set_defaults(fn=_cmd_bench)
 

@@ -8,6 +8,7 @@ import json
 import sys
 
 from tinyllm.args import (
+    COMMAND_ENGINE_OPTIONS,
     SLOTS_WITH_KV_MEMORY,
     UsageError,
     add_clock_args,
@@ -21,17 +22,6 @@ from tinyllm.args import (
     refuse_writing_over,
 )
 from tinyllm.config import EngineConfig
-
-WHATIF_ENGINE_OPTIONS = (
-    "slots",
-    "max_len",
-    "block_size",
-    "kv_blocks",
-    "kv_memory",
-    "max_num_seqs",
-    "max_batched_tokens",
-    "kv_cache_dtype",
-)
 
 
 def add_whatif_parser(sub) -> None:
@@ -66,9 +56,8 @@ def add_whatif_parser(sub) -> None:
     wi.add_argument(
         "--rows", type=positive_int, default=20, metavar="N", help="requests shown, most changed first (20)"
     )
-    add_engine_args(wi, "threads")
     add_slo_arg(wi)
-    add_engine_args(wi, *WHATIF_ENGINE_OPTIONS)  # (on a recording, one not given is the recording's)
+    add_engine_args(wi, *COMMAND_ENGINE_OPTIONS["whatif"])  # (on a recording, one not given is the recording's)
     wi.set_defaults(fn=cmd_whatif)
 
 

@@ -8,6 +8,7 @@ import json
 import sys
 
 from tinyllm.args import (
+    COMMAND_ENGINE_OPTIONS,
     UsageError,
     add_engine_args,
     add_slo_arg,
@@ -101,7 +102,7 @@ def add_tune_args(tu) -> None:
         "default: $TINYLLM_COST_PROFILE, else this machine's, calibrated once and cached)",
     )
     # threads: the cost profile's calibration and the wall-clock check run one (docs/tune.md)
-    add_engine_args(tu, "kv_memory", "max_len", "threads", threads=ONE_THREAD)
+    add_engine_args(tu, *COMMAND_ENGINE_OPTIONS["tune"], threads=ONE_THREAD)
 
 
 def cmd_tune(args) -> None:
