@@ -291,6 +291,19 @@ COMMAND_ENGINE_OPTIONS = {
         "threads",
     ),
     "tune": ("kv_memory", "max_len", "threads"),
+    # tinyllm-tui --race (the app refuses the rest in that mode)
+    "race": (
+        "device",
+        "slots",
+        "kv_memory",
+        "max_num_seqs",
+        "max_len",
+        "max_batched_tokens",
+        "threads",
+        "block_size",
+        "kv_blocks",
+        "kv_cache_dtype",
+    ),
 }
 
 

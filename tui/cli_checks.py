@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from tinyllm.args import UsageError, check_new_file, option_names
+from tinyllm.args import COMMAND_ENGINE_OPTIONS, UsageError, check_new_file, option_names
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS
 
 
@@ -54,26 +54,8 @@ MODE_USES = {
     ),
     "--race": (
         "the race is greedy, and each request's max_new_tokens comes from its workload",
-        {
-            "race",
-            "lanes",
-            "batch_timeout",
-            "model",
-            "device",
-            "slots",
-            "kv_memory",
-            "max_num_seqs",
-            "max_len",
-            "max_batched_tokens",
-            "threads",
-            "block_size",
-            "kv_blocks",
-            "seed",
-            "kv_cache_dtype",
-            "paused",
-            "step_delay",
-            "engine_thread",
-        },
+        {"race", "lanes", "batch_timeout", "model", "seed", "paused", "step_delay", "engine_thread"}
+        | set(COMMAND_ENGINE_OPTIONS["race"]),
     ),
 }
 ANY_MODE = {"web", "host", "port", "web_sessions"}
