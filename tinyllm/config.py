@@ -1,9 +1,11 @@
 """One engine config: every setting of a ContinuousEngine, in one frozen, keyword-only dataclass.
 
-Where a setting is spelled once: its field here (name, default, what it means, its check), its
-command-line option in ``tinyllm/args.py`` (``add_engine_args`` / ``EngineConfig.from_args``),
-and the code that reads it. A race lane, a what-if point or a tuning candidate is
-``config.replace(...)`` of the run's config.
+Where a setting is spelled once: its field here (name, default, what it means, its check, and
+its line in ``_settings_from_args``), its command-line option in ``tinyllm/args.py`` (its
+definition in ``engine_options`` and the commands that offer it in ``COMMAND_ENGINE_OPTIONS``),
+and the code that reads it: three files. The app, the server, the race and its lanes, what-if
+and tune then carry it in their EngineConfig. A race lane, a what-if point or a tuning candidate
+is ``config.replace(...)`` of the run's config.
 
 Checked here, once, is everything that can be checked without a model (types, ranges, settings
 that need one another); what needs the model (``max_len`` against its context, the KV budget
