@@ -555,7 +555,8 @@ def test_race_on_a_recording_starts_every_lane_from_the_recorded_engine_as_whati
         ),
     )
     a, b = typed.lanes
-    assert (a.kv_blocks, a.slots, typed.config.kv_blocks, typed.config.max_num_seqs, typed.config.max_len) == (None, None, 64, 2, 300)
+    run = typed.config
+    assert (a.kv_blocks, a.slots, run.kv_blocks, run.max_num_seqs, run.max_len) == (None, None, 64, 2, 300)
     assert (a.block_size, a.budget, b.kv_blocks) == (16, 32, 96)  # what no option set: still the recording's
 
 
