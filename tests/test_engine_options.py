@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from tinyllm.args import engine_options
 from tinyllm.cli import build_parser as tinyllm_parser
 from tinyllm.config import DEFAULT_BLOCK_SIZE, DEFAULT_SLOTS, EngineConfig
+from tinyllm.engine_args import engine_options
 from tui.cli import build_parser as app_parser
 
 

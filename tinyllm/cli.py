@@ -13,14 +13,11 @@ import sys
 from pathlib import Path
 
 from tinyllm.args import (
-    COMMAND_ENGINE_OPTIONS,
     EXIT_USAGE,
     MAX_NUM_SEQS_WITHOUT_KV_MEMORY,
     SLOTS_WITH_KV_MEMORY,
     OneLineParser,
     UsageError,
-    add_engine_args,
-    add_model_args,
     add_slo_arg,
     check_new_file,
     load_model,
@@ -33,6 +30,7 @@ from tinyllm.args import (
     unit_interval,
 )
 from tinyllm.config import EngineConfig
+from tinyllm.engine_args import COMMAND_ENGINE_OPTIONS, add_engine_args, add_model_args
 
 
 def default_work_dir() -> Path:

@@ -1,7 +1,7 @@
 """One engine config: every setting of a ContinuousEngine, in one frozen, keyword-only dataclass.
 
 Where a setting is spelled once: its field here (name, default, what it means, its check, and
-its line in ``_settings_from_args``), its command-line option in ``tinyllm/args.py`` (its
+its line in ``_settings_from_args``), its command-line option in ``tinyllm/engine_args.py`` (its
 definition in ``engine_options`` and the commands that offer it in ``COMMAND_ENGINE_OPTIONS``),
 and the code that reads it: three files. The app, the server, the race and its lanes, what-if
 and tune then carry it in their EngineConfig. A race lane, a what-if point or a tuning candidate
@@ -233,7 +233,7 @@ class EngineConfig:
 
     @classmethod
     def from_args(cls, args: Any, **decided: Any) -> EngineConfig:
-        """The config a command line asked for (options added by ``tinyllm.args.add_engine_args``);
+        """The config a command line asked for (options added by ``tinyllm.engine_args.add_engine_args``);
         ``decided``: values that stand for options the command decides itself, read as if typed
         (the app's layout and max_len, the race's paged pool)."""
         return cls(**_settings_from_args(args, decided))

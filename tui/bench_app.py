@@ -27,10 +27,11 @@ from pathlib import Path
 import torch
 from textual import events
 
-from tinyllm.args import OneLineParser, add_engine_args, fill_engine_defaults
+from tinyllm.args import OneLineParser
 from tinyllm.bench import default_workload, random_checkpoint
 from tinyllm.config import ONE_THREAD, EngineConfig
 from tinyllm.engine import ContinuousEngine, Sampling, percentile, run_continuous
+from tinyllm.engine_args import add_engine_args, fill_engine_defaults
 from tinyllm.model.checkpoint import default_model_dir, load_checkpoint
 from tinyllm.request import RequestSettings
 from tui.app import TinyLLMApp

@@ -7,7 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from tinyllm.args import COMMAND_ENGINE_OPTIONS, UsageError, check_new_file, option_names
+from tinyllm.args import UsageError, check_new_file, option_names
+from tinyllm.engine_args import COMMAND_ENGINE_OPTIONS
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS
 
 

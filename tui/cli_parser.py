@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from tinyllm.args import add_engine_args, add_model_args, add_slo_arg, engine_options, fill_engine_defaults
+from tinyllm.args import add_slo_arg
 from tinyllm.config import ONE_THREAD
+from tinyllm.engine_args import add_engine_args, add_model_args, engine_options, fill_engine_defaults
 from tui import web
 from tui.race_cli import add_race_args
 from tui.runners.interface import MAX_DELAY_MS

@@ -1,14 +1,15 @@
 """``tinyllm bench``'s command line: its own options, the engine's shared ones (``--slots``,
-``--kv-memory``, ``--max-num-seqs``, ...: one definition and default in tinyllm/args.py), and the
+``--kv-memory``, ``--max-num-seqs``, ...: one definition and default in tinyllm/engine_args.py), and the
 entry point that turns a refusal into one line."""
 
 from __future__ import annotations
 
-from tinyllm.args import COMMAND_ENGINE_OPTIONS, add_engine_args, add_model_args, add_slo_arg
+from tinyllm.args import add_slo_arg
 from tinyllm.bench.run import run_bench
 from tinyllm.bench.workloads import LONG_TAIL, LONG_TAIL_CAPS, SHARED_PREFIX
 from tinyllm.config import DEFAULT_SLOTS
 from tinyllm.engine import DEFAULT_MAX_BATCHED_TOKENS
+from tinyllm.engine_args import COMMAND_ENGINE_OPTIONS, add_engine_args, add_model_args
 from tinyllm.request import DEFAULT_MAX_NUM_SEQS
 
 PATHS = ["slots", "paged", "chunked", "chunked-nocache", "all"]

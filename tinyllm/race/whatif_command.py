@@ -8,13 +8,10 @@ import json
 import sys
 
 from tinyllm.args import (
-    COMMAND_ENGINE_OPTIONS,
     SLOTS_WITH_KV_MEMORY,
     UsageError,
     add_clock_args,
-    add_engine_args,
     add_slo_arg,
-    add_source_args,
     load_model,
     non_negative_float,
     output_path,
@@ -22,6 +19,7 @@ from tinyllm.args import (
     refuse_writing_over,
 )
 from tinyllm.config import EngineConfig
+from tinyllm.engine_args import COMMAND_ENGINE_OPTIONS, add_engine_args, add_source_args
 
 
 def add_whatif_parser(sub) -> None:

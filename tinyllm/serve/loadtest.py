@@ -25,7 +25,8 @@ from pathlib import Path
 
 import httpx
 
-from tinyllm.args import OneLineParser, add_engine_args
+from tinyllm.args import OneLineParser
+from tinyllm.engine_args import add_engine_args
 
 
 def rss_mib() -> float:

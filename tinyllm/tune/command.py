@@ -7,18 +7,9 @@ from __future__ import annotations
 import json
 import sys
 
-from tinyllm.args import (
-    COMMAND_ENGINE_OPTIONS,
-    UsageError,
-    add_engine_args,
-    add_slo_arg,
-    add_source_args,
-    output_path,
-    positive_float,
-    positive_int,
-    refuse_writing_over,
-)
+from tinyllm.args import UsageError, add_slo_arg, output_path, positive_float, positive_int, refuse_writing_over
 from tinyllm.config import ONE_THREAD
+from tinyllm.engine_args import COMMAND_ENGINE_OPTIONS, add_engine_args, add_source_args
 from tinyllm.tune.search import OBJECTIVES
 from tinyllm.tune.space import SETTINGS
 
