@@ -1,6 +1,7 @@
-"""The engine's command-line options are defined once (tinyllm/args.py) and mean the same in every
-command: the same flag, help and default in tinyllm-tui, serve, whatif and bench; EngineConfig
-reads them; argparse's prefix matching is off (``--slo`` is not ``--slots``)."""
+"""The engine's command-line options are defined once (tinyllm/engine_args.py) and mean the same in
+every command: the same flag, help and default in tinyllm-tui, serve, whatif, bench, tune and train
+(a command's own default said in its help); EngineConfig reads them; argparse's prefix matching is
+off (``--slo`` is not ``--slots``)."""
 
 import argparse
 import subprocess

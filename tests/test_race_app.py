@@ -519,6 +519,16 @@ def test_race_kv_blocks_that_hold_the_longest_request_are_accepted():
     assert race_spec(parser, parse(parser, ["--race", "--kv-blocks", "14"])).config.kv_blocks == 14
 
 
+def test_race_max_num_seqs_beside_lanes_with_a_budget_of_their_own_caps_those():
+    """No --kv-memory, lanes with kv_mib=: --max-num-seqs caps those lanes, --slots runs the others."""
+    from tui.cli import build_parser, parse, race_spec
+
+    parser = build_parser()
+    lanes = ["--lanes", "chunked kv_mib=1", "continuous"]
+    spec = race_spec(parser, parse(parser, ["--race", *lanes, "--max-num-seqs", "2", "--slots", "3"]))
+    assert (spec.lane_cap, spec.config.max_num_seqs) == (2, 3)
+
+
 RECORDING = str(Path(__file__).parent / "data" / "preemption-run.jsonl")  # slots 3, 16 blocks of 16, budget 32
 
 

@@ -222,6 +222,20 @@ def test_tinyllm_whatif_at_equal_memory_prints_each_lanes_sequences_and_memory(t
     assert doc["lanes"][2]["decode_steps"] < doc["lanes"][1]["decode_steps"]  # all 6 at once, not 2 by 2
 
 
+def test_max_num_seqs_caps_the_lanes_with_a_budget_of_their_own_on_a_run_without_one(model, tmp_path, capsys):
+    """--max-num-seqs beside lanes' kv_mib= (no --kv-memory): it caps those lanes' sequences, and
+    the other lanes run --slots (the run's config holds one of the two: the cap travels beside it)."""
+    lanes = parse_lanes(["chunked kv_mib=0.75", "continuous"])
+    race = build_race(model, short_work(6), race_run(3, MAX_LEN, BLOCK), lanes=lanes, step_cost_s=0.01, lane_cap=2)
+    assert [v.seqs for v in race.views()] == [2, 3]
+    work = tmp_path / "short.jsonl"
+    work.write_text("".join(f'{{"prompt": "{w}:", "max_new_tokens": 4}}\n' for w in ("ROMEO", "JULIET", "KING")))
+    argv = ["whatif", str(work), "--lanes", "chunked kv_mib=0.75", "continuous", "--max-num-seqs", "2"]
+    assert tinyllm_main([*argv, "--slots", "3", "--step-cost", "0.01", "--max-len", "64"]) == 0
+    text = capsys.readouterr().out
+    assert "2 seqs · 0.75 MiB" in text and "3 seqs" in text
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -282,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="optimizer steps of 8 x 512 tokens (default 1800, ~75 min on 2 cores)",
     )
     t.add_argument("--seed", type=int, default=1337, help="seed for init and batches (default 1337)")
-    add_engine_args(t, "threads")
+    add_engine_args(t, *COMMAND_ENGINE_OPTIONS["train"])
     t.set_defaults(fn=cmd_train)
 
     tr = sub.add_parser("trace", help="summarise a tinyllm-tui --record file, or export it for Perfetto")

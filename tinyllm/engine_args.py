@@ -137,8 +137,9 @@ def engine_options() -> dict[str, tuple[tuple[str, ...], dict]]:
 
 
 # The engine options each command takes, beside their definitions: a new setting is offered by
-# adding it here (tinyllm-tui takes every one). The server always runs paged KV with the token
-# budget; whatif's and bench's lanes set the layout and scheduler themselves.
+# adding it here (tinyllm-tui takes every one; the benchmark scripts, python -m tui.bench_app and
+# python -m tinyllm.serve.loadtest, take --slots and --threads). The server always runs paged KV
+# with the token budget; whatif's and bench's lanes set the layout and scheduler themselves.
 COMMAND_ENGINE_OPTIONS = {
     "serve": (
         "slots",
@@ -174,6 +175,7 @@ COMMAND_ENGINE_OPTIONS = {
         "threads",
     ),
     "tune": ("kv_memory", "max_len", "threads"),
+    "train": ("threads",),
     # tinyllm-tui --race (the app refuses the rest in that mode)
     "race": (
         "device",

@@ -209,7 +209,18 @@ def race_spec(parser, a, notes: list[str] | None = None):
         config = EngineConfig.from_args(a, kv="paged", chunked_prefill=True, max_len=max_len)
     except ValueError as e:
         parser.error(option_names(str(e)))
-    return RaceSpec(str(path), work, name, config, timeout, lanes, clock=a.clock or "cost", cost_profile=a.cost_profile)
+    lane_cap = a.max_num_seqs if a.kv_memory is None else None  # (with --kv-memory: the config's cap)
+    return RaceSpec(
+        str(path),
+        work,
+        name,
+        config,
+        timeout,
+        lanes,
+        clock=a.clock or "cost",
+        cost_profile=a.cost_profile,
+        lane_cap=lane_cap,
+    )
 
 
 def check_cost_profile(parser, a) -> None:

@@ -61,6 +61,7 @@ def build_race(
     lanes: tuple[str | LaneSpec, ...] = LANES,
     batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S,
     step_cost_s: float | CostModel | None = None,
+    lane_cap: int | None = None,
 ) -> Race:
     """The lanes on ``workload`` (sorted by arrival here; request ids follow that order in every
     lane). ``run``: the run's engine settings, with ``max_len`` (every lane's context): every lane
@@ -74,7 +75,9 @@ def build_race(
     With ``run.kv_memory_mib`` (--kv-memory; a lane's ``kv_mib=`` overrides it) every lane has
     the same KV memory, as ``tinyllm bench``'s headline table: static batching and the slot cache
     get the rows of ``max_len`` the budget buys, the paged lanes the blocks it buys, run by up to
-    ``run.max_num_seqs`` sequences (default 64; a lane's ``slots=`` caps its own). The arithmetic
+    ``run.max_num_seqs`` sequences (default 64; a lane's ``slots=`` caps its own). A run without a
+    budget whose lanes have their own (``kv_mib=``) caps their sequences with ``lane_cap``
+    (--max-num-seqs there: ``run.max_num_seqs`` is then the other lanes' sequences). The arithmetic
     and its refusals are the engine's (engine/build.py). ``run.kv_cache_dtype`` (a lane's
     ``kv_dtype=`` overrides it): every lane's KV element type; at bfloat16 a budget buys twice
     the tokens."""
@@ -82,7 +85,7 @@ def build_race(
         raise ValueError("the race needs the run's max_len: every lane's context")
     max_len, kv_memory_mib = run.max_len, run.kv_memory_mib
     slots = run.seqs_cap  # without a budget: every lane's sequences
-    max_num_seqs = run.max_num_seqs if kv_memory_mib is not None else None  # with one: the cap (None: default)
+    max_num_seqs = run.max_num_seqs if kv_memory_mib is not None else lane_cap  # with one: the cap (None: default)
     # Where every lane starts: the run's chunked lane without its budget and cap (a lane's own).
     start = run.replace(kv="paged", chunked_prefill=True, kv_memory_mib=None, max_num_seqs=None, seed=run.seed or 0)
     specs = [lane if isinstance(lane, LaneSpec) else LaneSpec(lane, lane) for lane in lanes]

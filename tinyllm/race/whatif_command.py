@@ -120,7 +120,8 @@ def cmd_whatif(args) -> None:
         arrivals, warning = load_arrivals(args.source, tok.encode, max_len, args.max_new_tokens)
         judging = load_judging(args.source, args.slo)
         run = EngineConfig.from_args(args, kv="paged", chunked_prefill=True, max_len=max_len)
-        race = build_race(model, arrivals, run, lanes=lanes, step_cost_s=clock)
+        lane_cap = args.max_num_seqs if args.kv_memory is None else None  # (with --kv-memory: the run's cap)
+        race = build_race(model, arrivals, run, lanes=lanes, step_cost_s=clock, lane_cap=lane_cap)
     except (RecordingError, WorkloadError, ValueError) as e:
         raise UsageError(str(e)) from None
     except (MemoryError, OverflowError, RuntimeError) as e:  # a budget whose pool cannot be allocated

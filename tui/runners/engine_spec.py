@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tinyllm.config import EngineConfig
+from tinyllm.config import DEFAULT_SLOTS, EngineConfig
 from tinyllm.model.config import default_kv_blocks
 from tinyllm.observe.snapshot import EngineSnapshot, KVView
 from tinyllm.slo import SLO
@@ -95,7 +95,8 @@ class EngineSpec:
         """What the app shows while the engine loads: the right grid of free slots (and free
         blocks), no requests, status "loading". Needs no torch and no weights."""
         cfg = self.config
-        max_len, slots, block = max_len or cfg.max_len or 0, cfg.seqs_cap, cfg.block_size
+        # (with a KV budget what it buys is known once the model is: the cap, or DEFAULT_SLOTS, till then)
+        max_len, slots, block = max_len or cfg.max_len or 0, cfg.max_num_seqs or DEFAULT_SLOTS, cfg.block_size
         if cfg.kv == "paged":
             n = cfg.kv_blocks or default_kv_blocks(slots, max_len, block)
             kv = KVView.empty("paged", n * block, block_size=block, n_blocks=n, free_blocks=n, block_owner=(None,) * n)

@@ -183,6 +183,7 @@ class RaceSpec:
     clock: str = "cost"  # --clock: "cost" (each step priced from its work) or "wall" (measured)
     cost_profile: str | None = None  # --cost-profile FILE (None: $TINYLLM_COST_PROFILE, else this machine's)
     warm_up: bool = True
+    lane_cap: int | None = None  # --max-num-seqs for lanes with a kv_mib= of their own, on a run without one
 
     @property
     def device(self) -> str | None:
@@ -200,7 +201,8 @@ class RaceSpec:
         work = [
             (t, Request(list(ids), new, priority=prio, tenant=tenant)) for t, ids, new, prio, tenant in self.workload
         ]
-        return build_race(model, work, self.config, self.lanes, self.batch_timeout_s, self.step_clock(model))
+        clock = self.step_clock(model)
+        return build_race(model, work, self.config, self.lanes, self.batch_timeout_s, clock, self.lane_cap)
 
     def step_clock(self, model):
         """What times the lanes' steps: the fixed cost, the cost model (fitted once per model and
