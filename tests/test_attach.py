@@ -89,12 +89,12 @@ async def test_attached_app_streams_a_typed_prompt_and_sees_the_servers_state(se
         await pilot.pause(0.1)
 
 
-def slow_server(port: int = 0) -> ServerThread:
+def slow_server(port: int = 0, slots: int = 3) -> ServerThread:
     """A server whose steps take at least 30 ms, and requests of 200 tokens that ignore the
     end of text: they cannot finish in the 6 s the engine needs for them, whatever the
     machine's speed, so a test can abort them while they run."""
     model, tok = bundled()
-    loop = EngineLoop(build_engine(model, slots=3, max_len=256), on_step=lambda *_: time.sleep(0.03))
+    loop = EngineLoop(build_engine(model, slots=slots, max_len=256), on_step=lambda *_: time.sleep(0.03))
     return ServerThread(create_app(loop, tok, MODEL), port=port).start()
 
 
@@ -535,15 +535,17 @@ def engine_snapshot_of(engine):
 
 def test_aborting_our_queued_request_reaches_the_server_at_once():
     """One slot, busy; our request waits in the queue (no tokens flow to notice a hang-up by):
-    abort must still free it now, not when it would have got its first token."""
-    s = start_server(slots=1)
+    abort must still free it now, not when it would have got its first token. (#0 runs 6 s at
+    least, whatever the machine's speed: slow_server.)"""
+    s = slow_server(slots=1)
     viewer = AttachRunner(s.url).start()
     vt = threading.Thread(target=viewer.run, daemon=True)
     vt.start()
     try:
 
         def busy():
-            httpx.post(s.url + "/v1/completions", json={"prompt": "KING:", "max_tokens": 200}, timeout=60)
+            body = {"prompt": "KING:", "max_tokens": 200, "ignore_eos": True}
+            httpx.post(s.url + "/v1/completions", json=body, timeout=60)
 
         threading.Thread(target=busy, daemon=True).start()
         deadline = time.monotonic() + 20

@@ -165,10 +165,13 @@ SLOTS = 1
 
 @pytest.fixture(scope="module")
 def server():
+    """One slot, and steps of at least 10 ms: a 30-token request runs 0.3 s or more, so requests
+    posted 50 ms apart find the slot taken and wait, however fast the machine."""
     model, tok = bundled()
-    s = ServerThread(
-        create_app(EngineLoop(build_engine(model, slots=SLOTS, scheduling_policy="priority")), tok, "m")
-    ).start()
+    loop = EngineLoop(
+        build_engine(model, slots=SLOTS, scheduling_policy="priority"), on_step=lambda *_: time.sleep(0.01)
+    )
+    s = ServerThread(create_app(loop, tok, "m")).start()
     yield s
     s.stop()
 
