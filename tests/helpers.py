@@ -1,11 +1,15 @@
 """Shared test helpers: a seeded random model, mixed workloads, the cache invariants, a paused
-runner stepped to its end, a CLI refusal, and a server in a background thread."""
+runner stepped to its end, a CLI refusal, a server in a background thread, and its engine held
+while requests gather."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import random
+import threading
+import time
 
 import torch
 
@@ -288,6 +292,29 @@ def serve_in_thread(model: Transformer, tokenizer, slots: int, port: int = 0, **
     return ServerThread(
         create_app(EngineLoop(build_engine(model, slots=slots, **engine)), tokenizer, SERVED_MODEL), port=port
     ).start()
+
+
+@contextlib.contextmanager
+def engine_held(loop, waiting: int):
+    """Hold an ``EngineLoop``'s engine thread between two steps (a call into it that waits) while
+    the block submits requests, until ``waiting`` of them wait; then let it go. They start
+    together, however fast the machine: a test that needs requests to overlap gets them."""
+    release, holding = threading.Event(), threading.Event()
+
+    def hold(engine) -> None:
+        holding.set()
+        release.wait(60)
+
+    loop.call_future(hold)
+    assert holding.wait(30), "the engine thread never took the hold"
+    try:
+        yield
+        deadline = time.monotonic() + 30
+        while loop.waiting() < waiting:
+            assert time.monotonic() < deadline, f"{loop.waiting()} requests waiting, not {waiting}"
+            time.sleep(0.01)
+    finally:
+        release.set()
 
 
 def race_run(slots: int, max_len: int, *sizes: int | None, **settings):

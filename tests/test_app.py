@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+import time
 
 import pytest
 import torch
@@ -83,6 +84,19 @@ def watched_app(
     )
     _watch(app)
     return app
+
+
+def slow_steps(engine: ContinuousEngine, seconds: float) -> None:
+    """Make each of ``engine``'s steps take ``seconds`` at least (no step delay: the runner still
+    runs flat out): a lower bound on a run's length that does not depend on the machine's speed,
+    for a test that acts while the run goes on."""
+    real_step = engine.step
+
+    def step():
+        time.sleep(seconds)
+        return real_step()
+
+    engine.step = step
 
 
 # -- the no-error guard --------------------------------------------------------------------------
@@ -585,14 +599,20 @@ async def test_generated_markup_characters_show_literally():
 
 
 async def test_quit_with_running_requests_exits_and_stops_the_thread():
-    app = make_app(new=100)
+    """Quit while the engine runs flat out (no step delay) with two requests running. They
+    ignore the end of text and each step takes 20 ms at least, so 100 tokens outlast the first
+    q however fast the machine (on a fast one they could end first, and q quit without asking)."""
+    app = make_app(settings=RequestSettings(Sampling(), 100, stop_at_eos=False))
+    slow_steps(app.runner.engine, 0.02)
     async with app.run_test(size=(120, 40)) as pilot:
         for who in ("ROMEO", "JULIET"):
             await submit(pilot, f"{who}:\n")
         app.query_one("#requests").focus()
         await pilot.press("space")  # running flat out
         await until(pilot, lambda: app.runner.steps_done >= 3)
-        await pilot.press("q", "q")  # (requests running: asked once)
+        await pilot.press("q")  # requests running: asked once
+        assert app.is_running and type(app.screen).__name__ == "QuitConfirm"
+        await pilot.press("q")
     engine_threads = [t for t in threading.enumerate() if "engine" in t.name.lower()]
     for t in engine_threads:
         t.join(timeout=1.0)

@@ -13,7 +13,7 @@ import json
 import httpx
 import pytest
 
-from tests.helpers import SERVED_MODEL, check_invariants, serve_in_thread
+from tests.helpers import SERVED_MODEL, check_invariants, engine_held, serve_in_thread
 from tinyllm.engine.solo import generate
 from tinyllm.model.config import BUNDLED_MODEL
 from tinyllm.model.train import PLAY_CHAT_TEMPLATE
@@ -498,7 +498,9 @@ def test_preemptions_and_cached_tokens_are_accounted_per_request(model_tok):
             return r.json()
 
         with cf.ThreadPoolExecutor(4) as ex:
-            outs = list(ex.map(ask, prompts))
+            with engine_held(s.engine_loop, waiting=4):  # the four start together, on any machine
+                futs = [ex.submit(ask, p) for p in prompts]
+            outs = [f.result() for f in futs]
         for o in outs:
             check_accounting(o["tinyllm"], o["usage"])
         total = s.engine_loop.call(lambda e: e.snapshot().counters.preemptions, timeout=30)

@@ -22,6 +22,7 @@ from tests.test_app import (
     bundled,
     has_work,
     no_unexpected_errors,  # noqa: F401
+    slow_steps,
     step,
     submit,
     submit_and_step,
@@ -63,10 +64,13 @@ async def run_to_the_drawn_end(pilot, prompt: str, what: str) -> int:
     return rid
 
 
-def paged_app(slots: int = 8, kv_blocks: int = 256, new: int = 40, paused: bool = True) -> TinyLLMApp:
+def paged_app(
+    slots: int = 8, kv_blocks: int = 256, new: int = 40, paused: bool = True, stop_at_eos: bool = True
+) -> TinyLLMApp:
     model, tok = bundled()
     eng = chunked_engine(model, slots, 512, block_size=16, budget=256, seeded=True, kv_blocks=kv_blocks)
-    return watched_app(eng, tok, settings=RequestSettings(Sampling(temperature=0.0), new), paused=paused)
+    settings = RequestSettings(Sampling(temperature=0.0), new, stop_at_eos)
+    return watched_app(eng, tok, settings=settings, paused=paused)
 
 
 async def test_the_last_frame_is_drawn_whole_when_the_engine_goes_idle():
@@ -83,8 +87,10 @@ async def test_every_panel_shows_the_same_step_while_the_engine_runs_flat_out():
     """No step delay, every frame the pacer allows: each draw is one frame in every panel. (The
     request list and pane once refreshed at <= 5 Hz while the grid and counters kept up, so a
     fast run showed a request 10-25 steps behind its slot.) Checked at each newly drawn frame
-    while the run lasts, however many a machine's speed allows."""
-    app = paged_app(slots=4, new=200, paused=True)
+    while the run lasts, however many a machine's speed allows: 2 s at least (400 steps of 5 ms
+    or more, no end of text), so a fast machine's run is not over before the first draw."""
+    app = paged_app(slots=4, new=200, paused=True, stop_at_eos=False)
+    slow_steps(app.runner.engine, 0.005)
     async with app.run_test(size=(120, 40)) as pilot:
         for text in ("ROMEO:", "JULIET:\nO Romeo", "HAMLET:", "KING:", "NURSE:", "LEAR:"):
             await submit(pilot, text)

@@ -24,7 +24,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import SERVED_MODEL, check_invariants, cli_refusal, random_model, serve_in_thread
+from tests.helpers import SERVED_MODEL, check_invariants, cli_refusal, engine_held, random_model, serve_in_thread
 from tinyllm.engine import ContinuousEngine, Request
 from tinyllm.engine.solo import generate
 from tinyllm.model.tokenizer import Tokenizer
@@ -67,6 +67,17 @@ def server(model_tok):
     t0 = time.monotonic()
     s.stop()
     assert not s.engine_loop.thread.is_alive() and time.monotonic() - t0 < 10
+
+
+@pytest.fixture
+def slow_server(model_tok):
+    """The module server's engine, with steps of 10 ms at least: a 400-token request runs 4 s or
+    more however fast the machine, so a client can hang up on it while it runs."""
+    model, tok = model_tok
+    loop = EngineLoop(build_engine(model, slots=SLOTS), on_step=lambda *_: time.sleep(0.01))
+    s = ServerThread(create_app(loop, tok, MODEL)).start()
+    yield s
+    s.stop()
 
 
 @pytest.fixture(scope="module")
@@ -693,7 +704,9 @@ def test_a_seeded_request_repeats_whatever_runs_beside_it(server, client):
         return r.json()["choices"][0]["token_ids"]
 
     with concurrent.futures.ThreadPoolExecutor(8) as ex:
-        got = list(ex.map(post, [body, *others, {**body, "seed": 4321}]))
+        with engine_held(server.engine_loop, waiting=8):  # all eight start together, on any machine
+            futs = [ex.submit(post, b) for b in [body, *others, {**body, "seed": 4321}]]
+        got = [f.result() for f in futs]
     assert got[0] == alone  # batched with six others (and cached prompt)
     assert got[-1] != alone  # another seed, other draws
     again = [t for c in _stream(client, **body) for t in c["choices"][0]["token_ids"]]
@@ -815,22 +828,27 @@ async def _disconnect(ac: httpx.AsyncClient, prompt: str, after_chunks: int) -> 
     return got
 
 
-async def test_clients_that_disconnect_mid_stream_free_everything(server, client):
-    aborted0 = metric(metrics(client), "vllm:request_success_total", finished_reason="abort")
-    n_before = len(engine_call(server, lambda e: e.snapshot().requests))
-    async with httpx.AsyncClient(base_url=server.url, timeout=TIMEOUT, limits=httpx.Limits(max_connections=100)) as ac:
-        # half hang up after 2 chunks (running), half as soon as the headers came (mostly still queued)
-        got = await asyncio.wait_for(
-            asyncio.gather(*(_disconnect(ac, f"{PROMPTS[i % 16]}{i}", 2 * (i % 2)) for i in range(32))), 60
-        )
-    assert got == [2 * (i % 2) for i in range(32)]
-    wait_idle(server, timeout=15)  # 32 x 400 tokens on 8 slots would take minutes: aborts freed them
-    assert_nothing_held(server)
-    views = engine_call(server, lambda e: e.snapshot().requests)[n_before:]
-    assert len(views) == 32 and all(v.state == "aborted" and len(v.tokens) < 400 for v in views)
-    m = metrics(client)
-    assert metric(m, "vllm:request_success_total", finished_reason="abort") - aborted0 == 32
-    assert metric(m, "vllm:num_requests_running") == 0 and metric(m, "vllm:kv_cache_usage_perc") == 0
+async def test_clients_that_disconnect_mid_stream_free_everything(slow_server):
+    """(On the slow server: on a fast enough machine, a request could reach its 400 tokens
+    before its client's hang-up reached the engine.)"""
+    server = slow_server
+    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as client:
+        aborted0 = metric(metrics(client), "vllm:request_success_total", finished_reason="abort")
+        n_before = len(engine_call(server, lambda e: e.snapshot().requests))
+        limits = httpx.Limits(max_connections=100)
+        async with httpx.AsyncClient(base_url=server.url, timeout=TIMEOUT, limits=limits) as ac:
+            # half hang up after 2 chunks (running), half as soon as the headers came (mostly still queued)
+            got = await asyncio.wait_for(
+                asyncio.gather(*(_disconnect(ac, f"{PROMPTS[i % 16]}{i}", 2 * (i % 2)) for i in range(32))), 60
+            )
+        assert got == [2 * (i % 2) for i in range(32)]
+        wait_idle(server, timeout=15)  # 32 x 400 tokens on 8 slots take 16 s at least: aborts freed them
+        assert_nothing_held(server)
+        views = engine_call(server, lambda e: e.snapshot().requests)[n_before:]
+        assert len(views) == 32 and all(v.state == "aborted" and len(v.tokens) < 400 for v in views)
+        m = metrics(client)
+        assert metric(m, "vllm:request_success_total", finished_reason="abort") - aborted0 == 32
+        assert metric(m, "vllm:num_requests_running") == 0 and metric(m, "vllm:kv_cache_usage_perc") == 0
 
 
 def test_nonstreaming_client_that_disconnects_is_aborted(server, caplog):

@@ -262,10 +262,13 @@ def test_attach_sends_the_key_and_says_when_it_is_refused(server, monkeypatch, c
 def test_overload_every_request_completes_or_is_refused_at_once_and_nothing_leaks(model_tok):
     """5x the clients the queue holds, at once, streaming and not, some hanging up after their
     first chunk: each one gets a whole answer or an immediate 429; afterwards nothing waits or
-    runs and every KV block is free. (A short version of the issue's load test.)"""
+    runs and every KV block is free. (A short version of the issue's load test.) Steps take 10 ms
+    at least: a request runs 120 ms or more, so the clients overlap and fill the queue however
+    fast the machine (one that served them as fast as they came would refuse none)."""
     model, tok = model_tok
     limits = Limits(max_waiting=4)
-    app = create_app(EngineLoop(build_engine(model, slots=2)), tok, SERVED_MODEL, limits=limits)
+    loop = EngineLoop(build_engine(model, slots=2), on_step=lambda *_: time.sleep(0.01))
+    app = create_app(loop, tok, SERVED_MODEL, limits=limits)
     clients = 5 * (limits.max_waiting + 2)
     outcomes: list[tuple[str, float]] = []
     lock = threading.Lock()

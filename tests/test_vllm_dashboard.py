@@ -151,9 +151,12 @@ def test_the_check_finds_what_is_missing():
 
 @pytest.fixture(scope="module")
 def served_metrics():
-    """/metrics of a server that served 3 completions, 1 chat and 1 aborted stream."""
+    """/metrics of a server that served 3 completions, 1 chat and 1 aborted stream. (Steps take
+    10 ms at least: the 200-token stream runs 2 s or more, so the hang-up ends it first however
+    fast the machine.)"""
     model, tok = load_checkpoint(device="cpu")
-    with ServerThread(create_app(EngineLoop(build_engine(model, slots=4)), tok, MODEL)) as s:
+    loop = EngineLoop(build_engine(model, slots=4), on_step=lambda *_: time.sleep(0.01))
+    with ServerThread(create_app(loop, tok, MODEL)) as s:
         with httpx.Client(base_url=s.url, timeout=60) as c:
             for p in ("ROMEO:\n", "JULIET:\n", "HAMLET:\n"):
                 r = c.post("/v1/completions", json={"prompt": p, "max_tokens": 6, "ignore_eos": True})
