@@ -22,6 +22,15 @@ os.environ["OMP_NUM_THREADS"] = "1"
 os.environ.setdefault("TINYLLM_COST_PROFILE", os.path.join(os.path.dirname(__file__), "data", "cost-profile.json"))
 
 
+@pytest.fixture(scope="module")
+def client(server):
+    """An HTTP client of the test module's own ``server`` fixture (the server tests, the chat tests)."""
+    import httpx
+
+    with httpx.Client(base_url=server.url, timeout=httpx.Timeout(60.0)) as c:
+        yield c
+
+
 @pytest.fixture(autouse=True)
 def _one_torch_thread():
     """And again before every test: a command run in-process (``tinyllm whatif``, default

@@ -37,12 +37,6 @@ def server(model_tok):
     s.stop()
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as c:
-        yield c
-
-
 def rendered(messages, add_generation_prompt=True) -> str:
     return render(PLAY_CHAT_TEMPLATE, messages, add_generation_prompt)
 

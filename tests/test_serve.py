@@ -81,12 +81,6 @@ def slow_server(model_tok):
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    with httpx.Client(base_url=server.url, timeout=TIMEOUT) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def solo(model_tok):
     """Solo greedy generate() with the tokenizer's EOS, memoized by (prompt, max_tokens)."""
     model, tok = model_tok

@@ -22,25 +22,21 @@ from rich.cells import cell_len
 from rich.text import Text
 from textual import events
 from textual.binding import Binding
-from textual.widget import Widget
 
 from tui.runners.interface import LogEntry
+from tui.widgets.paging import PagedWidget
 from tui.widgets.style import EVENT_STYLES
 
 STEP_W = 7  # the step column: six digits and a space
 HISTORY = 10_000  # entries kept for scrolling back: the oldest go first
 
 
-class EventLog(Widget, can_focus=True):
+class EventLog(PagedWidget, can_focus=True):
     DEFAULT_CSS = "EventLog { height: 1fr; text-wrap: nowrap; text-overflow: ellipsis; }"
     BINDINGS = [
         Binding("up", "scroll_back(1)", "Older event", show=False),
         Binding("down", "scroll_back(-1)", "Newer event", show=False),
-        Binding("pageup", "page(1)", "Older events", show=False),
-        Binding("pagedown", "page(-1)", "Newer events", show=False),
-        Binding("home", "oldest", "The oldest event kept", show=False),
-        Binding("end", "newest", "The newest event: follow", show=False),
-    ]
+    ]  # (PgUp / PgDn, Home / End: PagedWidget's; the oldest entries are at the start)
 
     def __init__(self, max_lines: int = HISTORY, **kw):
         super().__init__(**kw)
@@ -74,9 +70,9 @@ class EventLog(Widget, can_focus=True):
         self.scroll_back(n)
 
     def action_page(self, direction: int) -> None:
-        self.scroll_back(direction * max(1, self.content_region.height - 1))
+        self.scroll_back(-direction * max(1, self.content_region.height - 1))  # (PgUp: older)
 
-    def action_oldest(self) -> None:
+    def action_first(self) -> None:
         """Back to the oldest entry kept: the bottom entry shown is the one that fills the view."""
         height, width = self._area()
         shown, below = 0, len(self.lines) - 1
@@ -87,7 +83,8 @@ class EventLog(Widget, can_focus=True):
             below -= 1
         self.scroll_back(max(0, below) - self.below)
 
-    def action_newest(self) -> None:
+    def action_last(self) -> None:
+        """The newest entry, and follow the new ones."""
         self.scroll_back(-self.below)
 
     def _on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:

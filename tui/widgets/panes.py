@@ -22,9 +22,9 @@ from textual.binding import Binding
 from textual.geometry import Region
 from textual.message import Message
 from textual.strip import Strip
-from textual.widget import Widget
 
 from tui.runners.interface import Frame
+from tui.widgets.paging import PagedWidget
 from tui.widgets.panes_draw import PaneDrawing, PaneKey, fit
 from tui.widgets.panes_model import Pane, panes_of
 from tui.widgets.panes_text import Wrapped
@@ -65,7 +65,7 @@ def tile(n: int, width: int, height: int) -> tuple[int, int]:
     return pick
 
 
-class PanesView(Widget, can_focus=True):
+class PanesView(PagedWidget, can_focus=True):
     """Every slot's request as it writes (see the module's docstring)."""
 
     COMPONENT_CLASSES = {"panes--header"}
@@ -82,11 +82,7 @@ class PanesView(Widget, can_focus=True):
         Binding("right", "move(1, 0)", "Pane to the right", show=False),
         Binding("up", "move(0, -1)", "Pane above", show=False),
         Binding("down", "move(0, 1)", "Pane below", show=False),
-        Binding("pagedown", "page(1)", "More panes", show=False),
-        Binding("pageup", "page(-1)", "Earlier panes", show=False),
-        Binding("home", "page_to(0)", "First page", show=False),
-        Binding("end", "page_to(-1)", "Last page", show=False),
-    ]
+    ]  # (PgUp / PgDn, Home / End: PagedWidget's, a page of panes at a time)
 
     def __init__(self, mode: str = "live", **kw) -> None:
         super().__init__(**kw)
@@ -294,6 +290,12 @@ class PanesView(Widget, can_focus=True):
 
     def action_page(self, direction: int) -> None:
         self.action_page_to(self.page + direction)
+
+    def action_first(self) -> None:
+        self.action_page_to(0)
+
+    def action_last(self) -> None:
+        self.action_page_to(-1)
 
     def action_page_to(self, page: int) -> None:
         page = self.pages() - 1 if page < 0 else page
