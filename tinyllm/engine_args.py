@@ -117,7 +117,7 @@ def engine_options() -> dict[str, tuple[tuple[str, ...], dict]]:
         ),
         "threads": (
             ("--threads",),
-            # a command with another default says so with set_defaults (the help shows it)
+            # (a command with another default gives it to add_engine_args: the help shows it)
             dict(
                 type=positive_int, default=DEFAULT_THREADS, metavar="N", help="torch CPU threads (default %(default)s)"
             ),
@@ -203,6 +203,12 @@ def add_engine_args(p: argparse.ArgumentParser, *names: str, **own_defaults) -> 
             help_ = re.sub(r"\(default [^)%]*\)", f"(default {value})", kwargs["help"])  # (%(default)s: argparse's)
             kwargs = {**kwargs, "default": value, "help": help_}
         p.add_argument(*flags, dest=name, **kwargs)
+
+
+def lane_cap(args: argparse.Namespace) -> int | None:
+    """--max-num-seqs where there is no --kv-memory: the cap of the race lanes with a KV budget of
+    their own (``kv_mib=``); with --kv-memory the run's config holds it (build_race's lane_cap)."""
+    return args.max_num_seqs if args.kv_memory is None else None
 
 
 def fill_engine_defaults(args: argparse.Namespace) -> argparse.Namespace:

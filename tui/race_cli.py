@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tinyllm.args import SLOTS_WITH_KV_MEMORY, option_names
 from tinyllm.config import EngineConfig
+from tinyllm.engine_args import lane_cap
 from tinyllm.race.rules import DEFAULT_BATCH_TIMEOUT_S, DEFAULT_MAX_LEN, DEFAULT_WORKLOAD, check_static_batches
 from tinyllm.race.views import LANES
 from tinyllm.request import DEFAULT_MAX_BATCHED_TOKENS, ContextTooLong, check_fits
@@ -209,7 +210,6 @@ def race_spec(parser, a, notes: list[str] | None = None):
         config = EngineConfig.from_args(a, kv="paged", chunked_prefill=True, max_len=max_len)
     except ValueError as e:
         parser.error(option_names(str(e)))
-    lane_cap = a.max_num_seqs if a.kv_memory is None else None  # (with --kv-memory: the config's cap)
     return RaceSpec(
         str(path),
         work,
@@ -219,7 +219,7 @@ def race_spec(parser, a, notes: list[str] | None = None):
         lanes,
         clock=a.clock or "cost",
         cost_profile=a.cost_profile,
-        lane_cap=lane_cap,
+        lane_cap=lane_cap(a),
     )
 
 

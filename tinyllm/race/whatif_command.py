@@ -19,7 +19,7 @@ from tinyllm.args import (
     refuse_writing_over,
 )
 from tinyllm.config import EngineConfig
-from tinyllm.engine_args import COMMAND_ENGINE_OPTIONS, add_engine_args, add_source_args
+from tinyllm.engine_args import COMMAND_ENGINE_OPTIONS, add_engine_args, add_source_args, lane_cap
 
 
 def add_whatif_parser(sub) -> None:
@@ -120,8 +120,7 @@ def cmd_whatif(args) -> None:
         arrivals, warning = load_arrivals(args.source, tok.encode, max_len, args.max_new_tokens)
         judging = load_judging(args.source, args.slo)
         run = EngineConfig.from_args(args, kv="paged", chunked_prefill=True, max_len=max_len)
-        lane_cap = args.max_num_seqs if args.kv_memory is None else None  # (with --kv-memory: the run's cap)
-        race = build_race(model, arrivals, run, lanes=lanes, step_cost_s=clock, lane_cap=lane_cap)
+        race = build_race(model, arrivals, run, lanes=lanes, step_cost_s=clock, lane_cap=lane_cap(args))
     except (RecordingError, WorkloadError, ValueError) as e:
         raise UsageError(str(e)) from None
     except (MemoryError, OverflowError, RuntimeError) as e:  # a budget whose pool cannot be allocated
