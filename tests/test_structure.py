@@ -84,8 +84,9 @@ def test_the_views_are_built_by_keyword():
 
     from tinyllm.observe.snapshot import EngineSnapshot, KVView, RequestView, SlotView
     from tui.runners.interface import Frame
+    from tui.runners.race import RaceFrame
 
-    for cls in (SlotView, RequestView, KVView, EngineSnapshot, Frame):
+    for cls in (SlotView, RequestView, KVView, EngineSnapshot, Frame, RaceFrame):
         assert all(f.kw_only for f in dataclasses.fields(cls)), cls.__name__
     with pytest.raises(TypeError):
         KVView("slots", 0, 0, 0, 0)

@@ -296,14 +296,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tr.set_defaults(fn=cmd_trace)
 
-    from tinyllm.race.whatif_command import add_whatif_parser
-
-    add_whatif_parser(sub)
-
-    from tinyllm.tune.command import add_tune_parser
-
-    add_tune_parser(sub)
-
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (completions, models, metrics)")
     add_model_args(sv)
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
@@ -371,10 +363,24 @@ def build_parser() -> argparse.ArgumentParser:
     sv.set_defaults(kv="paged", chunked_prefill=True, seed=0)  # always paged KV and the token budget
     sv.set_defaults(fn=cmd_serve)
 
-    from tinyllm.bench import add_bench_parser
-
-    add_bench_parser(sub)
+    for name, help_line, add_args, run in _commands_with_own_module():
+        c = sub.add_parser(name, help=help_line)
+        add_args(c)
+        c.set_defaults(fn=run)
     return p
+
+
+def _commands_with_own_module() -> tuple:
+    """The commands whose options live beside their code: (name, help line, add its options, run it)."""
+    from tinyllm.bench.command import BENCH_HELP, add_bench_args, cmd_bench
+    from tinyllm.race.whatif_command import WHATIF_HELP, add_whatif_args, cmd_whatif
+    from tinyllm.tune.command import TUNE_HELP, add_tune_args, cmd_tune
+
+    return (
+        ("whatif", WHATIF_HELP, add_whatif_args, cmd_whatif),
+        ("tune", TUNE_HELP, add_tune_args, cmd_tune),
+        ("bench", BENCH_HELP, add_bench_args, cmd_bench),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -80,18 +80,8 @@ class WorkItem:
 
     def settings(self, defaults: RequestSettings) -> RequestSettings:
         """This line's settings: what it says, the caller's ``defaults`` for what it leaves out."""
-        mine = {
-            k: v
-            for k, v in (
-                ("stop", self.stop),
-                ("stop_token_ids", self.stop_token_ids),
-                ("min_tokens", self.min_tokens),
-                ("priority", self.priority),
-                ("tenant", self.tenant),
-                ("n", self.n),
-            )
-            if v is not None
-        }
+        said = {name: getattr(self, name) for name in (*STOP_FIELDS, *SCHEDULING_FIELDS)}
+        mine = {name: value for name, value in said.items() if value is not None}
         return replace(
             defaults,
             sampling=self.sampling or defaults.sampling,

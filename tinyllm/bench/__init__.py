@@ -9,9 +9,8 @@ report.py     progress, tables and chart
 quiet.py      how busy other processes kept the machine during a run
 """
 
-from tinyllm.bench.command import add_bench_parser
 from tinyllm.bench.paths import warm_up
 from tinyllm.bench.report import COLUMNS, print_report
 from tinyllm.bench.workloads import default_workload, random_checkpoint
 
-__all__ = ["COLUMNS", "add_bench_parser", "default_workload", "print_report", "random_checkpoint", "warm_up"]
+__all__ = ["COLUMNS", "default_workload", "print_report", "random_checkpoint", "warm_up"]

@@ -15,10 +15,13 @@ from tinyllm.request import DEFAULT_MAX_NUM_SEQS
 PATHS = ["slots", "paged", "chunked", "chunked-nocache", "all"]
 
 
-def add_bench_parser(sub) -> None:
+BENCH_HELP = "compare solo, static, continuous (slots/paged) and transformers"
+
+
+def add_bench_args(b) -> None:
+    """Every option of ``tinyllm bench``."""
     from tinyllm.args import output_path, positive_int
 
-    b = sub.add_parser("bench", help="compare solo, static, continuous (slots/paged) and transformers")
     src = b.add_mutually_exclusive_group()
     src.add_argument(
         "--random-model",
@@ -60,10 +63,9 @@ def add_bench_parser(sub) -> None:
     # --slots slots of max_len reserve).
     add_engine_args(b, *COMMAND_ENGINE_OPTIONS["bench"])
     add_slo_arg(b)  # each path's goodput and share met (every request arrives at t=0)
-    b.set_defaults(fn=_cmd_bench)
 
 
-def _cmd_bench(args) -> None:
+def cmd_bench(args) -> None:
     from tinyllm.args import UsageError, option_names
     from tinyllm.model.checkpoint import CheckpointError
 

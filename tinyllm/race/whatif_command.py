@@ -21,13 +21,14 @@ from tinyllm.args import (
 from tinyllm.config import EngineConfig
 from tinyllm.engine_args import COMMAND_ENGINE_OPTIONS, add_engine_args, add_source_args, lane_cap
 
+WHATIF_HELP = (
+    "replay a recording's (or a workload's) requests under other engine "
+    "settings, side by side, and compare them request by request"
+)
 
-def add_whatif_parser(sub) -> None:
-    wi = sub.add_parser(
-        "whatif",
-        help="replay a recording's (or a workload's) requests under other engine "
-        "settings, side by side, and compare them request by request",
-    )
+
+def add_whatif_args(wi) -> None:
+    """Every option of ``tinyllm whatif``."""
     add_source_args(wi)
     wi.add_argument(
         "--lanes",
@@ -56,7 +57,6 @@ def add_whatif_parser(sub) -> None:
     )
     add_slo_arg(wi)
     add_engine_args(wi, *COMMAND_ENGINE_OPTIONS["whatif"])  # (on a recording, one not given is the recording's)
-    wi.set_defaults(fn=cmd_whatif)
 
 
 def cmd_whatif(args) -> None:

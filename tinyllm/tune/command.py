@@ -13,15 +13,10 @@ from tinyllm.engine_args import COMMAND_ENGINE_OPTIONS, add_engine_args, add_sou
 from tinyllm.tune.search import OBJECTIVES
 from tinyllm.tune.space import SETTINGS
 
-
-def add_tune_parser(sub) -> None:
-    tu = sub.add_parser(
-        "tune",
-        help="search engine settings (concurrency cap, token budget, chunked prefill, prefix cache, block "
-        "size, policy, KV dtype) for the ones that serve a recording or a workload best under an SLO",
-    )
-    add_tune_args(tu)
-    tu.set_defaults(fn=cmd_tune)
+TUNE_HELP = (
+    "search engine settings (concurrency cap, token budget, chunked prefill, prefix cache, block "
+    "size, policy, KV dtype) for the ones that serve a recording or a workload best under an SLO"
+)
 
 
 def add_tune_args(tu) -> None:

@@ -171,14 +171,14 @@ class Frame:
 
     seq: int
     snapshot: EngineSnapshot
-    prompts: dict[int, str]  # rid → prompt text
-    texts: dict[int, str]  # rid → generated text so far (decoded incrementally)
-    log: tuple[LogEntry, ...]  # the newest LOG_LINES entries
-    paused: bool
-    step_delay_ms: int
-    pending_arrivals: int  # workload requests not yet arrived
-    tokens_per_s: float  # recent generation rate (all requests)
-    tps_history: tuple[float, ...]  # one point per ~0.25 s, newest last
+    prompts: dict[int, str] = field(default_factory=dict)  # rid → prompt text
+    texts: dict[int, str] = field(default_factory=dict)  # rid → generated text so far (decoded incrementally)
+    log: tuple[LogEntry, ...] = ()  # the newest LOG_LINES entries
+    paused: bool = False  # (an attached server's runner never pauses it, nor delays or holds arrivals)
+    step_delay_ms: int = 0
+    pending_arrivals: int = 0  # workload requests not yet arrived
+    tokens_per_s: float = 0.0  # recent generation rate (all requests)
+    tps_history: tuple[float, ...] = ()  # one point per ~0.25 s, newest last
     step_ms: float = 0.0  # duration of the latest engine step
     steps_done: int = 0  # engine steps this runner has made
     status: str = "ready"  # "loading" until the engine is built (process runner)
@@ -193,19 +193,7 @@ class Frame:
     @classmethod
     def loading(cls, snapshot: EngineSnapshot) -> Frame:
         """What the app shows before the engine's (or the server's) first frame."""
-        return cls(
-            seq=0,
-            snapshot=snapshot,
-            prompts={},
-            texts={},
-            log=(),
-            paused=False,
-            step_delay_ms=0,
-            pending_arrivals=0,
-            tokens_per_s=0.0,
-            tps_history=(),
-            status="loading",
-        )
+        return cls(seq=0, snapshot=snapshot, status="loading")
 
 
 class Runner(Protocol):

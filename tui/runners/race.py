@@ -31,15 +31,15 @@ class Restart:
     """Run the race again from the start (the same requests, fresh lanes)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RaceFrame:
     seq: int
     lanes: tuple[LaneView, ...]
-    paused: bool
-    step_delay_ms: int
-    turns: int  # steps made, all lanes together
-    last_lane: str | None  # the lane that made the latest step
-    log: tuple[LogEntry, ...]
+    paused: bool = False
+    step_delay_ms: int = 0
+    turns: int = 0  # steps made, all lanes together
+    last_lane: str | None = None  # the lane that made the latest step
+    log: tuple[LogEntry, ...] = ()
     status: str = "ready"  # "loading" until the lanes are built (engine process)
     cold_steps: int = 0  # measured steps taken after a pause (slow motion, by hand): they run slow
 
@@ -137,13 +137,13 @@ class RaceRunner(CommandLoop):
     def _make_frame(self) -> RaceFrame:
         self._seq += 1
         return RaceFrame(
-            self._seq,
-            self.race.views(),
-            self.paused,
-            self.step_delay_ms,
-            self.race.turns,
-            self.race.last,
-            tuple(self._log),
+            seq=self._seq,
+            lanes=self.race.views(),
+            paused=self.paused,
+            step_delay_ms=self.step_delay_ms,
+            turns=self.race.turns,
+            last_lane=self.race.last,
+            log=tuple(self._log),
             cold_steps=self._cold,
         )
 
@@ -284,7 +284,7 @@ class RaceSpec:
                     s.kind,
                 )
             )
-        return RaceFrame(0, tuple(lanes), False, 0, 0, None, (), status="loading")
+        return RaceFrame(seq=0, lanes=tuple(lanes), status="loading")
 
 
 class WholeFrames:
