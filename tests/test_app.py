@@ -100,7 +100,7 @@ def slow_steps(engine: ContinuousEngine, seconds: float) -> None:
 
 
 # -- the no-error guard --------------------------------------------------------------------------
-# F5/space once popped "engine · TogglePaused failed" on every press while the test that pressed
+# F5/space once popped "engine · <command> failed" on every press while the test that pressed
 # space passed: it never looked. So every app a test makes is watched, and the test fails unless
 # it declares the errors it provokes with @pytest.mark.expect_errors("text", ...).
 _made: list[TinyLLMApp] = []

@@ -27,6 +27,10 @@ def commands() -> dict[str, argparse.ArgumentParser]:
 # A command whose default differs says so with set_defaults, and --help shows it: the app's engine
 # process and tune's calibration run one thread (beside a busy core a second one waits for it).
 OWN_DEFAULTS = {("tinyllm-tui", "threads"): 1, ("tune", "threads"): 1}
+# The flags a command uses for something of its own: the bench's --slots sizes its tables (default
+# 16), its --kv picks the paths it runs, and it is greedy: its --seed draws its workloads; train's
+# --seed draws the initial weights and batches.
+OWN_MEANING = {("bench", "slots"), ("bench", "kv"), ("bench", "seed"), ("train", "seed")}
 
 
 def test_every_command_takes_an_engine_option_as_it_is_defined_once():
@@ -35,8 +39,8 @@ def test_every_command_takes_an_engine_option_as_it_is_defined_once():
     for command, parser in commands().items():
         acts = actions(parser)
         for name, (flags, kwargs) in defined.items():
-            if name not in acts or (command == "bench" and name in ("slots", "kv")):
-                continue  # (the bench's --slots sizes its tables, default 16; its --kv picks the paths it runs)
+            if name not in acts or (command, name) in OWN_MEANING:
+                continue
             seen[name] += 1
             act = acts[name]
             assert act.option_strings[0] == flags[0], (command, name)
@@ -45,6 +49,7 @@ def test_every_command_takes_an_engine_option_as_it_is_defined_once():
     assert seen["max_num_seqs"] == seen["kv_cache_dtype"] == 4 and seen["kv_memory"] == 5
     assert seen["slots"] == seen["block_size"] == 3 and seen["max_len"] == 4
     assert seen["device"] == 5 and seen["threads"] == 6  # (train: no engine, no device; its threads)
+    assert seen["seed"] == 2  # (the app and serve; and generate, which is not an engine)
 
 
 def test_the_app_fills_the_configs_defaults_and_builds_the_config_it_was_given():
@@ -76,6 +81,15 @@ def test_the_app_fills_the_configs_defaults_and_builds_the_config_it_was_given()
         threads=a.threads,
         seed=a.seed,
     )
+
+
+def test_serve_seeds_the_generator_its_unseeded_requests_share():
+    """``tinyllm serve --seed S`` (vLLM's flag): 0 unless given, as the app's engine."""
+    sub = tinyllm_parser().parse_args(["info"]).commands
+    assert EngineConfig.from_args(sub["serve"].parse_args([])).seed == 0
+    assert EngineConfig.from_args(sub["serve"].parse_args(["--seed", "7"])).seed == 7
+    with pytest.raises(SystemExit):
+        sub["serve"].parse_args(["--seed", "x"])
 
 
 def test_a_prefix_of_an_option_is_not_taken_for_it():

@@ -21,7 +21,7 @@ from tinyllm.observe.trace import perfetto_trace
 from tinyllm.request import RequestSettings
 from tui.runners.engine import EngineRunner
 from tui.runners.frames import FrameBuilder, FrameRecorder
-from tui.runners.interface import Abort, JumpEvent, SeekStep, StepBack, StepOnce, TogglePaused
+from tui.runners.interface import TOGGLE_PAUSED, Abort, JumpEvent, SeekStep, StepBack, StepOnce
 from tui.runners.replay import ReplayRunner
 
 COMPARED = ("snapshot", "texts", "prompts", "log", "tracks", "steps_done")
@@ -231,7 +231,7 @@ def test_replay_plays_to_the_end_and_stops(tmp_path):
     path = tmp_path / "run.jsonl"
     record_run(path, "slots", aborts=())
     r = ReplayRunner(path, paused=True, step_delay_ms=0)
-    r.apply(TogglePaused())
+    r.apply(TOGGLE_PAUSED)
     import threading
 
     t = threading.Thread(target=r.run, daemon=True)

@@ -252,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=non_negative_float, default=0.8, metavar="T", help="0 = greedy (default 0.8)")
     g.add_argument("--top-k", type=positive_int, default=None, metavar="K")
     g.add_argument("--top-p", type=unit_interval, default=None, metavar="P")
-    g.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0): same seed, same text")
+    add_engine_args(g, *COMMAND_ENGINE_OPTIONS["generate"])
     g.set_defaults(fn=cmd_generate)
 
     i = sub.add_parser("info", help="architecture, parameters, KV bytes per token, vocab")
@@ -360,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_slo_arg(sv)  # (/metrics: tinyllm:requests_slo_met_total, tinyllm:requests_slo_missed_total{reason})
     add_engine_args(sv, *COMMAND_ENGINE_OPTIONS["serve"])
-    sv.set_defaults(kv="paged", chunked_prefill=True, seed=0)  # always paged KV and the token budget
+    sv.set_defaults(kv="paged", chunked_prefill=True)  # always paged KV and the token budget
     sv.set_defaults(fn=cmd_serve)
 
     for name, help_line, add_args, run in _commands_with_own_module():

@@ -122,6 +122,15 @@ def engine_options() -> dict[str, tuple[tuple[str, ...], dict]]:
                 type=positive_int, default=DEFAULT_THREADS, metavar="N", help="torch CPU threads (default %(default)s)"
             ),
         ),
+        "seed": (
+            ("--seed",),
+            dict(
+                type=int,
+                default=0,
+                metavar="S",
+                help="sampling seed (default 0): the same seed, the same text (a request's own seed wins)",
+            ),
+        ),
         "kv_cache_dtype": (
             ("--kv-cache-dtype",),
             dict(
@@ -152,6 +161,7 @@ COMMAND_ENGINE_OPTIONS = {
         "prefix_cache",
         "scheduling_policy",
         "kv_cache_dtype",
+        "seed",
         "threads",
     ),
     "whatif": (
@@ -176,6 +186,7 @@ COMMAND_ENGINE_OPTIONS = {
     ),
     "tune": ("kv_memory", "max_len", "threads"),
     "train": ("threads",),
+    "generate": ("seed",),
     # tinyllm-tui --race (the app refuses the rest in that mode)
     "race": (
         "device",
@@ -188,6 +199,7 @@ COMMAND_ENGINE_OPTIONS = {
         "block_size",
         "kv_blocks",
         "kv_cache_dtype",
+        "seed",
     ),
 }
 

@@ -55,7 +55,7 @@ MODE_USES = {
     ),
     "--race": (
         "the race is greedy, and each request's max_new_tokens comes from its workload",
-        {"race", "lanes", "batch_timeout", "model", "seed", "paused", "step_delay", "engine_thread"}
+        {"race", "lanes", "batch_timeout", "model", "paused", "step_delay", "engine_thread"}
         | set(COMMAND_ENGINE_OPTIONS["race"]),
     ),
 }

@@ -51,7 +51,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE|NAME",
         help="a JSONL workload to load at start: a path, or a bundled workload's name (e.g. burst)",
     )
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed (default 0)")
     p.add_argument(
         "--step-delay",
         type=int,

@@ -56,7 +56,7 @@ def add_bench_args(b) -> None:
     )
     b.add_argument("--solo-sample", type=positive_int, default=8, metavar="N", help="requests run solo (default 8)")
     b.add_argument("--no-transformers", action="store_true", help="skip the transformers comparison")
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--seed", type=int, default=0, metavar="S", help="the seed its workloads are drawn with (default 0)")
     b.add_argument("--json", type=output_path, metavar="OUT", help="also write the figures as JSON")
     # The engine's options (their one definition): --slots is every path's sequences in the
     # equal-slots table; --kv-memory the headline table's budget for every path (default: what

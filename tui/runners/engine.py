@@ -38,7 +38,6 @@ from tui.runners.interface import (
     SetPaused,
     StepOnce,
     Submit,
-    TogglePaused,
     lifecycle_log,
 )
 from tui.runners.loop import CommandLoop
@@ -129,9 +128,9 @@ class EngineRunner(CommandLoop):
                 self._note_changes()
                 if n:
                     self._add_log("abort", f"dropped {n} workload requests that had not arrived")
-            elif isinstance(cmd, (SetPaused, TogglePaused)):
+            elif isinstance(cmd, SetPaused):
                 self._tick_clock()
-                self._set_paused(cmd.paused if isinstance(cmd, SetPaused) else not self.paused)
+                self._set_paused(cmd.after(self.paused))
                 self._clock_mark = None
                 self._add_log("info", "paused" if self.paused else "resumed")
             elif isinstance(cmd, StepOnce):

@@ -66,14 +66,17 @@ class AbortAll:
 
 @dataclass(frozen=True)
 class SetPaused:
-    """Pause (no engine step until resumed; commands still apply) or resume."""
+    """Pause (no engine step until resumed; commands still apply), resume, or (``None``) toggle:
+    pause if running, resume if paused, decided by the runner, so two quick presses cancel out."""
 
-    paused: bool
+    paused: bool | None
+
+    def after(self, paused: bool) -> bool:
+        """Whether the runner is paused once this applies, ``paused`` before."""
+        return not paused if self.paused is None else self.paused
 
 
-@dataclass(frozen=True)
-class TogglePaused:
-    """Pause if running, resume if paused (decided by the runner, so two quick presses cancel out)."""
+TOGGLE_PAUSED = SetPaused(None)
 
 
 @dataclass(frozen=True)

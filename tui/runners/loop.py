@@ -20,22 +20,14 @@ import time
 import traceback
 from collections.abc import Callable
 
-from tui.runners.interface import (
-    MAX_DELAY_MS,
-    RunnerDefaults,
-    SetDelay,
-    SetPaused,
-    SetPublishInterval,
-    StepOnce,
-    TogglePaused,
-)
+from tui.runners.interface import MAX_DELAY_MS, RunnerDefaults, SetDelay, SetPaused, SetPublishInterval, StepOnce
 
 PUBLISH_S = 1 / 30
 
 
 class CommandLoop(RunnerDefaults):
     mode = "live"  # interface.Runner: a local engine (or the race)
-    WAKE: tuple[type, ...] = (StepOnce, SetPaused, TogglePaused)  # after these a running loop steps at once
+    WAKE: tuple[type, ...] = (StepOnce, SetPaused)  # after these a running loop steps at once
 
     def __init__(self, paused: bool, step_delay_ms: int, on_frame: Callable[[], None] | None = None):
         self.commands: queue.Queue = queue.Queue()

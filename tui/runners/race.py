@@ -20,7 +20,7 @@ from tinyllm.race.spec import LaneSpec
 from tinyllm.race.views import LANES, LaneView, lane_detail, lane_title, mib, waiting_lane
 from tinyllm.units import duration
 from tinyllm.workload import NEW_TOKENS
-from tui.runners.interface import LogEntry, SetPaused, StepOnce, TogglePaused
+from tui.runners.interface import LogEntry, SetPaused, StepOnce
 from tui.runners.loop import CommandLoop
 
 RACE_LOG_LINES = 50  # a few lines per lane: the race screen shows the newest
@@ -90,9 +90,9 @@ class RaceRunner(CommandLoop):
         self._add_log("error", text)
 
     def _apply(self, cmd) -> None:
-        if isinstance(cmd, (SetPaused, TogglePaused)):
+        if isinstance(cmd, SetPaused):
             was = self.paused
-            self.paused = cmd.paused if isinstance(cmd, SetPaused) else not self.paused
+            self.paused = cmd.after(self.paused)
             self._after_pause |= was and not self.paused
         elif isinstance(cmd, StepOnce):
             if not self.paused:

@@ -30,7 +30,6 @@ from tui.runners.interface import (
     SetPaused,
     StepBack,
     StepOnce,
-    TogglePaused,
 )
 
 KEY_EVERY = 200
@@ -129,8 +128,8 @@ class ReplayRunner(RunnerDefaults):
     # -- commands -------------------------------------------------------------------------------
     def apply(self, cmd) -> None:
         """Carry out one command now (the run loop's way; tests call it directly)."""
-        if isinstance(cmd, (SetPaused, TogglePaused)):
-            self.paused = cmd.paused if isinstance(cmd, SetPaused) else not self.paused
+        if isinstance(cmd, SetPaused):
+            self.paused = cmd.after(self.paused)
             if not self.paused and self.at_end:  # play again from the start
                 self._seek(self._last_of(self.steps[0]) if self.steps else -1)
         elif isinstance(cmd, StepOnce):

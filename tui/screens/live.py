@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from tui.runners.interface import MAX_DELAY_MS, SetDelay, SetPublishInterval, StepOnce, TogglePaused
+from tui.runners.interface import MAX_DELAY_MS, TOGGLE_PAUSED, SetDelay, SetPublishInterval, StepOnce
 from tui.widgets.deferred import deferred
 
 
@@ -72,7 +72,7 @@ class LiveView:
         self.set_timer(interval, self._tick)
 
     def action_toggle_pause(self) -> None:
-        self.runner.send(TogglePaused())
+        self.runner.send(TOGGLE_PAUSED)
 
     def action_step_once(self) -> None:
         if not self.runner.frame.paused:
