@@ -92,6 +92,17 @@ def test_serve_seeds_the_generator_its_unseeded_requests_share():
         sub["serve"].parse_args(["--seed", "x"])
 
 
+def test_generate_and_the_app_sample_with_the_same_options():
+    """--temperature, --top-k, --top-p, --max-new-tokens: one definition (args.add_sampling_args);
+    only the output length's default differs (generate 200, a new request in the app 120)."""
+    generate = actions(tinyllm_parser().parse_args(["info"]).commands["generate"])
+    app = actions(app_parser())
+    for name in ("temperature", "top_k", "top_p"):
+        assert (generate[name].help, generate[name].default) == (app[name].help, app[name].default), name
+    assert (generate["max_new_tokens"].default, app["max_new_tokens"].default) == (200, 120)
+    assert "(default 200)" in generate["max_new_tokens"].help and "(default 120)" in app["max_new_tokens"].help
+
+
 def test_a_prefix_of_an_option_is_not_taken_for_it():
     out = subprocess.run(
         [sys.executable, "-m", "tinyllm.cli", "whatif", "burst", "--lanes", "fcfs", "--slot", "3"],

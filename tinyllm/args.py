@@ -150,6 +150,31 @@ def add_slo_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_sampling_args(p: argparse.ArgumentParser, max_new_tokens: int, what: str) -> None:
+    """--temperature, --top-k, --top-p and --max-new-tokens, defined once: how ``tinyllm generate``
+    samples its text, and the app's defaults for new requests (``what`` says which, as the title
+    of their group in --help)."""
+    g = p.add_argument_group("sampling", what)
+    g.add_argument("--temperature", type=non_negative_float, default=0.8, metavar="T", help="0 = greedy (default 0.8)")
+    g.add_argument(
+        "--top-k", type=positive_int, default=None, metavar="K", help="draw among the K likeliest tokens (default all)"
+    )
+    g.add_argument(
+        "--top-p",
+        type=unit_interval,
+        default=None,
+        metavar="P",
+        help="draw among the likeliest tokens that make up probability P (default all)",
+    )
+    g.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=max_new_tokens,
+        metavar="N",
+        help=f"tokens to generate at most (default {max_new_tokens})",
+    )
+
+
 def add_clock_args(p: argparse.ArgumentParser, scope: str = "") -> None:
     """--clock and --cost-profile: how a race's or a what-if's steps are timed (``scope``: the
     option's prefix in the help, e.g. "--race: ")."""

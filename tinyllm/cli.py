@@ -18,16 +18,15 @@ from tinyllm.args import (
     SLOTS_WITH_KV_MEMORY,
     OneLineParser,
     UsageError,
+    add_sampling_args,
     add_slo_arg,
     check_new_file,
     load_model,
-    non_negative_float,
     option_names,
     output_path,
     port_number,
     positive_int,
     refuse_writing_over,
-    unit_interval,
 )
 from tinyllm.config import EngineConfig
 from tinyllm.engine_args import COMMAND_ENGINE_OPTIONS, add_engine_args, add_model_args
@@ -248,10 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="stream a continuation of PROMPT")
     g.add_argument("prompt", metavar="PROMPT")
     add_model_args(g)
-    g.add_argument("--max-new-tokens", type=positive_int, default=200, metavar="N")
-    g.add_argument("--temperature", type=non_negative_float, default=0.8, metavar="T", help="0 = greedy (default 0.8)")
-    g.add_argument("--top-k", type=positive_int, default=None, metavar="K")
-    g.add_argument("--top-p", type=unit_interval, default=None, metavar="P")
+    add_sampling_args(g, max_new_tokens=200, what="how the text is drawn")
     add_engine_args(g, *COMMAND_ENGINE_OPTIONS["generate"])
     g.set_defaults(fn=cmd_generate)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from tinyllm.args import add_slo_arg
+from tinyllm.args import add_sampling_args, add_slo_arg
 from tinyllm.config import ONE_THREAD
 from tinyllm.engine_args import add_engine_args, add_model_args, engine_options, fill_engine_defaults
 from tui import web
@@ -19,7 +19,7 @@ ATTACH_WAIT_S = 60.0  # --attach: how long to wait for a server to listen (vLLM-
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tinyllm.args import OneLineParser, non_negative_float, positive_int, unit_interval
+    from tinyllm.args import OneLineParser, non_negative_float
 
     p = OneLineParser(
         prog="tinyllm-tui",
@@ -29,22 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p)
     # the app's engine: paged KV and chunked prefill unless told; one thread (docs/app.md, "contention")
     add_engine_args(p, *ENGINE_OPTION_NAMES, threads=ONE_THREAD)
-    p.add_argument(
-        "--temperature",
-        type=non_negative_float,
-        default=0.8,
-        metavar="T",
-        help="default for new requests (0 = greedy; default 0.8)",
-    )
-    p.add_argument(
-        "--top-k", type=positive_int, default=None, metavar="K", help="default top_k for new requests (default off)"
-    )
-    p.add_argument(
-        "--top-p", type=unit_interval, default=None, metavar="P", help="default top_p for new requests (default off)"
-    )
-    p.add_argument(
-        "--max-new-tokens", type=positive_int, default=120, metavar="N", help="default for new requests (default 120)"
-    )
+    add_sampling_args(p, max_new_tokens=120, what="the defaults of new requests (F2 changes them in the app)")
     p.add_argument(
         "--prompts",
         default=None,
