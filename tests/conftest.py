@@ -22,6 +22,34 @@ os.environ["OMP_NUM_THREADS"] = "1"
 os.environ.setdefault("TINYLLM_COST_PROFILE", os.path.join(os.path.dirname(__file__), "data", "cost-profile.json"))
 
 
+def _wait_for_the_ui_thread_to_idle() -> None:
+    """Pilot waits after each key (and in ``pause()``) until the *process* has used under 1 ms of
+    CPU in 20 ms, up to 1 s. An app test's engine runs in a thread of the same process, so while
+    it ran, every key press waited out that second. The app has taken a key when its UI thread
+    (the one running the event loop) is idle: this measures that thread's CPU instead, in finer
+    slices. Tests then wait for what they assert (tests/test_app.py ``until``), as before."""
+    import asyncio
+    import time
+
+    import textual._wait
+    import textual.app
+    import textual.pilot
+
+    async def wait_for_idle(min_sleep: float = textual._wait.SLEEP_GRANULARITY, max_sleep: float = 1) -> None:
+        start = time.monotonic()
+        while True:
+            cpu = time.thread_time()
+            await asyncio.sleep(0.002)
+            elapsed = time.monotonic() - start
+            if elapsed >= max_sleep or (elapsed > min_sleep and time.thread_time() - cpu < 0.0005):
+                return
+
+    textual.app.wait_for_idle = textual.pilot.wait_for_idle = wait_for_idle
+
+
+_wait_for_the_ui_thread_to_idle()
+
+
 @pytest.fixture(scope="module")
 def client(server):
     """An HTTP client of the test module's own ``server`` fixture (the server tests, the chat tests)."""

@@ -840,7 +840,15 @@ async def ready(pilot, paused: bool) -> None:
     app.runner.send(SetDelay(BASE_DELAY))
     app.set_layout(False)  # (p switches to the panes view)
     app.query_one("#requests").focus()
-    await until(pilot, lambda: (app.runner.frame.paused, app.runner.frame.step_delay_ms) == (paused, BASE_DELAY))
+    # the runner's own state as well as its frame: a frame published before the last key's
+    # command was applied can already read (paused, BASE_DELAY) while that command is pending
+    await until(
+        pilot,
+        lambda: (
+            (app.runner.paused, app.runner.step_delay_ms, app.runner.frame.paused, app.runner.frame.step_delay_ms)
+            == (paused, BASE_DELAY, paused, BASE_DELAY)
+        ),
+    )
 
 
 @pytest.mark.parametrize("paused", [True, False], ids=["paused", "running"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 from rich.cells import cell_len
+from textual.css.query import NoMatches
 from textual.widgets._footer import FooterKey
 
 from tests.test_app import _watch, has_work, make_app, no_unexpected_errors, step, until  # noqa: F401
@@ -59,7 +60,7 @@ def footer_ready(app, first: str) -> bool:
     """Whether the footer shows ``first`` first, laid out (it recomposes after focus moves)."""
     try:
         return footer_fits(app)[0] == first
-    except (AssertionError, IndexError):
+    except (AssertionError, IndexError, NoMatches):  # (NoMatches: the footer is mid-recompose)
         return False
 
 
