@@ -76,6 +76,25 @@ def pytest_configure(config):
     )
 
 
+# A test's own time (its call, not its fixtures) over this many seconds needs a reason, given as
+# @pytest.mark.over_budget("why"): the suite runs on two cores in 4 minutes only if each test
+# keeps to what it checks. Reported after the run, not failed: a test's time is the machine's.
+BUDGET_S = 15.0
+
+
+def pytest_terminal_summary(terminalreporter):
+    over = [
+        r
+        for outcome in ("passed", "failed")
+        for r in terminalreporter.stats.get(outcome, [])
+        if r.when == "call" and r.duration > BUDGET_S and "over_budget" not in r.keywords
+    ]
+    if over:
+        terminalreporter.section(f"over the {BUDGET_S:.0f} s budget, with no reason given")
+        for r in sorted(over, key=lambda r: -r.duration):
+            terminalreporter.line(f"{r.duration:6.1f} s  {r.nodeid}: make it faster, or mark it over_budget('why')")
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``cuda`` skip where no CUDA device is present, so the suite passes on CPU and
     ``pytest -m cuda`` selects every CUDA test on a GPU (scripts/gpu-check runs them there)."""

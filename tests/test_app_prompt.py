@@ -101,7 +101,10 @@ async def test_a_newcomer_who_types_a_prompt_first_thing_gets_a_prompt():
         assert list(app.runner.frame.prompts.values()) == [typed] and editor(app).text == ""
         await pilot.press("escape")
         assert isinstance(app.focused, RequestList)
-        assert "Send" not in footer_keys(app) and "i Type a prompt" in footer_keys(app)
+        # (the footer recomposes after the focus moves: wait for it)
+        await until(
+            pilot, lambda: "Send" not in footer_keys(app) and "i Type a prompt" in footer_keys(app), what="the footer"
+        )
         await pilot.press("i")
         assert app.focused is editor(app) and editor(app).text == ""  # i went to the editor, typed nothing
         await pilot.press("escape", "enter")  # Enter on the list: the editor too

@@ -113,55 +113,56 @@ async def test_replay_keys_move_through_the_recording():
         assert app.query_one("#scrubber").text.plain.startswith(" ⏸ step")
 
 
-async def test_every_binding_in_a_replay_acts_or_is_off():
+@pytest.mark.parametrize("paused", [True, False], ids=["paused", "playing"])
+async def test_every_binding_in_a_replay_acts_or_is_off(paused):
     """Each key in a replay: replay keys move it, view keys act, keys that would change the run
-    are off (hidden from the footer) and do nothing."""
+    are off (hidden from the footer) and do nothing. (One test per phase: the two run on two
+    test workers at once.)"""
     app = replay_app()
     r = app.runner
     async with app.run_test(size=(80, 24)) as pilot:
-        for paused in (True, False):
-            for key, action in BOUND:
-                if EFFECTS[action] is None:
-                    continue
-                app.set_layout(False)  # each key from the list view (p switches to the panes view)
-                if action in TinyLLMApp.READ_ONLY or action == "leave_input":
-                    assert action == "leave_input" or app.check_action(action, ()) is False
-                    r.send(SetPaused(True))
-                    await until(pilot, lambda: r.paused)
-                    before, focused = r.frame.snapshot, app.focused
-                    await pilot.press(key)
-                    await pilot.pause(0.05)
-                    assert r.frame.snapshot == before, f"{key!r} changed a replay"
-                    assert len(app.screen_stack) == 1 and app.focused is focused, f"{key!r} acted in a replay"
-                    continue
-                for cmd in (SetPaused(True), SetDelay(200), SeekStep(40)):
-                    r.send(cmd)  # the runner thread applies them in order
-                await until(  # the frame at step 40 too: Before and the selection read it
-                    pilot,
-                    lambda: (
-                        r.paused
-                        and r.step == 40
-                        and r.step_delay_ms == 200
-                        and (r.frame.paused, r.frame.snapshot.counters.steps, r.frame.step_delay_ms) == (True, 40, 200)
-                    ),
-                )
-                app.select(next(v.rid for v in r.frame.snapshot.requests if r.events_of(v.rid)))
-                app.query_one("#requests").focus()
-                if not paused:
-                    r.send(SetPaused(False))
-                    await until(pilot, lambda: not r.paused)
-                was = Before(app)
-                if action == "step_once" and not paused:
-                    was.notes = len(app.notified)
+        for key, action in BOUND:
+            if EFFECTS[action] is None:
+                continue
+            app.set_layout(False)  # each key from the list view (p switches to the panes view)
+            if action in TinyLLMApp.READ_ONLY or action == "leave_input":
+                assert action == "leave_input" or app.check_action(action, ()) is False
+                r.send(SetPaused(True))
+                await until(pilot, lambda: r.paused)
+                before, focused = r.frame.snapshot, app.focused
                 await pilot.press(key)
-                await until(
-                    pilot,
-                    lambda: _replay_effect(app, action, was, paused),
-                    what=f"{key!r} ({action}) in a replay, {'paused' if paused else 'playing'}",
-                )
-                if len(app.screen_stack) > 1:
-                    await pilot.press("escape")
-                    await until(pilot, lambda: len(app.screen_stack) == 1)
+                await pilot.pause(0.05)
+                assert r.frame.snapshot == before, f"{key!r} changed a replay"
+                assert len(app.screen_stack) == 1 and app.focused is focused, f"{key!r} acted in a replay"
+                continue
+            for cmd in (SetPaused(True), SetDelay(200), SeekStep(40)):
+                r.send(cmd)  # the runner thread applies them in order
+            await until(  # the frame at step 40 too: Before and the selection read it
+                pilot,
+                lambda: (
+                    r.paused
+                    and r.step == 40
+                    and r.step_delay_ms == 200
+                    and (r.frame.paused, r.frame.snapshot.counters.steps, r.frame.step_delay_ms) == (True, 40, 200)
+                ),
+            )
+            app.select(next(v.rid for v in r.frame.snapshot.requests if r.events_of(v.rid)))
+            app.query_one("#requests").focus()
+            if not paused:
+                r.send(SetPaused(False))
+                await until(pilot, lambda: not r.paused)
+            was = Before(app)
+            if action == "step_once" and not paused:
+                was.notes = len(app.notified)
+            await pilot.press(key)
+            await until(
+                pilot,
+                lambda: _replay_effect(app, action, was, paused),
+                what=f"{key!r} ({action}) in a replay, {'paused' if paused else 'playing'}",
+            )
+            if len(app.screen_stack) > 1:
+                await pilot.press("escape")
+                await until(pilot, lambda: len(app.screen_stack) == 1)
 
 
 def _replay_effect(app, action, was, paused) -> bool:

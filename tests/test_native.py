@@ -7,7 +7,9 @@ Where this machine has no C compiler the kernel tests skip, saying so; the fallb
 
 from __future__ import annotations
 
+import ctypes
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -223,19 +225,42 @@ def test_without_a_working_compiler_the_engine_stays_on_pytorch(monkeypatch, tmp
     assert stats["kv_allocated_at_end"] == 0
 
 
-@needs_kernel
-def test_built_into_the_cache_once_and_reused(monkeypatch, tmp_path):
-    monkeypatch.setattr(native, "_lib", None)
-    monkeypatch.setattr(native, "_tried", False)
-    monkeypatch.setenv("TINYLLM_CACHE", str(tmp_path))
-    assert native.library() is not None
-    built = list(tmp_path.rglob("*.so"))
-    assert len(built) == 1 and built[0].parent == tmp_path / "kernels"
-    left = sorted(p.name for p in (tmp_path / "kernels").iterdir())
-    assert left == [native.build.LOCK_NAME, built[0].name, built[0].name + ".json"]  # no temporary left
-    monkeypatch.setattr(native, "_tried", False)
-    monkeypatch.setattr(native.build, "compiler", lambda: "false")  # a second process: loads, never rebuilds
-    assert native.library() is not None
+@pytest.fixture
+def one_kernel(monkeypatch, tmp_path) -> Path:
+    """The build over one kernel's source (argmax.c and the headers), into a cache under
+    tmp_path: these tests are about the build and its cache, not the kernels, and a build of
+    every kernel takes seconds (the suite's own build, which every kernel test uses, is that)."""
+    if native.build.compiler() is None:
+        pytest.skip("no C compiler here")
+    src = tmp_path / "csrc"
+    src.mkdir()
+    for name in ("argmax.c", "kernels.h", "simd.h"):
+        shutil.copy(native.build.CSRC / name, src)
+    monkeypatch.setattr(native.build, "CSRC", src)
+    monkeypatch.setenv("TINYLLM_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "kernels"
+
+
+def argmax_of(lib_path: Path, x: torch.Tensor) -> torch.Tensor:
+    """``x``'s row argmax by the built library's kernel, called as the engine calls it."""
+    lib = ctypes.CDLL(str(lib_path))
+    lib.argmax_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    lib.argmax_rows.restype = None
+    out = torch.empty(x.size(0), 1, dtype=torch.long)
+    lib.argmax_rows(x.data_ptr(), x.stride(0), x.size(0), x.size(1), out.data_ptr())
+    return out
+
+
+def test_built_into_the_cache_once_and_reused(one_kernel, monkeypatch):
+    cc = native.build.compiler()
+    built = native.build.built_library(cc)
+    assert built.parent == one_kernel and list(one_kernel.rglob("*.so")) == [built]
+    left = sorted(p.name for p in one_kernel.iterdir())
+    assert left == [native.build.LOCK_NAME, built.name, built.name + ".json"]  # no temporary left
+    x = torch.randn(5, 300)
+    assert torch.equal(argmax_of(built, x), x.argmax(dim=-1, keepdim=True))
+    monkeypatch.setattr(native.build, "_compile", lambda *a: pytest.fail("built again"))
+    assert native.build.built_library(cc) == built  # a second process: loads, never rebuilds
 
 
 @needs_kernel
@@ -378,11 +403,10 @@ def test_another_cpu_gets_its_own_build(monkeypatch, tmp_path):
     assert len(list((tmp_path / "kernels").glob("*.so"))) == 2
 
 
-@needs_kernel
 @pytest.mark.skipif(
     not native.build._torch_uses_libgomp(), reason="no -fopenmp build is tried here (PyTorch is not on libgomp)"
 )
-def test_a_build_that_does_not_load_is_not_kept_the_next_flags_are_tried(monkeypatch, tmp_path):
+def test_a_build_that_does_not_load_is_not_kept_the_next_flags_are_tried(one_kernel, tmp_path):
     """clang takes -fopenmp and compiles calls into its own runtime (libomp), which the library
     then lacks: it built, but "undefined symbol: __kmpc_..." at load, and the engine ran on
     PyTorch. A compiler like that here: whatever it builds with -fopenmp needs a symbol nothing
@@ -397,15 +421,10 @@ def test_a_build_that_does_not_load_is_not_kept_the_next_flags_are_tried(monkeyp
         '  exec gcc "$@" ' + str(missing) + ' ;;\nesac\nexec gcc "$@"\n'
     )
     cc.chmod(0o755)
-    monkeypatch.setattr(native, "_lib", None)
-    monkeypatch.setattr(native, "_tried", False)
-    monkeypatch.setenv("TINYLLM_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(native.build, "compiler", lambda: str(cc))
-    lib = native.library()
-    assert lib is not None, native.why_not
-    assert not hasattr(lib, "tinyllm_needs_it")  # the -fopenmp build was not kept
+    built = native.build.built_library(str(cc))
+    assert not hasattr(ctypes.CDLL(str(built)), "tinyllm_needs_it")  # the -fopenmp build was not kept
     x = torch.randn(3, 50)
-    assert torch.equal(native.argmax(x), x.argmax(dim=-1, keepdim=True))
+    assert torch.equal(argmax_of(built, x), x.argmax(dim=-1, keepdim=True))
 
 
 # -- RMSNorm (csrc/rms_norm.c) ------------------------------------------------------------------

@@ -70,6 +70,9 @@ def changes(page, gap: float = 1.0) -> bool:
     return shot(page) != a
 
 
+@pytest.mark.over_budget(
+    "the one end-to-end test of --web: a real headless Chromium, the web server and the app and race processes it starts for the tab"
+)
 def test_the_race_streams_in_a_browser_and_the_tab_owns_its_engine(tmp_path):
     port = free_port()
     server = subprocess.Popen(
