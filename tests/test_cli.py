@@ -284,10 +284,33 @@ def test_shipped_checkpoint_loads_in_transformers_with_equal_logits():
 
 
 # -- tinyllm-tui: refused before the UI starts (one line on stderr, exit 2, no screen drawn) ------------
-def tui(*args: str) -> subprocess.CompletedProcess:
+def tui_process(*args: str) -> subprocess.CompletedProcess:
+    """``tinyllm-tui ARGS`` as its own process, stdin not a terminal: where the test is about the
+    process (its exit status, that nothing it started outlives it)."""
     return subprocess.run(
         [sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
     )
+
+
+def tui(*args: str) -> subprocess.CompletedProcess:
+    """``tinyllm-tui ARGS`` run by ``main`` in this process (no second interpreter: a third of a
+    second each), as a CompletedProcess; pytest's stdin is not a terminal, as the process's is
+    not. Any app that would start to run fails the test instead."""
+    import contextlib
+    import io
+    from unittest import mock
+
+    from textual.app import App
+
+    from tui.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), mock.patch.object(App, "run", side_effect=AssertionError("the app ran")):
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # (argparse's refusals)
+            code = e.code
+    return subprocess.CompletedProcess(["tinyllm-tui", *args], code, "", err.getvalue())
 
 
 def assert_refused_before_the_ui(r: subprocess.CompletedProcess, message: str) -> None:
@@ -321,7 +344,7 @@ def test_tui_without_a_terminal_says_so_instead_of_spinning(tmp_path):
     """`tinyllm-tui --prompts burst </dev/null >out.txt` drew into the file and spun a core on the
     closed stdin for as long as it ran; its engine process must not outlive the refusal either."""
     for extra in ((), ("--engine-thread",)):  # good arguments, no terminal
-        r = tui("--record", str(tmp_path / "run.jsonl"), *extra)
+        r = tui_process("--record", str(tmp_path / "run.jsonl"), *extra)
         assert_refused_before_the_ui(
             r,
             "the app draws in a terminal and its stdin is not one (redirected?); run "
