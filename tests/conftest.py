@@ -1,6 +1,14 @@
 """pytest configuration and fixtures shared by the test files."""
 
 import os
+import sys
+
+# Bytecode is cached for the suite and every process it starts, even where the environment says
+# not to (PYTHONDONTWRITEBYTECODE, set on some machines): the suite starts four workers and
+# dozens of interpreters that import the same modules, and each compiled tinyllm and tui (and
+# pytest rewrote each test module) from source again, ~0.8 s of CPU an interpreter.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 # Before torch loads its OpenMP runtime (which reads this once): a thread waiting for work sleeps
 # instead of spinning. The suite runs more workers than cores, and a command run in-process with
