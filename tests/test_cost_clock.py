@@ -126,7 +126,8 @@ def test_whatif_twice_on_the_cost_clock_writes_the_same_json_and_says_which_cloc
 def quick_calibration(monkeypatch):
     """One round of a smaller calibration workload: the same code, a fraction of the time."""
     full = calibrate.calibration_workload
-    monkeypatch.setattr(calibrate, "ROUNDS", 1)
+    monkeypatch.setattr(calibrate, "MIN_ROUNDS", 1)
+    monkeypatch.setattr(calibrate, "MAX_ROUNDS", 1)
     monkeypatch.setattr(calibrate, "calibration_workload", lambda *a, **k: full(*a, **k)[:6])
 
 
@@ -151,7 +152,7 @@ def test_a_poor_fit_is_used_for_the_run_but_not_cached(tmp_path, monkeypatch):
     quick_calibration(monkeypatch)
     said: list[str] = []
     assert isinstance(cost_profile(random_model(), say=said.append), CostModel)
-    assert any("not cached" in s for s in said) and not list(tmp_path.rglob("*.json"))
+    assert any("not kept" in s for s in said) and not list(tmp_path.rglob("*.json"))
 
 
 def test_lanes_that_make_the_same_decisions_are_said_to_and_not_ranked(tmp_path, capsys):
@@ -188,3 +189,88 @@ def test_the_burst_race_ranks_continuous_above_static_every_time():
         assert ranking.by == "latency p95"
         places.append((ranking.places, [v.result for v in race.views()]))
     assert places[0] == places[1] and places[0][0] == (2, 1)  # continuous first, both times, the same figures
+
+
+def test_the_bundled_model_rests_on_the_reference_profile_until_this_machine_measures_one(
+    tmp_path, monkeypatch, model_tok
+):
+    """No profile of this machine yet: the shipped reference, no calibration (the first run on
+    any machine gives the figures every later run gives); 'measure' fits one here and, fitting
+    well, later runs rest on it; 'reference' asks for the shipped one whatever is kept."""
+    monkeypatch.delenv("TINYLLM_COST_PROFILE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    model, _ = model_tok
+    said: list[str] = []
+    reference = cost_profile(model, say=said.append)
+    assert said == [] and reference == CostModel.load(calibrate.REFERENCE)
+    assert reference.source.startswith("reference: the bundled model measured on a quiet")
+    monkeypatch.setattr(calibrate, "GOOD_FIT", 100.0)  # (how good the fit is depends on the machine's load)
+    quick_calibration(monkeypatch)
+    measured = cost_profile(model, "measure", say=said.append)
+    assert any("calibrating" in s for s in said) and "fitted on this machine over" in measured.source
+    assert cost_profile(model, say=said.append) == measured  # kept: later runs rest on it
+    assert cost_profile(model, "reference") == reference
+
+
+def test_reference_is_the_bundled_models_only_and_said_so():
+    with pytest.raises(ValueError, match="reference profile for the bundled model on the CPU only"):
+        cost_profile(random_model(), "reference")
+
+
+def test_a_calibration_keeps_each_passes_fastest_time_and_stops_once_converged(monkeypatch):
+    """Contention only ever adds time: a round in which every pass ran 10x slower (a busy core)
+    changes no pass's time, and a round that lowers the total by less than CONVERGED, from
+    MIN_ROUNDS on, ends the calibration, saying so."""
+    from tinyllm.race import clock as clock_module
+    from tinyllm.race import race as race_module
+
+    real_time, build = clock_module.time, race_module.build_race
+    rounds = [0]
+
+    class SlowSecondRound:
+        @staticmethod
+        def perf_counter() -> float:
+            return real_time.perf_counter() * (10.0 if rounds[0] == 3 else 1.0)
+
+    def counting_build(*a, **k):
+        rounds[0] += 1
+        return build(*a, **k)
+
+    monkeypatch.setattr(clock_module, "time", SlowSecondRound)
+    monkeypatch.setattr(race_module, "build_race", counting_build)
+    full = calibrate.calibration_workload
+    monkeypatch.setattr(calibrate, "calibration_workload", lambda *a, **k: full(*a, **k)[:4])
+    said: list[str] = []
+    _, _, n, how_far = calibrate.calibrate(random_model(), say=said.append)
+    total = said[1].split("fastest times ")[1].split(" in all")[0]
+    assert said[2].endswith(f"fastest times {total} in all (0.0% lower)"), said  # the slow round lowered nothing
+    assert rounds[0] == len(said) == calibrate.MIN_ROUNDS == 3 and n > 0
+    assert how_far == "converged in 3 rounds: the last lowered the total by 0.0%"
+
+
+def test_whatif_on_a_fresh_machine_rests_on_the_reference_and_a_busy_core_changes_no_figure(
+    tmp_path, monkeypatch, capsys
+):
+    """No profile kept yet and none given: the reference, named in the output and the JSON; the
+    same JSON run beside a core kept busy."""
+    monkeypatch.delenv("TINYLLM_COST_PROFILE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    wl = tmp_path / "small.jsonl"
+    wl.write_text(
+        "".join(
+            f'{{"prompt": "ROMEO:\\n{i}", "max_new_tokens": {6 + 4 * i}, "arrival_s": {0.05 * i}}}\n' for i in range(5)
+        )
+    )
+    outs = []
+    for busy in (False, True):
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
+        try:
+            out = tmp_path / f"w{busy}.json"
+            assert tinyllm_main(["whatif", str(wl), "--lanes", "static", "chunked", "--json", str(out)]) == 0
+        finally:
+            if spinner is not None:
+                spinner.kill()
+        outs.append(json.loads(out.read_text()))
+    assert outs[0] == outs[1] and outs[0]["clock"]["source"].startswith("reference: the bundled model")
+    said = capsys.readouterr()
+    assert "calibrating" not in said.err and "reference: the bundled model measured on a quiet" in said.out

@@ -182,16 +182,24 @@ def add_clock_args(p: argparse.ArgumentParser, scope: str = "") -> None:
         "--clock",
         choices=["cost", "wall"],
         default=None,
-        help=f"{scope}how a step's time is counted: cost (default: from its work, by a cost model fitted "
-        "on this machine once and cached, the same for every lane: the same figures on every run) or "
-        "wall (each lane's measured compute)",
+        help=f"{scope}how a step's time is counted: cost (default: from its work, by a cost profile "
+        "(--cost-profile), the same for every lane: the same figures on every run) or wall (each lane's "
+        "measured compute)",
     )
+    add_cost_profile_arg(p, scope)
+
+
+def add_cost_profile_arg(p: argparse.ArgumentParser, scope: str = "") -> None:
+    """--cost-profile FILE | reference | measure (tinyllm/race/calibrate.py), for every command
+    on the cost clock."""
     p.add_argument(
         "--cost-profile",
-        metavar="FILE",
+        metavar="FILE|reference|measure",
         default=None,
-        help=f"{scope}the cost clock's coefficients from FILE (a profile measured elsewhere, e.g. on a "
-        "GPU; default: $TINYLLM_COST_PROFILE, else this machine's)",
+        help=f"{scope}what the cost clock's coefficients rest on: a profile's FILE (e.g. measured on the "
+        "machine that will serve), 'reference' (the bundled model's, shipped), or 'measure' (calibrate now, "
+        "kept for later runs if it fits well); default: $TINYLLM_COST_PROFILE, else this machine's kept "
+        "profile, else the reference",
     )
 
 

@@ -229,8 +229,10 @@ def check_cost_profile(parser, a) -> None:
         return
     if a.clock == "wall":
         parser.error("--cost-profile is the cost clock's: drop it, or --clock wall")
-    from tinyllm.race.cost import CostModel
+    from tinyllm.race.cost import CHOICES, CostModel
 
+    if a.cost_profile in CHOICES:
+        return
     try:
         CostModel.load(a.cost_profile)
     except ValueError as e:

@@ -1,12 +1,19 @@
-"""The cost clock's coefficients for a model on this machine: measured once, then cached.
+"""The cost clock's coefficients for a model: which profile a run rests on, and measuring one.
 
-``cost_profile(model)`` returns the CostModel the race and ``tinyllm whatif`` price steps with:
-a file given (``--cost-profile``, or ``TINYLLM_COST_PROFILE``: e.g. a profile measured on a
-GPU), else this machine's cached one for this model, else a fresh calibration (a few seconds):
-a small seeded workload raced on the wall clock by every kind of lane, three times, each step's
-median time taken (the schedules are the same every time, so step i of a lane does the same
-work in each round), and the cost model fitted to those steps. How well it fits (median and
-p95 relative error over the calibration's steps) is kept with it and printed once.
+``cost_profile(model, choice)`` returns the CostModel the race, ``tinyllm whatif`` and ``tinyllm
+tune`` price steps with. ``choice`` (``--cost-profile``, else ``TINYLLM_COST_PROFILE``) is a file
+(e.g. a profile measured on a GPU), ``reference`` (the profile shipped for the bundled model) or
+``measure`` (calibrate now). Without one: this machine's profile for this model where one was
+measured and fitted well (cached), else the bundled model's reference profile, else (another
+model, no reference) a calibration now. A default run never re-fits: the first run on any
+machine rests on the reference and gives the same figures as every later one.
+
+A calibration races a small seeded workload on the wall clock with every kind of lane, round
+after round, and keeps each pass's *fastest* time, as ``timeit`` does: the schedules are the
+same every round, so step i of a lane does the same work each time, and contention only ever
+adds time. It stops once a round no longer lowers the passes' total (within CONVERGED), or at
+MAX_ROUNDS / BUDGET_S on a busy machine, and says how far from converged it stopped. The cost
+model is fitted to those times; its fit (median and p95 relative error) is kept with it.
 """
 
 from __future__ import annotations
@@ -14,19 +21,24 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from tinyllm.config import EngineConfig
-from tinyllm.race.cost import CostModel, PassWork, fit, fit_error
+from tinyllm.race.cost import CHOICES, CostModel, PassWork, fit, fit_error  # noqa: F401  (CHOICES: the callers')
 
-ROUNDS = 3
+MIN_ROUNDS, MAX_ROUNDS = 3, 12
+CONVERGED = 0.01  # a round that lowers the passes' summed fastest times by less than this ends it
+BUDGET_S = 90.0  # no round starts after this long: a busy machine stops, saying how far it got
 GOOD_FIT = 0.25  # a profile whose median error is above this is not cached
 ENV = "TINYLLM_COST_PROFILE"
+# The bundled model's profile, measured on a quiet machine (scripts/reference_profile.py says
+# how): the figures of a first run anywhere, until this machine's own is measured.
+REFERENCE = Path(__file__).resolve().parent.parent / "data" / "cost" / "shakespeare-cpu.json"
 
 
 def cache_dir() -> Path:
@@ -53,41 +65,75 @@ def profile_key(model) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
-def cost_profile(model, path: str | None = None, say: Callable[[str], None] | None = None) -> CostModel:
-    """The cost model to price ``model``'s steps with (see the module docstring)."""
+def cost_profile(model, choice: str | None = None, say: Callable[[str], None] | None = None) -> CostModel:
+    """The cost model to price ``model``'s steps with (see the module docstring); ValueError
+    naming what is wrong with a choice that cannot be had."""
     say = say or (lambda text: print(text, file=sys.stderr))
-    path = path or os.environ.get(ENV) or None
-    if path:
-        return CostModel.load(path)
+    choice = choice or os.environ.get(ENV) or None
     cached = cache_dir() / f"{profile_key(model)}.json"
+    if choice == "reference":
+        reference = reference_profile(model)
+        if reference is None:
+            raise ValueError(
+                "there is a reference profile for the bundled model on the CPU only: give a profile's file, "
+                "or 'measure' to calibrate this model here"
+            )
+        return reference
+    if choice == "measure":
+        return measure(model, cached, say)
+    if choice:
+        return CostModel.load(choice)
     if cached.is_file():
         try:
             return CostModel.load(cached)
         except ValueError:
-            pass  # a damaged cache file: measured again
-    say("calibrating the cost clock for this model on this machine (once; a few seconds)…")
-    model_, (median, p95), n = calibrate(model)
-    model_ = CostModel(
+            pass  # a damaged cache file: as if there were none
+    reference = reference_profile(model)
+    if reference is not None:
+        return reference
+    say("cost clock: no profile of this model yet (the reference is the bundled model's): measuring one")
+    return measure(model, cached, say)
+
+
+def reference_profile(model) -> CostModel | None:
+    """The shipped profile, where ``model`` is the bundled one on the CPU (its shape and dtype)."""
+    from tinyllm.model.config import load_config_and_tokenizer
+
+    p = next(model.parameters())
+    if p.device.type != "cpu" or p.dtype != torch.float32:
+        return None
+    try:
+        bundled, _ = load_config_and_tokenizer()
+    except (OSError, ValueError):
+        return None
+    return CostModel.load(REFERENCE) if model.cfg == bundled else None
+
+
+def measure(model, cached: Path, say: Callable[[str], None]) -> CostModel:
+    """Calibrate now; cached for the next runs only where it fits well."""
+    say("calibrating the cost clock for this model on this machine (the fastest of repeated passes)…")
+    fitted, (median, p95), n, how_far = calibrate(model, say)
+    profile = CostModel(
         **{
-            **model_.__dict__,
-            "source": f"fitted on this machine over {n} steps: median error {median:.0%}, p95 {p95:.0%}",
+            **fitted.__dict__,
+            "source": f"fitted on this machine over {n} passes ({how_far}): median error {median:.0%}, p95 {p95:.0%}",
         }
     )
-    if median > GOOD_FIT:  # a busy machine times noise: this profile serves this run only
+    if median > GOOD_FIT:  # the passes' times do not follow their work: a busy machine, or a poor model
         say(
-            f"cost clock: {model_.source}: a poor fit (was the machine busy?), not cached: measured again next "
-            f"time (or give --cost-profile)"
+            f"cost clock: {profile.source}: a poor fit, used for this run and not kept (measure it again "
+            f"on a quiet machine: --cost-profile measure)"
         )
-        return model_
-    say(f"cost clock: {model_.source} (cached in {cached})")
+        return profile
+    say(f"cost clock: {profile.source} (kept in {cached}: later runs rest on it)")
     try:
         cached.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(model_.to_json())
+        tmp.write_text(profile.to_json())
         tmp.replace(cached)  # (concurrent calibrations: the last one wins, whole)
     except OSError as e:
-        say(f"cost clock: could not cache the profile ({e.strerror or e}); it is measured again next time")
-    return model_
+        say(f"cost clock: could not keep the profile ({e.strerror or e}); it is measured again next time")
+    return profile
 
 
 def calibration_workload(vocab: int, max_len: int, seed: int = 0) -> list:
@@ -103,17 +149,21 @@ def calibration_workload(vocab: int, max_len: int, seed: int = 0) -> list:
     return out
 
 
-def calibrate(model) -> tuple[CostModel, tuple[float, float], int]:
-    """(the fitted model, its (median, p95) relative error, steps fitted): ROUNDS races of the
-    calibration workload on the wall clock, each lane's step i timed at its median."""
+def calibrate(
+    model, say: Callable[[str], None] = lambda _text: None
+) -> tuple[CostModel, tuple[float, float], int, str]:
+    """(the fitted model, its (median, p95) relative error, passes fitted, how far from converged
+    it stopped): rounds of the calibration workload on the wall clock, each lane's pass i timed
+    at its fastest (see the module docstring)."""
     from tinyllm.race.race import build_race
 
     max_len = min(model.cfg.max_seq_len, 192)
     work = calibration_workload(model.cfg.vocab_size, max_len)
     lanes = ("static", "continuous", "chunked")
-    times: dict[tuple[str, int], list[float]] = {}
+    fastest: dict[tuple[str, int], float] = {}
     works: dict[tuple[str, int], PassWork] = {}
-    for _ in range(ROUNDS):
+    start, last_total, rounds = time.perf_counter(), None, 0
+    while True:
         race = build_race(model, work, EngineConfig.best(max_num_seqs=8, max_len=max_len), lanes=lanes)
         for lane in race.lanes:
             lane.clock.samples = []
@@ -121,11 +171,27 @@ def calibrate(model) -> tuple[CostModel, tuple[float, float], int]:
             pass
         for lane in race.lanes:
             for i, (w, s) in enumerate(lane.clock.samples):
-                times.setdefault((lane.key, i), []).append(s)
+                fastest[(lane.key, i)] = min(s, fastest.get((lane.key, i), s))
                 works[(lane.key, i)] = w
-    samples = [(works[k], statistics.median(v)) for k, v in times.items() if len(v) == ROUNDS]
+        rounds += 1
+        total = sum(fastest.values())
+        drop = None if last_total is None else (last_total - total) / last_total
+        say(
+            f"  round {rounds}: {len(fastest)} passes, fastest times {total * 1e3:.0f} ms in all"
+            + ("" if drop is None else f" ({drop:.1%} lower)")
+        )
+        if drop is not None and drop < CONVERGED and rounds >= MIN_ROUNDS:
+            how_far = f"converged in {rounds} rounds: the last lowered the total by {drop:.1%}"
+            break
+        if rounds >= MAX_ROUNDS or time.perf_counter() - start > BUDGET_S:
+            how_far = f"not converged: stopped after {rounds} round(s), {time.perf_counter() - start:.0f} s" + (
+                "" if drop is None else f", the last still lowered the total by {drop:.1%}"
+            )
+            break
+        last_total = total
+    samples = [(works[k], fastest[k]) for k in fastest]
     fitted = fit(samples)
-    return fitted, fit_error(fitted, samples), len(samples)
+    return fitted, fit_error(fitted, samples), len(samples), how_far
 
 
 def describe(profile: CostModel) -> str:

@@ -20,6 +20,8 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+CHOICES = ("reference", "measure")  # what --cost-profile takes besides a file (race/calibrate.py)
+
 
 @dataclass(frozen=True)
 class PassWork:

@@ -7,7 +7,15 @@ from __future__ import annotations
 import json
 import sys
 
-from tinyllm.args import UsageError, add_slo_arg, output_path, positive_float, positive_int, refuse_writing_over
+from tinyllm.args import (
+    UsageError,
+    add_cost_profile_arg,
+    add_slo_arg,
+    output_path,
+    positive_float,
+    positive_int,
+    refuse_writing_over,
+)
 from tinyllm.config import ONE_THREAD
 from tinyllm.engine_args import COMMAND_ENGINE_OPTIONS, add_engine_args, add_source_args
 from tinyllm.tune.search import OBJECTIVES
@@ -80,13 +88,7 @@ def add_tune_args(tu) -> None:
         help="run every point on the real model (slower; the default runs them on a one-layer stand-in "
         "of the same vocabulary: the schedule and the cost clock follow the token counts, not the weights)",
     )
-    tu.add_argument(
-        "--cost-profile",
-        metavar="FILE",
-        default=None,
-        help="the cost clock's coefficients from FILE (e.g. measured on the machine that will serve; "
-        "default: $TINYLLM_COST_PROFILE, else this machine's, calibrated once and cached)",
-    )
+    add_cost_profile_arg(tu)
     # threads: the cost profile's calibration and the wall-clock check run one (docs/tune.md)
     add_engine_args(tu, *COMMAND_ENGINE_OPTIONS["tune"], threads=ONE_THREAD)
 
