@@ -442,6 +442,16 @@ async def test_step_once_with_only_arrivals_to_come_brings_the_next_one():
         assert sum(e.text.startswith("step: nothing to do") for e in app.runner.frame.log) == 1
 
 
+async def test_the_log_counts_a_one_token_prompt_in_the_singular():
+    """A one-token prompt's log line said "(1 prompt tokens"."""
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.runner.send(Submit("R", RequestSettings(Sampling(), 4)))  # (one token in the bundled tokenizer)
+        await until(pilot, lambda: any("queued (" in e.text for e in app.runner.frame.log), what="the queued line")
+        (line,) = [e.text for e in app.runner.frame.log if "queued (" in e.text]
+        assert "(1 prompt token, max 4 new" in line, line
+
+
 async def test_step_delay_keys_change_delay():
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:

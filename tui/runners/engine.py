@@ -26,6 +26,7 @@ from tinyllm.observe.timeline import Timeline
 from tinyllm.request import RequestSettings
 from tinyllm.slo import SLO
 from tinyllm.stops import StopText
+from tinyllm.units import count
 from tinyllm.workload import WorkItem
 from tui.runners.interface import (
     LOG_LINES,
@@ -185,7 +186,7 @@ class EngineRunner(CommandLoop):
         samples = f", {len(rids)} samples #{rids[0]}..#{rids[-1]}" if len(rids) > 1 else ""
         self._add_log(
             "submit",
-            f"#{rid} queued ({len(ids)} prompt tokens, max {settings.max_new_tokens} new, "
+            f"#{rid} queued ({count(len(ids), 'prompt token')}, max {settings.max_new_tokens} new, "
             f"{settings.sampling.describe()}{samples})",
             rid,
         )

@@ -28,6 +28,7 @@ from tinyllm.observe.snapshot import EngineSnapshot, LifecycleEvent
 from tinyllm.observe.timeline import Timeline
 from tinyllm.observe.verdicts import VerdictJudge
 from tinyllm.slo import SLO
+from tinyllm.units import count
 from tui.runners.interface import LOG_LINES, Frame, LogEntry, lifecycle_log
 from tui.runners.rate import TokenRate
 
@@ -177,7 +178,7 @@ class FrameBuilder:
     def _log_from(self, events: list[LifecycleEvent]) -> None:
         for ev in events:
             said = (
-                ("submit", f"#{ev.rid} queued ({ev.tokens} prompt tokens)")
+                ("submit", f"#{ev.rid} queued ({count(ev.tokens, 'prompt token')})")
                 if ev.kind == "queued"
                 else lifecycle_log(ev)
             )
