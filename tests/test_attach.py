@@ -220,12 +220,12 @@ async def follow(pilot, cond, what: str, timeout: float = 30.0) -> int:
     app, seen, checked = pilot.app, -1, 0
     end = time.monotonic() + timeout
     while True:
-        frame = app.runner.frame
-        if frame.seq != seen:
-            seen = frame.seq
+        if app.runner.frame.seq != seen:
             app.refresh_from_runner(force=True)
             await pilot.pause()
-            check_panels(app, frame)
+            # the frame the app drew (the runner may have published another since it was read,
+            # and the app's own tick may have drawn it): every panel must show that one
+            seen = check_panels(app).seq
             checked += 1
         if app.runner.frame.seq == seen and cond():
             return checked
