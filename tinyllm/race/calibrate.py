@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from tinyllm.config import EngineConfig
-from tinyllm.race.cost import CHOICES, CostModel, PassWork, fit, fit_error  # noqa: F401  (CHOICES: the callers')
+from tinyllm.race.cost import CHOICES, CostModel, PassWork, fit, fit_error
 
 MIN_ROUNDS, MAX_ROUNDS = 3, 12
 CONVERGED = 0.01  # a round that lowers the passes' summed fastest times by less than this ends it
@@ -71,7 +71,8 @@ def cost_profile(model, choice: str | None = None, say: Callable[[str], None] | 
     say = say or (lambda text: print(text, file=sys.stderr))
     choice = choice or os.environ.get(ENV) or None
     cached = cache_dir() / f"{profile_key(model)}.json"
-    if choice == "reference":
+    reference_choice, measure_choice = CHOICES
+    if choice == reference_choice:
         reference = reference_profile(model)
         if reference is None:
             raise ValueError(
@@ -79,7 +80,7 @@ def cost_profile(model, choice: str | None = None, say: Callable[[str], None] | 
                 "or 'measure' to calibrate this model here"
             )
         return reference
-    if choice == "measure":
+    if choice == measure_choice:
         return measure(model, cached, say)
     if choice:
         return CostModel.load(choice)
