@@ -1,124 +1,63 @@
-"""``tinyllm.LLM``: text in, text out, in one call (vLLM's and nano-vllm's ``LLM(...).generate``).
+"""``tinyllm.LLM``: vLLM's offline API on tinyllm's engine. A vLLM script runs with its import changed::
 
     from tinyllm import LLM, SamplingParams
     llm = LLM()                                  # the bundled model, the engine's best path
-    out = llm.generate(["ROMEO:\\n"], SamplingParams(temperature=0.8, max_tokens=60, seed=1))
-    print(out[0].text)
+    for out in llm.generate(["ROMEO:\\n"], SamplingParams(temperature=0.8, max_tokens=60, seed=1)):
+        print(out.outputs[0].text)
 
-Under it is the step API (``llm.engine`` is a ContinuousEngine): every prompt is a Request,
-added at once and stepped to the end; stop strings are matched on the detokenized text (the one
-matcher the server uses) and end their request in the engine at once.
+The names, defaults and types are vLLM 0.32's (``LLM``, ``generate``, ``chat``,
+``get_tokenizer``, ``SamplingParams``, ``RequestOutput``, ``CompletionOutput``, ``Logprob``); what
+vLLM has and this engine cannot do is refused by name (``REFUSED``).
+
+The engine runs in an ``EngineLoop`` (tinyllm/serve/engine_loop.py, the server's): one thread
+owns it and serves every caller, so several threads may call ``generate`` on one LLM at once, and
+streams read in any order each get exactly their own text (how a call runs: tinyllm/llm_call.py).
+This module turns vLLM's arguments into the engine's settings and each prompt into a checked
+engine request.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+import weakref
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from tinyllm.config import EngineConfig
-from tinyllm.request import MAX_N, RequestSettings, Sampling, SamplingError, TokenLogprob, is_int
-from tinyllm.stops import StopText
+from tinyllm.llm_call import Job, Stream
+from tinyllm.outputs import RequestOutput
+from tinyllm.request import MAX_LOGPROBS, SamplingError, is_int, token_ids
+from tinyllm.sampling_params import SamplingParams, per_prompt
+from tinyllm.serve.engine_loop import EngineLoop
 
+DTYPES = {"auto": None, "float32": "float32", "float": "float32", "bfloat16": "bfloat16"}
 
-def SamplingParams(
-    *,
-    n: int = 1,
-    max_tokens: int = 16,
-    temperature: float = 1.0,
-    top_p: float = 1.0,  # noqa: N802
-    top_k: int = 0,
-    min_p: float = 0.0,
-    presence_penalty: float = 0.0,
-    frequency_penalty: float = 0.0,
-    repetition_penalty: float = 1.0,
-    seed: int | None = None,
-    stop: str | Sequence[str] = (),
-    stop_token_ids: Sequence[int] = (),
-    ignore_eos: bool = False,
-    min_tokens: int = 0,
-    logprobs: int | None = None,
-    priority: int = 0,
-    tenant: str = "",
-) -> RequestSettings:
-    """Every per-request setting, by vLLM's ``SamplingParams`` names and defaults (``max_tokens``
-    16, ``temperature`` 1.0; ``top_k`` 0 or -1 and ``top_p`` 1.0 mean off). Returns the engine's
-    one settings object, ``RequestSettings``, which the server, the app's settings dialog and
-    prompt files build too. A value out of range is a ValueError naming the field given here."""
-    if not is_int(max_tokens) or max_tokens < 1:
-        raise SamplingError("max_tokens", f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-    if not is_int(top_k) or top_k < -1:
-        raise SamplingError("top_k", f"top_k must be an integer >= 1, or 0 / -1 for no limit, got {top_k!r}")
-    if not isinstance(ignore_eos, bool):
-        raise SamplingError("ignore_eos", f"ignore_eos must be True or False, got {ignore_eos!r}")
-    sampling = Sampling(
-        temperature,
-        top_k if top_k > 0 else None,
-        None if top_p == 1.0 else top_p,
-        min_p,
-        presence_penalty,
-        frequency_penalty,
-        repetition_penalty,
-        seed,
-    )
-    stop_ids = tuple(stop_token_ids) if isinstance(stop_token_ids, (list, tuple)) else stop_token_ids
-    return RequestSettings(
-        sampling, max_tokens, not ignore_eos, priority, tenant, stop, stop_ids, min_tokens, logprobs, n
-    )
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One sample of a prompt (vLLM's ``CompletionOutput``)."""
-
-    index: int  # which of the prompt's n samples
-    text: str  # detokenized, stop string excluded
-    token_ids: tuple[int, ...]
-    finish_reason: str  # "stop" (EOS, a stop token or string), "length", "abort", "error"
-    stop_reason: str | int | None = None  # the stop string or token id that ended it
-    logprobs: tuple[TokenLogprob, ...] | None = None  # with SamplingParams(logprobs=k)
-    ttft_s: float = float("nan")
-    latency_s: float = float("nan")
-
-
-@dataclass(frozen=True)
-class Generation:
-    """A prompt and its samples (vLLM's ``RequestOutput``); ``text``, ``token_ids``,
-    ``finish_reason`` and ``logprobs`` are the first sample's."""
-
-    prompt: str | None  # None when the prompt was given as token ids
-    prompt_token_ids: tuple[int, ...]
-    outputs: tuple[Completion, ...]
-
-    @property
-    def text(self) -> str:
-        return self.outputs[0].text
-
-    @property
-    def token_ids(self) -> tuple[int, ...]:
-        return self.outputs[0].token_ids
-
-    @property
-    def finish_reason(self) -> str:
-        return self.outputs[0].finish_reason
-
-    @property
-    def logprobs(self) -> tuple[TokenLogprob, ...] | None:
-        return self.outputs[0].logprobs
-
-
-@dataclass(frozen=True)
-class Delta:
-    """A streamed piece: ``text`` new for sample ``index`` of prompt ``prompt``; the last piece
-    of a sample carries its ``finish_reason``."""
-
-    prompt: int
-    index: int
-    text: str
-    token_id: int | None
-    finish_reason: str | None = None
+REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {  # vLLM's LLM argument -> (values taken, why others are not)
+    "tensor_parallel_size": ((1,), "tensor parallelism is not supported: tinyllm runs on one device"),
+    "pipeline_parallel_size": ((1,), "pipeline parallelism is not supported: tinyllm runs on one device"),
+    "data_parallel_size": ((1,), "data parallelism is not supported: run one LLM per device"),
+    "quantization": ((None,), "quantized checkpoints are not supported (float32 and bfloat16 weights only)"),
+    "enable_lora": ((False, None), "LoRA adapters are not supported"),
+    "speculative_config": ((None,), "speculative decoding is not supported"),
+    "limit_mm_per_prompt": ((None,), "multimodal inputs are not supported: tinyllm runs text models"),
+    "revision": ((None,), "tinyllm loads local checkpoint directories only; nothing is downloaded"),
+    "tokenizer_revision": ((None,), "tinyllm loads local checkpoint directories only; nothing is downloaded"),
+    "tokenizer_mode": (("auto",), "tinyllm reads the checkpoint's tokenizer.json (mode 'auto') only"),
+    "runner": (("auto", "generate"), "tinyllm runs generative models only (no pooling)"),
+    "cpu_offload_gb": ((0,), "CPU offload of weights is not supported"),
+    "hf_token": ((None,), "tinyllm loads local checkpoint directories only; nothing is downloaded"),
+}
+NO_EFFECT = {  # vLLM's LLM arguments taken with no effect here, and why
+    "trust_remote_code": "tinyllm runs no code from a checkpoint (Llama-family weights only)",
+    "disable_log_stats": "tinyllm logs no stats while generating",
+    "swap_space": "preempted requests are recomputed, never swapped",
+    "disable_custom_all_reduce": "one device: no all-reduce",
+    "max_seq_len_to_capture": "CUDA graphs are captured per attention window (cuda_graph)",
+    "compilation_config": "tinyllm does not compile the model",
+    "load_format": "tinyllm reads safetensors (or a PyTorch state dict) from the directory",
+}
 
 
 def generation_eos_ids(model_dir: str | Path) -> tuple[int, ...]:
@@ -134,186 +73,324 @@ def generation_eos_ids(model_dir: str | Path) -> tuple[int, ...]:
 
 
 class LLM:
-    """A model and an engine, ready to generate. ``model``: a checkpoint directory (None: the
-    bundled model), or a loaded Transformer with its ``tokenizer``. ``config`` and keyword
-    settings: the engine's (EngineConfig; default ``EngineConfig.best()``: paged KV, the token
-    budget with chunked prefill, prefix caching). Not thread-safe, as the engine."""
+    """A model and an engine, ready to generate, by vLLM's ``LLM`` arguments (see docs/engine.md,
+    "Coming from vLLM"). ``model``: a checkpoint directory (None: the bundled model) or a loaded
+    Transformer; ``tokenizer``: a directory holding tokenizer.json, a Tokenizer, or None (the
+    model's). The engine's own settings are taken too, as an EngineConfig (``config``) and/or
+    keywords (``LLM(kv="slots")``); the default is ``EngineConfig.best()``. Safe to use from
+    several threads."""
 
     def __init__(
         self,
         model: Any = None,
-        *,
         tokenizer: Any = None,
+        *,
+        skip_tokenizer_init: bool = False,
+        dtype: str = "auto",
+        seed: int | None = 0,
+        max_model_len: int | None = None,
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        enable_prefix_caching: bool | None = None,
+        enable_chunked_prefill: bool | None = None,
+        block_size: int | None = None,
+        kv_cache_dtype: str = "auto",
+        gpu_memory_utilization: float | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        enforce_eager: bool = False,
+        max_logprobs: int = MAX_LOGPROBS,
         device: str | None = None,
         config: EngineConfig | None = None,
-        **settings: Any,
+        **kwargs: Any,
     ):
         from tinyllm.engine import ContinuousEngine
         from tinyllm.model.checkpoint import BUNDLED_MODEL, load_checkpoint
         from tinyllm.model.device import resolve_device
+        from tinyllm.model.tokenizer import PreTrainedTokenizerView
 
-        config = (config or EngineConfig.best()).replace(**settings) if settings else (config or EngineConfig.best())
+        engine_settings = _engine_keywords(kwargs)
+        if not isinstance(enforce_eager, bool):
+            raise ValueError(f"enforce_eager must be True or False, got {enforce_eager!r}")
+        if not is_int(max_logprobs) or not 0 <= max_logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"max_logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {max_logprobs!r}")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(map(repr, DTYPES))}, got {dtype!r}")
+        vllm_names = {
+            "max_len": max_model_len,
+            "max_num_seqs": max_num_seqs,
+            "max_batched_tokens": max_num_batched_tokens,
+            "prefix_cache": enable_prefix_caching,
+            "chunked_prefill": enable_chunked_prefill,
+            "block_size": block_size,
+            "kv_cache_dtype": None if kv_cache_dtype == "auto" else kv_cache_dtype,
+            "seed": seed,
+            "device": device,
+            "kv_memory_mib": _kv_mib(kv_cache_memory_bytes),
+        }
+        changes = {k: v for k, v in vllm_names.items() if v is not None} | engine_settings
+        config = (config or EngineConfig.best()).replace(**changes)
+        dev = resolve_device(config.device)
         if model is None or isinstance(model, (str, Path)):
             model_dir = Path(model) if model is not None else BUNDLED_MODEL
-            model, loaded = load_checkpoint(model_dir, device=resolve_device(device or config.device))
-            tokenizer = tokenizer or loaded
+            weights = None if DTYPES[dtype] is None else _torch_dtype(DTYPES[dtype])
+            model, loaded = load_checkpoint(model_dir, device=dev, dtype=weights)
             self.eos_ids = generation_eos_ids(model_dir)
         else:
-            self.eos_ids = ()
-        self.model, self.tokenizer = model, tokenizer
-        eos = getattr(tokenizer, "eos_id", None)
+            loaded, self.eos_ids = None, ()
+        base = None if skip_tokenizer_init else _tokenizer(tokenizer, loaded)
+        if gpu_memory_utilization is not None:
+            config = config.replace(kv_memory_mib=_kv_mib_of_gpu_share(gpu_memory_utilization, dev))
+        self.model = model
+        self.tokenizer = None if base is None else PreTrainedTokenizerView(base)
+        self._tok = base  # the engine's Tokenizer: streaming decode, token texts
+        eos = getattr(base, "eos_id", None)
         if eos is not None and eos not in self.eos_ids:
             self.eos_ids = (eos, *self.eos_ids)
-        self.engine = ContinuousEngine(model, config=config)
+        self.max_logprobs = max_logprobs
+        self.engine = ContinuousEngine(model, config=config)  # read it only between calls
+        self._loop = EngineLoop(self.engine, name="tinyllm-llm-engine")
+        self._loop.start()
+        weakref.finalize(self, self._loop.stop, 5.0)  # (the thread holds the engine, not this LLM)
+
+    # -- vLLM's surface ----------------------------------------------------------------------
+    def get_tokenizer(self) -> Any:
+        """The tokenizer, with transformers' everyday surface (encode, decode, apply_chat_template,
+        eos_token_id, ...); None with ``skip_tokenizer_init=True``."""
+        return self.tokenizer
 
     def generate(
-        self, prompts: Any, sampling: RequestSettings | Sequence[RequestSettings] | None = None, *, stream: bool = False
-    ) -> list[Generation] | Iterator[Delta]:
-        """Generate for ``prompts``: a string, a list of strings, a list of token ids (one
-        prompt), a list of such lists, or a NumPy / torch integer array (1-D: one prompt, 2-D:
-        one per row). ``sampling``: one SamplingParams for all, or one per prompt (default
-        ``SamplingParams()``). Returns a Generation per prompt, in order; ``stream=True``
-        returns an iterator of Deltas as tokens are generated instead."""
-        items = self._prompts(prompts)
-        settings = self._settings(sampling, len(items))
-        run = self._run(items, settings)
-        if stream:
-            return (delta for delta in run if isinstance(delta, Delta))
-        return next(out for out in run if isinstance(out, list))
+        self,
+        prompts: Any,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+        lora_request: Any = None,
+        priority: list[int] | None = None,
+        stream: bool = False,
+    ) -> list[RequestOutput] | Stream:
+        """Generate for ``prompts``: a string, a list of strings, token ids (one prompt), a list
+        of such lists, vLLM's prompt dicts (``{"prompt": ...}``, ``{"prompt_token_ids": ...}``),
+        or a NumPy / torch integer array (1-D: one prompt, 2-D: one per row). ``sampling_params``:
+        one for all, or one per prompt (default ``SamplingParams()``); ``priority``: one per
+        prompt (the "priority" policy). Returns a RequestOutput per prompt, in order; with
+        ``use_tqdm`` a progress bar on a terminal's stderr. ``stream=True`` (tinyllm's) returns a
+        Stream of Deltas as tokens are generated instead."""
+        if lora_request is not None:
+            raise ValueError("lora_request: LoRA adapters are not supported by tinyllm")
+        jobs = self._jobs(self._prompts(prompts), sampling_params, priority)
+        run = Stream(self, jobs, use_tqdm and not stream)
+        return run if stream else run.outputs()
+
+    def chat(
+        self,
+        messages: Any,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        lora_request: Any = None,
+        chat_template: str | None = None,
+        chat_template_content_format: str = "auto",
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: Any = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        *,
+        stream: bool = False,
+    ) -> list[RequestOutput] | Stream:
+        """Answer a conversation (a list of ``{"role", "content"}`` messages) or a list of them:
+        each rendered with the checkpoint's chat template (or ``chat_template``), as vLLM does,
+        then generated as ``generate`` would. Returns a RequestOutput per conversation."""
+        from tinyllm.model.tokenizer import template_source
+        from tinyllm.serve.body import ApiError
+        from tinyllm.serve.chat import parse_messages
+        from tinyllm.serve.chat_template import render
+
+        if self._tok is None:
+            raise ValueError("chat needs a tokenizer: this LLM was built with skip_tokenizer_init=True")
+        for name, value, why in (
+            ("tools", tools, "tool calling is not supported by tinyllm"),
+            ("continue_final_message", continue_final_message, "continuing the final message is not supported"),
+        ):
+            if value:
+                raise ValueError(f"{name}: {why}")
+        if chat_template_content_format not in ("auto", "string", "openai"):
+            raise ValueError(
+                f"chat_template_content_format must be 'auto', 'string' or 'openai', got {chat_template_content_format!r}"
+            )
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages must be a conversation (a list of messages) or a list of conversations")
+        conversations = messages if isinstance(messages[0], list) else [messages]
+        source = template_source(chat_template) if chat_template is not None else self._tok.chat_template
+        prompts = []
+        for i, conv in enumerate(conversations):
+            try:
+                msgs = list(parse_messages(conv))
+            except ApiError as e:
+                where = f"conversation {i}: " if len(conversations) > 1 else ""
+                raise ValueError(f"{where}{e}") from None
+            tokens = {**self._tok.special_tokens, **(chat_template_kwargs or {})}
+            text = render(source, msgs, add_generation_prompt, tokens)
+            prompts.append({"prompt": text, "prompt_token_ids": self._tok.encode(text, add_special_tokens=False)})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request, stream=stream)
+
+    def close(self) -> None:
+        """Stop the engine thread (unfinished requests end with an error). Also done when the
+        LLM is garbage-collected."""
+        self._loop.stop()
 
     # -- internals -------------------------------------------------------------------------
     def _prompts(self, prompts: Any) -> list[tuple[str | None, list[int]]]:
+        """Each prompt as (its text or None, its token ids)."""
         if hasattr(prompts, "tolist") and not isinstance(prompts, (str, list, tuple)):  # NumPy, torch
             prompts = prompts.tolist()
-        if isinstance(prompts, str) or (
-            isinstance(prompts, (list, tuple)) and prompts and all(is_int(t) for t in prompts)
+        if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, (list, tuple)) and prompts and all(_integral(t) for t in prompts)
         ):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)) or not prompts:
             raise ValueError(f"prompts must be a string, token ids, or a non-empty list of them, got {prompts!r:.60}")
-        out = []
-        for i, p in enumerate(prompts):
-            if hasattr(p, "tolist") and not isinstance(p, (str, list, tuple)):
-                p = p.tolist()
-            if isinstance(p, str):
-                if self.tokenizer is None:
-                    raise ValueError("a text prompt needs a tokenizer: LLM(model, tokenizer=...)")
-                ids = self.tokenizer.encode(p)
-                if not ids:
-                    raise ValueError(f"prompt {i} is empty: there is nothing to continue")
-                out.append((p, ids))
-            elif isinstance(p, (list, tuple)) and p and all(is_int(t) and t >= 0 for t in p):
-                out.append((None, list(p)))
-            else:
-                raise ValueError(
-                    f"prompt {i} must be a string or a non-empty list of token ids (integers >= 0), got {p!r:.60}"
-                )
-        return out
+        return [self._prompt(p, i) for i, p in enumerate(prompts)]
+
+    def _prompt(self, p: Any, i: int) -> tuple[str | None, list[int]]:
+        if isinstance(p, dict):  # vLLM's TextPrompt / TokensPrompt
+            unknown = sorted(set(p) - {"prompt", "prompt_token_ids"})
+            if unknown:
+                raise ValueError(f"prompt {i}: {', '.join(unknown)} not supported (give prompt or prompt_token_ids)")
+            if "prompt_token_ids" in p:
+                return p.get("prompt"), self._ids(p["prompt_token_ids"], i)
+            p = p.get("prompt")
+        if isinstance(p, str):
+            if self._tok is None:
+                raise ValueError("a text prompt needs a tokenizer: this LLM was built with skip_tokenizer_init=True")
+            ids = self._tok.encode(p, add_special_tokens=True)  # as vLLM: a Llama's BOS first
+            if not ids:
+                raise ValueError(f"prompt {i} is empty: there is nothing to continue")
+            return p, ids
+        return None, self._ids(p, i)
 
     @staticmethod
-    def _settings(sampling: Any, n: int) -> list[RequestSettings]:
-        if sampling is None:
-            return [SamplingParams()] * n
-        if isinstance(sampling, RequestSettings):
-            return [sampling] * n
-        if (
-            isinstance(sampling, (list, tuple))
-            and len(sampling) == n
-            and all(isinstance(s, RequestSettings) for s in sampling)
-        ):
-            return list(sampling)
-        raise ValueError(f"sampling must be one SamplingParams or one per prompt ({n}), got {sampling!r:.80}")
+    def _ids(p: Any, i: int) -> list[int]:
+        ids = token_ids(p)
+        if isinstance(ids, (list, tuple)) and ids and all(is_int(t) and t >= 0 for t in ids):
+            return list(ids)
+        raise ValueError(f"prompt {i} must be a string or a non-empty list of token ids (integers >= 0), got {p!r:.60}")
 
-    def _run(self, items: list[tuple[str | None, list[int]]], settings: list[RequestSettings]) -> Iterator:
-        """Add every request, step the engine until they have all ended, yielding Deltas as they
-        come and, last, the list of Generations."""
-        eng = self.engine
+    def _jobs(self, items: list[tuple[str | None, list[int]]], sampling_params: Any, priority: Any) -> list[Job]:
+        """One checked engine request per prompt: every prompt is refused before any runs."""
+        params = per_prompt(sampling_params, len(items))
+        if priority is not None and (
+            not isinstance(priority, (list, tuple)) or len(priority) != len(items) or not all(map(is_int, priority))
+        ):
+            raise ValueError(f"priority must be a list of one integer per prompt ({len(items)}), got {priority!r:.60}")
         eos = self.eos_ids[0] if self.eos_ids else None
-        rids: list[list[int]] = []
-        texts: dict[int, StopText] = {}
-        where: dict[int, tuple[int, int]] = {}
-        pieces: dict[int, list[str]] = {}
-        open_: set[int] = set()
-        try:
-            for i, ((_, ids), s) in enumerate(zip(items, settings)):
-                extra = tuple(t for t in self.eos_ids[1:] if t not in s.stop_token_ids) if s.stop_at_eos else ()
-                req = s.request(ids, eos)
+        jobs = []
+        for i, ((text, ids), sp) in enumerate(zip(items, params)):
+            try:
+                if sp.logprobs is not None and sp.logprobs > self.max_logprobs:
+                    raise SamplingError(
+                        "logprobs", f"logprobs {sp.logprobs} is more than max_logprobs {self.max_logprobs}"
+                    )
+                settings = sp.settings(room=self.engine.max_len - len(ids))
+                req = settings.request(ids, eos)
+                extra = (
+                    tuple(t for t in self.eos_ids[1:] if t not in req.stop_token_ids) if settings.stop_at_eos else ()
+                )
                 if extra:  # the checkpoint's other end-of-text ids end it too
                     req = replace(req, stop_token_ids=(*req.stop_token_ids, *extra))
-                try:
-                    added = eng.add_forks(req, s.n) if s.n > 1 else [eng.add_request(req)]
-                except ValueError as e:
-                    raise type(e)(f"prompt {i}: {e}") from None
-                rids.append(added)
-                open_.update(added)
-                for j, rid in enumerate(added):
-                    where[rid] = i, j
-                    pieces[rid] = []
-                    if self.tokenizer is not None:
-                        texts[rid] = StopText(self.tokenizer.stream(skip_special_tokens=True), s.stop, s.min_tokens)
-            yield from self._step_until_ended(open_, texts, pieces, where)
-        finally:  # a bad prompt or a stream closed early: what was added ends, nothing left behind
-            if open_:
-                for rid in open_:
-                    eng.abort(rid)
-                for rid in where:
-                    eng.results.pop(rid, None)
-        out = []
-        for (prompt, ids), added in zip(items, rids):
-            samples = []
-            for j, rid in enumerate(added):
-                r = eng.results.pop(rid)
-                text = texts.get(rid)
-                stop_reason: str | int | None = None
-                if text is not None and text.stopped:
-                    stop_reason = text.matcher.matched
-                elif r.finish_reason in ("eos", "stop") and r.tokens:
-                    stop_reason = r.tokens[-1]
-                reason = {"eos": "stop"}.get(r.finish_reason, r.finish_reason)
-                logprobs = r.logprobs if settings[len(out)].logprobs is not None else None
-                samples.append(
-                    Completion(
-                        j, "".join(pieces[rid]), tuple(r.tokens), reason, stop_reason, logprobs, r.ttft_s, r.latency_s
-                    )
-                )
-            out.append(Generation(prompt, tuple(ids), tuple(samples)))
-        yield out
-
-    def _step_until_ended(
-        self,
-        open_: set[int],
-        texts: dict[int, StopText],
-        pieces: dict[int, list[str]],
-        where: dict[int, tuple[int, int]],
-    ) -> Iterator[Delta]:
-        """Step the engine until every request in ``open_`` has ended, yielding each new piece of
-        text; a stop string found in a request's text ends it in the engine at once."""
-        eng = self.engine
-        while open_:
-            events = eng.step()
-            for ev in events:
-                if ev.rid not in open_:
-                    continue
-                text = texts.get(ev.rid)
-                piece = text.step(ev.token) if text is not None else ""
-                stopped = text is not None and text.stopped
-                if stopped:
-                    eng.finish(ev.rid, text.tokens)
-                done = ev.done or stopped
-                if done and text is not None and not stopped:
-                    piece += text.flush()
-                pieces[ev.rid].append(piece)
-                i, j = where[ev.rid]
-                reason = None
-                if done:
-                    open_.discard(ev.rid)
-                    reason = "length" if ev.reason == "length" and not stopped else "stop"
-                if piece or done:
-                    yield Delta(i, j, piece, ev.token, reason)
-            for rid in [r for r in open_ if r in eng.results]:  # aborted or failed elsewhere
-                open_.discard(rid)
-                i, j = where[rid]
-                yield Delta(i, j, "", None, eng.results[rid].finish_reason)
+                if priority is not None:
+                    req = replace(req, priority=priority[i])
+                req = self.engine.check_request(req)
+            except ValueError as e:
+                raise _for_prompt(e, i, len(items)) from None
+            jobs.append(Job(i, text, ids, sp, req, settings.stop))
+        return jobs
 
 
-__all__ = ["LLM", "MAX_N", "Completion", "Delta", "Generation", "SamplingParams", "generation_eos_ids"]
+def _for_prompt(e: ValueError, i: int, n: int) -> ValueError:
+    """``e`` of the same type and fields, its message naming the prompt (when there are several)."""
+    if n == 1:
+        return e
+    out = type(e).__new__(type(e))
+    out.args = (f"prompt {i}: {e}",)
+    out.__dict__.update(e.__dict__)  # SamplingError's field
+    return out
+
+
+def _engine_keywords(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keywords left after LLM's own: vLLM's refused or no-effect arguments (checked and
+    dropped), and the engine's settings (returned). Anything else is a TypeError, as vLLM's."""
+    settings = {}
+    for name, value in kwargs.items():
+        if name in REFUSED:
+            taken, why = REFUSED[name]
+            if value not in taken:
+                raise ValueError(f"{name}={value!r}: {why}")
+        elif name in NO_EFFECT:
+            continue
+        elif name in EngineConfig.settings():
+            settings[name] = value
+        else:
+            raise TypeError(
+                f"LLM() got an unexpected keyword argument {name!r} (vLLM's arguments tinyllm takes are in "
+                f"docs/engine.md, 'Coming from vLLM'; the engine's own: {', '.join(EngineConfig.settings())})"
+            )
+    return settings
+
+
+def _kv_mib(nbytes: Any) -> float | None:
+    if nbytes is None:
+        return None
+    if not is_int(nbytes) or nbytes < 1:
+        raise ValueError(f"kv_cache_memory_bytes must be an integer number of bytes >= 1, got {nbytes!r}")
+    return nbytes / 2**20
+
+
+def _kv_mib_of_gpu_share(share: Any, device: str) -> float:
+    """vLLM's ``gpu_memory_utilization``: the share of the GPU's memory this LLM may use; the KV
+    cache gets what the model (and anything else already there) leaves of it. CUDA only."""
+    import torch
+
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+        raise ValueError(f"gpu_memory_utilization must be a number in (0, 1], got {share!r}")
+    if not device.startswith("cuda"):
+        raise ValueError(
+            f"gpu_memory_utilization sizes the KV cache from a GPU's memory, and this LLM runs on {device}: "
+            "give kv_cache_memory_bytes (or leave both out for the engine's default)"
+        )
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    room = share * total - (total - free)
+    if room <= 0:
+        raise ValueError(
+            f"gpu_memory_utilization {share} leaves no memory for the KV cache: {(total - free) / 2**30:.1f} GiB "
+            f"of the GPU's {total / 2**30:.1f} GiB are in use already; raise it"
+        )
+    return room / 2**20
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return getattr(torch, name)
+
+
+def _tokenizer(given: Any, loaded: Any) -> Any:
+    """The engine's Tokenizer: a directory's, the one given, or the checkpoint's."""
+    from tinyllm.model.tokenizer import PreTrainedTokenizerView, Tokenizer
+
+    if given is None:
+        return loaded
+    if isinstance(given, (str, Path)):
+        return Tokenizer.from_dir(given)
+    if isinstance(given, PreTrainedTokenizerView):
+        return given.base
+    if isinstance(given, Tokenizer):
+        return given
+    raise TypeError(f"tokenizer must be a directory holding tokenizer.json or a Tokenizer, got {type(given).__name__}")
+
+
+def _integral(t: Any) -> bool:
+    import numbers
+
+    return isinstance(t, numbers.Integral) and not isinstance(t, bool)
+
+
+__all__ = ["LLM", "NO_EFFECT", "REFUSED", "SamplingParams", "Stream", "generation_eos_ids"]

@@ -294,12 +294,14 @@ def check_token_stops(stop_token_ids, min_tokens, max_new_tokens: int | None, lo
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """A generated token's log-probability under the model (before temperature, penalties and
-    cuts, as vLLM's default), and the ``top`` most likely tokens with theirs, best first."""
+    """A token's log-probability under the model (before temperature, penalties and cuts, as
+    vLLM's default), its ``rank`` in that distribution (1: the most likely; vLLM's), and the
+    ``top`` most likely tokens with theirs, best first."""
 
     token: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int = 1
 
 
 PRIORITY_LIMIT = 2**31  # |priority| below this: fits every JSON reader and metric label

@@ -175,8 +175,10 @@ class ContinuousEngine(Commits, Lifecycle, ForkSamples, EngineViews):
         self._note("queued", seq, tokens=len(seq.req.prompt))
         return seq.rid
 
-    def _new_seq(self, req: Request) -> Sequence:
-        """The engine's record of a new request (checked, given an id), not yet queued."""
+    def check_request(self, req: Request) -> Request:
+        """``req`` as the engine would take it (a frozen, re-validated copy), or the error
+        add_request would raise: out of the vocabulary, too long for a slot or the pool. Changes
+        nothing, so a caller can check every prompt of a batch before queueing any."""
         if not isinstance(req, Request):
             raise ValueError(f"add_request needs a Request, got {type(req).__name__}")
         req = req.frozen()  # re-validated, prompt as a tuple
@@ -189,6 +191,11 @@ class ContinuousEngine(Commits, Lifecycle, ForkSamples, EngineViews):
             raise SamplingError("stop_token_ids", f"stop token id {bad} is outside the model's vocabulary [0, {vocab})")
         check_fits(len(req.prompt), req.max_new_tokens, self.max_len, "the slot's max_len")
         self.slots.check_fits(len(req.prompt) + req.max_new_tokens)  # paged: the whole pool, alone
+        return req
+
+    def _new_seq(self, req: Request) -> Sequence:
+        """The engine's record of a new request (checked, given an id), not yet queued."""
+        req = self.check_request(req)
         rid = self._next_rid
         self._next_rid += 1
         seq = Sequence(rid, req, req.sampling or self.sampling, self.now())

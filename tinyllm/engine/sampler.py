@@ -307,9 +307,12 @@ def _logprobs(logits: Tensor, tokens: Tensor, rows: list[Row]) -> dict[int, Toke
     chosen = lp.gather(1, tokens[ix]).squeeze(1).tolist()
     n = min(max(rows[i].logprobs for i in ask), lp.size(-1))
     top_v, top_i = torch.topk(lp, n, dim=-1) if n else (lp[:, :0], lp[:, :0].long())
+    ranks = (lp > lp.gather(1, tokens[ix])).sum(1).add(1).tolist()  # 1 + tokens strictly likelier
     top_v, top_i, toks = top_v.tolist(), top_i.tolist(), tokens[ix].squeeze(1).tolist()
     return {
-        i: TokenLogprob(toks[j], chosen[j], tuple(zip(top_i[j][: rows[i].logprobs], top_v[j][: rows[i].logprobs])))
+        i: TokenLogprob(
+            toks[j], chosen[j], tuple(zip(top_i[j][: rows[i].logprobs], top_v[j][: rows[i].logprobs])), ranks[j]
+        )
         for j, i in enumerate(ask)
     }
 

@@ -110,3 +110,110 @@ def _token_id(hf: HFTokenizer, tok) -> int | None:
     if isinstance(tok, dict):  # {"content": "</s>", ...} in older configs
         tok = tok.get("content")
     return hf.token_to_id(tok) if isinstance(tok, str) else None
+
+
+class PreTrainedTokenizerView:
+    """A Tokenizer with transformers' everyday surface, what ``LLM.get_tokenizer()`` returns
+    (vLLM returns a transformers tokenizer, and scripts call these): ``encode`` (special tokens
+    added by default, as transformers), ``decode``, ``batch_decode``, ``__call__``,
+    ``apply_chat_template``, ``eos_token_id`` and friends. ``base`` is the engine's Tokenizer."""
+
+    def __init__(self, base: Tokenizer):
+        self.base = base
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.base.eos_id
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self.base.bos_id
+
+    @property
+    def eos_token(self) -> str | None:
+        return self.base.special_tokens.get("eos_token") or (
+            None if self.base.eos_id is None else self.base.hf.id_to_token(self.base.eos_id)
+        )
+
+    @property
+    def bos_token(self) -> str | None:
+        return self.base.special_tokens.get("bos_token") or (
+            None if self.base.bos_id is None else self.base.hf.id_to_token(self.base.bos_id)
+        )
+
+    @property
+    def pad_token_id(self) -> int | None:
+        pad = self.base.special_tokens.get("pad_token")
+        return None if pad is None else self.base.hf.token_to_id(pad)
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.base.chat_template
+
+    @property
+    def vocab_size(self) -> int:
+        return self.base.vocab_size
+
+    def __len__(self) -> int:
+        return self.base.vocab_size
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.base.hf.get_vocab(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.base.encode(text, add_special_tokens)
+
+    def decode(self, ids: int | list[int], skip_special_tokens: bool = False) -> str:
+        return self.base.decode([ids] if isinstance(ids, int) else list(ids), skip_special_tokens)
+
+    def batch_decode(self, batch: list[list[int]], skip_special_tokens: bool = False) -> list[str]:
+        return [self.decode(ids, skip_special_tokens) for ids in batch]
+
+    def convert_ids_to_tokens(self, ids: int | list[int]) -> str | list[str]:
+        if isinstance(ids, int):
+            return self.base.hf.id_to_token(ids)
+        return [self.base.hf.id_to_token(i) for i in ids]
+
+    def convert_tokens_to_ids(self, tokens: str | list[str]) -> int | None | list[int | None]:
+        if isinstance(tokens, str):
+            return self.base.hf.token_to_id(tokens)
+        return [self.base.hf.token_to_id(t) for t in tokens]
+
+    def __call__(self, text: str | list[str], add_special_tokens: bool = True) -> dict[str, list]:
+        """``{"input_ids": ..., "attention_mask": ...}`` for one text or a list, as transformers."""
+        if isinstance(text, str):
+            ids = self.encode(text, add_special_tokens)
+            return {"input_ids": ids, "attention_mask": [1] * len(ids)}
+        batch = [self.encode(t, add_special_tokens) for t in text]
+        return {"input_ids": batch, "attention_mask": [[1] * len(ids) for ids in batch]}
+
+    def apply_chat_template(
+        self,
+        conversation: list[dict],
+        tokenize: bool = True,
+        add_generation_prompt: bool = False,
+        chat_template: str | None = None,
+        **kwargs: object,
+    ) -> str | list[int]:
+        """The conversation rendered by the checkpoint's template (or ``chat_template``: Jinja
+        source or a file), as transformers (``tokenize=True``: its ids, no special tokens added:
+        the template writes them). Extra keywords are the template's variables."""
+        from tinyllm.serve.chat_template import render
+
+        text = render(
+            template_source(chat_template) if chat_template is not None else self.base.chat_template,
+            conversation,
+            add_generation_prompt,
+            {**self.base.special_tokens, **kwargs},
+        )
+        return self.base.encode(text, add_special_tokens=False) if tokenize else text
+
+    def __repr__(self) -> str:
+        return f"PreTrainedTokenizerView(vocab_size={self.vocab_size}, eos_token_id={self.eos_token_id})"
+
+
+def template_source(template: str) -> str:
+    """A chat template given as Jinja source or as the path of a file holding it (vLLM takes both)."""
+    if "{" not in template and Path(template).is_file():
+        return Path(template).read_text()
+    return template

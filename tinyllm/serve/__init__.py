@@ -17,29 +17,23 @@
     security.py     --api-key (every route but /health and /metrics), limits on what a client sends
     loadtest.py     python -m tinyllm.serve.loadtest: overload on loopback, measured and checked
 
+The offline ``tinyllm.LLM`` runs its engine in an EngineLoop too (one thread serves every caller).
+
 In-process: ``app = create_app(EngineLoop(engine), tokenizer, "name")`` then
 ``with ServerThread(app) as s: ...`` (``s.url``, ``s.engine_loop``).
 """
 
-from tinyllm.serve.app import create_app
-from tinyllm.serve.engine_loop import EngineLoop, StepHook
-from tinyllm.serve.handle import Output, RequestFailed, RequestHandle, RequestRejected
-from tinyllm.serve.metrics import ServeMetrics
-from tinyllm.serve.security import Limits
-from tinyllm.serve.server import ServerThread, build_engine, model_name_for, run_server
+from tinyllm.lazy import lazy_exports
 
-__all__ = [
-    "EngineLoop",
-    "Limits",
-    "Output",
-    "RequestFailed",
-    "RequestHandle",
-    "RequestRejected",
-    "ServeMetrics",
-    "ServerThread",
-    "StepHook",
-    "build_engine",
-    "create_app",
-    "model_name_for",
-    "run_server",
-]
+# Loaded on first use: tinyllm.LLM drives the engine through EngineLoop and must not import FastAPI.
+__all__, __getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "tinyllm.serve.app": ("create_app",),
+        "tinyllm.serve.engine_loop": ("EngineLoop", "StepHook"),
+        "tinyllm.serve.handle": ("Output", "RequestFailed", "RequestHandle", "RequestRejected"),
+        "tinyllm.serve.metrics": ("ServeMetrics",),
+        "tinyllm.serve.security": ("Limits",),
+        "tinyllm.serve.server": ("ServerThread", "build_engine", "model_name_for", "run_server"),
+    },
+)

@@ -209,6 +209,7 @@ class EngineLoop:
             h = cmd[1]
             if h.rid is not None and self._live.pop(h.rid, None) is not None:
                 eng.abort(h.rid)
+                eng.results.pop(h.rid, None)  # its client is gone: nobody reads its Result
         elif cmd[0] == "finish":  # its "finished" event ends the handle (_dispatch)
             h = cmd[1]
             if h.rid is not None and h.rid in self._live:
