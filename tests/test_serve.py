@@ -315,7 +315,7 @@ BAD_VALUES = {  # a parameter: values it refuses beside a good prompt, each name
     "stream_options": [{"include_usage": True}],  # without stream
     "n": [0, 17, "x", 2.0],
     "best_of": [2],
-    "echo": [True],
+    "echo": ["yes", 1],
     # issue 24's fields: each out-of-range or mistyped value names its parameter
     "seed": [2**63, "7", 1.5],
     "min_p": [1.5, "0.1"],
@@ -424,7 +424,12 @@ MESSAGES = [  # (body, param, message)
         'stop takes at most 16 strings of at most 256 characters each, got ["a", "a", '
         '"a", "a", "a", "a", "a", "a", "a", "a", "a", "...',
     ),  # cut to 60 characters
-    ({"echo": True}, "echo", "echo is not supported by this server: leave it out or send false, got true"),
+    ({"echo": 1}, "echo", "echo must be a boolean, got integer"),
+    (
+        {"max_tokens": 0},
+        "max_tokens",
+        "max_tokens must be at least 1 (0 only with echo: true, which returns the prompt alone), got 0",
+    ),
     (
         {"best_of": 2},
         "best_of",

@@ -22,6 +22,7 @@ and the last chunks of a stream, carry the request's accounting in a ``"tinyllm"
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -34,20 +35,28 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from tinyllm.engine.scoring import prompt_logprobs
 from tinyllm.request import Request as EngineRequest
 from tinyllm.request import SamplingError
 from tinyllm.serve.body import ApiError, error_body, load_json, request_error
 from tinyllm.serve.chat import ChatShape, parse_chat
 from tinyllm.serve.chat_template import ChatTemplateError, render
-from tinyllm.serve.completions import CompletionShape
+from tinyllm.serve.completions import CompletionShape, Echo, Piece, echo_logprobs, usage
 from tinyllm.serve.engine_loop import EngineLoop, EngineLoopStopped
 from tinyllm.serve.fit import check_prompt, check_text_fits
 from tinyllm.serve.handle import RequestFailed, RequestRejected
 from tinyllm.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
-from tinyllm.serve.protocol import GenerationParams, api_key_tenant, parse_completion
+from tinyllm.serve.protocol import CompletionParams, GenerationParams, api_key_tenant, parse_completion
 from tinyllm.serve.recorder import RecordTo, ServerRecorder
 from tinyllm.serve.respond import CompletionStream, Job, close_all, complete
-from tinyllm.serve.security import RETRY_AFTER_S, ApiKeyMiddleware, BodyLimitMiddleware, Limits, read_body
+from tinyllm.serve.security import (
+    RETRY_AFTER_S,
+    ApiKeyMiddleware,
+    BodyLimitMiddleware,
+    ErrorLogMiddleware,
+    Limits,
+    read_body,
+)
 from tinyllm.serve.stream import add_stream_route
 from tinyllm.serve.tokenization import max_token_bytes, parse_detokenize, parse_tokenize, tokenize_response
 from tinyllm.slo import SLO
@@ -103,6 +112,7 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, limit=max_body)
     if api_key:  # (added last: the outer one, so a client without the key learns nothing else)
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    app.add_middleware(ErrorLogMiddleware)  # outermost: sees every answer, the 401s included
     created = int(time.time())
 
     @app.exception_handler(ApiError)
@@ -190,7 +200,42 @@ def create_app(
             check_text_fits(p.prompt_text, token_bytes, p.max_tokens, max_len, room, p.max_tokens_field)
             ids = await asyncio.to_thread(tokenizer.encode, p.prompt_text)
         check_prompt(ids, p.max_tokens, vocab_size, max_len, room, p.max_tokens_field)
-        return await _serve(request, p, ids, CompletionShape)
+        echo = await _echo(p, ids) if p.echo else None
+        if echo is not None and p.max_tokens == 0:
+            return _echo_only(p, ids, echo)
+        return await _serve(request, p, ids, CompletionShape, echo)
+
+    async def _echo(p: CompletionParams, ids: list[int]) -> Echo:
+        """The prompt ``echo`` returns: its text as sent (token ids: decoded), and with ``logprobs``
+        its tokens' logprobs, from one scoring pass of the model in the engine thread."""
+        text = p.prompt_text if p.prompt_text is not None else await asyncio.to_thread(tokenizer.decode, ids)
+        if p.logprobs is None:
+            return Echo(text, None)
+        try:
+            lps = await engine_loop.call_async(lambda eng: prompt_logprobs(eng.model, ids, p.logprobs))
+        except EngineLoopStopped as e:
+            raise ApiError(str(e), None, None, 503, "server_error") from None
+        return Echo(text, echo_logprobs(ids, lps, tokenizer.token_text))
+
+    def _echo_only(p: CompletionParams, ids: list[int], echo: Echo) -> Response:
+        """``echo`` with ``max_tokens: 0``: the prompt and its logprobs, nothing generated (what an
+        evaluation harness asks to score a continuation), whole or as one chunk per choice."""
+        cid, created = CompletionShape.new_id(), int(time.time())
+        piece = Piece(echo.text, "length", *(([], ids) if p.return_token_ids else ()))
+        use = usage(len(ids), 0, 0)
+        if not p.stream:
+            body = CompletionShape.response(cid, model_name, piece, use)
+            body["choices"] = [dict(body["choices"][0], index=i, logprobs=echo.logprobs) for i in range(p.n)]
+            return JSONResponse(body)
+        events = []
+        for i in range(p.n):
+            c = CompletionShape.chunk(cid, created, model_name, piece, p.include_usage)
+            c["choices"][0].update(index=i, logprobs=echo.logprobs)
+            events.append(c)
+        if p.include_usage:
+            events.append(CompletionShape.usage_chunk(cid, created, model_name, use))
+        sse = b"".join(b"data: " + json.dumps(e, separators=(",", ":")).encode() + b"\n\n" for e in events)
+        return Response(sse + b"data: [DONE]\n\n", media_type="text/event-stream")
 
     def render_chat(messages, add_generation_prompt: bool) -> str:
         try:
@@ -241,7 +286,9 @@ def create_app(
         ids = parse_detokenize(load_json(raw), model_name, tokenizer.vocab_size, limits.max_tokenize_tokens)
         return JSONResponse({"prompt": await asyncio.to_thread(tokenizer.decode, ids)})
 
-    async def _serve(request: Request, p: GenerationParams, ids: list[int], shape) -> Response:
+    async def _serve(
+        request: Request, p: GenerationParams, ids: list[int], shape, echo: Echo | None = None
+    ) -> Response:
         """Submit a validated request and answer it in ``shape`` (completions' or chat's)."""
         eos = None if p.ignore_eos else tokenizer.eos_id
         try:
@@ -282,7 +329,7 @@ def create_app(
         except BaseException:  # cancelled while waiting: do not leak it
             close_all(handles)
             raise
-        job = Job(handles, tokenizer, p, ids, model_name, shape)
+        job = Job(handles, tokenizer, p, ids, model_name, shape, echo)
         return CompletionStream(job) if p.stream else await complete(request, job)
 
     app.state.feed = add_stream_route(

@@ -180,7 +180,13 @@ class ChatShape:
         logprobs: dict | None = None,
     ) -> dict:
         text = piece.text
-        delta: dict = {"role": "assistant", "content": text} if role else ({"content": text} if text else {})
+        # A token whose text is not out yet still gets its chunk ({"content": ""}, as vLLM: a
+        # client times every token); the last chunk's delta is empty when it brings no text.
+        delta: dict = (
+            {"role": "assistant", "content": text}
+            if role
+            else ({"content": text} if text or piece.finish_reason is None else {})
+        )
         choice: dict = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": piece.finish_reason}
         if piece.token_ids is not None:
             choice["token_ids"] = piece.token_ids

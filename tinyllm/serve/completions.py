@@ -87,6 +87,34 @@ def completion_logprobs(lps: list[TokenLogprob], token_text, offset: int = 0) ->
     }
 
 
+def echo_logprobs(ids: list[int], lps: list[TokenLogprob | None], token_text) -> dict:
+    """The prompt's tokens in the ``logprobs`` object's shape, for ``echo``: the first token has
+    nothing before it, so its ``token_logprobs`` and ``top_logprobs`` are null (as OpenAI and vLLM)."""
+    first = token_text(ids[0])
+    rest = completion_logprobs([lp for lp in lps[1:] if lp is not None], token_text, len(first))
+    return {
+        "tokens": [first, *rest["tokens"]],
+        "token_logprobs": [None, *rest["token_logprobs"]],
+        "top_logprobs": [None, *rest["top_logprobs"]],
+        "text_offset": [0, *rest["text_offset"]],
+    }
+
+
+def joined_logprobs(a: dict | None, b: dict | None) -> dict | None:
+    """Two logprobs objects one after the other (the echoed prompt's, then the completion's)."""
+    if a is None or b is None:
+        return a or b
+    return {k: a[k] + b[k] for k in a}
+
+
+@dataclass(frozen=True)
+class Echo:
+    """What ``echo`` puts before a completion: the prompt's text and, with ``logprobs``, its tokens'."""
+
+    text: str
+    logprobs: dict | None
+
+
 def usage_chunk(cid: str, created: int, model: str, usage_: dict) -> dict:
     """The stream's last data chunk when stream_options.include_usage: no choices, the usage."""
     return {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": [], "usage": usage_}

@@ -14,8 +14,10 @@ those), ``max_tokens`` (default 16), ``temperature`` (default 1, OpenAI's), ``to
 ``min_tokens``, ``logprobs`` (completions: 0..20), ``n`` (1..16 samples of the prompt, computed
 once: the engine's forks), ``stream``, ``stream_options.include_usage``, ``ignore_eos`` and
 ``return_token_ids`` (vLLM's extensions), ``priority`` (vLLM's), ``user`` (the fair policy's
-tenant). Rejected with a 400 when set to anything but their no-op value: ``best_of`` (1),
-``echo``, ``suffix``, ``logit_bias``. Any other unknown field is refused with a 400 naming it
+tenant), ``echo`` (completions: the prompt comes back before the completion, with its logprobs
+when ``logprobs`` is set; ``max_tokens: 0`` with it scores the prompt and generates nothing, the
+request evaluation harnesses make). Rejected with a 400 when set to anything but their no-op
+value: ``best_of`` (1), ``suffix``, ``logit_bias``. Any other unknown field is refused with a 400 naming it
 (and the known field it looks like).
 """
 
@@ -83,13 +85,13 @@ class CompletionParams(GenerationParams):
 
     prompt_text: str | None  # exactly one of prompt_text / prompt_ids is set
     prompt_ids: tuple[int, ...] | None
+    echo: bool = False  # the prompt (and its logprobs) before the completion; max_tokens 0: only it
 
 
 # Known OpenAI fields this server does not implement: each is accepted only at its no-op value
 # (or left out). Chat's refusals: tools would need a template and a parser for tool calls.
 _NO_OP = {
     "best_of": 1,
-    "echo": False,
     "suffix": "",
     "logit_bias": {},
     "tools": [],
@@ -97,7 +99,7 @@ _NO_OP = {
     "response_format": {"type": "text"},
     "continue_final_message": False,
 }
-_UNSUPPORTED = ("best_of", "echo", "suffix", "logit_bias")
+_UNSUPPORTED = ("best_of", "suffix", "logit_bias")
 _UNSUPPORTED_CHAT = ("logit_bias", "tools", "tool_choice", "response_format", "continue_final_message")
 _WHY = {"best_of": " (it returns all n samples, it does not pick the best of several)"}
 
@@ -134,7 +136,7 @@ _SHARED_FIELDS = frozenset(
     }
 )
 _FIELDS = {
-    False: _SHARED_FIELDS | {"prompt", *_UNSUPPORTED},
+    False: _SHARED_FIELDS | {"prompt", "echo", *_UNSUPPORTED},
     True: _SHARED_FIELDS
     | {
         "messages",
@@ -224,6 +226,7 @@ def parse_completion(body: Any, served_model: str) -> CompletionParams:
         **shared,
         prompt_text=prompt if isinstance(prompt, str) else None,
         prompt_ids=prompt if isinstance(prompt, tuple) else None,
+        echo=bool_field(body, "echo"),
     )
 
 
@@ -237,8 +240,11 @@ def _max_tokens(body: dict, chat: bool) -> tuple[int | None, str | None]:
         return (None, None) if chat else (DEFAULT_MAX_TOKENS, name)
     if not is_int(max_tokens):
         raise ApiError(f"{name} must be an integer, got {type_name(max_tokens)}", name, "invalid_type")
+    if max_tokens == 0 and not chat and body.get("echo") is True:
+        return 0, name  # echo only: the prompt scored, nothing generated (OpenAI's legacy completions)
     if max_tokens < 1:
-        raise ApiError(f"{name} must be at least 1, got {brief(max_tokens)}", name, "invalid_value")
+        hint = "" if chat or max_tokens != 0 else " (0 only with echo: true, which returns the prompt alone)"
+        raise ApiError(f"{name} must be at least 1{hint}, got {brief(max_tokens)}", name, "invalid_value")
     return max_tokens, name
 
 

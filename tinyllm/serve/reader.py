@@ -21,7 +21,7 @@ from tinyllm.stops import StopText
 
 
 class OutputReader:
-    def __init__(self, tokenizer: Any, handle: RequestHandle, p: GenerationParams, chat: bool = False):
+    def __init__(self, tokenizer: Any, handle: RequestHandle, p: GenerationParams, chat: bool = False, offset: int = 0):
         self.tok, self.handle = tokenizer, handle
         self.chat, self.top_n = chat, p.logprobs or 0  # chat: logprobs in chat's shape (chat_logprobs)
         self.stop = StopText(tokenizer.stream(skip_special_tokens=True), p.stop, p.min_tokens)
@@ -29,7 +29,7 @@ class OutputReader:
         self.tokens: list[int] = []
         self.logprobs: list[TokenLogprob] = []
         self.text = ""  # what was emitted so far
-        self._offset = 0  # text_offset of the next token
+        self._start = self._offset = offset  # text_offset of the first token / the next (after an echo)
 
     @property
     def stopped(self) -> bool:
@@ -65,7 +65,7 @@ class OutputReader:
             return None
         if self.chat:
             return chat_logprobs(self.logprobs, self.tok.token_text, self.top_n)
-        return completion_logprobs(self.logprobs, self.tok.token_text)
+        return completion_logprobs(self.logprobs, self.tok.token_text, self._start)
 
     def _logprobs_object(self, lps: list[TokenLogprob]) -> dict | None:
         if not self.want_logprobs:

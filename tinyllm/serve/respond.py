@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from tinyllm.serve.body import ApiError, error_body
 from tinyllm.serve.chat import ChatShape
-from tinyllm.serve.completions import CompletionShape, Piece, usage
+from tinyllm.serve.completions import CompletionShape, Echo, Piece, joined_logprobs, usage
 from tinyllm.serve.handle import Output, RequestFailed, RequestHandle
 from tinyllm.serve.protocol import GenerationParams
 from tinyllm.serve.reader import OutputReader
@@ -68,6 +68,7 @@ class Job:
     prompt: list[int]
     model: str
     shape: Any = CompletionShape
+    echo: Echo | None = None  # completions' echo: the prompt before each choice's text
 
 
 async def complete(request: Request, job: Job) -> Response:
@@ -75,7 +76,9 @@ async def complete(request: Request, job: Job) -> Response:
     disconnects while it is generated. Usage counts the prompt once and every choice's tokens;
     the top-level accounting is choice 0's (the sample that computed the prompt)."""
     handles, tokenizer, p, prompt, model, shape = job.handles, job.tokenizer, job.p, job.prompt, job.model, job.shape
-    readers = [OutputReader(tokenizer, h, p, chat=shape is ChatShape) for h in handles]
+    echo = job.echo
+    start = len(echo.text) if echo is not None else 0
+    readers = [OutputReader(tokenizer, h, p, chat=shape is ChatShape, offset=start) for h in handles]
 
     async def collect(reader: OutputReader, handle: RequestHandle) -> Output:
         while True:
@@ -110,6 +113,7 @@ async def complete(request: Request, job: Job) -> Response:
     for i, (reader, out) in enumerate(zip(readers, finals)):
         toks = reader.tokens
         text = reader.text if reader.stopped else tokenizer.decode(toks, skip_special_tokens=True)
+        text = text if echo is None else echo.text + text
         one = _indexed(
             shape.response(
                 cid, model, Piece(text, reader.finish_reason(out), *((toks, prompt) if ret_ids else ())), use
@@ -117,7 +121,7 @@ async def complete(request: Request, job: Job) -> Response:
             i,
         )
         if reader.want_logprobs:
-            one["choices"][0]["logprobs"] = reader.all_logprobs()
+            one["choices"][0]["logprobs"] = joined_logprobs(echo.logprobs if echo else None, reader.all_logprobs())
         if i == 0:
             body = one
         else:
@@ -154,7 +158,7 @@ class CompletionStream(Response):
             job.prompt,
             job.model,
         )
-        self.shape = job.shape
+        self.shape, self.echo = job.shape, job.echo
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         pump = asyncio.ensure_future(self._pump(send))
@@ -176,13 +180,11 @@ class CompletionStream(Response):
         the prompt once, the tokens of every choice, and carries choice 0's accounting."""
         p, shape, handles = self.p, self.shape, self.handles
         cid, created = shape.new_id(), int(time.time())
-        readers = [OutputReader(self.tok, h, p, chat=shape is ChatShape) for h in handles]
+        start = len(self.echo.text) if self.echo is not None else 0
+        readers = [OutputReader(self.tok, h, p, chat=shape is ChatShape, offset=start) for h in handles]
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         first, n, last = [True] * len(handles), 0, [None] * len(handles)
-        for i in range(len(handles)):
-            opening = shape.first_chunk(cid, created, self.model, p.include_usage)
-            if opening is not None:
-                await send({"type": "http.response.body", "body": _sse(_indexed(opening, i)), "more_body": True})
+        opened = [False] * len(handles)
         waiting = {i: asyncio.ensure_future(h.next_output()) for i, h in enumerate(handles)}
         try:
             while waiting:
@@ -191,7 +193,11 @@ class CompletionStream(Response):
                     out = waiting.pop(i).result()
                     text, kept, lps = readers[i].take(out)
                     n += len(kept)
-                    if text or out.finished or (p.return_token_ids and kept) or (lps is not None and kept):
+                    if not opened[i]:  # with its first token, as vLLM: a client's TTFT clock starts there
+                        opened[i] = True
+                        for opening in self._openings(cid, created, i):
+                            await send({"type": "http.response.body", "body": _sse(opening), "more_body": True})
+                    if kept or out.finished:  # a chunk per output, text or not yet (as vLLM)
                         ids = kept if p.return_token_ids else None
                         prompt_ids = self.prompt if first[i] and p.return_token_ids else None
                         piece = Piece(text, readers[i].finish_reason(out), ids, prompt_ids)
@@ -220,3 +226,17 @@ class CompletionStream(Response):
             for t in waiting.values():
                 t.cancel()
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+    def _openings(self, cid: str, created: int, i: int) -> list[dict]:
+        """What opens choice ``i``'s stream: chat's role chunk, completions' echoed prompt."""
+        out = []
+        opening = self.shape.first_chunk(cid, created, self.model, self.p.include_usage)
+        if opening is not None:
+            out.append(_indexed(opening, i))
+        if self.echo is not None:
+            c = _indexed(
+                self.shape.chunk(cid, created, self.model, Piece(self.echo.text, None), self.p.include_usage), i
+            )
+            c["choices"][0]["logprobs"] = self.echo.logprobs
+            out.append(c)
+        return out

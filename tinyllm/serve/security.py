@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import json
+import logging
 import os
 from dataclasses import dataclass
 
@@ -28,6 +30,8 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tinyllm.serve.body import ApiError, error_body
+
+log = logging.getLogger("tinyllm.serve")
 
 API_KEY_ENV = "TINYLLM_API_KEY"
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # no key needed (as vLLM): probes and Prometheus
@@ -108,6 +112,44 @@ class ApiKeyMiddleware:
             headers={"www-authenticate": "Bearer"},
         )
         await response(scope, receive, send)
+
+
+class ErrorLogMiddleware:
+    """Pure ASGI, outermost: one log line for every error answer (status >= 400; 499, a client
+    gone, is not one): status, method, path, client and the error's message and param, so a
+    failed request (a benchmark's, a harness's) leaves a trace server-side with the access log off."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 0
+
+        async def watch(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            elif message["type"] == "http.response.body" and 400 <= status != 499:
+                log_error_answer(scope, status, message.get("body", b""))
+                status = 0  # once per answer
+            await send(message)
+
+        await self.app(scope, receive, watch)
+
+
+def log_error_answer(scope: Scope, status: int, body: bytes) -> None:
+    client = scope.get("client")
+    who = f" from {client[0]}" if client else ""
+    why = ""
+    try:
+        err = json.loads(body)["error"] if len(body) < 65536 else {}
+        why = f": {err.get('message')}" + (f" (param {err['param']})" if err.get("param") else "")
+    except (ValueError, KeyError, TypeError):
+        pass
+    log.warning("%d %s %s%s%s", status, scope.get("method", "?"), scope.get("path", "?"), who, why[:500])
 
 
 class BodyLimitMiddleware:
