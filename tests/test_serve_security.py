@@ -88,7 +88,8 @@ def test_the_right_key_is_served_on_every_route(server):
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize", "/v1/tinyllm/abort"])
 def test_a_body_over_the_limit_is_refused_with_413(server, path):
     big = b'{"prompt": "' + b"a" * 5000 + b'"}'
-    r = httpx.post(server.url + path, content=big, headers=auth(), timeout=30)  # with Content-Length
+    json_ = {**auth(), "content-type": "application/json"}
+    r = httpx.post(server.url + path, content=big, headers=json_, timeout=30)  # with Content-Length
     err = is_error(r, 413, "request_too_large")
     assert "4096 bytes" in err["message"] and "--max-body-bytes" in err["message"]
 
@@ -96,7 +97,7 @@ def test_a_body_over_the_limit_is_refused_with_413(server, path):
         for _ in range(10):
             yield b" " * 1000
 
-    r = httpx.post(server.url + path, content=chunks(), headers=auth(), timeout=30)
+    r = httpx.post(server.url + path, content=chunks(), headers=json_, timeout=30)
     is_error(r, 413, "request_too_large")
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
 

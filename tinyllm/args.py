@@ -76,6 +76,15 @@ def positive_int(s: str) -> int:
     return checked(s, int, lambda v: v >= 1, "an integer >= 1")
 
 
+def comma_list(s: str) -> tuple[str, ...]:
+    """``a,b,c`` as names (--allowed-hosts, --allowed-origins): none empty, none with spaces inside."""
+    items = tuple(x.strip() for x in s.split(","))
+    bad = next((x for x in items if not x or " " in x), None)
+    if bad is not None:
+        raise argparse.ArgumentTypeError(f"expected names separated by commas, got {s!r}")
+    return items
+
+
 def positive_float(s: str) -> float:
     """A size such as --kv-memory MiB."""
     return checked(s, float, lambda v: 0 < v < float("inf"), "a finite number > 0")

@@ -21,6 +21,7 @@ from tinyllm.args import (
     add_sampling_args,
     add_slo_arg,
     check_new_file,
+    comma_list,
     load_model,
     option_names,
     output_path,
@@ -203,6 +204,7 @@ def cmd_serve(args) -> None:
         raise UsageError(f"serving needs {e.name}: pip install fastapi uvicorn prometheus-client") from None
     import torch
 
+    from tinyllm.serve.guard import Exposure
     from tinyllm.serve.recorder import RecordTo
     from tinyllm.serve.security import Limits, api_key_from_env, exposed_without_key_warning, is_loopback
     from tinyllm.serve.server import bind, build_engine, model_name_for, run_server
@@ -233,7 +235,8 @@ def cmd_serve(args) -> None:
     )
     name = args.served_model_name or model_name_for(args.model)
     record = None if args.record is None else RecordTo(Path(args.record), args.record_text)
-    run_server(engine, tok, name, sock, api_key=api_key, limits=limits, slo=args.slo, record=record)
+    exposure = Exposure(args.host, args.allowed_hosts, args.allowed_origins)
+    run_server(engine, tok, name, sock, api_key=api_key, limits=limits, slo=args.slo, record=record, exposure=exposure)
 
 
 WORK_HELP = "$XDG_CACHE_HOME/tinyllm, else ~/.cache/tinyllm"
@@ -310,6 +313,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="require 'Authorization: Bearer KEY' on every route but /health and /metrics (which stay "
         "open, as in vLLM), the observer stream and abort routes included (default: $TINYLLM_API_KEY, "
         "else no key; a non-loopback --host without one prints a warning)",
+    )
+    sv.add_argument(
+        "--allowed-hosts",
+        type=comma_list,
+        default=(),
+        metavar="NAME,...",
+        help="Host names to answer besides the bound address and, on loopback, localhost/127.0.0.1/[::1] "
+        "(a DNS-rebinding page's requests carry another name and get a 403; '*': any)",
+    )
+    sv.add_argument(
+        "--allowed-origins",
+        type=comma_list,
+        default=(),
+        metavar="ORIGIN,...",
+        help="web pages (scheme://host[:port]) whose browser requests are answered; another page's get a "
+        "403 (programs send no Origin and are not affected; '*': any)",
     )
     sv.add_argument(
         "--max-body-bytes",

@@ -44,6 +44,7 @@ from tinyllm.serve.chat_template import ChatTemplateError, render
 from tinyllm.serve.completions import CompletionShape, Echo, Piece, echo_logprobs, usage
 from tinyllm.serve.engine_loop import EngineLoop, EngineLoopStopped
 from tinyllm.serve.fit import check_prompt, check_text_fits
+from tinyllm.serve.guard import Exposure, GuardMiddleware
 from tinyllm.serve.handle import RequestFailed, RequestRejected
 from tinyllm.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from tinyllm.serve.protocol import CompletionParams, GenerationParams, api_key_tenant, parse_completion
@@ -73,13 +74,16 @@ def create_app(
     limits: Limits | None = None,
     slo: SLO | None = None,
     record: RecordTo | None = None,
+    exposure: Exposure | None = None,
 ) -> FastAPI:
     """The server's app over ``engine_loop`` (not started yet: the app's lifespan starts it and
     stops it at shutdown). ``metrics``: pass one to share it; by default a new ServeMetrics is
     made and registered as a step hook. The engine's config (vocab, max_len) is read here, once,
     before the engine thread runs. ``api_key``: every route but /health and /metrics needs it
     (tinyllm/serve/security.py); ``limits``: what a client may send (default: Limits());
-    ``record``: --record FILE, the server's recording (tinyllm/serve/recorder.py)."""
+    ``record``: --record FILE, the server's recording (tinyllm/serve/recorder.py); ``exposure``:
+    where it listens and which Hosts and Origins it answers (tinyllm/serve/guard.py; default:
+    loopback)."""
     limits = limits or Limits()
     max_body = limits.max_body_bytes
     engine = engine_loop.engine
@@ -112,7 +116,8 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, limit=max_body)
     if api_key:  # (added last: the outer one, so a client without the key learns nothing else)
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
-    app.add_middleware(ErrorLogMiddleware)  # outermost: sees every answer, the 401s included
+    app.add_middleware(GuardMiddleware, exposure=exposure or Exposure())  # Host, Origin, JSON: before the key
+    app.add_middleware(ErrorLogMiddleware)  # outermost: sees every answer, the 401s and 403s included
     created = int(time.time())
 
     @app.exception_handler(ApiError)

@@ -181,10 +181,19 @@ def body_too_large(limit: int) -> ApiError:
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, read in chunks; an ApiError (413) as soon as it passes ``limit`` bytes
-    (a Content-Length above it: before reading anything). ClientDisconnect passes through."""
+    (a Content-Length above it: before reading anything), a 415 unless it is JSON.
+    ClientDisconnect passes through."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise body_too_large(limit)
+    ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if ctype != "application/json" and not ctype.endswith("+json"):  # a page's cross-origin POST
+        raise ApiError(  # cannot say application/json without a preflight (tinyllm/serve/guard.py)
+            f"Content-Type must be application/json, got {ctype or 'none'!r}: send the body as JSON",
+            None,
+            "unsupported_media_type",
+            415,
+        )
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)

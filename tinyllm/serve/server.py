@@ -132,14 +132,17 @@ def run_server(
     limits: Limits | None = None,
     slo: Any = None,
     record: RecordTo | None = None,
+    exposure: Any = None,
 ) -> None:
     """Serve ``engine`` on the listening ``sock`` until Ctrl+C / SIGTERM, printing the URL once
     uvicorn is listening. The engine thread is stopped before this returns; after Ctrl+C it
     prints "stopped" and raises KeyboardInterrupt (the CLI's exit 130). ``api_key`` and
-    ``limits``: see tinyllm/serve/security.py; ``record``: --record (tinyllm/serve/recorder.py),
+    ``limits``: see tinyllm/serve/security.py; ``exposure``: tinyllm/serve/guard.py; ``record``: --record (tinyllm/serve/recorder.py),
     closed on the way out, Ctrl+C included."""
     loop = EngineLoop(engine, on_step=on_step)
-    app = create_app(loop, tokenizer, model_name, api_key=api_key, limits=limits, slo=slo, record=record)
+    app = create_app(
+        loop, tokenizer, model_name, api_key=api_key, limits=limits, slo=slo, record=record, exposure=exposure
+    )
     url = url_of(sock)
     recording = "" if record is None else f"; recording to {record.path}{'' if record.text else ', text left out'}"
 
