@@ -7,6 +7,7 @@ is refused.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -319,3 +320,33 @@ def test_overload_every_request_completes_or_is_refused_at_once_and_nothing_leak
                 break
             time.sleep(0.05)
         assert load == (0, 0) and held == 0 and s.engine_loop.waiting() == 0, (load, held)
+
+
+# -- client-chosen work: bounded before it starts ------------------------------------------------------
+def test_a_body_of_too_many_arrays_or_objects_is_refused_before_it_is_parsed(model_tok):
+    """A 1 MiB [[],[],...] took 2.7 s of the event loop (parse and depth walk), 30k chat messages
+    4.4 s for 8 bodies; brackets inside strings are text and count for nothing."""
+    from tinyllm.serve.body import MAX_JSON_CONTAINERS, ApiError, load_json
+
+    nested = b'{"prompt": [' + b"[]," * 300_000 + b"[]]}"
+    chat = json.dumps({"messages": [{"role": "user", "content": 'x\\"[{'}] * 30_000}).encode()
+    for raw, n in ((nested, 300_003), (chat, 30_002)):
+        with pytest.raises(ApiError, match=f"holds {n} arrays/objects, more than the {MAX_JSON_CONTAINERS}"):
+            load_json(raw)
+    code = {"prompt": '[{"a": [1]}] \\" ' * 20_000}  # a prompt full of brackets, as text
+    assert load_json(json.dumps(code).encode()) == code
+
+
+def test_tokenize_refuses_a_text_too_long_for_its_limit_without_tokenizing(server, monkeypatch, model_tok):
+    _, tok = model_tok
+    from tinyllm.serve.security import TOKENIZE_CHARS_PER_TOKEN
+
+    most = LIMITS.max_tokenize_tokens * TOKENIZE_CHARS_PER_TOKEN
+    calls = []
+    monkeypatch.setattr(type(tok), "encode", lambda self, *a, **k: calls.append(a) or [])
+    r = httpx.post(server.url + "/tokenize", json={"prompt": "a" * (most + 1)}, headers=auth(), timeout=30)
+    err = is_error(r, 400, "too_many_tokens")
+    assert "refused without tokenizing" in err["message"] and err["param"] == "prompt" and calls == []
+    monkeypatch.undo()
+    r = httpx.post(server.url + "/tokenize", json={"prompt": "a" * most}, headers=auth(), timeout=30)
+    assert "more than the server's limit of 50 tokens" in is_error(r, 400, "too_many_tokens")["message"]  # counted

@@ -25,6 +25,7 @@ import asyncio
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
@@ -38,7 +39,7 @@ from starlette.responses import JSONResponse, Response
 from tinyllm.engine.scoring import prompt_logprobs
 from tinyllm.request import Request as EngineRequest
 from tinyllm.request import SamplingError
-from tinyllm.serve.body import ApiError, error_body, load_json, request_error
+from tinyllm.serve.body import ApiError, error_body, read_json, request_error
 from tinyllm.serve.chat import ChatShape, parse_chat
 from tinyllm.serve.chat_template import ChatTemplateError, render
 from tinyllm.serve.completions import CompletionShape, Echo, Piece, echo_logprobs, usage
@@ -52,6 +53,7 @@ from tinyllm.serve.recorder import RecordTo, ServerRecorder
 from tinyllm.serve.respond import CompletionStream, Job, close_all, complete
 from tinyllm.serve.security import (
     RETRY_AFTER_S,
+    TOKENIZE_CHARS_PER_TOKEN,
     ApiKeyMiddleware,
     BodyLimitMiddleware,
     ErrorLogMiddleware,
@@ -94,6 +96,9 @@ def create_app(
         metrics = ServeMetrics(model_name, max_len, slo)  # slo: --slo, counted in /metrics
         engine_loop.add_step_hook(metrics.on_step)
     metrics.set_cache_config(engine)
+    # /tokenize and /detokenize work on a thread of their own: a client sending long texts there
+    # waits for itself, not for the pool the generation routes tokenize their prompts on.
+    tokenize_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinyllm-tokenize")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -104,6 +109,7 @@ def create_app(
         try:
             yield
         finally:
+            tokenize_pool.shutdown(wait=False, cancel_futures=True)
             await asyncio.to_thread(engine_loop.stop)
             if recorder is not None:  # after the stop: its last record holds the requests it ended
                 await recorder.close()
@@ -198,7 +204,7 @@ def create_app(
     async def completions(request: Request) -> Response:
         check_room(1)
         raw = await read_body(request, max_body)
-        p = parse_completion(load_json(raw), model_name)
+        p = parse_completion(await read_json(raw), model_name)
         if p.prompt_ids is not None:
             ids = list(p.prompt_ids)
         else:
@@ -252,8 +258,10 @@ def create_app(
     async def chat_completions(request: Request) -> Response:
         check_room(1)
         raw = await read_body(request, max_body)
-        p = parse_chat(load_json(raw), model_name)
-        text = render_chat(p.messages, p.add_generation_prompt)
+        p = parse_chat(await read_json(raw), model_name)
+        text = await asyncio.to_thread(
+            render_chat, p.messages, p.add_generation_prompt
+        )  # a template's work: off the loop
         try:
             check_text_fits(text, token_bytes, p.max_tokens or 1, max_len, room, p.max_tokens_field)
             ids = await asyncio.to_thread(tokenizer.encode, text)
@@ -268,28 +276,39 @@ def create_app(
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:
         raw = await read_body(request, max_body)
-        t = parse_tokenize(load_json(raw), model_name)
-        text = t.prompt if t.prompt is not None else render_chat(t.messages, t.add_generation_prompt)
+        t = parse_tokenize(await read_json(raw), model_name)
+        where = "prompt" if t.prompt is not None else "messages"
 
-        def work() -> dict:  # off the event loop: the text may be long
+        def work() -> dict:  # on its own thread: the text may be long (see tokenize_pool)
+            text = t.prompt if t.prompt is not None else render_chat(t.messages, t.add_generation_prompt)
+            most = limits.max_tokenize_tokens * TOKENIZE_CHARS_PER_TOKEN
+            if len(text) > most:  # bounded before the work: a 1 MiB text took 3 s of a core
+                raise ApiError(
+                    f"the text is {len(text)} characters, more than /tokenize takes: at most {most} "
+                    f"({TOKENIZE_CHARS_PER_TOKEN} per token of its limit of {limits.max_tokenize_tokens} "
+                    "tokens, --max-tokenize-tokens), refused without tokenizing",
+                    where,
+                    "too_many_tokens",
+                )
             ids = tokenizer.encode(text, t.add_special_tokens)
             if len(ids) > limits.max_tokenize_tokens:
                 raise ApiError(
                     f"the text is {len(ids)} tokens, more than the server's limit of "
                     f"{limits.max_tokenize_tokens} tokens for /tokenize",
-                    "prompt" if t.prompt is not None else "messages",
+                    where,
                     "too_many_tokens",
                 )
             strs = [tokenizer.token_text(i) for i in ids] if t.return_token_strs else None
             return tokenize_response(ids, max_len, strs)
 
-        return JSONResponse(await asyncio.to_thread(work))
+        return JSONResponse(await asyncio.get_running_loop().run_in_executor(tokenize_pool, work))
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Response:
         raw = await read_body(request, max_body)
-        ids = parse_detokenize(load_json(raw), model_name, tokenizer.vocab_size, limits.max_tokenize_tokens)
-        return JSONResponse({"prompt": await asyncio.to_thread(tokenizer.decode, ids)})
+        ids = parse_detokenize(await read_json(raw), model_name, tokenizer.vocab_size, limits.max_tokenize_tokens)
+        text = await asyncio.get_running_loop().run_in_executor(tokenize_pool, tokenizer.decode, ids)
+        return JSONResponse({"prompt": text})
 
     async def _serve(
         request: Request, p: GenerationParams, ids: list[int], shape, echo: Echo | None = None

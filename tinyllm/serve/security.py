@@ -37,6 +37,7 @@ API_KEY_ENV = "TINYLLM_API_KEY"
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # no key needed (as vLLM): probes and Prometheus
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: a request body larger than this is refused (413)
 MAX_TOKENIZE_TOKENS = 1 << 16  # /tokenize answers, /detokenize takes, at most this many tokens
+TOKENIZE_CHARS_PER_TOKEN = 8  # /tokenize refuses a text over 8 characters per token of that limit untokenized
 MAX_WAITING = 256  # requests waiting for a slot; one more is refused (429)
 LIMIT_CONCURRENCY = 1024  # uvicorn's limit_concurrency: connections + tasks at once
 RETRY_AFTER_S = 1  # the Retry-After of a 429

@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from tinyllm.observe.recording import SnapshotEncoder, encode_event, make_header
 from tinyllm.observe.snapshot import ENDED_STATES, EngineSnapshot, LifecycleEvent
 from tinyllm.request import is_int
-from tinyllm.serve.body import ApiError, brief, load_json
+from tinyllm.serve.body import ApiError, brief, read_json
 from tinyllm.serve.engine_loop import EngineLoop
 from tinyllm.serve.security import MAX_BODY_BYTES, read_body
 from tinyllm.stops import StopText
@@ -250,7 +250,7 @@ def add_stream_route(
 
     @app.post("/v1/tinyllm/abort")
     async def abort(request: Request) -> JSONResponse:
-        body = load_json(await read_body(request, max_body_bytes))
+        body = await read_json(await read_body(request, max_body_bytes))
         if isinstance(body, dict) and "rids" in body:  # several, in one engine call: the same step
             rids = body["rids"]
             if not isinstance(rids, list) or not rids or len(rids) > MAX_ABORT_RIDS or not all(is_int(r) for r in rids):
