@@ -13,11 +13,14 @@ arrives (read in chunks, never whole); ``/tokenize`` and ``/detokenize`` take at
 ``max_tokenize_tokens`` tokens; a generation request that would make more than ``max_waiting``
 requests wait for a slot is refused with a 429 and ``Retry-After`` (nothing admitted is dropped);
 uvicorn's ``limit_concurrency`` caps open connections and tasks (beyond it uvicorn itself answers
-a plain-text 503).
+a plain-text 503); a connection must bring its request's headers within ``header_timeout_s`` and
+one client holds at most ``idle_per_client`` connections without a request in flight
+(tinyllm/serve/connections.py); a body must arrive within BODY_TIMEOUT_S (408).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import json
@@ -30,6 +33,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tinyllm.serve.body import ApiError, error_body
+from tinyllm.serve.connections import HEADER_TIMEOUT_S, IDLE_PER_CLIENT
 
 log = logging.getLogger("tinyllm.serve")
 
@@ -41,6 +45,7 @@ TOKENIZE_CHARS_PER_TOKEN = 8  # /tokenize refuses a text over 8 characters per t
 MAX_WAITING = 256  # requests waiting for a slot; one more is refused (429)
 LIMIT_CONCURRENCY = 1024  # uvicorn's limit_concurrency: connections + tasks at once
 RETRY_AFTER_S = 1  # the Retry-After of a 429
+BODY_TIMEOUT_S = 30.0  # a request's body must be in within this of its headers (408 otherwise)
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,8 @@ class Limits:
     max_tokenize_tokens: int = MAX_TOKENIZE_TOKENS
     max_waiting: int = MAX_WAITING
     limit_concurrency: int | None = LIMIT_CONCURRENCY
+    header_timeout_s: float = HEADER_TIMEOUT_S  # tinyllm/serve/connections.py
+    idle_per_client: int = IDLE_PER_CLIENT
 
 
 def api_key_from_env(flag: str | None) -> str | None:
@@ -180,10 +187,10 @@ def body_too_large(limit: int) -> ApiError:
     )
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
     """The request body, read in chunks; an ApiError (413) as soon as it passes ``limit`` bytes
-    (a Content-Length above it: before reading anything), a 415 unless it is JSON.
-    ClientDisconnect passes through."""
+    (a Content-Length above it: before reading anything), a 415 unless it is JSON, a 408 if it
+    is not all in within ``timeout_s`` (default BODY_TIMEOUT_S). ClientDisconnect passes through."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise body_too_large(limit)
@@ -196,9 +203,16 @@ async def read_body(request: Request, limit: int) -> bytes:
             415,
         )
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise body_too_large(limit)
-        chunks.append(chunk)
+    timeout_s = BODY_TIMEOUT_S if timeout_s is None else timeout_s
+    try:
+        async with asyncio.timeout(timeout_s):  # a body trickled in a byte at a time is cut
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise body_too_large(limit)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(
+            f"the request body did not arrive within {timeout_s:g} s ({size} bytes came)", None, "request_timeout", 408
+        ) from None
     return b"".join(chunks)

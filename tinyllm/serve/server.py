@@ -25,6 +25,7 @@ import uvicorn
 from tinyllm.config import EngineConfig
 from tinyllm.kv.blocks import check_pool_holds_one_request
 from tinyllm.serve.app import create_app
+from tinyllm.serve.connections import guarded_protocol
 from tinyllm.serve.engine_loop import EngineLoop, StepHook
 from tinyllm.serve.recorder import RecordTo
 from tinyllm.serve.security import Limits
@@ -110,14 +111,15 @@ class _Server(uvicorn.Server):
 
 def make_server(app: Any, on_ready: Callable[[], None] | None = None, log_level: str = "warning") -> _Server:
     """uvicorn around ``app``, with the app's ``limit_concurrency`` (tinyllm.serve.security.Limits)."""
-    limits = getattr(getattr(app, "state", None), "limits", None)
+    limits = getattr(getattr(app, "state", None), "limits", None) or Limits()
     config = uvicorn.Config(
         app,
+        http=guarded_protocol(limits.header_timeout_s, limits.idle_per_client),  # connections.py
         lifespan="on",
         log_level=log_level,
         access_log=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        limit_concurrency=limits.limit_concurrency if limits is not None else None,
+        limit_concurrency=limits.limit_concurrency,
     )
     return _Server(config, on_ready)
 
