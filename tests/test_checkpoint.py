@@ -115,6 +115,12 @@ def edit_config(d, **changes):
     (d / "config.json").write_text(json.dumps(cfg))
 
 
+def shard_map(d, name: str) -> None:
+    """The weights as a sharded checkpoint whose index names ``name``."""
+    (d / "model.safetensors").unlink()
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"model.norm.weight": name}}))
+
+
 @pytest.mark.parametrize(
     "breakage, message",
     [
@@ -138,6 +144,26 @@ def edit_config(d, **changes):
         (lambda d: edit_config(d, intermediate_size=100), "has shape"),
         (lambda d: edit_config(d, num_hidden_layers=3), "missing"),
         (lambda d: edit_config(d, vocab_size=64), "tokenizer has 128 tokens"),
+        # crafted files (issue 57): each a one-line refusal, not a hang, 12 GB or a traceback
+        (lambda d: edit_config(d, num_hidden_layers=10_000_000), "num_hidden_layers must be an integer from 1 to 1024"),
+        (lambda d: edit_config(d, max_position_embeddings=10**8), "max_position_embeddings must be an integer from 1"),
+        (
+            lambda d: edit_config(d, num_hidden_layers=2.0),
+            "num_hidden_layers must be an integer from 1 to 1024, got 2.0",
+        ),
+        (
+            lambda d: edit_config(d, num_hidden_layers=None),
+            "num_hidden_layers must be an integer from 1 to 1024, got None",
+        ),
+        (lambda d: (d / "config.json").write_text("[1, 2]"), "must hold a JSON object, got list"),
+        (
+            lambda d: edit_config(
+                d, rope_theta=float("nan"), rope_parameters={"rope_type": "default", "rope_theta": float("nan")}
+            ),
+            "rope_theta must be a finite number > 0, got nan",
+        ),
+        (lambda d: edit_config(d, rope_scaling=[1]), "rope_scaling must be an object"),
+        (lambda d: shard_map(d, "../../etc/passwd"), "weight_map must name shard files in"),
     ],
 )
 def test_broken_checkpoints_give_specific_errors(good_dir, breakage, message):

@@ -373,3 +373,18 @@ def test_random_arrivals_under_every_policy_keep_the_invariants(policy, chunked,
     assert eng.slots.allocated_tokens() == 0
     for rid, (prompt, new) in added.items():
         assert eng.results[rid].tokens == _solo(prompt, new), f"request {rid} differs"
+
+
+def test_the_fair_queue_forgets_idle_tenants_least_served_first():
+    """One account per tenant was kept forever (a tenant is a client's `user` field): at 100k
+    tenants each admission scanned them all. The accounts kept are the most served."""
+    q = FairQueue()
+    for i in range(3 * FairQueue.REMEMBERED):
+        q.add(seq(i, tenant=f"user-{i}"))
+        q.charge(q.pop(), 1 + i % 7)
+    most = max(q.served.values())
+    assert len(q.served) <= FairQueue.REMEMBERED and f"user-{3 * FairQueue.REMEMBERED - 1}" in q.served
+    q.add(seq(10**6, tenant="a"))
+    q.add(seq(10**6 + 1, tenant="b"))
+    assert q.served["a"] == q.served["b"] == most  # newcomers levelled with the most served, as before
+    assert [q.pop().req.tenant, q.pop().req.tenant] == ["a", "b"]

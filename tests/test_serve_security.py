@@ -350,3 +350,40 @@ def test_tokenize_refuses_a_text_too_long_for_its_limit_without_tokenizing(serve
     monkeypatch.undo()
     r = httpx.post(server.url + "/tokenize", json={"prompt": "a" * most}, headers=auth(), timeout=30)
     assert "more than the server's limit of 50 tokens" in is_error(r, 400, "too_many_tokens")["message"]  # counted
+
+
+# -- smaller holes (issue 57) ------------------------------------------------------------------------------
+def test_n_above_max_waiting_is_a_400_not_a_429_a_client_would_retry_forever(server):
+    body = {"model": SERVED_MODEL, "prompt": "ROMEO:", "max_tokens": 2, "n": LIMITS.max_waiting + 1}
+    err = is_error(
+        httpx.post(server.url + "/v1/completions", json=body, headers=auth(), timeout=30), 400, "invalid_value"
+    )
+    assert err["param"] == "n" and "--max-waiting" in err["message"]
+
+
+def test_a_lone_surrogate_in_stop_is_a_400(server):
+    raw = '{"model": "' + SERVED_MODEL + '", "prompt": "ROMEO:", "stop": ["a", "\\udfff"]}'
+    r = httpx.post(server.url + "/v1/completions", content=raw, timeout=30,
+                   headers={**auth(), "content-type": "application/json"})  # fmt: skip
+    assert is_error(r, 400, "invalid_value")["param"] == "stop[1]"
+
+
+def test_keys_no_client_could_send_are_refused_and_a_utf8_key_matches(monkeypatch, model_tok):
+    from tinyllm.serve.security import api_key_from_env
+
+    monkeypatch.setenv("TINYLLM_API_KEY", "from-env")
+    with pytest.raises(ValueError, match="--api-key is empty"):
+        api_key_from_env("")  # it silently turned the environment's key off
+    with pytest.raises(ValueError, match="spaces or control characters"):
+        api_key_from_env(" padded ")  # it could never match
+    assert api_key_from_env(None) == "from-env"
+    model, tok = model_tok
+    key = "clé-ünïcode"
+    app = create_app(EngineLoop(build_engine(model, slots=1)), tok, SERVED_MODEL, api_key=key)
+    s = ServerThread(app).start()
+    try:
+        ok = httpx.get(s.url + "/v1/models", headers={"authorization": b"Bearer " + key.encode("utf-8")})
+        latin = httpx.get(s.url + "/v1/models", headers={"authorization": b"Bearer " + key.encode("latin-1")})
+        assert (ok.status_code, latin.status_code) == (200, 401)
+    finally:
+        s.stop()

@@ -209,6 +209,10 @@ def cmd_serve(args) -> None:
     from tinyllm.serve.security import Limits, api_key_from_env, exposed_without_key_warning, is_loopback
     from tinyllm.serve.server import bind, build_engine, model_name_for, run_server
 
+    try:  # a key no client could send is refused before anything loads
+        api_key = api_key_from_env(args.api_key)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     torch.set_num_threads(args.threads)
     if args.kv_memory is not None and args.slots is not None:
         raise UsageError(SLOTS_WITH_KV_MEMORY)
@@ -223,7 +227,6 @@ def cmd_serve(args) -> None:
         sock = bind(args.host, args.port)
     except OSError as e:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
-    api_key = api_key_from_env(args.api_key)
     if api_key is None and not is_loopback(args.host):
         print(exposed_without_key_warning(args.host), file=sys.stderr, flush=True)
     limits = Limits(

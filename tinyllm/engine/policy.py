@@ -176,6 +176,8 @@ class FairQueue(FCFSQueue):
 
     name = "fair"
 
+    REMEMBERED = 4096  # tenants whose account is kept while they wait for nothing (then the least served go)
+
     def __init__(self) -> None:
         self._by_tenant: dict[str, deque[Sequence]] = {}
         self.served: dict[str, int] = {}  # tenant -> tokens computed for it (lifted)
@@ -192,7 +194,19 @@ class FairQueue(FCFSQueue):
             floor = min(waiting) if waiting else max(self.served.values(), default=0)
             self.served[t] = max(self.served.get(t, 0), floor)
             self._by_tenant[t] = deque()
+            if len(self.served) > self.REMEMBERED:
+                self._forget()
         (self._by_tenant[t].appendleft if front else self._by_tenant[t].append)(seq)
+
+    def _forget(self) -> None:
+        """Drop the accounts of half the tenants not waiting, the least served first: a client's
+        ``user`` field names a tenant, and one account per name kept forever made each admission
+        scan them all (9 ms at 100k tenants). A forgotten tenant that comes back is levelled up
+        to those waiting, as a new one is, so only a tenant served far more than others could
+        gain, and the most served are the ones kept."""
+        idle = sorted((n, t) for t, n in self.served.items() if t not in self._by_tenant)
+        for _, t in idle[: max(len(self.served) - self.REMEMBERED // 2, 0)]:
+            del self.served[t]
 
     def add(self, seq: Sequence) -> None:
         self._join(seq, front=False)

@@ -37,7 +37,17 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError) as e:
             raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from None
-        files = [path / f for f in sorted(set(weight_map.values()))]
+        names = sorted(set(weight_map.values())) if isinstance(weight_map, dict) else None
+        bad = next(
+            (n for n in names or [] if not isinstance(n, str) or n in ("", ".", "..") or "/" in n or "\\" in n), None
+        )
+        if names is None or bad is not None:  # a shard is a file beside the index, never a path
+            raise CheckpointError(
+                f"{index}: weight_map must name shard files in {path}, got {bad if names is not None else weight_map}"[
+                    :300
+                ]
+            )
+        files = [path / f for f in names]
         for f in files:
             if not f.is_file():
                 raise CheckpointError(f"{index}: names shard {f.name}, which is missing")

@@ -8,6 +8,7 @@ the weights. Every problem is a ``CheckpointError`` naming the file and what was
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,8 +65,31 @@ def default_model_dir() -> Path:
     return BUNDLED_MODEL
 
 
+CONFIG_BOUNDS = {  # config.json's integer fields and the most each may be (real checkpoints are far below)
+    "vocab_size": 1 << 22,
+    "hidden_size": 1 << 16,
+    "num_hidden_layers": 1 << 10,
+    "num_attention_heads": 1 << 10,
+    "num_key_value_heads": 1 << 10,
+    "intermediate_size": 1 << 18,
+    "max_position_embeddings": 1 << 20,  # the rotary tables are built for this many positions
+    "head_dim": 1 << 10,
+}
+REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+
+
+def _check_int(hf: dict, key: str, most: int, where: str) -> None:
+    v = hf[key]
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= most:
+        raise CheckpointError(f"{where}: {key} must be an integer from 1 to {most}, got {v!r}")
+
+
 def config_from_hf(hf: dict, where: str = "config.json") -> ModelConfig:
-    """Map a HF LlamaConfig dict to ModelConfig, refusing options this model does not implement."""
+    """Map a HF LlamaConfig dict to ModelConfig, refusing options this model does not implement
+    and values no checkpoint has (a crafted file's 1e7 layers or 1e8 positions: a one-line refusal,
+    not a hang or 12 GB of rotary tables)."""
+    if not isinstance(hf, dict):
+        raise CheckpointError(f"{where}: must hold a JSON object, got {type(hf).__name__}")
     archs = hf.get("architectures") or []
     if hf.get("model_type") not in (None, "llama") or (archs and archs[0] not in SUPPORTED_ARCHS):
         raise CheckpointError(
@@ -78,17 +102,22 @@ def config_from_hf(hf: dict, where: str = "config.json") -> ModelConfig:
         if hf.get(flag):
             raise CheckpointError(f"{where}: unsupported option {flag}=true (biases are not implemented)")
     rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise CheckpointError(f"{where}: rope_scaling must be an object, got {type(rope).__name__}")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
         raise CheckpointError(f"{where}: unsupported rope scaling {rope_type!r} (only default RoPE)")
     theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-    missing = [
-        k
-        for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
-        if k not in hf
-    ]
+    missing = [k for k in REQUIRED if k not in hf]
     if missing:
         raise CheckpointError(f"{where}: missing required field(s) {', '.join(missing)}")
+    for key, most in CONFIG_BOUNDS.items():  # a crafted file must not hang or allocate the machine away
+        if key in REQUIRED or hf.get(key) is not None:  # (the optional ones may be null: their default)
+            _check_int(hf, key, most, where)
+    for key in ("rope_theta", "rms_norm_eps"):
+        v = theta if key == "rope_theta" else hf.get(key, 1e-6)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise CheckpointError(f"{where}: {key} must be a finite number > 0, got {v!r}")
     n_heads = hf["num_attention_heads"]
     head_dim = hf.get("head_dim") or hf["hidden_size"] // n_heads
     if head_dim * n_heads != hf["hidden_size"]:

@@ -188,6 +188,13 @@ def create_app(
         """A 429 if ``n`` more requests would wait beyond --max-waiting. Checked once as a
         generation request arrives (a full queue refuses it before its body is parsed and its
         prompt tokenized: at once, under load) and again just before it is submitted."""
+        if n > limits.max_waiting:  # could never wait here: a retry would loop forever
+            raise ApiError(
+                f"n is {n}: more samples than this server lets wait at once ({limits.max_waiting}, "
+                "--max-waiting); ask for fewer",
+                "n",
+                "invalid_value",
+            )
         waiting = engine_loop.waiting()
         if waiting + n > limits.max_waiting:
             raise ApiError(

@@ -387,6 +387,8 @@ def _stop_fields(body: dict, max_tokens: int | None, chat: bool) -> dict[str, An
     """stop, stop_token_ids, min_tokens and (completions) logprobs, checked by the rules the
     engine's Request applies (SamplingError naming the field)."""
     stop = check_stop(() if body.get("stop") is None else body["stop"])
+    for i, x in enumerate(stop):  # a lone surrogate in a stop string: a 400, as in any text field
+        text_field(x, "stop" if isinstance(body["stop"], str) else f"stop[{i}]")
     ids = body.get("stop_token_ids")
     ids = () if ids is None else ids
     min_tokens = body.get("min_tokens")

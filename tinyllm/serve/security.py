@@ -61,9 +61,21 @@ class Limits:
 
 
 def api_key_from_env(flag: str | None) -> str | None:
-    """The key to require: ``--api-key``, else ``TINYLLM_API_KEY``, else None (no key)."""
+    """The key to require: ``--api-key``, else ``TINYLLM_API_KEY``, else None (no key). A key no
+    client could send is a ValueError saying why: empty (``--api-key ""`` silently turned the
+    environment's key off), with spaces or control characters (a Bearer token has none: a key
+    with spaces around it never matched)."""
+    where = "--api-key" if flag is not None else API_KEY_ENV
     key = flag if flag is not None else os.environ.get(API_KEY_ENV)
-    return key or None
+    if key is None or (flag is None and key == ""):
+        return None
+    if key == "":
+        raise ValueError(f"--api-key is empty: give a key, or leave the option out (then ${API_KEY_ENV} is used)")
+    if any(c.isspace() or not c.isprintable() for c in key):
+        raise ValueError(
+            f"{where} holds spaces or control characters: no client can send those in 'Authorization: Bearer KEY'"
+        )
+    return key
 
 
 def is_loopback(host: str) -> bool:
@@ -84,12 +96,12 @@ def exposed_without_key_warning(host: str) -> str:
     )
 
 
-def _bearer(scope: Scope) -> str | None:
+def _bearer(scope: Scope) -> bytes | None:
+    """The Bearer token as the client sent it, bytes (a UTF-8 key is compared as UTF-8 bytes)."""
     for name, value in scope.get("headers") or ():
         if name == b"authorization":
-            v = value.decode("latin-1").strip()
-            scheme, _, token = v.partition(" ")
-            return token.strip() if scheme.lower() == "bearer" else None
+            scheme, _, token = value.strip().partition(b" ")
+            return token.strip() if scheme.lower() == b"bearer" else None
     return None
 
 
@@ -106,7 +118,7 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         given = _bearer(scope)
-        if given is not None and hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self._key):
+        if given is not None and hmac.compare_digest(given, self._key):
             await self.app(scope, receive, send)
             return
         msg = (
