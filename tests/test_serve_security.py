@@ -19,6 +19,7 @@ from tinyllm.serve import EngineLoop, Limits, ServerThread, build_engine, create
 from tinyllm.serve.security import exposed_without_key_warning, is_loopback
 
 KEY = "s3cret-key"
+ADMIN = "operator-key"
 LIMITS = Limits(max_body_bytes=4096, max_tokenize_tokens=50, max_waiting=2)
 GUARDED = [
     ("GET", "/v1/models", None),
@@ -35,7 +36,9 @@ GUARDED = [
 @pytest.fixture(scope="module")
 def server(model_tok):
     model, tok = model_tok
-    app = create_app(EngineLoop(build_engine(model, slots=2)), tok, SERVED_MODEL, api_key=KEY, limits=LIMITS)
+    app = create_app(
+        EngineLoop(build_engine(model, slots=2)), tok, SERVED_MODEL, api_key=KEY, admin_key=ADMIN, limits=LIMITS
+    )
     s = ServerThread(app).start()
     yield s
     s.stop()
@@ -75,6 +78,10 @@ def test_health_and_metrics_stay_open(server):
 
 def test_the_right_key_is_served_on_every_route(server):
     with httpx.Client(base_url=server.url, headers=auth(), timeout=60) as c:
+        for path in ("/v1/tinyllm/abort", "/v1/tinyllm/stream"):  # the operator's routes: not the API key's
+            r = c.request("POST" if path.endswith("abort") else "GET", path, json={"rid": 1})
+            assert "needs the server's operator key" in is_error(r, 403, "admin_key_required")["message"]
+    with httpx.Client(base_url=server.url, headers=auth(ADMIN), timeout=60) as c:  # the operator's: every route
         assert c.get("/v1/models").json()["data"][0]["id"] == SERVED_MODEL
         r = c.post("/v1/completions", json={"model": SERVED_MODEL, "prompt": "ROMEO:", "max_tokens": 3})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
@@ -89,7 +96,7 @@ def test_the_right_key_is_served_on_every_route(server):
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize", "/v1/tinyllm/abort"])
 def test_a_body_over_the_limit_is_refused_with_413(server, path):
     big = b'{"prompt": "' + b"a" * 5000 + b'"}'
-    json_ = {**auth(), "content-type": "application/json"}
+    json_ = {**auth(ADMIN if "tinyllm" in path else KEY), "content-type": "application/json"}
     r = httpx.post(server.url + path, content=big, headers=json_, timeout=30)  # with Content-Length
     err = is_error(r, 413, "request_too_large")
     assert "4096 bytes" in err["message"] and "--max-body-bytes" in err["message"]
@@ -184,8 +191,8 @@ def _serve_args(monkeypatch, capsys, argv: list[str]) -> tuple[dict, str]:
 
     got: dict = {}
 
-    def fake_run_server(engine, tok, name, sock, on_step=None, api_key=None, limits=None, **_rest):
-        got.update(api_key=api_key, limits=limits)
+    def fake_run_server(engine, tok, name, sock, on_step=None, api_key=None, limits=None, **rest):
+        got.update(api_key=api_key, limits=limits, **rest)
         sock.close()
 
     monkeypatch.setattr(server_mod, "run_server", fake_run_server)
@@ -226,6 +233,9 @@ def test_cli_takes_the_key_from_the_environment_and_the_limits(monkeypatch, caps
         ],
     )
     assert got["api_key"] == "flag" and got["limits"] == Limits(100, 7, 3, 9)
+    monkeypatch.setenv("TINYLLM_ADMIN_KEY", "ops")
+    got, _ = _serve_args(monkeypatch, capsys, ["--max-viewers", "2"])
+    assert got["admin_key"] == "ops" and got["limits"].max_viewers == 2
 
 
 # -- tinyllm-tui --attach --------------------------------------------------------------------------
@@ -239,12 +249,14 @@ def test_attach_sends_the_key_and_says_when_it_is_refused(server, monkeypatch, c
         AttachRunner(server.url).start()
     with pytest.raises(ConnectionError, match=r"refused the API key \(401\)"):
         AttachRunner(server.url, api_key="wrong").start()
-    for runner in [AttachRunner(server.url, api_key=KEY)]:
+    with pytest.raises(ConnectionError, match=r"refused its stream \(403\): .*needs the server's operator key"):
+        AttachRunner(server.url, api_key=KEY).start()  # a user's key does not show other users' prompts
+    for runner in [AttachRunner(server.url, api_key=ADMIN)]:
         runner.start()
         assert runner.status == "ready" and runner.model_name == SERVED_MODEL
         runner.stop()
     for env in ("OPENAI_API_KEY", "TINYLLM_API_KEY"):  # the environment, TINYLLM_API_KEY first
-        monkeypatch.setenv(env, KEY)
+        monkeypatch.setenv(env, ADMIN)
         runner = AttachRunner(server.url).start()
         assert runner.status == "ready"
         runner.stop()
@@ -385,5 +397,51 @@ def test_keys_no_client_could_send_are_refused_and_a_utf8_key_matches(monkeypatc
         ok = httpx.get(s.url + "/v1/models", headers={"authorization": b"Bearer " + key.encode("utf-8")})
         latin = httpx.get(s.url + "/v1/models", headers={"authorization": b"Bearer " + key.encode("latin-1")})
         assert (ok.status_code, latin.status_code) == (200, 401)
+    finally:
+        s.stop()
+
+
+# -- the operator's key (issue 57 item 6) ------------------------------------------------------------------
+def test_without_an_operator_key_an_api_key_never_reads_others_prompts(model_tok):
+    model, tok = model_tok
+    s = ServerThread(create_app(EngineLoop(build_engine(model, slots=1)), tok, SERVED_MODEL, api_key=KEY)).start()
+    try:
+        with httpx.Client(base_url=s.url, headers=auth(), timeout=30) as c:
+            for method, path in (("GET", "/v1/tinyllm/stream"), ("POST", "/v1/tinyllm/abort")):
+                err = is_error(c.request(method, path, json={"rid": 0}), 403, "admin_key_required")
+                assert "start it with --admin-key KEY" in err["message"]
+            assert c.post("/tokenize", json={"prompt": "ROMEO:"}).status_code == 200  # the rest: served
+    finally:
+        s.stop()
+
+
+def test_an_aborted_requests_client_gets_its_text_and_finish_reason_abort(server):
+    """It got a 500 ("aborted by an operator") though nothing failed."""
+    body = {"model": SERVED_MODEL, "prompt": "ROMEO:", "max_tokens": 200, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=auth(), timeout=60) as r:
+        rid = int(r.headers["x-tinyllm-request-id"])
+        lines = r.iter_lines()
+        first = next(line for line in lines if line.startswith("data: {"))
+        ok = httpx.post(server.url + "/v1/tinyllm/abort", json={"rid": rid}, headers=auth(ADMIN), timeout=30)
+        rest = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
+    assert ok.json() == {"rid": rid, "aborted": True} and first
+    assert rest[-1]["choices"][0]["finish_reason"] == "abort" and "error" not in rest[-1]
+
+
+def test_viewers_are_capped(model_tok):
+    """50 viewers doubled a completion's latency (each costs the engine thread a snapshot per step)."""
+    import asyncio
+
+    model, tok = model_tok
+    app = create_app(EngineLoop(build_engine(model, slots=1)), tok, SERVED_MODEL, limits=Limits(max_viewers=2))
+    s = ServerThread(app).start()
+    try:
+        loop = asyncio.new_event_loop()
+        for _ in range(2):  # two viewers watching
+            s.engine_loop.call(lambda eng: app.state.feed.subscribe(eng, loop))
+        r = httpx.get(s.url + "/v1/tinyllm/stream", timeout=30)
+        err = is_error(r, 429, "too_many_viewers")
+        assert "--max-viewers 2" in err["message"] and r.headers["retry-after"] == "5"
+        loop.close()
     finally:
         s.stop()

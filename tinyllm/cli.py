@@ -206,11 +206,12 @@ def cmd_serve(args) -> None:
 
     from tinyllm.serve.guard import Exposure
     from tinyllm.serve.recorder import RecordTo
-    from tinyllm.serve.security import Limits, api_key_from_env, exposed_without_key_warning, is_loopback
+    from tinyllm.serve.security import ADMIN_KEY_ENV, Limits, api_key_from_env, exposed_without_key_warning, is_loopback
     from tinyllm.serve.server import bind, build_engine, model_name_for, run_server
 
     try:  # a key no client could send is refused before anything loads
         api_key = api_key_from_env(args.api_key)
+        admin_key = api_key_from_env(args.admin_key, "--admin-key", ADMIN_KEY_ENV)
     except ValueError as e:
         raise UsageError(str(e)) from None
     torch.set_num_threads(args.threads)
@@ -232,14 +233,25 @@ def cmd_serve(args) -> None:
     limits = Limits(
         **{
             k: v
-            for k in ("max_body_bytes", "max_tokenize_tokens", "max_waiting", "limit_concurrency")
+            for k in ("max_body_bytes", "max_tokenize_tokens", "max_waiting", "max_viewers", "limit_concurrency")
             if (v := getattr(args, k)) is not None
         }
     )
     name = args.served_model_name or model_name_for(args.model)
     record = None if args.record is None else RecordTo(Path(args.record), args.record_text)
     exposure = Exposure(args.host, args.allowed_hosts, args.allowed_origins)
-    run_server(engine, tok, name, sock, api_key=api_key, limits=limits, slo=args.slo, record=record, exposure=exposure)
+    run_server(
+        engine,
+        tok,
+        name,
+        sock,
+        api_key=api_key,
+        limits=limits,
+        slo=args.slo,
+        record=record,
+        exposure=exposure,
+        admin_key=admin_key,
+    )
 
 
 WORK_HELP = "$XDG_CACHE_HOME/tinyllm, else ~/.cache/tinyllm"
@@ -316,6 +328,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="require 'Authorization: Bearer KEY' on every route but /health and /metrics (which stay "
         "open, as in vLLM), the observer stream and abort routes included (default: $TINYLLM_API_KEY, "
         "else no key; a non-loopback --host without one prints a warning)",
+    )
+    sv.add_argument(
+        "--admin-key",
+        default=None,
+        metavar="KEY",
+        help="the operator's key: the observer routes (/v1/tinyllm/stream, every client's prompts; "
+        "/v1/tinyllm/abort, anyone's request) need it, and it works wherever the API key does; with "
+        "--api-key and no --admin-key those routes are off (default: $TINYLLM_ADMIN_KEY)",
+    )
+    sv.add_argument(
+        "--max-viewers",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="at most N /v1/tinyllm/stream viewers at once, one more gets a 429 (default 8)",
     )
     sv.add_argument(
         "--allowed-hosts",

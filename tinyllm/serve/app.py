@@ -77,12 +77,14 @@ def create_app(
     slo: SLO | None = None,
     record: RecordTo | None = None,
     exposure: Exposure | None = None,
+    admin_key: str | None = None,
 ) -> FastAPI:
     """The server's app over ``engine_loop`` (not started yet: the app's lifespan starts it and
     stops it at shutdown). ``metrics``: pass one to share it; by default a new ServeMetrics is
     made and registered as a step hook. The engine's config (vocab, max_len) is read here, once,
     before the engine thread runs. ``api_key``: every route but /health and /metrics needs it
     (tinyllm/serve/security.py); ``limits``: what a client may send (default: Limits());
+    ``admin_key``: the operator's, for the observer routes (tinyllm/serve/security.py);
     ``record``: --record FILE, the server's recording (tinyllm/serve/recorder.py); ``exposure``:
     where it listens and which Hosts and Origins it answers (tinyllm/serve/guard.py; default:
     loopback)."""
@@ -120,8 +122,8 @@ def create_app(
     app.state.model_name = model_name
     app.state.limits = limits
     app.add_middleware(BodyLimitMiddleware, limit=max_body)
-    if api_key:  # (added last: the outer one, so a client without the key learns nothing else)
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    if api_key or admin_key:  # (added last: the outer one, so a client without the key learns nothing else)
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key, admin_key=admin_key)
     app.add_middleware(GuardMiddleware, exposure=exposure or Exposure())  # Host, Origin, JSON: before the key
     app.add_middleware(ErrorLogMiddleware)  # outermost: sees every answer, the 401s and 403s included
     created = int(time.time())
@@ -376,6 +378,7 @@ def create_app(
             "prefix_cache": engine.prefix_cache,
         },
         max_body,
+        limits.max_viewers,
     )
     app.state.recorder = (
         None if record is None else ServerRecorder(record, app.state.feed, engine_loop, vocab_size, slo)

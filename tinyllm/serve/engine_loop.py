@@ -147,11 +147,13 @@ class EngineLoop:
 
     def abort_rid(self, rid: int) -> bool:
         """Abort request ``rid`` whoever sent it (an operator's abort). Engine thread only (use
-        it inside ``call``); its client, if any, gets an error saying why."""
+        it inside ``call``); its client, if any, gets what was generated so far and
+        finish_reason "abort"."""
         ok = self.engine.abort(rid)
         h = self._live.pop(rid, None)
-        if h is not None:
-            self._post([(h, Failed("aborted by an operator (POST /v1/tinyllm/abort)"))])
+        if h is not None:  # its client's answer ends with finish_reason "abort" (vLLM's), not an error
+            self.engine.results.pop(rid, None)
+            self._post([(h, End("abort", h._cached_tokens, h._times.accounting()))])
         return ok
 
     # -- the engine thread -------------------------------------------------------------------

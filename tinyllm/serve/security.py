@@ -38,11 +38,13 @@ from tinyllm.serve.connections import HEADER_TIMEOUT_S, IDLE_PER_CLIENT
 log = logging.getLogger("tinyllm.serve")
 
 API_KEY_ENV = "TINYLLM_API_KEY"
+ADMIN_KEY_ENV = "TINYLLM_ADMIN_KEY"
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # no key needed (as vLLM): probes and Prometheus
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: a request body larger than this is refused (413)
 MAX_TOKENIZE_TOKENS = 1 << 16  # /tokenize answers, /detokenize takes, at most this many tokens
 TOKENIZE_CHARS_PER_TOKEN = 8  # /tokenize refuses a text over 8 characters per token of that limit untokenized
 MAX_WAITING = 256  # requests waiting for a slot; one more is refused (429)
+MAX_VIEWERS = 8  # state-stream viewers at once; each costs the engine thread a snapshot per step
 LIMIT_CONCURRENCY = 1024  # uvicorn's limit_concurrency: connections + tasks at once
 RETRY_AFTER_S = 1  # the Retry-After of a 429
 BODY_TIMEOUT_S = 30.0  # a request's body must be in within this of its headers (408 otherwise)
@@ -58,19 +60,20 @@ class Limits:
     limit_concurrency: int | None = LIMIT_CONCURRENCY
     header_timeout_s: float = HEADER_TIMEOUT_S  # tinyllm/serve/connections.py
     idle_per_client: int = IDLE_PER_CLIENT
+    max_viewers: int = MAX_VIEWERS  # GET /v1/tinyllm/stream at once
 
 
-def api_key_from_env(flag: str | None) -> str | None:
+def api_key_from_env(flag: str | None, option: str = "--api-key", env: str = API_KEY_ENV) -> str | None:
     """The key to require: ``--api-key``, else ``TINYLLM_API_KEY``, else None (no key). A key no
     client could send is a ValueError saying why: empty (``--api-key ""`` silently turned the
     environment's key off), with spaces or control characters (a Bearer token has none: a key
     with spaces around it never matched)."""
-    where = "--api-key" if flag is not None else API_KEY_ENV
-    key = flag if flag is not None else os.environ.get(API_KEY_ENV)
+    where = option if flag is not None else env
+    key = flag if flag is not None else os.environ.get(env)
     if key is None or (flag is None and key == ""):
         return None
     if key == "":
-        raise ValueError(f"--api-key is empty: give a key, or leave the option out (then ${API_KEY_ENV} is used)")
+        raise ValueError(f"{option} is empty: give a key, or leave the option out (then ${env} is used)")
     if any(c.isspace() or not c.isprintable() for c in key):
         raise ValueError(
             f"{where} holds spaces or control characters: no client can send those in 'Authorization: Bearer KEY'"
@@ -105,33 +108,60 @@ def _bearer(scope: Scope) -> bytes | None:
     return None
 
 
-class ApiKeyMiddleware:
-    """Pure ASGI (streams and disconnects pass through untouched): a 401 for any HTTP request
-    but ``OPEN_PATHS`` without ``Authorization: Bearer <key>``."""
+OBSERVER_PATHS = frozenset({"/v1/tinyllm/stream", "/v1/tinyllm/abort"})  # every client's prompts; anyone's abort
 
-    def __init__(self, app: ASGIApp, api_key: str):
+
+class ApiKeyMiddleware:
+    """Pure ASGI (streams and disconnects pass through untouched): who may use which route.
+
+    ``api_key`` (``--api-key``): every route but ``OPEN_PATHS`` needs it (or the admin key).
+    ``admin_key`` (``--admin-key``): the operator's; the observer routes (``OBSERVER_PATHS``: the
+    state stream shows every client's prompts and outputs, abort ends anyone's request) need it.
+    With an API key and no admin key the observer routes are off: a user's key never reads other
+    users' prompts. Without either key everything is open (a loopback server's default)."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, admin_key: str | None = None):
         self.app = app
-        self._key = api_key.encode("utf-8")
+        self._key = None if api_key is None else api_key.encode("utf-8")
+        self._admin = None if admin_key is None else admin_key.encode("utf-8")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") in OPEN_PATHS:
+        path = scope.get("path")
+        if scope["type"] != "http" or path in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         given = _bearer(scope)
-        if given is not None and hmac.compare_digest(given, self._key):
+        admin = given is not None and self._admin is not None and hmac.compare_digest(given, self._admin)
+        user = given is not None and self._key is not None and hmac.compare_digest(given, self._key)
+        if path in OBSERVER_PATHS and (admin or user):
+            if admin:
+                await self.app(scope, receive, send)
+                return
+            if self._admin is None:  # an API key only: these routes are the operator's
+                msg = (
+                    f"{path} shows every client's requests (or ends them): it is off on a server without "
+                    "an operator key; start it with --admin-key KEY and send that key"
+                )
+                return await _refuse(scope, receive, send, 403, msg, "admin_key_required")
+            msg = f"{path} needs the server's operator key (--admin-key): an API key is not enough"
+            return await _refuse(scope, receive, send, 403, msg, "admin_key_required")
+        if admin or user or (self._key is None and path not in OBSERVER_PATHS):
             await self.app(scope, receive, send)
             return
+        option = "--api-key" if self._key is not None else "--admin-key"
         msg = (
-            "Incorrect API key provided: this server was started with --api-key"
+            f"Incorrect API key provided: this server was started with {option}"
             if given
-            else "You didn't provide an API key: send it as 'Authorization: Bearer KEY' (the server's --api-key)"
+            else f"You didn't provide an API key: send it as 'Authorization: Bearer KEY' (the server's {option})"
         )
-        response = JSONResponse(
-            error_body(msg, "invalid_request_error", None, "invalid_api_key"),
-            status_code=401,
-            headers={"www-authenticate": "Bearer"},
-        )
-        await response(scope, receive, send)
+        await _refuse(scope, receive, send, 401, msg, "invalid_api_key")
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, msg: str, code: str) -> None:
+    headers = {"www-authenticate": "Bearer"} if status == 401 else None
+    await JSONResponse(error_body(msg, "invalid_request_error", None, code), status_code=status, headers=headers)(
+        scope, receive, send
+    )
 
 
 class ErrorLogMiddleware:

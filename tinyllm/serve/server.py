@@ -135,6 +135,7 @@ def run_server(
     slo: Any = None,
     record: RecordTo | None = None,
     exposure: Any = None,
+    admin_key: str | None = None,
 ) -> None:
     """Serve ``engine`` on the listening ``sock`` until Ctrl+C / SIGTERM, printing the URL once
     uvicorn is listening. The engine thread is stopped before this returns; after Ctrl+C it
@@ -143,7 +144,15 @@ def run_server(
     closed on the way out, Ctrl+C included."""
     loop = EngineLoop(engine, on_step=on_step)
     app = create_app(
-        loop, tokenizer, model_name, api_key=api_key, limits=limits, slo=slo, record=record, exposure=exposure
+        loop,
+        tokenizer,
+        model_name,
+        api_key=api_key,
+        limits=limits,
+        slo=slo,
+        record=record,
+        exposure=exposure,
+        admin_key=admin_key,
     )
     url = url_of(sock)
     recording = "" if record is None else f"; recording to {record.path}{'' if record.text else ', text left out'}"

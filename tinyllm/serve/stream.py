@@ -35,7 +35,7 @@ from tinyllm.observe.snapshot import ENDED_STATES, EngineSnapshot, LifecycleEven
 from tinyllm.request import is_int
 from tinyllm.serve.body import ApiError, brief, read_json
 from tinyllm.serve.engine_loop import EngineLoop
-from tinyllm.serve.security import MAX_BODY_BYTES, read_body
+from tinyllm.serve.security import MAX_BODY_BYTES, MAX_VIEWERS, read_body
 from tinyllm.stops import StopText
 
 HEARTBEAT_S = 5.0  # an idle stream still sends a line this often (proxies, dead peers)
@@ -155,6 +155,11 @@ class StateFeed:
             except RuntimeError:
                 pass
 
+    @property
+    def viewer_count(self) -> int:
+        with self._lock:
+            return len(self._viewers)
+
     def unsubscribe(self, v: _Viewer) -> None:
         with self._lock:
             if v in self._viewers:
@@ -234,6 +239,7 @@ def add_stream_route(
     model_name: str = "model",
     settings: dict[str, Any] | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    max_viewers: int = MAX_VIEWERS,
 ) -> StateFeed:
     """Register ``GET /v1/tinyllm/stream`` and ``POST /v1/tinyllm/abort`` on ``app`` (a FastAPI
     app) and the feed's step hook on ``engine_loop`` (before it starts)."""
@@ -242,6 +248,16 @@ def add_stream_route(
 
     @app.get("/v1/tinyllm/stream")
     async def stream(request: Request) -> StreamingResponse:
+        if feed.viewer_count >= max_viewers:  # each costs the engine thread a snapshot per step
+            raise ApiError(
+                f"{feed.viewer_count} viewers watch this server already, its limit (--max-viewers {max_viewers}); "
+                "retry when one leaves",
+                None,
+                "too_many_viewers",
+                429,
+                "rate_limit_error",
+                {"retry-after": "5"},
+            )
         return StreamingResponse(
             _records(feed, engine_loop, request),
             media_type="application/x-ndjson",

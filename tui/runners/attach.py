@@ -147,6 +147,9 @@ class AttachRunner(ServerLink):
             if r.status_code == 401:
                 r.read()
                 raise ValueError(refused_key(self.api_key))
+            if r.status_code in (403, 429):  # a tinyllm serve saying why (the operator's key, too many viewers)
+                r.read()
+                raise ValueError(f"the server refused its stream ({r.status_code}): {api_error(r)}")
             if r.status_code != 200:
                 r.read()
                 raise ValueError(f"GET /v1/tinyllm/stream answered {r.status_code}: not a tinyllm serve")
