@@ -93,6 +93,7 @@ def test_the_race_streams_in_a_browser_and_the_tab_owns_its_engine(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        env={**os.environ, "TINYLLM_WEB_TOKEN": "browser-test"},  # the token the page's URL carries
     )
     try:
 
@@ -105,7 +106,7 @@ def test_the_race_streams_in_a_browser_and_the_tab_owns_its_engine(tmp_path):
         with sync_api.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 1400, "height": 860})
-            page.goto(f"http://127.0.0.1:{port}/?fontsize=14")
+            page.goto(f"http://127.0.0.1:{port}/?fontsize=14&token=browser-test")
             wait_for(lambda: len(descendants(server.pid)) >= 2, 60, "the tab's app and its engine process")
             page.wait_for_selector(".textual-terminal canvas", timeout=60_000)
             # streaming: the screen changes in three half-second windows in a row (the loading
