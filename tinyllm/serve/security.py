@@ -26,6 +26,7 @@ import ipaddress
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -190,7 +191,19 @@ class ErrorLogMiddleware:
         await self.app(scope, receive, watch)
 
 
+BUSY_LOG_EVERY_S = 5.0  # under overload, one line per this long for the 429s (a line each flooded the log)
+_busy = {"last": -BUSY_LOG_EVERY_S, "quiet": 0}
+
+
 def log_error_answer(scope: Scope, status: int, body: bytes) -> None:
+    if status == 429:
+        now = time.monotonic()
+        if now - _busy["last"] < BUSY_LOG_EVERY_S:
+            _busy["quiet"] += 1
+            return
+        _busy["last"], quiet, _busy["quiet"] = now, _busy["quiet"], 0
+        if quiet:
+            log.warning("429: %d more refused while busy in the last %g s", quiet, BUSY_LOG_EVERY_S)
     client = scope.get("client")
     who = f" from {client[0]}" if client else ""
     why = ""
