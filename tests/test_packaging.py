@@ -67,6 +67,11 @@ def test_wheel_installs_the_prompt_workloads(tmp_path):
     shipped = set(zipfile.ZipFile(wheel).namelist())
     sources = {f"tinyllm/csrc/{p.name}" for p in (ROOT / "tinyllm" / "csrc").iterdir() if p.suffix in (".c", ".h")}
     assert sources and sources <= shipped, f"C kernel sources missing from the wheel: {sources - shipped}"
+    meta = next(n for n in shipped if n.endswith(".dist-info/METADATA"))
+    requires = [line.split(":", 1)[1].strip() for line in zipfile.ZipFile(wheel).read(meta).decode().splitlines()
+                if line.startswith("Requires-Dist:") and "extra ==" not in line]  # fmt: skip
+    # without NumPy every command that imports torch warned "Failed to initialize NumPy"
+    assert any(r.startswith("numpy") for r in requires) and any(r.startswith("torch") for r in requires), requires
     env_dir = tmp_path / "venv"
     venv.create(env_dir)  # no pip of its own (ensurepip takes seconds): this pip installs into it
     py = env_dir / "bin" / "python"
