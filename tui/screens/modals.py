@@ -76,9 +76,19 @@ class HelpScreen(ModalScreen[None]):
         self.app_bindings, self.title_text, self.how_to_read, self.extra = bindings, title, how_to_read, extra
 
     def rows(self) -> list[tuple[str, str]]:
-        """(keys, what they do), straight from the bindings."""
-        out = [(b.key_display or pretty_keys(b.key), b.description) for b in self.app_bindings if b.description]
-        return out + list(self.extra)
+        """(keys, what they do), straight from the bindings: one row per action, with every key
+        bound to it (f2 and s both open the settings: "f2 / s  Settings", not two rows)."""
+        keys: dict[str, list[str]] = {}
+        what: dict[str, str] = {}  # the fullest description (the footer's is the shortest)
+        for b in self.app_bindings:
+            if b.description:
+                shown = keys.setdefault(b.action, [])
+                key = b.key_display or pretty_keys(b.key)
+                if key not in shown:
+                    shown.append(key)
+                if len(b.description) > len(what.get(b.action, "")):
+                    what[b.action] = b.description
+        return [(" / ".join(k), what[action]) for action, k in keys.items()] + list(self.extra)
 
     def compose(self) -> ComposeResult:
         keys = Table(show_header=True, header_style="bold", box=None, padding=(0, 2))
