@@ -937,6 +937,10 @@ class LoadingRunner(RunnerDefaults):
     def send(self, cmd):
         self.sent.append(cmd)
 
+    @property
+    def early_prompts(self) -> int:  # as ChildRunner: the prompts it holds for the engine
+        return sum(type(c).__name__ == "Submit" for c in self.sent)
+
     def run(self, cancelled=lambda: False):
         while not cancelled():
             threading.Event().wait(0.02)
@@ -964,6 +968,11 @@ async def test_the_screen_is_up_while_the_engine_loads():
         await pilot.press("enter")  # typed while loading: kept, not lost
         await until(pilot, lambda: any(isinstance(c, Submit) for c in runner.sent), what="the prompt sent")
         assert [type(c) for c in runner.sent if isinstance(c, Submit)] == [Submit]
+        status = app.query_one("#status").render().plain  # the screen says it waits (it stayed the same)
+        assert "1 prompt waits for the engine" in status, status
+        app.query_one("#prompt").value = "JULIET:"
+        await pilot.press("enter")
+        await until(pilot, lambda: "2 prompts wait for the engine" in app.query_one("#status").render().plain)
         assert not [n for n in app._notifications if n.severity == "error"]
         worker_cancelled = [w for w in app.workers if w.name == "engine"]
     assert all(w.is_cancelled or w.is_finished for w in worker_cancelled)

@@ -211,9 +211,11 @@ def test_a_loading_runner_shows_the_layout_and_keeps_early_commands():
         assert f.snapshot.kv.n_blocks == 3 * 16 and f.snapshot.kv.free_blocks == 48
         runner.send(Submit("ROMEO:\n", RequestSettings(Sampling(), 4, False)))  # before the engine exists
         runner.send(StepOnce())
+        assert runner.early_prompts == 1  # the status line says so while it loads
         threading.Thread(target=runner.run, daemon=True).start()
         wait_for(lambda: runner.frame.snapshot.counters.steps == 1)
         assert runner.ready and runner.device == "cpu" and runner.frame.status == "ready"
+        assert runner.early_prompts == 0
         assert len(runner.frame.snapshot.request(0).tokens) == 2  # admitted + one decode: in order
     finally:
         runner.stop()

@@ -351,6 +351,10 @@ class TinyLLMApp(PanesLayout, ViewKeys, LogFeed, KeyPolicy, LiveView, RequestKey
         and the step counter stay at any width)."""
         return fit_fields(status_fields(f, self.runner, self.model_name, self.recording), max(20, self.size.width))
 
+    def redraw_status(self) -> None:
+        """The status line again, for the frame shown (something the runner holds changed)."""
+        self.query_one("#status", TextLine).set(self._status_text(self.runner.frame))
+
     def _scrubber_text(self, f: Frame) -> Text:
         return scrubber(f, self.runner, self.size.width, self.selected)
 

@@ -30,7 +30,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 
 from tinyllm.model.config import CheckpointError
-from tui.runners.interface import RunnerDefaults
+from tui.runners.interface import RunnerDefaults, Submit
 
 START_TIMEOUT_S = 600  # loading a big checkpoint on a slow disk can take a while
 
@@ -138,6 +138,12 @@ class ChildRunner(RunnerDefaults):
     @property
     def ready(self) -> bool:
         return self._ready
+
+    @property
+    def early_prompts(self) -> int:
+        """Prompts typed before the engine was ready, waiting to be sent (the status line says so)."""
+        with self._lock:
+            return sum(isinstance(c, Submit) for c in self._early)
 
     @property
     def pid(self) -> int | None:

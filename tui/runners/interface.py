@@ -234,6 +234,7 @@ class RunnerDefaults:
     warning: str | None = None
     engine = None
     spec = None
+    early_prompts = 0  # prompts typed while the engine loads, sent once it is ready (ChildRunner)
 
     def take_refused(self) -> list[str]:
         return []

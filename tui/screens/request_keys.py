@@ -48,6 +48,8 @@ class RequestKeys:
         s = self.settings
         self.runner.send(Submit(text, s, None if self.remote or ids is None else tuple(ids)))
         self._following = True  # the selection goes to it when it arrives
+        if self.runner.frame.status == "loading":  # no frame comes until the engine is up: say it waits
+            self.redraw_status()
         return True
 
     def _others(self, rids: list[int]) -> list[int]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.cells import cell_len
 from rich.text import Text
 
+from tinyllm.units import count
 from tui.runners.interface import Frame
 from tui.widgets.style import dtype_tag
 
@@ -19,11 +20,17 @@ def status_fields(f: Frame, runner, model_name: str, recording: Path | None = No
     fields are depends on the runner's mode: a live engine, a replay, a server."""
     steps = f.snapshot.counters.steps
     if f.status == "loading":
+        waiting = getattr(runner, "early_prompts", 0)
+        told = (
+            (f" · {count(waiting, 'prompt')} wait{'s' * (waiting == 1)} for the engine", "bold yellow", 1)
+            if waiting
+            else (" · i, then type a prompt: it is sent when the engine is ready", "dim", 3)
+        )
         return [
             (" ⧗ LOADING ", "bold reverse cyan", 0),
             (f" {model_name}", "bold", 1),
             (" · engine loading (importing torch, reading the weights)…", "bold", 2),
-            (" · i, then type a prompt: it is sent when the engine is ready", "dim", 3),
+            told,
         ]
     if runner.mode in ("attach", "metrics"):
         r = runner
