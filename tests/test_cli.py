@@ -505,3 +505,24 @@ def test_tui_the_options_a_mode_uses_are_not_refused(mode, argv):
 
     parser = build_parser()
     refuse_unused(parser, parse(parser, argv), mode)  # no SystemExit
+
+
+def test_a_bad_flag_is_refused_before_textual_or_torch_loads():
+    """A typo took 7-9 s to be refused on a busy machine: Textual (and for --tune, torch) loaded
+    first. A fresh interpreter is the only place to see what was imported (one, for all three)."""
+    code = (
+        "import sys\n"
+        "from tui.cli import main\n"
+        "for argv in (['--bogus'], ['--tune', 'poisson_arrivals'], ['--tune', 'nowhere.jsonl', '--slo', 'ttft=1s']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code == 2, (argv, e.code)\n"
+        "print(sorted(m for m in ('textual', 'torch') if m in sys.modules))\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]", r.stdout
+    errors = r.stderr.strip().splitlines()
+    assert len(errors) == 3 and "unrecognized arguments: --bogus" in errors[0] and "needs an SLO" in errors[1], errors

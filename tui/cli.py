@@ -11,20 +11,21 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tinyllm.args import MAX_NUM_SEQS_WITHOUT_KV_MEMORY, SLOTS_WITH_KV_MEMORY, option_names
 from tinyllm.config import EngineConfig
 from tinyllm.request import ContextTooLong, RequestSettings, Sampling, check_fits
 from tui import web
-from tui.app import TinyLLMApp
 from tui.cli_checks import check_max_len, check_pool, check_terminal, check_writable, model_config, scheduler_choice
 from tui.cli_parser import build_parser, parse
 from tui.race_cli import race_app, race_spec
-from tui.remote_cli import attach_app, replay_app
 from tui.runners.child import ChildRunner, EngineStartError
 from tui.runners.engine_spec import EngineSpec
 from tui.runners.interface import MAX_DELAY_MS
-from tui.screens.picker import read_workload
+
+if TYPE_CHECKING:  # (Textual loads only once the arguments are checked: a typo is refused at once)
+    from tui.app import TinyLLMApp
 
 __all__ = ["build_app", "build_parser", "main", "parse", "race_spec", "serve_if_asked", "with_slo"]
 
@@ -41,6 +42,10 @@ def build_app(argv: list[str] | None = None, require_terminal: bool = False) -> 
 
     parser = build_parser()
     a = parse(parser, argv)
+    from tui.app import TinyLLMApp
+    from tui.remote_cli import attach_app, replay_app
+    from tui.screens.picker import read_workload
+
     a.require_terminal = require_terminal  # (main: once the arguments are checked, before any work)
     if not 0 <= a.step_delay <= MAX_DELAY_MS:
         parser.error(f"--step-delay must be in [0, {MAX_DELAY_MS}] ms, got {a.step_delay}")
@@ -146,7 +151,7 @@ def with_slo(app: TinyLLMApp, a) -> TinyLLMApp:
 def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else list(argv)
     if "--tune" in given:  # tinyllm tune's options, watched live (tui/tune_app.py)
-        from tui.tune_app import main as tune_main
+        from tui.tune_cli import main as tune_main
 
         return tune_main([a for a in given if a != "--tune"])
     if (code := serve_if_asked(argv)) is not None:  # --web: the app in a browser, one process per tab

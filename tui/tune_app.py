@@ -10,19 +10,16 @@ written, as the CLI does.
 
 from __future__ import annotations
 
-import sys
 import time
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Footer, RichLog, Sparkline, Static
 
-from tinyllm.args import OneLineParser, UsageError
-from tinyllm.tune.command import add_tune_args
 from tinyllm.tune.evaluate import Outcome
 from tinyllm.tune.report import figure
 from tinyllm.tune.search import ranked
-from tinyllm.tune.session import Answer, Session, execute, prepare
+from tinyllm.tune.session import Answer, Session, execute
 
 SHOWN = 12  # rows of the best-so-far table
 
@@ -152,37 +149,3 @@ class TuneApp(App):
     def failed(self, e: BaseException) -> None:
         self.error = e
         self.exit(return_code=1)
-
-
-def main(argv: list[str]) -> int:
-    """``tinyllm-tui --tune`` with the rest of the command line: checked (one line, exit 2) before
-    the screen starts; the answer printed to the terminal once the view closes."""
-    import json
-
-    from rich.console import Console
-
-    from tinyllm.args import refuse_writing_over
-    from tinyllm.observe.recording import write_text
-    from tinyllm.tune.report import answer_json, print_answer
-
-    parser = OneLineParser(prog="tinyllm-tui --tune", description="tinyllm tune, watched live")
-    add_tune_args(parser)
-    args = parser.parse_args(argv)
-    try:
-        refuse_writing_over("--json", args.json, args.source)
-        session = prepare(args)
-    except UsageError as e:
-        parser.exit(2, f"tinyllm-tui --tune: error: {e}\n")
-    app = TuneApp(session)
-    app.run()
-    if app.error is not None:
-        print(f"tinyllm-tui --tune: error: {type(app.error).__name__}: {app.error}", file=sys.stderr)
-        return 1
-    if app.answer is None:
-        print("tinyllm-tui --tune: stopped before the search finished", file=sys.stderr)
-        return 130
-    print_answer(session, app.answer, Console())
-    if args.json:
-        write_text(args.json, json.dumps(answer_json(session, app.answer), indent=1))
-        print(f"wrote {args.json}", file=sys.stderr)
-    return 0

@@ -53,9 +53,6 @@ def prepare(args) -> Session:
     """The session's inputs, checked (UsageError, one line, for anything wrong)."""
     from pathlib import Path
 
-    import torch
-
-    from tinyllm.engine import kv_bytes_per_token
     from tinyllm.observe.recording import RecordingError
     from tinyllm.race.whatif import is_recording, load_arrivals, load_judging, recorded_settings
     from tinyllm.tune.evaluate import Bench, kv_budget_mib, stand_in
@@ -82,6 +79,10 @@ def prepare(args) -> Session:
             "--objective goodput needs an SLO: give --slo ttft=…,tpot=… (e.g. ttft=500ms,tpot=50ms), or "
             "--objective throughput or latency-p95"
         )
+    import torch  # (once every argument is checked: a mistake is refused at once)
+
+    from tinyllm.engine import kv_bytes_per_token
+
     torch.set_num_threads(args.threads)
     model, tok = load_model(args)
     device = next(model.parameters()).device
