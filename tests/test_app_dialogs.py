@@ -126,3 +126,26 @@ async def test_served_on_the_web_f3_reads_only_its_folders_and_never_says_what_e
         await open_picker(pilot)
         await pilot.press(*"burst", "enter")  # a bundled workload's name: always allowed
         await until(pilot, lambda: len(loaded(app)) == 2, what="the bundled workload")
+
+
+async def test_the_newest_request_is_in_view_when_the_list_first_scrolls(tmp_path):
+    """Loading a 3-request file twice left #4 and #5 below the list's edge: the cursor moved to
+    the newest in the frame that made the list scrollable, before its scroll range grew."""
+    from tui.widgets.request_list import RequestList
+
+    three = tmp_path / "three.jsonl"
+    three.write_text("".join(json.dumps({"prompt": p, "max_new_tokens": 4}) + "\n" for p in ("A:", "B:", "C:")))
+    app = make_app(max_len=512)
+    async with app.run_test(size=(100, 24)) as pilot:
+        rows = app.query_one(RequestList)
+        for n in range(3, 22, 3):  # loaded again and again: the list becomes scrollable on the way
+            await open_picker(pilot)
+            await pilot.press("ctrl+u", *str(three), "enter")
+            await until(pilot, lambda: len(app.runner.frame.snapshot.requests) == n, what=f"{n} requests")
+            await pilot.pause()
+            visible = rows.scrollable_content_region.height - 1  # (its header row)
+            top = int(rows.scroll_offset.y)
+            assert rows.selected_rid() == app.runner.frame.snapshot.requests[-1].rid
+            assert top <= rows.cursor < top + visible, (n, top, rows.cursor, visible)
+        assert len(app.runner.frame.snapshot.requests) > visible  # it did become scrollable
+        assert not [n for n in app._notifications if n.severity == "error"]

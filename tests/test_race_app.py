@@ -715,6 +715,12 @@ async def test_a_what_if_of_a_recording_reaches_the_finish_with_the_per_request_
         assert f"#{first.rid} across the lanes" in text
         await pilot.press("right_square_bracket")
         assert f"#{rows[1].rid} across the lanes" in plain(app, finish)
+        for width in range(50, 170, 7):  # where titles and the request's legend wrap: lane C was cut off
+            await pilot.resize_terminal(width, 60)
+            await pilot.pause()
+            options = app.console.options.update_width(finish.size.width)
+            drawn = app.console.render_lines(finish.render(), options, pad=False)
+            assert finish.size.height >= len(drawn), (width, finish.size.height, len(drawn))
         assert not app.notified
 
 
@@ -868,3 +874,25 @@ async def test_at_the_finish_the_chart_shows_only_where_the_finish_table_leaves_
         assert legend.region.height and legend.region.bottom <= screen.size.height - 1  # above the footer
         used = sum(screen.query_one(q).outer_size.height for q in ("#race-status", "#lanes", "#finish", "#race-legend"))
         assert not screen.query_one("#track").display and 24 - 1 - used < RaceTrack.height_for(3)
+
+
+async def test_the_finish_tables_scroll_by_keys_and_the_screen_says_there_is_more_below():
+    """They scrolled only with the mouse, and nothing said the table went on below the edge."""
+    from tinyllm.race.spec import parse_lanes
+
+    app = race_app(small_work(n=6, cap=6), lanes=parse_lanes(["fcfs", "shortest-first", "budget=16"]))
+    async with app.run_test(size=(100, 24)) as pilot:
+        await step_to(pilot, 10_000)
+        screen = app.screen
+        status = lambda: screen.query_one("#race-status").render().plain  # noqa: E731
+        await until(pilot, lambda: screen.max_scroll_y > 0 and "more below" in status(), what="the hint")
+        await pilot.press("pagedown")
+        await until(pilot, lambda: screen.scroll_y > 0, what="PgDn to scroll")
+        await pilot.press("end")
+        await until(pilot, lambda: screen.scroll_y == screen.max_scroll_y, what="End to scroll to the end")
+        await until(pilot, lambda: "more below" not in status(), what="the hint to go")
+        await pilot.press("home")
+        await until(pilot, lambda: screen.scroll_y == 0 and "more below" in status(), what="Home")
+        await pilot.press("down")
+        await until(pilot, lambda: screen.scroll_y == 1, what="↓ one line")
+        assert not app.notified

@@ -88,6 +88,13 @@ class RaceScreen(LiveView, Screen):
         Binding("right_square_bracket", "request(1)", "Next request", show=False),
         Binding("left_square_bracket", "request(-1)", "Previous request", show=False),
         Binding("escape", "back", "Back to the app"),
+        # the finish tables run below the screen's edge: the keys scroll it, as a mouse wheel does
+        Binding("down", "scroll_down", "Scroll down", show=False),
+        Binding("up", "scroll_up", "Scroll up", show=False),
+        Binding("pagedown", "page_down", "Page down", show=False),
+        Binding("pageup", "page_up", "Page up", show=False),
+        Binding("end", "scroll_end", "To the end", show=False),
+        Binding("home", "scroll_home", "To the top", show=False),
         Binding("q,ctrl+c", "app.quit", "Quit"),  # Ctrl+C as in the main app (Textual's said "Press q to quit")
     ]
     DEFAULT_CSS = """
@@ -210,6 +217,7 @@ class RaceScreen(LiveView, Screen):
             finish.show(f.lanes, f.cold_steps, f.turns)
         self._place_track(f)  # (after the finish table: it takes lines)
         self.call_after_refresh(self._place_drawn)  # again once the lanes have their heights
+        self.call_after_refresh(self._restatus)  # once laid out: is there more below?
         legend = self._legend(not self.has_class("-wide"))
         if legend != self._legend_shown:
             self._legend_shown = legend
@@ -259,7 +267,18 @@ class RaceScreen(LiveView, Screen):
             (f"delay {f.step_delay_ms} ms/step", 3),
         ):
             fields.append((f" · {text}", "dim", rank))
+        if self.scroll_y < self.max_scroll_y:  # the finish tables go on below the edge: say so
+            fields.insert(2, (" · ↓ more below: PgDn / End", "bold yellow", 2))
         return fit_fields(fields, max(20, self.size.width))
+
+    def watch_scroll_y(self, old: float, new: float) -> None:
+        super().watch_scroll_y(old, new)
+        self.call_after_refresh(self._restatus)  # "more below" comes and goes with the scroll
+
+    @deferred
+    def _restatus(self) -> None:
+        if self._drawn is not None:
+            self.query_one("#race-status", TextLine).set(self._status(self._drawn))
 
     def _failed(self, e: Exception) -> None:
         """The race process could not start: leave with its one-line reason (exit code 2 when

@@ -52,14 +52,10 @@ class FinishLine(Widget):
     def get_content_height(self, container, viewport, width: int) -> int:
         if not self.lanes or any(v.result is None for v in self.lanes):
             return len(self.lanes) + 2
+        # the lines it renders to at this width: titles and legends wrap (a wrapped legend counted
+        # as one line cut the last lane of the request's chart)
         options = self.app.console.options.update_width(max(1, width))
-        n = len(self.app.console.render_lines(self._lanes_table(width), options, pad=False))  # (its title wraps)
-        if self.comparing:
-            rows = compare(self.lanes, self.judging)
-            groups = groups_table(self.lanes, rows)
-            n += 1 + min(len(rows), self.rows) + 3 + (0 if groups is None else groups.row_count + 2)
-            n += len(self.lanes) + 3  # the selected request across the lanes
-        return n
+        return len(self.app.console.render_lines(self._content(width), options, pad=False))
 
     def move(self, delta: int) -> bool:
         """Select the next / previous request of the comparison (its lanes' rows show below it)."""
@@ -83,16 +79,19 @@ class FinishLine(Widget):
     selected = 0  # the comparison's row whose lanes show below it
 
     def render(self) -> Group | Table:
-        lanes = self._lanes_table(self.size.width)
+        return self._content(self.size.width)
+
+    def _content(self, width: int) -> Group | Table:
+        lanes = self._lanes_table(width)
         if not self.comparing:
             return lanes
         rows = compare(self.lanes, self.judging)
         groups = groups_table(self.lanes, rows)
         parts = [lanes, Text("")] + ([groups, Text("")] if groups is not None else [])
         row = rows[min(self.selected, len(rows) - 1)]
-        narrow = self.size.width < 24 + (22 + 6 * self.judging.active) * len(self.lanes)
+        narrow = width < 24 + (22 + 6 * self.judging.active) * len(self.lanes)
         table = requests_table(self.lanes, rows, self.rows, narrow=narrow, selected=row.rid, judging=self.judging)
-        return Group(*parts, table, Text(""), request_lanes(self.lanes, row, max(40, self.size.width - 2)))
+        return Group(*parts, table, Text(""), request_lanes(self.lanes, row, max(40, width - 2)))
 
     def _lanes_table(self, width: int) -> Table:
         """tinyllm bench's columns, one row per lane: its tokens/s and against static batching (the

@@ -272,7 +272,7 @@ class RequestList(ScrollView, can_focus=True):
         self.refresh()
 
     # -- cursor -----------------------------------------------------------------------------------
-    def _move_cursor(self, row: int, announce: bool = True) -> None:
+    def _move_cursor(self, row: int, announce: bool = True, retry: bool = True) -> None:
         if not self._rids:
             return
         row = max(0, min(len(self._rids) - 1, row))
@@ -281,7 +281,10 @@ class RequestList(ScrollView, can_focus=True):
         if row < top:
             self.scroll_to(y=row, animate=False)
         elif row >= top + visible:
-            self.scroll_to(y=row - visible + 1, animate=False)
+            want = row - visible + 1
+            self.scroll_to(y=want, animate=False, immediate=True)
+            if retry and int(self.scroll_target_y) != want:  # rows just added: the list scrolls only once
+                self.call_after_refresh(self._cursor_into_view)  # the next layout has given it its bar
         if row != self.cursor:
             self.cursor = row
             self.refresh()
@@ -295,7 +298,7 @@ class RequestList(ScrollView, can_focus=True):
     @deferred  # queued after a resize: the list may have gone by then
     def _cursor_into_view(self) -> None:
         if self.cursor is not None:  # (read now: a frame may have moved it since)
-            self._move_cursor(self.cursor, announce=False)
+            self._move_cursor(self.cursor, announce=False, retry=False)
 
     def action_move(self, delta: int) -> None:
         if self.cursor is None:  # no row selected: start from an end
