@@ -244,7 +244,9 @@ async def test_the_finish_line_says_when_steps_ran_after_pauses():
         await step_to(pilot, 10_000)
         finish = app.screen.query_one(FinishLine)
         assert "after a pause" not in plain(app, finish)
-        finish.show(app.runner.frame.lanes, 7, app.runner.frame.turns)
+        # the clock it rests on, on screen (the log said it, and the screen shows only errors)
+        assert "each lane's own clock on a fixed 0.01 s a step" in " ".join(plain(app, finish).split())
+        finish.show(app.runner.frame.lanes, 7, app.runner.frame.turns, app.runner.frame.clock)
         await pilot.pause()
         text = " ".join(plain(app, finish).split())
         assert f"7 of its {app.runner.frame.turns:,} steps ran after a pause (slow motion or stepped by hand)" in text
@@ -896,3 +898,13 @@ async def test_the_finish_tables_scroll_by_keys_and_the_screen_says_there_is_mor
         await pilot.press("down")
         await until(pilot, lambda: screen.scroll_y == 1, what="↓ one line")
         assert not app.notified
+
+
+def test_the_cost_clock_is_named_with_its_profile():
+    from tinyllm.race.cost import CostModel
+    from tui.runners.race import clock_name
+
+    class Clock:
+        kind, cost = "cost", CostModel(1e-3, 1e-5, 1e-6, 1e-9, source="reference profile: the bundled model")
+
+    assert clock_name(Clock()) == "the cost clock, reference profile: the bundled model"

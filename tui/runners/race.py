@@ -42,6 +42,7 @@ class RaceFrame:
     log: tuple[LogEntry, ...] = ()
     status: str = "ready"  # "loading" until the lanes are built (engine process)
     cold_steps: int = 0  # measured steps taken after a pause (slow motion, by hand): they run slow
+    clock: str = ""  # what the lanes' times rest on (clock_name): the finish line names it
 
     @property
     def done(self) -> bool:
@@ -145,6 +146,7 @@ class RaceRunner(CommandLoop):
             last_lane=self.race.last,
             log=tuple(self._log),
             cold_steps=self._cold,
+            clock=clock_name(self.race.lanes[0].clock) if self.race.lanes else "",
         )
 
 
@@ -153,6 +155,15 @@ def _ordinal(n: int) -> str:
 
 
 _PROFILES: dict[tuple[int, str | None], object] = {}  # (model, --cost-profile) -> its CostModel
+
+
+def clock_name(clock) -> str:
+    """The clock the lanes ran on, for the finish line: which, and (the cost clock) its profile."""
+    if clock.kind == "fixed":
+        return f"a fixed {clock.step_cost_s:g} s a step"
+    if clock.kind == "wall":
+        return "the wall clock: measured, so figures vary with the machine's load"
+    return f"the cost clock, {clock.cost.source}"
 
 
 def clock_line(clock) -> str:

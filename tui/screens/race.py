@@ -214,7 +214,7 @@ class RaceScreen(LiveView, Screen):
             self.call_after_refresh(guarded(finish, finish.scroll_visible), animate=False)  # the comparison is the news
         finish.display = f.done
         if f.done:
-            finish.show(f.lanes, f.cold_steps, f.turns)
+            finish.show(f.lanes, f.cold_steps, f.turns, f.clock)
         self._place_track(f)  # (after the finish table: it takes lines)
         self.call_after_refresh(self._place_drawn)  # again once the lanes have their heights
         self.call_after_refresh(self._restatus)  # once laid out: is there more below?

@@ -43,10 +43,11 @@ class FinishLine(Widget):
 
     cold_steps = 0  # steps timed after a pause (RaceFrame.cold_steps)
     turns = 0  # the race's steps, all lanes (RaceFrame.turns)
+    clock = ""  # what the lanes' times rest on (RaceFrame.clock)
 
-    def show(self, lanes: tuple[LaneView, ...], cold_steps: int = 0, turns: int = 0) -> None:
-        if (lanes, cold_steps, turns) != (self.lanes, self.cold_steps, self.turns):
-            self.lanes, self.cold_steps, self.turns = lanes, cold_steps, turns
+    def show(self, lanes: tuple[LaneView, ...], cold_steps: int = 0, turns: int = 0, clock: str = "") -> None:
+        if (lanes, cold_steps, turns, clock) != (self.lanes, self.cold_steps, self.turns, self.clock):
+            self.lanes, self.cold_steps, self.turns, self.clock = lanes, cold_steps, turns, clock
             self.refresh(layout=True)
 
     def get_content_height(self, container, viewport, width: int) -> int:
@@ -115,6 +116,7 @@ class FinishLine(Widget):
         )
         t = plain_table(
             "finish line (each lane's own clock"
+            + (f" on {self.clock}" if self.clock else "")
             + (f"; {ARRIVALS_NOTE}" if arrivals else "")
             + cold
             + f"; {ranking.rule})",
