@@ -97,8 +97,9 @@ class Ranking:
 
 def rank(lanes: tuple[LaneView, ...], judging: Judging | None = None, arrivals: bool | None = None) -> Ranking:
     """Place the finished lanes: without arrivals by finishing time; with arrivals by goodput
-    (with an SLO) then latency p95. Ties keep the order shown. ``arrivals`` None: from the
-    outcomes (a lane without outcomes: say so)."""
+    (with an SLO) then latency p95. Lanes within TIE_WITHIN of each other on that figure share a
+    place and the rule says they tie (a 0.02 s lead inside the clock's error is no verdict).
+    ``arrivals`` None: from the outcomes (a lane without outcomes: say so)."""
     judging = judging or Judging()
     arrivals = has_arrivals(lanes) if arrivals is None else arrivals
     left = sum(bool(judging.left_out(i)) for i in range(len(judging.ended)))
@@ -123,9 +124,38 @@ def rank(lanes: tuple[LaneView, ...], judging: Judging | None = None, arrivals: 
         by = "latency p95"
     order = sorted(range(len(lanes)), key=lambda i: key[i])
     places = [0] * len(lanes)
+    runs: dict[int, list[int]] = {}  # a run's first lane -> the lanes within TIE_WITHIN of it
+    leader = None
     for place, i in enumerate(order, 1):
-        places[i] = place
-    return Ranking(tuple(places), rule + apart, by)
+        if leader is not None and _within(key[i][0], key[leader][0]):
+            places[i] = places[leader]
+            runs[leader].append(i)
+        else:
+            places[i], leader = place, i
+            runs[i] = [i]
+    tied = [run for run in runs.values() if len(run) > 1]
+    ties = "".join(
+        f"; {_and([lanes[i].title for i in run])} tie: within {TIE_WITHIN:.0%} on {by}, inside the clock's error"
+        for run in tied
+    )
+    return Ranking(tuple(places), rule + apart + ties, by)
+
+
+TIE_WITHIN = 0.05  # lanes this close on the ranking's figure tie: the cost clock's own error (docs/lab.md)
+
+
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _within(a: float, b: float) -> bool:
+    """Two figures (a time, or a goodput negated) within TIE_WITHIN of each other."""
+    a, b = abs(a), abs(b)
+    if a == b:
+        return True
+    if not (a < float("inf") and b < float("inf")):
+        return False
+    return abs(a - b) <= TIE_WITHIN * max(a, b)
 
 
 def what_made_the_difference(lanes: tuple[LaneView, ...], ranking: Ranking) -> str:
