@@ -154,3 +154,20 @@ def test_the_winner_as_command_lines_the_server_parses_and_vllm_flags_with_notes
     vllm, notes = vllm_command(replace(p, chunked_prefill=False))
     assert "--no-enable-chunked-prefill" in vllm and "--scheduling-policy" not in vllm
     assert any("no shortest-first policy" in n for n in notes)
+
+
+def test_when_nothing_meets_the_slo_tune_says_so_and_names_no_winner(tmp_path, capsys):
+    """0/30 everywhere still named a winner that 'ties the defaults on goodput (0 req/s)', said
+    'the ranking holds' and printed its command lines."""
+    lines = [{"prompt": "ROMEO:\n" * 3, "max_new_tokens": 12, "arrival_s": i * 0.01} for i in range(6)]
+    wl = tmp_path / "w.jsonl"
+    wl.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    args = ["tune", str(wl), "--slo", "ttft=0.001ms", "--kv-memory", "2", "--max-len", "64", "--no-confirm"]
+    assert tinyllm_main([*args, "--search", "max_num_seqs=1,4", "--json", str(tmp_path / "out.json")]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "nothing meets the SLO here" in text and "so there is no winner" in text and "closest: " in text
+    assert "winner: " not in text and "as command lines" not in text and "ties the defaults" not in text
+    report = json.loads((tmp_path / "out.json").read_text())
+    assert report["nothing_meets_slo"] is True
+    ranked = [o["latency_p95_s"] for o in report["ranking"] if not o["error"]]
+    assert ranked == sorted(ranked)  # by how close each came

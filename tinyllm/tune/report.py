@@ -227,6 +227,7 @@ def to_json(
         ],
         "stopped": result.stopped or None,
         "winner": winner.as_dict(),
+        "nothing_meets_slo": nothing_meets(result, header.get("slo") is not None),  # then "winner" is the closest
         "defaults": result.defaults.as_dict(),
         "margin": margin(winner, result.defaults, objective),
         "ranking": [o.as_dict() for o in result.final],
@@ -249,6 +250,11 @@ def to_json(
             },
         },
     }
+
+
+def nothing_meets(result: SearchResult, slo_active: bool) -> bool:
+    """An SLO and not one request, in any configuration tried, that met it: there is no winner."""
+    return slo_active and all(o.met == 0 for r in result.rungs for o in r.outcomes if not o.error)
 
 
 def print_answer(s, answer, out) -> None:
@@ -289,11 +295,24 @@ def print_answer(s, answer, out) -> None:
         out.print(f"{len(refused)} configuration(s) refused by the engine, e.g.: {first}", highlight=False)
     front = pareto_front(result.final)
     out.print(front_table(front, base))
-    out.print(
-        f"winner: {'the defaults' if winner.point == base else winner.point.words(base)} — "
-        f"{margin(winner, result.defaults, args.objective)}",
-        highlight=False,
-    )
+    name = "the defaults" if winner.point == base else winner.point.words(base)
+    if nothing_meets(result, bench.judging.active):  # no winner: say so, and what came closest
+        tried = sum(len(r.outcomes) for r in result.rungs)
+        out.print(
+            f"[bold yellow]nothing meets the SLO here:[/] none of the {tried} runs of {result.points} "
+            f"configurations had a request meet {slo} (goodput 0 everywhere), so there is no winner. The table "
+            "ranks them by how close they came (latency p95, lowest first); relax the SLO, lower --rate or give "
+            "more --kv-memory.",
+            highlight=False,
+        )
+        out.print(
+            f"closest: {name} — latency p95 {winner.latency_p95_s:.2f} s, TTFT p95 {winner.ttft_p95_s:.2f} s "
+            f"(the defaults: {result.defaults.latency_p95_s:.2f} s, {result.defaults.ttft_p95_s:.2f} s)",
+            highlight=False,
+        )
+        out.print(TRANSFER, highlight=False)
+        return
+    out.print(f"winner: {name} — {margin(winner, result.defaults, args.objective)}", highlight=False)
     if winner.point != base:
         out.print(changes_table(winner, result.defaults))
     if undone:
