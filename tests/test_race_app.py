@@ -908,3 +908,20 @@ def test_the_cost_clock_is_named_with_its_profile():
         kind, cost = "cost", CostModel(1e-3, 1e-5, 1e-6, 1e-9, source="reference profile: the bundled model")
 
     assert clock_name(Clock()) == "the cost clock, reference profile: the bundled model"
+
+
+async def test_the_finish_line_names_unequal_kv_memory_where_the_verdict_is():
+    """From the app with --kv-blocks 48: the slot lanes 24 MiB, the budget lane 4.5 MiB; it lost
+    with 15 preemptions and nothing on screen said why."""
+    from tinyllm.race.spec import parse_lanes
+
+    app = race_app(small_work(n=4, cap=4), lanes=parse_lanes(["static kv_mib=6", "chunked kv_mib=2"]))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await step_to(pilot, 10_000)
+        text = " ".join(plain(app, app.screen.query_one(FinishLine)).split())
+        assert "the lanes hold unequal KV memory (static kv_mib=6 6 MiB, chunked kv_mib=2 1.97 MiB)" in text, text
+        assert "--kv-memory MiB races them at equal memory" in text
+    equal = race_app(small_work(n=4, cap=4), lanes=parse_lanes(["static kv_mib=6", "chunked kv_mib=6"]))
+    async with equal.run_test(size=(160, 40)) as pilot:
+        await step_to(pilot, 10_000)
+        assert "unequal" not in plain(equal, equal.screen.query_one(FinishLine))

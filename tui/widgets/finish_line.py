@@ -31,6 +31,17 @@ TELLING = (
 # fmt: on
 
 
+def unequal_memory(lanes: tuple[LaneView, ...]) -> str:
+    """Where the lanes hold different KV memory, a clause saying so (the verdict is then partly
+    the memory's): a race from the app with --kv-blocks gave the slot lanes their max_len rows and
+    the budget lane its blocks, 24 MiB against 4.5 MiB, and nothing on screen said why it lost."""
+    held = [(lane_name(v), v.kv_mib) for v in lanes if v.kv_mib is not None]
+    if len(held) < 2 or max(m for _, m in held) <= 1.1 * min(m for _, m in held):
+        return ""
+    each = ", ".join(f"{name} {mib(m)}" for name, m in held)
+    return f"; the lanes hold unequal KV memory ({each}): --kv-memory MiB races them at equal memory"
+
+
 class FinishLine(Widget):
     """The final table: tinyllm bench's columns, one row per lane, on each lane's own clock."""
 
@@ -119,7 +130,7 @@ class FinishLine(Widget):
             + (f" on {self.clock}" if self.clock else "")
             + (f"; {ARRIVALS_NOTE}" if arrivals else "")
             + cold
-            + f"; {ranking.rule})",
+            + f"; {ranking.rule}{unequal_memory(self.lanes)})",
             what_made_the_difference(self.lanes, ranking) or None,
         )
         rows = []
