@@ -69,10 +69,12 @@ async def test_the_page_and_its_websocket_need_the_token_and_this_pages_origin()
         await client.close()
 
 
-async def test_a_wedged_tab_is_reaped_and_its_slot_serves_another():
+async def test_a_wedged_tab_is_reaped_and_its_slot_serves_another(monkeypatch):
     """One websocket message ["stdin", ""] made the app stop reading input: it never heard its
     tab close, kept its slot and engine, and two such visits filled --web-sessions 2 for good."""
     from aiohttp.test_utils import TestClient, TestServer
+
+    monkeypatch.setattr(web, "GRACE_S", 0.5)  # (the grace an app gets to quit: 3 s when served)
 
     server = web.capped_server(WEDGED, "127.0.0.1", 0, max_sessions=1, token=TOKEN)
     client = TestClient(TestServer(await server._make_app()))
