@@ -133,15 +133,27 @@ add = st.tuples(
     max_num_seqs=st.integers(64, 96),
     adds=st.lists(add, min_size=64, max_size=90),
     ops=st.lists(op, max_size=20),
+    spec=st.sampled_from([0, 2, 4]),
 )
 def test_random_schedules_at_64_plus_sequences_keep_the_invariants_and_equal_solo(
-    chunked, block_size, pool_tokens, max_num_seqs, adds, ops
+    chunked, block_size, pool_tokens, max_num_seqs, adds, ops, spec
 ):
     """64..90 requests queued at once, then random adds, aborts, finishes and steps, on a pool the
     budget buys (from one request's worth to all of them); every step keeps the cache's and the
-    scheduler's invariants, and every plain greedy request that ran to its end equals solo."""
+    scheduler's invariants, and every plain greedy request that ran to its end equals solo. With
+    the token budget, n-gram speculation drafts ``spec`` tokens (0: off): drafts accepted and
+    rejected mid-schedule change no token and leak no block (the tiny model repeats itself)."""
     max_len = 40
-    extra = dict(chunked_prefill=True, max_batched_tokens=max_num_seqs + 20 * 90) if chunked else {}
+    extra = (
+        dict(
+            chunked_prefill=True,
+            max_batched_tokens=max_num_seqs + 20 * 90,
+            num_speculative_tokens=spec,
+            speculative_disable_by_batch_size=None,  # (drafts at any batch size: in the schedules)
+        )
+        if chunked
+        else {}
+    )
     eng = ContinuousEngine(
         _small,
         max_len=max_len,

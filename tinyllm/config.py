@@ -108,6 +108,17 @@ class EngineConfig:
     """torch CPU threads for a command's engine (None: torch's default)."""
     seed: int | None = None
     """The seed of the generator unseeded requests share (None: torch's global generator)."""
+    num_speculative_tokens: int = 0
+    """With chunked prefill: n-gram speculation, tokens drafted per step for each greedy request
+    (0: off; vLLM's num_speculative_tokens, method "ngram"). engine/speculate.py."""
+    prompt_lookup_max: int = 3
+    """Speculation: the longest context suffix looked up for a draft (vLLM's prompt_lookup_max)."""
+    prompt_lookup_min: int = 1
+    """Speculation: the shortest (vLLM's prompt_lookup_min)."""
+    speculative_disable_by_batch_size: int | None = 4
+    """Speculation: no drafts in a step where this many sequences decode or more (vLLM's
+    disable_by_batch_size; None: never off). Verifying drafts costs tokens a large batch has no
+    spare compute for: on the 2-core CPU k=4 ran 0.5-0.7x at 16-64 sequences (docs/benchmarks.md)."""
 
     def __post_init__(self) -> None:
         if self.kv not in (KVLayout.SLOTS.value, KVLayout.PAGED.value):
@@ -165,6 +176,22 @@ class EngineConfig:
         _positive_int("threads", self.threads)
         if self.seed is not None and not is_int(self.seed):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if not is_int(self.num_speculative_tokens) or not 0 <= self.num_speculative_tokens <= 16:
+            raise ValueError(
+                f"num_speculative_tokens must be an integer from 0 (off) to 16, got {self.num_speculative_tokens!r}"
+            )
+        if self.num_speculative_tokens and not self.chunked_prefill:
+            raise ValueError(
+                "num_speculative_tokens needs chunked_prefill=True (drafts ride the token-budget scheduler)"
+            )
+        off = self.speculative_disable_by_batch_size
+        if off is not None and (not is_int(off) or off < 1):
+            raise ValueError(f"speculative_disable_by_batch_size must be an integer >= 1 or None, got {off!r}")
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if not (is_int(lo) and is_int(hi) and 1 <= lo <= hi <= 64):
+            raise ValueError(
+                f"prompt_lookup_min and prompt_lookup_max must be integers with 1 <= min <= max <= 64, got {lo!r}, {hi!r}"
+            )
 
     # -- derived values ----------------------------------------------------------------------
     @property

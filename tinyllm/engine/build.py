@@ -214,4 +214,10 @@ def make_scheduler(cache: SlotKVCache | PagedKVCache, config: EngineConfig) -> S
     if not config.chunked_prefill:
         return AdmissionScheduler(cache)
     cache.prefix_cache = config.prefix_caching
-    return TokenBudgetScheduler(cache, config.budget)
+    return TokenBudgetScheduler(
+        cache,
+        config.budget,
+        config.num_speculative_tokens,
+        (config.prompt_lookup_min, config.prompt_lookup_max),
+        config.speculative_disable_by_batch_size,
+    )

@@ -14,6 +14,7 @@ from tinyllm.engine.forward import Prefilled
 from tinyllm.engine.sampler import Row, Sampled, sample_batch
 from tinyllm.engine.scheduler import StepPlan
 from tinyllm.engine.sequence import Event, Sequence, finish_reason
+from tinyllm.engine.speculate import count_verified
 
 
 class Commits:
@@ -57,12 +58,18 @@ class Commits:
         return self._emit([(seq.slot, seq) for seq, _, _ in plan.items], sampled)
 
     def _commit_mixed(self, plan: StepPlan, logits: Tensor) -> list[Event]:
-        """After a ragged forward: each item's progress, prefill events, sampled tokens."""
-        samplers = []
+        """After a ragged forward: each item's progress, prefill events, sampled tokens (a
+        speculative draft's item: its verification, ``_commit_draft``)."""
+        samplers, at, drafts = [], [], []
         self.stats.computed_rows += len(plan.items)
         self.stats.useful_rows += len(plan.items)
         pool, prefix_cache = self.slots, self.prefix_cache
+        row = 0  # the logits row of the next item that samples
         for seq, start, n in plan.items:  # (per item per step: kept lean)
+            if seq.draft:
+                drafts.append((seq, start, row))
+                row += n
+                continue
             done = seq.computed = start + n
             total = len(seq.req.prompt) + len(seq.out)
             if not seq.prefilled:
@@ -73,20 +80,53 @@ class Commits:
                 pool.register_full(seq.slot, seq.context())  # newly full blocks join the cache
             if done == total:
                 samplers.append(seq)
+                at.append(row)
+                row += 1
+        events = [
+            ev for seq, start, r in drafts for ev in self._commit_draft(seq, start, logits[r : r + 1 + len(seq.draft)])
+        ]
         if not samplers:
-            return []
-        at = list(range(len(samplers)))  # each sampler's logits row
+            return events
         for i, seq in enumerate(list(samplers)):
             if seq.forks:  # its prompt is computed: its samples fork off
                 forked = self._fork(seq)
                 samplers += forked
-                at += [i] * len(forked)
-        if len(at) > logits.size(0):
+                at += [at[i]] * len(forked)
+        if at != list(range(logits.size(0))):  # (every step without drafts or forks: the rows as they are)
             logits = logits[torch.tensor(at, device=logits.device)]
         sampled = sample_batch(logits, [q.row() for q in samplers], self.generator)
         for seq in samplers:
             seq.prefilled = True  # sampled since its (re)admission
-        return self._emit(list(enumerate(samplers)), sampled)
+        return events + self._emit(list(enumerate(samplers)), sampled)
+
+    def _commit_draft(self, seq: Sequence, start: int, logits: Tensor) -> list[Event]:
+        """A speculative draft verified (engine/speculate.py): the model's token at each position
+        (its argmax: drafted requests are greedy), the draft's longest prefix that agrees kept,
+        then the model's own next token; the rejected tail's K/V rolled back."""
+        draft, seq.draft = seq.draft, []
+        sampled = sample_batch(logits, [seq.row()] * logits.size(0), self.generator)
+        if sampled.failed:
+            self.slots.trim(seq.slot, start + 1)
+            seq.computed = start + 1
+            self._fail(seq, next(iter(sampled.failed.values())))
+            return []
+        model = sampled.tokens.squeeze(-1).tolist()
+        a = 0
+        while a < len(draft) and model[a] == draft[a]:
+            a += 1
+        count_verified(self.stats, len(draft), a)
+        seq.computed = start + 1 + a  # the newest token and the accepted drafts: their K/V is kept
+        self.slots.trim(seq.slot, seq.computed)
+        if self.prefix_cache and seq.computed // self.slots.block_size > len(self.slots.slot_keys[seq.slot]):
+            self.slots.register_full(seq.slot, [*seq.context(), *draft[:a]])
+        seq.prefilled = True
+        now, events = self.now(), []
+        for tok in [*draft[:a], model[a]]:
+            ev = self._record(seq, tok, now)
+            events.append(ev)
+            if ev.done:  # its EOS, a stop token or max_new_tokens: nothing after it counts
+                break
+        return events
 
     def _emit(self, rows: list[tuple[int, Sequence]], sampled: Sampled) -> list[Event]:
         """Each (row, seq) gets row's sampled token, or fails if sampling that row failed."""

@@ -198,6 +198,10 @@ class ModelRunner:
             rows.append((seq.slot, start, n))
             prompt, out = seq.req.prompt, seq.out
             P = len(prompt)
+            if seq.draft:  # a decode with a speculative draft: its newest token, the draft, logits at each
+                flat += [prompt[start] if start < P else out[start - P], *seq.draft]
+                sample_at += range(len(flat) - n, len(flat))
+                continue
             if n == 1:  # a decode: one token, no copy of the context
                 flat.append(prompt[start] if start < P else out[start - P])
             else:

@@ -40,6 +40,7 @@ from typing import Literal, Protocol
 
 from tinyllm.engine.policy import WaitingQueue
 from tinyllm.engine.sequence import Sequence
+from tinyllm.engine.speculate import propose_ngram
 from tinyllm.kv.blocks import BlockPool
 
 Item = tuple[Sequence, int, int]  # (seq, start, n): the sequence computes context positions start..start+n-1
@@ -95,9 +96,34 @@ class Scheduler(Protocol):
 class TokenBudgetScheduler:
     """Chunked prefill within a token budget per step (see the module docstring)."""
 
-    def __init__(self, pool: BlockPool, max_batched_tokens: int):
+    def __init__(
+        self,
+        pool: BlockPool,
+        max_batched_tokens: int,
+        spec_tokens: int = 0,
+        lookup: tuple[int, int] = (1, 3),
+        spec_off_at: int | None = None,
+    ):
         self.pool = pool
         self.max_batched_tokens = max_batched_tokens
+        self.spec_tokens = spec_tokens  # n-gram drafts per greedy decode (engine/speculate.py); 0: off
+        self.lookup = lookup  # (prompt_lookup_min, prompt_lookup_max)
+        self.spec_off_at = spec_off_at  # no drafts in a step with this many decodes or more (None: never)
+        self.spec_off_steps = 0  # steps speculation was off for the batch's size (the app says so)
+
+    def _draft(self, seq: Sequence, spare: int) -> list[int]:
+        """A draft for ``seq``'s decode (engine/speculate.py): only a greedy request with nothing
+        that makes its token more than its logits' argmax, within ``spare`` budget tokens, its
+        max_new_tokens and its slot's context."""
+        if not self.spec_tokens or spare <= 0 or seq.forks or not seq.row().argmax_only:
+            return []
+        room = min(
+            self.spec_tokens,
+            spare,
+            seq.req.max_new_tokens - len(seq.out) - 1,  # (the bonus token is the last one)
+            self.pool.max_len - seq.context_len() - 1,
+        )
+        return propose_ngram(seq.context(), room, *self.lookup) if room > 0 else []
 
     def plan(self, running: list[Sequence], waiting: WaitingQueue) -> Iterator[StepPlan]:
         yield self.plan_step(running, waiting)
@@ -111,9 +137,17 @@ class TokenBudgetScheduler:
         scheduled: set[int] = set()
         self._make_room(live, waiting, plan, free_slots)  # 0. priority: push out lower priority
         short = False  # preempted for want of blocks this step
-        for seq in waiting.running_order([s for s in running if s.remaining() == 1]):  # 1. decodes
+        decoding = waiting.running_order([s for s in running if s.remaining() == 1])
+        speculate = self.spec_tokens > 0 and (self.spec_off_at is None or len(decoding) < self.spec_off_at)
+        if self.spec_tokens and not speculate:
+            self.spec_off_steps += 1  # a batch this large has no spare compute to verify drafts with
+        for d, seq in enumerate(decoding):  # 1. decodes (with a speculative draft where one is found)
             if plan.preempted and seq in plan.preempted:  # (a list scan only after a preemption)
                 continue
+            draft = self._draft(seq, budget - (len(decoding) - d)) if speculate else []  # (later decodes keep a token)
+            if draft and not pool.try_grow(seq.slot, seq.computed + 1 + len(draft)):
+                draft = []  # no blocks for it: a plain decode
+            seq.draft = draft
             while not pool.try_grow(seq.slot, seq.computed + 1):
                 victim = waiting.victim([s for s in live if s.rid not in scheduled])  # maybe seq
                 self._preempt(
@@ -127,11 +161,11 @@ class TokenBudgetScheduler:
                 if victim is seq:
                     break
             else:
-                plan.items.append((seq, seq.computed, 1))
-                waiting.charge(seq, 1)
+                n = 1 + len(seq.draft)
+                plan.items.append((seq, seq.computed, n))
+                waiting.charge(seq, n)
                 scheduled.add(seq.rid)
-                budget -= 1
-        decodes = len(plan.items)  # (they stay first: one-token items)
+                budget -= n
         blocked: tuple[str, str] | None = None  # why the head of the queue waits
         while True:
             for seq in live:  # 2. prefills in progress
@@ -187,7 +221,7 @@ class TokenBudgetScheduler:
                 "out of KV blocks: every running request was mid-prefill and the pool was full; the newest made way",
             )
             short = True
-        plan.items[decodes:] = sorted(plan.items[decodes:], key=lambda item: item[2] != 1)  # one-token items first
+        plan.items.sort(key=lambda item: item[2] != 1)  # one-token items first (stable: decodes lead)
         self._explain(live, scheduled, waiting, blocked, budget, plan)
         return plan
 
@@ -254,6 +288,7 @@ class TokenBudgetScheduler:
                 plan.waits[seq.rid] = "queue", f"behind {i} earlier request{'s' * (i != 1)} in {waiting.name} order"
 
     def _preempt(self, seq: Sequence, live: list[Sequence], plan: StepPlan, free_slots: list[int], why: str) -> None:
+        seq.draft = []
         self.pool.release(seq.slot)
         free_slots.append(seq.slot)
         free_slots.sort()

@@ -62,6 +62,7 @@ class Sequence:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per token of out, if it asked
     fork_of: int | None = None  # n > 1: the id of the sample whose prompt it forks off
     forks: list[Sequence] = field(default_factory=list)  # samples waiting (not queued) for its prompt
+    draft: list[int] = field(default_factory=list)  # this step's speculative draft (engine/speculate.py)
     _row: Row | None = field(default=None, repr=False)  # row()'s, kept while its bans hold
     _row_bans: bool = field(default=False, repr=False)  # whether that Row bans the stop ids
 

@@ -152,6 +152,20 @@ class BlockPool:
             self._grow(slot, have + need)
         return True
 
+    def trim(self, slot: int, n_tokens: int) -> None:
+        """The slot keeps its first ``n_tokens`` positions: a speculative draft rejected. Blocks
+        past them (fresh ones a draft spilled into: never shared, never cached) are freed."""
+        keep = self.blocks_for(n_tokens)
+        table = self.tables[slot]
+        while len(table) > keep:
+            b = table.pop()
+            self.table_array[slot * self.table_width + len(table)] = self.n_blocks
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                heapq.heappush(self._free, b)
+        self.lens[slot] = n_tokens
+        self._dirty = True
+
     def room(self, slot: int) -> int:
         """Tokens the slot can still add: the rest of its blocks plus every free block."""
         return len(self.tables[slot]) * self.block_size - self.lens[slot] + self.num_free_blocks() * self.block_size

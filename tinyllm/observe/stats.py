@@ -27,6 +27,10 @@ class Stats:
     prefix_cache_hits: int = 0  # of those, served from cached blocks (not computed)
     prefill_tokens: int = 0  # context tokens run through the model before sampling
     # (prompts, recomputes; static: padding included)
+    spec_drafts: int = 0  # speculation (vLLM's spec_decode_num_drafts): drafts verified
+    spec_draft_tokens: int = 0  # their tokens (spec_decode_num_draft_tokens)
+    spec_accepted_tokens: int = 0  # of those, accepted (spec_decode_num_accepted_tokens)
+    spec_accepted_per_pos: list[int] = field(default_factory=list)  # per draft position, accepted
 
     def summary(self, results: list[Result]) -> dict:
         lat = sorted(r.latency_s for r in results)
@@ -56,6 +60,9 @@ class Stats:
             "prefill_tokens_computed": self.prefill_tokens,
             "prefix_cache_queries": self.prefix_cache_queries,
             "prefix_cache_hits": self.prefix_cache_hits,
+            "spec_drafts": self.spec_drafts,
+            "spec_draft_tokens": self.spec_draft_tokens,
+            "spec_accepted_tokens": self.spec_accepted_tokens,
         }
 
 

@@ -1,0 +1,66 @@
+"""Speculative decoding measured: tokens/s of the engine with and without n-gram speculation, at
+several running-sequence counts, on a lookup-friendly workload (prompts the model continues by
+repeating text they hold) and on the bundled default prompts. Alternates the contenders in one
+sitting, 3 runs each, prints the median and the worst run. The bundled model, CPU.
+
+    .venv/bin/python scripts/spec_bench.py [--k 4] [--seqs 1 4 16 64] [--new 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from tinyllm import ContinuousEngine, EngineConfig, Request, load_checkpoint
+
+FRIENDLY = [  # text the model is asked to continue, much of it in its prompt already
+    "ROMEO:\nBut soft, what light through yonder window breaks? It is the east, and Juliet is the sun.\n",
+    "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo? Deny thy father and refuse thy name.\n",
+    "HAMLET:\nTo be, or not to be, that is the question: whether 'tis nobler in the mind to suffer.\n",
+    "KING:\nNow is the winter of our discontent made glorious summer by this sun of York.\n",
+]
+PLAIN = ["ROMEO:\n", "JULIET:\n", "First Citizen:\n", "MENENIUS:\n"]
+
+
+def run(model, prompts: list[list[int]], seqs: int, new: int, k: int) -> tuple[float, float]:
+    """(tok/s, acceptance) of one run: ``seqs`` requests at once (greedy, ignoring EOS)."""
+    eng = ContinuousEngine(model, config=EngineConfig.best(max_num_seqs=seqs, num_speculative_tokens=k))
+    for i in range(seqs):
+        eng.add_request(Request(prompts[i % len(prompts)], new))
+    t = time.perf_counter()
+    while eng.has_work():
+        eng.step()
+    el = time.perf_counter() - t
+    st = eng.stats
+    return seqs * new / el, (st.spec_accepted_tokens / st.spec_draft_tokens if st.spec_draft_tokens else 0.0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--seqs", type=int, nargs="+", default=[1, 4, 16, 64])
+    p.add_argument("--new", type=int, default=128)
+    a = p.parse_args()
+    model, tok = load_checkpoint(device="cpu")
+    for name, texts in (("lookup-friendly", [t * 3 for t in FRIENDLY]), ("default prompts", PLAIN)):
+        prompts = [tok.encode(t) for t in texts]
+        for seqs in a.seqs:
+            runs = {0: [], a.k: []}
+            acc = 0.0
+            for _ in range(3):
+                for k in (0, a.k):  # alternated, in one sitting
+                    tps, ac = run(model, prompts, seqs, a.new, k)
+                    runs[k].append(tps)
+                    acc = ac if k else acc
+            off, on = runs[0], runs[a.k]
+            print(
+                f"{name:16} seqs {seqs:3}: without {statistics.median(off):7.0f} tok/s (worst {min(off):.0f}), "
+                f"k={a.k} {statistics.median(on):7.0f} tok/s (worst {min(on):.0f}): "
+                f"{statistics.median(on) / statistics.median(off):.2f}x, acceptance {acc:.0%}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

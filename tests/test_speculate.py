@@ -1,0 +1,100 @@
+"""N-gram speculative decoding (tinyllm/engine/speculate.py): drafts found by prompt lookup,
+verified in the step's one mixed forward, accepted or rolled back. Greedy output is identical,
+token for token, to decoding without speculation; only requests whose token is their logits'
+argmax are drafted; stop rules hold mid-draft; no block outlives a draft. (The engine fuzz in
+tests/test_kv_budget.py runs random schedules with drafts too.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from tinyllm import LLM, ContinuousEngine, EngineConfig, Request, SamplingParams, generate
+from tinyllm.engine.speculate import propose_ngram
+from tinyllm.request import Sampling
+
+REPEATING = "ROMEO:\nBut soft, what light through yonder window breaks? It is the east, and Juliet is the sun.\n"
+
+
+def test_the_proposer_continues_the_latest_earlier_match_of_the_longest_suffix():
+    ctx = [1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3]
+    assert propose_ngram(ctx, 2, 1, 3) == [7, 8]  # "1 2 3" last seen before 7 8
+    assert propose_ngram(ctx, 5, 1, 3) == [7, 8, 1, 2, 3]  # up to k, as far as the context goes
+    assert propose_ngram([5, 6, 7], 3, 1, 3) == []  # nothing repeats
+    assert propose_ngram([4, 5, 4], 2, 1, 1) == [5, 4]  # a one-token suffix
+    assert propose_ngram(ctx, 0) == [] and propose_ngram([1], 3) == []
+
+
+def run(model, reqs: list[Request], **config) -> tuple[list[list[int]], ContinuousEngine]:
+    eng = ContinuousEngine(model, config=EngineConfig.best(max_num_seqs=4, **config))
+    rids = [eng.add_request(r) for r in reqs]
+    while eng.has_work():
+        eng.step()
+    return [eng.results.pop(r).tokens for r in rids], eng
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_greedy_with_drafts_equals_solo_and_drafts_are_both_kept_and_rolled_back(model_tok, k):
+    model, tok = model_tok
+    prompts = [tok.encode(REPEATING * 2), tok.encode("JULIET:\n"), tok.encode("To be, or not to be:\n" * 3)]
+    reqs = [Request(p, 48) for p in prompts]
+    outs, eng = run(model, reqs, num_speculative_tokens=k, block_size=4)  # (small blocks: drafts spill)
+    assert outs == [generate(model, p, 48) for p in prompts]
+    st = eng.stats
+    assert st.spec_drafts > 0 and 0 < st.spec_accepted_tokens < st.spec_draft_tokens  # kept and rejected
+    assert len(st.spec_accepted_per_pos) == k and st.spec_accepted_per_pos == sorted(
+        st.spec_accepted_per_pos, reverse=True
+    )
+    assert st.kv_allocated_at_end == 0 and eng.slots.num_free_blocks() == eng.slots.n_blocks
+
+
+def test_the_stop_rules_hold_mid_draft(model_tok):
+    model, tok = model_tok
+    ids = tok.encode(REPEATING * 2)
+    free = generate(model, ids, 40)
+    eos, stop = free[12], free[20]
+    reqs = [Request(ids, 40, eos_id=eos), Request(ids, 40, stop_token_ids=(stop,)), Request(ids, 7)]
+    outs, _ = run(model, reqs, num_speculative_tokens=4)
+    assert outs[0] == generate(model, ids, 40, eos_id=eos) and outs[0][-1] == eos
+    assert outs[1] == free[: free.index(stop) + 1] and outs[2] == free[:7]
+
+
+def test_only_argmax_requests_are_drafted_and_sampled_ones_are_unchanged(model_tok):
+    model, tok = model_tok
+    ids = tok.encode(REPEATING * 2)
+    sampled = [
+        Request(ids, 24, sampling=Sampling(temperature=0.8, seed=3)),
+        Request(ids, 24, sampling=Sampling(repetition_penalty=1.3)),  # greedy with a penalty
+        Request(ids, 24, logprobs=1),
+    ]
+    with_spec, eng = run(model, sampled, num_speculative_tokens=4)
+    without, _ = run(model, sampled)
+    assert with_spec == without and eng.stats.spec_drafts == 0
+
+
+def test_speculation_is_configured_as_vllm_and_checked(model_tok):
+    with pytest.raises(ValueError, match="num_speculative_tokens needs chunked_prefill=True"):
+        EngineConfig(num_speculative_tokens=2)
+    with pytest.raises(ValueError, match="num_speculative_tokens must be an integer from 0"):
+        EngineConfig.best(num_speculative_tokens=-1)
+    llm = LLM(
+        max_num_seqs=2, speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
+    )
+    c = llm.engine.config
+    assert (c.num_speculative_tokens, c.prompt_lookup_max, c.prompt_lookup_min) == (3, 4, 1)
+    out = llm.generate(REPEATING * 2, SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)[0]
+    model, tok = model_tok
+    assert out.token_ids == generate(model, tok.encode(REPEATING * 2), 32, eos_id=0)
+    with pytest.raises(ValueError, match="method 'eagle' is not supported"):
+        LLM(speculative_config={"method": "eagle", "num_speculative_tokens": 3})
+
+
+def test_speculation_turns_itself_off_where_the_batch_is_large(model_tok):
+    """Verifying drafts costs tokens a large batch has no spare compute for (0.5-0.7x at 16-64
+    sequences on the 2-core CPU): from disable_by_batch_size decoding sequences, no drafts."""
+    model, tok = model_tok
+    reqs = [Request(tok.encode(REPEATING * 2), 24) for _ in range(4)]
+    outs, eng = run(model, reqs, num_speculative_tokens=4, speculative_disable_by_batch_size=3)
+    assert outs == [generate(model, r.prompt, 24) for r in reqs]
+    assert eng.scheduler.spec_off_steps > 0 and eng.stats.spec_drafts == 0  # four decode: off every step
+    _, few = run(model, reqs[:2], num_speculative_tokens=4, speculative_disable_by_batch_size=3)
+    assert few.stats.spec_drafts > 0 and few.scheduler.spec_off_steps == 0

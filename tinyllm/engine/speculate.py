@@ -1,0 +1,46 @@
+"""Speculative decoding by n-gram prompt lookup (vLLM's ``ngram`` method): a running request's
+next few tokens guessed from its own context, verified in the step's one mixed forward.
+
+The proposer looks for the context's last ``n`` tokens (``prompt_lookup_max`` down to
+``prompt_lookup_min``) earlier in the context and, at its latest earlier match, proposes the
+tokens that followed it, up to ``num_speculative_tokens``: text that repeats or continues what is
+in the prompt (code edits, quotes, summaries) gets drafts, other text gets none. No extra model.
+
+The token-budget scheduler gives a request with a draft one item of ``1 + k`` tokens (its newest
+token, then the draft: counted in the budget, as vLLM V1 does); the forward returns logits at
+every one of them; the commit accepts the draft's longest prefix the model agrees with and the
+model's own token after it (the bonus), so ``1..k+1`` tokens land per step. The K/V written for
+rejected draft tokens is rolled back (the slot's length set back, blocks a draft spilled into
+freed) and prefix-cache keys cover committed tokens only. Only greedy requests with no penalty,
+ban or logprobs are drafted: for them the model's token is its logits' argmax at each position,
+so output is identical, token for token, to decoding without speculation.
+"""
+
+from __future__ import annotations
+
+
+def propose_ngram(context: list[int] | tuple[int, ...], k: int, n_min: int = 1, n_max: int = 3) -> list[int]:
+    """Up to ``k`` tokens that followed the latest earlier occurrence of the context's last n
+    tokens (the longest n from ``n_max`` down to ``n_min`` that occurs); [] if none does."""
+    if k <= 0:
+        return []
+    L = len(context)
+    for n in range(min(n_max, L - 1), n_min - 1, -1):
+        tail = tuple(context[L - n :])
+        for start in range(L - n - 1, -1, -1):  # the latest match first (before the tail itself)
+            if tuple(context[start : start + n]) == tail:
+                return list(context[start + n : start + n + k])
+    return []
+
+
+def count_verified(stats, k: int, accepted: int) -> None:
+    """A verified draft of ``k`` tokens, ``accepted`` of them kept, in ``stats`` (the engine's
+    Stats: vLLM's spec_decode counters, and accepted tokens per draft position)."""
+    stats.spec_drafts += 1
+    stats.spec_draft_tokens += k
+    stats.spec_accepted_tokens += accepted
+    per_pos = stats.spec_accepted_per_pos
+    if len(per_pos) < k:
+        per_pos += [0] * (k - len(per_pos))
+    for i in range(accepted):
+        per_pos[i] += 1
