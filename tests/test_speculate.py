@@ -98,3 +98,33 @@ def test_speculation_turns_itself_off_where_the_batch_is_large(model_tok):
     assert eng.scheduler.spec_off_steps > 0 and eng.stats.spec_drafts == 0  # four decode: off every step
     _, few = run(model, reqs[:2], num_speculative_tokens=4, speculative_disable_by_batch_size=3)
     assert few.stats.spec_drafts > 0 and few.scheduler.spec_off_steps == 0
+
+
+def test_the_server_takes_the_flag_and_reports_vllms_spec_decode_series(model_tok, monkeypatch, capsys):
+    import httpx
+
+    import tinyllm.serve.server as server_mod
+    from tests.helpers import SERVED_MODEL, serve_in_thread
+    from tinyllm.cli import main
+
+    got = {}
+    monkeypatch.setattr(
+        server_mod, "run_server", lambda engine, tok, name, sock, **kw: got.update(e=engine) or sock.close()
+    )
+    main(["serve", "--port", "0", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'])
+    assert got["e"].config.num_speculative_tokens == 3
+    server = serve_in_thread(*model_tok, slots=2, num_speculative_tokens=4)
+    try:
+        body = {"model": SERVED_MODEL, "prompt": REPEATING * 2, "max_tokens": 32, "temperature": 0}
+        assert httpx.post(server.url + "/v1/completions", json=body, timeout=60).status_code == 200
+        metrics = httpx.get(server.url + "/metrics", timeout=30).text
+    finally:
+        server.stop()
+    series = {
+        line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("vllm:spec")
+    }
+    assert series["vllm:spec_decode_num_drafts_total"] > 0
+    assert 0 < series["vllm:spec_decode_num_accepted_tokens_total"] <= series["vllm:spec_decode_num_draft_tokens_total"]
+    assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="' in metrics and 'position="0"' in metrics

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -285,5 +286,38 @@ def _settings_from_args(args: Any, decided: dict[str, Any]) -> dict[str, Any]:
         "block_size": get("block_size") if paged else None,
         "kv_blocks": get("kv_blocks") if paged else None,
         **{name: get(name) for name in ("scheduling_policy", "kv_cache_dtype", "device", "threads", "seed")},
+        **(get("speculative_config") or {}),  # --speculative-config: its engine settings
     }
     return {k: v for k, v in settings.items() if v is not None}
+
+
+def speculative_settings(spec: Any) -> dict[str, Any]:
+    """vLLM's ``speculative_config`` (a dict, or its JSON as a command line gives it) as the
+    engine's settings: method "ngram" (prompt lookup, no draft model) with
+    ``num_speculative_tokens``, ``prompt_lookup_max`` / ``prompt_lookup_min`` and
+    ``disable_by_batch_size``; any other method is refused by name (ValueError)."""
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except ValueError as e:
+            raise ValueError(f"speculative_config is not valid JSON: {e}") from None
+    if spec is None:
+        return {}
+    if not isinstance(spec, dict):
+        raise ValueError(f"speculative_config must be a dict (vLLM's keys), got {type(spec).__name__}")
+    method = spec.get("method", "ngram")
+    if method != "ngram":
+        raise ValueError(
+            f"speculative_config method {method!r} is not supported: tinyllm speculates by n-gram prompt lookup "
+            "(method 'ngram'); draft models, EAGLE and MTP are not implemented"
+        )
+    known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size"}
+    unknown = sorted(set(spec) - known)
+    if unknown:
+        raise ValueError(f"speculative_config: {', '.join(unknown)} not supported (takes {', '.join(sorted(known))})")
+    out = {k: spec[k] for k in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min") if k in spec}
+    if "disable_by_batch_size" in spec:
+        out["speculative_disable_by_batch_size"] = spec["disable_by_batch_size"]
+    if "num_speculative_tokens" not in out:
+        raise ValueError("speculative_config needs num_speculative_tokens (tokens drafted per step)")
+    return out

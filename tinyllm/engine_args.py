@@ -10,6 +10,17 @@ import re
 
 from tinyllm.args import device_arg, kv_dtype_arg, positive_float, positive_int
 
+
+def speculative_arg(text: str) -> dict:
+    """--speculative-config JSON, checked as the engine takes it (engine/speculate.py)."""
+    from tinyllm.config import speculative_settings
+
+    try:
+        return speculative_settings(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 # -- the engine's options: each defined once, for every command that takes it ----------------------
 # tinyllm-tui takes every one, the other commands those COMMAND_ENGINE_OPTIONS lists, with
 # add_engine_args(parser, *names); the defaults are EngineConfig's (tinyllm/config.py). Sizes
@@ -142,6 +153,17 @@ def engine_options() -> dict[str, tuple[tuple[str, ...], dict]]:
                 "buys, half the bytes attention reads; greedy text can differ from float32's)",
             ),
         ),
+        "speculative_config": (
+            ("--speculative-config",),
+            dict(
+                type=speculative_arg,
+                default=None,
+                metavar="JSON",
+                help='n-gram speculative decoding, vLLM\'s JSON: \'{"method": "ngram", "num_speculative_tokens": 4, '
+                '"prompt_lookup_max": 3}\' (greedy requests only; needs the token budget; off from '
+                '"disable_by_batch_size" decoding requests, default 4)',
+            ),
+        ),
     }
 
 
@@ -151,6 +173,7 @@ def engine_options() -> dict[str, tuple[tuple[str, ...], dict]]:
 # with the token budget; whatif's and bench's lanes set the layout and scheduler themselves.
 COMMAND_ENGINE_OPTIONS = {
     "serve": (
+        "speculative_config",
         "slots",
         "kv_memory",
         "max_num_seqs",
@@ -176,6 +199,7 @@ COMMAND_ENGINE_OPTIONS = {
         "threads",
     ),
     "bench": (
+        "speculative_config",
         "slots",
         "kv_memory",
         "max_num_seqs",

@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tinyllm.config import EngineConfig
+from tinyllm.config import EngineConfig, speculative_settings
 from tinyllm.llm_call import Job, Stream
 from tinyllm.outputs import RequestOutput
 from tinyllm.request import MAX_LOGPROBS, SamplingError, is_int, token_ids
@@ -107,7 +107,7 @@ class LLM:
         from tinyllm.model.device import resolve_device
         from tinyllm.model.tokenizer import PreTrainedTokenizerView
 
-        engine_settings = _speculative(kwargs.pop("speculative_config", None)) | _engine_keywords(kwargs)
+        engine_settings = speculative_settings(kwargs.pop("speculative_config", None)) | _engine_keywords(kwargs)
         if not isinstance(enforce_eager, bool):
             raise ValueError(f"enforce_eager must be True or False, got {enforce_eager!r}")
         if not is_int(max_logprobs) or not 0 <= max_logprobs <= MAX_LOGPROBS:
@@ -333,32 +333,6 @@ def _engine_keywords(kwargs: dict[str, Any]) -> dict[str, Any]:
                 f"docs/engine.md, 'Coming from vLLM'; the engine's own: {', '.join(EngineConfig.settings())})"
             )
     return settings
-
-
-def _speculative(spec: Any) -> dict[str, Any]:
-    """vLLM's ``speculative_config`` as the engine's settings: method "ngram" (prompt lookup, no
-    draft model: engine/speculate.py) with ``num_speculative_tokens`` and ``prompt_lookup_max`` /
-    ``prompt_lookup_min``; any other method is refused by name."""
-    if spec is None:
-        return {}
-    if not isinstance(spec, dict):
-        raise ValueError(f"speculative_config must be a dict (vLLM's keys), got {type(spec).__name__}")
-    method = spec.get("method", "ngram")
-    if method != "ngram":
-        raise ValueError(
-            f"speculative_config method {method!r} is not supported: tinyllm speculates by n-gram prompt lookup "
-            "(method 'ngram'); draft models, EAGLE and MTP are not implemented"
-        )
-    known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size"}
-    unknown = sorted(set(spec) - known)
-    if unknown:
-        raise ValueError(f"speculative_config: {', '.join(unknown)} not supported (takes {', '.join(sorted(known))})")
-    out = {k: spec[k] for k in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min") if k in spec}
-    if "disable_by_batch_size" in spec:
-        out["speculative_disable_by_batch_size"] = spec["disable_by_batch_size"]
-    if "num_speculative_tokens" not in out:
-        raise ValueError("speculative_config needs num_speculative_tokens (tokens drafted per step)")
-    return out
 
 
 def _kv_mib(nbytes: Any) -> float | None:

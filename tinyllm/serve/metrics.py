@@ -58,6 +58,9 @@ SERIES = (
     ("generation_tokens", Counter, "generation_tokens", "Tokens generated."),
     ("prefix_queries", Counter, "prefix_cache_queries", "Context tokens looked up in the prefix cache."),
     ("prefix_hits", Counter, "prefix_cache_hits", "Of those, tokens served from cached blocks."),
+    ("spec_drafts", Counter, "spec_decode_num_drafts", "Speculative drafts verified (n-gram prompt lookup)."),
+    ("spec_draft_tokens", Counter, "spec_decode_num_draft_tokens", "Tokens of those drafts."),
+    ("spec_accepted", Counter, "spec_decode_num_accepted_tokens", "Draft tokens accepted."),
 )
 
 # The histograms, vLLM's names and help (the "vllm:" prefix added): (attribute, name, help, buckets;
@@ -148,6 +151,13 @@ class ServeMetrics:
             m + ["block_size", "num_gpu_blocks", "enable_prefix_caching", "cache_dtype"],
             registry=r,
         )
+        self.spec_per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, by their position in the draft (0: the first).",
+            m + ["position"],
+            registry=r,
+        )
+        self._spec_seen = (0, 0, 0, [])  # the engine's spec counters at the last step (counted in deltas)
         self._reqs: dict[int, _Times] = {}
         if slo is not None:  # tinyllm's own names (vLLM has no such counter), only with --slo
             self.slo_met = Counter(
@@ -227,6 +237,26 @@ class ServeMetrics:
             if ev.done:
                 del reqs[ev.rid]
         self._gauges(engine)
+        self._speculation(engine.stats)
+
+    def _speculation(self, st) -> None:
+        """vLLM's spec_decode counters, from the engine's (engine/speculate.py) since the last step."""
+        drafts, tokens, accepted, per_pos = self._spec_seen
+        if st.spec_drafts == drafts:
+            return
+        self.spec_drafts.inc(st.spec_drafts - drafts)
+        self.spec_draft_tokens.inc(st.spec_draft_tokens - tokens)
+        self.spec_accepted.inc(st.spec_accepted_tokens - accepted)
+        for i, n in enumerate(st.spec_accepted_per_pos):
+            seen = per_pos[i] if i < len(per_pos) else 0
+            if n > seen:
+                self.spec_per_pos.labels(self.model_name, str(i)).inc(n - seen)
+        self._spec_seen = (
+            st.spec_drafts,
+            st.spec_draft_tokens,
+            st.spec_accepted_tokens,
+            list(st.spec_accepted_per_pos),
+        )
 
     def _finished(self, t: _Times, ev: LifecycleEvent) -> None:
         """vLLM's per-request histograms, observed once the request finished (``ev.tokens``: its
