@@ -30,6 +30,9 @@ CONFIGS = {  # kv, chunked prefill, KV blocks (tight: preemptions), prefix cache
     "slots": dict(kv="slots"),
     "paged-tight": dict(kv="paged", block_size=8, kv_blocks=10),
     "chunked-tight-prefix": dict(kv="paged", block_size=8, kv_blocks=12, chunked_prefill=True, max_batched_tokens=16),
+    "chunked-speculation": dict(  # drafts kept and rolled back: their counters replay too
+        kv="paged", block_size=8, kv_blocks=12, chunked_prefill=True, max_batched_tokens=32, num_speculative_tokens=3
+    ),
 }
 
 

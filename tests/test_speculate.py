@@ -128,3 +128,33 @@ def test_the_server_takes_the_flag_and_reports_vllms_spec_decode_series(model_to
     assert series["vllm:spec_decode_num_drafts_total"] > 0
     assert 0 < series["vllm:spec_decode_num_accepted_tokens_total"] <= series["vllm:spec_decode_num_draft_tokens_total"]
     assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="' in metrics and 'position="0"' in metrics
+
+
+async def test_the_app_shows_speculation_and_the_acceptance_the_snapshot_holds(model_tok):
+    import torch
+
+    from tests.test_app import step, submit, until, watched_app
+
+    model, tok = model_tok
+    eng = ContinuousEngine(
+        model,
+        2,
+        256,
+        kv="paged",
+        block_size=8,
+        generator=torch.Generator().manual_seed(0),
+        chunked_prefill=True,
+        max_batched_tokens=64,
+        num_speculative_tokens=4,
+    )
+    app = watched_app(eng, tok, 40, settings=None)
+    async with app.run_test(size=(120, 36)) as pilot:
+        assert "spec k=4" in app.query_one("#status").render().plain
+        await submit(pilot, REPEATING * 2)
+        await step(pilot, 60)
+        await until(pilot, lambda: not app.runner.frame.snapshot.busy, what="the request to finish")
+        c = app.runner.frame.snapshot.counters
+        assert c.spec_draft_tokens > 0
+        shown = " ".join(app.query_one("#kv").render().plain.split())
+        assert f"drafts kept {c.spec_accepted_tokens / c.spec_draft_tokens:.0%}" in shown, shown
+        assert not [n for n in app._notifications if n.severity == "error"]

@@ -110,6 +110,7 @@ class TokenBudgetScheduler:
         self.lookup = lookup  # (prompt_lookup_min, prompt_lookup_max)
         self.spec_off_at = spec_off_at  # no drafts in a step with this many decodes or more (None: never)
         self.spec_off_steps = 0  # steps speculation was off for the batch's size (the app says so)
+        self.spec_off_now = False  # the latest step's
 
     def _draft(self, seq: Sequence, spare: int) -> list[int]:
         """A draft for ``seq``'s decode (engine/speculate.py): only a greedy request with nothing
@@ -139,7 +140,8 @@ class TokenBudgetScheduler:
         short = False  # preempted for want of blocks this step
         decoding = waiting.running_order([s for s in running if s.remaining() == 1])
         speculate = self.spec_tokens > 0 and (self.spec_off_at is None or len(decoding) < self.spec_off_at)
-        if self.spec_tokens and not speculate:
+        self.spec_off_now = bool(self.spec_tokens and not speculate and decoding)
+        if self.spec_off_now:
             self.spec_off_steps += 1  # a batch this large has no spare compute to verify drafts with
         for d, seq in enumerate(decoding):  # 1. decodes (with a speculative draft where one is found)
             if plan.preempted and seq in plan.preempted:  # (a list scan only after a preemption)

@@ -77,6 +77,10 @@ class EngineViews:
             prefix_hits=self._prefix_hits,
             computed_rows=st.computed_rows,
             useful_rows=st.useful_rows,
+            spec_drafts=st.spec_drafts,
+            spec_draft_tokens=st.spec_draft_tokens,
+            spec_accepted_tokens=st.spec_accepted_tokens,
+            spec_accepted_per_pos=tuple(st.spec_accepted_per_pos),
         )
         return EngineSnapshot(
             time_s=self.now(),
@@ -90,4 +94,6 @@ class EngineViews:
             max_batched_tokens=self.max_batched_tokens,
             policy=self.policy,
             batch=self._batch,
+            speculative=getattr(self.scheduler, "spec_tokens", 0),
+            speculative_off=getattr(self.scheduler, "spec_off_now", False),
         )

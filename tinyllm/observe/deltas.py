@@ -17,7 +17,11 @@ _SLOT_FIELDS = {v: k for k, v in _SLOT_KEYS.items()}
 _REQ_FIELDS = tuple(f.name for f in fields(RequestView))
 _KV_FIELDS = ("allocated_tokens", "used_tokens", "free_blocks", "cached_free_blocks")
 _BLOCK_FIELDS = ("block_owner", "block_refs", "block_cached")
-_COUNTER_FIELDS = tuple(f.name for f in fields(Counters))
+# The counters a delta carries as increments, in field order ("c"); speculation's ("sc": drafts,
+# draft tokens, accepted tokens, then the accepted per position whole) only where it ran, so
+# recordings made before speculation still read.
+_COUNTER_FIELDS = tuple(f.name for f in fields(Counters) if not f.name.startswith("spec_"))
+_SPEC_FIELDS = ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
 
 
 def blank_snapshot(header: dict) -> EngineSnapshot:
@@ -40,7 +44,12 @@ def blank_snapshot(header: dict) -> EngineSnapshot:
         dtype=str(k.get("dtype", "")),
     )
     return EngineSnapshot.empty(
-        kv, e["n_slots"], e["max_len"], max_batched_tokens=e["max_batched_tokens"], policy=e.get("policy", "fcfs")
+        kv,
+        e["n_slots"],
+        e["max_len"],
+        max_batched_tokens=e["max_batched_tokens"],
+        policy=e.get("policy", "fcfs"),
+        speculative=e.get("speculative", 0),
     )
 
 
@@ -116,8 +125,13 @@ class SnapshotEncoder:
             d["kv"] = kv
         if snap.batch != prev.batch:
             d["bt"] = [list(item) for item in snap.batch]
+        if snap.speculative_off != prev.speculative_off:
+            d["so"] = snap.speculative_off
         if snap.counters != prev.counters:  # increments, in field order: short
             d["c"] = [getattr(snap.counters, f) - getattr(prev.counters, f) for f in _COUNTER_FIELDS]
+            if snap.counters.spec_drafts != prev.counters.spec_drafts:
+                d["sc"] = [getattr(snap.counters, f) - getattr(prev.counters, f) for f in _SPEC_FIELDS]
+                d["sc"].append(list(snap.counters.spec_accepted_per_pos))
         self._prev = snap
         return d
 
@@ -190,12 +204,18 @@ class SnapshotDecoder:
             changes["kv"] = replace(s.kv, **kv)
         if "bt" in d:
             changes["batch"] = tuple((int(rid), int(n)) for rid, n in d["bt"])
+        if "so" in d:
+            changes["speculative_off"] = bool(d["so"])
         if "c" in d:
             if len(d["c"]) != len(_COUNTER_FIELDS):
                 raise ValueError(f"counters: expected {len(_COUNTER_FIELDS)} increments, got {len(d['c'])}")
             changes["counters"] = replace(
                 s.counters, **{f: getattr(s.counters, f) + inc for f, inc in zip(_COUNTER_FIELDS, d["c"])}
             )
+            if "sc" in d:
+                *incs, per_pos = d["sc"]
+                spec = {f: getattr(s.counters, f) + inc for f, inc in zip(_SPEC_FIELDS, incs)}
+                changes["counters"] = replace(changes["counters"], **spec, spec_accepted_per_pos=tuple(per_pos))
         if changes:
             self.snapshot = replace(s, **changes)
         return self.snapshot

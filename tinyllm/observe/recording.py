@@ -84,6 +84,7 @@ def make_header(
             "max_len": snap.max_len,
             "max_batched_tokens": snap.max_batched_tokens,
             "policy": snap.policy,
+            "speculative": snap.speculative,
             "kv": {
                 "kind": kv.kind,
                 "reserved_tokens": kv.reserved_tokens,

@@ -185,6 +185,10 @@ class Counters:
     prefix_hits: int = 0  # of those, tokens served from cached blocks (vLLM: prefix_cache_hits)
     computed_rows: int = 0
     useful_rows: int = 0
+    spec_draft_tokens: int = 0  # speculation (engine/speculate.py): draft tokens verified
+    spec_accepted_tokens: int = 0  # of those, accepted
+    spec_accepted_per_pos: tuple[int, ...] = ()  # accepted tokens by draft position
+    spec_drafts: int = 0  # drafts verified
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,6 +204,8 @@ class EngineSnapshot:
     max_batched_tokens: int | None = None  # the token-budget scheduler's budget; None: the seed's scheduler
     policy: str = "fcfs"  # the scheduling policy (engine/policy.py)
     batch: tuple[tuple[int, int], ...] = ()  # the latest step's batch: (rid, tokens computed), batch order
+    speculative: int = 0  # n-gram speculation: tokens drafted per step (0: off)
+    speculative_off: bool = False  # the latest step drafted nothing: its batch was too large
 
     @classmethod
     def empty(cls, kv: KVView, n_slots: int = 0, max_len: int = 0, **settings) -> EngineSnapshot:

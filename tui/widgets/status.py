@@ -88,10 +88,15 @@ def settings_fields(snap, style: str) -> list[tuple[str, str, int]]:
     """The engine's KV layout, scheduling policy and scheduler, in every mode: what another run
     could set otherwise (a policy other than fcfs is news, so it gives way later)."""
     budget = snap.max_batched_tokens
+    k = getattr(snap, "speculative", 0)
+    spec = [] if not k else [
+        (" · spec off: batch too large" if snap.speculative_off else f" · spec k={k}", "bold", 3)
+    ]  # fmt: skip
     return [
         (f" · {kv_label(snap.kv)}", style, 5),
         (f" · {snap.policy}", "bold", 4 if snap.policy == "fcfs" else 2),
         (f" · {'chunked ≤' + str(budget) + ' tok/step' if budget else 'prefill+decode'}", style, 4),
+        *spec,
     ]
 
 
