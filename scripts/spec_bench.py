@@ -37,7 +37,7 @@ def run(model, prompts: list[list[int]], seqs: int, new: int, k: int) -> tuple[f
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--seqs", type=int, nargs="+", default=[1, 4, 16, 64])
     p.add_argument("--new", type=int, default=128)
