@@ -158,3 +158,24 @@ async def test_the_app_shows_speculation_and_the_acceptance_the_snapshot_holds(m
         shown = " ".join(app.query_one("#kv").render().plain.split())
         assert f"drafts kept {c.spec_accepted_tokens / c.spec_draft_tokens:.0%}" in shown, shown
         assert not [n for n in app._notifications if n.severity == "error"]
+
+
+def test_a_race_lane_pair_speculation_off_and_on_gives_the_same_tokens(model_tok):
+    """ "chunked" against "chunked spec=4": the same greedy tokens; the speculating lane's engine
+    drafted (on the cost clock the verify pass's extra tokens are priced as any other token)."""
+    from tests.helpers import race_run
+    from tinyllm.race.race import build_race
+    from tinyllm.race.spec import LaneSpecError, parse_lanes
+
+    model, tok = model_tok
+    work = [(0.0, Request(tok.encode(REPEATING * 2), 24)), (0.0, Request(tok.encode("JULIET:\n"), 24))]
+    race = build_race(model, work, race_run(2, 256), lanes=parse_lanes(["chunked", "chunked spec=4"]), step_cost_s=0.01)
+    while race.step() is not None:
+        pass
+    off, on = race.lanes
+    tokens = [sorted((rid, r.tokens) for rid, r in lane.engine.results.items()) for lane in (off, on)]
+    assert tokens[0] == tokens[1] and len(tokens[0]) == 2
+    assert on.engine.stats.spec_drafts > 0 and off.engine.stats.spec_drafts == 0
+    assert "speculation k=4" in on.detail
+    with pytest.raises(LaneSpecError, match="spec need chunked prefill"):
+        parse_lanes(["continuous spec=2"])

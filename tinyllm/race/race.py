@@ -197,6 +197,7 @@ def lane_config(spec: LaneSpec, run: EngineConfig, slots: int, cap: int | None, 
         changes.update(max_num_seqs=spec.slots or slots, kv_blocks=spec.kv_blocks or run.kv_blocks)
     if spec.kind == "chunked":
         changes.update(max_batched_tokens=spec.budget or run.max_batched_tokens, prefix_cache=spec.prefix_cache)
+        changes.update(num_speculative_tokens=spec.spec or 0)  # spec=N: n-gram drafts (engine/speculate.py)
     else:  # prefill then decode, on slots (the default) or on the paged pool
         changes.update(chunked_prefill=False, max_batched_tokens=None, prefix_cache=None)
         if spec.kv != "paged":

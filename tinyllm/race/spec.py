@@ -8,6 +8,8 @@ or a scheduling policy, meaning a token-budget lane with that policy) or ``key=v
     block=N (tokens per KV block)   blocks=N (KV pool size)   prefix=on|off   chunked=on|off
     kv=slots|paged (a continuous lane's cache)   kv_mib=MiB (the lane's KV memory budget)
     kv_dtype=auto|float32|bfloat16 (fp32, bf16; the lane's KV cache element type; bfloat16: twice the tokens a MiB holds)
+    spec=N (a token-budget lane's n-gram speculation: tokens drafted per step; "chunked" and
+    "chunked spec=4" race speculation off against on)
 
 With a KV memory budget (``kv_mib=``, or the race's ``--kv-memory`` for every lane) the budget
 sizes the lane: static batching and the slot cache get the rows of max_len it buys, a paged lane
@@ -29,7 +31,7 @@ from tinyllm.config import parse_mib
 from tinyllm.request import KV_CACHE_DTYPES, SCHEDULING_POLICIES, kv_dtype_name
 
 KINDS = ("static", "continuous", "chunked")
-KEYS = ("policy", "budget", "slots", "block", "blocks", "prefix", "chunked", "kv", "kv_mib", "kv_dtype")
+KEYS = ("policy", "budget", "slots", "block", "blocks", "prefix", "chunked", "kv", "kv_mib", "kv_dtype", "spec")
 DEFAULT_LANES = KINDS
 KIND_WORDS = {"static": "static batching", "continuous": "continuous batching", "chunked": "token budget"}
 
@@ -51,6 +53,7 @@ class LaneSpec:
     kv: str | None = None  # continuous lanes: "slots" (default) or "paged"
     kv_mib: float | None = None  # the lane's KV memory budget (None: the race's --kv-memory)
     kv_dtype: str | None = None  # the lane's KV cache dtype (None: the race's --kv-cache-dtype)
+    spec: int | None = None  # n-gram speculation's tokens per draft (engine/speculate.py); None: off
 
     recorded: tuple[str, ...] = ()  # the fields taken from a recording (on_recording), "kind" included
 
@@ -84,6 +87,8 @@ def setting_words(fields: dict, skip_fcfs: bool = False) -> list[str]:
         parts.append(f"KV {fields['kv_dtype']}")
     if fields.get("prefix_cache") is not None:
         parts.append(f"prefix cache {'on' if fields['prefix_cache'] else 'off'}")
+    if fields.get("spec") is not None:
+        parts.append(f"speculation k={fields['spec']}")
     return parts
 
 
@@ -150,7 +155,7 @@ def _read(label: str) -> tuple[str | None, dict]:
                     f"lane {label!r}: policy must be one of {', '.join(SCHEDULING_POLICIES)}, got {v!r}"
                 )
             fields["policy"] = v
-        elif key in ("budget", "slots", "blocks", "block"):
+        elif key in ("budget", "slots", "blocks", "block", "spec"):
             fields[{"block": "block_size", "blocks": "kv_blocks"}.get(key, key)] = _int(label, key, v)
         elif key == "kv_mib":
             fields["kv_mib"] = _mib(label, key, v)
@@ -183,8 +188,8 @@ def _checked(label: str, kind: str, fields: dict, recorded: tuple[str, ...] = ()
         raise LaneSpecError(f"lane {label!r}: kv_mib sizes the KV pool: drop blocks=")
     if kind == "chunked" and fields.get("kv") == "slots":
         raise LaneSpecError(f"lane {label!r}: a chunked (token-budget) lane needs the paged KV cache")
-    if kind == "continuous" and (fields.get("budget") or fields.get("prefix_cache")):
-        raise LaneSpecError(f"lane {label!r}: budget and prefix need chunked prefill (chunked=on)")
+    if kind == "continuous" and (fields.get("budget") or fields.get("prefix_cache") or fields.get("spec")):
+        raise LaneSpecError(f"lane {label!r}: budget, prefix and spec need chunked prefill (chunked=on)")
     if kind == "continuous" and fields.get("kv") != "paged" and ("block_size" in fields or "kv_blocks" in fields):
         raise LaneSpecError(f"lane {label!r}: block and blocks need the paged KV cache (kv=paged)")
     return LaneSpec(label, kind, **fields, recorded=recorded)
