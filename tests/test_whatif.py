@@ -48,7 +48,7 @@ def test_lanes_parse_from_policies_kinds_and_settings():
         (["prefix=maybe"], "prefix must be on or off, got 'maybe'"),
         (["colour=red"], "unknown setting 'colour'"),
         (["static budget=8"], "static batching takes only slots="),
-        (["continuous budget=8"], "budget and prefix need chunked prefill"),
+        (["continuous budget=8"], "budget, prefix and spec need chunked prefill"),
         (["fcfs", "fcfs"], "two lanes are both 'fcfs'"),
         ([""], "an empty lane"),
         (["fcfs"], "a race needs at least two lanes, got 1"),
