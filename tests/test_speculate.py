@@ -179,3 +179,20 @@ def test_a_race_lane_pair_speculation_off_and_on_gives_the_same_tokens(model_tok
     assert "speculation k=4" in on.detail
     with pytest.raises(LaneSpecError, match="spec need chunked prefill"):
         parse_lanes(["continuous spec=2"])
+
+
+def test_tinyllm_bench_passes_the_speculative_config_to_the_token_budget_paths():
+    from argparse import Namespace
+
+    from tinyllm.bench.run import path_settings
+    from tinyllm.engine_args import speculative_arg
+
+    args = Namespace(
+        scheduling_policy="fcfs",
+        kv_cache_dtype="auto",
+        max_batched_tokens=64,
+        slots=4,
+        speculative_config=speculative_arg('{"method": "ngram", "num_speculative_tokens": 2}'),
+    )
+    assert path_settings("continuous-chunked", "slots", args, 0, 128)["num_speculative_tokens"] == 2
+    assert "num_speculative_tokens" not in path_settings("continuous-paged", "slots", args, 0, 128)

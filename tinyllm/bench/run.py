@@ -77,6 +77,7 @@ def path_settings(path: str, mode: str, args, budget_mib: float, max_len: int) -
     )
     if kind.startswith("chunked"):
         out.update(chunked_prefill=True, max_batched_tokens=args.max_batched_tokens, prefix_cache=kind == "chunked")
+        out.update(getattr(args, "speculative_config", None) or {})  # --speculative-config: the token-budget paths
     if mode == "memory":
         out.update(kv_memory_mib=budget_mib, max_num_seqs=args.max_num_seqs)
     else:
