@@ -150,7 +150,17 @@ async def test_the_app_shows_speculation_and_the_acceptance_the_snapshot_holds(m
     app = watched_app(eng, tok, 40, settings=None)
     async with app.run_test(size=(120, 36)) as pilot:
         assert "spec k=4" in app.query_one("#status").render().plain
-        await submit(pilot, REPEATING * 2)
+        rid = await submit(pilot, REPEATING * 2)
+        for _ in range(60):  # step until a step verifies a draft of it: the pane says so, mark by mark
+            await step(pilot)
+            v = app.runner.frame.snapshot.request(rid)
+            if v.last_draft and v.last_draft_step == app.runner.frame.snapshot.counters.steps:
+                break
+        await until(pilot, lambda: "a draft of" in app.query_one("#pane-body").render().plain, what="the pane")
+        pane = app.query_one("#pane-body").render().plain
+        marks = "✓" * v.last_kept + "✗" * (v.last_draft - v.last_kept)
+        assert f"a draft of {v.last_draft}: {marks} {v.last_kept} kept, then its own next token" in pane, pane
+        assert f"drafts kept {v.spec_kept} of {v.spec_drafted}" in pane
         await step(pilot, 60)
         await until(pilot, lambda: not app.runner.frame.snapshot.busy, what="the request to finish")
         c = app.runner.frame.snapshot.counters

@@ -115,6 +115,9 @@ class Commits:
         while a < len(draft) and model[a] == draft[a]:
             a += 1
         count_verified(self.stats, len(draft), a)
+        seq.spec_drafted += len(draft)
+        seq.spec_kept += a
+        seq.last_draft = (self._steps, len(draft), a)
         seq.computed = start + 1 + a  # the newest token and the accepted drafts: their K/V is kept
         self.slots.trim(seq.slot, seq.computed)
         if self.prefix_cache and seq.computed // self.slots.block_size > len(self.slots.slot_keys[seq.slot]):

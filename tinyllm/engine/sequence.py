@@ -63,6 +63,9 @@ class Sequence:
     fork_of: int | None = None  # n > 1: the id of the sample whose prompt it forks off
     forks: list[Sequence] = field(default_factory=list)  # samples waiting (not queued) for its prompt
     draft: list[int] = field(default_factory=list)  # this step's speculative draft (engine/speculate.py)
+    spec_drafted: int = 0  # draft tokens verified for it, in all
+    spec_kept: int = 0  # of those, kept
+    last_draft: tuple[int, int, int] = (-1, 0, 0)  # its latest draft: (step, tokens, kept)
     _row: Row | None = field(default=None, repr=False)  # row()'s, kept while its bans hold
     _row_bans: bool = field(default=False, repr=False)  # whether that Row bans the stop ids
 
@@ -117,5 +120,10 @@ class Sequence:
                 wait=wait,
                 wait_detail=wait_detail,
                 admitted_s=self.admitted,
+                spec_drafted=self.spec_drafted,
+                spec_kept=self.spec_kept,
+                last_draft_step=self.last_draft[0],
+                last_draft=self.last_draft[1],
+                last_kept=self.last_draft[2],
             )
         return self.view

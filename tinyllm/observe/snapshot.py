@@ -119,6 +119,11 @@ class RequestView:
     wait_detail: str = ""  # the scheduler's words, e.g. "KV pool full: needs 3 blocks, 1 free"
     admitted_s: float | None = None  # engine clock: its first admission (queue time ends here;
     # None while queued, and in recordings made before this field)
+    spec_drafted: int = 0  # speculation: draft tokens verified for it
+    spec_kept: int = 0  # of those, kept
+    last_draft_step: int = -1  # the step of its latest draft, its tokens and how many were kept
+    last_draft: int = 0
+    last_kept: int = 0
 
     @property
     def ttft_s(self) -> float | None:

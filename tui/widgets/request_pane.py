@@ -94,6 +94,14 @@ def step_text(v: RequestView, batch: tuple[tuple[int, int], ...], step: int) -> 
         )
     elif v.wait:
         t.append(f"step {step}: waiting: {v.wait_detail or v.wait}", style=EVENT_STYLES["wait"])
+    if mine is not None and v.last_draft_step == step and v.last_draft:  # speculation: this step's draft
+        k, kept = v.last_draft, v.last_kept
+        t.append(f"; a draft of {k}: ", style="dim")
+        t.append("✓" * kept, style="bold green")
+        t.append("✗" * (k - kept), style="strike red")
+        t.append(f" {kept} kept, then its own next token", style="dim")
+    if v.spec_drafted:
+        t.append(f"\ndrafts kept {v.spec_kept} of {v.spec_drafted} ({v.spec_kept / v.spec_drafted:.0%})", style="dim")
     return t
 
 
