@@ -58,7 +58,7 @@ def test_the_stop_rules_hold_mid_draft(model_tok):
     assert outs[1] == free[: free.index(stop) + 1] and outs[2] == free[:7]
 
 
-def test_only_argmax_requests_are_drafted_and_sampled_ones_are_unchanged(model_tok):
+def test_seeded_penalized_and_logprobs_requests_are_not_drafted_and_unchanged(model_tok):
     model, tok = model_tok
     ids = tok.encode(REPEATING * 2)
     sampled = [
@@ -206,3 +206,45 @@ def test_tinyllm_bench_passes_the_speculative_config_to_the_token_budget_paths()
     )
     assert path_settings("continuous-chunked", "slots", args, 0, 128)["num_speculative_tokens"] == 2
     assert "num_speculative_tokens" not in path_settings("continuous-paged", "slots", args, 0, 128)
+
+
+def test_sampled_drafts_keep_the_requests_own_distribution():
+    """Temperature > 0: rejection sampling keeps each position's distribution. Every vocabulary
+    token is in the prompt, so after the first token (drawn at the prefill) every decode has a
+    draft; the second token's frequencies over 2,560 draws match its exact marginal from the
+    model (the sum over first tokens of p(t1) p(t2 | t1)), as they do without speculation."""
+    import torch
+
+    from tests.helpers import random_model
+
+    model = random_model(seed=3, vocab=16, d_model=32, n_layers=1, max_seq_len=64)
+    prompt = [*range(16), 3, 1, 4, 1, 5, 9, 2, 6]
+
+    def draws(spec: int) -> tuple[list[int], int, int]:
+        seconds, drafts, kept = [], 0, 0
+        for run_seed in range(40):
+            eng = ContinuousEngine(
+                model,
+                config=EngineConfig.best(
+                    max_num_seqs=64, num_speculative_tokens=spec, speculative_disable_by_batch_size=None, max_len=64
+                ),
+                generator=torch.Generator().manual_seed(run_seed),
+            )
+            rids = [eng.add_request(Request(prompt, 4, sampling=Sampling(temperature=1.0))) for _ in range(64)]
+            while eng.has_work():
+                eng.step()
+            seconds += [eng.results[r].tokens[1] for r in rids]
+            drafts, kept = drafts + eng.stats.spec_draft_tokens, kept + eng.stats.spec_accepted_tokens
+        return seconds, drafts, kept
+
+    with torch.no_grad():
+        first = torch.softmax(model(torch.tensor([prompt]))[0][0, -1].double(), -1)
+        after = torch.softmax(model(torch.tensor([[*prompt, t] for t in range(16)]))[0][:, -1].double(), -1)
+    exact = (first[:, None] * after).sum(0)  # the second token's marginal
+    freq = lambda xs: torch.bincount(torch.tensor(xs), minlength=16).double() / len(xs)  # noqa: E731
+    tv = lambda a, b: 0.5 * (a - b).abs().sum().item()  # noqa: E731 - total variation distance
+    seconds, drafts, kept = draws(2)
+    plain, _, _ = draws(0)
+    assert drafts >= 64 * 40 and 0 < kept < drafts  # drafts at every decode, some kept, some not
+    assert tv(freq(seconds), exact) < 0.06, tv(freq(seconds), exact)
+    assert tv(freq(plain), exact) < 0.06  # (the same bound holds without drafts)

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from tinyllm.engine.forward import Prefilled
-from tinyllm.engine.sampler import Row, Sampled, sample_batch
+from tinyllm.engine.sampler import Row, Sampled, sample_batch, target_probs
 from tinyllm.engine.scheduler import StepPlan
 from tinyllm.engine.sequence import Event, Sequence, finish_reason
 from tinyllm.engine.speculate import count_verified
@@ -104,16 +104,14 @@ class Commits:
         (its argmax: drafted requests are greedy), the draft's longest prefix that agrees kept,
         then the model's own next token; the rejected tail's K/V rolled back."""
         draft, seq.draft = seq.draft, []
-        sampled = sample_batch(logits, [seq.row()] * logits.size(0), self.generator)
-        if sampled.failed:
+        verified = self._verify_greedy if seq.row().argmax_only else self._verify_sampled
+        try:
+            a, own = verified(seq, draft, logits)
+        except ValueError as e:  # no distribution (NaN or inf logits): the request fails, as without drafts
             self.slots.trim(seq.slot, start + 1)
             seq.computed = start + 1
-            self._fail(seq, next(iter(sampled.failed.values())))
+            self._fail(seq, str(e))
             return []
-        model = sampled.tokens.squeeze(-1).tolist()
-        a = 0
-        while a < len(draft) and model[a] == draft[a]:
-            a += 1
         count_verified(self.stats, len(draft), a)
         seq.spec_drafted += len(draft)
         seq.spec_kept += a
@@ -124,12 +122,43 @@ class Commits:
             self.slots.register_full(seq.slot, [*seq.context(), *draft[:a]])
         seq.prefilled = True
         now, events = self.now(), []
-        for tok in [*draft[:a], model[a]]:
+        for tok in [*draft[:a], own]:
             ev = self._record(seq, tok, now)
             events.append(ev)
             if ev.done:  # its EOS, a stop token or max_new_tokens: nothing after it counts
                 break
         return events
+
+    def _verify_greedy(self, seq: Sequence, draft: list[int], logits: Tensor) -> tuple[int, int]:
+        """(drafts kept, the token after them): the model's argmax at each position; the draft's
+        longest prefix that agrees is kept."""
+        sampled = sample_batch(logits, [seq.row()] * logits.size(0), self.generator)
+        if sampled.failed:
+            raise ValueError(next(iter(sampled.failed.values())))
+        model = sampled.tokens.squeeze(-1).tolist()
+        a = 0
+        while a < len(draft) and model[a] == draft[a]:
+            a += 1
+        return a, model[a]
+
+    def _verify_sampled(self, seq: Sequence, draft: list[int], logits: Tensor) -> tuple[int, int]:
+        """(drafts kept, the token after them) by rejection sampling, which keeps the request's
+        own distribution p (temperature, top_k, top_p, min_p) at every position: draft token d is
+        kept with probability p(d) (the draft proposes it with certainty); the first one rejected
+        is replaced by a draw from p without d, renormalised; all kept, the next token is drawn
+        from p at the position after them (Leviathan et al., 2023; vLLM's rejection sampler)."""
+        probs = target_probs(logits, seq.row())
+        if not torch.isfinite(probs).all() or (probs.sum(-1) <= 0).any():
+            raise ValueError("sampling failed: the row's probabilities are not a distribution (NaN or inf logits)")
+        g = self.generator
+        u = torch.rand(len(draft), dtype=torch.float64, generator=g, device=probs.device).tolist()
+        for i, d in enumerate(draft):
+            if u[i] < probs[i, d].item():
+                continue
+            rest = probs[i].clone()
+            rest[d] = 0.0
+            return i, int(torch.multinomial(rest / rest.sum(), 1, generator=g).item())
+        return len(draft), int(torch.multinomial(probs[len(draft)], 1, generator=g).item())
 
     def _emit(self, rows: list[tuple[int, Sequence]], sampled: Sampled) -> list[Event]:
         """Each (row, seq) gets row's sampled token, or fails if sampling that row failed."""

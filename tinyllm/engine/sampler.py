@@ -49,6 +49,15 @@ class Row:
         s = self.sampling
         return is_greedy(s.temperature) and not s.penalized and not self.banned and self.logprobs is None
 
+    @cached_property
+    def draftable(self) -> bool:
+        """A speculative draft for this row is verified exactly: its token is the argmax, or an
+        unseeded draw with no penalty or ban (rejection sampling keeps its distribution: a seeded
+        row draws by position, which a draft would shift); no logprobs."""
+        s = self.sampling
+        plain = not s.penalized and not self.banned and self.logprobs is None
+        return plain and (is_greedy(s.temperature) or s.seed is None)
+
 
 @dataclass
 class Sampled:
@@ -185,6 +194,27 @@ def _draw(x: Tensor, rows: list[Row], generator) -> tuple[Tensor, Tensor]:
     Returns the tokens (b, 1) and which rows had no valid distribution."""
     b, v = x.shape
     dev = x.device
+    probs = _probs(x, rows)
+    cdf = torch.cumsum(probs, dim=-1)
+    total = cdf[:, -1:]
+    bad = ~torch.isfinite(total).squeeze(1) | (total.squeeze(1) <= 0)
+    u = _uniforms(rows, generator, dev)
+    tok = torch.searchsorted(cdf, (u * total).clamp(min=0), right=True)
+    ids = torch.arange(v, device=dev).expand(b, v)
+    last = torch.where(probs > 0, ids, 0).max(dim=-1, keepdim=True).values  # the last possible token
+    return torch.minimum(tok, last), bad
+
+
+def target_probs(logits: Tensor, row: Row) -> Tensor:
+    """The distribution ``row``'s token is drawn from at each row of ``logits`` (n, V), float64:
+    temperature, top_k, top_p, min_p, as ``_draw`` draws (a speculative draft's verification:
+    engine/commit.py). For a row with no penalty and no ban."""
+    return _probs(logits.float(), [row] * logits.size(0))
+
+
+def _probs(x: Tensor, rows: list[Row]) -> Tensor:
+    """Each sampled row's distribution after temperature, top_k, top_p and min_p, float64."""
+    v, dev = x.size(1), x.device
     s = [r.sampling for r in rows]
     masked = x == _NEG_INF
     temp = torch.tensor([min(q.temperature, _F32_MAX) for q in s], dtype=torch.float32, device=dev).unsqueeze(1)
@@ -195,15 +225,7 @@ def _draw(x: Tensor, rows: list[Row], generator) -> tuple[Tensor, Tensor]:
         probs = torch.softmax(x, dim=-1)
         floor = torch.tensor([q.min_p for q in s], dtype=torch.float32, device=dev).unsqueeze(1)
         x = x.masked_fill(probs < floor * probs.max(dim=-1, keepdim=True).values, _NEG_INF)
-    probs = torch.softmax(x, dim=-1).double()
-    cdf = torch.cumsum(probs, dim=-1)
-    total = cdf[:, -1:]
-    bad = ~torch.isfinite(total).squeeze(1) | (total.squeeze(1) <= 0)
-    u = _uniforms(rows, generator, dev)
-    tok = torch.searchsorted(cdf, (u * total).clamp(min=0), right=True)
-    ids = torch.arange(v, device=dev).expand(b, v)
-    last = torch.where(probs > 0, ids, 0).max(dim=-1, keepdim=True).values  # the last possible token
-    return torch.minimum(tok, last), bad
+    return torch.softmax(x, dim=-1).double()
 
 
 def _top_k_top_p(x: Tensor, s: list[Sampling]) -> Tensor:

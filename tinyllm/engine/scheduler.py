@@ -113,10 +113,10 @@ class TokenBudgetScheduler:
         self.spec_off_now = False  # the latest step's
 
     def _draft(self, seq: Sequence, spare: int) -> list[int]:
-        """A draft for ``seq``'s decode (engine/speculate.py): only a greedy request with nothing
-        that makes its token more than its logits' argmax, within ``spare`` budget tokens, its
-        max_new_tokens and its slot's context."""
-        if not self.spec_tokens or spare <= 0 or seq.forks or not seq.row().argmax_only:
+        """A draft for ``seq``'s decode (engine/speculate.py): only a request whose draft can be
+        verified exactly (``Row.draftable``), within ``spare`` budget tokens, its max_new_tokens
+        and its slot's context."""
+        if not self.spec_tokens or spare <= 0 or seq.forks or not seq.row().draftable:
             return []
         room = min(
             self.spec_tokens,
