@@ -107,7 +107,6 @@ class HelpScreen(ModalScreen[None]):
 def pretty_keys(keys: str) -> str:
     names = {
         "question_mark": "?",
-        "slash": "/",
         "space": "space",
         "escape": "esc",
         "plus": "+",
