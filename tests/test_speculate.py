@@ -161,6 +161,8 @@ async def test_the_app_shows_speculation_and_the_acceptance_the_snapshot_holds(m
         marks = "✓" * v.last_kept + "✗" * (v.last_draft - v.last_kept)
         assert f"a draft of {v.last_draft}: {marks} {v.last_kept} kept, then its own next token" in pane, pane
         assert f"drafts kept {v.spec_kept} of {v.spec_drafted}" in pane
+        grid = app.query_one("#slots").render().plain  # its slot's cell marks the step's draft
+        assert f"#{rid:<3}»" in grid, grid
         await step(pilot, 60)
         await until(pilot, lambda: not app.runner.frame.snapshot.busy, what="the request to finish")
         c = app.runner.frame.snapshot.counters

@@ -22,6 +22,7 @@ Slots: one cell per KV slot: slot number, the request holding it (#id, one colou
   a bar of how full its context is, and its context length in tokens. '+' = admitted this step;
   '✓ done', '⇣ preempt', '✗ aborted' = freed this step. 'free' = nobody holds it.
   '▸' and a cyan bar = still prefilling (chunked prefill: its prompt is computed over several steps).
+  '»' = it verified a speculative draft this step (--speculative-config: its pane says how many kept).
 Blocks (paged KV only): one square per KV block, coloured like the request that owns it; '·' = free;
   '▣' = shared by several requests (a cached prefix in use); '○' = free but still holding a cached
   prefix (the next prompt that starts with it revives it; evicted oldest first when room is needed).

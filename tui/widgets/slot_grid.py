@@ -104,6 +104,12 @@ class SlotGrid(Widget):
             out.append(("\n" if shown else "") + self.more(), style="dim")
         return out
 
+    def _drafted(self, rid: int) -> bool:
+        """Whether ``rid`` verified a speculative draft in the step shown (engine/speculate.py)."""
+        snap = self.snapshot
+        v = snap.request(rid) if snap is not None and getattr(snap, "speculative", 0) else None
+        return v is not None and v.last_draft > 0 and v.last_draft_step == snap.counters.steps
+
     def _cell(self, sv) -> list[tuple[str, Style]]:
         """One slot's cell as (text, style) pieces, CELL_W cells wide."""
         head = (f"{sv.slot:02d} ", DIM)
@@ -122,7 +128,7 @@ class SlotGrid(Widget):
             ]
         running = STATE_STYLES["running"]
         admitted = sv.just_admitted or (flag is not None and flag[0] == "admit")
-        mark = "+" if admitted else "▸" if sv.prefill_left else " "
+        mark = "+" if admitted else "▸" if sv.prefill_left else "»" if self._drafted(sv.rid) else " "
         fill = bar(sv.context_len / max(1, sv.capacity), 5, empty="▹" if sv.prefill_left else "░")
         return [
             head,
