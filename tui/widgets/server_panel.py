@@ -54,6 +54,13 @@ class ServerPanel(Widget):
         hit = "—" if f.prefix_hit_rate is None else f"{f.prefix_hit_rate:.0%}"
         t.append("prefix cache hits ", style="dim")
         t.append(f"{hit}\n")
+        if f.spec_drafts:  # speculative decoding (vLLM's spec_decode series)
+            t.append("spec decode ", style="dim")
+            kept = "—" if f.spec_acceptance is None else f"{f.spec_acceptance:.0%}"
+            t.append(f"drafts kept {kept}")
+            if f.spec_per_pos:
+                t.append(" · by position " + "/".join(f"{r * 100:.0f}" for r in f.spec_per_pos) + "%", style="dim")
+            t.append(f" ({f.spec_drafts:g} drafts)\n", style="dim")
         t.append("tokens/s  ", style="dim")
         t.append(f"prompt {f.prompt_tps:.0f}  generation {f.generation_tps:.0f}\n")
         t.append("TTFT p50/p95 ", style="dim")
