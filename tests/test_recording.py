@@ -437,3 +437,22 @@ def test_a_gz_recording_cut_off_mid_write_replays_what_came_before(tmp_path):
     r = ReplayRunner(path)
     assert 0 < r.last_step < max(frames)
     assert r.warning is None or "cut off" in r.warning
+
+
+def test_the_perfetto_trace_carries_speculations_drafts(tmp_path):
+    path = tmp_path / "run.jsonl"
+    eng, _ = record_run(path, "chunked-speculation")
+    header, records, _ = read_recording(path)
+    trace = json.loads(json.dumps(perfetto_trace(header, [r for _, r in records])))
+    spec = [e for e in trace["traceEvents"] if e.get("name") == "speculative draft tokens"]
+    c = eng.snapshot().counters
+    assert c.spec_draft_tokens > 0 and spec[-1]["args"] == {
+        "drafted": c.spec_draft_tokens,
+        "kept": c.spec_accepted_tokens,
+    }
+    plain = tmp_path / "plain.jsonl"
+    record_run(plain, "chunked-tight-prefix")
+    header, records, _ = read_recording(plain)
+    assert not [
+        e for e in perfetto_trace(header, [r for _, r in records])["traceEvents"] if "speculative" in e.get("name", "")
+    ]

@@ -70,7 +70,7 @@ def perfetto_trace(header: dict, records: list[dict]) -> dict:
     dec = SnapshotDecoder(header)
     events: list[LifecycleEvent] = []
     counters: list[dict] = []
-    last_kv = last_q = None
+    last_kv = last_q = last_spec = None
     end_s = 0.0
     for rec in records:
         snap = dec.apply(rec["snap"]) if "snap" in rec else dec.snapshot
@@ -104,6 +104,20 @@ def perfetto_trace(header: dict, records: list[dict]) -> dict:
                 }
             )
             last_q = cur_q
+        c = snap.counters
+        cur_spec = (c.spec_draft_tokens, c.spec_accepted_tokens)
+        if c.spec_draft_tokens and cur_spec != last_spec:  # speculation ran: its drafts, cumulative
+            counters.append(
+                {
+                    "ph": "C",
+                    "pid": PID_ENGINE,
+                    "tid": 0,
+                    "name": "speculative draft tokens",
+                    "ts": ts,
+                    "args": {"drafted": cur_spec[0], "kept": cur_spec[1]},
+                }
+            )
+            last_spec = cur_spec
     if events:
         end_s = max(end_s, max(e.time_s for e in events))
     last_step = max((e.step for e in events), default=0)
