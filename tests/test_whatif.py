@@ -365,3 +365,28 @@ def test_a_recording_without_requests_is_refused_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         race_spec(parser, parse(parser, ["--race", str(empty), "--lanes", "fcfs", "priority"]))
     assert e.value.code == 2 and "the recording holds no requests" in capsys.readouterr().err
+
+
+def test_whatif_lanes_run_on_a_stand_in_and_give_the_real_models_figures(tmp_path, capsys, monkeypatch):
+    """Greedy lanes that ignore end-of-text make exactly their max_new_tokens whatever the weights,
+    so on the cost clock a one-layer stand-in (pools sized at the real model's bytes per token)
+    gives the real model's figures, exactly, several times faster; a speculating lane needs the
+    real model (its drafts follow the text), and whatif says so."""
+    import tinyllm.race.whatif_command as whatif_command
+
+    lines = [{"prompt": "ROMEO:\n" * (1 + i % 4), "max_new_tokens": 6 + 3 * i, "arrival_s": 0.02 * i} for i in range(8)]
+    wl = tmp_path / "w.jsonl"
+    wl.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    args = ["whatif", str(wl), "--lanes", "static", "continuous", "chunked", "--kv-memory", "1", "--max-len", "128"]
+    assert tinyllm_main([*args, "--json", str(tmp_path / "stand-in.json")]) == 0
+    with monkeypatch.context() as m:
+        m.setattr(whatif_command, "lanes_model", lambda model, clock, lanes: (model, None, ""))
+        assert tinyllm_main([*args, "--json", str(tmp_path / "real.json")]) == 0
+    stand_in, real = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("stand-in", "real"))
+    assert (stand_in.pop("stand_in"), real.pop("stand_in")) == (True, False)
+    assert stand_in == real
+    assert "lanes run on a one-layer stand-in model" in capsys.readouterr().out
+    assert tinyllm_main(["whatif", str(wl), "--lanes", "chunked", "chunked spec=2", "--max-len", "128"]) == 0
+    assert (
+        "lane(s) chunked spec=2 run on the real model: a draft's acceptance follows its text" in capsys.readouterr().err
+    )

@@ -12,6 +12,8 @@ the same tokens, so their step counts, row use and times compare like for like.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from tinyllm.args import option_names
@@ -62,6 +64,7 @@ def build_race(
     batch_timeout_s: float = DEFAULT_BATCH_TIMEOUT_S,
     step_cost_s: float | CostModel | None = None,
     lane_cap: int | None = None,
+    bytes_per_token: Callable[[str], int] | None = None,
 ) -> Race:
     """The lanes on ``workload`` (sorted by arrival here; request ids follow that order in every
     lane). ``run``: the run's engine settings, with ``max_len`` (every lane's context): every lane
@@ -80,7 +83,9 @@ def build_race(
     (--max-num-seqs there: ``run.max_num_seqs`` is then the other lanes' sequences). The arithmetic
     and its refusals are the engine's (engine/build.py). ``run.kv_cache_dtype`` (a lane's
     ``kv_dtype=`` overrides it): every lane's KV element type; at bfloat16 a budget buys twice
-    the tokens."""
+    the tokens. ``bytes_per_token(kv_dtype)``: the KV bytes a token holds, where ``model`` is a
+    stand-in for the real one (whatif and tune on the cost clock): budgets are turned into rows and
+    blocks at the real model's size, so the schedule is the real model's."""
     if run.max_len is None:
         raise ValueError("the race needs the run's max_len: every lane's context")
     max_len, kv_memory_mib = run.max_len, run.kv_memory_mib
@@ -114,7 +119,17 @@ def build_race(
             lane_run = start.replace(kv_cache_dtype=spec.kv_dtype or run.kv_cache_dtype)
             built.append(
                 _build_lane(
-                    model, workload, spec, key, lane_run, slots, mib, max_num_seqs, batch_timeout_s, step_cost_s
+                    model,
+                    workload,
+                    spec,
+                    key,
+                    lane_run,
+                    slots,
+                    mib,
+                    max_num_seqs,
+                    batch_timeout_s,
+                    step_cost_s,
+                    bytes_per_token,
                 )
             )
             built[-1].kv_dtype = kv_cache_dtype_name(next(model.parameters()).device, lane_run.kv_cache_dtype)
@@ -136,11 +151,15 @@ def _build_lane(
     max_num_seqs: int | None,
     batch_timeout_s: float,
     step_cost_s: float | CostModel | None,
+    bytes_per_token: Callable[[str], int] | None = None,
 ) -> Lane:
     """One lane of build_race (see it). ``run``: the run's settings with the lane's KV dtype (a
     continuous lane's config is a replace() of it); ``mib``: its KV memory budget, if it has one."""
     max_len, kv_dtype, seed = run.max_len, run.kv_cache_dtype, run.seed
-    bpt = kv_bytes_per_token(model, next(model.parameters()).device, kv_dtype)
+    if bytes_per_token is not None:  # a stand-in model: the real one's size decides the pool
+        bpt = bytes_per_token(kv_dtype)
+    else:
+        bpt = kv_bytes_per_token(model, next(model.parameters()).device, kv_dtype)
     arrivals = any(t > 0 for t, _ in workload)
     title = lane_title(spec.label, spec.kind)
     budget = spec.budget or run.budget
@@ -173,6 +192,9 @@ def _build_lane(
         lane.seqs, lane.kv_mib = n, n * max_len * bpt / MIB
     else:
         config = lane_config(spec, run, slots, cap, mib)
+        if bytes_per_token is not None and config.kv_memory_mib is not None:  # the budget's rows or
+            n, blocks = resolve_concurrency(config, max_len, bpt)  # blocks at the real model's size
+            config = config.replace(kv_memory_mib=None, max_num_seqs=n, kv_blocks=blocks)
         lane = ContinuousLane(key, title, spec.kind, "", clock, workload, model, None, config=config, generator=gen)
         for _, r in workload:
             lane.engine.slots.check_fits(len(r.prompt) + r.max_new_tokens)  # paged: the whole pool, alone

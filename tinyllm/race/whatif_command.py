@@ -120,7 +120,12 @@ def cmd_whatif(args) -> None:
         arrivals, warning = load_arrivals(args.source, tok.encode, max_len, args.max_new_tokens)
         judging = load_judging(args.source, args.slo)
         run = EngineConfig.from_args(args, kv="paged", chunked_prefill=True, max_len=max_len)
-        race = build_race(model, arrivals, run, lanes=lanes, step_cost_s=clock, lane_cap=lane_cap(args))
+        lane_model, bpt, why_real = lanes_model(model, clock, lanes)
+        if why_real:
+            notes.append(why_real)
+        race = build_race(
+            lane_model, arrivals, run, lanes=lanes, step_cost_s=clock, lane_cap=lane_cap(args), bytes_per_token=bpt
+        )
     except (RecordingError, WorkloadError, ValueError) as e:
         raise UsageError(str(e)) from None
     except (MemoryError, OverflowError, RuntimeError) as e:  # a budget whose pool cannot be allocated
@@ -142,6 +147,8 @@ def cmd_whatif(args) -> None:
         out.print(f"as recorded, unless a lane or an option says otherwise: {recorded.describe()}", highlight=False)
     out.print(lanes_table(views, judging))
     out.print(clock_line(clock), highlight=False)  # (what every time above rests on)
+    if bpt is not None:
+        out.print(STAND_IN_LINE, highlight=False)
     groups = groups_table(views, rows)
     if groups is not None:
         out.print(groups)
@@ -165,12 +172,46 @@ def cmd_whatif(args) -> None:
             report = {
                 **to_json(views, compare(views, judging), args.source, judging),
                 "clock": clock_json(clock),
+                "stand_in": bpt is not None,
                 "identical_schedules": alike,
             }
             write_text(args.json, json.dumps(report, indent=1))
         except OSError as e:
             raise UsageError(f"--json {args.json}: cannot write it: {e.strerror or e}") from None
         print(f"wrote {args.json}", file=sys.stderr)
+
+
+STAND_IN_LINE = (
+    "lanes run on a one-layer stand-in model: greedy lanes that ignore end-of-text make exactly their "
+    "max_new_tokens whatever the weights, so on this clock the figures are the real model's (its KV bytes "
+    "per token size the pools)"
+)
+
+
+def lanes_model(model, clock, lanes):
+    """What the lanes run on: a one-layer stand-in where the figures rest on token counts alone
+    (the cost clock or a fixed step cost: race lanes are greedy and ignore end-of-text, so each
+    request makes exactly its max_new_tokens whatever the weights; tune's module docstring says
+    more), with the real model's KV bytes per token for the pools; the real model where a lane's
+    figures depend on the text it writes (``spec=``: its drafts' acceptance) or on the forward's
+    measured time (the wall clock). Returns (model, bytes_per_token or None, a note or "")."""
+    from tinyllm.engine import kv_bytes_per_token
+    from tinyllm.tune.evaluate import stand_in
+
+    if clock is None:  # the wall clock times the real forward
+        return model, None, ""
+    spec = [s.label for s in lanes if getattr(s, "spec", None)]
+    if spec:
+        return model, None, f"lane(s) {', '.join(spec)} run on the real model: a draft's acceptance follows its text"
+    device = next(model.parameters()).device
+    sizes: dict[str, int] = {}
+
+    def bytes_per_token(kv_dtype: str) -> int:
+        if kv_dtype not in sizes:
+            sizes[kv_dtype] = kv_bytes_per_token(model, device, kv_dtype)
+        return sizes[kv_dtype]
+
+    return stand_in(model), bytes_per_token, ""
 
 
 def clock_line(clock) -> str:
