@@ -150,3 +150,17 @@ async def test_the_newest_request_is_in_view_when_the_list_first_scrolls(tmp_pat
             assert top <= rows.cursor < top + visible, (n, top, rows.cursor, visible)
         assert len(app.runner.frame.snapshot.requests) > visible  # it did become scrollable
         assert not [n for n in app._notifications if n.severity == "error"]
+
+
+async def test_the_request_lists_scrollbar_is_a_bar_apart_from_the_rows(tmp_path):
+    """Its thumb read like stray text at a row's end: one column in colours of its own, apart
+    from every row's."""
+    from tui.widgets.request_list import RequestList
+
+    app = make_app(max_len=512)
+    async with app.run_test(size=(100, 20)) as pilot:
+        rows = app.query_one(RequestList)
+        await pilot.pause()
+        st = rows.styles
+        assert st.scrollbar_size_vertical == 1
+        assert st.scrollbar_background != st.background and st.scrollbar_color != st.color

@@ -95,6 +95,10 @@ class RequestList(ScrollView, can_focus=True):
         overflow-x: hidden;
         background: $surface;
         color: $foreground;
+        /* a bar of its own colours, one column: its thumb read as stray text at a row's end */
+        scrollbar-size-vertical: 1;
+        scrollbar-background: $panel;
+        scrollbar-color: $primary 70%;
         & > .request-list--header { text-style: bold; background: $panel; color: $foreground; }
         & > .request-list--even-row { background: $surface-lighten-1 50%; }
         & > .request-list--cursor {
