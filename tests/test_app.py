@@ -726,6 +726,10 @@ async def test_slots_the_panel_cannot_draw_are_counted_on_its_last_row():
         await pilot.pause()
         check_panels(app)
         assert grid.render().plain.rsplit("\n", 1)[-1].endswith(" free")
+        # at 80x24 the grid gives way to the request list: four rows of slots at most, the list
+        # keeps six lines of requests (64 slots took 11 rows and left the list three)
+        rows = app.query_one(RequestList).scrollable_content_region.height
+        assert grid.size.height <= 4 and rows >= 6, (grid.size, rows)
 
 
 async def test_the_sampling_shows_whole_in_the_pane_and_never_cut_mid_value_in_the_list():
