@@ -1,9 +1,10 @@
-"""Speculative decoding measured: tokens/s of the engine with and without n-gram speculation, at
-several running-sequence counts, on a lookup-friendly workload (prompts the model continues by
-repeating text they hold) and on the bundled default prompts. Alternates the contenders in one
-sitting, 3 runs each, prints the median and the worst run. The bundled model, CPU.
+"""Speculative decoding measured: tokens/s of the engine without speculation, with n-gram prompt
+lookup and with the bundled draft model, at several running-sequence counts, on a lookup-friendly
+workload (prompts the model continues by repeating text they hold) and on the bundled default
+prompts. Alternates the contenders in one sitting, 3 runs each, prints the median and the worst
+run. The bundled model, CPU.
 
-    .venv/bin/python scripts/spec_bench.py [--k 4] [--seqs 1 4 16 64] [--new 128]
+    .venv/bin/python scripts/spec_bench.py [--k 4] [--seqs 1 4 16 64] [--new 128] [--methods ngram draft_model]
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import statistics
 import time
 
 from tinyllm import ContinuousEngine, EngineConfig, Request, load_checkpoint
+from tinyllm.model.config import BUNDLED_DRAFT_NAME
 
 FRIENDLY = [  # text the model is asked to continue, much of it in its prompt already
     "ROMEO:\nBut soft, what light through yonder window breaks? It is the east, and Juliet is the sun.\n",
@@ -23,9 +25,12 @@ FRIENDLY = [  # text the model is asked to continue, much of it in its prompt al
 PLAIN = ["ROMEO:\n", "JULIET:\n", "First Citizen:\n", "MENENIUS:\n"]
 
 
-def run(model, prompts: list[list[int]], seqs: int, new: int, k: int) -> tuple[float, float]:
+def run(model, prompts: list[list[int]], seqs: int, new: int, k: int, method: str) -> tuple[float, float]:
     """(tok/s, acceptance) of one run: ``seqs`` requests at once (greedy, ignoring EOS)."""
-    eng = ContinuousEngine(model, config=EngineConfig.best(max_num_seqs=seqs, num_speculative_tokens=k))
+    spec = {"num_speculative_tokens": k} if k else {}
+    if k and method == "draft_model":
+        spec["speculative_model"] = BUNDLED_DRAFT_NAME
+    eng = ContinuousEngine(model, config=EngineConfig.best(max_num_seqs=seqs, **spec))
     for i in range(seqs):
         eng.add_request(Request(prompts[i % len(prompts)], new))
     t = time.perf_counter()
@@ -41,25 +46,28 @@ def main() -> None:
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--seqs", type=int, nargs="+", default=[1, 4, 16, 64])
     p.add_argument("--new", type=int, default=128)
+    p.add_argument("--methods", nargs="+", default=["ngram", "draft_model"], choices=["ngram", "draft_model"])
     a = p.parse_args()
     model, tok = load_checkpoint(device="cpu")
+    contenders = [("off", 0), *((m, a.k) for m in a.methods)]
     for name, texts in (("lookup-friendly", [t * 3 for t in FRIENDLY]), ("default prompts", PLAIN)):
         prompts = [tok.encode(t) for t in texts]
         for seqs in a.seqs:
-            runs = {0: [], a.k: []}
-            acc = 0.0
+            runs: dict[str, list[float]] = {c: [] for c, _ in contenders}
+            acc: dict[str, float] = {}
             for _ in range(3):
-                for k in (0, a.k):  # alternated, in one sitting
-                    tps, ac = run(model, prompts, seqs, a.new, k)
-                    runs[k].append(tps)
-                    acc = ac if k else acc
-            off, on = runs[0], runs[a.k]
-            print(
-                f"{name:16} seqs {seqs:3}: without {statistics.median(off):7.0f} tok/s (worst {min(off):.0f}), "
-                f"k={a.k} {statistics.median(on):7.0f} tok/s (worst {min(on):.0f}): "
-                f"{statistics.median(on) / statistics.median(off):.2f}x, acceptance {acc:.0%}",
-                flush=True,
-            )
+                for method, k in contenders:  # alternated, in one sitting
+                    tps, acc[method] = run(model, prompts, seqs, a.new, k, method)
+                    runs[method].append(tps)
+            off = statistics.median(runs["off"])
+            line = f"{name:16} seqs {seqs:3}: without {off:7.0f} tok/s (worst {min(runs['off']):.0f})"
+            for method, _ in contenders[1:]:
+                on = runs[method]
+                line += (
+                    f" | {method} k={a.k} {statistics.median(on):7.0f} (worst {min(on):.0f}) "
+                    f"{statistics.median(on) / off:.2f}x, kept {acc[method]:.0%}"
+                )
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

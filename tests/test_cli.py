@@ -65,6 +65,10 @@ BAD_INPUT = [
     (("generate", "x", "--bogus"), "unrecognized arguments: --bogus"),
     (("generate", "ROMEO " * 600), "the model's context is 512 tokens"),
     (("info", "--model", str(DATA)), "no config.json"),
+    (
+        ("train", "--out", "/tmp/x", "--draft-for", str(DATA)),
+        "--draft-for " + str(DATA) + ": not a checkpoint directory",
+    ),
     (("frobnicate",), "invalid choice"),
     (
         ("bench", "--kv-cache-dtype", "fp8"),

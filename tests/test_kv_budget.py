@@ -134,15 +134,17 @@ add = st.tuples(
     adds=st.lists(add, min_size=64, max_size=90),
     ops=st.lists(op, max_size=20),
     spec=st.sampled_from([0, 2, 4]),
+    draft_model=st.booleans(),
 )
 def test_random_schedules_at_64_plus_sequences_keep_the_invariants_and_equal_solo(
-    chunked, block_size, pool_tokens, max_num_seqs, adds, ops, spec
+    chunked, block_size, pool_tokens, max_num_seqs, adds, ops, spec, draft_model
 ):
     """64..90 requests queued at once, then random adds, aborts, finishes and steps, on a pool the
     budget buys (from one request's worth to all of them); every step keeps the cache's and the
     scheduler's invariants, and every plain greedy request that ran to its end equals solo. With
     the token budget, n-gram speculation drafts ``spec`` tokens (0: off): drafts accepted and
-    rejected mid-schedule change no token and leak no block (the tiny model repeats itself)."""
+    rejected mid-schedule change no token and leak no block (the tiny model repeats itself); or
+    ``draft_model``: the model itself drafts from a 4-token window, which it often gets wrong."""
     max_len = 40
     extra = (
         dict(
@@ -163,6 +165,10 @@ def test_random_schedules_at_64_plus_sequences_keep_the_invariants_and_equal_sol
         kv_memory_mib=budget_of(_small, max(pool_tokens, -(-max_len // block_size) * block_size)),
         **extra,
     )
+    if chunked and spec and draft_model:
+        from tinyllm.engine.draft_model import DraftModelProposer
+
+        eng.scheduler.proposer = DraftModelProposer(_small, window=4)
 
     def checked_step(eng):
         eng.step()

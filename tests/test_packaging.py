@@ -67,6 +67,9 @@ def test_wheel_installs_the_prompt_workloads(tmp_path):
     shipped = set(zipfile.ZipFile(wheel).namelist())
     sources = {f"tinyllm/csrc/{p.name}" for p in (ROOT / "tinyllm" / "csrc").iterdir() if p.suffix in (".c", ".h")}
     assert sources and sources <= shipped, f"C kernel sources missing from the wheel: {sources - shipped}"
+    for model in ("shakespeare", "shakespeare-draft"):  # the bundled model and its draft, whole
+        files = {f"tinyllm/data/{model}/{p.name}" for p in (ROOT / "tinyllm" / "data" / model).iterdir()}
+        assert "tinyllm/data/" + model + "/model.safetensors" in files and files <= shipped, files - shipped
     meta = next(n for n in shipped if n.endswith(".dist-info/METADATA"))
     requires = [line.split(":", 1)[1].strip() for line in zipfile.ZipFile(wheel).read(meta).decode().splitlines()
                 if line.startswith("Requires-Dist:") and "extra ==" not in line]  # fmt: skip

@@ -149,7 +149,7 @@ async def test_the_app_shows_speculation_and_the_acceptance_the_snapshot_holds(m
     )
     app = watched_app(eng, tok, 40, settings=None)
     async with app.run_test(size=(120, 36)) as pilot:
-        assert "spec k=4" in app.query_one("#status").render().plain
+        assert "spec k=4 ngram" in app.query_one("#status").render().plain
         rid = await submit(pilot, REPEATING * 2)
         for _ in range(60):  # step until a step verifies a draft of it: the pane says so, mark by mark
             await step(pilot)
@@ -157,10 +157,17 @@ async def test_the_app_shows_speculation_and_the_acceptance_the_snapshot_holds(m
             if v.last_draft and v.last_draft_step == app.runner.frame.snapshot.counters.steps:
                 break
         await until(pilot, lambda: "a draft of" in app.query_one("#pane-body").render().plain, what="the pane")
+        from tui.widgets.kv_panel import rolled_back
+
+        rolled = rolled_back(app.runner.frame.snapshot)
+        assert rolled == v.last_draft - v.last_kept  # (one request: its rejected tail)
+        shown = " ".join(app.query_one("#kv").render().plain.split())
+        assert (f"rolled back {rolled}" in shown) == (rolled > 0), shown
         pane = app.query_one("#pane-body").render().plain
         marks = "✓" * v.last_kept + "✗" * (v.last_draft - v.last_kept)
         assert f"a draft of {v.last_draft}: {marks} {v.last_kept} kept, then its own next token" in pane, pane
         assert f"drafts kept {v.spec_kept} of {v.spec_drafted}" in pane
+        assert v.spec_drafts >= 1 and f"{1 + v.spec_kept / v.spec_drafts:.2f} tokens a drafted step" in pane
         grid = app.query_one("#slots").render().plain  # its slot's cell marks the step's draft
         assert f"#{rid:<3}»" in grid, grid
         await step(pilot, 60)
@@ -250,3 +257,114 @@ def test_sampled_drafts_keep_the_requests_own_distribution():
     assert drafts >= 64 * 40 and 0 < kept < drafts  # drafts at every decode, some kept, some not
     assert tv(freq(seconds), exact) < 0.06, tv(freq(seconds), exact)
     assert tv(freq(plain), exact) < 0.06  # (the same bound holds without drafts)
+
+
+def test_a_draft_model_batch_proposes_what_each_request_would_alone(model_tok):
+    """Rows of different lengths share one left-padded batch: each row's guesses are the ones it
+    gets alone (padding never leaks into a row), and each draft stops at its own room."""
+    from tinyllm.engine.draft_model import DraftModelProposer
+
+    model, tok = model_tok
+    proposer = DraftModelProposer(model, window=16)
+    asks = [(tok.encode(REPEATING), 4), (tok.encode("JULIET:\n"), 2), (tok.encode("To be, or not"), 0)]
+    together = proposer.propose(asks)
+    alone = [proposer.propose([ask])[0] for ask in asks]
+    assert together == alone and [len(d) for d in together] == [4, 2, 0]
+    ctx = tok.encode("JULIET:\n")  # the guesses are the model's own greedy tokens
+    assert together[1] == generate(model, ctx, 2)
+
+
+def test_a_draft_model_is_exact_and_a_perfect_draft_is_always_kept(model_tok):
+    """The model as its own draft, over the whole context, guesses exactly what it says: every
+    draft kept. The bundled draft model guesses less well: drafts kept and rolled back, and the
+    output token for token the same as without speculation, no block left behind."""
+    from tinyllm.model.checkpoint import BUNDLED_MODEL
+
+    model, tok = model_tok
+    prompts = [tok.encode(REPEATING * 2), tok.encode("JULIET:\n"), tok.encode("To be, or not to be:\n" * 3)]
+    reqs = [Request(p, 40) for p in prompts]
+    solo = [generate(model, p, 40) for p in prompts]
+    eng = ContinuousEngine(
+        model,
+        config=EngineConfig.best(
+            max_num_seqs=4, num_speculative_tokens=4, speculative_model=str(BUNDLED_MODEL), block_size=4
+        ),
+    )
+    eng.scheduler.proposer.window = 512  # the whole context: the draft is the model itself
+    rids = [eng.add_request(r) for r in reqs]
+    while eng.has_work():
+        eng.step()
+    assert [eng.results.pop(r).tokens for r in rids] == solo
+    st = eng.stats
+    assert st.spec_drafts > 0 and st.spec_accepted_tokens == st.spec_draft_tokens  # every guess kept
+    outs, eng = run(model, reqs, num_speculative_tokens=4, speculative_model="tinyllm-shakespeare-draft", block_size=4)
+    assert outs == solo
+    st = eng.stats
+    assert type(eng.scheduler.proposer).__name__ == "DraftModelProposer"
+    assert st.spec_drafts > 0 and 0 < st.spec_accepted_tokens < st.spec_draft_tokens  # kept and rolled back
+    assert st.kv_allocated_at_end == 0 and eng.slots.num_free_blocks() == eng.slots.n_blocks
+
+
+def test_a_draft_model_is_configured_as_vllm_and_checked(model_tok, tmp_path):
+    from tinyllm.config import speculative_settings
+    from tinyllm.model.checkpoint import BUNDLED_MODEL, save_checkpoint
+    from tinyllm.model.config import ModelConfig
+    from tinyllm.model.transformer import Transformer
+
+    # vLLM's inference of the method: a model other than "ngram" is a draft model
+    assert speculative_settings({"model": "d", "num_speculative_tokens": 2}) == {
+        "num_speculative_tokens": 2,
+        "speculative_model": "d",
+    }
+    assert "speculative_model" not in speculative_settings({"model": "ngram", "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="'draft_model' needs model"):
+        speculative_settings({"method": "draft_model", "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="prompt_lookup_max not supported with method 'draft_model'"):
+        speculative_settings({"model": "d", "num_speculative_tokens": 2, "prompt_lookup_max": 3})
+    model, _ = model_tok
+    with pytest.raises(ValueError, match="speculative_config model '/no/such/dir'"):
+        LLM(speculative_config={"model": "/no/such/dir", "num_speculative_tokens": 2})
+    other = Transformer(ModelConfig(vocab_size=4160, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64))
+    save_checkpoint(other, tmp_path, tokenizer_dir=BUNDLED_MODEL)  # (a vocabulary padded to 4,160)
+    with pytest.raises(ValueError, match="a vocabulary of 4,160 tokens, the model 4,096: a draft model must share"):
+        ContinuousEngine(model, config=EngineConfig.best(num_speculative_tokens=2, speculative_model=str(tmp_path)))
+    with pytest.raises(ValueError, match="speculative_model needs num_speculative_tokens"):
+        EngineConfig.best(speculative_model=str(tmp_path))
+
+
+def test_whatif_races_a_draft_model_lane_against_no_speculation(tmp_path, capsys):
+    """whatif --speculative-config says how spec=N lanes draft: here the bundled draft model, on the
+    wall clock (the cost clock's profile does not price a draft model's passes). The speculating
+    lane's detail names its drafter."""
+    import json
+
+    from tests.test_cost_clock import PROFILE
+    from tinyllm.cli import main
+
+    wl = tmp_path / "w.jsonl"
+    wl.write_text("".join(json.dumps({"prompt": REPEATING * 2, "max_new_tokens": 16}) + "\n" for _ in range(2)))
+    out = tmp_path / "w.json"
+    spec = '{"model": "tinyllm-shakespeare-draft", "num_speculative_tokens": 3}'
+    args = ["whatif", str(wl), "--lanes", "chunked", "chunked spec=3", "--speculative-config", spec]
+    assert main([*args, "--cost-profile", str(PROFILE)]) == 2  # the cost clock would not price the draft's passes
+    assert "race a draft model with --clock wall" in capsys.readouterr().err
+    assert main([*args, "--clock", "wall", "--json", str(out)]) == 0
+    assert "clock: wall" in capsys.readouterr().out
+    off, on = json.loads(out.read_text())["lanes"]
+    assert on["detail"].endswith("speculation k=3 by the draft model tinyllm-shakespeare-draft"), on["detail"]
+    assert "speculation" not in off["detail"] and on["decode_steps"] < off["decode_steps"]  # drafts kept: fewer steps
+    assert main(["whatif", str(wl), "--lanes", "chunked", "fcfs", "--speculative-config", spec]) == 2
+    assert "no lane has one: add one, e.g. --lanes chunked 'chunked spec=4'" in capsys.readouterr().err
+
+
+def test_the_shipped_draft_model_guesses_the_bundled_model_better_than_lookup(model_tok):
+    """The shipped draft (distilled from the bundled model) keeps more of its drafts than n-gram
+    lookup does on prompts that hold nothing to look up: what a draft model is for."""
+    model, tok = model_tok
+    reqs = [Request(tok.encode(p), 32) for p in ("ROMEO:\n", "JULIET:\n", "First Citizen:\n")]
+    kept = {}
+    for name, extra in (("ngram", {}), ("draft", {"speculative_model": "tinyllm-shakespeare-draft"})):
+        outs, eng = run(model, reqs, num_speculative_tokens=4, **extra)
+        assert outs == [generate(model, r.prompt, 32) for r in reqs]
+        kept[name] = eng.stats.spec_accepted_tokens / max(1, eng.stats.spec_draft_tokens)
+    assert kept["draft"] > kept["ngram"], kept

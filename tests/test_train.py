@@ -142,3 +142,25 @@ def test_resume_state_is_safetensors_and_json_not_pickle(tmp_path):
     assert opt2.param_groups[0]["betas"] == (0.9, 0.95)
     assert one_step(model2, opt2, gen2) == expected
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), model2.state_dict().values()))
+
+
+def test_a_draft_model_is_distilled_from_its_teacher_with_the_teachers_tokenizer(tmp_path):
+    """TrainConfig(teacher=DIR): the draft learns the teacher's next-token distribution, keeps the
+    teacher's tokenizer (its guesses must be the teacher's tokens), and says what it learned from."""
+    corpus = _toy_corpus(tmp_path / "texts")
+    tiny = ModelConfig(vocab_size=300, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64, max_seq_len=64)
+    teacher = tmp_path / "teacher"
+    train(corpus, teacher, TrainConfig(model=tiny, seq_len=32, batch_size=2, steps=2, warmup=1, threads=1),
+          tmp_path / "work", log=lambda _: None)  # fmt: skip
+    logs: list[str] = []
+    smaller = ModelConfig(vocab_size=1, d_model=16, n_layers=1, n_heads=1, n_kv_heads=1, d_ff=32, max_seq_len=64)
+    tc = TrainConfig.draft(teacher, model=smaller, seq_len=32, batch_size=2, steps=2, warmup=1, threads=1)
+    draft_dir = tmp_path / "draft"
+    train(corpus, draft_dir, tc, tmp_path / "draft-work", log=logs.append)
+    assert any(line.startswith(f"distilling from {teacher}") for line in logs)
+    draft, _ = load_checkpoint(draft_dir)
+    big, _ = load_checkpoint(teacher)
+    assert draft.cfg.d_model == 16 and draft.cfg.vocab_size == big.cfg.vocab_size  # the teacher's tokenizer
+    assert (draft_dir / "tokenizer.json").read_bytes() == (teacher / "tokenizer.json").read_bytes()
+    assert json.loads((draft_dir / "training_metrics.json").read_text())["config"]["teacher"] == str(teacher)
+    assert not (tmp_path / "draft-work" / "tokenizer").exists()  # no tokenizer of its own trained

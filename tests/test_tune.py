@@ -171,3 +171,33 @@ def test_when_nothing_meets_the_slo_tune_says_so_and_names_no_winner(tmp_path, c
     assert report["nothing_meets_slo"] is True
     ranked = [o["latency_p95_s"] for o in report["ranking"] if not o["error"]]
     assert ranked == sorted(ranked)  # by how close each came
+
+
+def test_tune_searches_speculation_on_the_real_model_and_says_it_as_a_flag(tmp_path, capsys):
+    """--search num_speculative_tokens=0,4: the speculating point runs on the real model (the
+    stand-in's text would make its acceptance meaningless), keeps drafts, and the answer's
+    command lines carry vLLM's --speculative-config, which tinyllm serve parses."""
+    import shlex
+
+    from tinyllm.cli import build_parser
+    from tinyllm.model.checkpoint import load_checkpoint
+    from tinyllm.tune.commands import serve_command, vllm_command
+
+    assert parse_search(["spec=0,2,4"]) == {"num_speculative_tokens": (0, 2, 4)}
+    with pytest.raises(SearchError, match="'-1' is not an integer >= 0"):
+        parse_search(["num_speculative_tokens=-1"])
+    assert Point(chunked_prefill=False, num_speculative_tokens=4).canonical().num_speculative_tokens == 0
+    real, tok = load_checkpoint()
+    text = "ROMEO:\nBut soft, what light through yonder window breaks? It is the east.\n" * 2
+    arrivals = [(0.0, Request(tok.encode(text), 24)), (0.0, Request(tok.encode(text), 24))]
+    b = replace(bench(real, arrivals, SLO(ttft_s=1.0), blocks=40, max_len=128), real_model=real)
+    only_real, only_stand_in = replace(b, model=real, real_model=None), replace(b, real_model=None)
+    spec, plain = Point(max_num_seqs=2, num_speculative_tokens=4), Point(max_num_seqs=2)
+    on = run_point(spec, b, 2)
+    assert not on.error and on.judged == 2
+    assert on == run_point(spec, only_real, 2) != run_point(spec, only_stand_in, 2)  # the real model's drafts
+    assert run_point(plain, b, 2) == run_point(plain, only_stand_in, 2)  # the rest: the stand-in
+    p = Point(max_num_seqs=2, num_speculative_tokens=4)
+    args = build_parser().parse_args(shlex.split(serve_command(p, 4.0, 256, None))[1:])
+    assert args.speculative_config["num_speculative_tokens"] == 4
+    assert "--speculative-config" in vllm_command(p)[0]

@@ -110,8 +110,11 @@ class EngineConfig:
     seed: int | None = None
     """The seed of the generator unseeded requests share (None: torch's global generator)."""
     num_speculative_tokens: int = 0
-    """With chunked prefill: n-gram speculation, tokens drafted per step for each greedy request
-    (0: off; vLLM's num_speculative_tokens, method "ngram"). engine/speculate.py."""
+    """With chunked prefill: speculation, tokens drafted per step for each greedy request
+    (0: off; vLLM's num_speculative_tokens). engine/speculate.py."""
+    speculative_model: str | None = None
+    """Speculation by a draft model (vLLM's method "draft_model"): its checkpoint directory, or
+    "tinyllm-shakespeare-draft" (the bundled model's, shipped). None: n-gram prompt lookup."""
     prompt_lookup_max: int = 3
     """Speculation: the longest context suffix looked up for a draft (vLLM's prompt_lookup_max)."""
     prompt_lookup_min: int = 1
@@ -185,6 +188,11 @@ class EngineConfig:
             raise ValueError(
                 "num_speculative_tokens needs chunked_prefill=True (drafts ride the token-budget scheduler)"
             )
+        draft = self.speculative_model
+        if draft is not None and (not isinstance(draft, str) or not draft):
+            raise ValueError(f"speculative_model must be a checkpoint directory (a string), got {draft!r}")
+        if draft is not None and not self.num_speculative_tokens:
+            raise ValueError("speculative_model needs num_speculative_tokens >= 1 (tokens drafted per step)")
         off = self.speculative_disable_by_batch_size
         if off is not None and (not is_int(off) or off < 1):
             raise ValueError(f"speculative_disable_by_batch_size must be an integer >= 1 or None, got {off!r}")
@@ -293,9 +301,11 @@ def _settings_from_args(args: Any, decided: dict[str, Any]) -> dict[str, Any]:
 
 def speculative_settings(spec: Any) -> dict[str, Any]:
     """vLLM's ``speculative_config`` (a dict, or its JSON as a command line gives it) as the
-    engine's settings: method "ngram" (prompt lookup, no draft model) with
-    ``num_speculative_tokens``, ``prompt_lookup_max`` / ``prompt_lookup_min`` and
-    ``disable_by_batch_size``; any other method is refused by name (ValueError)."""
+    engine's settings: method "ngram" (prompt lookup: ``prompt_lookup_max`` / ``prompt_lookup_min``)
+    or "draft_model" (``model``: a checkpoint directory, or "tinyllm-shakespeare-draft"), each with
+    ``num_speculative_tokens`` and ``disable_by_batch_size``. As in vLLM, a config without a method
+    is "draft_model" when it names a model other than "ngram", else "ngram". Any other method or
+    key is refused by name (ValueError)."""
     if isinstance(spec, str):
         try:
             spec = json.loads(spec)
@@ -305,19 +315,36 @@ def speculative_settings(spec: Any) -> dict[str, Any]:
         return {}
     if not isinstance(spec, dict):
         raise ValueError(f"speculative_config must be a dict (vLLM's keys), got {type(spec).__name__}")
-    method = spec.get("method", "ngram")
-    if method != "ngram":
+    model = spec.get("model")
+    method = spec.get("method") or ("draft_model" if model not in (None, "ngram", "[ngram]") else "ngram")
+    common = {"method", "num_speculative_tokens", "disable_by_batch_size"}
+    takes = {
+        "ngram": common
+        | {"prompt_lookup_max", "prompt_lookup_min"}
+        | ({"model"} if model in ("ngram", "[ngram]") else set()),
+        "draft_model": common | {"model"},
+    }
+    if method not in takes:
         raise ValueError(
             f"speculative_config method {method!r} is not supported: tinyllm speculates by n-gram prompt lookup "
-            "(method 'ngram'); draft models, EAGLE and MTP are not implemented"
+            "('ngram') or a draft model ('draft_model'); EAGLE, Medusa and MTP are not implemented"
         )
-    known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size"}
-    unknown = sorted(set(spec) - known)
+    unknown = sorted(set(spec) - takes[method])
     if unknown:
-        raise ValueError(f"speculative_config: {', '.join(unknown)} not supported (takes {', '.join(sorted(known))})")
+        raise ValueError(
+            f"speculative_config: {', '.join(unknown)} not supported with method {method!r} "
+            f"(takes {', '.join(sorted(takes[method]))})"
+        )
     out = {k: spec[k] for k in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min") if k in spec}
     if "disable_by_batch_size" in spec:
         out["speculative_disable_by_batch_size"] = spec["disable_by_batch_size"]
+    if method == "draft_model":
+        if not isinstance(model, str) or not model:
+            raise ValueError(
+                "speculative_config method 'draft_model' needs model: a checkpoint directory sharing the "
+                "model's tokenizer, or 'tinyllm-shakespeare-draft' (the bundled model's draft)"
+            )
+        out["speculative_model"] = model
     if "num_speculative_tokens" not in out:
         raise ValueError("speculative_config needs num_speculative_tokens (tokens drafted per step)")
     return out

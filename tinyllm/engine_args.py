@@ -159,9 +159,11 @@ def engine_options() -> dict[str, tuple[tuple[str, ...], dict]]:
                 type=speculative_arg,
                 default=None,
                 metavar="JSON",
-                help='n-gram speculative decoding, vLLM\'s JSON: \'{"method": "ngram", "num_speculative_tokens": 4, '
-                '"prompt_lookup_max": 3}\' (greedy requests only; needs the token budget; off from '
-                '"disable_by_batch_size" decoding requests, default 4)',
+                help='speculative decoding, vLLM\'s JSON: \'{"method": "ngram", "num_speculative_tokens": 4, '
+                '"prompt_lookup_max": 3}\' (prompt lookup) or \'{"method": "draft_model", "model": '
+                '"tinyllm-shakespeare-draft", "num_speculative_tokens": 4}\' (a draft model: a checkpoint directory '
+                "with the model's tokenizer, or the bundled model's draft); greedy and unseeded sampled requests; "
+                'needs the token budget; off from "disable_by_batch_size" decoding requests, default 4',
             ),
         ),
     }
@@ -188,6 +190,7 @@ COMMAND_ENGINE_OPTIONS = {
         "threads",
     ),
     "whatif": (
+        "speculative_config",
         "slots",
         "max_len",
         "block_size",

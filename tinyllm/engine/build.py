@@ -16,9 +16,10 @@ import torch
 from tinyllm.config import EngineConfig
 from tinyllm.engine.admission import AdmissionScheduler
 from tinyllm.engine.scheduler import Scheduler, TokenBudgetScheduler
+from tinyllm.engine.speculate import NgramProposer, Proposer
 from tinyllm.kv.dense import SlotKVCache
 from tinyllm.kv.paged import PagedKVCache
-from tinyllm.model.config import ModelConfig, default_kv_blocks
+from tinyllm.model.config import ModelConfig, default_kv_blocks, resolve_draft_model
 from tinyllm.model.transformer import Transformer
 from tinyllm.request import is_int
 
@@ -209,8 +210,9 @@ def make_cache(
     return cache, decoder
 
 
-def make_scheduler(cache: SlotKVCache | PagedKVCache, config: EngineConfig) -> Scheduler:
-    """The token-budget scheduler (with the pool's prefix cache on or off), or the seed's."""
+def make_scheduler(cache: SlotKVCache | PagedKVCache, config: EngineConfig, model: Transformer) -> Scheduler:
+    """The token-budget scheduler (with the pool's prefix cache on or off, and speculation's
+    proposer), or the seed's."""
     if not config.chunked_prefill:
         return AdmissionScheduler(cache)
     cache.prefix_cache = config.prefix_caching
@@ -218,6 +220,29 @@ def make_scheduler(cache: SlotKVCache | PagedKVCache, config: EngineConfig) -> S
         cache,
         config.budget,
         config.num_speculative_tokens,
-        (config.prompt_lookup_min, config.prompt_lookup_max),
+        make_proposer(config, model) if config.num_speculative_tokens else None,
         config.speculative_disable_by_batch_size,
     )
+
+
+def make_proposer(config: EngineConfig, model: Transformer) -> Proposer:
+    """Speculation's proposer: prompt lookup, or the draft model ``speculative_model`` names,
+    loaded on the target's device and in its dtype; refused (ValueError) unless it shares the
+    target's vocabulary, the condition for its guesses to be the target's tokens."""
+    if config.speculative_model is None:
+        return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+    from tinyllm.engine.draft_model import DraftModelProposer
+    from tinyllm.model.checkpoint import CheckpointError, load_checkpoint
+
+    weight = next(model.parameters())
+    path = resolve_draft_model(config.speculative_model)
+    try:
+        draft, _ = load_checkpoint(path, device=weight.device, dtype=weight.dtype)
+    except (CheckpointError, OSError) as e:
+        raise ValueError(f"speculative_config model {config.speculative_model!r}: {e}") from None
+    if draft.cfg.vocab_size != model.cfg.vocab_size:
+        raise ValueError(
+            f"speculative_config model {config.speculative_model!r} has a vocabulary of {draft.cfg.vocab_size:,} "
+            f"tokens, the model {model.cfg.vocab_size:,}: a draft model must share the model's tokenizer"
+        )
+    return DraftModelProposer(draft)

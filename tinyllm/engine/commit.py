@@ -115,6 +115,7 @@ class Commits:
         count_verified(self.stats, len(draft), a)
         seq.spec_drafted += len(draft)
         seq.spec_kept += a
+        seq.spec_drafts += 1
         seq.last_draft = (self._steps, len(draft), a)
         seq.computed = start + 1 + a  # the newest token and the accepted drafts: their K/V is kept
         self.slots.trim(seq.slot, seq.computed)

@@ -123,7 +123,7 @@ class ContinuousEngine(Commits, Lifecycle, ForkSamples, EngineViews):
         self.runner = ModelRunner(model, self.slots, self.decoder)
         self.kernels = self.runner.kernels  # what runs its passes, in words (forward.kernels_of)
         self.chunked_prefill = config.chunked_prefill
-        self.scheduler: Scheduler = make_scheduler(self.slots, config)
+        self.scheduler: Scheduler = make_scheduler(self.slots, config, model)
         self.waiting: WaitingQueue = waiting_queue(config.scheduling_policy)
         self.policy = config.scheduling_policy
         self.prefix_cache = config.prefix_caching

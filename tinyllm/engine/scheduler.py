@@ -40,7 +40,7 @@ from typing import Literal, Protocol
 
 from tinyllm.engine.policy import WaitingQueue
 from tinyllm.engine.sequence import Sequence
-from tinyllm.engine.speculate import propose_ngram
+from tinyllm.engine.speculate import NgramProposer, Proposer
 from tinyllm.kv.blocks import BlockPool
 
 Item = tuple[Sequence, int, int]  # (seq, start, n): the sequence computes context positions start..start+n-1
@@ -101,30 +101,39 @@ class TokenBudgetScheduler:
         pool: BlockPool,
         max_batched_tokens: int,
         spec_tokens: int = 0,
-        lookup: tuple[int, int] = (1, 3),
+        proposer: Proposer | None = None,
         spec_off_at: int | None = None,
     ):
         self.pool = pool
         self.max_batched_tokens = max_batched_tokens
-        self.spec_tokens = spec_tokens  # n-gram drafts per greedy decode (engine/speculate.py); 0: off
-        self.lookup = lookup  # (prompt_lookup_min, prompt_lookup_max)
+        self.spec_tokens = spec_tokens  # tokens drafted per greedy decode (engine/speculate.py); 0: off
+        self.proposer: Proposer = proposer or NgramProposer()
         self.spec_off_at = spec_off_at  # no drafts in a step with this many decodes or more (None: never)
         self.spec_off_steps = 0  # steps speculation was off for the batch's size (the app says so)
         self.spec_off_now = False  # the latest step's
 
-    def _draft(self, seq: Sequence, spare: int) -> list[int]:
-        """A draft for ``seq``'s decode (engine/speculate.py): only a request whose draft can be
-        verified exactly (``Row.draftable``), within ``spare`` budget tokens, its max_new_tokens
-        and its slot's context."""
-        if not self.spec_tokens or spare <= 0 or seq.forks or not seq.row().draftable:
-            return []
-        room = min(
-            self.spec_tokens,
-            spare,
-            seq.req.max_new_tokens - len(seq.out) - 1,  # (the bonus token is the last one)
-            self.pool.max_len - seq.context_len() - 1,
-        )
-        return propose_ngram(seq.context(), room, *self.lookup) if room > 0 else []
+    def _drafts(self, decoding: list[Sequence], budget: int) -> dict[int, list[int]]:
+        """This step's drafts, by rid (engine/speculate.py): only for a request whose draft can be
+        verified exactly (``Row.draftable``), each within the budget the decodes after it leave,
+        its max_new_tokens and its slot's context; asked of the proposer in one call (a draft
+        model guesses for all of them in one batch)."""
+        asks: list[tuple[Sequence, int]] = []
+        for d, seq in enumerate(decoding):
+            if seq.forks or not seq.row().draftable:
+                continue
+            room = min(
+                self.spec_tokens,
+                budget - (len(decoding) - d),  # (every later decode keeps its token)
+                seq.req.max_new_tokens - len(seq.out) - 1,  # (the bonus token is the last one)
+                self.pool.max_len - seq.context_len() - 1,
+            )
+            if room > 0:
+                asks.append((seq, room))
+                budget -= room
+        if not asks:
+            return {}
+        drafts = self.proposer.propose([(seq.context(), room) for seq, room in asks])
+        return {seq.rid: draft for (seq, _), draft in zip(asks, drafts, strict=True) if draft}
 
     def plan(self, running: list[Sequence], waiting: WaitingQueue) -> Iterator[StepPlan]:
         yield self.plan_step(running, waiting)
@@ -143,10 +152,11 @@ class TokenBudgetScheduler:
         self.spec_off_now = bool(self.spec_tokens and not speculate and decoding)
         if self.spec_off_now:
             self.spec_off_steps += 1  # a batch this large has no spare compute to verify drafts with
-        for d, seq in enumerate(decoding):  # 1. decodes (with a speculative draft where one is found)
+        drafts = self._drafts(decoding, budget) if speculate else {}
+        for seq in decoding:  # 1. decodes (with a speculative draft where one is found)
             if plan.preempted and seq in plan.preempted:  # (a list scan only after a preemption)
                 continue
-            draft = self._draft(seq, budget - (len(decoding) - d)) if speculate else []  # (later decodes keep a token)
+            draft = drafts.get(seq.rid, [])
             if draft and not pool.try_grow(seq.slot, seq.computed + 1 + len(draft)):
                 draft = []  # no blocks for it: a plain decode
             seq.draft = draft

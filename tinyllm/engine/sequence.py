@@ -65,6 +65,7 @@ class Sequence:
     draft: list[int] = field(default_factory=list)  # this step's speculative draft (engine/speculate.py)
     spec_drafted: int = 0  # draft tokens verified for it, in all
     spec_kept: int = 0  # of those, kept
+    spec_drafts: int = 0  # drafts verified for it
     last_draft: tuple[int, int, int] = (-1, 0, 0)  # its latest draft: (step, tokens, kept)
     _row: Row | None = field(default=None, repr=False)  # row()'s, kept while its bans hold
     _row_bans: bool = field(default=False, repr=False)  # whether that Row bans the stop ids
@@ -125,5 +126,6 @@ class Sequence:
                 last_draft_step=self.last_draft[0],
                 last_draft=self.last_draft[1],
                 last_kept=self.last_draft[2],
+                spec_drafts=self.spec_drafts,
             )
         return self.view

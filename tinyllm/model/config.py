@@ -49,6 +49,15 @@ class ModelConfig:
 
 
 BUNDLED_MODEL = Path(__file__).parent.parent / "data" / "shakespeare"
+BUNDLED_DRAFT = Path(__file__).parent.parent / "data" / "shakespeare-draft"
+BUNDLED_DRAFT_NAME = "tinyllm-shakespeare-draft"  # what a speculative_config's "model" calls it
+
+
+def resolve_draft_model(name: str) -> Path:
+    """A speculative_config's ``model``: the bundled draft by its name, else a checkpoint directory."""
+    return BUNDLED_DRAFT if name == BUNDLED_DRAFT_NAME else Path(name)
+
+
 SUPPORTED_ARCHS = ("LlamaForCausalLM",)
 
 

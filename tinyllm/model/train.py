@@ -34,6 +34,12 @@ BUNDLED_SHAPE = ModelConfig(
     vocab_size=4096, d_model=384, n_layers=6, n_heads=6, n_kv_heads=2, d_ff=1024, max_seq_len=512, tie_embeddings=True
 )
 
+# The draft model's shape (speculative decoding, engine/speculate.py): a seventh of the bundled
+# model's parameters, most of them its embedding; the bundled tokenizer.
+DRAFT_SHAPE = ModelConfig(
+    vocab_size=4096, d_model=192, n_layers=2, n_heads=3, n_kv_heads=1, d_ff=512, max_seq_len=512, tie_embeddings=True
+)
+
 
 @dataclass
 class TrainConfig:
@@ -48,6 +54,17 @@ class TrainConfig:
     seed: int = 1337
     eval_every: int = 250
     threads: int = 2
+    teacher: Path | None = None
+    """A checkpoint to distil from (a draft model): its tokenizer is used and the loss is the
+    cross-entropy to its next-token distribution, so the draft learns to guess what *it* will
+    say (what speculative decoding's acceptance rewards), not only what the corpus says."""
+
+    @classmethod
+    def draft(cls, teacher: Path, **overrides) -> TrainConfig:
+        """The draft model's recipe: the draft shape, shorter windows and a larger batch."""
+        return cls(
+            **{"model": DRAFT_SHAPE, "seq_len": 256, "batch_size": 16, "steps": 1200, "teacher": teacher} | overrides
+        )
 
 
 def fetch_corpus(dest: Path) -> Path:
@@ -255,9 +272,17 @@ def train(corpus: Path | None, out: Path, tc: TrainConfig, work: Path, log=print
     work.mkdir(parents=True, exist_ok=True)
     texts = corpus if corpus is not None else fetch_corpus(work / "corpus")
     train_works, val_works = load_works(texts)
-    tok_dir = work / "tokenizer"
-    if not (tok_dir / "tokenizer.json").is_file():
-        train_tokenizer(train_works, tc.model.vocab_size, tok_dir)
+    teacher = None
+    if tc.teacher is not None:
+        from tinyllm.model.checkpoint import load_checkpoint
+
+        teacher, _ = load_checkpoint(tc.teacher, dtype=torch.float32)
+        tok_dir = Path(tc.teacher)
+        log(f"distilling from {tc.teacher} ({teacher.num_params() / 1e6:.2f}M parameters), its tokenizer")
+    else:
+        tok_dir = work / "tokenizer"
+        if not (tok_dir / "tokenizer.json").is_file():
+            train_tokenizer(train_works, tc.model.vocab_size, tok_dir)
     tok = HFTok.from_file(str(tok_dir / "tokenizer.json"))
     train_ids, val_ids = encode_works(tok, train_works), encode_works(tok, val_works)
     val_chars = sum(len(w) + len(EOT) for w in val_works)
@@ -300,7 +325,15 @@ def train(corpus: Path | None, out: Path, tc: TrainConfig, work: Path, log=print
             ix = torch.randint(len(train_ids) - tc.seq_len - 1, (tc.batch_size,), generator=gen)
             x = torch.stack([train_ids[i : i + tc.seq_len] for i in ix])
             y = torch.stack([train_ids[i + 1 : i + tc.seq_len + 1] for i in ix])
-            _, loss = model(x, targets=y)
+            if teacher is None:
+                _, loss = model(x, targets=y)
+            else:
+                with torch.no_grad():
+                    target = torch.softmax(teacher(x)[0].float(), dim=-1)
+                logits, _ = model(x)
+                loss = torch.nn.functional.cross_entropy(
+                    logits.float().flatten(0, 1), target.flatten(0, 1)
+                )  # (soft targets: the teacher's distribution)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -327,7 +360,7 @@ def train(corpus: Path | None, out: Path, tc: TrainConfig, work: Path, log=print
         "steps": step,
         "train_tokens": len(train_ids),
         "held_out": list(HELD_OUT),
-        "config": asdict(tc),
+        "config": asdict(tc) | {"teacher": str(tc.teacher) if tc.teacher else None},
     }
     (out / "training_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     log(f"done: held-out {full_val:.4f} nats/char after {elapsed / 60:.1f} min; saved to {out}")

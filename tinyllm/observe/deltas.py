@@ -50,6 +50,7 @@ def blank_snapshot(header: dict) -> EngineSnapshot:
         max_batched_tokens=e["max_batched_tokens"],
         policy=e.get("policy", "fcfs"),
         speculative=e.get("speculative", 0),
+        speculative_method=e.get("speculative_method", "ngram"),
     )
 
 

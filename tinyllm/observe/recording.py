@@ -85,6 +85,7 @@ def make_header(
             "max_batched_tokens": snap.max_batched_tokens,
             "policy": snap.policy,
             "speculative": snap.speculative,
+            "speculative_method": snap.speculative_method,
             "kv": {
                 "kind": kv.kind,
                 "reserved_tokens": kv.reserved_tokens,

@@ -124,6 +124,7 @@ class RequestView:
     last_draft_step: int = -1  # the step of its latest draft, its tokens and how many were kept
     last_draft: int = 0
     last_kept: int = 0
+    spec_drafts: int = 0  # speculation: drafts verified for it (its mean accepted length: 1 + kept / drafts)
 
     @property
     def ttft_s(self) -> float | None:
@@ -209,8 +210,9 @@ class EngineSnapshot:
     max_batched_tokens: int | None = None  # the token-budget scheduler's budget; None: the seed's scheduler
     policy: str = "fcfs"  # the scheduling policy (engine/policy.py)
     batch: tuple[tuple[int, int], ...] = ()  # the latest step's batch: (rid, tokens computed), batch order
-    speculative: int = 0  # n-gram speculation: tokens drafted per step (0: off)
+    speculative: int = 0  # speculation: tokens drafted per step (0: off)
     speculative_off: bool = False  # the latest step drafted nothing: its batch was too large
+    speculative_method: str = "ngram"  # who drafts: "ngram" (prompt lookup) or "draft_model" (engine/speculate.py)
 
     @classmethod
     def empty(cls, kv: KVView, n_slots: int = 0, max_len: int = 0, **settings) -> EngineSnapshot:

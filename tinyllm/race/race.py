@@ -205,6 +205,8 @@ def _build_lane(
     lane.detail = lane_detail(spec.kind, n, batch_timeout_s, budget, arrivals)
     if (spec.label != spec.kind or spec.recorded) and spec.describe():
         lane.detail = f"{lane.detail}; {spec.describe()}"
+    if spec.spec and spec.kind == "chunked":
+        lane.detail += f" by the draft model {run.speculative_model}" if run.speculative_model else " by n-gram lookup"
     return lane
 
 
@@ -219,9 +221,14 @@ def lane_config(spec: LaneSpec, run: EngineConfig, slots: int, cap: int | None, 
         changes.update(max_num_seqs=spec.slots or slots, kv_blocks=spec.kv_blocks or run.kv_blocks)
     if spec.kind == "chunked":
         changes.update(max_batched_tokens=spec.budget or run.max_batched_tokens, prefix_cache=spec.prefix_cache)
-        changes.update(num_speculative_tokens=spec.spec or 0)  # spec=N: n-gram drafts (engine/speculate.py)
+        # spec=N: N tokens drafted per step (engine/speculate.py), as the run's speculative config
+        # says (whatif --speculative-config: n-gram lookup by default, or a draft model)
+        changes.update(num_speculative_tokens=spec.spec or 0)
+        if not spec.spec:
+            changes.update(speculative_model=None)
     else:  # prefill then decode, on slots (the default) or on the paged pool
         changes.update(chunked_prefill=False, max_batched_tokens=None, prefix_cache=None)
+        changes.update(num_speculative_tokens=0, speculative_model=None)
         if spec.kv != "paged":
             changes.update(kv="slots", block_size=DEFAULT_BLOCK_SIZE, kv_blocks=None)
     return run.replace(**changes)

@@ -8,8 +8,8 @@ or a scheduling policy, meaning a token-budget lane with that policy) or ``key=v
     block=N (tokens per KV block)   blocks=N (KV pool size)   prefix=on|off   chunked=on|off
     kv=slots|paged (a continuous lane's cache)   kv_mib=MiB (the lane's KV memory budget)
     kv_dtype=auto|float32|bfloat16 (fp32, bf16; the lane's KV cache element type; bfloat16: twice the tokens a MiB holds)
-    spec=N (a token-budget lane's n-gram speculation: tokens drafted per step; "chunked" and
-    "chunked spec=4" race speculation off against on)
+    spec=N (a token-budget lane's speculation: tokens drafted per step, by n-gram lookup or as
+    whatif's --speculative-config says; "chunked" and "chunked spec=4" race it off against on)
 
 With a KV memory budget (``kv_mib=``, or the race's ``--kv-memory`` for every lane) the budget
 sizes the lane: static batching and the slot cache get the rows of max_len it buys, a paged lane
@@ -53,7 +53,7 @@ class LaneSpec:
     kv: str | None = None  # continuous lanes: "slots" (default) or "paged"
     kv_mib: float | None = None  # the lane's KV memory budget (None: the race's --kv-memory)
     kv_dtype: str | None = None  # the lane's KV cache dtype (None: the race's --kv-cache-dtype)
-    spec: int | None = None  # n-gram speculation's tokens per draft (engine/speculate.py); None: off
+    spec: int | None = None  # speculation's tokens per draft (engine/speculate.py); None: off
 
     recorded: tuple[str, ...] = ()  # the fields taken from a recording (on_recording), "kind" included
 

@@ -103,6 +103,16 @@ def cmd_whatif(args) -> None:
         check_pool_options_used(lanes, args.kv_blocks, args.block_size)
     except LaneSpecError as e:
         raise UsageError(str(e)) from None
+    if args.speculative_config and not any(s.spec for s in lanes):
+        raise UsageError(
+            "--speculative-config says how a lane with spec=N drafts (its method, draft model, lookup); no lane "
+            "has one: add one, e.g. --lanes chunked 'chunked spec=4'"
+        )
+    if (args.speculative_config or {}).get("speculative_model") and args.clock != "wall":
+        raise UsageError(
+            "--speculative-config: a draft model's own passes are not in the cost clock's profile (it prices the "
+            "model's), so its lane would look faster than it is: race a draft model with --clock wall"
+        )
     max_len = args.max_len or (recorded.max_len if recorded else 512)
     if args.cost_profile is not None and (args.clock == "wall" or args.step_cost is not None):
         raise UsageError("--cost-profile is the cost clock's: drop it, or --clock wall / --step-cost")

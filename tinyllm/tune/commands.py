@@ -28,7 +28,14 @@ def serve_command(p: Point, kv_mib: float, max_len: int | None, model: str | Non
     args += ["--block-size", str(p.block_size), "--scheduling-policy", p.scheduling_policy]
     if p.kv_cache_dtype != "auto":
         args += ["--kv-cache-dtype", p.kv_cache_dtype]
-    return shlex.join(args)
+    return shlex.join(args + speculative_flag(p))
+
+
+def speculative_flag(p: Point) -> list[str]:
+    """vLLM's --speculative-config for a speculating point (both servers take the same JSON)."""
+    if not p.num_speculative_tokens:
+        return []
+    return ["--speculative-config", f'{{"method": "ngram", "num_speculative_tokens": {p.num_speculative_tokens}}}']
 
 
 def vllm_command(p: Point) -> tuple[str, list[str]]:
@@ -51,6 +58,7 @@ def vllm_command(p: Point) -> tuple[str, list[str]]:
             "KV bfloat16 here halves float32; on a GPU vLLM's auto is already 16-bit, and halving that again is "
             "--kv-cache-dtype fp8"
         )
+    args += speculative_flag(p)
     notes.append("the KV memory is --gpu-memory-utilization's share (or --kv-cache-memory-bytes where vLLM has it)")
     return shlex.join(args), notes
 

@@ -11,7 +11,9 @@ request makes exactly its max_new_tokens whatever the weights say; the schedule 
 chunks, preemptions, waits) and the cost clock's time (rows, tokens, K/V reads) follow from the
 token counts, the prompts (prefix hits) and the pool, not the weights. The points therefore run
 on a one-layer random model of the same vocabulary and context, several times faster than the
-real one; ``--no-stand-in`` runs the real model, and the wall-clock check always does.
+real one; ``--no-stand-in`` runs the real model, and the wall-clock check always does. A point
+that speculates (``num_speculative_tokens``) runs on the real model: the drafts kept depend on
+the text it writes; the cost clock prices its verify passes' extra tokens as any others.
 
 Points can run in worker processes (``fork``: the model and the requests are inherited, not
 copied by pickling); each point's result is the same wherever it runs (the cost clock).
@@ -79,6 +81,7 @@ class Bench:
     max_len: int
     kv_mib: float  # the run's KV budget
     bytes_per_token: dict[str, int]  # KV dtype -> the real model's bytes per token
+    real_model: object = None  # where ``model`` is the stand-in: the real one, for speculating points
 
 
 def lane_spec(point: Point, bench: Bench, label: str = "point") -> LaneSpec:
@@ -98,7 +101,13 @@ def lane_spec(point: Point, bench: Bench, label: str = "point") -> LaneSpec:
     )
     if point.chunked_prefill:
         return LaneSpec(
-            label, "chunked", budget=point.max_batched_tokens, prefix_cache=point.prefix_cache, kv="paged", **common
+            label,
+            "chunked",
+            budget=point.max_batched_tokens,
+            prefix_cache=point.prefix_cache,
+            kv="paged",
+            spec=point.num_speculative_tokens or None,
+            **common,
         )
     return LaneSpec(label, "continuous", kv="paged", **common)
 
@@ -110,7 +119,9 @@ def run_point(point: Point, bench: Bench, n: int) -> Outcome:
     try:
         spec = lane_spec(point, bench)
         run = EngineConfig.best(max_num_seqs=point.max_num_seqs, max_len=bench.max_len, block_size=point.block_size)
-        race = build_race(bench.model, bench.arrivals[:n], run, lanes=(spec,), step_cost_s=bench.clock)
+        # a speculating point runs on the real model: how many drafts are kept follows its text
+        model = bench.real_model if point.num_speculative_tokens and bench.real_model is not None else bench.model
+        race = build_race(model, bench.arrivals[:n], run, lanes=(spec,), step_cost_s=bench.clock)
     except ValueError as e:
         return Outcome(point, n, error=" ".join(str(e).split()))
     while race.step() is not None:

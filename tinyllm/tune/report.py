@@ -282,6 +282,11 @@ def print_answer(s, answer, out) -> None:
         f"searched {result.points} configurations by {result.method} ({rungs}; {result.runs} runs in "
         f"{result.seconds:.0f} s, {args.jobs} process{'es' * (args.jobs > 1)}"
         + ("; on a one-layer stand-in model" if args.stand_in else "")
+        + (
+            ", speculating ones on the real model (the drafts kept follow its text)"
+            if args.stand_in and any(p.num_speculative_tokens for p in s.grid)
+            else ""
+        )
         + ")",
         highlight=False,
     )

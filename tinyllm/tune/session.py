@@ -111,7 +111,7 @@ def prepare(args) -> Session:
         raise UsageError(
             "--search leaves no configuration the engine can run (each needs max_batched_tokens >= max_num_seqs)"
         )
-    bench = Bench(stand_in(model) if args.stand_in else model, arrivals, judging, clock, max_len, kv_mib, bpt)
+    bench = Bench(stand_in(model) if args.stand_in else model, arrivals, judging, clock, max_len, kv_mib, bpt, model)
     return Session(args, bench, grid, base, model, kv_mib)
 
 

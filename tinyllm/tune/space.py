@@ -33,13 +33,16 @@ class Point:
     scheduling_policy: str = "fcfs"
     kv_cache_dtype: str = "auto"
     kv_memory_mib: float | None = None
+    num_speculative_tokens: int = 0  # n-gram speculation's draft length (engine/speculate.py); 0: off
 
     def canonical(self) -> Point:
         """The point with the settings it cannot use set to their defaults (so equal engines are
-        equal points): without chunked prefill, no token budget and no prefix cache."""
+        equal points): without chunked prefill, no token budget, no prefix cache, no speculation."""
         if self.chunked_prefill:
             return self
-        return replace(self, max_batched_tokens=DEFAULT_MAX_BATCHED_TOKENS, prefix_cache=False)
+        return replace(
+            self, max_batched_tokens=DEFAULT_MAX_BATCHED_TOKENS, prefix_cache=False, num_speculative_tokens=0
+        )
 
     def valid(self) -> str:
         """ "" if an engine can run it, else why not (the token budget must cover every running
@@ -55,7 +58,7 @@ class Point:
             v = getattr(self, f.name)
             if base is not None and v == getattr(base, f.name):
                 continue
-            if f.name in ("max_batched_tokens", "prefix_cache") and not self.chunked_prefill:
+            if f.name in ("max_batched_tokens", "prefix_cache", "num_speculative_tokens") and not self.chunked_prefill:
                 continue
             out.append(f"{SHORT[f.name]} {_say(v)}")
         return ", ".join(out) or "the defaults"
@@ -73,6 +76,7 @@ SHORT = {
     "scheduling_policy": "policy",
     "kv_cache_dtype": "kv dtype",
     "kv_memory_mib": "KV MiB",
+    "num_speculative_tokens": "spec k",
 }
 
 
@@ -112,6 +116,16 @@ def _ints(name: str, text: str) -> list[int]:
             lo *= 2
         return out
     return [_int(name, v) for v in text.split(",")]
+
+
+def _counts(name: str, text: str) -> list[int]:
+    """``0,2,4``: integers >= 0 (0: the setting off)."""
+    out = []
+    for v in text.split(","):
+        if not v.isdigit():
+            raise SearchError(f"--search {name}: {v!r} is not an integer >= 0")
+        out.append(int(v))
+    return out
 
 
 def _switch(name: str, text: str) -> list[bool]:
@@ -159,6 +173,7 @@ SETTINGS: dict[str, tuple[Callable[[str, str], list], str, tuple]] = {
     "scheduling_policy": (_policies, ", ".join(SCHEDULING_POLICIES), ("fcfs", "shortest-first")),
     "kv_cache_dtype": (_dtypes, "auto, float32, bfloat16", ("auto", "bfloat16")),
     "kv_memory_mib": (_mibs, "MiB > 0", ()),
+    "num_speculative_tokens": (_counts, "integers >= 0 (0: off; n-gram speculation, on the real model)", ()),
 }
 ALIASES = {
     "max_num_batched_tokens": "max_batched_tokens",  # vLLM's names
@@ -166,6 +181,7 @@ ALIASES = {
     "enable_chunked_prefill": "chunked_prefill",
     "kv_memory": "kv_memory_mib",
     "policy": "scheduling_policy",
+    "spec": "num_speculative_tokens",
 }
 
 

@@ -61,6 +61,7 @@ class KVPanel(Widget):
         line1 = self._counters(width, wide, sep)
         tps = f.tokens_per_s if f.snapshot.busy else 0.0  # nothing running or waiting: nothing generated now
         hits = ((f"{c.prefix_hits / c.prefix_queries:.0%}"),) if c.prefix_queries else ()
+        rolled = rolled_back(f.snapshot)
         line2 = fit_fields(  # the last step's time and tok/s stay ("prefix hit 12% step …" hid it)
             [
                 (_figure("steps", f"{c.decode_steps:,}", sep), "", 3),
@@ -70,6 +71,7 @@ class KVPanel(Widget):
                 *(
                     [
                         (_figure("drafts kept", f"{c.spec_accepted_tokens / c.spec_draft_tokens:.0%}", sep), "", 0),
+                        *([(_figure("rolled back", f"{rolled}", sep), "", 0)] if rolled else []),
                         (_figure("by position", by_position(c), sep), "dim", 2),
                     ]
                     if c.spec_draft_tokens
@@ -182,6 +184,13 @@ def _figure(label: str, value: str, sep: str) -> Text:
     t = Text(f"{label} ", style="dim")
     t.append(value + sep, style="bold")
     return t
+
+
+def rolled_back(snap) -> int:
+    """Tokens of K/V the latest step wrote for drafts and rolled back (their rejected tails): the
+    room in the pool a draft held for one step (engine/speculate.py)."""
+    step = snap.counters.steps
+    return sum(v.last_draft - v.last_kept for v in snap.requests if v.last_draft_step == step)
 
 
 def by_position(c) -> str:

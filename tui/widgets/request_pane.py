@@ -102,6 +102,8 @@ def step_text(v: RequestView, batch: tuple[tuple[int, int], ...], step: int) -> 
         t.append(f" {kept} kept, then its own next token", style="dim")
     if v.spec_drafted:
         t.append(f"\ndrafts kept {v.spec_kept} of {v.spec_drafted} ({v.spec_kept / v.spec_drafted:.0%})", style="dim")
+        if v.spec_drafts:  # vLLM's mean acceptance length: tokens a verifying step writes, bonus included
+            t.append(f", {1 + v.spec_kept / v.spec_drafts:.2f} tokens a drafted step", style="dim")
     return t
 
 

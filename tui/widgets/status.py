@@ -89,8 +89,9 @@ def settings_fields(snap, style: str) -> list[tuple[str, str, int]]:
     could set otherwise (a policy other than fcfs is news, so it gives way later)."""
     budget = snap.max_batched_tokens
     k = getattr(snap, "speculative", 0)
+    who = "draft model" if getattr(snap, "speculative_method", "ngram") == "draft_model" else "ngram"
     spec = [] if not k else [
-        (" · spec off: batch too large" if snap.speculative_off else f" · spec k={k}", "bold", 3)
+        (" · spec off: batch too large" if snap.speculative_off else f" · spec k={k} {who}", "bold", 3)
     ]  # fmt: skip
     return [
         (f" · {kv_label(snap.kv)}", style, 5),
