@@ -723,6 +723,8 @@ async def test_a_what_if_of_a_recording_reaches_the_finish_with_the_per_request_
             options = app.console.options.update_width(finish.size.width)
             drawn = app.console.render_lines(finish.render(), options, pad=False)
             assert finish.size.height >= len(drawn), (width, finish.size.height, len(drawn))
+            text = "\n".join("".join(seg.text for seg in line) for line in drawn)
+            assert "┄ preempted" in text, (width, text[-600:])  # the chart's legend whole (it was cropped)
         assert not app.notified
 
 

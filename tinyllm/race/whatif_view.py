@@ -208,7 +208,10 @@ def request_lanes(lanes: tuple[LaneView, ...], row: RequestRow, width: int) -> T
     end = max((b for s in spans for _, _, b in s), default=start + 1e-9)
     scale = cols / max(1e-9, end - start)
     t = Text(no_wrap=True, overflow="crop")
-    t.append(f"#{row.rid} across the lanes, arrival → {duration(end - start)} (each lane's clock):  ", style="bold")
+    title = f"#{row.rid} across the lanes, arrival → {duration(end - start)} (each lane's clock):"
+    legend = "  ".join(f"{glyph} {phase}" for phase, (glyph, _) in PHASE_GLYPHS.items())
+    t.append(title, style="bold")
+    t.append("  " if len(title) + 2 + len(legend) <= width else "\n")  # (the legend whole, on its own line if need be)
     for phase, (glyph, colour) in PHASE_GLYPHS.items():
         t.append(glyph, style=colour)
         t.append(f" {phase}  ", style="dim")
