@@ -368,3 +368,36 @@ def test_the_shipped_draft_model_guesses_the_bundled_model_better_than_lookup(mo
         assert outs == [generate(model, r.prompt, 32) for r in reqs]
         kept[name] = eng.stats.spec_accepted_tokens / max(1, eng.stats.spec_draft_tokens)
     assert kept["draft"] > kept["ngram"], kept
+
+
+def test_a_failing_proposer_costs_its_drafts_not_the_step_and_a_tight_budget_cuts_drafts(model_tok):
+    """A draft model whose pass fails (out of memory, say) drafts nothing that step and the
+    scheduler says why; the requests go on, token for token as without speculation. With a token
+    budget of the decodes plus 3, drafts are cut in order to what the budget leaves."""
+    model, tok = model_tok
+    reqs = [Request(tok.encode(REPEATING * 2), 16), Request(tok.encode("To be, or not to be:\n" * 3), 16)]
+    solo = [generate(model, r.prompt, 16) for r in reqs]
+
+    class Failing:
+        method = "draft_model"
+
+        def propose(self, asks):
+            raise RuntimeError("out of memory")
+
+    eng = ContinuousEngine(model, config=EngineConfig.best(max_num_seqs=4, num_speculative_tokens=4))
+    eng.scheduler.proposer = Failing()
+    rids = [eng.add_request(r) for r in reqs]
+    while eng.has_work():
+        eng.step()
+    assert [eng.results.pop(r).tokens for r in rids] == solo
+    assert eng.stats.spec_drafts == 0 and eng.scheduler.proposer_error == "RuntimeError: out of memory"
+    eng = ContinuousEngine(
+        model, config=EngineConfig.best(max_num_seqs=4, num_speculative_tokens=4, max_batched_tokens=5)
+    )
+    rids = [eng.add_request(r) for r in reqs]
+    widest = 0
+    while eng.has_work():
+        eng.step()
+        widest = max(widest, sum(n for _, n in eng.snapshot().batch))
+    assert [eng.results.pop(r).tokens for r in rids] == solo
+    assert eng.stats.spec_drafts > 0 and widest == 5  # two decodes and 3 draft tokens, never more

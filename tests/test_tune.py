@@ -184,7 +184,7 @@ def test_tune_searches_speculation_on_the_real_model_and_says_it_as_a_flag(tmp_p
     from tinyllm.tune.commands import serve_command, vllm_command
 
     assert parse_search(["spec=0,2,4"]) == {"num_speculative_tokens": (0, 2, 4)}
-    with pytest.raises(SearchError, match="'-1' is not an integer >= 0"):
+    with pytest.raises(SearchError, match=r"'-1' is not an integer from 0 \(off\) to 16"):
         parse_search(["num_speculative_tokens=-1"])
     assert Point(chunked_prefill=False, num_speculative_tokens=4).canonical().num_speculative_tokens == 0
     real, tok = load_checkpoint()
@@ -200,4 +200,9 @@ def test_tune_searches_speculation_on_the_real_model_and_says_it_as_a_flag(tmp_p
     p = Point(max_num_seqs=2, num_speculative_tokens=4)
     args = build_parser().parse_args(shlex.split(serve_command(p, 4.0, 256, None))[1:])
     assert args.speculative_config["num_speculative_tokens"] == 4
-    assert "--speculative-config" in vllm_command(p)[0]
+    vllm = vllm_command(p)[0]  # the lookup sizes tuned with, spelled out (vLLM's defaults are 5 and 5)
+    assert (
+        '"prompt_lookup_max": 3' in vllm and '"prompt_lookup_min": 1' in vllm and '"disable_by_batch_size": 4' in vllm
+    )
+    with pytest.raises(SearchError, match=r"'17' is not an integer from 0 \(off\) to 16"):
+        parse_search(["spec=0,17"])

@@ -140,13 +140,14 @@ def cmd_train(args) -> None:
     if corpus is not None and not corpus.is_dir():
         raise UsageError(f"--corpus {corpus}: not a directory")
     work = work_dir(args)
+    given = {"seed": args.seed, "threads": args.threads} | ({"steps": args.steps} if args.steps else {})
     if args.draft_for is None:
-        tc = TrainConfig(steps=args.steps or 1800, seed=args.seed, threads=args.threads)
+        tc = TrainConfig(**given)
     else:
         teacher = Path(args.draft_for)
         if not (teacher / "config.json").is_file():
             raise UsageError(f"--draft-for {teacher}: not a checkpoint directory (no config.json)")
-        tc = TrainConfig.draft(teacher, steps=args.steps or 1200, seed=args.seed, threads=args.threads)
+        tc = TrainConfig.draft(teacher, **given)
         if corpus is None:
             from tinyllm.model.train import fetch_corpus
 
@@ -306,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         default=None,
         help="optimizer steps: of 8 x 512 tokens (default 1800, ~90 min on 2 cores); with --draft-for of "
-        "16 x 256 (default 1200, ~15 min)",
+        "16 x 256 (default 1200, ~25 min)",
     )
     t.add_argument(
         "--draft-for",

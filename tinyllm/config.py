@@ -110,8 +110,8 @@ class EngineConfig:
     seed: int | None = None
     """The seed of the generator unseeded requests share (None: torch's global generator)."""
     num_speculative_tokens: int = 0
-    """With chunked prefill: speculation, tokens drafted per step for each greedy request
-    (0: off; vLLM's num_speculative_tokens). engine/speculate.py."""
+    """With chunked prefill: speculation, tokens drafted per step for each greedy or unseeded
+    sampled request (0: off; vLLM's num_speculative_tokens). engine/speculate.py."""
     speculative_model: str | None = None
     """Speculation by a draft model (vLLM's method "draft_model"): its checkpoint directory, or
     "tinyllm-shakespeare-draft" (the bundled model's, shipped). None: n-gram prompt lookup."""
@@ -304,7 +304,8 @@ def speculative_settings(spec: Any) -> dict[str, Any]:
     engine's settings: method "ngram" (prompt lookup: ``prompt_lookup_max`` / ``prompt_lookup_min``)
     or "draft_model" (``model``: a checkpoint directory, or "tinyllm-shakespeare-draft"), each with
     ``num_speculative_tokens`` and ``disable_by_batch_size``. As in vLLM, a config without a method
-    is "draft_model" when it names a model other than "ngram", else "ngram". Any other method or
+    is "draft_model" when it names a model other than "ngram", else "ngram" (vLLM would also tell
+    EAGLE, Medusa or MTP weights from their config: not implemented here). Any other method or
     key is refused by name (ValueError)."""
     if isinstance(spec, str):
         try:
@@ -317,6 +318,7 @@ def speculative_settings(spec: Any) -> dict[str, Any]:
         raise ValueError(f"speculative_config must be a dict (vLLM's keys), got {type(spec).__name__}")
     model = spec.get("model")
     method = spec.get("method") or ("draft_model" if model not in (None, "ngram", "[ngram]") else "ngram")
+    method = "ngram" if method == "[ngram]" else method  # (vLLM takes both spellings)
     common = {"method", "num_speculative_tokens", "disable_by_batch_size"}
     takes = {
         "ngram": common

@@ -238,8 +238,13 @@ def make_proposer(config: EngineConfig, model: Transformer) -> Proposer:
     path = resolve_draft_model(config.speculative_model)
     try:
         draft, _ = load_checkpoint(path, device=weight.device, dtype=weight.dtype)
-    except (CheckpointError, OSError) as e:
+    except (CheckpointError, OSError, ValueError, RuntimeError) as e:  # (bad JSON, bad weights too)
         raise ValueError(f"speculative_config model {config.speculative_model!r}: {e}") from None
+    if draft.cfg.max_seq_len <= config.num_speculative_tokens:
+        raise ValueError(
+            f"speculative_config model {config.speculative_model!r} has a context of {draft.cfg.max_seq_len} tokens: "
+            f"too short to draft {config.num_speculative_tokens}"
+        )
     if draft.cfg.vocab_size != model.cfg.vocab_size:
         raise ValueError(
             f"speculative_config model {config.speculative_model!r} has a vocabulary of {draft.cfg.vocab_size:,} "

@@ -22,8 +22,8 @@ lookup-friendly prompts: 54% of drafts kept from 32 tokens, 58% from the whole c
 class DraftModelProposer:
     """A draft model's greedy guesses, every asking request in one batch, on the same ragged
     forward and kernels as the model's own passes: one pass over the requests' last ``window``
-    tokens, then one pass per further token, on a small pool of the draft's own that lives for
-    this proposal only (its slots released before it returns). Greedy drafts are a deterministic
+    tokens, then one pass per further token, on a small pool of the draft's own (kept between
+    proposals, its slots released before each returns: nothing carries over). Greedy drafts are a deterministic
     proposal, so the verifier's rules (greedy match, or rejection sampling against a point mass)
     keep the model's output exact whatever the draft model says."""
 

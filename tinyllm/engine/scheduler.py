@@ -28,8 +28,8 @@ computes nothing gets the scheduler's reason (``StepPlan.waits``: WAIT_REASONS c
 A sequence's ``computed`` counts the context tokens whose K/V is in the pool; it catches up
 with the context (prompt + generated) over as many steps as it takes, and a preempted one
 restarts from 0 through the same path. Like vLLM's V1 scheduler (``num_computed_tokens``
-within ``max_num_batched_tokens``), minus spec decoding. All of a step is
-one forward pass: one plan.
+within ``max_num_batched_tokens``), speculative drafts included (engine/speculate.py). All of
+a step is one forward pass: one plan.
 """
 
 from __future__ import annotations
@@ -111,29 +111,40 @@ class TokenBudgetScheduler:
         self.spec_off_at = spec_off_at  # no drafts in a step with this many decodes or more (None: never)
         self.spec_off_steps = 0  # steps speculation was off for the batch's size (the app says so)
         self.spec_off_now = False  # the latest step's
+        self.proposer_error = ""  # the latest proposal that failed (no drafts that step), in words
 
-    def _drafts(self, decoding: list[Sequence], budget: int) -> dict[int, list[int]]:
+    def _drafts(self, decoding: list[Sequence], budget: int, skip: list[Sequence]) -> dict[int, list[int]]:
         """This step's drafts, by rid (engine/speculate.py): only for a request whose draft can be
-        verified exactly (``Row.draftable``), each within the budget the decodes after it leave,
-        its max_new_tokens and its slot's context; asked of the proposer in one call (a draft
-        model guesses for all of them in one batch)."""
+        verified exactly (``Row.draftable``), within its max_new_tokens and its slot's context,
+        asked of the proposer in one call (a draft model guesses for all of them in one batch);
+        then, in order, each cut to the budget the decodes after it leave (a draft's prefix is
+        the draft a smaller room would have got). A proposer that fails drafts nothing this step
+        (``proposer_error`` says why): the decodes go on without."""
         asks: list[tuple[Sequence, int]] = []
-        for d, seq in enumerate(decoding):
-            if seq.forks or not seq.row().draftable:
+        for seq in decoding:
+            if seq.forks or (skip and seq in skip) or not seq.row().draftable:
                 continue
             room = min(
                 self.spec_tokens,
-                budget - (len(decoding) - d),  # (every later decode keeps its token)
                 seq.req.max_new_tokens - len(seq.out) - 1,  # (the bonus token is the last one)
                 self.pool.max_len - seq.context_len() - 1,
             )
             if room > 0:
                 asks.append((seq, room))
-                budget -= room
         if not asks:
             return {}
-        drafts = self.proposer.propose([(seq.context(), room) for seq, room in asks])
-        return {seq.rid: draft for (seq, _), draft in zip(asks, drafts, strict=True) if draft}
+        try:
+            drafts = self.proposer.propose([(seq.context(), room) for seq, room in asks])
+        except Exception as e:  # noqa: BLE001 - a draft model's pass failed (e.g. out of memory)
+            self.proposer_error = f"{type(e).__name__}: {e}"
+            return {}
+        out, spare = {}, budget - len(decoding)  # (every decode keeps its own token)
+        for (seq, _), draft in zip(asks, drafts, strict=True):
+            draft = draft[: max(0, spare)]
+            if draft:
+                out[seq.rid] = draft
+                spare -= len(draft)
+        return out
 
     def plan(self, running: list[Sequence], waiting: WaitingQueue) -> Iterator[StepPlan]:
         yield self.plan_step(running, waiting)
@@ -152,7 +163,7 @@ class TokenBudgetScheduler:
         self.spec_off_now = bool(self.spec_tokens and not speculate and decoding)
         if self.spec_off_now:
             self.spec_off_steps += 1  # a batch this large has no spare compute to verify drafts with
-        drafts = self._drafts(decoding, budget) if speculate else {}
+        drafts = self._drafts(decoding, budget, plan.preempted) if speculate else {}
         for seq in decoding:  # 1. decodes (with a speculative draft where one is found)
             if plan.preempted and seq in plan.preempted:  # (a list scan only after a preemption)
                 continue

@@ -4,7 +4,7 @@ step's one mixed forward. Two proposers, vLLM's methods of the same names:
 ``ngram`` (prompt lookup, no extra model): the proposer looks for the context's last ``n``
 tokens (``prompt_lookup_max`` down to ``prompt_lookup_min``) earlier in the context and, at its
 latest earlier match, proposes the tokens that followed it, up to ``num_speculative_tokens``: text that repeats or continues what is
-in the prompt (code edits, quotes, summaries) gets drafts, other text gets none. No extra model.
+in the prompt (code edits, quotes, summaries) gets drafts, other text gets none.
 
 ``draft_model`` (engine/draft_model.py): a small model with the same tokenizer (the bundled one has
 ``tinyllm/data/shakespeare-draft``, distilled from the bundled model by ``tinyllm train
@@ -12,8 +12,8 @@ in the prompt (code edits, quotes, summaries) gets drafts, other text gets none.
 It keeps no KV cache across steps: each step it re-reads the request's last ``DRAFT_WINDOW``
 tokens, so nothing of it has to follow the target's rollbacks, preemptions and prefix hits,
 and a guess from a window is still a guess: verification keeps the output exact. Its passes
-are the engine's ragged forward on the C kernels: a PyTorch-eager draft pass costs more than the
-bundled model's whole decode step on a CPU (framework overhead, not arithmetic).
+are the engine's ragged forward (the C kernels on a CPU): a PyTorch-eager draft pass costs more
+than the bundled model's whole decode step on a CPU (framework overhead, not arithmetic).
 
 The token-budget scheduler gives a request with a draft one item of ``1 + k`` tokens (its newest
 token, then the draft: counted in the budget, as vLLM V1 does); the forward returns logits at
@@ -31,6 +31,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from tinyllm.config import EngineConfig
+
 
 class Proposer(Protocol):
     """Drafts for this step's decodes: ``asks`` is each request's (context, room), room the most
@@ -46,14 +48,19 @@ class NgramProposer:
 
     method = "ngram"
 
-    def __init__(self, n_min: int = 1, n_max: int = 3):
+    def __init__(self, n_min: int = EngineConfig.prompt_lookup_min, n_max: int = EngineConfig.prompt_lookup_max):
         self.n_min, self.n_max = n_min, n_max
 
     def propose(self, asks: Sequence[tuple[Sequence[int], int]]) -> list[list[int]]:
         return [propose_ngram(ctx, room, self.n_min, self.n_max) if room > 0 else [] for ctx, room in asks]
 
 
-def propose_ngram(context: list[int] | tuple[int, ...], k: int, n_min: int = 1, n_max: int = 3) -> list[int]:
+def propose_ngram(
+    context: list[int] | tuple[int, ...],
+    k: int,
+    n_min: int = EngineConfig.prompt_lookup_min,
+    n_max: int = EngineConfig.prompt_lookup_max,
+) -> list[int]:
     """Up to ``k`` tokens that followed the latest earlier occurrence of the context's last n
     tokens (the longest n from ``n_max`` down to ``n_min`` that occurs); [] if none does."""
     if k <= 0:

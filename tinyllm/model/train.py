@@ -290,7 +290,8 @@ def train(corpus: Path | None, out: Path, tc: TrainConfig, work: Path, log=print
         f"corpus: {len(train_works)} train works, {len(train_ids):,} tokens; "
         f"{len(val_works)} held out ({', '.join(HELD_OUT)}), {len(val_ids):,} tokens, {val_chars:,} chars"
     )
-    cfg = replace(tc.model, vocab_size=tok.get_vocab_size())
+    # a draft's vocabulary is its teacher's (padded ones too): its logits must line up with the teacher's
+    cfg = replace(tc.model, vocab_size=teacher.cfg.vocab_size if teacher is not None else tok.get_vocab_size())
     model = Transformer(cfg)
     log(f"model: {model.num_params() / 1e6:.2f}M parameters, {asdict(cfg)}")
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]

@@ -3,8 +3,10 @@ setting does not map one to one, and what of the answer transfers to another mac
 
 from __future__ import annotations
 
+import json
 import shlex
 
+from tinyllm.config import EngineConfig
 from tinyllm.tune.space import Point
 
 TRANSFER = (
@@ -35,7 +37,14 @@ def speculative_flag(p: Point) -> list[str]:
     """vLLM's --speculative-config for a speculating point (both servers take the same JSON)."""
     if not p.num_speculative_tokens:
         return []
-    return ["--speculative-config", f'{{"method": "ngram", "num_speculative_tokens": {p.num_speculative_tokens}}}']
+    spec = {  # the lookup sizes and batch threshold tuned with, spelled out: vLLM's defaults differ
+        "method": "ngram",
+        "num_speculative_tokens": p.num_speculative_tokens,
+        "prompt_lookup_max": EngineConfig.prompt_lookup_max,
+        "prompt_lookup_min": EngineConfig.prompt_lookup_min,
+        "disable_by_batch_size": EngineConfig.speculative_disable_by_batch_size,
+    }
+    return ["--speculative-config", json.dumps(spec)]
 
 
 def vllm_command(p: Point) -> tuple[str, list[str]]:

@@ -119,11 +119,11 @@ def _ints(name: str, text: str) -> list[int]:
 
 
 def _counts(name: str, text: str) -> list[int]:
-    """``0,2,4``: integers >= 0 (0: the setting off)."""
+    """``0,2,4``: integers from 0 (off) to 16, the engine's range."""
     out = []
     for v in text.split(","):
-        if not v.isdigit():
-            raise SearchError(f"--search {name}: {v!r} is not an integer >= 0")
+        if not (v.isascii() and v.isdigit()) or int(v) > 16:
+            raise SearchError(f"--search {name}: {v!r} is not an integer from 0 (off) to 16")
         out.append(int(v))
     return out
 
@@ -173,7 +173,7 @@ SETTINGS: dict[str, tuple[Callable[[str, str], list], str, tuple]] = {
     "scheduling_policy": (_policies, ", ".join(SCHEDULING_POLICIES), ("fcfs", "shortest-first")),
     "kv_cache_dtype": (_dtypes, "auto, float32, bfloat16", ("auto", "bfloat16")),
     "kv_memory_mib": (_mibs, "MiB > 0", ()),
-    "num_speculative_tokens": (_counts, "integers >= 0 (0: off; n-gram speculation, on the real model)", ()),
+    "num_speculative_tokens": (_counts, "integers from 0 (off) to 16 (n-gram speculation, on the real model)", ()),
 }
 ALIASES = {
     "max_num_batched_tokens": "max_batched_tokens",  # vLLM's names
