@@ -391,6 +391,10 @@ def test_a_failing_proposer_costs_its_drafts_not_the_step_and_a_tight_budget_cut
         eng.step()
     assert [eng.results.pop(r).tokens for r in rids] == solo
     assert eng.stats.spec_drafts == 0 and eng.scheduler.proposer_error == "RuntimeError: out of memory"
+    from tui.widgets.status import settings_fields
+
+    said = "".join(text for text, _, _ in settings_fields(eng.snapshot(), ""))  # the status line's words
+    assert "drafts failed: RuntimeError: out of memory" in said, said
     eng = ContinuousEngine(
         model, config=EngineConfig.best(max_num_seqs=4, num_speculative_tokens=4, max_batched_tokens=5)
     )

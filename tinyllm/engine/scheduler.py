@@ -111,7 +111,7 @@ class TokenBudgetScheduler:
         self.spec_off_at = spec_off_at  # no drafts in a step with this many decodes or more (None: never)
         self.spec_off_steps = 0  # steps speculation was off for the batch's size (the app says so)
         self.spec_off_now = False  # the latest step's
-        self.proposer_error = ""  # the latest proposal that failed (no drafts that step), in words
+        self.proposer_error = ""  # why the latest proposal failed (no drafts that step); "" once one works
 
     def _drafts(self, decoding: list[Sequence], budget: int, skip: list[Sequence]) -> dict[int, list[int]]:
         """This step's drafts, by rid (engine/speculate.py): only for a request whose draft can be
@@ -138,6 +138,7 @@ class TokenBudgetScheduler:
         except Exception as e:  # noqa: BLE001 - a draft model's pass failed (e.g. out of memory)
             self.proposer_error = f"{type(e).__name__}: {e}"
             return {}
+        self.proposer_error = ""
         out, spare = {}, budget - len(decoding)  # (every decode keeps its own token)
         for (seq, _), draft in zip(asks, drafts, strict=True):
             draft = draft[: max(0, spare)]

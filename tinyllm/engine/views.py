@@ -96,5 +96,6 @@ class EngineViews:
             batch=self._batch,
             speculative=getattr(self.scheduler, "spec_tokens", 0),
             speculative_off=getattr(self.scheduler, "spec_off_now", False),
+            speculative_error=getattr(self.scheduler, "proposer_error", ""),
             speculative_method=self.scheduler.proposer.method if hasattr(self.scheduler, "proposer") else "ngram",
         )

@@ -128,6 +128,8 @@ class SnapshotEncoder:
             d["bt"] = [list(item) for item in snap.batch]
         if snap.speculative_off != prev.speculative_off:
             d["so"] = snap.speculative_off
+        if snap.speculative_error != prev.speculative_error:
+            d["se"] = snap.speculative_error
         if snap.counters != prev.counters:  # increments, in field order: short
             d["c"] = [getattr(snap.counters, f) - getattr(prev.counters, f) for f in _COUNTER_FIELDS]
             if snap.counters.spec_drafts != prev.counters.spec_drafts:
@@ -207,6 +209,8 @@ class SnapshotDecoder:
             changes["batch"] = tuple((int(rid), int(n)) for rid, n in d["bt"])
         if "so" in d:
             changes["speculative_off"] = bool(d["so"])
+        if "se" in d:
+            changes["speculative_error"] = str(d["se"])
         if "c" in d:
             if len(d["c"]) != len(_COUNTER_FIELDS):
                 raise ValueError(f"counters: expected {len(_COUNTER_FIELDS)} increments, got {len(d['c'])}")

@@ -212,6 +212,7 @@ class EngineSnapshot:
     batch: tuple[tuple[int, int], ...] = ()  # the latest step's batch: (rid, tokens computed), batch order
     speculative: int = 0  # speculation: tokens drafted per step (0: off)
     speculative_off: bool = False  # the latest step drafted nothing: its batch was too large
+    speculative_error: str = ""  # the latest proposal that failed (a draft model's pass): no drafts that step
     speculative_method: str = "ngram"  # who drafts: "ngram" (prompt lookup) or "draft_model" (engine/speculate.py)
 
     @classmethod

@@ -90,9 +90,10 @@ def settings_fields(snap, style: str) -> list[tuple[str, str, int]]:
     budget = snap.max_batched_tokens
     k = getattr(snap, "speculative", 0)
     who = "draft model" if getattr(snap, "speculative_method", "ngram") == "draft_model" else "ngram"
+    error = getattr(snap, "speculative_error", "")
     spec = [] if not k else [
         (" · spec off: batch too large" if snap.speculative_off else f" · spec k={k} {who}", "bold", 3)
-    ]  # fmt: skip
+    ] + ([(f" · drafts failed: {error}", "bold red", 1)] if error else [])  # fmt: skip
     return [
         (f" · {kv_label(snap.kv)}", style, 5),
         (f" · {snap.policy}", "bold", 4 if snap.policy == "fcfs" else 2),
