@@ -65,6 +65,9 @@ def accounting_text(v: RequestView, width: int | None = None) -> Text | None:
     figures = [(f"{name} {duration(ms / 1000)}", "dim") for name, ms in parts if ms is not None]
     figures.append((f"preempted {a.preemptions}×", STATE_STYLES["preempted"] if a.preemptions else "dim"))
     figures.append((f"{a.cached_tokens} cached", CACHED if a.cached_tokens else "dim"))
+    if v.spec_drafted:  # speculation so far; vLLM's mean acceptance length: tokens a drafted step writes
+        figures.append((f"drafts kept {v.spec_kept} of {v.spec_drafted} ({v.spec_kept / v.spec_drafted:.0%})", "dim"))
+        figures.append((f"{1 + v.spec_kept / max(1, v.spec_drafts):.2f} tokens a drafted step", "dim"))
     t = Text("\n\n── ", style="dim")
     col = 3
     for i, (figure, style) in enumerate(figures):
@@ -100,10 +103,6 @@ def step_text(v: RequestView, batch: tuple[tuple[int, int], ...], step: int) -> 
         t.append("✓" * kept, style="bold green")
         t.append("✗" * (k - kept), style="strike red")
         t.append(f" {kept} kept, then its own next token", style="dim")
-    if v.spec_drafted:
-        t.append(f"\ndrafts kept {v.spec_kept} of {v.spec_drafted} ({v.spec_kept / v.spec_drafted:.0%})", style="dim")
-        if v.spec_drafts:  # vLLM's mean acceptance length: tokens a verifying step writes, bonus included
-            t.append(f", {1 + v.spec_kept / v.spec_drafts:.2f} tokens a drafted step", style="dim")
     return t
 
 
