@@ -395,3 +395,39 @@ def test_the_scrubbers_marks_stay_put_wherever_the_replay_is():
     here = {line.index("●") for line in lines}  # (the cursor covers a mark)
     marks = [frozenset(i for i, c in enumerate(line) if c in "Px") - here for line in lines]
     assert len(marks[0]) >= 2 and len(set(marks)) == 1
+
+
+async def test_a_replayed_speculation_run_shows_its_drafts_in_the_pane_and_counters(tmp_path):
+    """A recording of a speculating engine, replayed at 120x36: at a step that verified a draft,
+    the selected request's pane marks the draft's tokens kept and rolled back, and the counters
+    say the drafts kept so far, as the recorded snapshot holds them; after going back too."""
+    from tests.test_recording import record_run
+
+    path = tmp_path / "spec.jsonl"
+    record_run(path, "chunked-speculation", aborts=())
+    app = replay_app(path)
+    async with app.run_test(size=(120, 36)) as pilot:
+        steps = []  # (step, a request whose draft it verified): the first two such steps
+        for _ in range(200):
+            snap = app.runner.frame.snapshot
+            drafted = [v for v in snap.requests if v.last_draft and v.last_draft_step == snap.counters.steps]
+            if drafted:
+                steps.append((snap.counters.steps, drafted[0].rid))
+            if len(steps) == 2:
+                break
+            n = snap.counters.steps
+            await pilot.press("n")
+            await until(pilot, lambda: app.runner.frame.snapshot.counters.steps > n, what=f"step {n + 1}")
+        assert len(steps) == 2, "the recorded run should verify drafts in two steps"
+        for s, rid in reversed(steps):  # the later step first, then back to the earlier
+            await goto(pilot, s)
+            app.select(rid)
+            v = app.runner.frame.snapshot.request(rid)
+            marks = "✓" * v.last_kept + "✗" * (v.last_draft - v.last_kept)
+            await until(pilot, lambda: marks in app.query_one("#pane-body").render().plain, what="the draft's marks")
+            assert (
+                f"a draft of {v.last_draft}: {marks} {v.last_kept} kept" in app.query_one("#pane-body").render().plain
+            )
+            c = app.runner.frame.snapshot.counters
+            shown = " ".join(app.query_one("#kv").render().plain.split())
+            assert f"drafts kept {c.spec_accepted_tokens / c.spec_draft_tokens:.0%}" in shown, shown
