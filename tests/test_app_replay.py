@@ -400,7 +400,8 @@ def test_the_scrubbers_marks_stay_put_wherever_the_replay_is():
 async def test_a_replayed_speculation_run_shows_its_drafts_in_the_pane_and_counters(tmp_path):
     """A recording of a speculating engine, replayed at 120x36: at a step that verified a draft,
     the selected request's pane marks the draft's tokens kept and rolled back, and the counters
-    say the drafts kept so far, as the recorded snapshot holds them; after going back too."""
+    say the drafts kept so far, as the recorded snapshot holds them, and the timeline marks the step
+    (its tracks rebuilt from the recording); after going back too."""
     from tests.test_recording import record_run
 
     path = tmp_path / "spec.jsonl"
@@ -431,3 +432,9 @@ async def test_a_replayed_speculation_run_shows_its_drafts_in_the_pane_and_count
             c = app.runner.frame.snapshot.counters
             shown = " ".join(app.query_one("#kv").render().plain.split())
             assert f"drafts kept {c.spec_accepted_tokens / c.spec_draft_tokens:.0%}" in shown, shown
+            track = next(t for t in app.runner.frame.tracks if t.rid == rid)  # the timeline's row marks it
+            assert s in track.draft_steps and all(d <= s for d in track.draft_steps)
+        await pilot.press("t")  # the timeline: the drafted step's cell, and its key
+        panel = app.query_one(TimelinePanel)
+        await until(pilot, lambda: panel.display and "»" in panel.render().plain, what="the timeline's draft mark")
+        assert "»drafted" in panel.render().plain.replace(" ", "")

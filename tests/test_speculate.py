@@ -170,6 +170,8 @@ async def test_the_app_shows_speculation_and_the_acceptance_the_snapshot_holds(m
         assert v.spec_drafts >= 1 and f"{1 + v.spec_kept / v.spec_drafts:.2f} tokens a drafted step" in pane
         grid = app.query_one("#slots").render().plain  # its slot's cell marks the step's draft
         assert f"#{rid:<3}»" in grid, grid
+        track = next(t for t in app.runner.frame.tracks if t.rid == rid)  # and the timeline's row
+        assert v.last_draft_step in track.draft_steps
         await step(pilot, 60)
         await until(pilot, lambda: not app.runner.frame.snapshot.busy, what="the request to finish")
         c = app.runner.frame.snapshot.counters

@@ -51,6 +51,7 @@ class Track:
     chunk_steps: tuple[int, ...] = ()  # steps that computed a prefill chunk (chunked only)
     preempt_steps: tuple[int, ...] = ()
     waits: tuple[tuple[int, str], ...] = ()  # (step, WAIT_REASONS code from that step on; "" = computing)
+    draft_steps: tuple[int, ...] = ()  # steps that verified a speculative draft of it (Timeline.note_drafts)
 
     @property
     def open_span(self) -> Span | None:
@@ -143,6 +144,19 @@ class Timeline:
             spans = _close(t.spans, s + 1, ts)  # the end step still belongs to the span
             return replace(t, spans=spans, end=k, end_step=s, end_s=ts, slot=None)
         return t
+
+    def note_drafts(self, snap) -> None:
+        """The requests whose speculative draft the snapshot's step verified (engine/speculate.py):
+        lifecycle events do not carry drafts, each step's snapshot does (only requests in its batch
+        with more than one token can have had one)."""
+        if not getattr(snap, "speculative", 0):
+            return
+        step = snap.counters.steps
+        for rid, n in snap.batch:
+            t = self._tracks.get(rid) if n > 1 else None
+            v = snap.request(rid) if t is not None else None
+            if v is not None and v.last_draft and v.last_draft_step == step and step not in t.draft_steps[-1:]:
+                self._tracks[rid] = replace(t, draft_steps=t.draft_steps + (step,))
 
     def forget(self, rid: int) -> None:
         """Drop a request's track (the engine forgot the request)."""

@@ -249,6 +249,7 @@ class EngineRunner(CommandLoop):
         self._rate.update(self._snap)
         events = self.engine.pop_lifecycle()
         self._timeline.feed(events)
+        self._timeline.note_drafts(self._snap)
         for ev in events:
             self._log_lifecycle(ev)
         self._record(events)

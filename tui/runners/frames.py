@@ -168,6 +168,8 @@ class FrameBuilder:
             self.timeline.feed(events)
             if self.log_events:
                 self._log_from(events)
+        if "snap" in rec:
+            self.timeline.note_drafts(self.snapshot)
         x = rec.get("x")
         if x:
             for row in x.get("log", ()):

@@ -39,7 +39,7 @@ Log: admissions, prefill chunks (when a prompt takes several steps), preemptions
 Timeline (t): one row per request, one column per engine step (z / Z: more / fewer steps per
   column), the newest step on the right. '░' yellow = queued; '▓' cyan = a prefill chunk computed
   in that step ('░' cyan: admitted, waiting for its next chunk); '◆' = admitted with a prefix-cache
-  hit; '━' green = decoding; 'P' = preempted, then '┄' = waiting to be recomputed; '✓' finished,
+  hit; '━' green = decoding ('»': a step that verified its speculative draft); 'P' = preempted, then '┄' = waiting to be recomputed; '✓' finished,
   '✗' aborted, '!' failed. Waiting, and why (the scheduler's reason): 's' = no free slot, 'k' = the
   KV pool is full, 'b' = the step's token budget is used up. A column of several steps shows the
   most telling of them. It scrolls back over the whole run, in memory: ← / → move through the

@@ -33,6 +33,7 @@ QUEUED = ("░", Style(color=STATE_COLOURS["queued"]), 1)
 WAIT_RECOMPUTE = ("┄", Style(color=STATE_COLOURS["preempted"]), 2)
 PREFILL_WAIT = ("░", Style(color=STATE_COLOURS["prefill"]), 3)
 DECODE = ("━", Style(color=STATE_COLOURS["running"]), 4)
+DRAFTED = ("»", Style(color=STATE_COLOURS["running"], bold=True), 4.5)  # a decode that verified a draft
 PREFILL = ("▓", Style(color=STATE_COLOURS["prefill"], bold=True), 5)
 CACHED_ADMIT = ("◆", Style(color=STATE_COLOURS["prefill"], bold=True), 6)
 PREEMPT = ("P", Style(color=STATE_COLOURS["preempted"], bold=True, reverse=True), 7)
@@ -59,6 +60,7 @@ LEGEND = (
     (PREFILL_WAIT, "between chunks"),
     (CACHED_ADMIT, "cache hit"),
     (DECODE, "decode"),
+    (DRAFTED, "drafted"),
     (PREEMPT, ":preempted"),
     (WAIT_RECOMPUTE, "to recompute"),
     (ENDS["finished"], "done"),
@@ -85,6 +87,8 @@ def paint(track: Track, first: int, last: int, per_col: int, now_step: int) -> l
         put(sp.start_step, end, PHASE_CELLS[sp.phase])
     for a, b, code in track.wait_spans(now_step):
         put(a, b, WAIT_CELLS.get(code, QUEUED))
+    for s in track.draft_steps:
+        put(s, s, DRAFTED)
     for s in track.chunk_steps:
         put(s, s, PREFILL)
     for s, cached in track.admissions:
