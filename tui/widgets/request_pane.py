@@ -193,7 +193,10 @@ class RequestPane(Vertical):
             body.append("  [aborted]", style=STATE_STYLES["aborted"])
         elif v.state == "failed":
             body.append(f"  [failed: {v.error}]", style=STATE_STYLES["failed"])
-        acc = accounting_text(v, max(20, self.query_one("#pane-body").size.width or self.size.width - 1))
+        # (2 columns kept for the scrollbar a long text brings, which narrows the body after this
+        # render: the line must not break inside a figure when it does)
+        width = (self.query_one("#pane-body").size.width or self.size.width - 1) - 2
+        acc = accounting_text(v, max(20, width))
         if acc is not None:
             body.append_text(acc)
         if step_line:
