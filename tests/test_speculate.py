@@ -407,3 +407,22 @@ def test_a_failing_proposer_costs_its_drafts_not_the_step_and_a_tight_budget_cut
         widest = max(widest, sum(n for _, n in eng.snapshot().batch))
     assert [eng.results.pop(r).tokens for r in rids] == solo
     assert eng.stats.spec_drafts > 0 and widest == 5  # two decodes and 3 draft tokens, never more
+
+
+def test_tinyllm_bench_says_what_each_speculating_paths_drafts_did():
+    """Under its table, bench names the proposer, the drafts kept and the mean accepted length of
+    each token-budget path, or why it drafted nothing; without --speculative-config, nothing."""
+    from tinyllm.bench.report import speculation_lines
+
+    figures = {"spec_drafts": 78, "spec_draft_tokens": 155, "spec_accepted_tokens": 99}
+    report = {
+        "speculative": {"num_speculative_tokens": 2, "speculative_model": "tinyllm-shakespeare-draft"},
+        "paths": {"static": {}, "continuous-chunked": figures, "continuous-chunked-nocache": {"spec_draft_tokens": 0}},
+    }
+    first, second = speculation_lines(report, "paths")
+    assert first == (
+        "continuous-chunked: speculation by the draft model tinyllm-shakespeare-draft, k=2: drafts kept 99 of "
+        "155 tokens (64%) in 78 drafts, 2.27 tokens a drafted step"
+    )
+    assert "nothing drafted (off in steps of 4 decoding sequences or more;" in second
+    assert speculation_lines({**report, "speculative": None}, "paths") == []

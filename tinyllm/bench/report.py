@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING
 
 from tinyllm.bench.quiet import warning
+from tinyllm.config import EngineConfig
 from tinyllm.units import count, duration
 
 if TYPE_CHECKING:
@@ -188,6 +189,37 @@ def _kv_read(anatomy: dict) -> str:
     )
 
 
+def speculation_lines(report: dict, table: str) -> list[str]:
+    """With --speculative-config: what each token-budget path's drafts did (engine/speculate.py),
+    or that it drafted nothing (off from disable_by_batch_size decoding sequences)."""
+    spec = report.get("speculative")
+    if not spec:
+        return []
+    who = f"the draft model {spec['speculative_model']}" if spec.get("speculative_model") else "n-gram lookup"
+    lines = []
+    for path, s in report[table].items():
+        if not path.startswith("continuous-chunked"):
+            continue
+        drafted, kept, drafts = s.get("spec_draft_tokens", 0), s.get("spec_accepted_tokens", 0), s.get("spec_drafts", 0)
+        lines.append(
+            f"{path}: speculation by {who}, k={spec['num_speculative_tokens']}: "
+            + (
+                f"drafts kept {kept:,} of {drafted:,} tokens ({kept / drafted:.0%}) in {drafts:,} drafts, "
+                f"{1 + kept / drafts:.2f} tokens a drafted step"
+                if drafted
+                else f"nothing drafted ({why_no_drafts(spec)})"
+            )
+        )
+    return lines
+
+
+def why_no_drafts(spec: dict) -> str:
+    """Why a speculating path may draft nothing: its batch, or its requests."""
+    off = spec.get("speculative_disable_by_batch_size", EngineConfig.speculative_disable_by_batch_size)
+    batch = f"off in steps of {off} decoding sequences or more; " if off is not None else ""
+    return f"{batch}drafted are greedy and unseeded sampled requests without penalties or logprobs"
+
+
 def print_report(console: Console, report: dict) -> None:
     paths = report["paths"]
     console.print(
@@ -231,6 +263,8 @@ def print_report(console: Console, report: dict) -> None:
     )
     for t in path_tables(console, report):
         console.print(t)
+    for line in speculation_lines(report, "paths"):
+        console.print(line)
     if report.get("slo_judged"):
         target = f"--slo {report['slo']}" if report.get("slo") else "the workload lines' own SLOs"
         console.print(
@@ -253,6 +287,8 @@ def print_report(console: Console, report: dict) -> None:
         )
         for t in path_tables(console, report, "paths_equal_slots"):
             console.print(t)
+        for line in speculation_lines(report, "paths_equal_slots"):
+            console.print(line)
     for key, what in (
         ("decode_step", "decode step (slot KV)"),
         ("decode_step_chunked", "chunked step, all decoding"),

@@ -295,6 +295,7 @@ def run_bench(args) -> dict:
         "kernels": kernels_for(device, kv_cache_dtype(device, args.kv_cache_dtype)),  # every tinyllm path's
         "slo": None if args.slo is None else str(args.slo),  # (a workload line's own: per request)
         "slo_judged": any(slos),
+        "speculative": getattr(args, "speculative_config", None) or None,  # the engine settings it gave
         "slots": args.slots,
         "batch": args.batch,
         "memory": {
