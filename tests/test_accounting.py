@@ -85,7 +85,6 @@ async def test_the_pane_shows_a_finished_requests_accounting():
         assert v.state == "finished" and v.admitted_s is not None and v.admitted_s >= v.arrival_s
         body = app.query_one(RequestPane).query_one("#pane-body").render()
         text = str(getattr(body, "plain", body))
-        width = app.query_one(RequestPane).query_one("#pane-body").size.width  # (it breaks between figures)
-        want = accounting_text(v, width).plain.strip()
+        want = accounting_text(v, app.query_one(RequestPane).accounting_width()).plain.strip()
         assert want.startswith("── queue") and "total" in want and want in text
         assert app.query_one(RequestPane).body_text == "ROMEO:\n" + app.runner.frame.texts[v.rid]  # text only

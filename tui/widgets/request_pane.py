@@ -157,6 +157,12 @@ class RequestPane(Vertical):
         """The plain text shown (prompt + generation), for tests and copy-out."""
         return self._plain
 
+    def accounting_width(self) -> int:
+        """The width the accounting line is broken at: the body's, less 2 columns kept for the
+        scrollbar a long text brings (it narrows the body after this render, and the line must
+        not then break inside a figure)."""
+        return max(20, (self.query_one("#pane-body").size.width or self.size.width - 1) - 2)
+
     def show(self, frame: Frame, rid: int | None, missing: str = "does not exist at this step") -> None:
         """Show request ``rid`` as ``frame`` has it; when the frame has no such request (none
         selected, a replay before its arrival, a server that restarted), say so: the pane never
@@ -193,10 +199,7 @@ class RequestPane(Vertical):
             body.append("  [aborted]", style=STATE_STYLES["aborted"])
         elif v.state == "failed":
             body.append(f"  [failed: {v.error}]", style=STATE_STYLES["failed"])
-        # (2 columns kept for the scrollbar a long text brings, which narrows the body after this
-        # render: the line must not break inside a figure when it does)
-        width = (self.query_one("#pane-body").size.width or self.size.width - 1) - 2
-        acc = accounting_text(v, max(20, width))
+        acc = accounting_text(v, self.accounting_width())
         if acc is not None:
             body.append_text(acc)
         if step_line:
