@@ -12,20 +12,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import platform
 
 import torch
 
+from tinyllm.machine import cpu_name
 from tinyllm.model.checkpoint import load_checkpoint
 from tinyllm.race.calibrate import REFERENCE, calibrate
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 def main() -> None:

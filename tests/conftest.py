@@ -91,6 +91,10 @@ BUDGET_S = 15.0
 
 
 def pytest_terminal_summary(terminalreporter):
+    # Which machine the times above are from: CI's log is read where the machine is not known.
+    from tinyllm.machine import describe
+
+    terminalreporter.write_sep("-", f"ran on {describe()}")
     over = [
         r
         for outcome in ("passed", "failed")

@@ -19,7 +19,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from tinyllm import cli
+from tinyllm import cli, machine
 from tinyllm.bench import COLUMNS, print_report, quiet
 from tinyllm.engine import commit, sampler
 
@@ -304,3 +304,10 @@ def test_the_bench_says_every_tinyllm_path_runs_the_same_kernels(tiny_bench):
     out, _, report = tiny_bench
     assert report["kernels"] == kernels_for("cpu", torch.float32)
     assert f"Every tinyllm path runs one forward ({report['kernels']}" in " ".join(out.split())
+
+
+def test_the_report_names_the_cpu_its_figures_are_from(tiny_bench):
+    """Figures are one machine's: the header names its CPU (platform.processor() said "x86_64")."""
+    out, _, report = tiny_bench
+    assert report["machine"]["processor"] == machine.cpu_name() and report["machine"]["cpu_count"] == machine.cores()
+    assert f"cpu × 1 thread on {machine.cpu_name()}" in " ".join(out.split()[:40])

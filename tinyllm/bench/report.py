@@ -226,6 +226,7 @@ def print_report(console: Console, report: dict) -> None:
         f"[bold]tinyllm bench[/] — {report['model']['name']} ({report['model']['params'] / 1e6:.1f}M params), "
         f"{report['workload']}, {report['slots']} slots / batch {report['batch']}, "
         f"{report['machine']['device']} × {count(report['machine']['torch_threads'], 'thread')}"
+        + (f" on {report['machine']['processor']}" if report["machine"].get("processor") else "")
     )
     busy = warning(
         report["machine"].get("others_cpu_share"),

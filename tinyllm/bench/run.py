@@ -11,7 +11,6 @@ alone take on this machine (the practical limit).
 from __future__ import annotations
 
 import json
-import os
 import platform
 import sys
 import tempfile
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from tinyllm import native
+from tinyllm import machine, native
 from tinyllm.bench import quiet
 from tinyllm.bench.anatomy import decode_anatomy, peak_gflops
 from tinyllm.bench.goodput import path_slo, request_slos
@@ -281,8 +280,8 @@ def run_bench(args) -> dict:
     report = {
         "machine": {
             "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
+            "processor": machine.cpu_name(),
+            "cpu_count": machine.cores(),
             "torch_threads": torch.get_num_threads(),
             "device": device,
             "torch": torch.__version__,

@@ -24,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tinyllm.machine import cpuinfo
+
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent.parent / "csrc"
@@ -149,18 +151,7 @@ def _machine_id(cc: str) -> str:
         ).stdout.split("\n")[0]
     except (OSError, subprocess.SubprocessError):
         version = "?"
-    flags = ""
-    try:
-        flags = next(
-            (
-                line
-                for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
-                if line.startswith(("flags", "Features"))
-            ),
-            "",
-        )
-    except OSError:
-        pass
+    flags = cpuinfo("flags", "Features")
     return " ".join([version, flags or platform.processor(), platform.machine(), sys.platform])
 
 

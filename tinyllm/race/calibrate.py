@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from tinyllm.config import EngineConfig
+from tinyllm.machine import cpu_name
 from tinyllm.race.cost import CHOICES, CostModel, PassWork, fit, fit_error
 
 MIN_ROUNDS, MAX_ROUNDS = 3, 12
@@ -55,13 +56,15 @@ def profile_key(model) -> str:
     and version, the CPU (a profile is this machine's) and the forward's version."""
     cfg = model.cfg
     p = next(model.parameters())
-    cpu = ""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            cpu = next((line for line in f if line.startswith("model name")), "")
-    except OSError:
-        pass
-    parts = [repr(cfg), str(p.dtype), str(p.device), str(torch.get_num_threads()), torch.__version__, cpu, FORWARD]
+    parts = [
+        repr(cfg),
+        str(p.dtype),
+        str(p.device),
+        str(torch.get_num_threads()),
+        torch.__version__,
+        cpu_name(),
+        FORWARD,
+    ]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
