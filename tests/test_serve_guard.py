@@ -13,7 +13,11 @@ from tinyllm.serve.guard import Exposure, host_name
 
 ROUTES = [  # every route a page could use to act or to read
     ("POST", "/v1/completions", {"model": SERVED_MODEL, "prompt": "ROMEO:", "max_tokens": 2}),
-    ("POST", "/v1/chat/completions", {"model": SERVED_MODEL, "messages": [{"role": "user", "content": "hi"}]}),
+    (
+        "POST",
+        "/v1/chat/completions",
+        {"model": SERVED_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    ),
     ("POST", "/tokenize", {"prompt": "ROMEO:"}),
     ("POST", "/detokenize", {"tokens": [1, 2]}),
     ("POST", "/v1/tinyllm/abort", {"rid": 0}),
