@@ -210,5 +210,5 @@ def check_session(parser, a) -> None:
             parser.error(f"--prompts: {e}")
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # (the command, tinyllm-tui, is tui.launch: it keeps a typed Enter first)
     sys.exit(main())
