@@ -248,6 +248,21 @@ def test_replay_plays_to_the_end_and_stops(tmp_path):
     assert r.at_end and r.paused and r.frame.snapshot.counters.steps == r.last_step
 
 
+def test_a_step_back_or_on_while_playing_pauses_there(tmp_path):
+    """`b` while a replay played did nothing: it stepped back and the next tick stepped on again.
+    A frame step pauses, as a video player's does."""
+    path = tmp_path / "run.jsonl"
+    record_run(path, "slots", aborts=())
+    r = ReplayRunner(path, paused=False, step_delay_ms=0)
+    for cmd, step in ((StepBack(), 9), (StepOnce(), 11)):
+        r.apply(SeekStep(10))
+        if r.paused:
+            r.apply(TOGGLE_PAUSED)  # playing again
+        assert not r.paused
+        r.apply(cmd)
+        assert r.paused and r.step == step and r.frame.snapshot.counters.steps == step
+
+
 def _events(path) -> list[LifecycleEvent]:
     from tinyllm.observe.recording import decode_event
 

@@ -132,10 +132,9 @@ class ReplayRunner(RunnerDefaults):
             self.paused = cmd.after(self.paused)
             if not self.paused and self.at_end:  # play again from the start
                 self._seek(self._last_of(self.steps[0]) if self.steps else -1)
-        elif isinstance(cmd, StepOnce):
-            self._seek(self._last_of(self._next_step(+1)))
-        elif isinstance(cmd, StepBack):
-            self._seek(self._last_of(self._next_step(-1)))
+        elif isinstance(cmd, (StepOnce, StepBack)):  # a frame step pauses, as a video player's does
+            self.paused = True  # (while playing, the next tick undid a step back at once)
+            self._seek(self._last_of(self._next_step(+1 if isinstance(cmd, StepOnce) else -1)))
         elif isinstance(cmd, SeekStep):
             self._seek(self._last_of(cmd.step))
         elif isinstance(cmd, JumpEvent):
