@@ -84,3 +84,9 @@ async def test_an_idle_engines_slots_show_free_and_a_paused_step_keeps_its_news(
         await until(pilot, lambda: not app.runner.frame.paused, what="the engine to run")
         await until(pilot, lambda: "✓ done" not in grid.render().plain, what="the slot to show free")
         assert grid.render().plain.count("free") == app.runner.frame.snapshot.n_slots
+        idle_step = app.runner.frame.snapshot.counters.steps
+        await pilot.press("space")  # paused at the same step: the screen stays as it was
+        await until(pilot, lambda: app.runner.frame.paused, what="the pause")
+        assert app.runner.frame.snapshot.counters.steps == idle_step
+        assert "✓ done" not in grid.render().plain
+        assert grid.render().plain.count("free") == app.runner.frame.snapshot.n_slots

@@ -135,6 +135,7 @@ class TinyLLMApp(PanesLayout, ViewKeys, LogFeed, KeyPolicy, LiveView, RequestKey
         # user moves it (back on the newest, or a prompt sent: again)
         self._last_log: LogEntry | None = None  # the newest event-log entry shown
         self._flags: dict[int, tuple[str, int]] = {}
+        self._idle_at_step: int | None = None  # the step an engine went idle at, running (log_feed.py)
         self._pacer = FramePacer(max_hz=REFRESH_HZ)
         self._publish_s = 0.0
         self.frames_drawn = 0

@@ -9,19 +9,24 @@ from tui.widgets.event_log import EventLog
 
 
 class LogFeed:
-    """Needs the app's ``replay``, ``remote``, ``ACTIVE``, ``_flags``, ``_last_log``, ``notify``
-    and ``query_one``."""
+    """Needs the app's ``replay``, ``remote``, ``ACTIVE``, ``_flags``, ``_idle_at_step``,
+    ``_last_log``, ``notify`` and ``query_one``."""
 
     def _update_flags(self, frame: Frame) -> None:
         """Slots that changed in the latest step, from the event log (admit / finish / preempt / abort).
         A live engine gone idle (nothing queued, running or to arrive, not paused) has none: its
         slots are free ('#9 ✓ done' stayed in a free slot until the next request). Paused, the
-        latest step's changes stay: stepping by hand, they are the news."""
+        latest step's changes stay: stepping by hand, they are the news; pausing an engine that
+        went idle running changes nothing on screen (it showed '#9 ✓ done' again)."""
         snap = frame.snapshot
         self._flags = {}
         idle = not (frame.pending_arrivals or any(v.state in self.ACTIVE for v in snap.requests))
-        if idle and not frame.paused and not self.replay:
-            return
+        if idle and not self.replay:
+            if not frame.paused:
+                self._idle_at_step = snap.counters.steps
+                return
+            if self._idle_at_step == snap.counters.steps:  # paused after it went idle: no news
+                return
         for e in frame.log[-4 * snap.n_slots :]:
             recent = e.step == snap.counters.steps  # what the latest step did
             if recent and e.slot is not None and e.kind in ("admit", "finish", "preempt", "abort"):
