@@ -224,6 +224,9 @@ def test_replay_steps_back_and_forth_across_a_preemption_and_jumps(tmp_path):
     for _ in range(len(moments) + 2):
         r.apply(JumpEvent(pre.rid, +1))
         seen.append(r.step)
+        jumped = r.frame
+        r.apply(SeekStep(r.step))  # g to the same step shows the same (] showed a record mid-step)
+        assert r.frame.snapshot == jumped.snapshot and r.frame.texts == jumped.texts
     assert seen[: len(moments)] == moments and seen[-1] == moments[-1]
     r.apply(JumpEvent(pre.rid, -1))
     assert r.step == moments[-2]
@@ -246,6 +249,31 @@ def test_replay_plays_to_the_end_and_stops(tmp_path):
     r.stop()
     t.join(timeout=5)
     assert r.at_end and r.paused and r.frame.snapshot.counters.steps == r.last_step
+
+
+def test_a_jump_shows_its_step_as_g_does_when_a_prompt_came_in_that_step(tmp_path):
+    """A prompt submitted after a step is recorded at that step, after the step's own record: ]
+    to #0's end showed the step without it (queue 0), g to the same step with it (queue 1)."""
+    model, tok = bundled()
+    eng = ContinuousEngine(model, 2, 128, generator=torch.Generator().manual_seed(0), **CONFIGS["slots"])
+    path = tmp_path / "run.jsonl"
+    r = EngineRunner(eng, tok, paused=True, recorder=FrameRecorder(path, eng.snapshot(), "bundled", "nowhere", {}))
+    for prompt in ("ROMEO:", "JULIET:"):  # the second sent once the first has ended, in its last step
+        r._submit(prompt, None, RequestSettings(Sampling(temperature=0.0), 4, True))
+        r._publish()
+        while eng.has_work():
+            r._apply(StepOnce())
+            r._publish()
+    r.stop()
+    r.run()
+    replay = ReplayRunner(path, paused=True)
+    end = max(s for s, k in replay.events_of(0) if k == "finished")
+    replay.apply(JumpEvent(0, +1))
+    while replay.step < end:
+        replay.apply(JumpEvent(0, +1))
+    jumped = replay.frame
+    replay.apply(SeekStep(end))
+    assert jumped.snapshot == replay.frame.snapshot and len(jumped.snapshot.requests) == 2
 
 
 def test_a_step_back_or_on_while_playing_pauses_there(tmp_path):

@@ -137,8 +137,9 @@ class ReplayRunner(RunnerDefaults):
             self._seek(self._last_of(self._next_step(+1 if isinstance(cmd, StepOnce) else -1)))
         elif isinstance(cmd, SeekStep):
             self._seek(self._last_of(cmd.step))
-        elif isinstance(cmd, JumpEvent):
-            self._seek(self._event_index(cmd.rid, cmd.direction))
+        elif isinstance(cmd, JumpEvent):  # to the step of the event, as g would show it (its last record)
+            i = self._event_index(cmd.rid, cmd.direction)
+            self._seek(self._last_of(self.steps[i]) if 0 <= i < len(self.steps) else i)
         elif isinstance(cmd, SetDelay):
             self.step_delay_ms = max(0, min(MAX_DELAY_MS, int(cmd.ms)))
         self._publish()  # other commands do not apply to a replay
