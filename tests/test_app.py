@@ -638,6 +638,8 @@ async def test_help_screen_lists_every_key():
         rows = dict(app.screen.rows())
         whats = [what for _, what in app.screen.rows()]
         assert len(whats) == len(set(whats)), whats  # one row per action, with all its keys
+        assert len(rows) == len(whats)  # and one per key: p was listed twice, by its binding and its words
+        assert rows["p"].startswith("the panes view") and rows["ctrl+p"].startswith("the command palette")
         assert rows["f5 / space"] == "Pause/resume"
         assert rows["q / ctrl+c / ctrl+q"] == "Quit"
         for keys, what in [

@@ -352,3 +352,17 @@ async def test_the_help_states_how_much_history_is_kept():
         how = app.screen.how_to_read[1]
         assert f"last {HISTORY:,} events in memory" in " ".join(how.split())
         assert f"newest {ROWS_KEPT:,} requests" in " ".join(how.split())
+
+
+def test_the_helps_words_are_paragraphs_the_box_wraps():
+    """The source keeps to 100 columns with two-space continuation lines; shown as written, a
+    narrower help box wrapped each line again ('…Ctrl+J starts a new line, ↑' / 'in an empty
+    editor brings back' / 'the prompts sent before.')."""
+    from tui.screens.modals import HOW_TO_READ, paragraphs
+
+    text = paragraphs("Keys: one\n  two\nThe same: three\n")
+    assert text.plain == "Keys: one two\nThe same: three"
+    assert [text.plain[s.start : s.end] for s in text.spans] == ["Keys: ", "The same: "]  # labels bold
+    shown = paragraphs(HOW_TO_READ).plain.splitlines()
+    assert shown[0].startswith("Keys: the app starts") and "Ctrl+J starts a new line, ↑ in an empty editor" in shown[0]
+    assert len(shown) == sum(not line.startswith("  ") for line in HOW_TO_READ.splitlines())

@@ -89,7 +89,10 @@ class HelpScreen(ModalScreen[None]):
                     shown.append(key)
                 if len(b.description) > len(what.get(b.action, "")):
                     what[b.action] = b.description
-        return [(" / ".join(k), what[action]) for action, k in keys.items()] + list(self.extra)
+        rows = {" / ".join(k): what[action] for action, k in keys.items()}
+        for k, words in self.extra:  # an extra row for keys a binding has says it more fully: one row
+            rows[k] = words
+        return list(rows.items())
 
     def compose(self) -> ComposeResult:
         keys = Table(show_header=True, header_style="bold", box=None, padding=(0, 2))
@@ -101,8 +104,30 @@ class HelpScreen(ModalScreen[None]):
             yield Static(Text(self.title_text, style="bold"))
             yield Static(keys)
             yield Static(Text("\n" + self.how_to_read[0], style="bold"))
-            yield Static(Text(self.how_to_read[1]))
+            yield Static(paragraphs(self.how_to_read[1]))
             yield Static(Text("\nesc to close", style="dim"))
+
+
+def paragraphs(text: str) -> Text:
+    """The help's words as paragraphs the box wraps to its width, each one's label in bold. In the
+    source a line that starts with two spaces goes on with the paragraph above (it keeps to 100
+    columns); shown as written, a box narrower than that wrapped every line again, raggedly."""
+    paras: list[str] = []
+    for line in text.strip("\n").splitlines():
+        if line.startswith("  ") and paras:
+            paras[-1] += " " + line.strip()
+        else:
+            paras.append(line.strip())
+    out = Text()
+    for i, para in enumerate(paras):
+        label, colon, rest = para.partition(": ")
+        out.append("\n" if i else "")
+        if colon and len(label) <= 40:
+            out.append(label + colon, style="bold")
+            out.append(rest)
+        else:
+            out.append(para)
+    return out
 
 
 def pretty_keys(keys: str) -> str:

@@ -124,6 +124,7 @@ class ViewKeys:
             self._close_help()
             keys = [b for b in self.BINDINGS if self._applies(b.action)]
             move = ("↑ / ↓ · PgUp / PgDn · Home / End", "select a request (Requests list or timeline)")
+            palette = ("ctrl+p", "the command palette: every action by name, with its keys")
             back = (
                 (
                     "← / → (timeline)",
@@ -134,7 +135,7 @@ class ViewKeys:
                     f"scroll the event log (e, Tab or a click: it keeps the last {HISTORY:,} events); End follows",
                 ),
             )
-            extra = (move, *back, *self.HELP_EXTRA) if self.replay else (move, *back, *self.HELP_EXTRA, *EDITOR_KEYS)
+            extra = (move, *back, *self.HELP_EXTRA, palette) + (() if self.replay else EDITOR_KEYS)
             self.push_screen(
                 HelpScreen(keys, how_to_read=("How to read the screen", HOW_TO_READ + self.HELP_TEXT), extra=extra)
             )
