@@ -366,3 +366,25 @@ def test_the_helps_words_are_paragraphs_the_box_wraps():
     shown = paragraphs(HOW_TO_READ).plain.splitlines()
     assert shown[0].startswith("Keys: the app starts") and "Ctrl+J starts a new line, ↑ in an empty editor" in shown[0]
     assert len(shown) == sum(not line.startswith("  ") for line in HOW_TO_READ.splitlines())
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)])
+async def test_the_settings_and_load_dialogs_fit_whole(size):
+    """At 80x24 the settings' buttons lost their bottom edge (the box was taller than the screen),
+    and the load dialog's hint was cut mid-sentence."""
+    from textual.widgets import Button, Input
+
+    from tui.screens.picker import PromptPicker
+    from tui.screens.settings import SettingsScreen
+
+    app = make_app("paged", slots=8, kv_blocks=32, budget=256)  # the engine's line takes three rows at 80x24
+    async with app.run_test(size=size) as pilot:
+        await pilot.press("escape", "f2")
+        await until(pilot, lambda: isinstance(app.screen, SettingsScreen), what="the settings")
+        box = app.screen.query_one("#settings-box").content_region
+        for button in app.screen.query(Button):
+            assert box.contains_region(button.region), (button.id, button.region, box)
+        await pilot.press("escape", "f3")
+        await until(pilot, lambda: isinstance(app.screen, PromptPicker), what="the load dialog")
+        path = app.screen.query_one("#picker-path", Input)
+        assert len(path.placeholder) <= path.content_region.width, path.placeholder

@@ -61,7 +61,7 @@ class PromptPicker(ModalScreen["LoadedWorkload | None"]):
         with Vertical(id="picker-box"):
             yield Label("Load a prompt workload (JSONL)", id="picker-title")
             yield OrderedInput(
-                placeholder="type a path to a .jsonl file (or a bundled name) and press Enter",
+                placeholder="a .jsonl file's path or a bundled name, then Enter",
                 id="picker-path",
                 select_on_focus=False,
             )  # (a letter from the list: added to)
