@@ -309,5 +309,5 @@ def test_the_bench_says_every_tinyllm_path_runs_the_same_kernels(tiny_bench):
 def test_the_report_names_the_cpu_its_figures_are_from(tiny_bench):
     """Figures are one machine's: the header names its CPU (platform.processor() said "x86_64")."""
     out, _, report = tiny_bench
-    assert report["machine"]["processor"] == machine.cpu_name() and report["machine"]["cpu_count"] == machine.cores()
+    assert report["machine"]["processor"] == machine.cpu_name()
     assert f"cpu × 1 thread on {machine.cpu_name()}" in " ".join(out.split()[:40])

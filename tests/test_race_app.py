@@ -279,6 +279,7 @@ async def test_race_keys_pause_step_speed_restart_and_help():
         await pilot.press("question_mark")
         await until(pilot, lambda: isinstance(app.screen, HelpScreen))
         assert ("r", "Run again") in app.screen.rows()
+        assert dict(app.screen.rows())["ctrl+p"].startswith("the command palette")
         assert "Back to the app" not in [what for _, what in app.screen.rows()]  # (no app to go back to)
         await pilot.press("escape")
         await until(pilot, lambda: isinstance(app.screen, RaceScreen))

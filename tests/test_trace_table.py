@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_app import make_app, no_unexpected_errors, submit_and_step, until  # noqa: F401
+from tests.test_app import make_app, no_unexpected_errors, submit, submit_and_step, until  # noqa: F401
 from tests.test_recording import record_run
 from tinyllm.cli import main
 from tinyllm.observe.trace import WAIT_SHORT
@@ -90,3 +90,6 @@ async def test_an_idle_engines_slots_show_free_and_a_paused_step_keeps_its_news(
         assert app.runner.frame.snapshot.counters.steps == idle_step
         assert "✓ done" not in grid.render().plain
         assert grid.render().plain.count("free") == app.runner.frame.snapshot.n_slots
+        await submit(pilot, "JULIET:")  # queued at the same step, paused: still no old news
+        await until(pilot, lambda: len(app.runner.frame.snapshot.requests) == 2, what="the queued prompt")
+        assert app.runner.frame.snapshot.counters.steps == idle_step and "✓ done" not in grid.render().plain

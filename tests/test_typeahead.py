@@ -1,12 +1,16 @@
 """A prompt typed and sent before the app has the terminal (tui/typeahead.py): the terminal keeps
 its Enter as a carriage return (with ICRNL it became a line feed, which the editor took for
-Ctrl+J, a new line: the prompt sat unsent), and its settings come back as they were."""
+Ctrl+J, a new line: the prompt sat unsent) and does not echo it, and its settings come back as
+they were; a background job leaves them alone (changing them would stop it)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import select
+import subprocess
+import sys
 import termios
 import tty
 
@@ -24,7 +28,11 @@ def typed_before_raw_mode(keys: bytes, keep_enter: bool) -> bytes:
             attrs = termios.tcgetattr(slave)
             attrs[0] |= termios.ICRNL  # a terminal as a shell leaves it
             termios.tcsetattr(slave, termios.TCSANOW, attrs)
-            with enter_stays_enter(stream) if keep_enter else open(os.devnull) as _:
+            with enter_stays_enter(stream) if keep_enter else contextlib.nullcontext():
+                inside = termios.tcgetattr(slave)
+                assert bool(inside[0] & termios.ICRNL) != keep_enter and bool(inside[3] & termios.ECHO) != keep_enter
+                inside[3] |= termios.ECHO  # (echo on, to see when the terminal has taken the keys in)
+                termios.tcsetattr(slave, termios.TCSANOW, inside)
                 os.write(master, keys)  # typed while the app loads
                 echoed = b""  # the terminal has taken them in once it has echoed them all
                 while len(echoed) < len(keys) and select.select([master], [], [], 2)[0]:
@@ -46,6 +54,19 @@ def test_enter_typed_while_the_app_starts_stays_enter():
     assert typed_before_raw_mode(b"ROMEO:\r", keep_enter=True) == b"ROMEO:\r"
 
 
+def test_a_background_job_leaves_the_terminal_alone(monkeypatch):
+    """tinyllm-tui --web & must not stop on SIGTTOU for changing a terminal it does not own."""
+    master, slave = os.openpty()
+    try:
+        before = termios.tcgetattr(slave)
+        monkeypatch.setattr(os, "tcgetpgrp", lambda fd: os.getpgrp() + 1)  # another job in the foreground
+        with enter_stays_enter(os.fdopen(slave, "rb", buffering=0, closefd=False)):
+            assert termios.tcgetattr(slave) == before
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
 @pytest.mark.parametrize("stream", [io.StringIO(), None])
 def test_without_a_terminal_nothing_is_touched(stream, monkeypatch):
     if stream is None:  # stdin closed, as under some process managers
@@ -65,6 +86,9 @@ def test_the_command_keeps_enter_before_it_imports_the_app(monkeypatch):
 
     project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
     assert project["project"]["scripts"]["tinyllm-tui"] == "tui.launch:main"
+    loaded = "import sys, tui.launch; print(sorted(m for m in ('tui.cli', 'textual', 'torch') if m in sys.modules))"
+    r = subprocess.run([sys.executable, "-c", loaded], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr  # (a fresh interpreter: this one has them)
     master, slave = os.openpty()
     try:
         attrs = termios.tcgetattr(slave)

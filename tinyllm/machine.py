@@ -19,7 +19,7 @@ def cpuinfo(*keys: str) -> str:
     for line in text.splitlines():
         key, sep, value = line.partition(":")
         if sep and key.strip() in keys:
-            return value.strip()
+            return " ".join(value.split())  # (older Intel names pad with runs of spaces)
     return ""
 
 
@@ -28,8 +28,9 @@ def cpu_name() -> str:
     return cpuinfo("model name") or platform.processor() or platform.machine()
 
 
-def cores() -> int:
-    """The cores this process may run on (a container's share, not the host's count)."""
+def cpus() -> int:
+    """The logical CPUs this process may run on: its affinity mask (a cpuset's, where a container
+    has one; a CPU quota such as docker --cpus does not show here)."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -37,9 +38,9 @@ def cores() -> int:
 
 
 def describe() -> str:
-    """One line: "AMD EPYC 7B13, 2 cores (AVX2)" — the vector width matters to the C kernels."""
+    """One line: "AMD EPYC 7B13, 2 CPUs (AVX2)" — the vector width matters to the C kernels."""
     flags = cpuinfo("flags", "Features").split()
     isa = next(
         (name for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("asimd", "NEON")) if flag in flags), ""
     )
-    return f"{cpu_name()}, {cores()} cores" + (f" ({isa})" if isa else "")
+    return f"{cpu_name()}, {cpus()} CPUs" + (f" ({isa})" if isa else "")

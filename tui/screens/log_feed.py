@@ -16,16 +16,20 @@ class LogFeed:
         """Slots that changed in the latest step, from the event log (admit / finish / preempt / abort).
         A live engine gone idle (nothing queued, running or to arrive, not paused) has none: its
         slots are free ('#9 ✓ done' stayed in a free slot until the next request). Paused, the
-        latest step's changes stay: stepping by hand, they are the news; pausing an engine that
-        went idle running changes nothing on screen (it showed '#9 ✓ done' again)."""
+        latest step's changes stay: stepping by hand, they are the news. The step an engine went
+        idle at, running, has no news after that, whatever comes next at that step (a pause, a
+        prompt queued): '#9 ✓ done' came back on screen."""
         snap = frame.snapshot
+        steps = snap.counters.steps
         self._flags = {}
+        if self._idle_at_step is not None and steps < self._idle_at_step:
+            self._idle_at_step = None  # another run: a restarted server counts from 0
         idle = not (frame.pending_arrivals or any(v.state in self.ACTIVE for v in snap.requests))
-        if idle and not self.replay:
-            if not frame.paused:
-                self._idle_at_step = snap.counters.steps
+        if not self.replay:
+            if idle and not frame.paused:
+                self._idle_at_step = steps
                 return
-            if self._idle_at_step == snap.counters.steps:  # paused after it went idle: no news
+            if self._idle_at_step == steps:
                 return
         for e in frame.log[-4 * snap.n_slots :]:
             recent = e.step == snap.counters.steps  # what the latest step did

@@ -46,8 +46,9 @@ Timeline (t): one row per request, one column per engine step (z / Z: more / few
   steps (back to step 0; scrolled back, the window stays on its steps), ↑ / ↓ through the
   rows of the newest 10,000 requests (each row drawn from its request's life, whatever its length).
 Replay (tinyllm-tui --replay FILE): the same screen as it was at any step of a recording. space
-  plays / pauses, n / . one step on, b / , one back, g goes to a step, ] / [ to the selected
-  request's next / previous admission, preemption or end; + / - set the speed. The scrubber line
+  plays / pauses, n / . one step on, b / , one back (either pauses it there), g goes to a step,
+  ] / [ to the selected request's next / previous admission, preemption, abort or end; + / -
+  set the speed. The scrubber line
   at the bottom shows where you are ('P' marks steps with preemptions, 'x' with aborts).
 Attached (tinyllm-tui --attach URL): to tinyllm serve, every panel is the server's engine (all
   clients' requests); typed prompts go to its /v1/completions; x aborts this app's requests, and
@@ -106,6 +107,9 @@ class HelpScreen(ModalScreen[None]):
             yield Static(Text("\n" + self.how_to_read[0], style="bold"))
             yield Static(paragraphs(self.how_to_read[1]))
             yield Static(Text("\nesc to close", style="dim"))
+
+
+PALETTE_KEY = ("ctrl+p", "the command palette: every action by name, with its keys")  # (Textual's own binding)
 
 
 def paragraphs(text: str) -> Text:

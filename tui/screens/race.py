@@ -23,7 +23,7 @@ from tui.runners.child import ChildRunner
 from tui.runners.interface import SetPaused
 from tui.runners.race import RaceFrame, RaceSpec, Restart, race_workload
 from tui.screens.live import FramePacer, LiveView
-from tui.screens.modals import HelpScreen
+from tui.screens.modals import PALETTE_KEY, HelpScreen
 from tui.widgets.deferred import deferred, guarded
 from tui.widgets.finish_line import FinishLine
 from tui.widgets.footer import FittedFooter
@@ -300,7 +300,8 @@ class RaceScreen(LiveView, Screen):
 
     def action_help(self) -> None:
         keys = [b for b in self.BINDINGS if self.check_action(b.action, ())]  # only the keys that work here
-        self.app.push_screen(HelpScreen(keys, "tinyllm-tui race — keys", ("How to read the race", HOW_TO_READ), ()))
+        how = ("How to read the race", HOW_TO_READ)
+        self.app.push_screen(HelpScreen(keys, "tinyllm-tui race — keys", how, (PALETTE_KEY,)))
 
     def action_request(self, delta: int) -> None:
         """What-if finish line: show the next / previous request's lanes."""

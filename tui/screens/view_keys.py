@@ -5,7 +5,7 @@ A mixin of the app (``TinyLLMApp``): it reads and moves focus between the app's 
 from __future__ import annotations
 
 from tui.runners.interface import Frame
-from tui.screens.modals import HOW_TO_READ, HelpScreen
+from tui.screens.modals import HOW_TO_READ, PALETTE_KEY, HelpScreen
 from tui.widgets.event_log import HISTORY, EventLog
 from tui.widgets.prompt_editor import PromptEditor
 from tui.widgets.request_list import RequestList
@@ -124,7 +124,6 @@ class ViewKeys:
             self._close_help()
             keys = [b for b in self.BINDINGS if self._applies(b.action)]
             move = ("↑ / ↓ · PgUp / PgDn · Home / End", "select a request (Requests list or timeline)")
-            palette = ("ctrl+p", "the command palette: every action by name, with its keys")
             back = (
                 (
                     "← / → (timeline)",
@@ -135,7 +134,7 @@ class ViewKeys:
                     f"scroll the event log (e, Tab or a click: it keeps the last {HISTORY:,} events); End follows",
                 ),
             )
-            extra = (move, *back, *self.HELP_EXTRA, palette) + (() if self.replay else EDITOR_KEYS)
+            extra = (move, *back, *self.HELP_EXTRA, PALETTE_KEY) + (() if self.replay else EDITOR_KEYS)
             self.push_screen(
                 HelpScreen(keys, how_to_read=("How to read the screen", HOW_TO_READ + self.HELP_TEXT), extra=extra)
             )
