@@ -53,9 +53,12 @@ def test_silent_and_slow_connections_are_cut_and_the_server_keeps_answering(mode
         assert httpx.get(server.url + "/health", timeout=30).status_code == 200
         body = {"model": SERVED_MODEL, "prompt": "ROMEO:", "max_tokens": 4}
         assert httpx.post(server.url + "/v1/completions", json=body, timeout=30).status_code == 200
-        for _ in range(3):
+        for _ in range(3):  # a byte now and then does not keep a header open past its timeout
             for s in slow:
-                s.sendall(b"x")
+                try:
+                    s.sendall(b"x")
+                except OSError:  # already cut at the header timeout (a busy machine gets here after it)
+                    pass
             time.sleep(0.2)
         wait_until(lambda: all(closed(s) or s.fileno() == -1 for s in silent + slow))  # the header timeout
     finally:
