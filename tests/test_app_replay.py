@@ -438,3 +438,19 @@ async def test_a_replayed_speculation_run_shows_its_drafts_in_the_pane_and_count
         panel = app.query_one(TimelinePanel)
         await until(pilot, lambda: panel.display and "»" in panel.render().plain, what="the timeline's draft mark")
         assert "»drafted" in panel.render().plain.replace(" ", "")
+
+
+def test_a_replay_names_the_model_as_the_live_app_did(tmp_path):
+    """The live app says "bundled Shakespeare"; its replay said "shakespeare" (the directory's name
+    in the recording's header). The shipped checkpoint is known by its name and tokenizer."""
+    import json
+
+    from tinyllm.model.config import default_model_dir, model_label
+    from tui.remote_cli import recorded_model
+
+    assert model_label(None) == model_label(default_model_dir()) == "bundled Shakespeare"
+    assert model_label(tmp_path / "mine") == "mine"
+    header = json.loads(RECORDING.read_text().splitlines()[0])
+    assert build_app(["--replay", str(RECORDING)]).model_name == "bundled Shakespeare"
+    assert recorded_model({**header, "tokenizer": "sha256:another"}) == "shakespeare"  # same name, not ours
+    assert recorded_model({**header, "model": "llama"}) == "llama"

@@ -37,7 +37,7 @@ def build_app(argv: list[str] | None = None, require_terminal: bool = False) -> 
     importing torch: the checkpoint's config and tokenizer, the settings, and the prompt file.
     The engine process then loads torch and the weights while the screen is already up (its
     errors, e.g. unreadable weights, end the app with the same kind of one line)."""
-    from tinyllm.model.config import CheckpointError
+    from tinyllm.model.config import CheckpointError, model_label
     from tinyllm.workload import WorkloadError, resolve_workload
 
     parser = build_parser()
@@ -127,7 +127,7 @@ def build_app(argv: list[str] | None = None, require_terminal: bool = False) -> 
             if isinstance(e, (ValueError, EngineStartError))
             else f"the engine could not start: {type(e).__name__}: {' '.join(str(e).split())}"
         )
-    name = path.name if a.model else "bundled Shakespeare"
+    name = model_label(a.model)
     return with_slo(
         TinyLLMApp(
             runner,

@@ -83,7 +83,9 @@ def race_app(parser, a):
         runner = RaceRunner(lambda: spec.make_race(model), a.paused, a.step_delay, device, a.threads)
     else:
         runner = ChildRunner(spec, paused=a.paused, step_delay_ms=a.step_delay).start(wait=False)
-    name = Path(a.model).name if a.model else "bundled Shakespeare"
+    from tinyllm.model.config import model_label
+
+    name = model_label(a.model)
     return RaceApp(runner, workload=spec.name, model_name=name, judging=race_judging(parser, a))
 
 

@@ -141,7 +141,20 @@ def replay_app(parser, a) -> TinyLLMApp:
     except RecordingError as e:
         parser.error(f"--replay: {e}")
     check_terminal(parser, a)  # (after the recording's own checks: a read, no work)
-    app = TinyLLMApp(runner, None, model_name=str(runner.header.get("model", "?")), panes=a.panes)
+    app = TinyLLMApp(runner, None, model_name=recorded_model(runner.header), panes=a.panes)
     if a.slo is None:  # the recorded run's SLO (checked when the file was read)
         a.slo = header_slo(runner.header)
     return app
+
+
+def recorded_model(header: dict) -> str:
+    """A recording's model as the live app named it: "bundled Shakespeare" where the header's
+    name and tokenizer are the shipped checkpoint's, else the name recorded."""
+    from tinyllm.model.config import default_model_dir, model_label
+    from tui.runners.frames import tokenizer_id
+
+    name = str(header.get("model", "?"))
+    bundled = default_model_dir()
+    if name == bundled.name and header.get("tokenizer") == tokenizer_id(bundled):
+        return model_label(None)
+    return name

@@ -74,6 +74,21 @@ def default_model_dir() -> Path:
     return BUNDLED_MODEL
 
 
+BUNDLED_LABEL = "bundled Shakespeare"
+
+
+def model_label(model_dir: str | Path | None) -> str:
+    """The model's name on screen: "bundled Shakespeare" for the shipped checkpoint (the default,
+    or its directory given by path), else its directory's name."""
+    if model_dir is None:
+        return BUNDLED_LABEL
+    try:
+        bundled = Path(model_dir).resolve() == BUNDLED_MODEL.resolve()
+    except OSError:
+        bundled = False
+    return BUNDLED_LABEL if bundled else Path(model_dir).name
+
+
 CONFIG_BOUNDS = {  # config.json's integer fields and the most each may be (real checkpoints are far below)
     "vocab_size": 1 << 22,
     "hidden_size": 1 << 16,
