@@ -139,7 +139,7 @@ def test_a_full_waiting_queue_answers_429_with_retry_after_and_drops_nothing_adm
         release.wait(30)
 
     loop.call_future(hold)
-    assert holding.wait(10)
+    assert holding.wait(30)
     results: list[httpx.Response] = []
 
     def send():
@@ -150,14 +150,14 @@ def test_a_full_waiting_queue_answers_429_with_retry_after_and_drops_nothing_adm
     try:
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while loop.waiting() < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert loop.waiting() == 2
         body = {"model": SERVED_MODEL, "prompt": "JULIET:", "max_tokens": 4}
         t0 = time.monotonic()
         r = httpx.post(server.url + "/v1/completions", json=body, headers=auth(), timeout=30)
-        assert time.monotonic() - t0 < 5  # at once, not after the queue drains
+        assert time.monotonic() - t0 < 20  # at once, not after the queue drains (held up to 30 s)
         err = is_error(r, 429, "max_waiting_exceeded")
         assert "--max-waiting" in err["message"] and r.headers["retry-after"] == "1"
         r = httpx.post(server.url + "/v1/completions", json={**body, "n": 3}, headers=auth(), timeout=30)
@@ -276,9 +276,10 @@ def test_attach_sends_the_key_and_says_when_it_is_refused(server, monkeypatch, c
 def test_overload_every_request_completes_or_is_refused_at_once_and_nothing_leaks(model_tok):
     """5x the clients the queue holds, at once, streaming and not, some hanging up after their
     first chunk: each one gets a whole answer or an immediate 429; afterwards nothing waits or
-    runs and every KV block is free. (A short version of the issue's load test.) Steps take 10 ms
-    at least: a request runs 120 ms or more, so the clients overlap and fill the queue however
-    fast the machine (one that served them as fast as they came would refuse none)."""
+    runs and every KV block is free. (A short version of the issue's load test.) The engine is
+    held between two steps until a client has been refused, so the clients overlap and fill the
+    queue however fast the machine and however slowly they arrive (one that served them as fast
+    as they came would refuse none); steps take 10 ms at least, so they overlap after it too."""
     model, tok = model_tok
     limits = Limits(max_waiting=4)
     loop = EngineLoop(build_engine(model, slots=2), on_step=lambda *_: time.sleep(0.01))
@@ -286,39 +287,47 @@ def test_overload_every_request_completes_or_is_refused_at_once_and_nothing_leak
     clients = 5 * (limits.max_waiting + 2)
     outcomes: list[tuple[str, float]] = []
     lock = threading.Lock()
-    go = threading.Barrier(clients)
+    go, refused = threading.Barrier(clients), threading.Event()
 
     def client(i: int, url: str) -> None:
         body = {"model": SERVED_MODEL, "prompt": f"ROMEO {i}:", "max_tokens": 12, "stream": i % 2 == 0}
-        go.wait(30)
-        t0 = time.monotonic()
-        with httpx.Client(timeout=60) as c, c.stream("POST", url + "/v1/completions", json=body) as r:
-            if r.status_code == 429:
-                r.read()
-                assert r.headers["retry-after"] and r.json()["error"]["code"] == "max_waiting_exceeded"
-                outcome = "refused"
-            else:
-                assert r.status_code == 200, r.read()
-                if body["stream"]:
-                    lines = r.iter_lines()
-                    assert next(lines).startswith("data: ")
-                    if i % 4 == 0:  # hang up after the first chunk
-                        outcome = "hung up"
-                    else:
-                        rest = list(lines)
-                        assert rest[-2:] == ["data: [DONE]", ""] or rest[-1] == "data: [DONE]", rest[-3:]
-                        outcome = "completed"
-                else:
-                    r.read()
-                    assert r.json()["usage"]["completion_tokens"] == 12
-                    outcome = "completed"
+        with httpx.Client(timeout=60) as c:
+            go.wait(30)
+            t0 = time.monotonic()
+            with c.stream("POST", url + "/v1/completions", json=body) as r:
+                outcome = answer(i, body, r)
+            if outcome == "refused":
+                refused.set()
         with lock:
             outcomes.append((outcome, time.monotonic() - t0))
 
+    def answer(i: int, body: dict, r) -> str:
+        if r.status_code == 429:
+            r.read()
+            assert r.headers["retry-after"] and r.json()["error"]["code"] == "max_waiting_exceeded"
+            return "refused"
+        assert r.status_code == 200, r.read()
+        if not body["stream"]:
+            r.read()
+            assert r.json()["usage"]["completion_tokens"] == 12
+            return "completed"
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+        if i % 4 == 0:  # hang up after the first chunk
+            return "hung up"
+        rest = list(lines)
+        assert rest[-2:] == ["data: [DONE]", ""] or rest[-1] == "data: [DONE]", rest[-3:]
+        return "completed"
+
     with ServerThread(app) as s:
+        release, holding = threading.Event(), threading.Event()
+        s.engine_loop.call_future(lambda engine: (holding.set(), release.wait(60)))
+        assert holding.wait(30), "the engine thread never took the hold"
         threads = [threading.Thread(target=client, args=(i, s.url)) for i in range(clients)]
         for t in threads:
             t.start()
+        refused.wait(30)  # (a backstop: the assertion below says what went wrong)
+        release.set()
         for t in threads:
             t.join(120)
         assert len(outcomes) == clients, outcomes  # (a client whose assert failed is missing)
