@@ -609,20 +609,33 @@ async def test_generated_markup_characters_show_literally():
 
 
 async def test_quit_with_running_requests_exits_and_stops_the_thread():
-    """Quit while the engine runs flat out (no step delay) with two requests running. They
-    ignore the end of text and each step takes 20 ms at least, so 100 tokens outlast the first
-    q however fast the machine (on a fast one they could end first, and q quit without asking)."""
+    """Quit while the engine runs flat out (no step delay) with two requests running. From its
+    fourth step the engine waits (inside a step) until the first q has asked, so the requests
+    are still running then however fast or slow the machine (on a fast one they could end
+    first, and q quit without asking; a busy one took longer than a fixed run's length)."""
     app = make_app(settings=RequestSettings(Sampling(), 100, stop_at_eos=False))
-    slow_steps(app.runner.engine, 0.02)
-    async with app.run_test(size=(120, 40)) as pilot:
-        for who in ("ROMEO", "JULIET"):
-            await submit(pilot, f"{who}:\n")
-        app.query_one("#requests").focus()
-        await pilot.press("space")  # running flat out
-        await until(pilot, lambda: app.runner.steps_done >= 3)
-        await pilot.press("q")  # requests running: asked once
-        assert app.is_running and type(app.screen).__name__ == "QuitConfirm"
-        await pilot.press("q")
+    engine, asked = app.runner.engine, threading.Event()
+    real_step = engine.step
+
+    def step():
+        if engine.steps >= 3:
+            asked.wait(30)
+        return real_step()
+
+    engine.step = step
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            for who in ("ROMEO", "JULIET"):
+                await submit(pilot, f"{who}:\n")
+            app.query_one("#requests").focus()
+            await pilot.press("space")  # running flat out
+            await until(pilot, lambda: app.runner.steps_done >= 3)
+            await pilot.press("q")  # requests running: asked once
+            assert app.is_running and type(app.screen).__name__ == "QuitConfirm"
+            asked.set()
+            await pilot.press("q")
+    finally:
+        asked.set()
     engine_threads = [t for t in threading.enumerate() if "engine" in t.name.lower()]
     for t in engine_threads:
         t.join(timeout=1.0)

@@ -89,12 +89,15 @@ async def test_attached_app_streams_a_typed_prompt_and_sees_the_servers_state(se
         await pilot.pause(0.1)
 
 
+LONG = 480  # tokens of a slow server's requests (ignoring the end of text): 14 s at least
+
+
 def slow_server(port: int = 0, slots: int = 3) -> ServerThread:
-    """A server whose steps take at least 30 ms, and requests of 200 tokens that ignore the
-    end of text: they cannot finish in the 6 s the engine needs for them, whatever the
-    machine's speed, so a test can abort them while they run."""
+    """A server whose steps take at least 30 ms, for requests of LONG tokens that ignore the end
+    of text: they run 14 s at least, whatever the machine's speed, so a test can abort them while
+    they run (at 200 tokens, 6 s, a busy machine's key presses and calls could outlast them)."""
     model, tok = bundled()
-    loop = EngineLoop(build_engine(model, slots=slots, max_len=256), on_step=lambda *_: time.sleep(0.03))
+    loop = EngineLoop(build_engine(model, slots=slots, max_len=512), on_step=lambda *_: time.sleep(0.03))
     return ServerThread(create_app(loop, tok, MODEL), port=port).start()
 
 
@@ -107,7 +110,7 @@ def slow():
 
 def long_app(url: str) -> TinyLLMApp:
     app = TinyLLMApp(
-        AttachRunner(url).start(), None, model_name=MODEL, settings=RequestSettings(Sampling(), 200, stop_at_eos=False)
+        AttachRunner(url).start(), None, model_name=MODEL, settings=RequestSettings(Sampling(), LONG, stop_at_eos=False)
     )
     _watch(app)
     return app
@@ -122,7 +125,7 @@ def other_client(url: str, prompt: str = "KING:") -> threading.Thread:
                 "POST",
                 url + "/v1/completions",
                 timeout=60,
-                json={"prompt": prompt, "max_tokens": 200, "ignore_eos": True, "stream": True},
+                json={"prompt": prompt, "max_tokens": LONG, "ignore_eos": True, "stream": True},
             ) as r:
                 for _ in r.iter_lines():
                     pass
@@ -377,7 +380,7 @@ def test_operator_abort_of_several_checks_its_input(server, body):
 def test_abort_all_from_a_viewer_is_one_call_that_ends_them_in_the_same_step(slow):
     """^k aborted other clients' requests one POST at a time: 8 of them ran on for ~80 steps.
     Now one POST {"rids": [...]}: the engine ends them all in one call, between two steps. (The
-    three 200-token requests run 6 s at least, whatever the machine's speed: slow_server.)"""
+    three LONG-token requests run 14 s at least, whatever the machine's speed: slow_server.)"""
     server = slow
     sent = []
 
@@ -388,7 +391,7 @@ def test_abort_all_from_a_viewer_is_one_call_that_ends_them_in_the_same_step(slo
     viewer = AttachRunner("http://tinyllm.test", client=httpx.Client(transport=httpx.MockTransport(handler)))
     viewer._abort_all([4, 5, 6])
     assert sent == [{"rids": [4, 5, 6]}] and not [e for e in viewer._log if e.kind == "error"]
-    rids = [server.engine_loop.call(lambda e: e.add_request(Request([5, 6, 7], 200))) for _ in range(3)]
+    rids = [server.engine_loop.call(lambda e: e.add_request(Request([5, 6, 7], LONG))) for _ in range(3)]
     r = httpx.post(server.url + "/v1/tinyllm/abort", json={"rids": [*rids, 999]}, timeout=30)
     assert r.status_code == 200 and r.json() == {"rids": [*rids, 999], "aborted": [True, True, True, False]}
     snap = engine_snapshot(server)
@@ -537,7 +540,7 @@ def engine_snapshot_of(engine):
 
 def test_aborting_our_queued_request_reaches_the_server_at_once():
     """One slot, busy; our request waits in the queue (no tokens flow to notice a hang-up by):
-    abort must still free it now, not when it would have got its first token. (#0 runs 6 s at
+    abort must still free it now, not when it would have got its first token. (#0 runs 14 s at
     least, whatever the machine's speed: slow_server.)"""
     s = slow_server(slots=1)
     viewer = AttachRunner(s.url).start()
@@ -546,7 +549,7 @@ def test_aborting_our_queued_request_reaches_the_server_at_once():
     try:
 
         def busy():
-            body = {"prompt": "KING:", "max_tokens": 200, "ignore_eos": True}
+            body = {"prompt": "KING:", "max_tokens": LONG, "ignore_eos": True}
             httpx.post(s.url + "/v1/completions", json=body, timeout=60)
 
         threading.Thread(target=busy, daemon=True).start()

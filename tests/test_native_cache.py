@@ -177,20 +177,33 @@ def test_concurrent_first_callers_all_get_the_library_built_once(fresh, quick_bu
 
 
 def test_processes_take_turns_on_the_cache_lock(fresh):
-    """The lock is an flock on a file in the cache: while one process holds it, another waits."""
+    """The lock is an flock on a file in the cache: while one process holds it, another waits; it
+    gets the lock only once the first lets go (told to, so no timing decides it)."""
     pytest.importorskip("fcntl")
     d = native.build.safe_cache_dir()
     code = (
-        "import sys, time; from pathlib import Path; from tinyllm import native\n"
-        "with native.build._locked(Path(sys.argv[1])):\n    print('in', flush=True); time.sleep(0.5)\n"
+        "import sys; from pathlib import Path; from tinyllm import native\n"
+        "with native.build._locked(Path(sys.argv[1])):\n    print('in', flush=True); sys.stdin.readline()\n"
     )
-    p = subprocess.Popen([sys.executable, "-c", code, str(d)], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-c", code, str(d)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    got: list[float] = []
+
+    def take() -> None:
+        with native.build._locked(d):
+            got.append(time.monotonic())
+
     try:
         assert p.stdout.readline() == "in\n"  # the other process holds the lock now
-        t0 = time.monotonic()
-        with native.build._locked(d):
-            waited = time.monotonic() - t0
-        assert waited > 0.2, waited
+        taker = threading.Thread(target=take)
+        taker.start()
+        taker.join(0.3)
+        assert not got  # still waiting (on a slow machine it may not have tried yet: it waits then)
+        let_go = time.monotonic()
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        taker.join(30)
+        assert got and got[0] >= let_go  # it got the lock after the other process let go
         assert (d / native.build.LOCK_NAME).exists() and (os.stat(d / native.build.LOCK_NAME).st_mode & 0o077) == 0
     finally:
+        p.stdin.close()
         p.wait(30)

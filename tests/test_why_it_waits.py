@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from tests.helpers import chunked_engine, random_model
+from tests.helpers import chunked_engine, engine_held, random_model
 from tests.screen_check import check_panels
 from tests.test_app import _watch, bundled, no_unexpected_errors, step, submit, until, watched_app  # noqa: F401
 from tinyllm.engine import ContinuousEngine, Request
@@ -194,10 +194,19 @@ def test_the_server_takes_priority_and_user_and_counts_waits_in_its_stream(serve
         assert time.monotonic() < deadline, "the state stream sent no header"
         time.sleep(0.01)
     body = {"prompt": "ROMEO:", "max_tokens": 30, "ignore_eos": True}
-    with concurrent_posts(
-        server.url, [dict(body, priority=3, user="batch-job"), dict(body, priority=-1), dict(body, priority=-1)]
-    ) as results:
-        assert all(r.status_code == 200 for r in results)
+    bodies = [dict(body, priority=3, user="batch-job"), dict(body, priority=-1), dict(body, priority=-1)]
+    results: list = [None] * len(bodies)
+
+    def post(i: int) -> None:
+        results[i] = httpx.post(server.url + "/v1/completions", json=bodies[i], timeout=120)
+
+    posts = [threading.Thread(target=post, args=(i,)) for i in range(len(bodies))]
+    with engine_held(server.engine_loop, waiting=len(bodies)):  # all three wait together, then run
+        for p in posts:
+            p.start()
+    for p in posts:
+        p.join(120)
+    assert all(r is not None and r.status_code == 200 for r in results)
     done.set()
     t.join(10)
     views = {}
@@ -209,28 +218,6 @@ def test_the_server_takes_priority_and_user_and_counts_waits_in_its_stream(serve
     counts = [rec["x"]["waits"] for rec in seen if "waits" in rec.get("x", {})]
     assert any(c.get("slots") or c.get("queue") or c.get("preempted") for c in counts)
     assert seen[0]["engine"]["policy"] == "priority"
-
-
-class concurrent_posts:
-    """POST each body at once from its own thread; the responses, in order."""
-
-    def __init__(self, url: str, bodies: list[dict]):
-        self.url, self.bodies, self.results = url, bodies, [None] * len(bodies)
-
-    def __enter__(self):
-        def post(i, b):
-            self.results[i] = httpx.post(self.url + "/v1/completions", json=b, timeout=120)
-
-        ts = [threading.Thread(target=post, args=(i, b)) for i, b in enumerate(self.bodies)]
-        for t in ts:
-            t.start()
-            time.sleep(0.05)
-        for t in ts:
-            t.join(120)
-        return self.results
-
-    def __exit__(self, *exc):
-        return False
 
 
 @pytest.mark.parametrize(
