@@ -18,6 +18,7 @@ def attach_app(parser, a) -> TinyLLMApp:
     from tinyllm.model.config import CheckpointError, load_config_and_tokenizer
     from tinyllm.workload import WorkloadError, resolve_workload
     from tui.runners.attach import AttachRunner
+    from tui.runners.server_link import server_url
     from tui.runners.vllm import VllmRunner
 
     if a.record is not None:
@@ -38,9 +39,10 @@ def attach_app(parser, a) -> TinyLLMApp:
             _, tok = load_config_and_tokenizer(Path(a.model))
         except CheckpointError as e:
             parser.error(f"--model: {e}")
-    url = a.attach if "://" in a.attach else f"http://{a.attach}"
-    if url.split("://", 1)[0].lower() not in ("http", "https"):
-        parser.error(f"--attach {a.attach}: a server's address is http://HOST:PORT or https://HOST:PORT (or HOST:PORT)")
+    try:
+        url = server_url(a.attach)
+    except ValueError as e:
+        parser.error(f"--attach {a.attach}: {e}")
     kv_events = kv_events_subscriber(parser, a.kv_events) if a.kv_events is not None else None
     check_terminal(parser, a)
     wait_for_server(parser, url, a.wait)

@@ -74,10 +74,30 @@ def reason(e: Exception) -> str:
     return re.sub(r"^\[Errno -?\d+\] ", "", str(e)) or type(e).__name__
 
 
+def server_url(address: str) -> str:
+    """A server's address as typed (HOST:PORT, or http:// or https:// and HOST:PORT) as its URL;
+    ValueError saying what is wrong with one that is not (a port that is not a number in
+    1-65535, no host, another scheme): it was a traceback from deep in the HTTP client."""
+    url = address if "://" in address else f"http://{address}"
+    expected = "a server's address is http://HOST:PORT or https://HOST:PORT (or HOST:PORT)"
+    if url.split("://", 1)[0].lower() not in ("http", "https"):
+        raise ValueError(expected)
+    try:
+        u = httpx.URL(url)
+        port = u.port or (443 if u.scheme == "https" else 80)
+    except (httpx.InvalidURL, ValueError) as e:
+        raise ValueError(f"{e}: {expected}") from None
+    if not u.host:
+        raise ValueError(f"no host: {expected}")
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} is not in 1-65535: {expected}")
+    return url
+
+
 def not_listening(url: str, timeout: float = 2.0) -> str | None:
     """Why nothing accepts connections at ``url``'s host and port yet (the socket's own words:
     "Connection refused"), or None once something does. A host name that does not resolve is a
-    ValueError: no wait brings it up."""
+    ValueError: no wait brings it up. ``url`` is one ``server_url`` gave."""
     u = httpx.URL(url)
     port = u.port or (443 if u.scheme == "https" else 80)
     try:
