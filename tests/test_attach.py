@@ -168,7 +168,8 @@ async def test_abort_from_the_app_ours_and_another_clients(slow):
         await pilot.press("escape", "x")
         await until(pilot, lambda: app.runner.frame.snapshot.request(ours).state == "aborted", what="ours aborted")
         app.select(theirs)
-        assert "another client" in await asked(pilot, "x")
+        question = await asked(pilot, "x")  # what its client gets: test_serve_security's abort test
+        assert "another client" in question and "its client gets the text so far, with finish_reason abort" in question
         await pilot.press("escape")
         await pilot.pause(0.3)
         assert app.runner.frame.snapshot.request(theirs).state == "running"
@@ -185,7 +186,8 @@ async def test_abort_all_from_a_viewer_asks_and_can_spare_other_clients(slow):
     app = long_app(slow.url)
     async with app.run_test(size=(120, 40)) as pilot:
         ours, theirs = await ours_and_another(pilot)
-        assert "1 from this app, 1 from other clients" in await asked(pilot, "escape", "ctrl+k")
+        question = await asked(pilot, "escape", "ctrl+k")
+        assert "1 from this app, 1 from other clients (each of those gets its text so far" in question
         await pilot.press("o")
         await until(pilot, lambda: app.runner.frame.snapshot.request(ours).state == "aborted", what="ours aborted")
         await pilot.pause(0.3)

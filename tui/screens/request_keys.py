@@ -79,7 +79,7 @@ class RequestKeys:
                 Confirm(
                     f"Abort #{rid}?",
                     f"#{rid} belongs to another client of the server: "
-                    f"its client gets an error (aborted by an operator).",
+                    f"its client gets the text so far, with finish_reason abort.",
                     [("y", f"Abort #{rid}", True)],
                 ),
                 done,
@@ -118,7 +118,7 @@ class RequestKeys:
             Confirm(
                 "Abort all?",
                 f"{len(active)} requests are queued or running on the server: {ours} from this app, "
-                f"{len(others)} from other clients (each of those gets an error: aborted by an operator).",
+                f"{len(others)} from other clients (each of those gets its text so far, finish_reason abort).",
                 [("o", f"Abort this app's {ours}", "ours")] * bool(ours) + [("a", f"Abort all {len(active)}", "all")],
             ),
             done,
