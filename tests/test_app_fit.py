@@ -110,7 +110,7 @@ async def test_the_status_counters_hint_and_footer_fit_whole(size):
             assert f"{label if wide else short} {n} " in counters + " ", (counters, label, n)
         if size != (80, 24):  # (80x24 gives the step time way first, by design: the last of its figures)
             figures = next(line for line in text if "tok/s" in line)
-            assert f"step {f.step_ms:.1f}ms" in figures and "prefix hit" in figures, figures
+            assert f"step {f.step_ms:.1f}ms" in figures and "prefix hit" in figures, figures  # (a local engine's)
             assert any("latency p50/p95" in line for line in text)
 
         await until(pilot, lambda: footer_ready(app, "i Type a prompt"), what="the list's footer")

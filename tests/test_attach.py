@@ -28,6 +28,7 @@ from tui.runners.attach import AttachRunner
 from tui.runners.interface import Abort, Submit
 from tui.runners.replay import ReplayRunner
 from tui.screens.modals import Confirm
+from tui.widgets.kv_panel import KVPanel
 from tui.widgets.request_list import RequestList
 
 MODEL = SERVED_MODEL
@@ -164,6 +165,8 @@ async def test_abort_from_the_app_ours_and_another_clients(slow):
     app = long_app(slow.url)
     async with app.run_test(size=(120, 40)) as pilot:
         ours, theirs = await ours_and_another(pilot)
+        counters = app.query_one(KVPanel).render().plain
+        assert "step —" in counters and "0.0ms" not in counters  # the server's stream has no step time
         app.select(ours)
         await pilot.press("escape", "x")
         await until(pilot, lambda: app.runner.frame.snapshot.request(ours).state == "aborted", what="ours aborted")

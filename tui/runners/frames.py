@@ -137,7 +137,7 @@ class FrameBuilder:
         self.prompts: dict[int, str] = {}
         self.log: deque[LogEntry] = deque(maxlen=LOG_LINES)
         self.timeline = Timeline()
-        self.x: dict = {"paused": False, "delay": 0, "pending": 0, "step_ms": 0.0, "steps_behind": 0}
+        self.x: dict = {"paused": False, "delay": 0, "pending": 0, "step_ms": None, "steps_behind": 0}
         self.rate = TokenRate()  # (derived: not in the file)
         self.slos: dict[int, SLO] = {}  # requests' own SLOs (workload lines')
         self.step = 0
@@ -204,7 +204,7 @@ class FrameBuilder:
             pending_arrivals=int(x.get("pending", 0)),
             tokens_per_s=self.rate.tps,
             tps_history=tuple(self.rate.history),
-            step_ms=float(x.get("step_ms", 0.0)),
+            step_ms=None if x.get("step_ms") is None else float(x["step_ms"]),  # (a server's stream has none)
             steps_done=self.step - int(x.get("steps_behind", 0)),
             status="ready",
             tracks=self.timeline.tracks(),

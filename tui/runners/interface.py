@@ -182,7 +182,7 @@ class Frame:
     pending_arrivals: int = 0  # workload requests not yet arrived
     tokens_per_s: float = 0.0  # recent generation rate (all requests)
     tps_history: tuple[float, ...] = ()  # one point per ~0.25 s, newest last
-    step_ms: float = 0.0  # duration of the latest engine step
+    step_ms: float | None = None  # duration of the latest engine step (None: not known, a server's stream)
     steps_done: int = 0  # engine steps this runner has made
     status: str = "ready"  # "loading" until the engine is built (process runner)
     tracks: tuple[Track, ...] = ()  # each request's life over steps (the timeline panel)

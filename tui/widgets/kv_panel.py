@@ -77,7 +77,7 @@ class KVPanel(Widget):
                     if c.spec_draft_tokens
                     else []
                 ),
-                (_figure("step", f"{f.step_ms:.1f}ms", sep), "", 0),
+                (_figure("step", step_time(f), sep), "", 0),
             ],
             width,
         )
@@ -122,7 +122,7 @@ class KVPanel(Widget):
                     else []
                 ),
                 (f"steps {c.decode_steps:,} ", "dim", 4),
-                (f"step {f.step_ms:.1f}ms", "dim", 5),
+                (f"step {step_time(f)}", "dim", 5),
             ]
             return Text("\n", no_wrap=True, overflow="ellipsis").join(
                 [self._one_bar(width), line1, fit_fields(figures, width)]
@@ -199,3 +199,9 @@ def by_position(c) -> str:
     if not c.spec_drafts:
         return "—"
     return "/".join(f"{n / c.spec_drafts * 100:.0f}" for n in c.spec_accepted_per_pos) + "%"
+
+
+def step_time(f) -> str:
+    """The latest step's compute time, or "—" where the frame does not know it (a server's state
+    stream does not carry it: it showed 0.0ms under load)."""
+    return "—" if f.step_ms is None else f"{f.step_ms:.1f}ms"
