@@ -198,6 +198,22 @@ def test_whatif_with_arrivals_says_tok_s_is_the_arrival_rate_and_shows_each_lane
     assert "busy_s leaves them out" in doc["clock_dependent"]
 
 
+def test_static_batchings_queue_is_its_reason_to_wait_in_the_table_and_the_json(tmp_path, capsys):
+    """Static batching's requests that waited for the batch ahead showed "—" under waited and
+    {} in the JSON's waited_steps while their verdict said "queue": the lane counts the steps
+    each sat in its queue, and a request whose batch started on its arrival waited for nothing."""
+    out = tmp_path / "w.json"
+    wl = tmp_path / "four.jsonl"  # four at once, batches of two: the second batch waits for the first
+    wl.write_text("".join('{"prompt": "ROMEO:", "max_new_tokens": 6}\n' for _ in range(4)))
+    assert whatif(wl, ["static slots=2", "continuous slots=4"], out) == 0
+    capsys.readouterr()
+    doc = json.loads(out.read_text())
+    static = doc["lanes"][0]["name"]
+    waited = {r["rid"]: r["lanes"][static]["waited_steps"] for r in doc["requests"]}
+    assert waited[0] == waited[1] == {}  # the first batch started at once
+    assert waited[2] == waited[3] == {"queue": 6}, waited  # behind the first batch's 6 passes
+
+
 def test_tinyllm_whatif_refuses_pool_options_no_lane_uses(capsys):
     """On a workload, static and slot-KV lanes have no blocks: --kv-blocks was ignored. (On this
     recording, made on --kv paged, a continuous lane takes the recorded paged KV, and uses it.)"""

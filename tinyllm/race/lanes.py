@@ -217,6 +217,8 @@ class StaticLane(Lane):
         self.engine = engine
         engine.on_pass = lambda rows: clock.charge(PassWork.of_rows(rows))
         self._ended: tuple[int, ...] = ()  # the batch that ended in the latest step
+        self._started: dict[int, float] = {}  # rid -> when its batch started (this lane's clock)
+        self._queued_steps: dict[int, int] = {}  # rid -> steps it sat in the queue behind a batch
 
     def _add(self, req, arrival):
         return self.engine.add_request(req, arrival)
@@ -233,15 +235,29 @@ class StaticLane(Lane):
 
     def _engine_step(self):
         before = tuple(r.rid for r in self.engine.rows())
+        queued, start = [p.rid for p in self.engine.queue], self.clock.elapsed  # (the step's start)
         events = self.engine.step()
+        still = {p.rid for p in self.engine.queue}
+        for rid in queued:  # each waited this step for a batch, or its batch started with it
+            if rid in still:
+                self._queued_steps[rid] = self._queued_steps.get(rid, 0) + 1
+            else:
+                self._started[rid] = start
         self._ended = before if not self.engine.batch else ()
         return events
 
     def _outcome(self, rid, first, end, times):
+        """Static batching's one reason to wait is its queue ("queue"): for a batch to fill, or for
+        the batch ahead to end (the steps it waited, at least 1 where it waited only for time)."""
         ttft, itl, e2e = self._times(rid, first, end, times)
-        return RequestOutcome(
-            rid, ttft, itl, e2e, 0, (), (("queued", self.arrival[rid], first), ("decode", first, end)), **self._who(rid)
+        arrival = self.arrival[rid]
+        started = self._started.get(rid, arrival)
+        waited = (("queue", max(1, self._queued_steps.get(rid, 0))),) if started > arrival else ()
+        spans = (("queued", arrival, started),) * (started > arrival) + (
+            ("prefill", started, first),
+            ("decode", first, end),
         )
+        return RequestOutcome(rid, ttft, itl, e2e, 0, waited, spans, **self._who(rid))
 
     def _finished(self):
         e = self.engine

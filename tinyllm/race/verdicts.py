@@ -46,7 +46,7 @@ class Judging:
         slo = self.slo_for(o.rid)
         if slo is None:
             return None
-        return judge(slo, o.ttft_s, outcome_tpot(o), reasons(o), self.left_out(o.rid) or "finished")
+        return judge(slo, o.ttft_s, outcome_tpot(o), o.waited, self.left_out(o.rid) or "finished")
 
     def verdicts(self, lane: LaneView) -> dict[int, SLOVerdict]:
         return {o.rid: v for o in lane.outcomes if (v := self.verdict(o)) is not None}
@@ -61,15 +61,6 @@ class Judging:
 def outcome_tpot(o: RequestOutcome) -> float | None:
     """Time per output token after the first, from the outcome's TTFT and end-to-end time."""
     return tpot(o.ttft_s, o.e2e_s, o.new_tokens)
-
-
-def reasons(o: RequestOutcome) -> tuple[tuple[str, int], ...]:
-    """Steps waited per reason; static batching counts none, but a request that sat in its queue
-    before its batch started waited there ("queue")."""
-    if o.waited:
-        return o.waited
-    queued = any(phase == "queued" and end > start for phase, start, end in o.spans)
-    return (("queue", 1),) if queued else ()
 
 
 def has_arrivals(lanes: tuple[LaneView, ...]) -> bool:
