@@ -104,14 +104,11 @@ def rank(lanes: tuple[LaneView, ...], judging: Judging | None = None, arrivals: 
     elif judging.active:
         sums = [judging.summary(v) for v in lanes]
         key = [(-(s.goodput if s else 0.0), latency_p95(v, judging)) for v, s in zip(lanes, sums)]
-        rule = "ranked by goodput, then latency p95 (requests arrive over time: tok/s follows the arrival rate)"
+        rule = "ranked by goodput, then latency p95 (requests arrive over time)"  # (ARRIVALS_NOTE says tok/s's part)
         by = "goodput"
     else:
         key = [(latency_p95(v, judging),) for v in lanes]
-        rule = (
-            "ranked by latency p95 (requests arrive over time: tok/s follows the arrival rate; "
-            "--slo ranks by goodput first)"
-        )
+        rule = "ranked by latency p95 (requests arrive over time; --slo ranks by goodput first)"
         by = "latency p95"
     order = sorted(range(len(lanes)), key=lambda i: key[i])
     places = [0] * len(lanes)
