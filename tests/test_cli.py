@@ -94,6 +94,8 @@ BAD_INPUT = [
     ),
     (("whatif", "shakespeare_openings", "--json", "/nonexistent/x.json"), "cannot write /nonexistent/x.json"),
     (("serve", "--kv-memory", "1e9"), "--kv-memory: a KV cache of 1,000,000,000 MiB is more than the"),
+    (("whatif", "--bogus"), "tinyllm whatif: error: unrecognized arguments: --bogus"),  # not "required: ..."
+    (("whatif", "burst", "--lanes", "static", "chunked", "--bogus=3"), "unrecognized arguments: --bogus=3"),
     (("bench", "--random-model", "--requests", "1", "--workload", "nosuch"), "not a bundled workload (bundled: "),
     (
         ("bench", "--random-model", "--requests", "1", "--kv-memory", "0.01"),

@@ -449,8 +449,20 @@ def _commands_with_own_module() -> tuple:
     )
 
 
+def unknown_options(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """The ``--name`` options in ``argv`` that ``parser`` does not take: said first, before
+    "the following arguments are required", which only follows from the typo."""
+    known = parser._option_string_actions
+    ahead = argv[: argv.index("--")] if "--" in argv else argv
+    return [t for t in ahead if t.startswith("--") and t != "--" and t.split("=", 1)[0] not in known]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    commands = parser.get_default("commands")
+    if argv and argv[0] in commands and (typos := unknown_options(commands[argv[0]], argv[1:])):
+        commands[argv[0]].error(f"unrecognized arguments: {' '.join(typos)}")
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the command's own parser: "tinyllm bench: ..."
         args.commands[args.cmd].error(f"unrecognized arguments: {' '.join(extra)}")
