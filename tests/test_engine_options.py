@@ -111,6 +111,6 @@ def test_a_prefix_of_an_option_is_not_taken_for_it():
         timeout=60,
     )
     # (--slo once read as --slots; --slo is an option of its own now, --slot a prefix of --slots)
-    assert out.returncode == 2 and "unrecognized arguments: --slot 3" in out.stderr
+    assert out.returncode == 2 and "unrecognized arguments: --slot (see --help)" in out.stderr
     with pytest.raises(SystemExit):
         app_parser().parse_args(["--max-num", "3"])  # (was --max-num-seqs)
