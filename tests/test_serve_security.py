@@ -389,6 +389,31 @@ def test_a_lone_surrogate_in_stop_is_a_400(server):
     assert is_error(r, 400, "invalid_value")["param"] == "stop[1]"
 
 
+def test_a_lone_surrogate_in_a_fields_name_is_a_400_and_the_connection_goes_on(server):
+    """The error quoted the name back and could not be encoded: a 500, and uvicorn dropped the
+    client's keep-alive connection, so its next request failed too."""
+    with httpx.Client(base_url=server.url, headers={**auth(), "content-type": "application/json"}, timeout=30) as c:
+        for route, body in (("/v1/completions", '"prompt": "a"'), ("/v1/chat/completions", '"messages": []')):
+            raw = "{" + body + ', "max_token\\ud800": 1}'
+            err = is_error(c.post(route, content=raw), 400, "unrecognized_parameter")
+            assert err["param"] == "max_token\\ud800" and "max_token" in err["message"]
+        r = c.post("/v1/completions", json={"model": SERVED_MODEL, "prompt": "ROMEO:", "max_tokens": 2})
+        assert r.status_code == 200  # the same connection, still served
+
+
+def test_a_prompt_holding_a_line_separator_keeps_every_viewers_stream_one_record_a_line(server):
+    """U+0085, U+2028 and U+2029 went out unescaped in the state stream, and httpx's iter_lines
+    (the app's reader) breaks lines at them: one client's prompt broke every viewer's stream."""
+    prompt = "a\u0085b\u2028c\u2029d"
+    r = httpx.post(server.url + "/v1/completions", json={"model": SERVED_MODEL, "prompt": prompt, "max_tokens": 2},
+                   headers=auth(), timeout=30)  # fmt: skip
+    assert r.status_code == 200
+    with httpx.stream("GET", server.url + "/v1/tinyllm/stream", headers=auth(ADMIN), timeout=30) as s:
+        lines = s.iter_lines()
+        header, first = json.loads(next(lines)), json.loads(next(lines))  # (a split line does not parse)
+    assert header and prompt in json.dumps(first, ensure_ascii=False)
+
+
 def test_keys_no_client_could_send_are_refused_and_a_utf8_key_matches(monkeypatch, model_tok):
     from tinyllm.serve.security import api_key_from_env
 

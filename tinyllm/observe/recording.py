@@ -160,8 +160,15 @@ def write_text(path: str | Path, text: str) -> None:
         f.write(text)
 
 
-def _dumps(obj) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+_LINE_BREAKS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def json_line(obj) -> str:
+    """``obj`` as one line of JSON (no newline): compact, text kept as UTF-8, but the characters
+    other line readers break lines at (U+0085, U+2028, U+2029: httpx's iter_lines, str.splitlines)
+    escaped, so a prompt holding one cannot split a record (it broke every viewer's stream)."""
+    s = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    return s.translate(str.maketrans(_LINE_BREAKS)) if any(c in s for c in _LINE_BREAKS) else s
 
 
 class RecordingWriter:
@@ -170,13 +177,13 @@ class RecordingWriter:
     def __init__(self, path: str | Path, header: dict):
         self.path = Path(path)
         self._f: TextIO = open_text(self.path, "w")
-        self._f.write(_dumps(header) + "\n")
+        self._f.write(json_line(header) + "\n")
         self._f.flush()
         self._flushed = time.monotonic()
         self.records = 0
 
     def write(self, record: dict) -> None:
-        self._f.write(_dumps(record) + "\n")
+        self._f.write(json_line(record) + "\n")
         self.records += 1
         if time.monotonic() - self._flushed >= FLUSH_S:
             self._f.flush()

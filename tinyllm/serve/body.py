@@ -43,7 +43,14 @@ class ApiError(Exception):
 def error_body(
     message: str, type: str = "invalid_request_error", param: str | None = None, code: str | None = None
 ) -> dict:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    """OpenAI's error shape. Its texts are made valid Unicode: one may quote what the client sent
+    (a field's name with a lone surrogate, JSON's \\ud800) and the response must still encode
+    (it was a 500, and the client's connection dropped)."""
+    return {"error": {"message": _text(message), "type": type, "param": _text(param), "code": code}}
+
+
+def _text(s: str | None) -> str | None:
+    return None if s is None else s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 _TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]|\d+')  # strings whole, brackets, digit runs

@@ -21,7 +21,6 @@ aborts its own by closing its stream).
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -30,7 +29,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from tinyllm.observe.recording import SnapshotEncoder, encode_event, make_header
+from tinyllm.observe.recording import SnapshotEncoder, encode_event, json_line, make_header
 from tinyllm.observe.snapshot import ENDED_STATES, EngineSnapshot, LifecycleEvent
 from tinyllm.request import is_int
 from tinyllm.serve.body import ApiError, brief, read_json
@@ -202,7 +201,7 @@ def viewer_record(
 
 
 def _line(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+    return json_line(obj).encode() + b"\n"
 
 
 async def _records(feed: StateFeed, engine_loop: EngineLoop, request: Request):
