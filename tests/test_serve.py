@@ -449,10 +449,10 @@ MESSAGES = [  # (body, param, message)
     (
         {"foo": 1},
         "foo",
-        'unrecognized request argument "foo": this route takes best_of, echo, frequency_penalty, '
-        "ignore_eos, logit_bias, logprobs, max_tokens, min_p, min_tokens, model, n, presence_penalty, "
+        'unrecognized request argument "foo": this route takes echo, frequency_penalty, '
+        "ignore_eos, logprobs, max_tokens, min_p, min_tokens, model, n, presence_penalty, "
         "priority, prompt, repetition_penalty, return_token_ids, seed, stop, stop_token_ids, stream, "
-        "stream_options, suffix, temperature, top_k, top_p, user",
+        "stream_options, temperature, top_k, top_p, user",  # (not best_of, logit_bias, suffix: refused)
     ),
 ]
 
@@ -462,6 +462,10 @@ def test_an_unknown_field_is_refused_with_what_the_route_takes(client):
     err = r.json()["error"]
     assert r.status_code == 400 and err["param"] == "prompt" and err["code"] == "unrecognized_parameter"
     assert err["message"] == 'unrecognized request argument "prompt": prompt goes to /v1/completions'
+    for name in ("chat_template_kwargs", "reasoning_effort"):  # it suggested chat_template (refused), response_format
+        chat = {"messages": [{"role": "user", "content": "hi"}], name: {}}
+        message = client.post("/v1/chat/completions", json=chat).json()["error"]["message"]
+        assert "did you mean" not in message and "chat_template," not in message, message
     for ignored in ({"metadata": {"k": "v"}}, {"store": False}, {"user": "u"}):  # OpenAI's bookkeeping: taken
         assert client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1, **ignored}).status_code == 200
 

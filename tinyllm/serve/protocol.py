@@ -153,16 +153,19 @@ _FIELDS = {
 def _check_fields(body: dict, chat: bool) -> None:
     """A field this route does not know is a 400 naming it (and the known one it looks like)."""
     known = _FIELDS[chat]
+    # a suggestion is a field this route takes (not one refused by name later: chat_template_kwargs
+    # suggested chat_template) and close to the name (reasoning_effort suggested response_format)
+    takes = known - {*_UNSUPPORTED, *_UNSUPPORTED_CHAT, "chat_template"}
     for name in body:
         if name not in known:
-            near = difflib.get_close_matches(str(name), sorted(known), n=1, cutoff=0.6)
+            near = difflib.get_close_matches(str(name), sorted(takes), n=1, cutoff=0.75)
             other = {"messages": "/v1/chat/completions", "prompt": "/v1/completions"}.get(name)
             hint = (
                 f"{name} goes to {other}"
                 if other
                 else f"did you mean {near[0]!r}?"
                 if near
-                else f"this route takes {', '.join(sorted(known - {'metadata', 'store', 'service_tier'}))}"
+                else f"this route takes {', '.join(sorted(takes - {'metadata', 'store', 'service_tier'}))}"
             )
             raise ApiError(
                 f"unrecognized request argument {brief(name)}: {hint}", str(name)[:64], "unrecognized_parameter"
