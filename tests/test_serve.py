@@ -443,6 +443,8 @@ MESSAGES = [  # (body, param, message)
         "priority",
         "priority must be an integer in (-2147483648, 2147483648) (lower runs first), got true",
     ),
+    ({"max_tokens": 1.5}, "max_tokens", "max_tokens must be an integer, got 1.5"),  # (it said "got number")
+    ({"seed": "7"}, "seed", "seed must be an integer, got string"),
     # a field no route knows was ignored: a typo ran at the default (OpenAI refuses it)
     ({"max_token": 5}, "max_token", "unrecognized request argument \"max_token\": did you mean 'max_tokens'?"),
     ({"messages": []}, "messages", 'unrecognized request argument "messages": messages goes to /v1/chat/completions'),

@@ -72,6 +72,23 @@ def test_a_text_plain_abort_is_refused_and_aborts_nothing(server):
     assert '"finish_reason":"length"' in chunks[-1]  # ran to its end: nothing was aborted
 
 
+def test_what_a_request_did_not_send_is_said_as_missing_and_a_compressed_body_by_name(server):
+    """No Content-Type read as the value 'none', an empty Host as '' (as if the client sent
+    them); a gzip body failed as "not valid JSON: can't decode byte 0x8b"."""
+    import gzip
+    import json
+
+    url, raw = server.url + "/v1/completions", json.dumps({"model": SERVED_MODEL, "prompt": "a", "max_tokens": 1})
+    r = httpx.post(url, content=raw, timeout=30)  # no Content-Type
+    assert r.status_code == 415 and "Content-Type must be application/json, got none:" in r.json()["error"]["message"]
+    r = httpx.post(url, content=gzip.compress(raw.encode()), timeout=30,
+                   headers={"content-type": "application/json", "content-encoding": "gzip"})  # fmt: skip
+    err = r.json()["error"]
+    assert r.status_code == 415 and err["message"].startswith("Content-Encoding 'gzip' is not supported")
+    r = httpx.post(url, json=json.loads(raw), headers={"host": ""}, timeout=30)
+    assert r.status_code == 403 and r.json()["error"]["message"].startswith("a request without a Host header is")
+
+
 def test_the_options_let_named_hosts_and_origins_in(model_tok):
     model, tok = model_tok
     exposure = Exposure("127.0.0.1", ("Tinyllm.Lan",), ("http://notebook.example:8888",))

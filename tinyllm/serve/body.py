@@ -203,6 +203,12 @@ def text_field(s: str, param: str) -> str:
     return s
 
 
+def got(v: Any) -> str:
+    """What a field that must be an integer got: a number quoted as sent (``1.5``, not "number",
+    which did not say what was wrong with it), anything else by its JSON type."""
+    return brief(v) if isinstance(v, float) else type_name(v)
+
+
 def type_name(v: Any) -> str:
     return {
         bool: "boolean",

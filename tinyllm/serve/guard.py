@@ -101,7 +101,8 @@ class GuardMiddleware:
         if not ex.host_allowed(host):
             return (
                 403,
-                f"Host {host_header!r} is not this server's: it answers requests addressed to "
+                f"{f'Host {host_header!r} is' if host_header else 'a request without a Host header is'} not this "
+                f"server's: it answers requests addressed to "
                 f"{'a loopback name' if is_loopback(ex.bind_host) else 'the names in --allowed-hosts'}; "
                 "start it with --allowed-hosts NAME to take this one",
                 "host_not_allowed",

@@ -45,6 +45,7 @@ from tinyllm.serve.body import (
     bool_field,
     brief,
     check_object,
+    got,
     number_field,
     parse_model,
     request_error,
@@ -242,7 +243,7 @@ def _max_tokens(body: dict, chat: bool) -> tuple[int | None, str | None]:
     if max_tokens is None:
         return (None, None) if chat else (DEFAULT_MAX_TOKENS, name)
     if not is_int(max_tokens):
-        raise ApiError(f"{name} must be an integer, got {type_name(max_tokens)}", name, "invalid_type")
+        raise ApiError(f"{name} must be an integer, got {got(max_tokens)}", name, "invalid_type")
     if max_tokens == 0 and not chat and body.get("echo") is True:
         return 0, name  # echo only: the prompt scored, nothing generated (OpenAI's legacy completions)
     if max_tokens < 1:
@@ -267,7 +268,7 @@ def parse_generation(body: dict, served_model: str, chat: bool = False) -> dict[
     top_p = number_field(body, "top_p")
     top_k = body.get("top_k")
     if top_k is not None and not is_int(top_k):
-        raise ApiError(f"top_k must be an integer, got {type_name(top_k)}", "top_k", "invalid_type")
+        raise ApiError(f"top_k must be an integer, got {got(top_k)}", "top_k", "invalid_type")
     if top_k is not None and top_k < -1:  # vLLM's convention: 0 and -1 are "off" too
         raise ApiError(
             f"top_k must be an integer >= 1, or 0 / -1 / null for no limit, got {brief(top_k)}",
@@ -313,7 +314,7 @@ def _n(body: dict) -> int:
     if v is None:
         return 1
     if not is_int(v):
-        raise ApiError(f"n must be an integer, got {type_name(v)}", "n", "invalid_type")
+        raise ApiError(f"n must be an integer, got {got(v)}", "n", "invalid_type")
     if not 1 <= v <= MAX_N:
         raise ApiError(f"n must be from 1 to {MAX_N}, got {brief(v)}", "n", "invalid_value")
     return v
@@ -360,7 +361,7 @@ def _sampling_extras(body: dict) -> dict[str, Any]:
             out[name] = v
     seed = body.get("seed")
     if seed is not None and not is_int(seed):
-        raise ApiError(f"seed must be an integer, got {type_name(seed)}", "seed", "invalid_type")
+        raise ApiError(f"seed must be an integer, got {got(seed)}", "seed", "invalid_type")
     out["seed"] = seed
     return out
 

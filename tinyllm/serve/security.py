@@ -252,7 +252,15 @@ async def read_body(request: Request, limit: int, timeout_s: float | None = None
     ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if ctype != "application/json" and not ctype.endswith("+json"):  # a page's cross-origin POST
         raise ApiError(  # cannot say application/json without a preflight (tinyllm/serve/guard.py)
-            f"Content-Type must be application/json, got {ctype or 'none'!r}: send the body as JSON",
+            f"Content-Type must be application/json, got {f'{ctype!r}' if ctype else 'none'}: send the body as JSON",
+            None,
+            "unsupported_media_type",
+            415,
+        )
+    coding = request.headers.get("content-encoding", "identity").strip().lower()
+    if coding not in ("", "identity"):  # (a gzip body failed as "not valid JSON: can't decode byte 0x8b")
+        raise ApiError(
+            f"Content-Encoding {coding!r} is not supported: send the JSON body uncompressed",
             None,
             "unsupported_media_type",
             415,
