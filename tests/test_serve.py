@@ -314,7 +314,7 @@ BAD_VALUES = {  # a parameter: values it refuses beside a good prompt, each name
     "top_k": [-3, 2.5],
     "stream": ["yes"],
     "stream_options": [{"include_usage": True}],  # without stream
-    "n": [0, 17, "x", 2.0],
+    "n": [0, 17, "x", 2.5],  # (2.0 is 2, as vLLM takes it)
     "best_of": [2],
     "echo": ["yes", 1],
     # issue 24's fields: each out-of-range or mistyped value names its parameter
@@ -457,6 +457,19 @@ MESSAGES = [  # (body, param, message)
         "stream_options, temperature, top_k, top_p, user",  # (not best_of, logit_bias, suffix: refused)
     ),
 ]
+
+
+def test_a_whole_number_written_as_a_float_is_that_integer_as_in_vllm(client):
+    """vLLM's request models (pydantic, lax) take 16.0 for an integer field; it was a 400."""
+    out = client.post(
+        "/v1/completions",
+        json={"prompt": "x", "max_tokens": 3.0, "n": 1.0, "seed": 7.0, "logprobs": 1.0, "temperature": 0},
+    )
+    assert out.status_code == 200, out.text
+    choice = out.json()["choices"][0]
+    assert out.json()["usage"]["completion_tokens"] == 3 and len(choice["logprobs"]["top_logprobs"][0]) == 1
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 2.0, "logprobs": 1.0}
+    assert client.post("/v1/chat/completions", json=chat).status_code == 400  # chat's logprobs is a boolean
 
 
 def test_an_unknown_field_is_refused_with_what_the_route_takes(client):

@@ -252,6 +252,28 @@ def _max_tokens(body: dict, chat: bool) -> tuple[int | None, str | None]:
     return max_tokens, name
 
 
+_INTEGER_FIELDS = (
+    "max_tokens",
+    "max_completion_tokens",
+    "top_k",
+    "n",
+    "seed",
+    "min_tokens",
+    "priority",
+    "top_logprobs",
+)
+
+
+def _whole_numbers_as_integers(body: dict, chat: bool) -> None:
+    """An integer field given a whole number written as a float (``"max_tokens": 16.0``, what some
+    clients' JSON encoders write) is that integer, as vLLM's request models take it; ``1.5`` is
+    still refused, quoted."""
+    for name in _INTEGER_FIELDS + (() if chat else ("logprobs",)):  # (chat's logprobs: a boolean)
+        v = body.get(name)
+        if isinstance(v, float) and v.is_integer() and abs(v) <= 2**53:
+            body[name] = int(v)
+
+
 def parse_generation(body: dict, served_model: str, chat: bool = False) -> dict[str, Any]:
     """The fields both routes share (GenerationParams' fields, as keyword arguments), validated:
     the model, max_tokens, sampling, streaming, and the refusals of what is not implemented.
@@ -259,6 +281,7 @@ def parse_generation(body: dict, served_model: str, chat: bool = False) -> dict[
     surface. Where the routes' shapes differ (``logprobs``: an integer on completions, a boolean
     plus ``top_logprobs`` on chat) ``chat`` says which shape to read."""
     _check_fields(body, chat)
+    _whole_numbers_as_integers(body, chat)
     model = parse_model(body, served_model)
     max_tokens, max_tokens_field = _max_tokens(body, chat)
     temperature = number_field(body, "temperature")
