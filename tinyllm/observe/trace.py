@@ -28,6 +28,11 @@ from tinyllm.slo import SLO, SLOSummary, SLOVerdict
 PID_REQUESTS, PID_SLOTS, PID_ENGINE = 1, 2, 3
 
 
+def _counter(name: str, ts: int, args: dict) -> dict:
+    """A Perfetto counter track's sample on the engine's track (``ph: C``): one series per arg."""
+    return {"ph": "C", "pid": PID_ENGINE, "tid": 0, "name": name, "ts": ts, "args": args}
+
+
 def _us(t: float) -> int:
     return round(t * 1e6)
 
@@ -82,41 +87,16 @@ def perfetto_trace(header: dict, records: list[dict]) -> dict:
         ts = _us(snap.time_s)
         if cur_kv != last_kv:
             counters.append(
-                {
-                    "ph": "C",
-                    "pid": PID_ENGINE,
-                    "tid": 0,
-                    "name": "KV cache (tokens)",
-                    "ts": ts,
-                    "args": {"used": cur_kv[0], "allocated": cur_kv[1], "cached free": cur_kv[2]},
-                }
+                _counter("KV cache (tokens)", ts, {"used": cur_kv[0], "allocated": cur_kv[1], "cached free": cur_kv[2]})
             )
             last_kv = cur_kv
         if cur_q != last_q:
-            counters.append(
-                {
-                    "ph": "C",
-                    "pid": PID_ENGINE,
-                    "tid": 0,
-                    "name": "requests",
-                    "ts": ts,
-                    "args": {"running": cur_q[0], "waiting": cur_q[1]},
-                }
-            )
+            counters.append(_counter("requests", ts, {"running": cur_q[0], "waiting": cur_q[1]}))
             last_q = cur_q
         c = snap.counters
         cur_spec = (c.spec_draft_tokens, c.spec_accepted_tokens)
         if c.spec_draft_tokens and cur_spec != last_spec:  # speculation ran: its drafts, cumulative
-            counters.append(
-                {
-                    "ph": "C",
-                    "pid": PID_ENGINE,
-                    "tid": 0,
-                    "name": "speculative draft tokens",
-                    "ts": ts,
-                    "args": {"drafted": cur_spec[0], "kept": cur_spec[1]},
-                }
-            )
+            counters.append(_counter("speculative draft tokens", ts, {"drafted": cur_spec[0], "kept": cur_spec[1]}))
             last_spec = cur_spec
     if events:
         end_s = max(end_s, max(e.time_s for e in events))
