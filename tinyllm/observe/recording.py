@@ -161,6 +161,7 @@ def write_text(path: str | Path, text: str) -> None:
 
 
 _LINE_BREAKS = {"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+_ESCAPE_LINE_BREAKS = str.maketrans(_LINE_BREAKS)
 
 
 def json_line(obj) -> str:
@@ -168,7 +169,7 @@ def json_line(obj) -> str:
     other line readers break lines at (U+0085, U+2028, U+2029: httpx's iter_lines, str.splitlines)
     escaped, so a prompt holding one cannot split a record (it broke every viewer's stream)."""
     s = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-    return s.translate(str.maketrans(_LINE_BREAKS)) if any(c in s for c in _LINE_BREAKS) else s
+    return s.translate(_ESCAPE_LINE_BREAKS) if any(c in s for c in _LINE_BREAKS) else s  # (rare: scan, then fix)
 
 
 class RecordingWriter:
